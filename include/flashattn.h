@@ -1,0 +1,409 @@
+/*
+ * flashattn: an embeddable FlashAttention runtime with a stable C ABI.
+ *
+ * Kernels are generated as PTX text at run time, JIT-compiled through the
+ * CUDA Driver API (or run on the CPU by the built-in PTX emulator), cached on
+ * disk in SQLite and launched on the caller's device pointers and stream.
+ *
+ * ABI rules
+ *  - Versions with the same major number are ABI compatible.
+ *  - fa_status codes are never renumbered.
+ *  - Every args/options struct starts with `size_t struct_size`; set it with
+ *    the matching FA_*_INIT initializer (or sizeof). Fields are only appended.
+ *  - No C++ exception ever crosses this interface.
+ *
+ * Errors
+ *  Every function returning fa_status also records a detailed message,
+ *  readable with fa_last_error() on the same thread until that thread's next
+ *  fa_ call. fa_status_string() gives the static text of a code.
+ *
+ * Tensors
+ *  Device pointers are uint64_t (CUdeviceptr); streams are void* (CUstream,
+ *  NULL = the legacy default stream). FlashAttention's layout is used:
+ *  Q [batch, seqlen_q, num_heads_q, head_dim], K/V [batch, seqlen_k,
+ *  num_heads_kv, head_dim], O [batch, seqlen_q, num_heads_q, head_dim_v].
+ *  Strides are in elements; the last dimension must be contiguous (stride 1);
+ *  the other strides must be multiples of 8 elements and data pointers 16-byte
+ *  aligned. LSE is fp32 [batch, num_heads_q, seqlen_q] (contiguous), natural
+ *  logarithm of the softmax denominator (scaled scores), -inf for a row that
+ *  sees no key.
+ *
+ * Semantics (as FlashAttention)
+ *  S = softmax_scale * Q K^T; with softcap > 0, S = softcap * tanh(S / softcap);
+ *  causal masking is bottom-right aligned: query i sees key j iff
+ *  j <= i + seqlen_k - seqlen_q; a sliding window (window_left, window_right)
+ *  restricts j to [i + seqlen_k - seqlen_q - window_left,
+ *  i + seqlen_k - seqlen_q + window_right], -1 meaning unbounded. A row with no
+ *  visible key gets O = 0 and LSE = -inf. Algorithms: FlashAttention-2 (Dao,
+ *  2023) for the forward pass; Flash-Decoding (Dao, Haziza, Massa, Sizov,
+ *  2023) for split-KV decoding.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FLASHATTN_VERSION_MAJOR 0
+#define FLASHATTN_VERSION_MINOR 1
+#define FLASHATTN_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define FLASHATTN_VERSION_NUMBER                                              \
+  (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 +          \
+   FLASHATTN_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define FA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fa_status {
+  FA_SUCCESS = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1,  /* null, wrong struct_size, bad shape/stride */
+  FA_ERROR_UNSUPPORTED = 2,       /* valid but not implemented (head_dim, SM) */
+  FA_ERROR_OUT_OF_MEMORY = 3,     /* host or device allocation failed */
+  FA_ERROR_NO_DRIVER = 4,         /* libcuda.so.1 missing or too old */
+  FA_ERROR_NO_DEVICE = 5,         /* no CUDA device, or ordinal out of range */
+  FA_ERROR_CUDA = 6,              /* a CUDA driver call failed */
+  FA_ERROR_COMPILE = 7,           /* PTX could not be JIT-compiled or parsed */
+  FA_ERROR_LAUNCH = 8,            /* the kernel faulted (emulator: memcheck,
+                                     barrier deadlock, divergent collective) */
+  FA_ERROR_RUNTIME_POISONED = 9,  /* an earlier sticky error: destroy it */
+  FA_ERROR_BUFFER_TOO_SMALL = 10, /* output buffer too small; size returned */
+  FA_ERROR_INTERNAL = 11,         /* a bug in flashattn; please report */
+  FA_ERROR_CACHE = 12,            /* a cache maintenance call failed */
+  FA_STATUS_LAST /* never use */
+} fa_status;
+
+/* Static text for a status code ("invalid argument"); never NULL.
+ * Thread safety: any thread. */
+FA_API const char *fa_status_string(fa_status status);
+
+/* The detailed message of the calling thread's last failed fa_ call
+ * ("fa_launch: q.stride[3] must be 1, got 2"), or "" if it succeeded.
+ * Valid until the thread's next fa_ call. Thread safety: thread-local. */
+FA_API const char *fa_last_error(void);
+
+/* Run-time version: FLASHATTN_VERSION_NUMBER of the loaded library, and its
+ * "MAJOR.MINOR.PATCH" text. Thread safety: any thread. */
+FA_API uint32_t fa_version_number(void);
+FA_API const char *fa_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum fa_dtype {
+  FA_DTYPE_FP16 = 1, /* IEEE binary16 */
+  FA_DTYPE_BF16 = 2, /* bfloat16 */
+  FA_DTYPE_FP32 = 3  /* only for partial states and LSE */
+} fa_dtype;
+
+typedef enum fa_backend {
+  FA_BACKEND_AUTO = 0,    /* cuda when a device exists, else emulator */
+  FA_BACKEND_CUDA = 1,    /* NVIDIA GPU through libcuda.so.1 */
+  FA_BACKEND_EMULATOR = 2 /* CPU interpreter of the generated PTX */
+} fa_backend;
+
+typedef enum fa_kernel_kind {
+  FA_KERNEL_FORWARD = 0, /* prefill / forward pass */
+  FA_KERNEL_DECODE = 1,  /* split-KV partial states */
+  FA_KERNEL_REDUCE = 2   /* combine partial states */
+} fa_kernel_kind;
+
+typedef enum fa_cache_mode {
+  FA_CACHE_DEFAULT = 0, /* disk, unless FLASHATTN_CACHE_DISABLE=1 */
+  FA_CACHE_DISK = 1,    /* disk (falls back to memory if it cannot) */
+  FA_CACHE_MEMORY = 2   /* this process only */
+} fa_cache_mode;
+
+/* ------------------------------------------------------------------------ */
+/* Runtime                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A device binding (CUDA primary context of one device, or the emulator),
+ * its loaded kernels and its kernel cache. Thread safety: every call taking
+ * a runtime may be made from any thread concurrently, except destroy. */
+typedef struct fa_runtime fa_runtime;
+
+typedef struct fa_runtime_options {
+  size_t struct_size;
+  fa_backend backend;
+  int32_t device;         /* CUDA device ordinal (cuda backend), >= 0 */
+  fa_cache_mode cache_mode;
+  const char *cache_dir;  /* NULL: $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn,
+                             ~/.cache/flashattn, in that order */
+  int32_t emulator_sm;    /* SM the emulator targets (80, 86, 89, 90); 0 = 80 */
+} fa_runtime_options;
+
+#define FA_RUNTIME_OPTIONS_INIT                                               \
+  { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0 }
+
+/* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
+ * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum),
+ * FA_ERROR_NO_DRIVER / FA_ERROR_NO_DEVICE (backend cuda only; auto falls back
+ * to the emulator), FA_ERROR_CUDA, FA_ERROR_OUT_OF_MEMORY. A cache that cannot
+ * be opened never fails creation: it degrades to memory with a warning (see
+ * fa_cache_stats). */
+FA_API fa_status fa_runtime_create(const fa_runtime_options *options,
+                                   fa_runtime **out);
+
+/* Destroys a runtime and unloads its kernels; NULL is a no-op. Memory from
+ * fa_malloc must be freed before. Not thread-safe with other calls on rt. */
+FA_API void fa_runtime_destroy(fa_runtime *rt);
+
+typedef struct fa_runtime_info {
+  size_t struct_size;
+  fa_backend backend;     /* the backend actually in use */
+  int32_t sm;             /* compute capability * 10 + minor, e.g. 80, 90 */
+  int32_t num_sms;        /* streaming multiprocessors */
+  int32_t driver_version; /* cuDriverGetVersion, 0 on the emulator */
+  char device_name[128];
+} fa_runtime_info;
+
+#define FA_RUNTIME_INFO_INIT { sizeof(fa_runtime_info), FA_BACKEND_AUTO, 0, 0, 0, { 0 } }
+
+/* Fills *info (whose struct_size the caller sets). Errors:
+ * FA_ERROR_INVALID_ARGUMENT. */
+FA_API fa_status fa_runtime_get_info(const fa_runtime *rt, fa_runtime_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Device memory helpers (for callers without an allocator of their own)     */
+/* ------------------------------------------------------------------------ */
+
+/* Allocates `bytes` (> 0) of device memory, 256-byte aligned. On the
+ * emulator, kernels may only touch memory allocated here: every access is
+ * bounds-checked against these allocations. Errors: INVALID_ARGUMENT,
+ * OUT_OF_MEMORY, CUDA, RUNTIME_POISONED. */
+FA_API fa_status fa_malloc(fa_runtime *rt, size_t bytes, uint64_t *ptr);
+/* Frees memory from fa_malloc; 0 is a no-op. Errors: INVALID_ARGUMENT (not
+ * an allocation of rt), CUDA. */
+FA_API fa_status fa_free(fa_runtime *rt, uint64_t ptr);
+/* Synchronous copies (host memory is pageable); bytes may be 0. */
+FA_API fa_status fa_memcpy_htod(fa_runtime *rt, uint64_t dst, const void *src,
+                                size_t bytes);
+FA_API fa_status fa_memcpy_dtoh(fa_runtime *rt, void *dst, uint64_t src,
+                                size_t bytes);
+/* Sets `bytes` bytes to `value`. Synchronous. */
+FA_API fa_status fa_memset(fa_runtime *rt, uint64_t dst, uint8_t value,
+                           size_t bytes);
+/* Waits for all work on `stream` (NULL = default stream). */
+FA_API fa_status fa_synchronize(fa_runtime *rt, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Configs                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A validated attention problem family, independent of any device. Immutable
+ * once created: may be shared by threads and runtimes. */
+typedef struct fa_config fa_config;
+
+typedef struct fa_config_desc {
+  size_t struct_size;
+  fa_dtype dtype;        /* FA_DTYPE_FP16 or FA_DTYPE_BF16 (Q, K, V, O) */
+  int32_t head_dim;      /* multiple of 8, 8..256 */
+  int32_t head_dim_v;    /* multiple of 8, 8..256; 0 = head_dim */
+  int32_t num_heads_q;   /* >= 1 */
+  int32_t num_heads_kv;  /* >= 1, divides num_heads_q (GQA / MQA) */
+  int32_t causal;        /* 0 or 1, bottom-right aligned */
+  int32_t window_left;   /* >= 0, or -1 = unbounded */
+  int32_t window_right;  /* >= 0, or -1 = unbounded (causal forces 0) */
+  float softmax_scale;   /* > 0 and finite; 0 = 1/sqrt(head_dim) */
+  float softcap;         /* >= 0 and finite; 0 = off */
+} fa_config_desc;
+
+#define FA_CONFIG_DESC_INIT                                                   \
+  { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f }
+
+/* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
+ * struct_size, dtype, heads not divisible, negative window other than -1,
+ * bad scale/softcap), UNSUPPORTED (head_dim not a multiple of 8 in 8..256).
+ * Thread safety: any thread. */
+FA_API fa_status fa_config_create(const fa_config_desc *desc, fa_config **out);
+/* NULL is a no-op. */
+FA_API void fa_config_destroy(fa_config *cfg);
+
+/* ------------------------------------------------------------------------ */
+/* Code generation (needs no GPU)                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Writes the PTX module the runtime would use for `kind` of cfg on SM `sm`
+ * (80, 86, 89, 90; sm_90 uses the sm_80 kernels for now) into buf as a
+ * NUL-terminated string. *ptx_size receives the length without the NUL.
+ * Pass buf = NULL, buf_size = 0 to query the size. Output is byte-identical
+ * for identical arguments. Errors: INVALID_ARGUMENT, UNSUPPORTED (sm),
+ * BUFFER_TOO_SMALL (*ptx_size still set). Thread safety: any thread. */
+FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind,
+                             int32_t sm, char *buf, size_t buf_size,
+                             size_t *ptx_size);
+
+/* ------------------------------------------------------------------------ */
+/* Forward (prefill)                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A 4-D tensor view: data pointer and strides in elements. */
+typedef struct fa_tensor {
+  uint64_t data;
+  int64_t stride[4];
+} fa_tensor;
+
+typedef struct fa_forward_args {
+  size_t struct_size;
+  int32_t batch;     /* >= 1 */
+  int32_t seqlen_q;  /* >= 1; with cu_seqlens_q: the maximum over the batch */
+  int32_t seqlen_k;  /* >= 1; with cu_seqlens_k: the maximum over the batch */
+  fa_tensor q;       /* [batch, seqlen_q, num_heads_q, head_dim], cfg dtype */
+  fa_tensor k;       /* [batch, seqlen_k, num_heads_kv, head_dim] */
+  fa_tensor v;       /* [batch, seqlen_k, num_heads_kv, head_dim_v] */
+  fa_tensor o;       /* [batch, seqlen_q, num_heads_q, head_dim_v], written */
+  uint64_t lse;      /* fp32 [batch, num_heads_q, seqlen_q]; 0 = not written.
+                        With cu_seqlens_q: [num_heads_q, total_q] */
+  uint64_t cu_seqlens_q; /* int32 [batch + 1] prefix sums, or 0 (fixed length).
+                            When set, sequences are packed along dim 1 of q/o
+                            (stride[0] ignored, use batch dim of 1 in strides) */
+  uint64_t cu_seqlens_k; /* int32 [batch + 1]; set together with cu_seqlens_q */
+} fa_forward_args;
+
+#define FA_FORWARD_ARGS_INIT { sizeof(fa_forward_args), 0, 0, 0 }
+
+/* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
+ * asynchronously on `stream` (emulator: synchronously). The first call for a
+ * config generates, compiles and caches its kernel.
+ * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment),
+ * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
+ * Nothing is written when an argument is rejected. */
+FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg,
+                           const fa_forward_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Decode (Flash-Decoding) and reduce                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fa_decode_args {
+  size_t struct_size;
+  int32_t batch;         /* >= 1 */
+  int32_t seqlen_q;      /* query tokens per sequence, >= 1 */
+  int32_t seqlen_k_max;  /* capacity of the KV cache along dim 1, >= 1 */
+  fa_tensor q;           /* [batch, seqlen_q, num_heads_q, head_dim] */
+  fa_tensor k_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim] */
+  fa_tensor v_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */
+  uint64_t cache_seqlens;/* int32 [batch], each in [0, seqlen_k_max]: keys
+                            0..cache_seqlens[b]-1 are valid; the queries are the
+                            last seqlen_q positions (causal alignment) */
+  int32_t num_splits;    /* >= 1, or 0 = chosen from SM count and lengths */
+  uint64_t workspace;    /* partial states, fa_decode_workspace_size bytes,
+                            256-byte aligned; layout in docs/api.md */
+  size_t workspace_size;
+  fa_tensor o;           /* [batch, seqlen_q, num_heads_q, head_dim_v] cfg
+                            dtype; data 0 = leave the partial states in the
+                            workspace and skip the combine */
+  uint64_t lse;          /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+} fa_decode_args;
+
+#define FA_DECODE_ARGS_INIT { sizeof(fa_decode_args), 0, 0, 0 }
+
+/* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
+ * device) and the number of splits it will use. The workspace holds
+ * O_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v] then,
+ * 256-byte aligned, LSE_partial fp32 [num_splits, batch, num_heads_q,
+ * seqlen_q]. Errors: INVALID_ARGUMENT. Thread safety: any thread. */
+FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt,
+                                          const fa_config *cfg,
+                                          const fa_decode_args *args,
+                                          size_t *bytes, int32_t *num_splits);
+
+/* Flash-Decoding: splits each sequence's valid keys into num_splits chunks,
+ * writes each chunk's partial state (O_s normalised within the chunk, LSE_s;
+ * an empty chunk has O_s = 0, LSE_s = -inf) to the workspace, then, if
+ * o.data != 0, combines them into o and lse (see fa_decode_reduce). Honours
+ * the config's causal, window and softcap. Errors: as fa_launch, plus
+ * INVALID_ARGUMENT for a workspace that is too small. */
+FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg,
+                           const fa_decode_args *args, void *stream);
+
+typedef struct fa_reduce_args {
+  size_t struct_size;
+  int32_t num_splits;      /* >= 1 */
+  int32_t batch;           /* >= 1 */
+  int32_t seqlen_q;        /* >= 1 */
+  uint64_t o_partial;      /* fp32 [num_splits, batch, seqlen_q, num_heads_q,
+                              head_dim_v] */
+  int64_t o_partial_stride[5];   /* elements; [4] must be 1 */
+  uint64_t lse_partial;    /* fp32 [num_splits, batch, num_heads_q, seqlen_q] */
+  int64_t lse_partial_stride[4]; /* elements */
+  fa_tensor o;             /* [batch, seqlen_q, num_heads_q, head_dim_v],
+                              cfg dtype, written */
+  uint64_t lse;            /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+} fa_reduce_args;
+
+#define FA_REDUCE_ARGS_INIT { sizeof(fa_reduce_args), 0, 0, 0 }
+
+/* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
+ * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with
+ * LSE_s = -inf weigh nothing, and all -inf gives O = 0, LSE = -inf. Also
+ * merges states computed over separate KV segments. The o_partial and
+ * lse_partial pointers must be 4-byte aligned. Errors: as fa_launch. */
+FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg,
+                                  const fa_reduce_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Kernel cache                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fa_cache_stats {
+  size_t struct_size;
+  uint64_t memory_hits;  /* launches served by the in-process kernel map */
+  uint64_t disk_hits;    /* kernels loaded from the on-disk store */
+  uint64_t misses;       /* kernels generated */
+  uint64_t compiles;     /* PTX -> binary compilations (cuda) */
+  uint64_t discarded;    /* stored blobs whose hash did not verify */
+  uint64_t entries;      /* rows in the store */
+  uint64_t bytes;        /* PTX + cubin bytes in the store */
+  int32_t persistent;    /* 1 = on disk, 0 = memory only */
+  char path[512];        /* database file, "" when memory only */
+  char note[256];        /* why memory only, or the last warning; "" if none */
+} fa_cache_stats;
+
+#define FA_CACHE_STATS_INIT { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, { 0 }, { 0 } }
+
+/* Fills *stats. Errors: INVALID_ARGUMENT. */
+FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats);
+
+typedef struct fa_cache_entry {
+  size_t struct_size;
+  char key[33];          /* 32 hex digits of the XXH3-128 key */
+  const char *spec;      /* human-readable kernel spec */
+  int32_t sm;
+  uint32_t generator_version;
+  uint64_t ptx_bytes;
+  uint64_t cubin_bytes;
+  uint64_t hits;
+  int64_t created;       /* unix seconds */
+  int64_t last_used;     /* unix seconds */
+} fa_cache_entry;
+
+/* Calls fn once per stored kernel (entry valid during the call only); a
+ * non-zero return from fn stops the walk. Errors: INVALID_ARGUMENT, CACHE. */
+typedef int (*fa_cache_entry_fn)(const fa_cache_entry *entry, void *user);
+FA_API fa_status fa_cache_list(fa_runtime *rt, fa_cache_entry_fn fn, void *user);
+
+/* Deletes every stored kernel (kernels already loaded stay usable).
+ * Errors: INVALID_ARGUMENT, CACHE. */
+FA_API fa_status fa_cache_clear(fa_runtime *rt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

@@ -1,0 +1,83 @@
+// Device backends behind one interface: cuda (libcuda.so.1, dlopen'ed) and
+// the emulator (CPU interpreter of the generated PTX). Nothing here knows
+// about the C ABI structs, the kernel generators or the cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+
+namespace fa {
+
+struct LaunchGeometry {
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t smem_bytes = 0;  // dynamic shared memory (.extern .shared)
+};
+
+struct DeviceInfo {
+  std::string name;
+  int sm = 0;                     // e.g. 80, 86, 89, 90
+  int num_sms = 0;
+  size_t smem_per_block_optin = 0;  // max dynamic+static shared memory per block
+  int driver_version = 0;         // cuDriverGetVersion; 0 on the emulator
+};
+
+// A loaded kernel entry point. Owned by the runtime's kernel map.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual fa_backend kind() const = 0;
+  virtual const DeviceInfo &info() const = 0;
+
+  // Turns PTX text into the binary that load() accepts and the cache stores
+  // (cuda: a cubin from cuLinkCreate/AddData/Complete; emulator: nothing,
+  // *binary left empty). *log receives the JIT info log (ptxas warnings).
+  // Errors: FA_ERROR_COMPILE with the JIT error log in the message.
+  virtual fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
+                            std::string *log) = 0;
+
+  // Loads entry point `entry` from `binary` when non-empty, else from `ptx`.
+  // `dynamic_smem_bytes` is the largest dynamic shared memory it will be
+  // launched with (cuda sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+  // above 48 KB). Errors: FA_ERROR_COMPILE, FA_ERROR_CUDA.
+  virtual fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
+                         const std::string &entry, uint32_t dynamic_smem_bytes,
+                         std::unique_ptr<Kernel> *out) = 0;
+
+  // Launches with a single kernel parameter: the `params_size` bytes at
+  // `params` (every generated kernel takes one `.param .align 8 .b8` array).
+  // cuda: asynchronous on `stream`; emulator: runs to completion.
+  // Errors: FA_ERROR_LAUNCH (emulator fault: out of bounds, deadlock,
+  // divergent collective; message names the PTX line), FA_ERROR_CUDA,
+  // FA_ERROR_RUNTIME_POISONED after a sticky error.
+  virtual fa_status launch(Kernel &kernel, const LaunchGeometry &geometry,
+                           const void *params, size_t params_size, void *stream) = 0;
+
+  virtual fa_status mem_alloc(size_t bytes, uint64_t *ptr) = 0;
+  virtual fa_status mem_free(uint64_t ptr) = 0;
+  virtual fa_status copy_htod(uint64_t dst, const void *src, size_t bytes) = 0;
+  virtual fa_status copy_dtoh(void *dst, uint64_t src, size_t bytes) = 0;
+  virtual fa_status memset_d8(uint64_t dst, uint8_t value, size_t bytes) = 0;
+  virtual fa_status synchronize(void *stream) = 0;
+};
+
+// cuda backend on `device` (primary context). Errors: FA_ERROR_NO_DRIVER
+// (libcuda.so.1 absent or older than the pinned API), FA_ERROR_NO_DEVICE,
+// FA_ERROR_CUDA.
+fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out);
+
+// emulator backend pretending to be SM `sm` (80, 86, 89, 90).
+fa_status create_emulator_backend(int sm, std::unique_ptr<Backend> *out);
+
+}  // namespace fa

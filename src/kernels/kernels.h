@@ -1,0 +1,126 @@
+// Kernel generators: KernelSpec -> PTX text, plus the parameter block and the
+// launch geometry of each kernel. Nothing here knows about CUDA, SQLite or
+// the C ABI structs. Algorithms and layouts: docs/kernels.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"  // LaunchGeometry
+
+namespace fa {
+
+enum class Dtype : uint8_t { F16 = 1, BF16 = 2 };
+enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
+
+// Bumped whenever any generator's output can change: it is part of every
+// cache key, so stale kernels are never reused.
+constexpr uint32_t kGeneratorVersion = 1;
+
+// "Unbounded" for a resolved window edge.
+constexpr int32_t kUnboundedWindow = 1 << 30;
+
+// A validated attention problem (the content of an fa_config).
+struct AttentionConfig {
+  Dtype dtype = Dtype::F16;
+  int head_dim = 0;
+  int head_dim_v = 0;
+  int num_heads_q = 0;
+  int num_heads_kv = 0;
+  bool causal = false;
+  int window_left = -1;   // -1 = unbounded
+  int window_right = -1;  // -1 = unbounded
+  float softmax_scale = 0;  // resolved (> 0)
+  float softcap = 0;        // 0 = off
+};
+
+// Everything that changes the generated PTX. Launch-time values (sizes,
+// strides, window, scale) are kernel parameters, not part of the spec.
+struct KernelSpec {
+  KernelKind kind = KernelKind::Forward;
+  Dtype dtype = Dtype::F16;
+  int sm = 80;
+  int head_dim = 0;      // unused (0) for Reduce
+  int head_dim_v = 0;
+  int group_size = 1;    // num_heads_q / num_heads_kv (Decode rows per KV head)
+  bool softcap = false;
+  bool varlen = false;   // Forward with cu_seqlens_q/k
+  int block_m = 0;       // query rows per CTA
+  int block_n = 0;       // keys per K/V tile
+  int num_warps = 0;     // threads per CTA / 32
+
+  // Canonical bytes (fixed field order, little-endian) hashed into the key.
+  std::string serialize() const;
+  // Human-readable, e.g. "forward f16 sm80 d128 dv128 g1 bm4 bn32 w4".
+  std::string describe() const;
+};
+
+// Chooses the spec (tiles included) for `kind` of cfg on `sm`.
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen);
+
+// The PTX ISA version a spec's module declares, times 10 (e.g. 70 for 7.0):
+// the lowest its target and instructions allow.
+int ptx_isa_version(const KernelSpec &spec);
+
+// Entry point name, e.g. "fa_forward_f16_d128_dv128".
+std::string entry_name(const KernelSpec &spec);
+
+// The PTX module for spec; byte-identical for identical specs.
+std::string generate_ptx(const KernelSpec &spec);
+
+// ---------------------------------------------------------------------------
+// Parameter blocks. Each kernel takes exactly one parameter, `.param .align 8
+// .b8 <entry>_param[sizeof(Params)]`, read with ld.param at offsetof() of
+// these fields, so C++ and PTX agree by construction. Pointers are device
+// addresses, strides are in elements.
+// ---------------------------------------------------------------------------
+
+struct ForwardParams {
+  uint64_t q, k, v, o;   // Q/K/V/O as in flashattn.h
+  uint64_t lse;          // fp32 [batch, heads_q, seqlen_q] or 0 (varlen: [heads_q, total_q])
+  uint64_t cu_seqlens_q, cu_seqlens_k;  // int32 [batch + 1] or 0 (spec.varlen)
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];  // batch, seq, head
+  int32_t batch, seqlen_q, seqlen_k;  // varlen: maxima (grid sizing only)
+  int32_t num_heads_q, num_heads_kv;
+  int32_t window_left, window_right;  // resolved, >= 0 (kUnboundedWindow); causal -> right = 0
+  float score_scale;   // no softcap: softmax_scale * log2(e); softcap: softmax_scale / softcap
+  float softcap_log2;  // softcap * log2(e); 0 without softcap
+  int32_t pad_;
+};
+
+struct DecodeParams {
+  uint64_t q, k, v;        // q [b, sq, hq, d], k/v cache [b, sk_max, hkv, d]
+  uint64_t cache_seqlens;  // int32 [batch]
+  uint64_t o_partial;      // fp32 [num_splits, batch, seqlen_q, heads_q, head_dim_v], contiguous
+  uint64_t lse_partial;    // fp32 [num_splits, batch, heads_q, seqlen_q], contiguous
+  int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, seq, head
+  int32_t batch, seqlen_q, seqlen_k_max;
+  int32_t num_heads_q, num_heads_kv;
+  int32_t num_splits;
+  int32_t split_size;  // keys per split, a multiple of spec.block_n
+  int32_t window_left, window_right;  // as ForwardParams
+  float score_scale, softcap_log2;    // as ForwardParams
+  int32_t pad_;
+};
+
+struct ReduceParams {
+  uint64_t o_partial;    // fp32 [num_splits, batch, seqlen_q, heads_q, head_dim_v]
+  uint64_t lse_partial;  // fp32 [num_splits, batch, heads_q, seqlen_q]
+  uint64_t o;            // spec.dtype [batch, seqlen_q, heads_q, head_dim_v]
+  uint64_t lse;          // fp32 [batch, heads_q, seqlen_q] contiguous, or 0
+  int64_t o_partial_stride[5];
+  int64_t lse_partial_stride[4];
+  int64_t o_stride[3];   // batch, seq, head
+  int32_t num_splits, batch, seqlen_q, num_heads_q;
+};
+
+// Grid, block and dynamic shared memory for a launch.
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p);
+LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p);
+LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p);
+
+// Largest dynamic shared memory any launch of spec uses (for Backend::load).
+uint32_t max_dynamic_smem(const KernelSpec &spec);
+
+}  // namespace fa

@@ -1,0 +1,1 @@
+// Placeholder; test support code lands here.
