@@ -1,0 +1,165 @@
+#include "reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace fa::ref {
+
+uint16_t f32_to_f16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // fp16 subnormal or zero: value = m * 2^-24
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25: rounds to 0
+    const uint32_t e = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24 -> maps 2^(e-127) mant to units of 2^-24
+    uint32_t m = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
+  const uint32_t rem = r & 0x1fffu;
+  r >>= 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  float out;
+  if (exp == 0) {
+    out = std::ldexp(static_cast<float>(mant), -24);
+    if (sign) out = -out;
+    return out;
+  }
+  uint32_t u;
+  if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  std::memcpy(&out, &u, 4);
+  return out;
+}
+
+uint16_t f32_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  const uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7fffu + lsb;
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float out;
+  std::memcpy(&out, &u, 4);
+  return out;
+}
+
+float round_to(float x, bool bf16) {
+  return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+}
+
+void attention(const Problem &p, const double *q, const double *k, const double *v, double *o,
+               double *lse, const int32_t *seqlens_k) {
+  const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
+  const double ninf = -std::numeric_limits<double>::infinity();
+  std::vector<double> s(static_cast<size_t>(p.seqlen_k));
+  for (int b = 0; b < p.batch; ++b) {
+    const int sk = seqlens_k ? seqlens_k[b] : p.seqlen_k;
+    for (int h = 0; h < p.num_heads_q; ++h) {
+      const int hk = h / group;
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const double *qi = q + ((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * d;
+        const long long diag = static_cast<long long>(i) + sk - p.seqlen_q;
+        long long lo = 0, hi = sk - 1;
+        if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
+        if (p.causal) hi = std::min(hi, diag);
+        if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
+        double m = ninf;
+        for (long long j = lo; j <= hi; ++j) {
+          const double *kj = k + ((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + hk) * d;
+          double dot = 0;
+          for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          double x = dot * scale;
+          if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+          s[size_t(j)] = x;
+          m = std::max(m, x);
+        }
+        double *oi = o + ((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv;
+        for (int c = 0; c < dv; ++c) oi[c] = 0;
+        double l = 0;
+        for (long long j = lo; j <= hi; ++j) {
+          const double w = std::exp(s[size_t(j)] - m);
+          l += w;
+          const double *vj = v + ((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + hk) * dv;
+          for (int c = 0; c < dv; ++c) oi[c] += w * vj[c];
+        }
+        if (l > 0) {
+          for (int c = 0; c < dv; ++c) oi[c] /= l;
+        }
+        if (lse) lse[(size_t(b) * p.num_heads_q + h) * p.seqlen_q + i] = l > 0 ? m + std::log(l) : ninf;
+      }
+    }
+  }
+}
+
+void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,
+                  double *o, double *lse) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  for (int r = 0; r < rows; ++r) {
+    double m = ninf;
+    for (int s = 0; s < splits; ++s) m = std::max(m, lse_part[size_t(s) * rows + r]);
+    double *orow = o + size_t(r) * dv;
+    for (int c = 0; c < dv; ++c) orow[c] = 0;
+    if (m == ninf) {
+      lse[r] = ninf;
+      continue;
+    }
+    double sum = 0;
+    for (int s = 0; s < splits; ++s) {
+      const double w = std::exp(lse_part[size_t(s) * rows + r] - m);
+      sum += w;
+      const double *op = o_part + (size_t(s) * rows + r) * dv;
+      for (int c = 0; c < dv; ++c) orow[c] += w * op[c];
+    }
+    for (int c = 0; c < dv; ++c) orow[c] /= sum;
+    lse[r] = m + std::log(sum);
+  }
+}
+
+ErrorStats compare(const float *got, const double *ref, size_t n) {
+  ErrorStats e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i])) {
+      ++e.nonfinite;
+      continue;
+    }
+    const double diff = std::fabs(double(got[i]) - ref[i]);
+    e.max_abs = std::max(e.max_abs, diff);
+    e.max_ref = std::max(e.max_ref, std::fabs(ref[i]));
+    num += diff * diff;
+    den += ref[i] * ref[i];
+  }
+  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+}  // namespace fa::ref

@@ -1,0 +1,53 @@
+// Float64 reference attention and fp16/bf16 conversions, shared by the CLI,
+// the tests and the benchmarks. Straightforward loops over the definition in
+// include/flashattn.h; no tiling, no online softmax.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace fa::ref {
+
+// IEEE binary16 and bfloat16 <-> float, round to nearest even.
+uint16_t f32_to_f16(float x);
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t h);
+// Rounds x to fp16 (bf16 when bf16 is true) and back.
+float round_to(float x, bool bf16);
+
+struct Problem {
+  int batch = 1, seqlen_q = 1, seqlen_k = 1;
+  int num_heads_q = 1, num_heads_kv = 1;
+  int head_dim = 0, head_dim_v = 0;
+  bool causal = false;
+  int window_left = -1, window_right = -1;  // -1 = unbounded
+  double softmax_scale = 0;                 // 0 = 1/sqrt(head_dim)
+  double softcap = 0;                       // 0 = off
+};
+
+// q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim],
+// v [batch, seqlen_k, heads_kv, head_dim_v], contiguous. Writes o [batch,
+// seqlen_q, heads_q, head_dim_v] and lse [batch, heads_q, seqlen_q] (natural
+// log; -inf and o = 0 for a row that sees no key). seqlens_k, if given, holds
+// the valid key count per batch (decode: cache_seqlens); keys past it are
+// invisible and the causal alignment uses it as seqlen_k. lse may be null.
+void attention(const Problem &p, const double *q, const double *k, const double *v, double *o,
+               double *lse, const int32_t *seqlens_k = nullptr);
+
+// Merges partial states: o_part [splits, rows, dv], lse_part [splits, rows]
+// -> o [rows, dv], lse [rows], per the formula in fa_decode_reduce.
+void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,
+                  double *o, double *lse);
+
+// Error summary of `got` against `ref` (n elements).
+struct ErrorStats {
+  double max_abs = 0;      // max |got - ref|
+  double max_ref = 0;      // max |ref|
+  double rel_l2 = 0;       // ||got - ref||_2 / ||ref||_2
+  long long nonfinite = 0; // NaN or inf elements in got
+};
+ErrorStats compare(const float *got, const double *ref, size_t n);
+
+}  // namespace fa::ref
