@@ -275,7 +275,10 @@ typedef struct fa_forward_args {
   uint64_t cu_seqlens_k; /* int32 [batch + 1]; set together with cu_seqlens_q */
 } fa_forward_args;
 
-#define FA_FORWARD_ARGS_INIT { sizeof(fa_forward_args), 0, 0, 0 }
+#define FA_TENSOR_INIT { 0, { 0, 0, 0, 0 } }
+#define FA_FORWARD_ARGS_INIT                                                  \
+  { sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT,         \
+    FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0 }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
@@ -311,7 +314,9 @@ typedef struct fa_decode_args {
   uint64_t lse;          /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
 } fa_decode_args;
 
-#define FA_DECODE_ARGS_INIT { sizeof(fa_decode_args), 0, 0, 0 }
+#define FA_DECODE_ARGS_INIT                                                   \
+  { sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT,          \
+    FA_TENSOR_INIT, 0, 0, 0, 0, FA_TENSOR_INIT, 0 }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
  * device) and the number of splits it will use. The workspace holds
@@ -347,7 +352,9 @@ typedef struct fa_reduce_args {
   uint64_t lse;            /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
 } fa_reduce_args;
 
-#define FA_REDUCE_ARGS_INIT { sizeof(fa_reduce_args), 0, 0, 0 }
+#define FA_REDUCE_ARGS_INIT                                                   \
+  { sizeof(fa_reduce_args), 0, 0, 0, 0, { 0, 0, 0, 0, 0 }, 0, { 0, 0, 0, 0 },  \
+    FA_TENSOR_INIT, 0 }
 
 /* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
  * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with

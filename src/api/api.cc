@@ -1,0 +1,526 @@
+// The C entry points: argument validation, error capture, and the guarantee
+// that no C++ exception crosses the ABI. Everything below works on validated
+// arguments.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "common/error.h"
+#include "flashattn.h"
+#include "kernels/kernels.h"
+#include "runtime/runtime.h"
+
+struct fa_runtime {
+  std::unique_ptr<fa::Runtime> impl;
+};
+
+struct fa_config {
+  fa::AttentionConfig cfg;
+};
+
+namespace {
+
+using fa::fail;
+
+// Runs body with the thread's error cleared, converts exceptions to statuses
+// and prefixes a failure's message with the API name.
+template <typename F>
+fa_status guarded(const char *api, F &&body) {
+  fa::clear_error();
+  fa_status st;
+  try {
+    st = body();
+  } catch (const std::bad_alloc &) {
+    st = fail(FA_ERROR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception &e) {
+    st = fail(FA_ERROR_INTERNAL, "internal error: %s", e.what());
+  } catch (...) {
+    st = fail(FA_ERROR_INTERNAL, "internal error: unknown exception");
+  }
+  if (st != FA_SUCCESS) fa::prefix_error(api);
+  return st;
+}
+
+// struct_size must cover every field this library reads and must not claim
+// fields it does not know (a newer header).
+fa_status check_struct_size(const char *name, size_t given, size_t expected) {
+  if (given != expected) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "%s.struct_size is %zu, expected %zu (use the FA_*_INIT initializer; a "
+                "different size means a header from another flashattn version)",
+                name, given, expected);
+  }
+  return FA_SUCCESS;
+}
+
+#define FA_CHECK(expr)                 \
+  do {                                 \
+    fa_status st_ = (expr);            \
+    if (st_ != FA_SUCCESS) return st_; \
+  } while (0)
+
+#define FA_REQUIRE(cond, ...)                                         \
+  do {                                                                \
+    if (!(cond)) return fail(FA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
+  } while (0)
+
+fa_status check_runtime(const fa_runtime *rt) {
+  FA_REQUIRE(rt != nullptr && rt->impl, "rt is NULL");
+  return FA_SUCCESS;
+}
+
+fa_status check_config(const fa_config *cfg) {
+  FA_REQUIRE(cfg != nullptr, "cfg is NULL");
+  return FA_SUCCESS;
+}
+
+// Validates a 4-D tensor view used by a kernel: non-null, 16-byte aligned,
+// last dim contiguous, other strides non-negative multiples of 8 elements.
+fa_status check_tensor(const char *name, const fa_tensor &t) {
+  FA_REQUIRE(t.data != 0, "%s.data is 0", name);
+  FA_REQUIRE(t.data % 16 == 0, "%s.data 0x%llx is not 16-byte aligned", name,
+             static_cast<unsigned long long>(t.data));
+  FA_REQUIRE(t.stride[3] == 1, "%s.stride[3] must be 1, got %lld", name,
+             static_cast<long long>(t.stride[3]));
+  for (int i = 0; i < 3; ++i) {
+    FA_REQUIRE(t.stride[i] >= 0 && t.stride[i] % 8 == 0,
+               "%s.stride[%d] must be a non-negative multiple of 8 elements, got %lld", name, i,
+               static_cast<long long>(t.stride[i]));
+  }
+  return FA_SUCCESS;
+}
+
+fa_status check_fp32_ptr(const char *name, uint64_t p, bool required) {
+  if (p == 0) {
+    FA_REQUIRE(!required, "%s is 0", name);
+    return FA_SUCCESS;
+  }
+  FA_REQUIRE(p % 4 == 0, "%s 0x%llx is not 4-byte aligned", name,
+             static_cast<unsigned long long>(p));
+  return FA_SUCCESS;
+}
+
+fa_status check_positive(const char *name, int32_t v) {
+  FA_REQUIRE(v >= 1, "%s must be >= 1, got %d", name, v);
+  return FA_SUCCESS;
+}
+
+fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *a) {
+  FA_REQUIRE(a != nullptr, "args is NULL");
+  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_forward_args)));
+  FA_CHECK(check_positive("batch", a->batch));
+  FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
+  FA_CHECK(check_positive("seqlen_k", a->seqlen_k));
+  FA_CHECK(check_tensor("q", a->q));
+  FA_CHECK(check_tensor("k", a->k));
+  FA_CHECK(check_tensor("v", a->v));
+  FA_CHECK(check_tensor("o", a->o));
+  FA_CHECK(check_fp32_ptr("lse", a->lse, false));
+  FA_REQUIRE((a->cu_seqlens_q == 0) == (a->cu_seqlens_k == 0),
+             "cu_seqlens_q and cu_seqlens_k must be given together");
+  FA_CHECK(check_fp32_ptr("cu_seqlens_q", a->cu_seqlens_q, false));
+  FA_CHECK(check_fp32_ptr("cu_seqlens_k", a->cu_seqlens_k, false));
+  (void)c;
+  return FA_SUCCESS;
+}
+
+fa_status validate_decode(const fa_decode_args *a) {
+  FA_REQUIRE(a != nullptr, "args is NULL");
+  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_decode_args)));
+  FA_CHECK(check_positive("batch", a->batch));
+  FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
+  FA_CHECK(check_positive("seqlen_k_max", a->seqlen_k_max));
+  FA_REQUIRE(a->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d", a->num_splits);
+  FA_CHECK(check_tensor("q", a->q));
+  FA_CHECK(check_tensor("k_cache", a->k_cache));
+  FA_CHECK(check_tensor("v_cache", a->v_cache));
+  FA_CHECK(check_fp32_ptr("cache_seqlens", a->cache_seqlens, true));
+  if (a->o.data != 0) {
+    FA_CHECK(check_tensor("o", a->o));
+  } else {
+    FA_REQUIRE(a->lse == 0, "lse is set but o.data is 0 (no combine step to write it)");
+  }
+  FA_CHECK(check_fp32_ptr("lse", a->lse, false));
+  return FA_SUCCESS;
+}
+
+fa_status validate_decode_workspace(const fa_decode_args *a) {
+  FA_REQUIRE(a->workspace != 0, "workspace is 0 (size it with fa_decode_workspace_size)");
+  FA_REQUIRE(a->workspace % 256 == 0, "workspace 0x%llx is not 256-byte aligned",
+             static_cast<unsigned long long>(a->workspace));
+  return FA_SUCCESS;
+}
+
+fa_status validate_reduce(const fa_reduce_args *a) {
+  FA_REQUIRE(a != nullptr, "args is NULL");
+  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_reduce_args)));
+  FA_CHECK(check_positive("num_splits", a->num_splits));
+  FA_CHECK(check_positive("batch", a->batch));
+  FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
+  FA_CHECK(check_fp32_ptr("o_partial", a->o_partial, true));
+  FA_CHECK(check_fp32_ptr("lse_partial", a->lse_partial, true));
+  FA_REQUIRE(a->o_partial_stride[4] == 1, "o_partial_stride[4] must be 1, got %lld",
+             static_cast<long long>(a->o_partial_stride[4]));
+  for (int i = 0; i < 4; ++i) {
+    FA_REQUIRE(a->o_partial_stride[i] >= 0, "o_partial_stride[%d] must be >= 0, got %lld", i,
+               static_cast<long long>(a->o_partial_stride[i]));
+    FA_REQUIRE(a->lse_partial_stride[i] >= 0, "lse_partial_stride[%d] must be >= 0, got %lld", i,
+               static_cast<long long>(a->lse_partial_stride[i]));
+  }
+  FA_CHECK(check_tensor("o", a->o));
+  FA_CHECK(check_fp32_ptr("lse", a->lse, false));
+  return FA_SUCCESS;
+}
+
+fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
+  FA_REQUIRE(d != nullptr, "desc is NULL");
+  FA_CHECK(check_struct_size("desc", d->struct_size, sizeof(fa_config_desc)));
+  FA_REQUIRE(d->dtype == FA_DTYPE_FP16 || d->dtype == FA_DTYPE_BF16,
+             "dtype must be FA_DTYPE_FP16 or FA_DTYPE_BF16, got %d", static_cast<int>(d->dtype));
+  const int32_t dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
+  if (d->head_dim < 8 || d->head_dim > 256 || d->head_dim % 8 != 0) {
+    return fail(FA_ERROR_UNSUPPORTED, "head_dim must be a multiple of 8 in 8..256, got %d",
+                d->head_dim);
+  }
+  if (dv < 8 || dv > 256 || dv % 8 != 0) {
+    return fail(FA_ERROR_UNSUPPORTED, "head_dim_v must be a multiple of 8 in 8..256, got %d",
+                d->head_dim_v);
+  }
+  FA_CHECK(check_positive("num_heads_q", d->num_heads_q));
+  FA_CHECK(check_positive("num_heads_kv", d->num_heads_kv));
+  FA_REQUIRE(d->num_heads_q % d->num_heads_kv == 0,
+             "num_heads_q (%d) must be a multiple of num_heads_kv (%d)", d->num_heads_q,
+             d->num_heads_kv);
+  FA_REQUIRE(d->causal == 0 || d->causal == 1, "causal must be 0 or 1, got %d", d->causal);
+  FA_REQUIRE(d->window_left >= -1, "window_left must be >= 0 or -1 (unbounded), got %d",
+             d->window_left);
+  FA_REQUIRE(d->window_right >= -1, "window_right must be >= 0 or -1 (unbounded), got %d",
+             d->window_right);
+  FA_REQUIRE(std::isfinite(d->softmax_scale) && d->softmax_scale >= 0,
+             "softmax_scale must be finite and > 0 (0 = 1/sqrt(head_dim)), got %g",
+             static_cast<double>(d->softmax_scale));
+  FA_REQUIRE(std::isfinite(d->softcap) && d->softcap >= 0,
+             "softcap must be finite and >= 0 (0 = off), got %g", static_cast<double>(d->softcap));
+  c->dtype = d->dtype == FA_DTYPE_BF16 ? fa::Dtype::BF16 : fa::Dtype::F16;
+  c->head_dim = d->head_dim;
+  c->head_dim_v = dv;
+  c->num_heads_q = d->num_heads_q;
+  c->num_heads_kv = d->num_heads_kv;
+  c->causal = d->causal != 0;
+  c->window_left = d->window_left;
+  c->window_right = c->causal ? 0 : d->window_right;
+  c->softmax_scale =
+      d->softmax_scale > 0 ? d->softmax_scale : 1.0f / std::sqrt(static_cast<float>(d->head_dim));
+  c->softcap = d->softcap;
+  return FA_SUCCESS;
+}
+
+void copy_cstr(char *dst, size_t cap, const std::string &src) {
+  std::snprintf(dst, cap, "%s", src.c_str());
+}
+
+}  // namespace
+
+extern "C" {
+
+FA_API const char *fa_status_string(fa_status status) {
+  switch (status) {
+    case FA_SUCCESS:
+      return "success";
+    case FA_ERROR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case FA_ERROR_UNSUPPORTED:
+      return "unsupported";
+    case FA_ERROR_OUT_OF_MEMORY:
+      return "out of memory";
+    case FA_ERROR_NO_DRIVER:
+      return "CUDA driver not available";
+    case FA_ERROR_NO_DEVICE:
+      return "no CUDA device";
+    case FA_ERROR_CUDA:
+      return "CUDA driver error";
+    case FA_ERROR_COMPILE:
+      return "kernel compilation failed";
+    case FA_ERROR_LAUNCH:
+      return "kernel launch failed";
+    case FA_ERROR_RUNTIME_POISONED:
+      return "runtime unusable after an earlier sticky error";
+    case FA_ERROR_BUFFER_TOO_SMALL:
+      return "buffer too small";
+    case FA_ERROR_INTERNAL:
+      return "internal error";
+    case FA_ERROR_CACHE:
+      return "kernel cache error";
+    case FA_STATUS_LAST:
+      break;
+  }
+  return "unknown status";
+}
+
+FA_API const char *fa_last_error(void) { return fa::last_error(); }
+
+FA_API uint32_t fa_version_number(void) { return FLASHATTN_VERSION_NUMBER; }
+
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+FA_API const char *fa_version_string(void) {
+  return FA_STR(FLASHATTN_VERSION_MAJOR) "." FA_STR(FLASHATTN_VERSION_MINOR) "." FA_STR(
+      FLASHATTN_VERSION_PATCH);
+}
+
+FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime **out) {
+  return guarded("fa_runtime_create", [&]() -> fa_status {
+    FA_REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    fa_runtime_options opts = FA_RUNTIME_OPTIONS_INIT;
+    if (options) {
+      FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
+      opts = *options;
+    }
+    FA_REQUIRE(opts.backend == FA_BACKEND_AUTO || opts.backend == FA_BACKEND_CUDA ||
+                   opts.backend == FA_BACKEND_EMULATOR,
+               "backend must be FA_BACKEND_AUTO, _CUDA or _EMULATOR, got %d",
+               static_cast<int>(opts.backend));
+    FA_REQUIRE(opts.device >= 0, "device must be >= 0, got %d", opts.device);
+    FA_REQUIRE(opts.cache_mode == FA_CACHE_DEFAULT || opts.cache_mode == FA_CACHE_DISK ||
+                   opts.cache_mode == FA_CACHE_MEMORY,
+               "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d",
+               static_cast<int>(opts.cache_mode));
+    if (opts.emulator_sm != 0 && opts.emulator_sm != 80 && opts.emulator_sm != 86 &&
+        opts.emulator_sm != 89 && opts.emulator_sm != 90) {
+      return fail(FA_ERROR_UNSUPPORTED, "emulator_sm must be 0, 80, 86, 89 or 90, got %d",
+                  opts.emulator_sm);
+    }
+    auto rt = std::make_unique<fa_runtime>();
+    FA_CHECK(fa::Runtime::create(opts, &rt->impl));
+    *out = rt.release();
+    return FA_SUCCESS;
+  });
+}
+
+FA_API void fa_runtime_destroy(fa_runtime *rt) {
+  fa::clear_error();
+  try {
+    delete rt;
+  } catch (...) {
+    // Destructors do not throw; nothing may escape regardless.
+  }
+}
+
+FA_API fa_status fa_runtime_get_info(const fa_runtime *rt, fa_runtime_info *info) {
+  return guarded("fa_runtime_get_info", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_REQUIRE(info != nullptr, "info is NULL");
+    FA_CHECK(check_struct_size("info", info->struct_size, sizeof(fa_runtime_info)));
+    const fa::DeviceInfo &d = rt->impl->backend().info();
+    info->backend = rt->impl->backend().kind();
+    info->sm = d.sm;
+    info->num_sms = d.num_sms;
+    info->driver_version = d.driver_version;
+    copy_cstr(info->device_name, sizeof info->device_name, d.name);
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_malloc(fa_runtime *rt, size_t bytes, uint64_t *ptr) {
+  return guarded("fa_malloc", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_REQUIRE(ptr != nullptr, "ptr is NULL");
+    *ptr = 0;
+    FA_REQUIRE(bytes > 0, "bytes must be > 0");
+    return rt->impl->backend().mem_alloc(bytes, ptr);
+  });
+}
+
+FA_API fa_status fa_free(fa_runtime *rt, uint64_t ptr) {
+  return guarded("fa_free", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    if (ptr == 0) return FA_SUCCESS;
+    return rt->impl->backend().mem_free(ptr);
+  });
+}
+
+FA_API fa_status fa_memcpy_htod(fa_runtime *rt, uint64_t dst, const void *src, size_t bytes) {
+  return guarded("fa_memcpy_htod", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    if (bytes == 0) return FA_SUCCESS;
+    FA_REQUIRE(dst != 0 && src != nullptr, "dst and src must be non-null");
+    return rt->impl->backend().copy_htod(dst, src, bytes);
+  });
+}
+
+FA_API fa_status fa_memcpy_dtoh(fa_runtime *rt, void *dst, uint64_t src, size_t bytes) {
+  return guarded("fa_memcpy_dtoh", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    if (bytes == 0) return FA_SUCCESS;
+    FA_REQUIRE(dst != nullptr && src != 0, "dst and src must be non-null");
+    return rt->impl->backend().copy_dtoh(dst, src, bytes);
+  });
+}
+
+FA_API fa_status fa_memset(fa_runtime *rt, uint64_t dst, uint8_t value, size_t bytes) {
+  return guarded("fa_memset", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    if (bytes == 0) return FA_SUCCESS;
+    FA_REQUIRE(dst != 0, "dst is 0");
+    return rt->impl->backend().memset_d8(dst, value, bytes);
+  });
+}
+
+FA_API fa_status fa_synchronize(fa_runtime *rt, void *stream) {
+  return guarded("fa_synchronize", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    return rt->impl->backend().synchronize(stream);
+  });
+}
+
+FA_API fa_status fa_config_create(const fa_config_desc *desc, fa_config **out) {
+  return guarded("fa_config_create", [&]() -> fa_status {
+    FA_REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    fa::AttentionConfig c;
+    FA_CHECK(config_from_desc(desc, &c));
+    *out = new fa_config{c};
+    return FA_SUCCESS;
+  });
+}
+
+FA_API void fa_config_destroy(fa_config *cfg) {
+  fa::clear_error();
+  delete cfg;
+}
+
+FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
+                             size_t buf_size, size_t *ptx_size) {
+  return guarded("fa_generate", [&]() -> fa_status {
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
+    FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
+    FA_REQUIRE(kind == FA_KERNEL_FORWARD || kind == FA_KERNEL_DECODE || kind == FA_KERNEL_REDUCE,
+               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d",
+               static_cast<int>(kind));
+    if (sm != 80 && sm != 86 && sm != 89 && sm != 90) {
+      return fail(FA_ERROR_UNSUPPORTED, "sm must be 80, 86, 89 or 90, got %d", sm);
+    }
+    const fa::KernelKind k = kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
+                             : kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
+                                                        : fa::KernelKind::Reduce;
+    const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, sm, false));
+    *ptx_size = ptx.size();
+    if (buf_size < ptx.size() + 1) {
+      if (buf == nullptr) return FA_SUCCESS;  // size query
+      return fail(FA_ERROR_BUFFER_TOO_SMALL, "buffer holds %zu bytes, the PTX needs %zu", buf_size,
+                  ptx.size() + 1);
+    }
+    std::memcpy(buf, ptx.c_str(), ptx.size() + 1);
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
+                           void *stream) {
+  return guarded("fa_launch", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_CHECK(validate_forward(cfg->cfg, args));
+    return rt->impl->forward(cfg->cfg, *args, stream);
+  });
+}
+
+FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                          const fa_decode_args *args, size_t *bytes,
+                                          int32_t *num_splits) {
+  return guarded("fa_decode_workspace_size", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(bytes != nullptr, "bytes is NULL");
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    FA_CHECK(check_struct_size("args", args->struct_size, sizeof(fa_decode_args)));
+    FA_CHECK(check_positive("batch", args->batch));
+    FA_CHECK(check_positive("seqlen_q", args->seqlen_q));
+    FA_CHECK(check_positive("seqlen_k_max", args->seqlen_k_max));
+    FA_REQUIRE(args->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d",
+               args->num_splits);
+    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, *args);
+    *bytes = plan.workspace_bytes;
+    if (num_splits) *num_splits = plan.num_splits;
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
+                           void *stream) {
+  return guarded("fa_decode", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_CHECK(validate_decode(args));
+    FA_CHECK(validate_decode_workspace(args));
+    return rt->impl->decode(cfg->cfg, *args, stream);
+  });
+}
+
+FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa_reduce_args *args,
+                                  void *stream) {
+  return guarded("fa_decode_reduce", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_CHECK(validate_reduce(args));
+    return rt->impl->reduce(cfg->cfg, *args, stream);
+  });
+}
+
+FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
+  return guarded("fa_cache_stats_get", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_REQUIRE(stats != nullptr, "stats is NULL");
+    FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
+    const fa::Runtime::Counters &c = rt->impl->counters();
+    const fa::cache::Stats s = rt->impl->store().stats();
+    stats->memory_hits = c.memory_hits;
+    stats->disk_hits = c.disk_hits;
+    stats->misses = c.misses;
+    stats->compiles = c.compiles;
+    stats->discarded = s.discarded;
+    stats->entries = s.entries;
+    stats->bytes = s.bytes;
+    stats->persistent = s.persistent ? 1 : 0;
+    copy_cstr(stats->path, sizeof stats->path, s.path);
+    copy_cstr(stats->note, sizeof stats->note, s.note);
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_cache_list(fa_runtime *rt, fa_cache_entry_fn fn, void *user) {
+  return guarded("fa_cache_list", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_REQUIRE(fn != nullptr, "fn is NULL");
+    for (const fa::cache::RowInfo &row : rt->impl->store().list()) {
+      fa_cache_entry e;
+      std::memset(&e, 0, sizeof e);
+      e.struct_size = sizeof e;
+      copy_cstr(e.key, sizeof e.key, row.key_hex);
+      e.spec = row.spec_text.c_str();
+      e.sm = row.sm;
+      e.generator_version = row.generator_version;
+      e.ptx_bytes = row.ptx_bytes;
+      e.cubin_bytes = row.cubin_bytes;
+      e.hits = row.hits;
+      e.created = row.created;
+      e.last_used = row.last_used;
+      if (fn(&e, user) != 0) break;
+    }
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_cache_clear(fa_runtime *rt) {
+  return guarded("fa_cache_clear", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    return rt->impl->store().clear();
+  });
+}
+
+}  // extern "C"

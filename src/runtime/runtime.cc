@@ -1,0 +1,324 @@
+#include "runtime/runtime.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace fa {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+void append_u32(std::string *s, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// Resolved window edges and score scaling shared by forward and decode.
+struct Scaling {
+  int32_t window_left, window_right;
+  float score_scale, softcap_log2;
+};
+
+Scaling resolve_scaling(const AttentionConfig &cfg) {
+  Scaling s;
+  s.window_left = cfg.window_left < 0 ? kUnboundedWindow : cfg.window_left;
+  s.window_right = cfg.causal ? 0 : (cfg.window_right < 0 ? kUnboundedWindow : cfg.window_right);
+  if (cfg.softcap > 0) {
+    s.score_scale = cfg.softmax_scale / cfg.softcap;
+    s.softcap_log2 = cfg.softcap * kLog2e;
+  } else {
+    s.score_scale = cfg.softmax_scale * kLog2e;
+    s.softcap_log2 = 0;
+  }
+  return s;
+}
+
+void copy_strides(int64_t dst[3], const fa_tensor &t) {
+  for (int i = 0; i < 3; ++i) dst[i] = t.stride[i];
+}
+
+bool geometry_ok(const LaunchGeometry &g) {
+  for (int i = 0; i < 3; ++i) {
+    if (g.grid[i] == 0) return false;
+  }
+  return g.grid[1] <= 65535 && g.grid[2] <= 65535;
+}
+
+fa_status launch_checked(Backend &backend, Kernel &kernel, const LaunchGeometry &g,
+                         const void *params, size_t size, void *stream) {
+  if (!geometry_ok(g)) {
+    return fail(FA_ERROR_UNSUPPORTED, "launch grid (%u, %u, %u) exceeds the device limits",
+                g.grid[0], g.grid[1], g.grid[2]);
+  }
+  return backend.launch(kernel, g, params, size, stream);
+}
+
+}  // namespace
+
+cache::Key kernel_key(const KernelSpec &spec) {
+  std::string bytes = spec.serialize();
+  append_u32(&bytes, kGeneratorVersion);
+  append_u32(&bytes, static_cast<uint32_t>(spec.sm));
+  append_u32(&bytes, static_cast<uint32_t>(ptx_isa_version(spec)));
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  cache::Key key;
+  key.hi = h.high64;
+  key.lo = h.low64;
+  return key;
+}
+
+fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out) {
+  auto rt = std::make_unique<Runtime>();
+  fa_backend which = options.backend;
+  if (which == FA_BACKEND_AUTO) {
+    // FLASHATTN_BACKEND=cuda|emulator overrides auto (handy for tests and CI).
+    const char *env = std::getenv("FLASHATTN_BACKEND");
+    if (env && std::strcmp(env, "cuda") == 0) which = FA_BACKEND_CUDA;
+    if (env && std::strcmp(env, "emulator") == 0) which = FA_BACKEND_EMULATOR;
+  }
+  const int emu_sm = options.emulator_sm ? options.emulator_sm : 80;
+  fa_status st;
+  if (which == FA_BACKEND_CUDA) {
+    st = create_cuda_backend(options.device, &rt->backend_);
+  } else if (which == FA_BACKEND_EMULATOR) {
+    st = create_emulator_backend(emu_sm, &rt->backend_);
+  } else {
+    st = create_cuda_backend(options.device, &rt->backend_);
+    if (st == FA_ERROR_NO_DRIVER || st == FA_ERROR_NO_DEVICE) {
+      st = create_emulator_backend(emu_sm, &rt->backend_);
+    }
+  }
+  if (st != FA_SUCCESS) return st;
+
+  cache::Options copts;
+  if (options.cache_dir) copts.dir = options.cache_dir;
+  copts.memory_only = options.cache_mode == FA_CACHE_MEMORY;
+  rt->store_ = cache::open_store(copts);
+  if (!rt->store_) return fail(FA_ERROR_INTERNAL, "kernel store could not be created");
+  *out = std::move(rt);
+  return FA_SUCCESS;
+}
+
+fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
+  const cache::Key key = kernel_key(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kernels_.find({key.hi, key.lo});
+  if (it != kernels_.end()) {
+    counters_.memory_hits++;
+    *out = it->second.get();
+    return FA_SUCCESS;
+  }
+
+  const bool wants_binary = backend_->kind() == FA_BACKEND_CUDA;
+  const int driver = backend_->info().driver_version;
+  cache::Record rec;
+  bool have = store_->get(key, &rec) && !rec.ptx.empty() && rec.sm == spec.sm &&
+              rec.generator_version == kGeneratorVersion;
+  bool dirty = false;
+  if (have) {
+    counters_.disk_hits++;
+  } else {
+    counters_.misses++;
+    rec = cache::Record();
+    rec.ptx = generate_ptx(spec);
+    if (rec.ptx.empty()) {
+      return fail(FA_ERROR_INTERNAL, "generator produced no PTX for %s", spec.describe().c_str());
+    }
+    rec.spec_text = spec.describe();
+    rec.generator_version = kGeneratorVersion;
+    rec.sm = spec.sm;
+    dirty = true;
+  }
+  // A cubin is valid only for the driver that built it: rebuild it from the
+  // stored PTX after a driver change.
+  if (wants_binary && (rec.cubin.empty() || rec.driver_version != driver)) {
+    std::string log;
+    std::vector<uint8_t> binary;
+    fa_status st = backend_->compile(rec.ptx, &binary, &log);
+    if (st != FA_SUCCESS) return st;
+    counters_.compiles++;
+    if (!log.empty() && log.find("spill") != std::string::npos) {
+      warn("ptxas for " + rec.spec_text + ": " + log);
+    }
+    rec.cubin = std::move(binary);
+    rec.driver_version = driver;
+    dirty = true;
+  } else if (!wants_binary && dirty) {
+    std::vector<uint8_t> none;
+    std::string log;
+    fa_status st = backend_->compile(rec.ptx, &none, &log);  // emulator: parse check
+    if (st != FA_SUCCESS) return st;
+  }
+  std::unique_ptr<Kernel> kernel;
+  fa_status st = backend_->load(rec.ptx, wants_binary ? rec.cubin : std::vector<uint8_t>(),
+                                entry_name(spec), max_dynamic_smem(spec), &kernel);
+  if (st != FA_SUCCESS) return st;
+  // The emulator never replaces a row that may hold another process's cubin.
+  if (dirty) store_->put(key, rec);
+  *out = kernel.get();
+  kernels_[{key.hi, key.lo}] = std::move(kernel);
+  return FA_SUCCESS;
+}
+
+fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
+  const bool varlen = a.cu_seqlens_q != 0;
+  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().sm, varlen);
+  Kernel *kernel = nullptr;
+  fa_status st = get_kernel(spec, &kernel);
+  if (st != FA_SUCCESS) return st;
+
+  ForwardParams p;
+  std::memset(&p, 0, sizeof p);
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = a.lse;
+  p.cu_seqlens_q = a.cu_seqlens_q;
+  p.cu_seqlens_k = a.cu_seqlens_k;
+  copy_strides(p.q_stride, a.q);
+  copy_strides(p.k_stride, a.k);
+  copy_strides(p.v_stride, a.v);
+  copy_strides(p.o_stride, a.o);
+  p.batch = a.batch;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k = a.seqlen_k;
+  p.num_heads_q = cfg.num_heads_q;
+  p.num_heads_kv = cfg.num_heads_kv;
+  const Scaling s = resolve_scaling(cfg);
+  p.window_left = s.window_left;
+  p.window_right = s.window_right;
+  p.score_scale = s.score_scale;
+  p.softcap_log2 = s.softcap_log2;
+  return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
+}
+
+DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
+  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().sm, false);
+  const int block_n = std::max(spec.block_n, 1);
+  const int block_m = std::max(spec.block_m, 1);
+  const int rows = spec.group_size * a.seqlen_q;
+  const long long ctas =
+      static_cast<long long>(a.batch) * cfg.num_heads_kv * ((rows + block_m - 1) / block_m);
+  int splits = a.num_splits;
+  if (splits <= 0) {
+    // Flash-Decoding: enough CTAs for about two waves over the SMs, but no
+    // split shorter than 4 key tiles (its setup would dominate).
+    const int num_sms = std::max(backend_->info().num_sms, 1);
+    const long long want = (2LL * num_sms + ctas - 1) / ctas;
+    const long long max_by_len =
+        std::max(1LL, (a.seqlen_k_max + 4LL * block_n - 1) / (4LL * block_n));
+    splits = static_cast<int>(std::clamp(want, 1LL, std::min(max_by_len, 128LL)));
+  }
+  splits = std::min(splits, (a.seqlen_k_max + block_n - 1) / block_n);
+  splits = std::max(splits, 1);
+  DecodePlan plan;
+  plan.split_size = static_cast<int>(round_up((a.seqlen_k_max + splits - 1) / splits, block_n));
+  plan.num_splits = (a.seqlen_k_max + plan.split_size - 1) / plan.split_size;
+  const int dv = cfg.head_dim_v;
+  const size_t rows_total = static_cast<size_t>(a.batch) * a.seqlen_q * cfg.num_heads_q;
+  plan.o_partial_bytes = static_cast<size_t>(plan.num_splits) * rows_total * dv * sizeof(float);
+  plan.lse_offset = round_up(plan.o_partial_bytes, 256);
+  plan.workspace_bytes = plan.lse_offset + static_cast<size_t>(plan.num_splits) * rows_total * 4;
+  return plan;
+}
+
+fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream) {
+  const DecodePlan plan = plan_decode(cfg, a);
+  if (a.workspace_size < plan.workspace_bytes) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "workspace_size is %zu bytes, %zu needed for %d splits "
+                "(see fa_decode_workspace_size)",
+                a.workspace_size, plan.workspace_bytes, plan.num_splits);
+  }
+  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().sm, false);
+  Kernel *kernel = nullptr;
+  fa_status st = get_kernel(spec, &kernel);
+  if (st != FA_SUCCESS) return st;
+  Kernel *reduce_kernel = nullptr;
+  KernelSpec rspec;
+  if (a.o.data != 0) {
+    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().sm, false);
+    st = get_kernel(rspec, &reduce_kernel);
+    if (st != FA_SUCCESS) return st;
+  }
+
+  DecodeParams p;
+  std::memset(&p, 0, sizeof p);
+  p.q = a.q.data;
+  p.k = a.k_cache.data;
+  p.v = a.v_cache.data;
+  p.cache_seqlens = a.cache_seqlens;
+  p.o_partial = a.workspace;
+  p.lse_partial = a.workspace + plan.lse_offset;
+  copy_strides(p.q_stride, a.q);
+  copy_strides(p.k_stride, a.k_cache);
+  copy_strides(p.v_stride, a.v_cache);
+  p.batch = a.batch;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k_max = a.seqlen_k_max;
+  p.num_heads_q = cfg.num_heads_q;
+  p.num_heads_kv = cfg.num_heads_kv;
+  p.num_splits = plan.num_splits;
+  p.split_size = plan.split_size;
+  const Scaling s = resolve_scaling(cfg);
+  p.window_left = s.window_left;
+  p.window_right = s.window_right;
+  p.score_scale = s.score_scale;
+  p.softcap_log2 = s.softcap_log2;
+  st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
+  if (st != FA_SUCCESS || a.o.data == 0) return st;
+
+  ReduceParams r;
+  std::memset(&r, 0, sizeof r);
+  const int64_t hq = cfg.num_heads_q, dv = cfg.head_dim_v, sq = a.seqlen_q;
+  r.o_partial = p.o_partial;
+  r.lse_partial = p.lse_partial;
+  r.o = a.o.data;
+  r.lse = a.lse;
+  r.o_partial_stride[4] = 1;
+  r.o_partial_stride[3] = dv;
+  r.o_partial_stride[2] = hq * dv;
+  r.o_partial_stride[1] = sq * hq * dv;
+  r.o_partial_stride[0] = a.batch * sq * hq * dv;
+  r.lse_partial_stride[3] = 1;
+  r.lse_partial_stride[2] = sq;
+  r.lse_partial_stride[1] = hq * sq;
+  r.lse_partial_stride[0] = a.batch * hq * sq;
+  copy_strides(r.o_stride, a.o);
+  r.num_splits = plan.num_splits;
+  r.batch = a.batch;
+  r.seqlen_q = a.seqlen_q;
+  r.num_heads_q = cfg.num_heads_q;
+  return launch_checked(*backend_, *reduce_kernel, reduce_geometry(rspec, r), &r, sizeof r, stream);
+}
+
+fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, void *stream) {
+  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().sm, false);
+  Kernel *kernel = nullptr;
+  fa_status st = get_kernel(spec, &kernel);
+  if (st != FA_SUCCESS) return st;
+  ReduceParams r;
+  std::memset(&r, 0, sizeof r);
+  r.o_partial = a.o_partial;
+  r.lse_partial = a.lse_partial;
+  r.o = a.o.data;
+  r.lse = a.lse;
+  for (int i = 0; i < 5; ++i) r.o_partial_stride[i] = a.o_partial_stride[i];
+  for (int i = 0; i < 4; ++i) r.lse_partial_stride[i] = a.lse_partial_stride[i];
+  copy_strides(r.o_stride, a.o);
+  r.num_splits = a.num_splits;
+  r.batch = a.batch;
+  r.seqlen_q = a.seqlen_q;
+  r.num_heads_q = cfg.num_heads_q;
+  return launch_checked(*backend_, *kernel, reduce_geometry(spec, r), &r, sizeof r, stream);
+}
+
+}  // namespace fa

@@ -1,0 +1,63 @@
+// The runtime object: one backend (device binding), its loaded kernels and
+// the kernel store. Turns a validated problem into kernel specs, finds or
+// builds each kernel (in-process map -> store -> generator -> backend JIT)
+// and launches it. Arguments arrive validated by src/api/.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend/backend.h"
+#include "cache/store.h"
+#include "kernels/kernels.h"
+
+namespace fa {
+
+// XXH3-128 over the spec's canonical bytes, the generator version, the target
+// SM and the PTX ISA version.
+cache::Key kernel_key(const KernelSpec &spec);
+
+// Resolved decode plan: number of splits and keys per split.
+struct DecodePlan {
+  int num_splits = 1;
+  int split_size = 0;
+  size_t o_partial_bytes = 0;  // offset of LSE_partial = round_up(this, 256)
+  size_t lse_offset = 0;
+  size_t workspace_bytes = 0;
+};
+
+class Runtime {
+ public:
+  struct Counters {
+    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0};
+  };
+
+  static fa_status create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out);
+
+  Backend &backend() { return *backend_; }
+  const Backend &backend() const { return *backend_; }
+  cache::Store &store() { return *store_; }
+  const Counters &counters() const { return counters_; }
+
+  // Finds or builds the kernel for spec. The pointer stays valid for the
+  // runtime's lifetime.
+  fa_status get_kernel(const KernelSpec &spec, Kernel **out);
+
+  fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
+  DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
+  fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream);
+  fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<cache::Store> store_;
+  std::mutex mu_;  // guards kernels_ and kernel building
+  std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Kernel>> kernels_;
+  Counters counters_;
+};
+
+}  // namespace fa

@@ -1,0 +1,258 @@
+// The numerics case lists: FlashAttention's own test grid shapes, scaled to
+// what the emulator runs in seconds, covering every semantic the API offers.
+#include <cstring>
+
+#include "npy.h"
+#include "support/numerics.h"
+
+namespace fa::test {
+
+std::vector<ForwardCase> forward_cases(bool gpu) {
+  std::vector<ForwardCase> v;
+  auto add = [&](ForwardCase c) { v.push_back(c); };
+  const int m = gpu ? 4 : 1;  // GPU runs longer sequences
+  ForwardCase c;
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 113 * m;
+  c.seqlen_k = 203 * m;
+  c.heads_q = 4;
+  c.heads_kv = 4;
+  c.head_dim = 64;
+  add(c);
+  c = {};
+  c.seqlen_q = 128 * m;
+  c.seqlen_k = 217 * m;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.head_dim = 128;
+  c.bf16 = true;
+  c.causal = true;
+  c.seed = 2;
+  add(c);
+  c = {};
+  c.seqlen_q = 1;
+  c.seqlen_k = 239 * m;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 32;
+  c.causal = true;
+  c.seed = 3;
+  add(c);
+  c = {};
+  c.seqlen_q = 108;
+  c.seqlen_k = 256;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 80;
+  c.window_left = 32;
+  c.window_right = 8;
+  c.seed = 4;
+  add(c);
+  c = {};
+  c.seqlen_q = 64;
+  c.seqlen_k = 80;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 256;
+  c.bf16 = true;
+  c.softcap = 30;
+  c.input_scale = 3;
+  c.seed = 5;
+  add(c);
+  c = {};
+  c.seqlen_q = 200;
+  c.seqlen_k = 100;
+  c.heads_q = 1;
+  c.heads_kv = 1;
+  c.head_dim = 40;
+  c.causal = true;
+  c.seed = 6;
+  add(c);  // rows with no key
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 50;
+  c.seqlen_k = 70;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.head_dim_v = 32;
+  c.seed = 7;
+  add(c);
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 33;
+  c.seqlen_k = 47;
+  c.heads_q = 6;
+  c.heads_kv = 2;
+  c.head_dim = 96;
+  c.padded_strides = true;
+  c.seed = 8;
+  add(c);
+  c = {};
+  c.batch = 3;
+  c.varlen = true;
+  c.seqlens_q = {17, 1, 40};
+  c.seqlens_k = {30, 9, 40};
+  c.seqlen_q = 40;
+  c.seqlen_k = 40;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.seed = 9;
+  add(c);
+  c = {};
+  c.seqlen_q = 96;
+  c.seqlen_k = 96;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.bf16 = true;
+  c.causal = true;
+  c.window_left = 16;
+  c.seed = 10;
+  add(c);
+  c = {};
+  c.seqlen_q = 40;
+  c.seqlen_k = 64;
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = 64;
+  c.seed = 11;
+  add(c);  // MQA
+  c = {};
+  c.seqlen_q = 70;
+  c.seqlen_k = 90;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.input_scale = 4;
+  c.seed = 12;
+  add(c);  // peaked softmax
+  c = {};
+  c.seqlen_q = 37;
+  c.seqlen_k = 45;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.softmax_scale = 0.05f;
+  c.window_left = 0;
+  c.window_right = 0;
+  c.seed = 13;
+  add(c);
+  for (int d : {8, 16, 24, 48, 72, 120, 136, 200, 248}) {
+    c = {};
+    c.seqlen_q = 17;
+    c.seqlen_k = 19;
+    c.heads_q = 2;
+    c.heads_kv = 1;
+    c.head_dim = d;
+    c.bf16 = d % 16 == 0;
+    c.causal = d % 24 == 0;
+    c.seed = 100 + d;
+    add(c);
+  }
+  return v;
+}
+
+std::vector<DecodeCase> decode_cases(bool gpu) {
+  std::vector<DecodeCase> v;
+  const int m = gpu ? 8 : 1;
+  DecodeCase c;
+  c = {};
+  c.batch = 3;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 300 * m;
+  c.cache_seqlens = {300 * m, 1, 0};
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  v.push_back(c);
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 2;
+  c.seqlen_k_max = 200;
+  c.cache_seqlens = {200, 77};
+  c.heads_q = 4;
+  c.heads_kv = 4;
+  c.head_dim = 128;
+  c.bf16 = true;
+  c.causal = true;
+  c.num_splits = 3;
+  c.seed = 2;
+  v.push_back(c);
+  c = {};
+  c.batch = 1;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 520 * m;
+  c.cache_seqlens = {517 * m};
+  c.heads_q = 32;
+  c.heads_kv = 4;
+  c.head_dim = 128;
+  c.num_splits = 7;
+  c.seed = 3;
+  v.push_back(c);
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 256;
+  c.cache_seqlens = {250, 30};
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.head_dim = 64;
+  c.window_left = 64;
+  c.seed = 4;
+  v.push_back(c);
+  c = {};
+  c.batch = 1;
+  c.seqlen_q = 3;
+  c.seqlen_k_max = 100;
+  c.cache_seqlens = {100};
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 80;
+  c.softcap = 20;
+  c.causal = true;
+  c.seed = 5;
+  v.push_back(c);
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 128;
+  c.cache_seqlens = {100, 128};
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.head_dim_v = 96;
+  c.num_splits = 64;
+  c.seed = 6;
+  v.push_back(c);
+  return v;
+}
+
+bool load_fixture(const std::string &name, const std::string &file, std::vector<float> *out,
+                  std::vector<int64_t> *shape) {
+  npy::Array a;
+  std::string err;
+  if (!npy::read(std::string(FA_TEST_DATA_DIR) + "/" + name + "/" + file + ".npy", &a, &err)) {
+    return false;
+  }
+  *out = a.to_f32();
+  *shape = a.shape;
+  return true;
+}
+
+fa_runtime *make_runtime(fa_backend backend, std::string *why) {
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = backend;
+  o.cache_mode = FA_CACHE_MEMORY;
+  fa_runtime *rt = nullptr;
+  if (fa_runtime_create(&o, &rt) != FA_SUCCESS) {
+    *why = fa_last_error();
+    return nullptr;
+  }
+  return rt;
+}
+
+}  // namespace fa::test

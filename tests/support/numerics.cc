@@ -1,0 +1,543 @@
+#include "support/numerics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "reference.h"
+
+namespace fa::test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A device tensor [b, s, h, d] of 16-bit elements with optional gaps, plus
+// its host copy as rounded doubles in contiguous order.
+struct DevTensor {
+  uint64_t ptr = 0;
+  fa_tensor view{};
+  size_t elems = 0;  // allocation size in elements
+};
+
+struct Ctx {
+  fa_runtime *rt;
+  std::vector<uint64_t> allocs;
+  std::string err;
+  explicit Ctx(fa_runtime *r) : rt(r) {}
+  ~Ctx() {
+    for (uint64_t p : allocs) fa_free(rt, p);
+  }
+  bool check(fa_status st, const char *what) {
+    if (st == FA_SUCCESS) return true;
+    if (err.empty()) err = std::string(what) + ": " + fa_last_error();
+    return false;
+  }
+  uint64_t alloc(size_t bytes) {
+    uint64_t p = 0;
+    if (!check(fa_malloc(rt, std::max<size_t>(bytes, 16), &p), "fa_malloc")) return 0;
+    allocs.push_back(p);
+    return p;
+  }
+};
+
+std::vector<float> random_normal(size_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> out(n);
+  for (float &x : out) x = dist(gen) * scale;
+  return out;
+}
+
+uint16_t to_bits(float x, bool bf16) { return bf16 ? ref::f32_to_bf16(x) : ref::f32_to_f16(x); }
+float from_bits(uint16_t h, bool bf16) { return bf16 ? ref::bf16_to_f32(h) : ref::f16_to_f32(h); }
+
+// Strides for [b, s, h, d]; padded adds gaps at every level (multiples of 8).
+fa_tensor make_view(uint64_t ptr, int s, int h, int d, bool padded) {
+  fa_tensor t;
+  t.data = ptr;
+  t.stride[3] = 1;
+  t.stride[2] = padded ? d + 8 : d;
+  t.stride[1] = int64_t(h) * t.stride[2] + (padded ? 16 : 0);
+  t.stride[0] = int64_t(s) * t.stride[1] + (padded ? 24 : 0);
+  return t;
+}
+
+size_t view_elems(const fa_tensor &t, int b) { return size_t(b) * size_t(t.stride[0]); }
+
+size_t offset(const fa_tensor &t, int b, int s, int h, int d) {
+  return size_t(b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d);
+}
+
+// Uploads host values [b, s, h, d] (contiguous) rounded to dtype into a new
+// device tensor with view `t` (data filled in); returns the rounded doubles.
+std::vector<double> upload(Ctx &ctx, const std::vector<float> &host, int b, int s, int h, int d,
+                           bool bf16, bool padded, fa_tensor *t) {
+  fa_tensor v = make_view(0, s, h, d, padded);
+  const size_t n = view_elems(v, b);
+  std::vector<uint16_t> dev(n, to_bits(7.0f, bf16));  // gaps hold a finite filler
+  std::vector<double> rounded(host.size());
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < s; ++is)
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id) {
+          const size_t src = ((size_t(ib) * s + is) * h + ih) * d + id;
+          const uint16_t bits = to_bits(host[src], bf16);
+          dev[offset(v, ib, is, ih, id)] = bits;
+          rounded[src] = from_bits(bits, bf16);
+        }
+  v.data = ctx.alloc(n * 2);
+  if (v.data) ctx.check(fa_memcpy_htod(ctx.rt, v.data, dev.data(), n * 2), "upload");
+  *t = v;
+  return rounded;
+}
+
+// The same attention computed the way a framework does it at low precision:
+// S in fp32, P rounded to dtype, O accumulated in fp32 and rounded to dtype.
+// Its error against fp64 is the yardstick (FlashAttention's test rule).
+std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
+                                   const std::vector<double> &k, const std::vector<double> &v,
+                                   bool bf16, const int32_t *seqlens_k) {
+  const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
+  std::vector<double> o(size_t(p.batch) * p.seqlen_q * p.num_heads_q * dv, 0.0);
+  std::vector<float> s(size_t(p.seqlen_k));
+  for (int b = 0; b < p.batch; ++b) {
+    const int sk = seqlens_k ? seqlens_k[b] : p.seqlen_k;
+    for (int h = 0; h < p.num_heads_q; ++h)
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const long long diag = (long long)i + sk - p.seqlen_q;
+        long long lo = 0, hi = sk - 1;
+        if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
+        if (p.causal) hi = std::min(hi, diag);
+        if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
+        if (lo > hi) continue;
+        float m = -INFINITY;
+        for (long long j = lo; j <= hi; ++j) {
+          float dot = 0;
+          for (int c = 0; c < d; ++c)
+            dot += float(q[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * d + c] *
+                         k[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * d + c]);
+          float x = dot * float(scale);
+          if (p.softcap > 0) x = float(p.softcap) * std::tanh(x / float(p.softcap));
+          s[size_t(j)] = x;
+          m = std::max(m, x);
+        }
+        float l = 0;
+        for (long long j = lo; j <= hi; ++j) {
+          s[size_t(j)] = std::exp(s[size_t(j)] - m);
+          l += s[size_t(j)];
+        }
+        double *orow = &o[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv];
+        for (int c = 0; c < dv; ++c) {
+          float acc = 0;
+          for (long long j = lo; j <= hi; ++j) {
+            const float pj = ref::round_to(s[size_t(j)] / l, bf16);
+            acc +=
+                pj * float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + c]);
+          }
+          orow[c] = ref::round_to(acc, bf16);
+        }
+      }
+  }
+  return o;
+}
+
+// Compares a downloaded O [rows, dv] (float) and LSE with the references;
+// appends problems to err.
+void judge(const char *what, const std::vector<float> &o, const std::vector<double> &o_ref,
+           const std::vector<double> &o_lowp, const std::vector<float> &lse,
+           const std::vector<double> &lse_ref, std::string *err) {
+  const ref::ErrorStats e = ref::compare(o.data(), o_ref.data(), o.size());
+  std::vector<float> lowp_f(o_lowp.begin(), o_lowp.end());
+  const ref::ErrorStats base = ref::compare(lowp_f.data(), o_ref.data(), o.size());
+  const double tol = 2.0 * base.max_abs + 1e-5;
+  char buf[512];
+  double lse_err = 0;
+  long long lse_bad = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(lse_ref[i])) {
+      if (!(std::isinf(lse[i]) && lse[i] < 0)) ++lse_bad;
+      continue;
+    }
+    if (!std::isfinite(lse[i])) {
+      ++lse_bad;
+      continue;
+    }
+    lse_err =
+        std::max(lse_err, std::fabs(lse[i] - lse_ref[i]) / std::max(1.0, std::fabs(lse_ref[i])));
+  }
+  std::snprintf(
+      buf, sizeof buf,
+      "%s: max_abs %.3g (tol %.3g = 2 x low-precision framework error %.3g), rel_l2 %.3g, "
+      "max|ref| %.3g, lse rel err %.3g",
+      what, e.max_abs, tol, base.max_abs, e.rel_l2, e.max_ref, lse_err);
+  std::printf("    %s\n", buf);
+  if (e.nonfinite)
+    *err += std::string(buf) +
+            " | non-finite or unwritten O elements: " + std::to_string(e.nonfinite) + "\n";
+  if (e.max_abs > tol) *err += std::string(buf) + " | max_abs over tolerance\n";
+  if (e.rel_l2 >= 1e-2) *err += std::string(buf) + " | rel_l2 >= 1e-2\n";
+  if (lse_bad)
+    *err += std::string(buf) + " | LSE wrong -inf or unwritten: " + std::to_string(lse_bad) + "\n";
+  if (lse_err > 2e-3) *err += std::string(buf) + " | LSE error over 2e-3\n";
+}
+
+// Downloads O [b, s, h, dv] from view t as floats (contiguous order) and
+// checks that every gap byte still holds the 0xFF poison.
+std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h, int dv, bool bf16,
+                              std::string *err) {
+  const size_t n = view_elems(t, b);
+  std::vector<uint16_t> dev(n);
+  ctx.check(fa_memcpy_dtoh(ctx.rt, dev.data(), t.data, n * 2), "download O");
+  std::vector<float> out(size_t(b) * s * h * dv);
+  std::vector<bool> inside(n, false);
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < s; ++is)
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < dv; ++id) {
+          const size_t off = offset(t, ib, is, ih, id);
+          inside[off] = true;
+          out[((size_t(ib) * s + is) * h + ih) * dv + id] = from_bits(dev[off], bf16);
+        }
+  size_t clobbered = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!inside[i] && dev[i] != 0xFFFF) ++clobbered;
+  }
+  if (clobbered) *err += "O written outside its view: " + std::to_string(clobbered) + " elements\n";
+  return out;
+}
+
+}  // namespace
+
+std::string ForwardCase::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "forward %s b%d sq%d sk%d hq%d hkv%d d%d dv%d%s wl%d wr%d softcap%g%s%s",
+                bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "", window_left,
+                window_right, softcap, padded_strides ? " strided" : "", varlen ? " varlen" : "");
+  return buf;
+}
+
+std::string DecodeCase::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "decode %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d softcap%g splits%d",
+                bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k_max, heads_q, heads_kv, head_dim,
+                head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "", window_left, softcap,
+                num_splits);
+  return buf;
+}
+
+std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
+  Ctx ctx(rt);
+  std::printf("  %s\n", c.describe().c_str());
+  const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  desc.head_dim = c.head_dim;
+  desc.head_dim_v = dv;
+  desc.num_heads_q = c.heads_q;
+  desc.num_heads_kv = c.heads_kv;
+  desc.causal = c.causal;
+  desc.window_left = c.window_left;
+  desc.window_right = c.window_right;
+  desc.softcap = c.softcap;
+  desc.softmax_scale = c.softmax_scale;
+  fa_config *cfg = nullptr;
+  if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
+
+  // Varlen packs all sequences as batch 1 along dim 1.
+  int tq = c.seqlen_q, tk = c.seqlen_k, nb = c.batch;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  if (c.varlen) {
+    for (int b = 0; b < c.batch; ++b) {
+      cu_q.push_back(cu_q.back() + c.seqlens_q[b]);
+      cu_k.push_back(cu_k.back() + c.seqlens_k[b]);
+    }
+    tq = cu_q.back();
+    tk = cu_k.back();
+    nb = 1;
+  }
+  const std::vector<float> qh =
+      c.q ? *c.q : random_normal(size_t(nb) * tq * c.heads_q * c.head_dim, c.seed, c.input_scale);
+  const std::vector<float> kh =
+      c.k ? *c.k
+          : random_normal(size_t(nb) * tk * c.heads_kv * c.head_dim, c.seed + 1, c.input_scale);
+  const std::vector<float> vh =
+      c.v ? *c.v : random_normal(size_t(nb) * tk * c.heads_kv * dv, c.seed + 2, 1.0f);
+  fa_forward_args a = FA_FORWARD_ARGS_INIT;
+  a.batch = c.batch;
+  a.seqlen_q = c.seqlen_q;
+  a.seqlen_k = c.seqlen_k;
+  const std::vector<double> q =
+      upload(ctx, qh, nb, tq, c.heads_q, c.head_dim, c.bf16, c.padded_strides, &a.q);
+  const std::vector<double> k =
+      upload(ctx, kh, nb, tk, c.heads_kv, c.head_dim, c.bf16, c.padded_strides, &a.k);
+  const std::vector<double> v =
+      upload(ctx, vh, nb, tk, c.heads_kv, dv, c.bf16, c.padded_strides, &a.v);
+  a.o = make_view(0, tq, c.heads_q, dv, c.padded_strides);
+  const size_t o_elems = view_elems(a.o, nb);
+  a.o.data = ctx.alloc(o_elems * 2);
+  const size_t lse_n = size_t(nb) * c.heads_q * tq;
+  a.lse = ctx.alloc(lse_n * 4);
+  if (c.varlen) {
+    a.cu_seqlens_q = ctx.alloc(cu_q.size() * 4);
+    a.cu_seqlens_k = ctx.alloc(cu_k.size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_q, cu_q.data(), cu_q.size() * 4), "cu_seqlens_q");
+    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_k, cu_k.data(), cu_k.size() * 4), "cu_seqlens_k");
+    a.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
+    a.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
+  }
+  if (!ctx.err.empty()) {
+    fa_config_destroy(cfg);
+    return ctx.err;
+  }
+  // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
+  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  ctx.check(fa_launch(rt, cfg, &a, nullptr), "fa_launch");
+  ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+  fa_config_destroy(cfg);
+  if (!ctx.err.empty()) return ctx.err;
+
+  std::string err;
+  const std::vector<float> o = download_o(ctx, a.o, nb, tq, c.heads_q, dv, c.bf16, &err);
+  std::vector<float> lse(lse_n);
+  ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
+
+  ref::Problem p;
+  p.num_heads_q = c.heads_q;
+  p.num_heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.head_dim_v = dv;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.softcap = c.softcap;
+  p.softmax_scale = c.softmax_scale;
+  std::vector<double> o_ref(o.size()), lse_ref(lse_n), o_lowp;
+  if (!c.varlen) {
+    p.batch = c.batch;
+    p.seqlen_q = c.seqlen_q;
+    p.seqlen_k = c.seqlen_k;
+    ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
+    o_lowp = lowp_attention(p, q, k, v, c.bf16, nullptr);
+  } else {
+    // Sequence by sequence; LSE of varlen is [heads, total_q].
+    o_lowp.resize(o.size());
+    for (int b = 0; b < c.batch; ++b) {
+      p.batch = 1;
+      p.seqlen_q = c.seqlens_q[b];
+      p.seqlen_k = c.seqlens_k[b];
+      const size_t qo = size_t(cu_q[b]) * c.heads_q, ko = size_t(cu_k[b]) * c.heads_kv;
+      std::vector<double> ob(size_t(p.seqlen_q) * c.heads_q * dv),
+          lb(size_t(c.heads_q) * p.seqlen_q);
+      const std::vector<double> qb(q.begin() + qo * c.head_dim,
+                                   q.begin() + (qo + size_t(p.seqlen_q) * c.heads_q) * c.head_dim);
+      const std::vector<double> kb(k.begin() + ko * c.head_dim,
+                                   k.begin() + (ko + size_t(p.seqlen_k) * c.heads_kv) * c.head_dim);
+      const std::vector<double> vb(v.begin() + ko * dv,
+                                   v.begin() + (ko + size_t(p.seqlen_k) * c.heads_kv) * dv);
+      ref::attention(p, qb.data(), kb.data(), vb.data(), ob.data(), lb.data());
+      const std::vector<double> lp = lowp_attention(p, qb, kb, vb, c.bf16, nullptr);
+      std::copy(ob.begin(), ob.end(), o_ref.begin() + qo * dv);
+      std::copy(lp.begin(), lp.end(), o_lowp.begin() + qo * dv);
+      for (int h = 0; h < c.heads_q; ++h)
+        for (int i = 0; i < p.seqlen_q; ++i)
+          lse_ref[size_t(h) * tq + cu_q[b] + i] = lb[size_t(h) * p.seqlen_q + i];
+    }
+  }
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  return err + ctx.err;
+}
+
+std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
+  Ctx ctx(rt);
+  std::printf("  %s\n", c.describe().c_str());
+  const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  desc.head_dim = c.head_dim;
+  desc.head_dim_v = dv;
+  desc.num_heads_q = c.heads_q;
+  desc.num_heads_kv = c.heads_kv;
+  desc.causal = c.causal;
+  desc.window_left = c.window_left;
+  desc.softcap = c.softcap;
+  fa_config *cfg = nullptr;
+  if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
+  const std::vector<float> qh =
+      c.q ? *c.q
+          : random_normal(size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim, c.seed, 1.0f);
+  const std::vector<float> kh =
+      c.k ? *c.k
+          : random_normal(size_t(c.batch) * c.seqlen_k_max * c.heads_kv * c.head_dim, c.seed + 1,
+                          1.0f);
+  const std::vector<float> vh =
+      c.v ? *c.v
+          : random_normal(size_t(c.batch) * c.seqlen_k_max * c.heads_kv * dv, c.seed + 2, 1.0f);
+  fa_decode_args a = FA_DECODE_ARGS_INIT;
+  a.batch = c.batch;
+  a.seqlen_q = c.seqlen_q;
+  a.seqlen_k_max = c.seqlen_k_max;
+  a.num_splits = c.num_splits;
+  const std::vector<double> q =
+      upload(ctx, qh, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bf16, false, &a.q);
+  const std::vector<double> k =
+      upload(ctx, kh, c.batch, c.seqlen_k_max, c.heads_kv, c.head_dim, c.bf16, true, &a.k_cache);
+  const std::vector<double> v =
+      upload(ctx, vh, c.batch, c.seqlen_k_max, c.heads_kv, dv, c.bf16, false, &a.v_cache);
+  a.cache_seqlens = ctx.alloc(size_t(c.batch) * 4);
+  std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());
+  ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
+  a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
+  const size_t o_elems = view_elems(a.o, c.batch);
+  a.o.data = ctx.alloc(o_elems * 2);
+  const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
+  a.lse = ctx.alloc(lse_n * 4);
+  size_t ws = 0;
+  int32_t splits = 0;
+  ctx.check(fa_decode_workspace_size(rt, cfg, &a, &ws, &splits), "fa_decode_workspace_size");
+  a.workspace = ctx.alloc(ws);
+  a.workspace_size = ws;
+  if (!ctx.err.empty()) {
+    fa_config_destroy(cfg);
+    return ctx.err;
+  }
+  std::printf("    splits %d, workspace %zu bytes\n", splits, ws);
+  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
+  ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
+  ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+  fa_config_destroy(cfg);
+  if (!ctx.err.empty()) return ctx.err;
+  std::string err;
+  const std::vector<float> o =
+      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
+  std::vector<float> lse(lse_n);
+  ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
+  ref::Problem p;
+  p.batch = c.batch;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k_max;
+  p.num_heads_q = c.heads_q;
+  p.num_heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.head_dim_v = dv;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.softcap = c.softcap;
+  std::vector<double> o_ref(o.size()), lse_ref(lse_n);
+  ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
+  const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  return err + ctx.err;
+}
+
+std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
+                       bool bf16, uint32_t seed) {
+  Ctx ctx(rt);
+  std::printf("  reduce %s splits%d b%d sq%d h%d dv%d\n", bf16 ? "bf16" : "fp16", splits, batch,
+              seqlen_q, heads, dv);
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  desc.head_dim = dv;
+  desc.num_heads_q = desc.num_heads_kv = heads;
+  fa_config *cfg = nullptr;
+  if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
+  const int rows = batch * seqlen_q * heads;
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> uo(-2.0f, 2.0f), ul(-6.0f, 6.0f);
+  std::uniform_int_distribution<int> coin(0, 4);
+  // Logical partial states [split, row] with row = (b, s, h) for O and
+  // (b, h, s) for LSE in the library's layouts; the reference works on
+  // [split, row(b, s, h)].
+  std::vector<double> op(size_t(splits) * rows * dv), lp(size_t(splits) * rows);
+  for (double &x : op) x = uo(gen);
+  for (double &x : lp) x = coin(gen) == 0 ? -kInf : ul(gen);
+  for (int r = 0; r < rows; r += 7) {
+    for (int s = 0; s < splits; ++s) lp[size_t(s) * rows + r] = -kInf;  // fully empty rows
+  }
+  // Device layout with padded strides: O_part [S, B, SQ, H, DV+8], LSE_part
+  // [S, B, H, SQ+4].
+  fa_reduce_args a = FA_REDUCE_ARGS_INIT;
+  a.num_splits = splits;
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.o_partial_stride[4] = 1;
+  a.o_partial_stride[3] = dv + 8;
+  a.o_partial_stride[2] = int64_t(heads) * (dv + 8);
+  a.o_partial_stride[1] = int64_t(seqlen_q) * a.o_partial_stride[2];
+  a.o_partial_stride[0] = int64_t(batch) * a.o_partial_stride[1];
+  a.lse_partial_stride[3] = 1;
+  a.lse_partial_stride[2] = seqlen_q + 4;
+  a.lse_partial_stride[1] = int64_t(heads) * (seqlen_q + 4);
+  a.lse_partial_stride[0] = int64_t(batch) * a.lse_partial_stride[1];
+  std::vector<float> dop(size_t(splits) * a.o_partial_stride[0], NAN),
+      dlp(size_t(splits) * a.lse_partial_stride[0], NAN);
+  for (int s = 0; s < splits; ++s)
+    for (int b = 0; b < batch; ++b)
+      for (int i = 0; i < seqlen_q; ++i)
+        for (int h = 0; h < heads; ++h) {
+          const int r = (b * seqlen_q + i) * heads + h;
+          for (int c = 0; c < dv; ++c)
+            dop[s * a.o_partial_stride[0] + b * a.o_partial_stride[1] + i * a.o_partial_stride[2] +
+                h * a.o_partial_stride[3] + c] = float(op[(size_t(s) * rows + r) * dv + c]);
+          dlp[s * a.lse_partial_stride[0] + b * a.lse_partial_stride[1] +
+              h * a.lse_partial_stride[2] + i] = float(lp[size_t(s) * rows + r]);
+        }
+  a.o_partial = ctx.alloc(dop.size() * 4);
+  a.lse_partial = ctx.alloc(dlp.size() * 4);
+  ctx.check(fa_memcpy_htod(rt, a.o_partial, dop.data(), dop.size() * 4), "o_partial");
+  ctx.check(fa_memcpy_htod(rt, a.lse_partial, dlp.data(), dlp.size() * 4), "lse_partial");
+  a.o = make_view(0, seqlen_q, heads, dv, true);
+  const size_t o_elems = view_elems(a.o, batch);
+  a.o.data = ctx.alloc(o_elems * 2);
+  const size_t lse_n = size_t(rows);
+  a.lse = ctx.alloc(lse_n * 4);
+  if (!ctx.err.empty()) {
+    fa_config_destroy(cfg);
+    return ctx.err;
+  }
+  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  ctx.check(fa_decode_reduce(rt, cfg, &a, nullptr), "fa_decode_reduce");
+  ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+  fa_config_destroy(cfg);
+  if (!ctx.err.empty()) return ctx.err;
+  std::string err;
+  const std::vector<float> o = download_o(ctx, a.o, batch, seqlen_q, heads, dv, bf16, &err);
+  std::vector<float> lse_dev(lse_n);
+  ctx.check(fa_memcpy_dtoh(rt, lse_dev.data(), a.lse, lse_n * 4), "download LSE");
+  std::vector<double> o_ref(size_t(rows) * dv), lse_ref(rows);
+  ref::merge_states(splits, rows, dv, op.data(), lp.data(), o_ref.data(), lse_ref.data());
+  // Output rounding is the only error source beyond fp32: half an ulp of the
+  // dtype plus fp32 slack.
+  const double ulp = bf16 ? 1.0 / 128 : 1.0 / 1024;
+  long long bad = 0, lse_bad = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < seqlen_q; ++i)
+      for (int h = 0; h < heads; ++h) {
+        const int r = (b * seqlen_q + i) * heads + h;
+        for (int c = 0; c < dv; ++c) {
+          const double want = o_ref[size_t(r) * dv + c], got = o[size_t(r) * dv + c];
+          if (!(std::fabs(got - want) <= ulp * std::max(1.0, std::fabs(want)))) ++bad;
+        }
+        const double lw = lse_ref[r], lg = lse_dev[(size_t(b) * heads + h) * seqlen_q + i];
+        if (std::isinf(lw) ? !(std::isinf(lg) && lg < 0)
+                           : !(std::fabs(lg - lw) <= 1e-4 * std::max(1.0, std::fabs(lw))))
+          ++lse_bad;
+      }
+  std::printf("    O mismatches %lld, LSE mismatches %lld of %d rows\n", bad, lse_bad, rows);
+  if (bad) err += "reduce: " + std::to_string(bad) + " O elements off\n";
+  if (lse_bad) err += "reduce: " + std::to_string(lse_bad) + " LSE values off\n";
+  return err + ctx.err;
+}
+
+}  // namespace fa::test

@@ -1,0 +1,73 @@
+// Numerics checks shared by the emulator suite (test_numerics) and the GPU
+// suite (test_gpu): run a case through the public API on a runtime, compare
+// with the fp64 reference on the same rounded inputs, with poisoned outputs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+
+namespace fa::test {
+
+struct ForwardCase {
+  int batch = 1, seqlen_q = 1, seqlen_k = 1;
+  int heads_q = 1, heads_kv = 1, head_dim = 64, head_dim_v = 0;
+  bool bf16 = false, causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0, softmax_scale = 0;
+  bool padded_strides = false;            // non-contiguous Q/K/V/O views with gaps
+  bool varlen = false;                    // pack sequences of lengths seqlens_q/k via cu_seqlens
+  std::vector<int> seqlens_q, seqlens_k;  // varlen only, size batch
+  uint32_t seed = 1;
+  float input_scale = 1.0f;  // multiplies the random N(0,1) inputs
+  // Inputs from a fixture instead of random data ([b, s, h, d] float32).
+  const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;
+  std::string describe() const;
+};
+
+struct DecodeCase {
+  int batch = 1, seqlen_q = 1, seqlen_k_max = 1;
+  std::vector<int> cache_seqlens;  // size batch, each in [0, seqlen_k_max]
+  int heads_q = 1, heads_kv = 1, head_dim = 64, head_dim_v = 0;
+  bool bf16 = false, causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  int num_splits = 0;
+  uint32_t seed = 1;
+  const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;  // fixture inputs
+  std::string describe() const;
+};
+
+// Errors found; empty when the case passed. Prints a one-line summary.
+std::string run_forward(fa_runtime *rt, const ForwardCase &c);
+std::string run_decode(fa_runtime *rt, const DecodeCase &c);
+// Random partial states (some splits -inf, some rows all -inf) through
+// fa_decode_reduce against fa::ref::merge_states.
+std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
+                       bool bf16, uint32_t seed);
+
+}  // namespace fa::test
+
+namespace fa::test {
+
+// The case lists both suites run. `gpu` selects larger shapes.
+std::vector<ForwardCase> forward_cases(bool gpu);
+std::vector<DecodeCase> decode_cases(bool gpu);
+
+// Loads tests/data/<name>/<file>.npy as float32; false if absent.
+bool load_fixture(const std::string &name, const std::string &file, std::vector<float> *out,
+                  std::vector<int64_t> *shape);
+
+// A runtime on `backend` with a memory-only cache, or nullptr with *why set.
+fa_runtime *make_runtime(fa_backend backend, std::string *why);
+
+}  // namespace fa::test
+
+namespace fa::test {
+// Runs the numerics suite (random cases, fixtures, decode, reduce) as a
+// CMocka group on `backend`; every test skips with the reason when the
+// backend cannot be created. Returns the CMocka exit status.
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes);
+}  // namespace fa::test

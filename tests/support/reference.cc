@@ -1,1 +1,0 @@
-// Placeholder; test support code lands here.

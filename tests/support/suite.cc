@@ -1,0 +1,168 @@
+// The numerics suite as a CMocka group, shared by test_numerics (emulator)
+// and test_gpu (cuda).
+#include "support/cmocka.hh"
+
+#include <cstdio>
+#include <string>
+
+#include "support/numerics.h"
+
+namespace fa::test {
+namespace {
+
+struct SuiteState {
+  fa_runtime *rt = nullptr;
+  std::string why;
+  bool gpu = false;
+};
+
+fa_backend g_backend = FA_BACKEND_EMULATOR;
+bool g_gpu = false;
+
+int suite_setup(void **state) {
+  auto *s = new SuiteState;
+  s->gpu = g_gpu;
+  s->rt = make_runtime(g_backend, &s->why);
+  *state = s;
+  return 0;
+}
+
+int suite_teardown(void **state) {
+  auto *s = static_cast<SuiteState *>(*state);
+  fa_runtime_destroy(s->rt);
+  delete s;
+  return 0;
+}
+
+SuiteState *need_runtime(void **state) {
+  auto *s = static_cast<SuiteState *>(*state);
+  if (!s->rt) {
+    std::printf("SKIP: backend unavailable: %s\n", s->why.c_str());
+    skip();
+  }
+  return s;
+}
+
+void report(const std::string &failures) {
+  if (!failures.empty()) {
+    print_error("%s", failures.c_str());
+    fail();
+  }
+}
+
+void test_forward_random(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  for (const ForwardCase &c : forward_cases(s->gpu)) {
+    const std::string e = run_forward(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
+void test_forward_fixtures(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  int ran = 0;
+  for (const char *name : {"minilm_l6", "tinystories"}) {
+    std::vector<float> q, k, v;
+    std::vector<int64_t> qs, ks, vs;
+    if (!load_fixture(name, "q", &q, &qs) || !load_fixture(name, "k", &k, &ks) ||
+        !load_fixture(name, "v", &v, &vs) || qs.size() != 4 || ks.size() != 4) {
+      continue;
+    }
+    for (bool bf16 : {false, true}) {
+      ForwardCase c;
+      c.batch = int(qs[0]);
+      c.seqlen_q = int(qs[1]);
+      c.heads_q = int(qs[2]);
+      c.head_dim = int(qs[3]);
+      c.seqlen_k = int(ks[1]);
+      c.heads_kv = int(ks[2]);
+      c.head_dim_v = int(vs[3]);
+      c.causal = std::string(name) == "tinystories";
+      c.bf16 = bf16;
+      c.q = &q;
+      c.k = &k;
+      c.v = &v;
+      std::printf("  fixture %s\n", name);
+      const std::string e = run_forward(s->rt, c);
+      if (!e.empty()) failures += std::string(name) + " " + c.describe() + ":\n" + e;
+      ++ran;
+    }
+  }
+  if (ran == 0) {
+    print_error("no fixture found under %s\n", FA_TEST_DATA_DIR);
+    fail();
+  }
+  report(failures);
+}
+
+void test_decode(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  for (const DecodeCase &c : decode_cases(s->gpu)) {
+    const std::string e = run_decode(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
+void test_decode_fixture(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::vector<float> q, k, v, lens;
+  std::vector<int64_t> qs, ks, vs, ls;
+  if (!load_fixture("tinystories", "q_decode", &q, &qs) ||
+      !load_fixture("tinystories", "k_cache", &k, &ks) ||
+      !load_fixture("tinystories", "v_cache", &v, &vs) ||
+      !load_fixture("tinystories", "cache_seqlens", &lens, &ls)) {
+    std::printf("SKIP: no decode fixture under %s/tinystories\n", FA_TEST_DATA_DIR);
+    skip();
+  }
+  std::string failures;
+  for (int splits : {0, 5}) {
+    DecodeCase c;
+    c.batch = int(qs[0]);
+    c.seqlen_q = int(qs[1]);
+    c.heads_q = int(qs[2]);
+    c.head_dim = int(qs[3]);
+    c.seqlen_k_max = int(ks[1]);
+    c.heads_kv = int(ks[2]);
+    c.head_dim_v = int(vs[3]);
+    for (float l : lens) c.cache_seqlens.push_back(int(l));
+    c.causal = true;
+    c.num_splits = splits;
+    c.q = &q;
+    c.k = &k;
+    c.v = &v;
+    const std::string e = run_decode(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
+void test_reduce(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  failures += run_reduce(s->rt, 5, 2, 3, 4, 64, false, 1);
+  failures += run_reduce(s->rt, 1, 1, 2, 2, 128, true, 2);
+  failures += run_reduce(s->rt, 17, 1, 1, 8, 256, false, 3);
+  failures += run_reduce(s->rt, 3, 3, 5, 1, 8, true, 4);
+  report(failures);
+}
+
+}  // namespace
+
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes) {
+  g_backend = backend;
+  g_gpu = gpu_shapes;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_forward_random), cmocka_unit_test(test_forward_fixtures),
+      cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
+      cmocka_unit_test(test_reduce),
+  };
+  return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
+                                 suite_teardown);
+}
+
+}  // namespace fa::test

@@ -1,0 +1,638 @@
+// The C API's argument validation: a table over every argument of every call.
+// Each row starts from a valid call, breaks one thing, and checks the exact
+// status, a message naming the problem, and that no output byte was written.
+#include "support/cmocka.hh"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+
+struct State {
+  fa_runtime *rt = nullptr;
+  fa_config *cfg = nullptr;  // fp16, d 64, 4 q heads, 2 kv heads
+  // Device buffers (emulator), large enough for every valid call below.
+  uint64_t q = 0, k = 0, v = 0, o = 0, lse = 0, seqlens = 0, ws = 0, opart = 0, lsepart = 0;
+  size_t o_bytes = 0, lse_bytes = 0, ws_bytes = 0;
+};
+
+constexpr int B = 2, SQ = 5, SK = 7, HQ = 4, HKV = 2, D = 64;
+
+fa_tensor contiguous(uint64_t data, int s, int h, int d) {
+  fa_tensor t;
+  t.data = data;
+  t.stride[3] = 1;
+  t.stride[2] = d;
+  t.stride[1] = int64_t(h) * d;
+  t.stride[0] = int64_t(s) * h * d;
+  return t;
+}
+
+void fill_device(State *s, uint64_t ptr, size_t bytes, uint32_t seed) {
+  // Small random fp16 values (exponent bits kept moderate), never zeros.
+  std::vector<uint16_t> host(bytes / 2);
+  uint32_t x = seed;
+  for (auto &h : host) {
+    x = x * 1664525u + 1013904223u;
+    h = static_cast<uint16_t>(0x3000u | ((x >> 16) & 0x8fffu));
+  }
+  assert_int_equal(fa_memcpy_htod(s->rt, ptr, host.data(), bytes), FA_SUCCESS);
+}
+
+int setup(void **state) {
+  auto *s = new State;
+  fa_runtime_options ro = FA_RUNTIME_OPTIONS_INIT;
+  ro.backend = FA_BACKEND_EMULATOR;
+  ro.cache_mode = FA_CACHE_MEMORY;
+  if (fa_runtime_create(&ro, &s->rt) != FA_SUCCESS) {
+    print_error("emulator runtime: %s\n", fa_last_error());
+    delete s;
+    return -1;
+  }
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = D;
+  d.num_heads_q = HQ;
+  d.num_heads_kv = HKV;
+  if (fa_config_create(&d, &s->cfg) != FA_SUCCESS) return -1;
+  const size_t qb = size_t(B) * SQ * HQ * D * 2, kb = size_t(B) * SK * HKV * D * 2;
+  s->o_bytes = qb;
+  s->lse_bytes = size_t(B) * HQ * SQ * 4;
+  s->ws_bytes = size_t(1) << 20;
+  fa_malloc(s->rt, qb, &s->q);
+  fa_malloc(s->rt, kb, &s->k);
+  fa_malloc(s->rt, kb, &s->v);
+  fa_malloc(s->rt, qb, &s->o);
+  fa_malloc(s->rt, s->lse_bytes, &s->lse);
+  fa_malloc(s->rt, B * 4, &s->seqlens);
+  fa_malloc(s->rt, s->ws_bytes, &s->ws);
+  fa_malloc(s->rt, 3 * qb * 2, &s->opart);
+  fa_malloc(s->rt, 3 * s->lse_bytes, &s->lsepart);
+  fill_device(s, s->q, qb, 1);
+  fill_device(s, s->k, kb, 2);
+  fill_device(s, s->v, kb, 3);
+  const int32_t lens[B] = {SK, 3};
+  fa_memcpy_htod(s->rt, s->seqlens, lens, sizeof lens);
+  std::vector<float> part(3 * size_t(B) * SQ * HQ * D, 0.25f), lpart(3 * size_t(B) * HQ * SQ, 1.5f);
+  fa_memcpy_htod(s->rt, s->opart, part.data(), part.size() * 4);
+  fa_memcpy_htod(s->rt, s->lsepart, lpart.data(), lpart.size() * 4);
+  *state = s;
+  return 0;
+}
+
+int teardown(void **state) {
+  auto *s = static_cast<State *>(*state);
+  for (uint64_t p : {s->q, s->k, s->v, s->o, s->lse, s->seqlens, s->ws, s->opart, s->lsepart}) {
+    fa_free(s->rt, p);
+  }
+  fa_config_destroy(s->cfg);
+  fa_runtime_destroy(s->rt);
+  delete s;
+  return 0;
+}
+
+void poison_outputs(State *s) {
+  assert_int_equal(fa_memset(s->rt, s->o, kPoison, s->o_bytes), FA_SUCCESS);
+  assert_int_equal(fa_memset(s->rt, s->lse, kPoison, s->lse_bytes), FA_SUCCESS);
+}
+
+// True when every output byte still holds the poison.
+bool outputs_untouched(State *s) {
+  std::vector<uint8_t> o(s->o_bytes), l(s->lse_bytes);
+  fa_memcpy_dtoh(s->rt, o.data(), s->o, o.size());
+  fa_memcpy_dtoh(s->rt, l.data(), s->lse, l.size());
+  for (uint8_t b : o) {
+    if (b != kPoison) return false;
+  }
+  for (uint8_t b : l) {
+    if (b != kPoison) return false;
+  }
+  return true;
+}
+
+// Checks a rejected call: exact status, a message containing `needle` and
+// the API name, and untouched outputs.
+void expect_rejected(State *s, const char *row, fa_status got, fa_status want, const char *api,
+                     const char *needle) {
+  const std::string msg = fa_last_error();
+  if (got != want || msg.find(needle) == std::string::npos || msg.find(api) == std::string::npos) {
+    print_error("row '%s': status %d (%s), want %d; message \"%s\", want it to contain \"%s\"\n",
+                row, got, fa_status_string(got), want, msg.c_str(), needle);
+    fail();
+  }
+  if (s && !outputs_untouched(s)) {
+    print_error("row '%s': output written although the call was rejected\n", row);
+    fail();
+  }
+}
+
+// ---------------------------------------------------------------- configs --
+
+struct ConfigRow {
+  const char *name;
+  std::function<void(fa_config_desc &)> mutate;
+  fa_status want;
+  const char *needle;
+};
+
+void test_config_table(void **) {
+  const ConfigRow rows[] = {
+      {"struct_size 0", [](fa_config_desc &d) { d.struct_size = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "struct_size"},
+      {"struct_size +8", [](fa_config_desc &d) { d.struct_size += 8; }, FA_ERROR_INVALID_ARGUMENT,
+       "struct_size"},
+      {"dtype 0", [](fa_config_desc &d) { d.dtype = fa_dtype(0); }, FA_ERROR_INVALID_ARGUMENT,
+       "dtype"},
+      {"dtype fp32", [](fa_config_desc &d) { d.dtype = FA_DTYPE_FP32; }, FA_ERROR_INVALID_ARGUMENT,
+       "dtype"},
+      {"head_dim 0", [](fa_config_desc &d) { d.head_dim = 0; }, FA_ERROR_UNSUPPORTED, "head_dim"},
+      {"head_dim 60", [](fa_config_desc &d) { d.head_dim = 60; }, FA_ERROR_UNSUPPORTED, "head_dim"},
+      {"head_dim 264", [](fa_config_desc &d) { d.head_dim = 264; }, FA_ERROR_UNSUPPORTED,
+       "head_dim"},
+      {"head_dim -8", [](fa_config_desc &d) { d.head_dim = -8; }, FA_ERROR_UNSUPPORTED, "head_dim"},
+      {"head_dim_v 12", [](fa_config_desc &d) { d.head_dim_v = 12; }, FA_ERROR_UNSUPPORTED,
+       "head_dim_v"},
+      {"head_dim_v 512", [](fa_config_desc &d) { d.head_dim_v = 512; }, FA_ERROR_UNSUPPORTED,
+       "head_dim_v"},
+      {"num_heads_q 0", [](fa_config_desc &d) { d.num_heads_q = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "num_heads_q"},
+      {"num_heads_kv 0", [](fa_config_desc &d) { d.num_heads_kv = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "num_heads_kv"},
+      {"num_heads_kv -1", [](fa_config_desc &d) { d.num_heads_kv = -1; }, FA_ERROR_INVALID_ARGUMENT,
+       "num_heads_kv"},
+      {"heads not divisible",
+       [](fa_config_desc &d) {
+         d.num_heads_q = 6;
+         d.num_heads_kv = 4;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "multiple of num_heads_kv"},
+      {"causal 2", [](fa_config_desc &d) { d.causal = 2; }, FA_ERROR_INVALID_ARGUMENT, "causal"},
+      {"window_left -2", [](fa_config_desc &d) { d.window_left = -2; }, FA_ERROR_INVALID_ARGUMENT,
+       "window_left"},
+      {"window_right -5", [](fa_config_desc &d) { d.window_right = -5; }, FA_ERROR_INVALID_ARGUMENT,
+       "window_right"},
+      {"scale negative", [](fa_config_desc &d) { d.softmax_scale = -1.0f; },
+       FA_ERROR_INVALID_ARGUMENT, "softmax_scale"},
+      {"scale NaN", [](fa_config_desc &d) { d.softmax_scale = NAN; }, FA_ERROR_INVALID_ARGUMENT,
+       "softmax_scale"},
+      {"scale inf", [](fa_config_desc &d) { d.softmax_scale = INFINITY; },
+       FA_ERROR_INVALID_ARGUMENT, "softmax_scale"},
+      {"softcap negative", [](fa_config_desc &d) { d.softcap = -30.0f; }, FA_ERROR_INVALID_ARGUMENT,
+       "softcap"},
+      {"softcap NaN", [](fa_config_desc &d) { d.softcap = NAN; }, FA_ERROR_INVALID_ARGUMENT,
+       "softcap"},
+  };
+  for (const ConfigRow &r : rows) {
+    fa_config_desc d = FA_CONFIG_DESC_INIT;
+    d.head_dim = 64;
+    d.num_heads_q = 8;
+    d.num_heads_kv = 2;
+    r.mutate(d);
+    fa_config *cfg = reinterpret_cast<fa_config *>(0x1);
+    const fa_status st = fa_config_create(&d, &cfg);
+    expect_rejected(nullptr, r.name, st, r.want, "fa_config_create", r.needle);
+    assert_null(cfg);
+  }
+  fa_config *cfg = nullptr;
+  expect_rejected(nullptr, "desc NULL", fa_config_create(nullptr, &cfg), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_config_create", "desc is NULL");
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = 64;
+  d.num_heads_q = d.num_heads_kv = 1;
+  expect_rejected(nullptr, "out NULL", fa_config_create(&d, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_config_create", "out is NULL");
+  // Every valid head_dim is accepted, and a valid call clears the last error.
+  for (int hd = 8; hd <= 256; hd += 8) {
+    d.head_dim = hd;
+    assert_int_equal(fa_config_create(&d, &cfg), FA_SUCCESS);
+    assert_string_equal(fa_last_error(), "");
+    fa_config_destroy(cfg);
+  }
+  fa_config_destroy(nullptr);
+}
+
+// ---------------------------------------------------------------- forward --
+
+struct ForwardRow {
+  const char *name;
+  std::function<void(fa_forward_args &)> mutate;
+  fa_status want;
+  const char *needle;
+};
+
+fa_forward_args valid_forward(State *s) {
+  fa_forward_args a = FA_FORWARD_ARGS_INIT;
+  a.batch = B;
+  a.seqlen_q = SQ;
+  a.seqlen_k = SK;
+  a.q = contiguous(s->q, SQ, HQ, D);
+  a.k = contiguous(s->k, SK, HKV, D);
+  a.v = contiguous(s->v, SK, HKV, D);
+  a.o = contiguous(s->o, SQ, HQ, D);
+  a.lse = s->lse;
+  return a;
+}
+
+void test_forward_table(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const ForwardRow rows[] = {
+      {"struct_size 0", [](fa_forward_args &a) { a.struct_size = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "struct_size"},
+      {"struct_size small", [](fa_forward_args &a) { a.struct_size -= 8; },
+       FA_ERROR_INVALID_ARGUMENT, "struct_size"},
+      {"batch 0", [](fa_forward_args &a) { a.batch = 0; }, FA_ERROR_INVALID_ARGUMENT, "batch"},
+      {"batch -1", [](fa_forward_args &a) { a.batch = -1; }, FA_ERROR_INVALID_ARGUMENT, "batch"},
+      {"seqlen_q 0", [](fa_forward_args &a) { a.seqlen_q = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "seqlen_q"},
+      {"seqlen_k 0", [](fa_forward_args &a) { a.seqlen_k = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "seqlen_k"},
+      {"q null", [](fa_forward_args &a) { a.q.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "q.data is 0"},
+      {"k null", [](fa_forward_args &a) { a.k.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "k.data is 0"},
+      {"v null", [](fa_forward_args &a) { a.v.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "v.data is 0"},
+      {"o null", [](fa_forward_args &a) { a.o.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.data is 0"},
+      {"q misaligned", [](fa_forward_args &a) { a.q.data += 2; }, FA_ERROR_INVALID_ARGUMENT,
+       "q.data"},
+      {"k misaligned", [](fa_forward_args &a) { a.k.data += 8; }, FA_ERROR_INVALID_ARGUMENT,
+       "k.data"},
+      {"v misaligned", [](fa_forward_args &a) { a.v.data += 4; }, FA_ERROR_INVALID_ARGUMENT,
+       "v.data"},
+      {"o misaligned", [](fa_forward_args &a) { a.o.data += 2; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.data"},
+      {"q last stride 2", [](fa_forward_args &a) { a.q.stride[3] = 2; }, FA_ERROR_INVALID_ARGUMENT,
+       "q.stride[3] must be 1, got 2"},
+      {"k last stride 0", [](fa_forward_args &a) { a.k.stride[3] = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "k.stride[3]"},
+      {"v last stride", [](fa_forward_args &a) { a.v.stride[3] = 64; }, FA_ERROR_INVALID_ARGUMENT,
+       "v.stride[3]"},
+      {"o last stride", [](fa_forward_args &a) { a.o.stride[3] = -1; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.stride[3]"},
+      {"q head stride odd", [](fa_forward_args &a) { a.q.stride[2] = 65; },
+       FA_ERROR_INVALID_ARGUMENT, "q.stride[2]"},
+      {"k seq stride negative", [](fa_forward_args &a) { a.k.stride[1] = -128; },
+       FA_ERROR_INVALID_ARGUMENT, "k.stride[1]"},
+      {"v batch stride odd", [](fa_forward_args &a) { a.v.stride[0] = 4; },
+       FA_ERROR_INVALID_ARGUMENT, "v.stride[0]"},
+      {"lse misaligned", [](fa_forward_args &a) { a.lse += 2; }, FA_ERROR_INVALID_ARGUMENT, "lse"},
+      {"cu_seqlens_q alone", [](fa_forward_args &a) { a.cu_seqlens_q = a.lse; },
+       FA_ERROR_INVALID_ARGUMENT, "cu_seqlens"},
+      {"cu_seqlens_k alone", [](fa_forward_args &a) { a.cu_seqlens_k = a.lse; },
+       FA_ERROR_INVALID_ARGUMENT, "cu_seqlens"},
+  };
+  for (const ForwardRow &r : rows) {
+    fa_forward_args a = valid_forward(s);
+    r.mutate(a);
+    poison_outputs(s);
+    expect_rejected(s, r.name, fa_launch(s->rt, s->cfg, &a, nullptr), r.want, "fa_launch",
+                    r.needle);
+  }
+  fa_forward_args a = valid_forward(s);
+  poison_outputs(s);
+  expect_rejected(s, "rt NULL", fa_launch(nullptr, s->cfg, &a, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_launch", "rt is NULL");
+  expect_rejected(s, "cfg NULL", fa_launch(s->rt, nullptr, &a, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_launch", "cfg is NULL");
+  expect_rejected(s, "args NULL", fa_launch(s->rt, s->cfg, nullptr, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_launch", "args is NULL");
+  // The unbroken call works and writes every output element.
+  assert_int_equal(fa_launch(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  assert_false(outputs_untouched(s));
+  std::vector<uint16_t> o(s->o_bytes / 2);
+  fa_memcpy_dtoh(s->rt, o.data(), s->o, s->o_bytes);
+  for (uint16_t h : o) assert_int_not_equal(h, 0xA5A5);
+}
+
+// ----------------------------------------------------------------- decode --
+
+struct DecodeRow {
+  const char *name;
+  std::function<void(fa_decode_args &)> mutate;
+  fa_status want;
+  const char *needle;
+};
+
+fa_decode_args valid_decode(State *s) {
+  fa_decode_args a = FA_DECODE_ARGS_INIT;
+  a.batch = B;
+  a.seqlen_q = 1;
+  a.seqlen_k_max = SK;
+  a.q = contiguous(s->q, 1, HQ, D);
+  a.k_cache = contiguous(s->k, SK, HKV, D);
+  a.v_cache = contiguous(s->v, SK, HKV, D);
+  a.cache_seqlens = s->seqlens;
+  a.workspace = s->ws;
+  a.workspace_size = s->ws_bytes;
+  a.o = contiguous(s->o, 1, HQ, D);
+  a.lse = s->lse;
+  return a;
+}
+
+void test_decode_table(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const DecodeRow rows[] = {
+      {"struct_size", [](fa_decode_args &a) { a.struct_size = 8; }, FA_ERROR_INVALID_ARGUMENT,
+       "struct_size"},
+      {"batch 0", [](fa_decode_args &a) { a.batch = 0; }, FA_ERROR_INVALID_ARGUMENT, "batch"},
+      {"seqlen_q 0", [](fa_decode_args &a) { a.seqlen_q = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "seqlen_q"},
+      {"seqlen_k_max 0", [](fa_decode_args &a) { a.seqlen_k_max = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "seqlen_k_max"},
+      {"num_splits -1", [](fa_decode_args &a) { a.num_splits = -1; }, FA_ERROR_INVALID_ARGUMENT,
+       "num_splits"},
+      {"q null", [](fa_decode_args &a) { a.q.data = 0; }, FA_ERROR_INVALID_ARGUMENT, "q.data is 0"},
+      {"k_cache null", [](fa_decode_args &a) { a.k_cache.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "k_cache.data is 0"},
+      {"v_cache misaligned", [](fa_decode_args &a) { a.v_cache.data += 2; },
+       FA_ERROR_INVALID_ARGUMENT, "v_cache.data"},
+      {"k_cache last stride", [](fa_decode_args &a) { a.k_cache.stride[3] = 3; },
+       FA_ERROR_INVALID_ARGUMENT, "k_cache.stride[3]"},
+      {"v_cache head stride", [](fa_decode_args &a) { a.v_cache.stride[2] = 12; },
+       FA_ERROR_INVALID_ARGUMENT, "v_cache.stride[2]"},
+      {"cache_seqlens null", [](fa_decode_args &a) { a.cache_seqlens = 0; },
+       FA_ERROR_INVALID_ARGUMENT, "cache_seqlens"},
+      {"cache_seqlens misaligned", [](fa_decode_args &a) { a.cache_seqlens += 1; },
+       FA_ERROR_INVALID_ARGUMENT, "cache_seqlens"},
+      {"workspace null", [](fa_decode_args &a) { a.workspace = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "workspace"},
+      {"workspace misaligned", [](fa_decode_args &a) { a.workspace += 16; },
+       FA_ERROR_INVALID_ARGUMENT, "workspace"},
+      {"workspace too small", [](fa_decode_args &a) { a.workspace_size = 64; },
+       FA_ERROR_INVALID_ARGUMENT, "workspace_size"},
+      {"o misaligned", [](fa_decode_args &a) { a.o.data += 2; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.data"},
+      {"o stride", [](fa_decode_args &a) { a.o.stride[1] = 7; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.stride[1]"},
+      {"lse without o", [](fa_decode_args &a) { a.o.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "lse is set"},
+      {"lse misaligned", [](fa_decode_args &a) { a.lse += 1; }, FA_ERROR_INVALID_ARGUMENT, "lse"},
+  };
+  for (const DecodeRow &r : rows) {
+    fa_decode_args a = valid_decode(s);
+    r.mutate(a);
+    poison_outputs(s);
+    expect_rejected(s, r.name, fa_decode(s->rt, s->cfg, &a, nullptr), r.want, "fa_decode",
+                    r.needle);
+  }
+  fa_decode_args a = valid_decode(s);
+  size_t bytes = 0;
+  int32_t splits = 0;
+  expect_rejected(nullptr, "ws bytes NULL",
+                  fa_decode_workspace_size(s->rt, s->cfg, &a, nullptr, &splits),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_decode_workspace_size", "bytes is NULL");
+  a.batch = 0;
+  expect_rejected(nullptr, "ws batch 0",
+                  fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_decode_workspace_size", "batch");
+  a = valid_decode(s);
+  assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits), FA_SUCCESS);
+  assert_true(bytes > 0 && bytes <= s->ws_bytes);
+  assert_true(splits >= 1);
+  poison_outputs(s);
+  assert_int_equal(fa_decode(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  assert_false(outputs_untouched(s));
+}
+
+// ----------------------------------------------------------------- reduce --
+
+struct ReduceRow {
+  const char *name;
+  std::function<void(fa_reduce_args &)> mutate;
+  fa_status want;
+  const char *needle;
+};
+
+fa_reduce_args valid_reduce(State *s) {
+  fa_reduce_args a = FA_REDUCE_ARGS_INIT;
+  a.num_splits = 3;
+  a.batch = B;
+  a.seqlen_q = SQ;
+  a.o_partial = s->opart;
+  a.o_partial_stride[4] = 1;
+  a.o_partial_stride[3] = D;
+  a.o_partial_stride[2] = int64_t(HQ) * D;
+  a.o_partial_stride[1] = int64_t(SQ) * HQ * D;
+  a.o_partial_stride[0] = int64_t(B) * SQ * HQ * D;
+  a.lse_partial = s->lsepart;
+  a.lse_partial_stride[3] = 1;
+  a.lse_partial_stride[2] = SQ;
+  a.lse_partial_stride[1] = int64_t(HQ) * SQ;
+  a.lse_partial_stride[0] = int64_t(B) * HQ * SQ;
+  a.o = contiguous(s->o, SQ, HQ, D);
+  a.lse = s->lse;
+  return a;
+}
+
+void test_reduce_table(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const ReduceRow rows[] = {
+      {"struct_size", [](fa_reduce_args &a) { a.struct_size = 1; }, FA_ERROR_INVALID_ARGUMENT,
+       "struct_size"},
+      {"num_splits 0", [](fa_reduce_args &a) { a.num_splits = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "num_splits"},
+      {"batch 0", [](fa_reduce_args &a) { a.batch = 0; }, FA_ERROR_INVALID_ARGUMENT, "batch"},
+      {"seqlen_q 0", [](fa_reduce_args &a) { a.seqlen_q = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "seqlen_q"},
+      {"o_partial null", [](fa_reduce_args &a) { a.o_partial = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "o_partial"},
+      {"o_partial misaligned", [](fa_reduce_args &a) { a.o_partial += 2; },
+       FA_ERROR_INVALID_ARGUMENT, "o_partial"},
+      {"lse_partial null", [](fa_reduce_args &a) { a.lse_partial = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "lse_partial"},
+      {"o_partial last stride", [](fa_reduce_args &a) { a.o_partial_stride[4] = 2; },
+       FA_ERROR_INVALID_ARGUMENT, "o_partial_stride[4]"},
+      {"o_partial stride negative", [](fa_reduce_args &a) { a.o_partial_stride[1] = -1; },
+       FA_ERROR_INVALID_ARGUMENT, "o_partial_stride[1]"},
+      {"lse_partial stride negative", [](fa_reduce_args &a) { a.lse_partial_stride[0] = -4; },
+       FA_ERROR_INVALID_ARGUMENT, "lse_partial_stride[0]"},
+      {"o null", [](fa_reduce_args &a) { a.o.data = 0; }, FA_ERROR_INVALID_ARGUMENT, "o.data is 0"},
+      {"o last stride", [](fa_reduce_args &a) { a.o.stride[3] = 0; }, FA_ERROR_INVALID_ARGUMENT,
+       "o.stride[3]"},
+      {"lse misaligned", [](fa_reduce_args &a) { a.lse += 3; }, FA_ERROR_INVALID_ARGUMENT, "lse"},
+  };
+  for (const ReduceRow &r : rows) {
+    fa_reduce_args a = valid_reduce(s);
+    r.mutate(a);
+    poison_outputs(s);
+    expect_rejected(s, r.name, fa_decode_reduce(s->rt, s->cfg, &a, nullptr), r.want,
+                    "fa_decode_reduce", r.needle);
+  }
+  fa_reduce_args a = valid_reduce(s);
+  poison_outputs(s);
+  assert_int_equal(fa_decode_reduce(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  // All partial states are 0.25 with equal LSE 1.5: O = 0.25, LSE = 1.5 + log(3).
+  std::vector<uint16_t> o(size_t(B) * SQ * HQ * D);
+  std::vector<float> lse(size_t(B) * HQ * SQ);
+  fa_memcpy_dtoh(s->rt, o.data(), s->o, o.size() * 2);
+  fa_memcpy_dtoh(s->rt, lse.data(), s->lse, lse.size() * 4);
+  for (uint16_t h : o) assert_int_equal(h, 0x3400);  // 0.25 in fp16
+  for (float l : lse) assert_true(std::fabs(l - (1.5f + std::log(3.0f))) < 1e-5f);
+}
+
+// ------------------------------------------------- runtime, memory, cache --
+
+void test_runtime_table(void **) {
+  fa_runtime *rt = reinterpret_cast<fa_runtime *>(0x1);
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  expect_rejected(nullptr, "out NULL", fa_runtime_create(&o, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_runtime_create", "out is NULL");
+  o.struct_size = 4;
+  expect_rejected(nullptr, "struct_size", fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_runtime_create", "struct_size");
+  assert_null(rt);
+  o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = fa_backend(7);
+  expect_rejected(nullptr, "backend 7", fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_runtime_create", "backend");
+  o = FA_RUNTIME_OPTIONS_INIT;
+  o.device = -1;
+  expect_rejected(nullptr, "device -1", fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_runtime_create", "device");
+  o = FA_RUNTIME_OPTIONS_INIT;
+  o.cache_mode = fa_cache_mode(9);
+  expect_rejected(nullptr, "cache_mode 9", fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_runtime_create", "cache_mode");
+  o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_EMULATOR;
+  o.emulator_sm = 75;
+  expect_rejected(nullptr, "emulator_sm 75", fa_runtime_create(&o, &rt), FA_ERROR_UNSUPPORTED,
+                  "fa_runtime_create", "emulator_sm");
+
+  // Calls on a NULL runtime.
+  uint64_t p = 0;
+  fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+  fa_cache_stats cs = FA_CACHE_STATS_INIT;
+  expect_rejected(nullptr, "info rt", fa_runtime_get_info(nullptr, &info),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_runtime_get_info", "rt is NULL");
+  expect_rejected(nullptr, "malloc rt", fa_malloc(nullptr, 16, &p), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_malloc", "rt is NULL");
+  expect_rejected(nullptr, "free rt", fa_free(nullptr, 16), FA_ERROR_INVALID_ARGUMENT, "fa_free",
+                  "rt is NULL");
+  expect_rejected(nullptr, "htod rt", fa_memcpy_htod(nullptr, 16, &p, 8), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_memcpy_htod", "rt is NULL");
+  expect_rejected(nullptr, "dtoh rt", fa_memcpy_dtoh(nullptr, &p, 16, 8), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_memcpy_dtoh", "rt is NULL");
+  expect_rejected(nullptr, "memset rt", fa_memset(nullptr, 16, 0, 8), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_memset", "rt is NULL");
+  expect_rejected(nullptr, "sync rt", fa_synchronize(nullptr, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_synchronize", "rt is NULL");
+  expect_rejected(nullptr, "stats rt", fa_cache_stats_get(nullptr, &cs), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_cache_stats_get", "rt is NULL");
+  expect_rejected(nullptr, "clear rt", fa_cache_clear(nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_cache_clear", "rt is NULL");
+  fa_runtime_destroy(nullptr);
+}
+
+void test_memory_table(void **state) {
+  auto *s = static_cast<State *>(*state);
+  uint64_t p = 0;
+  char host[64];
+  expect_rejected(nullptr, "malloc 0", fa_malloc(s->rt, 0, &p), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_malloc", "bytes");
+  expect_rejected(nullptr, "malloc ptr", fa_malloc(s->rt, 8, nullptr), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_malloc", "ptr is NULL");
+  expect_rejected(nullptr, "htod src", fa_memcpy_htod(s->rt, s->o, nullptr, 8),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_memcpy_htod", "non-null");
+  expect_rejected(nullptr, "dtoh dst", fa_memcpy_dtoh(s->rt, nullptr, s->o, 8),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_memcpy_dtoh", "non-null");
+  expect_rejected(nullptr, "memset dst", fa_memset(s->rt, 0, 1, 8), FA_ERROR_INVALID_ARGUMENT,
+                  "fa_memset", "dst");
+  // The emulator knows its allocations: foreign pointers and overruns fail.
+  assert_int_equal(fa_free(s->rt, s->o + 16), FA_ERROR_INVALID_ARGUMENT);
+  assert_true(std::strlen(fa_last_error()) > 0);
+  assert_int_equal(fa_memcpy_dtoh(s->rt, host, s->seqlens, sizeof host), FA_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fa_free(s->rt, 0), FA_SUCCESS);
+  assert_int_equal(fa_malloc(s->rt, 100, &p), FA_SUCCESS);
+  assert_int_equal(p % 256, 0);
+  assert_int_equal(fa_free(s->rt, p), FA_SUCCESS);
+}
+
+void test_info_and_cache_args(void **state) {
+  auto *s = static_cast<State *>(*state);
+  fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+  assert_int_equal(fa_runtime_get_info(s->rt, &info), FA_SUCCESS);
+  assert_int_equal(info.backend, FA_BACKEND_EMULATOR);
+  assert_int_equal(info.sm, 80);
+  assert_true(info.num_sms > 0);
+  assert_true(std::strlen(info.device_name) > 0);
+  info.struct_size = 3;
+  expect_rejected(nullptr, "info struct_size", fa_runtime_get_info(s->rt, &info),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_runtime_get_info", "struct_size");
+  expect_rejected(nullptr, "info NULL", fa_runtime_get_info(s->rt, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_runtime_get_info", "info is NULL");
+  fa_cache_stats cs = FA_CACHE_STATS_INIT;
+  cs.struct_size = 16;
+  expect_rejected(nullptr, "stats struct_size", fa_cache_stats_get(s->rt, &cs),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_cache_stats_get", "struct_size");
+  expect_rejected(nullptr, "stats NULL", fa_cache_stats_get(s->rt, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_cache_stats_get", "stats is NULL");
+  expect_rejected(nullptr, "list fn", fa_cache_list(s->rt, nullptr, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_cache_list", "fn is NULL");
+}
+
+void test_generate_table(void **state) {
+  auto *s = static_cast<State *>(*state);
+  size_t n = 0;
+  char small[16];
+  expect_rejected(nullptr, "cfg", fa_generate(nullptr, FA_KERNEL_FORWARD, 80, nullptr, 0, &n),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_generate", "cfg is NULL");
+  expect_rejected(nullptr, "size", fa_generate(s->cfg, FA_KERNEL_FORWARD, 80, nullptr, 0, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_generate", "ptx_size is NULL");
+  expect_rejected(nullptr, "kind", fa_generate(s->cfg, fa_kernel_kind(5), 80, nullptr, 0, &n),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_generate", "kind");
+  expect_rejected(nullptr, "sm 70", fa_generate(s->cfg, FA_KERNEL_FORWARD, 70, nullptr, 0, &n),
+                  FA_ERROR_UNSUPPORTED, "fa_generate", "sm");
+  expect_rejected(nullptr, "buf NULL", fa_generate(s->cfg, FA_KERNEL_FORWARD, 80, nullptr, 10, &n),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_generate", "buf is NULL");
+  std::memset(small, 'x', sizeof small);
+  expect_rejected(nullptr, "too small",
+                  fa_generate(s->cfg, FA_KERNEL_FORWARD, 80, small, sizeof small, &n),
+                  FA_ERROR_BUFFER_TOO_SMALL, "fa_generate", "needs");
+  assert_true(n > sizeof small);
+  // Size query, then the real call: NUL-terminated, identical twice.
+  for (fa_kernel_kind kind : {FA_KERNEL_FORWARD, FA_KERNEL_DECODE, FA_KERNEL_REDUCE}) {
+    assert_int_equal(fa_generate(s->cfg, kind, 86, nullptr, 0, &n), FA_SUCCESS);
+    std::vector<char> a(n + 1, 'x'), b(n + 1, 'y');
+    assert_int_equal(fa_generate(s->cfg, kind, 86, a.data(), a.size(), &n), FA_SUCCESS);
+    assert_int_equal(fa_generate(s->cfg, kind, 86, b.data(), b.size(), &n), FA_SUCCESS);
+    assert_int_equal(a[n], '\0');
+    assert_memory_equal(a.data(), b.data(), n + 1);
+    assert_non_null(std::strstr(a.data(), ".entry"));
+    assert_non_null(std::strstr(a.data(), ".target sm_86"));
+  }
+}
+
+void test_status_strings(void **) {
+  for (int c = 0; c < FA_STATUS_LAST; ++c) {
+    const char *t = fa_status_string(fa_status(c));
+    assert_non_null(t);
+    assert_string_not_equal(t, "unknown status");
+  }
+  assert_string_equal(fa_status_string(fa_status(999)), "unknown status");
+  assert_int_equal(fa_version_number(), FLASHATTN_VERSION_NUMBER);
+  char want[32];
+  std::snprintf(want, sizeof want, "%d.%d.%d", FLASHATTN_VERSION_MAJOR, FLASHATTN_VERSION_MINOR,
+                FLASHATTN_VERSION_PATCH);
+  assert_string_equal(fa_version_string(), want);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_status_strings),      cmocka_unit_test(test_config_table),
+      cmocka_unit_test(test_runtime_table),       cmocka_unit_test(test_memory_table),
+      cmocka_unit_test(test_info_and_cache_args), cmocka_unit_test(test_generate_table),
+      cmocka_unit_test(test_forward_table),       cmocka_unit_test(test_decode_table),
+      cmocka_unit_test(test_reduce_table),
+  };
+  return cmocka_run_group_tests_name("api_validation", tests, setup, teardown);
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs what is missing, builds (Release with
+# debug info) and runs every test under ctest, then does the same with
+# AddressSanitizer + UndefinedBehaviorSanitizer. On a machine with a GPU the
+# GPU tests run too; without one they are reported as skipped with the reason.
+#   tools/test.sh            # both builds
+#   FA_SKIP_SANITIZE=1 tools/test.sh   # only the normal build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+
+bash tools/setup.sh
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+if [ "${FA_SKIP_SANITIZE:-0}" != "1" ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFA_SANITIZE=ON -DFA_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan -j "$jobs"
+  # The emulator runs ~3x slower under the sanitizers: the numerics suite
+  # uses its short case list there (FA_TEST_QUICK=1).
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FA_TEST_QUICK=1 \
+     ctest --output-on-failure -j "$jobs")
+fi
