@@ -1,6 +1,120 @@
-// Placeholder until the SQLite store lands.
-#include "cache/store.h"
+// Store selection: resolves the cache directory, creates it, and opens the
+// SQLite store there, or an in-memory store when the cache is disabled or the
+// directory or file cannot be used.
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "cache/store_internal.h"
+#include "common/error.h"
 
 namespace fa::cache {
-std::unique_ptr<Store> open_store(const Options &) { return nullptr; }
+
+std::string Key::hex() const {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+void key_to_bytes(const Key &key, uint8_t out[16]) {
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<uint8_t>(key.hi >> (56 - 8 * i));
+    out[8 + i] = static_cast<uint8_t>(key.lo >> (56 - 8 * i));
+  }
+}
+
+std::string bytes_to_hex(const uint8_t *bytes, size_t n) {
+  static const char digits[] = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = digits[bytes[i] >> 4];
+    s[2 * i + 1] = digits[bytes[i] & 15];
+  }
+  return s;
+}
+
+namespace {
+
+const char *env(const char *name) {
+  const char *v = std::getenv(name);
+  return v && v[0] ? v : nullptr;
+}
+
+// FLASHATTN_CACHE_DISABLE=1 (also true/yes/on) turns the disk cache off.
+bool disabled_by_env() {
+  const char *v = env("FLASHATTN_CACHE_DISABLE");
+  if (!v) return false;
+  return !std::strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+         !strcasecmp(v, "on");
+}
+
+// The cache directory from options.dir, then $FLASHATTN_CACHE_DIR, then
+// $XDG_CACHE_HOME/flashattn (absolute paths only, as the XDG spec asks), then
+// $HOME/.cache/flashattn. "" when none is set.
+std::string resolve_dir(const Options &options) {
+  if (!options.dir.empty()) return options.dir;
+  if (const char *d = env("FLASHATTN_CACHE_DIR")) return d;
+  if (const char *x = env("XDG_CACHE_HOME"); x && x[0] == '/') {
+    return std::string(x) + "/flashattn";
+  }
+  if (const char *h = env("HOME")) return std::string(h) + "/.cache/flashattn";
+  return "";
+}
+
+// mkdir -p: creates each missing component (mode 0700 as XDG asks of cache
+// directories). Returns "" on success, else a description of the failure.
+std::string make_dirs(const std::string &dir) {
+  std::string path;
+  size_t pos = 0;
+  while (pos <= dir.size()) {
+    size_t next = dir.find('/', pos);
+    if (next == std::string::npos) next = dir.size();
+    path = dir.substr(0, next);
+    pos = next + 1;
+    if (path.empty() || path == "." || path == "..") continue;
+    if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return "cannot create " + path + ": " + std::strerror(errno);
+    }
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return "cannot stat " + dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  return "";
+}
+
+std::unique_ptr<Store> memory_fallback(const std::string &why) {
+  const std::string note = "kernel cache in memory only: " + why;
+  fa::warn(note);
+  return std::make_unique<MemoryStore>(note);
+}
+
+}  // namespace
+
+std::unique_ptr<Store> open_store(const Options &options) {
+  if (options.memory_only) {
+    return std::make_unique<MemoryStore>("memory only (requested by options)");
+  }
+  if (disabled_by_env()) {
+    return std::make_unique<MemoryStore>("disabled by FLASHATTN_CACHE_DISABLE");
+  }
+  const std::string dir = resolve_dir(options);
+  if (dir.empty()) {
+    return memory_fallback("no cache directory (FLASHATTN_CACHE_DIR, XDG_CACHE_HOME, HOME unset)");
+  }
+  if (std::string err = make_dirs(dir); !err.empty()) return memory_fallback(err);
+  std::string why;
+  const std::string path = dir + "/kernels.sqlite3";
+  if (auto store = open_sqlite_store(path, &why)) return store;
+  return memory_fallback(path + ": " + why);
+}
+
 }  // namespace fa::cache
