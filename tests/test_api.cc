@@ -399,6 +399,22 @@ void test_decode_table(void **state) {
   poison_outputs(s);
   assert_int_equal(fa_decode(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
   assert_false(outputs_untouched(s));
+
+  // cache_seqlens lives on the device, so out-of-range values cannot be
+  // rejected up front: the kernel clamps them to [0, seqlen_k_max] and never
+  // reads past the cache (the emulator would report any stray access).
+  const int32_t bad_lens[B] = {SK + 1000, -5};
+  fa_memcpy_htod(s->rt, s->seqlens, bad_lens, sizeof bad_lens);
+  poison_outputs(s);
+  assert_int_equal(fa_decode(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  std::vector<float> lse(size_t(B) * HQ);
+  fa_memcpy_dtoh(s->rt, lse.data(), s->lse, lse.size() * 4);
+  for (int h = 0; h < HQ; ++h) {
+    assert_true(std::isfinite(lse[h]));                     // clamped to SK keys
+    assert_true(std::isinf(lse[HQ + h]) && lse[HQ + h] < 0);  // clamped to 0 keys
+  }
+  const int32_t lens[B] = {SK, 3};
+  fa_memcpy_htod(s->rt, s->seqlens, lens, sizeof lens);
 }
 
 // ----------------------------------------------------------------- reduce --

@@ -16,7 +16,7 @@ enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 1;
+constexpr uint32_t kGeneratorVersion = 2;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;
@@ -29,8 +29,8 @@ struct AttentionConfig {
   int num_heads_q = 0;
   int num_heads_kv = 0;
   bool causal = false;
-  int window_left = -1;   // -1 = unbounded
-  int window_right = -1;  // -1 = unbounded
+  int window_left = -1;     // -1 = unbounded
+  int window_right = -1;    // -1 = unbounded
   float softmax_scale = 0;  // resolved (> 0)
   float softcap = 0;        // 0 = off
 };
@@ -41,14 +41,14 @@ struct KernelSpec {
   KernelKind kind = KernelKind::Forward;
   Dtype dtype = Dtype::F16;
   int sm = 80;
-  int head_dim = 0;      // unused (0) for Reduce
+  int head_dim = 0;  // unused (0) for Reduce
   int head_dim_v = 0;
-  int group_size = 1;    // num_heads_q / num_heads_kv (Decode rows per KV head)
+  int group_size = 1;  // num_heads_q / num_heads_kv (Decode rows per KV head)
   bool softcap = false;
-  bool varlen = false;   // Forward with cu_seqlens_q/k
-  int block_m = 0;       // query rows per CTA
-  int block_n = 0;       // keys per K/V tile
-  int num_warps = 0;     // threads per CTA / 32
+  bool varlen = false;  // Forward with cu_seqlens_q/k
+  int block_m = 0;      // query rows per CTA
+  int block_n = 0;      // keys per K/V tile
+  int num_warps = 0;    // threads per CTA / 32
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -77,11 +77,11 @@ std::string generate_ptx(const KernelSpec &spec);
 // ---------------------------------------------------------------------------
 
 struct ForwardParams {
-  uint64_t q, k, v, o;   // Q/K/V/O as in flashattn.h
-  uint64_t lse;          // fp32 [batch, heads_q, seqlen_q] or 0 (varlen: [heads_q, total_q])
+  uint64_t q, k, v, o;  // Q/K/V/O as in flashattn.h
+  uint64_t lse;         // fp32 [batch, heads_q, seqlen_q] or 0 (varlen: [heads_q, total_q])
   uint64_t cu_seqlens_q, cu_seqlens_k;  // int32 [batch + 1] or 0 (spec.varlen)
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];  // batch, seq, head
-  int32_t batch, seqlen_q, seqlen_k;  // varlen: maxima (grid sizing only)
+  int32_t batch, seqlen_q, seqlen_k;                           // varlen: maxima (grid sizing only)
   int32_t num_heads_q, num_heads_kv;
   int32_t window_left, window_right;  // resolved, >= 0 (kUnboundedWindow); causal -> right = 0
   float score_scale;   // no softcap: softmax_scale * log2(e); softcap: softmax_scale / softcap
@@ -98,7 +98,7 @@ struct DecodeParams {
   int32_t batch, seqlen_q, seqlen_k_max;
   int32_t num_heads_q, num_heads_kv;
   int32_t num_splits;
-  int32_t split_size;  // keys per split, a multiple of spec.block_n
+  int32_t split_size;                 // keys per split, a multiple of spec.block_n
   int32_t window_left, window_right;  // as ForwardParams
   float score_scale, softcap_log2;    // as ForwardParams
   int32_t pad_;
@@ -111,7 +111,7 @@ struct ReduceParams {
   uint64_t lse;          // fp32 [batch, heads_q, seqlen_q] contiguous, or 0
   int64_t o_partial_stride[5];
   int64_t lse_partial_stride[4];
-  int64_t o_stride[3];   // batch, seq, head
+  int64_t o_stride[3];  // batch, seq, head
   int32_t num_splits, batch, seqlen_q, num_heads_q;
 };
 

@@ -1,20 +1,165 @@
-// Placeholder until the generators land.
-#include "kernels/kernels.h"
+// Kernel specs: tile choice, canonical serialisation, names, PTX ISA
+// version, launch geometry, and the generate_ptx dispatch.
+#include <cstdio>
+
+#include "kernels/codegen.h"
 
 namespace fa {
-std::string KernelSpec::serialize() const { return {}; }
-std::string KernelSpec::describe() const { return {}; }
-KernelSpec make_spec(const AttentionConfig &, KernelKind kind, int sm, bool) {
+namespace {
+
+const char *kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::Forward:
+      return "forward";
+    case KernelKind::Decode:
+      return "decode";
+    default:
+      return "reduce";
+  }
+}
+const char *dtype_name(Dtype d) { return d == Dtype::BF16 ? "bf16" : "f16"; }
+
+void put32(std::string &o, int32_t v) {
+  uint32_t u = static_cast<uint32_t>(v);
+  for (int i = 0; i < 4; ++i) o.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+}
+
+uint32_t ceil_div(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+// Largest rows_per_warp in {4, 2, 1} whose layout fits static shared memory.
+int fit_rows_per_warp(KernelSpec s, int max_rows) {
+  for (int r = max_rows; r > 1; r /= 2) {
+    s.block_m = s.num_warps * r;
+    if (kgen::attention_layout(s).total() <= kgen::kStaticSmemLimit) return r;
+  }
+  return 1;
+}
+
+bool spec_valid(const KernelSpec &s) {
+  bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
+  bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
+  if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
+  bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
+  return d_ok && dv_ok && w_ok && s.block_n == 32 && s.group_size >= 1 &&
+         s.block_m % s.num_warps == 0 && s.block_m > 0;
+}
+
+}  // namespace
+
+std::string KernelSpec::serialize() const {
+  std::string o = "FASPEC1";
+  o.push_back(static_cast<char>(kind));
+  o.push_back(static_cast<char>(dtype));
+  put32(o, sm);
+  put32(o, head_dim);
+  put32(o, head_dim_v);
+  put32(o, group_size);
+  o.push_back(softcap ? 1 : 0);
+  o.push_back(varlen ? 1 : 0);
+  put32(o, block_m);
+  put32(o, block_n);
+  put32(o, num_warps);
+  return o;
+}
+
+std::string KernelSpec::describe() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s", kind_name(kind),
+                dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m, block_n,
+                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "");
+  return buf;
+}
+
+// Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
+// forward: 4 warps x up to 4 rows each, fewer rows when shared memory is
+// short; decode: one warp per query head of the GQA group (at most 4), up
+// to 4 rows each; reduce: 4 warps, one row each. group_size is only part of
+// the spec for decode (forward reads the head ratio at run time).
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen) {
   KernelSpec s;
   s.kind = kind;
+  s.dtype = cfg.dtype;
   s.sm = sm;
+  s.head_dim_v = cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim;
+  if (kind == KernelKind::Reduce) {
+    s.num_warps = 4;
+    s.block_m = 4;
+    return s;
+  }
+  s.head_dim = cfg.head_dim;
+  s.softcap = cfg.softcap > 0;
+  s.block_n = 32;
+  if (kind == KernelKind::Forward) {
+    s.varlen = varlen;
+    s.num_warps = 4;
+    s.block_m = s.num_warps * fit_rows_per_warp(s, 4);
+  } else {
+    int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
+    s.group_size = g < 1 ? 1 : g;
+    s.num_warps = s.group_size < 4 ? s.group_size : 4;
+    int want = static_cast<int>(ceil_div(s.group_size, s.num_warps));
+    s.block_m = s.num_warps * fit_rows_per_warp(s, want > 4 ? 4 : want);
+  }
   return s;
 }
-int ptx_isa_version(const KernelSpec &) { return 70; }
-std::string entry_name(const KernelSpec &) { return "fa_stub"; }
-std::string generate_ptx(const KernelSpec &) { return {}; }
-LaunchGeometry forward_geometry(const KernelSpec &, const ForwardParams &) { return {}; }
-LaunchGeometry decode_geometry(const KernelSpec &, const DecodeParams &) { return {}; }
-LaunchGeometry reduce_geometry(const KernelSpec &, const ReduceParams &) { return {}; }
+
+int ptx_isa_version(const KernelSpec &spec) {
+  // .target sm_80 needs PTX 7.0, sm_86 7.1, sm_87 7.4, sm_89 and sm_90 7.8
+  // (PTX ISA, "PTX Module Directives: .target"); every instruction used is
+  // older (cvt.rn.bf16.f32: 7.0 with sm_80).
+  if (spec.sm <= 80) return 70;
+  if (spec.sm <= 86) return 71;
+  if (spec.sm <= 87) return 74;
+  return 78;
+}
+
+std::string entry_name(const KernelSpec &s) {
+  char buf[128];
+  if (s.kind == KernelKind::Reduce) {
+    std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d", dtype_name(s.dtype), s.head_dim_v,
+                  s.num_warps);
+  } else {
+    std::snprintf(buf, sizeof buf, "fa_%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s", kind_name(s.kind),
+                  dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
+                  s.num_warps, s.softcap ? "_softcap" : "", s.varlen ? "_varlen" : "");
+  }
+  return buf;
+}
+
+std::string generate_ptx(const KernelSpec &spec) {
+  if (!spec_valid(spec)) return {};
+  if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  return kgen::generate_attention(spec);
+}
+
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) {
+  LaunchGeometry g;
+  g.grid[0] = ceil_div(p.seqlen_q, spec.block_m);
+  g.grid[1] = static_cast<uint32_t>(p.num_heads_q);
+  g.grid[2] = static_cast<uint32_t>(p.batch);
+  g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  return g;
+}
+
+LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
+  LaunchGeometry g;
+  g.grid[0] = static_cast<uint32_t>(p.num_splits);
+  g.grid[1] = static_cast<uint32_t>(p.num_heads_kv) *
+              ceil_div(static_cast<int64_t>(spec.group_size) * p.seqlen_q, spec.block_m);
+  g.grid[2] = static_cast<uint32_t>(p.batch);
+  g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  return g;
+}
+
+LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
+  LaunchGeometry g;
+  g.grid[0] = ceil_div(static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads_q, spec.num_warps);
+  g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  return g;
+}
+
+// Every kernel uses static shared memory only (<= 48 KB, see
+// kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &) { return 0; }
+
 }  // namespace fa

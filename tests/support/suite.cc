@@ -64,7 +64,7 @@ void test_forward_fixtures(void **state) {
   SuiteState *s = need_runtime(state);
   std::string failures;
   int ran = 0;
-  for (const char *name : {"minilm_l6", "tinystories"}) {
+  for (const char *name : {"minilm_l6", "smollm2_135m"}) {
     std::vector<float> q, k, v;
     std::vector<int64_t> qs, ks, vs;
     if (!load_fixture(name, "q", &q, &qs) || !load_fixture(name, "k", &k, &ks) ||
@@ -80,7 +80,7 @@ void test_forward_fixtures(void **state) {
       c.seqlen_k = int(ks[1]);
       c.heads_kv = int(ks[2]);
       c.head_dim_v = int(vs[3]);
-      c.causal = std::string(name) == "tinystories";
+      c.causal = std::string(name) == "smollm2_135m";
       c.bf16 = bf16;
       c.q = &q;
       c.k = &k;
@@ -110,33 +110,42 @@ void test_decode(void **state) {
 
 void test_decode_fixture(void **state) {
   SuiteState *s = need_runtime(state);
-  std::vector<float> q, k, v, lens;
-  std::vector<int64_t> qs, ks, vs, ls;
-  if (!load_fixture("tinystories", "q_decode", &q, &qs) ||
-      !load_fixture("tinystories", "k_cache", &k, &ks) ||
-      !load_fixture("tinystories", "v_cache", &v, &vs) ||
-      !load_fixture("tinystories", "cache_seqlens", &lens, &ls)) {
-    std::printf("SKIP: no decode fixture under %s/tinystories\n", FA_TEST_DATA_DIR);
-    skip();
+  const char *fx = "smollm2_135m";
+  std::vector<float> k, v, lens;
+  std::vector<int64_t> ks, vs, ls;
+  if (!load_fixture(fx, "k_cache", &k, &ks) || !load_fixture(fx, "v_cache", &v, &vs) ||
+      !load_fixture(fx, "cache_seqlens", &lens, &ls)) {
+    print_error("no decode fixture under %s/%s\n", FA_TEST_DATA_DIR, fx);
+    fail();
   }
   std::string failures;
-  for (int splits : {0, 5}) {
-    DecodeCase c;
-    c.batch = int(qs[0]);
-    c.seqlen_q = int(qs[1]);
-    c.heads_q = int(qs[2]);
-    c.head_dim = int(qs[3]);
-    c.seqlen_k_max = int(ks[1]);
-    c.heads_kv = int(ks[2]);
-    c.head_dim_v = int(vs[3]);
-    for (float l : lens) c.cache_seqlens.push_back(int(l));
-    c.causal = true;
-    c.num_splits = splits;
-    c.q = &q;
-    c.k = &k;
-    c.v = &v;
-    const std::string e = run_decode(s->rt, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  // One next-token query per sequence, then the last two positions (causal).
+  for (const char *qname : {"q_decode", "q_decode2"}) {
+    std::vector<float> q;
+    std::vector<int64_t> qs;
+    if (!load_fixture(fx, qname, &q, &qs)) {
+      print_error("missing %s/%s.npy\n", fx, qname);
+      fail();
+    }
+    for (int splits : {0, 5}) {
+      DecodeCase c;
+      c.batch = int(qs[0]);
+      c.seqlen_q = int(qs[1]);
+      c.heads_q = int(qs[2]);
+      c.head_dim = int(qs[3]);
+      c.seqlen_k_max = int(ks[1]);
+      c.heads_kv = int(ks[2]);
+      c.head_dim_v = int(vs[3]);
+      for (float l : lens) c.cache_seqlens.push_back(int(l));
+      c.causal = true;
+      c.num_splits = splits;
+      c.q = &q;
+      c.k = &k;
+      c.v = &v;
+      std::printf("  fixture %s %s\n", fx, qname);
+      const std::string e = run_decode(s->rt, c);
+      if (!e.empty()) failures += c.describe() + ":\n" + e;
+    }
   }
   report(failures);
 }

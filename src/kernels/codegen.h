@@ -1,0 +1,128 @@
+// Internal to src/kernels: value-returning helpers over the PTX builder and
+// the shared-memory layout of the attention kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+#include "ptx/ptx.h"
+
+namespace fa {
+namespace kgen {
+
+using ptx::at;
+using ptx::Cmp;
+using ptx::fimm;
+using ptx::imm;
+using ptx::Op;
+using ptx::Operand;
+using ptx::Reg;
+using ptx::Space;
+using ptx::Type;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// Shared memory of the forward/decode kernels (all f32, static, <= 48 KB):
+//   Q  [block_m][head_dim]            row stride q_stride floats
+//   K  [block_n][head_dim + 4]        +4 keeps v4 reads of 8 lanes on distinct banks
+//   V  [block_n][head_dim_v]          (shares K's buffer when kv_merged)
+//   P  [num_warps][rows_per_warp][32] probabilities of the current tile
+struct AttentionLayout {
+  int rows_per_warp = 0;
+  int q_stride = 0, k_stride = 0, v_stride = 0;
+  bool kv_merged = false;
+  uint32_t q_bytes = 0, k_bytes = 0, v_bytes = 0, p_bytes = 0;
+  uint32_t total() const { return q_bytes + k_bytes + (kv_merged ? 0 : v_bytes) + p_bytes; }
+};
+AttentionLayout attention_layout(const KernelSpec &spec);
+constexpr uint32_t kStaticSmemLimit = 48 * 1024;
+
+std::string generate_attention(const KernelSpec &spec);  // Forward and Decode
+std::string generate_reduce(const KernelSpec &spec);
+
+// Value-returning wrappers: each allocates the destination register.
+class Emitter {
+ public:
+  explicit Emitter(ptx::Builder &b) : b(b) {}
+  ptx::Builder &b;
+
+  Reg new_reg(Type t) { return b.reg(ptx::class_of(t)); }
+  Reg mov(Type t, Operand a) {
+    Reg d = new_reg(t);
+    b.mov(t, d, a);
+    return d;
+  }
+  Reg op(Op o, Type t, Operand a) {
+    Reg d = new_reg(t);
+    b.op(o, t, d, a);
+    return d;
+  }
+  Reg op(Op o, Type t, Operand a, Operand c) {
+    Reg d = new_reg(t);
+    b.op(o, t, d, a, c);
+    return d;
+  }
+  Reg op(Op o, Type t, Operand a, Operand c, Operand e) {
+    Reg d = new_reg(t);
+    b.op(o, t, d, a, c, e);
+    return d;
+  }
+  Reg setp(Cmp c, Type t, Operand x, Operand y) {
+    Reg p = b.pred();
+    b.setp(c, t, p, x, y);
+    return p;
+  }
+  Reg selp(Type t, Operand x, Operand y, Reg p) {
+    Reg d = new_reg(t);
+    b.selp(t, d, x, y, p);
+    return d;
+  }
+  Reg param(Type t, size_t offset) {
+    Reg d = new_reg(t);
+    b.ld_param(t, d, static_cast<uint32_t>(offset));
+    return d;
+  }
+  // A pointer parameter converted to a global address.
+  Reg global_param(size_t offset) {
+    Reg raw = param(Type::U64, offset);
+    Reg d = b.b64();
+    b.cvta_to_global(d, raw);
+    return d;
+  }
+  // A stride parameter (elements) times elem_bytes.
+  Reg stride_bytes(size_t offset, int elem_bytes) {
+    Reg s = param(Type::S64, offset);
+    return op(Op::MulLo, Type::S64, s, imm(elem_bytes));
+  }
+  Reg s64(Reg s32) {
+    Reg d = b.b64();
+    b.cvt(Type::S64, Type::S32, ptx::Round::None, d, s32);
+    return d;
+  }
+  // base + (s64)idx * stride (stride a b64 register, bytes).
+  Reg index(Reg base, Reg idx_s32, Reg stride) {
+    Reg t = op(Op::MulLo, Type::S64, s64(idx_s32), stride);
+    return op(Op::Add, Type::S64, base, t);
+  }
+  // base + (s64)idx * bytes (bytes a constant).
+  Reg index(Reg base, Reg idx_s32, int bytes) {
+    Reg t = b.b64();
+    b.mul_wide(Type::S32, t, idx_s32, imm(bytes));
+    return op(Op::Add, Type::S64, base, t);
+  }
+  // Warp-wide butterfly reduction (5 shfl.sync.bfly steps, PTX ISA
+  // "shfl.sync"),
+  // in place on x.
+  void warp_reduce(Op o, Reg x) {
+    Reg t = b.f32();
+    for (int off = 16; off >= 1; off >>= 1) {
+      b.shfl(ptx::Shfl::Bfly, t, x, imm(off), imm(31), 0xffffffffu);
+      b.op(o, Type::F32, x, x, t);
+    }
+  }
+};
+
+}  // namespace kgen
+}  // namespace fa

@@ -1,0 +1,129 @@
+// Decode-reduce generator: combines the per-split partial states
+// (O_s normalised within split s, LSE_s natural log) of each query row:
+//   m = max_s LSE_s, w_s = exp(LSE_s - m), O = sum_s w_s O_s / sum_s w_s,
+//   LSE = m + log(sum_s w_s);
+// splits with LSE_s = -inf weigh nothing; no finite LSE_s: O = 0, LSE = -inf.
+// One warp per (batch, token, head) row, lane j owns dims j, j+32, ...
+#include <vector>
+
+#include "kernels/codegen.h"
+
+namespace fa {
+namespace kgen {
+
+std::string generate_reduce(const KernelSpec &spec) {
+  using P = ReduceParams;
+  ptx::Builder b(entry_name(spec), sizeof(P));
+  Emitter e(b);
+  const int W = spec.num_warps, nv = (spec.head_dim_v + 31) / 32;
+  b.comment(spec.describe());
+  Reg tid = e.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
+  Reg warp = e.op(Op::Shr, Type::U32, tid, imm(5));
+  Reg cta = e.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+  Reg row = e.op(Op::MadLo, Type::S32, cta, imm(W), warp);
+  Reg ns = e.param(Type::S32, offsetof(P, num_splits));
+  Reg batch = e.param(Type::S32, offsetof(P, batch));
+  Reg sq = e.param(Type::S32, offsetof(P, seqlen_q));
+  Reg hq = e.param(Type::S32, offsetof(P, num_heads_q));
+  Reg total = e.op(Op::MulLo, Type::S32, e.op(Op::MulLo, Type::S32, batch, sq), hq);
+  // Warps past the last row leave (whole warps: no collective follows).
+  Reg past = e.setp(Cmp::Ge, Type::S32, row, total);
+  b.when(past).exit();
+  Reg h = e.op(Op::Rem, Type::S32, row, hq);
+  Reg bt = e.op(Op::Div, Type::S32, row, hq);
+  Reg t = e.op(Op::Rem, Type::S32, bt, sq);
+  Reg bz = e.op(Op::Div, Type::S32, bt, sq);
+
+  Reg opart = e.global_param(offsetof(P, o_partial));
+  Reg lpart = e.global_param(offsetof(P, lse_partial));
+  Reg o = e.global_param(offsetof(P, o));
+  Reg lse_raw = e.param(Type::U64, offsetof(P, lse));
+  Reg has_lse = e.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
+  Reg lse_out = b.b64();
+  b.cvta_to_global(lse_out, lse_raw);
+  Reg ops[5], lps[4], os[3];
+  for (int i = 0; i < 5; ++i) ops[i] = e.stride_bytes(offsetof(P, o_partial_stride) + 8 * i, 4);
+  for (int i = 0; i < 4; ++i) lps[i] = e.stride_bytes(offsetof(P, lse_partial_stride) + 8 * i, 4);
+  for (int i = 0; i < 3; ++i) os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+  // Split 0 of this row: lse_partial[0][b][h][t], o_partial[0][b][t][h][lane].
+  Reg l0 = e.index(e.index(e.index(lpart, bz, lps[1]), h, lps[2]), t, lps[3]);
+  Reg o0 = e.index(e.index(e.index(e.index(opart, bz, ops[1]), t, ops[2]), h, ops[3]), lane, 4);
+  Reg pdim;
+  if (spec.head_dim_v % 32) pdim = e.setp(Cmp::Lt, Type::U32, lane, imm(spec.head_dim_v % 32));
+
+  // Pass 1: m = max_s LSE_s.
+  b.comment("m = max_s LSE_s");
+  Reg m = e.mov(Type::F32, fimm(kNegInf));
+  Reg x = b.f32();
+  Reg s = b.b32();
+  Reg lp = b.b64(), op = b.b64();
+  b.mov(Type::S32, s, imm(0));
+  b.mov(Type::U64, lp, l0);
+  ptx::Label loop1 = b.label();
+  b.bind(loop1);
+  b.ld(Space::Global, Type::F32, x, at(lp));
+  b.op(Op::Max, Type::F32, m, m, x);
+  b.op(Op::Add, Type::S64, lp, lp, lps[0]);
+  b.op(Op::Add, Type::S32, s, s, imm(1));
+  Reg more = b.pred();
+  b.setp(Cmp::Lt, Type::S32, more, s, ns);
+  b.when(more).bra(loop1);
+
+  // Pass 2: w_s = 2^((LSE_s - m) log2 e), sums of w_s and w_s O_s. With no
+  // finite LSE_s the offset is 0 and every w_s is 0.
+  b.comment("O = sum_s w_s O_s / sum_s w_s");
+  Reg none = e.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
+  Reg off = e.selp(Type::F32, fimm(0.0f), m, none);
+  Reg sum = e.mov(Type::F32, fimm(0.0f));
+  std::vector<Reg> acc;
+  for (int i = 0; i < nv; ++i) acc.push_back(e.mov(Type::F32, fimm(0.0f)));
+  Reg w = b.f32(), v = b.f32();
+  b.mov(Type::S32, s, imm(0));
+  b.mov(Type::U64, lp, l0);
+  b.mov(Type::U64, op, o0);
+  ptx::Label loop2 = b.label();
+  b.bind(loop2);
+  b.ld(Space::Global, Type::F32, x, at(lp));
+  b.op(Op::Sub, Type::F32, w, x, off);
+  b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));
+  b.op(Op::Ex2, Type::F32, w, w);
+  b.op(Op::Add, Type::F32, sum, sum, w);
+  for (int i = 0; i < nv; ++i) {
+    if (pdim.valid() && i == nv - 1) b.when(pdim);
+    b.ld(Space::Global, Type::F32, v, at(op, 128 * i));
+    b.op(Op::Fma, Type::F32, acc[i], w, v, acc[i]);
+  }
+  b.op(Op::Add, Type::S64, lp, lp, lps[0]);
+  b.op(Op::Add, Type::S64, op, op, ops[0]);
+  b.op(Op::Add, Type::S32, s, s, imm(1));
+  b.setp(Cmp::Lt, Type::S32, more, s, ns);
+  b.when(more).bra(loop2);
+
+  b.comment("store O, LSE");
+  Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
+  Reg inv = e.op(Op::RcpRn, Type::F32, sum);
+  b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+  Reg lse = e.op(Op::Mul, Type::F32, e.op(Op::Lg2, Type::F32, sum), fimm(kLn2));
+  b.op(Op::Add, Type::F32, lse, lse, off);
+  b.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
+  Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, 2);
+  Reg hv = b.b16();
+  Type cvt_to = spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16;
+  for (int i = 0; i < nv; ++i) {
+    b.op(Op::Mul, Type::F32, acc[i], acc[i], inv);
+    b.cvt(cvt_to, Type::F32, ptx::Round::Rn, hv, acc[i]);
+    if (pdim.valid() && i == nv - 1) b.when(pdim);
+    b.st(Space::Global, Type::B16, at(orow, 64 * i), hv);
+  }
+  Reg lane0 = e.setp(Cmp::Eq, Type::U32, lane, imm(0));
+  b.op(Op::And, Type::Pred, lane0, lane0, has_lse);
+  Reg lrow = e.op(Op::MadLo, Type::S32, e.op(Op::MadLo, Type::S32, bz, hq, h), sq, t);
+  Reg la = e.index(lse_out, lrow, 4);
+  b.when(lane0).st(Space::Global, Type::F32, at(la), lse);
+  b.exit();
+  return b.emit(ptx_isa_version(spec), spec.sm, static_cast<uint32_t>(32 * W));
+}
+
+}  // namespace kgen
+}  // namespace fa

@@ -1,0 +1,305 @@
+// Unit tests of the PTX builder (src/ptx) and of the generators' determinism
+// and spec serialisation (src/kernels).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+
+#include "kernels/kernels.h"
+#include "ptx/ptx.h"
+#include "support/cmocka.hh"  // last: its macros clash with <ios>
+
+using namespace fa;
+using namespace fa::ptx;
+
+namespace {
+
+bool contains(const std::string &s, const char *needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// Runs fn in a child process; true when it died from SIGABRT (the builder's
+// reaction to a malformed instruction).
+bool aborts(const std::function<void()> &fn) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Silence the expected diagnostic.
+    if (!freopen("/dev/null", "w", stderr)) _exit(3);
+    fn();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+void test_register_names_and_declarations(void **) {
+  Builder b("k", 16);
+  Reg r0 = b.b32(), r1 = b.b32(), f0 = b.f32(), rd0 = b.b64(), p0 = b.pred(), h0 = b.b16();
+  assert_int_equal(r0.id, 0);
+  assert_int_equal(r1.id, 1);
+  assert_int_equal(f0.id, 0);
+  b.op(Op::Add, Type::S32, r1, r0, imm(-7));
+  b.op(Op::Fma, Type::F32, f0, f0, f0, f0);
+  b.ld_param(Type::U64, rd0, 8);
+  b.setp(Cmp::Lt, Type::S32, p0, r0, r1);
+  b.cvt(Type::F16, Type::F32, Round::Rn, h0, f0);
+  std::string s = b.emit(70, 80, 128);
+  assert_true(contains(s, ".version 7.0\n.target sm_80\n.address_size 64\n"));
+  assert_true(contains(
+      s, ".visible .entry k(\n\t.param .align 8 .b8 k_param[16]\n)\n.maxntid 128, 1, 1\n"));
+  assert_true(contains(s, "\t.reg .pred %p<1>;\n"));
+  assert_true(contains(s, "\t.reg .b16 %h<1>;\n"));
+  assert_true(contains(s, "\t.reg .b32 %r<2>;\n"));
+  assert_true(contains(s, "\t.reg .b64 %rd<1>;\n"));
+  assert_true(contains(s, "\t.reg .f32 %f<1>;\n"));
+  assert_true(contains(s, "\tadd.s32 %r1, %r0, -7;\n"));
+  assert_true(contains(s, "\tfma.rn.f32 %f0, %f0, %f0, %f0;\n"));
+  assert_true(contains(s, "\tld.param.u64 %rd0, [k_param+8];\n"));
+  assert_true(contains(s, "\tsetp.lt.s32 %p0, %r0, %r1;\n"));
+  assert_true(contains(s, "\tcvt.rn.f16.f32 %h0, %f0;\n"));
+}
+
+void test_unused_classes_not_declared(void **) {
+  Builder b("k", 8);
+  Reg r = b.b32();
+  b.mov(Type::U32, r, sreg(Special::TidX));
+  std::string s = b.emit(78, 90, 0);
+  assert_true(contains(s, ".target sm_90"));
+  assert_true(contains(s, ".version 7.8"));
+  assert_false(contains(s, ".maxntid"));
+  assert_false(contains(s, "%f<"));
+  assert_false(contains(s, "%p<"));
+  assert_true(contains(s, "mov.u32 %r0, %tid.x;"));
+}
+
+void test_guards_labels_and_branches(void **) {
+  Builder b("k", 8);
+  Reg p = b.pred(), r = b.b32();
+  Label l0 = b.label(), l1 = b.label();
+  assert_int_equal(l0.id, 0);
+  assert_int_equal(l1.id, 1);
+  b.bind(l0);
+  b.when(p).op(Op::Add, Type::U32, r, r, imm(1));
+  b.unless(p).bra(l1);
+  b.op(Op::Sub, Type::U32, r, r, imm(1));  // guard applies to one instruction only
+  b.bind(l1);
+  b.bar_sync();
+  b.bar_warp_sync(0xffffffffu);
+  b.exit();
+  std::string s = b.emit(70, 80, 32);
+  assert_true(contains(s,
+                       "L_0:\n\t@%p0 add.u32 %r0, %r0, 1;\n\t@!%p0 bra L_1;\n"
+                       "\tsub.u32 %r0, %r0, 1;\nL_1:\n\tbar.sync 0;\n"
+                       "\tbar.warp.sync 4294967295;\n\texit;\n"));
+}
+
+void test_float_immediates_and_memory_forms(void **) {
+  Builder b("k", 8);
+  Symbol sm = b.shared("smem_x", 16, 256);
+  Reg f = b.f32(), a = b.b32(), g = b.b64(), v[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+  b.mov(Type::F32, f, fimm(1.0f));
+  b.mov(Type::F32, f, fimm(-__builtin_huge_valf()));
+  b.op(Op::Mul, Type::F32, f, f, fimm(1.4426950408889634f));
+  b.mov(Type::U32, a, sym(sm));
+  b.ld_v(Space::Shared, Type::F32, {v[0], v[1], v[2], v[3]}, at(a, 32));
+  b.st(Space::Shared, Type::F32, at(sm, 4), f);
+  b.ld(Space::Global, Type::F32, f, at(g), true);
+  b.shfl(Shfl::Bfly, f, f, imm(16), imm(31), 0xffffffffu);
+  std::string s = b.emit(70, 80, 32);
+  assert_true(contains(s, "mov.f32 %f0, 0f3F800000;"));
+  assert_true(contains(s, "mov.f32 %f0, 0fFF800000;"));
+  assert_true(contains(s, "mul.f32 %f0, %f0, 0f3FB8AA3B;"));
+  assert_true(contains(s, "\t.shared .align 16 .b8 smem_x[256];\n"));
+  assert_true(contains(s, "mov.u32 %r0, smem_x;"));
+  assert_true(contains(s, "ld.shared.v4.f32 {%f1, %f2, %f3, %f4}, [%r0+32];"));
+  assert_true(contains(s, "st.shared.f32 [smem_x+4], %f0;"));
+  assert_true(contains(s, "ld.global.nc.f32 %f0, [%rd0];"));
+  assert_true(contains(s, "shfl.sync.bfly.b32 %f0, %f0, 16, 31, 4294967295;"));
+  assert_int_equal(b.shared_bytes(), 256);
+}
+
+void test_type_checks_abort(void **) {
+  // Each of these is a generator bug: the builder aborts.
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg f = b.f32();
+    b.op(Op::Add, Type::S32, f, f, f);  // f32 register in an s32 add
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.op(Op::Ex2, Type::S32, r, r);  // ex2 has no integer form
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), f = b.f32();
+    b.ld(Space::Global, Type::F32, f, at(r));  // 32-bit global address
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg rd = b.b64(), f = b.f32();
+    b.ld(Space::Shared, Type::F32, f, at(rd));  // 64-bit shared address
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg f = b.f32(), h = b.b16();
+    b.cvt(Type::F32, Type::BF16, Round::None, f, h);  // cvt.f32.bf16 needs sm_90: not in the subset
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b64();
+    b.ld_param(Type::U64, r, 4);  // beyond the 8-byte parameter
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.op(Op::Add, Type::F32, b.f32(), r, fimm(1.0f));  // b32 register in an f32 add
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.setp(Cmp::Ltu, Type::S32, b.pred(), r, r);  // unordered compare on integers
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.when(r).exit();  // guard must be a predicate
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.op(Op::Add, Type::U32, r, r);  // missing operand
+  }));
+  // Control: a well-formed instruction does not abort.
+  assert_false(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), f = b.f32();
+    b.op(Op::Add, Type::U32, r, r, imm(1));
+    b.mov(Type::B32, f, r);  // b32 accepts any 32-bit register
+  }));
+}
+
+AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
+  AttentionConfig c;
+  c.dtype = dt;
+  c.head_dim = d;
+  c.head_dim_v = dv;
+  c.num_heads_q = hq;
+  c.num_heads_kv = hkv;
+  c.softmax_scale = 0.125f;
+  c.softcap = softcap;
+  return c;
+}
+
+void test_generation_is_deterministic(void **) {
+  const KernelKind kinds[] = {KernelKind::Forward, KernelKind::Decode, KernelKind::Reduce};
+  for (KernelKind k : kinds) {
+    KernelSpec s = make_spec(config(128, 128, 8, 2, Dtype::BF16, 30.f), k, 80, false);
+    std::string a = generate_ptx(s), b = generate_ptx(s);
+    assert_true(a.size() > 1000);
+    assert_true(a == b);
+    assert_true(contains(a, (".visible .entry " + entry_name(s) + "(").c_str()));
+    assert_true(s.serialize() ==
+                make_spec(config(128, 128, 8, 2, Dtype::BF16, 30.f), k, 80, false).serialize());
+  }
+}
+
+void test_specs_differ(void **) {
+  // Every variation below must change both the PTX and the serialised spec.
+  std::set<std::string> ptx, bytes, names, desc;
+  struct V {
+    int d, dv, hq, hkv;
+    Dtype dt;
+    float cap;
+    KernelKind kind;
+    int sm;
+    bool varlen;
+  };
+  const V vs[] = {
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Forward, 80, false},
+      {64, 64, 4, 4, Dtype::BF16, 0, KernelKind::Forward, 80, false},
+      {64, 64, 4, 4, Dtype::F16, 10, KernelKind::Forward, 80, false},
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Forward, 80, true},
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Forward, 86, false},
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Forward, 90, false},
+      {72, 64, 4, 4, Dtype::F16, 0, KernelKind::Forward, 80, false},
+      {64, 72, 4, 4, Dtype::F16, 0, KernelKind::Forward, 80, false},
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Decode, 80, false},
+      {64, 64, 8, 2, Dtype::F16, 0, KernelKind::Decode, 80, false},
+      {64, 64, 8, 1, Dtype::F16, 0, KernelKind::Decode, 80, false},
+      {64, 64, 4, 4, Dtype::F16, 0, KernelKind::Reduce, 80, false},
+      {64, 128, 4, 4, Dtype::F16, 0, KernelKind::Reduce, 80, false},
+  };
+  for (const V &v : vs) {
+    KernelSpec s = make_spec(config(v.d, v.dv, v.hq, v.hkv, v.dt, v.cap), v.kind, v.sm, v.varlen);
+    ptx.insert(generate_ptx(s));
+    bytes.insert(s.serialize());
+    desc.insert(s.describe());
+  }
+  const size_t n = sizeof vs / sizeof vs[0];
+  assert_int_equal(ptx.size(), n);
+  assert_int_equal(bytes.size(), n);
+  assert_int_equal(desc.size(), n);
+}
+
+void test_spec_choices(void **) {
+  KernelSpec f = make_spec(config(256, 256, 4, 4, Dtype::F16, 0), KernelKind::Forward, 80, false);
+  assert_int_equal(f.block_n, 32);
+  assert_int_equal(f.block_m % f.num_warps, 0);
+  assert_int_equal(max_dynamic_smem(f), 0);
+  assert_int_equal(ptx_isa_version(f), 70);
+  f.sm = 86;
+  assert_int_equal(ptx_isa_version(f), 71);
+  f.sm = 89;
+  assert_int_equal(ptx_isa_version(f), 78);
+  f.sm = 90;
+  assert_int_equal(ptx_isa_version(f), 78);
+  KernelSpec d = make_spec(config(128, 128, 32, 4, Dtype::F16, 0), KernelKind::Decode, 80, false);
+  assert_int_equal(d.group_size, 8);
+  ForwardParams fp{};
+  fp.batch = 3;
+  fp.seqlen_q = 33;
+  fp.num_heads_q = 5;
+  LaunchGeometry g = forward_geometry(f, fp);
+  assert_int_equal(g.grid[0], (33 + f.block_m - 1) / f.block_m);
+  assert_int_equal(g.grid[1], 5);
+  assert_int_equal(g.grid[2], 3);
+  assert_int_equal(g.block[0], 32 * f.num_warps);
+  DecodeParams dp{};
+  dp.batch = 2;
+  dp.seqlen_q = 3;
+  dp.num_heads_kv = 4;
+  dp.num_splits = 7;
+  g = decode_geometry(d, dp);
+  assert_int_equal(g.grid[0], 7);
+  assert_int_equal(g.grid[1], 4 * ((8 * 3 + d.block_m - 1) / d.block_m));
+  assert_int_equal(g.grid[2], 2);
+  // An invalid spec yields no PTX rather than a malformed module.
+  KernelSpec bad = f;
+  bad.head_dim = 12;
+  assert_true(generate_ptx(bad).empty());
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_register_names_and_declarations),
+      cmocka_unit_test(test_unused_classes_not_declared),
+      cmocka_unit_test(test_guards_labels_and_branches),
+      cmocka_unit_test(test_float_immediates_and_memory_forms),
+      cmocka_unit_test(test_type_checks_abort),
+      cmocka_unit_test(test_generation_is_deterministic),
+      cmocka_unit_test(test_specs_differ),
+      cmocka_unit_test(test_spec_choices),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,207 @@
+// Assembles the generated PTX of a grid of kernel specs with NVIDIA's ptxas
+// (FA_PTXAS_PATH) for sm_80, sm_86, sm_89 and sm_90: every module must
+// assemble. Register use and spills from `ptxas -v` are printed (not yet a
+// failure). Skipped when ptxas is not available.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "support/cmocka.hh"  // last: its macros clash with <ios>
+
+extern char **environ;
+
+using namespace fa;
+
+namespace {
+
+struct Job {
+  KernelSpec spec;
+  std::string ptx_path, log_path;
+  pid_t pid = 0;
+  int status = 0;
+};
+
+AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
+  AttentionConfig c;
+  c.dtype = dt;
+  c.head_dim = d;
+  c.head_dim_v = dv;
+  c.num_heads_q = hq;
+  c.num_heads_kv = hkv;
+  c.softmax_scale = 0.1f;
+  c.softcap = softcap ? 20.0f : 0.0f;
+  return c;
+}
+
+// The grid: every head_dim, both dtypes, softcap and varlen toggled, on
+// sm_80; a representative subset on the other targets.
+std::vector<KernelSpec> grid() {
+  std::vector<KernelSpec> out;
+  const int dims[] = {8, 16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 224, 256};
+  const Dtype dts[] = {Dtype::F16, Dtype::BF16};
+  int n = 0;
+  for (int d : dims) {
+    for (Dtype dt : dts) {
+      bool sc = (n % 2) == 0, vl = (n % 3) == 0;
+      ++n;
+      out.push_back(make_spec(config(dt, d, d, 8, 8, sc), KernelKind::Forward, 80, vl));
+    }
+  }
+  const int dpairs[][2] = {{64, 128}, {128, 64}, {40, 72}, {256, 8}, {8, 256}, {96, 200}};
+  for (const auto &p : dpairs)
+    out.push_back(
+        make_spec(config(Dtype::F16, p[0], p[1], 4, 4, true), KernelKind::Forward, 80, p[0] == 40));
+  const int groups[] = {1, 4, 8};
+  const int ddims[] = {64, 128, 256};
+  for (int g : groups) {
+    for (int d : ddims) {
+      Dtype dt = (g + d / 64) % 2 ? Dtype::BF16 : Dtype::F16;
+      out.push_back(make_spec(config(dt, d, d, 8, 8 / g, d == 128), KernelKind::Decode, 80, false));
+    }
+  }
+  out.push_back(make_spec(config(Dtype::BF16, 40, 24, 8, 1, true), KernelKind::Decode, 80, false));
+  const int rdims[] = {8, 40, 64, 128, 256};
+  for (int dv : rdims)
+    out.push_back(make_spec(config(dv == 64 ? Dtype::BF16 : Dtype::F16, 64, dv, 8, 8, false),
+                            KernelKind::Reduce, 80, false));
+  const int sms[] = {86, 89, 90};
+  for (int sm : sms) {
+    out.push_back(
+        make_spec(config(Dtype::F16, 64, 64, 8, 8, false), KernelKind::Forward, sm, false));
+    out.push_back(
+        make_spec(config(Dtype::BF16, 128, 128, 8, 8, true), KernelKind::Forward, sm, true));
+    out.push_back(
+        make_spec(config(Dtype::F16, 256, 256, 8, 8, false), KernelKind::Forward, sm, false));
+    out.push_back(
+        make_spec(config(Dtype::BF16, 40, 72, 8, 8, false), KernelKind::Forward, sm, false));
+    out.push_back(
+        make_spec(config(Dtype::BF16, 128, 128, 8, 2, false), KernelKind::Decode, sm, false));
+    out.push_back(make_spec(config(Dtype::F16, 64, 64, 8, 1, true), KernelKind::Decode, sm, false));
+    out.push_back(
+        make_spec(config(Dtype::BF16, 0, 128, 8, 8, false), KernelKind::Reduce, sm, false));
+  }
+  return out;
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool spawn_ptxas(const char *ptxas, Job &job) {
+  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm);
+  const char *argv[] = {ptxas,       arch.c_str(),         "-v",   "-o",
+                        "/dev/null", job.ptx_path.c_str(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, job.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  int rc = posix_spawn(&job.pid, ptxas, &fa, nullptr, const_cast<char **>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0;
+}
+
+// "Used 94 registers" and "N bytes spill stores" from a ptxas -v log.
+void summarize(const Job &job, const std::string &log, int *spilling) {
+  int regs = -1, stack = 0, spill_st = 0, spill_ld = 0;
+  const char *p = std::strstr(log.c_str(), "Used ");
+  if (p) regs = std::atoi(p + 5);
+  p = std::strstr(log.c_str(), "bytes stack frame");
+  if (p) {
+    while (p > log.c_str() && p[-1] != '\n') --p;  // start of that line
+    std::sscanf(p, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &stack,
+                &spill_st, &spill_ld);
+  }
+  bool spills = stack || spill_st || spill_ld;
+  if (spills) ++*spilling;
+  std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
+              regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");
+}
+
+void test_ptxas_assembles_grid(void **) {
+  const char *ptxas = FA_PTXAS_PATH;
+  if (!ptxas[0] || access(ptxas, X_OK) != 0) {
+    std::printf("SKIP: ptxas not available (FA_PTXAS_PATH=\"%s\")\n", ptxas);
+    skip();
+  }
+  char dir_template[] = "/tmp/fa_ptxas_XXXXXX";
+  char *dir = mkdtemp(dir_template);
+  assert_non_null(dir);
+  std::vector<Job> jobs;
+  for (const KernelSpec &s : grid()) {
+    Job j;
+    j.spec = s;
+    std::string ptx = generate_ptx(s);
+    assert_true(ptx.size() > 0);
+    std::string base = std::string(dir) + "/" + std::to_string(jobs.size()) + "_" + entry_name(s) +
+                       "_sm" + std::to_string(s.sm);
+    j.ptx_path = base + ".ptx";
+    j.log_path = base + ".log";
+    std::ofstream(j.ptx_path) << ptx;
+    jobs.push_back(j);
+  }
+  // Two ptxas processes at a time (the CI machine has 2 cores).
+  const size_t kParallel = 2;
+  size_t next = 0, done = 0;
+  std::vector<size_t> running;
+  while (done < jobs.size()) {
+    while (running.size() < kParallel && next < jobs.size()) {
+      assert_true(spawn_ptxas(ptxas, jobs[next]));
+      running.push_back(next++);
+    }
+    int status = 0;
+    pid_t pid = wait(&status);
+    assert_true(pid > 0);
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (jobs[running[i]].pid != pid) continue;
+      jobs[running[i]].status = status;
+      running.erase(running.begin() + static_cast<long>(i));
+      ++done;
+      break;
+    }
+  }
+  int failed = 0, spilling = 0;
+  std::printf("ptxas -v over %zu modules:\n", jobs.size());
+  for (const Job &j : jobs) {
+    std::string log = read_file(j.log_path);
+    bool ok = WIFEXITED(j.status) && WEXITSTATUS(j.status) == 0;
+    if (!ok) {
+      ++failed;
+      std::printf("FAILED: %s (sm_%d), %s\n%s\n", j.spec.describe().c_str(), j.spec.sm,
+                  j.ptx_path.c_str(), log.c_str());
+      continue;
+    }
+    summarize(j, log, &spilling);
+  }
+  std::printf("%zu modules, %d failed, %d with local memory\n", jobs.size(), failed, spilling);
+  if (failed == 0) {
+    for (const Job &j : jobs) {
+      std::remove(j.ptx_path.c_str());
+      std::remove(j.log_path.c_str());
+    }
+    rmdir(dir);
+  }
+  assert_int_equal(failed, 0);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ptxas_assembles_grid),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
