@@ -50,7 +50,8 @@ class Backend {
   // Loads entry point `entry` from `binary` when non-empty, else from `ptx`.
   // `dynamic_smem_bytes` is the largest dynamic shared memory it will be
   // launched with (cuda sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-  // above 48 KB). Errors: FA_ERROR_COMPILE, FA_ERROR_CUDA.
+  // above 48 KB). Errors: FA_ERROR_COMPILE, FA_ERROR_CUDA, FA_ERROR_UNSUPPORTED
+  // (more shared memory than the device allows).
   virtual fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
                          const std::string &entry, uint32_t dynamic_smem_bytes,
                          std::unique_ptr<Kernel> *out) = 0;
@@ -60,7 +61,8 @@ class Backend {
   // cuda: asynchronous on `stream`; emulator: runs to completion.
   // Errors: FA_ERROR_LAUNCH (emulator fault: out of bounds, deadlock,
   // divergent collective; message names the PTX line), FA_ERROR_CUDA,
-  // FA_ERROR_RUNTIME_POISONED after a sticky error.
+  // FA_ERROR_INVALID_ARGUMENT (parameter block shorter than the kernel's,
+  // zero dimension), FA_ERROR_RUNTIME_POISONED after a sticky error.
   virtual fa_status launch(Kernel &kernel, const LaunchGeometry &geometry,
                            const void *params, size_t params_size, void *stream) = 0;
 

@@ -1,0 +1,1372 @@
+// Tests of the cuda backend (src/backend/cuda_*.cc).
+//
+// The driver is loaded once per process, and CUDA cannot be used across
+// fork(), so every case runs in a fresh child: this program re-executes
+// itself with `--probe NAME ...`, the child prints `probe:key=value` lines
+// and exits 0 (passed), 1 (failed) or 77 (skipped), and the parent asserts on
+// the result. A child killed by a signal is a failure ("never an abort").
+//
+// Without a GPU (CI): the backend must report FA_ERROR_NO_DRIVER or
+// FA_ERROR_NO_DEVICE with a readable message, also when LD_LIBRARY_PATH
+// points at fake libcuda.so.1 libraries built here with the system cc (no
+// cuGetProcAddress, a 9.0 driver, a missing entry point, no device, a bad
+// ordinal) or at the toolkit's stub libcuda.
+// With a GPU: hand-written PTX kernels are compiled, loaded and launched
+// (vector add, > 48 KB dynamic shared memory, a faulting store that must
+// poison the backend), plus error paths and concurrent use.
+// Our headers first: cmocka.h defines a fail() macro that would clash with
+// fa::fail in common/error.h.
+#include "backend/backend.h"
+#include "common/error.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// cmocka.h declares print_error & co. without C linkage for C++.
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Hand-written PTX (PTX ISA 7.0, sm_52 so any device the driver supports
+// can JIT it). Each takes one .param byte array, as generated kernels do.
+// ---------------------------------------------------------------------------
+
+// c[i] = a[i] + b[i] for i < n. Params: a, b, c (u64 at 0, 8, 16), n (u32 at 24).
+const char kVecAddPtx[] = R"(.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry vec_add(.param .align 8 .b8 vec_add_param[32])
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<6>;
+  .reg .b64 %rd<11>;
+  .reg .f32 %f<4>;
+
+  ld.param.u64 %rd1, [vec_add_param];
+  ld.param.u64 %rd2, [vec_add_param+8];
+  ld.param.u64 %rd3, [vec_add_param+16];
+  ld.param.u32 %r1, [vec_add_param+24];
+  mov.u32 %r2, %ctaid.x;
+  mov.u32 %r3, %ntid.x;
+  mov.u32 %r4, %tid.x;
+  mad.lo.s32 %r5, %r2, %r3, %r4;
+  setp.ge.u32 %p1, %r5, %r1;
+  @%p1 bra DONE;
+  cvta.to.global.u64 %rd4, %rd1;
+  cvta.to.global.u64 %rd5, %rd2;
+  cvta.to.global.u64 %rd6, %rd3;
+  mul.wide.u32 %rd7, %r5, 4;
+  add.s64 %rd8, %rd4, %rd7;
+  add.s64 %rd9, %rd5, %rd7;
+  add.s64 %rd10, %rd6, %rd7;
+  ld.global.f32 %f1, [%rd8];
+  ld.global.f32 %f2, [%rd9];
+  add.rn.f32 %f3, %f1, %f2;
+  st.global.f32 [%rd10], %f3;
+DONE:
+  ret;
+}
+)";
+
+// One block fills n words of dynamic shared memory with 3*i+1, then writes
+// them reversed: out[i] = 3*(n-1-i)+1. Params: out (u64 at 0), n (u32 at 8).
+const char kSmemPtx[] = R"(.version 7.0
+.target sm_52
+.address_size 64
+
+.extern .shared .align 16 .b8 dsmem[];
+
+.visible .entry smem_reverse(.param .align 8 .b8 smem_reverse_param[16])
+{
+  .reg .pred %p<3>;
+  .reg .b32 %r<13>;
+  .reg .b64 %rd<5>;
+
+  ld.param.u64 %rd1, [smem_reverse_param];
+  ld.param.u32 %r1, [smem_reverse_param+8];
+  cvta.to.global.u64 %rd2, %rd1;
+  mov.u32 %r2, %tid.x;
+  mov.u32 %r3, %ntid.x;
+  mov.u32 %r4, dsmem;
+  mov.u32 %r5, %r2;
+FILL:
+  setp.ge.u32 %p1, %r5, %r1;
+  @%p1 bra FILLED;
+  mad.lo.s32 %r6, %r5, 3, 1;
+  shl.b32 %r7, %r5, 2;
+  add.s32 %r8, %r4, %r7;
+  st.shared.u32 [%r8], %r6;
+  add.s32 %r5, %r5, %r3;
+  bra.uni FILL;
+FILLED:
+  bar.sync 0;
+  mov.u32 %r5, %r2;
+COPY:
+  setp.ge.u32 %p2, %r5, %r1;
+  @%p2 bra DONE;
+  sub.s32 %r9, %r1, %r5;
+  sub.s32 %r9, %r9, 1;
+  shl.b32 %r10, %r9, 2;
+  add.s32 %r11, %r4, %r10;
+  ld.shared.u32 %r12, [%r11];
+  mul.wide.u32 %rd3, %r5, 4;
+  add.s64 %rd4, %rd2, %rd3;
+  st.global.u32 [%rd4], %r12;
+  add.s32 %r5, %r5, %r3;
+  bra.uni COPY;
+DONE:
+  ret;
+}
+)";
+
+// Stores to global address 0x10, which no allocation covers: the launch or
+// the next synchronisation reports a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS).
+const char kFaultPtx[] = R"(.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry fault(.param .align 8 .b8 fault_param[8])
+{
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<2>;
+
+  mov.u64 %rd1, 16;
+  mov.u32 %r1, 42;
+  st.global.u32 [%rd1], %r1;
+  ret;
+}
+)";
+
+// vec_add with an undefined register: the JIT must reject it.
+const char kBadPtx[] = R"(.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry bad(.param .align 8 .b8 bad_param[8])
+{
+  .reg .f32 %f<2>;
+  add.f32 %f1, %f1, %nosuchreg;
+  ret;
+}
+)";
+
+// A CPU stand-in for libcuda.so.1 (C, built at test time with cc): the
+// driver calls the backend makes, on host memory, with vec_add and
+// smem_reverse computed on the CPU and `fault` raising a sticky
+// CUDA_ERROR_ILLEGAL_ADDRESS. It also polices the backend: a call without the
+// primary context current, an unbalanced push/pop, a lookup at an unexpected
+// API version, a cubin used after cuLinkDestroy... count as violations, which
+// the probe reports through the mock_* functions.
+const char kMockDriverSource[] =
+    R"MOCK(// A CPU stand-in for libcuda.so.1: enough of the driver API for the cuda
+// backend's probes, with checks of how the backend drives it.
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+#define EXPORT __attribute__((visibility("default")))
+#define CTX ((void *)0x5eed)
+#define OPTIN 232448
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int refcount, live_modules, inited, sticky, violations;
+static __thread int depth;
+static __thread void *stack[16];
+
+typedef struct { char *ptx; } Module;
+typedef struct { Module *m; char name[64]; size_t param; int max_dyn; } Function;
+typedef struct { char *info, *err; unsigned info_size, err_size; char *ptx; char *cubin; } Link;
+
+// Every allocation stays referenced from here, so leak checkers do not
+// report what a sticky error (or a function handle) leaves behind.
+static void *kept[1 << 16];
+static unsigned nkept;
+static void *keep(void *p) {
+  pthread_mutex_lock(&mu);
+  kept[nkept++ % (1 << 16)] = p;
+  pthread_mutex_unlock(&mu);
+  return p;
+}
+
+static void violation(const char *what) {
+  fprintf(stderr, "mock libcuda: %s\n", what);
+  __sync_fetch_and_add(&violations, 1);
+}
+// Every context-bound call: the primary context must be current and no sticky error pending.
+static CUresult bound(void) {
+  if (!inited) { violation("call before cuInit"); return 3; }
+  if (depth == 0 || stack[depth - 1] != CTX) { violation("no current context"); return 201; }
+  return sticky;
+}
+EXPORT int mock_violations(void) { return violations; }
+EXPORT int mock_refcount(void) { return refcount; }
+EXPORT int mock_live_modules(void) { return live_modules; }
+EXPORT int mock_depth(void) { return depth; }
+
+static CUresult error_name(CUresult r, const char **s) {
+  switch (r) {
+    case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
+    case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
+    case 218: *s = "CUDA_ERROR_INVALID_PTX"; return 0;
+    case 500: *s = "CUDA_ERROR_NOT_FOUND"; return 0;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
+    default: *s = 0; return 1;
+  }
+}
+static CUresult error_string(CUresult r, const char **s) {
+  *s = r == 700 ? "an illegal memory access was encountered" : "mock error";
+  return 0;
+}
+static CUresult init(unsigned flags) { (void)flags; inited = 1; return 0; }
+static CUresult driver_version(int *v) { *v = 12080; return 0; }
+static CUresult device_count(int *n) { *n = 1; return 0; }
+static CUresult device_get(int *d, int ordinal) { if (ordinal != 0) return 101; *d = 0; return 0; }
+static CUresult device_name(char *name, int len, int dev) {
+  (void)dev; snprintf(name, (size_t)len, "Mock GPU"); return 0;
+}
+static CUresult device_attribute(int *v, int attr, int dev) {
+  (void)dev;
+  switch (attr) {
+    case 75: *v = 9; return 0;     // compute capability major
+    case 76: *v = 0; return 0;     // minor
+    case 16: *v = 132; return 0;   // multiprocessors
+    case 97: *v = OPTIN; return 0; // opt-in shared memory
+    default: return 1;
+  }
+}
+static CUresult retain(void **ctx, int dev) {
+  (void)dev; pthread_mutex_lock(&mu); ++refcount; pthread_mutex_unlock(&mu); *ctx = CTX; return 0;
+}
+static CUresult release(int dev) {
+  (void)dev; pthread_mutex_lock(&mu);
+  if (--refcount < 0) violation("primary context released more often than retained");
+  pthread_mutex_unlock(&mu); return 0;
+}
+static CUresult push(void *ctx) {
+  if (ctx != CTX) { violation("push of a foreign context"); return 201; }
+  if (depth == 16) { violation("context stack overflow"); return 1; }
+  stack[depth++] = ctx; return 0;
+}
+static CUresult pop(void **ctx) {
+  if (depth == 0) { violation("pop of an empty stack"); return 201; }
+  *ctx = stack[--depth]; return 0;
+}
+// Options are (CUjit_option, value) pairs; the log buffers are recorded.
+static void jit_options(Link *l, unsigned n, int *opt, void **val) {
+  for (unsigned i = 0; i < n; ++i) {
+    if (opt[i] == 3) l->info = (char *)val[i];
+    if (opt[i] == 4) l->info_size = (unsigned)(uintptr_t)val[i];
+    if (opt[i] == 5) l->err = (char *)val[i];
+    if (opt[i] == 6) l->err_size = (unsigned)(uintptr_t)val[i];
+  }
+}
+static CUresult link_create(unsigned n, int *opt, void **val, void **state) {
+  CUresult r = bound(); if (r) return r;
+  Link *l = calloc(1, sizeof *l);
+  jit_options(l, n, opt, val);
+  if (!l->info || !l->err || !l->info_size || !l->err_size) violation("cuLinkCreate without log buffers");
+  *state = l; return 0;
+}
+static CUresult link_add(void *state, int type, void *data, size_t size, const char *name,
+                         unsigned n, int *o, void **v) {
+  (void)name; (void)n; (void)o; (void)v;
+  CUresult r = bound(); if (r) return r;
+  Link *l = state;
+  if (type != 1) { violation("input is not PTX"); return 1; }
+  if (size == 0 || ((char *)data)[size - 1] != 0) { violation("PTX size excludes its NUL"); return 1; }
+  if (strstr(data, "%nosuchreg")) {
+    snprintf(l->err, l->err_size, "ptxas application ptx input, line 8; error   : Unknown symbol '%%nosuchreg'");
+    return 218;
+  }
+  l->ptx = strdup(data); return 0;
+}
+static CUresult link_complete(void *state, void **cubin, size_t *size) {
+  CUresult r = bound(); if (r) return r;
+  Link *l = state;
+  if (!l->ptx) return 1;
+  size_t n = strlen(l->ptx) + 1;
+  l->cubin = malloc(4 + n);
+  memcpy(l->cubin, "\x7f" "ELF", 4);
+  memcpy(l->cubin + 4, l->ptx, n);
+  snprintf(l->info, l->info_size, "ptxas info    : Used 8 registers (mock)");
+  *cubin = l->cubin; *size = 4 + n; return 0;
+}
+static CUresult link_destroy(void *state) {
+  CUresult r = bound(); if (r) return r;
+  Link *l = state;
+  if (l->cubin) memset(l->cubin, 0, 4);  // the backend must have copied it
+  free(l->ptx); free(l->cubin); free(l); return 0;
+}
+static CUresult module_load(void **mod, const void *image, unsigned n, int *opt, void **val) {
+  CUresult r = bound(); if (r) return r;
+  Link logs = {0};
+  jit_options(&logs, n, opt, val);
+  const char *text;
+  if (memcmp(image, "\x7f" "ELF", 4) == 0) text = (const char *)image + 4;
+  else if (strncmp(image, ".version", 8) == 0) text = image;
+  else return 200;
+  if (strstr(text, "%nosuchreg")) {
+    if (logs.err) snprintf(logs.err, logs.err_size, "mock JIT: Unknown symbol '%%nosuchreg'");
+    return 218;
+  }
+  Module *m = keep(calloc(1, sizeof *m));
+  m->ptx = keep(strdup(text));
+  __sync_fetch_and_add(&live_modules, 1);
+  *mod = m; return 0;
+}
+static CUresult module_unload(void *mod) {
+  CUresult r = bound(); if (r) return r;
+  Module *m = mod;
+  free(m->ptx); free(m);
+  __sync_fetch_and_sub(&live_modules, 1); return 0;
+}
+static CUresult module_function(void **fn, void *mod, const char *name) {
+  CUresult r = bound(); if (r) return r;
+  Module *m = mod;
+  char key[96];
+  snprintf(key, sizeof key, ".entry %s(", name);
+  if (!strstr(m->ptx, key)) return 500;
+  Function *f = keep(calloc(1, sizeof *f));  // lives as long as the process
+  f->m = m;
+  snprintf(f->name, sizeof f->name, "%s", name);
+  snprintf(key, sizeof key, "%s_param[", name);
+  const char *p = strstr(m->ptx, key);
+  f->param = p ? (size_t)atoi(p + strlen(key)) : 0;
+  f->max_dyn = 48 * 1024;
+  *fn = f; return 0;
+}
+static CUresult func_get_attribute(int *v, int attr, void *fn) {
+  CUresult r = bound(); if (r) return r;
+  if (attr == 1) { *v = 0; return 0; }  // static shared memory
+  if (attr == 8) { *v = ((Function *)fn)->max_dyn; return 0; }
+  return 1;
+}
+static CUresult func_set_attribute(void *fn, int attr, int value) {
+  CUresult r = bound(); if (r) return r;
+  if (attr != 8 || value > OPTIN) return 1;
+  ((Function *)fn)->max_dyn = value; return 0;
+}
+static CUresult func_param_info(void *fn, size_t index, size_t *offset, size_t *size) {
+  Function *f = fn;
+  if (index != 0 || f->param == 0) return 1;
+  *offset = 0; if (size) *size = f->param; return 0;
+}
+static CUresult launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, unsigned smem, void *stream, void **params, void **extra) {
+  (void)stream;
+  CUresult r = bound(); if (r) return r;
+  Function *f = fn;
+  if (extra != 0 || params == 0) { violation("launch without kernelParams"); return 1; }
+  if ((int)smem > f->max_dyn) return 1;
+  if (gx * gy * gz == 0 || bx * by * bz == 0 || bx * by * bz > 1024) return 1;
+  const unsigned char *block = params[0];
+  unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+  if (strcmp(f->name, "fault") == 0) { sticky = 700; return 0; }
+  if (strcmp(f->name, "vec_add") == 0) {
+    float *a, *b, *c; unsigned n;
+    memcpy(&a, block, 8); memcpy(&b, block + 8, 8); memcpy(&c, block + 16, 8);
+    memcpy(&n, block + 24, 4);
+    for (unsigned i = 0; i < n && i < threads; ++i) c[i] = a[i] + b[i];
+    return 0;
+  }
+  if (strcmp(f->name, "smem_reverse") == 0) {
+    unsigned *out, n;
+    memcpy(&out, block, 8); memcpy(&n, block + 8, 4);
+    if ((unsigned long long)n * 4 > smem) { sticky = 700; return 0; }
+    for (unsigned i = 0; i < n; ++i) out[i] = 3 * (n - 1 - i) + 1;
+    return 0;
+  }
+  return 1;
+}
+static CUresult mem_alloc(CUdeviceptr *p, size_t bytes) {
+  CUresult r = bound(); if (r) return r;
+  void *m = keep(aligned_alloc(256, (bytes + 255) / 256 * 256));
+  if (!m) return 2;
+  *p = (CUdeviceptr)(uintptr_t)m; return 0;
+}
+static CUresult mem_free(CUdeviceptr p) {
+  CUresult r = bound(); if (r) return r;
+  free((void *)(uintptr_t)p); return 0;
+}
+static CUresult htod(CUdeviceptr d, const void *s, size_t n) {
+  CUresult r = bound(); if (r) return r;
+  memcpy((void *)(uintptr_t)d, s, n); return 0;
+}
+static CUresult dtoh(void *d, CUdeviceptr s, size_t n) {
+  CUresult r = bound(); if (r) return r;
+  memcpy(d, (void *)(uintptr_t)s, n); return 0;
+}
+static CUresult memset_d8(CUdeviceptr d, unsigned char v, size_t n) {
+  CUresult r = bound(); if (r) return r;
+  memset((void *)(uintptr_t)d, v, n); return 0;
+}
+static CUresult stream_sync(void *stream) { (void)stream; return bound(); }
+
+static const struct { const char *name; void *fn; } table[] = {
+  {"cuGetErrorName", (void *)error_name}, {"cuGetErrorString", (void *)error_string},
+  {"cuInit", (void *)init}, {"cuDriverGetVersion", (void *)driver_version},
+  {"cuDeviceGetCount", (void *)device_count}, {"cuDeviceGet", (void *)device_get},
+  {"cuDeviceGetName", (void *)device_name}, {"cuDeviceGetAttribute", (void *)device_attribute},
+  {"cuDevicePrimaryCtxRetain", (void *)retain}, {"cuDevicePrimaryCtxRelease", (void *)release},
+  {"cuCtxPushCurrent", (void *)push}, {"cuCtxPopCurrent", (void *)pop},
+  {"cuLinkCreate", (void *)link_create}, {"cuLinkAddData", (void *)link_add},
+  {"cuLinkComplete", (void *)link_complete}, {"cuLinkDestroy", (void *)link_destroy},
+  {"cuModuleLoadDataEx", (void *)module_load}, {"cuModuleUnload", (void *)module_unload},
+  {"cuModuleGetFunction", (void *)module_function},
+  {"cuFuncGetAttribute", (void *)func_get_attribute},
+  {"cuFuncSetAttribute", (void *)func_set_attribute},
+  {"cuFuncGetParamInfo", (void *)func_param_info}, {"cuLaunchKernel", (void *)launch},
+  {"cuMemAlloc", (void *)mem_alloc}, {"cuMemFree", (void *)mem_free},
+  {"cuMemcpyHtoD", (void *)htod}, {"cuMemcpyDtoH", (void *)dtoh},
+  {"cuMemsetD8", (void *)memset_d8}, {"cuStreamSynchronize", (void *)stream_sync},
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                    unsigned long long flags, int *status) {
+  *pfn = 0;
+  if (flags != 1) violation("lookup without CU_GET_PROC_ADDRESS_LEGACY_STREAM");
+  int want = strcmp(symbol, "cuFuncGetParamInfo") == 0 ? 12040 : 12000;
+  if (version != want) violation("lookup at an unexpected API version");
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
+    if (strcmp(table[i].name, symbol) == 0) {
+      *pfn = table[i].fn;
+      if (status) *status = 0;
+      return 0;
+    }
+  }
+  if (status) *status = 1;
+  return 500;
+}
+)MOCK";
+
+struct VecAddParams {
+  uint64_t a, b, c;
+  uint32_t n, pad;
+};
+static_assert(sizeof(VecAddParams) == 32, "matches vec_add_param[32]");
+
+struct SmemParams {
+  uint64_t out;
+  uint32_t n, pad;
+};
+static_assert(sizeof(SmemParams) == 16, "matches smem_reverse_param[16]");
+
+// ---------------------------------------------------------------------------
+// Child side (probe mode)
+// ---------------------------------------------------------------------------
+
+constexpr int kExitPass = 0;
+constexpr int kExitFail = 1;
+constexpr int kExitSkip = 77;
+
+void emit(const char *key, const std::string &value) {
+  // One line per value: newlines inside messages are flattened.
+  std::string flat = value;
+  for (char &c : flat) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::printf("probe:%s=%s\n", key, flat.c_str());
+  std::fflush(stdout);
+}
+
+// A failed check in a child: print where and why, exit 1.
+#define PROBE_CHECK(cond, ...)                                      \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      std::printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                                     \
+      std::printf("\n");                                            \
+      std::fflush(stdout);                                          \
+      std::_Exit(kExitFail);                                        \
+    }                                                               \
+  } while (0)
+
+// Checks that `call` returned `want`, printing the error message if not.
+#define PROBE_STATUS(want, call)                                                                   \
+  do {                                                                                             \
+    fa_status got_ = (call);                                                                       \
+    PROBE_CHECK(got_ == (want), "%s returned %s (%d), want %s: %s", #call, fa_status_string(got_), \
+                static_cast<int>(got_), fa_status_string(want), fa::last_error());                 \
+  } while (0)
+
+bool contains(const std::string &haystack, const char *needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// create twice on `device`; prints both outcomes (and the device on success).
+int probe_create(int device) {
+  std::unique_ptr<fa::Backend> first, second;
+  fa_status s1 = fa::create_cuda_backend(device, &first);
+  std::string m1 = fa::last_error();
+  fa_status s2 = fa::create_cuda_backend(device, &second);
+  std::string m2 = fa::last_error();
+  emit("status1", std::to_string(s1));
+  emit("message1", m1);
+  emit("status2", std::to_string(s2));
+  emit("message2", m2);
+  if (s1 == FA_SUCCESS) {
+    const fa::DeviceInfo &info = first->info();
+    emit("name", info.name);
+    emit("sm", std::to_string(info.sm));
+    emit("num_sms", std::to_string(info.num_sms));
+    emit("smem_optin", std::to_string(info.smem_per_block_optin));
+    emit("driver_version", std::to_string(info.driver_version));
+    emit("kind", std::to_string(first->kind()));
+  }
+  return kExitPass;
+}
+
+// A backend on device 0, or exit 77 (skip) when there is none.
+std::unique_ptr<fa::Backend> gpu_backend() {
+  std::unique_ptr<fa::Backend> backend;
+  fa_status s = fa::create_cuda_backend(0, &backend);
+  if (s != FA_SUCCESS) {
+    std::printf("no CUDA device: %s\n", fa::last_error());
+    std::fflush(stdout);
+    std::_Exit(kExitSkip);
+  }
+  return backend;
+}
+
+// Compiles `ptx` and loads `entry` from the cubin (from_binary) or the PTX.
+std::unique_ptr<fa::Kernel> compile_and_load(fa::Backend &b, const char *ptx, const char *entry,
+                                             uint32_t dynamic_smem, bool from_binary) {
+  std::vector<uint8_t> cubin;
+  std::string log;
+  std::unique_ptr<fa::Kernel> kernel;
+  if (from_binary) {
+    PROBE_STATUS(FA_SUCCESS, b.compile(ptx, &cubin, &log));
+    PROBE_CHECK(cubin.size() > 4 && std::memcmp(cubin.data(),
+                                                "\x7f"
+                                                "ELF",
+                                                4) == 0,
+                "compile gave %zu bytes, not an ELF cubin", cubin.size());
+    emit((std::string(entry) + "_jit_log").c_str(), log);
+    PROBE_STATUS(FA_SUCCESS, b.load("", cubin, entry, dynamic_smem, &kernel));
+  } else {
+    PROBE_STATUS(FA_SUCCESS, b.load(ptx, {}, entry, dynamic_smem, &kernel));
+  }
+  PROBE_CHECK(kernel != nullptr, "load gave no kernel");
+  return kernel;
+}
+
+// Runs vec_add on n elements through `kernel` and checks every output and
+// that nothing past n was written. Returns "" or a description of the failure.
+std::string run_vec_add(fa::Backend &b, fa::Kernel &kernel, uint32_t n, float seed) {
+  const uint32_t pad = 37;  // sentinel words after c[n-1]
+  std::vector<float> a(n), bv(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    a[i] = seed + 0.5f * static_cast<float>(i);
+    bv[i] = 3.0f - 0.25f * static_cast<float>(i) / (seed + 1.0f);
+  }
+  uint64_t da = 0, db = 0, dc = 0;
+  if (b.mem_alloc(n * 4, &da) || b.mem_alloc(n * 4, &db) || b.mem_alloc((n + pad) * 4, &dc)) {
+    return std::string("mem_alloc: ") + fa::last_error();
+  }
+  std::string error;
+  std::vector<uint32_t> c(n + pad, 0);
+  fa::LaunchGeometry g;
+  g.block[0] = 128;
+  g.grid[0] = (n + 127) / 128;
+  VecAddParams p{da, db, dc, n, 0};
+  if (b.copy_htod(da, a.data(), n * 4) || b.copy_htod(db, bv.data(), n * 4) ||
+      b.memset_d8(dc, 0xFF, (n + pad) * 4)) {
+    error = std::string("copy/memset: ") + fa::last_error();
+  } else if (b.launch(kernel, g, &p, sizeof p, nullptr) || b.synchronize(nullptr) ||
+             b.copy_dtoh(c.data(), dc, (n + pad) * 4)) {
+    error = std::string("launch/sync/copy: ") + fa::last_error();
+  } else {
+    for (uint32_t i = 0; i < n + pad && error.empty(); ++i) {
+      uint32_t want;
+      if (i < n) {
+        float sum = a[i] + bv[i];
+        std::memcpy(&want, &sum, 4);
+      } else {
+        want = 0xFFFFFFFFu;
+      }
+      if (c[i] != want) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "c[%u] = 0x%08x, want 0x%08x (n = %u)", i, c[i], want, n);
+        error = buf;
+      }
+    }
+  }
+  b.mem_free(da);
+  b.mem_free(db);
+  b.mem_free(dc);
+  return error;
+}
+
+// compile + load (cubin and PTX paths) + launch vec_add; checks values.
+int probe_vec_add() {
+  auto b = gpu_backend();
+  auto from_cubin = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
+  auto from_ptx = compile_and_load(*b, kVecAddPtx, "vec_add", 0, false);
+  for (uint32_t n : {1u, 127u, 1000u, 65537u}) {
+    std::string e = run_vec_add(*b, *from_cubin, n, 1.0f);
+    PROBE_CHECK(e.empty(), "cubin kernel: %s", e.c_str());
+    e = run_vec_add(*b, *from_ptx, n, 2.0f);
+    PROBE_CHECK(e.empty(), "PTX kernel: %s", e.c_str());
+  }
+  return kExitPass;
+}
+
+// A kernel using more than 48 KB of dynamic shared memory, and the limits.
+int probe_big_smem() {
+  auto b = gpu_backend();
+  const size_t optin = b->info().smem_per_block_optin;
+  const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(optin, 96 * 1024) & ~size_t{1023});
+  if (bytes <= 48 * 1024) {
+    std::printf("device allows only %zu bytes of shared memory per block\n", optin);
+    return kExitSkip;
+  }
+  emit("smem_bytes", std::to_string(bytes));
+  auto kernel = compile_and_load(*b, kSmemPtx, "smem_reverse", bytes, true);
+
+  const uint32_t n = bytes / 4, pad = 16;
+  uint64_t out = 0;
+  PROBE_STATUS(FA_SUCCESS, b->mem_alloc((n + pad) * 4, &out));
+  PROBE_STATUS(FA_SUCCESS, b->memset_d8(out, 0xFF, (n + pad) * 4));
+  fa::LaunchGeometry g;
+  g.block[0] = 256;
+  g.smem_bytes = bytes;
+  SmemParams p{out, n, 0};
+  PROBE_STATUS(FA_SUCCESS, b->launch(*kernel, g, &p, sizeof p, nullptr));
+  PROBE_STATUS(FA_SUCCESS, b->synchronize(nullptr));
+  std::vector<uint32_t> host(n + pad, 0);
+  PROBE_STATUS(FA_SUCCESS, b->copy_dtoh(host.data(), out, (n + pad) * 4));
+  for (uint32_t i = 0; i < n + pad; ++i) {
+    const uint32_t want = i < n ? 3 * (n - 1 - i) + 1 : 0xFFFFFFFFu;
+    PROBE_CHECK(host[i] == want, "out[%u] = %u, want %u", i, host[i], want);
+  }
+
+  // Asking a launch for more than the kernel was loaded for is refused.
+  g.smem_bytes = bytes + 1024;
+  PROBE_STATUS(FA_ERROR_INVALID_ARGUMENT, b->launch(*kernel, g, &p, sizeof p, nullptr));
+  // Loading for more than the device's opt-in limit fails clearly.
+  std::unique_ptr<fa::Kernel> too_big;
+  fa_status s =
+      b->load(kSmemPtx, {}, "smem_reverse", static_cast<uint32_t>(optin) + 1024, &too_big);
+  PROBE_CHECK(s == FA_ERROR_UNSUPPORTED && contains(fa::last_error(), "shared memory"),
+              "load above the opt-in limit returned %d: %s", s, fa::last_error());
+  PROBE_STATUS(FA_SUCCESS, b->mem_free(out));
+  return kExitPass;
+}
+
+// A faulting kernel: FA_ERROR_CUDA once, then FA_ERROR_RUNTIME_POISONED.
+int probe_fault() {
+  auto b = gpu_backend();
+  auto fault = compile_and_load(*b, kFaultPtx, "fault", 0, true);
+  auto vec_add = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
+  uint64_t buffer = 0;
+  PROBE_STATUS(FA_SUCCESS, b->mem_alloc(4096, &buffer));
+
+  fa::LaunchGeometry g;
+  uint64_t unused = 0;
+  fa_status s = b->launch(*fault, g, &unused, sizeof unused, nullptr);
+  std::string message = fa::last_error();
+  if (s == FA_SUCCESS) {  // usual: the fault is seen at synchronisation
+    s = b->synchronize(nullptr);
+    message = fa::last_error();
+  }
+  emit("fault_message", message);
+  PROBE_CHECK(s == FA_ERROR_CUDA, "the fault gave %s: %s", fa_status_string(s), message.c_str());
+  PROBE_CHECK(contains(message, "CUDA_ERROR_") && contains(message, "sticky"),
+              "message does not name the sticky error: %s", message.c_str());
+
+  // Every later call is refused, naming the original error.
+  std::vector<uint8_t> cubin;
+  std::string log;
+  std::unique_ptr<fa::Kernel> k;
+  uint64_t p = 0;
+  uint32_t word = 0;
+  VecAddParams params{buffer, buffer, buffer, 1, 0};
+  const fa_status later[] = {
+      b->synchronize(nullptr),
+      b->mem_alloc(256, &p),
+      b->copy_htod(buffer, &word, 4),
+      b->copy_dtoh(&word, buffer, 4),
+      b->memset_d8(buffer, 0, 4),
+      b->launch(*vec_add, g, &params, sizeof params, nullptr),
+      b->compile(kVecAddPtx, &cubin, &log),
+      b->load(kVecAddPtx, {}, "vec_add", 0, &k),
+      b->mem_free(buffer),
+  };
+  for (size_t i = 0; i < sizeof later / sizeof later[0]; ++i) {
+    PROBE_CHECK(later[i] == FA_ERROR_RUNTIME_POISONED, "later call %zu returned %s", i,
+                fa_status_string(later[i]));
+  }
+  PROBE_STATUS(FA_ERROR_RUNTIME_POISONED, b->synchronize(nullptr));
+  const std::string poisoned = fa::last_error();
+  emit("poisoned_message", poisoned);
+  PROBE_CHECK(contains(poisoned, "an earlier sticky CUDA error (CUDA_ERROR_") &&
+                  contains(poisoned, "destroy the runtime"),
+              "poisoned message: %s", poisoned.c_str());
+  // Teardown after a sticky error must not crash.
+  fault.reset();
+  vec_add.reset();
+  b.reset();
+  return kExitPass;
+}
+
+// Error paths that must not poison, memory helpers, device info.
+int probe_errors() {
+  auto b = gpu_backend();
+  const fa::DeviceInfo &info = b->info();
+  PROBE_CHECK(!info.name.empty() && info.sm >= 50 && info.num_sms > 0 &&
+                  info.smem_per_block_optin >= 48 * 1024 && info.driver_version >= 12000,
+              "implausible info: '%s' sm %d, %d SMs, %zu smem, driver %d", info.name.c_str(),
+              info.sm, info.num_sms, info.smem_per_block_optin, info.driver_version);
+  PROBE_CHECK(b->kind() == FA_BACKEND_CUDA, "kind %d", b->kind());
+
+  std::vector<uint8_t> cubin{1, 2, 3};
+  std::string log;
+  fa_status s = b->compile(kBadPtx, &cubin, &log);
+  PROBE_CHECK(s == FA_ERROR_COMPILE && cubin.empty() && std::strlen(fa::last_error()) > 0,
+              "bad PTX: %s, %zu bytes: %s", fa_status_string(s), cubin.size(), fa::last_error());
+  emit("compile_error", fa::last_error());
+  emit("compile_error_log", log);
+
+  std::unique_ptr<fa::Kernel> k;
+  s = b->load(kVecAddPtx, {}, "no_such_entry", 0, &k);
+  PROBE_CHECK(s == FA_ERROR_COMPILE && contains(fa::last_error(), "no_such_entry"),
+              "missing entry: %s: %s", fa_status_string(s), fa::last_error());
+  PROBE_STATUS(FA_ERROR_COMPILE,
+               b->load("", std::vector<uint8_t>{1, 2, 3, 4, 5}, "vec_add", 0, &k));
+  PROBE_STATUS(FA_ERROR_COMPILE, b->load(kBadPtx, {}, "bad", 0, &k));
+
+  auto vec_add = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
+  VecAddParams p{0, 0, 0, 0, 0};
+  fa::LaunchGeometry zero;
+  zero.grid[1] = 0;
+  PROBE_STATUS(FA_ERROR_INVALID_ARGUMENT, b->launch(*vec_add, zero, &p, sizeof p, nullptr));
+  if (info.driver_version >= 12040) {
+    // cuFuncGetParamInfo reports the 32-byte block: a shorter one is refused.
+    fa::LaunchGeometry g;
+    PROBE_STATUS(FA_ERROR_INVALID_ARGUMENT, b->launch(*vec_add, g, &p, 24, nullptr));
+  }
+
+  // Memory helpers.
+  const size_t bytes = 1 << 20;
+  uint64_t d = 0;
+  PROBE_STATUS(FA_ERROR_INVALID_ARGUMENT, b->mem_alloc(0, &d));
+  PROBE_STATUS(FA_SUCCESS, b->mem_alloc(bytes, &d));
+  PROBE_CHECK(d != 0 && d % 256 == 0, "allocation 0x%llx not 256-byte aligned",
+              static_cast<unsigned long long>(d));
+  std::vector<uint8_t> host(bytes, 0);
+  PROBE_STATUS(FA_SUCCESS, b->memset_d8(d, 0x5A, bytes));
+  PROBE_STATUS(FA_SUCCESS, b->copy_dtoh(host.data(), d, bytes));
+  for (size_t i = 0; i < bytes; ++i) PROBE_CHECK(host[i] == 0x5A, "byte %zu = %u", i, host[i]);
+  std::vector<uint8_t> pattern(1000);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  PROBE_STATUS(FA_SUCCESS, b->copy_htod(d + 4096 + 3, pattern.data(), pattern.size()));
+  PROBE_STATUS(FA_SUCCESS, b->copy_dtoh(host.data(), d, bytes));
+  for (size_t i = 0; i < bytes; ++i) {
+    const bool in = i >= 4099 && i < 4099 + pattern.size();
+    const uint8_t want = in ? pattern[i - 4099] : 0x5A;
+    PROBE_CHECK(host[i] == want, "byte %zu = %u, want %u", i, host[i], want);
+  }
+  PROBE_STATUS(FA_SUCCESS, b->copy_htod(d, pattern.data(), 0));
+  PROBE_STATUS(FA_SUCCESS, b->mem_free(d));
+  PROBE_STATUS(FA_SUCCESS, b->mem_free(0));
+  // None of the failures above was sticky.
+  PROBE_STATUS(FA_SUCCESS, b->synchronize(nullptr));
+  std::string e = run_vec_add(*b, *vec_add, 300, 5.0f);
+  PROBE_CHECK(e.empty(), "vec_add after the error paths: %s", e.c_str());
+  return kExitPass;
+}
+
+// Several threads share one backend and one kernel, each with its own data.
+int probe_threads() {
+  auto b = gpu_backend();
+  auto kernel = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
+  std::atomic<int> failures{0};
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread also JIT-compiles, to exercise concurrent cuLink*.
+      std::vector<uint8_t> cubin;
+      std::string log;
+      if (b->compile(kVecAddPtx, &cubin, &log) != FA_SUCCESS) {
+        errors[t] = std::string("compile: ") + fa::last_error();
+        ++failures;
+        return;
+      }
+      for (int i = 0; i < 20; ++i) {
+        std::string e = run_vec_add(*b, *kernel, 500 + 97 * t + i, static_cast<float>(t + i));
+        if (!e.empty()) {
+          errors[t] = e;
+          ++failures;
+          return;
+        }
+      }
+    });
+  }
+  for (auto &th : threads) th.join();
+  for (int t = 0; t < 4; ++t) PROBE_CHECK(errors[t].empty(), "thread %d: %s", t, errors[t].c_str());
+  PROBE_CHECK(failures == 0, "%d failures", failures.load());
+  return kExitPass;
+}
+
+// When the mock driver is the loaded libcuda.so.1, prints its counters
+// (after the probe destroyed everything it created).
+void emit_mock_counters() {
+  void *mock = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (mock == nullptr) return;
+  for (const char *name : {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules"}) {
+    auto fn = reinterpret_cast<int (*)()>(dlsym(mock, name));
+    if (fn != nullptr) emit(name, std::to_string(fn()));
+  }
+}
+
+// Kernels that outlive their backend still unload with the context current.
+int probe_lifetime() {
+  auto b = gpu_backend();
+  auto kernel = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
+  b.reset();
+  kernel.reset();
+  return kExitPass;
+}
+
+int probe_main(int argc, char **argv) {
+  alarm(300);  // a hung driver call ends the child, and the parent reports it
+  const std::string name = argv[2];
+  int rc = kExitFail;
+  if (name == "create") {
+    rc = probe_create(argc > 3 ? std::atoi(argv[3]) : 0);
+  } else if (name == "vec_add") {
+    rc = probe_vec_add();
+  } else if (name == "big_smem") {
+    rc = probe_big_smem();
+  } else if (name == "fault") {
+    rc = probe_fault();
+  } else if (name == "errors") {
+    rc = probe_errors();
+  } else if (name == "threads") {
+    rc = probe_threads();
+  } else if (name == "lifetime") {
+    rc = probe_lifetime();
+  } else {
+    std::printf("unknown probe %s\n", name.c_str());
+  }
+  emit_mock_counters();
+  return rc;
+}
+
+// ---------------------------------------------------------------------------
+// Parent side
+// ---------------------------------------------------------------------------
+
+struct ProbeResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+  std::string output;
+  std::map<std::string, std::string> values;
+
+  std::string get(const std::string &key) const {
+    auto it = values.find(key);
+    return it == values.end() ? std::string() : it->second;
+  }
+};
+
+// Runs this program with `--probe args...` (LD_LIBRARY_PATH replaced when
+// ld_library_path is set) and collects its output.
+ProbeResult run_probe(const std::vector<std::string> &args, const char *ld_library_path) {
+  ProbeResult result;
+  int fds[2];
+  if (pipe(fds) != 0) {
+    result.output = "pipe failed";
+    return result;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[1]);
+    if (ld_library_path != nullptr) setenv("LD_LIBRARY_PATH", ld_library_path, 1);
+    std::vector<std::string> storage = {"test_cuda_backend", "--probe"};
+    storage.insert(storage.end(), args.begin(), args.end());
+    std::vector<char *> argv;
+    for (auto &s : storage) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    std::_Exit(127);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    result.output = "fork failed";
+    return result;
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) result.output.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  size_t pos = 0;
+  while (pos < result.output.size()) {
+    size_t end = result.output.find('\n', pos);
+    if (end == std::string::npos) end = result.output.size();
+    std::string line = result.output.substr(pos, end - pos);
+    if (line.compare(0, 6, "probe:") == 0) {
+      size_t eq = line.find('=');
+      if (eq != std::string::npos) result.values[line.substr(6, eq - 6)] = line.substr(eq + 1);
+    }
+    pos = end + 1;
+  }
+  return result;
+}
+
+// Fails the test (printing the child's output) unless it exited 0; skips
+// it on 77.
+void expect_probe_passed(const ProbeResult &r) {
+  if (r.exit_code == kExitSkip) {
+    std::printf("%s", r.output.c_str());
+    skip();
+  }
+  if (r.exit_code != kExitPass) {
+    std::printf("probe output:\n%s\n", r.output.c_str());
+    if (r.signal != 0) fail_msg("probe killed by signal %d (%s)", r.signal, strsignal(r.signal));
+    fail_msg("probe exited with %d", r.exit_code);
+  }
+}
+
+// Shared by every test: what the ambient driver said, detected once.
+struct State {
+  ProbeResult ambient;
+  bool have_gpu = false;
+  bool built_without_cuda_h = false;
+  std::string reason;  // why there is no GPU
+};
+
+int group_setup(void **state) {
+  auto *s = new State;
+  s->ambient = run_probe({"create", "0"}, nullptr);
+  s->have_gpu = s->ambient.exit_code == 0 && s->ambient.get("status1") == "0";
+  s->reason = s->ambient.get("message1");
+  s->built_without_cuda_h = contains(s->reason, "built without cuda.h");
+  *state = s;
+  return 0;
+}
+
+int group_teardown(void **state) {
+  delete static_cast<State *>(*state);
+  return 0;
+}
+
+State &st(void **state) { return *static_cast<State *>(*state); }
+
+// GPU tests call this first.
+void require_gpu(void **state) {
+  if (!st(state).have_gpu) {
+    std::printf("no CUDA driver: %s\n", st(state).reason.c_str());
+    skip();
+  }
+}
+
+// --- tests without a GPU ----------------------------------------------------
+
+// The ambient driver: no GPU here gives NO_DRIVER/NO_DEVICE with a readable
+// message, the same on the second (call_once) call; a GPU gives sane info.
+void test_create_reports_status_twice(void **state) {
+  const ProbeResult &r = st(state).ambient;
+  if (r.exit_code != 0) {
+    std::printf("%s\n", r.output.c_str());
+    fail_msg("create probe exited %d, signal %d", r.exit_code, r.signal);
+  }
+  const std::string s1 = r.get("status1"), m1 = r.get("message1");
+  std::printf("create_cuda_backend(0): status %s, message \"%s\"\n", s1.c_str(), m1.c_str());
+  assert_string_equal(s1.c_str(), r.get("status2").c_str());
+  if (s1 == "0") {
+    assert_string_equal(r.get("kind").c_str(), "1");
+    assert_true(!r.get("name").empty());
+    assert_true(std::atoi(r.get("sm").c_str()) >= 50);
+    assert_true(std::atoi(r.get("num_sms").c_str()) > 0);
+    assert_true(std::atol(r.get("smem_optin").c_str()) >= 48 * 1024);
+    assert_true(std::atoi(r.get("driver_version").c_str()) >= 12000);
+    std::printf("device: %s sm_%s, %s SMs, driver %s\n", r.get("name").c_str(), r.get("sm").c_str(),
+                r.get("num_sms").c_str(), r.get("driver_version").c_str());
+    return;
+  }
+  const int status = std::atoi(s1.c_str());
+  assert_true(status == FA_ERROR_NO_DRIVER || status == FA_ERROR_NO_DEVICE);
+  assert_true(m1.size() > 20);
+  assert_string_equal(m1.c_str(), r.get("message2").c_str());
+  if (status == FA_ERROR_NO_DRIVER) {
+    assert_true(contains(m1, "libcuda.so.1") || contains(m1, "built without cuda.h") ||
+                contains(m1, "driver"));
+  }
+}
+
+// A device ordinal nobody has is NO_DEVICE (or NO_DRIVER without a driver).
+void test_create_bad_ordinal(void **state) {
+  ProbeResult r = run_probe({"create", "4096"}, nullptr);
+  assert_int_equal(r.exit_code, 0);
+  const int status = std::atoi(r.get("status1").c_str());
+  if (st(state).have_gpu) {
+    assert_int_equal(status, FA_ERROR_NO_DEVICE);
+    assert_true(contains(r.get("message1"), "4096"));
+  } else {
+    assert_true(status == FA_ERROR_NO_DRIVER || status == FA_ERROR_NO_DEVICE);
+  }
+  assert_true(!r.get("message1").empty());
+}
+
+// The fake libcuda.so.1 variants: C source of each.
+struct Fake {
+  const char *name;
+  bool has_gpa;         // exports cuGetProcAddress(_v2)
+  int version;          // cuDriverGetVersion
+  int init_result;      // cuInit
+  const char *missing;  // entry point cuGetProcAddress does not find
+  int device;           // ordinal the probe asks for
+  int want_status;
+  const char *want_text;  // must appear in the message
+};
+
+std::string fake_source(const Fake &f) {
+  std::string src;
+  src += "#define FAKE_HAS_GPA " + std::to_string(f.has_gpa ? 1 : 0) + "\n";
+  src += "#define FAKE_VERSION " + std::to_string(f.version) + "\n";
+  src += "#define FAKE_INIT_RESULT " + std::to_string(f.init_result) + "\n";
+  src += std::string("#define FAKE_MISSING \"") + f.missing + "\"\n";
+  src += R"(
+#include <stdio.h>
+#include <string.h>
+typedef int CUresult;
+#define EXPORT __attribute__((visibility("default")))
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = FAKE_VERSION; return 0; }
+EXPORT CUresult cuInit(unsigned flags) { (void)flags; return FAKE_INIT_RESULT; }
+static CUresult device_count(int *n) { *n = 1; return 0; }
+static CUresult error_name(CUresult r, const char **s) {
+  *s = r == 100 ? "CUDA_ERROR_NO_DEVICE" : "CUDA_ERROR_FAKE";
+  return 0;
+}
+static CUresult error_string(CUresult r, const char **s) {
+  *s = r == 100 ? "no CUDA-capable device is detected" : "fake";
+  return 0;
+}
+static CUresult unexpected(void) {
+  fprintf(stderr, "fake libcuda: unexpected call\n");
+  return 999;
+}
+#if FAKE_HAS_GPA
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                    unsigned long long flags, int *status) {
+  (void)version;
+  (void)flags;
+  *pfn = 0;
+  if (FAKE_MISSING[0] && strcmp(symbol, FAKE_MISSING) == 0) {
+    if (status) *status = 1;
+    return 500;
+  }
+  if (!strcmp(symbol, "cuDriverGetVersion")) *pfn = (void *)cuDriverGetVersion;
+  else if (!strcmp(symbol, "cuInit")) *pfn = (void *)cuInit;
+  else if (!strcmp(symbol, "cuDeviceGetCount")) *pfn = (void *)device_count;
+  else if (!strcmp(symbol, "cuGetErrorName")) *pfn = (void *)error_name;
+  else if (!strcmp(symbol, "cuGetErrorString")) *pfn = (void *)error_string;
+  else *pfn = (void *)unexpected;
+  if (status) *status = 0;
+  return 0;
+}
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                 unsigned long long flags) {
+  int status = 0;
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, &status);
+}
+#endif
+)";
+  return src;
+}
+
+bool have_cc() { return std::system("cc --version > /dev/null 2>&1") == 0; }
+
+// Builds FA_TEST_BINARY_DIR/fake_libcuda/NAME/libcuda.so.1; returns its
+// directory, or "" (with the reason printed) when it cannot.
+std::string build_fake(const Fake &f) {
+  std::string root = std::string(FA_TEST_BINARY_DIR) + "/fake_libcuda";
+  std::string dir = root + "/" + f.name;
+  mkdir(root.c_str(), 0755);
+  mkdir(dir.c_str(), 0755);
+  std::string src = dir + "/fake.c";
+  FILE *file = std::fopen(src.c_str(), "w");
+  if (file == nullptr) {
+    std::printf("cannot write %s\n", src.c_str());
+    return "";
+  }
+  std::string text = fake_source(f);
+  std::fwrite(text.data(), 1, text.size(), file);
+  std::fclose(file);
+  std::string cmd = "cc -shared -fPIC -o '" + dir + "/libcuda.so.1' '" + src + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    std::printf("'%s' failed\n", cmd.c_str());
+    return "";
+  }
+  return dir;
+}
+
+// Skips the fake-driver tests where they cannot say anything.
+void require_fake_prerequisites(void **state) {
+  if (st(state).built_without_cuda_h) {
+    std::printf("built without cuda.h: the loader is not compiled in\n");
+    skip();
+  }
+  if (!have_cc()) {
+    std::printf("no C compiler (cc) to build a fake libcuda.so.1\n");
+    skip();
+  }
+}
+
+void run_fake(void **state, const Fake &f) {
+  require_fake_prerequisites(state);
+  std::string dir = build_fake(f);
+  assert_false(dir.empty());
+  ProbeResult r = run_probe({"create", std::to_string(f.device)}, dir.c_str());
+  std::printf("fake libcuda '%s': status %s, message \"%s\"\n", f.name, r.get("status1").c_str(),
+              r.get("message1").c_str());
+  if (r.exit_code != 0) {
+    std::printf("%s\n", r.output.c_str());
+    fail_msg("probe exited %d, signal %d", r.exit_code, r.signal);
+  }
+  assert_int_equal(std::atoi(r.get("status1").c_str()), f.want_status);
+  assert_string_equal(r.get("status1").c_str(), r.get("status2").c_str());
+  assert_string_equal(r.get("message1").c_str(), r.get("message2").c_str());
+  if (!contains(r.get("message1"), f.want_text)) {
+    fail_msg("message \"%s\" does not mention \"%s\"", r.get("message1").c_str(), f.want_text);
+  }
+  // The message names the library that was loaded.
+  assert_true(contains(r.get("message1"), "libcuda.so.1") || f.want_status == FA_ERROR_NO_DEVICE);
+}
+
+void test_fake_driver_without_get_proc_address(void **state) {
+  run_fake(state, {"no_gpa", false, 12080, 0, "", 0, FA_ERROR_NO_DRIVER, "cuGetProcAddress"});
+}
+
+void test_fake_driver_too_old(void **state) {
+  run_fake(state, {"old", true, 9000, 0, "", 0, FA_ERROR_NO_DRIVER, "9.0 (9000)"});
+}
+
+void test_fake_driver_missing_entry_point(void **state) {
+  run_fake(state, {"missing", true, 12020, 0, "cuLinkCreate", 0, FA_ERROR_NO_DRIVER,
+                   "cuLinkCreate (not found)"});
+}
+
+void test_fake_driver_no_device(void **state) {
+  run_fake(state, {"no_device", true, 12080, 100, "", 0, FA_ERROR_NO_DEVICE,
+                   "cuInit failed: CUDA_ERROR_NO_DEVICE"});
+}
+
+void test_fake_driver_bad_ordinal(void **state) {
+  run_fake(state, {"ordinal", true, 12080, 0, "", 3, FA_ERROR_NO_DEVICE,
+                   "device 3 requested, but the driver sees 1 device"});
+}
+
+// The CUDA toolkit ships a stub libcuda.so for linking; loaded as the driver
+// it answers CUDA_ERROR_STUB_LIBRARY to everything.
+void test_toolkit_stub_library(void **state) {
+  require_fake_prerequisites(state);
+  std::string ptxas = FA_PTXAS_PATH;
+  std::string stub;
+  if (!ptxas.empty()) {
+    std::string root = ptxas.substr(0, ptxas.rfind('/'));  // .../bin
+    root = root.substr(0, root.rfind('/'));
+    for (const char *rel : {"/lib64/stubs/libcuda.so", "/targets/x86_64-linux/lib/stubs/libcuda.so",
+                            "/targets/sbsa-linux/lib/stubs/libcuda.so"}) {
+      if (access((root + rel).c_str(), R_OK) == 0) {
+        stub = root + rel;
+        break;
+      }
+    }
+  }
+  if (stub.empty()) {
+    std::printf("no CUDA toolkit stub libcuda.so found next to ptxas ('%s')\n", ptxas.c_str());
+    skip();
+  }
+  std::string root = std::string(FA_TEST_BINARY_DIR) + "/fake_libcuda";
+  std::string dir = root + "/stub";
+  mkdir(root.c_str(), 0755);
+  mkdir(dir.c_str(), 0755);
+  std::string link = dir + "/libcuda.so.1";
+  unlink(link.c_str());
+  assert_int_equal(symlink(stub.c_str(), link.c_str()), 0);
+  ProbeResult r = run_probe({"create", "0"}, dir.c_str());
+  std::printf("stub libcuda: status %s, message \"%s\"\n", r.get("status1").c_str(),
+              r.get("message1").c_str());
+  assert_int_equal(r.exit_code, 0);
+  assert_int_equal(std::atoi(r.get("status1").c_str()), FA_ERROR_NO_DRIVER);
+  assert_true(contains(r.get("message1"), "stub"));
+  assert_string_equal(r.get("message1").c_str(), r.get("message2").c_str());
+}
+
+// The PTX the GPU tests JIT must assemble (ptxas), so a GPU run does not
+// discover a typo in the test itself.
+void test_test_kernels_assemble(void **state) {
+  (void)state;
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
+    std::printf("no ptxas\n");
+    skip();
+  }
+  const std::string dir = std::string(FA_TEST_BINARY_DIR) + "/cuda_backend_ptx";
+  mkdir(dir.c_str(), 0755);
+  struct {
+    const char *name;
+    const char *text;
+    bool valid;
+  } modules[] = {{"vec_add", kVecAddPtx, true},
+                 {"smem", kSmemPtx, true},
+                 {"fault", kFaultPtx, true},
+                 {"bad", kBadPtx, false}};
+  for (const auto &m : modules) {
+    const std::string path = dir + "/" + m.name + ".ptx";
+    FILE *f = std::fopen(path.c_str(), "w");
+    assert_non_null(f);
+    std::fputs(m.text, f);
+    std::fclose(f);
+    for (const char *arch : {"sm_75", "sm_80", "sm_90"}) {
+      const std::string cmd = "'" + ptxas + "' -arch=" + arch + " '" + path + "' -o '" + path +
+                              "." + arch + ".cubin' > '" + path + ".log' 2>&1";
+      const int rc = std::system(cmd.c_str());
+      if ((rc == 0) != m.valid) fail_msg("ptxas %s on %s: exit %d", arch, m.name, rc);
+    }
+  }
+}
+
+// --- the backend against the mock driver (no GPU needed) ---------------------
+
+// Runs `probe` against the mock libcuda.so.1 and checks that it passed and
+// that the backend drove the driver correctly (no violations, balanced
+// push/pop, primary context released, modules unloaded).
+void run_on_mock(void **state, const char *probe, bool modules_unloaded) {
+  require_fake_prerequisites(state);
+  static std::string dir;  // built once per test process
+  if (dir.empty()) {
+    const std::string root = std::string(FA_TEST_BINARY_DIR) + "/fake_libcuda";
+    const std::string d = root + "/mock";
+    mkdir(root.c_str(), 0755);
+    mkdir(d.c_str(), 0755);
+    FILE *f = std::fopen((d + "/mock.c").c_str(), "w");
+    assert_non_null(f);
+    std::fputs(kMockDriverSource, f);
+    std::fclose(f);
+    const std::string cmd =
+        "cc -shared -fPIC -pthread -o '" + d + "/libcuda.so.1' '" + d + "/mock.c'";
+    assert_int_equal(std::system(cmd.c_str()), 0);
+    dir = d;
+  }
+  ProbeResult r = run_probe({probe}, dir.c_str());
+  expect_probe_passed(r);
+  if (r.get("mock_violations") != "0" || r.get("mock_depth") != "0" ||
+      r.get("mock_refcount") != "0" || (modules_unloaded && r.get("mock_live_modules") != "0")) {
+    std::printf("%s\n", r.output.c_str());
+    fail_msg("mock driver: %s violations, context depth %s, primary refcount %s, %s live modules",
+             r.get("mock_violations").c_str(), r.get("mock_depth").c_str(),
+             r.get("mock_refcount").c_str(), r.get("mock_live_modules").c_str());
+  }
+}
+
+void test_mock_vec_add(void **state) { run_on_mock(state, "vec_add", true); }
+void test_mock_dynamic_smem_above_48k(void **state) { run_on_mock(state, "big_smem", true); }
+// After the sticky error the mock refuses cuModuleUnload, as a real driver does.
+void test_mock_fault_poisons_backend(void **state) { run_on_mock(state, "fault", false); }
+void test_mock_error_paths_and_memory(void **state) { run_on_mock(state, "errors", true); }
+void test_mock_threads_share_backend(void **state) { run_on_mock(state, "threads", true); }
+void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, "lifetime", true); }
+
+// --- tests with a GPU -------------------------------------------------------
+
+void test_gpu_vec_add(void **state) {
+  require_gpu(state);
+  expect_probe_passed(run_probe({"vec_add"}, nullptr));
+}
+
+void test_gpu_dynamic_smem_above_48k(void **state) {
+  require_gpu(state);
+  expect_probe_passed(run_probe({"big_smem"}, nullptr));
+}
+
+void test_gpu_fault_poisons_backend(void **state) {
+  require_gpu(state);
+  ProbeResult r = run_probe({"fault"}, nullptr);
+  std::printf("fault: %s\nlater: %s\n", r.get("fault_message").c_str(),
+              r.get("poisoned_message").c_str());
+  expect_probe_passed(r);
+}
+
+void test_gpu_error_paths_and_memory(void **state) {
+  require_gpu(state);
+  ProbeResult r = run_probe({"errors"}, nullptr);
+  std::printf("compile error: %s\n", r.get("compile_error").c_str());
+  expect_probe_passed(r);
+}
+
+void test_gpu_threads_share_backend(void **state) {
+  require_gpu(state);
+  expect_probe_passed(run_probe({"threads"}, nullptr));
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--probe") == 0) return probe_main(argc, argv);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_create_reports_status_twice),
+      cmocka_unit_test(test_create_bad_ordinal),
+      cmocka_unit_test(test_fake_driver_without_get_proc_address),
+      cmocka_unit_test(test_fake_driver_too_old),
+      cmocka_unit_test(test_fake_driver_missing_entry_point),
+      cmocka_unit_test(test_fake_driver_no_device),
+      cmocka_unit_test(test_fake_driver_bad_ordinal),
+      cmocka_unit_test(test_toolkit_stub_library),
+      cmocka_unit_test(test_test_kernels_assemble),
+      cmocka_unit_test(test_mock_vec_add),
+      cmocka_unit_test(test_mock_dynamic_smem_above_48k),
+      cmocka_unit_test(test_mock_fault_poisons_backend),
+      cmocka_unit_test(test_mock_error_paths_and_memory),
+      cmocka_unit_test(test_mock_threads_share_backend),
+      cmocka_unit_test(test_mock_kernel_outlives_backend),
+      cmocka_unit_test(test_gpu_vec_add),
+      cmocka_unit_test(test_gpu_dynamic_smem_above_48k),
+      cmocka_unit_test(test_gpu_fault_poisons_backend),
+      cmocka_unit_test(test_gpu_error_paths_and_memory),
+      cmocka_unit_test(test_gpu_threads_share_backend),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
