@@ -114,7 +114,8 @@ void attention(const Problem &p, const double *q, const double *k, const double 
         if (l > 0) {
           for (int c = 0; c < dv; ++c) oi[c] /= l;
         }
-        if (lse) lse[(size_t(b) * p.num_heads_q + h) * p.seqlen_q + i] = l > 0 ? m + std::log(l) : ninf;
+        if (lse)
+          lse[(size_t(b) * p.num_heads_q + h) * p.seqlen_q + i] = l > 0 ? m + std::log(l) : ninf;
       }
     }
   }

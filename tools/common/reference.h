@@ -43,10 +43,10 @@ void merge_states(int splits, int rows, int dv, const double *o_part, const doub
 
 // Error summary of `got` against `ref` (n elements).
 struct ErrorStats {
-  double max_abs = 0;      // max |got - ref|
-  double max_ref = 0;      // max |ref|
-  double rel_l2 = 0;       // ||got - ref||_2 / ||ref||_2
-  long long nonfinite = 0; // NaN or inf elements in got
+  double max_abs = 0;       // max |got - ref|
+  double max_ref = 0;       // max |ref|
+  double rel_l2 = 0;        // ||got - ref||_2 / ||ref||_2
+  long long nonfinite = 0;  // NaN or inf elements in got
 };
 ErrorStats compare(const float *got, const double *ref, size_t n);
 

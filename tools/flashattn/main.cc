@@ -1,2 +1,251 @@
-// Placeholder until the CLI lands.
-int main() { return 0; }
+// `flashattn`: generate kernels, run attention on .npy files against an fp64
+// reference, and inspect the kernel cache. This file only parses the command
+// line; the commands live in commands.h.
+#include <CLI/CLI.hpp>
+
+#include <climits>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "flashattn.h"
+
+namespace {
+
+using fa::cli::AttentionOptions;
+
+const char kToleranceText[] =
+    "Check: the output is compared with an fp64 reference computed on the same\n"
+    "rounded inputs. PASS needs, for O: max_abs <= atol * max(1, max|ref|) with\n"
+    "atol = 1e-2 for fp16 and 2e-2 for bf16, rel_l2 < 1e-2 and no non-finite\n"
+    "value; the same max_abs rule for LSE (where -inf must match exactly) and,\n"
+    "with --ref, for O against that file.\n"
+    "Exit status: 0 PASS, 1 FAIL or runtime failure, 2 usage error.";
+
+// Options common to generate, run and decode.
+void add_attention_options(CLI::App *app, AttentionOptions *a, bool dtype_required) {
+  auto *dt = app->add_option("--dtype", a->dtype, "Element type of Q, K, V and O: fp16 or bf16")
+                 ->check(CLI::IsMember({"fp16", "bf16"}));
+  if (dtype_required) {
+    dt->required();
+  } else {
+    dt->capture_default_str();
+  }
+  app->add_flag("--causal", a->causal, "Causal mask, bottom-right aligned");
+  app->add_option("--window-left", a->window_left,
+                  "Sliding window: keys left of the diagonal (-1 = unbounded)")
+      ->check(CLI::Range(-1, INT_MAX))
+      ->capture_default_str();
+  app->add_option("--window-right", a->window_right,
+                  "Sliding window: keys right of the diagonal (-1 = unbounded)")
+      ->check(CLI::Range(-1, INT_MAX))
+      ->capture_default_str();
+  app->add_option("--softcap", a->softcap, "Score soft-capping: s = X * tanh(s / X); 0 = off")
+      ->capture_default_str();
+  app->add_option("--softmax-scale", a->softmax_scale, "Score scale; 0 = 1/sqrt(head_dim)")
+      ->capture_default_str();
+}
+
+void add_backend_option(CLI::App *app, std::string *backend) {
+  app->add_option("--backend", *backend,
+                  "auto (cuda when a GPU exists, else emulator), cuda or emulator")
+      ->check(CLI::IsMember({"auto", "cuda", "emulator"}))
+      ->capture_default_str();
+}
+
+// Makes a parse error one line.
+std::string one_line(std::string s) {
+  for (char &c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// The deepest subcommand named on the command line ("flashattn cache list").
+std::string command_path(const CLI::App &app) {
+  std::string path = "flashattn";
+  const CLI::App *cur = &app;
+  while (cur) {
+    const auto subs = cur->get_subcommands();
+    if (subs.empty()) break;
+    cur = subs.front();
+    path += " " + cur->get_name();
+  }
+  return path;
+}
+
+bool has_subcommand(CLI::App *app, const std::string &name) {
+  return !app->get_subcommands([&](CLI::App *s) { return s->get_name() == name; }).empty();
+}
+
+int run_main(int argc, char **argv) {
+  CLI::App app{
+      "flashattn: generate, run and cache FlashAttention kernels (PTX, CUDA or the CPU emulator)",
+      "flashattn"};
+  app.set_version_flag("--version", std::string("flashattn ") + fa_version_string());
+  app.require_subcommand(1);
+  app.footer(
+      "Run 'flashattn SUBCOMMAND --help' for its options.\n"
+      "Exit status: 0 success (PASS), 1 FAIL or runtime failure, 2 usage error.");
+
+  // generate
+  fa::cli::GenerateOptions gen;
+  gen.attn.dtype = "";
+  CLI::App *g = app.add_subcommand("generate", "Print the PTX module of a kernel (needs no GPU)");
+  g->add_option("--kind", gen.kind, "Kernel: forward, decode or reduce")
+      ->required()
+      ->check(CLI::IsMember({"forward", "decode", "reduce"}));
+  add_attention_options(g, &gen.attn, true);
+  g->add_option("--head-dim", gen.head_dim, "head_dim of Q and K (multiple of 8, 8..256)")
+      ->required();
+  g->add_option("--head-dim-v", gen.head_dim_v, "head_dim of V and O; 0 = head_dim")
+      ->capture_default_str();
+  g->add_option("--heads-q", gen.heads_q, "num_heads_q")->required();
+  g->add_option("--heads-kv", gen.heads_kv, "num_heads_kv (divides num_heads_q)")->required();
+  g->add_option("--sm", gen.sm, "Target SM: 80, 86, 89 or 90")->required();
+  g->add_option("-o,--output", gen.output, "Write the PTX to FILE instead of stdout")
+      ->type_name("FILE");
+
+  // run
+  fa::cli::RunOptions run;
+  CLI::App *r = app.add_subcommand(
+      "run", "Run the forward kernel on Q/K/V .npy files and check it against an fp64 reference");
+  r->add_option("--q", run.q, "Q [batch, seqlen_q, heads_q, head_dim], any float dtype")
+      ->required()
+      ->type_name("Q.npy");
+  r->add_option("--k", run.k, "K [batch, seqlen_k, heads_kv, head_dim]")
+      ->required()
+      ->type_name("K.npy");
+  r->add_option("--v", run.v, "V [batch, seqlen_k, heads_kv, head_dim_v]")
+      ->required()
+      ->type_name("V.npy");
+  add_attention_options(r, &run.attn, false);
+  add_backend_option(r, &run.backend);
+  r->add_option("--out", run.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")
+      ->required()
+      ->type_name("O.npy");
+  r->add_option("--lse-out", run.lse_out, "Write LSE as float32 [batch, heads_q, seqlen_q]")
+      ->type_name("LSE.npy");
+  r->add_option("--ref", run.ref, "Also compare O with this reference output")
+      ->type_name("O_ref.npy");
+  r->footer(kToleranceText);
+
+  // decode
+  fa::cli::RunOptions dec;
+  CLI::App *d = app.add_subcommand("decode",
+                                   "Run Flash-Decoding (split-KV + combine) on .npy files and "
+                                   "check it against an fp64 reference");
+  d->add_option("--q", dec.q, "Q [batch, seqlen_q, heads_q, head_dim], any float dtype")
+      ->required()
+      ->type_name("Q.npy");
+  d->add_option("--k-cache", dec.k, "K cache [batch, seqlen_k_max, heads_kv, head_dim]")
+      ->required()
+      ->type_name("K.npy");
+  d->add_option("--v-cache", dec.v, "V cache [batch, seqlen_k_max, heads_kv, head_dim_v]")
+      ->required()
+      ->type_name("V.npy");
+  d->add_option("--cache-seqlens", dec.cache_seqlens,
+                "Valid keys per sequence, integer [batch], each in [0, seqlen_k_max]")
+      ->required()
+      ->type_name("S.npy");
+  d->add_option("--num-splits", dec.num_splits, "KV splits per sequence; 0 = automatic")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  add_attention_options(d, &dec.attn, false);
+  add_backend_option(d, &dec.backend);
+  d->add_option("--out", dec.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")
+      ->required()
+      ->type_name("O.npy");
+  d->add_option("--lse-out", dec.lse_out, "Write LSE as float32 [batch, heads_q, seqlen_q]")
+      ->type_name("LSE.npy");
+  d->add_option("--ref", dec.ref, "Also compare O with this reference output")
+      ->type_name("O_ref.npy");
+  d->footer(kToleranceText);
+
+  // cache
+  fa::cli::CacheOptions cache;
+  CLI::App *c = app.add_subcommand(
+      "cache",
+      "Inspect or clear the on-disk kernel cache (uses the emulator runtime: no GPU needed)");
+  c->require_subcommand(1);
+  const struct {
+    const char *name, *help;
+  } kCacheActions[] = {
+      {"stats",
+       "Print the cache path, whether it is on disk (or why not), entries, bytes, counters"},
+      {"list", "Print one line per stored kernel: key, spec, sm, sizes, hits, last used"},
+      {"clear", "Delete every stored kernel"}};
+  for (const auto &a : kCacheActions) {
+    CLI::App *s = c->add_subcommand(a.name, a.help);
+    s->add_option("--cache-dir", cache.cache_dir,
+                  "Cache directory (default: $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn, "
+                  "~/.cache/flashattn)")
+        ->type_name("DIR");
+    s->callback([&cache, s] { cache.action = s->get_name(); });
+  }
+
+  // CLI11 reports an unknown subcommand as a missing one; name it instead.
+  if (argc > 1 && argv[1][0] != '-' && !has_subcommand(&app, argv[1])) {
+    std::fprintf(stderr,
+                 "flashattn: error: unknown subcommand '%s' (generate, run, decode or cache; see "
+                 "'flashattn --help')\n",
+                 argv[1]);
+    return fa::cli::kExitUsage;
+  }
+  if (argc > 1 && argv[1][0] == '-') {
+    const std::string a = argv[1];
+    if (a != "-h" && a != "--help" && a != "--version") {
+      std::fprintf(stderr, "flashattn: error: unknown option '%s' (see 'flashattn --help')\n",
+                   argv[1]);
+      return fa::cli::kExitUsage;
+    }
+  }
+  if (argc > 2 && std::string(argv[1]) == "cache" && argv[2][0] != '-' &&
+      !has_subcommand(c, argv[2])) {
+    std::fprintf(stderr,
+                 "flashattn cache: error: unknown action '%s' (stats, list or clear; see "
+                 "'flashattn cache --help')\n",
+                 argv[2]);
+    return fa::cli::kExitUsage;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    const std::string name = e.get_name();
+    if (name == "CallForHelp" || name == "CallForAllHelp" || name == "CallForVersion") {
+      return app.exit(e);
+    }
+    std::fprintf(stderr, "%s: error: %s (see '%s --help')\n", command_path(app).c_str(),
+                 one_line(e.what()).c_str(), command_path(app).c_str());
+    return fa::cli::kExitUsage;
+  }
+
+  try {
+    if (*g) {
+      gen.attn.dtype = gen.attn.dtype.empty() ? "fp16" : gen.attn.dtype;
+      return fa::cli::cmd_generate(gen);
+    }
+    if (*r) return fa::cli::cmd_run(run);
+    if (*d) return fa::cli::cmd_decode(dec);
+    if (*c) return fa::cli::cmd_cache(cache);
+  } catch (const fa::cli::Failure &f) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", command_path(app).c_str(), one_line(f.what()).c_str());
+    return f.code;
+  }
+  return fa::cli::kExitUsage;  // unreachable: a subcommand is required
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception &e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "flashattn: internal error: %s\n", one_line(e.what()).c_str());
+    return fa::cli::kExitFail;
+  }
+}

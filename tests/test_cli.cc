@@ -1,0 +1,632 @@
+// The `flashattn` program, run as a child process (FA_CLI_PATH): help and
+// version, PTX generation, every kind of bad argument (usage errors exit 2
+// with one line on stderr, never a signal), and `run` / `decode` / `cache`
+// end to end on the emulator, with the written O and LSE files checked
+// against the fp64 reference independently of the program's own verdict.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+#include "npy.h"
+#include "reference.h"
+
+// cmocka last: its fail() macro clashes with std::basic_ios::fail.
+#include "support/cmocka.hh"
+
+extern char **environ;
+
+namespace {
+
+const char *const kCli = FA_CLI_PATH;
+std::string g_dir;  // scratch directory of this test
+
+std::string path_of(const std::string &name) { return g_dir + "/" + name; }
+
+std::string read_text(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  bool exited = false, signaled = false;
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the program with `args`, stdout and stderr captured in files.
+Result run_cli(const std::vector<std::string> &args) {
+  const std::string out_path = path_of("stdout.txt"), err_path = path_of("stderr.txt");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> all = {kCli};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (auto &a : all) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawn(&pid, kCli, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  assert_int_equal(rc, 0);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  Result r;
+  r.exited = WIFEXITED(status);
+  r.signaled = WIFSIGNALED(status);
+  r.code = r.exited ? WEXITSTATUS(status) : -1;
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+std::string join(const std::vector<std::string> &args) {
+  std::string s;
+  for (const auto &a : args) s += " " + a;
+  return s;
+}
+
+bool contains(const std::string &hay, const std::string &needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+void expect(bool cond, const std::vector<std::string> &args, const Result &r, const char *what) {
+  if (cond) return;
+  std::fprintf(stderr, "flashattn%s: %s\n  exit %d (signaled %d)\n  stdout: %s\n  stderr: %s\n",
+               join(args).c_str(), what, r.code, r.signaled, r.out.c_str(), r.err.c_str());
+  fail();
+}
+
+void skip_without_cli() {
+  if (kCli[0] == 0) skip();
+}
+
+// ---- inputs -------------------------------------------------------------
+
+std::vector<float> randn(size_t n, std::mt19937 *rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto &x : v) x = nd(*rng);
+  return v;
+}
+
+void write_npy(const std::string &name, const fa::npy::Array &a) {
+  std::string err;
+  if (!fa::npy::write(path_of(name), a, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    fail();
+  }
+}
+
+fa::npy::Array read_npy(const std::string &name) {
+  fa::npy::Array a;
+  std::string err;
+  if (!fa::npy::read(path_of(name), &a, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    fail();
+  }
+  return a;
+}
+
+// Writes `values` (float32 data) in the given .npy dtype.
+void write_as(const std::string &name, const std::vector<int64_t> &shape,
+              const std::vector<float> &values, fa::npy::DType t) {
+  if (t == fa::npy::DType::F32) {
+    write_npy(name, fa::npy::from_f32(shape, values.data()));
+  } else if (t == fa::npy::DType::F64) {
+    const std::vector<double> d(values.begin(), values.end());
+    write_npy(name, fa::npy::from_f64(shape, d.data()));
+  } else {
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bits[i] = fa::ref::f32_to_f16(values[i]);
+    write_npy(name, fa::npy::from_f16_bits(shape, bits.data()));
+  }
+}
+
+// One attention problem written as .npy files, with its fp64 reference on the
+// inputs rounded as the program rounds them.
+struct Case {
+  int b = 1, sq = 1, sk = 1, hq = 1, hkv = 1, d = 64, dv = 64;
+  bool bf16 = false, causal = false;
+  int wl = -1, wr = -1;
+  double softcap = 0, scale = 0;
+  std::vector<int32_t> seqlens;  // decode only
+  fa::npy::DType file_type = fa::npy::DType::F32;
+  std::vector<double> o_ref, lse_ref;
+};
+
+void write_inputs(Case *c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<float> q = randn(size_t(c->b) * c->sq * c->hq * c->d, &rng);
+  const std::vector<float> k = randn(size_t(c->b) * c->sk * c->hkv * c->d, &rng);
+  const std::vector<float> v = randn(size_t(c->b) * c->sk * c->hkv * c->dv, &rng);
+  write_as("q.npy", {c->b, c->sq, c->hq, c->d}, q, c->file_type);
+  write_as("k.npy", {c->b, c->sk, c->hkv, c->d}, k, c->file_type);
+  write_as("v.npy", {c->b, c->sk, c->hkv, c->dv}, v, c->file_type);
+  if (!c->seqlens.empty()) {
+    write_npy("s.npy", fa::npy::from_i32({c->b}, c->seqlens.data()));
+  }
+  // The program first narrows to float (f16 files: exact), then rounds.
+  auto rounded = [&](const std::vector<float> &x) {
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      float f = x[i];
+      if (c->file_type == fa::npy::DType::F16) f = fa::ref::round_to(f, false);
+      out[i] = fa::ref::round_to(f, c->bf16);
+    }
+    return out;
+  };
+  fa::ref::Problem p;
+  p.batch = c->b;
+  p.seqlen_q = c->sq;
+  p.seqlen_k = c->sk;
+  p.num_heads_q = c->hq;
+  p.num_heads_kv = c->hkv;
+  p.head_dim = c->d;
+  p.head_dim_v = c->dv;
+  p.causal = c->causal;
+  p.window_left = c->wl;
+  p.window_right = c->wr;
+  p.softmax_scale = float(c->scale);
+  p.softcap = float(c->softcap);
+  c->o_ref.assign(size_t(c->b) * c->sq * c->hq * c->dv, 0);
+  c->lse_ref.assign(size_t(c->b) * c->hq * c->sq, 0);
+  fa::ref::attention(p, rounded(q).data(), rounded(k).data(), rounded(v).data(), c->o_ref.data(),
+                     c->lse_ref.data(), c->seqlens.empty() ? nullptr : c->seqlens.data());
+}
+
+std::vector<std::string> option_args(const Case &c) {
+  std::vector<std::string> a = {"--dtype", c.bf16 ? "bf16" : "fp16", "--backend", "emulator"};
+  if (c.causal) a.push_back("--causal");
+  if (c.wl >= 0) a.insert(a.end(), {"--window-left", std::to_string(c.wl)});
+  if (c.wr >= 0) a.insert(a.end(), {"--window-right", std::to_string(c.wr)});
+  if (c.softcap > 0) a.insert(a.end(), {"--softcap", std::to_string(c.softcap)});
+  if (c.scale > 0) a.insert(a.end(), {"--softmax-scale", std::to_string(c.scale)});
+  return a;
+}
+
+// Checks the O.npy / LSE.npy files written by the program against the case's
+// reference, with the tolerance the program documents.
+void check_outputs(const Case &c) {
+  const fa::npy::Array o = read_npy("o.npy");
+  assert_true(o.dtype == fa::npy::DType::F32);
+  assert_true((o.shape == std::vector<int64_t>{c.b, c.sq, c.hq, c.dv}));
+  const std::vector<float> ov = o.to_f32();
+  const fa::ref::ErrorStats e = fa::ref::compare(ov.data(), c.o_ref.data(), ov.size());
+  const double atol = c.bf16 ? 2e-2 : 1e-2;
+  if (e.nonfinite || e.max_abs > atol * std::max(1.0, e.max_ref) || e.rel_l2 >= 1e-2) {
+    std::fprintf(stderr, "O.npy: max_abs %g, rel_l2 %g, non-finite %lld\n", e.max_abs, e.rel_l2,
+                 e.nonfinite);
+    fail();
+  }
+  const fa::npy::Array l = read_npy("lse.npy");
+  assert_true(l.dtype == fa::npy::DType::F32);
+  assert_true((l.shape == std::vector<int64_t>{c.b, c.hq, c.sq}));
+  const std::vector<float> lv = l.to_f32();
+  for (size_t i = 0; i < lv.size(); ++i) {
+    const double r = c.lse_ref[i];
+    if (std::isinf(r)) {
+      assert_true(std::isinf(lv[i]) && lv[i] < 0);
+    } else if (!(std::fabs(lv[i] - r) <= 2e-3 * std::max(1.0, std::fabs(r)))) {
+      std::fprintf(stderr, "LSE.npy[%zu] = %g, reference %g\n", i, double(lv[i]), r);
+      fail();
+    }
+  }
+}
+
+// Runs `run` (or `decode`) on the case and expects PASS, exit 0 and correct
+// files.
+void run_case(Case c, bool decode, uint32_t seed, int num_splits = 0) {
+  write_inputs(&c, seed);
+  std::remove(path_of("o.npy").c_str());
+  std::remove(path_of("lse.npy").c_str());
+  std::vector<std::string> args;
+  if (decode) {
+    args = {"decode",         "--q",          path_of("q.npy"),          "--k-cache",
+            path_of("k.npy"), "--v-cache",    path_of("v.npy"),          "--cache-seqlens",
+            path_of("s.npy"), "--num-splits", std::to_string(num_splits)};
+  } else {
+    args = {"run", "--q", path_of("q.npy"), "--k", path_of("k.npy"), "--v", path_of("v.npy")};
+  }
+  const auto opts = option_args(c);
+  args.insert(args.end(), opts.begin(), opts.end());
+  args.insert(args.end(), {"--out", path_of("o.npy"), "--lse-out", path_of("lse.npy")});
+  const Result r = run_cli(args);
+  expect(!r.signaled, args, r, "killed by a signal");
+  expect(r.code == 0, args, r, "exit status is not 0");
+  expect(contains(r.out, "\nPASS"), args, r, "no PASS line");
+  for (const char *line : {"backend:", "device:", "launch:", "cache:", "error O:", "error LSE:"}) {
+    expect(contains(r.out, line), args, r, line);
+  }
+  expect(contains(r.out, "warm"), args, r, "no warm launch time");
+  expect(!decode || contains(r.out, "splits:"), args, r, "no splits line");
+  check_outputs(c);
+}
+
+// ---- tests ----------------------------------------------------------------
+
+void test_help(void **) {
+  skip_without_cli();
+  const struct {
+    std::vector<std::string> args;
+    std::vector<const char *> mentions;
+  } kCases[] = {
+      {{"--help"}, {"generate", "run", "decode", "cache", "--version"}},
+      {{"generate", "--help"},
+       {"--kind", "--dtype", "--head-dim", "--head-dim-v", "--heads-q", "--heads-kv", "--sm",
+        "--causal", "--window-left", "--window-right", "--softcap", "-o"}},
+      {{"run", "--help"},
+       {"--q", "--k", "--v", "--dtype", "--causal", "--window-left", "--window-right", "--softcap",
+        "--softmax-scale", "--backend", "--out", "--lse-out", "--ref", "1e-2", "2e-2", "rel_l2"}},
+      {{"decode", "--help"},
+       {"--q", "--k-cache", "--v-cache", "--cache-seqlens", "--num-splits", "--dtype", "--causal",
+        "--window-left", "--softcap", "--softmax-scale", "--backend", "--out", "--lse-out"}},
+      {{"cache", "--help"}, {"stats", "list", "clear"}},
+      {{"cache", "stats", "--help"}, {"--cache-dir"}},
+      {{"cache", "list", "--help"}, {"--cache-dir"}},
+      {{"cache", "clear", "--help"}, {"--cache-dir"}},
+  };
+  for (const auto &c : kCases) {
+    const Result r = run_cli(c.args);
+    expect(r.exited && r.code == 0, c.args, r, "--help did not exit 0");
+    for (const char *m : c.mentions) expect(contains(r.out, m), c.args, r, m);
+  }
+}
+
+void test_version(void **) {
+  skip_without_cli();
+  const Result r = run_cli({"--version"});
+  expect(r.code == 0, {"--version"}, r, "exit status");
+  expect(contains(r.out, fa_version_string()), {"--version"}, r, "version text");
+}
+
+void test_generate(void **) {
+  skip_without_cli();
+  for (const char *kind : {"forward", "decode", "reduce"}) {
+    for (const char *dtype : {"fp16", "bf16"}) {
+      std::vector<std::string> args = {"generate",   "--kind", kind,        "--dtype", dtype,
+                                       "--head-dim", "64",     "--heads-q", "4",       "--heads-kv",
+                                       "2",          "--sm",   "80"};
+      const Result r = run_cli(args);
+      expect(r.code == 0 && !r.signaled, args, r, "exit status");
+      expect(r.out.rfind("//", 0) == 0 || r.out.rfind(".version", 0) == 0, args, r,
+             "PTX does not start with // or .version");
+      expect(contains(r.out, ".entry"), args, r, "no .entry");
+      expect(contains(r.out, ".target sm_80"), args, r, "no .target sm_80");
+      // -o writes the same bytes, and generation is deterministic.
+      args.insert(args.end(), {"-o", path_of("k.ptx")});
+      const Result f = run_cli(args);
+      expect(f.code == 0 && f.out.empty(), args, f, "-o run");
+      expect(read_text(path_of("k.ptx")) == r.out, args, f, "-o file differs from stdout");
+    }
+  }
+  // Options that change the kernel change the PTX.
+  const std::vector<std::string> base = {
+      "generate",  "--kind", "forward",    "--dtype", "fp16", "--head-dim", "128",
+      "--heads-q", "2",      "--heads-kv", "2",       "--sm", "80"};
+  std::vector<std::string> variant = base;
+  variant.insert(variant.end(), {"--head-dim-v", "64"});
+  const Result a = run_cli(base), b = run_cli(variant);
+  expect(a.code == 0 && b.code == 0, variant, b, "exit status");
+  expect(a.out != b.out, variant, b, "--head-dim-v did not change the PTX");
+}
+
+void test_bad_arguments(void **) {
+  skip_without_cli();
+  // Valid inputs, plus malformed and mismatched ones.
+  std::mt19937 rng(3);
+  write_npy("q.npy", fa::npy::from_f32({1, 4, 2, 64}, randn(512, &rng).data()));
+  write_npy("k.npy", fa::npy::from_f32({1, 6, 1, 64}, randn(384, &rng).data()));
+  write_npy("v.npy", fa::npy::from_f32({1, 6, 1, 64}, randn(384, &rng).data()));
+  write_npy("k32.npy", fa::npy::from_f32({1, 6, 1, 32}, randn(192, &rng).data()));
+  write_npy("v5.npy", fa::npy::from_f32({1, 5, 1, 64}, randn(320, &rng).data()));
+  write_npy("q3d.npy", fa::npy::from_f32({4, 2, 64}, randn(512, &rng).data()));
+  write_npy("k_b2.npy", fa::npy::from_f32({2, 6, 1, 64}, randn(768, &rng).data()));
+  write_npy("q_h3.npy", fa::npy::from_f32({1, 4, 3, 64}, randn(768, &rng).data()));
+  write_npy("k_h2.npy", fa::npy::from_f32({1, 6, 2, 64}, randn(768, &rng).data()));
+  write_npy("v_h2.npy", fa::npy::from_f32({1, 6, 2, 64}, randn(768, &rng).data()));
+  write_npy("q_d12.npy", fa::npy::from_f32({1, 4, 2, 12}, randn(96, &rng).data()));
+  write_npy("k_d12.npy", fa::npy::from_f32({1, 6, 1, 12}, randn(72, &rng).data()));
+  write_npy("v_d12.npy", fa::npy::from_f32({1, 6, 1, 12}, randn(72, &rng).data()));
+  write_npy("q_empty.npy", fa::npy::from_f32({1, 0, 2, 64}, nullptr));
+  std::vector<int32_t> ints(512, 1);
+  write_npy("q_int.npy", fa::npy::from_i32({1, 4, 2, 64}, ints.data()));
+  const int32_t lens_ok[1] = {6}, lens_big[1] = {7}, lens_neg[1] = {-1};
+  write_npy("s.npy", fa::npy::from_i32({1}, lens_ok));
+  write_npy("s_big.npy", fa::npy::from_i32({1}, lens_big));
+  write_npy("s_neg.npy", fa::npy::from_i32({1}, lens_neg));
+  write_npy("s_2.npy", fa::npy::from_i32({2}, ints.data()));
+  const float lens_f[1] = {6};
+  write_npy("s_f.npy", fa::npy::from_f32({1}, lens_f));
+  {
+    // A fortran-order file, a truncated one and a text file.
+    std::string q = read_text(path_of("q.npy"));
+    std::string fortran = q;
+    const size_t pos = fortran.find("False");
+    fortran.replace(pos, 5, "True ");
+    std::ofstream(path_of("q_fortran.npy"), std::ios::binary) << fortran;
+    std::ofstream(path_of("q_trunc.npy"), std::ios::binary) << q.substr(0, q.size() - 100);
+    std::ofstream(path_of("q_text.npy"), std::ios::binary) << "not an array\n";
+    std::string be = q;
+    be.replace(be.find("<f4"), 3, ">f4");
+    std::ofstream(path_of("q_be.npy"), std::ios::binary) << be;
+  }
+  const std::string Q = path_of("q.npy"), K = path_of("k.npy"), V = path_of("v.npy"),
+                    O = path_of("o_bad.npy");
+  auto run = [&](const std::string &q, const std::string &k, const std::string &v) {
+    return std::vector<std::string>{"run", "--q", q, "--k", k, "--v", v, "--out", O};
+  };
+  auto with = [](std::vector<std::string> a, std::vector<std::string> more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto gen = [](const char *kind, const char *dtype, const char *hd, const char *hkv,
+                const char *sm, std::vector<std::string> more) {
+    std::vector<std::string> a = {"generate",   "--kind", kind,        "--dtype", dtype,
+                                  "--head-dim", hd,       "--heads-q", "2",       "--heads-kv",
+                                  hkv,          "--sm",   sm};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const std::vector<std::string> dec = {"decode", "--q",   Q, "--k-cache", K, "--v-cache",
+                                        V,        "--out", O};
+  const struct {
+    std::vector<std::string> args;
+    int code;
+    const char *needle;
+  } kCases[] = {
+      {{}, 2, "subcommand"},
+      {{"frobnicate"}, 2, "frobnicate"},
+      {{"--frobnicate"}, 2, "frobnicate"},
+      {{"generate"}, 2, "--kind"},
+      {gen("forward", "fp16", "sixty", "1", "80", {}), 2, "head-dim"},
+      {gen("forward", "fp16", "12", "1", "80", {}), 2, "head_dim"},
+      {gen("forward", "fp16", "264", "1", "80", {}), 2, "head_dim"},
+      {gen("backward", "fp16", "64", "1", "80", {}), 2, "backward"},
+      {gen("forward", "fp8", "64", "1", "80", {}), 2, "fp8"},
+      {gen("forward", "fp16", "64", "1", "70", {}), 2, "70"},
+      {gen("forward", "fp16", "64", "3", "80", {}), 2, "heads"},
+      {gen("forward", "fp16", "64", "1", "80", {"--window-left", "-5"}), 2, "window-left"},
+      {gen("forward", "fp16", "64", "1", "80", {"--softcap", "1e"}), 2, "softcap"},
+      {gen("forward", "fp16", "64", "1", "80", {"-o", path_of("no_such_dir/k.ptx")}), 1, "k.ptx"},
+      {{"run", "--q", Q, "--k", K, "--v", V}, 2, "--out"},
+      {run(path_of("missing.npy"), K, V), 2, "missing.npy"},
+      {run(path_of("q3d.npy"), K, V), 2, "4-D"},
+      {run(Q, path_of("k32.npy"), V), 2, "head_dim"},
+      {run(Q, K, path_of("v5.npy")), 2, "seqlen_k"},
+      {run(Q, path_of("k_b2.npy"), V), 2, "batch"},
+      {run(path_of("q_h3.npy"), path_of("k_h2.npy"), path_of("v_h2.npy")), 2, "num_heads"},
+      {run(Q, K, path_of("v_h2.npy")), 2, "num_heads_kv"},
+      {run(path_of("q_d12.npy"), path_of("k_d12.npy"), path_of("v_d12.npy")), 2, "head_dim"},
+      {run(path_of("q_empty.npy"), K, V), 2, "dimension"},
+      {run(path_of("q_int.npy"), K, V), 2, "float"},
+      {run(path_of("q_fortran.npy"), K, V), 2, "fortran"},
+      {run(path_of("q_trunc.npy"), K, V), 2, "truncated"},
+      {run(path_of("q_text.npy"), K, V), 2, "magic"},
+      {run(path_of("q_be.npy"), K, V), 2, "big-endian"},
+      {with(run(Q, K, V), {"--backend", "gpu"}), 2, "gpu"},
+      {with(run(Q, K, V), {"--softcap", "abc"}), 2, "softcap"},
+      {with(run(Q, K, V), {"--softcap", "-1"}), 2, "softcap"},
+      {with(run(Q, K, V), {"--softmax-scale", "nan"}), 2, "scale"},
+      {with(run(Q, K, V), {"--window-right", "x"}), 2, "window-right"},
+      {with(run(Q, K, V), {"--lse-out", path_of("no_such_dir/l.npy")}), 2, "l.npy"},
+      {with(run(Q, K, V), {"--ref", path_of("missing_ref.npy")}), 2, "missing_ref.npy"},
+      {with(run(Q, K, V), {"--ref", K}), 2, "shape"},
+      {with(dec, {}), 2, "--cache-seqlens"},
+      {with(dec, {"--cache-seqlens", path_of("s_big.npy")}), 2, "outside"},
+      {with(dec, {"--cache-seqlens", path_of("s_neg.npy")}), 2, "outside"},
+      {with(dec, {"--cache-seqlens", path_of("s_2.npy")}), 2, "batch"},
+      {with(dec, {"--cache-seqlens", path_of("s_f.npy")}), 2, "integer"},
+      {with(dec, {"--cache-seqlens", path_of("s.npy"), "--num-splits", "-1"}), 2, "num-splits"},
+      {{"cache"}, 2, "subcommand"},
+      {{"cache", "purge"}, 2, "purge"},
+      {{"cache", "stats", "--verbose"}, 2, "verbose"},
+  };
+  for (const auto &c : kCases) {
+    const Result r = run_cli(c.args);
+    expect(r.exited && !r.signaled, c.args, r, "did not exit normally");
+    expect(r.code == c.code, c.args, r, "unexpected exit status");
+    expect(contains(r.err, c.needle), c.args, r, "stderr does not name the problem");
+    // Exactly one line on stderr, and no verdict on stdout.
+    expect(!r.err.empty() && r.err.find('\n') == r.err.size() - 1, c.args, r,
+           "stderr is not one line");
+    expect(!contains(r.out, "PASS"), c.args, r, "PASS printed for bad arguments");
+  }
+  // The cuda backend without a GPU fails cleanly with the driver's message;
+  // with one it runs.
+  const auto cuda = with(run(Q, K, V), {"--backend", "cuda"});
+  const Result r = run_cli(cuda);
+  expect(r.exited && !r.signaled, cuda, r, "did not exit normally");
+  expect(r.code == 0 || (r.code == 1 && contains(r.err, "fa_runtime_create")) ||
+             contains(r.out, "FAIL"),
+         cuda, r, "cuda backend: neither a run nor a clean failure");
+}
+
+void test_run_fp16_gqa(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 2, c.sq = 37, c.sk = 53, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 32;
+  run_case(c, false, 11);
+}
+
+void test_run_bf16_masks_f64_inputs(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 1, c.sq = 29, c.sk = 45, c.hq = 2, c.hkv = 1, c.d = 32, c.dv = 32;
+  c.bf16 = true, c.causal = true, c.wl = 9, c.softcap = 5.0, c.scale = 0.3;
+  c.file_type = fa::npy::DType::F64;
+  run_case(c, false, 12);
+}
+
+void test_run_window_f16_inputs(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 2, c.sq = 16, c.sk = 16, c.hq = 3, c.hkv = 3, c.d = 128, c.dv = 128;
+  c.wl = 4, c.wr = 2;
+  c.file_type = fa::npy::DType::F16;
+  run_case(c, false, 13);
+}
+
+void test_run_ref_file(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 1, c.sq = 8, c.sk = 24, c.hq = 2, c.hkv = 1, c.d = 64, c.dv = 64;
+  write_inputs(&c, 14);
+  std::vector<float> ref(c.o_ref.begin(), c.o_ref.end());
+  write_npy("o_ref.npy", fa::npy::from_f32({c.b, c.sq, c.hq, c.dv}, ref.data()));
+  std::vector<std::string> args = {"run",
+                                   "--q",
+                                   path_of("q.npy"),
+                                   "--k",
+                                   path_of("k.npy"),
+                                   "--v",
+                                   path_of("v.npy"),
+                                   "--backend",
+                                   "emulator",
+                                   "--out",
+                                   path_of("o.npy"),
+                                   "--ref",
+                                   path_of("o_ref.npy")};
+  Result r = run_cli(args);
+  expect(r.code == 0 && contains(r.out, "\nPASS") && contains(r.out, "error --ref:"), args, r,
+         "--ref with the right reference");
+  // A reference off by 0.5 in one element makes the run FAIL with exit 1.
+  ref[ref.size() / 2] += 0.5f;
+  write_npy("o_ref.npy", fa::npy::from_f32({c.b, c.sq, c.hq, c.dv}, ref.data()));
+  r = run_cli(args);
+  expect(r.exited && r.code == 1 && contains(r.out, "\nFAIL"), args, r,
+         "--ref with a wrong reference");
+}
+
+void test_decode_splits(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 3, c.sq = 1, c.sk = 96, c.hq = 8, c.hkv = 2, c.d = 64, c.dv = 64;
+  c.seqlens = {96, 41, 1};
+  run_case(c, true, 21, 3);
+  c.causal = true, c.sq = 2, c.bf16 = true;
+  run_case(c, true, 22, 0);
+}
+
+void test_decode_empty_sequence(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 2, c.sq = 1, c.sk = 32, c.hq = 2, c.hkv = 1, c.d = 32, c.dv = 32;
+  c.seqlens = {0, 9};
+  run_case(c, true, 23, 2);
+  const fa::npy::Array o = read_npy("o.npy");
+  const std::vector<float> ov = o.to_f32();
+  for (size_t i = 0; i < ov.size() / 2; ++i) assert_true(ov[i] == 0.0f);  // batch 0: O = 0
+}
+
+void test_cache_commands(void **) {
+  skip_without_cli();
+  const std::string dir = path_of("cache_cmd");
+  const std::vector<std::string> at = {"--cache-dir", dir};
+  auto cache = [&](const char *action) {
+    std::vector<std::string> a = {"cache", action};
+    a.insert(a.end(), at.begin(), at.end());
+    return a;
+  };
+  Result r = run_cli(cache("clear"));
+  expect(r.code == 0, cache("clear"), r, "clear on a fresh directory");
+  r = run_cli(cache("stats"));
+  expect(r.code == 0 && contains(r.out, "entries:     0") && contains(r.out, dir) &&
+             contains(r.out, "persistent"),
+         cache("stats"), r, "stats of an empty cache");
+
+  // A run stores its kernel where FLASHATTN_CACHE_DIR points.
+  setenv("FLASHATTN_CACHE_DIR", dir.c_str(), 1);
+  Case c;
+  c.b = 1, c.sq = 4, c.sk = 8, c.hq = 2, c.hkv = 2, c.d = 32, c.dv = 32;
+  write_inputs(&c, 31);
+  const std::vector<std::string> args = {"run",
+                                         "--q",
+                                         path_of("q.npy"),
+                                         "--k",
+                                         path_of("k.npy"),
+                                         "--v",
+                                         path_of("v.npy"),
+                                         "--backend",
+                                         "emulator",
+                                         "--out",
+                                         path_of("o.npy")};
+  r = run_cli(args);
+  expect(r.exited && contains(r.out, "misses 1"), args, r, "cold run: one miss");
+  r = run_cli(args);
+  expect(r.exited && contains(r.out, "disk hits 1") && contains(r.out, "misses 0"), args, r,
+         "second process: a disk hit");
+  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache_default").c_str(), 1);
+
+  r = run_cli(cache("stats"));
+  expect(r.code == 0 && !contains(r.out, "entries:     0"), cache("stats"), r, "stats after run");
+  r = run_cli(cache("list"));
+  expect(r.code == 0 && contains(r.out, "forward") && contains(r.out, "sm_80") &&
+             contains(r.out, "last used") && contains(r.out, "1 kernel\n"),
+         cache("list"), r, "list after run");
+  // The first token of each kernel line is the 32-hex-digit key.
+  const std::string first = r.out.substr(0, r.out.find(' '));
+  expect(first.size() == 32 && first.find_first_not_of("0123456789abcdef") == std::string::npos,
+         cache("list"), r, "key is not 32 hex digits");
+  r = run_cli(cache("clear"));
+  expect(r.code == 0 && contains(r.out, "cleared 1 kernel"), cache("clear"), r, "clear");
+  r = run_cli(cache("list"));
+  expect(r.code == 0 && contains(r.out, "0 kernels"), cache("list"), r, "list after clear");
+
+  // With the cache disabled, stats says memory only and why.
+  setenv("FLASHATTN_CACHE_DISABLE", "1", 1);
+  const std::vector<std::string> plain = {"cache", "stats"};
+  r = run_cli(plain);
+  unsetenv("FLASHATTN_CACHE_DISABLE");
+  expect(r.code == 0 && contains(r.out, "memory only") && contains(r.out, "note:"), plain, r,
+         "stats with FLASHATTN_CACHE_DISABLE=1");
+}
+
+// Empties the children's cache first, so no kernel stored by an older build
+// of a generator is reused.
+int clear_cache(void **) {
+  if (kCli[0] == 0) return 0;
+  const Result r = run_cli({"cache", "clear"});
+  return r.code == 0 ? 0 : -1;
+}
+
+}  // namespace
+
+int main() {
+  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_work";
+  mkdir(g_dir.c_str(), 0755);
+  // Keep the children's cache away from the user's (ctest also sets one).
+  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache_default").c_str(), 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help),
+      cmocka_unit_test(test_version),
+      cmocka_unit_test(test_generate),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_run_fp16_gqa),
+      cmocka_unit_test(test_run_bf16_masks_f64_inputs),
+      cmocka_unit_test(test_run_window_f16_inputs),
+      cmocka_unit_test(test_run_ref_file),
+      cmocka_unit_test(test_decode_splits),
+      cmocka_unit_test(test_decode_empty_sequence),
+      cmocka_unit_test(test_cache_commands),
+  };
+  return cmocka_run_group_tests(tests, clear_cache, nullptr);
+}

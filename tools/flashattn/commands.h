@@ -1,0 +1,73 @@
+// The subcommands of the `flashattn` program. main.cc parses the command line
+// (CLI11) into these option structs; each command uses only the public C API.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "flashattn.h"
+
+namespace fa::cli {
+
+// Exit codes: 0 success / PASS, 1 runtime failure / FAIL, 2 usage error.
+constexpr int kExitOk = 0;
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+
+// Thrown by the commands; main() prints what() as one line and exits with code.
+struct Failure : std::runtime_error {
+  Failure(int exit_code, const std::string &message)
+      : std::runtime_error(message), code(exit_code) {}
+  int code;
+};
+
+// Options shared by `generate`, `run` and `decode`.
+struct AttentionOptions {
+  std::string dtype = "fp16";  // fp16 | bf16
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  double softcap = 0;
+  double softmax_scale = 0;  // 0 = 1/sqrt(head_dim)
+};
+
+struct GenerateOptions {
+  AttentionOptions attn;
+  std::string kind;  // forward | decode | reduce
+  int head_dim = 0;
+  int head_dim_v = 0;
+  int heads_q = 0;
+  int heads_kv = 0;
+  int sm = 80;
+  std::string output;  // "" = stdout
+};
+
+struct RunOptions {
+  AttentionOptions attn;
+  std::string backend = "auto";  // auto | cuda | emulator
+  std::string q, k, v;           // input .npy paths (decode: k/v caches)
+  std::string cache_seqlens;     // decode only
+  int num_splits = 0;            // decode only; 0 = automatic
+  std::string out;
+  std::string lse_out;
+  std::string ref;  // optional reference O .npy
+};
+
+struct CacheOptions {
+  std::string action;     // stats | list | clear
+  std::string cache_dir;  // "" = the default location
+};
+
+int cmd_generate(const GenerateOptions &o);
+int cmd_run(const RunOptions &o);
+int cmd_decode(const RunOptions &o);
+int cmd_cache(const CacheOptions &o);
+
+// Tolerance documented in `run --help`: max_abs <= atol * max(1, max|ref|)
+// with atol = 1e-2 (fp16) or 2e-2 (bf16), rel_l2 < 1e-2, no non-finite value.
+constexpr double kAtolFp16 = 1e-2;
+constexpr double kAtolBf16 = 2e-2;
+constexpr double kRelL2Max = 1e-2;
+
+}  // namespace fa::cli
