@@ -1,0 +1,697 @@
+#include "emu/interp.h"
+
+#include <time.h>
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include "emu/numeric.h"
+
+namespace fa {
+namespace emu {
+namespace {
+
+enum class ThreadState : uint8_t { kReady, kWaiting, kExited };
+enum class RunResult { kBlocked, kExited, kFault };
+
+// Instruction budget shared by every worker of a launch, handed out in chunks.
+struct Budget {
+  std::atomic<int64_t> remaining{0};
+  int64_t total = 0;
+  static constexpr int64_t kChunk = 1 << 16;
+  // Steps granted (0 when exhausted).
+  int64_t take() {
+    int64_t before = remaining.fetch_sub(kChunk, std::memory_order_relaxed);
+    if (before <= 0) return 0;
+    return std::min(before, kChunk);
+  }
+};
+
+inline float F(uint64_t v) { return bits_f32(static_cast<uint32_t>(v)); }
+inline uint64_t FB(float f) { return f32_bits(f); }
+
+inline uint64_t extend(uint64_t v, int bits, bool is_signed) {
+  if (bits >= 64) return v;
+  uint64_t mask = (uint64_t{1} << bits) - 1;
+  v &= mask;
+  if (is_signed && (v >> (bits - 1)) & 1) v |= ~mask;
+  return v;
+}
+
+template <typename T>
+inline bool compare_int(T a, T b, uint8_t cmp) {
+  switch (cmp) {
+    case kEq:
+      return a == b;
+    case kNe:
+      return a != b;
+    case kLt:
+      return a < b;
+    case kLe:
+      return a <= b;
+    case kGt:
+      return a > b;
+    default:
+      return a >= b;
+  }
+}
+
+inline bool compare_f32(float a, float b, uint8_t cmp) {
+  bool unord = std::isnan(a) || std::isnan(b);
+  switch (cmp) {
+    case kEq:
+      return a == b;
+    case kNe:
+      return !unord && a != b;
+    case kLt:
+      return a < b;
+    case kLe:
+      return a <= b;
+    case kGt:
+      return a > b;
+    case kGe:
+      return a >= b;
+    case kEqu:
+      return unord || a == b;
+    case kNeu:
+      return a != b;
+    case kLtu:
+      return !(a >= b);
+    case kLeu:
+      return !(a > b);
+    case kGtu:
+      return !(a <= b);
+    case kGeu:
+      return !(a < b);
+    case kNum:
+      return !unord;
+    default:
+      return unord;
+  }
+}
+
+// PTX min/max.f32: a NaN operand yields the other one; -0 < +0.
+inline float fmin_ptx(float a, float b) {
+  if (std::isnan(a)) return std::isnan(b) ? bits_f32(0x7fffffffu) : b;
+  if (std::isnan(b)) return a;
+  if (a == b) return bits_f32(f32_bits(a) | f32_bits(b));
+  return a < b ? a : b;
+}
+inline float fmax_ptx(float a, float b) {
+  if (std::isnan(a)) return std::isnan(b) ? bits_f32(0x7fffffffu) : b;
+  if (std::isnan(b)) return a;
+  if (a == b) return bits_f32(f32_bits(a) & f32_bits(b));
+  return a > b ? a : b;
+}
+
+inline uint64_t load_bytes(const uint8_t *p, uint32_t bytes, bool is_signed) {
+  switch (bytes) {
+    case 1:
+      return is_signed ? static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(*p))) : *p;
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return is_signed ? static_cast<uint64_t>(static_cast<int64_t>(static_cast<int16_t>(v))) : v;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return is_signed ? static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(v))) : v;
+    }
+    default: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+  }
+}
+
+inline void store_bytes(uint8_t *p, uint32_t bytes, uint64_t v) {
+  switch (bytes) {
+    case 1:
+      *p = static_cast<uint8_t>(v);
+      break;
+    case 2: {
+      uint16_t x = static_cast<uint16_t>(v);
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case 4: {
+      uint32_t x = static_cast<uint32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    default:
+      std::memcpy(p, &v, 8);
+      break;
+  }
+}
+
+// "3, 5, 16-31" from a lane mask.
+std::string lane_list(uint32_t mask) {
+  std::string s;
+  for (int l = 0; l < 32;) {
+    if (!((mask >> l) & 1)) {
+      ++l;
+      continue;
+    }
+    int e = l;
+    while (e + 1 < 32 && ((mask >> (e + 1)) & 1)) ++e;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(l);
+    if (e > l) s += "-" + std::to_string(e);
+    l = e + 1;
+  }
+  return s;
+}
+
+// Per-launch state shared by the workers.
+struct Shared {
+  const Entry *entry;
+  const LaunchConfig *cfg;
+  const uint8_t *params;
+  DeviceMemory *mem;
+  Budget budget;
+  uint64_t num_blocks = 0;
+  std::atomic<uint64_t> next_block{0};
+  std::atomic<uint64_t> first_error_block{UINT64_MAX};
+  std::mutex error_mu;
+  std::string error;
+  uint64_t error_block = UINT64_MAX;
+  std::atomic<uint64_t> instructions{0};
+  std::atomic<uint64_t> cpu_ns{0};
+
+  void report(uint64_t block, const std::string &msg) {
+    std::lock_guard<std::mutex> lock(error_mu);
+    if (block < error_block) {
+      error_block = block;
+      error = msg;
+    }
+    uint64_t cur = first_error_block.load();
+    while (block < cur && !first_error_block.compare_exchange_weak(cur, block)) {
+    }
+  }
+};
+
+// Runs CTAs one at a time; one per host worker thread.
+class CtaRunner {
+ public:
+  explicit CtaRunner(Shared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg) {
+    nthreads_ = cfg_.block[0] * cfg_.block[1] * cfg_.block[2];
+    ns_ = e_.num_slots;
+    regs_.resize(static_cast<size_t>(nthreads_) * ns_);
+    state_.resize(nthreads_);
+    pc_.resize(nthreads_);
+    smem_size_ = e_.dynamic_smem_offset + cfg_.dynamic_smem;
+    if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
+    smem_.resize(std::max<size_t>(smem_size_, 1));
+  }
+
+  // Runs the blocks handed out by the shared counter until none are left.
+  void work() {
+    timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    for (;;) {
+      uint64_t b = sh_.next_block.fetch_add(1);
+      if (b >= sh_.num_blocks || b > sh_.first_error_block.load()) break;
+      if (!run_block(b)) {
+        sh_.report(b, error_);
+        break;
+      }
+    }
+    sh_.instructions.fetch_add(executed_);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    sh_.cpu_ns.fetch_add(
+        static_cast<uint64_t>((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec)));
+  }
+
+ private:
+  uint64_t *regs_of(uint32_t t) { return regs_.data() + static_cast<size_t>(t) * ns_; }
+
+  bool run_block(uint64_t b) {
+    block_ = b;
+    const uint32_t gx = cfg_.grid[0], gy = cfg_.grid[1];
+    ctaid_[0] = static_cast<uint32_t>(b % gx);
+    ctaid_[1] = static_cast<uint32_t>((b / gx) % gy);
+    ctaid_[2] = static_cast<uint32_t>(b / (static_cast<uint64_t>(gx) * gy));
+    std::memset(smem_.data(), 0xff, smem_.size());
+    const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
+    const uint32_t nwarps = (nthreads_ + 31) / 32;
+    for (uint32_t t = 0; t < nthreads_; ++t) {
+      uint64_t *r = regs_of(t);
+      std::memcpy(r, e_.slot_init.data(), ns_ * sizeof(uint64_t));
+      r[kTidX] = t % bx;
+      r[kTidY] = (t / bx) % by;
+      r[kTidZ] = t / (bx * by);
+      r[kNtidX] = cfg_.block[0];
+      r[kNtidY] = cfg_.block[1];
+      r[kNtidZ] = cfg_.block[2];
+      r[kCtaidX] = ctaid_[0];
+      r[kCtaidY] = ctaid_[1];
+      r[kCtaidZ] = ctaid_[2];
+      r[kNctaidX] = cfg_.grid[0];
+      r[kNctaidY] = cfg_.grid[1];
+      r[kNctaidZ] = cfg_.grid[2];
+      r[kLaneid] = t % 32;
+      r[kWarpid] = t / 32;
+      r[kNwarpid] = nwarps;
+      state_[t] = ThreadState::kReady;
+      pc_[t] = 0;
+    }
+    for (;;) {
+      for (uint32_t t = 0; t < nthreads_; ++t) {
+        if (state_[t] != ThreadState::kReady) continue;
+        RunResult rr = run_thread(t);
+        if (rr == RunResult::kFault) return false;
+        state_[t] = rr == RunResult::kExited ? ThreadState::kExited : ThreadState::kWaiting;
+      }
+      int progress = resolve_warp_collectives();
+      if (progress < 0) return false;
+      if (progress > 0) continue;
+      // Every thread waits or has exited.
+      uint32_t exited = 0, at_bar = 0, first_bar = UINT32_MAX;
+      bool same_id = true;
+      for (uint32_t t = 0; t < nthreads_; ++t) {
+        if (state_[t] == ThreadState::kExited) {
+          ++exited;
+        } else if (e_.code[pc_[t]].op == Op::kBarSync) {
+          if (first_bar == UINT32_MAX) first_bar = t;
+          if (e_.code[pc_[t]].imm != e_.code[pc_[first_bar]].imm) same_id = false;
+          ++at_bar;
+        }
+      }
+      if (exited == nthreads_) return true;
+      if (at_bar == nthreads_ && same_id) {
+        for (uint32_t t = 0; t < nthreads_; ++t) {
+          ++pc_[t];
+          state_[t] = ThreadState::kReady;
+        }
+        continue;
+      }
+      if (stuck_thread_ != UINT32_MAX) return false;  // error_ set by resolve
+      if (first_bar == UINT32_MAX) {
+        error_ = "emulator scheduler: no thread can proceed in block " + block_text();
+        return false;
+      }
+      char buf[320];
+      const Inst &in = e_.code[pc_[first_bar]];
+      std::snprintf(buf, sizeof buf,
+                    "barrier deadlock at PTX line %u: %u of %u threads arrived (%u exited)%s "
+                    "in block %s",
+                    in.line, at_bar, nthreads_, exited,
+                    same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
+      error_ = buf;
+      return false;
+    }
+  }
+
+  std::string block_text() const {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "(%u,%u,%u)", ctaid_[0], ctaid_[1], ctaid_[2]);
+    return buf;
+  }
+  std::string thread_text(uint32_t t) const {
+    char buf[96];
+    const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
+    std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) block (%u,%u,%u)", t % bx, (t / bx) % by,
+                  t / (bx * by), ctaid_[0], ctaid_[1], ctaid_[2]);
+    return buf;
+  }
+
+  // Resolves every warp collective whose participants have all arrived.
+  // Returns the number resolved, or -1 on an error (error_ set). A group
+  // that cannot run yet is remembered in stuck_thread_ with its message.
+  int resolve_warp_collectives() {
+    int resolved = 0;
+    stuck_thread_ = UINT32_MAX;
+    std::string stuck_msg;
+    for (uint32_t w = 0; w * 32 < nthreads_; ++w) {
+      const uint32_t base = w * 32;
+      const uint32_t lanes = std::min<uint32_t>(32, nthreads_ - base);
+      uint32_t handled = 0;
+      for (uint32_t l = 0; l < lanes; ++l) {
+        uint32_t t = base + l;
+        if (state_[t] != ThreadState::kWaiting || ((handled >> l) & 1)) continue;
+        const uint32_t pc = pc_[t];
+        const Inst &in = e_.code[pc];
+        if (in.op == Op::kBarSync) continue;
+        const uint32_t mslot = in.op == Op::kBarWarpSync ? in.a : in.e;
+        const uint32_t mask = static_cast<uint32_t>(regs_of(t)[mslot]);
+        char buf[400];
+        if (!((mask >> l) & 1)) {
+          std::snprintf(buf, sizeof buf,
+                        "%s at PTX line %u: executing lane %u is not in membermask 0x%08x (%s)",
+                        e_.op_text[pc].c_str(), in.line, l, mask, thread_text(t).c_str());
+          error_ = buf;
+          return -1;
+        }
+        uint32_t missing = 0, exited = 0, elsewhere = 0, absent = 0, other_line = 0;
+        for (uint32_t m = 0; m < 32; ++m) {
+          if (!((mask >> m) & 1)) continue;
+          uint32_t u = base + m;
+          if (m >= lanes) {
+            missing |= 1u << m;
+            absent |= 1u << m;
+          } else if (state_[u] == ThreadState::kExited) {
+            missing |= 1u << m;
+            exited |= 1u << m;
+          } else {
+            const Inst &o = e_.code[pc_[u]];
+            bool same = in.op == Op::kBarWarpSync ? o.op == Op::kBarWarpSync : pc_[u] == pc;
+            if (!same || static_cast<uint32_t>(regs_of(u)[mslot]) != mask) {
+              missing |= 1u << m;
+              elsewhere |= 1u << m;
+              if (!other_line) other_line = o.line;
+            }
+          }
+        }
+        if (missing) {
+          if (stuck_thread_ == UINT32_MAX) {
+            std::string why;
+            if (exited) why += "lanes " + lane_list(exited) + " exited";
+            if (elsewhere) {
+              if (!why.empty()) why += "; ";
+              why += "lanes " + lane_list(elsewhere) + " wait at PTX line " +
+                     std::to_string(other_line);
+            }
+            if (absent) {
+              if (!why.empty()) why += "; ";
+              why += "lanes " + lane_list(absent) + " do not exist";
+            }
+            std::snprintf(buf, sizeof buf,
+                          "%s at PTX line %u: lanes %s of membermask 0x%08x did not arrive (%s); "
+                          "warp %u block %s",
+                          e_.op_text[pc].c_str(), in.line, lane_list(missing).c_str(), mask,
+                          why.c_str(), w, block_text().c_str());
+            stuck_thread_ = t;
+            stuck_msg = buf;
+          }
+          handled |= 1u << l;
+          continue;
+        }
+        if (!run_warp_collective(in, base, mask)) return -1;
+        for (uint32_t m = 0; m < 32; ++m) {
+          if (!((mask >> m) & 1)) continue;
+          pc_[base + m] = pc_[base + m] + 1;
+          state_[base + m] = ThreadState::kReady;
+        }
+        handled |= mask;
+        ++resolved;
+      }
+    }
+    if (resolved == 0 && stuck_thread_ != UINT32_MAX) error_ = stuck_msg;
+    return resolved;
+  }
+
+  // Executes a warp collective for the lanes in mask (all present at it).
+  // PTX ISA "Data Movement: shfl.sync", "bar.warp.sync".
+  // Adding mma.sync / ldmatrix: give them ops after kBarSync (so threads
+  // stop there), take mask = all 32 lanes in resolve_warp_collectives, and
+  // compute here from regs_of(base + m) of every lane (ldmatrix also reads
+  // smem_). cp.async can stay a per-thread op that copies at once (a legal
+  // completion order), with commit/wait_group as no-ops.
+  bool run_warp_collective(const Inst &in, uint32_t base, uint32_t mask) {
+    if (in.op == Op::kBarWarpSync) return true;
+    // kShfl
+    uint32_t val[32], res[32];
+    bool pv[32];
+    for (uint32_t m = 0; m < 32; ++m)
+      if ((mask >> m) & 1) val[m] = static_cast<uint32_t>(regs_of(base + m)[in.a]);
+    for (uint32_t m = 0; m < 32; ++m) {
+      if (!((mask >> m) & 1)) continue;
+      const uint64_t *r = regs_of(base + m);
+      const int lane = static_cast<int>(m);
+      const int bval = static_cast<int>(r[in.b] & 0x1f);
+      const uint32_t c = static_cast<uint32_t>(r[in.c]);
+      const int cval = static_cast<int>(c & 0x1f);
+      const int segmask = static_cast<int>((c >> 8) & 0x1f);
+      const int max_lane = (lane & segmask) | (cval & ~segmask);
+      const int min_lane = lane & segmask;
+      int j;
+      bool p;
+      switch (in.sub) {
+        case kShflUp:
+          j = lane - bval;
+          p = j >= max_lane;
+          break;
+        case kShflDown:
+          j = lane + bval;
+          p = j <= max_lane;
+          break;
+        case kShflBfly:
+          j = lane ^ bval;
+          p = j <= max_lane;
+          break;
+        default:
+          j = min_lane | (bval & ~segmask);
+          p = j <= max_lane;
+          break;
+      }
+      if (!p) j = lane;
+      if (!((mask >> j) & 1)) {
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "%s at PTX line %u: lane %d reads lane %d, which is outside membermask "
+                      "0x%08x (undefined); warp %u block %s",
+                      "shfl.sync", in.line, lane, j, mask, base / 32, block_text().c_str());
+        error_ = buf;
+        return false;
+      }
+      res[m] = val[j];
+      pv[m] = p;
+    }
+    for (uint32_t m = 0; m < 32; ++m) {
+      if (!((mask >> m) & 1)) continue;
+      uint64_t *r = regs_of(base + m);
+      r[in.d] = res[m];
+      if (in.v[0] != kNoSlot) r[in.v[0]] = pv[m] ? 1 : 0;
+    }
+    return true;
+  }
+
+  // --- faults (cold paths)
+
+  __attribute__((noinline, cold)) void fault_global(uint32_t t, uint32_t pc, uint64_t addr,
+                                                    uint32_t size, bool misaligned) {
+    const Inst &in = e_.code[pc];
+    char buf[600];
+    std::string where = misaligned ? "is not aligned to " + std::to_string(size) + " bytes"
+                                   : sh_.mem->describe_locked(addr, size);
+    std::snprintf(buf, sizeof buf,
+                  "%s at PTX line %u: %s global address 0x%" PRIx64 " (%u bytes) %s; %s",
+                  e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds",
+                  addr, size, where.c_str(), thread_text(t).c_str());
+    error_ = buf;
+  }
+
+  __attribute__((noinline, cold)) void fault_shared(uint32_t t, uint32_t pc, int64_t addr,
+                                                    uint32_t size, bool misaligned) {
+    const Inst &in = e_.code[pc];
+    char buf[600];
+    std::snprintf(buf, sizeof buf,
+                  "%s at PTX line %u: %s shared address %" PRId64
+                  " (%u bytes)%s; the block has "
+                  "%u bytes of shared memory (%u static + %u dynamic); %s",
+                  e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds",
+                  addr, size, misaligned ? " is not naturally aligned" : "", smem_size_,
+                  e_.static_smem, cfg_.dynamic_smem, thread_text(t).c_str());
+    error_ = buf;
+  }
+
+  __attribute__((noinline, cold)) void fault_budget(uint32_t t, uint32_t pc) {
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "instruction budget of %" PRId64
+                  " steps exhausted at PTX line %u (%s): infinite loop? "
+                  "(raise FLASHATTN_EMU_MAX_STEPS)",
+                  sh_.budget.total, e_.code[pc].line, thread_text(t).c_str());
+    error_ = buf;
+  }
+
+  // Global address check: one live allocation holds [addr, addr+size).
+  inline uint8_t *global_ptr(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
+    if (addr & (size - 1)) {
+      fault_global(t, pc, addr, size, true);
+      return nullptr;
+    }
+    if (addr >= hit_base_ && addr + size <= hit_end_) return reinterpret_cast<uint8_t *>(addr);
+    uint64_t b, e;
+    if (!sh_.mem->find_locked(addr, size, &b, &e)) {
+      fault_global(t, pc, addr, size, false);
+      return nullptr;
+    }
+    hit_base_ = b;
+    hit_end_ = e;
+    return reinterpret_cast<uint8_t *>(addr);
+  }
+
+  inline uint8_t *shared_ptr(int64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
+    if (addr & (size - 1)) {
+      fault_shared(t, pc, addr, size, true);
+      return nullptr;
+    }
+    if (addr < 0 || addr + size > static_cast<int64_t>(smem_size_)) {
+      fault_shared(t, pc, addr, size, false);
+      return nullptr;
+    }
+    return smem_.data() + addr;
+  }
+
+#define FA_EMU_RUN_THREAD_NAME run_thread_generic
+#define FA_EMU_RUN_THREAD_ATTRS __attribute__((optimize("no-crossjumping", "no-gcse")))
+#define FA_EMU_FMA(a, b, c) fma_f32(a, b, c)
+#include "emu/run_thread.inc"
+#undef FA_EMU_RUN_THREAD_NAME
+#undef FA_EMU_RUN_THREAD_ATTRS
+#undef FA_EMU_FMA
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FA_EMU_HAVE_FMA_PATH 1
+#define FA_EMU_RUN_THREAD_NAME run_thread_fma
+#define FA_EMU_RUN_THREAD_ATTRS \
+  __attribute__((target("fma"), optimize("no-crossjumping", "no-gcse")))
+#define FA_EMU_FMA(a, b, c) __builtin_fmaf(a, b, c)
+#include "emu/run_thread.inc"
+#undef FA_EMU_RUN_THREAD_NAME
+#undef FA_EMU_RUN_THREAD_ATTRS
+#undef FA_EMU_FMA
+#endif
+
+  // Runs thread t until a collective, exit or fault, with the fastest
+  // interpreter loop this CPU supports.
+  RunResult run_thread(uint32_t t) {
+#ifdef FA_EMU_HAVE_FMA_PATH
+    if (has_fma_) return run_thread_fma(t);
+#endif
+    return run_thread_generic(t);
+  }
+
+  Shared &sh_;
+  const Entry &e_;
+  const LaunchConfig &cfg_;
+  uint32_t nthreads_ = 0, ns_ = 0, smem_size_ = 0;
+  std::vector<uint64_t> regs_;
+  std::vector<ThreadState> state_;
+  std::vector<uint32_t> pc_;
+  std::vector<uint8_t> smem_;
+  uint64_t block_ = 0;
+  uint32_t ctaid_[3] = {0, 0, 0};
+  uint64_t hit_base_ = 1, hit_end_ = 0;  // last allocation hit (empty)
+  int64_t steps_ = 0;                    // remaining steps of the current grant
+  uint64_t executed_ = 0;
+  uint32_t stuck_thread_ = UINT32_MAX;
+  std::string error_;
+#ifdef FA_EMU_HAVE_FMA_PATH
+  const bool has_fma_ =
+      __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;
+#endif
+};
+
+bool check_geometry(const Entry &e, const LaunchConfig &c, std::string *error) {
+  char buf[300];
+  const uint64_t nthreads = uint64_t{c.block[0]} * c.block[1] * c.block[2];
+  if (!c.block[0] || !c.block[1] || !c.block[2] || nthreads > 1024 || c.block[0] > 1024 ||
+      c.block[1] > 1024 || c.block[2] > 64) {
+    std::snprintf(buf, sizeof buf, "invalid block (%u,%u,%u): at most (1024,1024,64), 1024 threads",
+                  c.block[0], c.block[1], c.block[2]);
+    *error = buf;
+    return false;
+  }
+  if (!c.grid[0] || !c.grid[1] || !c.grid[2] || c.grid[0] > 0x7fffffffu || c.grid[1] > 65535 ||
+      c.grid[2] > 65535) {
+    std::snprintf(buf, sizeof buf, "invalid grid (%u,%u,%u)", c.grid[0], c.grid[1], c.grid[2]);
+    *error = buf;
+    return false;
+  }
+  if (e.maxntid[0]) {
+    uint64_t m = uint64_t{e.maxntid[0]} * e.maxntid[1] * e.maxntid[2];
+    if (nthreads > m || c.block[0] > e.maxntid[0] || c.block[1] > e.maxntid[1] ||
+        c.block[2] > e.maxntid[2]) {
+      std::snprintf(buf, sizeof buf, "block (%u,%u,%u) exceeds .maxntid %u, %u, %u of %s",
+                    c.block[0], c.block[1], c.block[2], e.maxntid[0], e.maxntid[1], e.maxntid[2],
+                    e.name.c_str());
+      *error = buf;
+      return false;
+    }
+  }
+  if (e.reqntid[0] &&
+      (c.block[0] != e.reqntid[0] || c.block[1] != e.reqntid[1] || c.block[2] != e.reqntid[2])) {
+    std::snprintf(buf, sizeof buf, "block (%u,%u,%u) differs from .reqntid %u, %u, %u of %s",
+                  c.block[0], c.block[1], c.block[2], e.reqntid[0], e.reqntid[1], e.reqntid[2],
+                  e.name.c_str());
+    *error = buf;
+    return false;
+  }
+  uint64_t smem = c.dynamic_smem ? uint64_t{e.dynamic_smem_offset} + c.dynamic_smem : e.static_smem;
+  if (c.smem_limit && smem > c.smem_limit) {
+    std::snprintf(buf, sizeof buf,
+                  "%s needs %" PRIu64
+                  " bytes of shared memory (%u static + %u dynamic), the "
+                  "device allows %zu per block",
+                  e.name.c_str(), smem, e.static_smem, c.dynamic_smem, c.smem_limit);
+    *error = buf;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool execute(const Entry &entry, const LaunchConfig &config, const void *params, size_t params_size,
+             DeviceMemory &memory, std::string *error, LaunchStats *stats) {
+  if (!check_geometry(entry, config, error)) return false;
+  if (params_size < entry.param_size || (entry.param_size && !params)) {
+    *error = "parameter buffer has " + std::to_string(params_size) + " bytes, " + entry.name +
+             " declares " + std::to_string(entry.param_size);
+    return false;
+  }
+  std::vector<uint64_t> param_copy((entry.param_size + 7) / 8 + 1, 0);
+  if (entry.param_size) std::memcpy(param_copy.data(), params, entry.param_size);
+
+  Shared sh;
+  sh.entry = &entry;
+  sh.cfg = &config;
+  sh.params = reinterpret_cast<const uint8_t *>(param_copy.data());
+  sh.mem = &memory;
+  sh.budget.total = static_cast<int64_t>(
+      std::min<uint64_t>(config.max_steps ? config.max_steps : kDefaultMaxSteps, INT64_MAX / 2));
+  sh.budget.remaining = sh.budget.total;
+  sh.num_blocks = uint64_t{config.grid[0]} * config.grid[1] * config.grid[2];
+
+  std::shared_lock<std::shared_mutex> lock(memory.mutex());
+  int workers = std::max(1, std::min<int>(config.host_threads, 16));
+  if (static_cast<uint64_t>(workers) > sh.num_blocks) workers = static_cast<int>(sh.num_blocks);
+  std::vector<std::thread> pool;
+  for (int k = 1; k < workers; ++k) {
+    pool.emplace_back([&sh] {
+      CtaRunner runner(sh);
+      runner.work();
+    });
+  }
+  {
+    CtaRunner runner(sh);
+    runner.work();
+  }
+  for (auto &th : pool) th.join();
+  if (stats) {
+    stats->instructions = sh.instructions.load();
+    stats->blocks = sh.num_blocks;
+    stats->cpu_seconds = sh.cpu_ns.load() * 1e-9;
+  }
+  if (sh.error_block != UINT64_MAX) {
+    *error = sh.error;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace emu
+}  // namespace fa

@@ -1,0 +1,120 @@
+// Bit-exact scalar conversions the emulator needs (PTX ISA "cvt", "Floating
+// point rounding modifiers"): f32 <-> f16/bf16 with round-to-nearest-even,
+// subnormal flushing for .ftz, saturating float -> int.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace fa {
+namespace emu {
+
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// .ftz: a subnormal becomes zero of the same sign.
+inline float flush_subnormal(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7f800000u) == 0 && (u & 0x007fffffu) != 0) return bits_f32(u & 0x80000000u);
+  return f;
+}
+
+// f16 bits -> f32, exact (subnormals, inf, NaN payload kept).
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    if (man == 0) return bits_f32(sign);
+    // Subnormal: value = man * 2^-24, exact in f32.
+    float v = static_cast<float>(man) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// f32 -> f16 bits, round to nearest even; NaN -> 0x7fff (canonical).
+inline uint16_t f32_to_f16_rn(float f) {
+  uint32_t u = f32_bits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return 0x7fff;
+  if (absu >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  int exp = static_cast<int>(absu >> 23) - 127;
+  if (exp >= -14) {
+    // Normal f16: keep 10 mantissa bits, round the 13 dropped ones.
+    uint32_t man = absu & 0x7fffffu;
+    uint32_t h = (static_cast<uint32_t>(exp + 15) << 10) | (man >> 13);
+    uint32_t rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1;  // carry may bump exponent
+    return static_cast<uint16_t>(sign | h);
+  }
+  if (exp < -25) return sign;  // below half the smallest subnormal (2^-25): zero
+  // Subnormal f16: value / 2^-24 rounded to an integer, nearest even.
+  uint32_t man = (absu & 0x7fffffu) | 0x800000u;  // 1.m * 2^23
+  int shift = -exp - 1;  // value/2^-24 = man * 2^(exp + 24 - 23) = man >> (-exp - 1)
+  uint32_t h = man >> shift;
+  uint32_t rest = man & ((1u << shift) - 1);
+  uint32_t half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (h & 1u))) h += 1;
+  return static_cast<uint16_t>(sign | h);
+}
+
+inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+
+// f32 -> bf16 bits, round to nearest even; NaN -> 0x7fff (canonical).
+inline uint16_t f32_to_bf16_rn(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Correctly rounded f32 fma without a libm call: the product is exact in
+// double; the double sum is made round-to-odd (TwoSum error as a sticky bit),
+// so the final rounding to f32 is a single correct rounding.
+inline float fma_f32(float a, float b, float c) {
+  double p = static_cast<double>(a) * static_cast<double>(b);
+  double s = p + static_cast<double>(c);
+  double bb = s - p;
+  double err = (p - (s - bb)) + (static_cast<double>(c) - bb);
+  // Branch-free (err != 0 is a coin flip): step an even, inexact sum one ulp
+  // toward the exact value.
+  uint64_t bits;
+  std::memcpy(&bits, &s, 8);
+  uint64_t need = static_cast<uint64_t>(err != 0) & static_cast<uint64_t>(std::fabs(s) < INFINITY) &
+                  (~bits & 1);
+  uint64_t dir = ((err > 0) == (s > 0)) ? 1 : ~uint64_t{0};
+  bits += need * dir;
+  std::memcpy(&s, &bits, 8);
+  return static_cast<float>(s);
+}
+
+// Saturating f32 -> s32 after rounding (NaN -> 0), PTX ISA cvt: float to
+// integer conversions saturate.
+inline int32_t f32_to_s32_sat(float r) {
+  if (std::isnan(r)) return 0;
+  if (r >= 2147483648.0f) return INT32_MAX;
+  if (r < -2147483648.0f) return INT32_MIN;
+  return static_cast<int32_t>(r);
+}
+
+inline uint32_t f32_to_u32_sat(float r) {
+  if (std::isnan(r) || r <= 0.0f) return 0;
+  if (r >= 4294967296.0f) return UINT32_MAX;
+  return static_cast<uint32_t>(r);
+}
+
+}  // namespace emu
+}  // namespace fa

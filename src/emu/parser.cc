@@ -1,0 +1,1270 @@
+// PTX text -> emu::Module. A small lexer, then a statement parser that
+// decodes each instruction into an Inst (emu/ptx_ir.h) with operand types
+// checked against the register declarations. Errors are "line N: message".
+// Internally errors are C++ exceptions; parse_module() catches them all.
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "emu/numeric.h"
+#include "emu/ptx_ir.h"
+
+namespace fa {
+namespace emu {
+namespace {
+
+struct ParseError {
+  int line;
+  std::string message;
+};
+
+[[noreturn]] void error_at(int line, const std::string &message) {
+  throw ParseError{line, message};
+}
+
+// ---------------------------------------------------------------- lexer ----
+
+enum class Tok { kIdent, kNumber, kPunct, kEnd };
+
+struct Token {
+  Tok kind;
+  std::string text;
+  int line;
+};
+
+bool ident_start(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '%' ||
+         c == '.';
+}
+bool ident_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.';
+}
+
+std::vector<Token> lex(const std::string &s) {
+  std::vector<Token> out;
+  int line = 1;
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    char c = s[i];
+    if (c == '\n') {
+      ++line;
+      ++i;
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+    } else if (c == '/' && i + 1 < n && s[i + 1] == '/') {
+      while (i < n && s[i] != '\n') ++i;
+    } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
+      int start = line;
+      i += 2;
+      while (i + 1 < n && !(s[i] == '*' && s[i + 1] == '/')) {
+        if (s[i] == '\n') ++line;
+        ++i;
+      }
+      if (i + 1 >= n) error_at(start, "unterminated /* comment");
+      i += 2;
+    } else if (ident_start(c)) {
+      size_t j = i + 1;
+      // "::" belongs to cache-hint modifiers such as .L1::no_allocate.
+      while (j < n && (ident_char(s[j]) || (s[j] == ':' && j + 1 < n && s[j + 1] == ':' &&
+                                            j + 2 < n && ident_char(s[j + 2])))) {
+        j += (s[j] == ':') ? 2 : 1;
+      }
+      out.push_back({Tok::kIdent, s.substr(i, j - i), line});
+      i = j;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      size_t j = i + 1;
+      while (j < n && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '.' ||
+                       ((s[j] == '+' || s[j] == '-') && (s[j - 1] == 'e' || s[j - 1] == 'E') &&
+                        !(s[i] == '0' && i + 1 < n &&
+                          (s[i + 1] == 'x' || s[i + 1] == 'X' || s[i + 1] == 'f' ||
+                           s[i + 1] == 'F' || s[i + 1] == 'd' || s[i + 1] == 'D')))))
+        ++j;
+      out.push_back({Tok::kNumber, s.substr(i, j - i), line});
+      i = j;
+    } else if (std::strchr(",;{}[]()<>+-@!:|=", c)) {
+      out.push_back({Tok::kPunct, std::string(1, c), line});
+      ++i;
+    } else {
+      error_at(line, std::string("unexpected character '") + c + "'");
+    }
+  }
+  out.push_back({Tok::kEnd, "", line});
+  return out;
+}
+
+// Parses an integer literal (decimal, 0x hex, optional U suffix).
+bool parse_int(const std::string &t, uint64_t *v) {
+  std::string s = t;
+  if (!s.empty() && (s.back() == 'U' || s.back() == 'u')) s.pop_back();
+  if (s.empty()) return false;
+  char *end = nullptr;
+  errno = 0;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    *v = std::strtoull(s.c_str() + 2, &end, 16);
+  } else {
+    for (char ch : s)
+      if (!std::isdigit(static_cast<unsigned char>(ch))) return false;
+    *v = std::strtoull(s.c_str(), &end, 10);
+  }
+  return end && *end == 0 && errno == 0;
+}
+
+// ------------------------------------------------------------- operands ----
+
+// Register classes by width in bits (1 = predicate).
+struct RegInfo {
+  uint32_t slot;
+  int bits;
+  bool is_float;
+};
+
+struct Operand {
+  enum Kind { kReg, kInt, kFloat, kSym, kAddr, kVec } kind = kReg;
+  int line = 0;
+  RegInfo reg{0, 0, false};
+  uint32_t pipe_slot = kNoSlot;  // d|p second destination (a predicate)
+  bool special = false;
+  uint64_t ival = 0;   // kInt (two's complement), kAddr offset
+  uint32_t fbits = 0;  // kFloat f32 bits
+  std::string sym;     // kSym, kAddr with symbol base
+  bool addr_has_reg = false;
+  std::vector<Operand> elems;  // kVec
+};
+
+struct TypeInfo {
+  int bits = 0;   // 1 for pred
+  char kind = 0;  // 'u','s','b','f','p'
+};
+
+bool type_info(const std::string &t, TypeInfo *ti) {
+  static const std::map<std::string, TypeInfo> types = {
+      {"u8", {8, 'u'}},   {"u16", {16, 'u'}},  {"u32", {32, 'u'}},   {"u64", {64, 'u'}},
+      {"s8", {8, 's'}},   {"s16", {16, 's'}},  {"s32", {32, 's'}},   {"s64", {64, 's'}},
+      {"b8", {8, 'b'}},   {"b16", {16, 'b'}},  {"b32", {32, 'b'}},   {"b64", {64, 'b'}},
+      {"f16", {16, 'f'}}, {"bf16", {16, 'f'}}, {"f16x2", {32, 'f'}}, {"bf16x2", {32, 'f'}},
+      {"f32", {32, 'f'}}, {"f64", {64, 'f'}},  {"pred", {1, 'p'}}};
+  auto it = types.find(t);
+  if (it == types.end()) return false;
+  *ti = it->second;
+  return true;
+}
+
+// Instruction modifiers split by kind.
+struct Mods {
+  std::vector<std::string> types;
+  std::string space;
+  int vec = 1;
+  std::string rnd;
+  std::string cmp;
+  std::string mode;
+  bool ftz = false, sat = false, approx = false, full = false, wide = false, lo = false, hi = false,
+       uni = false, to = false, sync = false;
+  std::vector<std::string> other;
+};
+
+struct SharedSym {
+  std::string name;
+  uint32_t align = 1;
+  uint32_t size = 0;
+  bool is_extern = false;
+};
+
+// ---------------------------------------------------------------- parser ----
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
+
+  std::shared_ptr<Module> run() {
+    auto mod = std::make_shared<Module>();
+    mod_ = mod.get();
+    while (peek().kind != Tok::kEnd) {
+      const Token &tk = next();
+      if (tk.text == ".version") {
+        const Token &v = next();
+        if (v.kind != Tok::kNumber) error_at(v.line, "expected a version number");
+        mod->version = static_cast<int>(std::strtod(v.text.c_str(), nullptr) * 10 + 0.5);
+      } else if (tk.text == ".target") {
+        for (;;) {
+          const Token &v = next();
+          if (v.kind != Tok::kIdent) error_at(v.line, "expected a target name");
+          if (v.text.compare(0, 3, "sm_") == 0) mod->target_sm = std::atoi(v.text.c_str() + 3);
+          if (!accept(",")) break;
+        }
+        if (mod->target_sm == 0) error_at(tk.line, ".target names no sm_NN");
+      } else if (tk.text == ".address_size") {
+        const Token &v = next();
+        if (v.text != "64") error_at(v.line, "only .address_size 64 is supported");
+      } else if (tk.text == ".visible" || tk.text == ".weak") {
+        // linkage of the .entry that follows
+      } else if (tk.text == ".entry") {
+        parse_entry(tk.line);
+      } else if (tk.text == ".extern" && peek().text == ".shared") {
+        next();
+        module_shared_.push_back(parse_shared_decl(tk.line, true));
+      } else if (tk.text == ".shared") {
+        module_shared_.push_back(parse_shared_decl(tk.line, false));
+      } else {
+        error_at(tk.line, "unsupported or unexpected '" + tk.text + "' at module scope");
+      }
+    }
+    if (mod->entries.empty()) error_at(t_.back().line, "module has no .entry");
+    return mod;
+  }
+
+ private:
+  // --- token helpers
+  const Token &peek(size_t k = 0) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
+  const Token &next() {
+    const Token &tk = t_[p_];
+    if (p_ + 1 < t_.size()) ++p_;
+    return tk;
+  }
+  bool accept(const char *text) {
+    if (peek().text == text && peek().kind != Tok::kEnd) {
+      next();
+      return true;
+    }
+    return false;
+  }
+  const Token &expect(const char *text) {
+    const Token &tk = next();
+    if (tk.text != text)
+      error_at(tk.line, std::string("expected '") + text + "', got '" + tk.text + "'");
+    return tk;
+  }
+  uint64_t expect_int() {
+    const Token &tk = next();
+    uint64_t v;
+    if (tk.kind != Tok::kNumber || !parse_int(tk.text, &v))
+      error_at(tk.line, "expected an integer, got '" + tk.text + "'");
+    return v;
+  }
+  std::string expect_ident(const char *what) {
+    const Token &tk = next();
+    if (tk.kind != Tok::kIdent || tk.text[0] == '.' || tk.text[0] == '%')
+      error_at(tk.line, std::string("expected ") + what + ", got '" + tk.text + "'");
+    return tk.text;
+  }
+
+  // `.shared .align A .b8 NAME[N];` (after .shared); extern: NAME[].
+  SharedSym parse_shared_decl(int line, bool is_extern) {
+    if (is_extern) {
+      // ".extern" was consumed and ".shared" too.
+    }
+    SharedSym s;
+    s.is_extern = is_extern;
+    uint32_t elem = 0;
+    for (;;) {
+      const Token &tk = next();
+      if (tk.text == ".align") {
+        s.align = static_cast<uint32_t>(expect_int());
+        if (s.align == 0 || (s.align & (s.align - 1))) error_at(tk.line, "bad .align");
+      } else if (tk.kind == Tok::kIdent && tk.text[0] == '.') {
+        TypeInfo ti;
+        if (!type_info(tk.text.substr(1), &ti) || ti.bits < 8)
+          error_at(tk.line, "bad .shared type '" + tk.text + "'");
+        elem = static_cast<uint32_t>(ti.bits / 8);
+      } else if (tk.kind == Tok::kIdent) {
+        s.name = tk.text;
+        break;
+      } else {
+        error_at(tk.line, "bad .shared declaration near '" + tk.text + "'");
+      }
+    }
+    if (elem == 0) error_at(line, ".shared declaration without a type");
+    if (s.align < elem) s.align = elem;
+    uint64_t count = 1;
+    if (accept("[")) {
+      if (accept("]")) {
+        if (!is_extern) error_at(line, "only .extern .shared arrays may be unsized");
+        count = 0;
+      } else {
+        count = expect_int();
+        expect("]");
+        if (is_extern) error_at(line, ".extern .shared arrays must be unsized");
+      }
+    } else if (is_extern) {
+      error_at(line, ".extern .shared must be an unsized array");
+    }
+    expect(";");
+    if (count * elem > (1u << 30)) error_at(line, ".shared array too large");
+    s.size = static_cast<uint32_t>(count * elem);
+    return s;
+  }
+
+  // ----------------------------------------------------------- entries ----
+
+  void parse_entry(int line) {
+    mod_->entries.emplace_back();
+    e_ = &mod_->entries.back();
+    e_->line = static_cast<uint32_t>(line);
+    e_->name = expect_ident("an entry name");
+    for (const Entry &o : mod_->entries)
+      if (&o != e_ && o.name == e_->name) error_at(line, "duplicate entry '" + e_->name + "'");
+    regs_.clear();
+    params_.clear();
+    shared_.clear();
+    labels_.clear();
+    fixups_.clear();
+    consts_.clear();
+    extern_slots_.clear();
+    e_->slot_init.assign(kNumSpecialSlots, 0);
+    static const char *specials[] = {"%tid.x",    "%tid.y",    "%tid.z",   "%ntid.x",  "%ntid.y",
+                                     "%ntid.z",   "%ctaid.x",  "%ctaid.y", "%ctaid.z", "%nctaid.x",
+                                     "%nctaid.y", "%nctaid.z", "%laneid",  "%warpid",  "%nwarpid"};
+    e_->slot_name.assign(specials, specials + kNumSpecialSlots);
+
+    // Parameters.
+    expect("(");
+    uint32_t poff = 0;
+    if (!accept(")")) {
+      for (;;) {
+        const Token &pt = expect(".param");
+        uint32_t align = 0, elem = 0;
+        std::string name;
+        for (;;) {
+          const Token &tk = next();
+          if (tk.text == ".align") {
+            align = static_cast<uint32_t>(expect_int());
+          } else if (tk.kind == Tok::kIdent && tk.text[0] == '.') {
+            TypeInfo ti;
+            if (!type_info(tk.text.substr(1), &ti) || ti.bits < 8)
+              error_at(tk.line, "bad .param type '" + tk.text + "'");
+            elem = static_cast<uint32_t>(ti.bits / 8);
+          } else if (tk.kind == Tok::kIdent) {
+            name = tk.text;
+            break;
+          } else {
+            error_at(tk.line, "bad .param near '" + tk.text + "'");
+          }
+        }
+        if (elem == 0) error_at(pt.line, ".param without a type");
+        uint64_t count = 1;
+        if (accept("[")) {
+          count = expect_int();
+          expect("]");
+        }
+        if (align == 0) align = elem;
+        poff = (poff + align - 1) / align * align;
+        params_[name] = {poff, static_cast<uint32_t>(count * elem)};
+        poff += static_cast<uint32_t>(count * elem);
+        if (accept(")")) break;
+        expect(",");
+      }
+    }
+    e_->param_size = poff;
+
+    // Performance directives.
+    for (;;) {
+      const Token &tk = peek();
+      if (tk.text == ".maxntid" || tk.text == ".reqntid") {
+        next();
+        uint32_t *dst = tk.text == ".maxntid" ? e_->maxntid : e_->reqntid;
+        dst[0] = static_cast<uint32_t>(expect_int());
+        dst[1] = dst[2] = 1;
+        if (accept(",")) dst[1] = static_cast<uint32_t>(expect_int());
+        if (accept(",")) dst[2] = static_cast<uint32_t>(expect_int());
+      } else if (tk.text == ".minnctapersm" || tk.text == ".maxnreg" ||
+                 tk.text == ".maxnctapersm") {
+        next();
+        expect_int();
+      } else if (tk.text == ".noreturn") {
+        next();
+      } else {
+        break;
+      }
+    }
+
+    // Module-scope shared symbols come first in the shared window.
+    shared_off_ = 0;
+    for (const SharedSym &s : module_shared_) add_shared(s, line);
+
+    expect("{");
+    int depth = 1;
+    while (depth > 0) {
+      const Token &tk = peek();
+      if (tk.kind == Tok::kEnd) error_at(tk.line, "missing '}' at end of entry " + e_->name);
+      if (tk.text == "{") {
+        next();
+        ++depth;
+      } else if (tk.text == "}") {
+        next();
+        --depth;
+        if (depth == 0) end_line_ = tk.line;
+      } else {
+        parse_statement();
+      }
+    }
+    // Falling off the end exits.
+    Inst ex;
+    ex.op = Op::kExit;
+    ex.line = static_cast<uint32_t>(end_line_);
+    emit(ex, "exit");
+    // Labels.
+    for (const auto &f : fixups_) {
+      auto it = labels_.find(f.name);
+      if (it == labels_.end()) error_at(f.line, "undefined label '" + f.name + "'");
+      e_->code[f.pc].imm = it->second;
+    }
+    // Dynamic shared memory starts after every static symbol.
+    uint32_t dyn_align = 16;
+    for (const auto &s : shared_)
+      if (s.second.is_extern && s.second.align > dyn_align) dyn_align = s.second.align;
+    e_->static_smem = shared_off_;
+    e_->dynamic_smem_offset = (shared_off_ + dyn_align - 1) / dyn_align * dyn_align;
+    for (uint32_t slot : extern_slots_) e_->slot_init[slot] = e_->dynamic_smem_offset;
+    e_->num_slots = static_cast<uint32_t>(e_->slot_init.size());
+  }
+
+  struct SharedInfo {
+    uint32_t offset;
+    uint32_t size;
+    uint32_t align;
+    bool is_extern;
+  };
+
+  void add_shared(const SharedSym &s, int line) {
+    if (shared_.count(s.name) || params_.count(s.name))
+      error_at(line, "duplicate symbol '" + s.name + "'");
+    SharedInfo info{0, s.size, s.align, s.is_extern};
+    if (!s.is_extern) {
+      shared_off_ = (shared_off_ + s.align - 1) / s.align * s.align;
+      info.offset = shared_off_;
+      shared_off_ += s.size;
+    }
+    shared_[s.name] = info;
+  }
+
+  void declare_regs(const Token &first) {
+    // `.reg .TYPE name<N>;` or `.reg .TYPE a, b;`
+    const Token &ty = next();
+    TypeInfo ti;
+    if (ty.kind != Tok::kIdent || ty.text[0] != '.' || !type_info(ty.text.substr(1), &ti))
+      error_at(ty.line, "bad register type '" + ty.text + "'");
+    if (ti.bits == 8) ti.bits = 16;  // 8-bit registers are at least 16 bits wide
+    for (;;) {
+      const Token &nm = next();
+      if (nm.kind != Tok::kIdent || nm.text[0] == '.')
+        error_at(nm.line, "expected a register name, got '" + nm.text + "'");
+      if (accept("<")) {
+        uint64_t count = expect_int();
+        expect(">");
+        if (count > (1u << 20)) error_at(nm.line, "too many registers");
+        for (uint64_t k = 0; k < count; ++k) add_reg(nm.text + std::to_string(k), ti, nm.line);
+      } else {
+        add_reg(nm.text, ti, nm.line);
+      }
+      if (accept(";")) break;
+      if (!accept(",")) error_at(first.line, "expected ',' or ';' in .reg declaration");
+    }
+  }
+
+  void add_reg(const std::string &name, const TypeInfo &ti, int line) {
+    if (regs_.count(name)) error_at(line, "register '" + name + "' declared twice");
+    uint32_t slot = static_cast<uint32_t>(e_->slot_init.size());
+    e_->slot_init.push_back(0);
+    e_->slot_name.push_back(name);
+    regs_[name] = RegInfo{slot, ti.bits, ti.kind == 'f'};
+  }
+
+  uint32_t const_slot(uint64_t value) {
+    auto it = consts_.find(value);
+    if (it != consts_.end()) return it->second;
+    uint32_t slot = static_cast<uint32_t>(e_->slot_init.size());
+    e_->slot_init.push_back(value);
+    e_->slot_name.push_back("<const>");
+    consts_[value] = slot;
+    return slot;
+  }
+
+  // The slot holding a shared symbol's offset (extern symbols patched at end).
+  uint32_t shared_sym_slot(const std::string &name, int line) {
+    auto it = shared_.find(name);
+    if (it == shared_.end()) {
+      if (params_.count(name))
+        error_at(line, "the address of .param '" + name + "' cannot be taken here");
+      error_at(line, "undefined symbol '" + name + "'");
+    }
+    if (!it->second.is_extern) return const_slot(it->second.offset);
+    uint32_t slot = static_cast<uint32_t>(e_->slot_init.size());
+    e_->slot_init.push_back(0);
+    e_->slot_name.push_back(name);
+    extern_slots_.push_back(slot);
+    return slot;
+  }
+
+  void parse_statement() {
+    const Token &tk = peek();
+    if (tk.text == ".reg") {
+      next();
+      declare_regs(tk);
+      return;
+    }
+    if (tk.text == ".shared") {
+      next();
+      add_shared(parse_shared_decl(tk.line, false), tk.line);
+      return;
+    }
+    if (tk.text == ".extern") {
+      next();
+      expect(".shared");
+      add_shared(parse_shared_decl(tk.line, true), tk.line);
+      return;
+    }
+    if (tk.kind == Tok::kIdent && tk.text[0] == '.')
+      error_at(tk.line, "unsupported directive '" + tk.text + "'");
+    if (tk.kind == Tok::kIdent && peek(1).text == ":") {
+      next();
+      next();
+      if (labels_.count(tk.text)) error_at(tk.line, "label '" + tk.text + "' defined twice");
+      labels_[tk.text] = static_cast<uint32_t>(e_->code.size());
+      return;
+    }
+    parse_instruction();
+  }
+
+  // ------------------------------------------------------ instructions ----
+
+  void parse_instruction() {
+    uint32_t guard = kNoSlot;
+    int line = peek().line;
+    if (accept("@")) {
+      bool neg = accept("!");
+      const Token &p = next();
+      auto it = regs_.find(p.text);
+      if (it == regs_.end()) error_at(p.line, "undeclared register '" + p.text + "'");
+      if (it->second.bits != 1) error_at(p.line, "guard '" + p.text + "' is not a predicate");
+      guard = it->second.slot | (neg ? kGuardNeg : 0);
+    }
+    const Token &opt = next();
+    if (opt.kind != Tok::kIdent || opt.text[0] == '.' || opt.text[0] == '%')
+      error_at(opt.line, "expected an instruction, got '" + opt.text + "'");
+    line = opt.line;
+    std::vector<Operand> ops;
+    if (!accept(";")) {
+      for (;;) {
+        ops.push_back(parse_operand());
+        if (accept(";")) break;
+        const Token &sep = next();
+        if (sep.text != ",")
+          error_at(sep.line, "expected ',' or ';' after an operand of " + opt.text + ", got '" +
+                                 sep.text + "'");
+      }
+    }
+    line_ = line;
+    op_text_ = opt.text;
+    guard_ = guard;
+    decode(opt.text, ops);
+  }
+
+  Operand parse_operand() {
+    Operand o;
+    const Token &tk = next();
+    o.line = tk.line;
+    if (tk.text == "{") {
+      o.kind = Operand::kVec;
+      for (;;) {
+        o.elems.push_back(parse_operand());
+        if (accept("}")) break;
+        expect(",");
+      }
+      return o;
+    }
+    if (tk.text == "[") {
+      o.kind = Operand::kAddr;
+      const Token &b = next();
+      if (b.kind == Tok::kIdent && b.text[0] == '%') {
+        o.reg = lookup_reg(b, &o.special);
+        o.addr_has_reg = true;
+      } else if (b.kind == Tok::kIdent && b.text[0] != '.') {
+        o.sym = b.text;
+      } else {
+        error_at(b.line, "bad address base '" + b.text + "'");
+      }
+      if (accept("+")) {
+        bool neg = accept("-");
+        uint64_t v = expect_int();
+        o.ival = neg ? (0 - v) : v;
+      } else if (accept("-")) {
+        o.ival = 0 - expect_int();
+      }
+      expect("]");
+      return o;
+    }
+    if (tk.text == "-" || tk.kind == Tok::kNumber) {
+      bool neg = tk.text == "-";
+      const Token &num = neg ? next() : tk;
+      if (num.kind != Tok::kNumber) error_at(num.line, "expected a number after '-'");
+      const std::string &s = num.text;
+      if (s.size() == 10 && s[0] == '0' && (s[1] == 'f' || s[1] == 'F')) {
+        o.kind = Operand::kFloat;
+        o.fbits = static_cast<uint32_t>(std::strtoul(s.c_str() + 2, nullptr, 16));
+        if (neg) o.fbits ^= 0x80000000u;
+        return o;
+      }
+      if (s.size() == 18 && s[0] == '0' && (s[1] == 'd' || s[1] == 'D')) {
+        uint64_t bits = std::strtoull(s.c_str() + 2, nullptr, 16);
+        double d;
+        std::memcpy(&d, &bits, 8);
+        o.kind = Operand::kFloat;
+        o.fbits = f32_bits(static_cast<float>(neg ? -d : d));
+        return o;
+      }
+      uint64_t v;
+      if (parse_int(s, &v)) {
+        o.kind = Operand::kInt;
+        o.ival = neg ? (0 - v) : v;
+        return o;
+      }
+      char *end = nullptr;
+      double d = std::strtod(s.c_str(), &end);
+      if (!end || *end) error_at(num.line, "bad number '" + s + "'");
+      o.kind = Operand::kFloat;
+      o.fbits = f32_bits(static_cast<float>(neg ? -d : d));
+      return o;
+    }
+    if (tk.kind == Tok::kIdent && tk.text[0] == '%') {
+      o.kind = Operand::kReg;
+      o.reg = lookup_reg(tk, &o.special);
+      if (accept("|")) {
+        const Token &p = next();
+        bool sp;
+        RegInfo pr = lookup_reg(p, &sp);
+        if (pr.bits != 1) error_at(p.line, "'" + p.text + "' after '|' must be a predicate");
+        o.pipe_slot = pr.slot;
+      }
+      return o;
+    }
+    if (tk.kind == Tok::kIdent && tk.text[0] != '.') {
+      o.kind = Operand::kSym;
+      o.sym = tk.text;
+      return o;
+    }
+    error_at(tk.line, "bad operand '" + tk.text + "'");
+  }
+
+  RegInfo lookup_reg(const Token &tk, bool *special) {
+    *special = false;
+    auto it = regs_.find(tk.text);
+    if (it != regs_.end()) return it->second;
+    for (uint32_t k = 0; k < kNumSpecialSlots; ++k) {
+      if (e_->slot_name[k] == tk.text) {
+        *special = true;
+        return RegInfo{k, 32, false};
+      }
+    }
+    error_at(tk.line, "undeclared register '" + tk.text + "'");
+  }
+
+  // --- operand checks
+
+  [[noreturn]] void bad(const std::string &msg) { error_at(line_, op_text_ + ": " + msg); }
+
+  void want_count(const std::vector<Operand> &ops, size_t n) {
+    if (ops.size() != n)
+      bad("expected " + std::to_string(n) + " operands, got " + std::to_string(ops.size()));
+  }
+
+  // Destination register of width `bits` (exact unless `at_least`).
+  uint32_t dst(const Operand &o, int bits, bool at_least = false) {
+    if (o.kind != Operand::kReg) bad("destination must be a register");
+    if (o.special) bad("special register cannot be a destination");
+    if (o.pipe_slot != kNoSlot) bad("unexpected '|' destination");
+    check_width(o, bits, at_least);
+    return o.reg.slot;
+  }
+
+  void check_width(const Operand &o, int bits, bool at_least) {
+    int have = o.reg.bits;
+    bool ok = at_least ? (have >= bits && (have == 1) == (bits == 1)) : have == bits;
+    if (!ok) {
+      std::string want = bits == 1 ? "a predicate" : std::to_string(bits) + "-bit";
+      std::string got = have == 1 ? "a predicate" : std::to_string(have) + "-bit";
+      bad("operand '" + e_->slot_name[o.reg.slot] + "' is " + got + ", expected " + want);
+    }
+  }
+
+  // Source operand of width `bits`; immediates become constant slots.
+  uint32_t src(const Operand &o, int bits, bool is_float, bool at_least = false) {
+    switch (o.kind) {
+      case Operand::kReg:
+        if (o.pipe_slot != kNoSlot) bad("unexpected '|' operand");
+        check_width(o, bits, at_least);
+        return o.reg.slot;
+      case Operand::kInt:
+        if (bits == 1) bad("predicate operand must be a register");
+        if (is_float && bits == 32)
+          return const_slot(f32_bits(static_cast<float>(static_cast<int64_t>(o.ival))));
+        return const_slot(o.ival);
+      case Operand::kFloat:
+        if (bits != 32) bad("f32 immediate used as a " + std::to_string(bits) + "-bit operand");
+        return const_slot(o.fbits);
+      default:
+        bad("expected a register or an immediate");
+    }
+  }
+
+  void emit(Inst in, const std::string &text) {
+    if (in.line == 0) in.line = static_cast<uint32_t>(line_);
+    e_->code.push_back(in);
+    e_->op_text.push_back(text);
+  }
+
+  Inst base_inst() {
+    Inst in;
+    in.guard = guard_;
+    in.line = static_cast<uint32_t>(line_);
+    return in;
+  }
+
+  Mods split_mods(const std::string &text, std::string *base) {
+    Mods m;
+    size_t dot = text.find('.');
+    *base = text.substr(0, dot);
+    static const char *spaces[] = {"global", "shared", "param", "local", "const"};
+    static const char *rnds[] = {"rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi"};
+    static const char *cmps[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "ls",  "hs",
+                                 "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
+    static const char *modes[] = {"up", "down", "bfly", "idx"};
+    while (dot != std::string::npos) {
+      size_t nd = text.find('.', dot + 1);
+      std::string p = text.substr(dot + 1, nd == std::string::npos ? nd : nd - dot - 1);
+      dot = nd;
+      TypeInfo ti;
+      bool done = false;
+      if (type_info(p, &ti)) {
+        m.types.push_back(p);
+        continue;
+      }
+      for (const char *s : spaces)
+        if (p == s) m.space = p, done = true;
+      for (const char *s : rnds)
+        if (p == s) m.rnd = p, done = true;
+      for (const char *s : cmps)
+        if (p == s) m.cmp = p, done = true;
+      for (const char *s : modes)
+        if (p == s) m.mode = p, done = true;
+      if (done) continue;
+      if (p == "v2")
+        m.vec = 2;
+      else if (p == "v4")
+        m.vec = 4;
+      else if (p == "ftz")
+        m.ftz = true;
+      else if (p == "sat")
+        m.sat = true;
+      else if (p == "approx")
+        m.approx = true;
+      else if (p == "full")
+        m.full = true;
+      else if (p == "wide")
+        m.wide = true;
+      else if (p == "lo")
+        m.lo = true;
+      else if (p == "hi")
+        m.hi = true;
+      else if (p == "uni")
+        m.uni = true;
+      else if (p == "to")
+        m.to = true;
+      else if (p == "sync")
+        m.sync = true;
+      else
+        m.other.push_back(p);
+    }
+    return m;
+  }
+
+  // Exactly one type modifier.
+  TypeInfo one_type(const Mods &m) {
+    if (m.types.size() != 1) bad("expected exactly one type modifier");
+    TypeInfo ti;
+    type_info(m.types[0], &ti);
+    return ti;
+  }
+
+  void no_other(const Mods &m, std::initializer_list<const char *> allowed = {}) {
+    for (const std::string &o : m.other) {
+      bool ok = false;
+      for (const char *a : allowed)
+        if (o == a) ok = true;
+      if (!ok) bad("unsupported modifier '." + o + "'");
+    }
+  }
+
+  // --- the decoder
+
+  void decode(const std::string &text, const std::vector<Operand> &ops) {
+    std::string b;
+    Mods m = split_mods(text, &b);
+    Inst in = base_inst();
+    if (b == "mov") return decode_mov(m, ops, in);
+    if (b == "ld" || b == "st") return decode_ldst(b == "ld", m, ops, in);
+    if (b == "cvta") {
+      no_other(m);
+      if (!m.to || m.space != "global") bad("only cvta.to.global is supported");
+      TypeInfo ti = one_type(m);
+      if (ti.bits != 64) bad("cvta.to.global needs .u64");
+      want_count(ops, 2);
+      in.op = Op::kMov;
+      in.d = dst(ops[0], 64);
+      in.a = src(ops[1], 64, false);
+      return emit(in, text);
+    }
+    if (b == "setp") return decode_setp(m, ops, in);
+    if (b == "selp") {
+      no_other(m);
+      TypeInfo ti = one_type(m);
+      if (ti.bits < 16) bad("bad selp type");
+      want_count(ops, 4);
+      in.op = Op::kSelp;
+      in.d = dst(ops[0], ti.bits);
+      in.a = src(ops[1], ti.bits, ti.kind == 'f');
+      in.b = src(ops[2], ti.bits, ti.kind == 'f');
+      in.c = src(ops[3], 1, false);
+      return emit(in, text);
+    }
+    if (b == "cvt") return decode_cvt(m, ops, in, text);
+    if (b == "bra") {
+      no_other(m);
+      want_count(ops, 1);
+      if (ops[0].kind != Operand::kSym) bad("branch target must be a label");
+      in.op = Op::kBra;
+      fixups_.push_back({static_cast<uint32_t>(e_->code.size()), ops[0].sym, line_});
+      return emit(in, text);
+    }
+    if (b == "ret" || b == "exit") {
+      no_other(m);
+      want_count(ops, 0);
+      in.op = Op::kExit;
+      return emit(in, text);
+    }
+    if (b == "bar" || b == "barrier") {
+      if (m.other.size() == 1 && m.other[0] == "warp" && m.sync) {
+        want_count(ops, 1);
+        in.op = Op::kBarWarpSync;
+        in.a = src(ops[0], 32, false);
+        return emit(in, text);
+      }
+      no_other(m, {"aligned"});
+      if (!m.sync) bad("only bar.sync / barrier.sync are supported");
+      if (ops.size() == 2) bad("bar.sync with a thread count is not supported");
+      want_count(ops, 1);
+      if (ops[0].kind != Operand::kInt || ops[0].ival > 15) bad("barrier id must be 0..15");
+      in.op = Op::kBarSync;
+      in.imm = static_cast<int64_t>(ops[0].ival);
+      return emit(in, text);
+    }
+    if (b == "shfl") {
+      no_other(m);
+      if (!m.sync) bad("only shfl.sync is supported");
+      if (m.mode.empty()) bad("missing mode (.up/.down/.bfly/.idx)");
+      TypeInfo ti = one_type(m);
+      if (ti.bits != 32 || m.types[0] != "b32") bad("shfl.sync needs .b32");
+      want_count(ops, 5);
+      in.op = Op::kShfl;
+      in.sub = m.mode == "up"     ? kShflUp
+               : m.mode == "down" ? kShflDown
+               : m.mode == "bfly" ? kShflBfly
+                                  : kShflIdx;
+      if (ops[0].kind != Operand::kReg) bad("destination must be a register");
+      Operand d0 = ops[0];
+      in.v[0] = d0.pipe_slot;
+      d0.pipe_slot = kNoSlot;
+      in.d = dst(d0, 32);
+      in.a = src(ops[1], 32, false);
+      in.b = src(ops[2], 32, false);
+      in.c = src(ops[3], 32, false);
+      in.e = src(ops[4], 32, false);
+      return emit(in, text);
+    }
+    if (b == "membar" || b == "fence") return;  // one thread at a time: ordering is free
+    if (b == "nop") return;
+    decode_arith(b, m, ops, in, text);
+  }
+
+  void decode_mov(const Mods &m, const std::vector<Operand> &ops, Inst in) {
+    no_other(m);
+    TypeInfo ti = one_type(m);
+    want_count(ops, 2);
+    if (ops[1].kind == Operand::kVec) {  // pack
+      const auto &el = ops[1].elems;
+      if (el.size() != 2 || (ti.bits != 32 && ti.bits != 64)) bad("unsupported vector mov");
+      in.op = ti.bits == 32 ? Op::kPack32 : Op::kPack64;
+      in.d = dst(ops[0], ti.bits);
+      in.v[0] = src(el[0], ti.bits / 2, false);
+      in.v[1] = src(el[1], ti.bits / 2, false);
+      return emit(in, "mov");
+    }
+    if (ops[0].kind == Operand::kVec) {  // unpack
+      const auto &el = ops[0].elems;
+      if (el.size() != 2 || (ti.bits != 32 && ti.bits != 64)) bad("unsupported vector mov");
+      in.op = ti.bits == 32 ? Op::kUnpack32 : Op::kUnpack64;
+      in.v[0] = dst(el[0], ti.bits / 2);
+      in.v[1] = dst(el[1], ti.bits / 2);
+      in.a = src(ops[1], ti.bits, false);
+      return emit(in, "mov");
+    }
+    in.op = Op::kMov;
+    in.d = dst(ops[0], ti.bits);
+    if (ops[1].kind == Operand::kSym) {
+      if (ti.bits != 32 && ti.bits != 64) bad("a symbol address needs mov.u32 or mov.u64");
+      in.a = shared_sym_slot(ops[1].sym, ops[1].line);
+    } else {
+      in.a = src(ops[1], ti.bits, ti.kind == 'f');
+    }
+    emit(in, "mov." + m.types[0]);
+  }
+
+  void decode_ldst(bool is_ld, const Mods &m, const std::vector<Operand> &ops, Inst in) {
+    std::string text = std::string(is_ld ? "ld." : "st.") + m.space +
+                       (m.vec > 1 ? ".v" + std::to_string(m.vec) : "") +
+                       (m.types.empty() ? "" : "." + m.types[0]);
+    op_text_ = text;
+    no_other(m, {"nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "volatile", "relaxed", "weak",
+                 "cta", "gpu", "L1::no_allocate", "L1::evict_last", "L1::evict_first", "L2::64B",
+                 "L2::128B", "L2::256B"});
+    TypeInfo ti = one_type(m);
+    if (ti.bits < 8 || ti.kind == 'p') bad("bad load/store type");
+    want_count(ops, 2);
+    const Operand &addr = is_ld ? ops[1] : ops[0];
+    const Operand &val = is_ld ? ops[0] : ops[1];
+    if (addr.kind != Operand::kAddr) bad("expected an address operand [..]");
+    uint32_t bytes = static_cast<uint32_t>(ti.bits / 8);
+    in.sub = static_cast<uint8_t>(bytes);
+    in.vec = static_cast<uint8_t>(m.vec);
+    if (ti.kind == 's') in.flags |= kSigned;
+    in.imm = static_cast<int64_t>(addr.ival);
+    int vbits = ti.bits < 16 ? 16 : ti.bits;
+    if (m.space == "param") {
+      if (!is_ld) bad("st.param is not supported in an entry");
+      if (m.vec != 1) bad("vector ld.param is not supported");
+      if (addr.addr_has_reg) bad("ld.param needs [NAME+offset]");
+      auto it = params_.find(addr.sym);
+      if (it == params_.end()) bad("undefined parameter '" + addr.sym + "'");
+      int64_t off = static_cast<int64_t>(addr.ival);
+      if (off < 0 || off + bytes > it->second.size)
+        bad("offset " + std::to_string(off) + " + " + std::to_string(bytes) +
+            " bytes is outside parameter '" + addr.sym + "' (" + std::to_string(it->second.size) +
+            " bytes)");
+      if ((it->second.offset + off) % bytes) bad("misaligned parameter access");
+      in.op = Op::kLdParam;
+      in.imm = it->second.offset + off;
+      in.d = dst(val, vbits, true);
+      return emit(in, text);
+    }
+    if (m.space == "global") {
+      if (!addr.addr_has_reg) bad("global variables are not supported; use [%rd+imm]");
+      if (addr.reg.bits != 64) bad("global address register must be 64-bit");
+      in.a = addr.reg.slot;
+      in.op = is_ld ? Op::kLdGlobal : Op::kStGlobal;
+    } else if (m.space == "shared") {
+      if (addr.addr_has_reg) {
+        if (addr.reg.bits != 32 && addr.reg.bits != 64) bad("bad shared address register");
+        in.a = addr.reg.slot;
+      } else {
+        in.a = shared_sym_slot(addr.sym, addr.line);
+      }
+      in.op = is_ld ? Op::kLdShared : Op::kStShared;
+    } else {
+      bad("state space must be .global, .shared or .param");
+    }
+    if (m.vec == 1) {
+      if (is_ld) {
+        in.d = dst(val, vbits, true);
+      } else {
+        in.b = src(val, vbits, ti.kind == 'f', true);
+      }
+    } else {
+      if (val.kind != Operand::kVec || val.elems.size() != static_cast<size_t>(m.vec))
+        bad("expected a vector of " + std::to_string(m.vec) + " registers");
+      for (int k = 0; k < m.vec; ++k)
+        in.v[k] =
+            is_ld ? dst(val.elems[k], vbits, true) : src(val.elems[k], vbits, ti.kind == 'f', true);
+    }
+    emit(in, text);
+  }
+
+  void decode_setp(const Mods &m, const std::vector<Operand> &ops, Inst in) {
+    no_other(m);
+    TypeInfo ti = one_type(m);
+    std::string c = m.cmp;
+    // ".lo"/".hi" were taken as mul modifiers by split_mods.
+    if (m.lo) c = "lo";
+    if (m.hi) c = "hi";
+    if (c.empty()) bad("missing comparison");
+    want_count(ops, 3);
+    if (ops[0].kind == Operand::kReg && ops[0].pipe_slot != kNoSlot)
+      bad("setp with two destinations is not supported");
+    static const std::map<std::string, Cmp> cmap = {
+        {"eq", kEq},   {"ne", kNe},   {"lt", kLt},   {"le", kLe},   {"gt", kGt},   {"ge", kGe},
+        {"lo", kLt},   {"ls", kLe},   {"hi", kGt},   {"hs", kGe},   {"equ", kEqu}, {"neu", kNeu},
+        {"ltu", kLtu}, {"leu", kLeu}, {"gtu", kGtu}, {"geu", kGeu}, {"num", kNum}, {"nan", kNan}};
+    auto it = cmap.find(c);
+    if (it == cmap.end()) bad("bad comparison");
+    in.sub = it->second;
+    if (ti.kind == 'f') {
+      if (ti.bits != 32 || m.types[0] != "f32") bad("only setp.*.f32 is supported for floats");
+      in.op = Op::kSetpF32;
+      if (m.ftz) in.flags |= kFtz;
+    } else {
+      if (in.sub > kGe) bad("unordered comparisons need a float type");
+      if (ti.bits == 32)
+        in.op = ti.kind == 's' ? Op::kSetpS32 : Op::kSetpU32;
+      else if (ti.bits == 64)
+        in.op = ti.kind == 's' ? Op::kSetpS64 : Op::kSetpU64;
+      else
+        bad("unsupported setp type");
+      if (ti.kind == 'b' && in.sub != kEq && in.sub != kNe) bad(".b types allow only eq/ne");
+    }
+    in.d = dst(ops[0], 1);
+    in.a = src(ops[1], ti.bits, ti.kind == 'f');
+    in.b = src(ops[2], ti.bits, ti.kind == 'f');
+    emit(in, op_text_);
+  }
+
+  void decode_cvt(const Mods &m, const std::vector<Operand> &ops, Inst in,
+                  const std::string &text) {
+    no_other(m);
+    if (m.types.size() != 2) bad("cvt needs a destination and a source type");
+    if (m.sat) bad(".sat is not supported");
+    const std::string &dt = m.types[0], &st = m.types[1];
+    TypeInfo dti, sti;
+    type_info(dt, &dti);
+    type_info(st, &sti);
+    if (m.ftz) in.flags |= kFtz;
+    bool is_x2 = dt == "f16x2" || dt == "bf16x2";
+    if (is_x2) {
+      if (st != "f32" || m.rnd != "rn") bad("only cvt.rn.f16x2.f32 / bf16x2 are supported");
+      want_count(ops, 3);
+      in.op = dt == "f16x2" ? Op::kCvtF16x2F32 : Op::kCvtBF16x2F32;
+      in.d = dst(ops[0], 32);
+      in.a = src(ops[1], 32, true);
+      in.b = src(ops[2], 32, true);
+      return emit(in, text);
+    }
+    want_count(ops, 2);
+    auto need_rnd = [&](const char *r) {
+      if (m.rnd != r) bad(std::string("needs .") + r);
+    };
+    int dbits = dti.bits, sbits = sti.bits;
+    if (dt == "f32" && st == "f16") {
+      in.op = Op::kCvtF32F16;
+    } else if (dt == "f32" && st == "bf16") {
+      in.op = Op::kCvtF32BF16;
+    } else if (dt == "f16" && st == "f32") {
+      need_rnd("rn");
+      in.op = Op::kCvtF16F32;
+    } else if (dt == "bf16" && st == "f32") {
+      need_rnd("rn");
+      in.op = Op::kCvtBF16F32;
+    } else if (dt == "f32" && (st == "s32" || st == "u32")) {
+      if (!m.rnd.empty() && m.rnd != "rn") bad("only .rn int -> f32 is supported");
+      in.op = st == "s32" ? Op::kCvtF32S32 : Op::kCvtF32U32;
+    } else if ((dt == "s32" || dt == "u32") && st == "f32") {
+      if (m.rnd == "rzi")
+        in.sub = kRzi;
+      else if (m.rnd == "rni")
+        in.sub = kRni;
+      else if (m.rnd == "rmi")
+        in.sub = kRmi;
+      else if (m.rnd == "rpi")
+        in.sub = kRpi;
+      else
+        bad("f32 -> int needs .rzi/.rni/.rmi/.rpi");
+      in.op = dt == "s32" ? Op::kCvtS32F32 : Op::kCvtU32F32;
+    } else if (dti.kind != 'f' && sti.kind != 'f' && dti.kind != 'p' && sti.kind != 'p') {
+      if (!m.rnd.empty()) bad("integer cvt takes no rounding modifier");
+      in.op = Op::kCvtInt;
+      in.sub = static_cast<uint8_t>(sbits);
+      in.imm = dbits;
+      if (sti.kind == 's') in.flags |= kSigned;
+      if (dti.kind == 's') in.flags |= 4;  // destination signed
+    } else {
+      bad("unsupported conversion ." + dt + "." + st);
+    }
+    int dreg = dbits < 16 ? 16 : dbits, sreg = sbits < 16 ? 16 : sbits;
+    in.d = dst(ops[0], dreg, true);
+    in.a = src(ops[1], sreg, sti.kind == 'f', true);
+    emit(in, text);
+  }
+
+  void decode_arith(const std::string &b, const Mods &m, const std::vector<Operand> &ops, Inst in,
+                    const std::string &text) {
+    static const std::map<std::string, int> nsrc = {
+        {"add", 2},  {"sub", 2},   {"mul", 2}, {"mad", 3}, {"fma", 3}, {"div", 2},
+        {"rem", 2},  {"min", 2},   {"max", 2}, {"neg", 1}, {"abs", 1}, {"and", 2},
+        {"or", 2},   {"xor", 2},   {"not", 1}, {"shl", 2}, {"shr", 2}, {"rcp", 1},
+        {"sqrt", 1}, {"rsqrt", 1}, {"ex2", 1}, {"lg2", 1}, {"tanh", 1}};
+    auto it = nsrc.find(b);
+    if (it == nsrc.end()) error_at(line_, "unknown instruction '" + text + "'");
+    no_other(m);
+    TypeInfo ti = one_type(m);
+    int n = it->second;
+    want_count(ops, static_cast<size_t>(n + 1));
+    if (m.sat) bad(".sat is not supported");
+    const bool f = ti.kind == 'f';
+    if (f) {
+      if (m.types[0] != "f32") bad("only .f32 floating point is supported");
+      if (!m.rnd.empty() && m.rnd != "rn") bad("only .rn rounding is supported");
+      if (m.ftz) in.flags |= kFtz;
+      if (b == "add")
+        in.op = Op::kAddF;
+      else if (b == "sub")
+        in.op = Op::kSubF;
+      else if (b == "mul")
+        in.op = Op::kMulF;
+      else if (b == "fma" || b == "mad") {
+        if (m.rnd != "rn") bad("needs .rn");
+        in.op = Op::kFmaF;
+      } else if (b == "div") {
+        if (m.rnd.empty() && !m.approx && !m.full) bad("needs .rn, .approx or .full");
+        in.op = Op::kDivF;
+      } else if (b == "rcp" || b == "sqrt") {
+        if (m.rnd.empty() && !m.approx) bad("needs .rn or .approx");
+        in.op = b == "rcp" ? Op::kRcpF : Op::kSqrtF;
+      } else if (b == "rsqrt" || b == "ex2" || b == "lg2" || b == "tanh") {
+        if (!m.approx) bad("needs .approx");
+        in.op = b == "rsqrt" ? Op::kRsqrtF
+                : b == "ex2" ? Op::kEx2F
+                : b == "lg2" ? Op::kLg2F
+                             : Op::kTanhF;
+      } else if (b == "neg")
+        in.op = Op::kNegF;
+      else if (b == "abs")
+        in.op = Op::kAbsF;
+      else if (b == "min")
+        in.op = Op::kMinF;
+      else if (b == "max")
+        in.op = Op::kMaxF;
+      else
+        bad("not a floating point instruction");
+      in.d = dst(ops[0], 32);
+      in.a = src(ops[1], 32, true);
+      if (n >= 2) in.b = src(ops[2], 32, true);
+      if (n >= 3) in.c = src(ops[3], 32, true);
+      return emit(in, text);
+    }
+    if (!m.rnd.empty() || m.ftz || m.approx) bad("rounding/ftz/approx need a float type");
+    const int w = ti.bits;
+    const bool s = ti.kind == 's';
+    if (ti.kind == 'p') {
+      if (b == "and")
+        in.op = Op::kAnd;
+      else if (b == "or")
+        in.op = Op::kOr;
+      else if (b == "xor")
+        in.op = Op::kXor;
+      else if (b == "not")
+        in.op = Op::kNotPred;
+      else
+        bad("not a predicate instruction");
+      in.d = dst(ops[0], 1);
+      in.a = src(ops[1], 1, false);
+      if (n >= 2) in.b = src(ops[2], 1, false);
+      return emit(in, text);
+    }
+    if (w != 32 && w != 64) bad("only 32- and 64-bit integer types are supported");
+    const bool w32 = w == 32;
+    int dbits = w, abits = w, bbits = w, cbits = w;
+    if (b == "add")
+      in.op = w32 ? Op::kAdd32 : Op::kAdd64;
+    else if (b == "sub")
+      in.op = w32 ? Op::kSub32 : Op::kSub64;
+    else if (b == "mul" || b == "mad") {
+      bool mad = b == "mad";
+      if (m.wide) {
+        if (!w32) bad(".wide needs a 32-bit type");
+        in.op =
+            mad ? (s ? Op::kMadWideS32 : Op::kMadWideU32) : (s ? Op::kMulWideS32 : Op::kMulWideU32);
+        dbits = 64;
+        cbits = 64;
+      } else if (m.hi) {
+        if (mad || !w32) bad("only mul.hi.{s32,u32} is supported");
+        in.op = s ? Op::kMulHiS32 : Op::kMulHiU32;
+      } else if (m.lo) {
+        in.op = mad ? (w32 ? Op::kMadLo32 : Op::kMadLo64) : (w32 ? Op::kMulLo32 : Op::kMulLo64);
+      } else {
+        bad("integer mul/mad needs .lo, .hi or .wide");
+      }
+    } else if (b == "div") {
+      in.op = w32 ? (s ? Op::kDivS32 : Op::kDivU32) : (s ? Op::kDivS64 : Op::kDivU64);
+    } else if (b == "rem") {
+      in.op = w32 ? (s ? Op::kRemS32 : Op::kRemU32) : (s ? Op::kRemS64 : Op::kRemU64);
+    } else if (b == "min") {
+      in.op = w32 ? (s ? Op::kMinS32 : Op::kMinU32) : (s ? Op::kMinS64 : Op::kMinU64);
+    } else if (b == "max") {
+      in.op = w32 ? (s ? Op::kMaxS32 : Op::kMaxU32) : (s ? Op::kMaxS64 : Op::kMaxU64);
+    } else if (b == "neg" || b == "abs") {
+      if (!s) bad("needs a signed type");
+      in.op = b == "neg" ? (w32 ? Op::kNeg32 : Op::kNeg64) : (w32 ? Op::kAbs32 : Op::kAbs64);
+    } else if (b == "and" || b == "or" || b == "xor" || b == "not") {
+      in.op = b == "and" ? Op::kAnd : b == "or" ? Op::kOr : b == "xor" ? Op::kXor : Op::kNot;
+    } else if (b == "shl") {
+      in.op = w32 ? Op::kShl32 : Op::kShl64;
+      bbits = 32;
+    } else if (b == "shr") {
+      in.op = w32 ? (s ? Op::kShrS32 : Op::kShrU32) : (s ? Op::kShrS64 : Op::kShrU64);
+      bbits = 32;
+    } else {
+      bad("not an integer instruction");
+    }
+    in.d = dst(ops[0], dbits);
+    in.a = src(ops[1], abits, false);
+    if (n >= 2) in.b = src(ops[2], bbits, false);
+    if (n >= 3) in.c = src(ops[3], cbits, false);
+    emit(in, text);
+  }
+
+  struct Fixup {
+    uint32_t pc;
+    std::string name;
+    int line;
+  };
+  struct ParamInfo {
+    uint32_t offset;
+    uint32_t size;
+  };
+
+  std::vector<Token> t_;
+  size_t p_ = 0;
+  Module *mod_ = nullptr;
+  Entry *e_ = nullptr;
+  std::vector<SharedSym> module_shared_;
+  std::unordered_map<std::string, RegInfo> regs_;
+  std::unordered_map<std::string, ParamInfo> params_;
+  std::map<std::string, SharedInfo> shared_;
+  std::unordered_map<std::string, uint32_t> labels_;
+  std::vector<Fixup> fixups_;
+  std::unordered_map<uint64_t, uint32_t> consts_;
+  std::vector<uint32_t> extern_slots_;
+  uint32_t shared_off_ = 0;
+  int end_line_ = 0;
+  // Current instruction.
+  int line_ = 0;
+  std::string op_text_;
+  uint32_t guard_ = kNoSlot;
+};
+
+}  // namespace
+
+std::shared_ptr<const Module> parse_module(const std::string &text, std::string *error) {
+  try {
+    Parser p(lex(text));
+    return p.run();
+  } catch (const ParseError &e) {
+    *error = "line " + std::to_string(e.line) + ": " + e.message;
+  } catch (const std::exception &e) {
+    *error = std::string("PTX parser: ") + e.what();
+  }
+  return nullptr;
+}
+
+}  // namespace emu
+}  // namespace fa

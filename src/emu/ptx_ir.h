@@ -1,0 +1,200 @@
+// Decoded form of a PTX module for the emulator: every instruction is an
+// opcode enum plus register-file slot indices, so execution does no string
+// work. Registers, special registers and immediates all live in one flat
+// array of 64-bit slots per thread (immediates are constant slots filled from
+// Entry::slot_init), so every operand read is `regs[slot]`.
+//
+// Slot value convention: a slot holds the register's bits in its low part;
+// readers truncate to the instruction's width (a 32-bit read of a slot is
+// its low 32 bits), writers of narrow values may leave the high bits zero.
+// Predicates are 0 or 1.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fa {
+namespace emu {
+
+// Special register slots, identical in every entry (filled per thread).
+enum SpecialSlot : uint32_t {
+  kTidX = 0,
+  kTidY,
+  kTidZ,
+  kNtidX,
+  kNtidY,
+  kNtidZ,
+  kCtaidX,
+  kCtaidY,
+  kCtaidZ,
+  kNctaidX,
+  kNctaidY,
+  kNctaidZ,
+  kLaneid,
+  kWarpid,
+  kNwarpid,
+  kNumSpecialSlots
+};
+
+enum class Op : uint16_t {
+  // Data movement.
+  kMov,     // d = a (whole slot)
+  kPack32,  // d.b32 = {v0.b16 (low), v1.b16}
+  kPack64,  // d.b64 = {v0.b32 (low), v1.b32}
+  kUnpack32,
+  kUnpack64,
+  kLdParam,  // d = param[imm], sub = bytes, flags kSigned
+  kLdGlobal,
+  kStGlobal,
+  kLdShared,
+  kStShared,
+  // Integer (32/64 suffix = operand width).
+  kAdd32,
+  kAdd64,
+  kSub32,
+  kSub64,
+  kMulLo32,
+  kMulLo64,
+  kMulHiS32,
+  kMulHiU32,
+  kMadLo32,
+  kMadLo64,
+  kMulWideS32,
+  kMulWideU32,
+  kMadWideS32,
+  kMadWideU32,
+  kDivS32,
+  kDivU32,
+  kDivS64,
+  kDivU64,
+  kRemS32,
+  kRemU32,
+  kRemS64,
+  kRemU64,
+  kMinS32,
+  kMinU32,
+  kMinS64,
+  kMinU64,
+  kMaxS32,
+  kMaxU32,
+  kMaxS64,
+  kMaxU64,
+  kNeg32,
+  kNeg64,
+  kAbs32,
+  kAbs64,
+  kAnd,  // whole-slot bitwise ops (valid for b32, b64 and pred)
+  kOr,
+  kXor,
+  kNot,
+  kNotPred,
+  kShl32,
+  kShl64,
+  kShrU32,
+  kShrS32,
+  kShrU64,
+  kShrS64,
+  // f32 (flags kFtz).
+  kAddF,
+  kSubF,
+  kMulF,
+  kFmaF,
+  kDivF,
+  kRcpF,
+  kSqrtF,
+  kRsqrtF,
+  kNegF,
+  kAbsF,
+  kMinF,
+  kMaxF,
+  kEx2F,
+  kLg2F,
+  kTanhF,
+  // Comparison and selection (sub = Cmp).
+  kSetpS32,
+  kSetpU32,
+  kSetpS64,
+  kSetpU64,
+  kSetpF32,
+  kSelp,
+  // Conversions.
+  kCvtF32F16,
+  kCvtF32BF16,
+  kCvtF16F32,     // .rn
+  kCvtBF16F32,    // .rn
+  kCvtF16x2F32,   // .rn, d = {a -> high half, b -> low half}
+  kCvtBF16x2F32,  // .rn
+  kCvtF32S32,     // .rn
+  kCvtF32U32,     // .rn
+  kCvtS32F32,     // sub = Round (rzi/rni/rmi/rpi), saturating
+  kCvtU32F32,
+  kCvtInt,  // integer width change: sub = source bits, flags kSigned extends
+  // Control.
+  kBra,  // imm = target pc
+  kExit,
+  // Collectives (the thread stops and the CTA scheduler runs them).
+  kBarSync,      // imm = barrier id
+  kBarWarpSync,  // a = membermask
+  kShfl,         // d[, v0 = pred or kNoSlot] = a, b, c, e = membermask; sub = ShflMode
+  kNumOps
+};
+
+// Op is a collective when it is at or after kBarSync.
+inline bool is_collective(Op op) { return op >= Op::kBarSync; }
+
+enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
+enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
+enum Round : uint8_t { kRzi, kRni, kRmi, kRpi };
+
+enum InstFlags : uint8_t { kFtz = 1, kSigned = 2 };
+
+constexpr uint32_t kNoSlot = 0xffffffffu;
+constexpr uint32_t kGuardNeg = 0x80000000u;
+
+struct Inst {
+  Op op = Op::kExit;
+  uint8_t flags = 0;
+  uint8_t sub = 0;  // Cmp / ShflMode / Round / element bytes / source bits
+  uint8_t vec = 1;  // ld/st vector count
+  uint8_t pad = 0;
+  uint16_t pad2 = 0;
+  uint32_t guard = kNoSlot;  // predicate slot | kGuardNeg, or kNoSlot
+  uint32_t d = kNoSlot, a = kNoSlot, b = kNoSlot, c = kNoSlot, e = kNoSlot;
+  uint32_t v[4] = {kNoSlot, kNoSlot, kNoSlot, kNoSlot};
+  int64_t imm = 0;  // address offset, branch target, param offset, barrier id
+  uint32_t line = 0;
+};
+
+struct Entry {
+  std::string name;
+  std::vector<Inst> code;              // always ends with kExit
+  std::vector<std::string> op_text;    // opcode text per pc (error messages)
+  std::vector<uint64_t> slot_init;     // initial register file (constants set)
+  std::vector<std::string> slot_name;  // for debugging / messages
+  uint32_t num_slots = 0;
+  uint32_t param_size = 0;           // bytes of the parameter buffer
+  uint32_t static_smem = 0;          // bytes of static .shared
+  uint32_t dynamic_smem_offset = 0;  // where .extern .shared starts
+  uint32_t maxntid[3] = {0, 0, 0};   // 0 = not given
+  uint32_t reqntid[3] = {0, 0, 0};
+  uint32_t line = 0;
+};
+
+struct Module {
+  int version = 0;    // .version times 10
+  int target_sm = 0;  // .target sm_NN
+  std::vector<Entry> entries;
+  const Entry *find(const std::string &name) const {
+    for (const Entry &e : entries)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
+};
+
+// Parses PTX text. On error returns nullptr and sets *error to "line N: message".
+std::shared_ptr<const Module> parse_module(const std::string &text, std::string *error);
+
+}  // namespace emu
+}  // namespace fa
