@@ -9,6 +9,10 @@
 
 #include "common/error.h"
 
+#ifndef FA_GENERATOR_HASH
+#error "FA_GENERATOR_HASH must be defined by the build (CMakeLists.txt)"
+#endif
+
 namespace fa {
 namespace {
 
@@ -65,6 +69,7 @@ fa_status launch_checked(Backend &backend, Kernel &kernel, const LaunchGeometry 
 cache::Key kernel_key(const KernelSpec &spec) {
   std::string bytes = spec.serialize();
   append_u32(&bytes, kGeneratorVersion);
+  bytes += FA_GENERATOR_HASH;  // hash of the generator sources (CMakeLists.txt)
   append_u32(&bytes, static_cast<uint32_t>(spec.sm));
   append_u32(&bytes, static_cast<uint32_t>(ptx_isa_version(spec)));
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
