@@ -304,7 +304,9 @@ typedef struct fa_decode_args {
   uint64_t cache_seqlens;/* int32 [batch], each in [0, seqlen_k_max]: keys
                             0..cache_seqlens[b]-1 are valid; the queries are the
                             last seqlen_q positions (causal alignment) */
-  int32_t num_splits;    /* >= 1, or 0 = chosen from SM count and lengths */
+  int32_t num_splits;    /* >= 1, or 0 = chosen from SM count and lengths.
+                            Each split covers whole key tiles, so fewer may be
+                            used; fa_decode_workspace_size says how many */
   uint64_t workspace;    /* partial states, fa_decode_workspace_size bytes,
                             256-byte aligned; layout in docs/api.md */
   size_t workspace_size;
