@@ -13,15 +13,7 @@ using namespace fa;
 namespace {
 
 AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, float softcap) {
-  AttentionConfig c;
-  c.dtype = dt;
-  c.head_dim = d;
-  c.head_dim_v = dv;
-  c.num_heads_q = hq;
-  c.num_heads_kv = hkv;
-  c.softmax_scale = 0.1f;
-  c.softcap = softcap;
-  return c;
+  return attention_config(dt, d, dv, hq, hkv, 0.1f, softcap);
 }
 
 }  // namespace

@@ -188,15 +188,7 @@ void test_type_checks_abort(void **) {
 }
 
 AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
-  AttentionConfig c;
-  c.dtype = dt;
-  c.head_dim = d;
-  c.head_dim_v = dv;
-  c.num_heads_q = hq;
-  c.num_heads_kv = hkv;
-  c.softmax_scale = 0.125f;
-  c.softcap = softcap;
-  return c;
+  return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap);
 }
 
 void test_generation_is_deterministic(void **) {

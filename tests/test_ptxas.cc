@@ -32,15 +32,7 @@ struct Job {
 };
 
 AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
-  AttentionConfig c;
-  c.dtype = dt;
-  c.head_dim = d;
-  c.head_dim_v = dv;
-  c.num_heads_q = hq;
-  c.num_heads_kv = hkv;
-  c.softmax_scale = 0.1f;
-  c.softcap = softcap ? 20.0f : 0.0f;
-  return c;
+  return attention_config(dt, d, dv, hq, hkv, 0.1f, softcap ? 20.0f : 0.0f);
 }
 
 // The grid: every head_dim, both dtypes, softcap and varlen toggled, on

@@ -35,6 +35,20 @@ struct AttentionConfig {
   float softcap = 0;        // 0 = off
 };
 
+// A config of the given shape, no masking (tests and benchmarks).
+inline AttentionConfig attention_config(Dtype dtype, int head_dim, int head_dim_v, int num_heads_q,
+                                        int num_heads_kv, float softmax_scale, float softcap) {
+  AttentionConfig c;
+  c.dtype = dtype;
+  c.head_dim = head_dim;
+  c.head_dim_v = head_dim_v;
+  c.num_heads_q = num_heads_q;
+  c.num_heads_kv = num_heads_kv;
+  c.softmax_scale = softmax_scale;
+  c.softcap = softcap;
+  return c;
+}
+
 // Everything that changes the generated PTX. Launch-time values (sizes,
 // strides, window, scale) are kernel parameters, not part of the spec.
 struct KernelSpec {

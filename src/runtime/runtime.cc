@@ -24,24 +24,21 @@ void append_u32(std::string *s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-// Resolved window edges and score scaling shared by forward and decode.
-struct Scaling {
-  int32_t window_left, window_right;
-  float score_scale, softcap_log2;
-};
-
-Scaling resolve_scaling(const AttentionConfig &cfg) {
-  Scaling s;
-  s.window_left = cfg.window_left < 0 ? kUnboundedWindow : cfg.window_left;
-  s.window_right = cfg.causal ? 0 : (cfg.window_right < 0 ? kUnboundedWindow : cfg.window_right);
+// Fills the head counts, resolved window edges and score scaling that
+// ForwardParams and DecodeParams share (same field names).
+template <typename Params>
+void set_masking_and_scale(const AttentionConfig &cfg, Params *p) {
+  p->num_heads_q = cfg.num_heads_q;
+  p->num_heads_kv = cfg.num_heads_kv;
+  p->window_left = cfg.window_left < 0 ? kUnboundedWindow : cfg.window_left;
+  p->window_right = cfg.causal ? 0 : (cfg.window_right < 0 ? kUnboundedWindow : cfg.window_right);
   if (cfg.softcap > 0) {
-    s.score_scale = cfg.softmax_scale / cfg.softcap;
-    s.softcap_log2 = cfg.softcap * kLog2e;
+    p->score_scale = cfg.softmax_scale / cfg.softcap;
+    p->softcap_log2 = cfg.softcap * kLog2e;
   } else {
-    s.score_scale = cfg.softmax_scale * kLog2e;
-    s.softcap_log2 = 0;
+    p->score_scale = cfg.softmax_scale * kLog2e;
+    p->softcap_log2 = 0;
   }
-  return s;
 }
 
 void copy_strides(int64_t dst[3], const fa_tensor &t) {
@@ -195,13 +192,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.batch = a.batch;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
-  p.num_heads_q = cfg.num_heads_q;
-  p.num_heads_kv = cfg.num_heads_kv;
-  const Scaling s = resolve_scaling(cfg);
-  p.window_left = s.window_left;
-  p.window_right = s.window_right;
-  p.score_scale = s.score_scale;
-  p.softcap_log2 = s.softcap_log2;
+  set_masking_and_scale(cfg, &p);
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
 }
 
@@ -269,15 +260,9 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.batch = a.batch;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k_max = a.seqlen_k_max;
-  p.num_heads_q = cfg.num_heads_q;
-  p.num_heads_kv = cfg.num_heads_kv;
   p.num_splits = plan.num_splits;
   p.split_size = plan.split_size;
-  const Scaling s = resolve_scaling(cfg);
-  p.window_left = s.window_left;
-  p.window_right = s.window_right;
-  p.score_scale = s.score_scale;
-  p.softcap_log2 = s.softcap_log2;
+  set_masking_and_scale(cfg, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
 

@@ -211,6 +211,23 @@ std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h,
   return out;
 }
 
+// Creates the config for a case; false (with ctx.err set) on failure.
+bool create_config(Ctx &ctx, bool bf16, int d, int dv, int hq, int hkv, bool causal, int wl, int wr,
+                   float softcap, float scale, fa_config **cfg) {
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  desc.head_dim = d;
+  desc.head_dim_v = dv;
+  desc.num_heads_q = hq;
+  desc.num_heads_kv = hkv;
+  desc.causal = causal;
+  desc.window_left = wl;
+  desc.window_right = wr;
+  desc.softcap = softcap;
+  desc.softmax_scale = scale;
+  return ctx.check(fa_config_create(&desc, cfg), "fa_config_create");
+}
+
 }  // namespace
 
 std::string ForwardCase::describe() const {
@@ -237,19 +254,11 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
-  fa_config_desc desc = FA_CONFIG_DESC_INIT;
-  desc.dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
-  desc.head_dim = c.head_dim;
-  desc.head_dim_v = dv;
-  desc.num_heads_q = c.heads_q;
-  desc.num_heads_kv = c.heads_kv;
-  desc.causal = c.causal;
-  desc.window_left = c.window_left;
-  desc.window_right = c.window_right;
-  desc.softcap = c.softcap;
-  desc.softmax_scale = c.softmax_scale;
   fa_config *cfg = nullptr;
-  if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
+  if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
+                     c.window_right, c.softcap, c.softmax_scale, &cfg)) {
+    return ctx.err;
+  }
 
   // Varlen packs all sequences as batch 1 along dim 1.
   int tq = c.seqlen_q, tk = c.seqlen_k, nb = c.batch;
@@ -360,17 +369,11 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
-  fa_config_desc desc = FA_CONFIG_DESC_INIT;
-  desc.dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
-  desc.head_dim = c.head_dim;
-  desc.head_dim_v = dv;
-  desc.num_heads_q = c.heads_q;
-  desc.num_heads_kv = c.heads_kv;
-  desc.causal = c.causal;
-  desc.window_left = c.window_left;
-  desc.softcap = c.softcap;
   fa_config *cfg = nullptr;
-  if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
+  if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
+                     -1, c.softcap, 0.0f, &cfg)) {
+    return ctx.err;
+  }
   const std::vector<float> qh =
       c.q ? *c.q
           : random_normal(size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim, c.seed, 1.0f);
