@@ -267,6 +267,20 @@ std::vector<DecodeCase> decode_cases(bool gpu) {
   c.num_splits = 64;
   c.seed = 6;
   v.push_back(c);
+  // Partial states only (o.data = 0), as a caller merging KV segments uses them.
+  c = {};
+  c.batch = 2;
+  c.seqlen_q = 2;
+  c.seqlen_k_max = 190;
+  c.cache_seqlens = {190, 45};
+  c.heads_q = 6;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.num_splits = 6;
+  c.partials_only = true;
+  c.seed = 7;
+  v.push_back(c);
   return maybe_quick(v, 2);
 }
 

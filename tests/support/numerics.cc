@@ -211,6 +211,53 @@ std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h,
   return out;
 }
 
+// Downloads the decode workspace's partial states (layout in docs/api.md),
+// checks every one was written (O_s finite, LSE_s finite or -inf), merges
+// them on the host in fp64 and compares with the reference.
+void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq, int dv,
+                    const std::vector<double> &o_ref, const std::vector<double> &lse_ref,
+                    std::string *err) {
+  const size_t rows = size_t(batch) * sq * hq;
+  const size_t o_bytes = size_t(splits) * rows * dv * 4;
+  const size_t lse_off = (o_bytes + 255) / 256 * 256;
+  std::vector<float> op(size_t(splits) * rows * dv), lp(size_t(splits) * rows);
+  ctx.check(fa_memcpy_dtoh(ctx.rt, op.data(), ws, o_bytes), "download O_partial");
+  ctx.check(fa_memcpy_dtoh(ctx.rt, lp.data(), ws + lse_off, lp.size() * 4), "download LSE_partial");
+  long long unwritten = 0, empty = 0;
+  for (float x : op) unwritten += !std::isfinite(x);
+  std::vector<double> opd(op.begin(), op.end()), lpd(lp.size());
+  // LSE_partial is [split, b, h, s]; the merge wants [split, row(b, s, h)].
+  for (int s = 0; s < splits; ++s)
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < hq; ++h)
+        for (int i = 0; i < sq; ++i) {
+          const float l = lp[((size_t(s) * batch + b) * hq + h) * sq + i];
+          if (std::isnan(l) || (std::isinf(l) && l > 0)) ++unwritten;
+          if (std::isinf(l)) ++empty;
+          lpd[size_t(s) * rows + (size_t(b) * sq + i) * hq + h] = l;
+        }
+  std::vector<double> om(rows * dv), lm(rows);
+  ref::merge_states(splits, int(rows), dv, opd.data(), lpd.data(), om.data(), lm.data());
+  std::vector<float> omf(om.begin(), om.end());
+  const ref::ErrorStats e = ref::compare(omf.data(), o_ref.data(), omf.size());
+  double lse_err = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < hq; ++h)
+      for (int i = 0; i < sq; ++i) {
+        const double want = lse_ref[(size_t(b) * hq + h) * sq + i];
+        const double got = lm[(size_t(b) * sq + i) * hq + h];
+        if (std::isinf(want) != std::isinf(got)) lse_err = INFINITY;
+        if (!std::isinf(want)) lse_err = std::max(lse_err, std::fabs(got - want));
+      }
+  std::printf("    partial states: %lld empty split rows, merged max_abs %.3g, lse err %.3g\n",
+              empty, e.max_abs, lse_err);
+  if (unwritten) *err += "partial states unwritten: " + std::to_string(unwritten) + "\n";
+  if (e.nonfinite || e.max_abs > 1e-4 * std::max(1.0, e.max_ref)) {
+    *err += "merged partial O off: max_abs " + std::to_string(e.max_abs) + "\n";
+  }
+  if (lse_err > 1e-4) *err += "merged partial LSE off: " + std::to_string(lse_err) + "\n";
+}
+
 // Creates the config for a case; false (with ctx.err set) on failure.
 bool create_config(Ctx &ctx, bool bf16, int d, int dv, int hq, int hkv, bool causal, int wl, int wr,
                    float softcap, float scale, fa_config **cfg) {
@@ -400,9 +447,11 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
-  a.o.data = ctx.alloc(o_elems * 2);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
-  a.lse = ctx.alloc(lse_n * 4);
+  if (!c.partials_only) {
+    a.o.data = ctx.alloc(o_elems * 2);
+    a.lse = ctx.alloc(lse_n * 4);
+  }
   size_t ws = 0;
   int32_t splits = 0;
   ctx.check(fa_decode_workspace_size(rt, cfg, &a, &ws, &splits), "fa_decode_workspace_size");
@@ -413,18 +462,16 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     return ctx.err;
   }
   std::printf("    splits %d, workspace %zu bytes\n", splits, ws);
-  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
-  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  if (!c.partials_only) {
+    ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+    ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  }
   ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
   ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   fa_config_destroy(cfg);
   if (!ctx.err.empty()) return ctx.err;
   std::string err;
-  const std::vector<float> o =
-      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
-  std::vector<float> lse(lse_n);
-  ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   ref::Problem p;
   p.batch = c.batch;
   p.seqlen_q = c.seqlen_q;
@@ -436,8 +483,15 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.softcap = c.softcap;
-  std::vector<double> o_ref(o.size()), lse_ref(lse_n);
+  std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
+  check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, o_ref, lse_ref,
+                 &err);
+  if (c.partials_only) return err + ctx.err;
+  const std::vector<float> o =
+      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
+  std::vector<float> lse(lse_n);
+  ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
   judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
   return err + ctx.err;

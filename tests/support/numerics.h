@@ -35,6 +35,7 @@ struct DecodeCase {
   int window_left = -1, window_right = -1;
   float softcap = 0;
   int num_splits = 0;
+  bool partials_only = false;  // o.data = 0: only the workspace's partial states
   uint32_t seed = 1;
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;  // fixture inputs
   std::string describe() const;
