@@ -67,6 +67,16 @@ fa_status check_struct_size(const char *name, size_t given, size_t expected) {
     if (!(cond)) return fail(FA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 
+// The value of an enum field as the caller stored it. A C caller may store
+// any int; reading an out-of-range value as the C++ enum type is undefined.
+template <typename E>
+int raw_enum(const E &e) {
+  static_assert(sizeof(E) == sizeof(int), "fa_ enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 fa_status check_runtime(const fa_runtime *rt) {
   FA_REQUIRE(rt != nullptr && rt->impl, "rt is NULL");
   return FA_SUCCESS;
@@ -178,8 +188,9 @@ fa_status validate_reduce(const fa_reduce_args *a) {
 fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
   FA_REQUIRE(d != nullptr, "desc is NULL");
   FA_CHECK(check_struct_size("desc", d->struct_size, sizeof(fa_config_desc)));
-  FA_REQUIRE(d->dtype == FA_DTYPE_FP16 || d->dtype == FA_DTYPE_BF16,
-             "dtype must be FA_DTYPE_FP16 or FA_DTYPE_BF16, got %d", static_cast<int>(d->dtype));
+  const int dtype = raw_enum(d->dtype);
+  FA_REQUIRE(dtype == FA_DTYPE_FP16 || dtype == FA_DTYPE_BF16,
+             "dtype must be FA_DTYPE_FP16 or FA_DTYPE_BF16, got %d", dtype);
   const int32_t dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
   if (d->head_dim < 8 || d->head_dim > 256 || d->head_dim % 8 != 0) {
     return fail(FA_ERROR_UNSUPPORTED, "head_dim must be a multiple of 8 in 8..256, got %d",
@@ -204,7 +215,7 @@ fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
              static_cast<double>(d->softmax_scale));
   FA_REQUIRE(std::isfinite(d->softcap) && d->softcap >= 0,
              "softcap must be finite and >= 0 (0 = off), got %g", static_cast<double>(d->softcap));
-  c->dtype = d->dtype == FA_DTYPE_BF16 ? fa::Dtype::BF16 : fa::Dtype::F16;
+  c->dtype = dtype == FA_DTYPE_BF16 ? fa::Dtype::BF16 : fa::Dtype::F16;
   c->head_dim = d->head_dim;
   c->head_dim_v = dv;
   c->num_heads_q = d->num_heads_q;
@@ -227,7 +238,7 @@ void copy_cstr(char *dst, size_t cap, const std::string &src) {
 extern "C" {
 
 FA_API const char *fa_status_string(fa_status status) {
-  switch (status) {
+  switch (raw_enum(status)) {
     case FA_SUCCESS:
       return "success";
     case FA_ERROR_INVALID_ARGUMENT:
@@ -280,15 +291,14 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
       FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
       opts = *options;
     }
-    FA_REQUIRE(opts.backend == FA_BACKEND_AUTO || opts.backend == FA_BACKEND_CUDA ||
-                   opts.backend == FA_BACKEND_EMULATOR,
-               "backend must be FA_BACKEND_AUTO, _CUDA or _EMULATOR, got %d",
-               static_cast<int>(opts.backend));
+    const int backend = raw_enum(opts.backend), cache_mode = raw_enum(opts.cache_mode);
+    FA_REQUIRE(
+        backend == FA_BACKEND_AUTO || backend == FA_BACKEND_CUDA || backend == FA_BACKEND_EMULATOR,
+        "backend must be FA_BACKEND_AUTO, _CUDA or _EMULATOR, got %d", backend);
     FA_REQUIRE(opts.device >= 0, "device must be >= 0, got %d", opts.device);
-    FA_REQUIRE(opts.cache_mode == FA_CACHE_DEFAULT || opts.cache_mode == FA_CACHE_DISK ||
-                   opts.cache_mode == FA_CACHE_MEMORY,
-               "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d",
-               static_cast<int>(opts.cache_mode));
+    FA_REQUIRE(cache_mode == FA_CACHE_DEFAULT || cache_mode == FA_CACHE_DISK ||
+                   cache_mode == FA_CACHE_MEMORY,
+               "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d", cache_mode);
     if (opts.emulator_sm != 0 && opts.emulator_sm != 80 && opts.emulator_sm != 86 &&
         opts.emulator_sm != 89 && opts.emulator_sm != 90) {
       return fail(FA_ERROR_UNSUPPORTED, "emulator_sm must be 0, 80, 86, 89 or 90, got %d",
@@ -399,15 +409,16 @@ FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t 
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
     FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
-    FA_REQUIRE(kind == FA_KERNEL_FORWARD || kind == FA_KERNEL_DECODE || kind == FA_KERNEL_REDUCE,
-               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d",
-               static_cast<int>(kind));
+    const int raw_kind = raw_enum(kind);
+    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
+                   raw_kind == FA_KERNEL_REDUCE,
+               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
     if (sm != 80 && sm != 86 && sm != 89 && sm != 90) {
       return fail(FA_ERROR_UNSUPPORTED, "sm must be 80, 86, 89 or 90, got %d", sm);
     }
-    const fa::KernelKind k = kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
-                             : kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
-                                                        : fa::KernelKind::Reduce;
+    const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
+                             : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
+                                                            : fa::KernelKind::Reduce;
     const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, sm, false));
     *ptx_size = ptx.size();
     if (buf_size < ptx.size() + 1) {
