@@ -6,6 +6,7 @@
 // for S = Q K^T lane j owns key (tile_start + j) of every row of its warp; for
 // O += P V lane j owns output dims j, j+32, j+64, ...
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "kernels/codegen.h"
@@ -42,7 +43,7 @@ class AttentionGen {
     else
       forward_store();
     b_.exit();
-    return b_.emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(T_));
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(T_));
   }
 
  private:

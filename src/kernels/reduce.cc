@@ -4,6 +4,7 @@
 //   LSE = m + log(sum_s w_s);
 // splits with LSE_s = -inf weigh nothing; no finite LSE_s: O = 0, LSE = -inf.
 // One warp per (batch, token, head) row, lane j owns dims j, j+32, ...
+#include <utility>
 #include <vector>
 
 #include "kernels/codegen.h"
@@ -122,7 +123,7 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg la = e.index(lse_out, lrow, 4);
   b.when(lane0).st(Space::Global, Type::F32, at(la), lse);
   b.exit();
-  return b.emit(ptx_isa_version(spec), spec.sm, static_cast<uint32_t>(32 * W));
+  return std::move(b).emit(ptx_isa_version(spec), spec.sm, static_cast<uint32_t>(32 * W));
 }
 
 }  // namespace kgen

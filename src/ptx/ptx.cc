@@ -1,6 +1,7 @@
 // PTX builder and emitter; see ptx.h.
 #include "ptx/ptx.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,8 +9,6 @@
 namespace fa {
 namespace ptx {
 namespace {
-
-constexpr uint32_t kParamSym = 0xfffffffeu;
 
 bool is_float(Type t) { return t == Type::F32; }
 bool is_int(Type t) {
@@ -31,14 +30,27 @@ constexpr uint32_t kShr = kShl | kInt;
 constexpr uint32_t kS32F =
     (1u << static_cast<int>(Type::S32)) | (1u << static_cast<int>(Type::F32));
 
+// A short name stored in a fixed 16-byte slot with its length, so that the
+// writers below copy it with one fixed-size memcpy (no strlen, no loop).
+struct Piece {
+  char s[16] = {};
+  uint8_t n = 0;
+  constexpr Piece(const char *a) {  // NOLINT: implicit from literals by design
+    while (a[n]) {
+      s[n] = a[n];
+      ++n;
+    }
+  }
+};
+
 struct OpInfo {
-  const char *name;
+  Piece name;
   uint32_t types;
   int arity;
 };
 
 // Indexed by Op.
-const OpInfo kOps[] = {
+constexpr OpInfo kOps[] = {
     {"add", kInt | kF, 2},
     {"sub", kInt | kF, 2},
     {"mul.lo", kInt, 2},
@@ -71,48 +83,20 @@ const OpInfo kOps[] = {
     {"tanh.approx", kF, 1},
 };
 
-const char *cmp_name(Cmp c) {
-  static const char *const n[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "equ",
-                                  "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
-  return n[static_cast<int>(c)];
-}
+constexpr Piece kCmpNames[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "equ",
+                               "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
+const Piece &cmp_name(Cmp c) { return kCmpNames[static_cast<int>(c)]; }
 
-const char *special_name(Special s) {
-  static const char *const n[] = {"%tid.x",   "%ntid.x",   "%ctaid.x",  "%ctaid.y",
-                                  "%ctaid.z", "%nctaid.x", "%nctaid.y", "%laneid"};
-  return n[static_cast<int>(s)];
-}
+constexpr Piece kSpecialNames[] = {"%tid.x",   "%ntid.x",   "%ctaid.x",  "%ctaid.y",
+                                   "%ctaid.z", "%nctaid.x", "%nctaid.y", "%laneid"};
 
-// Fast appenders (generation time matters: every cache miss pays it).
-void put_u(std::string &o, uint64_t v) {
-  char buf[24];
-  int n = 0;
-  do {
-    buf[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v);
-  while (n) o.push_back(buf[--n]);
-}
-void put_i(std::string &o, int64_t v) {
-  if (v < 0) {
-    o.push_back('-');
-    put_u(o, static_cast<uint64_t>(0) - static_cast<uint64_t>(v));
-  } else {
-    put_u(o, static_cast<uint64_t>(v));
-  }
-}
-void put_reg(std::string &o, Reg r) {
-  o += class_prefix(r.cls);
-  put_u(o, r.id);
-}
+constexpr Piece kTypeNames[] = {"pred", "b16", "u16", "f16", "bf16", "b32",
+                                "u32",  "s32", "f32", "b64", "u64",  "s64"};
+const Piece &type_piece(Type t) { return kTypeNames[static_cast<int>(t)]; }
 
 }  // namespace
 
-const char *type_name(Type t) {
-  static const char *const n[] = {"pred", "b16", "u16", "f16", "bf16", "b32",
-                                  "u32",  "s32", "f32", "b64", "u64",  "s64"};
-  return n[static_cast<int>(t)];
-}
+const char *type_name(Type t) { return type_piece(t).s; }
 
 RegClass class_of(Type t) {
   switch (t) {
@@ -154,7 +138,7 @@ Operand fimm(float v) {
 Operand sym(Symbol s) {
   Operand o;
   o.kind = Operand::Kind::Symbol;
-  o.sym = s.id;
+  o.imm = s.id;
   return o;
 }
 Operand sreg(Special s) {
@@ -164,9 +148,273 @@ Operand sreg(Special s) {
   return o;
 }
 
+// ---- text writers (generation time matters: every cache miss pays it) ----
+
+namespace {
+
+// The longest line any instruction prints, symbol names excluded: tab,
+// guard, opcode and five operands of at most a 4-register vector each.
+constexpr size_t kLineRoom = 512;
+
+char *put_str(char *p, const char *s, size_t n) {
+  std::memcpy(p, s, n);
+  return p + n;
+}
+
+// "00" "01" ... "99": two digits per table lookup.
+struct DigitPairs {
+  char s[200] = {};
+  constexpr DigitPairs() {
+    for (int i = 0; i < 100; ++i) {
+      s[2 * i] = static_cast<char>('0' + i / 10);
+      s[2 * i + 1] = static_cast<char>('0' + i % 10);
+    }
+  }
+};
+constexpr DigitPairs kDigitPairs;
+
+// Decimal v; values below 10000 (register ids, offsets) take a short path.
+char *put_u(char *p, uint64_t v) {
+  const char *d = kDigitPairs.s;
+  if (v < 10) {
+    *p = static_cast<char>('0' + v);
+    return p + 1;
+  }
+  if (v < 100) {
+    std::memcpy(p, d + 2 * v, 2);
+    return p + 2;
+  }
+  if (v < 1000) {
+    *p = static_cast<char>('0' + v / 100);
+    std::memcpy(p + 1, d + 2 * (v % 100), 2);
+    return p + 3;
+  }
+  if (v < 10000) {
+    std::memcpy(p, d + 2 * (v / 100), 2);
+    std::memcpy(p + 2, d + 2 * (v % 100), 2);
+    return p + 4;
+  }
+  int n = 1;
+  for (uint64_t t = v; t >= 10; t /= 10) ++n;
+  char *e = p + n;
+  do {
+    *--e = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v);
+  return p + n;
+}
+
+char *put_i(char *p, int64_t v) {
+  if (v >= 0) return put_u(p, static_cast<uint64_t>(v));
+  *p++ = '-';
+  return put_u(p, static_cast<uint64_t>(0) - static_cast<uint64_t>(v));
+}
+
+// "%r12": the prefix is copied as 4 bytes (room is always there) and the
+// cursor moves by its length.
+char *put_reg(char *p, Reg r) {
+  static const char kPrefix[kNumRegClasses][4] = {"%p", "%h", "%r", "%rd", "%f"};
+  static const uint8_t kLen[kNumRegClasses] = {2, 2, 2, 3, 2};
+  int c = static_cast<int>(r.cls);
+  std::memcpy(p, kPrefix[c], 4);
+  return put_u(p + kLen[c], r.id);
+}
+
+// f32 immediates print their bits: 0fXXXXXXXX (PTX ISA "Floating-Point
+// Constants").
+char *put_f32(char *p, float f) {
+  static const char kHex[] = "0123456789ABCDEF";
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  *p++ = '0';
+  *p++ = 'f';
+  for (int s = 28; s >= 0; s -= 4) *p++ = kHex[(bits >> s) & 15];
+  return p;
+}
+
+}  // namespace
+
+// An opcode assembled from pieces ("ld" ".global" ".nc" ".v4" ".u32"); s
+// keeps 16 bytes of slack for the fixed-size piece copies.
+struct Builder::Opcode {
+  static constexpr size_t kCopy = 32;  // bytes copied into a line; every opcode is shorter
+  char s[64];
+  size_t n = 0;
+  template <size_t N>
+  explicit Opcode(const char (&a)[N]) {
+    add(a);
+  }
+  explicit Opcode(const Piece &p) { add(p); }
+  template <size_t N>
+  Opcode &add(const char (&a)[N]) {
+    static_assert(N <= 24, "opcode piece too long");
+    std::memcpy(s + n, a, N - 1);
+    n += N - 1;
+    return *this;
+  }
+  Opcode &add(const Piece &p) {
+    std::memcpy(s + n, p.s, sizeof p.s);
+    n += p.n;
+    return *this;
+  }
+  Opcode &dot(const Piece &p) {
+    s[n++] = '.';
+    return add(p);
+  }
+  // what.SPACE[.nc][.vN].TYPE, e.g. "ld.global.nc.v4.u32".
+  template <size_t N>
+  static Opcode mem(const char (&what)[N], Space sp, bool nc, size_t nvec, Type t) {
+    Opcode op(what);
+    if (sp == Space::Global)
+      op.add(".global");
+    else
+      op.add(".shared");
+    if (nc) op.add(".nc");
+    if (nvec == 2) op.add(".v2");
+    if (nvec == 4) op.add(".v4");
+    return op.dot(type_piece(t));
+  }
+};
+
+// One instruction line of the body: "\t[@guard ]opcode a, b, c;\n". The
+// constructor takes the pending guard and reserves room for the whole line;
+// done() ends the line. Checks happen before a Line is started.
+class Builder::Line {
+ public:
+  Line(Builder &b, const Opcode &op) : b_(b) {
+    size_t need = kLineRoom + 2 * b.max_name_;
+    p_ = b.text_len_ + need <= b.text_.size() ? &b.text_[b.text_len_] : b.room(need);
+    *p_++ = '\t';
+    if (b.guard_.valid()) {
+      if (b.guard_.cls != RegClass::Pred) b.misuse(op, "guard is not a predicate register");
+      *p_++ = '@';
+      if (b.guard_neg_) *p_++ = '!';
+      p_ = put_reg(p_, b.guard_);
+      *p_++ = ' ';
+      b.guard_ = Reg{};
+    }
+    if (op.n > Opcode::kCopy) b.misuse(op, "opcode too long");
+    std::memcpy(p_, op.s, Opcode::kCopy);  // fixed size: one or two vector moves
+    p_ += op.n;
+  }
+  Line &reg(Reg r) {
+    sep();
+    p_ = put_reg(p_, r);
+    return *this;
+  }
+  Line &imm(int64_t v) {
+    sep();
+    p_ = put_i(p_, v);
+    return *this;
+  }
+  Line &label(Label l) {
+    sep();
+    p_ = put_str(p_, "L_", 2);
+    p_ = put_u(p_, l.id);
+    return *this;
+  }
+  Line &operand(const Operand &o) {
+    sep();
+    switch (o.kind) {
+      case Operand::Kind::Reg:
+        p_ = put_reg(p_, o.reg);
+        break;
+      case Operand::Kind::Imm:
+        p_ = put_i(p_, o.imm);
+        break;
+      case Operand::Kind::F32:
+        p_ = put_f32(p_, o.f);
+        break;
+      case Operand::Kind::Symbol:
+        p_ = name(b_.shared_[static_cast<size_t>(o.imm)].name);
+        break;
+      case Operand::Kind::Special: {
+        const Piece &n = kSpecialNames[static_cast<int>(o.special)];
+        std::memcpy(p_, n.s, sizeof n.s);
+        p_ += n.n;
+        break;
+      }
+    }
+    return *this;
+  }
+  Line &vec(std::initializer_list<Reg> regs) {
+    sep();
+    *p_++ = '{';
+    bool first = true;
+    for (Reg r : regs) {
+      if (!first) p_ = put_str(p_, ", ", 2);
+      first = false;
+      p_ = put_reg(p_, r);
+    }
+    *p_++ = '}';
+    return *this;
+  }
+  // [reg+off], [NAME+off] (+off only when non-zero).
+  Line &addr(const Addr &a) {
+    sep();
+    *p_++ = '[';
+    if (a.base.valid())
+      p_ = put_reg(p_, a.base);
+    else
+      p_ = name(b_.shared_[a.sym].name);
+    return offset(a.offset);
+  }
+  Line &param_addr(uint32_t off) {
+    sep();
+    *p_++ = '[';
+    p_ = name(b_.param_name_);
+    return offset(off);
+  }
+  void done() {
+    p_ = put_str(p_, ";\n", 2);
+    b_.text_len_ = static_cast<size_t>(p_ - b_.text_.data());
+    ++b_.num_instrs_;
+  }
+
+ private:
+  // " " before the first operand, ", " before the others.
+  void sep() {
+    p_[0] = first_ ? ' ' : ',';
+    p_[1] = ' ';
+    p_ += first_ ? 1 : 2;
+    first_ = false;
+  }
+  char *name(const std::string &n) { return put_str(p_, n.data(), n.size()); }
+  Line &offset(int64_t off) {
+    if (off) {
+      *p_++ = '+';
+      p_ = put_i(p_, off);
+    }
+    *p_++ = ']';
+    return *this;
+  }
+  Builder &b_;
+  char *p_;
+  bool first_ = true;
+};
+
+// The body buffer's capacity doubles from kTextInitial; its size (the bytes
+// Line may write) grows kTextStep at a time, so the zero-fill of resize()
+// touches each page about when it is written anyway. Measured: starting
+// with a small buffer and doubling costs page faults on every generation
+// of an 80 KB module (glibc trims the freed buffers).
+constexpr size_t kTextInitial = 64 * 1024, kTextStep = 8 * 1024;
+
+char *Builder::room(size_t n) {
+  size_t need = text_len_ + n;
+  if (need > text_.size()) {
+    if (need > text_.capacity()) {
+      text_.resize(text_len_);  // only the written bytes move to a new buffer
+      text_.reserve(std::max(std::max(2 * text_.capacity(), kTextInitial), need));
+    }
+    text_.resize(std::min(text_.capacity(), need + kTextStep));
+  }
+  return &text_[text_len_];
+}
+
 Builder::Builder(std::string entry, uint32_t param_bytes)
-    : entry_(std::move(entry)), param_bytes_(param_bytes) {
-  body_.reserve(1024);
+    : entry_(std::move(entry)), param_name_(entry_ + "_param"), param_bytes_(param_bytes) {
+  max_name_ = param_name_.size();
 }
 
 Reg Builder::reg(RegClass c) { return Reg{c, counts_[static_cast<int>(c)]++}; }
@@ -174,14 +422,18 @@ Reg Builder::reg(RegClass c) { return Reg{c, counts_[static_cast<int>(c)]++}; }
 Label Builder::label() { return Label{labels_++}; }
 
 void Builder::bind(Label l) {
-  Instr in;
-  in.label = l.id;
-  if (guard_.valid() || l.id >= labels_) misuse(in, "label bound with a guard or not created");
-  body_.push_back(in);
+  if (guard_.valid() || l.id >= labels_)
+    misuse(Opcode("label"), "label bound with a guard or not created");
+  char *p = room(kLineRoom);
+  p = put_str(p, "L_", 2);
+  p = put_u(p, l.id);
+  p = put_str(p, ":\n", 2);
+  text_len_ = static_cast<size_t>(p - text_.data());
 }
 
 Symbol Builder::shared(const std::string &name, uint32_t align, uint32_t bytes) {
   shared_.push_back({name, align, bytes});
+  if (name.size() > max_name_) max_name_ = name.size();
   return Symbol{static_cast<uint32_t>(shared_.size() - 1)};
 }
 
@@ -202,32 +454,22 @@ Builder &Builder::unless(Reg p) {
   return *this;
 }
 
+// "\t// text\n"; a pending guard stays for the next instruction.
 void Builder::comment(const std::string &text) {
-  Instr in;
-  in.op = "// " + text;
-  body_.push_back(in);
+  char *p = room(text.size() + 8);
+  p = put_str(p, "\t// ", 4);
+  p = put_str(p, text.data(), text.size());
+  *p++ = '\n';
+  text_len_ = static_cast<size_t>(p - text_.data());
 }
 
-Instr &Builder::push(std::string op) {
-  body_.emplace_back();
-  Instr &in = body_.back();
-  in.op = std::move(op);
-  if (guard_.valid()) {
-    if (guard_.cls != RegClass::Pred) misuse(in, "guard is not a predicate register");
-    in.guard = guard_;
-    in.guard_neg = guard_neg_;
-    guard_ = Reg{};
-  }
-  return in;
-}
-
-void Builder::misuse(const Instr &in, const char *what) const {
-  std::fprintf(stderr, "flashattn ptx builder (%s): %s in `%s`\n", entry_.c_str(), what,
-               in.op.c_str());
+void Builder::misuse(const Opcode &in, const char *what) const {
+  std::fprintf(stderr, "flashattn ptx builder (%s): %s in `%.*s`\n", entry_.c_str(), what,
+               static_cast<int>(in.n), in.s);
   std::abort();
 }
 
-void Builder::check_reg(const Instr &in, Reg r, Type t, const char *what) const {
+inline void Builder::check_reg(const Opcode &in, Reg r, Type t, const char *what) const {
   if (!r.valid() || r.id >= counts_[static_cast<int>(r.cls)]) misuse(in, "unallocated register");
   RegClass want = class_of(t);
   // A .b32 instruction accepts any 32-bit register (PTX ISA "Types": bit-size
@@ -236,7 +478,7 @@ void Builder::check_reg(const Instr &in, Reg r, Type t, const char *what) const 
   if (!ok) misuse(in, what);
 }
 
-void Builder::check(const Instr &in, const Operand &o, Type t, const char *what) const {
+inline void Builder::check(const Opcode &in, const Operand &o, Type t, const char *what) const {
   switch (o.kind) {
     case Operand::Kind::Reg:
       check_reg(in, o.reg, t, what);
@@ -249,7 +491,7 @@ void Builder::check(const Instr &in, const Operand &o, Type t, const char *what)
       break;
     case Operand::Kind::Symbol:
       if (t != Type::U32 && t != Type::B32) misuse(in, "symbol address needs a u32/b32 type");
-      if (o.sym >= shared_.size()) misuse(in, "unknown symbol");
+      if (o.imm < 0 || static_cast<size_t>(o.imm) >= shared_.size()) misuse(in, "unknown symbol");
       break;
     case Operand::Kind::Special:
       if (t != Type::U32 && t != Type::B32 && t != Type::S32)
@@ -258,67 +500,18 @@ void Builder::check(const Instr &in, const Operand &o, Type t, const char *what)
   }
 }
 
-void Builder::check_addr(const Instr &in, const Addr &a, Space s) const {
+inline void Builder::check_addr(const Opcode &in, const Addr &a, Space s) const {
   if (a.offset < 0) misuse(in, "negative address offset");
   if (a.base.valid()) {
     RegClass want = s == Space::Global ? RegClass::B64 : RegClass::B32;
     if (a.base.cls != want) misuse(in, "address register of the wrong width for the space");
     if (a.base.id >= counts_[static_cast<int>(a.base.cls)]) misuse(in, "unallocated register");
-  } else if (a.sym == kParamSym || a.sym >= shared_.size() || s != Space::Shared) {
+  } else if (a.sym >= shared_.size() || s != Space::Shared) {
     misuse(in, "symbol address outside shared memory");
   }
 }
 
-Arg Builder::arg(const Operand &o) const {
-  Arg a;
-  switch (o.kind) {
-    case Operand::Kind::Reg:
-      a.kind = Arg::Kind::Reg;
-      a.reg = o.reg;
-      break;
-    case Operand::Kind::Imm:
-      a.kind = Arg::Kind::Imm;
-      a.imm = o.imm;
-      break;
-    case Operand::Kind::F32:
-      a.kind = Arg::Kind::F32;
-      a.f = o.f;
-      break;
-    case Operand::Kind::Symbol:
-      a.kind = Arg::Kind::Symbol;
-      a.imm = o.sym;
-      break;
-    case Operand::Kind::Special:
-      a.kind = Arg::Kind::Special;
-      a.special = o.special;
-      break;
-  }
-  return a;
-}
-
-Arg Builder::arg(const Addr &ad) const {
-  Arg a;
-  a.kind = Arg::Kind::Addr;
-  a.reg = ad.base;
-  a.imm = ad.offset;
-  a.nvec = 0;
-  a.vec[0].id = ad.sym;  // symbol id when no base register
-  return a;
-}
-
 namespace {
-Arg reg_arg(Reg r) {
-  Arg a;
-  a.kind = Arg::Kind::Reg;
-  a.reg = r;
-  return a;
-}
-Arg vec_arg(std::initializer_list<Reg> regs) {
-  Arg a;
-  a.kind = Arg::Kind::Vec;
-  for (Reg r : regs) a.vec[a.nvec++] = r;
-  return a;
-}
 bool ld_type_ok(Type t, bool vec) {
   if (vec) return t == Type::U32 || t == Type::B32 || t == Type::F32;
   return t == Type::U16 || t == Type::B16 || t == Type::U32 || t == Type::S32 || t == Type::B32 ||
@@ -329,94 +522,68 @@ bool st_type_ok(Type t, bool vec) {
   return t == Type::U16 || t == Type::B16 || t == Type::U32 || t == Type::B32 || t == Type::F32 ||
          t == Type::U64 || t == Type::B64;
 }
-std::string mem_op(const char *what, Space s, bool nc, size_t n, Type t) {
-  std::string op = what;
-  op += s == Space::Global ? ".global" : ".shared";
-  if (nc) op += ".nc";
-  if (n == 2) op += ".v2";
-  if (n == 4) op += ".v4";
-  op += '.';
-  op += type_name(t);
-  return op;
-}
 }  // namespace
 
 void Builder::ld_param(Type t, Reg d, uint32_t offset) {
-  Instr &in = push(std::string("ld.param.") + type_name(t));
+  Opcode in("ld.param");
+  in.dot(type_piece(t));
   if (t != Type::U32 && t != Type::S32 && t != Type::U64 && t != Type::S64 && t != Type::F32)
     misuse(in, "ld.param type outside the subset");
   check_reg(in, d, t, "destination register class");
   if (offset + (is_64(t) ? 8u : 4u) > param_bytes_) misuse(in, "ld.param beyond the parameter");
-  in.args[0] = reg_arg(d);
-  Arg a;
-  a.kind = Arg::Kind::Addr;
-  a.imm = offset;
-  a.vec[0].id = kParamSym;
-  in.args[1] = a;
-  in.nargs = 2;
+  Line(*this, in).reg(d).param_addr(offset).done();
 }
 
 void Builder::ld(Space s, Type t, Reg d, Addr a, bool nc) {
-  Instr &in = push(mem_op("ld", s, nc, 1, t));
+  Opcode in = Opcode::mem("ld", s, nc, 1, t);
   if (!ld_type_ok(t, false) || (nc && s != Space::Global)) misuse(in, "load outside the subset");
   check_reg(in, d, t, "destination register class");
   check_addr(in, a, s);
-  in.args[0] = reg_arg(d);
-  in.args[1] = arg(a);
-  in.nargs = 2;
+  Line(*this, in).reg(d).addr(a).done();
 }
 
 void Builder::ld_v(Space s, Type t, std::initializer_list<Reg> d, Addr a, bool nc) {
-  Instr &in = push(mem_op("ld", s, nc, d.size(), t));
+  Opcode in = Opcode::mem("ld", s, nc, d.size(), t);
   if (!ld_type_ok(t, true) || (d.size() != 2 && d.size() != 4) || (nc && s != Space::Global))
     misuse(in, "vector load outside the subset");
   for (Reg r : d) check_reg(in, r, t, "vector element register class");
   check_addr(in, a, s);
-  in.args[0] = vec_arg(d);
-  in.args[1] = arg(a);
-  in.nargs = 2;
+  Line(*this, in).vec(d).addr(a).done();
 }
 
 void Builder::st(Space s, Type t, Addr a, Reg v) {
-  Instr &in = push(mem_op("st", s, false, 1, t));
+  Opcode in = Opcode::mem("st", s, false, 1, t);
   if (!st_type_ok(t, false)) misuse(in, "store outside the subset");
   check_reg(in, v, t, "source register class");
   check_addr(in, a, s);
-  in.args[0] = arg(a);
-  in.args[1] = reg_arg(v);
-  in.nargs = 2;
+  Line(*this, in).addr(a).reg(v).done();
 }
 
 void Builder::st_v(Space s, Type t, Addr a, std::initializer_list<Reg> v) {
-  Instr &in = push(mem_op("st", s, false, v.size(), t));
+  Opcode in = Opcode::mem("st", s, false, v.size(), t);
   if (!st_type_ok(t, true) || (v.size() != 2 && v.size() != 4))
     misuse(in, "vector store outside the subset");
   for (Reg r : v) check_reg(in, r, t, "vector element register class");
   check_addr(in, a, s);
-  in.args[0] = arg(a);
-  in.args[1] = vec_arg(v);
-  in.nargs = 2;
+  Line(*this, in).addr(a).vec(v).done();
 }
 
 void Builder::cvta_to_global(Reg d, Reg a) {
-  Instr &in = push("cvta.to.global.u64");
+  Opcode in("cvta.to.global.u64");
   check_reg(in, d, Type::U64, "destination register class");
   check_reg(in, a, Type::U64, "source register class");
-  in.args[0] = reg_arg(d);
-  in.args[1] = reg_arg(a);
-  in.nargs = 2;
+  Line(*this, in).reg(d).reg(a).done();
 }
 
 void Builder::mov(Type t, Reg d, Operand a) {
-  Instr &in = push(std::string("mov.") + type_name(t));
+  Opcode in("mov");
+  in.dot(type_piece(t));
   if (t == Type::F16 || t == Type::BF16) misuse(in, "mov type outside the subset");
   check_reg(in, d, t, "destination register class");
   if (a.kind == Operand::Kind::Symbol && t != Type::U32) misuse(in, "symbol needs mov.u32");
   if (a.kind == Operand::Kind::Imm && t == Type::Pred) misuse(in, "immediate predicate");
   check(in, a, t, "source register class");
-  in.args[0] = reg_arg(d);
-  in.args[1] = arg(a);
-  in.nargs = 2;
+  Line(*this, in).reg(d).operand(a).done();
 }
 
 void Builder::op(Op o, Type t, Reg d, Operand a) { op(o, t, d, a, Operand{}, Operand{}); }
@@ -424,11 +591,11 @@ void Builder::op(Op o, Type t, Reg d, Operand a, Operand b) { op(o, t, d, a, b, 
 
 void Builder::op(Op o, Type t, Reg d, Operand a, Operand b, Operand c) {
   const OpInfo &info = kOps[static_cast<int>(o)];
-  Instr &in = push(std::string(info.name) + '.' + type_name(t));
+  Opcode in(info.name);
+  in.dot(type_piece(t));
   if (!(info.types & bit(t))) misuse(in, "type not allowed for this operation");
   check_reg(in, d, t, "destination register class");
   const Operand *src[3] = {&a, &b, &c};
-  in.args[0] = reg_arg(d);
   for (int i = 0; i < 3; ++i) {
     bool used = i < info.arity;
     bool given = src[i]->reg.valid() || src[i]->kind != Operand::Kind::Reg;
@@ -438,39 +605,37 @@ void Builder::op(Op o, Type t, Reg d, Operand a, Operand b, Operand c) {
       check(in, *src[i], Type::U32, "shift amount must be a 32-bit register or immediate");
     else
       check(in, *src[i], t, "source register class");
-    in.args[1 + i] = arg(*src[i]);
   }
-  in.nargs = static_cast<uint8_t>(1 + info.arity);
+  Line line(*this, in);
+  line.reg(d);
+  for (int i = 0; i < info.arity; ++i) line.operand(*src[i]);
+  line.done();
 }
 
 void Builder::mul_wide(Type t, Reg d, Operand a, Operand b) {
-  Instr &in = push(std::string("mul.wide.") + type_name(t));
+  Opcode in("mul.wide");
+  in.dot(type_piece(t));
   if (t != Type::S32 && t != Type::U32) misuse(in, "mul.wide needs s32/u32");
   check_reg(in, d, Type::B64, "destination must be 64-bit");
   check(in, a, t, "source register class");
   check(in, b, t, "source register class");
-  in.args[0] = reg_arg(d);
-  in.args[1] = arg(a);
-  in.args[2] = arg(b);
-  in.nargs = 3;
+  Line(*this, in).reg(d).operand(a).operand(b).done();
 }
 
 void Builder::mad_wide(Type t, Reg d, Operand a, Operand b, Operand c) {
-  Instr &in = push(std::string("mad.wide.") + type_name(t));
+  Opcode in("mad.wide");
+  in.dot(type_piece(t));
   if (t != Type::S32 && t != Type::U32) misuse(in, "mad.wide needs s32/u32");
   check_reg(in, d, Type::B64, "destination must be 64-bit");
   check(in, a, t, "source register class");
   check(in, b, t, "source register class");
   check(in, c, Type::B64, "addend must be 64-bit");
-  in.args[0] = reg_arg(d);
-  in.args[1] = arg(a);
-  in.args[2] = arg(b);
-  in.args[3] = arg(c);
-  in.nargs = 4;
+  Line(*this, in).reg(d).operand(a).operand(b).operand(c).done();
 }
 
 void Builder::setp(Cmp c, Type t, Reg p, Operand a, Operand b) {
-  Instr &in = push(std::string("setp.") + cmp_name(c) + '.' + type_name(t));
+  Opcode in("setp");
+  in.dot(cmp_name(c)).dot(type_piece(t));
   bool type_ok = t == Type::S32 || t == Type::U32 || t == Type::S64 || t == Type::U64 ||
                  t == Type::F32 || t == Type::B32;
   if (!type_ok) misuse(in, "setp type outside the subset");
@@ -478,14 +643,12 @@ void Builder::setp(Cmp c, Type t, Reg p, Operand a, Operand b) {
   check_reg(in, p, Type::Pred, "destination must be a predicate");
   check(in, a, t, "source register class");
   check(in, b, t, "source register class");
-  in.args[0] = reg_arg(p);
-  in.args[1] = arg(a);
-  in.args[2] = arg(b);
-  in.nargs = 3;
+  Line(*this, in).reg(p).operand(a).operand(b).done();
 }
 
 void Builder::selp(Type t, Reg d, Operand a, Operand b, Reg p) {
-  Instr &in = push(std::string("selp.") + type_name(t));
+  Opcode in("selp");
+  in.dot(type_piece(t));
   bool type_ok = t == Type::B32 || t == Type::U32 || t == Type::S32 || t == Type::F32 ||
                  t == Type::B64 || t == Type::U64 || t == Type::S64;
   if (!type_ok) misuse(in, "selp type outside the subset");
@@ -493,11 +656,7 @@ void Builder::selp(Type t, Reg d, Operand a, Operand b, Reg p) {
   check(in, a, t, "source register class");
   check(in, b, t, "source register class");
   check_reg(in, p, Type::Pred, "selector must be a predicate");
-  in.args[0] = reg_arg(d);
-  in.args[1] = arg(a);
-  in.args[2] = arg(b);
-  in.args[3] = reg_arg(p);
-  in.nargs = 4;
+  Line(*this, in).reg(d).operand(a).operand(b).reg(p).done();
 }
 
 void Builder::cvt(Type dt, Type st, Round r, Reg d, Reg a) {
@@ -513,79 +672,62 @@ void Builder::cvt(Type dt, Type st, Round r, Reg d, Reg a) {
       {Type::S32, Type::S64, Round::None}, {Type::U32, Type::U16, Round::None},
       {Type::U16, Type::U32, Round::None},
   };
-  static const char *const kRound[] = {"", ".rn", ".rzi", ".rni"};
-  Instr &in = push(std::string("cvt") + kRound[static_cast<int>(r)] + '.' + type_name(dt) + '.' +
-                   type_name(st));
+  static constexpr Piece kRound[] = {"", ".rn", ".rzi", ".rni"};
+  Opcode in("cvt");
+  in.add(kRound[static_cast<int>(r)]).dot(type_piece(dt)).dot(type_piece(st));
   bool ok = false;
   for (const auto &c : kAllowed) ok = ok || (c.d == dt && c.s == st && c.r == r);
   if (!ok) misuse(in, "conversion outside the subset");
   check_reg(in, d, dt, "destination register class");
   check_reg(in, a, st, "source register class");
-  in.args[0] = reg_arg(d);
-  in.args[1] = reg_arg(a);
-  in.nargs = 2;
+  Line(*this, in).reg(d).reg(a).done();
 }
 
 void Builder::bra(Label l, bool uni) {
-  Instr &in = push(uni ? "bra.uni" : "bra");
+  Opcode in(uni ? "bra.uni" : "bra");
   if (l.id >= labels_) misuse(in, "unknown label");
-  in.args[0].kind = Arg::Kind::Label;
-  in.args[0].imm = l.id;
-  in.nargs = 1;
+  Line(*this, in).label(l).done();
 }
 
-void Builder::ret() { push("ret"); }
-void Builder::exit() { push("exit"); }
+void Builder::ret() { Line(*this, Opcode("ret")).done(); }
+void Builder::exit() { Line(*this, Opcode("exit")).done(); }
 
-void Builder::bar_sync() {
-  Instr &in = push("bar.sync");
-  in.args[0].kind = Arg::Kind::Imm;
-  in.args[0].imm = 0;
-  in.nargs = 1;
-}
+void Builder::bar_sync() { Line(*this, Opcode("bar.sync")).imm(0).done(); }
 
 void Builder::bar_warp_sync(uint32_t mask) {
-  Instr &in = push("bar.warp.sync");
-  in.args[0].kind = Arg::Kind::Imm;
-  in.args[0].imm = mask;
-  in.nargs = 1;
+  Line(*this, Opcode("bar.warp.sync")).imm(mask).done();
 }
 
 void Builder::shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t membermask) {
-  static const char *const kMode[] = {"bfly", "idx", "up", "down"};
-  Instr &in = push(std::string("shfl.sync.") + kMode[static_cast<int>(m)] + ".b32");
+  static constexpr Piece kMode[] = {"bfly", "idx", "up", "down"};
+  Opcode in("shfl.sync");
+  in.dot(kMode[static_cast<int>(m)]).add(".b32");
   check_reg(in, d, Type::B32, "destination must be 32-bit");
   check_reg(in, a, Type::B32, "source must be 32-bit");
   check(in, b, Type::B32, "lane operand must be b32");
   check(in, c, Type::B32, "clamp operand must be b32");
-  in.args[0] = reg_arg(d);
-  in.args[1] = reg_arg(a);
-  in.args[2] = arg(b);
-  in.args[3] = arg(c);
-  in.args[4].kind = Arg::Kind::Imm;
-  in.args[4].imm = membermask;
-  in.nargs = 5;
+  Line(*this, in).reg(d).reg(a).operand(b).operand(c).imm(membermask).done();
 }
 
-std::string Builder::emit(int isa_version_x10, int sm, uint32_t maxntid) const {
+std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const {
   std::string o;
-  o.reserve(64 + body_.size() * 40);
+  o.reserve(512 + 64 * shared_.size() + 2 * entry_.size());
   o += "//\n// Generated by flashattn. Do not edit.\n//\n\n.version ";
-  put_u(o, isa_version_x10 / 10);
+  o += std::to_string(isa_version_x10 / 10);
   o += '.';
-  put_u(o, isa_version_x10 % 10);
+  o += std::to_string(isa_version_x10 % 10);
   o += "\n.target sm_";
-  put_u(o, sm);
+  o += std::to_string(sm);
   o += "\n.address_size 64\n\n.visible .entry ";
   o += entry_;
   o += "(\n\t.param .align 8 .b8 ";
-  o += entry_;
-  o += "_param[";
-  put_u(o, param_bytes_);
+  o += param_name_;
+  o += '[';
+  o += std::to_string(param_bytes_);
   o += "]\n)\n";
   if (maxntid) {
     o += ".maxntid ";
-    put_u(o, maxntid);
+    o += std::to_string(maxntid);
     o += ", 1, 1\n";
   }
   o += "{\n";
@@ -597,94 +739,38 @@ std::string Builder::emit(int isa_version_x10, int sm, uint32_t maxntid) const {
     o += ' ';
     o += class_prefix(static_cast<RegClass>(c));
     o += '<';
-    put_u(o, counts_[c]);
+    o += std::to_string(counts_[c]);
     o += ">;\n";
   }
   for (const auto &s : shared_) {
     o += "\t.shared .align ";
-    put_u(o, s.align);
+    o += std::to_string(s.align);
     o += " .b8 ";
     o += s.name;
     o += '[';
-    put_u(o, s.bytes);
+    o += std::to_string(s.bytes);
     o += "];\n";
   }
   o += '\n';
-  for (const Instr &in : body_) {
-    if (in.op.empty()) {
-      o += "L_";
-      put_u(o, in.label);
-      o += ":\n";
-      continue;
-    }
-    o += '\t';
-    if (in.guard.valid()) {
-      o += in.guard_neg ? "@!" : "@";
-      put_reg(o, in.guard);
-      o += ' ';
-    }
-    o += in.op;
-    for (int i = 0; i < in.nargs; ++i) {
-      o += i ? ", " : " ";
-      const Arg &a = in.args[i];
-      switch (a.kind) {
-        case Arg::Kind::None:
-          break;
-        case Arg::Kind::Reg:
-          put_reg(o, a.reg);
-          break;
-        case Arg::Kind::Imm:
-          put_i(o, a.imm);
-          break;
-        case Arg::Kind::F32: {
-          uint32_t bits;
-          std::memcpy(&bits, &a.f, 4);
-          char buf[16];
-          std::snprintf(buf, sizeof buf, "0f%08X", bits);
-          o += buf;
-          break;
-        }
-        case Arg::Kind::Symbol:
-          o += shared_[a.imm].name;
-          break;
-        case Arg::Kind::Special:
-          o += special_name(a.special);
-          break;
-        case Arg::Kind::Label:
-          o += "L_";
-          put_u(o, static_cast<uint64_t>(a.imm));
-          break;
-        case Arg::Kind::Vec:
-          o += '{';
-          for (int k = 0; k < a.nvec; ++k) {
-            if (k) o += ", ";
-            put_reg(o, a.vec[k]);
-          }
-          o += '}';
-          break;
-        case Arg::Kind::Addr:
-          o += '[';
-          if (a.reg.valid()) {
-            put_reg(o, a.reg);
-          } else if (a.vec[0].id == kParamSym) {
-            o += entry_;
-            o += "_param";
-          } else {
-            o += shared_[a.vec[0].id].name;
-          }
-          if (a.imm) {
-            o += '+';
-            put_i(o, a.imm);
-          }
-          o += ']';
-          break;
-      }
-    }
-    if (in.op[0] != '/') o += ';';
-    o += '\n';
-  }
+  return o;
+}
+
+std::string Builder::emit(int isa_version_x10, int sm, uint32_t maxntid) const & {
+  std::string o = header(isa_version_x10, sm, maxntid);
+  o.reserve(o.size() + text_len_ + 2);
+  o.append(text_.data(), text_len_);
   o += "}\n";
   return o;
+}
+
+std::string Builder::emit(int isa_version_x10, int sm, uint32_t maxntid) && {
+  std::string h = header(isa_version_x10, sm, maxntid);
+  text_.resize(text_len_);
+  text_.reserve(h.size() + text_len_ + 2);
+  text_.insert(0, h);  // moves the body up within the buffer
+  text_ += "}\n";
+  text_len_ = 0;
+  return std::move(text_);
 }
 
 }  // namespace ptx

@@ -1,7 +1,12 @@
-// PTX builder: typed virtual registers, an instruction list checked operand
-// by operand when each instruction is built, counter-derived labels, and an
-// emitter that prints one deterministic module (header, one entry with a
-// single .param byte array, register and shared declarations, body).
+// PTX builder: typed virtual registers, instructions checked operand by
+// operand when each is built, counter-derived labels, and an emitter that
+// prints one deterministic module (header, one entry with a single .param
+// byte array, register and shared declarations, body).
+//
+// Generation time matters (every kernel-cache miss pays it), so each
+// instruction is printed into the body text as soon as it has been checked:
+// no instruction list, no per-instruction heap allocation. The declarations
+// that depend on the final register counts are printed by emit().
 //
 // Only the PTX subset listed in notes/common.md (and docs/kernels.md) can be
 // built. A type mismatch (an f32 register given to add.s32, a b64 address for
@@ -12,6 +17,7 @@
 // such a bug cannot hide behind a particular user input.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -53,11 +59,11 @@ enum class Special : uint8_t { TidX, NtidX, CtaidX, CtaidY, CtaidZ, NctaidX, Nct
 struct Operand {
   enum class Kind : uint8_t { Reg, Imm, F32, Symbol, Special };
   Kind kind = Kind::Reg;
-  Reg reg;
-  int64_t imm = 0;
-  float f = 0;
-  uint32_t sym = 0;
   Special special = Special::TidX;
+  Reg reg;
+  float f = 0;
+  // Integer immediate, or the symbol id (Kind::Symbol).
+  int64_t imm = 0;
   Operand(Reg r) : kind(Kind::Reg), reg(r) {}  // NOLINT: implicit by design
   Operand() = default;
 };
@@ -112,27 +118,6 @@ enum class Op : uint8_t {
   Ex2,
   Lg2,
   Tanh  // f32 only
-};
-
-// One instruction argument as stored in the list.
-struct Arg {
-  enum class Kind : uint8_t { None, Reg, Imm, F32, Symbol, Special, Addr, Vec, Label };
-  Kind kind = Kind::None;
-  uint8_t nvec = 0;
-  Special special = Special::TidX;
-  float f = 0;
-  int64_t imm = 0;  // immediate, address offset, symbol or label id
-  Reg reg;          // register, or address base
-  Reg vec[4];
-};
-
-struct Instr {
-  std::string op;  // full opcode ("ld.global.nc.v4.u32"); empty: label definition
-  Reg guard;       // valid: @guard / @!guard
-  bool guard_neg = false;
-  uint8_t nargs = 0;
-  uint32_t label = 0;  // defined label when op is empty
-  Arg args[5];
 };
 
 class Builder {
@@ -191,22 +176,31 @@ class Builder {
   // Conversion Instructions: shfl.sync"; 9.7.8.6 in the 7.x manuals).
   void shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t membermask);
 
-  const std::vector<Instr> &instrs() const { return body_; }
+  // Instructions (labels and comments excluded) built so far.
+  uint32_t num_instrs() const { return num_instrs_; }
 
   // The module text: `.version`, `.target sm_<sm>`, `.address_size 64`, the
   // entry with `.maxntid maxntid, 1, 1` (0: none), declarations and body.
-  std::string emit(int isa_version_x10, int sm, uint32_t maxntid) const;
+  std::string emit(int isa_version_x10, int sm, uint32_t maxntid) const &;
+  // The same text, built in place in the body's buffer (no copy of the
+  // body); the builder is left empty. Use as std::move(b).emit(...).
+  std::string emit(int isa_version_x10, int sm, uint32_t maxntid) &&;
 
  private:
-  Instr &push(std::string op);
-  [[noreturn]] void misuse(const Instr &in, const char *what) const;
-  void check(const Instr &in, const Operand &o, Type t, const char *what) const;
-  void check_reg(const Instr &in, Reg r, Type t, const char *what) const;
-  void check_addr(const Instr &in, const Addr &a, Space s) const;
-  Arg arg(const Operand &o) const;
-  Arg arg(const Addr &a) const;
+  struct Opcode;  // the opcode being built ("ld.global.nc.v4.u32"), defined in ptx.cc
+  class Line;     // writer of one body line, defined in ptx.cc
+
+  [[noreturn]] void misuse(const Opcode &in, const char *what) const;
+  void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
+  void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
+  void check_addr(const Opcode &in, const Addr &a, Space s) const;
+  // At least n writable bytes at the end of the body text.
+  char *room(size_t n);
+  // Everything emit() prints before the body.
+  std::string header(int isa_version_x10, int sm, uint32_t maxntid) const;
 
   std::string entry_;
+  std::string param_name_;  // entry_ + "_param"
   uint32_t param_bytes_;
   uint32_t counts_[kNumRegClasses] = {0, 0, 0, 0, 0};
   uint32_t labels_ = 0;
@@ -215,7 +209,12 @@ class Builder {
     uint32_t align, bytes;
   };
   std::vector<SharedDecl> shared_;
-  std::vector<Instr> body_;
+  size_t max_name_ = 0;  // longest symbol name printed in an operand
+  // Body text: the first text_len_ bytes of text_ (the rest is room that
+  // Line writes into before it counts).
+  std::string text_;
+  size_t text_len_ = 0;
+  uint32_t num_instrs_ = 0;
   Reg guard_;
   bool guard_neg_ = false;
 };
