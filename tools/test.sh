@@ -15,6 +15,18 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$jobs"
 (cd build && ctest --output-on-failure -j "$jobs")
 
+# Language bindings and C consumers, against the library installed into a
+# scratch prefix (each bindings/<lang>/test.sh gets the prefix as $1).
+if compgen -G "bindings/*/test.sh" >/dev/null; then
+  prefix="$PWD/build/install"
+  rm -rf "$prefix"
+  cmake --install build --prefix "$prefix" >/dev/null
+  for t in bindings/*/test.sh; do
+    echo "== $t"
+    bash "$t" "$prefix"
+  done
+fi
+
 if [ "${FA_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFA_SANITIZE=ON -DFA_BUILD_BENCH=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
