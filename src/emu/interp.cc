@@ -173,6 +173,32 @@ std::string lane_list(uint32_t mask) {
   return s;
 }
 
+// One queued cp.async: [dst, dst + size) in shared memory receives src_size
+// bytes from global src, then zeros.
+struct AsyncCopy {
+  uint64_t src;
+  uint32_t dst;
+  uint32_t size;
+  uint32_t src_size;
+};
+
+// A thread's cp.async state (PTX ISA "cp.async.commit_group",
+// "cp.async.wait_group"): copies in issue order; ops[head..) are not yet
+// performed; group_end[group_head..) are the ends of the committed groups
+// still pending, oldest first; copies past the last end are uncommitted.
+struct AsyncQueue {
+  std::vector<AsyncCopy> ops;
+  size_t head = 0;
+  std::vector<size_t> group_end;
+  size_t group_head = 0;
+  void clear() {
+    ops.clear();
+    head = 0;
+    group_end.clear();
+    group_head = 0;
+  }
+};
+
 // Per-launch state shared by the workers.
 struct Shared {
   const Entry *entry;
@@ -243,6 +269,10 @@ class CtaRunner {
     ctaid_[1] = static_cast<uint32_t>((b / gx) % gy);
     ctaid_[2] = static_cast<uint32_t>(b / (static_cast<uint64_t>(gx) * gy));
     std::memset(smem_.data(), 0xff, smem_.size());
+    if (async_used_) {  // copies left pending at exit die with the block
+      for (AsyncQueue &q : async_) q.clear();
+      async_used_ = false;
+    }
     const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
     const uint32_t nwarps = (nthreads_ + 31) / 32;
     for (uint32_t t = 0; t < nthreads_; ++t) {
@@ -412,14 +442,13 @@ class CtaRunner {
   }
 
   // Executes a warp collective for the lanes in mask (all present at it).
-  // PTX ISA "Data Movement: shfl.sync", "bar.warp.sync".
-  // Adding mma.sync / ldmatrix: give them ops after kBarSync (so threads
-  // stop there), take mask = all 32 lanes in resolve_warp_collectives, and
-  // compute here from regs_of(base + m) of every lane (ldmatrix also reads
-  // smem_). cp.async can stay a per-thread op that copies at once (a legal
-  // completion order), with commit/wait_group as no-ops.
+  // PTX ISA "Data Movement: shfl.sync", "bar.warp.sync", "mma", "ldmatrix".
+  // mma.sync and ldmatrix carry a constant full-warp membermask, so the
+  // arrival check above is the .aligned check.
   bool run_warp_collective(const Inst &in, uint32_t base, uint32_t mask) {
     if (in.op == Op::kBarWarpSync) return true;
+    if (in.op == Op::kMma) return run_mma(in, base);
+    if (in.op == Op::kLdmatrix) return run_ldmatrix(in, base);
     // kShfl
     uint32_t val[32], res[32];
     bool pv[32];
@@ -475,6 +504,158 @@ class CtaRunner {
       if (in.v[0] != kNoSlot) r[in.v[0]] = pv[m] ? 1 : 0;
     }
     return true;
+  }
+
+  // mma.sync.aligned.m16n8k{16,8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32 for
+  // the warp at base (PTX ISA "Matrix Fragments for mma.m16n8k16 / m16n8k8
+  // with floating point type"). With g = lane >> 2 and q = lane % 4:
+  //   A element i of a lane (halves of its regs, low half first):
+  //     row g + 8 * ((i >> 1) & 1), col 2q + (i & 1) + 8 * (i >> 2)
+  //   B element i: row (k) 2q + (i & 1) + 8 * (i >> 1), col g
+  //   C/D element i: row g + 8 * (i >> 1), col 2q + (i & 1)
+  // Arithmetic: every product is formed exactly in f32 (f16 x f16 and
+  // bf16 x bf16 need at most 22 / 16 significand bits; bf16 products beyond
+  // f32's range round as IEEE f32 does); D = C, then D += A[m][k] * B[k][n]
+  // for k = 0, 1, ..., K-1, each sum rounded to nearest even in f32. All
+  // inputs of all lanes are read before any D register is written.
+  bool run_mma(const Inst &in, uint32_t base) {
+    const uint32_t *s = e_.operand_slots.data() + in.imm;
+    const bool k16 = in.sub == kMmaF16K16 || in.sub == kMmaBF16K16;
+    const bool bf = in.sub == kMmaBF16K16 || in.sub == kMmaBF16K8;
+    const int kk = k16 ? 16 : 8;
+    float a[16][16], b[16][8], acc[16][8];
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      const uint64_t *r = regs_of(base + lane);
+      const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);
+      for (int i = 0; i < kk / 2; ++i) {
+        uint32_t w = static_cast<uint32_t>(r[s[4 + i / 2]]) >> (16 * (i & 1));
+        uint16_t h = static_cast<uint16_t>(w);
+        a[g + 8 * ((i >> 1) & 1)][2 * q + (i & 1) + 8 * (i >> 2)] =
+            bf ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      for (int i = 0; i < kk / 4; ++i) {
+        uint32_t w = static_cast<uint32_t>(r[s[8 + i / 2]]) >> (16 * (i & 1));
+        uint16_t h = static_cast<uint16_t>(w);
+        b[2 * q + (i & 1) + 8 * (i >> 1)][g] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      for (int i = 0; i < 4; ++i) acc[g + 8 * (i >> 1)][2 * q + (i & 1)] = F(r[s[10 + i]]);
+    }
+    for (int m = 0; m < 16; ++m) {
+      for (int n = 0; n < 8; ++n) {
+        float d = acc[m][n];
+        for (int k = 0; k < kk; ++k) {
+          volatile float p = a[m][k] * b[k][n];  // exact; kept apart from the add
+          d = d + p;
+        }
+        acc[m][n] = d;
+      }
+    }
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      uint64_t *r = regs_of(base + lane);
+      const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);
+      for (int i = 0; i < 4; ++i) r[s[i]] = FB(acc[g + 8 * (i >> 1)][2 * q + (i & 1)]);
+    }
+    return true;
+  }
+
+  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 for the warp at
+  // base (PTX ISA "ldmatrix"). Lane 8j + r gives the address of row r of
+  // matrix j (16 bytes, 16-byte aligned); lanes past 8 * count are ignored.
+  // Lane l receives in its j-th register elements (l / 4, 2(l % 4)) and
+  // (l / 4, 2(l % 4) + 1) of matrix j (low half first); with .trans the
+  // elements at (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4).
+  bool run_ldmatrix(const Inst &in, uint32_t base) {
+    const uint32_t pc = static_cast<uint32_t>(&in - e_.code.data());
+    const uint32_t count = in.sub;
+    uint16_t mat[4][8][8];
+    for (uint32_t lane = 0; lane < 8 * count; ++lane) {
+      const int64_t addr =
+          static_cast<int64_t>(static_cast<uint32_t>(regs_of(base + lane)[in.a])) + in.imm;
+      const uint8_t *p = shared_ptr(addr, 16, base + lane, pc);
+      if (!p) return false;
+      std::memcpy(mat[lane / 8][lane % 8], p, 16);
+    }
+    const bool trans = in.flags & kTrans;
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      uint64_t *r = regs_of(base + lane);
+      const uint32_t row = lane >> 2, col = 2 * (lane & 3);
+      for (uint32_t j = 0; j < count; ++j) {
+        uint32_t lo = trans ? mat[j][col][row] : mat[j][row][col];
+        uint32_t hi = trans ? mat[j][col + 1][row] : mat[j][row][col + 1];
+        r[in.v[j]] = lo | (hi << 16);
+      }
+    }
+    return true;
+  }
+
+  // cp.async issue: checks both addresses now (alignment to cp-size, bounds
+  // of the cp-size shared bytes and the src-size global bytes) and queues
+  // the copy; nothing is written until a wait retires its group.
+  bool cp_async_issue(uint32_t t, uint32_t pc, const uint64_t *r) {
+    const Inst &in = e_.code[pc];
+    const uint32_t size = in.sub;
+    const int64_t dst = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
+    const uint64_t src = r[in.b] + r[in.c];
+    uint64_t src_size = size;
+    if (in.e != kNoSlot) src_size = static_cast<uint32_t>(r[in.e]);
+    if (in.v[0] != kNoSlot && r[in.v[0]]) src_size = 0;
+    if (src_size > size) {
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    "%s at PTX line %u: src-size %" PRIu64 " exceeds cp-size %u (undefined); %s",
+                    e_.op_text[pc].c_str(), in.line, src_size, size, thread_text(t).c_str());
+      error_ = buf;
+      return false;
+    }
+    if (!shared_ptr(dst, size, t, pc)) return false;
+    if (src & (size - 1)) {
+      fault_global(t, pc, src, size, true);
+      return false;
+    }
+    if (src_size && !(src >= hit_base_ && src + src_size <= hit_end_)) {
+      uint64_t b, e;
+      if (!sh_.mem->find_locked(src, src_size, &b, &e)) {
+        fault_global(t, pc, src, static_cast<uint32_t>(src_size), false);
+        return false;
+      }
+      hit_base_ = b;
+      hit_end_ = e;
+    }
+    if (async_.empty()) async_.resize(nthreads_);
+    async_used_ = true;
+    async_[t].ops.push_back(
+        {src, static_cast<uint32_t>(dst), size, static_cast<uint32_t>(src_size)});
+    return true;
+  }
+
+  // cp.async.commit_group: the uncommitted copies (possibly none) become
+  // the newest group.
+  void cp_async_commit(uint32_t t) {
+    if (async_.empty()) async_.resize(nthreads_);
+    async_used_ = true;
+    async_[t].group_end.push_back(async_[t].ops.size());
+  }
+
+  // cp.async.wait_group n: performs the copies of all but the newest n
+  // committed groups, in issue order. n < 0 is cp.async.wait_all (commit,
+  // then wait_group 0).
+  void cp_async_wait(uint32_t t, int64_t n) {
+    if (async_.empty()) return;  // nothing was ever issued in this launch
+    AsyncQueue &q = async_[t];
+    if (n < 0) {
+      q.group_end.push_back(q.ops.size());
+      n = 0;
+    }
+    while (q.group_end.size() - q.group_head > static_cast<size_t>(n)) {
+      const size_t end = q.group_end[q.group_head++];
+      for (; q.head < end; ++q.head) {
+        const AsyncCopy &c = q.ops[q.head];
+        uint8_t *d = smem_.data() + c.dst;
+        if (c.src_size) std::memcpy(d, reinterpret_cast<const void *>(c.src), c.src_size);
+        std::memset(d + c.src_size, 0, c.size - c.src_size);
+      }
+    }
+    if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();
   }
 
   // --- faults (cold paths)
@@ -589,6 +770,8 @@ class CtaRunner {
   uint64_t executed_ = 0;
   uint32_t stuck_thread_ = UINT32_MAX;
   std::string error_;
+  std::vector<AsyncQueue> async_;  // per thread, sized on first cp.async
+  bool async_used_ = false;
 #ifdef FA_EMU_HAVE_FMA_PATH
   const bool has_fma_ =
       __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;

@@ -5,9 +5,12 @@
 // (bar.sync, bar.warp.sync, shfl.sync) or exits. When every thread of the
 // CTA is blocked or exited, the scheduler resolves collectives: a warp
 // collective runs once all lanes of its membermask wait at the same
-// instruction (it then reads and writes all participants' registers, which
-// is how mma.sync/ldmatrix will be added), a CTA barrier releases once every
-// thread waits at bar.sync with the same id. If nothing can proceed the
+// instruction (it then reads and writes all participants' registers: that is
+// how mma.sync and ldmatrix run, with a full-warp membermask), a CTA barrier
+// releases once every thread waits at bar.sync with the same id. cp.async is
+// per thread: checked and queued at issue, performed (copy + zero-fill) when
+// a cp.async.wait_group / wait_all retires its group, so a missing wait reads
+// stale shared memory. If nothing can proceed the
 // launch fails with a deadlock / divergence report naming the PTX line.
 // Independent CTAs may run on several host threads; the reported error is the
 // one of the lowest block index, so reports are deterministic.

@@ -2,6 +2,7 @@
 // decodes each instruction into an Inst (emu/ptx_ir.h) with operand types
 // checked against the register declarations. Errors are "line N: message".
 // Internally errors are C++ exceptions; parse_module() catches them all.
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -884,9 +885,167 @@ class Parser {
       in.e = src(ops[4], 32, false);
       return emit(in, text);
     }
+    if (b == "mma") return decode_mma(text, ops, in);
+    if (b == "ldmatrix") return decode_ldmatrix(text, ops, in);
+    if (b == "cp") return decode_cp_async(text, ops, in);
     if (b == "membar" || b == "fence") return;  // one thread at a time: ordering is free
     if (b == "nop") return;
     decode_arith(b, m, ops, in, text);
+  }
+
+  // "a.b.c" -> {"a", "b", "c"}.
+  static std::vector<std::string> dot_parts(const std::string &text) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (;;) {
+      size_t dot = text.find('.', start);
+      out.push_back(text.substr(start, dot == std::string::npos ? dot : dot - start));
+      if (dot == std::string::npos) return out;
+      start = dot + 1;
+    }
+  }
+
+  // The constant slot holding a full-warp membermask (.aligned collectives).
+  uint32_t full_warp_slot() { return const_slot(0xffffffffu); }
+
+  // A brace-enclosed vector of exactly n 32-bit registers.
+  void reg_vector(const Operand &o, size_t n, bool is_dst, const char *what, uint32_t *slots) {
+    if (o.kind != Operand::kVec || o.elems.size() != n)
+      bad(std::string(what) + " must be a vector of " + std::to_string(n) + " registers");
+    for (size_t k = 0; k < n; ++k) {
+      if (o.elems[k].kind != Operand::kReg) bad(std::string(what) + " elements must be registers");
+      slots[k] = is_dst ? dst(o.elems[k], 32) : src(o.elems[k], 32, false);
+    }
+  }
+
+  // mma.sync.aligned.{m16n8k16,m16n8k8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32
+  // (PTX ISA "Warp Level Matrix Multiply-Accumulate Instructions: mma").
+  void decode_mma(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    if (p.size() != 10 || p[1] != "sync" || p[2] != "aligned" || p[4] != "row" || p[5] != "col" ||
+        p[6] != "f32" || p[9] != "f32" || p[7] != p[8] || (p[7] != "f16" && p[7] != "bf16") ||
+        (p[3] != "m16n8k16" && p[3] != "m16n8k8"))
+      bad("only mma.sync.aligned.{m16n8k16,m16n8k8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32 is "
+          "supported");
+    const bool k16 = p[3] == "m16n8k16", bf = p[7] == "bf16";
+    in.sub = k16 ? (bf ? kMmaBF16K16 : kMmaF16K16) : (bf ? kMmaBF16K8 : kMmaF16K8);
+    want_count(ops, 4);
+    uint32_t s[14];
+    std::fill(s, s + 14, kNoSlot);
+    reg_vector(ops[0], 4, true, "D", s);
+    reg_vector(ops[1], k16 ? 4 : 2, false, "A", s + 4);
+    reg_vector(ops[2], k16 ? 2 : 1, false, "B", s + 8);
+    reg_vector(ops[3], 4, false, "C", s + 10);
+    in.op = Op::kMma;
+    in.imm = static_cast<int64_t>(e_->operand_slots.size());
+    e_->operand_slots.insert(e_->operand_slots.end(), s, s + 14);
+    in.e = full_warp_slot();
+    emit(in, text);
+  }
+
+  // Operand `[reg+imm]` / `[NAME+imm]` in .shared: sets in->a and in->imm.
+  void shared_address(const Operand &addr, Inst *in) {
+    if (addr.kind != Operand::kAddr) bad("expected an address operand [..]");
+    if (addr.addr_has_reg) {
+      if (addr.reg.bits != 32 && addr.reg.bits != 64) bad("bad shared address register");
+      in->a = addr.reg.slot;
+    } else {
+      in->a = shared_sym_slot(addr.sym, addr.line);
+    }
+    in->imm = static_cast<int64_t>(addr.ival);
+  }
+
+  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared{::cta}.b16 (PTX ISA
+  // "Warp-level matrix load instruction: ldmatrix").
+  void decode_ldmatrix(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    size_t i = 4;
+    bool ok = p.size() >= 7 && p[1] == "sync" && p[2] == "aligned" && p[3] == "m8n8";
+    int count = 0;
+    if (ok) count = p[i] == "x1" ? 1 : p[i] == "x2" ? 2 : p[i] == "x4" ? 4 : 0;
+    ++i;
+    if (ok && i < p.size() && p[i] == "trans") {
+      in.flags |= kTrans;
+      ++i;
+    }
+    ok = ok && count && i + 2 == p.size() && (p[i] == "shared" || p[i] == "shared::cta") &&
+         p[i + 1] == "b16";
+    if (!ok) bad("only ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 is supported");
+    want_count(ops, 2);
+    if (ops[0].kind == Operand::kReg && count == 1) {
+      in.v[0] = dst(ops[0], 32);
+    } else {
+      reg_vector(ops[0], static_cast<size_t>(count), true, "destination", in.v);
+    }
+    shared_address(ops[1], &in);
+    in.sub = static_cast<uint8_t>(count);
+    in.op = Op::kLdmatrix;
+    in.e = full_warp_slot();
+    emit(in, text);
+  }
+
+  // cp.async.{ca,cg}.shared{::cta}.global{.L2::64B,128B,256B}{.L2::cache_hint}
+  //   [dst], [src], cp-size{, src-size | , ignore-src}{, cache-policy};
+  // cp.async.commit_group; cp.async.wait_group N; cp.async.wait_all
+  // (PTX ISA "Data Movement: cp.async", "cp.async.commit_group", "cp.async.wait_group").
+  void decode_cp_async(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    if (p.size() < 3 || p[1] != "async") bad("only cp.async is supported");
+    if (p.size() == 3 && p[2] == "commit_group") {
+      want_count(ops, 0);
+      in.op = Op::kCpAsyncCommit;
+      return emit(in, text);
+    }
+    if (p.size() == 3 && p[2] == "wait_all") {
+      want_count(ops, 0);
+      in.op = Op::kCpAsyncWait;
+      in.imm = -1;
+      return emit(in, text);
+    }
+    if (p.size() == 3 && p[2] == "wait_group") {
+      want_count(ops, 1);
+      if (ops[0].kind != Operand::kInt || ops[0].ival > 1000000)
+        bad("wait_group takes a non-negative integer constant");
+      in.op = Op::kCpAsyncWait;
+      in.imm = static_cast<int64_t>(ops[0].ival);
+      return emit(in, text);
+    }
+    bool cg = p[2] == "cg";
+    bool ok = p.size() >= 5 && (p[2] == "ca" || cg) &&
+              (p[3] == "shared" || p[3] == "shared::cta") && p[4] == "global";
+    bool hint = false;
+    for (size_t i = 5; ok && i < p.size(); ++i) {
+      if (p[i] == "L2::cache_hint")
+        hint = true;
+      else if (p[i] != "L2::64B" && p[i] != "L2::128B" && p[i] != "L2::256B")
+        ok = false;
+    }
+    if (!ok) bad("only cp.async.{ca,cg}.shared.global is supported");
+    size_t n = ops.size() - (hint ? 1 : 0);
+    if (hint && ops.size() >= 4 && ops.back().kind == Operand::kReg) src(ops.back(), 64, false);
+    if (n != 3 && n != 4) bad("expected [dst], [src], cp-size{, src-size}");
+    if (ops[2].kind != Operand::kInt) bad("cp-size must be an integer constant");
+    uint64_t size = ops[2].ival;
+    if (cg ? size != 16 : (size != 4 && size != 8 && size != 16))
+      bad(cg ? "cp.async.cg needs cp-size 16" : "cp.async.ca needs cp-size 4, 8 or 16");
+    in.sub = static_cast<uint8_t>(size);
+    shared_address(ops[0], &in);
+    const Operand &s = ops[1];
+    if (s.kind != Operand::kAddr || !s.addr_has_reg || s.reg.bits != 64)
+      bad("the source must be [%rd] or [%rd+imm] with a 64-bit register");
+    in.b = s.reg.slot;
+    in.c = const_slot(s.ival);
+    if (n == 4) {
+      const Operand &x = ops[3];
+      if (x.kind == Operand::kReg && x.reg.bits == 1) {
+        in.v[0] = x.reg.slot;  // ignore-src
+      } else {
+        if (x.kind == Operand::kInt && x.ival > size) bad("src-size exceeds cp-size");
+        in.e = src(x, 32, false);
+      }
+    }
+    in.op = Op::kCpAsync;
+    emit(in, text);
   }
 
   void decode_mov(const Mods &m, const std::vector<Operand> &ops, Inst in) {

@@ -131,6 +131,11 @@ enum class Op : uint16_t {
   kCvtS32F32,     // sub = Round (rzi/rni/rmi/rpi), saturating
   kCvtU32F32,
   kCvtInt,  // integer width change: sub = source bits, flags kSigned extends
+  // Asynchronous copies (PTX ISA "Data Movement: cp.async"), per thread.
+  kCpAsync,        // [a + imm] (shared) <- [b + c] (global); sub = cp-size, e = src-size
+                   // slot or kNoSlot, v[0] = ignore-src predicate or kNoSlot
+  kCpAsyncCommit,  // cp.async.commit_group
+  kCpAsyncWait,    // cp.async.wait_group imm; imm = -1: cp.async.wait_all
   // Control.
   kBra,  // imm = target pc
   kExit,
@@ -138,6 +143,10 @@ enum class Op : uint16_t {
   kBarSync,      // imm = barrier id
   kBarWarpSync,  // a = membermask
   kShfl,         // d[, v0 = pred or kNoSlot] = a, b, c, e = membermask; sub = ShflMode
+  // Warp-wide (.aligned) collectives: e = a constant slot holding 0xffffffff,
+  // so the scheduler treats them like a full-membermask shfl.sync.
+  kMma,       // Entry::operand_slots[imm..]: d[4], a[4], b[2], c[4]; sub = MmaKind
+  kLdmatrix,  // v[0..sub) = m8n8 .b16 fragments from rows at [a + imm]; flags kTrans
   kNumOps
 };
 
@@ -147,8 +156,11 @@ inline bool is_collective(Op op) { return op >= Op::kBarSync; }
 enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
 enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
 enum Round : uint8_t { kRzi, kRni, kRmi, kRpi };
+// mma.sync.aligned shapes and input types (all .row.col, f32 accumulators).
+enum MmaKind : uint8_t { kMmaF16K16, kMmaBF16K16, kMmaF16K8, kMmaBF16K8 };
 
-enum InstFlags : uint8_t { kFtz = 1, kSigned = 2 };
+// (4 is taken: cvt's signed destination.)
+enum InstFlags : uint8_t { kFtz = 1, kSigned = 2, kTrans = 8 };
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kGuardNeg = 0x80000000u;
@@ -169,10 +181,11 @@ struct Inst {
 
 struct Entry {
   std::string name;
-  std::vector<Inst> code;              // always ends with kExit
-  std::vector<std::string> op_text;    // opcode text per pc (error messages)
-  std::vector<uint64_t> slot_init;     // initial register file (constants set)
-  std::vector<std::string> slot_name;  // for debugging / messages
+  std::vector<Inst> code;               // always ends with kExit
+  std::vector<std::string> op_text;     // opcode text per pc (error messages)
+  std::vector<uint64_t> slot_init;      // initial register file (constants set)
+  std::vector<std::string> slot_name;   // for debugging / messages
+  std::vector<uint32_t> operand_slots;  // long operand lists (mma.sync), indexed by Inst::imm
   uint32_t num_slots = 0;
   uint32_t param_size = 0;           // bytes of the parameter buffer
   uint32_t static_smem = 0;          // bytes of static .shared
