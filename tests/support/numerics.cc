@@ -424,13 +424,22 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   const std::vector<float> qh =
       c.q ? *c.q
           : random_normal(size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim, c.seed, 1.0f);
-  const std::vector<float> kh =
+  std::vector<float> kh =
       c.k ? *c.k
           : random_normal(size_t(c.batch) * c.seqlen_k_max * c.heads_kv * c.head_dim, c.seed + 1,
                           1.0f);
-  const std::vector<float> vh =
+  std::vector<float> vh =
       c.v ? *c.v
           : random_normal(size_t(c.batch) * c.seqlen_k_max * c.heads_kv * dv, c.seed + 2, 1.0f);
+  // Cache rows past cache_seqlens[b] hold NaN, as uninitialised caches can:
+  // the kernels must never read them (0 * NaN would leak into O).
+  for (int b = 0; b < c.batch; ++b) {
+    const size_t row_k = size_t(c.heads_kv) * c.head_dim, row_v = size_t(c.heads_kv) * dv;
+    for (int j = std::max(0, c.cache_seqlens[b]); j < c.seqlen_k_max; ++j) {
+      std::fill_n(kh.begin() + (size_t(b) * c.seqlen_k_max + j) * row_k, row_k, NAN);
+      std::fill_n(vh.begin() + (size_t(b) * c.seqlen_k_max + j) * row_v, row_v, NAN);
+    }
+  }
   fa_decode_args a = FA_DECODE_ARGS_INIT;
   a.batch = c.batch;
   a.seqlen_q = c.seqlen_q;
