@@ -1,0 +1,37 @@
+"""flashattn: Python bindings (ctypes, standard library only) for the
+flashattn C API (include/flashattn.h).
+
+    import flashattn as fa
+    with fa.Runtime(backend="emulator") as rt:
+        cfg = fa.Config(head_dim=32, num_heads_q=12)
+        o = fa.forward(rt, cfg, q, k, v)      # NumPy in, NumPy out
+
+See README.md for the tensor types accepted and how errors look.
+"""
+
+from ._api import (CacheEntry, CacheStats, Config, DeviceArray, Runtime, RuntimeInfo,
+                   decode, decode_reduce, forward, generate, launch)
+from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, Error,
+                      InternalError, InvalidArgumentError, LaunchError, NoDeviceError,
+                      NoDriverError, OutOfMemoryError, RuntimePoisonedError, UnsupportedError)
+from ._lib import load as load_library, library_path
+from ._tensors import Tensor, as_tensor, bf16_bits_to_float32, float32_to_bf16_bits
+
+__version__ = "0.1.0"
+
+
+def version():
+    """The loaded library's "MAJOR.MINOR.PATCH"."""
+    from . import _lib
+    return _lib.lib().fa_version_string().decode()
+
+
+__all__ = [
+    "Runtime", "RuntimeInfo", "Config", "DeviceArray", "CacheStats", "CacheEntry",
+    "forward", "launch", "decode", "decode_reduce", "generate", "version",
+    "Tensor", "as_tensor", "float32_to_bf16_bits", "bf16_bits_to_float32",
+    "load_library", "library_path",
+    "Error", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "NoDriverError",
+    "NoDeviceError", "CudaError", "CompileError", "LaunchError", "RuntimePoisonedError",
+    "BufferTooSmallError", "InternalError", "CacheError",
+]

@@ -1,0 +1,797 @@
+"""Runtime, Config, DeviceArray and the attention calls."""
+
+import ctypes
+import math
+import sys
+import threading
+from dataclasses import dataclass
+
+from . import _lib
+from ._errors import Error, check, invalid
+from ._tensors import (ITEMSIZE, contiguous_strides, host_dtype, host_storage,
+                       is_ndarray, resolve)
+
+_BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA,
+             "emulator": _lib.BACKEND_EMULATOR}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+_CACHE_MODES = {"default": _lib.CACHE_DEFAULT, "disk": _lib.CACHE_DISK,
+                "memory": _lib.CACHE_MEMORY}
+_DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16}
+_KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
+          "reduce": _lib.KERNEL_REDUCE}
+_INT32 = (-2**31, 2**31 - 1)
+
+
+def _int32(value, what):
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()
+        except AttributeError:
+            raise invalid("%s must be an int, got %r" % (what, value)) from None
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise invalid("%s = %d does not fit int32" % (what, value))
+    return int(value)
+
+
+def _stream_handle(stream):
+    """A CUstream as an int (0 = legacy default) from None, an int, a
+    torch.cuda.Stream (.cuda_stream) or a CuPy stream (.ptr)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise invalid("stream must be an int CUstream, a torch/CuPy stream or None, got %r"
+                  % (stream,))
+
+
+def _buffer(buf, writable, what):
+    """(address, nbytes, keepalive) of a C-contiguous host buffer."""
+    if is_ndarray(buf):
+        if not buf.flags.c_contiguous:
+            raise invalid("%s: the array must be C-contiguous" % what)
+        if writable and not buf.flags.writeable:
+            raise invalid("%s: the array is read-only" % what)
+        return buf.ctypes.data, buf.nbytes, buf
+    try:
+        mv = memoryview(buf).cast("B")
+    except TypeError as e:
+        raise invalid("%s: needs a C-contiguous buffer (%s)" % (what, e)) from None
+    if mv.readonly:
+        if writable:
+            raise invalid("%s: the buffer is read-only" % what)
+        tmp = (ctypes.c_char * len(mv)).from_buffer_copy(mv)
+        return ctypes.addressof(tmp), len(mv), tmp
+    c = (ctypes.c_char * len(mv)).from_buffer(mv)
+    return ctypes.addressof(c), len(mv), c
+
+
+# ---- results ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    backend: str
+    sm: int
+    num_sms: int
+    driver_version: int
+    device_name: str
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    memory_hits: int
+    disk_hits: int
+    misses: int
+    compiles: int
+    discarded: int
+    entries: int
+    bytes: int
+    persistent: bool
+    path: str
+    note: str
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    spec: str
+    sm: int
+    generator_version: int
+    ptx_bytes: int
+    cubin_bytes: int
+    hits: int
+    created: int
+    last_used: int
+
+
+# ---- Runtime -----------------------------------------------------------------
+
+class Runtime:
+    """A device binding (fa_runtime): backend 'auto' | 'cuda' | 'emulator',
+    CUDA device ordinal, kernel cache 'default' | 'disk' | 'memory' with an
+    optional cache_dir, and the SM the emulator targets (0 = 80).
+
+    Use it as a context manager, or call close() (idempotent). close() frees
+    every fa_malloc'd buffer still owned by the binding (DeviceArrays,
+    decode workspaces) before destroying the runtime; __del__ is a backstop."""
+
+    def __init__(self, backend="auto", device=0, cache="default", cache_dir=None,
+                 emulator_sm=0):
+        self._handle = None
+        lib = _lib.lib()
+        self._lib = lib  # kept for __del__ during interpreter teardown
+        if backend not in _BACKENDS:
+            raise invalid("Runtime: backend must be one of %s, got %r" % (sorted(_BACKENDS), backend))
+        if cache not in _CACHE_MODES:
+            raise invalid("Runtime: cache must be one of %s, got %r" % (sorted(_CACHE_MODES), cache))
+        opts = _lib.new(_lib.fa_runtime_options)
+        opts.backend = _BACKENDS[backend]
+        opts.device = _int32(device, "Runtime: device")
+        opts.cache_mode = _CACHE_MODES[cache]
+        self._cache_dir = None if cache_dir is None else str(cache_dir).encode()
+        opts.cache_dir = self._cache_dir
+        opts.emulator_sm = _int32(emulator_sm, "Runtime: emulator_sm")
+        handle = ctypes.c_void_p()
+        check(lib.fa_runtime_create(ctypes.byref(opts), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._lock = threading.RLock()
+        self._allocs = {}  # ptr -> bytes, owned by the binding
+        self._workspaces = {}  # stream -> (ptr, bytes) for decode
+
+    # lifetime
+    def _h(self):
+        if self._handle is None:
+            raise invalid("the Runtime is closed")
+        return self._handle
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """Frees the binding's buffers, then destroys the runtime. Idempotent."""
+        handle = getattr(self, "_handle", None)
+        if handle is None:
+            return
+        lib = self._lib
+        with self._lock:
+            for ptr in list(self._allocs):
+                lib.fa_free(handle, ptr)
+            self._allocs.clear()
+            self._workspaces.clear()
+            self._handle = None
+            lib.fa_runtime_destroy(handle)
+
+    def __enter__(self):
+        self._h()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if self.closed:
+            return "<flashattn.Runtime closed>"
+        i = self.info
+        return "<flashattn.Runtime %s sm_%d %r>" % (i.backend, i.sm, i.device_name)
+
+    @property
+    def handle(self):
+        """The fa_runtime* as an int (for callers mixing in their own ctypes)."""
+        return self._h()
+
+    @property
+    def info(self):
+        info = _lib.new(_lib.fa_runtime_info)
+        check(self._lib.fa_runtime_get_info(self._h(), ctypes.byref(info)))
+        return RuntimeInfo(_BACKEND_NAMES.get(info.backend, str(info.backend)), info.sm,
+                           info.num_sms, info.driver_version,
+                           info.device_name.decode("utf-8", "replace"))
+
+    # memory helpers
+    def malloc(self, nbytes):
+        """fa_malloc: device memory (256-byte aligned) as an int pointer. The
+        runtime frees it at close() unless free() is called first."""
+        ptr = ctypes.c_uint64()
+        with self._lock:
+            check(self._lib.fa_malloc(self._h(), nbytes, ctypes.byref(ptr)))
+            self._allocs[ptr.value] = nbytes
+        return ptr.value
+
+    def free(self, ptr):
+        """fa_free of a pointer from malloc(); 0 is a no-op."""
+        with self._lock:
+            check(self._lib.fa_free(self._h(), ptr))
+            self._allocs.pop(ptr, None)
+
+    def memcpy_htod(self, dst, src, nbytes=None):
+        """Copies a host buffer (bytes-like or C-contiguous NumPy array) to dst."""
+        addr, size, keep = _buffer(src, False, "memcpy_htod")
+        n = size if nbytes is None else nbytes
+        if n > size:
+            raise invalid("memcpy_htod: nbytes %d exceeds the source's %d" % (n, size))
+        check(self._lib.fa_memcpy_htod(self._h(), dst, addr, n))
+        del keep
+
+    def memcpy_dtoh(self, dst, src, nbytes=None):
+        """Copies device memory at src into a writable host buffer."""
+        addr, size, keep = _buffer(dst, True, "memcpy_dtoh")
+        n = size if nbytes is None else nbytes
+        if n > size:
+            raise invalid("memcpy_dtoh: nbytes %d exceeds the destination's %d" % (n, size))
+        check(self._lib.fa_memcpy_dtoh(self._h(), addr, src, n))
+        del keep
+
+    def memset(self, dst, value, nbytes):
+        check(self._lib.fa_memset(self._h(), dst, value, nbytes))
+
+    def synchronize(self, stream=None):
+        s = _stream_handle(stream)
+        check(self._lib.fa_synchronize(self._h(), s or None))
+
+    def empty(self, shape, dtype):
+        """An uninitialised DeviceArray of `dtype` ('fp16','bf16','fp32','int32')."""
+        return DeviceArray(self, shape, dtype)
+
+    def upload(self, array, dtype=None):
+        """Copies a NumPy array into a new DeviceArray. dtype defaults to the
+        array's (float16 -> fp16, float32 -> fp32, int32 -> int32); uint16
+        bit patterns or floats become bf16 with dtype='bf16'."""
+        import numpy as np
+        array = np.asarray(array)
+        if dtype is None:
+            dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32",
+                     np.dtype(np.int32): "int32"}.get(array.dtype)
+            if dtype is None:
+                raise invalid("upload: pass dtype= for a %s array" % array.dtype)
+        host = host_storage(array, dtype, "upload")
+        d = DeviceArray(self, host.shape, dtype)
+        self.memcpy_htod(d.ptr, host)
+        return d
+
+    # cache
+    def cache_stats(self):
+        s = _lib.new(_lib.fa_cache_stats)
+        check(self._lib.fa_cache_stats_get(self._h(), ctypes.byref(s)))
+        return CacheStats(s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded,
+                          s.entries, s.bytes, bool(s.persistent),
+                          s.path.decode("utf-8", "replace"), s.note.decode("utf-8", "replace"))
+
+    def cache_list(self):
+        """Every stored kernel as a CacheEntry (copied during the walk)."""
+        entries, failure = [], []
+
+        def visit(entry_p, _user):
+            try:
+                e = entry_p.contents
+                entries.append(CacheEntry(
+                    e.key.decode("ascii", "replace"),
+                    (e.spec or b"").decode("utf-8", "replace"), e.sm, e.generator_version,
+                    e.ptx_bytes, e.cubin_bytes, e.hits, e.created, e.last_used))
+                return 0
+            except BaseException as exc:  # never unwind through C
+                failure.append(exc)
+                return 1
+
+        cb = _lib.fa_cache_entry_fn(visit)
+        check(self._lib.fa_cache_list(self._h(), cb, None))
+        if failure:
+            raise failure[0]
+        return entries
+
+    def cache_clear(self):
+        check(self._lib.fa_cache_clear(self._h()))
+
+    # decode workspace: one grow-only buffer per (stream, thread). Work on one
+    # stream is ordered; the thread is part of the key because the emulator
+    # runs launches in the calling thread whatever the stream.
+    def _workspace(self, stream, nbytes):
+        key = (stream, threading.get_ident())
+        with self._lock:
+            ptr, size = self._workspaces.get(key, (0, 0))
+            if size >= nbytes and ptr in self._allocs:
+                return ptr
+            if ptr in self._allocs:
+                self.synchronize(stream)  # earlier decodes may still read it
+                self.free(ptr)
+            ptr = self.malloc(max(nbytes, 256))
+            self._workspaces[key] = (ptr, max(nbytes, 256))
+            return ptr
+
+    # the attention calls, as methods
+    def forward(self, config, q, k, v, **kw):
+        return forward(self, config, q, k, v, **kw)
+
+    launch = forward
+
+    def decode(self, config, q, k_cache, v_cache, cache_seqlens, **kw):
+        return decode(self, config, q, k_cache, v_cache, cache_seqlens, **kw)
+
+    def decode_reduce(self, config, o_partial, lse_partial, **kw):
+        return decode_reduce(self, config, o_partial, lse_partial, **kw)
+
+
+class DeviceArray:
+    """fa_malloc'd memory with a shape and dtype, owned by a Runtime.
+    Exposes __cuda_array_interface__ v3 (bf16 as typestr '<u2'); on the
+    emulator the pointer is a host address checked by the emulator."""
+
+    def __init__(self, runtime, shape, dtype):
+        if dtype not in ITEMSIZE:
+            raise invalid("DeviceArray: dtype must be one of %s, got %r" % (sorted(ITEMSIZE), dtype))
+        self.shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in self.shape):
+            raise invalid("DeviceArray: negative dimension in %r" % (self.shape,))
+        self.dtype = dtype
+        self.nbytes = math.prod(self.shape) * ITEMSIZE[dtype]
+        self.runtime = runtime
+        self.ptr = 0
+        self.ptr = runtime.malloc(max(self.nbytes, 16))
+
+    @property
+    def strides(self):
+        """Strides in elements (C order)."""
+        return contiguous_strides(self.shape)
+
+    @property
+    def __cuda_array_interface__(self):
+        self._check_live()
+        return {"shape": self.shape,
+                "typestr": {"fp16": "<f2", "bf16": "<u2", "fp32": "<f4", "int32": "<i4"}[self.dtype],
+                "data": (self.ptr, False), "version": 3, "strides": None, "stream": None}
+
+    def _check_live(self):
+        rt = self.runtime
+        if not self.ptr or rt.closed or self.ptr not in rt._allocs:
+            raise invalid("DeviceArray: its memory was freed (or its Runtime closed)")
+
+    def numpy(self):
+        """A host copy (bf16 as uint16 bit patterns)."""
+        import numpy as np
+        self._check_live()
+        out = np.empty(self.shape, dtype=host_dtype(self.dtype))
+        if self.nbytes:
+            self.runtime.memcpy_dtoh(out, self.ptr, self.nbytes)
+        return out
+
+    def free(self):
+        """Returns the memory now; idempotent (the Runtime frees it at close)."""
+        ptr, self.ptr = self.ptr, 0
+        rt = self.runtime
+        if ptr and not rt.closed and ptr in rt._allocs:
+            rt.free(ptr)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<flashattn.DeviceArray %s %r at 0x%x>" % (self.dtype, self.shape, self.ptr)
+
+
+# ---- Config ------------------------------------------------------------------
+
+class Config:
+    """A validated attention problem family (fa_config), device-independent.
+    dtype 'fp16' | 'bf16'; head_dim_v 0 = head_dim; num_heads_kv None =
+    num_heads_q; window = (left, right), -1 = unbounded; softmax_scale 0 =
+    1/sqrt(head_dim); softcap 0 = off."""
+
+    def __init__(self, *, head_dim, num_heads_q, num_heads_kv=None, dtype="fp16",
+                 head_dim_v=0, causal=False, window=(-1, -1), softmax_scale=0.0,
+                 softcap=0.0):
+        self._handle = None
+        lib = _lib.lib()
+        self._lib = lib
+        if dtype not in _DTYPES:
+            raise invalid("Config: dtype must be 'fp16' or 'bf16', got %r" % (dtype,))
+        if num_heads_kv is None:
+            num_heads_kv = num_heads_q
+        if window is None:
+            window = (-1, -1)
+        try:
+            wl, wr = window
+        except (TypeError, ValueError):
+            raise invalid("Config: window must be a (left, right) pair, got %r" % (window,)) from None
+        d = _lib.new(_lib.fa_config_desc)
+        d.dtype = _DTYPES[dtype]
+        d.head_dim = _int32(head_dim, "Config: head_dim")
+        d.head_dim_v = _int32(head_dim_v, "Config: head_dim_v")
+        d.num_heads_q = _int32(num_heads_q, "Config: num_heads_q")
+        d.num_heads_kv = _int32(num_heads_kv, "Config: num_heads_kv")
+        d.causal = 1 if causal else 0
+        d.window_left = _int32(wl, "Config: window[0]")
+        d.window_right = _int32(wr, "Config: window[1]")
+        d.softmax_scale = float(softmax_scale)
+        d.softcap = float(softcap)
+        handle = ctypes.c_void_p()
+        check(lib.fa_config_create(ctypes.byref(d), ctypes.byref(handle)))
+        self._handle = handle.value
+        self.dtype = dtype
+        self.head_dim = d.head_dim
+        self.head_dim_v = d.head_dim_v or d.head_dim
+        self.num_heads_q = d.num_heads_q
+        self.num_heads_kv = d.num_heads_kv
+        self.causal = bool(causal)
+        self.window = (d.window_left, d.window_right)
+        self.softmax_scale = float(softmax_scale) or 1.0 / math.sqrt(self.head_dim)
+        self.softcap = float(softcap)
+
+    def _h(self):
+        if self._handle is None:
+            raise invalid("the Config is closed")
+        return self._handle
+
+    def close(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            self._lib.fa_config_destroy(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return ("Config(dtype=%r, head_dim=%d, head_dim_v=%d, num_heads_q=%d, num_heads_kv=%d, "
+                "causal=%r, window=%r, softmax_scale=%g, softcap=%g)"
+                % (self.dtype, self.head_dim, self.head_dim_v, self.num_heads_q,
+                   self.num_heads_kv, self.causal, self.window, self.softmax_scale,
+                   self.softcap))
+
+    def generate(self, kind="forward", sm=80):
+        return generate(self, kind, sm)
+
+
+def generate(config, kind="forward", sm=80):
+    """The PTX module (str) for kind 'forward' | 'decode' | 'reduce' on sm."""
+    k = _KINDS.get(kind, kind)
+    if k not in _KINDS.values():
+        raise invalid("generate: kind must be one of %s, got %r" % (sorted(_KINDS), kind))
+    lib = _lib.lib()
+    size = ctypes.c_size_t()
+    sm = _int32(sm, "generate: sm")
+    check(lib.fa_generate(config._h(), k, sm, None, 0, ctypes.byref(size)))
+    buf = ctypes.create_string_buffer(size.value + 1)
+    check(lib.fa_generate(config._h(), k, sm, buf, len(buf), ctypes.byref(size)))
+    return buf.raw[: size.value].decode("ascii")
+
+
+# ---- one call: argument resolution, staging, copy-back ------------------------
+
+_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "int32": "int32"}
+
+
+class _Call:
+    """Resolves the arguments of one attention call. NumPy inputs are staged
+    in fa_malloc'd memory and NumPy outputs copied back after a synchronize;
+    DLPack capsules are released at the end. The launch stream is the
+    caller's stream=, else the first __cuda_array_interface__ 'stream' met
+    (q first), else the legacy default stream."""
+
+    def __init__(self, rt, cfg, name, stream):
+        if not isinstance(rt, Runtime):
+            raise invalid("%s: runtime must be a flashattn.Runtime" % name)
+        if not isinstance(cfg, Config):
+            raise invalid("%s: config must be a flashattn.Config" % name)
+        rt._h()
+        cfg._h()
+        self.rt, self.cfg, self.name = rt, cfg, name
+        self.stream = _stream_handle(stream)
+        self.explicit = self.stream is not None
+        self.views, self.staged, self.copy_back = [], [], []
+        self.host_mode = False
+        self.launched = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None and (self.staged or self.copy_back):
+                self.rt.synchronize(self.stream)
+                for ptr, arr in self.copy_back:
+                    if arr.nbytes:
+                        self.rt.memcpy_dtoh(arr, ptr, arr.nbytes)
+            elif exc_type is not None and self.launched and self.staged:
+                try:
+                    self.rt.synchronize(self.stream)
+                except Error:
+                    pass
+        finally:
+            for ptr in self.staged:
+                try:
+                    self.rt.free(ptr)
+                except Error:
+                    pass
+            for v in self.views:
+                v.release()
+
+    @property
+    def launch_stream(self):
+        return self.stream or None
+
+    def _stage(self, view, nbytes):
+        ptr = self.rt.malloc(max(nbytes, 16))
+        self.staged.append(ptr)
+        view.ptr = ptr
+        return ptr
+
+    def input(self, obj, what, dtype, first=False):
+        """A device-resident View of an input of element type dtype."""
+        label = "%s: %s" % (self.name, what)
+        v = resolve(obj, label, stream=self.stream)
+        self.views.append(v)
+        if v.host is not None:
+            if v.dtype is not None and v.dtype != dtype:
+                raise invalid("%s: dtype %s does not match the expected %s" % (label, v.dtype, dtype))
+            host = host_storage(v.host, dtype, label)
+            v.host, v.dtype = host, dtype
+            v.strides = contiguous_strides(host.shape)
+            self._stage(v, host.nbytes)
+            if host.nbytes:
+                self.rt.memcpy_htod(v.ptr, host)
+            if first:
+                self.host_mode = True
+        else:
+            if v.dtype != dtype:
+                raise invalid("%s: dtype %s does not match the expected %s" % (label, v.dtype, dtype))
+            if v.stream is not None and not self.explicit and self.stream is None:
+                self.stream = 0 if v.stream == 1 else int(v.stream)
+        return v
+
+    def output(self, obj, what, dtype, shape, like):
+        """(View, returned object) for an output; allocates it when obj is None:
+        NumPy in host mode, torch.empty for torch inputs, else a DeviceArray."""
+        label = "%s: %s" % (self.name, what)
+        if obj is None:
+            src = like.source
+            torch = sys.modules.get("torch")
+            if self.host_mode:
+                import numpy as np
+                obj = np.empty(shape, dtype=host_dtype(dtype))
+            elif torch is not None and isinstance(src, torch.Tensor):
+                obj = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[dtype]),
+                                  device=src.device)
+            else:
+                obj = DeviceArray(self.rt, shape, dtype)
+        v = resolve(obj, label, stream=self.stream)
+        self.views.append(v)
+        if v.host is not None:
+            arr = v.host
+            if not is_ndarray(arr) or arr is not obj:
+                raise invalid("%s: a host output must be a NumPy array" % label)
+            if arr.dtype != host_dtype(dtype):
+                raise invalid("%s: a NumPy output for %s must have dtype %s, got %s"
+                              % (label, dtype, host_dtype(dtype).__name__, arr.dtype))
+            if not arr.flags.c_contiguous or not arr.flags.writeable:
+                raise invalid("%s: a NumPy output must be C-contiguous and writable" % label)
+            v.dtype = dtype
+            self._stage(v, arr.nbytes)
+            self.copy_back.append((v.ptr, arr))
+        elif v.dtype != dtype:
+            raise invalid("%s: dtype %s does not match the expected %s" % (label, v.dtype, dtype))
+        if v.shape != tuple(shape):
+            raise invalid("%s: shape %r, expected %r" % (label, v.shape, tuple(shape)))
+        return v, obj
+
+
+def _expect(view, label, dims, names):
+    """Checks view.shape against dims (None = any) and returns the shape."""
+    if len(view.shape) != len(dims) or any(
+            d is not None and d != n for d, n in zip(dims, view.shape)):
+        want = ", ".join(n if d is None else "%s=%d" % (n, d) for d, n in zip(dims, names))
+        raise invalid("%s: shape %r does not match [%s]" % (label, view.shape, want))
+    return view.shape
+
+
+def _need_contiguous(view, label):
+    if not view.is_contiguous():
+        raise invalid("%s: must be contiguous, strides %r (elements) for shape %r"
+                      % (label, view.strides, view.shape))
+
+
+def _ft(view, strides=None):
+    t = _lib.fa_tensor()
+    t.data = view.ptr
+    for i, s in enumerate(view.strides if strides is None else strides):
+        t.stride[i] = s
+    return t
+
+
+def _host_ints(obj):
+    """The values of a host int array (NumPy/list), or None for device data."""
+    if is_ndarray(obj) or isinstance(obj, (list, tuple)):
+        import numpy as np
+        return np.asarray(obj).astype(np.int64).ravel()
+    return None
+
+
+def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+            stream=None):
+    """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
+
+    Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
+    seqlen_k, num_heads_kv, head_dim(_v)]. Varlen: cu_seqlens_q/k int32
+    [batch + 1] and packed q/k/v [total, heads, dim]; max_seqlen_q/k are
+    needed when the cu_seqlens are on the device. Returns O, or (O, LSE)
+    with return_lse=True or an lse= buffer (LSE fp32 [batch, num_heads_q,
+    seqlen_q], varlen [num_heads_q, total_q])."""
+    cfg = config
+    with _Call(runtime, cfg, "forward", stream) as call:
+        dt = cfg.dtype
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+            raise invalid("forward: cu_seqlens_q and cu_seqlens_k go together")
+        qv = call.input(q, "q", dt, first=True)
+        kv = call.input(k, "k", dt)
+        vv = call.input(v, "v", dt)
+        H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
+        a = _lib.new(_lib.fa_forward_args)
+        if not varlen:
+            B, Sq, _, _ = _expect(qv, "forward: q", (None, None, H, D),
+                                  ("batch", "seqlen_q", "num_heads_q", "head_dim"))
+            _, Sk, _, _ = _expect(kv, "forward: k", (B, None, Hk, D),
+                                  ("batch", "seqlen_k", "num_heads_kv", "head_dim"))
+            _expect(vv, "forward: v", (B, Sk, Hk, Dv),
+                    ("batch", "seqlen_k", "num_heads_kv", "head_dim_v"))
+            o_shape, lse_shape = (B, Sq, H, Dv), (B, H, Sq)
+            widen = lambda view: view.strides  # noqa: E731
+        else:
+            def packed(view, label, heads, dim, names):
+                if len(view.shape) == 4 and view.shape[0] == 1:
+                    return _expect(view, label, (1, None, heads, dim), ("1",) + names)[1]
+                return _expect(view, label, (None, heads, dim), names)[0]
+
+            def widen(view):
+                return view.strides if len(view.strides) == 4 else (0,) + view.strides
+
+            Tq = packed(qv, "forward: q", H, D, ("total_q", "num_heads_q", "head_dim"))
+            Tk = packed(kv, "forward: k", Hk, D, ("total_k", "num_heads_kv", "head_dim"))
+            if packed(vv, "forward: v", Hk, Dv, ("total_k", "num_heads_kv", "head_dim_v")) != Tk:
+                raise invalid("forward: v has %d rows, k has %d" % (vv.shape[-3], Tk))
+            cq_host, ck_host = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
+            cqv = call.input(cu_seqlens_q, "cu_seqlens_q", "int32")
+            ckv = call.input(cu_seqlens_k, "cu_seqlens_k", "int32")
+            if len(cqv.shape) != 1 or len(cqv.shape) != len(ckv.shape) or \
+                    cqv.shape != ckv.shape or cqv.shape[0] < 2:
+                raise invalid("forward: cu_seqlens_q/k must both be int32 [batch + 1], got %r "
+                              "and %r" % (cqv.shape, ckv.shape))
+            _need_contiguous(cqv, "forward: cu_seqlens_q")
+            _need_contiguous(ckv, "forward: cu_seqlens_k")
+            B = cqv.shape[0] - 1
+            if max_seqlen_q is None:
+                if cq_host is None:
+                    raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
+                max_seqlen_q = int((cq_host[1:] - cq_host[:-1]).max())
+            if max_seqlen_k is None:
+                if ck_host is None:
+                    raise invalid("forward: max_seqlen_k is needed with device cu_seqlens_k")
+                max_seqlen_k = int((ck_host[1:] - ck_host[:-1]).max())
+            Sq, Sk = max_seqlen_q, max_seqlen_k
+            if cq_host is not None and (cq_host[0] != 0 or cq_host[-1] > Tq):
+                raise invalid("forward: cu_seqlens_q must start at 0 and end at <= total_q %d" % Tq)
+            if ck_host is not None and (ck_host[0] != 0 or ck_host[-1] > Tk):
+                raise invalid("forward: cu_seqlens_k must start at 0 and end at <= total_k %d" % Tk)
+            a.cu_seqlens_q, a.cu_seqlens_k = cqv.ptr, ckv.ptr
+            o_shape = qv.shape[:-1] + (Dv,)
+            lse_shape = (H, Tq)
+        ov, o_obj = call.output(out, "out", dt, o_shape, qv)
+        want_lse = return_lse or lse is not None
+        lse_obj = None
+        if want_lse:
+            lv, lse_obj = call.output(lse, "lse", "fp32", lse_shape, qv)
+            _need_contiguous(lv, "forward: lse")
+            a.lse = lv.ptr
+        a.batch = _int32(B, "forward: batch")
+        a.seqlen_q = _int32(Sq, "forward: seqlen_q")
+        a.seqlen_k = _int32(Sk, "forward: seqlen_k")
+        a.q, a.k, a.v, a.o = (_ft(x, widen(x)) for x in (qv, kv, vv, ov))
+        call.launched = True
+        check(_lib.lib().fa_launch(runtime._h(), cfg._h(), ctypes.byref(a),
+                                   call.launch_stream))
+    return (o_obj, lse_obj) if want_lse else o_obj
+
+
+def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
+           lse=None, stream=None):
+    """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
+
+    q [batch, seqlen_q, num_heads_q, head_dim]; k_cache/v_cache [batch,
+    seqlen_k_max, num_heads_kv, head_dim(_v)]; cache_seqlens int32 [batch]
+    (NumPy, list or device). The split-KV workspace is allocated by the
+    binding (one grow-only buffer per stream, freed with the Runtime)."""
+    cfg = config
+    with _Call(runtime, cfg, "decode", stream) as call:
+        dt = cfg.dtype
+        H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
+        qv = call.input(q, "q", dt, first=True)
+        kv = call.input(k_cache, "k_cache", dt)
+        vv = call.input(v_cache, "v_cache", dt)
+        csv = call.input(cache_seqlens, "cache_seqlens", "int32")
+        B, Sq, _, _ = _expect(qv, "decode: q", (None, None, H, D),
+                              ("batch", "seqlen_q", "num_heads_q", "head_dim"))
+        _, Skmax, _, _ = _expect(kv, "decode: k_cache", (B, None, Hk, D),
+                                 ("batch", "seqlen_k_max", "num_heads_kv", "head_dim"))
+        _expect(vv, "decode: v_cache", (B, Skmax, Hk, Dv),
+                ("batch", "seqlen_k_max", "num_heads_kv", "head_dim_v"))
+        _expect(csv, "decode: cache_seqlens", (B,), ("batch",))
+        _need_contiguous(csv, "decode: cache_seqlens")
+        if csv.host is not None:  # values on the device are the caller's to check
+            bad = [i for i, n in enumerate(csv.host.tolist()) if not 0 <= n <= Skmax]
+            if bad:
+                raise invalid("decode: cache_seqlens[%d] = %d is outside [0, seqlen_k_max=%d]"
+                              % (bad[0], csv.host[bad[0]], Skmax))
+        ov, o_obj = call.output(out, "out", dt, (B, Sq, H, Dv), qv)
+        lv, lse_obj = call.output(lse, "lse", "fp32", (B, H, Sq), qv)
+        _need_contiguous(lv, "decode: lse")
+        a = _lib.new(_lib.fa_decode_args)
+        a.batch, a.seqlen_q, a.seqlen_k_max = B, Sq, Skmax
+        a.q, a.k_cache, a.v_cache, a.o = _ft(qv), _ft(kv), _ft(vv), _ft(ov)
+        a.cache_seqlens = csv.ptr
+        a.num_splits = _int32(num_splits, "decode: num_splits")
+        a.lse = lv.ptr
+        lib = _lib.lib()
+        nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
+        check(lib.fa_decode_workspace_size(runtime._h(), cfg._h(), ctypes.byref(a),
+                                           ctypes.byref(nbytes), ctypes.byref(splits)))
+        a.workspace = runtime._workspace(call.stream or 0, nbytes.value)
+        a.workspace_size = max(nbytes.value, 256)
+        call.launched = True
+        check(lib.fa_decode(runtime._h(), cfg._h(), ctypes.byref(a), call.launch_stream))
+    return o_obj, lse_obj
+
+
+def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None, stream=None):
+    """Combines partial states (fa_decode_reduce); returns (O, LSE).
+
+    o_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v],
+    lse_partial fp32 [num_splits, batch, num_heads_q, seqlen_q], any
+    strides (o_partial's last one 1)."""
+    cfg = config
+    with _Call(runtime, cfg, "decode_reduce", stream) as call:
+        H, Dv = cfg.num_heads_q, cfg.head_dim_v
+        opv = call.input(o_partial, "o_partial", "fp32", first=True)
+        lpv = call.input(lse_partial, "lse_partial", "fp32")
+        S, B, Sq, _, _ = _expect(opv, "decode_reduce: o_partial", (None, None, None, H, Dv),
+                                 ("num_splits", "batch", "seqlen_q", "num_heads_q", "head_dim_v"))
+        _expect(lpv, "decode_reduce: lse_partial", (S, B, H, Sq),
+                ("num_splits", "batch", "num_heads_q", "seqlen_q"))
+        ov, o_obj = call.output(out, "out", cfg.dtype, (B, Sq, H, Dv), opv)
+        lv, lse_obj = call.output(lse, "lse", "fp32", (B, H, Sq), opv)
+        _need_contiguous(lv, "decode_reduce: lse")
+        a = _lib.new(_lib.fa_reduce_args)
+        a.num_splits, a.batch, a.seqlen_q = S, B, Sq
+        a.o_partial = opv.ptr
+        for i, s in enumerate(opv.strides):
+            a.o_partial_stride[i] = s
+        a.lse_partial = lpv.ptr
+        for i, s in enumerate(lpv.strides):
+            a.lse_partial_stride[i] = s
+        a.o = _ft(ov)
+        a.lse = lv.ptr
+        call.launched = True
+        check(_lib.lib().fa_decode_reduce(runtime._h(), cfg._h(), ctypes.byref(a),
+                                          call.launch_stream))
+    return o_obj, lse_obj
+
+
+launch = forward

@@ -1,0 +1,275 @@
+"""The one place that loads libflashattn and declares its C functions.
+
+Every C struct of include/flashattn.h is mirrored as a ctypes.Structure with
+the same field order; struct_size is always filled from ctypes.sizeof, and
+tests/test_abi.py checks each size and field offset against the C compiler.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+c_size_t = ctypes.c_size_t
+c_int32 = ctypes.c_int32
+c_uint32 = ctypes.c_uint32
+c_int64 = ctypes.c_int64
+c_uint64 = ctypes.c_uint64
+c_float = ctypes.c_float
+c_char_p = ctypes.c_char_p
+c_void_p = ctypes.c_void_p
+c_int = ctypes.c_int  # C enums (fa_status, fa_dtype, ...) have int size
+
+ABI_MAJOR = 0  # FLASHATTN_VERSION_MAJOR this binding was written against
+
+# fa_status
+SUCCESS = 0
+STATUS_NAMES = {
+    0: "FA_SUCCESS",
+    1: "FA_ERROR_INVALID_ARGUMENT",
+    2: "FA_ERROR_UNSUPPORTED",
+    3: "FA_ERROR_OUT_OF_MEMORY",
+    4: "FA_ERROR_NO_DRIVER",
+    5: "FA_ERROR_NO_DEVICE",
+    6: "FA_ERROR_CUDA",
+    7: "FA_ERROR_COMPILE",
+    8: "FA_ERROR_LAUNCH",
+    9: "FA_ERROR_RUNTIME_POISONED",
+    10: "FA_ERROR_BUFFER_TOO_SMALL",
+    11: "FA_ERROR_INTERNAL",
+    12: "FA_ERROR_CACHE",
+}
+
+DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 1, 2, 3
+BACKEND_AUTO, BACKEND_CUDA, BACKEND_EMULATOR = 0, 1, 2
+KERNEL_FORWARD, KERNEL_DECODE, KERNEL_REDUCE = 0, 1, 2
+CACHE_DEFAULT, CACHE_DISK, CACHE_MEMORY = 0, 1, 2
+
+
+class fa_runtime_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("backend", c_int),
+        ("device", c_int32),
+        ("cache_mode", c_int),
+        ("cache_dir", c_char_p),
+        ("emulator_sm", c_int32),
+    ]
+
+
+class fa_runtime_info(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("backend", c_int),
+        ("sm", c_int32),
+        ("num_sms", c_int32),
+        ("driver_version", c_int32),
+        ("device_name", ctypes.c_char * 128),
+    ]
+
+
+class fa_config_desc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("dtype", c_int),
+        ("head_dim", c_int32),
+        ("head_dim_v", c_int32),
+        ("num_heads_q", c_int32),
+        ("num_heads_kv", c_int32),
+        ("causal", c_int32),
+        ("window_left", c_int32),
+        ("window_right", c_int32),
+        ("softmax_scale", c_float),
+        ("softcap", c_float),
+    ]
+
+
+class fa_tensor(ctypes.Structure):
+    _fields_ = [("data", c_uint64), ("stride", c_int64 * 4)]
+
+
+class fa_forward_args(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("seqlen_k", c_int32),
+        ("q", fa_tensor),
+        ("k", fa_tensor),
+        ("v", fa_tensor),
+        ("o", fa_tensor),
+        ("lse", c_uint64),
+        ("cu_seqlens_q", c_uint64),
+        ("cu_seqlens_k", c_uint64),
+    ]
+
+
+class fa_decode_args(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("seqlen_k_max", c_int32),
+        ("q", fa_tensor),
+        ("k_cache", fa_tensor),
+        ("v_cache", fa_tensor),
+        ("cache_seqlens", c_uint64),
+        ("num_splits", c_int32),
+        ("workspace", c_uint64),
+        ("workspace_size", c_size_t),
+        ("o", fa_tensor),
+        ("lse", c_uint64),
+    ]
+
+
+class fa_reduce_args(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("num_splits", c_int32),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("o_partial", c_uint64),
+        ("o_partial_stride", c_int64 * 5),
+        ("lse_partial", c_uint64),
+        ("lse_partial_stride", c_int64 * 4),
+        ("o", fa_tensor),
+        ("lse", c_uint64),
+    ]
+
+
+class fa_cache_stats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("memory_hits", c_uint64),
+        ("disk_hits", c_uint64),
+        ("misses", c_uint64),
+        ("compiles", c_uint64),
+        ("discarded", c_uint64),
+        ("entries", c_uint64),
+        ("bytes", c_uint64),
+        ("persistent", c_int32),
+        ("path", ctypes.c_char * 512),
+        ("note", ctypes.c_char * 256),
+    ]
+
+
+class fa_cache_entry(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("key", ctypes.c_char * 33),
+        ("spec", c_char_p),
+        ("sm", c_int32),
+        ("generator_version", c_uint32),
+        ("ptx_bytes", c_uint64),
+        ("cubin_bytes", c_uint64),
+        ("hits", c_uint64),
+        ("created", c_int64),
+        ("last_used", c_int64),
+    ]
+
+
+STRUCTS = (
+    fa_runtime_options,
+    fa_runtime_info,
+    fa_config_desc,
+    fa_tensor,
+    fa_forward_args,
+    fa_decode_args,
+    fa_reduce_args,
+    fa_cache_stats,
+    fa_cache_entry,
+)
+
+
+def new(struct_type):
+    """A zeroed instance of a struct_size-led struct with struct_size set."""
+    s = struct_type()
+    s.struct_size = ctypes.sizeof(struct_type)
+    return s
+
+
+fa_cache_entry_fn = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(fa_cache_entry), c_void_p)
+
+_P = ctypes.POINTER
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _declare(lib):
+    """Declares argtypes/restype of every C function the binding calls."""
+
+    def fn(name, restype, *argtypes):
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = list(argtypes)
+
+    fn("fa_status_string", c_char_p, c_int)
+    fn("fa_last_error", c_char_p)
+    fn("fa_version_number", c_uint32)
+    fn("fa_version_string", c_char_p)
+    fn("fa_runtime_create", c_int, _P(fa_runtime_options), _P(c_void_p))
+    fn("fa_runtime_destroy", None, c_void_p)
+    fn("fa_runtime_get_info", c_int, c_void_p, _P(fa_runtime_info))
+    fn("fa_malloc", c_int, c_void_p, c_size_t, _P(c_uint64))
+    fn("fa_free", c_int, c_void_p, c_uint64)
+    fn("fa_memcpy_htod", c_int, c_void_p, c_uint64, c_void_p, c_size_t)
+    fn("fa_memcpy_dtoh", c_int, c_void_p, c_void_p, c_uint64, c_size_t)
+    fn("fa_memset", c_int, c_void_p, c_uint64, ctypes.c_uint8, c_size_t)
+    fn("fa_synchronize", c_int, c_void_p, c_void_p)
+    fn("fa_config_create", c_int, _P(fa_config_desc), _P(c_void_p))
+    fn("fa_config_destroy", None, c_void_p)
+    fn("fa_generate", c_int, c_void_p, c_int, c_int32, c_char_p, c_size_t, _P(c_size_t))
+    fn("fa_launch", c_int, c_void_p, c_void_p, _P(fa_forward_args), c_void_p)
+    fn("fa_decode_workspace_size", c_int, c_void_p, c_void_p, _P(fa_decode_args),
+       _P(c_size_t), _P(c_int32))
+    fn("fa_decode", c_int, c_void_p, c_void_p, _P(fa_decode_args), c_void_p)
+    fn("fa_decode_reduce", c_int, c_void_p, c_void_p, _P(fa_reduce_args), c_void_p)
+    fn("fa_cache_stats_get", c_int, c_void_p, _P(fa_cache_stats))
+    fn("fa_cache_list", c_int, c_void_p, fa_cache_entry_fn, c_void_p)
+    fn("fa_cache_clear", c_int, c_void_p)
+
+
+def _candidates():
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        return [env]  # an explicit choice: no silent fallback
+    names = ["libflashattn.so.0"]
+    found = ctypes.util.find_library("flashattn")
+    if found and found not in names:
+        names.append(found)
+    return names
+
+
+def load(path=None):
+    """Loads the library once (FLASHATTN_LIBRARY, else libflashattn.so.0 on the
+    dynamic loader's path, else ctypes.util.find_library) and returns it."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None and path is None:
+            return _lib
+        errors = []
+        for cand in [path] if path else _candidates():
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                errors.append("%s: %s" % (cand, e))
+                continue
+            _declare(lib)
+            major = lib.fa_version_number() // 10000
+            if major != ABI_MAJOR:
+                raise OSError("%s has ABI major %d, this binding needs %d"
+                              % (cand, major, ABI_MAJOR))
+            _lib, _lib_path = lib, cand
+            return lib
+        raise OSError("flashattn: cannot load libflashattn (set FLASHATTN_LIBRARY to "
+                      "its full path): " + "; ".join(errors))
+
+
+def lib():
+    return _lib if _lib is not None else load()
+
+
+def library_path():
+    lib()
+    return _lib_path

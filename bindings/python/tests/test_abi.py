@@ -1,0 +1,66 @@
+"""The ctypes mirrors of the C structs have the C compiler's sizes and offsets."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+import flashattn as fa
+from flashattn import _lib
+
+
+def _include_dir():
+    env = os.environ.get("FLASHATTN_INCLUDE_DIR")
+    if env:
+        return env
+    lib = os.path.realpath(fa.library_path()) if os.sep in fa.library_path() else ""
+    if lib:
+        cand = os.path.join(os.path.dirname(os.path.dirname(lib)), "include")
+        if os.path.exists(os.path.join(cand, "flashattn.h")):
+            return cand
+    return os.path.join(REPO, "include")
+
+
+def test_struct_layout_matches_c(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to compare struct layouts with")
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "flashattn.h"',
+             "int main(void) {"]
+    expect = []
+    for s in _lib.STRUCTS:
+        name = s.__name__
+        lines.append('  printf("%s %%zu\\n", sizeof(%s));' % (name, name))
+        expect.append("%s %d" % (name, __import__("ctypes").sizeof(s)))
+        for field, _ in s._fields_:
+            lines.append('  printf("%s.%s %%zu\\n", offsetof(%s, %s));'
+                         % (name, field, name, field))
+            expect.append("%s.%s %d" % (name, field, getattr(s, field).offset))
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", _include_dir(), str(src), "-o",
+                    str(exe)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    got = [g for g in got if g]
+    assert len(got) == len(expect) > 9
+    mismatches = [(e, g) for e, g in zip(expect, got) if e != g]
+    assert not mismatches, mismatches
+
+
+def test_struct_size_fields_are_filled():
+    for s in _lib.STRUCTS:
+        if s is _lib.fa_tensor:
+            continue
+        assert _lib.new(s).struct_size == __import__("ctypes").sizeof(s)
+
+
+def test_version_and_library():
+    assert fa.version().split(".")[0] == str(_lib.ABI_MAJOR)
+    assert _lib.lib().fa_version_number() // 10000 == _lib.ABI_MAJOR
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        assert fa.library_path() == env
