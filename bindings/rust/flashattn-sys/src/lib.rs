@@ -1,0 +1,410 @@
+//! Raw declarations of the flashattn C API, written by hand from
+//! `include/flashattn.h` (version 0.1). Every function and struct of the header
+//! is here, with the same names.
+//!
+//! - Opaque handles are zero-sized `#[repr(C)]` structs used behind pointers.
+//! - C enums are `c_int` type aliases with constants, never Rust enums: a value
+//!   read back from C that is not a known variant stays a plain integer.
+//! - `Default` on each struct with `struct_size` gives the header's `FA_*_INIT`
+//!   value (`struct_size = size_of::<Self>()`).
+//!
+//! The layout test (tests/layout.rs) compiles a C program against the real
+//! header and compares every size and field offset with these definitions.
+#![allow(non_camel_case_types)]
+#![no_std]
+
+use core::ffi::{c_char, c_int, c_void};
+use core::mem::size_of;
+
+pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
+pub const FLASHATTN_VERSION_MINOR: u32 = 1;
+pub const FLASHATTN_VERSION_PATCH: u32 = 0;
+/// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
+pub const FLASHATTN_VERSION_NUMBER: u32 =
+    FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
+
+// ---------------------------------------------------------------------------
+// Status
+
+pub type fa_status = c_int;
+pub const FA_SUCCESS: fa_status = 0;
+pub const FA_ERROR_INVALID_ARGUMENT: fa_status = 1;
+pub const FA_ERROR_UNSUPPORTED: fa_status = 2;
+pub const FA_ERROR_OUT_OF_MEMORY: fa_status = 3;
+pub const FA_ERROR_NO_DRIVER: fa_status = 4;
+pub const FA_ERROR_NO_DEVICE: fa_status = 5;
+pub const FA_ERROR_CUDA: fa_status = 6;
+pub const FA_ERROR_COMPILE: fa_status = 7;
+pub const FA_ERROR_LAUNCH: fa_status = 8;
+pub const FA_ERROR_RUNTIME_POISONED: fa_status = 9;
+pub const FA_ERROR_BUFFER_TOO_SMALL: fa_status = 10;
+pub const FA_ERROR_INTERNAL: fa_status = 11;
+pub const FA_ERROR_CACHE: fa_status = 12;
+/// Sentinel, never returned.
+pub const FA_STATUS_LAST: fa_status = 13;
+
+// ---------------------------------------------------------------------------
+// Enumerations
+
+pub type fa_dtype = c_int;
+pub const FA_DTYPE_FP16: fa_dtype = 1;
+pub const FA_DTYPE_BF16: fa_dtype = 2;
+pub const FA_DTYPE_FP32: fa_dtype = 3;
+
+pub type fa_backend = c_int;
+pub const FA_BACKEND_AUTO: fa_backend = 0;
+pub const FA_BACKEND_CUDA: fa_backend = 1;
+pub const FA_BACKEND_EMULATOR: fa_backend = 2;
+
+pub type fa_kernel_kind = c_int;
+pub const FA_KERNEL_FORWARD: fa_kernel_kind = 0;
+pub const FA_KERNEL_DECODE: fa_kernel_kind = 1;
+pub const FA_KERNEL_REDUCE: fa_kernel_kind = 2;
+
+pub type fa_cache_mode = c_int;
+pub const FA_CACHE_DEFAULT: fa_cache_mode = 0;
+pub const FA_CACHE_DISK: fa_cache_mode = 1;
+pub const FA_CACHE_MEMORY: fa_cache_mode = 2;
+
+// ---------------------------------------------------------------------------
+// Opaque handles
+
+/// A device binding (CUDA context or emulator), its kernels and cache.
+#[repr(C)]
+pub struct fa_runtime {
+    _private: [u8; 0],
+}
+
+/// A validated, immutable attention problem family.
+#[repr(C)]
+pub struct fa_config {
+    _private: [u8; 0],
+}
+
+// ---------------------------------------------------------------------------
+// Structs
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_runtime_options {
+    pub struct_size: usize,
+    pub backend: fa_backend,
+    pub device: i32,
+    pub cache_mode: fa_cache_mode,
+    pub cache_dir: *const c_char,
+    pub emulator_sm: i32,
+}
+
+impl Default for fa_runtime_options {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            backend: FA_BACKEND_AUTO,
+            device: 0,
+            cache_mode: FA_CACHE_DEFAULT,
+            cache_dir: core::ptr::null(),
+            emulator_sm: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_runtime_info {
+    pub struct_size: usize,
+    pub backend: fa_backend,
+    pub sm: i32,
+    pub num_sms: i32,
+    pub driver_version: i32,
+    pub device_name: [c_char; 128],
+}
+
+impl Default for fa_runtime_info {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            backend: FA_BACKEND_AUTO,
+            sm: 0,
+            num_sms: 0,
+            driver_version: 0,
+            device_name: [0; 128],
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_config_desc {
+    pub struct_size: usize,
+    pub dtype: fa_dtype,
+    pub head_dim: i32,
+    pub head_dim_v: i32,
+    pub num_heads_q: i32,
+    pub num_heads_kv: i32,
+    pub causal: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softmax_scale: f32,
+    pub softcap: f32,
+}
+
+impl Default for fa_config_desc {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            dtype: FA_DTYPE_FP16,
+            head_dim: 0,
+            head_dim_v: 0,
+            num_heads_q: 0,
+            num_heads_kv: 0,
+            causal: 0,
+            window_left: -1,
+            window_right: -1,
+            softmax_scale: 0.0,
+            softcap: 0.0,
+        }
+    }
+}
+
+/// A 4-D tensor view: device pointer and strides in elements.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fa_tensor {
+    pub data: u64,
+    pub stride: [i64; 4],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_forward_args {
+    pub struct_size: usize,
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub q: fa_tensor,
+    pub k: fa_tensor,
+    pub v: fa_tensor,
+    pub o: fa_tensor,
+    pub lse: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+}
+
+impl Default for fa_forward_args {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            batch: 0,
+            seqlen_q: 0,
+            seqlen_k: 0,
+            q: fa_tensor::default(),
+            k: fa_tensor::default(),
+            v: fa_tensor::default(),
+            o: fa_tensor::default(),
+            lse: 0,
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_decode_args {
+    pub struct_size: usize,
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k_max: i32,
+    pub q: fa_tensor,
+    pub k_cache: fa_tensor,
+    pub v_cache: fa_tensor,
+    pub cache_seqlens: u64,
+    pub num_splits: i32,
+    pub workspace: u64,
+    pub workspace_size: usize,
+    pub o: fa_tensor,
+    pub lse: u64,
+}
+
+impl Default for fa_decode_args {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            batch: 0,
+            seqlen_q: 0,
+            seqlen_k_max: 0,
+            q: fa_tensor::default(),
+            k_cache: fa_tensor::default(),
+            v_cache: fa_tensor::default(),
+            cache_seqlens: 0,
+            num_splits: 0,
+            workspace: 0,
+            workspace_size: 0,
+            o: fa_tensor::default(),
+            lse: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_reduce_args {
+    pub struct_size: usize,
+    pub num_splits: i32,
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub o_partial: u64,
+    pub o_partial_stride: [i64; 5],
+    pub lse_partial: u64,
+    pub lse_partial_stride: [i64; 4],
+    pub o: fa_tensor,
+    pub lse: u64,
+}
+
+impl Default for fa_reduce_args {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            num_splits: 0,
+            batch: 0,
+            seqlen_q: 0,
+            o_partial: 0,
+            o_partial_stride: [0; 5],
+            lse_partial: 0,
+            lse_partial_stride: [0; 4],
+            o: fa_tensor::default(),
+            lse: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_cache_stats {
+    pub struct_size: usize,
+    pub memory_hits: u64,
+    pub disk_hits: u64,
+    pub misses: u64,
+    pub compiles: u64,
+    pub discarded: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub persistent: i32,
+    pub path: [c_char; 512],
+    pub note: [c_char; 256],
+}
+
+impl Default for fa_cache_stats {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            memory_hits: 0,
+            disk_hits: 0,
+            misses: 0,
+            compiles: 0,
+            discarded: 0,
+            entries: 0,
+            bytes: 0,
+            persistent: 0,
+            path: [0; 512],
+            note: [0; 256],
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_cache_entry {
+    pub struct_size: usize,
+    pub key: [c_char; 33],
+    pub spec: *const c_char,
+    pub sm: i32,
+    pub generator_version: u32,
+    pub ptx_bytes: u64,
+    pub cubin_bytes: u64,
+    pub hits: u64,
+    pub created: i64,
+    pub last_used: i64,
+}
+
+/// Called once per stored kernel by `fa_cache_list`; non-zero stops the walk.
+pub type fa_cache_entry_fn =
+    Option<unsafe extern "C" fn(entry: *const fa_cache_entry, user: *mut c_void) -> c_int>;
+
+// ---------------------------------------------------------------------------
+// Functions
+
+extern "C" {
+    pub fn fa_status_string(status: fa_status) -> *const c_char;
+    pub fn fa_last_error() -> *const c_char;
+    pub fn fa_version_number() -> u32;
+    pub fn fa_version_string() -> *const c_char;
+
+    pub fn fa_runtime_create(
+        options: *const fa_runtime_options,
+        out: *mut *mut fa_runtime,
+    ) -> fa_status;
+    pub fn fa_runtime_destroy(rt: *mut fa_runtime);
+    pub fn fa_runtime_get_info(rt: *const fa_runtime, info: *mut fa_runtime_info) -> fa_status;
+
+    pub fn fa_malloc(rt: *mut fa_runtime, bytes: usize, ptr: *mut u64) -> fa_status;
+    pub fn fa_free(rt: *mut fa_runtime, ptr: u64) -> fa_status;
+    pub fn fa_memcpy_htod(
+        rt: *mut fa_runtime,
+        dst: u64,
+        src: *const c_void,
+        bytes: usize,
+    ) -> fa_status;
+    pub fn fa_memcpy_dtoh(
+        rt: *mut fa_runtime,
+        dst: *mut c_void,
+        src: u64,
+        bytes: usize,
+    ) -> fa_status;
+    pub fn fa_memset(rt: *mut fa_runtime, dst: u64, value: u8, bytes: usize) -> fa_status;
+    pub fn fa_synchronize(rt: *mut fa_runtime, stream: *mut c_void) -> fa_status;
+
+    pub fn fa_config_create(desc: *const fa_config_desc, out: *mut *mut fa_config) -> fa_status;
+    pub fn fa_config_destroy(cfg: *mut fa_config);
+
+    pub fn fa_generate(
+        cfg: *const fa_config,
+        kind: fa_kernel_kind,
+        sm: i32,
+        buf: *mut c_char,
+        buf_size: usize,
+        ptx_size: *mut usize,
+    ) -> fa_status;
+
+    pub fn fa_launch(
+        rt: *mut fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_forward_args,
+        stream: *mut c_void,
+    ) -> fa_status;
+
+    pub fn fa_decode_workspace_size(
+        rt: *const fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_decode_args,
+        bytes: *mut usize,
+        num_splits: *mut i32,
+    ) -> fa_status;
+    pub fn fa_decode(
+        rt: *mut fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_decode_args,
+        stream: *mut c_void,
+    ) -> fa_status;
+    pub fn fa_decode_reduce(
+        rt: *mut fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_reduce_args,
+        stream: *mut c_void,
+    ) -> fa_status;
+
+    pub fn fa_cache_stats_get(rt: *mut fa_runtime, stats: *mut fa_cache_stats) -> fa_status;
+    pub fn fa_cache_list(rt: *mut fa_runtime, f: fa_cache_entry_fn, user: *mut c_void)
+        -> fa_status;
+    pub fn fa_cache_clear(rt: *mut fa_runtime) -> fa_status;
+}

@@ -1,0 +1,269 @@
+//! Compares every struct size, field offset and constant of the Rust
+//! declarations with the C header, by compiling and running a small C program
+//! against the installed flashattn.h ($CC or `cc`, include dir from build.rs).
+use flashattn_sys::*;
+use std::collections::BTreeMap;
+use std::mem::{offset_of, size_of};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Rows "name value" for a struct: its size and each field's offset.
+macro_rules! layout {
+    ($rows:ident, $t:ident { $($f:ident),* $(,)? }) => {
+        $rows.push((stringify!($t).to_string(), format!("sizeof({})", stringify!($t)),
+                    size_of::<$t>() as i64));
+        $( $rows.push((format!("{}.{}", stringify!($t), stringify!($f)),
+                       format!("offsetof({}, {})", stringify!($t), stringify!($f)),
+                       offset_of!($t, $f) as i64)); )*
+    };
+}
+
+/// Rows for integer constants (the C side prints them as long long).
+macro_rules! consts {
+    ($rows:ident, $($c:ident),* $(,)?) => {
+        $( $rows.push((stringify!($c).to_string(), format!("(long long){}", stringify!($c)),
+                       $c as i64)); )*
+    };
+}
+
+fn rust_rows() -> Vec<(String, String, i64)> {
+    let mut rows = Vec::new();
+    layout!(
+        rows,
+        fa_runtime_options { struct_size, backend, device, cache_mode, cache_dir, emulator_sm }
+    );
+    layout!(
+        rows,
+        fa_runtime_info { struct_size, backend, sm, num_sms, driver_version, device_name }
+    );
+    layout!(
+        rows,
+        fa_config_desc {
+            struct_size,
+            dtype,
+            head_dim,
+            head_dim_v,
+            num_heads_q,
+            num_heads_kv,
+            causal,
+            window_left,
+            window_right,
+            softmax_scale,
+            softcap
+        }
+    );
+    layout!(rows, fa_tensor { data, stride });
+    layout!(
+        rows,
+        fa_forward_args {
+            struct_size,
+            batch,
+            seqlen_q,
+            seqlen_k,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            cu_seqlens_q,
+            cu_seqlens_k
+        }
+    );
+    layout!(
+        rows,
+        fa_decode_args {
+            struct_size,
+            batch,
+            seqlen_q,
+            seqlen_k_max,
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            num_splits,
+            workspace,
+            workspace_size,
+            o,
+            lse
+        }
+    );
+    layout!(
+        rows,
+        fa_reduce_args {
+            struct_size,
+            num_splits,
+            batch,
+            seqlen_q,
+            o_partial,
+            o_partial_stride,
+            lse_partial,
+            lse_partial_stride,
+            o,
+            lse
+        }
+    );
+    layout!(
+        rows,
+        fa_cache_stats {
+            struct_size,
+            memory_hits,
+            disk_hits,
+            misses,
+            compiles,
+            discarded,
+            entries,
+            bytes,
+            persistent,
+            path,
+            note
+        }
+    );
+    layout!(
+        rows,
+        fa_cache_entry {
+            struct_size,
+            key,
+            spec,
+            sm,
+            generator_version,
+            ptx_bytes,
+            cubin_bytes,
+            hits,
+            created,
+            last_used
+        }
+    );
+    rows.push(("fa_status".into(), "sizeof(fa_status)".into(), size_of::<fa_status>() as i64));
+    rows.push(("fa_dtype".into(), "sizeof(fa_dtype)".into(), size_of::<fa_dtype>() as i64));
+    rows.push(("fa_backend".into(), "sizeof(fa_backend)".into(), size_of::<fa_backend>() as i64));
+    rows.push((
+        "fa_kernel_kind".into(),
+        "sizeof(fa_kernel_kind)".into(),
+        size_of::<fa_kernel_kind>() as i64,
+    ));
+    rows.push((
+        "fa_cache_mode".into(),
+        "sizeof(fa_cache_mode)".into(),
+        size_of::<fa_cache_mode>() as i64,
+    ));
+    consts!(
+        rows,
+        FA_SUCCESS,
+        FA_ERROR_INVALID_ARGUMENT,
+        FA_ERROR_UNSUPPORTED,
+        FA_ERROR_OUT_OF_MEMORY,
+        FA_ERROR_NO_DRIVER,
+        FA_ERROR_NO_DEVICE,
+        FA_ERROR_CUDA,
+        FA_ERROR_COMPILE,
+        FA_ERROR_LAUNCH,
+        FA_ERROR_RUNTIME_POISONED,
+        FA_ERROR_BUFFER_TOO_SMALL,
+        FA_ERROR_INTERNAL,
+        FA_ERROR_CACHE,
+        FA_STATUS_LAST,
+        FA_DTYPE_FP16,
+        FA_DTYPE_BF16,
+        FA_DTYPE_FP32,
+        FA_BACKEND_AUTO,
+        FA_BACKEND_CUDA,
+        FA_BACKEND_EMULATOR,
+        FA_KERNEL_FORWARD,
+        FA_KERNEL_DECODE,
+        FA_KERNEL_REDUCE,
+        FA_CACHE_DEFAULT,
+        FA_CACHE_DISK,
+        FA_CACHE_MEMORY,
+        FLASHATTN_VERSION_MAJOR,
+        FLASHATTN_VERSION_MINOR,
+        FLASHATTN_VERSION_PATCH,
+        FLASHATTN_VERSION_NUMBER
+    );
+    rows
+}
+
+/// A fresh scratch directory under the target dir (or the system temp dir).
+fn scratch_dir() -> PathBuf {
+    let base =
+        option_env!("CARGO_TARGET_TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("flashattn-sys-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn layout_matches_c_header() {
+    let rows = rust_rows();
+    let include = env!("FLASHATTN_SYS_INCLUDE_DIR");
+    let mut src = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <flashattn.h>\nint main(void) {\n",
+    );
+    for (name, expr, _) in &rows {
+        src.push_str(&format!("  printf(\"%s %lld\\n\", \"{name}\", (long long)({expr}));\n"));
+    }
+    src.push_str("  return 0;\n}\n");
+    let dir = scratch_dir();
+    let c_path = dir.join("layout.c");
+    let exe = dir.join("layout");
+    std::fs::write(&c_path, src).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(&cc)
+        .arg("-std=c99")
+        .arg(format!("-I{include}"))
+        .arg(&c_path)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    assert!(
+        out.status.success(),
+        "C compile failed (include dir {include}):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    assert!(out.status.success());
+    let c: BTreeMap<String, i64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect();
+    let mut mismatches = Vec::new();
+    for (name, _, rust) in &rows {
+        if c.get(name) != Some(rust) {
+            mismatches.push(format!("{name}: rust {rust}, C {:?}", c.get(name)));
+        }
+    }
+    assert_eq!(c.len(), rows.len(), "every row printed once");
+    assert!(mismatches.is_empty(), "layout mismatches:\n{}", mismatches.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn defaults_match_init_macros() {
+    // The FA_*_INIT initializers set struct_size = sizeof and windows to -1.
+    assert_eq!(fa_runtime_options::default().struct_size, size_of::<fa_runtime_options>());
+    assert_eq!(fa_runtime_info::default().struct_size, size_of::<fa_runtime_info>());
+    let d = fa_config_desc::default();
+    assert_eq!(
+        (d.struct_size, d.dtype, d.window_left, d.window_right),
+        (size_of::<fa_config_desc>(), FA_DTYPE_FP16, -1, -1)
+    );
+    assert_eq!(fa_forward_args::default().struct_size, size_of::<fa_forward_args>());
+    assert_eq!(fa_decode_args::default().struct_size, size_of::<fa_decode_args>());
+    assert_eq!(fa_reduce_args::default().struct_size, size_of::<fa_reduce_args>());
+    assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
+}
+
+#[test]
+fn links_and_reports_version() {
+    // The loaded library has the major version these declarations follow.
+    let v = unsafe { fa_version_number() };
+    assert_eq!(v / 10000, FLASHATTN_VERSION_MAJOR);
+    let s = unsafe { std::ffi::CStr::from_ptr(fa_version_string()) };
+    assert_eq!(s.to_str().unwrap(), format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100));
+    let text = unsafe { std::ffi::CStr::from_ptr(fa_status_string(FA_ERROR_INVALID_ARGUMENT)) };
+    assert_eq!(text.to_str().unwrap(), "invalid argument");
+}

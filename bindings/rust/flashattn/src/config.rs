@@ -1,0 +1,232 @@
+//! Configs (validated attention problem families) and PTX generation.
+use std::ptr::NonNull;
+
+use flashattn_sys as sys;
+
+use crate::error::{check, Error, Result, Status};
+
+/// Element type of Q, K, V and O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Dtype {
+    #[default]
+    F16,
+    BF16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        2
+    }
+}
+
+/// Which kernel `generate` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// Prefill / forward pass.
+    Forward,
+    /// Split-KV partial states.
+    Decode,
+    /// Combine partial states.
+    Reduce,
+}
+
+impl KernelKind {
+    fn to_raw(self) -> sys::fa_kernel_kind {
+        match self {
+            KernelKind::Forward => sys::FA_KERNEL_FORWARD,
+            KernelKind::Decode => sys::FA_KERNEL_DECODE,
+            KernelKind::Reduce => sys::FA_KERNEL_REDUCE,
+        }
+    }
+}
+
+/// The fields of fa_config_desc; defaults as FA_CONFIG_DESC_INIT
+/// (fp16, no causal mask, unbounded window, default scale, no softcap).
+#[derive(Debug, Clone)]
+pub struct ConfigBuilder {
+    dtype: Dtype,
+    head_dim: i32,
+    head_dim_v: i32,
+    num_heads_q: i32,
+    num_heads_kv: i32,
+    causal: bool,
+    window_left: i32,
+    window_right: i32,
+    softmax_scale: f32,
+    softcap: f32,
+}
+
+impl Default for ConfigBuilder {
+    fn default() -> Self {
+        ConfigBuilder {
+            dtype: Dtype::F16,
+            head_dim: 0,
+            head_dim_v: 0,
+            num_heads_q: 0,
+            num_heads_kv: 0,
+            causal: false,
+            window_left: -1,
+            window_right: -1,
+            softmax_scale: 0.0,
+            softcap: 0.0,
+        }
+    }
+}
+
+impl ConfigBuilder {
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    /// head_dim (multiple of 8 in 8..256); head_dim_v defaults to it.
+    pub fn head_dim(mut self, d: i32) -> Self {
+        self.head_dim = d;
+        self
+    }
+    pub fn head_dim_v(mut self, d: i32) -> Self {
+        self.head_dim_v = d;
+        self
+    }
+    /// num_heads_q and num_heads_kv (which must divide num_heads_q).
+    pub fn heads(mut self, q: i32, kv: i32) -> Self {
+        self.num_heads_q = q;
+        self.num_heads_kv = kv;
+        self
+    }
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    /// Sliding window (left, right); -1 = unbounded.
+    pub fn window(mut self, left: i32, right: i32) -> Self {
+        self.window_left = left;
+        self.window_right = right;
+        self
+    }
+    /// Softmax scale; 0 = 1/sqrt(head_dim).
+    pub fn softmax_scale(mut self, scale: f32) -> Self {
+        self.softmax_scale = scale;
+        self
+    }
+    /// Softcap; 0 = off.
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = softcap;
+        self
+    }
+
+    /// Validates and creates the config (fa_config_create).
+    pub fn build(self) -> Result<Config> {
+        let desc = sys::fa_config_desc {
+            dtype: match self.dtype {
+                Dtype::F16 => sys::FA_DTYPE_FP16,
+                Dtype::BF16 => sys::FA_DTYPE_BF16,
+            },
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+            num_heads_q: self.num_heads_q,
+            num_heads_kv: self.num_heads_kv,
+            causal: self.causal as i32,
+            window_left: self.window_left,
+            window_right: self.window_right,
+            softmax_scale: self.softmax_scale,
+            softcap: self.softcap,
+            ..Default::default()
+        };
+        let mut cfg = std::ptr::null_mut();
+        // SAFETY: desc is a valid, correctly sized struct; cfg an out pointer.
+        check(unsafe { sys::fa_config_create(&desc, &mut cfg) })?;
+        let raw = NonNull::new(cfg)
+            .ok_or_else(|| Error::new(Status::Internal, "fa_config_create returned NULL"))?;
+        Ok(Config {
+            raw,
+            dtype: self.dtype,
+            head_dim: self.head_dim,
+            head_dim_v: if self.head_dim_v == 0 { self.head_dim } else { self.head_dim_v },
+            num_heads_q: self.num_heads_q,
+            num_heads_kv: self.num_heads_kv,
+        })
+    }
+}
+
+/// A validated attention problem family (device-independent, immutable).
+/// Shareable between threads and runtimes.
+#[derive(Debug)]
+pub struct Config {
+    raw: NonNull<sys::fa_config>,
+    dtype: Dtype,
+    head_dim: i32,
+    head_dim_v: i32,
+    num_heads_q: i32,
+    num_heads_kv: i32,
+}
+
+// SAFETY: a config is immutable once created and the C API allows its use
+// from any thread; destroy happens only in Drop.
+unsafe impl Send for Config {}
+unsafe impl Sync for Config {}
+
+impl Drop for Config {
+    fn drop(&mut self) {
+        // SAFETY: created by fa_config_create, destroyed once.
+        unsafe { sys::fa_config_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl Config {
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder::default()
+    }
+
+    /// The C handle, for calls through flashattn-sys. Valid while self lives.
+    pub fn as_raw(&self) -> *const sys::fa_config {
+        self.raw.as_ptr()
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    pub fn head_dim(&self) -> usize {
+        self.head_dim as usize
+    }
+    /// head_dim_v with 0 resolved to head_dim.
+    pub fn head_dim_v(&self) -> usize {
+        self.head_dim_v as usize
+    }
+    pub fn num_heads_q(&self) -> usize {
+        self.num_heads_q as usize
+    }
+    pub fn num_heads_kv(&self) -> usize {
+        self.num_heads_kv as usize
+    }
+
+    /// The PTX module for `kind` on SM `sm`; see `generate`.
+    pub fn generate(&self, kind: KernelKind, sm: i32) -> Result<String> {
+        generate(self, kind, sm)
+    }
+}
+
+/// The PTX the runtime would use for `kind` of `cfg` on SM `sm` (80, 86, 89,
+/// 90); needs no GPU (fa_generate).
+pub fn generate(cfg: &Config, kind: KernelKind, sm: i32) -> Result<String> {
+    let mut size = 0usize;
+    // SAFETY: size query with buf NULL / size 0.
+    check(unsafe {
+        sys::fa_generate(cfg.as_raw(), kind.to_raw(), sm, std::ptr::null_mut(), 0, &mut size)
+    })?;
+    let mut buf = vec![0u8; size + 1];
+    // SAFETY: buf holds size + 1 bytes.
+    check(unsafe {
+        sys::fa_generate(
+            cfg.as_raw(),
+            kind.to_raw(),
+            sm,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut size,
+        )
+    })?;
+    buf.truncate(size);
+    String::from_utf8(buf)
+        .map_err(|_| Error::new(Status::Internal, "fa_generate: PTX is not UTF-8"))
+}

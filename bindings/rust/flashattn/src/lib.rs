@@ -1,0 +1,61 @@
+//! Safe Rust bindings of flashattn, an embeddable FlashAttention runtime
+//! (PTX kernels generated at run time, JIT-compiled through the CUDA driver
+//! or run on a CPU PTX emulator, cached on disk).
+//!
+//! ```no_run
+//! use flashattn::{Backend, Config, ForwardArgs, Runtime, Tensor, TensorMut};
+//! # fn main() -> flashattn::Result<()> {
+//! let rt = Runtime::builder().backend(Backend::Emulator).build()?;
+//! let cfg = Config::builder().head_dim(64).heads(8, 8).causal(true).build()?;
+//! let shape = [1, 128, 8, 64]; // [batch, seqlen, heads, head_dim]
+//! let n: usize = shape.iter().product();
+//! let x = flashattn::f32_slice_to_f16(&vec![0.5; n]);
+//! let (q, k, v) = (rt.alloc_from(&x)?, rt.alloc_from(&x)?, rt.alloc_from(&x)?);
+//! let mut o = rt.alloc(2 * n)?;
+//! rt.forward(&cfg, ForwardArgs { batch: 1, seqlen_q: 128, seqlen_k: 128,
+//!     q: Tensor::contiguous(&q, shape), k: Tensor::contiguous(&k, shape),
+//!     v: Tensor::contiguous(&v, shape), o: TensorMut::contiguous(&mut o, shape), lse: None })?;
+//! let out = flashattn::f16_slice_to_f32(&o.to_vec::<u16>()?);
+//! # Ok(()) }
+//! ```
+//!
+//! Every failure is an [`Error`] with the C status and the library's message.
+//! Safe calls check tensor extents against their [`DeviceBuffer`]s; the
+//! `*_raw` unsafe calls take device pointers as `u64` for other allocators.
+
+mod cache;
+mod config;
+mod error;
+mod half;
+mod ops;
+mod runtime;
+
+pub use flashattn_sys as sys;
+
+pub use cache::{CacheEntry, CacheStats};
+pub use config::{generate, Config, ConfigBuilder, Dtype, KernelKind};
+pub use error::{Error, Result, Status};
+pub use half::{
+    bf16_bits_to_f32, f16_bits_to_f32, f16_slice_to_f32, f32_slice_to_f16, f32_to_bf16_bits,
+    f32_to_f16_bits,
+};
+pub use ops::{
+    contiguous_strides, DecodeArgs, DecodePlan, ForwardArgs, RawDecodeArgs, RawForwardArgs,
+    RawReduceArgs, RawTensor, ReduceArgs, Tensor, TensorMut, View, ViewMut,
+};
+pub use runtime::{
+    version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,
+    RuntimeBuilder, RuntimeInfo,
+};
+
+#[cfg(test)]
+mod thread_safety {
+    fn assert_send_sync<T: Send + Sync>() {}
+    #[test]
+    fn handles_are_send_and_sync() {
+        assert_send_sync::<super::Runtime>();
+        assert_send_sync::<super::Config>();
+        assert_send_sync::<super::DeviceBuffer>();
+        assert_send_sync::<super::Error>();
+    }
+}

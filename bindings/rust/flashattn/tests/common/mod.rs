@@ -1,0 +1,140 @@
+//! Helpers shared by the integration tests: an emulator runtime, a small
+//! PRNG, fp16 test data and an f64 reference attention.
+#![allow(dead_code)]
+
+use flashattn::{Backend, CacheMode, Runtime};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A scratch directory unique to this process and call.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let base = std::env::var_os("FLASHATTN_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let d = base.join(format!(
+        "fa-rs-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// An emulator runtime with an in-memory kernel cache.
+pub fn emulator() -> Runtime {
+    Runtime::builder().backend(Backend::Emulator).cache_mode(CacheMode::Memory).build().unwrap()
+}
+
+/// SplitMix64: a tiny deterministic generator.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    /// `n` values in [-1, 1) rounded to fp16: (bits, exact f32 values).
+    pub fn f16_tensor(&mut self, n: usize) -> (Vec<u16>, Vec<f32>) {
+        let bits: Vec<u16> =
+            (0..n).map(|_| flashattn::f32_to_f16_bits(self.uniform(-1.0, 1.0))).collect();
+        let vals = flashattn::f16_slice_to_f32(&bits);
+        (bits, vals)
+    }
+}
+
+/// Problem description of the reference.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    /// Row capacity of K/V along dim 1.
+    pub seqlen_k: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub causal: bool,
+    pub scale: f64,
+}
+
+/// Reference attention in f64 for C-order q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
+/// v [B, Sk, Hkv, Dv]. `valid_k[b]` keys of batch b are used (forward: Sk);
+/// queries are the last positions (bottom-right causal alignment).
+/// Returns (o [B, Sq, Hq, Dv], lse [B, Hq, Sq]).
+pub fn reference(
+    p: &Problem,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    valid_k: &[usize],
+) -> (Vec<f64>, Vec<f64>) {
+    let mut o = vec![0f64; p.batch * p.seqlen_q * p.hq * p.dv];
+    let mut lse = vec![f64::NEG_INFINITY; p.batch * p.hq * p.seqlen_q];
+    let group = p.hq / p.hkv;
+    for b in 0..p.batch {
+        let sk = valid_k[b];
+        for h in 0..p.hq {
+            let kh = h / group;
+            for i in 0..p.seqlen_q {
+                let qrow = &q[((b * p.seqlen_q + i) * p.hq + h) * p.d..][..p.d];
+                let mut s = Vec::new();
+                for j in 0..sk {
+                    if p.causal && (j as i64) > i as i64 + sk as i64 - p.seqlen_q as i64 {
+                        continue;
+                    }
+                    let krow = &k[((b * p.seqlen_k + j) * p.hkv + kh) * p.d..][..p.d];
+                    let dot: f64 = qrow.iter().zip(krow).map(|(&x, &y)| x as f64 * y as f64).sum();
+                    s.push((j, p.scale * dot));
+                }
+                if s.is_empty() {
+                    continue;
+                }
+                let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+                let denom: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
+                lse[(b * p.hq + h) * p.seqlen_q + i] = m + denom.ln();
+                let orow = &mut o[((b * p.seqlen_q + i) * p.hq + h) * p.dv..][..p.dv];
+                for &(j, sj) in &s {
+                    let w = (sj - m).exp() / denom;
+                    let vrow = &v[((b * p.seqlen_k + j) * p.hkv + kh) * p.dv..][..p.dv];
+                    for (x, &y) in orow.iter_mut().zip(vrow) {
+                        *x += w * y as f64;
+                    }
+                }
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Largest |got - want| (inf if any got is not finite where want is).
+pub fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if w.is_infinite() {
+                if g as f64 == w {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else if g.is_finite() {
+                (g as f64 - w).abs()
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
+}
