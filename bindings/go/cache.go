@@ -1,0 +1,106 @@
+package flashattn
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"time"
+	"unsafe"
+)
+
+// CacheStats are a runtime's kernel-cache counters (fa_cache_stats).
+type CacheStats struct {
+	MemoryHits, DiskHits, Misses, Compiles, Discarded uint64
+	Entries, Bytes                                    uint64
+	Persistent                                        bool   // on disk
+	Path                                              string // "" when memory only
+	Note                                              string // why memory only, or the last warning
+}
+
+// CacheStats returns the cache counters of rt.
+func (rt *Runtime) CacheStats() (CacheStats, error) {
+	p, err := rt.acquire("CacheStats")
+	if err != nil {
+		return CacheStats{}, err
+	}
+	defer rt.mu.RUnlock()
+	var s C.fa_cache_stats
+	s.struct_size = C.size_t(unsafe.Sizeof(s))
+	var e C.fago_err
+	if err := check(C.fago_cache_stats(p, &s, &e), &e); err != nil {
+		return CacheStats{}, err
+	}
+	return CacheStats{
+		MemoryHits: uint64(s.memory_hits),
+		DiskHits:   uint64(s.disk_hits),
+		Misses:     uint64(s.misses),
+		Compiles:   uint64(s.compiles),
+		Discarded:  uint64(s.discarded),
+		Entries:    uint64(s.entries),
+		Bytes:      uint64(s.bytes),
+		Persistent: s.persistent != 0,
+		Path:       C.GoString(&s.path[0]),
+		Note:       C.GoString(&s.note[0]),
+	}, nil
+}
+
+// CacheEntry is one stored kernel.
+type CacheEntry struct {
+	Key              string // 32 hex digits (XXH3-128)
+	Spec             string // human-readable kernel spec
+	SM               int
+	GeneratorVersion uint32
+	PTXBytes         uint64
+	CubinBytes       uint64
+	Hits             uint64
+	Created          time.Time
+	LastUsed         time.Time
+}
+
+// CacheList returns every stored kernel.
+func (rt *Runtime) CacheList() ([]CacheEntry, error) {
+	p, err := rt.acquire("CacheList")
+	if err != nil {
+		return nil, err
+	}
+	defer rt.mu.RUnlock()
+	var l C.fago_list
+	var e C.fago_err
+	if err := check(C.fago_cache_list(p, &l, &e), &e); err != nil {
+		return nil, err
+	}
+	defer C.fago_list_free(&l)
+	out := make([]CacheEntry, 0, int(l.len))
+	if l.len == 0 {
+		return out, nil
+	}
+	items := unsafe.Slice(l.items, int(l.len))
+	for i := range items {
+		it := &items[i]
+		out = append(out, CacheEntry{
+			Key:              C.GoString(&it.key[0]),
+			Spec:             C.GoString(it.spec),
+			SM:               int(it.sm),
+			GeneratorVersion: uint32(it.generator_version),
+			PTXBytes:         uint64(it.ptx_bytes),
+			CubinBytes:       uint64(it.cubin_bytes),
+			Hits:             uint64(it.hits),
+			Created:          time.Unix(int64(it.created), 0),
+			LastUsed:         time.Unix(int64(it.last_used), 0),
+		})
+	}
+	return out, nil
+}
+
+// CacheClear deletes every stored kernel (loaded kernels stay usable).
+func (rt *Runtime) CacheClear() error {
+	p, err := rt.acquire("CacheClear")
+	if err != nil {
+		return err
+	}
+	defer rt.mu.RUnlock()
+	var e C.fago_err
+	return check(C.fago_cache_clear(p, &e), &e)
+}

@@ -1,0 +1,208 @@
+package flashattn
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import "unsafe"
+
+// Tensor is a 4-D view of device memory: address and strides in elements
+// (fa_tensor). Stride[3] must be 1, the others multiples of 8.
+type Tensor struct {
+	Data   uint64
+	Stride [4]int64
+}
+
+// Contiguous is a dense row-major view of data with dims [_, d1, d2, d3].
+func Contiguous(data uint64, d1, d2, d3 int64) Tensor {
+	return Tensor{Data: data, Stride: [4]int64{d1 * d2 * d3, d2 * d3, d3, 1}}
+}
+
+func (t Tensor) c() C.fa_tensor {
+	var ct C.fa_tensor
+	ct.data = C.uint64_t(t.Data)
+	for i := 0; i < 4; i++ {
+		ct.stride[i] = C.int64_t(t.Stride[i])
+	}
+	return ct
+}
+
+// ForwardArgs are the arguments of Runtime.Forward (fa_forward_args).
+type ForwardArgs struct {
+	Batch, SeqlenQ, SeqlenK int32
+	Q, K, V, O              Tensor
+	LSE                     uint64 // fp32 [batch, num_heads_q, seqlen_q]; 0 = none
+	CuSeqlensQ, CuSeqlensK  uint64 // int32 [batch+1] prefix sums (varlen), or 0
+	Stream                  uintptr
+}
+
+// Forward computes O = softmax(scale * Q K^T) V (fa_launch).
+func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
+	if a == nil {
+		return goErr(StatusInvalidArgument, "Forward: args is nil")
+	}
+	p, err := rt.acquire("Forward")
+	if err != nil {
+		return err
+	}
+	defer rt.mu.RUnlock()
+	cp, err := cfg.acquire("Forward")
+	if err != nil {
+		return err
+	}
+	defer cfg.release()
+	var ca C.fa_forward_args
+	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
+	ca.batch = C.int32_t(a.Batch)
+	ca.seqlen_q = C.int32_t(a.SeqlenQ)
+	ca.seqlen_k = C.int32_t(a.SeqlenK)
+	ca.q, ca.k, ca.v, ca.o = a.Q.c(), a.K.c(), a.V.c(), a.O.c()
+	ca.lse = C.uint64_t(a.LSE)
+	ca.cu_seqlens_q = C.uint64_t(a.CuSeqlensQ)
+	ca.cu_seqlens_k = C.uint64_t(a.CuSeqlensK)
+	var e C.fago_err
+	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
+}
+
+// DecodeArgs are the arguments of Runtime.Decode (fa_decode_args).
+type DecodeArgs struct {
+	Batch, SeqlenQ, SeqlenKMax int32
+	Q, KCache, VCache          Tensor
+	CacheSeqlens               uint64 // int32 [batch]
+	NumSplits                  int32  // 0 = automatic
+	// Workspace for the partial states; 0 = Decode allocates and frees one.
+	Workspace     uint64
+	WorkspaceSize uint64
+	O             Tensor // O.Data 0: leave the partial states in Workspace
+	LSE           uint64 // fp32 [batch, num_heads_q, seqlen_q]; 0 = none
+	Stream        uintptr
+}
+
+func (a *DecodeArgs) c() C.fa_decode_args {
+	var ca C.fa_decode_args
+	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
+	ca.batch = C.int32_t(a.Batch)
+	ca.seqlen_q = C.int32_t(a.SeqlenQ)
+	ca.seqlen_k_max = C.int32_t(a.SeqlenKMax)
+	ca.q, ca.k_cache, ca.v_cache, ca.o = a.Q.c(), a.KCache.c(), a.VCache.c(), a.O.c()
+	ca.cache_seqlens = C.uint64_t(a.CacheSeqlens)
+	ca.num_splits = C.int32_t(a.NumSplits)
+	ca.workspace = C.uint64_t(a.Workspace)
+	ca.workspace_size = C.size_t(a.WorkspaceSize)
+	ca.lse = C.uint64_t(a.LSE)
+	return ca
+}
+
+// DecodeWorkspaceSize returns the workspace bytes Decode needs for a and
+// the number of splits it will use (fa_decode_workspace_size).
+func (rt *Runtime) DecodeWorkspaceSize(cfg *Config, a *DecodeArgs) (bytes uint64, numSplits int, err error) {
+	if a == nil {
+		return 0, 0, goErr(StatusInvalidArgument, "DecodeWorkspaceSize: args is nil")
+	}
+	p, err := rt.acquire("DecodeWorkspaceSize")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rt.mu.RUnlock()
+	cp, err := cfg.acquire("DecodeWorkspaceSize")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cfg.release()
+	ca := a.c()
+	var e C.fago_err
+	var n C.size_t
+	var s C.int32_t
+	if err := check(C.fago_decode_workspace_size(p, cp, &ca, &n, &s, &e), &e); err != nil {
+		return 0, 0, err
+	}
+	return uint64(n), int(s), nil
+}
+
+// Decode runs Flash-Decoding over a KV cache (fa_decode). With
+// a.Workspace == 0 it sizes, allocates and frees a workspace itself (then
+// a.O.Data must be set, or the partial states would be lost).
+func (rt *Runtime) Decode(cfg *Config, a *DecodeArgs) error {
+	if a == nil {
+		return goErr(StatusInvalidArgument, "Decode: args is nil")
+	}
+	args := *a
+	if args.Workspace == 0 {
+		if args.O.Data == 0 {
+			return goErr(StatusInvalidArgument,
+				"Decode: O.Data and Workspace are both 0: the partial states would be discarded")
+		}
+		n, _, err := rt.DecodeWorkspaceSize(cfg, &args)
+		if err != nil {
+			return err
+		}
+		ws, err := rt.Malloc(n)
+		if err != nil {
+			return err
+		}
+		defer ws.Free()
+		args.Workspace, args.WorkspaceSize = ws.Ptr(), n
+	}
+	p, err := rt.acquire("Decode")
+	if err != nil {
+		return err
+	}
+	defer rt.mu.RUnlock()
+	cp, err := cfg.acquire("Decode")
+	if err != nil {
+		return err
+	}
+	defer cfg.release()
+	ca := args.c()
+	var e C.fago_err
+	return check(C.fago_decode(p, cp, &ca, C.uint64_t(args.Stream), &e), &e)
+}
+
+// ReduceArgs are the arguments of Runtime.DecodeReduce (fa_reduce_args).
+type ReduceArgs struct {
+	NumSplits, Batch, SeqlenQ int32
+	OPartial                  uint64   // fp32 [splits, batch, seqlen_q, heads_q, head_dim_v]
+	OPartialStride            [5]int64 // elements; [4] must be 1
+	LSEPartial                uint64   // fp32 [splits, batch, heads_q, seqlen_q]
+	LSEPartialStride          [4]int64
+	O                         Tensor // cfg dtype, written
+	LSE                       uint64 // fp32 [batch, heads_q, seqlen_q]; 0 = none
+	Stream                    uintptr
+}
+
+// DecodeReduce merges partial attention states (fa_decode_reduce):
+// m = max LSE_s, w_s = exp(LSE_s - m), O = sum w_s O_s / sum w_s,
+// LSE = m + log sum w_s.
+func (rt *Runtime) DecodeReduce(cfg *Config, a *ReduceArgs) error {
+	if a == nil {
+		return goErr(StatusInvalidArgument, "DecodeReduce: args is nil")
+	}
+	p, err := rt.acquire("DecodeReduce")
+	if err != nil {
+		return err
+	}
+	defer rt.mu.RUnlock()
+	cp, err := cfg.acquire("DecodeReduce")
+	if err != nil {
+		return err
+	}
+	defer cfg.release()
+	var ca C.fa_reduce_args
+	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
+	ca.num_splits = C.int32_t(a.NumSplits)
+	ca.batch = C.int32_t(a.Batch)
+	ca.seqlen_q = C.int32_t(a.SeqlenQ)
+	ca.o_partial = C.uint64_t(a.OPartial)
+	for i := 0; i < 5; i++ {
+		ca.o_partial_stride[i] = C.int64_t(a.OPartialStride[i])
+	}
+	ca.lse_partial = C.uint64_t(a.LSEPartial)
+	for i := 0; i < 4; i++ {
+		ca.lse_partial_stride[i] = C.int64_t(a.LSEPartialStride[i])
+	}
+	ca.o = a.O.c()
+	ca.lse = C.uint64_t(a.LSE)
+	var e C.fago_err
+	return check(C.fago_decode_reduce(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
+}
