@@ -27,6 +27,10 @@ if compgen -G "bindings/*/test.sh" >/dev/null; then
   done
 fi
 
+# The benchmark's torch-free parts (grid, FLOP counts, CSV, PNG writer).
+echo "== bench/tests"
+/usr/bin/python3 -m pytest -q -p no:cacheprovider bench/tests
+
 if [ "${FA_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFA_SANITIZE=ON -DFA_BUILD_BENCH=OFF >/dev/null
   cmake --build build-asan -j "$jobs"

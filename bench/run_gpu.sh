@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The one command a GPU session runs, from the repository root:
+#     bash bench/run_gpu.sh [bench_sdpa.py options]
+# Builds nothing. Uses the library at $FLASHATTN_LIBRARY, else
+# build-gpu/libflashattn.so.0, else build/libflashattn.so.0; runs the GPU
+# tests it finds (ctest -R gpu in build/, else the build's tests/test_gpu
+# directly; bindings/python/tests/test_gpu.py with python3), then
+# bench/bench_sdpa.py. Everything goes to bench/results/; when $OUT is set
+# (the device tool), the new files are copied there too.
+#
+# The whole build/ is too big to carry (>64 MiB); on the development machine
+#     bash bench/run_gpu.sh --pack [BUILD_DIR]      # default build
+# copies what this script needs (library, test_gpu, bench_generate and the
+# non-system shared libraries they load, e.g. libsqlite3/libcmocka) into
+# build-gpu/ (ignored by git), to carry as the single path "build-gpu".
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+root=$PWD
+
+if [ "${1:-}" = "--pack" ]; then
+  src=${2:-build}
+  dst=build-gpu
+  [ -e "$src/libflashattn.so.0" ] || { echo "run_gpu.sh: no $src/libflashattn.so.0" >&2; exit 2; }
+  rm -rf "$dst" && mkdir -p "$dst/tests" "$dst/bench" "$dst/runtime-libs"
+  cp -L "$src/libflashattn.so.0" "$dst/"
+  [ -x "$src/tests/test_gpu" ] && cp "$src/tests/test_gpu" "$dst/tests/"
+  [ -x "$src/bench/bench_generate" ] && cp "$src/bench/bench_generate" "$dst/bench/"
+  # Shared libraries beyond glibc/libstdc++ that the device image may lack.
+  for f in "$dst/libflashattn.so.0" "$dst"/tests/* "$dst"/bench/*; do
+    [ -e "$f" ] || continue
+    ldd "$f" | awk '/=> \//{print $3}' | grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' || true
+  done | sort -u | while read -r lib; do cp -L "$lib" "$dst/runtime-libs/"; done
+  du -sh "$dst"; find "$dst" -type f | sort
+  echo "carry [\"$dst\"] and run: bash bench/run_gpu.sh"
+  exit 0
+fi
+
+build=${FA_BUILD_DIR:-}
+if [ -z "$build" ]; then
+  if [ -e build-gpu/libflashattn.so.0 ]; then build=build-gpu; else build=build; fi
+fi
+lib=${FLASHATTN_LIBRARY:-$root/$build/libflashattn.so.0}
+if [ ! -e "$lib" ]; then
+  echo "run_gpu.sh: no flashattn library at $lib (set FLASHATTN_LIBRARY, or carry build-gpu/ made by --pack, or build/)" >&2
+  exit 2
+fi
+export FLASHATTN_LIBRARY=$(readlink -f "$lib")
+[ -d "$build/runtime-libs" ] && export LD_LIBRARY_PATH="$root/$build/runtime-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+py=${PYTHON:-python3}
+if missing=$(ldd "$FLASHATTN_LIBRARY" | grep "not found"); then
+  echo "run_gpu.sh: $FLASHATTN_LIBRARY cannot load: $missing (pack with --pack to carry them)" >&2
+  exit 2
+fi
+
+results=bench/results
+mkdir -p "$results"
+base=$("$py" bench/bench_sdpa.py --print-base-name) || base="$(date -u +%F)-unknown-gpu-sdpa"
+tests_log="$results/$base-gputests.log"
+bench_log="$results/$base-bench.log"
+summary=$(mktemp)
+t0=$(date +%s)
+echo "== run_gpu.sh: library $FLASHATTN_LIBRARY, results $results/$base.*"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv 2>/dev/null || true
+
+# ---- GPU tests -------------------------------------------------------------------------
+tests_rc=0
+: >"$tests_log"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch" "$summary"' EXIT
+if [ -f "$build/CTestTestfile.cmake" ] && command -v ctest >/dev/null; then
+  # The build records absolute source/build paths; if they name another
+  # checkout that does not exist here, point them at this one.
+  srcdir=$(sed -n 's/^# Source directory: //p' "$build/CTestTestfile.cmake")
+  if [ -n "$srcdir" ] && [ ! -e "$srcdir" ] && mkdir -p "$(dirname "$srcdir")" 2>/dev/null; then
+    ln -s "$root" "$srcdir" && echo "linked $srcdir -> $root" | tee -a "$tests_log"
+  fi
+  echo "== ctest -R gpu ($build)" | tee -a "$tests_log"
+  (cd "$build" && timeout 300 ctest -R gpu --output-on-failure) >>"$tests_log" 2>&1
+  rc=$?; tests_rc=$((tests_rc | rc))
+  echo "ctest -R gpu: exit $rc" >>"$summary"
+elif [ -x "$build/tests/test_gpu" ]; then
+  # test_gpu reads fixtures from the absolute path it was built with.
+  data=$(grep -aoE '/[[:alnum:]_./-]+/tests/data' "$build/tests/test_gpu" | head -1 || true)
+  if [ -n "$data" ] && [ ! -e "$data" ]; then
+    srcdir=${data%/tests/data}
+    mkdir -p "$(dirname "$srcdir")" 2>/dev/null && ln -s "$root" "$srcdir" && echo "linked $srcdir -> $root" | tee -a "$tests_log"
+  fi
+  echo "== $build/tests/test_gpu" | tee -a "$tests_log"
+  FLASHATTN_CACHE_DIR="$scratch/test_gpu" CMOCKA_MESSAGE_OUTPUT=stdout timeout 300 "$build/tests/test_gpu" >>"$tests_log" 2>&1
+  rc=$?; tests_rc=$((tests_rc | rc))
+  echo "test_gpu: exit $rc" >>"$summary"
+else
+  echo "no ctest build and no $build/tests/test_gpu: C GPU tests not run" | tee -a "$summary"
+fi
+grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\]|tests passed|tests failed' "$tests_log" | head -40 >>"$summary"
+echo "== pytest bindings/python/tests/test_gpu.py" | tee -a "$tests_log"
+FLASHATTN_CACHE_DIR="$scratch/pytest" PYTHONPATH="$root/bindings/python" \
+  timeout 300 "$py" -m pytest -p no:cacheprovider -q -rs bindings/python/tests/test_gpu.py >>"$tests_log" 2>&1
+rc=$?; tests_rc=$((tests_rc | rc))
+echo "pytest bindings/python/tests/test_gpu.py: exit $rc ($(tail -1 "$tests_log"))" >>"$summary"
+cat "$summary"
+echo "== GPU tests took $(( $(date +%s) - t0 )) s"
+
+# ---- benchmark ---------------------------------------------------------------------------
+"$py" bench/bench_sdpa.py --out-dir "$results" --tests-summary "$summary" "$@" 2>&1 | tee "$bench_log"
+bench_rc=${PIPESTATUS[0]}
+echo "== run_gpu.sh: tests exit $tests_rc, bench exit $bench_rc (3 = a config out of tolerance), $(( $(date +%s) - t0 )) s"
+
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  for f in "$results/$base".{csv,json,png,md} "$tests_log" "$bench_log"; do
+    [ -e "$f" ] && cp "$f" "$OUT/"
+  done
+fi
+[ "$bench_rc" -ne 0 ] && exit "$bench_rc"
+[ "$tests_rc" -ne 0 ] && exit 1
+exit 0
