@@ -25,86 +25,13 @@ extern "C" {
 }
 // clang-format on
 
+#include "support/emu_harness.h"
+
 namespace {
 
-fa::Backend *g_be = nullptr;
-
-const char *kHeader = ".version 7.0\n.target sm_80\n.address_size 64\n";
-
-int setup(void **) {
-  std::unique_ptr<fa::Backend> be;
-  if (fa::create_emulator_backend(80, &be) != FA_SUCCESS) return -1;
-  g_be = be.release();
-  return 0;
-}
-
-int teardown(void **) {
-  delete g_be;
-  g_be = nullptr;
-  return 0;
-}
-
-fa::LaunchGeometry geom(uint32_t gx, uint32_t bx, uint32_t smem = 0) {
-  fa::LaunchGeometry g;
-  g.grid[0] = gx;
-  g.block[0] = bx;
-  g.smem_bytes = smem;
-  return g;
-}
-
-// compile + load + launch; returns the first failing status.
-fa_status run_ptx(const std::string &ptx, const char *entry, const fa::LaunchGeometry &g,
-                  const void *params, size_t params_size) {
-  std::vector<uint8_t> bin;
-  std::string log;
-  fa_status st = g_be->compile(ptx, &bin, &log);
-  if (st != FA_SUCCESS) return st;
-  assert_true(bin.empty());
-  std::unique_ptr<fa::Kernel> k;
-  st = g_be->load(ptx, bin, entry, g.smem_bytes, &k);
-  if (st != FA_SUCCESS) return st;
-  return g_be->launch(*k, g, params, params_size, nullptr);
-}
-
-// 1-based line of the first line containing marker.
-int line_of(const std::string &text, const char *marker) {
-  size_t pos = text.find(marker);
-  assert_true(pos != std::string::npos);
-  int line = 1;
-  for (size_t i = 0; i < pos; ++i) line += text[i] == '\n';
-  return line;
-}
-
-void expect_error(const char *what) {
-  const char *msg = fa::last_error();
-  if (!std::strstr(msg, what)) {
-    std::fprintf(stderr, "error message \"%s\" lacks \"%s\"\n", msg, what);
-    fail();
-  }
-}
+using namespace fa::test;
 
 std::string ptx_line_text(int line) { return "PTX line " + std::to_string(line); }
-
-// A device buffer poisoned with 0xAB bytes.
-struct DevBuf {
-  uint64_t ptr = 0;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n) : bytes(n) {
-    assert_int_equal(g_be->mem_alloc(n, &ptr), FA_SUCCESS);
-    assert_int_equal(g_be->memset_d8(ptr, 0xAB, n), FA_SUCCESS);
-  }
-  ~DevBuf() { g_be->mem_free(ptr); }
-  template <typename T>
-  std::vector<T> get() {
-    std::vector<T> v(bytes / sizeof(T));
-    assert_int_equal(g_be->copy_dtoh(v.data(), ptr, v.size() * sizeof(T)), FA_SUCCESS);
-    return v;
-  }
-  template <typename T>
-  void put(const std::vector<T> &v) {
-    assert_int_equal(g_be->copy_htod(ptr, v.data(), v.size() * sizeof(T)), FA_SUCCESS);
-  }
-};
 
 struct OneBuf {
   uint64_t out;
@@ -1357,5 +1284,5 @@ int main(void) {
       cmocka_unit_test(test_multi_block),
       cmocka_unit_test(test_speed),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, emu_setup, emu_teardown);
 }
