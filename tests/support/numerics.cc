@@ -27,8 +27,10 @@ struct Ctx {
   std::vector<uint64_t> allocs;
   std::string err;
   explicit Ctx(fa_runtime *r) : rt(r) {}
+  fa_config *cfg = nullptr;  // the case's config, destroyed with the context
   ~Ctx() {
     for (uint64_t p : allocs) fa_free(rt, p);
+    fa_config_destroy(cfg);
   }
   bool check(fa_status st, const char *what) {
     if (st == FA_SUCCESS) return true;
@@ -301,7 +303,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
-  fa_config *cfg = nullptr;
+  fa_config *&cfg = ctx.cfg;
   if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
                      c.window_right, c.softcap, c.softmax_scale, &cfg)) {
     return ctx.err;
@@ -349,16 +351,12 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     a.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
     a.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
   }
-  if (!ctx.err.empty()) {
-    fa_config_destroy(cfg);
-    return ctx.err;
-  }
+  if (!ctx.err.empty()) return ctx.err;
   // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
   ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
   ctx.check(fa_launch(rt, cfg, &a, nullptr), "fa_launch");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
-  fa_config_destroy(cfg);
   if (!ctx.err.empty()) return ctx.err;
 
   std::string err;
@@ -416,7 +414,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
-  fa_config *cfg = nullptr;
+  fa_config *&cfg = ctx.cfg;
   if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
                      -1, c.softcap, 0.0f, &cfg)) {
     return ctx.err;
@@ -466,10 +464,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   ctx.check(fa_decode_workspace_size(rt, cfg, &a, &ws, &splits), "fa_decode_workspace_size");
   a.workspace = ctx.alloc(ws);
   a.workspace_size = ws;
-  if (!ctx.err.empty()) {
-    fa_config_destroy(cfg);
-    return ctx.err;
-  }
+  if (!ctx.err.empty()) return ctx.err;
   std::printf("    splits %d, workspace %zu bytes\n", splits, ws);
   if (!c.partials_only) {
     ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
@@ -478,7 +473,6 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
   ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
-  fa_config_destroy(cfg);
   if (!ctx.err.empty()) return ctx.err;
   std::string err;
   ref::Problem p;
@@ -515,7 +509,7 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
   desc.head_dim = dv;
   desc.num_heads_q = desc.num_heads_kv = heads;
-  fa_config *cfg = nullptr;
+  fa_config *&cfg = ctx.cfg;
   if (!ctx.check(fa_config_create(&desc, &cfg), "fa_config_create")) return ctx.err;
   const int rows = batch * seqlen_q * heads;
   std::mt19937 gen(seed);
@@ -567,15 +561,11 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   a.o.data = ctx.alloc(o_elems * 2);
   const size_t lse_n = size_t(rows);
   a.lse = ctx.alloc(lse_n * 4);
-  if (!ctx.err.empty()) {
-    fa_config_destroy(cfg);
-    return ctx.err;
-  }
+  if (!ctx.err.empty()) return ctx.err;
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
   ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
   ctx.check(fa_decode_reduce(rt, cfg, &a, nullptr), "fa_decode_reduce");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
-  fa_config_destroy(cfg);
   if (!ctx.err.empty()) return ctx.err;
   std::string err;
   const std::vector<float> o = download_o(ctx, a.o, batch, seqlen_q, heads, dv, bf16, &err);
