@@ -187,6 +187,119 @@ void test_type_checks_abort(void **) {
   }));
 }
 
+// The tensor-core instructions print in the form the emulator and ptxas
+// read (PTX ISA mma, ldmatrix, cp.async, cvt), dynamic shared memory is
+// declared at module scope, and .minnctapersm follows .maxntid.
+void test_tensor_core_forms(void **) {
+  Builder b("k", 8);
+  Symbol dyn = b.extern_shared("smem", 16);
+  Symbol st = b.shared("smem_s", 16, 64);
+  b.set_min_ctas_per_sm(1);
+  Reg d[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+  Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  Reg s = b.b32(), g = b.b64(), n = b.b32();
+  b.mov(Type::U32, s, sym(dyn));
+  b.mma_m16n8k16(Type::BF16, d, a, a + 2, d);
+  b.mma_m16n8k16(Type::F16, d, a, a, d);
+  b.ldmatrix(false, a, 4, at(s, 64));
+  b.ldmatrix(true, a, 2, at(s));
+  b.ldmatrix(true, a, 1, at(st, 16));
+  b.cp_async_cg16(at(s, 32), at(g), n);
+  b.cp_async_cg16(at(s), at(g, 16), imm(0));
+  b.cp_async_commit();
+  b.cp_async_wait(1);
+  b.cvt_pack(Type::BF16, n, d[1], d[0]);
+  b.cvt_pack(Type::F16, n, d[3], d[2]);
+  std::string t = b.emit(70, 80, 128);
+  assert_true(contains(t, ".address_size 64\n\n.extern .shared .align 16 .b8 smem[];\n"));
+  assert_true(contains(t, ".maxntid 128, 1, 1\n.minnctapersm 1\n{"));
+  assert_true(contains(t, "\t.shared .align 16 .b8 smem_s[64];\n"));
+  assert_false(contains(t, "\t.extern"));
+  assert_int_equal(b.shared_bytes(), 64);
+  assert_true(contains(t, "mov.u32 %r4, smem;"));
+  assert_true(
+      contains(t,
+               "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f0, %f1, %f2, %f3}, "
+               "{%r0, %r1, %r2, %r3}, {%r2, %r3}, {%f0, %f1, %f2, %f3};\n"));
+  assert_true(contains(t, "\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f0,"));
+  assert_true(
+      contains(t, "\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r0, %r1, %r2, %r3}, [%r4+64];\n"));
+  assert_true(contains(t, "\tldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%r0, %r1}, [%r4];\n"));
+  assert_true(contains(t, "\tldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%r0}, [smem_s+16];"));
+  assert_true(contains(t, "\tcp.async.cg.shared.global [%r4+32], [%rd0], 16, %r5;\n"));
+  assert_true(contains(t, "\tcp.async.cg.shared.global [%r4], [%rd0+16], 16, 0;\n"));
+  assert_true(contains(t, "\tcp.async.commit_group;\n\tcp.async.wait_group 1;\n"));
+  assert_true(contains(t, "\tcvt.rn.bf16x2.f32 %r5, %f1, %f0;\n"));
+  assert_true(contains(t, "\tcvt.rn.f16x2.f32 %r5, %f3, %f2;\n"));
+}
+
+void test_tensor_core_type_checks_abort(void **) {
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg d[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+    b.mma_m16n8k16(Type::F32, d, d, d, d);  // f32 A/B: not an f16/bf16 mma
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg d[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+    Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+    b.mma_m16n8k16(Type::F16, a, a, a, d);  // b32 accumulator
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg d[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+    b.mma_m16n8k16(Type::F16, d, d, d, d);  // f32 registers as A fragments
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+    b.ldmatrix(false, a, 3, at(a[0]));  // x3 does not exist
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+    Reg g = b.b64();
+    b.ldmatrix(false, a, 4, at(g));  // 64-bit shared address
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg f[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+    Reg s = b.b32();
+    b.ldmatrix(false, f, 4, at(s));  // f32 destinations
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg s = b.b32(), g = b.b64();
+    b.cp_async_cg16(at(g), at(s), imm(16));  // shared and global swapped
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg s = b.b32(), g = b.b64();
+    b.cp_async_cg16(at(s), at(g), imm(17));  // src-size above cp-size
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg s = b.b32(), g = b.b64();
+    b.cp_async_cg16(at(s), at(g), g);  // 64-bit src-size
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), f = b.f32();
+    b.cvt_pack(Type::F16, f, r, r);  // packed result in an f32 register, b32 sources
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), f = b.f32();
+    b.cvt_pack(Type::F32, r, f, f);  // not a half type
+  }));
+  assert_false(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), f = b.f32(), s = b.b32(), g = b.b64();
+    b.cvt_pack(Type::BF16, r, f, f);
+    b.cp_async_cg16(at(s), at(g), r);
+  }));
+}
+
 AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap);
 }
@@ -243,10 +356,32 @@ void test_specs_differ(void **) {
 }
 
 void test_spec_choices(void **) {
+  // Tensor-core forward tiles (docs/kernels.md): 4 warps x 16 rows,
+  // block_n 64 up to head dims 128, 32 above; dynamic shared memory = Q +
+  // K + V tiles with 16-byte row padding, within sm_86/89's 99 KB.
   KernelSpec f = make_spec(config(256, 256, 4, 4, Dtype::F16, 0), KernelKind::Forward, 80, false);
+  assert_true(f.mma);
   assert_int_equal(f.block_n, 32);
-  assert_int_equal(f.block_m % f.num_warps, 0);
-  assert_int_equal(max_dynamic_smem(f), 0);
+  assert_int_equal(f.block_m, 64);
+  assert_int_equal(f.num_warps, 4);
+  assert_int_equal(max_dynamic_smem(f), (64 + 32 + 32) * (2 * 256 + 16));
+  KernelSpec f128 =
+      make_spec(config(128, 128, 4, 4, Dtype::BF16, 0), KernelKind::Forward, 86, true);
+  assert_true(f128.mma);
+  assert_int_equal(f128.block_n, 64);
+  assert_int_equal(max_dynamic_smem(f128), (64 + 64 + 64) * (2 * 128 + 16));
+  KernelSpec f40 = make_spec(config(40, 72, 4, 4, Dtype::F16, 0), KernelKind::Forward, 89, false);
+  assert_int_equal(max_dynamic_smem(f40), (64 + 64) * (2 * 48 + 16) + 64 * (2 * 80 + 16));
+  for (int d = 8; d <= 256; d += 8) {
+    for (int dv = 8; dv <= 256; dv += 8) {
+      KernelSpec x = make_spec(config(d, dv, 4, 4, Dtype::F16, 0), KernelKind::Forward, 86, false);
+      assert_true(max_dynamic_smem(x) <= 99 * 1024);
+    }
+  }
+  // The decode and reduce kernels keep static shared memory only.
+  assert_int_equal(max_dynamic_smem(make_spec(config(128, 128, 8, 2, Dtype::F16, 0),
+                                              KernelKind::Decode, 80, false)),
+                   0);
   assert_int_equal(ptx_isa_version(f), 70);
   f.sm = 86;
   assert_int_equal(ptx_isa_version(f), 71);
@@ -265,6 +400,7 @@ void test_spec_choices(void **) {
   assert_int_equal(g.grid[1], 5);
   assert_int_equal(g.grid[2], 3);
   assert_int_equal(g.block[0], 32 * f.num_warps);
+  assert_int_equal(g.smem_bytes, max_dynamic_smem(f));
   DecodeParams dp{};
   dp.batch = 2;
   dp.seqlen_q = 3;
@@ -289,6 +425,8 @@ int main(void) {
       cmocka_unit_test(test_guards_labels_and_branches),
       cmocka_unit_test(test_float_immediates_and_memory_forms),
       cmocka_unit_test(test_type_checks_abort),
+      cmocka_unit_test(test_tensor_core_forms),
+      cmocka_unit_test(test_tensor_core_type_checks_abort),
       cmocka_unit_test(test_generation_is_deterministic),
       cmocka_unit_test(test_specs_differ),
       cmocka_unit_test(test_spec_choices),

@@ -39,7 +39,18 @@ struct AttentionLayout {
 AttentionLayout attention_layout(const KernelSpec &spec);
 constexpr uint32_t kStaticSmemLimit = 48 * 1024;
 
-std::string generate_attention(const KernelSpec &spec);  // Forward and Decode
+// Dynamic shared memory of the tensor-core forward kernel (f16/bf16):
+//   Q [block_m][dpad], K [block_n][dpad], V [block_n][dvpad], each row
+//   padded by 16 bytes (dpad, dvpad: head dims rounded up to 16).
+struct TcLayout {
+  int dpad = 0, dvpad = 0;
+  int q_row = 0, k_row = 0, v_row = 0;  // row bytes
+  uint32_t q_off = 0, k_off = 0, v_off = 0, total = 0;
+};
+TcLayout tc_layout(const KernelSpec &spec);
+
+std::string generate_attention(const KernelSpec &spec);   // Forward (scalar) and Decode
+std::string generate_forward_tc(const KernelSpec &spec);  // Forward with spec.mma
 std::string generate_reduce(const KernelSpec &spec);
 
 // Value-returning wrappers: each allocates the destination register.

@@ -1,6 +1,8 @@
 // Kernel specs: tile choice, canonical serialisation, names, PTX ISA
 // version, launch geometry, and the generate_ptx dispatch.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "kernels/codegen.h"
 
@@ -35,11 +37,22 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
   return 1;
 }
 
+// FLASHATTN_SCALAR_FORWARD=1 selects the scalar fp32 forward kernel (a
+// fallback for debugging the tensor-core path).
+bool tc_forward_enabled() {
+  const char *v = std::getenv("FLASHATTN_SCALAR_FORWARD");
+  return !(v && v[0] == '1');
+}
+
 bool spec_valid(const KernelSpec &s) {
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
+  if (s.mma)
+    return d_ok && dv_ok && w_ok && s.kind == KernelKind::Forward && s.sm >= 80 &&
+           s.block_m == 16 * s.num_warps && s.block_n >= 16 && s.block_n % 16 == 0 &&
+           s.block_n <= 128;
   return d_ok && dv_ok && w_ok && s.block_n == 32 && s.group_size >= 1 &&
          s.block_m % s.num_warps == 0 && s.block_m > 0;
 }
@@ -59,14 +72,15 @@ std::string KernelSpec::serialize() const {
   put32(o, block_m);
   put32(o, block_n);
   put32(o, num_warps);
+  o.push_back(mma ? 1 : 0);
   return o;
 }
 
 std::string KernelSpec::describe() const {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s", kind_name(kind),
+  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s", kind_name(kind),
                 dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m, block_n,
-                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "");
+                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "", mma ? " mma" : "");
   return buf;
 }
 
@@ -89,7 +103,18 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
   s.head_dim = cfg.head_dim;
   s.softcap = cfg.softcap > 0;
   s.block_n = 32;
-  if (kind == KernelKind::Forward) {
+  if (kind == KernelKind::Forward && sm >= 80 && tc_forward_enabled()) {
+    // Tensor-core kernel (docs/kernels.md, tile table): 4 warps x 16 rows;
+    // block_n 64 while the head dims (rounded up to 16) fit 128, else 32,
+    // which keeps shared memory <= 68 KB (sm_86/89 allow 99 KB) and the
+    // f32 accumulators within the register file.
+    s.varlen = varlen;
+    s.mma = true;
+    s.num_warps = 4;
+    s.block_m = 64;
+    const int dmax = std::max(s.head_dim, s.head_dim_v);
+    s.block_n = dmax <= 128 ? 64 : 32;
+  } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
     s.num_warps = 4;
     s.block_m = s.num_warps * fit_rows_per_warp(s, 4);
@@ -119,9 +144,10 @@ std::string entry_name(const KernelSpec &s) {
     std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d", dtype_name(s.dtype), s.head_dim_v,
                   s.num_warps);
   } else {
-    std::snprintf(buf, sizeof buf, "fa_%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s", kind_name(s.kind),
-                  dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
-                  s.num_warps, s.softcap ? "_softcap" : "", s.varlen ? "_varlen" : "");
+    std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s", kind_name(s.kind),
+                  s.mma ? "_mma" : "", dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size,
+                  s.block_m, s.block_n, s.num_warps, s.softcap ? "_softcap" : "",
+                  s.varlen ? "_varlen" : "");
   }
   return buf;
 }
@@ -129,6 +155,7 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  if (spec.mma) return kgen::generate_forward_tc(spec);
   return kgen::generate_attention(spec);
 }
 
@@ -138,6 +165,7 @@ LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) 
   g.grid[1] = static_cast<uint32_t>(p.num_heads_q);
   g.grid[2] = static_cast<uint32_t>(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  g.smem_bytes = max_dynamic_smem(spec);
   return g;
 }
 
@@ -158,8 +186,12 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
   return g;
 }
 
-// Every kernel uses static shared memory only (<= 48 KB, see
+// The tensor-core forward kernel uses dynamic shared memory only
+// (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
-uint32_t max_dynamic_smem(const KernelSpec &) { return 0; }
+uint32_t max_dynamic_smem(const KernelSpec &spec) {
+  if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;
+  return 0;
+}
 
 }  // namespace fa

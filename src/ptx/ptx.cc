@@ -35,8 +35,8 @@ constexpr uint32_t kS32F =
 struct Piece {
   char s[16] = {};
   uint8_t n = 0;
-  constexpr Piece(const char *a) {  // NOLINT: implicit from literals by design
-    while (a[n]) {
+  constexpr Piece(const char *a) {      // NOLINT: implicit from literals by design
+    while (a[n] && n < sizeof s - 1) {  // longer names are cut, never overflow
       s[n] = a[n];
       ++n;
     }
@@ -237,8 +237,8 @@ char *put_f32(char *p, float f) {
 // An opcode assembled from pieces ("ld" ".global" ".nc" ".v4" ".u32"); s
 // keeps 16 bytes of slack for the fixed-size piece copies.
 struct Builder::Opcode {
-  static constexpr size_t kCopy = 32;  // bytes copied into a line; every opcode is shorter
-  char s[64];
+  static constexpr size_t kCopy = 64;  // bytes copied into a line; every opcode is shorter
+  char s[96];
   size_t n = 0;
   template <size_t N>
   explicit Opcode(const char (&a)[N]) {
@@ -247,7 +247,7 @@ struct Builder::Opcode {
   explicit Opcode(const Piece &p) { add(p); }
   template <size_t N>
   Opcode &add(const char (&a)[N]) {
-    static_assert(N <= 24, "opcode piece too long");
+    static_assert(N <= 48, "opcode piece too long");
     std::memcpy(s + n, a, N - 1);
     n += N - 1;
     return *this;
@@ -337,14 +337,13 @@ class Builder::Line {
     }
     return *this;
   }
-  Line &vec(std::initializer_list<Reg> regs) {
+  Line &vec(std::initializer_list<Reg> regs) { return vec(regs.begin(), regs.size()); }
+  Line &vec(const Reg *regs, size_t n) {
     sep();
     *p_++ = '{';
-    bool first = true;
-    for (Reg r : regs) {
-      if (!first) p_ = put_str(p_, ", ", 2);
-      first = false;
-      p_ = put_reg(p_, r);
+    for (size_t i = 0; i < n; ++i) {
+      if (i) p_ = put_str(p_, ", ", 2);
+      p_ = put_reg(p_, regs[i]);
     }
     *p_++ = '}';
     return *this;
@@ -432,14 +431,21 @@ void Builder::bind(Label l) {
 }
 
 Symbol Builder::shared(const std::string &name, uint32_t align, uint32_t bytes) {
-  shared_.push_back({name, align, bytes});
+  shared_.push_back({name, align, bytes, false});
   if (name.size() > max_name_) max_name_ = name.size();
   return Symbol{static_cast<uint32_t>(shared_.size() - 1)};
 }
 
+Symbol Builder::extern_shared(const std::string &name, uint32_t align) {
+  Symbol s = shared(name, align, 0);
+  shared_.back().is_extern = true;
+  return s;
+}
+
 uint32_t Builder::shared_bytes() const {
   uint32_t total = 0;
-  for (const auto &s : shared_) total = (total + s.align - 1) / s.align * s.align + s.bytes;
+  for (const auto &s : shared_)
+    if (!s.is_extern) total = (total + s.align - 1) / s.align * s.align + s.bytes;
   return total;
 }
 
@@ -709,6 +715,75 @@ void Builder::shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t memberma
   Line(*this, in).reg(d).reg(a).operand(b).operand(c).imm(membermask).done();
 }
 
+void Builder::mma_m16n8k16(Type ab, const Reg *d, const Reg *a, const Reg *b, const Reg *c) {
+  Opcode in("mma.sync.aligned.m16n8k16.row.col.f32");
+  in.dot(type_piece(ab)).dot(type_piece(ab)).add(".f32");
+  if (ab != Type::F16 && ab != Type::BF16) misuse(in, "mma operands must be f16 or bf16");
+  for (int i = 0; i < 4; ++i) {
+    check_reg(in, d[i], Type::F32, "D must be f32 registers");
+    check_reg(in, c[i], Type::F32, "C must be f32 registers");
+    if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
+    check_reg(in, a[i], Type::B32, "A must be b32 registers");
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (b[i].cls != RegClass::B32) misuse(in, "B must be b32 registers");
+    check_reg(in, b[i], Type::B32, "B must be b32 registers");
+  }
+  Line(*this, in).vec(d, 4).vec(a, 4).vec(b, 2).vec(c, 4).done();
+}
+
+void Builder::ldmatrix(bool trans, const Reg *d, int count, Addr a) {
+  Opcode in("ldmatrix.sync.aligned.m8n8");
+  if (count == 1)
+    in.add(".x1");
+  else if (count == 2)
+    in.add(".x2");
+  else
+    in.add(".x4");
+  if (trans) in.add(".trans");
+  in.add(".shared.b16");
+  if (count != 1 && count != 2 && count != 4) misuse(in, "ldmatrix takes 1, 2 or 4 registers");
+  for (int i = 0; i < count; ++i) {
+    if (d[i].cls != RegClass::B32) misuse(in, "ldmatrix destinations must be b32 registers");
+    check_reg(in, d[i], Type::B32, "ldmatrix destinations must be b32 registers");
+  }
+  check_addr(in, a, Space::Shared);
+  Line(*this, in).vec(d, static_cast<size_t>(count)).addr(a).done();
+}
+
+void Builder::cp_async_cg16(Addr dst, Addr src, Operand src_size) {
+  Opcode in("cp.async.cg.shared.global");
+  check_addr(in, dst, Space::Shared);
+  check_addr(in, src, Space::Global);
+  if (src_size.kind == Operand::Kind::Imm && (src_size.imm < 0 || src_size.imm > 16))
+    misuse(in, "src-size outside 0..16");
+  if (src_size.kind != Operand::Kind::Imm && src_size.kind != Operand::Kind::Reg)
+    misuse(in, "src-size must be a b32 register or an immediate");
+  check(in, src_size, Type::B32, "src-size must be a b32 register");
+  if (src_size.kind == Operand::Kind::Reg && src_size.reg.cls != RegClass::B32)
+    misuse(in, "src-size must be a b32 register");
+  Line(*this, in).addr(dst).addr(src).imm(16).operand(src_size).done();
+}
+
+void Builder::cp_async_commit() { Line(*this, Opcode("cp.async.commit_group")).done(); }
+
+void Builder::cp_async_wait(int n) {
+  Opcode in("cp.async.wait_group");
+  if (n < 0) misuse(in, "negative group count");
+  Line(*this, in).imm(n).done();
+}
+
+void Builder::cvt_pack(Type half, Reg d, Reg hi, Reg lo) {
+  Opcode in("cvt.rn");
+  in.dot(type_piece(half)).add("x2.f32");
+  if (half != Type::F16 && half != Type::BF16) misuse(in, "packed cvt needs f16 or bf16");
+  if (d.cls != RegClass::B32) misuse(in, "destination must be a b32 register");
+  check_reg(in, d, Type::B32, "destination must be a b32 register");
+  check_reg(in, hi, Type::F32, "sources must be f32 registers");
+  check_reg(in, lo, Type::F32, "sources must be f32 registers");
+  Line(*this, in).reg(d).reg(hi).reg(lo).done();
+}
+
 std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const {
   std::string o;
   o.reserve(512 + 64 * shared_.size() + 2 * entry_.size());
@@ -718,7 +793,18 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
   o += std::to_string(isa_version_x10 % 10);
   o += "\n.target sm_";
   o += std::to_string(sm);
-  o += "\n.address_size 64\n\n.visible .entry ";
+  o += "\n.address_size 64\n\n";
+  // Dynamic shared arrays are declared at module scope (ptxas rejects
+  // .extern inside an entry).
+  for (const auto &s : shared_) {
+    if (!s.is_extern) continue;
+    o += ".extern .shared .align ";
+    o += std::to_string(s.align);
+    o += " .b8 ";
+    o += s.name;
+    o += "[];\n\n";
+  }
+  o += ".visible .entry ";
   o += entry_;
   o += "(\n\t.param .align 8 .b8 ";
   o += param_name_;
@@ -729,6 +815,11 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
     o += ".maxntid ";
     o += std::to_string(maxntid);
     o += ", 1, 1\n";
+    if (min_ctas_) {
+      o += ".minnctapersm ";
+      o += std::to_string(min_ctas_);
+      o += '\n';
+    }
   }
   o += "{\n";
   static const char *const kDecl[] = {".pred", ".b16", ".b32", ".b64", ".f32"};
@@ -743,6 +834,7 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
     o += ">;\n";
   }
   for (const auto &s : shared_) {
+    if (s.is_extern) continue;
     o += "\t.shared .align ";
     o += std::to_string(s.align);
     o += " .b8 ";

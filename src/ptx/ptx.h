@@ -137,6 +137,10 @@ class Builder {
   void bind(Label l);  // "L_<id>:" at this point
   // Declares `.shared .align A .b8 NAME[bytes]`.
   Symbol shared(const std::string &name, uint32_t align, uint32_t bytes);
+  // Declares `.extern .shared .align A .b8 NAME[]` (dynamic shared memory,
+  // sized at launch; PTX ISA "State Spaces: Shared State Space").
+  Symbol extern_shared(const std::string &name, uint32_t align);
+  // Static shared bytes (extern arrays excluded).
   uint32_t shared_bytes() const;
 
   // Guards the next instruction built with @p (when) or @!p (unless).
@@ -176,6 +180,31 @@ class Builder {
   // Conversion Instructions: shfl.sync"; 9.7.8.6 in the 7.x manuals).
   void shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t membermask);
 
+  // ---- tensor-core path (sm_80+) ----
+  // mma.sync.aligned.m16n8k16.row.col.f32.AB.AB.f32 {d}, {a}, {b}, {c} with
+  // AB = F16 or BF16: d, c four f32 registers, a four b32, b two b32 (PTX ISA
+  // "Warp Level Matrix Multiply-Accumulate Instructions: mma", fragments in
+  // "Matrix Fragments for mma.m16n8k16 with floating point type").
+  void mma_m16n8k16(Type ab, const Reg *d, const Reg *a, const Reg *b, const Reg *c);
+  // ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 {d}, [a]: N = d's
+  // count (1, 2 or 4) b32 registers (PTX ISA "Warp-level matrix load
+  // instruction: ldmatrix").
+  void ldmatrix(bool trans, const Reg *d, int count, Addr a);
+  // cp.async.cg.shared.global [dst], [src], 16, src_size: src_size a b32
+  // register or an immediate in 0..16; bytes past it are zero-filled (PTX ISA
+  // "Data Movement and Conversion Instructions: cp.async").
+  void cp_async_cg16(Addr dst, Addr src, Operand src_size);
+  void cp_async_commit();     // cp.async.commit_group
+  void cp_async_wait(int n);  // cp.async.wait_group n (n >= 0)
+  // cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 d, hi, lo: hi lands in the upper
+  // 16 bits (PTX ISA cvt); half is F16 or BF16, d b32, hi and lo f32.
+  void cvt_pack(Type half, Reg d, Reg hi, Reg lo);
+
+  // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
+  // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
+  // registers low enough to spill.
+  void set_min_ctas_per_sm(uint32_t n) { min_ctas_ = n; }
+
   // Instructions (labels and comments excluded) built so far.
   uint32_t num_instrs() const { return num_instrs_; }
 
@@ -207,6 +236,7 @@ class Builder {
   struct SharedDecl {
     std::string name;
     uint32_t align, bytes;
+    bool is_extern;
   };
   std::vector<SharedDecl> shared_;
   size_t max_name_ = 0;  // longest symbol name printed in an operand
@@ -215,6 +245,7 @@ class Builder {
   std::string text_;
   size_t text_len_ = 0;
   uint32_t num_instrs_ = 0;
+  uint32_t min_ctas_ = 0;
   Reg guard_;
   bool guard_neg_ = false;
 };
