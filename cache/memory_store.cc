@@ -3,10 +3,15 @@
 
 namespace fa::cache {
 
-bool MemoryStore::get(const Key &key, Record *out) {
+bool MemoryStore::get(const Key &key, const std::string &key_material, Record *out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = rows_.find({key.hi, key.lo});
   if (it == rows_.end()) {
+    ++misses_;
+    return false;
+  }
+  if (!key_material.empty() && it->second.record.key_material != key_material) {
+    ++collisions_;
     ++misses_;
     return false;
   }
@@ -32,6 +37,7 @@ Stats MemoryStore::stats() {
   s.hits = hits_;
   s.misses = misses_;
   s.puts = puts_;
+  s.collisions = collisions_;
   s.entries = rows_.size();
   for (const auto &kv : rows_) {
     s.bytes += kv.second.record.ptx.size() + kv.second.record.cubin.size();

@@ -10,12 +10,23 @@
 // workload. Writes are rare (one per compiled kernel), so WAL's concurrency
 // gain is not worth that risk. The blob hashes are a second line: a damaged
 // row becomes a miss, never a wrong kernel.
+//
+// Compile leases (table `leases`, one row per key being built) let one
+// process build a kernel while the others wait for its row; a size cap
+// evicts least recently used rows inside put()'s transaction. See
+// docs/reliability.md.
+#include <signal.h>
 #include <sqlite3.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <random>
+#include <thread>
 
 #include "cache/store_internal.h"
 #include "common/error.h"
@@ -23,27 +34,51 @@
 namespace fa::cache {
 namespace {
 
-constexpr int kSchemaVersion = 1;        // PRAGMA user_version; bump on any schema change
-constexpr int kBusyTimeoutMs = 10000;    // writers and readers wait this long for locks
-constexpr int kTouchTimeoutMs = 50;      // a hits/last_used flush gives up if busy longer
-constexpr int64_t kTouchFlushSecs = 30;  // get() flushes pending hits at most this often
+constexpr int kSchemaVersion = 2;         // PRAGMA user_version; bump on any schema change
+constexpr int kBusyTimeoutMs = 10000;     // writers and readers wait this long for locks
+constexpr int kTouchTimeoutMs = 50;       // a hits/last_used flush gives up if busy longer
+constexpr int64_t kTouchFlushMs = 30000;  // get() flushes pending hits at most this often
 constexpr size_t kMaxPendingTouches = 4096;
 constexpr int kMaintTimeoutMs = 200;  // VACUUM after clear() is best effort
 
-constexpr const char *kCreateTable =
+constexpr int kLeaseMaxSleepMs = 50;  // a lease waiter polls at most this far apart
+
+// Small columns first: reading them never walks the blobs' overflow pages.
+// Times are Unix milliseconds, so LRU order holds within a second.
+constexpr const char *kCreateTables =
     "CREATE TABLE IF NOT EXISTS kernels ("
     " key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 16),"
+    " key_material BLOB NOT NULL,"
     " spec TEXT NOT NULL,"
     " sm INTEGER NOT NULL,"
     " generator_version INTEGER NOT NULL,"
-    " ptx BLOB NOT NULL,"
-    " ptx_hash BLOB NOT NULL,"
-    " cubin BLOB NOT NULL,"
-    " cubin_hash BLOB NOT NULL,"
     " driver_version INTEGER NOT NULL,"
-    " created INTEGER NOT NULL,"
-    " last_used INTEGER NOT NULL,"
-    " hits INTEGER NOT NULL DEFAULT 0)";
+    " created_ms INTEGER NOT NULL,"
+    " last_used_ms INTEGER NOT NULL,"
+    " hits INTEGER NOT NULL DEFAULT 0,"
+    " ptx_hash BLOB NOT NULL,"
+    " cubin_hash BLOB NOT NULL,"
+    " ptx BLOB NOT NULL,"
+    " cubin BLOB NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS kernels_lru ON kernels (last_used_ms, created_ms);"
+    "CREATE TABLE IF NOT EXISTS leases ("
+    " key BLOB PRIMARY KEY NOT NULL,"
+    " pid INTEGER NOT NULL,"
+    " host TEXT NOT NULL,"
+    " token INTEGER NOT NULL,"
+    " expires_ms INTEGER NOT NULL);";
+
+constexpr const char *kDropTables =
+    "DROP TABLE IF EXISTS kernels; DROP TABLE IF EXISTS leases;"
+    " DROP INDEX IF EXISTS kernels_lru;";
+
+// True when the lease holder (pid on host) may still be running. Only a
+// holder on this host (same boot) can be checked; others live until expiry.
+bool holder_alive(int64_t pid, const std::string &host) {
+  if (host != host_identity() || pid <= 0 || pid > INT32_MAX) return true;
+  if (pid == getpid()) return true;  // another store in this process
+  return kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+}
 
 bool is_corrupt(int rc) {
   rc &= 0xff;
@@ -111,10 +146,17 @@ class Stmt {
 
 class SqliteStore final : public Store {
  public:
-  explicit SqliteStore(std::string path) : path_(std::move(path)), pid_(getpid()) {}
+  SqliteStore(std::string path, const SqliteSettings &settings)
+      : path_(std::move(path)), settings_(settings), pid_(getpid()) {
+    std::random_device rd;
+    rng_.seed((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid()) ^ uint64_t(unix_now_ms()));
+  }
   ~SqliteStore() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (db_ && pid_ == getpid()) flush_touches(kTouchTimeoutMs);
+    if (db_ && pid_ == getpid()) {
+      for (const auto &kv : held_) drop_lease(kv.first, kv.second);
+      flush_touches(kTouchTimeoutMs);
+    }
     close();
   }
 
@@ -124,13 +166,18 @@ class SqliteStore final : public Store {
     return connect();
   }
 
-  bool get(const Key &key, Record *out) override;
+  using Store::get;
+  bool get(const Key &key, const std::string &key_material, Record *out) override;
   void put(const Key &key, const Record &record) override;
+  LeaseResult acquire_lease(const Key &key, const std::string &key_material, Record *out) override;
+  void release_lease(const Key &key) override;
   Stats stats() override;
   std::vector<RowInfo> list() override;
   fa_status clear() override;
 
  private:
+  enum class Try { kAcquired, kFound, kWait };
+  using KeyPair = std::pair<uint64_t, uint64_t>;
   // Everything below runs with mu_ held.
   std::string connect();
   int setup_schema();
@@ -143,17 +190,27 @@ class SqliteStore final : public Store {
   bool on_error(int rc, const std::string &what);
   void degrade(const std::string &why);
   void close();
-  int write_row(const uint8_t key[16], const Record &r, const Hash &ph, const Hash &ch);
+  bool get_locked(const Key &key, const std::string &key_material, Record *out);
+  int write_row(const Key &key, const Record &r, const Hash &ph, const Hash &ch, uint64_t *evicted);
+  int evict(int64_t keep_rowid, uint64_t *evicted);
   int apply_touches();
   void flush_touches(int timeout_ms);
+  int row_exists(const uint8_t key[16], const std::string &key_material, bool *exists);
+  int lease_taken(const uint8_t key[16], bool *taken, bool *present);
+  Try try_lease(const Key &key, const std::string &key_material, Record *out);
+  void drop_lease(const KeyPair &key, int64_t token);
 
   std::mutex mu_;
   std::string path_;
+  SqliteSettings settings_;
   pid_t pid_;  // process that opened db_; a forked child reconnects
   sqlite3 *db_ = nullptr;
   std::unique_ptr<MemoryStore> mem_;  // set once the file is given up
   std::string note_;
-  uint64_t hits_ = 0, misses_ = 0, puts_ = 0, discarded_ = 0;
+  uint64_t hits_ = 0, misses_ = 0, puts_ = 0, discarded_ = 0, collisions_ = 0, evicted_ = 0;
+  uint64_t leases_ = 0, leases_reclaimed_ = 0, lease_found_ = 0, lease_timeouts_ = 0;
+  std::map<KeyPair, int64_t> held_;  // compile leases this store holds: key -> token
+  std::mt19937_64 rng_;              // lease tokens
   // Hits not yet written to the file: a row update per get() would cost a
   // write transaction (several fsyncs) on the lookup path. They are written
   // with the next put(), by stats()/list(), every kTouchFlushSecs, and when
@@ -162,8 +219,8 @@ class SqliteStore final : public Store {
     uint64_t hits = 0;
     int64_t last_used = 0;
   };
-  std::map<std::pair<uint64_t, uint64_t>, Touch> touches_;
-  int64_t last_flush_ = unix_now();
+  std::map<KeyPair, Touch> touches_;
+  int64_t last_flush_ = unix_now_ms();
 };
 
 // Closes the connection unless it was inherited through fork(): closing the
@@ -221,10 +278,12 @@ int SqliteStore::setup_schema() {
     int rc = v.step();
     if (rc != SQLITE_ROW) return rc;
     *version = static_cast<int>(v.col_int(0));
-    Stmt t(db_, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'kernels'");
+    Stmt t(db_,
+           "SELECT count(*) FROM sqlite_master WHERE (type = 'table' AND name IN ('kernels',"
+           " 'leases')) OR (type = 'index' AND name = 'kernels_lru')");
     rc = t.step();
     if (rc != SQLITE_ROW) return rc;
-    *has_table = t.col_int(0) > 0;
+    *has_table = t.col_int(0) == 3;
     return SQLITE_OK;
   };
   int version = 0;
@@ -237,8 +296,8 @@ int SqliteStore::setup_schema() {
   if ((rc = exec("BEGIN IMMEDIATE")) != SQLITE_OK) return rc;
   rc = state(&version, &has_table);
   if (rc == SQLITE_OK && !(version == kSchemaVersion && has_table)) {
-    if (version != kSchemaVersion) rc = exec("DROP TABLE IF EXISTS kernels");
-    if (rc == SQLITE_OK) rc = exec(kCreateTable);
+    if (version != kSchemaVersion) rc = exec(kDropTables);
+    if (rc == SQLITE_OK) rc = exec(kCreateTables);
     if (rc == SQLITE_OK) {
       char sql[64];
       std::snprintf(sql, sizeof sql, "PRAGMA user_version = %d", kSchemaVersion);
@@ -272,6 +331,7 @@ bool SqliteStore::usable() {
     db_ = nullptr;  // the parent's handle: leaked on purpose, never closed here
     pid_ = getpid();
     touches_.clear();  // the parent's to write
+    held_.clear();     // the parent's leases
     std::string why = connect();
     if (!why.empty()) {
       degrade(why);
@@ -313,14 +373,19 @@ void SqliteStore::degrade(const std::string &why) {
   mem_ = std::make_unique<MemoryStore>(note_);
 }
 
-bool SqliteStore::get(const Key &key, Record *out) {
+bool SqliteStore::get(const Key &key, const std::string &key_material, Record *out) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!usable()) return mem_->get(key, out);
+  if (!usable()) return mem_->get(key, key_material, out);
+  return get_locked(key, key_material, out);
+}
+
+// get() with mu_ held and the database usable.
+bool SqliteStore::get_locked(const Key &key, const std::string &key_material, Record *out) {
   uint8_t kb[16];
   key_to_bytes(key, kb);
   Stmt q(db_,
-         "SELECT spec, sm, generator_version, ptx, ptx_hash, cubin, cubin_hash, driver_version"
-         " FROM kernels WHERE key = ?1");
+         "SELECT spec, sm, generator_version, ptx, ptx_hash, cubin, cubin_hash, driver_version,"
+         " key_material FROM kernels WHERE key = ?1");
   q.blob(1, kb, 16);
   int rc = q.step();
   if (rc != SQLITE_ROW) {
@@ -331,6 +396,18 @@ bool SqliteStore::get(const Key &key, Record *out) {
     ++misses_;
     return false;
   }
+  if (!key_material.empty() &&
+      (q.col_size(8) != key_material.size() ||
+       std::memcmp(q.col_blob(8), key_material.data(), key_material.size()) != 0)) {
+    // Same 128-bit key, different kernel: a hash collision (or a forged row).
+    // A miss; the caller's put() replaces the row with its own.
+    q.reset();
+    ++collisions_;
+    ++misses_;
+    note_ = "cache row " + key.hex() + " holds another kernel's key material (collision)";
+    fa::warn(note_);
+    return false;
+  }
   Record rec;
   rec.spec_text = q.col_text(0);
   rec.sm = static_cast<int>(q.col_int(1));
@@ -338,6 +415,7 @@ bool SqliteStore::get(const Key &key, Record *out) {
   rec.ptx.assign(reinterpret_cast<const char *>(q.col_blob(3)), q.col_size(3));
   rec.cubin.assign(q.col_blob(5), q.col_blob(5) + q.col_size(5));
   rec.driver_version = static_cast<int>(q.col_int(7));
+  rec.key_material = q.col_text(8);
   const Hash ph = hash_bytes(rec.ptx.data(), rec.ptx.size());
   const Hash ch = hash_bytes(rec.cubin.data(), rec.cubin.size());
   const bool ok = q.col_size(4) == 16 && !std::memcmp(q.col_blob(4), ph.b, 16) &&
@@ -368,8 +446,8 @@ bool SqliteStore::get(const Key &key, Record *out) {
 
   Touch &t = touches_[{key.hi, key.lo}];
   t.hits++;
-  t.last_used = unix_now();
-  if (t.last_used - last_flush_ >= kTouchFlushSecs || touches_.size() >= kMaxPendingTouches) {
+  t.last_used = unix_now_ms();
+  if (t.last_used - last_flush_ >= kTouchFlushMs || touches_.size() >= kMaxPendingTouches) {
     flush_touches(kTouchTimeoutMs);
   }
   ++hits_;
@@ -377,10 +455,13 @@ bool SqliteStore::get(const Key &key, Record *out) {
   return true;
 }
 
-// Adds the pending hits to their rows; inside a write transaction.
+// Adds the pending hits to their rows; inside a write transaction. The hits
+// also move last_used_ms, which is what eviction orders by.
 int SqliteStore::apply_touches() {
   if (touches_.empty()) return SQLITE_OK;
-  Stmt u(db_, "UPDATE kernels SET hits = hits + ?2, last_used = max(last_used, ?3) WHERE key = ?1");
+  Stmt u(db_,
+         "UPDATE kernels SET hits = hits + ?2, last_used_ms = max(last_used_ms, ?3)"
+         " WHERE key = ?1");
   for (const auto &kv : touches_) {
     uint8_t kb[16];
     key_to_bytes(Key{kv.first.first, kv.first.second}, kb);
@@ -398,7 +479,7 @@ int SqliteStore::apply_touches() {
 // the lock. On a busy database they stay pending (up to a bound); a corrupt
 // one is handled like any other failed statement.
 void SqliteStore::flush_touches(int timeout_ms) {
-  last_flush_ = unix_now();
+  last_flush_ = unix_now_ms();
   if (touches_.empty() || !db_) return;
   sqlite3_busy_timeout(db_, timeout_ms);
   int rc = exec("BEGIN IMMEDIATE");
@@ -418,44 +499,110 @@ void SqliteStore::flush_touches(int timeout_ms) {
   if (touches_.size() >= kMaxPendingTouches) touches_.clear();
 }
 
-// BEGIN IMMEDIATE; pending hits; INSERT OR REPLACE; COMMIT. The caller rolls
-// back on error.
-int SqliteStore::write_row(const uint8_t key[16], const Record &r, const Hash &ph, const Hash &ch) {
+// Inside put()'s transaction: while the database's used pages exceed the cap,
+// deletes the least recently used row other than keep_rowid (the row just
+// written); when only that row is left and it alone is too big, it goes too.
+// Freed pages stay in the file's free list and are reused by later rows, so
+// the file stays within the cap plus about one row.
+int SqliteStore::evict(int64_t keep_rowid, uint64_t *evicted) {
+  if (settings_.max_bytes <= 0) return SQLITE_OK;
+  auto used_bytes = [this](int64_t *used) {
+    Stmt pc(db_, "PRAGMA page_count");
+    Stmt fl(db_, "PRAGMA freelist_count");
+    Stmt ps(db_, "PRAGMA page_size");
+    int rc = pc.step();
+    if (rc == SQLITE_ROW) rc = fl.step();
+    if (rc == SQLITE_ROW) rc = ps.step();
+    if (rc != SQLITE_ROW) return rc;
+    *used = (pc.col_int(0) - fl.col_int(0)) * ps.col_int(0);
+    return SQLITE_OK;
+  };
+  Stmt oldest(db_,
+              "SELECT rowid FROM kernels WHERE rowid != ?1 ORDER BY last_used_ms, created_ms"
+              " LIMIT 1");
+  Stmt del(db_, "DELETE FROM kernels WHERE rowid = ?1");
+  for (;;) {
+    int64_t used = 0;
+    int rc = used_bytes(&used);
+    if (rc != SQLITE_OK) return rc;
+    if (used <= settings_.max_bytes) return SQLITE_OK;
+    oldest.int64(1, keep_rowid);
+    rc = oldest.step();
+    int64_t victim = keep_rowid;
+    if (rc == SQLITE_ROW) {
+      victim = oldest.col_int(0);
+    } else if (rc != SQLITE_DONE) {
+      return rc;
+    }
+    oldest.reset();
+    del.int64(1, victim);
+    rc = del.step();
+    del.reset();
+    if (rc != SQLITE_DONE) return rc;
+    ++*evicted;
+    if (victim == keep_rowid) {
+      note_ = "kernel larger than FLASHATTN_CACHE_MAX_BYTES not stored";
+      return SQLITE_OK;
+    }
+  }
+}
+
+// BEGIN IMMEDIATE; pending hits; INSERT OR REPLACE; drop this store's lease
+// on the key and expired leases; evict down to the cap; COMMIT. The caller
+// rolls back on error.
+int SqliteStore::write_row(const Key &key, const Record &r, const Hash &ph, const Hash &ch,
+                           uint64_t *evicted) {
+  uint8_t kb[16];
+  key_to_bytes(key, kb);
   int rc = exec("BEGIN IMMEDIATE");
   if (rc != SQLITE_OK) return rc;
   if ((rc = apply_touches()) != SQLITE_OK) return rc;
+  const int64_t now = unix_now_ms();
   {
     Stmt s(db_,
-           "INSERT OR REPLACE INTO kernels (key, spec, sm, generator_version, ptx, ptx_hash,"
-           " cubin, cubin_hash, driver_version, created, last_used, hits)"
-           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, 0)");
-    s.blob(1, key, 16);
-    s.text(2, r.spec_text);
-    s.int64(3, r.sm);
-    s.int64(4, r.generator_version);
-    s.blob(5, r.ptx.data(), r.ptx.size());
-    s.blob(6, ph.b, 16);
-    s.blob(7, r.cubin.data(), r.cubin.size());
-    s.blob(8, ch.b, 16);
-    s.int64(9, r.driver_version);
-    s.int64(10, unix_now());
+           "INSERT OR REPLACE INTO kernels (key, key_material, spec, sm, generator_version,"
+           " driver_version, created_ms, last_used_ms, hits, ptx_hash, cubin_hash, ptx, cubin)"
+           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 0, ?8, ?9, ?10, ?11)");
+    s.blob(1, kb, 16);
+    s.blob(2, r.key_material.data(), r.key_material.size());
+    s.text(3, r.spec_text);
+    s.int64(4, r.sm);
+    s.int64(5, r.generator_version);
+    s.int64(6, r.driver_version);
+    s.int64(7, now);
+    s.blob(8, ph.b, 16);
+    s.blob(9, ch.b, 16);
+    s.blob(10, r.ptx.data(), r.ptx.size());
+    s.blob(11, r.cubin.data(), r.cubin.size());
     rc = s.step();
     if (rc != SQLITE_DONE) return rc;
   }
+  const int64_t rowid = sqlite3_last_insert_rowid(db_);
+  {
+    Stmt d(db_, "DELETE FROM leases WHERE (key = ?1 AND token = ?2) OR expires_ms < ?3");
+    auto it = held_.find({key.hi, key.lo});
+    d.blob(1, kb, 16);
+    d.int64(2, it == held_.end() ? -1 : it->second);
+    d.int64(3, now);
+    rc = d.step();
+    if (rc != SQLITE_DONE) return rc;
+  }
+  if ((rc = evict(rowid, evicted)) != SQLITE_OK) return rc;
   return exec("COMMIT");
 }
 
 void SqliteStore::put(const Key &key, const Record &record) {
   const Hash ph = hash_bytes(record.ptx.data(), record.ptx.size());
   const Hash ch = hash_bytes(record.cubin.data(), record.cubin.size());
-  uint8_t kb[16];
-  key_to_bytes(key, kb);
   std::lock_guard<std::mutex> lock(mu_);
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!usable()) break;
-    const int rc = write_row(kb, record, ph, ch);
+    uint64_t evicted = 0;
+    const int rc = write_row(key, record, ph, ch, &evicted);
     if (rc == SQLITE_OK) {
       touches_.clear();
+      held_.erase({key.hi, key.lo});  // released in the same transaction
+      evicted_ += evicted;
       ++puts_;
       return;
     }
@@ -463,6 +610,143 @@ void SqliteStore::put(const Key &key, const Record &record) {
     if (!on_error(rc, "write")) break;
   }
   if (mem_) mem_->put(key, record);
+}
+
+// *exists = the kernels table has key with this key material (any, if empty).
+int SqliteStore::row_exists(const uint8_t key[16], const std::string &key_material, bool *exists) {
+  Stmt q(db_,
+         "SELECT count(*) FROM kernels WHERE key = ?1 AND (length(?2) = 0 OR key_material = ?2)");
+  q.blob(1, key, 16);
+  q.blob(2, key_material.data(), key_material.size());
+  const int rc = q.step();
+  if (rc != SQLITE_ROW) return rc;
+  *exists = q.col_int(0) > 0;
+  return SQLITE_OK;
+}
+
+// *present = a lease row exists for key; *taken = its holder may still be
+// building (not expired, not a dead process on this host, not this store).
+int SqliteStore::lease_taken(const uint8_t key[16], bool *taken, bool *present) {
+  Stmt q(db_, "SELECT pid, host, token, expires_ms FROM leases WHERE key = ?1");
+  q.blob(1, key, 16);
+  const int rc = q.step();
+  *taken = *present = false;
+  if (rc == SQLITE_DONE) return SQLITE_OK;
+  if (rc != SQLITE_ROW) return rc;
+  *present = true;
+  bool mine = false;
+  for (const auto &kv : held_) mine = mine || kv.second == q.col_int(2);
+  *taken = !mine && q.col_int(3) > unix_now_ms() && holder_alive(q.col_int(0), q.col_text(1));
+  return SQLITE_OK;
+}
+
+// One attempt at the lease, with mu_ held and the database usable: the row
+// is there (kFound), the lease is ours now (kAcquired), or another live
+// holder has it or the database is busy (kWait).
+SqliteStore::Try SqliteStore::try_lease(const Key &key, const std::string &key_material,
+                                        Record *out) {
+  uint8_t kb[16];
+  key_to_bytes(key, kb);
+  bool exists = false, taken = false, present = false;
+  // Cheap checks first, without the write lock: waiters poll here.
+  int rc = row_exists(kb, key_material, &exists);
+  if (rc == SQLITE_OK && exists) {
+    if (get_locked(key, key_material, out)) return Try::kFound;
+    if (!usable()) return Try::kWait;  // the caller sees the store gone
+  }
+  if (rc == SQLITE_OK) rc = lease_taken(kb, &taken, &present);
+  if (rc == SQLITE_OK && taken) return Try::kWait;
+  // Take it under the write lock, after checking both again.
+  if (rc == SQLITE_OK) rc = exec("BEGIN IMMEDIATE");
+  if (rc == SQLITE_OK) rc = row_exists(kb, key_material, &exists);
+  if (rc == SQLITE_OK && exists) {
+    rollback_if_open();
+    return get_locked(key, key_material, out) ? Try::kFound : Try::kWait;
+  }
+  if (rc == SQLITE_OK) rc = lease_taken(kb, &taken, &present);
+  if (rc == SQLITE_OK && taken) {
+    rollback_if_open();
+    return Try::kWait;
+  }
+  const int64_t token = static_cast<int64_t>(rng_() >> 1);
+  if (rc == SQLITE_OK) {
+    Stmt ins(db_,
+             "INSERT OR REPLACE INTO leases (key, pid, host, token, expires_ms)"
+             " VALUES (?1, ?2, ?3, ?4, ?5)");
+    ins.blob(1, kb, 16);
+    ins.int64(2, getpid());
+    ins.text(3, host_identity());
+    ins.int64(4, token);
+    ins.int64(5, unix_now_ms() + settings_.lease_ttl_ms);
+    rc = ins.step();
+    if (rc == SQLITE_DONE) rc = exec("COMMIT");
+  }
+  if (rc != SQLITE_OK) {
+    rollback_if_open();
+    if (!is_busy(rc)) on_error(rc, "compile lease");
+    return Try::kWait;
+  }
+  held_[{key.hi, key.lo}] = token;
+  ++leases_;
+  if (present) ++leases_reclaimed_;
+  return Try::kAcquired;
+}
+
+LeaseResult SqliteStore::acquire_lease(const Key &key, const std::string &key_material,
+                                       Record *out) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(settings_.lease_wait_ms);
+  int sleep_ms = 1;
+  for (;;) {
+    int jitter = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!usable()) return LeaseResult::kSkipped;
+      switch (try_lease(key, key_material, out)) {
+        case Try::kAcquired:
+          return LeaseResult::kAcquired;
+        case Try::kFound:
+          ++lease_found_;
+          return LeaseResult::kFound;
+        case Try::kWait:
+          break;
+      }
+      if (!usable()) return LeaseResult::kSkipped;
+      if (Clock::now() >= deadline) {
+        ++lease_timeouts_;
+        note_ = "compile lease on " + key.hex() + " still held after " +
+                std::to_string(settings_.lease_wait_ms) + " ms; building locally";
+        fa::warn(note_);
+        return LeaseResult::kTimedOut;
+      }
+      jitter = static_cast<int>(rng_() % static_cast<uint64_t>(sleep_ms + 1));
+    }
+    // Exponential backoff with jitter, so waiters do not poll in lock step.
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms + jitter));
+    sleep_ms = std::min(sleep_ms * 2, kLeaseMaxSleepMs);
+  }
+}
+
+// Deletes this store's lease row (only while it still carries our token).
+void SqliteStore::drop_lease(const KeyPair &key, int64_t token) {
+  if (!db_) return;
+  uint8_t kb[16];
+  key_to_bytes(Key{key.first, key.second}, kb);
+  Stmt d(db_, "DELETE FROM leases WHERE key = ?1 AND token = ?2");
+  d.blob(1, kb, 16);
+  d.int64(2, token);
+  const int rc = d.step();
+  d.reset();
+  if (rc != SQLITE_DONE) on_error(rc, "release compile lease");  // else it expires
+}
+
+void SqliteStore::release_lease(const Key &key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({key.hi, key.lo});
+  if (it == held_.end()) return;
+  const auto held = *it;
+  held_.erase(it);
+  if (usable()) drop_lease(held.first, held.second);
 }
 
 Stats SqliteStore::stats() {
@@ -484,11 +768,19 @@ Stats SqliteStore::stats() {
   s.misses = misses_;
   s.puts = puts_;
   s.discarded = discarded_;
+  s.collisions = collisions_;
+  s.evicted = evicted_;
+  s.leases = leases_;
+  s.leases_reclaimed = leases_reclaimed_;
+  s.lease_found = lease_found_;
+  s.lease_timeouts = lease_timeouts_;
+  s.max_bytes = static_cast<uint64_t>(settings_.max_bytes);
   if (mem_) {
     const Stats m = mem_->stats();
     s.hits += m.hits;
     s.misses += m.misses;
     s.puts += m.puts;
+    s.collisions += m.collisions;
     s.entries = m.entries;
     s.bytes = m.bytes;
   } else {
@@ -507,7 +799,7 @@ std::vector<RowInfo> SqliteStore::list() {
   std::vector<RowInfo> rows;
   Stmt q(db_,
          "SELECT key, spec, sm, generator_version, driver_version, length(ptx), length(cubin),"
-         " hits, created, last_used FROM kernels ORDER BY created, key");
+         " hits, created_ms / 1000, last_used_ms / 1000 FROM kernels ORDER BY created_ms, key");
   int rc;
   while ((rc = q.step()) == SQLITE_ROW) {
     RowInfo r;
@@ -554,8 +846,9 @@ fa_status SqliteStore::clear() {
 
 }  // namespace
 
-std::unique_ptr<Store> open_sqlite_store(const std::string &path, std::string *why) {
-  auto store = std::make_unique<SqliteStore>(path);
+std::unique_ptr<Store> open_sqlite_store(const std::string &path, const SqliteSettings &settings,
+                                         std::string *why) {
+  auto store = std::make_unique<SqliteStore>(path, settings);
   std::string err = store->open();
   if (!err.empty()) {
     if (why) *why = err;

@@ -4,8 +4,11 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +27,50 @@ std::string Key::hex() const {
 }
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+int64_t unix_now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+const std::string &host_identity() {
+  static const std::string id = [] {
+    char host[256] = {0};
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    std::string boot;
+    if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buf[64] = {0};
+      if (std::fgets(buf, sizeof buf, f)) boot = buf;
+      std::fclose(f);
+    }
+    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+    return std::string(host) + "/" + boot;
+  }();
+  return id;
+}
+
+int64_t resolve_max_bytes(const Options &options, std::string *warning) {
+  if (options.max_bytes >= 0) return options.max_bytes;
+  const char *v = std::getenv("FLASHATTN_CACHE_MAX_BYTES");
+  if (!v || !v[0]) return kDefaultMaxBytes;
+  errno = 0;
+  char *end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  int shift = 0;
+  if (end && (*end == 'k' || *end == 'K')) shift = 10;
+  if (end && (*end == 'm' || *end == 'M')) shift = 20;
+  if (end && (*end == 'g' || *end == 'G')) shift = 30;
+  if (shift) ++end;
+  if (errno != 0 || end == v || *end != 0 || v[0] == '-' ||
+      n > (static_cast<unsigned long long>(INT64_MAX) >> shift)) {
+    if (warning) {
+      *warning = std::string("ignoring FLASHATTN_CACHE_MAX_BYTES=") + v +
+                 " (want bytes, optionally with K, M or G); using 1G";
+    }
+    return kDefaultMaxBytes;
+  }
+  return static_cast<int64_t>(n << shift);
+}
 
 void key_to_bytes(const Key &key, uint8_t out[16]) {
   for (int i = 0; i < 8; ++i) {
@@ -111,9 +158,14 @@ std::unique_ptr<Store> open_store(const Options &options) {
     return memory_fallback("no cache directory (FLASHATTN_CACHE_DIR, XDG_CACHE_HOME, HOME unset)");
   }
   if (std::string err = make_dirs(dir); !err.empty()) return memory_fallback(err);
-  std::string why;
+  std::string why, warning;
+  SqliteSettings settings;
+  settings.max_bytes = resolve_max_bytes(options, &warning);
+  if (!warning.empty()) fa::warn(warning);
+  if (options.lease_ttl_ms > 0) settings.lease_ttl_ms = options.lease_ttl_ms;
+  if (options.lease_wait_ms > 0) settings.lease_wait_ms = options.lease_wait_ms;
   const std::string path = dir + "/kernels.sqlite3";
-  if (auto store = open_sqlite_store(path, &why)) return store;
+  if (auto store = open_sqlite_store(path, settings, &why)) return store;
   return memory_fallback(path + ": " + why);
 }
 

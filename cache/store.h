@@ -25,6 +25,10 @@ struct Record {
   std::string spec_text;       // KernelSpec::describe()
   uint32_t generator_version = 0;
   int sm = 0;
+  // The exact bytes hashed into the key (spec, generator version, SM, PTX
+  // ISA). get() compares them, so a key collision is a miss, never a wrong
+  // kernel. May be empty (no check) for callers that do not hash anything.
+  std::string key_material;
 };
 
 struct RowInfo {
@@ -33,33 +37,71 @@ struct RowInfo {
   uint32_t generator_version = 0;
   int driver_version = 0;
   uint64_t ptx_bytes = 0, cubin_bytes = 0, hits = 0;
-  int64_t created = 0, last_used = 0;
+  int64_t created = 0, last_used = 0;  // Unix seconds
 };
 
 struct Stats {
   uint64_t hits = 0, misses = 0, puts = 0;
-  uint64_t discarded = 0;  // rows dropped because a blob hash did not verify
-  uint64_t entries = 0, bytes = 0;
+  uint64_t discarded = 0;   // rows dropped because a blob hash did not verify
+  uint64_t collisions = 0;  // rows whose key matched but whose key material did not
+  uint64_t evicted = 0;     // rows this store deleted to stay under max_bytes
+  // Compile leases (SQLite store only): taken, of which reclaimed from a dead
+  // or expired holder; lookups answered by waiting for another holder's row;
+  // waits that ran out (the caller then built the kernel without a lease).
+  uint64_t leases = 0, leases_reclaimed = 0, lease_found = 0, lease_timeouts = 0;
+  uint64_t entries = 0, bytes = 0;  // rows; PTX + cubin bytes in them
+  uint64_t max_bytes = 0;           // size cap in force; 0 = none
   bool persistent = false;
   std::string path;  // database file; "" when memory only
   std::string note;  // why memory only / last warning
 };
+
+constexpr int64_t kDefaultMaxBytes = int64_t(1) << 30;  // 1 GiB
+constexpr int kDefaultLeaseTtlMs = 60000;
+constexpr int kDefaultLeaseWaitMs = 20000;
 
 struct Options {
   // "" = $FLASHATTN_CACHE_DIR, else $XDG_CACHE_HOME/flashattn, else
   // $HOME/.cache/flashattn. The file is <dir>/kernels.sqlite3.
   std::string dir;
   bool memory_only = false;  // also forced by FLASHATTN_CACHE_DISABLE=1
+  // Cap on the database's used pages, in bytes; least recently used rows are
+  // evicted by put(). -1 = $FLASHATTN_CACHE_MAX_BYTES, else kDefaultMaxBytes;
+  // 0 = no cap.
+  int64_t max_bytes = -1;
+  // A compile lease expires lease_ttl_ms after it was taken; a waiter gives
+  // up after lease_wait_ms. 0 = the defaults above.
+  int lease_ttl_ms = 0;
+  int lease_wait_ms = 0;
+};
+
+// What acquire_lease() did.
+enum class LeaseResult {
+  kAcquired,  // the caller holds the lease: build, put(), then release_lease()
+  kFound,     // the row is there now (another holder wrote it): *out is filled
+  kTimedOut,  // a live holder kept it past lease_wait_ms: build without a lease
+  kSkipped,   // no shared file (memory store, or the file was given up)
 };
 
 class Store {
  public:
   virtual ~Store() = default;
-  // True and *out filled when key is present and both blob hashes verify.
-  // A row that fails verification is deleted and counted in discarded.
-  virtual bool get(const Key &key, Record *out) = 0;
-  // Inserts or replaces the row for key in one transaction.
+  // True and *out filled when key is present, both blob hashes verify and,
+  // when key_material is not empty, the row's key material equals it. A row
+  // that fails verification is deleted and counted in discarded; one with
+  // other key material is a miss counted in collisions (the row stays).
+  virtual bool get(const Key &key, const std::string &key_material, Record *out) = 0;
+  bool get(const Key &key, Record *out) { return get(key, std::string(), out); }
+  // Inserts or replaces the row for key in one transaction, evicting least
+  // recently used rows to stay under the size cap, and drops this store's
+  // compile lease on key in the same transaction.
   virtual void put(const Key &key, const Record &record) = 0;
+  // Takes the cross-process compile lease for key, or waits (bounded) for
+  // another holder to write the row. Never fails: see LeaseResult.
+  virtual LeaseResult acquire_lease(const Key &key, const std::string &key_material,
+                                    Record *out) = 0;
+  // Drops this store's lease on key, if it still holds one.
+  virtual void release_lease(const Key &key) = 0;
   virtual Stats stats() = 0;
   virtual std::vector<RowInfo> list() = 0;
   // Deletes all rows. Errors: FA_ERROR_CACHE (message set with fa::fail).

@@ -348,7 +348,7 @@ void test_round_trip(void **) {
 
   // The row on disk: 16-byte key, blobs, XXH3-128 hashes, schema version, journal mode.
   RawDb raw(db_file(dir));
-  assert_int_equal(raw.scalar("PRAGMA user_version"), 1);
+  assert_int_equal(raw.scalar("PRAGMA user_version"), 2);
   assert_string_equal(raw.text("PRAGMA journal_mode").c_str(), "delete");
   assert_int_equal(raw.scalar("SELECT count(*) FROM kernels WHERE length(key) = 16"), 3);
   const std::vector<uint8_t> ptx = raw.blob(key_for(1), "ptx");
@@ -889,7 +889,7 @@ void test_schema_version_change(void **) {
   assert_true(store->stats().persistent);
   assert_int_equal(store->stats().entries, 0);  // table recreated
   RawDb raw(db_file(dir));
-  assert_int_equal(raw.scalar("PRAGMA user_version"), 1);
+  assert_int_equal(raw.scalar("PRAGMA user_version"), 2);
   assert_string_equal(raw.text("PRAGMA journal_mode").c_str(), "delete");  // WAL switched off
   store->put(key_for(101), record_for(101));
   Record got;

@@ -63,18 +63,24 @@ fa_status launch_checked(Backend &backend, Kernel &kernel, const LaunchGeometry 
 
 }  // namespace
 
-cache::Key kernel_key(const KernelSpec &spec) {
+std::string kernel_key_material(const KernelSpec &spec, uint32_t generator_version) {
   std::string bytes = spec.serialize();
-  append_u32(&bytes, kGeneratorVersion);
+  append_u32(&bytes, generator_version);
   bytes += FA_GENERATOR_HASH;  // hash of the generator sources (CMakeLists.txt)
   append_u32(&bytes, static_cast<uint32_t>(spec.sm));
   append_u32(&bytes, static_cast<uint32_t>(ptx_isa_version(spec)));
-  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return bytes;
+}
+
+cache::Key key_of_material(const std::string &material) {
+  const XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
   cache::Key key;
   key.hi = h.high64;
   key.lo = h.low64;
   return key;
 }
+
+cache::Key kernel_key(const KernelSpec &spec) { return key_of_material(kernel_key_material(spec)); }
 
 fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out) {
   auto rt = std::make_unique<Runtime>();
@@ -109,7 +115,8 @@ fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Run
 }
 
 fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
-  const cache::Key key = kernel_key(spec);
+  const std::string material = kernel_key_material(spec);
+  const cache::Key key = key_of_material(material);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = kernels_.find({key.hi, key.lo});
   if (it != kernels_.end()) {
@@ -120,9 +127,31 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
 
   const bool wants_binary = backend_->kind() == FA_BACKEND_CUDA;
   const int driver = backend_->info().driver_version;
+  // The key material already pins SM and generator version; the field checks
+  // only guard against a row forged with matching material.
+  auto usable = [&](const cache::Record &r) {
+    return !r.ptx.empty() && r.sm == spec.sm && r.generator_version == kGeneratorVersion;
+  };
   cache::Record rec;
-  bool have = store_->get(key, &rec) && !rec.ptx.empty() && rec.sm == spec.sm &&
-              rec.generator_version == kGeneratorVersion;
+  bool have = store_->get(key, material, &rec) && usable(rec);
+  // A miss: take the compile lease, so one process builds while the others
+  // wait for its row. Whatever the lease says, the launch goes on.
+  struct LeaseGuard {
+    cache::Store *store = nullptr;
+    cache::Key key;
+    ~LeaseGuard() {
+      if (store) store->release_lease(key);
+    }
+  } lease;
+  if (!have) {
+    rec = cache::Record();
+    const cache::LeaseResult lr = store_->acquire_lease(key, material, &rec);
+    if (lr == cache::LeaseResult::kFound) have = usable(rec);
+    if (lr == cache::LeaseResult::kAcquired) {
+      lease.store = store_.get();
+      lease.key = key;
+    }
+  }
   bool dirty = false;
   if (have) {
     counters_.disk_hits++;
@@ -136,6 +165,7 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     rec.spec_text = spec.describe();
     rec.generator_version = kGeneratorVersion;
     rec.sm = spec.sm;
+    rec.key_material = material;
     dirty = true;
   }
   // A cubin is valid only for the driver that built it: rebuild it from the
@@ -151,6 +181,7 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     }
     rec.cubin = std::move(binary);
     rec.driver_version = driver;
+    rec.key_material = material;
     dirty = true;
   } else if (!wants_binary && dirty) {
     std::vector<uint8_t> none;
@@ -163,6 +194,7 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
                                 entry_name(spec), max_dynamic_smem(spec), &kernel);
   if (st != FA_SUCCESS) return st;
   // The emulator never replaces a row that may hold another process's cubin.
+  // put() also drops the lease, in the same transaction as the row.
   if (dirty) store_->put(key, rec);
   *out = kernel.get();
   kernels_[{key.hi, key.lo}] = std::move(kernel);

@@ -17,8 +17,16 @@
 
 namespace fa {
 
-// XXH3-128 over the spec's canonical bytes, the generator version, the target
-// SM and the PTX ISA version.
+// The canonical bytes a kernel key hashes: the spec's serialization, the
+// generator version and source hash, the target SM and the PTX ISA version.
+// Stored with each cache row so a key collision is detected.
+std::string kernel_key_material(const KernelSpec &spec,
+                                uint32_t generator_version = kGeneratorVersion);
+
+// XXH3-128 of key material.
+cache::Key key_of_material(const std::string &material);
+
+// key_of_material(kernel_key_material(spec)).
 cache::Key kernel_key(const KernelSpec &spec);
 
 // Resolved decode plan: number of splits and keys per split.
@@ -44,7 +52,9 @@ class Runtime {
   const Counters &counters() const { return counters_; }
 
   // Finds or builds the kernel for spec. The pointer stays valid for the
-  // runtime's lifetime.
+  // runtime's lifetime. On a store miss it takes the store's compile lease
+  // so that processes starting cold together build each kernel once; the
+  // lease never fails a launch (a timeout builds locally).
   fa_status get_kernel(const KernelSpec &spec, Kernel **out);
 
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
