@@ -358,24 +358,29 @@ void test_specs_differ(void **) {
 void test_spec_choices(void **) {
   // Tensor-core forward tiles (docs/kernels.md): 4 warps x 16 rows,
   // block_n 64 up to head dims 128, 32 above; dynamic shared memory = Q +
-  // K + V tiles with 16-byte row padding, within sm_86/89's 99 KB.
+  // a ring of `stages` K and V tiles with 16-byte row padding: 3 stages
+  // where the target's per-block limit allows, else 2 (sm_86/89's 99 KB).
   KernelSpec f = make_spec(config(256, 256, 4, 4, Dtype::F16, 0), KernelKind::Forward, 80, false);
   assert_true(f.mma);
   assert_int_equal(f.block_n, 32);
   assert_int_equal(f.block_m, 64);
   assert_int_equal(f.num_warps, 4);
-  assert_int_equal(max_dynamic_smem(f), (64 + 32 + 32) * (2 * 256 + 16));
+  assert_int_equal(f.stages, 3);  // sm_80: 163 KB
+  assert_int_equal(max_dynamic_smem(f), (64 + 3 * 32 + 3 * 32) * (2 * 256 + 16));
   KernelSpec f128 =
       make_spec(config(128, 128, 4, 4, Dtype::BF16, 0), KernelKind::Forward, 86, true);
   assert_true(f128.mma);
   assert_int_equal(f128.block_n, 64);
-  assert_int_equal(max_dynamic_smem(f128), (64 + 64 + 64) * (2 * 128 + 16));
+  assert_int_equal(f128.stages, 2);  // 3 stages (119 KB) exceed sm_86's 99 KB
+  assert_int_equal(max_dynamic_smem(f128), (64 + 2 * 64 + 2 * 64) * (2 * 128 + 16));
   KernelSpec f40 = make_spec(config(40, 72, 4, 4, Dtype::F16, 0), KernelKind::Forward, 89, false);
-  assert_int_equal(max_dynamic_smem(f40), (64 + 64) * (2 * 48 + 16) + 64 * (2 * 80 + 16));
+  assert_int_equal(f40.stages, 3);
+  assert_int_equal(max_dynamic_smem(f40), (64 + 3 * 64) * (2 * 48 + 16) + 3 * 64 * (2 * 80 + 16));
   for (int d = 8; d <= 256; d += 8) {
     for (int dv = 8; dv <= 256; dv += 8) {
       KernelSpec x = make_spec(config(d, dv, 4, 4, Dtype::F16, 0), KernelKind::Forward, 86, false);
       assert_true(max_dynamic_smem(x) <= 99 * 1024);
+      assert_true(x.stages == 2 || x.stages == 3);
     }
   }
   // The decode and reduce kernels keep static shared memory only.

@@ -40,11 +40,12 @@ AttentionLayout attention_layout(const KernelSpec &spec);
 constexpr uint32_t kStaticSmemLimit = 48 * 1024;
 
 // Dynamic shared memory of the tensor-core forward kernel (f16/bf16):
-//   Q [block_m][dpad], K [block_n][dpad], V [block_n][dvpad], each row
-//   padded by 16 bytes (dpad, dvpad: head dims rounded up to 16).
+//   Q [block_m][dpad], K [stages][block_n][dpad], V [stages][block_n][dvpad],
+//   each row padded by 16 bytes (dpad, dvpad: head dims rounded up to 16).
 struct TcLayout {
   int dpad = 0, dvpad = 0;
   int q_row = 0, k_row = 0, v_row = 0;  // row bytes
+  uint32_t k_slot = 0, v_slot = 0;      // bytes of one K / V ring slot
   uint32_t q_off = 0, k_off = 0, v_off = 0, total = 0;
 };
 TcLayout tc_layout(const KernelSpec &spec);

@@ -5,8 +5,8 @@
 // S = Q K^T and O += P V with mma.sync.m16n8k16 (f32 accumulators), the
 // online softmax in registers. Q/K/V reach shared memory through cp.async
 // (16-byte .cg copies, zero-filled past the sequence and in the head-dim
-// padding). Layouts, pipeline and tile table: docs/kernels.md, "Forward on
-// tensor cores".
+// padding) into a stages-deep K/V ring. Layouts, pipeline and tile table: docs/kernels.md, "Forward
+// on tensor cores".
 #include <array>
 #include <vector>
 
@@ -85,13 +85,21 @@ class ForwardTcGen {
   }
 
   // Issues the cp.async copies of tile rows 0 .. rows-1 starting at global
-  // address `tile` (row r at tile + r * stride); rows >= rem and padding
+  // address `tile` (row r at tile + r * stride) into the buffer moved by
+  // slot_imm bytes plus, when valid, slot_reg bytes; rows >= rem and padding
   // columns are zero-filled (src-size 0, source = safe, never read).
-  void issue_copy(const CopyPlan &p, Reg tile, Reg rem, Reg safe) {
+  void issue_copy(const CopyPlan &p, Reg tile, Reg rem, Reg safe, uint32_t slot_imm = 0,
+                  Reg slot_reg = Reg()) {
     const int total = p.rows * p.C;
+    Reg sbase;
     if (p.uniform) {
       b_.op(Op::Add, Type::S64, ga_, tile, p.goff0);
       b_.mov(Type::S32, remk_, rem);
+      sbase = p.saddr0;
+      if (slot_reg.valid()) {
+        b_.op(Op::Add, Type::U32, sadd_, p.saddr0, slot_reg);
+        sbase = sadd_;
+      }
     }
     for (int k = 0; k < p.rounds; ++k) {
       Reg inrange;
@@ -109,9 +117,9 @@ class ForwardTcGen {
         }
         b_.setp(Cmp::Lt, Type::S32, ok_, p.row0, remk_);
         if (p.colok0.valid()) b_.op(Op::And, Type::Pred, ok_, ok_, p.colok0);
-        saddr = p.saddr0;
+        saddr = sbase;
         gaddr = ga_;
-        soff = k * p.step * p.smem_row;
+        soff = k * p.step * p.smem_row + static_cast<int>(slot_imm);
       } else {
         Reg c = e_.op(Op::Add, Type::U32, tid_, imm(k * T_));
         Reg row = e_.op(Op::Div, Type::U32, c, imm(p.C));
@@ -123,7 +131,8 @@ class ForwardTcGen {
         }
         saddr = e_.op(Op::MadLo, Type::U32, row, imm(p.smem_row), smem_);
         b_.op(Op::MadLo, Type::U32, saddr, col, imm(16), saddr);
-        soff = static_cast<int>(p.smem_off);
+        if (slot_reg.valid()) b_.op(Op::Add, Type::U32, saddr, saddr, slot_reg);
+        soff = static_cast<int>(p.smem_off + slot_imm);
         gaddr = e_.op(Op::MulLo, Type::S64, e_.s64(row), p.stride);
         Reg cb = b_.b64();
         b_.mul_wide(Type::U32, cb, col, imm(16));
@@ -151,6 +160,7 @@ class ForwardTcGen {
     src_ = b_.b64();
     size_ = b_.b32();
     remk_ = b_.b32();
+    sadd_ = b_.b32();
     ok_ = b_.pred();
     // ldmatrix row addresses of this lane (docs/kernels.md): l8 = lane % 8,
     // h1 = (lane / 8) % 2, h2 = lane / 16.
@@ -292,11 +302,15 @@ class ForwardTcGen {
   }
 
   // ---- the FlashAttention-2 loop ----
-  // Pipeline (one K and one V buffer, two cp.async groups in flight at
-  // most): V(n) loads while S(n) and the softmax run; K(n + block_n) loads
-  // while P V(n) runs. Each wait_group 0 + bar.sync both publishes the
-  // landed tile and frees the other buffer.
+  // Pipeline (docs/kernels.md, "Pipeline"): a ring of S = spec.stages K and
+  // V slots; tile t (keys n_begin + t block_n) lives in slot t % S and is
+  // one cp.async group (K and V together). Before computing tile t the loop
+  // retires its group with wait_group S-2 (tiles t+1 .. t+S-2 stay in
+  // flight), bar.sync publishes it and proves every warp done with tile
+  // t-1, whose slot then receives tile t+S-1. Past n_end the group is
+  // committed empty, so the counting stays uniform.
   void main_loop() {
+    const int S = spec_.stages;
     s_.resize(nS_);
     for (int j = 0; j < nS_; ++j)
       for (int i = 0; i < 4; ++i) s_[j][i] = b_.f32();
@@ -310,17 +324,21 @@ class ForwardTcGen {
     Reg tile = b_.b64(), rem = b_.b32();
     Reg n = e_.mov(Type::S32, n_begin_);
     Reg empty = e_.setp(Cmp::Ge, Type::S32, n, n_end_);
-    ptx::Label loop = b_.label(), done = b_.label(), skip_k0 = b_.label();
+    ptx::Label loop = b_.label(), done = b_.label();
 
-    b_.comment("prologue: Q tile, first K tile");
+    b_.comment("prologue: Q tile, K/V tiles 0 .. stages-2");
     issue_copy(q_plan_, q_tile_, q_rem_, q_ptr_);
     b_.cp_async_commit();
-    b_.when(empty).bra(skip_k0, true);
-    kv_tile(k_bh_, k_stride_, n, &tile, &rem);
-    issue_copy(k_plan_, tile, rem, k_ptr_);
-    b_.bind(skip_k0);
-    b_.cp_async_commit();
-    b_.cp_async_wait(1);  // the Q group has landed
+    for (int t = 0; t + 1 < S; ++t) {
+      ptx::Label skip = b_.label();
+      Reg nt = e_.op(Op::Add, Type::S32, n, imm(t * spec_.block_n));
+      Reg past = e_.setp(Cmp::Ge, Type::S32, nt, n_end_);
+      b_.when(past).bra(skip, true);
+      issue_kv(nt, t * lay_.k_slot, t * lay_.v_slot, tile, rem);
+      b_.bind(skip);
+      b_.cp_async_commit();
+    }
+    b_.cp_async_wait(S - 1);  // the Q group has landed
     b_.bar_sync();
     if (q_in_regs_) {
       qf_.resize(kD_);
@@ -333,37 +351,62 @@ class ForwardTcGen {
       for (int i = 0; i < 4; ++i) qf_[0][i] = b_.b32();
     }
     b_.when(empty).bra(done, true);
+    // Slot of the tile being computed, and its ldmatrix bases.
+    Reg slot = e_.mov(Type::U32, imm(0));
+    Reg kl = e_.mov(Type::U32, k_lm_), vl = e_.mov(Type::U32, v_lm_);
 
     b_.bind(loop);
-    b_.cp_async_wait(0);  // K(n) landed (this thread's copies) ...
-    b_.bar_sync();        // ... everyone's, and P V(n - block_n) is done with V
-    b_.comment("V tile n (lands during S and softmax)");
-    kv_tile(v_bh_, v_stride_, n, &tile, &rem);
-    issue_copy(v_plan_, tile, rem, v_ptr_);
-    b_.cp_async_commit();
-    scores();
+    b_.cp_async_wait(S - 2);  // tile n landed (this thread's copies) ...
+    b_.bar_sync();            // ... everyone's, and every warp is done with tile n - block_n
+    {
+      b_.comment("K/V tile n + (stages-1) block_n into the slot of tile n - block_n");
+      ptx::Label skip = b_.label();
+      Reg nt = e_.op(Op::Add, Type::S32, n, imm((S - 1) * spec_.block_n));
+      Reg past = e_.setp(Cmp::Ge, Type::S32, nt, n_end_);
+      b_.when(past).bra(skip, true);
+      // Write slot (slot + S - 1) % S = slot - 1, or S - 1 when slot = 0.
+      Reg ws = e_.op(Op::Add, Type::U32, slot, imm(S - 1));
+      Reg wrap = e_.setp(Cmp::Ge, Type::U32, ws, imm(S));
+      b_.when(wrap).op(Op::Sub, Type::U32, ws, ws, imm(S));
+      issue_kv(nt, 0, 0, tile, rem, ws);
+      b_.bind(skip);
+      b_.cp_async_commit();
+    }
+    scores(kl);
     mask(n);
     softmax();
-    b_.cp_async_wait(0);  // V(n) landed
-    b_.bar_sync();        // and every warp is done with K(n)
-    Reg next = e_.op(Op::Add, Type::S32, n, imm(spec_.block_n));
-    Reg more = e_.setp(Cmp::Lt, Type::S32, next, n_end_);
-    ptx::Label skip_k = b_.label();
-    b_.unless(more).bra(skip_k, true);
-    b_.comment("K tile n + block_n (lands during P V)");
-    kv_tile(k_bh_, k_stride_, next, &tile, &rem);
-    issue_copy(k_plan_, tile, rem, k_ptr_);
-    b_.bind(skip_k);
-    b_.cp_async_commit();
-    accumulate_pv();
-    b_.mov(Type::S32, n, next);
+    accumulate_pv(vl);
+    // Advance the ring: slot + 1 mod S, bases moved by one slot.
+    b_.op(Op::Add, Type::U32, slot, slot, imm(1));
+    b_.op(Op::Add, Type::U32, kl, kl, imm(lay_.k_slot));
+    b_.op(Op::Add, Type::U32, vl, vl, imm(lay_.v_slot));
+    Reg wrap = e_.setp(Cmp::Ge, Type::U32, slot, imm(S));
+    b_.when(wrap).mov(Type::U32, slot, imm(0));
+    b_.when(wrap).mov(Type::U32, kl, k_lm_);
+    b_.when(wrap).mov(Type::U32, vl, v_lm_);
+    b_.op(Op::Add, Type::S32, n, n, imm(spec_.block_n));
+    Reg more = e_.setp(Cmp::Lt, Type::S32, n, n_end_);
     b_.when(more).bra(loop, true);
     b_.bind(done);
   }
 
+  // Issues K and V of the tile at key nt into ring slot (imm bytes k_imm /
+  // v_imm, or register slot index ws when valid); one group, the caller commits.
+  void issue_kv(Reg nt, uint32_t k_imm, uint32_t v_imm, Reg tile, Reg rem, Reg ws = Reg()) {
+    Reg koff, voff;
+    if (ws.valid()) {
+      koff = e_.op(Op::MulLo, Type::U32, ws, imm(lay_.k_slot));
+      voff = e_.op(Op::MulLo, Type::U32, ws, imm(lay_.v_slot));
+    }
+    kv_tile(k_bh_, k_stride_, nt, &tile, &rem);
+    issue_copy(k_plan_, tile, rem, k_ptr_, k_imm, koff);
+    kv_tile(v_bh_, v_stride_, nt, &tile, &rem);
+    issue_copy(v_plan_, tile, rem, v_ptr_, v_imm, voff);
+  }
+
   // S = Q K^T (PTX ISA "Matrix Fragments for mma.m16n8k16 with floating
   // point type"): s_[j] is the C fragment of keys n + 8j .. n + 8j + 7.
-  void scores() {
+  void scores(Reg kl) {
     b_.comment("S = Q K^T");
     for (int j = 0; j < nS_; ++j)
       for (int i = 0; i < 4; ++i) b_.mov(Type::F32, s_[j][i], fimm(0.0f));
@@ -373,7 +416,7 @@ class ForwardTcGen {
       const Reg *a = q_in_regs_ ? qf_[ks].data() : qf_[0].data();
       if (!q_in_regs_) b_.ldmatrix(false, qf_[0].data(), 4, at(q_lm_, ks * 32));
       for (int jp = 0; jp < nS_ / 2; ++jp) {
-        b_.ldmatrix(false, kb, 4, at(k_lm_, 16 * jp * lay_.k_row + ks * 32));
+        b_.ldmatrix(false, kb, 4, at(kl, 16 * jp * lay_.k_row + ks * 32));
         b_.mma_m16n8k16(half_, s_[2 * jp].data(), a, kb, s_[2 * jp].data());
         b_.mma_m16n8k16(half_, s_[2 * jp + 1].data(), a, kb + 2, s_[2 * jp + 1].data());
       }
@@ -471,7 +514,7 @@ class ForwardTcGen {
   // O += P V. The C fragments of S tiles 2t and 2t+1 are, packed in pairs,
   // exactly the A fragment of P for keys 16t .. 16t+15: a0 = {s[2t] c0, c1}
   // (row g), a1 = {s[2t] c2, c3} (row g+8), a2/a3 the same of s[2t+1].
-  void accumulate_pv() {
+  void accumulate_pv(Reg vl) {
     b_.comment("O += P V");
     Reg pa[4], vb[4];
     for (auto &r : pa) r = b_.b32();
@@ -482,7 +525,7 @@ class ForwardTcGen {
       b_.cvt_pack(half_, pa[2], s_[2 * t + 1][1], s_[2 * t + 1][0]);
       b_.cvt_pack(half_, pa[3], s_[2 * t + 1][3], s_[2 * t + 1][2]);
       for (int jp = 0; jp < nO_ / 2; ++jp) {
-        b_.ldmatrix(true, vb, 4, at(v_lm_, 16 * t * lay_.v_row + jp * 32));
+        b_.ldmatrix(true, vb, 4, at(vl, 16 * t * lay_.v_row + jp * 32));
         b_.mma_m16n8k16(half_, o_[2 * jp].data(), pa, vb, o_[2 * jp].data());
         b_.mma_m16n8k16(half_, o_[2 * jp + 1].data(), pa, vb + 2, o_[2 * jp + 1].data());
       }
@@ -534,7 +577,7 @@ class ForwardTcGen {
   bool q_in_regs_ = false;
   ptx::Symbol smem_sym_;
   Reg tid_, lane_, warp_, quad_, group_, smem_, q_lm_, k_lm_, v_lm_;
-  Reg ga_, src_, size_, remk_, ok_;
+  Reg ga_, src_, size_, remk_, ok_, sadd_;
   Reg score_scale_, softcap_log2_, has_lse_;
   Reg q_ptr_, k_ptr_, v_ptr_, k_bh_, v_bh_, k_stride_, v_stride_, o_bh_, o_stride_, lse_row0_;
   Reg sq_, sk_, m0_, n_begin_, n_end_, full_lo_, full_hi_, q_tile_, q_rem_;
@@ -555,9 +598,11 @@ TcLayout tc_layout(const KernelSpec &spec) {
   l.k_row = 2 * l.dpad + 16;
   l.v_row = 2 * l.dvpad + 16;
   l.q_off = 0;
+  l.k_slot = static_cast<uint32_t>(spec.block_n * l.k_row);
+  l.v_slot = static_cast<uint32_t>(spec.block_n * l.v_row);
   l.k_off = static_cast<uint32_t>(spec.block_m * l.q_row);
-  l.v_off = l.k_off + static_cast<uint32_t>(spec.block_n * l.k_row);
-  l.total = l.v_off + static_cast<uint32_t>(spec.block_n * l.v_row);
+  l.v_off = l.k_off + static_cast<uint32_t>(spec.stages) * l.k_slot;
+  l.total = l.v_off + static_cast<uint32_t>(spec.stages) * l.v_slot;
   return l;
 }
 

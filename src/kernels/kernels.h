@@ -16,7 +16,7 @@ enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 3;
+constexpr uint32_t kGeneratorVersion = 4;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;
@@ -64,6 +64,7 @@ struct KernelSpec {
   int block_n = 0;      // keys per K/V tile
   int num_warps = 0;    // threads per CTA / 32
   bool mma = false;     // Forward: tensor-core kernel (mma.sync, ldmatrix, cp.async; sm_80+)
+  int stages = 0;       // mma: K/V cp.async ring depth (2 or 3); 0 otherwise
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;

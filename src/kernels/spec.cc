@@ -37,6 +37,15 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
   return 1;
 }
 
+// Dynamic shared memory one CTA may use (CUDA C Programming Guide,
+// "Technical Specifications per Compute Capability"): 163 KB on 8.0/8.7,
+// 227 KB on 9.0, 99 KB on 8.6/8.9 and anything else.
+uint32_t tc_smem_budget(int sm) {
+  if (sm == 80 || sm == 87) return 163 * 1024;
+  if (sm >= 90) return 227 * 1024;
+  return 99 * 1024;
+}
+
 // FLASHATTN_SCALAR_FORWARD=1 selects the scalar fp32 forward kernel (a
 // fallback for debugging the tensor-core path).
 bool tc_forward_enabled() {
@@ -52,7 +61,7 @@ bool spec_valid(const KernelSpec &s) {
   if (s.mma)
     return d_ok && dv_ok && w_ok && s.kind == KernelKind::Forward && s.sm >= 80 &&
            s.block_m == 16 * s.num_warps && s.block_n >= 16 && s.block_n % 16 == 0 &&
-           s.block_n <= 128;
+           s.block_n <= 128 && s.stages >= 2 && s.stages <= 3;
   return d_ok && dv_ok && w_ok && s.block_n == 32 && s.group_size >= 1 &&
          s.block_m % s.num_warps == 0 && s.block_m > 0;
 }
@@ -73,14 +82,17 @@ std::string KernelSpec::serialize() const {
   put32(o, block_n);
   put32(o, num_warps);
   o.push_back(mma ? 1 : 0);
+  put32(o, stages);
   return o;
 }
 
 std::string KernelSpec::describe() const {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s", kind_name(kind),
+  char buf[160], st[16] = "";
+  if (mma) std::snprintf(st, sizeof st, " s%d", stages);
+  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s", kind_name(kind),
                 dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m, block_n,
-                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "", mma ? " mma" : "");
+                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "", mma ? " mma" : "",
+                st);
   return buf;
 }
 
@@ -106,14 +118,17 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
   if (kind == KernelKind::Forward && sm >= 80 && tc_forward_enabled()) {
     // Tensor-core kernel (docs/kernels.md, tile table): 4 warps x 16 rows;
     // block_n 64 while the head dims (rounded up to 16) fit 128, else 32,
-    // which keeps shared memory <= 68 KB (sm_86/89 allow 99 KB) and the
-    // f32 accumulators within the register file.
+    // which keeps the f32 accumulators within the register file; a 3-stage
+    // K/V ring where it fits the target's shared memory per block, else 2
+    // (which fits 99 KB for every head dim).
     s.varlen = varlen;
     s.mma = true;
     s.num_warps = 4;
     s.block_m = 64;
     const int dmax = std::max(s.head_dim, s.head_dim_v);
     s.block_n = dmax <= 128 ? 64 : 32;
+    s.stages = 3;
+    if (kgen::tc_layout(s).total > tc_smem_budget(sm)) s.stages = 2;
   } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
     s.num_warps = 4;
@@ -144,9 +159,11 @@ std::string entry_name(const KernelSpec &s) {
     std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d", dtype_name(s.dtype), s.head_dim_v,
                   s.num_warps);
   } else {
-    std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s", kind_name(s.kind),
+    char st[16] = "";
+    if (s.mma) std::snprintf(st, sizeof st, "_s%d", s.stages);
+    std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
                   s.mma ? "_mma" : "", dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size,
-                  s.block_m, s.block_n, s.num_warps, s.softcap ? "_softcap" : "",
+                  s.block_m, s.block_n, s.num_warps, st, s.softcap ? "_softcap" : "",
                   s.varlen ? "_varlen" : "");
   }
   return buf;

@@ -296,10 +296,11 @@ bool load_fixture(const std::string &name, const std::string &file, std::vector<
   return true;
 }
 
-fa_runtime *make_runtime(fa_backend backend, std::string *why) {
+fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm) {
   fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
   o.backend = backend;
   o.cache_mode = FA_CACHE_MEMORY;
+  o.emulator_sm = emulator_sm;
   fa_runtime *rt = nullptr;
   if (fa_runtime_create(&o, &rt) != FA_SUCCESS) {
     *why = fa_last_error();

@@ -62,13 +62,13 @@ bool load_fixture(const std::string &name, const std::string &file, std::vector<
                   std::vector<int64_t> *shape);
 
 // A runtime on `backend` with a memory-only cache, or nullptr with *why set.
-fa_runtime *make_runtime(fa_backend backend, std::string *why);
+fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm = 0);
 
 }  // namespace fa::test
 
 namespace fa::test {
 // Runs the numerics suite (random cases, fixtures, decode, reduce) as a
-// CMocka group on `backend`; every test skips with the reason when the
-// backend cannot be created. Returns the CMocka exit status.
-int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes);
+// CMocka group on `backend` (emulating `emulator_sm`, 0 = 80); every test skips with the reason
+// when the backend cannot be created. Returns the CMocka exit status.
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm = 0);
 }  // namespace fa::test

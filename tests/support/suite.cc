@@ -18,11 +18,12 @@ struct SuiteState {
 
 fa_backend g_backend = FA_BACKEND_EMULATOR;
 bool g_gpu = false;
+int g_emulator_sm = 0;
 
 int suite_setup(void **state) {
   auto *s = new SuiteState;
   s->gpu = g_gpu;
-  s->rt = make_runtime(g_backend, &s->why);
+  s->rt = make_runtime(g_backend, &s->why, g_emulator_sm);
   *state = s;
   return 0;
 }
@@ -162,8 +163,9 @@ void test_reduce(void **state) {
 
 }  // namespace
 
-int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes) {
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm) {
   g_backend = backend;
+  g_emulator_sm = emulator_sm;
   g_gpu = gpu_shapes;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_random), cmocka_unit_test(test_forward_fixtures),
