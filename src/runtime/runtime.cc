@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +79,28 @@ cache::Key key_of_material(const std::string &material) {
   key.hi = h.high64;
   key.lo = h.low64;
   return key;
+}
+
+// Warns about every line of a JIT info log that ptxas means as a warning:
+// spills, local memory, "warning"/"advisory" lines. Register counts and
+// other informational lines stay quiet.
+static void surface_jit_log(const std::string &spec_text, const std::string &log) {
+  size_t start = 0;
+  while (start < log.size()) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    const std::string line = log.substr(start, end - start);
+    std::string lower = line;
+    for (char &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool spills =
+        lower.find("spill") != std::string::npos &&
+        lower.find(" 0 bytes spill stores, 0 bytes spill loads") == std::string::npos;
+    if (spills || lower.find("warning") != std::string::npos ||
+        lower.find("advisory") != std::string::npos) {
+      warn("ptxas (" + spec_text + "): " + line);
+    }
+    start = end + 1;
+  }
 }
 
 cache::Key kernel_key(const KernelSpec &spec) { return key_of_material(kernel_key_material(spec)); }
@@ -176,9 +199,8 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     fa_status st = backend_->compile(rec.ptx, &binary, &log);
     if (st != FA_SUCCESS) return st;
     counters_.compiles++;
-    if (!log.empty() && log.find("spill") != std::string::npos) {
-      warn("ptxas for " + rec.spec_text + ": " + log);
-    }
+    surface_jit_log(rec.spec_text, log);
+    jit_logs_[rec.spec_text] = log;
     rec.cubin = std::move(binary);
     rec.driver_version = driver;
     rec.key_material = material;

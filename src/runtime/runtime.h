@@ -57,6 +57,15 @@ class Runtime {
   // lease never fails a launch (a timeout builds locally).
   fa_status get_kernel(const KernelSpec &spec, Kernel **out);
 
+  // The JIT info log (ptxas resource usage and warnings) of the last
+  // compilation of the kernel described by spec_text, or "" (emulator,
+  // or loaded from the cache).
+  std::string jit_log(const std::string &spec_text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jit_logs_.find(spec_text);
+    return it == jit_logs_.end() ? std::string() : it->second;
+  }
+
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream);
@@ -67,6 +76,7 @@ class Runtime {
   std::unique_ptr<cache::Store> store_;
   std::mutex mu_;  // guards kernels_ and kernel building
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Kernel>> kernels_;
+  std::map<std::string, std::string> jit_logs_;  // spec text -> last JIT info log
   Counters counters_;
 };
 
