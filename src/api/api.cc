@@ -137,6 +137,19 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   return FA_SUCCESS;
 }
 
+// Sizes the decode kernels index with 32-bit integers: rows of a GQA group
+// (group * seqlen_q) and key positions (seqlen_k_max, rounded to tiles).
+fa_status check_decode_limits(const fa::AttentionConfig &c, const fa_decode_args *a) {
+  const int64_t rows = int64_t(c.num_heads_q / c.num_heads_kv) * a->seqlen_q;
+  if (rows > (int64_t(1) << 30) || a->seqlen_k_max > (1 << 30)) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "decode sizes too large: (num_heads_q / num_heads_kv) * seqlen_q = %lld and "
+                "seqlen_k_max = %d must be at most 2^30",
+                static_cast<long long>(rows), a->seqlen_k_max);
+  }
+  return FA_SUCCESS;
+}
+
 fa_status validate_decode(const fa_decode_args *a) {
   FA_REQUIRE(a != nullptr, "args is NULL");
   FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_decode_args)));
@@ -455,6 +468,7 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_CHECK(check_positive("seqlen_k_max", args->seqlen_k_max));
     FA_REQUIRE(args->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d",
                args->num_splits);
+    FA_CHECK(check_decode_limits(cfg->cfg, args));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, *args);
     *bytes = plan.workspace_bytes;
     if (num_splits) *num_splits = plan.num_splits;
@@ -468,6 +482,7 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_runtime(rt));
     FA_CHECK(check_config(cfg));
     FA_CHECK(validate_decode(args));
+    FA_CHECK(check_decode_limits(cfg->cfg, args));
     FA_CHECK(validate_decode_workspace(args));
     return rt->impl->decode(cfg->cfg, *args, stream);
   });

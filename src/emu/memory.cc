@@ -26,7 +26,12 @@ fa_status DeviceMemory::alloc(size_t bytes, uint64_t *ptr) {
     return fail(FA_ERROR_OUT_OF_MEMORY, "emulator mem_alloc: %zu bytes: out of memory", bytes);
   std::memset(p, 0xff, rounded);
   std::unique_lock<std::shared_mutex> lock(mu_);
-  allocs_[reinterpret_cast<uint64_t>(p)] = bytes;
+  try {
+    allocs_[reinterpret_cast<uint64_t>(p)] = bytes;
+  } catch (...) {  // the table could not grow: give the block back
+    std::free(p);
+    throw;
+  }
   *ptr = reinterpret_cast<uint64_t>(p);
   return FA_SUCCESS;
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -1419,6 +1420,8 @@ std::shared_ptr<const Module> parse_module(const std::string &text, std::string 
     return p.run();
   } catch (const ParseError &e) {
     *error = "line " + std::to_string(e.line) + ": " + e.message;
+  } catch (const std::bad_alloc &) {
+    throw;  // out of memory is FA_ERROR_OUT_OF_MEMORY at the API, not a parse error
   } catch (const std::exception &e) {
     *error = std::string("PTX parser: ") + e.what();
   }

@@ -252,26 +252,28 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
 
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
   const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().sm, false);
-  const int block_n = std::max(spec.block_n, 1);
-  const int block_m = std::max(spec.block_m, 1);
-  const int rows = spec.group_size * a.seqlen_q;
+  // 64-bit throughout: the API bounds the sizes (check_decode_limits), but
+  // the arithmetic must not overflow on the way.
+  const int64_t block_n = std::max(spec.block_n, 1);
+  const int64_t block_m = std::max(spec.block_m, 1);
+  const int64_t sk = a.seqlen_k_max;
+  const int64_t rows = int64_t(spec.group_size) * a.seqlen_q;
   const long long ctas =
       static_cast<long long>(a.batch) * cfg.num_heads_kv * ((rows + block_m - 1) / block_m);
-  int splits = a.num_splits;
+  int64_t splits = a.num_splits;
   if (splits <= 0) {
     // Flash-Decoding: enough CTAs for about two waves over the SMs, but no
     // split shorter than 4 key tiles (its setup would dominate).
     const int num_sms = std::max(backend_->info().num_sms, 1);
     const long long want = (2LL * num_sms + ctas - 1) / ctas;
-    const long long max_by_len =
-        std::max(1LL, (a.seqlen_k_max + 4LL * block_n - 1) / (4LL * block_n));
-    splits = static_cast<int>(std::clamp(want, 1LL, std::min(max_by_len, 128LL)));
+    const long long max_by_len = std::max<long long>(1, (sk + 4 * block_n - 1) / (4 * block_n));
+    splits = std::clamp(want, 1LL, std::min(max_by_len, 128LL));
   }
-  splits = std::min(splits, (a.seqlen_k_max + block_n - 1) / block_n);
-  splits = std::max(splits, 1);
+  splits = std::max<int64_t>(std::min(splits, (sk + block_n - 1) / block_n), 1);
   DecodePlan plan;
-  plan.split_size = static_cast<int>(round_up((a.seqlen_k_max + splits - 1) / splits, block_n));
-  plan.num_splits = (a.seqlen_k_max + plan.split_size - 1) / plan.split_size;
+  const int64_t split_size = (((sk + splits - 1) / splits) + block_n - 1) / block_n * block_n;
+  plan.split_size = static_cast<int>(split_size);
+  plan.num_splits = static_cast<int>((sk + split_size - 1) / split_size);
   const int dv = cfg.head_dim_v;
   const size_t rows_total = static_cast<size_t>(a.batch) * a.seqlen_q * cfg.num_heads_q;
   plan.o_partial_bytes = static_cast<size_t>(plan.num_splits) * rows_total * dv * sizeof(float);
