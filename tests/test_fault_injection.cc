@@ -29,6 +29,9 @@
 #define FA_HAVE_LSAN 1
 #endif
 #endif
+#ifdef FA_HAVE_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
 #include "tools/common/reference.h"
 
 // ---------------------------------------------------------------------------
