@@ -112,54 +112,14 @@ class AttentionGen {
     has_lse_ = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
     Reg lse = b_.b64();
     b_.cvta_to_global(lse, lse_raw);
-    Reg qs[3], ks[3], vs[3], os[3];
-    for (int i = 0; i < 3; ++i) {
-      qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
-      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
-      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
-      os[i] = e_.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
-    }
     Reg m0 = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    Reg sq, sk, q_bh, k_bh, v_bh, o_bh, lse_row0;
-    if (spec_.varlen) {
-      // Sequence b spans rows cu[b] .. cu[b+1]-1 of dim 1.
-      Reg cuq = e_.global_param(offsetof(P, cu_seqlens_q));
-      Reg cuk = e_.global_param(offsetof(P, cu_seqlens_k));
-      Reg aq = e_.index(cuq, bz, 4), ak = e_.index(cuk, bz, 4);
-      Reg q0 = b_.b32(), q1 = b_.b32(), k0 = b_.b32(), k1 = b_.b32();
-      b_.ld(Space::Global, Type::S32, q0, at(aq), true);
-      b_.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
-      b_.ld(Space::Global, Type::S32, k0, at(ak), true);
-      b_.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
-      sq = e_.op(Op::Sub, Type::S32, q1, q0);
-      sk = e_.op(Op::Sub, Type::S32, k1, k0);
-      // The whole CTA leaves before any barrier when its m-block is past the sequence.
-      Reg past = e_.setp(Cmp::Ge, Type::S32, m0, sq);
-      b_.when(past).exit();
-      q_bh = e_.index(e_.index(q, q0, qs[1]), h, qs[2]);
-      k_bh = e_.index(e_.index(k, k0, ks[1]), kvh, ks[2]);
-      v_bh = e_.index(e_.index(v, k0, vs[1]), kvh, vs[2]);
-      o_bh = e_.index(e_.index(o, q0, os[1]), h, os[2]);
-      // LSE [num_heads_q, total_q], total_q = cu_q[batch].
-      Reg batch = e_.param(Type::S32, offsetof(P, batch));
-      Reg total = b_.b32();
-      b_.ld(Space::Global, Type::S32, total, at(e_.index(cuq, batch, 4)), true);
-      Reg row0 = e_.op(Op::MadLo, Type::S32, h, total, q0);
-      lse_row0 = e_.index(lse, row0, 4);
-    } else {
-      sq = e_.param(Type::S32, offsetof(P, seqlen_q));
-      sk = e_.param(Type::S32, offsetof(P, seqlen_k));
-      q_bh = e_.index(e_.index(q, bz, qs[0]), h, qs[2]);
-      k_bh = e_.index(e_.index(k, bz, ks[0]), kvh, ks[2]);
-      v_bh = e_.index(e_.index(v, bz, vs[0]), kvh, vs[2]);
-      o_bh = e_.index(e_.index(o, bz, os[0]), h, os[2]);
-      Reg bh = e_.op(Op::MadLo, Type::S32, bz, hq_, h);
-      lse_row0 = e_.index(lse, e_.op(Op::MulLo, Type::S32, bh, sq), 4);
-    }
+    const ForwardBases fb = forward_bases(e_, spec_, q, k, v, o, lse, bz, h, kvh, hq_, m0);
+    Reg sq = fb.sq, sk = fb.sk, q_bh = fb.q_bh, k_bh = fb.k_bh, v_bh = fb.v_bh, o_bh = fb.o_bh;
+    Reg lse_row0 = fb.lse_row0;
     k_base_ = k_bh;
     v_base_ = v_bh;
-    k_row_bytes_ = ks[1];
-    v_row_bytes_ = vs[1];
+    k_row_bytes_ = fb.k_row;
+    v_row_bytes_ = fb.v_row;
     // Query i sees keys [i + sk - sq - wl, i + sk - sq + wr] within [0, sk).
     Reg shift = e_.op(Op::Sub, Type::S32, sk, sq);
     Reg zero = e_.mov(Type::S32, imm(0));
@@ -178,10 +138,10 @@ class AttentionGen {
     load_q([&](Reg row, Reg *addr, Reg *ok) {
       Reg i = e_.op(Op::Add, Type::S32, row, m0);
       *ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
-      *addr = e_.index(q_bh, i, qs[1]);
+      *addr = e_.index(q_bh, i, fb.q_row);
     });
     o_bh_ = o_bh;
-    o_row_bytes_ = os[1];
+    o_row_bytes_ = fb.o_row;
     lse_row0_ = lse_row0;
   }
 
@@ -640,6 +600,59 @@ AttentionLayout attention_layout(const KernelSpec &spec) {
     if (l.v_bytes > l.k_bytes) l.k_bytes = l.v_bytes;
   }
   return l;
+}
+
+ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
+                           Reg bz, Reg h, Reg kvh, Reg hq, Reg m0) {
+  using P = ForwardParams;
+  ptx::Builder &b = e.b;
+  Reg qs[3], ks[3], vs[3], os[3];
+  for (int i = 0; i < 3; ++i) {
+    qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
+    ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
+    vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+    os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+  }
+  ForwardBases fb;
+  fb.q_row = qs[1];
+  fb.k_row = ks[1];
+  fb.v_row = vs[1];
+  fb.o_row = os[1];
+  if (spec.varlen) {
+    // Sequence b spans rows cu[b] .. cu[b+1]-1 of dim 1.
+    Reg cuq = e.global_param(offsetof(P, cu_seqlens_q));
+    Reg cuk = e.global_param(offsetof(P, cu_seqlens_k));
+    Reg aq = e.index(cuq, bz, 4), ak = e.index(cuk, bz, 4);
+    Reg q0 = b.b32(), q1 = b.b32(), k0 = b.b32(), k1 = b.b32();
+    b.ld(Space::Global, Type::S32, q0, at(aq), true);
+    b.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
+    b.ld(Space::Global, Type::S32, k0, at(ak), true);
+    b.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
+    fb.sq = e.op(Op::Sub, Type::S32, q1, q0);
+    fb.sk = e.op(Op::Sub, Type::S32, k1, k0);
+    // The whole CTA leaves before any barrier when its m-block is past the sequence.
+    Reg past = e.setp(Cmp::Ge, Type::S32, m0, fb.sq);
+    b.when(past).exit();
+    fb.q_bh = e.index(e.index(q, q0, qs[1]), h, qs[2]);
+    fb.k_bh = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
+    fb.v_bh = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
+    fb.o_bh = e.index(e.index(o, q0, os[1]), h, os[2]);
+    // LSE [num_heads_q, total_q], total_q = cu_q[batch].
+    Reg batch = e.param(Type::S32, offsetof(P, batch));
+    Reg total = b.b32();
+    b.ld(Space::Global, Type::S32, total, at(e.index(cuq, batch, 4)), true);
+    fb.lse_row0 = e.index(lse, e.op(Op::MadLo, Type::S32, h, total, q0), 4);
+  } else {
+    fb.sq = e.param(Type::S32, offsetof(P, seqlen_q));
+    fb.sk = e.param(Type::S32, offsetof(P, seqlen_k));
+    fb.q_bh = e.index(e.index(q, bz, qs[0]), h, qs[2]);
+    fb.k_bh = e.index(e.index(k, bz, ks[0]), kvh, ks[2]);
+    fb.v_bh = e.index(e.index(v, bz, vs[0]), kvh, vs[2]);
+    fb.o_bh = e.index(e.index(o, bz, os[0]), h, os[2]);
+    Reg bh = e.op(Op::MadLo, Type::S32, bz, hq, h);
+    fb.lse_row0 = e.index(lse, e.op(Op::MulLo, Type::S32, bh, fb.sq), 4);
+  }
+  return fb;
 }
 
 std::string generate_attention(const KernelSpec &spec) { return AttentionGen(spec).run(); }

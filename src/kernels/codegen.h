@@ -136,5 +136,21 @@ class Emitter {
   }
 };
 
+// The per-CTA view of a forward problem shared by both forward generators:
+// sequence lengths, byte strides along the sequence, and the base addresses
+// of this CTA's (batch, head) in Q/K/V/O and its first LSE element. With
+// spec.varlen the lengths and offsets come from cu_seqlens, and a CTA whose
+// m-block (starting at row m0) lies past its sequence exits here, before any
+// barrier. q/k/v/o/lse are global addresses; bz = batch, h = query head,
+// kvh = KV head, hq = num_heads_q.
+struct ForwardBases {
+  Reg sq, sk;                      // seqlen_q, seqlen_k of this sequence
+  Reg q_bh, k_bh, v_bh, o_bh;      // row 0 of this (batch, head)
+  Reg q_row, k_row, v_row, o_row;  // bytes between consecutive rows
+  Reg lse_row0;                    // LSE of row 0 (valid only when lse != 0)
+};
+ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
+                           Reg bz, Reg h, Reg kvh, Reg hq, Reg m0);
+
 }  // namespace kgen
 }  // namespace fa

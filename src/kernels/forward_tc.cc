@@ -206,51 +206,17 @@ class ForwardTcGen {
     has_lse_ = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
     Reg lse = b_.b64();
     b_.cvta_to_global(lse, lse_raw);
-    Reg qs[3], ks[3], vs[3], os[3];
-    for (int i = 0; i < 3; ++i) {
-      qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
-      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
-      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
-      os[i] = e_.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
-    }
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    Reg q_bh, o_bh;
-    if (spec_.varlen) {
-      // Sequence b spans rows cu[b] .. cu[b+1]-1 of dim 1.
-      Reg cuq = e_.global_param(offsetof(P, cu_seqlens_q));
-      Reg cuk = e_.global_param(offsetof(P, cu_seqlens_k));
-      Reg aq = e_.index(cuq, bz, 4), ak = e_.index(cuk, bz, 4);
-      Reg q0 = b_.b32(), q1 = b_.b32(), k0 = b_.b32(), k1 = b_.b32();
-      b_.ld(Space::Global, Type::S32, q0, at(aq), true);
-      b_.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
-      b_.ld(Space::Global, Type::S32, k0, at(ak), true);
-      b_.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
-      sq_ = e_.op(Op::Sub, Type::S32, q1, q0);
-      sk_ = e_.op(Op::Sub, Type::S32, k1, k0);
-      // The whole CTA leaves before any barrier when its m-block is past the sequence.
-      Reg past = e_.setp(Cmp::Ge, Type::S32, m0_, sq_);
-      b_.when(past).exit();
-      q_bh = e_.index(e_.index(q_ptr_, q0, qs[1]), h, qs[2]);
-      k_bh_ = e_.index(e_.index(k_ptr_, k0, ks[1]), kvh, ks[2]);
-      v_bh_ = e_.index(e_.index(v_ptr_, k0, vs[1]), kvh, vs[2]);
-      o_bh = e_.index(e_.index(o, q0, os[1]), h, os[2]);
-      // LSE [num_heads_q, total_q], total_q = cu_q[batch].
-      Reg batch = e_.param(Type::S32, offsetof(P, batch));
-      Reg total = b_.b32();
-      b_.ld(Space::Global, Type::S32, total, at(e_.index(cuq, batch, 4)), true);
-      lse_row0_ = e_.index(lse, e_.op(Op::MadLo, Type::S32, h, total, q0), 4);
-    } else {
-      sq_ = e_.param(Type::S32, offsetof(P, seqlen_q));
-      sk_ = e_.param(Type::S32, offsetof(P, seqlen_k));
-      q_bh = e_.index(e_.index(q_ptr_, bz, qs[0]), h, qs[2]);
-      k_bh_ = e_.index(e_.index(k_ptr_, bz, ks[0]), kvh, ks[2]);
-      v_bh_ = e_.index(e_.index(v_ptr_, bz, vs[0]), kvh, vs[2]);
-      o_bh = e_.index(e_.index(o, bz, os[0]), h, os[2]);
-      Reg bh = e_.op(Op::MadLo, Type::S32, bz, hq, h);
-      lse_row0_ = e_.index(lse, e_.op(Op::MulLo, Type::S32, bh, sq_), 4);
-    }
-    k_stride_ = ks[1];
-    v_stride_ = vs[1];
+    const ForwardBases fb =
+        forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, o, lse, bz, h, kvh, hq, m0_);
+    sq_ = fb.sq;
+    sk_ = fb.sk;
+    Reg q_bh = fb.q_bh, o_bh = fb.o_bh;
+    k_bh_ = fb.k_bh;
+    v_bh_ = fb.v_bh;
+    lse_row0_ = fb.lse_row0;
+    k_stride_ = fb.k_row;
+    v_stride_ = fb.v_row;
     // Query i sees keys [i + sk - sq - wl, i + sk - sq + wr] within [0, sk).
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
     for (int r = 0; r < 2; ++r) {
@@ -283,14 +249,14 @@ class ForwardTcGen {
     b_.op(Op::Min, Type::S32, full_hi_, full_hi_, sk_);
     b_.op(Op::Sub, Type::S32, full_hi_, full_hi_, imm(spec_.block_n));
     o_bh_ = o_bh;
-    o_stride_ = os[1];
+    o_stride_ = fb.o_row;
 
-    q_plan_ = plan_copy(spec_.block_m, lay_.dpad, spec_.head_dim, lay_.q_row, lay_.q_off, qs[1]);
+    q_plan_ = plan_copy(spec_.block_m, lay_.dpad, spec_.head_dim, lay_.q_row, lay_.q_off, fb.q_row);
     k_plan_ =
         plan_copy(spec_.block_n, lay_.dpad, spec_.head_dim, lay_.k_row, lay_.k_off, k_stride_);
     v_plan_ =
         plan_copy(spec_.block_n, lay_.dvpad, spec_.head_dim_v, lay_.v_row, lay_.v_off, v_stride_);
-    q_tile_ = e_.index(q_bh, m0_, qs[1]);
+    q_tile_ = e_.index(q_bh, m0_, fb.q_row);
     q_rem_ = e_.op(Op::Sub, Type::S32, sq_, m0_);
   }
 
