@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "flashattn.h"
-#include "reference.h"
 #include "support/cmocka.hh"
+#include "support/numerics.h"
 
 namespace {
 
@@ -38,70 +38,20 @@ fa_runtime *open_rt(const std::string &dir) {
   return rt;
 }
 
-// Runs one small causal forward pass and checks its output against the fp64
-// reference. Returns true when the launch succeeded and the result is right.
+// Runs one small causal forward pass through the shared numerics runner
+// (poisoned output, fp64 reference). True when the launch succeeded and the
+// result is right.
 bool launch_and_check(fa_runtime *rt) {
-  const int sq = 9, sk = 13, h = 2, d = 32;
-  fa_config_desc desc = FA_CONFIG_DESC_INIT;
-  desc.head_dim = d;
-  desc.num_heads_q = desc.num_heads_kv = h;
-  desc.causal = 1;
-  fa_config *cfg = nullptr;
-  if (fa_config_create(&desc, &cfg) != FA_SUCCESS) return false;
-  std::vector<uint16_t> q(size_t(sq) * h * d), k(size_t(sk) * h * d), v(k.size());
-  std::vector<double> qd(q.size()), kd(k.size()), vd(v.size());
-  uint32_t x = 12345;
-  auto fill = [&](std::vector<uint16_t> &dst, std::vector<double> &dd) {
-    for (size_t i = 0; i < dst.size(); ++i) {
-      x = x * 1103515245u + 12345u;
-      const float f = float((x >> 8) & 0xffff) / 32768.0f - 1.0f;
-      dst[i] = fa::ref::f32_to_f16(f);
-      dd[i] = fa::ref::f16_to_f32(dst[i]);
-    }
-  };
-  fill(q, qd);
-  fill(k, kd);
-  fill(v, vd);
-  uint64_t dq = 0, dk = 0, dv = 0, dout = 0;
-  fa_malloc(rt, q.size() * 2, &dq);
-  fa_malloc(rt, k.size() * 2, &dk);
-  fa_malloc(rt, v.size() * 2, &dv);
-  fa_malloc(rt, q.size() * 2, &dout);
-  fa_memcpy_htod(rt, dq, q.data(), q.size() * 2);
-  fa_memcpy_htod(rt, dk, k.data(), k.size() * 2);
-  fa_memcpy_htod(rt, dv, v.data(), v.size() * 2);
-  fa_memset(rt, dout, 0xFF, q.size() * 2);
-  fa_forward_args a = FA_FORWARD_ARGS_INIT;
-  a.batch = 1;
-  a.seqlen_q = sq;
-  a.seqlen_k = sk;
-  a.q = {dq, {int64_t(sq) * h * d, h * d, d, 1}};
-  a.k = {dk, {int64_t(sk) * h * d, h * d, d, 1}};
-  a.v = {dv, {int64_t(sk) * h * d, h * d, d, 1}};
-  a.o = {dout, {int64_t(sq) * h * d, h * d, d, 1}};
-  const fa_status st = fa_launch(rt, cfg, &a, nullptr);
-  if (st != FA_SUCCESS) std::fprintf(stderr, "fa_launch: %s\n", fa_last_error());
-  std::vector<uint16_t> o(q.size());
-  fa_memcpy_dtoh(rt, o.data(), dout, o.size() * 2);
-  for (uint64_t p : {dq, dk, dv, dout}) fa_free(rt, p);
-  fa_config_destroy(cfg);
-  if (st != FA_SUCCESS) return false;
-  fa::ref::Problem p;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.num_heads_q = p.num_heads_kv = h;
-  p.head_dim = p.head_dim_v = d;
-  p.causal = true;
-  std::vector<double> ref(o.size());
-  fa::ref::attention(p, qd.data(), kd.data(), vd.data(), ref.data(), nullptr);
-  for (size_t i = 0; i < o.size(); ++i) {
-    const double got = fa::ref::f16_to_f32(o[i]);
-    if (!(std::abs(got - ref[i]) < 2e-3)) {
-      std::fprintf(stderr, "element %zu: got %g, want %g\n", i, got, ref[i]);
-      return false;
-    }
-  }
-  return true;
+  fa::test::ForwardCase c;
+  c.seqlen_q = 9;
+  c.seqlen_k = 13;
+  c.heads_q = c.heads_kv = 2;
+  c.head_dim = 32;
+  c.causal = true;
+  c.seed = 12345;
+  const std::string err = fa::test::run_forward(rt, c);
+  if (!err.empty()) std::fprintf(stderr, "%s", err.c_str());
+  return err.empty();
 }
 
 fa_cache_stats stats_of(fa_runtime *rt) {
