@@ -442,21 +442,7 @@ class AttentionGen {
     }
     for (int r = 0; r < R_; ++r) {
       Reg s = s_[r];
-      if (spec_.softcap) {
-        // softcap * tanh(x) with tanh(x) = sign(x) (1 - e) / (1 + e),
-        // e = 2^(-2 |x| log2 e) in (0, 1]: no overflow for any x.
-        Reg x = e_.op(Op::Mul, Type::F32, s, score_scale_);
-        Reg ax = e_.op(Op::Abs, Type::F32, x);
-        Reg ex = e_.op(Op::Ex2, Type::F32, e_.op(Op::Mul, Type::F32, ax, fimm(-2.0f * kLog2e)));
-        Reg num = e_.op(Op::Sub, Type::F32, fimm(1.0f), ex);
-        Reg den = e_.op(Op::Add, Type::F32, fimm(1.0f), ex);
-        Reg th = e_.op(Op::DivRn, Type::F32, num, den);
-        Reg neg = e_.setp(Cmp::Lt, Type::F32, x, fimm(0.0f));
-        b_.when(neg).op(Op::Neg, Type::F32, th, th);
-        b_.op(Op::Mul, Type::F32, s, th, softcap_log2_);
-      } else {
-        b_.op(Op::Mul, Type::F32, s, s, score_scale_);
-      }
+      scale_score(e_, s, score_scale_, spec_.softcap ? softcap_log2_ : Reg());
       Reg ge = e_.setp(Cmp::Ge, Type::S32, key_, lo_[r]);
       Reg lt = e_.setp(Cmp::Lt, Type::S32, key_, hi_[r]);
       b_.op(Op::And, Type::Pred, ge, ge, lt);
@@ -600,6 +586,23 @@ AttentionLayout attention_layout(const KernelSpec &spec) {
     if (l.v_bytes > l.k_bytes) l.k_bytes = l.v_bytes;
   }
   return l;
+}
+
+void scale_score(Emitter &e, Reg s, Reg score_scale, Reg softcap_log2) {
+  ptx::Builder &b = e.b;
+  if (!softcap_log2.valid()) {
+    b.op(Op::Mul, Type::F32, s, s, score_scale);
+    return;
+  }
+  Reg x = e.op(Op::Mul, Type::F32, s, score_scale);
+  Reg ax = e.op(Op::Abs, Type::F32, x);
+  Reg ex = e.op(Op::Ex2, Type::F32, e.op(Op::Mul, Type::F32, ax, fimm(-2.0f * kLog2e)));
+  Reg num = e.op(Op::Sub, Type::F32, fimm(1.0f), ex);
+  Reg den = e.op(Op::Add, Type::F32, fimm(1.0f), ex);
+  Reg th = e.op(Op::DivRn, Type::F32, num, den);
+  Reg neg = e.setp(Cmp::Lt, Type::F32, x, fimm(0.0f));
+  b.when(neg).op(Op::Neg, Type::F32, th, th);
+  b.op(Op::Mul, Type::F32, s, th, softcap_log2);
 }
 
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,

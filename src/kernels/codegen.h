@@ -152,5 +152,11 @@ struct ForwardBases {
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
                            Reg bz, Reg h, Reg kvh, Reg hq, Reg m0);
 
+// Scales a raw score s = q.k in place to the log2 domain: s * score_scale,
+// or with softcap (softcap_log2 valid) softcap_log2 * tanh(s * score_scale),
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2 |x| log2 e) in (0, 1], which
+// cannot overflow for any x.
+void scale_score(Emitter &e, Reg s, Reg score_scale, Reg softcap_log2);
+
 }  // namespace kgen
 }  // namespace fa

@@ -392,19 +392,7 @@ class ForwardTcGen {
     for (int j = 0; j < nS_; ++j) {
       for (int i = 0; i < 4; ++i) {
         Reg s = s_[j][i];
-        if (spec_.softcap) {
-          Reg x = e_.op(Op::Mul, Type::F32, s, score_scale_);
-          Reg ax = e_.op(Op::Abs, Type::F32, x);
-          Reg ex = e_.op(Op::Ex2, Type::F32, e_.op(Op::Mul, Type::F32, ax, fimm(-2.0f * kLog2e)));
-          Reg num = e_.op(Op::Sub, Type::F32, fimm(1.0f), ex);
-          Reg den = e_.op(Op::Add, Type::F32, fimm(1.0f), ex);
-          Reg th = e_.op(Op::DivRn, Type::F32, num, den);
-          Reg neg = e_.setp(Cmp::Lt, Type::F32, x, fimm(0.0f));
-          b_.when(neg).op(Op::Neg, Type::F32, th, th);
-          b_.op(Op::Mul, Type::F32, s, th, softcap_log2_);
-        } else {
-          b_.op(Op::Mul, Type::F32, s, s, score_scale_);
-        }
+        scale_score(e_, s, score_scale_, spec_.softcap ? softcap_log2_ : Reg());
       }
     }
   }
