@@ -45,6 +45,7 @@ struct Stats {
   uint64_t discarded = 0;   // rows dropped because a blob hash did not verify
   uint64_t collisions = 0;  // rows whose key matched but whose key material did not
   uint64_t evicted = 0;     // rows this store deleted to stay under max_bytes
+  uint64_t resets = 0;      // damaged database files this store emptied in place
   // Compile leases (SQLite store only): taken, of which reclaimed from a dead
   // or expired holder; lookups answered by waiting for another holder's row;
   // waits that ran out (the caller then built the kernel without a lease).

@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 1
+#define FLASHATTN_VERSION_MINOR 2
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER                                              \
@@ -382,11 +382,28 @@ typedef struct fa_cache_stats {
   int32_t persistent;    /* 1 = on disk, 0 = memory only */
   char path[512];        /* database file, "" when memory only */
   char note[256];        /* why memory only, or the last warning; "" if none */
+  /* Since 0.2 (FA_CACHE_STATS_SIZE_0_1 ends before them). Counters are for
+   * this runtime's store since it was opened. */
+  uint64_t collisions;       /* rows with this key but another kernel's key material */
+  uint64_t evicted;          /* rows deleted to stay under max_bytes */
+  uint64_t resets;           /* damaged database files emptied in place */
+  uint64_t leases;           /* compile leases taken... */
+  uint64_t leases_reclaimed; /* ...of which from a dead or expired holder */
+  uint64_t lease_waits;      /* kernels another process built while we waited */
+  uint64_t lease_timeouts;   /* waits that ran out (the kernel was built here) */
+  uint64_t max_bytes;        /* size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none */
 } fa_cache_stats;
 
-#define FA_CACHE_STATS_INIT { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, { 0 }, { 0 } }
+/* struct_size of fa_cache_stats in flashattn 0.1 (no counters after note). */
+#define FA_CACHE_STATS_SIZE_0_1 (offsetof(fa_cache_stats, collisions))
 
-/* Fills *stats. Errors: INVALID_ARGUMENT. */
+#define FA_CACHE_STATS_INIT                                                   \
+  { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, { 0 }, { 0 },             \
+    0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Fills *stats. struct_size may be sizeof(fa_cache_stats) or
+ * FA_CACHE_STATS_SIZE_0_1 (a caller built against 0.1: only its fields are
+ * written). Errors: INVALID_ARGUMENT. */
 FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats);
 
 typedef struct fa_cache_entry {

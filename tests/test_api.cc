@@ -599,9 +599,28 @@ void test_info_and_cache_args(void **state) {
   expect_rejected(nullptr, "info NULL", fa_runtime_get_info(s->rt, nullptr),
                   FA_ERROR_INVALID_ARGUMENT, "fa_runtime_get_info", "info is NULL");
   fa_cache_stats cs = FA_CACHE_STATS_INIT;
-  cs.struct_size = 16;
-  expect_rejected(nullptr, "stats struct_size", fa_cache_stats_get(s->rt, &cs),
-                  FA_ERROR_INVALID_ARGUMENT, "fa_cache_stats_get", "struct_size");
+  for (size_t bad : {size_t(16), FA_CACHE_STATS_SIZE_0_1 - 8, FA_CACHE_STATS_SIZE_0_1 + 8,
+                     sizeof(fa_cache_stats) + 8}) {
+    cs.struct_size = bad;
+    expect_rejected(nullptr, "stats struct_size", fa_cache_stats_get(s->rt, &cs),
+                    FA_ERROR_INVALID_ARGUMENT, "fa_cache_stats_get", "struct_size");
+  }
+  // A caller built against 0.1 passes the shorter size: its fields are
+  // filled, nothing past them is written.
+  static_assert(FA_CACHE_STATS_SIZE_0_1 == 840, "the 0.1 layout is frozen");
+  std::memset(&cs, 0xa5, sizeof cs);
+  cs.struct_size = FA_CACHE_STATS_SIZE_0_1;
+  assert_int_equal(fa_cache_stats_get(s->rt, &cs), FA_SUCCESS);
+  assert_true(cs.persistent == 0 || cs.persistent == 1);
+  assert_true(std::memchr(cs.note, 0, sizeof cs.note) != nullptr);
+  const unsigned char *tail =
+      reinterpret_cast<const unsigned char *>(&cs) + FA_CACHE_STATS_SIZE_0_1;
+  for (size_t i = 0; i < sizeof cs - FA_CACHE_STATS_SIZE_0_1; ++i) assert_int_equal(tail[i], 0xa5);
+  std::memset(&cs, 0xa5, sizeof cs);
+  cs.struct_size = sizeof cs;
+  assert_int_equal(fa_cache_stats_get(s->rt, &cs), FA_SUCCESS);
+  assert_int_not_equal(cs.collisions, 0xa5a5a5a5a5a5a5a5ull);
+  assert_int_not_equal(cs.max_bytes, 0xa5a5a5a5a5a5a5a5ull);
   expect_rejected(nullptr, "stats NULL", fa_cache_stats_get(s->rt, nullptr),
                   FA_ERROR_INVALID_ARGUMENT, "fa_cache_stats_get", "stats is NULL");
   expect_rejected(nullptr, "list fn", fa_cache_list(s->rt, nullptr, nullptr),

@@ -17,6 +17,14 @@ type CacheStats struct {
 	Persistent                                        bool   // on disk
 	Path                                              string // "" when memory only
 	Note                                              string // why memory only, or the last warning
+	Collisions                                        uint64 // rows with this key but another kernel's key material
+	Evicted                                           uint64 // rows deleted to stay under MaxBytes
+	Resets                                            uint64 // damaged database files emptied in place
+	Leases                                            uint64 // compile leases taken...
+	LeasesReclaimed                                   uint64 // ...of which from a dead or expired holder
+	LeaseWaits                                        uint64 // kernels another process built while this one waited
+	LeaseTimeouts                                     uint64 // waits that ran out (the kernel was built here)
+	MaxBytes                                          uint64 // size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none
 }
 
 // CacheStats returns the cache counters of rt.
@@ -33,16 +41,24 @@ func (rt *Runtime) CacheStats() (CacheStats, error) {
 		return CacheStats{}, err
 	}
 	return CacheStats{
-		MemoryHits: uint64(s.memory_hits),
-		DiskHits:   uint64(s.disk_hits),
-		Misses:     uint64(s.misses),
-		Compiles:   uint64(s.compiles),
-		Discarded:  uint64(s.discarded),
-		Entries:    uint64(s.entries),
-		Bytes:      uint64(s.bytes),
-		Persistent: s.persistent != 0,
-		Path:       C.GoString(&s.path[0]),
-		Note:       C.GoString(&s.note[0]),
+		MemoryHits:      uint64(s.memory_hits),
+		DiskHits:        uint64(s.disk_hits),
+		Misses:          uint64(s.misses),
+		Compiles:        uint64(s.compiles),
+		Discarded:       uint64(s.discarded),
+		Entries:         uint64(s.entries),
+		Bytes:           uint64(s.bytes),
+		Persistent:      s.persistent != 0,
+		Path:            C.GoString(&s.path[0]),
+		Note:            C.GoString(&s.note[0]),
+		Collisions:      uint64(s.collisions),
+		Evicted:         uint64(s.evicted),
+		Resets:          uint64(s.resets),
+		Leases:          uint64(s.leases),
+		LeasesReclaimed: uint64(s.leases_reclaimed),
+		LeaseWaits:      uint64(s.lease_waits),
+		LeaseTimeouts:   uint64(s.lease_timeouts),
+		MaxBytes:        uint64(s.max_bytes),
 	}, nil
 }
 

@@ -760,6 +760,10 @@ func TestCache(t *testing.T) {
 	if !st.Persistent || st.Misses < 1 || st.Entries < 1 || st.Bytes == 0 || !strings.HasPrefix(st.Path, dir) {
 		t.Fatalf("stats after first launch %+v", st)
 	}
+	// The cold kernel was built under a compile lease; the default cap is on.
+	if st.Leases != st.Misses || st.LeaseWaits != 0 || st.Collisions != 0 || st.Resets != 0 || st.MaxBytes == 0 {
+		t.Fatalf("lease and cap counters after first launch %+v", st)
+	}
 	list, err := rt.CacheList()
 	if err != nil || len(list) != int(st.Entries) {
 		t.Fatalf("CacheList: %d entries (stats say %d), %v", len(list), st.Entries, err)

@@ -502,7 +502,9 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
   return guarded("fa_cache_stats_get", [&]() -> fa_status {
     FA_CHECK(check_runtime(rt));
     FA_REQUIRE(stats != nullptr, "stats is NULL");
-    FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
+    // Output struct: a 0.1 caller's shorter struct gets only its fields.
+    const bool v0_1 = stats->struct_size == FA_CACHE_STATS_SIZE_0_1;
+    if (!v0_1) FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
     const fa::Runtime::Counters &c = rt->impl->counters();
     const fa::cache::Stats s = rt->impl->store().stats();
     stats->memory_hits = c.memory_hits;
@@ -515,6 +517,15 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
     stats->persistent = s.persistent ? 1 : 0;
     copy_cstr(stats->path, sizeof stats->path, s.path);
     copy_cstr(stats->note, sizeof stats->note, s.note);
+    if (v0_1) return FA_SUCCESS;
+    stats->collisions = s.collisions;
+    stats->evicted = s.evicted;
+    stats->resets = s.resets;
+    stats->leases = s.leases;
+    stats->leases_reclaimed = s.leases_reclaimed;
+    stats->lease_waits = s.lease_found;
+    stats->lease_timeouts = s.lease_timeouts;
+    stats->max_bytes = s.max_bytes;
     return FA_SUCCESS;
   });
 }

@@ -28,9 +28,14 @@ void print_stats(const fa_cache_stats &s) {
   if (s.note[0]) std::printf("note:        %s\n", s.note);
   std::printf("entries:     %" PRIu64 "\n", s.entries);
   std::printf("bytes:       %" PRIu64 "\n", s.bytes);
+  if (s.max_bytes) {
+    std::printf("size cap:    %" PRIu64 " bytes (FLASHATTN_CACHE_MAX_BYTES)\n", s.max_bytes);
+  } else {
+    std::printf("size cap:    none\n");
+  }
   std::printf("counters:    memory hits %" PRIu64 ", disk hits %" PRIu64 ", misses %" PRIu64
-              ", compiles %" PRIu64 ", discarded %" PRIu64 " (this process)\n",
-              s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded);
+              ", compiles %" PRIu64 ", discarded %" PRIu64 ", resets %" PRIu64 " (this process)\n",
+              s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded, s.resets);
 }
 
 struct ListState {

@@ -91,6 +91,14 @@ class CacheStats:
     persistent: bool
     path: str
     note: str
+    collisions: int
+    evicted: int
+    resets: int
+    leases: int
+    leases_reclaimed: int
+    lease_waits: int
+    lease_timeouts: int
+    max_bytes: int
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,9 @@ class Runtime:
         check(self._lib.fa_cache_stats_get(self._h(), ctypes.byref(s)))
         return CacheStats(s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded,
                           s.entries, s.bytes, bool(s.persistent),
-                          s.path.decode("utf-8", "replace"), s.note.decode("utf-8", "replace"))
+                          s.path.decode("utf-8", "replace"), s.note.decode("utf-8", "replace"),
+                          s.collisions, s.evicted, s.resets, s.leases, s.leases_reclaimed,
+                          s.lease_waits, s.lease_timeouts, s.max_bytes)
 
     def cache_list(self):
         """Every stored kernel as a CacheEntry (copied during the walk)."""

@@ -150,6 +150,14 @@ class fa_cache_stats(ctypes.Structure):
         ("persistent", c_int32),
         ("path", ctypes.c_char * 512),
         ("note", ctypes.c_char * 256),
+        ("collisions", c_uint64),
+        ("evicted", c_uint64),
+        ("resets", c_uint64),
+        ("leases", c_uint64),
+        ("leases_reclaimed", c_uint64),
+        ("lease_waits", c_uint64),
+        ("lease_timeouts", c_uint64),
+        ("max_bytes", c_uint64),
     ]
 
 

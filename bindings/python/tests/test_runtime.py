@@ -137,6 +137,9 @@ def test_cache_disk_stats_list_clear(tmp_path):
         _run_small_forward(r)
         s1 = r.cache_stats()
         assert s1.misses == 1 and s1.entries == 1 and s1.bytes > 0
+        # the cold kernel was built under a compile lease; the default cap is on
+        assert s1.leases == 1 and s1.lease_waits == 0 and s1.max_bytes > 0
+        assert s1.collisions == 0 and s1.resets == 0 and s1.evicted == 0
         _run_small_forward(r, seed=1)
         assert r.cache_stats().memory_hits >= 1
         entries = r.cache_list()
@@ -159,6 +162,7 @@ def test_cache_memory_mode():
     with fa.Runtime(backend="emulator", cache="memory") as r:
         s = r.cache_stats()
         assert not s.persistent and s.path == ""
+        assert s.max_bytes == 0 and s.leases == 0
         _run_small_forward(r)
         assert r.cache_stats().misses == 1
 

@@ -17,7 +17,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 1;
+pub const FLASHATTN_VERSION_MINOR: u32 = 2;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
@@ -292,7 +292,18 @@ pub struct fa_cache_stats {
     pub persistent: i32,
     pub path: [c_char; 512],
     pub note: [c_char; 256],
+    pub collisions: u64,
+    pub evicted: u64,
+    pub resets: u64,
+    pub leases: u64,
+    pub leases_reclaimed: u64,
+    pub lease_waits: u64,
+    pub lease_timeouts: u64,
+    pub max_bytes: u64,
 }
+
+/// struct_size of fa_cache_stats in flashattn 0.1 (ends before `collisions`).
+pub const FA_CACHE_STATS_SIZE_0_1: usize = 840;
 
 impl Default for fa_cache_stats {
     fn default() -> Self {
@@ -308,6 +319,14 @@ impl Default for fa_cache_stats {
             persistent: 0,
             path: [0; 512],
             note: [0; 256],
+            collisions: 0,
+            evicted: 0,
+            resets: 0,
+            leases: 0,
+            leases_reclaimed: 0,
+            lease_waits: 0,
+            lease_timeouts: 0,
+            max_bytes: 0,
         }
     }
 }

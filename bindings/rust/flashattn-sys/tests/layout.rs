@@ -115,7 +115,15 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             bytes,
             persistent,
             path,
-            note
+            note,
+            collisions,
+            evicted,
+            resets,
+            leases,
+            leases_reclaimed,
+            lease_waits,
+            lease_timeouts,
+            max_bytes
         }
     );
     layout!(

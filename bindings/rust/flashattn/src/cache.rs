@@ -29,6 +29,22 @@ pub struct CacheStats {
     pub path: String,
     /// Why memory only, or the last warning; "" if none.
     pub note: String,
+    /// Rows with this key but another kernel's key material.
+    pub collisions: u64,
+    /// Rows deleted to stay under max_bytes.
+    pub evicted: u64,
+    /// Damaged database files emptied in place.
+    pub resets: u64,
+    /// Compile leases taken.
+    pub leases: u64,
+    /// Leases taken over from a dead or expired holder.
+    pub leases_reclaimed: u64,
+    /// Kernels another process built while this one waited.
+    pub lease_waits: u64,
+    /// Waits that ran out (the kernel was built here).
+    pub lease_timeouts: u64,
+    /// Size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none.
+    pub max_bytes: u64,
 }
 
 /// One stored kernel (fa_cache_entry).
@@ -89,6 +105,14 @@ impl Runtime {
             persistent: s.persistent != 0,
             path: c_chars(&s.path),
             note: c_chars(&s.note),
+            collisions: s.collisions,
+            evicted: s.evicted,
+            resets: s.resets,
+            leases: s.leases,
+            leases_reclaimed: s.leases_reclaimed,
+            lease_waits: s.lease_waits,
+            lease_timeouts: s.lease_timeouts,
+            max_bytes: s.max_bytes,
         })
     }
 

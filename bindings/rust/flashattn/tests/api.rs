@@ -448,6 +448,9 @@ fn cache_on_disk_stats_list_clear() {
         assert_eq!(s.misses, 1);
         assert!(s.memory_hits >= 1);
         assert!(s.entries >= 1 && s.bytes > 0);
+        // The cold kernel was built under a compile lease; the default cap is on.
+        assert_eq!((s.leases, s.lease_waits, s.collisions, s.resets), (1, 0, 0, 0));
+        assert!(s.max_bytes > 0);
         let list = rt.cache_list().unwrap();
         assert_eq!(list.len() as u64, s.entries);
         for e in &list {
@@ -473,6 +476,7 @@ fn cache_on_disk_stats_list_clear() {
     let mem = emulator().cache_stats().unwrap();
     assert!(!mem.persistent);
     assert_eq!(mem.path, "");
+    assert_eq!((mem.max_bytes, mem.leases), (0, 0));
 }
 
 #[test]
