@@ -181,6 +181,8 @@ class SqliteStore final : public Store {
   // Everything below runs with mu_ held.
   std::string connect();
   int setup_schema();
+  int schema_state(int *version, bool *has_tables);
+  bool schema_missing();
   int reset_in_place();
   int exec(const char *sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); }
   void rollback_if_open() {
@@ -208,6 +210,7 @@ class SqliteStore final : public Store {
   std::unique_ptr<MemoryStore> mem_;  // set once the file is given up
   std::string note_;
   uint64_t hits_ = 0, misses_ = 0, puts_ = 0, discarded_ = 0, collisions_ = 0, evicted_ = 0;
+  uint64_t resets_ = 0;
   uint64_t leases_ = 0, leases_reclaimed_ = 0, lease_found_ = 0, lease_timeouts_ = 0;
   std::map<KeyPair, int64_t> held_;  // compile leases this store holds: key -> token
   std::mt19937_64 rng_;              // lease tokens
@@ -273,28 +276,15 @@ int SqliteStore::setup_schema() {
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rc;
   }
   exec("PRAGMA cell_size_check=ON");  // detect damaged pages early
-  auto state = [this](int *version, bool *has_table) {
-    Stmt v(db_, "PRAGMA user_version");
-    int rc = v.step();
-    if (rc != SQLITE_ROW) return rc;
-    *version = static_cast<int>(v.col_int(0));
-    Stmt t(db_,
-           "SELECT count(*) FROM sqlite_master WHERE (type = 'table' AND name IN ('kernels',"
-           " 'leases')) OR (type = 'index' AND name = 'kernels_lru')");
-    rc = t.step();
-    if (rc != SQLITE_ROW) return rc;
-    *has_table = t.col_int(0) == 3;
-    return SQLITE_OK;
-  };
   int version = 0;
   bool has_table = false;
-  int rc = state(&version, &has_table);
+  int rc = schema_state(&version, &has_table);
   if (rc != SQLITE_OK) return rc;
   if (version == kSchemaVersion && has_table) return SQLITE_OK;  // common case: no write lock
 
   // Re-check under the write lock: another process may have just done it.
   if ((rc = exec("BEGIN IMMEDIATE")) != SQLITE_OK) return rc;
-  rc = state(&version, &has_table);
+  rc = schema_state(&version, &has_table);
   if (rc == SQLITE_OK && !(version == kSchemaVersion && has_table)) {
     if (version != kSchemaVersion) rc = exec(kDropTables);
     if (rc == SQLITE_OK) rc = exec(kCreateTables);
@@ -313,6 +303,29 @@ int SqliteStore::setup_schema() {
   return SQLITE_OK;
 }
 
+// The schema version and whether all our tables and the index exist.
+int SqliteStore::schema_state(int *version, bool *has_tables) {
+  Stmt v(db_, "PRAGMA user_version");
+  int rc = v.step();
+  if (rc != SQLITE_ROW) return rc;
+  *version = static_cast<int>(v.col_int(0));
+  Stmt t(db_,
+         "SELECT count(*) FROM sqlite_master WHERE (type = 'table' AND name IN ('kernels',"
+         " 'leases')) OR (type = 'index' AND name = 'kernels_lru')");
+  rc = t.step();
+  if (rc != SQLITE_ROW) return rc;
+  *has_tables = t.col_int(0) == 3;
+  return SQLITE_OK;
+}
+
+// True when the file readably lacks our schema (emptied or dropped).
+bool SqliteStore::schema_missing() {
+  int version = 0;
+  bool has_tables = false;
+  return schema_state(&version, &has_tables) == SQLITE_OK &&
+         !(version == kSchemaVersion && has_tables);
+}
+
 // Empties the database file in place (same inode, so processes holding it
 // open stay consistent): SQLITE_DBCONFIG_RESET_DATABASE + VACUUM.
 int SqliteStore::reset_in_place() {
@@ -320,6 +333,7 @@ int SqliteStore::reset_in_place() {
   sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 1, nullptr);
   int rc = exec("VACUUM");
   sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 0, nullptr);
+  if (rc == SQLITE_OK) ++resets_;
   return rc;
 }
 
@@ -341,9 +355,10 @@ bool SqliteStore::usable() {
   return db_ != nullptr;
 }
 
-// Reacts to a failed statement: a corrupt file is reset in place (returns true
-// when the database is usable again); a busy one only skips this operation;
-// anything else (read-only, full, I/O error) falls back to memory.
+// Reacts to a failed statement: a corrupt file is reset in place, and one
+// emptied under us gets its tables again (both return true: the database is
+// usable again); a busy one only skips this operation; anything else
+// (read-only, full, I/O error) falls back to memory.
 bool SqliteStore::on_error(int rc, const std::string &what) {
   const std::string msg = sqlite3_errmsg(db_);
   rollback_if_open();
@@ -354,6 +369,18 @@ bool SqliteStore::on_error(int rc, const std::string &what) {
     if (r == SQLITE_OK) r = setup_schema();
     if (r == SQLITE_OK) return true;
     degrade("corrupt and could not be reset: " + std::string(sqlite3_errmsg(db_)));
+    return false;
+  }
+  if (((rc & 0xff) == SQLITE_ERROR || (rc & 0xff) == SQLITE_SCHEMA) && schema_missing()) {
+    // Emptied under us (truncated to zero length, or tables dropped by
+    // another program): create the tables again, in place.
+    note_ = "recreated the tables of emptied database " + path_ + " (" + what + ": " + msg + ")";
+    fa::warn(note_);
+    if (setup_schema() == SQLITE_OK) {
+      ++resets_;
+      return true;
+    }
+    degrade("emptied and could not be set up again: " + std::string(sqlite3_errmsg(db_)));
     return false;
   }
   if (is_busy(rc)) {
@@ -770,6 +797,7 @@ Stats SqliteStore::stats() {
   s.discarded = discarded_;
   s.collisions = collisions_;
   s.evicted = evicted_;
+  s.resets = resets_;
   s.leases = leases_;
   s.leases_reclaimed = leases_reclaimed_;
   s.lease_found = lease_found_;

@@ -5,7 +5,6 @@
 // The binary re-runs itself (posix_spawn of /proc/self/exe) with "child-get"
 // or "child-put" as its first argument to act as a second process.
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
 #include <spawn.h>
 #include <sqlite3.h>
@@ -38,6 +37,7 @@ extern "C" {
 // clang-format on
 
 #include "cache/store.h"
+#include "support/cache_fixture.h"
 
 extern char **environ;
 
@@ -47,59 +47,20 @@ using fa::cache::Record;
 using fa::cache::RowInfo;
 using fa::cache::Stats;
 using fa::cache::Store;
+using fa::test::db_file;
+using fa::test::inode_of;
+using fa::test::key_for;
+using fa::test::record_for;
+using fa::test::rm_rf;
+using fa::test::same_record;
+using fa::test::seed_of;
+using fa::test::wait_exit;
 
 namespace {
 
 std::string g_self;  // path of this test binary
 
 // ---- helpers ----------------------------------------------------------------
-
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-Key key_for(uint64_t id) { return Key{mix(id * 2 + 1), mix(id * 2 + 2)}; }
-
-// A record whose every field derives from `seed`: random PTX-like text with a
-// header naming the seed, random cubin bytes (empty when empty_cubin).
-Record record_for(uint64_t seed, bool empty_cubin = false) {
-  std::mt19937_64 rng(mix(seed));
-  Record r;
-  r.ptx = "// seed " + std::to_string(seed) + "\n.version 8.0\n.target sm_80\n";
-  const size_t n_text = 800 + rng() % 4000;
-  for (size_t i = 0; i < n_text; ++i) {
-    const uint64_t v = rng() % 64;
-    r.ptx.push_back(v == 0 ? '\n' : static_cast<char>(' ' + rng() % 95));
-  }
-  if (!empty_cubin) {
-    r.cubin.resize(500 + rng() % 3000);
-    for (auto &b : r.cubin) b = static_cast<uint8_t>(rng());
-  }
-  r.driver_version = empty_cubin ? 0 : 12000 + static_cast<int>(seed % 1000);
-  r.spec_text =
-      "spec seed=" + std::to_string(seed) + " head_dim=" + std::to_string(64 + seed % 3 * 32);
-  r.generator_version = static_cast<uint32_t>(seed * 7 + 3);
-  r.sm = 70 + static_cast<int>(seed % 30);
-  return r;
-}
-
-// The seed written in a record's first PTX line, or UINT64_MAX.
-uint64_t seed_of(const Record &r) {
-  unsigned long long s = 0;
-  if (std::sscanf(r.ptx.c_str(), "// seed %llu", &s) != 1) return UINT64_MAX;
-  return s;
-}
-
-bool same_record(const Record &a, const Record &b) {
-  return a.ptx.size() == b.ptx.size() && !std::memcmp(a.ptx.data(), b.ptx.data(), a.ptx.size()) &&
-         a.cubin.size() == b.cubin.size() &&
-         (a.cubin.empty() || !std::memcmp(a.cubin.data(), b.cubin.data(), a.cubin.size())) &&
-         a.driver_version == b.driver_version && a.spec_text == b.spec_text &&
-         a.generator_version == b.generator_version && a.sm == b.sm;
-}
 
 void assert_same_record(const Record &got, const Record &want) {
   assert_int_equal(got.ptx.size(), want.ptx.size());
@@ -116,19 +77,10 @@ void assert_same_record(const Record &got, const Record &want) {
 
 // A fresh directory under FA_TEST_BINARY_DIR/cache_tests.
 std::string temp_dir(const char *tag) {
-  std::string base = std::string(FA_TEST_BINARY_DIR) + "/cache_tests";
-  mkdir(base.c_str(), 0755);
-  std::string templ = base + "/" + tag + "-XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  assert_non_null(mkdtemp(buf.data()));
-  return buf.data();
+  std::string dir = fa::test::temp_dir("cache_tests", tag);
+  assert_false(dir.empty());
+  return dir;
 }
-
-int rm_entry(const char *path, const struct stat *, int, struct FTW *) { return remove(path); }
-void rm_rf(const std::string &dir) { nftw(dir.c_str(), rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-std::string db_file(const std::string &dir) { return dir + "/kernels.sqlite3"; }
 
 std::unique_ptr<Store> open_dir(const std::string &dir) {
   Options o;
@@ -136,12 +88,6 @@ std::unique_ptr<Store> open_dir(const std::string &dir) {
   auto s = fa::cache::open_store(o);
   assert_non_null(s.get());
   return s;
-}
-
-ino_t inode_of(const std::string &path) {
-  struct stat st;
-  assert_int_equal(stat(path.c_str(), &st), 0);
-  return st.st_ino;
 }
 
 // Runs this binary with args; returns its exit status (or -1).
@@ -153,12 +99,6 @@ pid_t spawn_self(const std::vector<std::string> &args) {
   pid_t pid = -1;
   if (posix_spawn(&pid, g_self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
   return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  if (pid <= 0 || waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // Raw access to the database, as another program would do it.
@@ -644,6 +584,41 @@ void test_zero_length_file(void **) {
   rm_rf(dir);
 }
 
+// A file truncated to zero length while the store has it open: the next
+// statement finds no tables; they are created again in the same file.
+void test_emptied_while_open(void **) {
+  const std::string dir = temp_dir("emptied");
+  const std::string path = db_file(dir);
+  auto store = open_dir(dir);
+  store->put(key_for(62), record_for(62));
+  const ino_t ino = inode_of(path);
+  assert_int_equal(truncate(path.c_str(), 0), 0);
+  Record got;
+  assert_false(store->get(key_for(62), &got));
+  Stats st = store->stats();
+  assert_true(st.persistent);
+  assert_int_equal(st.resets, 1);
+  assert_true(st.note.find("recreated") != std::string::npos);
+  store->put(key_for(63), record_for(63));
+  assert_true(store->get(key_for(63), &got));
+  assert_same_record(got, record_for(63));
+  // The tables dropped by another program: the same repair.
+  {
+    RawDb raw(path);
+    raw.exec("DROP TABLE kernels");
+  }
+  store->put(key_for(64), record_for(64));
+  assert_true(store->get(key_for(64), &got));
+  assert_same_record(got, record_for(64));
+  st = store->stats();
+  assert_true(st.persistent);
+  assert_int_equal(st.resets, 2);
+  assert_int_equal(st.entries, 1);
+  assert_int_equal(inode_of(path), ino);
+  store.reset();
+  rm_rf(dir);
+}
+
 // Drops root to nobody (in a forked child); 0 when done or not root.
 int drop_root() {
   if (geteuid() != 0) return 0;
@@ -954,14 +929,23 @@ int main(int argc, char **argv) {
   }
   setenv("FLASHATTN_QUIET", "1", 1);  // expected warnings would only clutter the log
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_key_hex),          cmocka_unit_test(test_round_trip),
-      cmocka_unit_test(test_replace),          cmocka_unit_test(test_persistence),
-      cmocka_unit_test(test_second_process),   cmocka_unit_test(test_concurrent_puts),
-      cmocka_unit_test(test_tampered_blob),    cmocka_unit_test(test_garbage_file),
-      cmocka_unit_test(test_zero_length_file), cmocka_unit_test(test_unwritable_dir),
-      cmocka_unit_test(test_disable_env),      cmocka_unit_test(test_env_resolution),
-      cmocka_unit_test(test_clear_and_list),   cmocka_unit_test(test_schema_version_change),
-      cmocka_unit_test(test_busy_database),    cmocka_unit_test(test_degrade_while_open),
+      cmocka_unit_test(test_key_hex),
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_replace),
+      cmocka_unit_test(test_persistence),
+      cmocka_unit_test(test_second_process),
+      cmocka_unit_test(test_concurrent_puts),
+      cmocka_unit_test(test_tampered_blob),
+      cmocka_unit_test(test_garbage_file),
+      cmocka_unit_test(test_zero_length_file),
+      cmocka_unit_test(test_emptied_while_open),
+      cmocka_unit_test(test_unwritable_dir),
+      cmocka_unit_test(test_disable_env),
+      cmocka_unit_test(test_env_resolution),
+      cmocka_unit_test(test_clear_and_list),
+      cmocka_unit_test(test_schema_version_change),
+      cmocka_unit_test(test_busy_database),
+      cmocka_unit_test(test_degrade_while_open),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -8,7 +8,6 @@
 //     is a new key.
 // Each test works in its own temporary directory under FA_TEST_BINARY_DIR.
 #include <fcntl.h>
-#include <ftw.h>
 #include <sqlite3.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -32,8 +31,8 @@
 #include "cache/store_internal.h"
 #include "flashattn.h"
 #include "runtime/runtime.h"
+#include "support/cache_fixture.h"
 #include "support/cmocka.hh"
-#include "support/numerics.h"
 
 using fa::cache::Key;
 using fa::cache::LeaseResult;
@@ -41,6 +40,12 @@ using fa::cache::Options;
 using fa::cache::Record;
 using fa::cache::Stats;
 using fa::cache::Store;
+using fa::test::db_file;
+using fa::test::file_size;
+using fa::test::fork_child;
+using fa::test::RawDb;
+using fa::test::rm_rf;
+using fa::test::wait_exit;
 
 namespace {
 
@@ -50,25 +55,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string temp_dir(const char *tag) {
-  std::string base = std::string(FA_TEST_BINARY_DIR) + "/cache_rel";
-  mkdir(base.c_str(), 0755);
-  std::string templ = base + "/" + tag + "-XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) return "";
-  return buf.data();
-}
-
-int rm_entry(const char *path, const struct stat *, int, struct FTW *) { return remove(path); }
-void rm_rf(const std::string &dir) { nftw(dir.c_str(), rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-std::string db_file(const std::string &dir) { return dir + "/kernels.sqlite3"; }
-
-int64_t file_size(const std::string &path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
+std::string temp_dir(const char *tag) { return fa::test::temp_dir("cache_rel", tag); }
 
 std::unique_ptr<Store> open_dir(const std::string &dir, int64_t max_bytes = -1,
                                 int lease_wait_ms = 0, int lease_ttl_ms = 0) {
@@ -80,68 +67,6 @@ std::unique_ptr<Store> open_dir(const std::string &dir, int64_t max_bytes = -1,
   return fa::cache::open_store(o);
 }
 
-// Raw access to the database, as another program would do it.
-struct RawDb {
-  sqlite3 *db = nullptr;
-  explicit RawDb(const std::string &path) {
-    if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) db = nullptr;
-    if (db) sqlite3_busy_timeout(db, 10000);
-  }
-  ~RawDb() { sqlite3_close(db); }
-  int64_t scalar(const char *sql) {
-    sqlite3_stmt *s = nullptr;
-    int64_t v = -1;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, nullptr) == SQLITE_OK &&
-        sqlite3_step(s) == SQLITE_ROW) {
-      v = sqlite3_column_int64(s, 0);
-    }
-    sqlite3_finalize(s);
-    return v;
-  }
-  std::string text(const char *sql) {
-    sqlite3_stmt *s = nullptr;
-    std::string v = "<error>";
-    if (sqlite3_prepare_v2(db, sql, -1, &s, nullptr) == SQLITE_OK &&
-        sqlite3_step(s) == SQLITE_ROW) {
-      const unsigned char *t = sqlite3_column_text(s, 0);
-      v = t ? reinterpret_cast<const char *>(t) : "";
-    }
-    sqlite3_finalize(s);
-    return v;
-  }
-  // Runs sql with one blob bound to ?1 (and optionally an integer to ?2 ...).
-  int exec_bound(const char *sql, const std::string &blob, std::vector<int64_t> ints = {},
-                 const std::string &text = "") {
-    sqlite3_stmt *s = nullptr;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, nullptr) != SQLITE_OK) return -1;
-    sqlite3_bind_blob(s, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
-    int i = 2;
-    for (int64_t v : ints) sqlite3_bind_int64(s, i++, v);
-    if (!text.empty()) sqlite3_bind_text(s, i, text.c_str(), -1, SQLITE_TRANSIENT);
-    const int rc = sqlite3_step(s);
-    sqlite3_finalize(s);
-    return rc == SQLITE_DONE ? sqlite3_changes(db) : -1;
-  }
-  // All (key, key_material) pairs of the kernels table.
-  std::vector<std::pair<std::string, std::string>> keys() {
-    std::vector<std::pair<std::string, std::string>> out;
-    sqlite3_stmt *s = nullptr;
-    if (sqlite3_prepare_v2(db, "SELECT key, key_material FROM kernels", -1, &s, nullptr) !=
-        SQLITE_OK) {
-      return out;
-    }
-    while (sqlite3_step(s) == SQLITE_ROW) {
-      auto col = [&](int i) {
-        const char *p = static_cast<const char *>(sqlite3_column_blob(s, i));
-        return std::string(p ? p : "", static_cast<size_t>(sqlite3_column_bytes(s, i)));
-      };
-      out.emplace_back(col(0), col(1));
-    }
-    sqlite3_finalize(s);
-    return out;
-  }
-};
-
 std::string key_bytes(const Key &k) {
   uint8_t b[16];
   fa::cache::key_to_bytes(k, b);
@@ -150,25 +75,6 @@ std::string key_bytes(const Key &k) {
 
 // The 16-byte key of material, as stored.
 std::string key_of(const std::string &material) { return key_bytes(fa::key_of_material(material)); }
-
-// Runs fn in a forked child; returns its exit status (0 = pass).
-template <typename F>
-pid_t fork_child(F fn) {
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int rc = fn();
-    std::fflush(nullptr);
-    _exit(rc);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  if (pid <= 0 || waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 // A pid that belonged to a process that has exited and been reaped.
 pid_t dead_pid() {
@@ -180,38 +86,12 @@ pid_t dead_pid() {
 // ---- launches through the public API -----------------------------------------
 
 fa_runtime *open_rt(const std::string &dir, int sm = 0) {
-  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
-  o.backend = FA_BACKEND_EMULATOR;
-  o.emulator_sm = sm;
-  o.cache_dir = dir.c_str();
-  fa_runtime *rt = nullptr;
-  if (fa_runtime_create(&o, &rt) != FA_SUCCESS) {
-    std::fprintf(stderr, "fa_runtime_create: %s\n", fa_last_error());
-    return nullptr;
-  }
-  return rt;
+  return fa::test::open_emulator_runtime(dir, sm);
 }
-
-// One small causal forward pass with head_dim d through the shared numerics
-// runner (poisoned output, fp64 reference, the suite's tolerance). True when right.
 bool launch_and_check(fa_runtime *rt, int d, uint32_t seed) {
-  fa::test::ForwardCase c;
-  c.seqlen_q = 7;
-  c.seqlen_k = 11;
-  c.heads_q = c.heads_kv = 2;
-  c.head_dim = d;
-  c.causal = true;
-  c.seed = seed;
-  const std::string err = fa::test::run_forward(rt, c);
-  if (!err.empty()) std::fprintf(stderr, "d=%d: %s", d, err.c_str());
-  return err.empty();
+  return fa::test::launch_small_forward(rt, d, seed);
 }
-
-fa_cache_stats stats_of(fa_runtime *rt) {
-  fa_cache_stats s = FA_CACHE_STATS_INIT;
-  fa_cache_stats_get(rt, &s);
-  return s;
-}
+fa_cache_stats stats_of(fa_runtime *rt) { return fa::test::cache_stats_of(rt); }
 
 // Checks the database after a run: integrity, one row per expected key, every
 // row's key is the hash of its key material, and no lease left behind.
