@@ -26,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "cache/store_internal.h"
@@ -72,11 +73,39 @@ constexpr const char *kDropTables =
     "DROP TABLE IF EXISTS kernels; DROP TABLE IF EXISTS leases;"
     " DROP INDEX IF EXISTS kernels_lru;";
 
-// True when the lease holder (pid on host) may still be running. Only a
-// holder on this host (same boot) can be checked; others live until expiry.
-bool holder_alive(int64_t pid, const std::string &host) {
+// The compile-lease tokens held by live stores of this process. A lease row
+// with our own pid is alive only while its token is here: a store that gave
+// up its file (disk full, I/O error) may have left its row behind.
+class LiveTokens {
+ public:
+  static LiveTokens &get() {
+    static LiveTokens *t = new LiveTokens;  // never destroyed: used at exit
+    return *t;
+  }
+  void add(int64_t token) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.insert(token);
+  }
+  void remove(int64_t token) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.erase(token);
+  }
+  bool contains(int64_t token) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_.count(token) != 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<int64_t> tokens_;
+};
+
+// True when the lease holder (pid on host, with token) may still be
+// building. Only a holder on this host (same boot) can be checked; others
+// live until expiry.
+bool holder_alive(int64_t pid, const std::string &host, int64_t token) {
   if (host != host_identity() || pid <= 0 || pid > INT32_MAX) return true;
-  if (pid == getpid()) return true;  // another store in this process
+  if (pid == getpid()) return LiveTokens::get().contains(token);  // a store in this process
   return kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
 }
 
@@ -154,9 +183,11 @@ class SqliteStore final : public Store {
   ~SqliteStore() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (db_ && pid_ == getpid()) {
-      for (const auto &kv : held_) drop_lease(kv.first, kv.second);
+      const auto held = held_;  // drop_lease() may degrade, which clears held_
+      for (const auto &kv : held) drop_lease(kv.first, kv.second);
       flush_touches(kTouchTimeoutMs);
     }
+    forget_leases();
     close();
   }
 
@@ -201,6 +232,17 @@ class SqliteStore final : public Store {
   int lease_taken(const uint8_t key[16], bool *taken, bool *present);
   Try try_lease(const Key &key, const std::string &key_material, Record *out);
   void drop_lease(const KeyPair &key, int64_t token);
+  // Stop holding leases (the rows stay; see LiveTokens).
+  void forget_lease(const KeyPair &key) {
+    auto it = held_.find(key);
+    if (it == held_.end()) return;
+    LiveTokens::get().remove(it->second);
+    held_.erase(it);
+  }
+  void forget_leases() {
+    for (const auto &kv : held_) LiveTokens::get().remove(kv.second);
+    held_.clear();
+  }
 
   std::mutex mu_;
   std::string path_;
@@ -345,7 +387,7 @@ bool SqliteStore::usable() {
     db_ = nullptr;  // the parent's handle: leaked on purpose, never closed here
     pid_ = getpid();
     touches_.clear();  // the parent's to write
-    held_.clear();     // the parent's leases
+    forget_leases();   // the parent's leases
     std::string why = connect();
     if (!why.empty()) {
       degrade(why);
@@ -396,6 +438,18 @@ bool SqliteStore::on_error(int rc, const std::string &what) {
 void SqliteStore::degrade(const std::string &why) {
   note_ = "kernel cache in memory only: " + path_ + ": " + why;
   fa::warn(note_);
+  // Best effort: the file may refuse this write too. A lease row left behind
+  // is reclaimed, since no live store of this process holds its token.
+  for (const auto &kv : held_) {
+    if (!db_) break;
+    uint8_t kb[16];
+    key_to_bytes(Key{kv.first.first, kv.first.second}, kb);
+    Stmt d(db_, "DELETE FROM leases WHERE key = ?1 AND token = ?2");
+    d.blob(1, kb, 16);
+    d.int64(2, kv.second);
+    d.step();
+  }
+  forget_leases();
   close();
   mem_ = std::make_unique<MemoryStore>(note_);
 }
@@ -628,7 +682,7 @@ void SqliteStore::put(const Key &key, const Record &record) {
     const int rc = write_row(key, record, ph, ch, &evicted);
     if (rc == SQLITE_OK) {
       touches_.clear();
-      held_.erase({key.hi, key.lo});  // released in the same transaction
+      forget_lease({key.hi, key.lo});  // released in the same transaction
       evicted_ += evicted;
       ++puts_;
       return;
@@ -663,7 +717,8 @@ int SqliteStore::lease_taken(const uint8_t key[16], bool *taken, bool *present) 
   *present = true;
   bool mine = false;
   for (const auto &kv : held_) mine = mine || kv.second == q.col_int(2);
-  *taken = !mine && q.col_int(3) > unix_now_ms() && holder_alive(q.col_int(0), q.col_text(1));
+  *taken = !mine && q.col_int(3) > unix_now_ms() &&
+           holder_alive(q.col_int(0), q.col_text(1), q.col_int(2));
   return SQLITE_OK;
 }
 
@@ -714,6 +769,7 @@ SqliteStore::Try SqliteStore::try_lease(const Key &key, const std::string &key_m
     return Try::kWait;
   }
   held_[{key.hi, key.lo}] = token;
+  LiveTokens::get().add(token);
   ++leases_;
   if (present) ++leases_reclaimed_;
   return Try::kAcquired;
@@ -772,7 +828,7 @@ void SqliteStore::release_lease(const Key &key) {
   auto it = held_.find({key.hi, key.lo});
   if (it == held_.end()) return;
   const auto held = *it;
-  held_.erase(it);
+  forget_lease(held.first);
   if (usable()) drop_lease(held.first, held.second);
 }
 

@@ -90,12 +90,6 @@ void shared_delete(T *p) {
   munmap(p, sizeof(T));
 }
 
-// Children launch hundreds of kernels: their per-launch summaries go to
-// /dev/null (failures are printed on stderr).
-void quiet_stdout() {
-  if (!std::freopen("/dev/null", "w", stdout)) std::fprintf(stderr, "cannot silence stdout\n");
-}
-
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 Key key_from_bytes(const std::string &b) {
@@ -230,7 +224,7 @@ void test_kill9_writers(void **) {
     std::vector<pid_t> pids;
     sh->started = 0;
     for (int p = 0; p < kWriters; ++p) {
-      pids.push_back(fork_child([&, p] { return kill_writer(dir, p, sh); }));
+      pids.push_back(fork_child([&, p] { return kill_writer(dir, p, sh); }, /*quiet=*/false, 600));
     }
     // Let them get going, then kill each at its own random moment.
     const auto t_start = Clock::now();
@@ -274,7 +268,6 @@ struct LaunchShared {
 };
 
 int kill_launcher(const std::string &dir, int proc, LaunchShared *sh) {
-  quiet_stdout();
   std::mt19937_64 rng(mix(static_cast<uint64_t>(getpid()) + proc));
   sh->started++;
   for (int iter = 0;; ++iter) {
@@ -302,7 +295,7 @@ void test_kill9_launching(void **) {
     sh->started = 0;
     std::vector<pid_t> pids;
     for (int p = 0; p < 2; ++p) {
-      pids.push_back(fork_child([&, p] { return kill_launcher(dir, p, sh); }));
+      pids.push_back(fork_child([&, p] { return kill_launcher(dir, p, sh); }, /*quiet=*/true));
     }
     while (sh->started.load() < 2) sleep_ms(1);
     for (pid_t pid : pids) {
@@ -379,7 +372,6 @@ constexpr int kDamageDims[] = {16, 32, 48, 64};
 // One process: a long-lived runtime and store (connections held open across
 // every damage) plus a fresh runtime per iteration, launching until stopped.
 int damage_worker(const std::string &dir, int proc, DamageShared *sh) {
-  quiet_stdout();
   fa_runtime *held = fa::test::open_emulator_runtime(dir);
   Options o;
   o.dir = dir;
@@ -437,7 +429,8 @@ void test_damage_under_open_handles(void **) {
   auto *sh = shared_new<DamageShared>();
   std::vector<pid_t> pids;
   for (int p = 0; p < kDamageProcs; ++p) {
-    pids.push_back(fork_child([&, p] { return damage_worker(dir, p, sh); }));
+    pids.push_back(fork_child([&, p] { return damage_worker(dir, p, sh); }, /*quiet=*/true,
+                              static_cast<int>(seconds) + 300));
   }
   while (sh->ready.load() < kDamageProcs) sleep_ms(1);
   std::mt19937_64 rng(4242);

@@ -4,8 +4,10 @@
 // end to end on the emulator, with the written O and LSE files checked
 // against the fp64 reference independently of the program's own verdict.
 
+#include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 #include "reference.h"
 
 // cmocka last: its fail() macro clashes with std::basic_ios::fail.
+#include "support/cache_fixture.h"
 #include "support/cmocka.hh"
 
 extern char **environ;
@@ -600,6 +603,94 @@ void test_cache_commands(void **) {
          "stats with FLASHATTN_CACHE_DISABLE=1");
 }
 
+// ---- hostile storage (docs/reliability.md, promise 4) ----------------------
+
+// `cache stats` with no cache directory at all (HOME, XDG_CACHE_HOME and
+// FLASHATTN_CACHE_DIR unset): exit 0, memory only, and the note says why.
+void test_cache_stats_no_home(void **) {
+  skip_without_cli();
+  const char *names[] = {"HOME", "XDG_CACHE_HOME", "FLASHATTN_CACHE_DIR"};
+  std::vector<std::pair<std::string, bool>> saved;
+  for (const char *n : names) {
+    const char *v = std::getenv(n);
+    saved.emplace_back(v ? v : "", v != nullptr);
+    unsetenv(n);
+  }
+  const std::vector<std::string> args = {"cache", "stats"};
+  const Result r = run_cli(args);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].second) setenv(names[i], saved[i].first.c_str(), 1);
+  }
+  expect(r.code == 0 && contains(r.out, "memory only") && contains(r.out, "no cache directory") &&
+             contains(r.out, "path:        (none)"),
+         args, r, "stats without HOME");
+}
+
+// Child status of test_cache_stats_full_disk when the set-up failed.
+constexpr int kSetupFailed = 78;
+using fa::test::kNoMount;
+
+// Runs the program without CMocka (safe in a forked child); the exit status,
+// or -1 when it did not exit normally.
+int spawn_cli(const std::vector<std::string> &args, const std::string &out_path,
+              const std::string &err_path) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> all = {kCli};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (auto &a : all) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawn(&pid, kCli, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  if (rc != 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// `cache stats` on a full file system: a tmpfs, filled to ENOSPC, mounted in
+// a forked child's private mount namespace (gone with the child). Exit 0,
+// memory only, and the note says the disk is full. Skips where mounting is
+// not permitted (not root, no CAP_SYS_ADMIN).
+void test_cache_stats_full_disk(void **) {
+  skip_without_cli();
+  const std::string mnt = path_of("full_fs");
+  mkdir(mnt.c_str(), 0755);
+  const std::string out = path_of("full_stdout.txt"), err = path_of("full_stderr.txt");
+  const std::vector<std::string> args = {"cache", "stats", "--cache-dir", mnt};
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::string why;
+    const int m = fa::test::mount_private_tmpfs(mnt, "256k", &why);
+    if (m != 0) _exit(m == kNoMount ? kNoMount : kSetupFailed);
+    if (!fa::test::fill_fs(mnt, 0)) _exit(kSetupFailed);
+    const int rc = spawn_cli(args, out, err);
+    umount2(mnt.c_str(), MNT_DETACH);
+    _exit(rc < 0 ? kSetupFailed : rc);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  if (WEXITSTATUS(status) == kNoMount) {
+    std::printf("  SKIP: mounting a tmpfs is not permitted here (needs root or CAP_SYS_ADMIN)\n");
+    skip();
+  }
+  assert_int_not_equal(WEXITSTATUS(status), kSetupFailed);
+  Result r;
+  r.exited = true;
+  r.code = WEXITSTATUS(status);
+  r.out = read_text(out);
+  r.err = read_text(err);
+  expect(r.code == 0 && contains(r.out, "memory only") &&
+             contains(r.out, "database or disk is full") && contains(r.out, mnt),
+         args, r, "stats on a full file system");
+  rmdir(mnt.c_str());
+}
+
 // Empties the children's cache first, so no kernel stored by an older build
 // of a generator is reused.
 int clear_cache(void **) {
@@ -627,6 +718,8 @@ int main() {
       cmocka_unit_test(test_decode_splits),
       cmocka_unit_test(test_decode_empty_sequence),
       cmocka_unit_test(test_cache_commands),
+      cmocka_unit_test(test_cache_stats_no_home),
+      cmocka_unit_test(test_cache_stats_full_disk),
   };
   return cmocka_run_group_tests(tests, clear_cache, nullptr);
 }

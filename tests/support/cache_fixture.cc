@@ -1,9 +1,14 @@
 #include "support/cache_fixture.h"
 
+#include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <cstring>
 #include <random>
 
@@ -78,6 +83,18 @@ ino_t inode_of(const std::string &path) {
   return stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
+void child_setup(bool quiet, int alarm_s) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) signal(sig, SIG_DFL);
+  if (alarm_s > 0) alarm(static_cast<unsigned>(alarm_s));
+  if (quiet) {
+    const int fd = open("/dev/null", O_WRONLY);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      close(fd);
+    }
+  }
+}
+
 int wait_exit(pid_t pid) {
   int status = 0;
   if (pid <= 0 || waitpid(pid, &status, 0) != pid) return -1;
@@ -146,6 +163,47 @@ std::vector<std::pair<std::string, std::string>> RawDb::keys() {
   }
   sqlite3_finalize(s);
   return out;
+}
+
+int mount_private_tmpfs(const std::string &mnt, const char *size, std::string *why) {
+  if (unshare(CLONE_NEWNS) != 0) {
+    if (errno == EPERM || errno == EINVAL || errno == ENOSYS) return kNoMount;
+    *why = std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno);
+    return -1;
+  }
+  if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    if (errno == EPERM || errno == EACCES) return kNoMount;
+    *why = std::string("making / private: ") + std::strerror(errno);
+    return -1;
+  }
+  const std::string opts = std::string("size=") + size;
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+    if (errno == EPERM || errno == EACCES) return kNoMount;
+    *why = "mount tmpfs on " + mnt + ": " + std::strerror(errno);
+    return -1;
+  }
+  return 0;
+}
+
+bool fill_fs(const std::string &dir, off_t leave) {
+  const std::string path = dir + "/filler";
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return false;
+  std::vector<char> chunk(4096, 'x');
+  off_t size = 0;
+  for (;;) {
+    const ssize_t w = write(fd, chunk.data(), chunk.size());
+    if (w > 0) {
+      size += w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    break;
+  }
+  const bool full = errno == ENOSPC;
+  const bool ok = full && (leave == 0 || ftruncate(fd, size > leave ? size - leave : 0) == 0);
+  close(fd);
+  return ok;
 }
 
 fa_runtime *open_emulator_runtime(const std::string &dir, int sm) {

@@ -42,12 +42,19 @@ inline std::string db_file(const std::string &dir) { return dir + "/kernels.sqli
 int64_t file_size(const std::string &path);
 ino_t inode_of(const std::string &path);
 
-// Runs fn() in a forked child whose exit status is fn's return value.
+// In a forked child: CMocka's signal handlers back to the defaults (they
+// would carry on with the test run in the child), stdout to /dev/null when
+// quiet, and SIGALRM after alarm_s seconds (0 = none), so a hung child dies.
+void child_setup(bool quiet, int alarm_s);
+
+// Runs fn() in a forked child whose exit status is fn's return value; a
+// crash shows as 128 + signal in wait_exit().
 template <typename F>
-pid_t fork_child(F fn) {
+pid_t fork_child(F fn, bool quiet = false, int alarm_s = 0) {
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
+    child_setup(quiet, alarm_s);
     const int rc = fn();
     std::fflush(nullptr);
     _exit(rc);
@@ -76,6 +83,21 @@ struct RawDb {
   // All (key, key_material) pairs of the kernels table.
   std::vector<std::pair<std::string, std::string>> keys();
 };
+
+// ---- a full file system ---------------------------------------------------------
+
+// Child status (and mount_private_tmpfs result) when mounting is not
+// permitted here (not root, no CAP_SYS_ADMIN, no mount namespaces).
+constexpr int kNoMount = 77;
+
+// For a forked child: a private mount namespace, then a tmpfs of `size`
+// (e.g. "256k") on mnt; it vanishes with the child. 0, kNoMount, or -1 with
+// *why set.
+int mount_private_tmpfs(const std::string &mnt, const char *size, std::string *why);
+
+// Fills the file system holding dir with dir/filler until ENOSPC, then gives
+// back `leave` bytes. False on an unexpected error.
+bool fill_fs(const std::string &dir, off_t leave);
 
 // ---- launches through the public API ----------------------------------------
 
