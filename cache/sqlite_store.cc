@@ -213,7 +213,6 @@ class SqliteStore final : public Store {
   std::string connect();
   int setup_schema();
   int schema_state(int *version, bool *has_tables);
-  bool schema_missing();
   int reset_in_place();
   int exec(const char *sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); }
   void rollback_if_open() {
@@ -360,14 +359,6 @@ int SqliteStore::schema_state(int *version, bool *has_tables) {
   return SQLITE_OK;
 }
 
-// True when the file readably lacks our schema (emptied or dropped).
-bool SqliteStore::schema_missing() {
-  int version = 0;
-  bool has_tables = false;
-  return schema_state(&version, &has_tables) == SQLITE_OK &&
-         !(version == kSchemaVersion && has_tables);
-}
-
 // Empties the database file in place (same inode, so processes holding it
 // open stay consistent): SQLITE_DBCONFIG_RESET_DATABASE + VACUUM.
 int SqliteStore::reset_in_place() {
@@ -398,12 +389,33 @@ bool SqliteStore::usable() {
 }
 
 // Reacts to a failed statement: a corrupt file is reset in place, and one
-// emptied under us gets its tables again (both return true: the database is
-// usable again); a busy one only skips this operation; anything else
-// (read-only, full, I/O error) falls back to memory.
+// emptied under us gets its tables again (unless another process already
+// did); all three return true: the database is usable again. A busy one only
+// skips this operation; anything else (read-only, full, I/O error) falls back
+// to memory.
 bool SqliteStore::on_error(int rc, const std::string &what) {
   const std::string msg = sqlite3_errmsg(db_);
   rollback_if_open();
+  if ((rc & 0xff) == SQLITE_ERROR || (rc & 0xff) == SQLITE_SCHEMA) {
+    // "no such table": the file was emptied under us (truncated to zero
+    // length, or tables dropped by another program), or was and has been
+    // repaired by another process since.
+    int version = 0;
+    bool has_tables = false;
+    const int state = schema_state(&version, &has_tables);
+    if (state == SQLITE_OK && version == kSchemaVersion && has_tables) return true;
+    if (state == SQLITE_OK) {
+      note_ = "recreated the tables of emptied database " + path_ + " (" + what + ": " + msg + ")";
+      fa::warn(note_);
+      if (setup_schema() == SQLITE_OK) {
+        ++resets_;
+        return true;
+      }
+      rc = sqlite3_extended_errcode(db_);
+    } else {
+      rc = state;  // e.g. corrupt by now: handled below
+    }
+  }
   if (is_corrupt(rc)) {
     note_ = "reset corrupt database " + path_ + " (" + what + ": " + msg + ")";
     fa::warn(note_);
@@ -411,18 +423,6 @@ bool SqliteStore::on_error(int rc, const std::string &what) {
     if (r == SQLITE_OK) r = setup_schema();
     if (r == SQLITE_OK) return true;
     degrade("corrupt and could not be reset: " + std::string(sqlite3_errmsg(db_)));
-    return false;
-  }
-  if (((rc & 0xff) == SQLITE_ERROR || (rc & 0xff) == SQLITE_SCHEMA) && schema_missing()) {
-    // Emptied under us (truncated to zero length, or tables dropped by
-    // another program): create the tables again, in place.
-    note_ = "recreated the tables of emptied database " + path_ + " (" + what + ": " + msg + ")";
-    fa::warn(note_);
-    if (setup_schema() == SQLITE_OK) {
-      ++resets_;
-      return true;
-    }
-    degrade("emptied and could not be set up again: " + std::string(sqlite3_errmsg(db_)));
     return false;
   }
   if (is_busy(rc)) {
