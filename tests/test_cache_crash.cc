@@ -54,10 +54,7 @@ using fa::test::wait_exit;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using fa::test::seconds_since;
 
 bool quick() {
   const char *q = std::getenv("FA_TEST_QUICK");

@@ -50,10 +50,7 @@ using fa::test::wait_exit;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using fa::test::seconds_since;
 
 std::string temp_dir(const char *tag) { return fa::test::temp_dir("cache_rel", tag); }
 

@@ -58,19 +58,20 @@ void snapshot_counts() {
   for (unsigned op = 0; op < FaultVfs::kNumOps; ++op) g_counts[op] = FaultVfs::op_count(1u << op);
 }
 
-uint64_t counted(unsigned ops) {
+// The operations of the kinds in ops among counts.
+uint64_t count_in(const uint64_t (&counts)[FaultVfs::kNumOps], unsigned ops) {
   uint64_t n = 0;
-  for (unsigned op = 0; op < FaultVfs::kNumOps; ++op) n += (ops >> op & 1) ? g_counts[op] : 0;
+  for (unsigned op = 0; op < FaultVfs::kNumOps; ++op) n += (ops >> op & 1) ? counts[op] : 0;
   return n;
 }
+
+uint64_t counted(unsigned ops) { return count_in(g_counts, ops); }
 
 using Clock = std::chrono::steady_clock;
 
 constexpr int kChildTimeoutS = 120;  // a child still running after this is hung
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using fa::test::seconds_since;
 
 bool quick_mode() {
   const char *q = std::getenv("FA_TEST_QUICK");
@@ -179,17 +180,9 @@ fa_runtime *open_rt(const char *dir) {
   return fa_runtime_create(&o, &rt) == FA_SUCCESS ? rt : nullptr;
 }
 
-// One small causal forward pass with head_dim d through the shared numerics
-// runner (poisoned output, fp64 reference). "" when right.
+// One small causal forward pass through the shared numerics runner: "" when right.
 std::string launch_and_check(fa_runtime *rt, int d, uint32_t seed) {
-  fa::test::ForwardCase c;
-  c.seqlen_q = 5;
-  c.seqlen_k = 9;
-  c.heads_q = c.heads_kv = 1;
-  c.head_dim = d;
-  c.causal = true;
-  c.seed = seed;
-  return fa::test::run_forward(rt, c);
+  return fa::test::small_forward_error(rt, d, seed);
 }
 
 fa_cache_stats stats_of(fa_runtime *rt) {
@@ -242,6 +235,16 @@ struct Sweep {
   uint64_t stride = 1, first = 1;  // fail operations first, first + stride, ...
 };
 
+// Starts a scenario's counts; fault n of sweep sw (none when n is 0).
+void arm_scenario(uint64_t n, const Sweep &sw) {
+  FaultVfs::reset_counts();
+  if (n) {
+    FaultVfs::arm(n, sw.code, sw.sticky, sw.ops);
+  } else {
+    FaultVfs::disarm();
+  }
+}
+
 const std::vector<int> kPhase1Dims = {32, 64};      // cold: generated and stored
 const std::vector<int> kPhase2Dims = {32, 64, 16};  // two disk hits and one new kernel
 
@@ -257,12 +260,7 @@ struct Tally {
 // failure, prints it and counts it.
 void runtime_scenario(uint64_t n, const Sweep &sw, Report *r1, Report *r2, Tally *t) {
   const std::string dir = temp_dir("sweep");
-  FaultVfs::reset_counts();
-  if (n) {
-    FaultVfs::arm(n, sw.code, sw.sticky, sw.ops);
-  } else {
-    FaultVfs::disarm();
-  }
+  arm_scenario(n, sw);
   clear_report(r1);
   clear_report(r2);
   const int rc1 =
@@ -323,11 +321,7 @@ void test_io_error_sweep_runtime(void **) {
   print_counts("clean scenario", one);
   uint64_t counts[FaultVfs::kNumOps];
   std::memcpy(counts, g_counts, sizeof counts);
-  auto total = [&](unsigned ops) {
-    uint64_t n = 0;
-    for (unsigned op = 0; op < FaultVfs::kNumOps; ++op) n += (ops >> op & 1) ? counts[op] : 0;
-    return n;
-  };
+  auto total = [&](unsigned ops) { return count_in(counts, ops); };
   // The scenario must really go to disk, or the sweep proves nothing.
   assert_true(counts[FaultVfs::kWrite] > 0 && counts[FaultVfs::kSync] > 0 &&
               counts[FaultVfs::kRead] > 0 && counts[FaultVfs::kOpen] > 0);
@@ -422,12 +416,7 @@ std::unique_ptr<fa::cache::Store> open_dir(const std::string &dir) {
 std::string store_scenario(uint64_t n, const Sweep &sw, const std::vector<Row> &rows, bool *faulted,
                            bool *fell_back) {
   const std::string dir = temp_dir("store");
-  FaultVfs::reset_counts();
-  if (n) {
-    FaultVfs::arm(n, sw.code, sw.sticky, sw.ops);
-  } else {
-    FaultVfs::disarm();
-  }
+  arm_scenario(n, sw);
   std::string problem;
   auto check_stats = [&](fa::cache::Store &s, const char *when) {
     const fa::cache::Stats st = s.stats();
@@ -504,11 +493,7 @@ void test_io_error_sweep_store(void **) {
   print_counts("clean store scenario", seconds_since(t0));
   uint64_t counts[FaultVfs::kNumOps];
   std::memcpy(counts, g_counts, sizeof counts);
-  auto total = [&](unsigned ops) {
-    uint64_t n = 0;
-    for (unsigned op = 0; op < FaultVfs::kNumOps; ++op) n += (ops >> op & 1) ? counts[op] : 0;
-    return n;
-  };
+  auto total = [&](unsigned ops) { return count_in(counts, ops); };
   const unsigned writes = FaultVfs::bit(FaultVfs::kWrite) | FaultVfs::bit(FaultVfs::kTruncate);
   const unsigned reads = FaultVfs::bit(FaultVfs::kRead);
   const unsigned syncs = FaultVfs::bit(FaultVfs::kSync);

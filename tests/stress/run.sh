@@ -2,7 +2,7 @@
 # Long runs of the kernel cache's reliability tests (docs/reliability.md):
 # the same test programs as ctest, with many more rounds. Too long for CI;
 # run it before a release and paste its summary into the notes.
-#   tests/stress/run.sh              # about 10 minutes on 2 cores
+#   tests/stress/run.sh              # about 4 minutes on 2 cores
 #   FA_STRESS_SCALE=3 tests/stress/run.sh   # three times the rounds
 # Prints each test's summary lines and writes the full log to
 # build/stress-<UTC time>.log. Exits non-zero if any test fails.

@@ -219,7 +219,7 @@ fa_runtime *open_emulator_runtime(const std::string &dir, int sm) {
   return rt;
 }
 
-bool launch_small_forward(fa_runtime *rt, int d, uint32_t seed) {
+std::string small_forward_error(fa_runtime *rt, int d, uint32_t seed) {
   ForwardCase c;
   c.seqlen_q = 7;
   c.seqlen_k = 11;
@@ -227,7 +227,11 @@ bool launch_small_forward(fa_runtime *rt, int d, uint32_t seed) {
   c.head_dim = d;
   c.causal = true;
   c.seed = seed;
-  const std::string err = run_forward(rt, c);
+  return run_forward(rt, c);
+}
+
+bool launch_small_forward(fa_runtime *rt, int d, uint32_t seed) {
+  const std::string err = small_forward_error(rt, d, seed);
   if (!err.empty()) std::fprintf(stderr, "d=%d: %s", d, err.c_str());
   return err.empty();
 }

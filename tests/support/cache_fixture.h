@@ -7,6 +7,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -17,6 +18,11 @@
 #include "flashattn.h"
 
 namespace fa::test {
+
+// Seconds since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // splitmix64 finalizer.
 uint64_t mix(uint64_t x);
@@ -107,7 +113,9 @@ fa_runtime *open_emulator_runtime(const std::string &dir, int sm = 0);
 
 // One small causal forward pass (seqlen_q 7, seqlen_k 11, 2 heads) with
 // head_dim d through the shared numerics runner: poisoned output, fp64
-// reference, the suite's tolerance. True when right; prints what was wrong.
+// reference, the suite's tolerance. "" when right, else what was wrong.
+std::string small_forward_error(fa_runtime *rt, int d, uint32_t seed);
+// The same; true when right, else prints what was wrong on stderr.
 bool launch_small_forward(fa_runtime *rt, int d, uint32_t seed);
 
 // fa_cache_stats_get into a zero-initialised struct.
