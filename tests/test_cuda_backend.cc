@@ -18,6 +18,7 @@
 // fa::fail in common/error.h.
 #include "backend/backend.h"
 #include "common/error.h"
+#include "flashattn.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,6 +32,7 @@ extern "C" {
 
 #include <dlfcn.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -229,6 +231,8 @@ static CUresult bound(void) {
 EXPORT int mock_violations(void) { return violations; }
 EXPORT int mock_refcount(void) { return refcount; }
 EXPORT int mock_live_modules(void) { return live_modules; }
+static int attention_launches;
+EXPORT int mock_attention_launches(void) { return attention_launches; }
 EXPORT int mock_depth(void) { return depth; }
 
 static CUresult error_name(CUresult r, const char **s) {
@@ -248,7 +252,10 @@ static CUresult error_string(CUresult r, const char **s) {
   return 0;
 }
 static CUresult init(unsigned flags) { (void)flags; inited = 1; return 0; }
-static CUresult driver_version(int *v) { *v = 12080; return 0; }
+static CUresult driver_version(int *v) {
+  const char *e = getenv("MOCK_CUDA_DRIVER_VERSION");  // a driver update, for the cache
+  *v = e ? atoi(e) : 12080; return 0;
+}
 static CUresult device_count(int *n) { *n = 1; return 0; }
 static CUresult device_get(int *d, int ordinal) { if (ordinal != 0) return 101; *d = 0; return 0; }
 static CUresult device_name(char *name, int len, int dev) {
@@ -392,6 +399,8 @@ static CUresult launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned
   const unsigned char *block = params[0];
   unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
   if (strcmp(f->name, "fault") == 0) { sticky = 700; return 0; }
+  // flashattn's own kernels: accepted and counted, not computed (no numerics here).
+  if (strncmp(f->name, "fa_", 3) == 0) { __sync_fetch_and_add(&attention_launches, 1); return 0; }
   if (strcmp(f->name, "vec_add") == 0) {
     float *a, *b, *c; unsigned n;
     memcpy(&a, block, 8); memcpy(&b, block + 8, 8); memcpy(&c, block + 16, 8);
@@ -844,7 +853,8 @@ int probe_threads() {
 void emit_mock_counters() {
   void *mock = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (mock == nullptr) return;
-  for (const char *name : {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules"}) {
+  for (const char *name : {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules",
+                           "mock_attention_launches"}) {
     auto fn = reinterpret_cast<int (*)()>(dlsym(mock, name));
     if (fn != nullptr) emit(name, std::to_string(fn()));
   }
@@ -856,6 +866,89 @@ int probe_lifetime() {
   auto kernel = compile_and_load(*b, kVecAddPtx, "vec_add", 0, true);
   b.reset();
   kernel.reset();
+  return kExitPass;
+}
+
+// The kernel cache across a driver update (docs/reliability.md, promise 6),
+// on the mock driver through the public API: a row's cubin is used only with
+// the driver version that built it; after an update the cubin is rebuilt
+// from the stored PTX (a disk hit of the PTX, one compile) and the row is
+// rewritten for the new version. The mock launches without computing, so
+// only the cache's behaviour is checked here. The driver is loaded once per
+// process, so each step is its own process.
+struct DriverStep {
+  const char *version;
+  uint64_t misses, disk_hits, compiles;
+};
+const DriverStep kDriverSteps[] = {
+    {"12080", 1, 0, 1},   // cold: generated and compiled
+    {"12080", 0, 1, 0},   // same driver: the stored cubin
+    {"12090", 0, 1, 1},   // driver update: rebuilt from the stored PTX
+    {"12090", 0, 1, 0}};  // the rewritten row is used as is
+
+int probe_driver_change(const char *cache_dir, int step) {
+  if (step < 0 || step >= int(std::size(kDriverSteps))) return kExitFail;
+  const DriverStep &st = kDriverSteps[step];
+  setenv("MOCK_CUDA_DRIVER_VERSION", st.version, 1);
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_CUDA;
+  o.cache_dir = cache_dir;
+  fa_runtime *rt = nullptr;
+  PROBE_STATUS(FA_SUCCESS, fa_runtime_create(&o, &rt));
+  fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+  PROBE_STATUS(FA_SUCCESS, fa_runtime_get_info(rt, &info));
+  PROBE_CHECK(info.driver_version == std::atoi(st.version), "driver %d", info.driver_version);
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = 64;
+  d.num_heads_q = d.num_heads_kv = 2;
+  fa_config *cfg = nullptr;
+  PROBE_STATUS(FA_SUCCESS, fa_config_create(&d, &cfg));
+  const int s = 16, h = 2, hd = 64;
+  uint64_t buf[4] = {0, 0, 0, 0};
+  for (uint64_t &b : buf) PROBE_STATUS(FA_SUCCESS, fa_malloc(rt, size_t(s) * h * hd * 2, &b));
+  fa_forward_args a = FA_FORWARD_ARGS_INIT;
+  a.batch = 1;
+  a.seqlen_q = a.seqlen_k = s;
+  fa_tensor *t[4] = {&a.q, &a.k, &a.v, &a.o};
+  for (int i = 0; i < 4; ++i) {
+    t[i]->data = buf[i];
+    t[i]->stride[0] = int64_t(s) * h * hd;
+    t[i]->stride[1] = int64_t(h) * hd;
+    t[i]->stride[2] = hd;
+    t[i]->stride[3] = 1;
+  }
+  PROBE_STATUS(FA_SUCCESS, fa_launch(rt, cfg, &a, nullptr));
+  PROBE_STATUS(FA_SUCCESS, fa_synchronize(rt, nullptr));
+  fa_cache_stats cs = FA_CACHE_STATS_INIT;
+  PROBE_STATUS(FA_SUCCESS, fa_cache_stats_get(rt, &cs));
+  std::printf("driver %s: misses %llu, disk hits %llu, compiles %llu, persistent %d\n", st.version,
+              (unsigned long long)cs.misses, (unsigned long long)cs.disk_hits,
+              (unsigned long long)cs.compiles, cs.persistent);
+  PROBE_CHECK(cs.persistent == 1, "cache not on disk: %s", cs.note);
+  PROBE_CHECK(cs.misses == st.misses && cs.disk_hits == st.disk_hits && cs.compiles == st.compiles,
+              "driver %s: want misses %llu, disk hits %llu, compiles %llu", st.version,
+              (unsigned long long)st.misses, (unsigned long long)st.disk_hits,
+              (unsigned long long)st.compiles);
+  for (uint64_t b : buf) PROBE_STATUS(FA_SUCCESS, fa_free(rt, b));
+  fa_config_destroy(cfg);
+  fa_runtime_destroy(rt);
+  // One row, recording the driver that built its cubin.
+  sqlite3 *db = nullptr;
+  sqlite3_stmt *q = nullptr;
+  const std::string path = std::string(cache_dir) + "/kernels.sqlite3";
+  PROBE_CHECK(sqlite3_open(path.c_str(), &db) == SQLITE_OK, "open %s", path.c_str());
+  PROBE_CHECK(sqlite3_prepare_v2(db,
+                                 "SELECT count(*), max(driver_version), min(length(cubin))"
+                                 " FROM kernels",
+                                 -1, &q, nullptr) == SQLITE_OK &&
+                  sqlite3_step(q) == SQLITE_ROW,
+              "query: %s", sqlite3_errmsg(db));
+  const int rows = sqlite3_column_int(q, 0), version = sqlite3_column_int(q, 1),
+            cubin = sqlite3_column_int(q, 2);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  PROBE_CHECK(rows == 1 && version == std::atoi(st.version) && cubin > 0,
+              "rows %d, driver_version %d, cubin %d bytes", rows, version, cubin);
   return kExitPass;
 }
 
@@ -877,6 +970,8 @@ int probe_main(int argc, char **argv) {
     rc = probe_threads();
   } else if (name == "lifetime") {
     rc = probe_lifetime();
+  } else if (name == "driver_change" && argc > 4) {
+    rc = probe_driver_change(argv[3], std::atoi(argv[4]));
   } else {
     std::printf("unknown probe %s\n", name.c_str());
   }
@@ -1274,7 +1369,8 @@ void test_test_kernels_assemble(void **state) {
 // Runs `probe` against the mock libcuda.so.1 and checks that it passed and
 // that the backend drove the driver correctly (no violations, balanced
 // push/pop, primary context released, modules unloaded).
-void run_on_mock(void **state, const char *probe, bool modules_unloaded) {
+ProbeResult run_on_mock(void **state, const std::vector<std::string> &probe,
+                        bool modules_unloaded) {
   require_fake_prerequisites(state);
   static std::string dir;  // built once per test process
   if (dir.empty()) {
@@ -1291,7 +1387,7 @@ void run_on_mock(void **state, const char *probe, bool modules_unloaded) {
     assert_int_equal(std::system(cmd.c_str()), 0);
     dir = d;
   }
-  ProbeResult r = run_probe({probe}, dir.c_str());
+  ProbeResult r = run_probe(probe, dir.c_str());
   expect_probe_passed(r);
   if (r.get("mock_violations") != "0" || r.get("mock_depth") != "0" ||
       r.get("mock_refcount") != "0" || (modules_unloaded && r.get("mock_live_modules") != "0")) {
@@ -1300,15 +1396,27 @@ void run_on_mock(void **state, const char *probe, bool modules_unloaded) {
              r.get("mock_violations").c_str(), r.get("mock_depth").c_str(),
              r.get("mock_refcount").c_str(), r.get("mock_live_modules").c_str());
   }
+  return r;
 }
 
-void test_mock_vec_add(void **state) { run_on_mock(state, "vec_add", true); }
-void test_mock_dynamic_smem_above_48k(void **state) { run_on_mock(state, "big_smem", true); }
+void test_mock_vec_add(void **state) { run_on_mock(state, {"vec_add"}, true); }
+void test_mock_dynamic_smem_above_48k(void **state) { run_on_mock(state, {"big_smem"}, true); }
 // After the sticky error the mock refuses cuModuleUnload, as a real driver does.
-void test_mock_fault_poisons_backend(void **state) { run_on_mock(state, "fault", false); }
-void test_mock_error_paths_and_memory(void **state) { run_on_mock(state, "errors", true); }
-void test_mock_threads_share_backend(void **state) { run_on_mock(state, "threads", true); }
-void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, "lifetime", true); }
+void test_mock_fault_poisons_backend(void **state) { run_on_mock(state, {"fault"}, false); }
+void test_mock_error_paths_and_memory(void **state) { run_on_mock(state, {"errors"}, true); }
+void test_mock_threads_share_backend(void **state) { run_on_mock(state, {"threads"}, true); }
+void test_mock_driver_change_rebuilds_cubin(void **state) {
+  const std::string dir = std::string(FA_TEST_BINARY_DIR) + "/cuda_driver_change";
+  std::system(("rm -rf '" + dir + "'").c_str());
+  mkdir(dir.c_str(), 0755);
+  for (size_t step = 0; step < std::size(kDriverSteps); ++step) {
+    const ProbeResult r = run_on_mock(state, {"driver_change", dir, std::to_string(step)}, true);
+    std::printf("%s", r.output.c_str());
+    assert_string_equal(r.get("mock_attention_launches").c_str(), "1");
+  }
+}
+
+void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, {"lifetime"}, true); }
 
 // --- tests with a GPU -------------------------------------------------------
 
@@ -1362,6 +1470,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mock_error_paths_and_memory),
       cmocka_unit_test(test_mock_threads_share_backend),
       cmocka_unit_test(test_mock_kernel_outlives_backend),
+      cmocka_unit_test(test_mock_driver_change_rebuilds_cubin),
       cmocka_unit_test(test_gpu_vec_add),
       cmocka_unit_test(test_gpu_dynamic_smem_above_48k),
       cmocka_unit_test(test_gpu_fault_poisons_backend),
