@@ -214,6 +214,7 @@ class SqliteStore final : public Store {
   int setup_schema();
   int schema_state(int *version, bool *has_tables);
   int reset_in_place();
+  int reset_and_setup();
   int exec(const char *sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); }
   void rollback_if_open() {
     if (db_ && !sqlite3_get_autocommit(db_)) exec("ROLLBACK");
@@ -296,8 +297,7 @@ std::string SqliteStore::connect() {
   if (is_corrupt(rc)) {
     note_ = "reset corrupt database " + path_ + " (" + sqlite3_errmsg(db_) + ")";
     fa::warn(note_);
-    rc = reset_in_place();
-    if (rc == SQLITE_OK) rc = setup_schema();
+    rc = reset_and_setup();
   }
   if (rc != SQLITE_OK) {
     std::string why = sqlite3_errmsg(db_);
@@ -370,6 +370,17 @@ int SqliteStore::reset_in_place() {
   return rc;
 }
 
+// reset_in_place() and setup_schema(), tried up to three times: another
+// process may damage the file again while it is being reset.
+int SqliteStore::reset_and_setup() {
+  int rc = SQLITE_CORRUPT;
+  for (int attempt = 0; attempt < 3 && is_corrupt(rc); ++attempt) {
+    rc = reset_in_place();
+    if (rc == SQLITE_OK) rc = setup_schema();
+  }
+  return rc;
+}
+
 // True when the database can be used now. A forked child abandons the
 // inherited connection and opens its own; a failure there falls back to memory.
 bool SqliteStore::usable() {
@@ -419,9 +430,7 @@ bool SqliteStore::on_error(int rc, const std::string &what) {
   if (is_corrupt(rc)) {
     note_ = "reset corrupt database " + path_ + " (" + what + ": " + msg + ")";
     fa::warn(note_);
-    int r = reset_in_place();
-    if (r == SQLITE_OK) r = setup_schema();
-    if (r == SQLITE_OK) return true;
+    if (reset_and_setup() == SQLITE_OK) return true;
     degrade("corrupt and could not be reset: " + std::string(sqlite3_errmsg(db_)));
     return false;
   }
