@@ -52,6 +52,11 @@
   (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 +          \
    FLASHATTN_VERSION_PATCH)
 
+/* Largest seqlen_q, seqlen_k and seqlen_k_max (and, for decode, rows of a
+ * GQA group: (num_heads_q / num_heads_kv) * seqlen_q) the kernels accept:
+ * their position arithmetic is 32-bit. Larger values give FA_ERROR_UNSUPPORTED. */
+#define FA_MAX_SEQLEN (1 << 30)
+
 #if defined(_WIN32)
 #define FA_API __declspec(dllexport)
 #elif defined(__GNUC__)
@@ -184,7 +189,9 @@ FA_API fa_status fa_runtime_get_info(const fa_runtime *rt, fa_runtime_info *info
 
 /* Allocates `bytes` (> 0) of device memory, 256-byte aligned. On the
  * emulator, kernels may only touch memory allocated here: every access is
- * bounds-checked against these allocations. Errors: INVALID_ARGUMENT,
+ * bounds-checked against these allocations; allocations of 1 GiB and more
+ * are reserved lazily (pages are committed when touched) and start zeroed,
+ * smaller ones start filled with 0xFF bytes. Errors: INVALID_ARGUMENT,
  * OUT_OF_MEMORY, CUDA, RUNTIME_POISONED. */
 FA_API fa_status fa_malloc(fa_runtime *rt, size_t bytes, uint64_t *ptr);
 /* Frees memory from fa_malloc; 0 is a no-op. Errors: INVALID_ARGUMENT (not
@@ -217,10 +224,13 @@ typedef struct fa_config_desc {
   int32_t num_heads_q;   /* >= 1 */
   int32_t num_heads_kv;  /* >= 1, divides num_heads_q (GQA / MQA) */
   int32_t causal;        /* 0 or 1, bottom-right aligned */
-  int32_t window_left;   /* >= 0, or -1 = unbounded */
+  int32_t window_left;   /* >= 0, or -1 = unbounded; any width (up to
+                            INT32_MAX) that covers the sequence acts as -1 */
   int32_t window_right;  /* >= 0, or -1 = unbounded (causal forces 0) */
-  float softmax_scale;   /* > 0 and finite; 0 = 1/sqrt(head_dim) */
-  float softcap;         /* >= 0 and finite; 0 = off */
+  float softmax_scale;   /* > 0, finite, and softmax_scale * log2(e) finite;
+                            0 = 1/sqrt(head_dim) */
+  float softcap;         /* >= 0 and finite, softcap * log2(e) and
+                            softmax_scale / softcap finite; 0 = off */
 } fa_config_desc;
 
 #define FA_CONFIG_DESC_INIT                                                   \
@@ -261,8 +271,9 @@ typedef struct fa_tensor {
 typedef struct fa_forward_args {
   size_t struct_size;
   int32_t batch;     /* >= 1 */
-  int32_t seqlen_q;  /* >= 1; with cu_seqlens_q: the maximum over the batch */
-  int32_t seqlen_k;  /* >= 1; with cu_seqlens_k: the maximum over the batch */
+  int32_t seqlen_q;  /* 1..FA_MAX_SEQLEN; with cu_seqlens_q: the maximum over
+                        the batch (a longer sequence is cut to it) */
+  int32_t seqlen_k;  /* 1..FA_MAX_SEQLEN; with cu_seqlens_k: the maximum */
   fa_tensor q;       /* [batch, seqlen_q, num_heads_q, head_dim], cfg dtype */
   fa_tensor k;       /* [batch, seqlen_k, num_heads_kv, head_dim] */
   fa_tensor v;       /* [batch, seqlen_k, num_heads_kv, head_dim_v] */
@@ -271,8 +282,12 @@ typedef struct fa_forward_args {
                         With cu_seqlens_q: [num_heads_q, total_q] */
   uint64_t cu_seqlens_q; /* int32 [batch + 1] prefix sums, or 0 (fixed length).
                             When set, sequences are packed along dim 1 of q/o
-                            (stride[0] ignored, use batch dim of 1 in strides) */
-  uint64_t cu_seqlens_k; /* int32 [batch + 1]; set together with cu_seqlens_q */
+                            (stride[0] ignored, use batch dim of 1 in strides):
+                            sequence b is rows cu[b] .. cu[b+1]-1. Device data,
+                            trusted: non-decreasing, within q/o (and lse). Each
+                            length is clamped to [0, seqlen_q] in the kernel */
+  uint64_t cu_seqlens_k; /* int32 [batch + 1]; set together with cu_seqlens_q;
+                            lengths clamped to [0, seqlen_k] */
 } fa_forward_args;
 
 #define FA_TENSOR_INIT { 0, { 0, 0, 0, 0 } }
@@ -296,8 +311,9 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg,
 typedef struct fa_decode_args {
   size_t struct_size;
   int32_t batch;         /* >= 1 */
-  int32_t seqlen_q;      /* query tokens per sequence, >= 1 */
-  int32_t seqlen_k_max;  /* capacity of the KV cache along dim 1, >= 1 */
+  int32_t seqlen_q;      /* query tokens per sequence, 1..FA_MAX_SEQLEN */
+  int32_t seqlen_k_max;  /* capacity of the KV cache along dim 1,
+                            1..FA_MAX_SEQLEN */
   fa_tensor q;           /* [batch, seqlen_q, num_heads_q, head_dim] */
   fa_tensor k_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim] */
   fa_tensor v_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */

@@ -201,6 +201,18 @@ void test_config_table(void **) {
        "softcap"},
       {"softcap NaN", [](fa_config_desc &d) { d.softcap = NAN; }, FA_ERROR_INVALID_ARGUMENT,
        "softcap"},
+      // The kernels use softmax_scale * log2(e) (or scale / softcap and
+      // softcap * log2(e)): each must be a finite float.
+      {"scale * log2e overflows", [](fa_config_desc &d) { d.softmax_scale = 3e38f; },
+       FA_ERROR_INVALID_ARGUMENT, "softmax_scale * log2(e) overflows"},
+      {"softcap * log2e overflows", [](fa_config_desc &d) { d.softcap = 3e38f; },
+       FA_ERROR_INVALID_ARGUMENT, "softcap * log2(e) overflows"},
+      {"scale / softcap overflows",
+       [](fa_config_desc &d) {
+         d.softmax_scale = 1e30f;
+         d.softcap = 1e-30f;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "softmax_scale / softcap"},
   };
   for (const ConfigRow &r : rows) {
     fa_config_desc d = FA_CONFIG_DESC_INIT;
@@ -266,6 +278,12 @@ void test_forward_table(void **state) {
        "seqlen_q"},
       {"seqlen_k 0", [](fa_forward_args &a) { a.seqlen_k = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "seqlen_k"},
+      {"seqlen_q > FA_MAX_SEQLEN", [](fa_forward_args &a) { a.seqlen_q = FA_MAX_SEQLEN + 1; },
+       FA_ERROR_UNSUPPORTED, "seqlen_q is 1073741825, more than FA_MAX_SEQLEN"},
+      {"seqlen_k INT32_MAX", [](fa_forward_args &a) { a.seqlen_k = INT32_MAX; },
+       FA_ERROR_UNSUPPORTED, "FA_MAX_SEQLEN"},
+      {"batch past grid z", [](fa_forward_args &a) { a.batch = 65536; }, FA_ERROR_UNSUPPORTED,
+       "exceeds the device limits"},
       {"q null", [](fa_forward_args &a) { a.q.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "q.data is 0"},
       {"k null", [](fa_forward_args &a) { a.k.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
@@ -360,6 +378,10 @@ void test_decode_table(void **state) {
        "seqlen_q"},
       {"seqlen_k_max 0", [](fa_decode_args &a) { a.seqlen_k_max = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "seqlen_k_max"},
+      {"seqlen_k_max > FA_MAX_SEQLEN", [](fa_decode_args &a) { a.seqlen_k_max = INT32_MAX; },
+       FA_ERROR_UNSUPPORTED, "seqlen_k_max is 2147483647, more than FA_MAX_SEQLEN"},
+      {"group rows > FA_MAX_SEQLEN", [](fa_decode_args &a) { a.seqlen_q = FA_MAX_SEQLEN; },
+       FA_ERROR_UNSUPPORTED, "(num_heads_q / num_heads_kv) * seqlen_q"},
       {"num_splits -1", [](fa_decode_args &a) { a.num_splits = -1; }, FA_ERROR_INVALID_ARGUMENT,
        "num_splits"},
       {"q null", [](fa_decode_args &a) { a.q.data = 0; }, FA_ERROR_INVALID_ARGUMENT, "q.data is 0"},
@@ -406,6 +428,19 @@ void test_decode_table(void **state) {
   expect_rejected(nullptr, "ws batch 0",
                   fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits),
                   FA_ERROR_INVALID_ARGUMENT, "fa_decode_workspace_size", "batch");
+  // splits * batch * seqlen_q * heads * head_dim_v * 4 bytes past 2^64: an
+  // error, never a wrapped (small) size.
+  a.batch = INT32_MAX;
+  a.seqlen_q = 1 << 29;
+  a.seqlen_k_max = FA_MAX_SEQLEN;
+  a.num_splits = 128;
+  bytes = 12345;
+  expect_rejected(nullptr, "ws overflows 64 bits",
+                  fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits),
+                  FA_ERROR_UNSUPPORTED, "fa_decode_workspace_size", "decode workspace too large");
+  assert_int_equal(bytes, 12345);
+  expect_rejected(nullptr, "decode ws overflows 64 bits", fa_decode(s->rt, s->cfg, &a, nullptr),
+                  FA_ERROR_UNSUPPORTED, "fa_decode", "decode workspace too large");
   a = valid_decode(s);
   assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits), FA_SUCCESS);
   assert_true(bytes > 0 && bytes <= s->ws_bytes);
@@ -487,6 +522,20 @@ void test_reduce_table(void **state) {
       {"o last stride", [](fa_reduce_args &a) { a.o.stride[3] = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "o.stride[3]"},
       {"lse misaligned", [](fa_reduce_args &a) { a.lse += 3; }, FA_ERROR_INVALID_ARGUMENT, "lse"},
+      // batch * seqlen_q * num_heads_q rows: the grid would need more than
+      // 2^31 CTAs (an int32 grid size would have wrapped to a small one).
+      {"rows past the grid",
+       [](fa_reduce_args &a) {
+         a.batch = (1 << 20) + 1;  // 2^40 + 2^20 CTAs: 2^20 if truncated to 32 bits
+         a.seqlen_q = 1 << 20;
+       },
+       FA_ERROR_UNSUPPORTED, "exceeds the device limits"},
+      {"rows past 2^63",
+       [](fa_reduce_args &a) {
+         a.batch = INT32_MAX;
+         a.seqlen_q = INT32_MAX;
+       },
+       FA_ERROR_UNSUPPORTED, "exceeds the device limits"},
   };
   for (const ReduceRow &r : rows) {
     fa_reduce_args a = valid_reduce(s);

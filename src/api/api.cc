@@ -1,6 +1,7 @@
 // The C entry points: argument validation, error capture, and the guarantee
 // that no C++ exception crosses the ABI. Everything below works on validated
 // arguments.
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -118,12 +119,23 @@ fa_status check_positive(const char *name, int32_t v) {
   return FA_SUCCESS;
 }
 
+// A sequence length: 1..FA_MAX_SEQLEN (the kernels' position arithmetic is
+// 32-bit and relies on this bound; docs/kernels.md, "Index arithmetic").
+fa_status check_seqlen(const char *name, int32_t v) {
+  FA_CHECK(check_positive(name, v));
+  if (v > FA_MAX_SEQLEN) {
+    return fail(FA_ERROR_UNSUPPORTED, "%s is %d, more than FA_MAX_SEQLEN (%d)", name, v,
+                FA_MAX_SEQLEN);
+  }
+  return FA_SUCCESS;
+}
+
 fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *a) {
   FA_REQUIRE(a != nullptr, "args is NULL");
   FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_forward_args)));
   FA_CHECK(check_positive("batch", a->batch));
-  FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
-  FA_CHECK(check_positive("seqlen_k", a->seqlen_k));
+  FA_CHECK(check_seqlen("seqlen_q", a->seqlen_q));
+  FA_CHECK(check_seqlen("seqlen_k", a->seqlen_k));
   FA_CHECK(check_tensor("q", a->q));
   FA_CHECK(check_tensor("k", a->k));
   FA_CHECK(check_tensor("v", a->v));
@@ -137,15 +149,15 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   return FA_SUCCESS;
 }
 
-// Sizes the decode kernels index with 32-bit integers: rows of a GQA group
-// (group * seqlen_q) and key positions (seqlen_k_max, rounded to tiles).
+// The rows of a GQA group (group * seqlen_q), which the decode kernel
+// indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
 fa_status check_decode_limits(const fa::AttentionConfig &c, const fa_decode_args *a) {
   const int64_t rows = int64_t(c.num_heads_q / c.num_heads_kv) * a->seqlen_q;
-  if (rows > (int64_t(1) << 30) || a->seqlen_k_max > (1 << 30)) {
+  if (rows > FA_MAX_SEQLEN) {
     return fail(FA_ERROR_UNSUPPORTED,
-                "decode sizes too large: (num_heads_q / num_heads_kv) * seqlen_q = %lld and "
-                "seqlen_k_max = %d must be at most 2^30",
-                static_cast<long long>(rows), a->seqlen_k_max);
+                "decode sizes too large: (num_heads_q / num_heads_kv) * seqlen_q = %lld must be "
+                "at most FA_MAX_SEQLEN (%d)",
+                static_cast<long long>(rows), FA_MAX_SEQLEN);
   }
   return FA_SUCCESS;
 }
@@ -154,8 +166,8 @@ fa_status validate_decode(const fa_decode_args *a) {
   FA_REQUIRE(a != nullptr, "args is NULL");
   FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_decode_args)));
   FA_CHECK(check_positive("batch", a->batch));
-  FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
-  FA_CHECK(check_positive("seqlen_k_max", a->seqlen_k_max));
+  FA_CHECK(check_seqlen("seqlen_q", a->seqlen_q));
+  FA_CHECK(check_seqlen("seqlen_k_max", a->seqlen_k_max));
   FA_REQUIRE(a->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d", a->num_splits);
   FA_CHECK(check_tensor("q", a->q));
   FA_CHECK(check_tensor("k_cache", a->k_cache));
@@ -228,6 +240,21 @@ fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
              static_cast<double>(d->softmax_scale));
   FA_REQUIRE(std::isfinite(d->softcap) && d->softcap >= 0,
              "softcap must be finite and >= 0 (0 = off), got %g", static_cast<double>(d->softcap));
+  // The kernels scale scores in the log2 domain (runtime.cc
+  // set_masking_and_scale): softmax_scale * log2(e), or softmax_scale /
+  // softcap and softcap * log2(e). Each must be a finite float.
+  const double kLog2e = 1.4426950408889634;
+  const double scale = d->softmax_scale;
+  if (d->softcap > 0) {
+    FA_REQUIRE(double(d->softcap) * kLog2e <= FLT_MAX,
+               "softcap %g is too large: softcap * log2(e) overflows float",
+               static_cast<double>(d->softcap));
+    FA_REQUIRE(scale / d->softcap <= FLT_MAX, "softmax_scale / softcap = %g / %g overflows float",
+               scale, static_cast<double>(d->softcap));
+  } else {
+    FA_REQUIRE(scale * kLog2e <= FLT_MAX,
+               "softmax_scale %g is too large: softmax_scale * log2(e) overflows float", scale);
+  }
   c->dtype = dtype == FA_DTYPE_BF16 ? fa::Dtype::BF16 : fa::Dtype::F16;
   c->head_dim = d->head_dim;
   c->head_dim_v = dv;
@@ -464,12 +491,13 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_REQUIRE(args != nullptr, "args is NULL");
     FA_CHECK(check_struct_size("args", args->struct_size, sizeof(fa_decode_args)));
     FA_CHECK(check_positive("batch", args->batch));
-    FA_CHECK(check_positive("seqlen_q", args->seqlen_q));
-    FA_CHECK(check_positive("seqlen_k_max", args->seqlen_k_max));
+    FA_CHECK(check_seqlen("seqlen_q", args->seqlen_q));
+    FA_CHECK(check_seqlen("seqlen_k_max", args->seqlen_k_max));
     FA_REQUIRE(args->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d",
                args->num_splits);
     FA_CHECK(check_decode_limits(cfg->cfg, args));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, *args);
+    if (plan.too_large) return fa::decode_too_large();
     *bytes = plan.workspace_bytes;
     if (num_splits) *num_splits = plan.num_splits;
     return FA_SUCCESS;

@@ -687,6 +687,16 @@ class CtaRunner {
     error_ = buf;
   }
 
+  __attribute__((noinline, cold)) void fault_overflow(uint32_t t, uint32_t pc, int64_t value) {
+    char buf[500];
+    std::snprintf(buf, sizeof buf,
+                  "%s at PTX line %u: signed 32-bit overflow (exact result %" PRId64
+                  "); flashattn kernels never rely on wrap-around, so this is an index "
+                  "overflow; %s",
+                  e_.op_text[pc].c_str(), e_.code[pc].line, value, thread_text(t).c_str());
+    error_ = buf;
+  }
+
   __attribute__((noinline, cold)) void fault_budget(uint32_t t, uint32_t pc) {
     char buf[400];
     std::snprintf(buf, sizeof buf,

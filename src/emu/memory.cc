@@ -1,5 +1,7 @@
 #include "emu/memory.h"
 
+#include <sys/mman.h>
+
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +13,23 @@
 namespace fa {
 namespace emu {
 
+namespace {
+// Allocations this large are reserved, not committed (see alloc()).
+constexpr size_t kLazyBytes = size_t{1} << 30;
+}  // namespace
+
+void DeviceMemory::release(uint64_t base) {
+  auto m = mapped_.find(base);
+  if (m != mapped_.end()) {
+    munmap(reinterpret_cast<void *>(base), m->second);
+    mapped_.erase(m);
+  } else {
+    std::free(reinterpret_cast<void *>(base));
+  }
+}
+
 DeviceMemory::~DeviceMemory() {
-  for (auto &a : allocs_) std::free(reinterpret_cast<void *>(a.first));
+  for (auto &a : allocs_) release(a.first);
 }
 
 fa_status DeviceMemory::alloc(size_t bytes, uint64_t *ptr) {
@@ -21,15 +38,31 @@ fa_status DeviceMemory::alloc(size_t bytes, uint64_t *ptr) {
   if (bytes > (size_t{1} << 40))
     return fail(FA_ERROR_OUT_OF_MEMORY, "emulator mem_alloc: %zu bytes is too large", bytes);
   size_t rounded = (bytes + 255) & ~size_t{255};
-  void *p = std::aligned_alloc(256, rounded);
+  void *p = nullptr;
+  const bool lazy = rounded >= kLazyBytes;
+  if (lazy) {
+    // Reserved address space: a page is committed when first touched, so a
+    // huge logical buffer with a little real work (index tests past 2^31)
+    // costs only what it touches. It starts zero-filled, not poisoned.
+    p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(256, rounded);
+    if (p) std::memset(p, 0xff, rounded);
+  }
   if (!p)
     return fail(FA_ERROR_OUT_OF_MEMORY, "emulator mem_alloc: %zu bytes: out of memory", bytes);
-  std::memset(p, 0xff, rounded);
   std::unique_lock<std::shared_mutex> lock(mu_);
   try {
+    if (lazy) mapped_[reinterpret_cast<uint64_t>(p)] = rounded;
     allocs_[reinterpret_cast<uint64_t>(p)] = bytes;
   } catch (...) {  // the table could not grow: give the block back
-    std::free(p);
+    mapped_.erase(reinterpret_cast<uint64_t>(p));
+    if (lazy)
+      munmap(p, rounded);
+    else
+      std::free(p);
     throw;
   }
   *ptr = reinterpret_cast<uint64_t>(p);
@@ -43,7 +76,7 @@ fa_status DeviceMemory::free(uint64_t ptr) {
   if (it == allocs_.end())
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 "emulator mem_free: 0x%" PRIx64 " is not the start of a live allocation", ptr);
-  std::free(reinterpret_cast<void *>(ptr));
+  release(ptr);
   allocs_.erase(it);
   return FA_SUCCESS;
 }

@@ -25,7 +25,9 @@ class DeviceMemory {
   DeviceMemory &operator=(const DeviceMemory &) = delete;
 
   // 256-byte aligned, filled with 0xff bytes (NaN in f16/bf16/f32) so reads
-  // of never-written memory show up in results.
+  // of never-written memory show up in results. Allocations of 1 GiB and
+  // more are reserved lazily (mmap MAP_NORESERVE: pages are committed when
+  // touched) and start zero-filled instead.
   fa_status alloc(size_t bytes, uint64_t *ptr);
   fa_status free(uint64_t ptr);
   // Host <-> device copies and memset; the range must lie in one allocation.
@@ -45,8 +47,10 @@ class DeviceMemory {
 
  private:
   bool check(uint64_t addr, size_t bytes, const char *what);
+  void release(uint64_t base);  // frees or unmaps (lock held)
   mutable std::shared_mutex mu_;
   std::map<uint64_t, uint64_t> allocs_;  // base -> size
+  std::map<uint64_t, size_t> mapped_;    // lazy allocations: base -> mapped bytes
 };
 
 }  // namespace emu

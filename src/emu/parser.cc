@@ -1334,9 +1334,9 @@ class Parser {
     const bool w32 = w == 32;
     int dbits = w, abits = w, bbits = w, cbits = w;
     if (b == "add")
-      in.op = w32 ? Op::kAdd32 : Op::kAdd64;
+      in.op = w32 ? (s ? Op::kAddS32 : Op::kAdd32) : Op::kAdd64;
     else if (b == "sub")
-      in.op = w32 ? Op::kSub32 : Op::kSub64;
+      in.op = w32 ? (s ? Op::kSubS32 : Op::kSub32) : Op::kSub64;
     else if (b == "mul" || b == "mad") {
       bool mad = b == "mad";
       if (m.wide) {
@@ -1349,7 +1349,10 @@ class Parser {
         if (mad || !w32) bad("only mul.hi.{s32,u32} is supported");
         in.op = s ? Op::kMulHiS32 : Op::kMulHiU32;
       } else if (m.lo) {
-        in.op = mad ? (w32 ? Op::kMadLo32 : Op::kMadLo64) : (w32 ? Op::kMulLo32 : Op::kMulLo64);
+        if (w32 && s)
+          in.op = mad ? Op::kMadLoS32 : Op::kMulLoS32;
+        else
+          in.op = mad ? (w32 ? Op::kMadLo32 : Op::kMadLo64) : (w32 ? Op::kMulLo32 : Op::kMulLo64);
       } else {
         bad("integer mul/mad needs .lo, .hi or .wide");
       }

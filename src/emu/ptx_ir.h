@@ -147,6 +147,13 @@ enum class Op : uint16_t {
   // so the scheduler treats them like a full-membermask shfl.sync.
   kMma,       // Entry::operand_slots[imm..]: d[4], a[4], b[2], c[4]; sub = MmaKind
   kLdmatrix,  // v[0..sub) = m8n8 .b16 fragments from rows at [a + imm]; flags kTrans
+  // add/sub/mul.lo/mad.lo .s32: as the 32-bit ops, but a result outside
+  // int32 is a fault. No flashattn kernel relies on signed wrap-around, so
+  // one is an index overflow (docs/kernels.md, "Index arithmetic").
+  kAddS32,
+  kSubS32,
+  kMulLoS32,
+  kMadLoS32,
   kNumOps
 };
 

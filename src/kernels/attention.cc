@@ -160,7 +160,7 @@ class AttentionGen {
     Reg nblk = e_.op(Op::Add, Type::S32, nrows, imm(spec_.block_m - 1));
     b_.op(Op::Div, Type::S32, nblk, nblk, imm(spec_.block_m));
     Reg kvh = e_.op(Op::Div, Type::S32, y, nblk);
-    Reg mblk = e_.op(Op::Sub, Type::S32, y, e_.op(Op::MulLo, Type::S32, kvh, nblk));
+    Reg mblk = e_.op(Op::Rem, Type::S32, y, nblk);
     Reg rbase = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
     Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
     Reg v = e_.global_param(offsetof(P, v));
@@ -180,9 +180,13 @@ class AttentionGen {
     Reg sk_max = e_.param(Type::S32, offsetof(P, seqlen_k_max));
     b_.op(Op::Min, Type::S32, sk, sk, sk_max);
     b_.op(Op::Max, Type::S32, sk, sk, imm(0));
-    // Keys of this split: [split*split_size, min((split+1)*split_size, sk)).
-    Reg lo = e_.op(Op::MulLo, Type::S32, split, split_size);
-    Reg hi = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, lo, split_size), sk);
+    // Keys of this split: [split*split_size, min((split+1)*split_size, sk)),
+    // formed in 64 bits; split*split_size < seqlen_k_max (the runtime's plan)
+    // and the clamped end fit in int32.
+    Reg lo64 = e_.wide_mul(split, split_size);
+    Reg hi64 = e_.op(Op::Add, Type::S64, lo64, e_.s64(split_size));
+    b_.op(Op::Min, Type::S64, hi64, hi64, e_.s64(sk));
+    Reg lo = e_.s32(lo64), hi = e_.s32(hi64);
     k_base_ = e_.index(e_.index(k, bz, ks[0]), kvh, ks[2]);
     v_base_ = e_.index(e_.index(v, bz, vs[0]), kvh, vs[2]);
     k_row_bytes_ = ks[1];
@@ -195,9 +199,13 @@ class AttentionGen {
       *t = e_.op(Op::Div, Type::S32, r, imm(g));
       *qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(g)));
     };
-    // Partial-state row bases: ((split*batch + b)*sq + t)*hq + qh and
-    // ((split*batch + b)*hq + qh)*sq + t.
-    Reg sb = e_.op(Op::MadLo, Type::S32, split, batch, bz);
+    // Partial-state rows, in 64 bits (num_splits * batch * seqlen_q *
+    // num_heads_q rows may pass 2^31): ((split*batch + b)*sq + t)*hq + qh
+    // and ((split*batch + b)*hq + qh)*sq + t.
+    Reg sb = e_.wide_mad(split, batch, e_.s64(bz));
+    Reg sq64 = e_.s64(sq), hq64 = e_.s64(hq_);
+    Reg sb_sq = e_.op(Op::MulLo, Type::S64, sb, sq64);
+    Reg sb_hq = e_.op(Op::MulLo, Type::S64, sb, hq64);
     for (int r = 0; r < R_; ++r) {
       Reg rg = e_.op(Op::MadLo, Type::S32, warp_, imm(R_), rbase);
       if (r) b_.op(Op::Add, Type::S32, rg, rg, imm(r));
@@ -205,8 +213,10 @@ class AttentionGen {
       token_head(rg, &t, &qh);
       row_ok_.push_back(e_.setp(Cmp::Lt, Type::S32, rg, nrows));
       row_range(e_.op(Op::Add, Type::S32, t, shift), lo, hi);
-      Reg orow = e_.op(Op::MadLo, Type::S32, e_.op(Op::MadLo, Type::S32, sb, sq, t), hq_, qh);
-      Reg lrow = e_.op(Op::MadLo, Type::S32, e_.op(Op::MadLo, Type::S32, sb, hq_, qh), sq, t);
+      Reg orow = e_.op(Op::Add, Type::S64, sb_sq, e_.s64(t));
+      b_.op(Op::MadLo, Type::S64, orow, orow, hq64, e_.s64(qh));
+      Reg lrow = e_.op(Op::Add, Type::S64, sb_hq, e_.s64(qh));
+      b_.op(Op::MadLo, Type::S64, lrow, lrow, sq64, e_.s64(t));
       row_i_.push_back(orow);
       row_lse_.push_back(lrow);
     }
@@ -539,14 +549,12 @@ class AttentionGen {
   void decode_store() {
     b_.comment("store O_s, LSE_s");
     for (int r = 0; r < R_; ++r) {
-      Reg row = b_.b64();
-      b_.mul_wide(Type::S32, row, row_i_[r], imm(spec_.head_dim_v * 4));
-      b_.op(Op::Add, Type::S64, row, row, o_bh_);
+      Reg row = e_.index64(o_bh_, row_i_[r], spec_.head_dim_v * 4);
       Reg addr = e_.index(row, lane_, 4);
       for (int i = 0; i < nv_; ++i)
         b_.when(store_pred(r, i)).st(Space::Global, Type::F32, at(addr, 128 * i), acc_[r][i]);
       Reg ok = e_.op(Op::And, Type::Pred, row_ok_[r], lane0_);
-      Reg la = e_.index(lse_row0_, row_lse_[r], 4);
+      Reg la = e_.index64(lse_row0_, row_lse_[r], 4);
       b_.when(ok).st(Space::Global, Type::F32, at(la), lse_[r]);
     }
   }
@@ -565,6 +573,8 @@ class AttentionGen {
   Reg score_scale_, softcap_log2_, wl_, wr_, hq_, has_lse_, lane0_;
   Reg k_base_, v_base_, k_row_bytes_, v_row_bytes_, o_bh_, o_row_bytes_, lse_row0_;
   Reg n_begin_, n_end_;
+  // row_i_: forward O/LSE row (s32); decode: 64-bit partial-state rows
+  // row_i_ (O_s) and row_lse_ (LSE_s).
   std::vector<Reg> row_i_, row_lse_, row_ok_, lo_, hi_, m_, l_, s_, lse_;
   std::vector<std::vector<Reg>> acc_;
 };
@@ -605,6 +615,15 @@ void scale_score(Emitter &e, Reg s, Reg score_scale, Reg softcap_log2) {
   b.op(Op::Mul, Type::F32, s, th, softcap_log2);
 }
 
+// min(max(end - start, 0), max_len) of two device-provided offsets, formed
+// in 64 bits so no pair of int32 offsets can overflow.
+static Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {
+  Reg d = e.op(Op::Sub, Type::S64, e.s64(end), e.s64(start));
+  e.b.op(Op::Max, Type::S64, d, d, imm(0));
+  e.b.op(Op::Min, Type::S64, d, d, e.s64(max_len));
+  return e.s32(d);
+}
+
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
                            Reg bz, Reg h, Reg kvh, Reg hq, Reg m0) {
   using P = ForwardParams;
@@ -631,8 +650,11 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
     b.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
     b.ld(Space::Global, Type::S32, k0, at(ak), true);
     b.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
-    fb.sq = e.op(Op::Sub, Type::S32, q1, q0);
-    fb.sk = e.op(Op::Sub, Type::S32, k1, k0);
+    // cu_seqlens live on the device and cannot be validated on the host: each
+    // length is formed in 64 bits and clamped to [0, the launch's maximum],
+    // so a bad value truncates a sequence instead of overflowing an index.
+    fb.sq = seq_len(e, q0, q1, e.param(Type::S32, offsetof(P, seqlen_q)));
+    fb.sk = seq_len(e, k0, k1, e.param(Type::S32, offsetof(P, seqlen_k)));
     // The whole CTA leaves before any barrier when its m-block is past the sequence.
     Reg past = e.setp(Cmp::Ge, Type::S32, m0, fb.sq);
     b.when(past).exit();
@@ -640,11 +662,12 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
     fb.k_bh = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
     fb.v_bh = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
     fb.o_bh = e.index(e.index(o, q0, os[1]), h, os[2]);
-    // LSE [num_heads_q, total_q], total_q = cu_q[batch].
+    // LSE [num_heads_q, total_q], total_q = cu_q[batch]: element
+    // h * total_q + q0, which passes 2^31 for long packed batches.
     Reg batch = e.param(Type::S32, offsetof(P, batch));
     Reg total = b.b32();
     b.ld(Space::Global, Type::S32, total, at(e.index(cuq, batch, 4)), true);
-    fb.lse_row0 = e.index(lse, e.op(Op::MadLo, Type::S32, h, total, q0), 4);
+    fb.lse_row0 = e.index64(lse, e.wide_mad(h, total, e.s64(q0)), 4);
   } else {
     fb.sq = e.param(Type::S32, offsetof(P, seqlen_q));
     fb.sk = e.param(Type::S32, offsetof(P, seqlen_k));
@@ -652,8 +675,10 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
     fb.k_bh = e.index(e.index(k, bz, ks[0]), kvh, ks[2]);
     fb.v_bh = e.index(e.index(v, bz, vs[0]), kvh, vs[2]);
     fb.o_bh = e.index(e.index(o, bz, os[0]), h, os[2]);
-    Reg bh = e.op(Op::MadLo, Type::S32, bz, hq, h);
-    fb.lse_row0 = e.index(lse, e.op(Op::MulLo, Type::S32, bh, fb.sq), 4);
+    // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * seqlen_q.
+    Reg bh = e.wide_mad(bz, hq, e.s64(h));
+    Reg row = e.op(Op::MulLo, Type::S64, bh, e.s64(fb.sq));
+    fb.lse_row0 = e.index64(lse, row, 4);
   }
   return fb;
 }

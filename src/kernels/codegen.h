@@ -124,6 +124,30 @@ class Emitter {
     b.mul_wide(Type::S32, t, idx_s32, imm(bytes));
     return op(Op::Add, Type::S64, base, t);
   }
+  // base + idx * bytes for a 64-bit element index.
+  Reg index64(Reg base, Reg idx_s64, int bytes) {
+    return op(Op::MadLo, Type::S64, idx_s64, imm(bytes), base);
+  }
+  // (s64)x * (s64)y of two s32 values (mul.wide.s32). Every product of two
+  // run-time values is formed in 64 bits (docs/kernels.md, "Index
+  // arithmetic"; tests/test_index_arith.cc checks every kernel for it).
+  Reg wide_mul(Reg x_s32, Reg y_s32) {
+    Reg d = b.b64();
+    b.mul_wide(Type::S32, d, x_s32, y_s32);
+    return d;
+  }
+  // (s64)x * (s64)y + z (z 64-bit).
+  Reg wide_mad(Reg x_s32, Reg y_s32, Reg z_s64) {
+    Reg d = b.b64();
+    b.mad_wide(Type::S32, d, x_s32, y_s32, z_s64);
+    return d;
+  }
+  // The low 32 bits of a 64-bit value known to fit in s32.
+  Reg s32(Reg s64) {
+    Reg d = b.b32();
+    b.cvt(Type::S32, Type::S64, ptx::Round::None, d, s64);
+    return d;
+  }
   // Warp-wide butterfly reduction (5 shfl.sync.bfly steps, PTX ISA
   // "shfl.sync"),
   // in place on x.

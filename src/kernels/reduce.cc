@@ -22,19 +22,24 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
   Reg warp = e.op(Op::Shr, Type::U32, tid, imm(5));
   Reg cta = e.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-  Reg row = e.op(Op::MadLo, Type::S32, cta, imm(W), warp);
   Reg ns = e.param(Type::S32, offsetof(P, num_splits));
   Reg batch = e.param(Type::S32, offsetof(P, batch));
   Reg sq = e.param(Type::S32, offsetof(P, seqlen_q));
   Reg hq = e.param(Type::S32, offsetof(P, num_heads_q));
-  Reg total = e.op(Op::MulLo, Type::S32, e.op(Op::MulLo, Type::S32, batch, sq), hq);
+  // Rows are (batch, token, head) in 64 bits: batch * seqlen_q *
+  // num_heads_q may pass 2^31.
+  Reg warp64 = b.b64(), row = b.b64();
+  b.cvt(Type::U64, Type::U32, ptx::Round::None, warp64, warp);
+  b.mad_wide(Type::U32, row, cta, imm(W), warp64);
+  Reg sq64 = e.s64(sq), hq64 = e.s64(hq);
+  Reg total = e.op(Op::MulLo, Type::S64, e.wide_mul(batch, sq), hq64);
   // Warps past the last row leave (whole warps: no collective follows).
-  Reg past = e.setp(Cmp::Ge, Type::S32, row, total);
+  Reg past = e.setp(Cmp::Ge, Type::S64, row, total);
   b.when(past).exit();
-  Reg h = e.op(Op::Rem, Type::S32, row, hq);
-  Reg bt = e.op(Op::Div, Type::S32, row, hq);
-  Reg t = e.op(Op::Rem, Type::S32, bt, sq);
-  Reg bz = e.op(Op::Div, Type::S32, bt, sq);
+  Reg bt64 = e.op(Op::Div, Type::S64, row, hq64);
+  Reg h = e.s32(e.op(Op::Rem, Type::S64, row, hq64));
+  Reg t = e.s32(e.op(Op::Rem, Type::S64, bt64, sq64));
+  Reg bz = e.s32(e.op(Op::Div, Type::S64, bt64, sq64));
 
   Reg opart = e.global_param(offsetof(P, o_partial));
   Reg lpart = e.global_param(offsetof(P, lse_partial));
@@ -119,8 +124,9 @@ std::string generate_reduce(const KernelSpec &spec) {
   }
   Reg lane0 = e.setp(Cmp::Eq, Type::U32, lane, imm(0));
   b.op(Op::And, Type::Pred, lane0, lane0, has_lse);
-  Reg lrow = e.op(Op::MadLo, Type::S32, e.op(Op::MadLo, Type::S32, bz, hq, h), sq, t);
-  Reg la = e.index(lse_out, lrow, 4);
+  // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * sq + t.
+  Reg lrow = e.op(Op::MadLo, Type::S64, e.wide_mad(bz, hq, e.s64(h)), sq64, e.s64(t));
+  Reg la = e.index64(lse_out, lrow, 4);
   b.when(lane0).st(Space::Global, Type::F32, at(la), lse);
   b.exit();
   return std::move(b).emit(ptx_isa_version(spec), spec.sm, static_cast<uint32_t>(32 * W));

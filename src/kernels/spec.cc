@@ -26,7 +26,15 @@ void put32(std::string &o, int32_t v) {
   for (int i = 0; i < 4; ++i) o.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
 }
 
-uint32_t ceil_div(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+// ceil(a / b) for a >= 0, b > 0, without overflow.
+int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a - 1) / b + 1 : 0; }
+
+// A grid dimension; values past UINT32_MAX saturate there, so the runtime's
+// limit check (grid x < 2^31, y and z <= 65535) rejects them instead of
+// launching a truncated grid.
+uint32_t grid_dim(int64_t n) {
+  return n > int64_t(UINT32_MAX) ? UINT32_MAX : static_cast<uint32_t>(n < 0 ? 0 : n);
+}
 
 // Largest rows_per_warp in {4, 2, 1} whose layout fits static shared memory.
 int fit_rows_per_warp(KernelSpec s, int max_rows) {
@@ -178,9 +186,9 @@ std::string generate_ptx(const KernelSpec &spec) {
 
 LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) {
   LaunchGeometry g;
-  g.grid[0] = ceil_div(p.seqlen_q, spec.block_m);
-  g.grid[1] = static_cast<uint32_t>(p.num_heads_q);
-  g.grid[2] = static_cast<uint32_t>(p.batch);
+  g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m));
+  g.grid[1] = grid_dim(p.num_heads_q);
+  g.grid[2] = grid_dim(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
   g.smem_bytes = max_dynamic_smem(spec);
   return g;
@@ -188,17 +196,22 @@ LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) 
 
 LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
   LaunchGeometry g;
-  g.grid[0] = static_cast<uint32_t>(p.num_splits);
-  g.grid[1] = static_cast<uint32_t>(p.num_heads_kv) *
-              ceil_div(static_cast<int64_t>(spec.group_size) * p.seqlen_q, spec.block_m);
-  g.grid[2] = static_cast<uint32_t>(p.batch);
+  g.grid[0] = grid_dim(p.num_splits);
+  g.grid[1] = grid_dim(int64_t(p.num_heads_kv) *
+                       ceil_div(int64_t(spec.group_size) * p.seqlen_q, spec.block_m));
+  g.grid[2] = grid_dim(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
   return g;
 }
 
 LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
   LaunchGeometry g;
-  g.grid[0] = ceil_div(static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads_q, spec.num_warps);
+  int64_t rows;  // batch * seqlen_q * num_heads_q, which may pass 2^63
+  if (__builtin_mul_overflow(int64_t(p.batch) * p.seqlen_q, int64_t(p.num_heads_q), &rows)) {
+    g.grid[0] = UINT32_MAX;
+  } else {
+    g.grid[0] = grid_dim(ceil_div(rows, spec.num_warps));
+  }
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
   return g;
 }

@@ -26,13 +26,21 @@ void append_u32(std::string *s, uint32_t v) {
 }
 
 // Fills the head counts, resolved window edges and score scaling that
-// ForwardParams and DecodeParams share (same field names).
+// ForwardParams and DecodeParams share (same field names). A window edge is
+// resolved against the launch's largest seqlen_q / seqlen_k: window_left >=
+// seqlen_k - 1 or window_right >= seqlen_q - 1 already reaches every key, so
+// wider windows (and -1) become exactly those values. The kernels' range
+// arithmetic (diag - window_left, diag + window_right + 1 with |diag| <
+// seqlen <= FA_MAX_SEQLEN) then stays inside int32 for any window.
 template <typename Params>
-void set_masking_and_scale(const AttentionConfig &cfg, Params *p) {
+void set_masking_and_scale(const AttentionConfig &cfg, int32_t seqlen_q, int32_t seqlen_k,
+                           Params *p) {
+  const int32_t wl_max = std::max(seqlen_k - 1, 0), wr_max = std::max(seqlen_q - 1, 0);
   p->num_heads_q = cfg.num_heads_q;
   p->num_heads_kv = cfg.num_heads_kv;
-  p->window_left = cfg.window_left < 0 ? kUnboundedWindow : cfg.window_left;
-  p->window_right = cfg.causal ? 0 : (cfg.window_right < 0 ? kUnboundedWindow : cfg.window_right);
+  p->window_left = cfg.window_left < 0 ? wl_max : std::min(cfg.window_left, wl_max);
+  p->window_right =
+      cfg.causal ? 0 : (cfg.window_right < 0 ? wr_max : std::min(cfg.window_right, wr_max));
   if (cfg.softcap > 0) {
     p->score_scale = cfg.softmax_scale / cfg.softcap;
     p->softcap_log2 = cfg.softcap * kLog2e;
@@ -46,11 +54,13 @@ void copy_strides(int64_t dst[3], const fa_tensor &t) {
   for (int i = 0; i < 3; ++i) dst[i] = t.stride[i];
 }
 
+// CUDA's grid limits (CUDA C Programming Guide, "Technical Specifications
+// per Compute Capability"): x < 2^31, y and z <= 65535.
 bool geometry_ok(const LaunchGeometry &g) {
   for (int i = 0; i < 3; ++i) {
     if (g.grid[i] == 0) return false;
   }
-  return g.grid[1] <= 65535 && g.grid[2] <= 65535;
+  return g.grid[0] <= uint32_t(INT32_MAX) && g.grid[1] <= 65535 && g.grid[2] <= 65535;
 }
 
 fa_status launch_checked(Backend &backend, Kernel &kernel, const LaunchGeometry &g,
@@ -63,6 +73,12 @@ fa_status launch_checked(Backend &backend, Kernel &kernel, const LaunchGeometry 
 }
 
 }  // namespace
+
+fa_status decode_too_large() {
+  return fail(FA_ERROR_UNSUPPORTED,
+              "decode workspace too large: num_splits * batch * seqlen_q * num_heads_q * "
+              "head_dim_v * 4 bytes overflows 64 bits");
+}
 
 std::string kernel_key_material(const KernelSpec &spec, uint32_t generator_version) {
   std::string bytes = spec.serialize();
@@ -246,7 +262,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.batch = a.batch;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
-  set_masking_and_scale(cfg, &p);
+  set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
 }
 
@@ -274,16 +290,32 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   const int64_t split_size = (((sk + splits - 1) / splits) + block_n - 1) / block_n * block_n;
   plan.split_size = static_cast<int>(split_size);
   plan.num_splits = static_cast<int>((sk + split_size - 1) / split_size);
-  const int dv = cfg.head_dim_v;
-  const size_t rows_total = static_cast<size_t>(a.batch) * a.seqlen_q * cfg.num_heads_q;
-  plan.o_partial_bytes = static_cast<size_t>(plan.num_splits) * rows_total * dv * sizeof(float);
+  // O_partial fp32 [splits, batch, seqlen_q, heads_q, head_dim_v] and
+  // LSE_partial fp32 [splits, batch, heads_q, seqlen_q]; each product is
+  // checked (the API's int32 sizes allow far more than 2^64 bytes).
+  uint64_t part_rows = 0, o_bytes = 0, lse_bytes = 0, total = 0;
+  const bool overflow =
+      __builtin_mul_overflow(uint64_t(a.batch) * uint64_t(a.seqlen_q), uint64_t(cfg.num_heads_q),
+                             &part_rows) ||
+      __builtin_mul_overflow(part_rows, uint64_t(plan.num_splits), &part_rows) ||
+      __builtin_mul_overflow(part_rows, uint64_t(cfg.head_dim_v) * sizeof(float), &o_bytes) ||
+      __builtin_mul_overflow(part_rows, uint64_t(sizeof(float)), &lse_bytes) ||
+      o_bytes > (uint64_t(1) << 62) ||
+      __builtin_add_overflow(round_up(o_bytes, 256), lse_bytes, &total) ||
+      total > uint64_t(SIZE_MAX);
+  if (overflow) {
+    plan.too_large = true;
+    return plan;
+  }
+  plan.o_partial_bytes = static_cast<size_t>(o_bytes);
   plan.lse_offset = round_up(plan.o_partial_bytes, 256);
-  plan.workspace_bytes = plan.lse_offset + static_cast<size_t>(plan.num_splits) * rows_total * 4;
+  plan.workspace_bytes = static_cast<size_t>(total);
   return plan;
 }
 
 fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream) {
   const DecodePlan plan = plan_decode(cfg, a);
+  if (plan.too_large) return decode_too_large();
   if (a.workspace_size < plan.workspace_bytes) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 "workspace_size is %zu bytes, %zu needed for %d splits "
@@ -318,7 +350,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.seqlen_k_max = a.seqlen_k_max;
   p.num_splits = plan.num_splits;
   p.split_size = plan.split_size;
-  set_masking_and_scale(cfg, &p);
+  set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
 

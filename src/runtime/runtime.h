@@ -36,7 +36,11 @@ struct DecodePlan {
   size_t o_partial_bytes = 0;  // offset of LSE_partial = round_up(this, 256)
   size_t lse_offset = 0;
   size_t workspace_bytes = 0;
+  bool too_large = false;  // the workspace size overflows 64 bits (sizes above unset)
 };
+
+// FA_ERROR_UNSUPPORTED with the message for a DecodePlan that is too_large.
+fa_status decode_too_large();
 
 class Runtime {
  public:

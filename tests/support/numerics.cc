@@ -286,7 +286,9 @@ std::string ForwardCase::describe() const {
                 bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
                 head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "", window_left,
                 window_right, softcap, padded_strides ? " strided" : "", varlen ? " varlen" : "");
-  return buf;
+  std::string out = buf;
+  if (varlen && varlen_first_row) out += " first_row" + std::to_string(varlen_first_row);
+  return out;
 }
 
 std::string DecodeCase::describe() const {
@@ -342,27 +344,42 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   const size_t o_elems = view_elems(a.o, nb);
   a.o.data = ctx.alloc(o_elems * 2);
   const size_t lse_n = size_t(nb) * c.heads_q * tq;
-  a.lse = ctx.alloc(lse_n * 4);
+  // LSE rows of head h start at h * lse_stride (+ first: varlen_first_row).
+  const int64_t first = c.varlen ? c.varlen_first_row : 0;
+  const size_t lse_stride = size_t(first) + size_t(nb) * tq;
+  a.lse = ctx.alloc(size_t(c.heads_q) * lse_stride * 4);
   if (c.varlen) {
-    a.cu_seqlens_q = ctx.alloc(cu_q.size() * 4);
-    a.cu_seqlens_k = ctx.alloc(cu_k.size() * 4);
-    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_q, cu_q.data(), cu_q.size() * 4), "cu_seqlens_q");
-    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_k, cu_k.data(), cu_k.size() * 4), "cu_seqlens_k");
+    std::vector<int32_t> dq = cu_q, dk = cu_k;
+    for (int32_t &x : dq) x += c.varlen_first_row;
+    for (int32_t &x : dk) x += c.varlen_first_row;
+    a.cu_seqlens_q = ctx.alloc(dq.size() * 4);
+    a.cu_seqlens_k = ctx.alloc(dk.size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_q, dq.data(), dq.size() * 4), "cu_seqlens_q");
+    ctx.check(fa_memcpy_htod(rt, a.cu_seqlens_k, dk.data(), dk.size() * 4), "cu_seqlens_k");
     a.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
     a.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
   }
   if (!ctx.err.empty()) return ctx.err;
   // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
-  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
-  ctx.check(fa_launch(rt, cfg, &a, nullptr), "fa_launch");
+  for (int h = 0; h < c.heads_q; ++h) {
+    ctx.check(fa_memset(rt, a.lse + (h * lse_stride + first) * 4, 0xFF, lse_n / c.heads_q * 4),
+              "poison LSE");
+  }
+  fa_forward_args la = a;  // views moved back by `first` rows (never touched)
+  for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o}) t->data -= uint64_t(first * t->stride[1] * 2);
+  ctx.check(fa_launch(rt, cfg, &la, nullptr), "fa_launch");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
 
   std::string err;
   const std::vector<float> o = download_o(ctx, a.o, nb, tq, c.heads_q, dv, c.bf16, &err);
   std::vector<float> lse(lse_n);
-  ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
+  for (int h = 0; h < c.heads_q; ++h) {
+    const size_t n = lse_n / c.heads_q;
+    ctx.check(fa_memcpy_dtoh(rt, lse.data() + h * n, a.lse + (h * lse_stride + first) * 4, n * 4),
+              "download LSE");
+  }
 
   ref::Problem p;
   p.num_heads_q = c.heads_q;

@@ -20,6 +20,11 @@ struct ForwardCase {
   bool padded_strides = false;            // non-contiguous Q/K/V/O views with gaps
   bool varlen = false;                    // pack sequences of lengths seqlens_q/k via cu_seqlens
   std::vector<int> seqlens_q, seqlens_k;  // varlen only, size batch
+  // varlen only: cu_seqlens start at this row, not 0. Q/K/V/O views start
+  // that many rows before their allocations (rows never touched) and LSE
+  // [heads_q, first_row + total_q] is allocated whole (lazily past 1 GiB
+  // on the emulator): index arithmetic past 2^31 at little cost.
+  int32_t varlen_first_row = 0;
   uint32_t seed = 1;
   float input_scale = 1.0f;  // multiplies the random N(0,1) inputs
   // Inputs from a fixture instead of random data ([b, s, h, d] float32).

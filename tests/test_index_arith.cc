@@ -1,0 +1,265 @@
+// Index arithmetic that cannot wrap (docs/kernels.md, "Index arithmetic").
+//
+// Statically: no generated kernel of any kind forms a 32-bit product of two
+// run-time values (every such product is mul.wide or 64-bit), checked over
+// a grid of specs on every target. Dynamically, on the emulator (which
+// reports any access outside an allocation and any signed 32-bit overflow):
+// windows up to INT32_MAX behave as unbounded in the forward (tensor-core
+// and scalar) and decode kernels, and a packed varlen batch whose rows start
+// just below 2^31 writes its LSE at h * total_q + q0 > 2^32 correctly.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "support/cmocka.hh"  // last: its macros clash with <ios>
+#include "support/numerics.h"
+
+using namespace fa;
+
+namespace {
+
+// Lines of `ptx` holding a 32-bit integer multiply (mul.lo / mad.lo / mul24
+// / mad24 on .s32 / .u32) of two non-immediate operands, as "line: text".
+std::vector<std::string> products_32(const std::string &ptx) {
+  std::vector<std::string> found;
+  std::istringstream in(ptx);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    size_t i = line.find_first_not_of(" \t");
+    if (i == std::string::npos || line.compare(i, 2, "//") == 0) continue;
+    if (line[i] == '@') i = line.find(' ', i) + 1;  // guard
+    const size_t sp = line.find(' ', i);
+    if (sp == std::string::npos) continue;
+    const std::string op = line.substr(i, sp - i);
+    const bool mul = op.rfind("mul.lo.", 0) == 0 || op.rfind("mad.lo.", 0) == 0 ||
+                     op.rfind("mul24.", 0) == 0 || op.rfind("mad24.", 0) == 0;
+    const bool w32 = op.size() >= 3 && (op.compare(op.size() - 3, 3, "s32") == 0 ||
+                                        op.compare(op.size() - 3, 3, "u32") == 0);
+    if (!mul || !w32) continue;
+    // Operands: d, a, b[, c]; a and b are the factors.
+    std::vector<std::string> ops;
+    std::string cur;
+    for (size_t k = sp + 1; k < line.size() && line[k] != ';'; ++k) {
+      if (line[k] == ',') {
+        ops.push_back(cur);
+        cur.clear();
+      } else if (line[k] != ' ') {
+        cur += line[k];
+      }
+    }
+    ops.push_back(cur);
+    if (ops.size() >= 3 && ops[1][0] == '%' && ops[2][0] == '%')
+      found.push_back(std::to_string(no) + ": " + line.substr(i));
+  }
+  return found;
+}
+
+AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
+  return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap ? 30.0f : 0.0f);
+}
+
+// Every kernel kind over head dims, dtypes, softcap, varlen, GQA groups,
+// the scalar forward fallback, and every target SM.
+std::vector<KernelSpec> all_specs() {
+  std::vector<KernelSpec> out;
+  const int sms[] = {80, 86, 89, 90};
+  const int dims[] = {8, 16, 40, 64, 72, 96, 128, 160, 256};
+  const int groups[] = {1, 2, 3, 4, 8, 16};
+  for (int sm : sms)
+    for (Dtype dt : {Dtype::F16, Dtype::BF16})
+      for (int d : dims)
+        for (bool sc : {false, true}) {
+          const int dv = d == 40 ? 72 : d;
+          for (bool scalar : {false, true}) {
+            if (scalar)
+              setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+            else
+              unsetenv("FLASHATTN_SCALAR_FORWARD");
+            for (bool vl : {false, true})
+              out.push_back(make_spec(config(dt, d, dv, 16, 16, sc), KernelKind::Forward, sm, vl));
+          }
+          unsetenv("FLASHATTN_SCALAR_FORWARD");
+          for (int g : groups)
+            out.push_back(
+                make_spec(config(dt, d, dv, 2 * g, 2, sc), KernelKind::Decode, sm, false));
+          out.push_back(make_spec(config(dt, d, dv, 4, 4, sc), KernelKind::Reduce, sm, false));
+        }
+  return out;
+}
+
+void test_checker_finds_products(void **) {
+  const std::string ptx =
+      "  mul.lo.s32 %r3, %r1, 64;\n"
+      "  mad.lo.u32 %r4, %r1, 8, %r2;\n"
+      "  mul.wide.s32 %rd1, %r1, %r2;\n"
+      "  mul.lo.s64 %rd2, %rd1, %rd1;\n"
+      "  // mul.lo.s32 %r5, %r1, %r2;\n"
+      "  mul.lo.s32 %r5, %r1, %r2;\n"
+      "  @%p1 mad.lo.s32 %r6, %r5, %ctaid.x, %r1;\n";
+  const std::vector<std::string> f = products_32(ptx);
+  assert_int_equal(f.size(), 2);
+  assert_string_equal(f[0].c_str(), "6: mul.lo.s32 %r5, %r1, %r2;");
+  assert_string_equal(f[1].c_str(), "7: mad.lo.s32 %r6, %r5, %ctaid.x, %r1;");
+}
+
+void test_no_32bit_products(void **) {
+  size_t kernels = 0, bad = 0;
+  for (const KernelSpec &spec : all_specs()) {
+    const std::string ptx = generate_ptx(spec);
+    assert_false(ptx.empty());
+    ++kernels;
+    for (const std::string &f : products_32(ptx)) {
+      std::printf("  %s: %s\n", spec.describe().c_str(), f.c_str());
+      ++bad;
+    }
+  }
+  std::printf("  %zu kernels scanned, %zu 32-bit products of run-time values\n", kernels, bad);
+  assert_int_equal(bad, 0);
+}
+
+struct State {
+  fa_runtime *rt = nullptr;
+  std::string why;
+};
+
+int setup(void **state) {
+  auto *s = new State;
+  s->rt = test::make_runtime(FA_BACKEND_EMULATOR, &s->why);
+  *state = s;
+  return s->rt ? 0 : -1;
+}
+
+int teardown(void **state) {
+  auto *s = static_cast<State *>(*state);
+  fa_runtime_destroy(s->rt);
+  delete s;
+  return 0;
+}
+
+constexpr int kMax = 2147483647;
+
+// Windows at least as wide as the sequence, up to INT32_MAX, must equal the
+// unbounded result (fp64 reference with the same windows), with seqlen_q
+// shorter and longer than seqlen_k, causal or not, on both forward kernels.
+void test_huge_windows_forward(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const int wins[][2] = {{kMax, -1},         {-1, kMax}, {kMax, kMax}, {kMax - 1, 0},
+                         {1 << 30, 1 << 30}, {kMax, 3},  {5, kMax},    {0, kMax}};
+  const int lens[][2] = {{100, 37}, {37, 100}, {70, 70}};
+  std::string failures;
+  for (bool scalar : {false, true}) {
+    if (scalar)
+      setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+    else
+      unsetenv("FLASHATTN_SCALAR_FORWARD");
+    for (const auto &len : lens)
+      for (bool causal : {false, true})
+        for (const auto &w : wins) {
+          test::ForwardCase c;
+          c.seqlen_q = len[0];
+          c.seqlen_k = len[1];
+          c.heads_q = 2;
+          c.heads_kv = 1;
+          c.head_dim = 32;
+          c.causal = causal;
+          c.window_left = w[0];
+          c.window_right = w[1];
+          c.seed = 11;
+          const std::string e = test::run_forward(s->rt, c);
+          if (!e.empty()) failures += (scalar ? "scalar " : "") + c.describe() + ":\n" + e;
+        }
+  }
+  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  if (!failures.empty()) {
+    print_error("%s", failures.c_str());
+    fail();
+  }
+}
+
+// The same for decode (window_left; decode queries are causal or see the
+// whole cache), with cache_seqlens from empty to full and several splits.
+void test_huge_windows_decode(void **state) {
+  auto *s = static_cast<State *>(*state);
+  std::string failures;
+  for (int wl : {kMax, kMax - 1, 1 << 30, 300, 299})
+    for (bool causal : {false, true}) {
+      test::DecodeCase c;
+      c.batch = 3;
+      c.seqlen_q = 2;
+      c.seqlen_k_max = 300;
+      c.cache_seqlens = {300, 0, 131};
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.head_dim = 32;
+      c.causal = causal;
+      c.window_left = wl;
+      c.num_splits = 3;
+      c.seed = 12;
+      const std::string e = test::run_decode(s->rt, c);
+      if (!e.empty()) failures += c.describe() + ":\n" + e;
+    }
+  if (!failures.empty()) {
+    print_error("%s", failures.c_str());
+    fail();
+  }
+}
+
+// A packed batch whose rows start at 2^31 - 400: the LSE element
+// h * total_q + q0 passes 2^31 (h = 1) and 2^32 (h = 2). Before it was
+// formed in 64 bits it wrapped to an address gigabytes before the buffer.
+// Both forward kernels, causal and windowed.
+void test_varlen_past_2_31(void **state) {
+  auto *s = static_cast<State *>(*state);
+  std::string failures;
+  for (bool scalar : {false, true}) {
+    if (scalar)
+      setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+    else
+      unsetenv("FLASHATTN_SCALAR_FORWARD");
+    for (bool causal : {false, true}) {
+      test::ForwardCase c;
+      c.batch = 3;
+      c.varlen = true;
+      c.seqlens_q = {100, 37, 1};
+      c.seqlens_k = {150, 90, 64};
+      c.seqlen_q = 100;
+      c.seqlen_k = 150;
+      c.heads_q = 3;
+      c.heads_kv = 1;
+      c.head_dim = 16;
+      c.causal = causal;
+      c.window_left = causal ? 40 : -1;
+      c.varlen_first_row = kMax - 400;
+      c.seed = 13;
+      const std::string e = test::run_forward(s->rt, c);
+      if (!e.empty()) failures += (scalar ? "scalar " : "") + c.describe() + ":\n" + e;
+    }
+  }
+  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  if (!failures.empty()) {
+    print_error("%s", failures.c_str());
+    fail();
+  }
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest statics[] = {
+      cmocka_unit_test(test_checker_finds_products),
+      cmocka_unit_test(test_no_32bit_products),
+  };
+  const struct CMUnitTest runs[] = {
+      cmocka_unit_test(test_huge_windows_forward),
+      cmocka_unit_test(test_huge_windows_decode),
+      cmocka_unit_test(test_varlen_past_2_31),
+  };
+  int rc = cmocka_run_group_tests_name("index_arith_static", statics, nullptr, nullptr);
+  rc |= cmocka_run_group_tests_name("index_arith_emulator", runs, setup, teardown);
+  return rc;
+}
