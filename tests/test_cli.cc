@@ -7,12 +7,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -679,6 +682,192 @@ void test_cache_stats_full_disk(void **) {
   rmdir(mnt.c_str());
 }
 
+// ---- inputs that are not regular files (issue 9, part 3) -------------------
+
+// Like run_cli, but the child is killed after `timeout_s` seconds (a program
+// blocked on a FIFO or reading an endless device must fail the test, not
+// hang it) and, outside AddressSanitizer builds, its address space is capped
+// at 2 GiB (a program reading without bound fails fast instead of taking the
+// machine's memory; under ASan a 2 GiB RSS limit does the same).
+struct BoundedResult {
+  Result r;
+  bool timed_out = false;
+  double seconds = 0;
+};
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FA_CLI_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FA_CLI_TEST_ASAN 1
+#endif
+#endif
+
+BoundedResult run_cli_bounded(const std::vector<std::string> &args, int timeout_s) {
+  const std::string out_path = path_of("bounded_stdout.txt");
+  const std::string err_path = path_of("bounded_stderr.txt");
+  std::vector<std::string> all = {kCli};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (auto &a : all) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+#ifdef FA_CLI_TEST_ASAN
+  const char *asan = std::getenv("ASAN_OPTIONS");
+  const std::string asan_options =
+      std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "hard_rss_limit_mb=2048";
+#endif
+  std::fflush(nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(126);
+#ifdef FA_CLI_TEST_ASAN
+    setenv("ASAN_OPTIONS", asan_options.c_str(), 1);
+#else
+    struct rlimit lim;
+    lim.rlim_cur = lim.rlim_max = rlim_t(2) << 30;
+    setrlimit(RLIMIT_AS, &lim);
+#endif
+    execv(kCli, argv.data());
+    _exit(127);
+  }
+  BoundedResult b;
+  int status = 0;
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    assert_true(w >= 0);
+    if (w == pid) break;
+    b.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (b.seconds > timeout_s) {
+      kill(pid, SIGKILL);
+      assert_int_equal(waitpid(pid, &status, 0), pid);
+      b.timed_out = true;
+      break;
+    }
+    usleep(10 * 1000);
+  }
+  b.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  b.r.exited = WIFEXITED(status);
+  b.r.signaled = WIFSIGNALED(status);
+  b.r.code = b.r.exited ? WEXITSTATUS(status) : -1;
+  b.r.out = read_text(out_path);
+  b.r.err = read_text(err_path);
+  return b;
+}
+
+// Writes a small valid run problem (q, k, v) and returns the run arguments
+// with `option` (--q, --k or --v) replaced by `path`.
+std::vector<std::string> run_args_with(const std::string &option, const std::string &path) {
+  Case c;
+  c.sq = 8;
+  c.sk = 8;
+  c.hq = 2;
+  c.hkv = 2;
+  c.d = c.dv = 32;
+  write_inputs(&c, 91);
+  std::vector<std::string> args = {"run", "--backend", "emulator", "--out", path_of("o.npy")};
+  for (const char *o : {"--q", "--k", "--v"}) {
+    args.push_back(o);
+    const std::string own = path_of(std::string(o + 2) + ".npy");
+    args.push_back(option == o ? path : own);
+  }
+  return args;
+}
+
+// One input that is not a regular file: exit 2 within the time limit, one
+// line naming the option, the path and the kind of file.
+void expect_not_regular(const std::string &option, const std::string &path, const char *kind) {
+  const std::vector<std::string> args = run_args_with(option, path);
+  const BoundedResult b = run_cli_bounded(args, 20);
+  expect(!b.timed_out, args, b.r, "did not finish within 20 s (blocked or reading without end)");
+  expect(b.r.exited && b.r.code == 2, args, b.r, "exit status 2 expected");
+  expect(contains(b.r.err, option + ": " + path + ": not a regular file (" + kind + ")"), args, b.r,
+         "message naming the option, the path and the kind of file");
+  expect(std::count(b.r.err.begin(), b.r.err.end(), '\n') == 1, args, b.r, "one line on stderr");
+  expect(b.seconds < 10, args, b.r, "took too long to reject");
+}
+
+// /dev/zero used to be read until memory ran out; /dev/null, a character
+// device too, is rejected the same way.
+void test_input_char_device(void **) {
+  skip_without_cli();
+  expect_not_regular("--q", "/dev/zero", "a character device");
+  expect_not_regular("--v", "/dev/null", "a character device");
+}
+
+// Opening a FIFO with no writer used to block forever.
+void test_input_fifo(void **) {
+  skip_without_cli();
+  const std::string fifo = path_of("input.fifo");
+  unlink(fifo.c_str());
+  assert_int_equal(mkfifo(fifo.c_str(), 0600), 0);
+  expect_not_regular("--k", fifo, "a FIFO");
+  // --cache-seqlens of decode goes through the same reader.
+  Case c;
+  c.sq = 1;
+  c.sk = 8;
+  c.hq = 2;
+  c.hkv = 2;
+  c.d = c.dv = 32;
+  c.seqlens = {8};
+  write_inputs(&c, 92);
+  const std::vector<std::string> args = {
+      "decode", "--backend", "emulator", "--q", path_of("q.npy"), "--k-cache", path_of("k.npy"),
+      "--v-cache", path_of("v.npy"), "--cache-seqlens", fifo, "--out", path_of("o.npy")};
+  const BoundedResult b = run_cli_bounded(args, 20);
+  expect(!b.timed_out && b.r.exited && b.r.code == 2 &&
+             contains(b.r.err, "--cache-seqlens: " + fifo + ": not a regular file (a FIFO)"),
+         args, b.r, "a FIFO as --cache-seqlens");
+  unlink(fifo.c_str());
+}
+
+// A directory used to fail only with "read error".
+void test_input_directory(void **) {
+  skip_without_cli();
+  expect_not_regular("--v", g_dir, "a directory");
+  std::vector<std::string> args = run_args_with("--q", path_of("q.npy"));
+  args.push_back("--ref");
+  args.push_back(g_dir);
+  const BoundedResult b = run_cli_bounded(args, 20);
+  expect(b.r.exited && b.r.code == 2 &&
+             contains(b.r.err, "--ref: " + g_dir + ": not a regular file (a directory)"),
+         args, b.r, "a directory as --ref");
+}
+
+// A regular file far longer than its header announces (a 64 GiB sparse
+// tail) is read only as far as the header says, and a symbolic link to a
+// regular file is followed: the run passes, fast and in little memory.
+void test_input_longer_than_header(void **) {
+  skip_without_cli();
+  std::vector<std::string> args = run_args_with("--q", path_of("q_long.npy"));
+  const std::string q = path_of("q.npy"), q_long = path_of("q_long.npy");
+  const std::string bytes = read_text(q);
+  {
+    std::ofstream f(q_long, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  if (truncate(q_long.c_str(), off_t(64) << 30) != 0) {
+    std::printf("  SKIP: cannot make a 64 GiB sparse file here: %s\n", std::strerror(errno));
+    unlink(q_long.c_str());
+    skip();
+  }
+  const std::string k_link = path_of("k_link.npy");
+  unlink(k_link.c_str());
+  assert_int_equal(symlink(path_of("k.npy").c_str(), k_link.c_str()), 0);
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--k") args[i + 1] = k_link;
+  }
+  const BoundedResult b = run_cli_bounded(args, 60);
+  unlink(q_long.c_str());
+  unlink(k_link.c_str());
+  expect(!b.timed_out, args, b.r, "did not finish within 60 s");
+  expect(b.r.exited && b.r.code == 0 && contains(b.r.out, "PASS"), args, b.r,
+         "a long regular file and a symlink are valid inputs");
+}
+
 // Empties the children's cache first, so no kernel stored by an older build
 // of a generator is reused.
 int clear_cache(void **) {
@@ -708,6 +897,10 @@ int main() {
       cmocka_unit_test(test_cache_commands),
       cmocka_unit_test(test_cache_stats_no_home),
       cmocka_unit_test(test_cache_stats_full_disk),
+      cmocka_unit_test(test_input_char_device),
+      cmocka_unit_test(test_input_fifo),
+      cmocka_unit_test(test_input_directory),
+      cmocka_unit_test(test_input_longer_than_header),
   };
   return cmocka_run_group_tests(tests, clear_cache, nullptr);
 }

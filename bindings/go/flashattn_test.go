@@ -9,7 +9,9 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // newRT creates an emulator runtime with a private cache directory.
@@ -847,6 +849,208 @@ func TestConcurrent(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// Close of a Runtime or a Config while goroutines are inside calls on it
+// (issue 9, part 3): Close waits for the calls in flight, calls made after it
+// fail with "runtime is closed" / "config is closed", nothing crashes, and
+// the race detector (test.sh runs -race) sees no data race.
+func TestCloseWhileInUse(t *testing.T) {
+	for _, mode := range []string{"runtime", "config", "both"} {
+		mode := mode
+		t.Run(mode, func(t *testing.T) {
+			inFlight := int64(0)
+			for round := 0; round < 3; round++ {
+				inFlight += closeWhileInUse(t, mode, round)
+			}
+			// The race was exercised: goroutines were inside calls as Close began.
+			if inFlight == 0 {
+				t.Fatal("no call was in flight when Close began")
+			}
+		})
+	}
+}
+
+// closeWhileInUse runs one round and returns how many goroutines were inside
+// a call when Close began.
+func closeWhileInUse(t *testing.T, mode string, round int) int64 {
+	rt, err := NewRuntime(&RuntimeOptions{Backend: BackendEmulator, CacheMode: CacheMemory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	cfg, err := NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cfg.Close()
+	const S, H, D = 48, 2, 32
+	r := rand.New(rand.NewSource(int64(round)))
+	qh, _ := randHalf(r, 2*S*H*D, 1)
+	q := upload(t, rt, qh)
+	o := poisoned(t, rt, S*H*D*2)
+	o1 := poisoned(t, rt, 2*H*D*2)
+	lse1 := poisoned(t, rt, 2*H*4)
+	lens := upload(t, rt, []int32{S, 20})
+	calls := map[string]func() error{
+		"forward": func() error {
+			return rt.Forward(cfg, &ForwardArgs{Batch: 1, SeqlenQ: S, SeqlenK: S,
+				Q: Contiguous(q.Ptr(), S, H, D), K: Contiguous(q.Ptr(), S, H, D),
+				V: Contiguous(q.Ptr(), S, H, D), O: Contiguous(o.Ptr(), S, H, D)})
+		},
+		"decode": func() error { // allocates and frees its own workspace
+			return rt.Decode(cfg, &DecodeArgs{Batch: 2, SeqlenQ: 1, SeqlenKMax: S,
+				Q: Contiguous(q.Ptr(), 1, H, D), KCache: Contiguous(q.Ptr(), S, H, D),
+				VCache: Contiguous(q.Ptr(), S, H, D), CacheSeqlens: lens.Ptr(),
+				O: Contiguous(o1.Ptr(), 1, H, D), LSE: lse1.Ptr()})
+		},
+		"memory": func() error {
+			m, err := rt.Malloc(4096)
+			if err != nil {
+				return err
+			}
+			defer m.Free()
+			if err := m.UploadUint16(qh[:2048]); err != nil {
+				return err
+			}
+			back := make([]uint16, 2048)
+			if err := m.DownloadUint16(back); err != nil {
+				return err
+			}
+			return m.Memset(0)
+		},
+		"query": func() error {
+			if _, err := rt.CacheStats(); err != nil {
+				return err
+			}
+			_, err := rt.Info()
+			return err
+		},
+		"generate": func() error {
+			_, err := Generate(cfg, KernelReduce, 80)
+			return err
+		},
+	}
+	usesRuntime := map[string]bool{"forward": true, "decode": true, "memory": true, "query": true}
+	usesConfig := map[string]bool{"forward": true, "decode": true, "generate": true}
+	affected := func(kind string) bool {
+		return (mode != "config" && usesRuntime[kind]) || (mode != "runtime" && usesConfig[kind])
+	}
+	kinds := []string{"forward", "forward", "decode", "decode", "memory", "query", "generate"}
+	var closed int32 // 1 once Close has returned
+	var inside int64 // goroutines inside a call now
+	var wg sync.WaitGroup
+	errs := make(chan string, len(kinds))
+	start := make(chan struct{})
+	for _, kind := range kinds {
+		kind := kind
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for refusedAfter := 0; refusedAfter < 3; {
+				wasClosed := atomic.LoadInt32(&closed) == 1
+				atomic.AddInt64(&inside, 1)
+				err := calls[kind]()
+				atomic.AddInt64(&inside, -1)
+				if err == nil {
+					if wasClosed {
+						if affected(kind) {
+							errs <- kind + ": a call started after Close succeeded"
+						}
+						return
+					}
+					continue
+				}
+				var fe *Error
+				if !errors.As(err, &fe) || fe.Status != StatusInvalidArgument ||
+					!(strings.Contains(fe.Message, "runtime is closed") ||
+						strings.Contains(fe.Message, "config is closed")) {
+					errs <- fmt.Sprintf("%s: %v", kind, err)
+					return
+				}
+				if !affected(kind) {
+					errs <- fmt.Sprintf("%s: refused (%v) but it uses nothing closed", kind, err)
+					return
+				}
+				if wasClosed {
+					refusedAfter++
+				}
+			}
+		}()
+	}
+	close(start)
+	time.Sleep(time.Duration(20+10*round) * time.Millisecond)
+	in := atomic.LoadInt64(&inside)
+	if mode != "config" {
+		if err := rt.Close(); err != nil {
+			t.Errorf("Runtime.Close: %v", err)
+		}
+	}
+	if mode != "runtime" {
+		if err := cfg.Close(); err != nil {
+			t.Errorf("Config.Close: %v", err)
+		}
+	}
+	atomic.StoreInt32(&closed, 1)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("round %d: %s", round, e)
+	}
+	return in
+}
+
+// DeviceMemory.Free while other goroutines copy to and from the same memory:
+// every copy either completes or fails with "memory was freed"; none runs on
+// memory already returned to the allocator.
+func TestFreeWhileCopying(t *testing.T) {
+	rt := newRT(t)
+	for round := 0; round < 20; round++ {
+		m, err := rt.Malloc(1 << 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := make([]float32, 1<<14)
+		var wg sync.WaitGroup
+		errs := make(chan string, 4)
+		for g := 0; g < 4; g++ {
+			g := g
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				dst := make([]float32, 1<<14)
+				for {
+					var err error
+					switch g % 3 {
+					case 0:
+						err = m.UploadFloat32(src)
+					case 1:
+						err = m.DownloadFloat32(dst)
+					default:
+						err = m.Memset(1)
+					}
+					if err == nil {
+						continue
+					}
+					var fe *Error
+					if !errors.As(err, &fe) || !strings.Contains(fe.Message, "memory was freed") {
+						errs <- err.Error()
+					}
+					return
+				}
+			}()
+		}
+		time.Sleep(time.Millisecond)
+		if err := m.Free(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Errorf("round %d: %s", round, e)
+		}
 	}
 }
 

@@ -21,7 +21,7 @@ type DeviceMemory struct {
 	rt    *Runtime
 	ptr   uint64
 	size  uint64
-	mu    sync.Mutex
+	mu    sync.RWMutex // read-held by copies and Memset, write-held by Free
 	freed bool
 }
 
@@ -82,15 +82,15 @@ func (m *DeviceMemory) Free() error {
 func (m *DeviceMemory) Close() error { return m.Free() }
 
 // copyOp runs a host<->device copy or memset after checking m is live and
-// that bytes fit.
+// that bytes fit. m stays read-locked for the whole copy, so a concurrent
+// Free waits for it instead of freeing the memory under it.
 func (m *DeviceMemory) copyOp(op string, bytes uint64, f func(p *C.fa_runtime, e *C.fago_err) C.fa_status) error {
 	if m == nil {
 		return goErr(StatusInvalidArgument, "%s: memory is nil", op)
 	}
-	m.mu.Lock()
-	freed := m.freed
-	m.mu.Unlock()
-	if freed {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.freed {
 		return goErr(StatusInvalidArgument, "%s: memory was freed", op)
 	}
 	if bytes > m.size {

@@ -1,5 +1,10 @@
 #include "npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -324,9 +329,22 @@ Array from_f16_bits(const std::vector<int64_t> &shape, const uint16_t *bits) {
   return make(DType::F16, shape, bits);
 }
 
-bool parse(const uint8_t *bytes, size_t size, Array *out, std::string *error) {
-  if (!out) return set_error(error, "no output array");
-  if (bytes == nullptr || size < 10) {
+namespace {
+
+// What the preamble and header of a .npy file say: where the data starts and
+// how many bytes it holds.
+struct Meta {
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;
+  size_t data_bytes = 0;
+};
+
+// From the first bytes of a file (`held` of them at `bytes`, of a file of
+// `size` bytes, held <= size): the offset at which the header ends and the
+// data starts.
+bool header_end(const uint8_t *bytes, size_t held, size_t size, size_t *end, std::string *error) {
+  if (bytes == nullptr || held < 10) {
     return set_error(error, "not a .npy file: shorter than the 10-byte preamble");
   }
   if (std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0) {
@@ -342,7 +360,7 @@ bool parse(const uint8_t *bytes, size_t size, Array *out, std::string *error) {
     header_len = size_t(bytes[8]) | size_t(bytes[9]) << 8;
     offset = 10;
   } else {
-    if (size < 12) return set_error(error, "truncated header: no 4-byte header length");
+    if (held < 12) return set_error(error, "truncated header: no 4-byte header length");
     header_len = size_t(bytes[8]) | size_t(bytes[9]) << 8 | size_t(bytes[10]) << 16 |
                  size_t(bytes[11]) << 24;
     offset = 12;
@@ -352,54 +370,124 @@ bool parse(const uint8_t *bytes, size_t size, Array *out, std::string *error) {
                                 " header bytes announced, " + std::to_string(size - offset) +
                                 " present");
   }
+  *end = offset + header_len;
+  return true;
+}
+
+// Parses the preamble and header held at `bytes` (at least up to the
+// header's end) of a file of `size` bytes, and checks that the file holds
+// the data the header announces.
+bool parse_meta(const uint8_t *bytes, size_t held, size_t size, Meta *m, std::string *error) {
+  size_t end;
+  if (!header_end(bytes, held, size, &end, error)) return false;
+  if (held < end) return set_error(error, "truncated header");
+  const size_t offset = bytes[6] == 1 ? 10 : 12;
   std::string descr;
   bool structured = false, fortran = false;
-  std::vector<int64_t> shape;
-  if (!parse_header(reinterpret_cast<const char *>(bytes + offset), header_len, &descr, &structured,
-                    &fortran, &shape, error)) {
+  if (!parse_header(reinterpret_cast<const char *>(bytes + offset), end - offset, &descr,
+                    &structured, &fortran, &m->shape, error)) {
     return false;
   }
   if (structured) return set_error(error, "unsupported dtype: structured arrays are not supported");
-  DType type;
-  if (!descr_to_dtype(descr, &type, error)) return false;
-  if (fortran && shape.size() > 1) {
+  if (!descr_to_dtype(descr, &m->type, error)) return false;
+  if (fortran && m->shape.size() > 1) {
     return set_error(error,
                      "fortran_order arrays are not supported; save with np.ascontiguousarray(a)");
   }
-  size_t count, nbytes;
-  if (!checked_count(shape, dtype_size(type), &count, &nbytes)) {
+  size_t count;
+  if (!checked_count(m->shape, dtype_size(m->type), &count, &m->data_bytes)) {
     return set_error(error, "shape too large");
   }
-  offset += header_len;
-  const size_t available = size - offset;
-  if (available < nbytes) {
+  m->data_offset = end;
+  const size_t available = size - end;
+  if (available < m->data_bytes) {
     Array tmp;
-    tmp.shape = shape;
+    tmp.shape = m->shape;
     return set_error(error, "truncated data: shape " + tmp.shape_string() + " of " +
-                                dtype_descr(type) + " needs " + std::to_string(nbytes) +
-                                " bytes, file has " + std::to_string(available));
+                                dtype_descr(m->type) + " needs " +
+                                std::to_string(m->data_bytes) + " bytes, file has " +
+                                std::to_string(available));
   }
-  out->dtype = type;
-  out->shape = std::move(shape);
-  out->data.assign(bytes + offset, bytes + offset + nbytes);
-  (void)count;
+  return true;
+}
+
+// Reads exactly n bytes at offset (fewer only at end of file: *got says).
+bool pread_full(int fd, uint8_t *dst, size_t n, size_t offset, size_t *got) {
+  *got = 0;
+  while (*got < n) {
+    const ssize_t r = ::pread(fd, dst + *got, n - *got, off_t(offset + *got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return false;
+    if (r == 0) break;
+    *got += size_t(r);
+  }
+  return true;
+}
+
+const char *file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+}  // namespace
+
+bool parse(const uint8_t *bytes, size_t size, Array *out, std::string *error) {
+  if (!out) return set_error(error, "no output array");
+  Meta m;
+  if (!parse_meta(bytes, size, size, &m, error)) return false;
+  out->dtype = m.type;
+  out->shape = std::move(m.shape);
+  out->data.assign(bytes + m.data_offset, bytes + m.data_offset + m.data_bytes);
   return true;
 }
 
 bool read(const std::string &path, Array *out, std::string *error) {
-  FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f) return set_error(error, path + ": " + std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  uint8_t buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return set_error(error, path + ": read error");
+  if (!out) return set_error(error, path + ": no output array");
+  // O_NONBLOCK: opening a FIFO that has no writer must not block (it is then
+  // rejected below); it changes nothing for the regular files accepted.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return set_error(error, path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return set_error(error, path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    return set_error(error, path + ": not a regular file (" + file_kind(st.st_mode) +
+                                "); .npy inputs must be regular files");
+  }
+  // Reads are bounded by the file's size and by what the header announces:
+  // bytes after the data are never read, nothing is allocated beyond them.
+  const size_t size = st.st_size > 0 ? size_t(st.st_size) : 0;
+  auto read_error = [&] { return set_error(error, path + ": read error: " + std::strerror(errno)); };
+  auto shrank = [&] {
+    return set_error(error, path + ": truncated: the file shrank while it was read");
+  };
   std::string message;
-  if (!parse(bytes.data(), bytes.size(), out, &message)) {
+  uint8_t pre[12];
+  const size_t pre_len = std::min(size, sizeof(pre));
+  size_t got, end;
+  if (!pread_full(fd, pre, pre_len, 0, &got)) return read_error();
+  if (got < pre_len) return shrank();
+  if (!header_end(pre, pre_len, size, &end, &message)) return set_error(error, path + ": " + message);
+  std::vector<uint8_t> head(end);
+  if (!pread_full(fd, head.data(), end, 0, &got)) return read_error();
+  if (got < end) return shrank();
+  Meta m;
+  if (!parse_meta(head.data(), end, size, &m, &message)) {
     return set_error(error, path + ": " + message);
   }
+  std::vector<uint8_t> data(m.data_bytes);
+  if (!pread_full(fd, data.data(), m.data_bytes, m.data_offset, &got)) return read_error();
+  if (got < m.data_bytes) return shrank();
+  out->dtype = m.type;
+  out->shape = std::move(m.shape);
+  out->data = std::move(data);
   return true;
 }
 

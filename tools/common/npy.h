@@ -53,7 +53,11 @@ Array from_f16_bits(const std::vector<int64_t> &shape, const uint16_t *bits);
 // *error (when non-null) to a message without a trailing newline.
 bool parse(const uint8_t *bytes, size_t size, Array *out, std::string *error);
 
-// Reads `path`; messages are prefixed with the path.
+// Reads `path`; messages are prefixed with the path. Only regular files are
+// accepted (a device, FIFO, directory or socket is refused without reading;
+// FIFOs are opened non-blocking so this never waits for a writer), and only
+// the preamble, the header and the data bytes the header announces are read,
+// after checking them against the file's size: trailing bytes are ignored.
 bool read(const std::string &path, Array *out, std::string *error);
 
 // Serialises `a` as a version 1.0 .npy file.

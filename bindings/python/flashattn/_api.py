@@ -114,6 +114,108 @@ class CacheEntry:
     last_used: int
 
 
+# ---- handle lifetime -----------------------------------------------------------
+
+class _Handle:
+    """A C handle (fa_runtime* / fa_config*) and the calls in flight on it.
+
+    The C API's destroy functions are not thread-safe with other calls on
+    the same handle, so every call holds a use (acquire/release, or the
+    use() context manager) and close() marks the handle closing, waits until
+    no call holds a use, then destroys it. A call starting on another thread
+    once closing has begun raises InvalidArgumentError("the X is closed");
+    uses nested inside a call already in flight on the same thread (a
+    forward's staging mallocs and frees) still succeed, so that call
+    completes. close() from inside a call on the same thread raises instead
+    of waiting for itself. The lock is reentrant: a finalizer run by the
+    garbage collector while this thread holds it cannot deadlock."""
+
+    __slots__ = ("_cond", "_handle", "_what", "_closing", "_users")
+
+    def __init__(self, handle, what):
+        self._cond = threading.Condition(threading.RLock())
+        self._handle = handle
+        self._what = what
+        self._closing = False
+        self._users = {}  # thread ident -> uses held by that thread
+
+    @property
+    def closed(self):
+        return self._handle is None or self._closing
+
+    def acquire(self):
+        """The handle, counted as in use by this thread until release()."""
+        with self._cond:
+            me = threading.get_ident()
+            held = self._users.get(me, 0)
+            if self._handle is None or (self._closing and not held):
+                raise invalid("the %s is closed" % self._what)
+            self._users[me] = held + 1
+            return self._handle
+
+    def try_acquire(self):
+        """Like acquire(), but None instead of an error when closed."""
+        try:
+            return self.acquire()
+        except Error:
+            return None
+
+    def release(self):
+        with self._cond:
+            me = threading.get_ident()
+            n = self._users[me] - 1
+            if n:
+                self._users[me] = n
+            else:
+                del self._users[me]
+                if not self._users:
+                    self._cond.notify_all()
+
+    def use(self):
+        return _Use(self)
+
+    def close(self, destroy):
+        """Waits for the calls in flight, then destroy(handle). Idempotent;
+        a second closer waits for the first. Returns True if it destroyed."""
+        with self._cond:
+            if self._handle is None:
+                return False
+            if self._closing:
+                while self._handle is not None:
+                    self._cond.wait()
+                return False
+            if self._users.get(threading.get_ident()):
+                raise invalid("the %s cannot be closed from inside a call on it (on the same "
+                              "thread)" % self._what)
+            self._closing = True
+            while self._users:
+                self._cond.wait()
+            handle = self._handle
+        try:
+            destroy(handle)
+        finally:
+            with self._cond:
+                self._handle = None
+                self._closing = False
+                self._cond.notify_all()
+        return True
+
+
+class _Use:
+    """with handle.use() as h: ... (a use held for the block)."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def __enter__(self):
+        return self._owner.acquire()
+
+    def __exit__(self, *exc):
+        self._owner.release()
+
+
 # ---- Runtime -----------------------------------------------------------------
 
 class Runtime:
@@ -123,11 +225,16 @@ class Runtime:
 
     Use it as a context manager, or call close() (idempotent). close() frees
     every fa_malloc'd buffer still owned by the binding (DeviceArrays,
-    decode workspaces) before destroying the runtime; __del__ is a backstop."""
+    decode workspaces) before destroying the runtime; __del__ is a backstop.
+
+    Thread safety: every method may be called from any thread concurrently.
+    close() waits for the calls in flight on other threads (the runtime is
+    destroyed only once they have returned); calls started after close()
+    began raise InvalidArgumentError("the Runtime is closed")."""
 
     def __init__(self, backend="auto", device=0, cache="default", cache_dir=None,
                  emulator_sm=0):
-        self._handle = None
+        self._guard = _Handle(None, "Runtime")  # closed until created
         lib = _lib.lib()
         self._lib = lib  # kept for __del__ during interpreter teardown
         if backend not in _BACKENDS:
@@ -143,34 +250,47 @@ class Runtime:
         opts.emulator_sm = _int32(emulator_sm, "Runtime: emulator_sm")
         handle = ctypes.c_void_p()
         check(lib.fa_runtime_create(ctypes.byref(opts), ctypes.byref(handle)))
-        self._handle = handle.value
         self._lock = threading.RLock()
         self._allocs = {}  # ptr -> bytes, owned by the binding
         self._workspaces = {}  # stream -> (ptr, bytes) for decode
+        self._guard = _Handle(handle.value, "Runtime")
 
     # lifetime
     def _h(self):
-        if self._handle is None:
+        """The handle while open (for callers already holding a use)."""
+        h = self._guard._handle
+        if h is None:
             raise invalid("the Runtime is closed")
-        return self._handle
+        return h
+
+    def _use(self):
+        """with self._use() as h: one call on the runtime (see _Handle)."""
+        return self._guard.use()
 
     @property
     def closed(self):
-        return self._handle is None
+        """True once close() has begun."""
+        return self._guard.closed
 
     def close(self):
-        """Frees the binding's buffers, then destroys the runtime. Idempotent."""
-        handle = getattr(self, "_handle", None)
-        if handle is None:
+        """Waits for the calls in flight on other threads, frees the binding's
+        buffers, then destroys the runtime. Idempotent. Raises
+        InvalidArgumentError when called from inside a call on this runtime
+        on the same thread (it would wait for itself)."""
+        guard = getattr(self, "_guard", None)
+        if guard is None:
             return
-        lib = self._lib
-        with self._lock:
-            for ptr in list(self._allocs):
-                lib.fa_free(handle, ptr)
-            self._allocs.clear()
-            self._workspaces.clear()
-            self._handle = None
-            lib.fa_runtime_destroy(handle)
+
+        def destroy(handle):
+            lib = self._lib
+            with self._lock:
+                for ptr in list(self._allocs):
+                    lib.fa_free(handle, ptr)
+                self._allocs.clear()
+                self._workspaces.clear()
+                lib.fa_runtime_destroy(handle)
+
+        guard.close(destroy)
 
     def __enter__(self):
         self._h()
@@ -186,20 +306,26 @@ class Runtime:
             pass
 
     def __repr__(self):
-        if self.closed:
-            return "<flashattn.Runtime closed>"
-        i = self.info
+        try:
+            i = self.info
+        except Error:
+            if self.closed:
+                return "<flashattn.Runtime closed>"
+            raise
         return "<flashattn.Runtime %s sm_%d %r>" % (i.backend, i.sm, i.device_name)
 
     @property
     def handle(self):
-        """The fa_runtime* as an int (for callers mixing in their own ctypes)."""
+        """The fa_runtime* as an int (for callers mixing in their own ctypes).
+        Calls made through it are not counted: close() does not wait for
+        them, keep them from racing with close() yourself."""
         return self._h()
 
     @property
     def info(self):
         info = _lib.new(_lib.fa_runtime_info)
-        check(self._lib.fa_runtime_get_info(self._h(), ctypes.byref(info)))
+        with self._use() as h:
+            check(self._lib.fa_runtime_get_info(h, ctypes.byref(info)))
         return RuntimeInfo(_BACKEND_NAMES.get(info.backend, str(info.backend)), info.sm,
                            info.num_sms, info.driver_version,
                            info.device_name.decode("utf-8", "replace"))
@@ -209,16 +335,30 @@ class Runtime:
         """fa_malloc: device memory (256-byte aligned) as an int pointer. The
         runtime frees it at close() unless free() is called first."""
         ptr = ctypes.c_uint64()
-        with self._lock:
-            check(self._lib.fa_malloc(self._h(), nbytes, ctypes.byref(ptr)))
+        with self._use() as h, self._lock:
+            check(self._lib.fa_malloc(h, nbytes, ctypes.byref(ptr)))
             self._allocs[ptr.value] = nbytes
         return ptr.value
 
     def free(self, ptr):
         """fa_free of a pointer from malloc(); 0 is a no-op."""
-        with self._lock:
-            check(self._lib.fa_free(self._h(), ptr))
+        with self._use() as h, self._lock:
+            check(self._lib.fa_free(h, ptr))
             self._allocs.pop(ptr, None)
+
+    def _free_owned(self, ptr):
+        """Frees ptr if the binding still owns it; a no-op once closed (close()
+        freed it). For DeviceArray.free and finalizers."""
+        h = self._guard.try_acquire()
+        if h is None:
+            return
+        try:
+            with self._lock:
+                if ptr in self._allocs:
+                    check(self._lib.fa_free(h, ptr))
+                    del self._allocs[ptr]
+        finally:
+            self._guard.release()
 
     def memcpy_htod(self, dst, src, nbytes=None):
         """Copies a host buffer (bytes-like or C-contiguous NumPy array) to dst."""
@@ -226,7 +366,8 @@ class Runtime:
         n = size if nbytes is None else nbytes
         if n > size:
             raise invalid("memcpy_htod: nbytes %d exceeds the source's %d" % (n, size))
-        check(self._lib.fa_memcpy_htod(self._h(), dst, addr, n))
+        with self._use() as h:
+            check(self._lib.fa_memcpy_htod(h, dst, addr, n))
         del keep
 
     def memcpy_dtoh(self, dst, src, nbytes=None):
@@ -235,15 +376,18 @@ class Runtime:
         n = size if nbytes is None else nbytes
         if n > size:
             raise invalid("memcpy_dtoh: nbytes %d exceeds the destination's %d" % (n, size))
-        check(self._lib.fa_memcpy_dtoh(self._h(), addr, src, n))
+        with self._use() as h:
+            check(self._lib.fa_memcpy_dtoh(h, addr, src, n))
         del keep
 
     def memset(self, dst, value, nbytes):
-        check(self._lib.fa_memset(self._h(), dst, value, nbytes))
+        with self._use() as h:
+            check(self._lib.fa_memset(h, dst, value, nbytes))
 
     def synchronize(self, stream=None):
         s = _stream_handle(stream)
-        check(self._lib.fa_synchronize(self._h(), s or None))
+        with self._use() as h:
+            check(self._lib.fa_synchronize(h, s or None))
 
     def empty(self, shape, dtype):
         """An uninitialised DeviceArray of `dtype` ('fp16','bf16','fp32','int32')."""
@@ -268,7 +412,8 @@ class Runtime:
     # cache
     def cache_stats(self):
         s = _lib.new(_lib.fa_cache_stats)
-        check(self._lib.fa_cache_stats_get(self._h(), ctypes.byref(s)))
+        with self._use() as h:
+            check(self._lib.fa_cache_stats_get(h, ctypes.byref(s)))
         return CacheStats(s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded,
                           s.entries, s.bytes, bool(s.persistent),
                           s.path.decode("utf-8", "replace"), s.note.decode("utf-8", "replace"),
@@ -292,13 +437,15 @@ class Runtime:
                 return 1
 
         cb = _lib.fa_cache_entry_fn(visit)
-        check(self._lib.fa_cache_list(self._h(), cb, None))
+        with self._use() as h:
+            check(self._lib.fa_cache_list(h, cb, None))
         if failure:
             raise failure[0]
         return entries
 
     def cache_clear(self):
-        check(self._lib.fa_cache_clear(self._h()))
+        with self._use() as h:
+            check(self._lib.fa_cache_clear(h))
 
     # decode workspace: one grow-only buffer per (stream, thread). Work on one
     # stream is ordered; the thread is part of the key because the emulator
@@ -375,9 +522,8 @@ class DeviceArray:
     def free(self):
         """Returns the memory now; idempotent (the Runtime frees it at close)."""
         ptr, self.ptr = self.ptr, 0
-        rt = self.runtime
-        if ptr and not rt.closed and ptr in rt._allocs:
-            rt.free(ptr)
+        if ptr:
+            self.runtime._free_owned(ptr)
 
     def __del__(self):
         try:
@@ -400,7 +546,7 @@ class Config:
     def __init__(self, *, head_dim, num_heads_q, num_heads_kv=None, dtype="fp16",
                  head_dim_v=0, causal=False, window=(-1, -1), softmax_scale=0.0,
                  softcap=0.0):
-        self._handle = None
+        self._guard = _Handle(None, "Config")  # closed until created
         lib = _lib.lib()
         self._lib = lib
         if dtype not in _DTYPES:
@@ -426,7 +572,7 @@ class Config:
         d.softcap = float(softcap)
         handle = ctypes.c_void_p()
         check(lib.fa_config_create(ctypes.byref(d), ctypes.byref(handle)))
-        self._handle = handle.value
+        self._guard = _Handle(handle.value, "Config")
         self.dtype = dtype
         self.head_dim = d.head_dim
         self.head_dim_v = d.head_dim_v or d.head_dim
@@ -438,14 +584,26 @@ class Config:
         self.softcap = float(softcap)
 
     def _h(self):
-        if self._handle is None:
+        h = self._guard._handle
+        if h is None:
             raise invalid("the Config is closed")
-        return self._handle
+        return h
+
+    def _use(self):
+        return self._guard.use()
+
+    @property
+    def closed(self):
+        """True once close() has begun."""
+        return self._guard.closed
 
     def close(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            self._lib.fa_config_destroy(handle)
+        """Destroys the config once no call in flight uses it (calls on other
+        threads are waited for; later calls raise InvalidArgumentError).
+        Idempotent."""
+        guard = getattr(self, "_guard", None)
+        if guard is not None:
+            guard.close(lambda handle: self._lib.fa_config_destroy(handle))
 
     def __enter__(self):
         return self
@@ -478,9 +636,12 @@ def generate(config, kind="forward", sm=80):
     lib = _lib.lib()
     size = ctypes.c_size_t()
     sm = _int32(sm, "generate: sm")
-    check(lib.fa_generate(config._h(), k, sm, None, 0, ctypes.byref(size)))
-    buf = ctypes.create_string_buffer(size.value + 1)
-    check(lib.fa_generate(config._h(), k, sm, buf, len(buf), ctypes.byref(size)))
+    if not isinstance(config, Config):
+        raise invalid("generate: config must be a flashattn.Config")
+    with config._use() as h:
+        check(lib.fa_generate(h, k, sm, None, 0, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value + 1)
+        check(lib.fa_generate(h, k, sm, buf, len(buf), ctypes.byref(size)))
     return buf.raw[: size.value].decode("ascii")
 
 
@@ -504,6 +665,7 @@ class _Call:
         rt._h()
         cfg._h()
         self.rt, self.cfg, self.name = rt, cfg, name
+        self.h = self.ch = None  # the handles, held in use from __enter__ to __exit__
         self.stream = _stream_handle(stream)
         self.explicit = self.stream is not None
         self.views, self.staged, self.copy_back = [], [], []
@@ -511,9 +673,24 @@ class _Call:
         self.launched = False
 
     def __enter__(self):
+        # Uses of the runtime and the config for the whole call (staging,
+        # launch, copy-back, frees): close() on another thread waits for it.
+        self.h = self.rt._guard.acquire()
+        try:
+            self.ch = self.cfg._guard.acquire()
+        except BaseException:
+            self.rt._guard.release()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            self._finish(exc_type)
+        finally:
+            self.cfg._guard.release()
+            self.rt._guard.release()
+
+    def _finish(self, exc_type):
         try:
             if exc_type is None and (self.staged or self.copy_back):
                 self.rt.synchronize(self.stream)
@@ -626,12 +803,34 @@ def _ft(view, strides=None):
     return t
 
 
-def _host_ints(obj):
-    """The values of a host int array (NumPy/list), or None for device data."""
-    if is_ndarray(obj) or isinstance(obj, (list, tuple)):
-        import numpy as np
-        return np.asarray(obj).astype(np.int64).ravel()
-    return None
+def _host_cu_seqlens(view, name, total, total_name, max_seqlen, max_name):
+    """Validates cu_seqlens held on the host (view.host: the int32 array the
+    call stages) against the packed tensor's `total` rows and returns
+    max_seqlen (the longest sequence when None). Device cu_seqlens are not
+    read (that would need a synchronisation): see forward()'s docstring."""
+    cu = view.host.astype("int64").ravel()
+    label = "forward: " + name
+    if cu[0] != 0:
+        raise invalid("%s[0] must be 0, got %d" % (label, cu[0]))
+    lengths = cu[1:] - cu[:-1]
+    if (lengths < 0).any():
+        b = int((lengths < 0).argmax())
+        raise invalid("%s must be non-decreasing: %s[%d] = %d > %s[%d] = %d"
+                      % (label, name, b, cu[b], name, b + 1, cu[b + 1]))
+    if cu[-1] > total:
+        raise invalid("%s[%d] = %d exceeds %s = %d (the packed tensor's rows)"
+                      % (label, len(cu) - 1, cu[-1], total_name, total))
+    longest = int(lengths.max())
+    if max_seqlen is None:
+        if longest == 0:
+            raise invalid("%s: every sequence is empty" % label)
+        return longest
+    max_seqlen = _int32(max_seqlen, "forward: " + max_name)
+    if max_seqlen < longest:
+        b = int(lengths.argmax())
+        raise invalid("forward: %s = %d is smaller than sequence %d's length %d (%s[%d] - %s[%d])"
+                      % (max_name, max_seqlen, b, longest, name, b + 1, name, b))
+    return max_seqlen
 
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
@@ -644,7 +843,24 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     [batch + 1] and packed q/k/v [total, heads, dim]; max_seqlen_q/k are
     needed when the cu_seqlens are on the device. Returns O, or (O, LSE)
     with return_lse=True or an lse= buffer (LSE fp32 [batch, num_heads_q,
-    seqlen_q], varlen [num_heads_q, total_q])."""
+    seqlen_q], varlen [num_heads_q, total_q]).
+
+    Host cu_seqlens (NumPy, list, CPU DLPack) are validated before anything
+    runs: 1-D integers of length batch + 1 that fit int32, starting at 0,
+    non-decreasing, the last at most the packed tensor's rows (total_q /
+    total_k; equal to total_q when an LSE is asked for, since the kernel lays
+    the LSE out [num_heads_q, cu_seqlens_q[batch]]); max_seqlen_q/k default
+    to the longest sequence and, when given, must not be smaller. Rows of
+    out past cu_seqlens_q[batch] are not written.
+
+    Device cu_seqlens (__cuda_array_interface__, CUDA DLPack, DeviceArray)
+    are trusted: reading them would need a synchronisation. The caller
+    guarantees the same rules; the kernel clamps each sequence's length to
+    [0, max_seqlen_q/k], so a max_seqlen that is too small truncates
+    sequences (their later rows are not written) and a decreasing pair
+    gives an empty sequence, but offsets past the packed tensors make the
+    kernel read and write out of bounds (the emulator reports a LaunchError;
+    on a GPU that is an illegal address that poisons the runtime)."""
     cfg = config
     with _Call(runtime, cfg, "forward", stream) as call:
         dt = cfg.dtype
@@ -678,7 +894,6 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             Tk = packed(kv, "forward: k", Hk, D, ("total_k", "num_heads_kv", "head_dim"))
             if packed(vv, "forward: v", Hk, Dv, ("total_k", "num_heads_kv", "head_dim_v")) != Tk:
                 raise invalid("forward: v has %d rows, k has %d" % (vv.shape[-3], Tk))
-            cq_host, ck_host = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
             cqv = call.input(cu_seqlens_q, "cu_seqlens_q", "int32")
             ckv = call.input(cu_seqlens_k, "cu_seqlens_k", "int32")
             if len(cqv.shape) != 1 or len(cqv.shape) != len(ckv.shape) or \
@@ -688,19 +903,21 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             _need_contiguous(cqv, "forward: cu_seqlens_q")
             _need_contiguous(ckv, "forward: cu_seqlens_k")
             B = cqv.shape[0] - 1
-            if max_seqlen_q is None:
-                if cq_host is None:
-                    raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
-                max_seqlen_q = int((cq_host[1:] - cq_host[:-1]).max())
-            if max_seqlen_k is None:
-                if ck_host is None:
-                    raise invalid("forward: max_seqlen_k is needed with device cu_seqlens_k")
-                max_seqlen_k = int((ck_host[1:] - ck_host[:-1]).max())
+            if cqv.host is not None:
+                max_seqlen_q = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q",
+                                                max_seqlen_q, "max_seqlen_q")
+                if (return_lse or lse is not None) and cqv.host[-1] != Tq:
+                    raise invalid("forward: with an LSE, cu_seqlens_q[%d] (%d) must equal total_q "
+                                  "(%d): the LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
+                                  % (B, cqv.host[-1], Tq))
+            elif max_seqlen_q is None:
+                raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
+            if ckv.host is not None:
+                max_seqlen_k = _host_cu_seqlens(ckv, "cu_seqlens_k", Tk, "total_k",
+                                                max_seqlen_k, "max_seqlen_k")
+            elif max_seqlen_k is None:
+                raise invalid("forward: max_seqlen_k is needed with device cu_seqlens_k")
             Sq, Sk = max_seqlen_q, max_seqlen_k
-            if cq_host is not None and (cq_host[0] != 0 or cq_host[-1] > Tq):
-                raise invalid("forward: cu_seqlens_q must start at 0 and end at <= total_q %d" % Tq)
-            if ck_host is not None and (ck_host[0] != 0 or ck_host[-1] > Tk):
-                raise invalid("forward: cu_seqlens_k must start at 0 and end at <= total_k %d" % Tk)
             a.cu_seqlens_q, a.cu_seqlens_k = cqv.ptr, ckv.ptr
             o_shape = qv.shape[:-1] + (Dv,)
             lse_shape = (H, Tq)
@@ -716,8 +933,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
         a.seqlen_k = _int32(Sk, "forward: seqlen_k")
         a.q, a.k, a.v, a.o = (_ft(x, widen(x)) for x in (qv, kv, vv, ov))
         call.launched = True
-        check(_lib.lib().fa_launch(runtime._h(), cfg._h(), ctypes.byref(a),
-                                   call.launch_stream))
+        check(_lib.lib().fa_launch(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return (o_obj, lse_obj) if want_lse else o_obj
 
 
@@ -728,7 +944,13 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     q [batch, seqlen_q, num_heads_q, head_dim]; k_cache/v_cache [batch,
     seqlen_k_max, num_heads_kv, head_dim(_v)]; cache_seqlens int32 [batch]
     (NumPy, list or device). The split-KV workspace is allocated by the
-    binding (one grow-only buffer per stream, freed with the Runtime)."""
+    binding (one grow-only buffer per stream, freed with the Runtime).
+
+    Host cache_seqlens are checked to lie in [0, seqlen_k_max]. Device
+    cache_seqlens are trusted (not read: that would need a
+    synchronisation); the kernel clamps each to [0, seqlen_k_max], so an
+    out-of-range value never reads past the cache, it only changes which
+    keys are attended to."""
     cfg = config
     with _Call(runtime, cfg, "decode", stream) as call:
         dt = cfg.dtype
@@ -761,12 +983,12 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         a.lse = lv.ptr
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
-        check(lib.fa_decode_workspace_size(runtime._h(), cfg._h(), ctypes.byref(a),
+        check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),
                                            ctypes.byref(nbytes), ctypes.byref(splits)))
         a.workspace = runtime._workspace(call.stream or 0, nbytes.value)
         a.workspace_size = max(nbytes.value, 256)
         call.launched = True
-        check(lib.fa_decode(runtime._h(), cfg._h(), ctypes.byref(a), call.launch_stream))
+        check(lib.fa_decode(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return o_obj, lse_obj
 
 
@@ -799,7 +1021,7 @@ def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None
         a.o = _ft(ov)
         a.lse = lv.ptr
         call.launched = True
-        check(_lib.lib().fa_decode_reduce(runtime._h(), cfg._h(), ctypes.byref(a),
+        check(_lib.lib().fa_decode_reduce(call.h, call.ch, ctypes.byref(a),
                                           call.launch_stream))
     return o_obj, lse_obj
 

@@ -151,6 +151,39 @@ impl ConfigBuilder {
 
 /// A validated attention problem family (device-independent, immutable).
 /// Shareable between threads and runtimes.
+///
+/// `fa_config_destroy` runs in `Drop`, which needs the `Config` itself: it
+/// cannot happen while a call borrows `&Config` (share one between threads
+/// by reference in a scope, or in an `Arc`, whose last owner drops it).
+///
+/// ```compile_fail,E0505
+/// use flashattn::{Backend, Config, Runtime};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// let cfg = Config::builder().head_dim(32).heads(2, 2).build().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| cfg.generate(flashattn::KernelKind::Forward, 80));
+///     drop(cfg); // error[E0505]: cannot move out of `cfg` because it is borrowed
+/// });
+/// # drop(rt);
+/// ```
+///
+/// ```no_run
+/// use flashattn::{Backend, Config, Runtime};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// let cfg = Config::builder().head_dim(32).heads(2, 2).build().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| cfg.generate(flashattn::KernelKind::Forward, 80));
+/// });
+/// drop(cfg);
+/// # drop(rt);
+/// ```
+///
+/// It is not `Clone` (a copy of the handle would be destroyed twice):
+///
+/// ```compile_fail,E0599
+/// let cfg = flashattn::Config::builder().head_dim(32).heads(2, 2).build().unwrap();
+/// let copy = cfg.clone(); // error[E0599]: no method named `clone`
+/// ```
 #[derive(Debug)]
 pub struct Config {
     raw: NonNull<sys::fa_config>,

@@ -37,7 +37,11 @@ pub struct RawForwardArgs {
     pub o: RawTensor,
     /// fp32 [batch, num_heads_q, seqlen_q]; 0 = not written.
     pub lse: u64,
-    /// int32 [batch + 1] prefix sums, or 0.
+    /// int32 [batch + 1] prefix sums, or 0. Device data, not read by these
+    /// bindings: the caller guarantees cu_seqlens[0] == 0, non-decreasing
+    /// values and a last value within the packed tensors. The kernel clamps
+    /// each length to [0, seqlen_q/k], so a wrong maximum truncates a
+    /// sequence, but offsets past the tensors are out-of-bounds accesses.
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
 }

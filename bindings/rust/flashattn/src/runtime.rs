@@ -139,6 +139,36 @@ impl Drop for Inner {
 /// A flashattn runtime: a CUDA device (or the emulator), its loaded kernels
 /// and its kernel cache. Cloning is cheap and shares the same runtime;
 /// it may be used from many threads at once.
+///
+/// # Closing while in use
+///
+/// `fa_runtime_destroy` must not run while another call uses the runtime.
+/// The types rule that out without a lock: every call borrows `&self`, the
+/// C handle is destroyed only when the last clone *and* the last
+/// [`DeviceBuffer`] of the runtime are dropped (they share one `Arc`), and a
+/// value cannot be dropped while it is borrowed. Dropping one clone while
+/// other threads call through theirs is fine. What the borrow checker
+/// refuses, dropping a runtime that another thread is using:
+///
+/// ```compile_fail,E0505
+/// use flashattn::{Backend, Runtime};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| rt.info());
+///     drop(rt); // error[E0505]: cannot move out of `rt` because it is borrowed
+/// });
+/// ```
+///
+/// The same program with the drop after the threads have finished compiles:
+///
+/// ```no_run
+/// use flashattn::{Backend, Runtime};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| rt.info());
+/// });
+/// drop(rt);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
@@ -249,6 +279,28 @@ element!(u8, u16, i32, u32, f32);
 
 /// Device memory from `Runtime::alloc`; `Drop` returns it with fa_free. Keeps
 /// its runtime alive.
+///
+/// A buffer cannot be freed while a call reads or writes it: the safe calls
+/// borrow it through [`Tensor`](crate::Tensor) / [`TensorMut`](crate::TensorMut)
+/// views for their whole length.
+///
+/// ```compile_fail,E0505
+/// use flashattn::{Backend, Runtime, Tensor};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// let buf = rt.alloc(4096).unwrap();
+/// let q = Tensor::contiguous(&buf, [1, 16, 2, 32]);
+/// drop(buf); // error[E0505]: cannot move out of `buf` because it is borrowed
+/// let _still_used = q;
+/// ```
+///
+/// ```no_run
+/// use flashattn::{Backend, Runtime, Tensor};
+/// let rt = Runtime::builder().backend(Backend::Emulator).build().unwrap();
+/// let buf = rt.alloc(4096).unwrap();
+/// let q = Tensor::contiguous(&buf, [1, 16, 2, 32]);
+/// let _still_used = q;
+/// drop(buf);
+/// ```
 #[derive(Debug)]
 pub struct DeviceBuffer {
     rt: Arc<Inner>,

@@ -509,3 +509,40 @@ fn runtime_and_config_shared_by_threads() {
         assert_eq!(h.join().unwrap(), want);
     }
 }
+
+/// The C handle outlives every use (issue 9, part 3): dropping the last
+/// `Runtime` clone while other threads are inside calls through theirs, and
+/// then those clones while the threads still hold `DeviceBuffer`s, never
+/// destroys it under them: it goes with the last clone or buffer. (Dropping
+/// a runtime or config that a call borrows does not compile: see the
+/// compile_fail examples on `Runtime`, `DeviceBuffer` and `Config`.)
+#[test]
+fn runtime_dropped_while_threads_use_clones_and_buffers() {
+    let cfg = Arc::new(small_cfg());
+    for _round in 0..3 {
+        let rt = emulator();
+        let start = Arc::new(std::sync::Barrier::new(5));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (rt, cfg, start) = (rt.clone(), cfg.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let mut b = bufs(&rt, 7);
+                    start.wait();
+                    for _ in 0..4 {
+                        rt.forward(&cfg, fwd(&mut b)).unwrap();
+                    }
+                    drop(rt); // the buffers keep the runtime alive
+                    b.o.fill_bytes(0).unwrap();
+                    let o = b.o.to_vec::<u16>().unwrap();
+                    assert!(o.iter().all(|&x| x == 0));
+                    b.q.to_vec::<u16>().unwrap().len()
+                })
+            })
+            .collect();
+        start.wait();
+        drop(rt); // while the threads are inside forward
+        for h in handles {
+            assert_eq!(h.join().unwrap(), S * 2 * 32);
+        }
+    }
+}
