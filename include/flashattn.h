@@ -48,9 +48,8 @@
 #define FLASHATTN_VERSION_MINOR 2
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
-#define FLASHATTN_VERSION_NUMBER                                              \
-  (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 +          \
-   FLASHATTN_VERSION_PATCH)
+#define FLASHATTN_VERSION_NUMBER \
+  (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH)
 
 /* Largest seqlen_q, seqlen_k and seqlen_k_max (and, for decode, rows of a
  * GQA group: (num_heads_q / num_heads_kv) * seqlen_q) the kernels accept:
@@ -88,7 +87,7 @@ typedef enum fa_status {
   FA_ERROR_BUFFER_TOO_SMALL = 10, /* output buffer too small; size returned */
   FA_ERROR_INTERNAL = 11,         /* a bug in flashattn; please report */
   FA_ERROR_CACHE = 12,            /* a cache maintenance call failed */
-  FA_STATUS_LAST /* never use */
+  FA_STATUS_LAST                  /* never use */
 } fa_status;
 
 /* Static text for a status code ("invalid argument"); never NULL.
@@ -145,24 +144,27 @@ typedef struct fa_runtime fa_runtime;
 typedef struct fa_runtime_options {
   size_t struct_size;
   fa_backend backend;
-  int32_t device;         /* CUDA device ordinal (cuda backend), >= 0 */
+  int32_t device; /* CUDA device ordinal (cuda backend), >= 0 */
   fa_cache_mode cache_mode;
-  const char *cache_dir;  /* NULL: $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn,
-                             ~/.cache/flashattn, in that order */
-  int32_t emulator_sm;    /* SM the emulator targets (80, 86, 89, 90); 0 = 80 */
+  const char *cache_dir; /* NULL: $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn,
+                            ~/.cache/flashattn, in that order */
+  int32_t emulator_sm;   /* SM the emulator targets, with that SM's shared
+                            memory and register limits (80, 86, 87, 89, 90,
+                            100, 103, 110, 120, 121); 0 = 80 */
 } fa_runtime_options;
 
-#define FA_RUNTIME_OPTIONS_INIT                                               \
+#define FA_RUNTIME_OPTIONS_INIT \
   { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0 }
 
 /* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
  * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum),
  * FA_ERROR_NO_DRIVER / FA_ERROR_NO_DEVICE (backend cuda only; auto falls back
- * to the emulator), FA_ERROR_CUDA, FA_ERROR_OUT_OF_MEMORY. A cache that cannot
+ * to the emulator), FA_ERROR_UNSUPPORTED (a device of compute capability
+ * below 8.0, or an emulator_sm not listed), FA_ERROR_CUDA,
+ * FA_ERROR_OUT_OF_MEMORY. A cache that cannot
  * be opened never fails creation: it degrades to memory with a warning (see
  * fa_cache_stats). */
-FA_API fa_status fa_runtime_create(const fa_runtime_options *options,
-                                   fa_runtime **out);
+FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime **out);
 
 /* Destroys a runtime and unloads its kernels; NULL is a no-op. Memory from
  * fa_malloc must be freed before. Not thread-safe with other calls on rt. */
@@ -177,7 +179,10 @@ typedef struct fa_runtime_info {
   char device_name[128];
 } fa_runtime_info;
 
-#define FA_RUNTIME_INFO_INIT { sizeof(fa_runtime_info), FA_BACKEND_AUTO, 0, 0, 0, { 0 } }
+#define FA_RUNTIME_INFO_INIT                                 \
+  {                                                          \
+    sizeof(fa_runtime_info), FA_BACKEND_AUTO, 0, 0, 0, { 0 } \
+  }
 
 /* Fills *info (whose struct_size the caller sets). Errors:
  * FA_ERROR_INVALID_ARGUMENT. */
@@ -198,13 +203,10 @@ FA_API fa_status fa_malloc(fa_runtime *rt, size_t bytes, uint64_t *ptr);
  * an allocation of rt), CUDA. */
 FA_API fa_status fa_free(fa_runtime *rt, uint64_t ptr);
 /* Synchronous copies (host memory is pageable); bytes may be 0. */
-FA_API fa_status fa_memcpy_htod(fa_runtime *rt, uint64_t dst, const void *src,
-                                size_t bytes);
-FA_API fa_status fa_memcpy_dtoh(fa_runtime *rt, void *dst, uint64_t src,
-                                size_t bytes);
+FA_API fa_status fa_memcpy_htod(fa_runtime *rt, uint64_t dst, const void *src, size_t bytes);
+FA_API fa_status fa_memcpy_dtoh(fa_runtime *rt, void *dst, uint64_t src, size_t bytes);
 /* Sets `bytes` bytes to `value`. Synchronous. */
-FA_API fa_status fa_memset(fa_runtime *rt, uint64_t dst, uint8_t value,
-                           size_t bytes);
+FA_API fa_status fa_memset(fa_runtime *rt, uint64_t dst, uint8_t value, size_t bytes);
 /* Waits for all work on `stream` (NULL = default stream). */
 FA_API fa_status fa_synchronize(fa_runtime *rt, void *stream);
 
@@ -218,22 +220,22 @@ typedef struct fa_config fa_config;
 
 typedef struct fa_config_desc {
   size_t struct_size;
-  fa_dtype dtype;        /* FA_DTYPE_FP16 or FA_DTYPE_BF16 (Q, K, V, O) */
-  int32_t head_dim;      /* multiple of 8, 8..256 */
-  int32_t head_dim_v;    /* multiple of 8, 8..256; 0 = head_dim */
-  int32_t num_heads_q;   /* >= 1 */
-  int32_t num_heads_kv;  /* >= 1, divides num_heads_q (GQA / MQA) */
-  int32_t causal;        /* 0 or 1, bottom-right aligned */
-  int32_t window_left;   /* >= 0, or -1 = unbounded; any width (up to
-                            INT32_MAX) that covers the sequence acts as -1 */
-  int32_t window_right;  /* >= 0, or -1 = unbounded (causal forces 0) */
-  float softmax_scale;   /* > 0, finite, and softmax_scale * log2(e) finite;
-                            0 = 1/sqrt(head_dim) */
-  float softcap;         /* >= 0 and finite, softcap * log2(e) and
-                            softmax_scale / softcap finite; 0 = off */
+  fa_dtype dtype;       /* FA_DTYPE_FP16 or FA_DTYPE_BF16 (Q, K, V, O) */
+  int32_t head_dim;     /* multiple of 8, 8..256 */
+  int32_t head_dim_v;   /* multiple of 8, 8..256; 0 = head_dim */
+  int32_t num_heads_q;  /* >= 1 */
+  int32_t num_heads_kv; /* >= 1, divides num_heads_q (GQA / MQA) */
+  int32_t causal;       /* 0 or 1, bottom-right aligned */
+  int32_t window_left;  /* >= 0, or -1 = unbounded; any width (up to
+                           INT32_MAX) that covers the sequence acts as -1 */
+  int32_t window_right; /* >= 0, or -1 = unbounded (causal forces 0) */
+  float softmax_scale;  /* > 0, finite, and softmax_scale * log2(e) finite;
+                           0 = 1/sqrt(head_dim) */
+  float softcap;        /* >= 0 and finite, softcap * log2(e) and
+                           softmax_scale / softcap finite; 0 = off */
 } fa_config_desc;
 
-#define FA_CONFIG_DESC_INIT                                                   \
+#define FA_CONFIG_DESC_INIT \
   { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f }
 
 /* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
@@ -249,14 +251,15 @@ FA_API void fa_config_destroy(fa_config *cfg);
 /* ------------------------------------------------------------------------ */
 
 /* Writes the PTX module the runtime would use for `kind` of cfg on SM `sm`
- * (80, 86, 89, 90; sm_90 uses the sm_80 kernels for now) into buf as a
+ * (80, 86, 87, 89, 90, 100, 103, 110, 120, 121: every GPU of compute
+ * capability 8.0 and up runs the mma.sync kernels; tiles are sized from that
+ * SM's published shared memory and register limits) into buf as a
  * NUL-terminated string. *ptx_size receives the length without the NUL.
  * Pass buf = NULL, buf_size = 0 to query the size. Output is byte-identical
  * for identical arguments. Errors: INVALID_ARGUMENT, UNSUPPORTED (sm),
  * BUFFER_TOO_SMALL (*ptx_size still set). Thread safety: any thread. */
-FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind,
-                             int32_t sm, char *buf, size_t buf_size,
-                             size_t *ptx_size);
+FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
+                             size_t buf_size, size_t *ptx_size);
 
 /* ------------------------------------------------------------------------ */
 /* Forward (prefill)                                                        */
@@ -270,16 +273,16 @@ typedef struct fa_tensor {
 
 typedef struct fa_forward_args {
   size_t struct_size;
-  int32_t batch;     /* >= 1 */
-  int32_t seqlen_q;  /* 1..FA_MAX_SEQLEN; with cu_seqlens_q: the maximum over
-                        the batch (a longer sequence is cut to it) */
-  int32_t seqlen_k;  /* 1..FA_MAX_SEQLEN; with cu_seqlens_k: the maximum */
-  fa_tensor q;       /* [batch, seqlen_q, num_heads_q, head_dim], cfg dtype */
-  fa_tensor k;       /* [batch, seqlen_k, num_heads_kv, head_dim] */
-  fa_tensor v;       /* [batch, seqlen_k, num_heads_kv, head_dim_v] */
-  fa_tensor o;       /* [batch, seqlen_q, num_heads_q, head_dim_v], written */
-  uint64_t lse;      /* fp32 [batch, num_heads_q, seqlen_q]; 0 = not written.
-                        With cu_seqlens_q: [num_heads_q, total_q] */
+  int32_t batch;         /* >= 1 */
+  int32_t seqlen_q;      /* 1..FA_MAX_SEQLEN; with cu_seqlens_q: the maximum over
+                            the batch (a longer sequence is cut to it) */
+  int32_t seqlen_k;      /* 1..FA_MAX_SEQLEN; with cu_seqlens_k: the maximum */
+  fa_tensor q;           /* [batch, seqlen_q, num_heads_q, head_dim], cfg dtype */
+  fa_tensor k;           /* [batch, seqlen_k, num_heads_kv, head_dim] */
+  fa_tensor v;           /* [batch, seqlen_k, num_heads_kv, head_dim_v] */
+  fa_tensor o;           /* [batch, seqlen_q, num_heads_q, head_dim_v], written */
+  uint64_t lse;          /* fp32 [batch, num_heads_q, seqlen_q]; 0 = not written.
+                            With cu_seqlens_q: [num_heads_q, total_q] */
   uint64_t cu_seqlens_q; /* int32 [batch + 1] prefix sums, or 0 (fixed length).
                             When set, sequences are packed along dim 1 of q/o
                             (stride[0] ignored, use batch dim of 1 in strides):
@@ -290,10 +293,15 @@ typedef struct fa_forward_args {
                             lengths clamped to [0, seqlen_k] */
 } fa_forward_args;
 
-#define FA_TENSOR_INIT { 0, { 0, 0, 0, 0 } }
-#define FA_FORWARD_ARGS_INIT                                                  \
-  { sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT,         \
-    FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0 }
+#define FA_TENSOR_INIT \
+  {                    \
+    0, { 0, 0, 0, 0 }  \
+  }
+#define FA_FORWARD_ARGS_INIT                                                          \
+  {                                                                                   \
+    sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
+        FA_TENSOR_INIT, 0, 0, 0                                                       \
+  }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
@@ -301,8 +309,8 @@ typedef struct fa_forward_args {
  * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
-FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg,
-                           const fa_forward_args *args, void *stream);
+FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
+                           void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Decode (Flash-Decoding) and reduce                                       */
@@ -310,41 +318,42 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg,
 
 typedef struct fa_decode_args {
   size_t struct_size;
-  int32_t batch;         /* >= 1 */
-  int32_t seqlen_q;      /* query tokens per sequence, 1..FA_MAX_SEQLEN */
-  int32_t seqlen_k_max;  /* capacity of the KV cache along dim 1,
-                            1..FA_MAX_SEQLEN */
-  fa_tensor q;           /* [batch, seqlen_q, num_heads_q, head_dim] */
-  fa_tensor k_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim] */
-  fa_tensor v_cache;     /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */
-  uint64_t cache_seqlens;/* int32 [batch], each in [0, seqlen_k_max]: keys
-                            0..cache_seqlens[b]-1 are valid; the queries are the
-                            last seqlen_q positions (causal alignment) */
-  int32_t num_splits;    /* >= 1, or 0 = chosen from SM count and lengths.
-                            Each split covers whole key tiles, so fewer may be
-                            used; fa_decode_workspace_size says how many */
-  uint64_t workspace;    /* partial states, fa_decode_workspace_size bytes,
-                            256-byte aligned; layout in docs/api.md */
+  int32_t batch;          /* >= 1 */
+  int32_t seqlen_q;       /* query tokens per sequence, 1..FA_MAX_SEQLEN */
+  int32_t seqlen_k_max;   /* capacity of the KV cache along dim 1,
+                             1..FA_MAX_SEQLEN */
+  fa_tensor q;            /* [batch, seqlen_q, num_heads_q, head_dim] */
+  fa_tensor k_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim] */
+  fa_tensor v_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */
+  uint64_t cache_seqlens; /* int32 [batch], each in [0, seqlen_k_max]: keys
+                             0..cache_seqlens[b]-1 are valid; the queries are the
+                             last seqlen_q positions (causal alignment) */
+  int32_t num_splits;     /* >= 1, or 0 = chosen from SM count and lengths.
+                             Each split covers whole key tiles, so fewer may be
+                             used; fa_decode_workspace_size says how many */
+  uint64_t workspace;     /* partial states, fa_decode_workspace_size bytes,
+                             256-byte aligned; layout in docs/api.md */
   size_t workspace_size;
-  fa_tensor o;           /* [batch, seqlen_q, num_heads_q, head_dim_v] cfg
-                            dtype; data 0 = leave the partial states in the
-                            workspace and skip the combine */
-  uint64_t lse;          /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+  fa_tensor o;  /* [batch, seqlen_q, num_heads_q, head_dim_v] cfg
+                   dtype; data 0 = leave the partial states in the
+                   workspace and skip the combine */
+  uint64_t lse; /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
 } fa_decode_args;
 
-#define FA_DECODE_ARGS_INIT                                                   \
-  { sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT,          \
-    FA_TENSOR_INIT, 0, 0, 0, 0, FA_TENSOR_INIT, 0 }
+#define FA_DECODE_ARGS_INIT                                                                      \
+  {                                                                                              \
+    sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
+        FA_TENSOR_INIT, 0                                                                        \
+  }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
  * device) and the number of splits it will use. The workspace holds
  * O_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v] then,
  * 256-byte aligned, LSE_partial fp32 [num_splits, batch, num_heads_q,
  * seqlen_q]. Errors: INVALID_ARGUMENT. Thread safety: any thread. */
-FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt,
-                                          const fa_config *cfg,
-                                          const fa_decode_args *args,
-                                          size_t *bytes, int32_t *num_splits);
+FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                          const fa_decode_args *args, size_t *bytes,
+                                          int32_t *num_splits);
 
 /* Flash-Decoding: splits each sequence's valid keys into num_splits chunks,
  * writes each chunk's partial state (O_s normalised within the chunk, LSE_s;
@@ -352,35 +361,34 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt,
  * o.data != 0, combines them into o and lse (see fa_decode_reduce). Honours
  * the config's causal, window and softcap. Errors: as fa_launch, plus
  * INVALID_ARGUMENT for a workspace that is too small. */
-FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg,
-                           const fa_decode_args *args, void *stream);
+FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
+                           void *stream);
 
 typedef struct fa_reduce_args {
   size_t struct_size;
-  int32_t num_splits;      /* >= 1 */
-  int32_t batch;           /* >= 1 */
-  int32_t seqlen_q;        /* >= 1 */
-  uint64_t o_partial;      /* fp32 [num_splits, batch, seqlen_q, num_heads_q,
-                              head_dim_v] */
+  int32_t num_splits;            /* >= 1 */
+  int32_t batch;                 /* >= 1 */
+  int32_t seqlen_q;              /* >= 1 */
+  uint64_t o_partial;            /* fp32 [num_splits, batch, seqlen_q, num_heads_q,
+                                    head_dim_v] */
   int64_t o_partial_stride[5];   /* elements; [4] must be 1 */
-  uint64_t lse_partial;    /* fp32 [num_splits, batch, num_heads_q, seqlen_q] */
+  uint64_t lse_partial;          /* fp32 [num_splits, batch, num_heads_q, seqlen_q] */
   int64_t lse_partial_stride[4]; /* elements */
-  fa_tensor o;             /* [batch, seqlen_q, num_heads_q, head_dim_v],
-                              cfg dtype, written */
-  uint64_t lse;            /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+  fa_tensor o;                   /* [batch, seqlen_q, num_heads_q, head_dim_v],
+                                    cfg dtype, written */
+  uint64_t lse;                  /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
 } fa_reduce_args;
 
-#define FA_REDUCE_ARGS_INIT                                                   \
-  { sizeof(fa_reduce_args), 0, 0, 0, 0, { 0, 0, 0, 0, 0 }, 0, { 0, 0, 0, 0 },  \
-    FA_TENSOR_INIT, 0 }
+#define FA_REDUCE_ARGS_INIT \
+  { sizeof(fa_reduce_args), 0, 0, 0, 0, {0, 0, 0, 0, 0}, 0, {0, 0, 0, 0}, FA_TENSOR_INIT, 0 }
 
 /* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
  * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with
  * LSE_s = -inf weigh nothing, and all -inf gives O = 0, LSE = -inf. Also
  * merges states computed over separate KV segments. The o_partial and
  * lse_partial pointers must be 4-byte aligned. Errors: as fa_launch. */
-FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg,
-                                  const fa_reduce_args *args, void *stream);
+FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa_reduce_args *args,
+                                  void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Kernel cache                                                             */
@@ -388,16 +396,16 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg,
 
 typedef struct fa_cache_stats {
   size_t struct_size;
-  uint64_t memory_hits;  /* launches served by the in-process kernel map */
-  uint64_t disk_hits;    /* kernels loaded from the on-disk store */
-  uint64_t misses;       /* kernels generated */
-  uint64_t compiles;     /* PTX -> binary compilations (cuda) */
-  uint64_t discarded;    /* stored blobs whose hash did not verify */
-  uint64_t entries;      /* rows in the store */
-  uint64_t bytes;        /* PTX + cubin bytes in the store */
-  int32_t persistent;    /* 1 = on disk, 0 = memory only */
-  char path[512];        /* database file, "" when memory only */
-  char note[256];        /* why memory only, or the last warning; "" if none */
+  uint64_t memory_hits; /* launches served by the in-process kernel map */
+  uint64_t disk_hits;   /* kernels loaded from the on-disk store */
+  uint64_t misses;      /* kernels generated */
+  uint64_t compiles;    /* PTX -> binary compilations (cuda) */
+  uint64_t discarded;   /* stored blobs whose hash did not verify */
+  uint64_t entries;     /* rows in the store */
+  uint64_t bytes;       /* PTX + cubin bytes in the store */
+  int32_t persistent;   /* 1 = on disk, 0 = memory only */
+  char path[512];       /* database file, "" when memory only */
+  char note[256];       /* why memory only, or the last warning; "" if none */
   /* Since 0.2 (FA_CACHE_STATS_SIZE_0_1 ends before them). Counters are for
    * this runtime's store since it was opened. */
   uint64_t collisions;       /* rows with this key but another kernel's key material */
@@ -413,9 +421,8 @@ typedef struct fa_cache_stats {
 /* struct_size of fa_cache_stats in flashattn 0.1 (no counters after note). */
 #define FA_CACHE_STATS_SIZE_0_1 (offsetof(fa_cache_stats, collisions))
 
-#define FA_CACHE_STATS_INIT                                                   \
-  { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, { 0 }, { 0 },             \
-    0, 0, 0, 0, 0, 0, 0, 0 }
+#define FA_CACHE_STATS_INIT \
+  { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *stats. struct_size may be sizeof(fa_cache_stats) or
  * FA_CACHE_STATS_SIZE_0_1 (a caller built against 0.1: only its fields are
@@ -424,15 +431,15 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats);
 
 typedef struct fa_cache_entry {
   size_t struct_size;
-  char key[33];          /* 32 hex digits of the XXH3-128 key */
-  const char *spec;      /* human-readable kernel spec */
+  char key[33];     /* 32 hex digits of the XXH3-128 key */
+  const char *spec; /* human-readable kernel spec */
   int32_t sm;
   uint32_t generator_version;
   uint64_t ptx_bytes;
   uint64_t cubin_bytes;
   uint64_t hits;
-  int64_t created;       /* unix seconds */
-  int64_t last_used;     /* unix seconds */
+  int64_t created;   /* unix seconds */
+  int64_t last_used; /* unix seconds */
 } fa_cache_entry;
 
 /* Calls fn once per stored kernel (entry valid during the call only); a

@@ -268,6 +268,9 @@ static CUresult device_attribute(int *v, int attr, int dev) {
     case 76: *v = 0; return 0;     // minor
     case 16: *v = 132; return 0;   // multiprocessors
     case 97: *v = OPTIN; return 0; // opt-in shared memory
+    case 81: *v = OPTIN + 1024; return 0;  // shared memory per SM
+    case 82: *v = 65536; return 0;  // registers per SM
+    case 39: *v = 2048; return 0;   // threads per SM
     default: return 1;
   }
 }
@@ -548,7 +551,7 @@ int probe_create(int device) {
     emit("name", info.name);
     emit("sm", std::to_string(info.sm));
     emit("num_sms", std::to_string(info.num_sms));
-    emit("smem_optin", std::to_string(info.smem_per_block_optin));
+    emit("smem_optin", std::to_string(info.limits.smem_per_block_optin));
     emit("driver_version", std::to_string(info.driver_version));
     emit("kind", std::to_string(first->kind()));
   }
@@ -653,7 +656,7 @@ int probe_vec_add() {
 // A kernel using more than 48 KB of dynamic shared memory, and the limits.
 int probe_big_smem() {
   auto b = gpu_backend();
-  const size_t optin = b->info().smem_per_block_optin;
+  const size_t optin = b->info().limits.smem_per_block_optin;
   const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(optin, 96 * 1024) & ~size_t{1023});
   if (bytes <= 48 * 1024) {
     std::printf("device allows only %zu bytes of shared memory per block\n", optin);
@@ -753,9 +756,9 @@ int probe_errors() {
   auto b = gpu_backend();
   const fa::DeviceInfo &info = b->info();
   PROBE_CHECK(!info.name.empty() && info.sm >= 50 && info.num_sms > 0 &&
-                  info.smem_per_block_optin >= 48 * 1024 && info.driver_version >= 12000,
-              "implausible info: '%s' sm %d, %d SMs, %zu smem, driver %d", info.name.c_str(),
-              info.sm, info.num_sms, info.smem_per_block_optin, info.driver_version);
+                  info.limits.smem_per_block_optin >= 48 * 1024 && info.driver_version >= 12000,
+              "implausible info: '%s' sm %d, %d SMs, %u smem, driver %d", info.name.c_str(),
+              info.sm, info.num_sms, info.limits.smem_per_block_optin, info.driver_version);
   PROBE_CHECK(b->kind() == FA_BACKEND_CUDA, "kind %d", b->kind());
 
   std::vector<uint8_t> cubin{1, 2, 3};

@@ -61,15 +61,15 @@ void test_info(void **) {
   assert_string_equal(in.name.c_str(), "flashattn PTX emulator");
   assert_int_equal(in.sm, 80);
   assert_int_equal(in.num_sms, 108);
-  assert_int_equal(in.smem_per_block_optin, 163 * 1024);
+  assert_int_equal(in.limits.smem_per_block_optin, 163 * 1024);
   assert_int_equal(in.driver_version, 0);
   assert_int_equal(g_be->kind(), FA_BACKEND_EMULATOR);
   std::unique_ptr<fa::Backend> b;
   assert_int_equal(fa::create_emulator_backend(75, &b), FA_ERROR_UNSUPPORTED);
   assert_int_equal(fa::create_emulator_backend(90, &b), FA_SUCCESS);
-  assert_int_equal(b->info().smem_per_block_optin, 227 * 1024);
+  assert_int_equal(b->info().limits.smem_per_block_optin, 227 * 1024);
   assert_int_equal(fa::create_emulator_backend(86, &b), FA_SUCCESS);
-  assert_int_equal(b->info().smem_per_block_optin, 99 * 1024);
+  assert_int_equal(b->info().limits.smem_per_block_optin, 99 * 1024);
 }
 
 // --------------------------------------------------------- integer ops ----
@@ -805,6 +805,53 @@ void test_shfl(void **) {
   }
 }
 
+// vote.sync.any/all.pred over the full warp (PTX ISA "vote.sync"): per
+// warp of 64 threads, "any lane == 5" is true in warp 0 only, "all lanes <
+// 40" in warp 0 only; a vote half the warp never reaches is reported.
+void test_vote(void **) {
+  std::string p = std::string(kHeader) + R"(
+.visible .entry k_vote(.param .align 8 .b8 k_vote_param[8])
+{
+  .reg .pred %p<6>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [k_vote_param+0];
+  mov.u32 %r1, %tid.x;
+  setp.eq.u32 %p1, %r1, 5;
+  vote.sync.any.pred %p2, %p1, 0xffffffff;
+  setp.lt.u32 %p3, %r1, 40;
+  vote.sync.all.pred %p4, %p3, 0xffffffff;
+  selp.u32 %r2, 1, 0, %p2;
+  selp.u32 %r3, 2, 0, %p4;
+  or.b32 %r2, %r2, %r3;
+  mul.wide.u32 %rd2, %r1, 4;
+  add.s64 %rd3, %rd1, %rd2;
+  st.global.u32 [%rd3], %r2;
+}
+)";
+  DevBuf o(64 * 4);
+  OneBuf prm = {o.ptr};
+  assert_int_equal(run_ptx(p, "k_vote", geom(1, 64), &prm, sizeof prm), FA_SUCCESS);
+  std::vector<uint32_t> g = o.get<uint32_t>();
+  for (uint32_t t = 0; t < 64; ++t) assert_int_equal(g[t], t < 32 ? 3u : 0u);
+  std::string div = std::string(kHeader) + R"(
+.visible .entry k_vote(.param .align 8 .b8 k_vote_param[8])
+{
+  .reg .pred %p<4>;
+  .reg .b32 %r<4>;
+  mov.u32 %r1, %tid.x;
+  setp.lt.u32 %p1, %r1, 16;
+  @!%p1 bra L_done;
+  vote.sync.any.pred %p2, %p1, 0xffffffff;
+L_done:
+  exit;
+}
+)";
+  assert_int_equal(run_ptx(div, "k_vote", geom(1, 32), &prm, sizeof prm), FA_ERROR_LAUNCH);
+  expect_error("vote.sync.any.pred");
+  expect_error("did not arrive");
+}
+
 // --------------------------------------------------------- dynamic smem ----
 
 void test_dynamic_shared(void **) {
@@ -1352,6 +1399,7 @@ int main(void) {
       cmocka_unit_test(test_global_vectors),
       cmocka_unit_test(test_shared_bar_sync),
       cmocka_unit_test(test_shfl),
+      cmocka_unit_test(test_vote),
       cmocka_unit_test(test_dynamic_shared),
       cmocka_unit_test(test_global_oob),
       cmocka_unit_test(test_misaligned),

@@ -67,7 +67,7 @@ AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
 // the scalar forward fallback, and every target SM.
 std::vector<KernelSpec> all_specs() {
   std::vector<KernelSpec> out;
-  const int sms[] = {80, 86, 89, 90};
+  const int sms[] = {80, 86, 89, 90, 100, 120};
   const int dims[] = {8, 16, 40, 64, 72, 96, 128, 160, 256};
   const int groups[] = {1, 2, 3, 4, 8, 16};
   for (int sm : sms)

@@ -1,6 +1,7 @@
 // The numerics suite's short case list on an emulated sm_86, whose smaller
-// shared memory (99 KB per block) gives the tensor-core forward kernel a
-// different pipeline depth (2 stages where sm_80 gets 3) at some head dims.
+// shared memory (100 KB per SM, 1536 threads) gives the tensor-core forward
+// kernel other tiles than sm_80 at some head dims (docs/kernels.md, "Tile
+// choice").
 #include <cstdlib>
 
 #include "support/numerics.h"

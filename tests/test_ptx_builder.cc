@@ -206,6 +206,9 @@ void test_tensor_core_forms(void **) {
   b.ldmatrix(true, a, 1, at(st, 16));
   b.cp_async_cg16(at(s, 32), at(g), n);
   b.cp_async_cg16(at(s), at(g, 16), imm(0));
+  b.cp_async_cg16(at(s, 16), at(g, 32));
+  Reg pv = b.pred(), pw = b.pred();
+  b.vote(false, pw, pv, 0xffffffffu);
   b.cp_async_commit();
   b.cp_async_wait(1);
   b.cvt_pack(Type::BF16, n, d[1], d[0]);
@@ -228,6 +231,8 @@ void test_tensor_core_forms(void **) {
   assert_true(contains(t, "\tldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%r0}, [smem_s+16];"));
   assert_true(contains(t, "\tcp.async.cg.shared.global [%r4+32], [%rd0], 16, %r5;\n"));
   assert_true(contains(t, "\tcp.async.cg.shared.global [%r4], [%rd0+16], 16, 0;\n"));
+  assert_true(contains(t, "\tcp.async.cg.shared.global [%r4+16], [%rd0+32], 16;\n"));
+  assert_true(contains(t, "\tvote.sync.any.pred %p"));
   assert_true(contains(t, "\tcp.async.commit_group;\n\tcp.async.wait_group 1;\n"));
   assert_true(contains(t, "\tcvt.rn.bf16x2.f32 %r5, %f1, %f0;\n"));
   assert_true(contains(t, "\tcvt.rn.f16x2.f32 %r5, %f3, %f2;\n"));
@@ -356,44 +361,74 @@ void test_specs_differ(void **) {
 }
 
 void test_spec_choices(void **) {
-  // Tensor-core forward tiles (docs/kernels.md): 4 warps x 16 rows,
-  // block_n 64 up to head dims 128, 32 above; dynamic shared memory = Q +
-  // a ring of `stages` K and V tiles with 16-byte row padding: 3 stages
-  // where the target's per-block limit allows, else 2 (sm_86/89's 99 KB).
-  KernelSpec f = make_spec(config(256, 256, 4, 4, Dtype::F16, 0), KernelKind::Forward, 80, false);
-  assert_true(f.mma);
-  assert_int_equal(f.block_n, 32);
-  assert_int_equal(f.block_m, 64);
-  assert_int_equal(f.num_warps, 4);
-  assert_int_equal(f.stages, 3);  // sm_80: 163 KB
-  assert_int_equal(max_dynamic_smem(f), (64 + 3 * 32 + 3 * 32) * (2 * 256 + 16));
-  KernelSpec f128 =
-      make_spec(config(128, 128, 4, 4, Dtype::BF16, 0), KernelKind::Forward, 86, true);
-  assert_true(f128.mma);
-  assert_int_equal(f128.block_n, 64);
-  assert_int_equal(f128.stages, 2);  // 3 stages (119 KB) exceed sm_86's 99 KB
-  assert_int_equal(max_dynamic_smem(f128), (64 + 2 * 64 + 2 * 64) * (2 * 128 + 16));
-  KernelSpec f40 = make_spec(config(40, 72, 4, 4, Dtype::F16, 0), KernelKind::Forward, 89, false);
-  assert_int_equal(f40.stages, 3);
-  assert_int_equal(max_dynamic_smem(f40), (64 + 3 * 64) * (2 * 48 + 16) + 3 * 64 * (2 * 80 + 16));
-  for (int d = 8; d <= 256; d += 8) {
-    for (int dv = 8; dv <= 256; dv += 8) {
-      KernelSpec x = make_spec(config(d, dv, 4, 4, Dtype::F16, 0), KernelKind::Forward, 86, false);
-      assert_true(max_dynamic_smem(x) <= 99 * 1024);
-      assert_true(x.stages == 2 || x.stages == 3);
+  // Tensor-core forward tiles (docs/kernels.md, "Tile choice"), from each
+  // SM's published limits: 2 m-tiles per warp while the accumulators fit
+  // (Q in registers up to head dim 64), then 1; 8 warps where 4 would leave
+  // fewer warps per SM; shared memory = Q + one K + one V tile, 16-byte row
+  // padding, or the O staging tile if larger.
+  auto fwd = [](int d, int dv, int sm, bool varlen = false) {
+    return make_spec(config(d, dv, 4, 4, Dtype::F16, 0), KernelKind::Forward, sm, varlen);
+  };
+  const KernelSpec f64 = fwd(64, 64, 90);
+  assert_true(f64.mma);
+  assert_int_equal(f64.m_tiles, 2);
+  assert_true(f64.q_in_regs);
+  assert_int_equal(f64.block_m, 128);
+  assert_int_equal(f64.block_n, 64);
+  assert_int_equal(f64.num_warps, 4);
+  assert_int_equal(f64.stages, 1);
+  assert_int_equal(f64.min_ctas, 2);
+  assert_int_equal(max_dynamic_smem(f64), (128 + 64 + 64) * (2 * 64 + 16));
+  const KernelSpec f128 = fwd(128, 128, 80);
+  assert_int_equal(f128.m_tiles, 2);
+  assert_false(f128.q_in_regs);
+  assert_int_equal(f128.block_m, 128);
+  assert_int_equal(f128.min_ctas, 2);  // 68 KB twice in sm_80's 164 KB
+  assert_int_equal(max_dynamic_smem(f128), (128 + 64 + 64) * (2 * 128 + 16));
+  // d256: H100 fits two 64x64 CTAs of 4 warps (99 KB each); A100 one, so
+  // 8 warps of 16 rows (128x64, 132 KB) give it FlashAttention-2's 8 warps.
+  const KernelSpec f256h = fwd(256, 256, 90), f256a = fwd(256, 256, 80);
+  assert_int_equal(f256h.m_tiles, 1);
+  assert_int_equal(f256h.num_warps, 4);
+  assert_int_equal(f256h.min_ctas, 2);
+  assert_int_equal(f256a.num_warps, 8);
+  assert_int_equal(f256a.block_m, 128);
+  assert_int_equal(f256a.min_ctas, 1);
+  // sm_120 (99 KB per block, 100 KB per SM) must launch: the SM's limits, not
+  // a table by SM number, size the tile.
+  for (int sm : {80, 86, 87, 89, 90, 100, 103, 110, 120, 121}) {
+    DeviceLimits lim;
+    assert_true(published_limits(sm, &lim));
+    for (int d = 8; d <= 256; d += 8) {
+      for (int dv = 8; dv <= 256; dv += 24) {
+        KernelSpec x = fwd(d, dv, sm, (d + dv) % 3 == 0);
+        assert_true(x.mma && x.stages == 1 && x.min_ctas >= 1);
+        assert_true(max_dynamic_smem(x) <= lim.smem_per_block_optin);
+        assert_false(generate_ptx(x).empty());
+      }
     }
   }
+  // A device reporting its own (smaller) limits gets a smaller tile.
+  DeviceLimits tiny;
+  assert_true(published_limits(80, &tiny));
+  tiny.smem_per_sm = 48 * 1024;
+  tiny.smem_per_block_optin = 47 * 1024;
+  const KernelSpec t =
+      make_spec(config(128, 128, 4, 4, Dtype::F16, 0), KernelKind::Forward, tiny, false);
+  assert_true(max_dynamic_smem(t) <= 47 * 1024);
+  assert_int_equal(t.m_tiles, 1);
+  const KernelSpec f = fwd(256, 256, 80);
   // The decode and reduce kernels keep static shared memory only.
   assert_int_equal(max_dynamic_smem(make_spec(config(128, 128, 8, 2, Dtype::F16, 0),
                                               KernelKind::Decode, 80, false)),
                    0);
-  assert_int_equal(ptx_isa_version(f), 70);
-  f.sm = 86;
-  assert_int_equal(ptx_isa_version(f), 71);
-  f.sm = 89;
-  assert_int_equal(ptx_isa_version(f), 78);
-  f.sm = 90;
-  assert_int_equal(ptx_isa_version(f), 78);
+  KernelSpec v = f;
+  const int isa[][2] = {{80, 70},  {86, 71},  {87, 74},  {89, 78},  {90, 78},
+                        {100, 86}, {103, 88}, {110, 90}, {120, 87}, {121, 88}};
+  for (const auto &p : isa) {
+    v.sm = p[0];
+    assert_int_equal(ptx_isa_version(v), p[1]);
+  }
   KernelSpec d = make_spec(config(128, 128, 32, 4, Dtype::F16, 0), KernelKind::Decode, 80, false);
   assert_int_equal(d.group_size, 8);
   ForwardParams fp{};

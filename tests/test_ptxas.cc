@@ -81,6 +81,28 @@ std::vector<KernelSpec> grid() {
       }
     }
   }
+  // FA_PTXAS_FULL=1 (tests/stress/ptxas_full.sh, not in CI): every forward
+  // head dim x dtype x softcap x varlen on every target SM.
+  const char *full = std::getenv("FA_PTXAS_FULL");
+  if (full && full[0] == '1') {
+    const int targets[] = {80, 86, 87, 89, 90, 100, 103, 110, 120, 121};
+    for (int sm : targets)
+      for (int d = 8; d <= 256; d += 8)
+        for (Dtype dt : dts)
+          for (int v = 0; v < 4; ++v)
+            out.push_back(make_spec(config(dt, d, d, 8, 2, v & 1), KernelKind::Forward, sm, v & 2));
+  }
+  // The newer targets: the SMs' own limits choose the tiles.
+  const int new_sms[] = {87, 100, 103, 110, 120, 121};
+  for (int sm : new_sms) {
+    for (int d : {64, 96, 128, 256})
+      out.push_back(make_spec(config(d == 96 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d == 128),
+                              KernelKind::Forward, sm, d == 96));
+    out.push_back(
+        make_spec(config(Dtype::BF16, 128, 128, 8, 2, false), KernelKind::Decode, sm, false));
+    out.push_back(
+        make_spec(config(Dtype::F16, 0, 128, 8, 8, false), KernelKind::Reduce, sm, false));
+  }
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {
     out.push_back(

@@ -112,7 +112,7 @@ func (c *Config) release() {
 }
 
 // Generate returns the PTX module the runtime would use for kind of cfg on
-// SM sm (80, 86, 89, 90). Needs no GPU.
+// SM sm (80, 86, 87, 89, 90, 100, 103, 110, 120, 121). Needs no GPU.
 func Generate(cfg *Config, kind KernelKind, sm int) (string, error) {
 	p, err := cfg.acquire("Generate")
 	if err != nil {

@@ -19,7 +19,7 @@ type RuntimeOptions struct {
 	Device     int32     // CUDA device ordinal (cuda backend)
 	CacheMode  CacheMode // CacheDefault, CacheDisk or CacheMemory
 	CacheDir   string    // "": $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn, ~/.cache/flashattn
-	EmulatorSM int32     // SM the emulator targets (80, 86, 89, 90); 0 = 80
+	EmulatorSM int32     // SM the emulator targets (80, 86, 87, 89, 90, 100, 103, 110, 120, 121); 0 = 80
 }
 
 // Runtime is a device binding (a CUDA context or the emulator) with its

@@ -26,6 +26,9 @@ namespace {
 
 using fa::fail;
 
+// The SMs fa_generate and the emulator accept (fa::published_limits).
+constexpr const char *kSupportedSms = "80, 86, 87, 89, 90, 100, 103, 110, 120, 121";
+
 // Runs body with the thread's error cleared, converts exceptions to statuses
 // and prefixes a failure's message with the API name.
 template <typename F>
@@ -339,9 +342,9 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
     FA_REQUIRE(cache_mode == FA_CACHE_DEFAULT || cache_mode == FA_CACHE_DISK ||
                    cache_mode == FA_CACHE_MEMORY,
                "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d", cache_mode);
-    if (opts.emulator_sm != 0 && opts.emulator_sm != 80 && opts.emulator_sm != 86 &&
-        opts.emulator_sm != 89 && opts.emulator_sm != 90) {
-      return fail(FA_ERROR_UNSUPPORTED, "emulator_sm must be 0, 80, 86, 89 or 90, got %d",
+    fa::DeviceLimits lim;
+    if (opts.emulator_sm != 0 && !fa::published_limits(opts.emulator_sm, &lim)) {
+      return fail(FA_ERROR_UNSUPPORTED, "emulator_sm must be 0 or one of %s, got %d", kSupportedSms,
                   opts.emulator_sm);
     }
     auto rt = std::make_unique<fa_runtime>();
@@ -453,13 +456,14 @@ FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t 
     FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
                    raw_kind == FA_KERNEL_REDUCE,
                "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
-    if (sm != 80 && sm != 86 && sm != 89 && sm != 90) {
-      return fail(FA_ERROR_UNSUPPORTED, "sm must be 80, 86, 89 or 90, got %d", sm);
+    fa::DeviceLimits lim;
+    if (!fa::published_limits(sm, &lim)) {
+      return fail(FA_ERROR_UNSUPPORTED, "sm must be one of %s, got %d", kSupportedSms, sm);
     }
     const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
                              : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
                                                             : fa::KernelKind::Reduce;
-    const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, sm, false));
+    const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, lim, false));
     *ptx_size = ptx.size();
     if (buf_size < ptx.size() + 1) {
       if (buf == nullptr) return FA_SUCCESS;  // size query

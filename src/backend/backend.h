@@ -19,12 +19,29 @@ struct LaunchGeometry {
   uint32_t smem_bytes = 0;  // dynamic shared memory (.extern .shared)
 };
 
+// What a device offers one kernel: CUDA device attributes read from the
+// driver or, without a device (fa_generate, the emulator), the SM's published
+// limits. Kernel tiles are chosen from these, never from the SM number.
+struct DeviceLimits {
+  int sm = 80;                        // compute capability * 10 + minor
+  uint32_t smem_per_block_optin = 0;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+  uint32_t smem_per_sm = 0;           // ..._MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+  uint32_t regs_per_sm = 65536;       // ..._MAX_REGISTERS_PER_MULTIPROCESSOR
+  uint32_t threads_per_sm = 2048;     // ..._MAX_THREADS_PER_MULTIPROCESSOR
+};
+
+// The published limits of the SMs flashattn targets: 80, 86, 87, 89, 90,
+// 100, 103, 110, 120, 121 (CUDA C++ Programming Guide, "Technical
+// Specifications per Compute Capability": shared memory per SM, 1 KB of it
+// reserved per block, resident threads, 64K registers). False for any other.
+bool published_limits(int sm, DeviceLimits *out);
+
 struct DeviceInfo {
   std::string name;
-  int sm = 0;                     // e.g. 80, 86, 89, 90
+  int sm = 0;  // e.g. 80, 86, 90, 120
   int num_sms = 0;
-  size_t smem_per_block_optin = 0;  // max dynamic+static shared memory per block
-  int driver_version = 0;         // cuDriverGetVersion; 0 on the emulator
+  DeviceLimits limits;     // limits.sm == sm
+  int driver_version = 0;  // cuDriverGetVersion; 0 on the emulator
 };
 
 // A loaded kernel entry point. Owned by the runtime's kernel map.
@@ -63,8 +80,8 @@ class Backend {
   // divergent collective; message names the PTX line), FA_ERROR_CUDA,
   // FA_ERROR_INVALID_ARGUMENT (parameter block shorter than the kernel's,
   // zero dimension), FA_ERROR_RUNTIME_POISONED after a sticky error.
-  virtual fa_status launch(Kernel &kernel, const LaunchGeometry &geometry,
-                           const void *params, size_t params_size, void *stream) = 0;
+  virtual fa_status launch(Kernel &kernel, const LaunchGeometry &geometry, const void *params,
+                           size_t params_size, void *stream) = 0;
 
   virtual fa_status mem_alloc(size_t bytes, uint64_t *ptr) = 0;
   virtual fa_status mem_free(uint64_t ptr) = 0;
@@ -79,7 +96,7 @@ class Backend {
 // FA_ERROR_CUDA.
 fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out);
 
-// emulator backend pretending to be SM `sm` (80, 86, 89, 90).
+// emulator backend pretending to be SM `sm` (one published_limits knows), with its limits.
 fa_status create_emulator_backend(int sm, std::unique_ptr<Backend> *out);
 
 }  // namespace fa

@@ -333,12 +333,12 @@ fa_status CudaBackend::load(const std::string &ptx, const std::vector<uint8_t> &
   r = cu_.FuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function);
   if (r != CUDA_SUCCESS) return give_up(check(r, "cuFuncGetAttribute"));
   const size_t total = static_cast<size_t>(static_smem) + dynamic_smem_bytes;
-  if (total > info_.smem_per_block_optin) {
+  if (total > info_.limits.smem_per_block_optin) {
     return give_up(fail(FA_ERROR_UNSUPPORTED,
                         "kernel '%s' needs %zu bytes of shared memory per block (%d static + %u "
-                        "dynamic); %s allows at most %zu",
+                        "dynamic); %s allows at most %u",
                         entry.c_str(), total, static_smem, dynamic_smem_bytes, info_.name.c_str(),
-                        info_.smem_per_block_optin));
+                        info_.limits.smem_per_block_optin));
   }
   // Without opting in, dynamic shared memory is limited to 48 KB - static.
   const size_t default_dynamic =
@@ -523,6 +523,9 @@ fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
       {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability minor", 0},
       {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count", 0},
       {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "opt-in shared memory per block", 0},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, "shared memory per SM", 0},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, "registers per SM", 0},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, "threads per SM", 0},
   };
   for (auto &a : attributes) {
     r = cu->DeviceGetAttribute(&a.value, a.attribute, context->device);
@@ -533,8 +536,19 @@ fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
   }
   info.sm = attributes[0].value * 10 + attributes[1].value;
   info.num_sms = attributes[2].value;
-  info.smem_per_block_optin = static_cast<size_t>(attributes[3].value);
+  info.limits.sm = info.sm;
+  info.limits.smem_per_block_optin = static_cast<uint32_t>(attributes[3].value);
+  info.limits.smem_per_sm = static_cast<uint32_t>(attributes[4].value);
+  info.limits.regs_per_sm = static_cast<uint32_t>(attributes[5].value);
+  info.limits.threads_per_sm = static_cast<uint32_t>(attributes[6].value);
   info.driver_version = cu->version;
+  // The kernels use mma.sync, ldmatrix and cp.async (sm_80 and up).
+  if (info.sm < 80) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "%s is compute capability %d.%d; flashattn's kernels need 8.0 or newer "
+                "(use the emulator backend on this machine)",
+                name, info.sm / 10, info.sm % 10);
+  }
 
   // The primary context is shared with the CUDA runtime (PyTorch, CuPy) of
   // this process; retained here, released when the last user goes.

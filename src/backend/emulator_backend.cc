@@ -41,8 +41,8 @@ class EmulatorBackend : public Backend {
   explicit EmulatorBackend(int sm) {
     info_.name = "flashattn PTX emulator";
     info_.sm = sm;
-    info_.num_sms = 108;  // fixed: an A100-sized device for grid heuristics
-    info_.smem_per_block_optin = sm == 80 ? 163 * 1024 : sm == 90 ? 227 * 1024 : 99 * 1024;
+    info_.num_sms = 108;                  // fixed: an A100-sized device for grid heuristics
+    published_limits(sm, &info_.limits);  // that SM's shared memory, registers, threads
     info_.driver_version = 0;
   }
 
@@ -73,11 +73,11 @@ class EmulatorBackend : public Backend {
       return fail(FA_ERROR_COMPILE, "emulator load: no entry '%s' in the module", entry.c_str());
     uint64_t smem = uint64_t{e->dynamic_smem_offset} + dynamic_smem_bytes;
     if (dynamic_smem_bytes == 0) smem = e->static_smem;
-    if (smem > info_.smem_per_block_optin)
+    if (smem > info_.limits.smem_per_block_optin)
       return fail(FA_ERROR_UNSUPPORTED,
-                  "emulator load: %s needs %llu bytes of shared memory, sm_%d allows %zu",
+                  "emulator load: %s needs %llu bytes of shared memory, sm_%d allows %u",
                   entry.c_str(), static_cast<unsigned long long>(smem), info_.sm,
-                  info_.smem_per_block_optin);
+                  info_.limits.smem_per_block_optin);
     auto k = std::make_unique<EmuKernel>();
     k->module = mod;
     k->entry = e;
@@ -95,7 +95,7 @@ class EmulatorBackend : public Backend {
       c.block[i] = g.block[i];
     }
     c.dynamic_smem = g.smem_bytes;
-    c.smem_limit = info_.smem_per_block_optin;
+    c.smem_limit = info_.limits.smem_per_block_optin;
     c.max_steps = env_u64("FLASHATTN_EMU_MAX_STEPS", emu::kDefaultMaxSteps);
     unsigned hw = std::thread::hardware_concurrency();
     c.host_threads = static_cast<int>(env_u64("FLASHATTN_EMU_THREADS", hw >= 2 ? 2 : 1));
@@ -164,8 +164,11 @@ class EmulatorBackend : public Backend {
 
 fa_status create_emulator_backend(int sm, std::unique_ptr<Backend> *out) {
   if (!out) return fail(FA_ERROR_INVALID_ARGUMENT, "create_emulator_backend: null output");
-  if (sm != 80 && sm != 86 && sm != 89 && sm != 90)
-    return fail(FA_ERROR_UNSUPPORTED, "emulator: sm_%d is not supported (80, 86, 89, 90)", sm);
+  DeviceLimits limits;
+  if (!published_limits(sm, &limits))
+    return fail(FA_ERROR_UNSUPPORTED,
+                "emulator: sm_%d is not supported (80, 86, 87, 89, 90, 100, 103, 110, 120, 121)",
+                sm);
   out->reset(new EmulatorBackend(sm));
   return FA_SUCCESS;
 }

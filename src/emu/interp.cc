@@ -449,6 +449,19 @@ class CtaRunner {
     if (in.op == Op::kBarWarpSync) return true;
     if (in.op == Op::kMma) return run_mma(in, base);
     if (in.op == Op::kLdmatrix) return run_ldmatrix(in, base);
+    if (in.op == Op::kVote) {
+      bool any = false, all = true;
+      for (uint32_t m = 0; m < 32; ++m) {
+        if (!((mask >> m) & 1)) continue;
+        const bool v = regs_of(base + m)[in.a] != 0;
+        any = any || v;
+        all = all && v;
+      }
+      const uint64_t r = (in.sub == 0 ? any : all) ? 1 : 0;
+      for (uint32_t m = 0; m < 32; ++m)
+        if ((mask >> m) & 1) regs_of(base + m)[in.d] = r;
+      return true;
+    }
     // kShfl
     uint32_t val[32], res[32];
     bool pv[32];

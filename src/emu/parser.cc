@@ -863,6 +863,20 @@ class Parser {
       in.imm = static_cast<int64_t>(ops[0].ival);
       return emit(in, text);
     }
+    if (b == "vote") {
+      // vote.sync.{any,all}.pred d, a, membermask (PTX ISA "vote.sync").
+      if (!m.sync) bad("only vote.sync is supported");
+      if (m.other.size() != 1 || (m.other[0] != "any" && m.other[0] != "all"))
+        bad("only vote.sync.any.pred and vote.sync.all.pred are supported");
+      if (one_type(m).kind != 'p') bad("vote.sync.any/all need .pred");
+      want_count(ops, 3);
+      in.op = Op::kVote;
+      in.sub = m.other[0] == "any" ? 0 : 1;
+      in.d = dst(ops[0], 1);
+      in.a = src(ops[1], 1, false);
+      in.e = src(ops[2], 32, false);
+      return emit(in, text);
+    }
     if (b == "shfl") {
       no_other(m);
       if (!m.sync) bad("only shfl.sync is supported");

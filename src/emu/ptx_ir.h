@@ -154,6 +154,7 @@ enum class Op : uint16_t {
   kSubS32,
   kMulLoS32,
   kMadLoS32,
+  kVote,  // d = any (sub 0) / all (sub 1) of pred a over membermask e (collective)
   kNumOps
 };
 

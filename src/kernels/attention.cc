@@ -90,7 +90,9 @@ class AttentionGen {
   template <class P>
   void load_common(const P *) {
     score_scale_ = e_.param(Type::F32, offsetof(P, score_scale));
-    if (spec_.softcap) softcap_log2_ = e_.param(Type::F32, offsetof(P, softcap_log2));
+    if (spec_.softcap)
+      cap_ = softcap_consts(e_.param(Type::F32, offsetof(P, softcap_neg2)),
+                            e_.param(Type::F32, offsetof(P, softcap_log2)));
     wl_ = e_.param(Type::S32, offsetof(P, window_left));
     wr_ = e_.param(Type::S32, offsetof(P, window_right));
     hq_ = e_.param(Type::S32, offsetof(P, num_heads_q));
@@ -107,15 +109,12 @@ class AttentionGen {
     Reg group = e_.op(Op::Div, Type::S32, hq_, hkv);
     Reg kvh = e_.op(Op::Div, Type::S32, h, group);
     Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
-    Reg v = e_.global_param(offsetof(P, v)), o = e_.global_param(offsetof(P, o));
-    Reg lse_raw = e_.param(Type::U64, offsetof(P, lse));
-    has_lse_ = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
-    Reg lse = b_.b64();
-    b_.cvta_to_global(lse, lse_raw);
+    Reg v = e_.global_param(offsetof(P, v));
     Reg m0 = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    const ForwardBases fb = forward_bases(e_, spec_, q, k, v, o, lse, bz, h, kvh, hq_, m0);
-    Reg sq = fb.sq, sk = fb.sk, q_bh = fb.q_bh, k_bh = fb.k_bh, v_bh = fb.v_bh, o_bh = fb.o_bh;
-    Reg lse_row0 = fb.lse_row0;
+    const ForwardBases fb = forward_bases(e_, spec_, q, k, v, bz, h, kvh, m0);
+    Reg sq = fb.sq, sk = fb.sk, q_bh = fb.q_bh, k_bh = fb.k_bh, v_bh = fb.v_bh;
+    const ForwardOut fo = forward_out(e_, spec_, bz, h, sq);
+    has_lse_ = fo.has_lse;
     k_base_ = k_bh;
     v_base_ = v_bh;
     k_row_bytes_ = fb.k_row;
@@ -140,9 +139,9 @@ class AttentionGen {
       *ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
       *addr = e_.index(q_bh, i, fb.q_row);
     });
-    o_bh_ = o_bh;
-    o_row_bytes_ = fb.o_row;
-    lse_row0_ = lse_row0;
+    o_bh_ = fo.o_bh;
+    o_row_bytes_ = fo.o_row;
+    lse_row0_ = fo.lse_row0;
   }
 
   // ---- decode: CTA (split, kv head * m-blocks of its group, batch) ----
@@ -452,7 +451,7 @@ class AttentionGen {
     }
     for (int r = 0; r < R_; ++r) {
       Reg s = s_[r];
-      scale_score(e_, s, score_scale_, spec_.softcap ? softcap_log2_ : Reg());
+      scale_score(e_, s, score_scale_, cap_);
       Reg ge = e_.setp(Cmp::Ge, Type::S32, key_, lo_[r]);
       Reg lt = e_.setp(Cmp::Lt, Type::S32, key_, hi_[r]);
       b_.op(Op::And, Type::Pred, ge, ge, lt);
@@ -570,7 +569,8 @@ class AttentionGen {
   Reg ld_[4], cv_[8], tmp32_, h16_, gaddr_, ldp_, remk_, pdim_;
   Reg kv4_[4], q4_[4], key_;
   std::vector<Reg> p4_;
-  Reg score_scale_, softcap_log2_, wl_, wr_, hq_, has_lse_, lane0_;
+  Reg score_scale_, wl_, wr_, hq_, has_lse_, lane0_;
+  Softcap cap_;  // softcap constants (invalid without softcap)
   Reg k_base_, v_base_, k_row_bytes_, v_row_bytes_, o_bh_, o_row_bytes_, lse_row0_;
   Reg n_begin_, n_end_;
   // row_i_: forward O/LSE row (s32); decode: 64-bit partial-state rows
@@ -598,48 +598,52 @@ AttentionLayout attention_layout(const KernelSpec &spec) {
   return l;
 }
 
-void scale_score(Emitter &e, Reg s, Reg score_scale, Reg softcap_log2) {
+Softcap softcap_consts(Reg softcap_neg2, Reg softcap_log2) {
+  Softcap c;
+  c.neg2 = softcap_neg2;
+  c.cap_log2 = softcap_log2;
+  return c;
+}
+
+void scale_score(Emitter &e, Reg s, Reg score_scale, const Softcap &cap) {
   ptx::Builder &b = e.b;
-  if (!softcap_log2.valid()) {
+  if (!cap.neg2.valid()) {
     b.op(Op::Mul, Type::F32, s, s, score_scale);
     return;
   }
-  Reg x = e.op(Op::Mul, Type::F32, s, score_scale);
-  Reg ax = e.op(Op::Abs, Type::F32, x);
-  Reg ex = e.op(Op::Ex2, Type::F32, e.op(Op::Mul, Type::F32, ax, fimm(-2.0f * kLog2e)));
-  Reg num = e.op(Op::Sub, Type::F32, fimm(1.0f), ex);
-  Reg den = e.op(Op::Add, Type::F32, fimm(1.0f), ex);
-  Reg th = e.op(Op::DivRn, Type::F32, num, den);
-  Reg neg = e.setp(Cmp::Lt, Type::F32, x, fimm(0.0f));
-  b.when(neg).op(Op::Neg, Type::F32, th, th);
-  b.op(Op::Mul, Type::F32, s, th, softcap_log2);
+  // x = s score_scale; t = 2^(min(-2 x log2 e, 32)) = e^(-2x), clamped where
+  // tanh(x) is -1 in f32 already; tanh(x) = 2 r - 1 with r = 1 / (1 + t), in
+  // [-1, 1] for any s (sign included), then times cap_log2. 1 + t lies in
+  // [1, 2^32 + 1], where rcp.approx is within 1 ulp (PTX ISA "rcp").
+  Reg t = e.op(Op::Min, Type::F32, e.op(Op::Mul, Type::F32, s, cap.neg2), fimm(32.0f));
+  b.op(Op::Ex2, Type::F32, t, t);
+  b.op(Op::Add, Type::F32, t, t, fimm(1.0f));
+  Reg r = e.op(Op::RcpApprox, Type::F32, t);
+  b.op(Op::Fma, Type::F32, r, r, fimm(2.0f), fimm(-1.0f));
+  b.op(Op::Mul, Type::F32, s, r, cap.cap_log2);
 }
 
-// min(max(end - start, 0), max_len) of two device-provided offsets, formed
-// in 64 bits so no pair of int32 offsets can overflow.
-static Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {
+Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {
   Reg d = e.op(Op::Sub, Type::S64, e.s64(end), e.s64(start));
   e.b.op(Op::Max, Type::S64, d, d, imm(0));
   e.b.op(Op::Min, Type::S64, d, d, e.s64(max_len));
   return e.s32(d);
 }
 
-ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
-                           Reg bz, Reg h, Reg kvh, Reg hq, Reg m0) {
+ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
+                           Reg kvh, Reg m0) {
   using P = ForwardParams;
   ptx::Builder &b = e.b;
-  Reg qs[3], ks[3], vs[3], os[3];
+  Reg qs[3], ks[3], vs[3];
   for (int i = 0; i < 3; ++i) {
     qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
     ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
     vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
-    os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
   }
   ForwardBases fb;
   fb.q_row = qs[1];
   fb.k_row = ks[1];
   fb.v_row = vs[1];
-  fb.o_row = os[1];
   if (spec.varlen) {
     // Sequence b spans rows cu[b] .. cu[b+1]-1 of dim 1.
     Reg cuq = e.global_param(offsetof(P, cu_seqlens_q));
@@ -661,26 +665,47 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
     fb.q_bh = e.index(e.index(q, q0, qs[1]), h, qs[2]);
     fb.k_bh = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
     fb.v_bh = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
-    fb.o_bh = e.index(e.index(o, q0, os[1]), h, os[2]);
-    // LSE [num_heads_q, total_q], total_q = cu_q[batch]: element
-    // h * total_q + q0, which passes 2^31 for long packed batches.
-    Reg batch = e.param(Type::S32, offsetof(P, batch));
-    Reg total = b.b32();
-    b.ld(Space::Global, Type::S32, total, at(e.index(cuq, batch, 4)), true);
-    fb.lse_row0 = e.index64(lse, e.wide_mad(h, total, e.s64(q0)), 4);
   } else {
     fb.sq = e.param(Type::S32, offsetof(P, seqlen_q));
     fb.sk = e.param(Type::S32, offsetof(P, seqlen_k));
     fb.q_bh = e.index(e.index(q, bz, qs[0]), h, qs[2]);
     fb.k_bh = e.index(e.index(k, bz, ks[0]), kvh, ks[2]);
     fb.v_bh = e.index(e.index(v, bz, vs[0]), kvh, vs[2]);
-    fb.o_bh = e.index(e.index(o, bz, os[0]), h, os[2]);
-    // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * seqlen_q.
-    Reg bh = e.wide_mad(bz, hq, e.s64(h));
-    Reg row = e.op(Op::MulLo, Type::S64, bh, e.s64(fb.sq));
-    fb.lse_row0 = e.index64(lse, row, 4);
   }
   return fb;
+}
+
+ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q) {
+  using P = ForwardParams;
+  ptx::Builder &b = e.b;
+  ForwardOut out;
+  Reg o = e.global_param(offsetof(P, o));
+  Reg os[3];
+  for (int i = 0; i < 3; ++i) os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+  out.o_row = os[1];
+  Reg lse_raw = e.param(Type::U64, offsetof(P, lse));
+  out.has_lse = e.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
+  Reg lse = b.b64();
+  b.cvta_to_global(lse, lse_raw);
+  Reg hq = e.param(Type::S32, offsetof(P, num_heads_q));
+  if (spec.varlen) {
+    Reg cuq = e.global_param(offsetof(P, cu_seqlens_q));
+    Reg q0 = b.b32(), total = b.b32();
+    b.ld(Space::Global, Type::S32, q0, at(e.index(cuq, bz, 4)), true);
+    out.o_bh = e.index(e.index(o, q0, os[1]), h, os[2]);
+    // LSE [num_heads_q, total_q], total_q = cu_q[batch]: element
+    // h * total_q + q0, which passes 2^31 for long packed batches.
+    Reg batch = e.param(Type::S32, offsetof(P, batch));
+    b.ld(Space::Global, Type::S32, total, at(e.index(cuq, batch, 4)), true);
+    out.lse_row0 = e.index64(lse, e.wide_mad(h, total, e.s64(q0)), 4);
+  } else {
+    out.o_bh = e.index(e.index(o, bz, os[0]), h, os[2]);
+    // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * seqlen_q.
+    Reg bh = e.wide_mad(bz, hq, e.s64(h));
+    Reg row = e.op(Op::MulLo, Type::S64, bh, e.s64(seqlen_q));
+    out.lse_row0 = e.index64(lse, row, 4);
+  }
+  return out;
 }
 
 std::string generate_attention(const KernelSpec &spec) { return AttentionGen(spec).run(); }

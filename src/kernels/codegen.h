@@ -39,14 +39,14 @@ struct AttentionLayout {
 AttentionLayout attention_layout(const KernelSpec &spec);
 constexpr uint32_t kStaticSmemLimit = 48 * 1024;
 
-// Dynamic shared memory of the tensor-core forward kernel (f16/bf16):
-//   Q [block_m][dpad], K [stages][block_n][dpad], V [stages][block_n][dvpad],
-//   each row padded by 16 bytes (dpad, dvpad: head dims rounded up to 16).
+// Dynamic shared memory of the tensor-core forward kernel (16-bit values,
+// rows padded by 16 bytes: tile::SmemTile): Q [block_m][d], then one K
+// [block_n][d] and one V [block_n][dv] buffer. After the K/V loop the O tile
+// [block_m][dv] is staged from offset 0 for coalesced stores.
 struct TcLayout {
-  int dpad = 0, dvpad = 0;
-  int q_row = 0, k_row = 0, v_row = 0;  // row bytes
-  uint32_t k_slot = 0, v_slot = 0;      // bytes of one K / V ring slot
-  uint32_t q_off = 0, k_off = 0, v_off = 0, total = 0;
+  uint32_t q_off = 0, k_off = 0, v_off = 0;
+  uint32_t q_bytes = 0, k_bytes = 0, v_bytes = 0, o_bytes = 0;
+  uint32_t total = 0;  // max(Q + K + V, O)
 };
 TcLayout tc_layout(const KernelSpec &spec);
 
@@ -162,25 +162,45 @@ class Emitter {
 
 // The per-CTA view of a forward problem shared by both forward generators:
 // sequence lengths, byte strides along the sequence, and the base addresses
-// of this CTA's (batch, head) in Q/K/V/O and its first LSE element. With
-// spec.varlen the lengths and offsets come from cu_seqlens, and a CTA whose
-// m-block (starting at row m0) lies past its sequence exits here, before any
-// barrier. q/k/v/o/lse are global addresses; bz = batch, h = query head,
-// kvh = KV head, hq = num_heads_q.
+// of this CTA's (batch, head) in Q/K/V. With spec.varlen the lengths and
+// offsets come from cu_seqlens, and a CTA whose m-block (starting at row m0)
+// lies past its sequence exits here, before any barrier. q/k/v are global
+// addresses; bz = batch, h = query head, kvh = KV head.
 struct ForwardBases {
-  Reg sq, sk;                      // seqlen_q, seqlen_k of this sequence
-  Reg q_bh, k_bh, v_bh, o_bh;      // row 0 of this (batch, head)
-  Reg q_row, k_row, v_row, o_row;  // bytes between consecutive rows
-  Reg lse_row0;                    // LSE of row 0 (valid only when lse != 0)
+  Reg sq, sk;               // seqlen_q, seqlen_k of this sequence
+  Reg q_bh, k_bh, v_bh;     // row 0 of this (batch, head)
+  Reg q_row, k_row, v_row;  // bytes between consecutive rows
 };
-ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg o, Reg lse,
-                           Reg bz, Reg h, Reg kvh, Reg hq, Reg m0);
+ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
+                           Reg kvh, Reg m0);
+
+// min(max(end - start, 0), max_len) of two device-provided int32 offsets,
+// formed in 64 bits (a varlen sequence's length, cut to the launch maximum).
+Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len);
+
+// Where this CTA's (batch, head) results go: O row 0 and its row stride, the
+// LSE element of row 0 (valid only when has_lse). Formed from the parameters
+// (and cu_seqlens) where they are needed, so nothing is kept across the K/V
+// loop; seqlen_q = this sequence's length (ForwardBases::sq).
+struct ForwardOut {
+  Reg o_bh, o_row, lse_row0, has_lse;
+};
+ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q);
+
+// Softcap constants of scale_score: neg2 = -2 log2(e) score_scale and
+// cap_log2 = softcap log2(e), both kernel parameters (the host computes
+// them, so the assembler reads them from the constant bank and they hold no
+// register across a loop). A default Softcap means no softcap.
+struct Softcap {
+  Reg neg2, cap_log2;
+};
+Softcap softcap_consts(Reg softcap_neg2, Reg softcap_log2);
 
 // Scales a raw score s = q.k in place to the log2 domain: s * score_scale,
-// or with softcap (softcap_log2 valid) softcap_log2 * tanh(s * score_scale),
-// tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2 |x| log2 e) in (0, 1], which
-// cannot overflow for any x.
-void scale_score(Emitter &e, Reg s, Reg score_scale, Reg softcap_log2);
+// or with softcap, cap_log2 tanh(x), x = s * score_scale, computed as
+// cap_log2 (2 / (1 + t) - 1) with t = e^(-2x) clamped to 2^32 (where tanh is
+// -1 in f32): seven instructions (one ex2, one rcp.approx), no overflow.
+void scale_score(Emitter &e, Reg s, Reg score_scale, const Softcap &cap);
 
 }  // namespace kgen
 }  // namespace fa

@@ -16,7 +16,7 @@ enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 4;
+constexpr uint32_t kGeneratorVersion = 5;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;
@@ -64,7 +64,10 @@ struct KernelSpec {
   int block_n = 0;      // keys per K/V tile
   int num_warps = 0;    // threads per CTA / 32
   bool mma = false;     // Forward: tensor-core kernel (mma.sync, ldmatrix, cp.async; sm_80+)
-  int stages = 0;       // mma: K/V cp.async ring depth (2 or 3); 0 otherwise
+  int stages = 0;       // mma: 1 = one K and one V buffer, FlashAttention-2's overlap; 0 otherwise
+  int m_tiles = 1;      // mma: 16-row m-tiles per warp (block_m = 16 m_tiles num_warps)
+  bool q_in_regs = false;  // mma: Q's A fragments stay in registers across K/V tiles
+  int min_ctas = 0;        // mma: CTAs per SM the tile is sized for (.minnctapersm)
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -72,7 +75,11 @@ struct KernelSpec {
   std::string describe() const;
 };
 
-// Chooses the spec (tiles included) for `kind` of cfg on `sm`.
+// Chooses the spec (tiles included) for `kind` of cfg on a device with
+// these limits (docs/kernels.md, "Tile choice").
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     bool varlen);
+// The same with the published limits of `sm` (sm_80's for an unknown SM).
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen);
 
 // The PTX ISA version a spec's module declares, times 10 (e.g. 70 for 7.0):
@@ -102,7 +109,12 @@ struct ForwardParams {
   int32_t window_left, window_right;  // resolved, >= 0 (kUnboundedWindow); causal -> right = 0
   float score_scale;   // no softcap: softmax_scale * log2(e); softcap: softmax_scale / softcap
   float softcap_log2;  // softcap * log2(e); 0 without softcap
-  int32_t pad_;
+  float softcap_neg2;  // -2 log2(e) score_scale with softcap; 0 without
+  // Tensor-core kernel (set by set_forward_steps): bytes between K (V) tiles
+  // of block_n rows, and between the rows one cp.async round of the CTA
+  // covers. Read in the loop as kernel parameters, which the assembler takes
+  // from the constant bank, so they hold no register.
+  int64_t k_tile_bytes, v_tile_bytes, k_round_bytes, v_round_bytes;
 };
 
 struct DecodeParams {
@@ -117,7 +129,7 @@ struct DecodeParams {
   int32_t split_size;                 // keys per split, a multiple of spec.block_n
   int32_t window_left, window_right;  // as ForwardParams
   float score_scale, softcap_log2;    // as ForwardParams
-  int32_t pad_;
+  float softcap_neg2;                 // as ForwardParams
 };
 
 struct ReduceParams {
@@ -130,6 +142,10 @@ struct ReduceParams {
   int64_t o_stride[3];  // batch, seq, head
   int32_t num_splits, batch, seqlen_q, num_heads_q;
 };
+
+// Fills the ForwardParams step fields of the tensor-core forward kernel
+// from its spec and the strides already set; no-op for other specs.
+void set_forward_steps(const KernelSpec &spec, ForwardParams *p);
 
 // Grid, block and dynamic shared memory for a launch.
 LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p);

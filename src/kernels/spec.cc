@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <iterator>
 
 #include "kernels/codegen.h"
 
@@ -45,15 +47,6 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
   return 1;
 }
 
-// Dynamic shared memory one CTA may use (CUDA C Programming Guide,
-// "Technical Specifications per Compute Capability"): 163 KB on 8.0/8.7,
-// 227 KB on 9.0, 99 KB on 8.6/8.9 and anything else.
-uint32_t tc_smem_budget(int sm) {
-  if (sm == 80 || sm == 87) return 163 * 1024;
-  if (sm >= 90) return 227 * 1024;
-  return 99 * 1024;
-}
-
 // FLASHATTN_SCALAR_FORWARD=1 selects the scalar fp32 forward kernel (a
 // fallback for debugging the tensor-core path).
 bool tc_forward_enabled() {
@@ -68,16 +61,88 @@ bool spec_valid(const KernelSpec &s) {
   bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
   if (s.mma)
     return d_ok && dv_ok && w_ok && s.kind == KernelKind::Forward && s.sm >= 80 &&
-           s.block_m == 16 * s.num_warps && s.block_n >= 16 && s.block_n % 16 == 0 &&
-           s.block_n <= 128 && s.stages >= 2 && s.stages <= 3;
+           (s.m_tiles == 1 || s.m_tiles == 2) && s.block_m == 16 * s.m_tiles * s.num_warps &&
+           s.block_n >= 16 && s.block_n % 16 == 0 && s.block_n <= 128 && s.stages == 1 &&
+           s.min_ctas >= 1 && s.min_ctas <= 32;
   return d_ok && dv_ok && w_ok && s.block_n == 32 && s.group_size >= 1 &&
          s.block_m % s.num_warps == 0 && s.block_m > 0;
+}
+
+// Registers per thread a forward mma tile needs, estimated: f32
+// accumulators O (16 m_tiles x dv per warp) and S (16 m_tiles x block_n), Q
+// fragments (all of them when kept, else one k-step's), and 48 for
+// addresses, indices, softmax state and the assembler's scheduling (the
+// margin that keeps every tile of tests/test_ptxas free of spills).
+int forward_regs(int dpad, int dvpad, int m_tiles, int block_n, bool q_in_regs) {
+  const int o = m_tiles * dvpad / 2, s = m_tiles * block_n / 2;
+  const int q = q_in_regs ? m_tiles * dpad / 4 : 4 * m_tiles;
+  return o + s + q + 48;
+}
+
+// The forward tensor-core tile for a device (docs/kernels.md, "Tile
+// choice"). Candidates in order of preference: two m-tiles per warp (every K
+// and V fragment read from shared memory feeds two mma), then one; 4 warps,
+// then 8. Feasible: shared memory within the per-block opt-in, at most 255
+// registers. Chosen: the most resident warps per SM up to 8 (FlashAttention-2's
+// occupancy), then the earliest candidate.
+void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
+  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
+  struct Cand {
+    int m_tiles, warps, block_n;
+    bool q_in_regs;
+  };
+  // Q stays in registers only for head dims up to 64: larger sets of Q
+  // fragments crowd the accumulators into spills.
+  const bool qr = dpad <= 64;
+  const Cand cands[] = {{2, 4, 64, qr},    {2, 4, 64, false}, {1, 4, 64, qr},
+                        {1, 4, 64, false}, {1, 8, 64, false}, {1, 4, 32, false}};
+  int best_score = -1;
+  // A device that reports no limits (a driver mock) gets its SM's published
+  // ones; and some tile is always chosen: the last, smallest candidate, which
+  // the backend's load then accepts or refuses by the device's own limit.
+  DeviceLimits lim = dev;
+  if (lim.smem_per_sm == 0 || lim.regs_per_sm == 0 || lim.threads_per_sm == 0) {
+    if (!published_limits(dev.sm, &lim)) published_limits(80, &lim);
+  }
+  if (lim.smem_per_block_optin == 0) lim.smem_per_block_optin = lim.smem_per_sm - 1024;
+  for (const Cand &c : cands) {
+    // Softcap's tanh keeps more values in flight (about 32 registers more at
+    // the same tile in ptxas 13.0's allocation).
+    const int regs =
+        forward_regs(dpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) + (s->softcap ? 32 : 0);
+    if (regs > 255) continue;
+    KernelSpec t = *s;
+    t.m_tiles = c.m_tiles;
+    t.num_warps = c.warps;
+    t.block_m = 16 * c.m_tiles * c.warps;
+    t.block_n = c.block_n;
+    t.q_in_regs = c.q_in_regs;
+    const uint32_t smem = kgen::tc_layout(t).total;
+    const uint32_t threads = 32u * c.warps;
+    const uint32_t alloc = (static_cast<uint32_t>(regs) + 7) / 8 * 8 * threads;
+    uint32_t ctas = std::min({lim.smem_per_sm / (smem + 16 + 1024), lim.regs_per_sm / alloc,
+                              lim.threads_per_sm / threads, 32u});
+    if (smem + 16 > lim.smem_per_block_optin) ctas = 0;  // + static: varlen's sequence lengths
+    if (ctas == 0) {
+      if (best_score < 0 && &c == &cands[std::size(cands) - 1]) {
+        t.min_ctas = 1;  // nothing fits: the smallest tile, for the backend to judge
+        *s = t;
+      }
+      continue;
+    }
+    const int score = std::min<int>(static_cast<int>(ctas) * c.warps, 8);
+    if (score > best_score) {
+      best_score = score;
+      t.min_ctas = static_cast<int>(ctas);
+      *s = t;
+    }
+  }
 }
 
 }  // namespace
 
 std::string KernelSpec::serialize() const {
-  std::string o = "FASPEC1";
+  std::string o = "FASPEC2";
   o.push_back(static_cast<char>(kind));
   o.push_back(static_cast<char>(dtype));
   put32(o, sm);
@@ -91,12 +156,17 @@ std::string KernelSpec::serialize() const {
   put32(o, num_warps);
   o.push_back(mma ? 1 : 0);
   put32(o, stages);
+  put32(o, m_tiles);
+  o.push_back(q_in_regs ? 1 : 0);
+  put32(o, min_ctas);
   return o;
 }
 
 std::string KernelSpec::describe() const {
-  char buf[160], st[16] = "";
-  if (mma) std::snprintf(st, sizeof st, " s%d", stages);
+  char buf[200], st[48] = "";
+  if (mma)
+    std::snprintf(st, sizeof st, " s%d mt%d%s c%d", stages, m_tiles, q_in_regs ? " qr" : "",
+                  min_ctas);
   std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s", kind_name(kind),
                 dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m, block_n,
                 num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "", mma ? " mma" : "",
@@ -109,11 +179,12 @@ std::string KernelSpec::describe() const {
 // short; decode: one warp per query head of the GQA group (at most 4), up
 // to 4 rows each; reduce: 4 warps, one row each. group_size is only part of
 // the spec for decode (forward reads the head ratio at run time).
-KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen) {
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     bool varlen) {
   KernelSpec s;
   s.kind = kind;
   s.dtype = cfg.dtype;
-  s.sm = sm;
+  s.sm = dev.sm;
   s.head_dim_v = cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim;
   if (kind == KernelKind::Reduce) {
     s.num_warps = 4;
@@ -123,20 +194,11 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
   s.head_dim = cfg.head_dim;
   s.softcap = cfg.softcap > 0;
   s.block_n = 32;
-  if (kind == KernelKind::Forward && sm >= 80 && tc_forward_enabled()) {
-    // Tensor-core kernel (docs/kernels.md, tile table): 4 warps x 16 rows;
-    // block_n 64 while the head dims (rounded up to 16) fit 128, else 32,
-    // which keeps the f32 accumulators within the register file; a 3-stage
-    // K/V ring where it fits the target's shared memory per block, else 2
-    // (which fits 99 KB for every head dim).
+  if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
     s.varlen = varlen;
     s.mma = true;
-    s.num_warps = 4;
-    s.block_m = 64;
-    const int dmax = std::max(s.head_dim, s.head_dim_v);
-    s.block_n = dmax <= 128 ? 64 : 32;
-    s.stages = 3;
-    if (kgen::tc_layout(s).total > tc_smem_budget(sm)) s.stages = 2;
+    s.stages = 1;
+    choose_forward_tile(dev, &s);
   } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
     s.num_warps = 4;
@@ -151,14 +213,28 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
   return s;
 }
 
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen) {
+  DeviceLimits dev;
+  if (!published_limits(sm, &dev)) {
+    published_limits(80, &dev);
+    dev.sm = sm;
+  }
+  return make_spec(cfg, kind, dev, varlen);
+}
+
 int ptx_isa_version(const KernelSpec &spec) {
-  // .target sm_80 needs PTX 7.0, sm_86 7.1, sm_87 7.4, sm_89 and sm_90 7.8
-  // (PTX ISA, "PTX Module Directives: .target"); every instruction used is
-  // older (cvt.rn.bf16.f32: 7.0 with sm_80).
+  // The lowest PTX ISA version whose .target accepts the SM (PTX ISA, "PTX
+  // Module Directives: .target"; sm_100 8.6, sm_103 8.8, sm_110 9.0, sm_120
+  // 8.7, sm_121 8.8); every instruction used is older (cvt.rn.bf16.f32:
+  // 7.0 with sm_80).
   if (spec.sm <= 80) return 70;
   if (spec.sm <= 86) return 71;
   if (spec.sm <= 87) return 74;
-  return 78;
+  if (spec.sm <= 90) return 78;
+  if (spec.sm == 100) return 86;
+  if (spec.sm == 120) return 87;
+  if (spec.sm == 103 || spec.sm == 121) return 88;
+  return 90;
 }
 
 std::string entry_name(const KernelSpec &s) {
@@ -167,8 +243,10 @@ std::string entry_name(const KernelSpec &s) {
     std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d", dtype_name(s.dtype), s.head_dim_v,
                   s.num_warps);
   } else {
-    char st[16] = "";
-    if (s.mma) std::snprintf(st, sizeof st, "_s%d", s.stages);
+    char st[32] = "";
+    if (s.mma)
+      std::snprintf(st, sizeof st, "_s%d_mt%d%s_c%d", s.stages, s.m_tiles, s.q_in_regs ? "q" : "",
+                    s.min_ctas);
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
                   s.mma ? "_mma" : "", dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size,
                   s.block_m, s.block_n, s.num_warps, st, s.softcap ? "_softcap" : "",

@@ -397,7 +397,7 @@ class Builder::Line {
 // touches each page about when it is written anyway. Measured: starting
 // with a small buffer and doubling costs page faults on every generation
 // of an 80 KB module (glibc trims the freed buffers).
-constexpr size_t kTextInitial = 64 * 1024, kTextStep = 8 * 1024;
+constexpr size_t kTextInitial = 128 * 1024, kTextStep = 8 * 1024;
 
 char *Builder::room(size_t n) {
   size_t need = text_len_ + n;
@@ -715,6 +715,13 @@ void Builder::shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t memberma
   Line(*this, in).reg(d).reg(a).operand(b).operand(c).imm(membermask).done();
 }
 
+void Builder::vote(bool all, Reg d, Reg a, uint32_t membermask) {
+  Opcode in(all ? "vote.sync.all.pred" : "vote.sync.any.pred");
+  check_reg(in, d, Type::Pred, "destination must be a predicate");
+  check_reg(in, a, Type::Pred, "source must be a predicate");
+  Line(*this, in).reg(d).reg(a).imm(membermask).done();
+}
+
 void Builder::mma_m16n8k16(Type ab, const Reg *d, const Reg *a, const Reg *b, const Reg *c) {
   Opcode in("mma.sync.aligned.m16n8k16.row.col.f32");
   in.dot(type_piece(ab)).dot(type_piece(ab)).add(".f32");
@@ -763,6 +770,13 @@ void Builder::cp_async_cg16(Addr dst, Addr src, Operand src_size) {
   if (src_size.kind == Operand::Kind::Reg && src_size.reg.cls != RegClass::B32)
     misuse(in, "src-size must be a b32 register");
   Line(*this, in).addr(dst).addr(src).imm(16).operand(src_size).done();
+}
+
+void Builder::cp_async_cg16(Addr dst, Addr src) {
+  Opcode in("cp.async.cg.shared.global");
+  check_addr(in, dst, Space::Shared);
+  check_addr(in, src, Space::Global);
+  Line(*this, in).addr(dst).addr(src).imm(16).done();
 }
 
 void Builder::cp_async_commit() { Line(*this, Opcode("cp.async.commit_group")).done(); }

@@ -179,6 +179,10 @@ class Builder {
   // shfl.sync.MODE.b32 d, a, b, c, membermask (PTX ISA "Data Movement and
   // Conversion Instructions: shfl.sync"; 9.7.8.6 in the 7.x manuals).
   void shfl(Shfl m, Reg d, Reg a, Operand b, Operand c, uint32_t membermask);
+  // vote.sync.any.pred d, a, membermask (all = false) or vote.sync.all.pred
+  // (PTX ISA "Parallel Synchronization and Communication Instructions:
+  // vote.sync"): d = a in any (all) lane of membermask.
+  void vote(bool all, Reg d, Reg a, uint32_t membermask);
 
   // ---- tensor-core path (sm_80+) ----
   // mma.sync.aligned.m16n8k16.row.col.f32.AB.AB.f32 {d}, {a}, {b}, {c} with
@@ -194,6 +198,8 @@ class Builder {
   // register or an immediate in 0..16; bytes past it are zero-filled (PTX ISA
   // "Data Movement and Conversion Instructions: cp.async").
   void cp_async_cg16(Addr dst, Addr src, Operand src_size);
+  // cp.async.cg.shared.global [dst], [src], 16: all 16 bytes copied.
+  void cp_async_cg16(Addr dst, Addr src);
   void cp_async_commit();     // cp.async.commit_group
   void cp_async_wait(int n);  // cp.async.wait_group n (n >= 0)
   // cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 d, hi, lo: hi lands in the upper
@@ -204,6 +210,12 @@ class Builder {
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
   // registers low enough to spill.
   void set_min_ctas_per_sm(uint32_t n) { min_ctas_ = n; }
+
+  // Room for `bytes` of body text up front (a generator's estimate): one
+  // allocation instead of a doubling series.
+  void reserve(size_t bytes) {
+    if (bytes > text_.capacity()) text_.reserve(bytes);
+  }
 
   // Instructions (labels and comments excluded) built so far.
   uint32_t num_instrs() const { return num_instrs_; }

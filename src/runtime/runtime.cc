@@ -44,9 +44,11 @@ void set_masking_and_scale(const AttentionConfig &cfg, int32_t seqlen_q, int32_t
   if (cfg.softcap > 0) {
     p->score_scale = cfg.softmax_scale / cfg.softcap;
     p->softcap_log2 = cfg.softcap * kLog2e;
+    p->softcap_neg2 = -2.0f * kLog2e * p->score_scale;
   } else {
     p->score_scale = cfg.softmax_scale * kLog2e;
     p->softcap_log2 = 0;
+    p->softcap_neg2 = 0;
   }
 }
 
@@ -241,7 +243,7 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
 
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
   const bool varlen = a.cu_seqlens_q != 0;
-  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().sm, varlen);
+  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, varlen);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -263,11 +265,12 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
+  set_forward_steps(spec, &p);
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
 }
 
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
-  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().sm, false);
+  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().limits, false);
   // 64-bit throughout: the API bounds the sizes (check_decode_limits), but
   // the arithmetic must not overflow on the way.
   const int64_t block_n = std::max(spec.block_n, 1);
@@ -322,14 +325,14 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 "(see fa_decode_workspace_size)",
                 a.workspace_size, plan.workspace_bytes, plan.num_splits);
   }
-  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().sm, false);
+  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().limits, false);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (a.o.data != 0) {
-    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().sm, false);
+    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, false);
     st = get_kernel(rspec, &reduce_kernel);
     if (st != FA_SUCCESS) return st;
   }
@@ -379,7 +382,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
 }
 
 fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, void *stream) {
-  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().sm, false);
+  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, false);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;

@@ -169,6 +169,70 @@ std::vector<ForwardCase> forward_cases(bool gpu) {
     c.seed = 100 + d;
     add(c);
   }
+  // What the tensor-core tiling makes special (docs/kernels.md): CTAs of 128
+  // rows, 4 warps x 2 m-tiles of 16 rows, K/V tiles of 64 keys visited from
+  // the last, a masked loop at either end of the key range and a lean loop
+  // between.
+  c = {};
+  c.seqlen_q = 9;  // shorter than one m-tile: 3 warps have no valid row
+  c.seqlen_k = 150;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.head_dim = 64;
+  c.seed = 20;
+  add(c);
+  c = {};
+  c.seqlen_q = 300;  // sq > sk causal: rows 0..219 see no key
+  c.seqlen_k = 80;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 128;
+  c.causal = true;
+  c.seed = 21;
+  add(c);
+  c = {};
+  c.seqlen_q = 200;  // windows starting and ending inside K/V tiles
+  c.seqlen_k = 330;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.bf16 = true;
+  c.window_left = 70;
+  c.window_right = 37;
+  c.seed = 22;
+  add(c);
+  c = {};
+  c.seqlen_q = 257;  // a long window: masked tiles at both ends, lean ones between
+  c.seqlen_k = 700;
+  c.heads_q = 1;
+  c.heads_kv = 1;
+  c.head_dim = 128;
+  c.window_left = 300;
+  c.window_right = 5;
+  c.seed = 23;
+  add(c);
+  c = {};
+  c.batch = 4;  // sequences ending inside a warp's second m-tile (rows 16..31)
+  c.varlen = true;
+  c.seqlens_q = {20, 150, 53, 27};
+  c.seqlens_k = {90, 130, 64, 200};
+  c.seqlen_q = 150;
+  c.seqlen_k = 200;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.head_dim = 96;
+  c.causal = true;
+  c.seed = 24;
+  add(c);
+  c = {};
+  c.seqlen_q = 160;  // the rescale threshold crossed in later tiles
+  c.seqlen_k = 512;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.input_scale = 6;
+  c.seed = 25;
+  add(c);
   // FlashAttention's test grid: its (seqlen_q, seqlen_k) pairs, scaled down
   // where the emulator would take long, crossed with head dims, causal,
   // dtype and GQA, rotating so each dimension meets the others.

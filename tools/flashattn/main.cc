@@ -104,7 +104,8 @@ int run_main(int argc, char **argv) {
       ->capture_default_str();
   g->add_option("--heads-q", gen.heads_q, "num_heads_q")->required();
   g->add_option("--heads-kv", gen.heads_kv, "num_heads_kv (divides num_heads_q)")->required();
-  g->add_option("--sm", gen.sm, "Target SM: 80, 86, 89 or 90")->required();
+  g->add_option("--sm", gen.sm, "Target SM: 80, 86, 87, 89, 90, 100, 103, 110, 120 or 121")
+      ->required();
   g->add_option("-o,--output", gen.output, "Write the PTX to FILE instead of stdout")
       ->type_name("FILE");
 

@@ -73,6 +73,6 @@ def test_generate_errors():
     cfg = fa.Config(head_dim=32, num_heads_q=4)
     with pytest.raises(fa.UnsupportedError) as e:
         fa.generate(cfg, "forward", 75)
-    assert e.value.status == 2 and e.value.message == "fa_generate: sm must be 80, 86, 89 or 90, got 75"
+    assert e.value.status == 2 and e.value.message == "fa_generate: sm must be one of 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, got 75"
     with pytest.raises(fa.InvalidArgumentError):
         fa.generate(cfg, "backward")

@@ -83,7 +83,7 @@ impl RuntimeBuilder {
         self.cache_dir = Some(dir.into());
         self
     }
-    /// SM the emulator targets (80, 86, 89, 90); 0 = 80.
+    /// SM the emulator targets (80, 86, 87, 89, 90, 100, 103, 110, 120, 121); 0 = 80.
     pub fn emulator_sm(mut self, sm: i32) -> Self {
         self.emulator_sm = sm;
         self

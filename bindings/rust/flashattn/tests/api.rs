@@ -97,7 +97,7 @@ fn runtime_options_errors() {
     expect_err(
         Runtime::builder().backend(Backend::Emulator).emulator_sm(75).build(),
         Status::Unsupported,
-        "fa_runtime_create: emulator_sm must be 0, 80, 86, 89 or 90, got 75",
+        "fa_runtime_create: emulator_sm must be 0 or one of 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, got 75",
     );
     expect_err(
         Runtime::builder().backend(Backend::Emulator).device(-1).build(),
@@ -219,7 +219,7 @@ fn generate_writes_ptx() {
     expect_err(
         cfg.generate(KernelKind::Forward, 75),
         Status::Unsupported,
-        "fa_generate: sm must be 80, 86, 89 or 90, got 75",
+        "fa_generate: sm must be one of 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, got 75",
     );
     // The C size query / too-small buffer contract, through sys.
     let mut size = 0usize;

@@ -1,0 +1,320 @@
+// Tile primitives of the mma.sync kernels; layouts in tile.h and
+// docs/kernels.md ("Tile primitives").
+#include "kernels/tile/tile.h"
+
+namespace fa::kgen::tile {
+
+Lanes make_lanes(Emitter &e, Reg lane) {
+  Lanes l;
+  l.lane = lane;
+  l.g = e.op(Op::Shr, Type::U32, lane, imm(2));
+  l.q = e.op(Op::And, Type::B32, lane, imm(3));
+  l.l8 = e.op(Op::And, Type::B32, lane, imm(7));
+  l.h1 = e.op(Op::And, Type::B32, e.op(Op::Shr, Type::U32, lane, imm(3)), imm(1));
+  l.h2 = e.op(Op::Shr, Type::U32, lane, imm(4));
+  return l;
+}
+
+Frag4 frag4(ptx::Builder &b) { return {b.b32(), b.b32(), b.b32(), b.b32()}; }
+
+AccTile acc_tile(ptx::Builder &b, int n) {
+  AccTile t;
+  for (int j = 0; j < n; ++j) t.f.push_back({b.f32(), b.f32(), b.f32(), b.f32()});
+  return t;
+}
+
+void zero(ptx::Builder &b, const AccTile &t) {
+  for (const Frag4 &f : t.f)
+    for (Reg r : f) b.mov(Type::F32, r, fimm(0.0f));
+}
+
+void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, const Reg *b2,
+         const Frag4 *c) {
+  b.mma_m16n8k16(half, d.f[j].data(), a.data(), b2, c ? c->data() : d.f[j].data());
+}
+
+void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a) {
+  // a0 = row g, columns 2q, 2q+1 of block j; a1 = row g+8; a2, a3 the same
+  // of block j + 1 (the higher column lands in the upper 16 bits).
+  b.cvt_pack(half, a[0], t.f[j][1], t.f[j][0]);
+  b.cvt_pack(half, a[1], t.f[j][3], t.f[j][2]);
+  b.cvt_pack(half, a[2], t.f[j + 1][1], t.f[j + 1][0]);
+  b.cvt_pack(half, a[3], t.f[j + 1][3], t.f[j + 1][2]);
+}
+
+SmemTile smem_tile(uint32_t offset, int rows, int cols) {
+  SmemTile t;
+  t.offset = offset;
+  t.rows = rows;
+  t.cols = cols;
+  t.cols_pad = (cols + 15) / 16 * 16;
+  t.pitch = 2 * t.cols_pad + 16;
+  return t;
+}
+
+Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0) {
+  ptx::Builder &b = e.b;
+  const Reg hi_row = role == Role::B_NK ? l.h2 : l.h1;
+  const Reg chunk = role == Role::B_NK ? l.h1 : l.h2;
+  Reg row = e.op(Op::MadLo, Type::U32, hi_row, imm(8), l.l8);
+  if (row0.valid()) b.op(Op::Add, Type::U32, row, row, row0);
+  Reg a = e.op(Op::MadLo, Type::U32, row, imm(t.pitch), smem_base);
+  b.op(Op::MadLo, Type::U32, a, chunk, imm(16), a);
+  if (t.offset) b.op(Op::Add, Type::U32, a, a, imm(t.offset));
+  return a;
+}
+
+void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset) {
+  b.ldmatrix(role == Role::B_KN_T, d.data(), 4, at(base, offset));
+}
+
+// ---------------------------------------------------------------- copies ---
+
+namespace {
+// Threads per row of a copy plan: the largest power of two dividing the
+// row's 16-byte chunks (and the thread count).
+int lanes_per_row(int threads, int chunks) {
+  int l = 1;
+  while (chunks % (2 * l) == 0 && threads % (2 * l) == 0) l *= 2;
+  return l;
+}
+}  // namespace
+
+int CopyPlan::round_rows(int threads, const SmemTile &dst) {
+  return threads / lanes_per_row(threads, dst.cols_pad / 8);
+}
+
+CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
+                   const CopyPlan *share, Reg round_bytes)
+    : e_(&e), dst_(dst), threads_(threads), tid_(tid), smem_(smem_base), stride_(stride) {
+  ptx::Builder &b = e.b;
+  const int C = dst.cols_pad / 8, valid = dst.cols / 8;
+  L_ = lanes_per_row(threads, C);
+  J_ = C / L_;
+  step_ = threads / L_;
+  rounds_ = (dst.rows + step_ - 1) / step_;
+  pad_ = C - valid;
+  ga_ = b.b64();
+  src_ = b.b64();
+  size_ = b.b32();
+  ok_ = b.pred();
+  rl_ = b.b32();
+  const bool shared = share && share->L_ == L_ && share->J_ == J_ && share->pad_ == pad_ &&
+                      share->threads_ == threads && share->dst_.rows == dst.rows &&
+                      share->dst_.pitch == dst.pitch;
+  Reg col = e.op(Op::And, Type::B32, tid, imm(L_ - 1));  // first chunk; then + L, + 2L, ...
+  if (shared) {
+    row0_ = share->row0_;
+    saddr0_ = share->saddr0_;
+    delta_ = static_cast<int>(dst.offset) - static_cast<int>(share->dst_.offset);
+  } else {
+    row0_ = e.op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
+    saddr0_ = e.op(Op::MadLo, Type::U32, row0_, imm(dst.pitch), smem_base);
+    b.op(Op::MadLo, Type::U32, saddr0_, col, imm(16), saddr0_);
+    if (dst.offset) b.op(Op::Add, Type::U32, saddr0_, saddr0_, imm(dst.offset));
+  }
+  goff0_ = e.op(Op::MulLo, Type::S64, e.s64(row0_), stride);
+  Reg cb = b.b64();
+  b.mul_wide(Type::U32, cb, col, imm(16));
+  b.op(Op::Add, Type::S64, goff0_, goff0_, cb);
+  step_bytes_ = round_bytes.valid() ? round_bytes : e.op(Op::MulLo, Type::S64, stride, imm(step_));
+  if (shared) {
+    last_ok_ = share->last_ok_;
+    rows_ok_ = share->rows_ok_;
+    return;
+  }
+  // Only the last chunk of a row can be padding (pad < 2 <= L when any).
+  if (pad_ > 0) last_ok_ = e.setp(Cmp::Lt, Type::U32, col, imm(valid - L_ * (J_ - 1)));
+  // A last round that covers only part of the tile.
+  if (rounds_ * step_ > dst.rows)
+    rows_ok_ = e.setp(Cmp::Lt, Type::U32, row0_, imm(dst.rows - (rounds_ - 1) * step_));
+}
+
+// Guard of chunk j of round k: the row exists and the chunk is not padding.
+Reg CopyPlan::guard(int k, int j) const {
+  const bool last_round = k == rounds_ - 1 && rows_ok_.valid();
+  const bool last_chunk = j == J_ - 1 && last_ok_.valid();
+  if (last_round && last_chunk) {
+    Reg g = e_->b.pred();
+    e_->b.op(Op::And, Type::Pred, g, rows_ok_, last_ok_);
+    return g;
+  }
+  if (last_round) return rows_ok_;
+  if (last_chunk) return last_ok_;
+  return Reg();
+}
+
+void CopyPlan::interior(Reg tp) const {
+  ptx::Builder &b = e_->b;
+  b.mov(Type::B64, ga_, tp);
+  for (int k = 0; k < rounds_; ++k) {
+    if (k > 0) b.op(Op::Add, Type::S64, ga_, ga_, step_bytes_);
+    for (int j = 0; j < J_; ++j) {
+      Reg g = guard(k, j);
+      if (g.valid()) b.when(g);
+      b.cp_async_cg16(at(saddr0_, soff(k, j)), at(ga_, 16 * L_ * j));
+    }
+  }
+}
+
+void CopyPlan::boundary(Reg tp, Reg rows_left, Reg safe) const {
+  ptx::Builder &b = e_->b;
+  // The thread's first row, re-derived from %tid.x: the boundary path runs
+  // on few tiles, so its row need not stay live across a loop.
+  Reg tid = e_->mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
+  b.op(Op::Sub, Type::S32, rl_, rows_left, row0);
+  b.mov(Type::B64, ga_, tp);
+  for (int k = 0; k < rounds_; ++k) {
+    if (k > 0) b.op(Op::Add, Type::S64, ga_, ga_, step_bytes_);
+    b.setp(Cmp::Gt, Type::S32, ok_, rl_, imm(k * step_));
+    b.selp(Type::B64, src_, ga_, safe, ok_);
+    b.selp(Type::B32, size_, imm(16), imm(0), ok_);
+    for (int j = 0; j < J_; ++j) {
+      Reg g = guard(k, j);
+      if (g.valid()) b.when(g);
+      // A zero-filled chunk reads nothing from `safe`, so its offset is moot.
+      b.cp_async_cg16(at(saddr0_, soff(k, j)), at(src_, 16 * L_ * j), size_);
+    }
+  }
+}
+
+void CopyPlan::zero_padding() const {
+  ptx::Builder &b = e_->b;
+  const int pad = pad_, valid_ = dst_.cols / 8;
+  if (pad == 0) return;
+  const int total = dst_.rows * pad;
+  Reg z = e_->mov(Type::B32, imm(0));
+  for (int k = 0; k * threads_ < total; ++k) {
+    Reg idx = k ? e_->op(Op::Add, Type::U32, tid_, imm(k * threads_)) : tid_;
+    Reg row = e_->op(Op::Div, Type::U32, idx, imm(pad));
+    Reg pc = e_->op(Op::Rem, Type::U32, idx, imm(pad));
+    Reg a = e_->op(Op::MadLo, Type::U32, row, imm(dst_.pitch), smem_);
+    b.op(Op::MadLo, Type::U32, a, pc, imm(16), a);
+    Reg in;
+    if ((k + 1) * threads_ > total) in = e_->setp(Cmp::Lt, Type::U32, idx, imm(total));
+    if (in.valid()) b.when(in);
+    b.st_v(Space::Shared, Type::B32, at(a, static_cast<int>(dst_.offset) + 16 * valid_),
+           {z, z, z, z});
+  }
+}
+
+// --------------------------------------------------------- online softmax --
+
+OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)
+    : e_(e), rows_(2 * m_tiles), c_(scale_log2) {
+  for (int r = 0; r < rows_; ++r) {
+    m_.push_back(e.mov(Type::F32, fimm(kNegInf)));
+    l_.push_back(e.mov(Type::F32, fimm(0.0f)));
+  }
+}
+
+void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
+  ptx::Builder &b = e_.b;
+  Reg t = b.f32();
+  // 1. Each row's new maximum (this lane's scores, then the quad's), and
+  //    whether it passed the one the exponentials use by more than
+  //    kRescaleLog2 (a row's first key always does).
+  std::vector<Reg> mnew(rows_);
+  Reg need = b.pred(), grew = b.pred();
+  for (int r = 0; r < rows_; ++r) {
+    const AccTile &sr = s[r / 2];
+    const int h = r % 2;
+    Reg mx = e_.mov(Type::F32, m_[r]);
+    for (const Frag4 &f : sr.f) {
+      b.op(Op::Max, Type::F32, mx, mx, f[2 * h]);
+      b.op(Op::Max, Type::F32, mx, mx, f[2 * h + 1]);
+    }
+    for (int off = 1; off <= 2; off <<= 1) {
+      b.shfl(ptx::Shfl::Bfly, t, mx, imm(off), imm(31), 0xffffffffu);
+      b.op(Op::Max, Type::F32, mx, mx, t);
+    }
+    mnew[r] = mx;
+    Reg d = e_.op(Op::Sub, Type::F32, mx, m_[r]);  // +inf for a first key, NaN for none yet
+    if (c_.valid()) b.op(Op::Mul, Type::F32, d, d, c_);
+    b.setp(Cmp::Gt, Type::F32, r == 0 ? need : grew, d, fimm(kRescaleLog2));
+    if (r > 0) b.op(Op::Or, Type::Pred, need, need, grew);
+  }
+  // 2. Only when some row of the warp grew that much (a warp-uniform branch):
+  //    move every row's maximum up, O and l by alpha = 2^((m - m') c).
+  Reg any = b.pred();
+  b.vote(false, any, need, 0xffffffffu);
+  ptx::Label keep = b.label();
+  b.unless(any).bra(keep, true);
+  std::vector<Reg> alpha(rows_);
+  for (int r = 0; r < rows_; ++r) {
+    alpha[r] = b.f32();
+    to_log2(alpha[r], m_[r], neg_offset(mnew[r]));
+    b.op(Op::Ex2, Type::F32, alpha[r], alpha[r]);
+    b.mov(Type::F32, m_[r], mnew[r]);
+    b.op(Op::Mul, Type::F32, l_[r], l_[r], alpha[r]);
+  }
+  for (size_t mi = 0; mi < o.size(); ++mi)
+    for (const Frag4 &f : o[mi].f)
+      for (int i = 0; i < 4; ++i) b.op(Op::Mul, Type::F32, f[i], f[i], alpha[2 * mi + i / 2]);
+  b.bind(keep);
+  // 3. p = 2^(s c - m c) <= 2^kRescaleLog2; l += sum p (this lane's part).
+  for (int r = 0; r < rows_; ++r) {
+    const AccTile &sr = s[r / 2];
+    const int h = r % 2;
+    Reg noff = neg_offset(m_[r]);
+    Reg sum = b.f32();
+    bool first = true;
+    for (const Frag4 &f : sr.f) {
+      for (int x = 0; x < 2; ++x) {
+        Reg p = f[2 * h + x];
+        to_log2(p, p, noff);
+        b.op(Op::Ex2, Type::F32, p, p);
+        if (first)
+          b.mov(Type::F32, sum, p);
+        else
+          b.op(Op::Add, Type::F32, sum, sum, p);
+        first = false;
+      }
+    }
+    b.op(Op::Add, Type::F32, l_[r], l_[r], sum);
+  }
+}
+
+Reg OnlineSoftmax::neg_offset(Reg m) {
+  ptx::Builder &b = e_.b;
+  Reg none = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
+  Reg noff = c_.valid() ? e_.op(Op::Mul, Type::F32, m, c_) : e_.mov(Type::F32, m);
+  b.op(Op::Neg, Type::F32, noff, noff);
+  b.selp(Type::F32, noff, fimm(0.0f), noff, none);
+  return noff;
+}
+
+void OnlineSoftmax::to_log2(Reg d, Reg x, Reg noff) {
+  if (c_.valid())
+    e_.b.op(Op::Fma, Type::F32, d, x, c_, noff);
+  else
+    e_.b.op(Op::Add, Type::F32, d, x, noff);
+}
+
+void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse) {
+  ptx::Builder &b = e_.b;
+  Reg t = b.f32();
+  for (int r = 0; r < rows_; ++r) {
+    const int h = r % 2;
+    for (int off = 1; off <= 2; off <<= 1) {
+      b.shfl(ptx::Shfl::Bfly, t, l_[r], imm(off), imm(31), 0xffffffffu);
+      b.op(Op::Add, Type::F32, l_[r], l_[r], t);
+    }
+    Reg pos = e_.setp(Cmp::Gt, Type::F32, l_[r], fimm(0.0f));
+    Reg inv = e_.op(Op::RcpRn, Type::F32, l_[r]);
+    b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+    Reg lg = e_.op(Op::Lg2, Type::F32, l_[r]);
+    Reg v = c_.valid() ? e_.op(Op::Fma, Type::F32, m_[r], c_, lg)
+                       : e_.op(Op::Add, Type::F32, m_[r], lg);
+    b.op(Op::Mul, Type::F32, v, v, fimm(kLn2));
+    b.selp(Type::F32, v, v, fimm(kNegInf), pos);
+    lse->push_back(v);
+    for (const Frag4 &f : o[r / 2].f) {
+      b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], inv);
+      b.op(Op::Mul, Type::F32, f[2 * h + 1], f[2 * h + 1], inv);
+    }
+  }
+}
+
+}  // namespace fa::kgen::tile

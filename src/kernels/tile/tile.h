@@ -1,0 +1,158 @@
+// Tile primitives of the mma.sync kernels (sm_80 and up): lane coordinates,
+// f32 accumulator fragments, padded shared-memory tiles with their ldmatrix
+// addressing, cp.async copy plans, and the online-softmax step. Generators
+// compose them and read as their algorithm; each primitive names the PTX ISA
+// layout it follows, and tests/test_tile.cc runs each one on the emulator
+// against that layout, element by element.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "kernels/codegen.h"
+
+namespace fa::kgen::tile {
+
+// A warp's lane coordinates (PTX ISA, "Matrix Fragments for mma.m16n8k16
+// with floating point type"): group g = lane / 4 holds fragment rows g and
+// g + 8, quad index q = lane % 4 holds columns 2q and 2q + 1 of each 8-column
+// block. ldmatrix takes the row addresses of matrix i from lanes 8i .. 8i+7
+// (PTX ISA "ldmatrix"): l8 = lane % 8, h1 = (lane / 8) % 2, h2 = lane / 16.
+struct Lanes {
+  Reg lane, g, q, l8, h1, h2;
+};
+Lanes make_lanes(Emitter &e, Reg lane);
+
+// Four b32 registers: an A fragment (m16 x k16 of 16-bit values) or two B
+// fragments (each k16 x n8) from one ldmatrix .x4.
+using Frag4 = std::array<Reg, 4>;
+Frag4 frag4(ptx::Builder &b);
+
+// An f32 accumulator tile of 16 rows x 8n columns: n mma C fragments of four
+// registers. Element i of fragment j holds row g + 8 (i / 2), column
+// 8j + 2q + (i & 1).
+struct AccTile {
+  std::vector<Frag4> f;
+  int n() const { return static_cast<int>(f.size()); }
+};
+AccTile acc_tile(ptx::Builder &b, int n);  // registers allocated, not set
+void zero(ptx::Builder &b, const AccTile &t);
+
+// d[j] = a x (b0, b1) + c with mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16};
+// c = d[j] (accumulate), or the given fragment (e.g. zeros, to start a sum
+// without clearing d first).
+void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, const Reg *b2,
+         const Frag4 *c = nullptr);
+
+// Packs the f32 C fragments j, j+1 of t (16 rows x 16 columns) into the A
+// fragment of the same 16x16 block (P in O += P V: the C layout of an m16n8
+// pair is the A layout of m16k16, PTX ISA fragment figures).
+void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a);
+
+// A row-major matrix of 16-bit values in shared memory, each row padded by 16
+// bytes so the eight rows of an ldmatrix phase start on distinct 16-byte
+// bank groups (conflict-free) and cp.async writes of a row stay 16-byte
+// aligned. Columns [cols, cols_pad) are head-dim padding (cols_pad = cols
+// rounded up to the mma k step of 16); they must hold zeros when read.
+struct SmemTile {
+  uint32_t offset = 0;  // bytes from the dynamic shared memory base
+  int rows = 0, cols = 0, cols_pad = 0;
+  int pitch = 0;  // bytes per row: 2 cols_pad + 16
+  uint32_t bytes() const { return static_cast<uint32_t>(rows) * static_cast<uint32_t>(pitch); }
+  int at(int row, int col) const { return row * pitch + 2 * col; }  // byte offset
+};
+SmemTile smem_tile(uint32_t offset, int rows, int cols);
+
+// The three ways an m16n8k16 operand is read with ldmatrix .x4 (PTX ISA
+// "ldmatrix"): which row and 16-byte chunk of a 16 x 16 block lane l
+// addresses, so that each register pair is one mma operand (the mma wants
+// a B fragment in two consecutive registers):
+//  A       an m16 x k16 block of a [m][k] tile: row l8 + 8 h1, chunk h2
+//  B_NK    two n8 x k16 blocks of a [n][k] tile (K in S = Q K^T):
+//          row l8 + 8 h2, chunk h1; registers 0, 1 are block n0, 2, 3 n0 + 8
+//  B_KN_T  two k16 x n8 blocks of a [k][n] tile, .trans (V in O += P V):
+//          row l8 + 8 h1, chunk h2; registers 0, 1 are n0, 2, 3 n0 + 8
+// A and B_KN_T address alike, so tiles of one pitch can share a base.
+enum class Role { A, B_NK, B_KN_T };
+// The lane's address of block (0, 0) from tile row `row0` (a u32 register,
+// or invalid for 0); a block at (row, col) is then this + t.at(row, col).
+Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0);
+void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset);
+
+// How the CTA's threads copy a rows x cols tile of 16-bit values from global
+// memory (row r at tile + r * stride bytes) into a SmemTile with 16-byte
+// cp.async.cg (PTX ISA "cp.async"). A row's C = cols_pad / 8 chunks are
+// shared by L threads (L the largest power of two dividing C): thread t
+// copies chunks t % L, t % L + L, ... (J = C / L of them, at immediate
+// offsets) of rows t / L, t / L + threads / L, ... So every round is the
+// first moved down threads / L rows: the interior copy is one 64-bit add and
+// J cp.async per round, shared offsets immediate, predicates loop-invariant.
+// Padding chunks (cols .. cols_pad) are never copied: zero_padding() clears
+// them once.
+class CopyPlan {
+ public:
+  CopyPlan() = default;
+  // `share`: a plan of the same shape (threads, rows, columns, pitch) into
+  // another tile whose per-thread registers this one reuses, shared
+  // offsets moved by the difference of the two tiles' offsets.
+  // `round_bytes`: stride * round_rows() when the caller has it (a kernel
+  // parameter costs no register); invalid: computed here.
+  CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
+           const CopyPlan *share = nullptr, Reg round_bytes = Reg());
+  // Rows one round covers, for a caller's round_bytes.
+  static int round_rows(int threads, const SmemTile &dst);
+  // The thread's byte offset from the tile's first row: callers keep
+  // tile + base_offset() as a running pointer.
+  Reg base_offset() const { return goff0_; }
+  // Every row present: tp = tile + base_offset().
+  void interior(Reg tp) const;
+  // Rows >= rows_left are zero-filled (src-size 0 from `safe`, a valid global
+  // address that is not read).
+  void boundary(Reg tp, Reg rows_left, Reg safe) const;
+  // Zeroes the padding columns of every row (once, before they are read).
+  void zero_padding() const;
+
+ private:
+  Reg guard(int k, int j) const;
+  int soff(int k, int j) const { return k * step_ * dst_.pitch + 16 * L_ * j + delta_; }
+  Emitter *e_ = nullptr;
+  SmemTile dst_;
+  int threads_ = 0, L_ = 1, J_ = 1, step_ = 0, rounds_ = 0, pad_ = 0, delta_ = 0;
+  Reg tid_, smem_, stride_, row0_, saddr0_, goff0_, step_bytes_, ga_, src_, size_, ok_, rl_;
+  Reg last_ok_, rows_ok_;
+};
+
+// The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
+// thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
+// fragment of s[mi] (the 4 lanes of a quad share a row). In the log2 domain
+// with c = scale_log2 (or 1 when the scores are already scaled), per row:
+//   m' = max(m, max_j s_j)
+//   if (m' - m) c > kRescaleLog2 in any row of the warp (a uniform branch):
+//     alpha = 2^((m - m') c); O *= alpha; l *= alpha; m = m'   (every row)
+//   p_j = 2^(s_j c - m c) <= 2^kRescaleLog2;  l += sum_j p_j (per lane)
+// The exponentials use a maximum at most kRescaleLog2 below the true one, so
+// O and l are rescaled only when the maximum grows by a factor 2^8, not on
+// every tile (the conditional rescaling of FlashAttention-4); the final
+// O / l and LSE = (m c + log2 l) ln 2 are exact either way. -inf - -inf
+// never reaches an exponential: an empty row uses the offset 0.
+class OnlineSoftmax {
+ public:
+  static constexpr float kRescaleLog2 = 8.0f;
+  // scale_log2: f32 register, or invalid when scores are already log2-domain.
+  OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2);
+  // One K/V tile: s becomes p (f32, in place); o and l rescaled when needed.
+  void step(const std::vector<AccTile> &s, const std::vector<AccTile> &o);
+  // After the last tile: l summed over the quad, O *= 1 / l (0 when l = 0);
+  // lse[r] = (m c + log2 l) ln 2, or -inf when l = 0.
+  void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse);
+
+ private:
+  Reg neg_offset(Reg m);                 // -m c, or 0 when m = -inf
+  void to_log2(Reg d, Reg x, Reg noff);  // d = x c + noff
+  Emitter &e_;
+  int rows_;
+  Reg c_;
+  std::vector<Reg> m_, l_;
+};
+
+}  // namespace fa::kgen::tile

@@ -1,0 +1,360 @@
+// The tile primitives of src/kernels/tile (the contract every mma.sync
+// generator composes), each built into a small kernel and run on the
+// emulator, checked element by element against the layouts tile.h states:
+//  - ldsm_base + ldsm (roles A, B_NK, B_KN_T) + mma + pack_a: C = A B^T over
+//    two m-tiles, then D = P V with P packed from C's fragments, vs fp64;
+//  - CopyPlan: interior and boundary copies (tail rows zero-filled) and the
+//    zeroed head-dim padding, for row chunk counts that are and are not
+//    powers of two, 4 and 8 warps, and a plan sharing another's registers;
+//  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
+//    never sees a key, and maxima growing by more and by less than the
+//    rescale threshold, against one softmax over all tiles in fp64.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/error.h"  // before cmocka.h, whose fail() is a macro
+#include "emu/numeric.h"
+#include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
+#include "support/cmocka.hh"
+
+#include "support/emu_harness.h"
+
+namespace {
+
+using namespace fa::test;
+using fa::kgen::Emitter;
+using fa::ptx::at;
+using fa::ptx::Builder;
+using fa::ptx::fimm;
+using fa::ptx::imm;
+using fa::ptx::Op;
+using fa::ptx::Reg;
+using fa::ptx::Space;
+using fa::ptx::Type;
+namespace tile = fa::kgen::tile;
+
+constexpr int kPtrs = 6;
+struct Ptrs {
+  uint64_t p[kPtrs];
+};
+
+// A kernel of `threads` threads; body(e, tid, smem, pointers).
+template <typename Body>
+std::string kernel(int threads, Body body) {
+  Builder b("k_tile", sizeof(Ptrs));
+  Emitter e(b);
+  Reg g[kPtrs];
+  for (int i = 0; i < kPtrs; ++i) g[i] = e.global_param(8 * i);
+  Reg tid = e.mov(Type::U32, fa::ptx::sreg(fa::ptx::Special::TidX));
+  Reg smem = e.mov(Type::U32, fa::ptx::sym(b.extern_shared("smem", 16)));
+  body(e, tid, smem, g);
+  b.exit();
+  return std::move(b).emit(70, 80, static_cast<uint32_t>(threads));
+}
+
+fa_status launch(const std::string &ptx, int threads, uint32_t smem, const Ptrs &p) {
+  fa_status st = run_ptx(ptx, "k_tile", geom(1, threads, smem), &p, sizeof p);
+  if (st != FA_SUCCESS) std::fprintf(stderr, "%s\n", fa::last_error());
+  return st;
+}
+
+uint16_t h(float v) { return fa::emu::f32_to_f16_rn(v); }
+float hf(uint16_t x) { return fa::emu::f16_to_f32(x); }
+
+// Stores an f32 accumulator tile (m-tile mi) at rows 16 mi + g + 8 (i / 2),
+// columns 8 j + 2 q + (i & 1) of a row-major [.][cols] buffer: the layout
+// tile.h states for AccTile.
+void store_acc(Emitter &e, const tile::Lanes &ln, const tile::AccTile &t, int mi, Reg dst,
+               int cols) {
+  Builder &b = e.b;
+  for (int j = 0; j < t.n(); ++j)
+    for (int i = 0; i < 4; ++i) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * mi + 8 * (i / 2)));
+      Reg col = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+      Reg idx = e.op(Op::MadLo, Type::U32, row, imm(cols), col);
+      b.st(Space::Global, Type::F32, at(e.index(dst, idx, 4)), t.f[j][i]);
+    }
+}
+
+// ----------------------------------------------------------------- mma ---
+
+void test_mma_fragments(void **) {
+  const int M = 32, N = 32, K = 32, NV = 16;
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<uint16_t> a(M * K), bt(N * K), v(N * NV);
+  for (auto &x : a) x = h(float(small(gen)) / 4);
+  for (auto &x : bt) x = h(float(small(gen)) / 4);
+  for (auto &x : v) x = h(float(small(gen)) / 4);
+  const tile::SmemTile ta = tile::smem_tile(0, M, K), tb = tile::smem_tile(ta.bytes(), N, K),
+                       tv = tile::smem_tile(tb.offset + tb.bytes(), N, NV);
+  const uint32_t smem_bytes = tv.offset + tv.bytes();
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    // Lane r copies row r of each matrix into its padded shared tile.
+    auto fill = [&](const tile::SmemTile &t, Reg src) {
+      Reg w = b.b32();
+      Reg row = e.index(src, tid, t.cols * 2);
+      Reg sa = e.op(Op::MadLo, Type::U32, tid, imm(t.pitch), smem);
+      for (int c = 0; c < t.cols / 2; ++c) {
+        b.ld(Space::Global, Type::U32, w, at(row, 4 * c));
+        b.st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + 4 * c), w);
+      }
+    };
+    fill(ta, g[0]);
+    fill(tb, g[1]);
+    fill(tv, g[2]);
+    b.bar_sync();
+    Reg la = tile::ldsm_base(e, ln, ta, tile::Role::A, smem, Reg());
+    Reg lb = tile::ldsm_base(e, ln, tb, tile::Role::B_NK, smem, Reg());
+    Reg lv = tile::ldsm_base(e, ln, tv, tile::Role::B_KN_T, smem, Reg());
+    tile::Frag4 fa = tile::frag4(b), fb = tile::frag4(b), pa = tile::frag4(b);
+    for (int mi = 0; mi < 2; ++mi) {
+      tile::AccTile c = tile::acc_tile(b, N / 8), d = tile::acc_tile(b, NV / 8);
+      tile::zero(b, c);
+      tile::zero(b, d);
+      for (int ks = 0; ks < K / 16; ++ks) {
+        tile::ldsm(b, tile::Role::A, fa, la, ta.at(16 * mi, 16 * ks));
+        for (int jp = 0; jp < N / 16; ++jp) {
+          tile::ldsm(b, tile::Role::B_NK, fb, lb, tb.at(16 * jp, 16 * ks));
+          tile::mma(b, Type::F16, c, 2 * jp, fa, &fb[0]);
+          tile::mma(b, Type::F16, c, 2 * jp + 1, fa, &fb[2]);
+        }
+      }
+      store_acc(e, ln, c, mi, g[3], N);
+      for (int t = 0; t < N / 16; ++t) {
+        tile::pack_a(b, Type::F16, c, 2 * t, pa);
+        tile::ldsm(b, tile::Role::B_KN_T, fb, lv, tv.at(16 * t, 0));
+        tile::mma(b, Type::F16, d, 0, pa, &fb[0]);
+        tile::mma(b, Type::F16, d, 1, pa, &fb[2]);
+      }
+      store_acc(e, ln, d, mi, g[4], NV);
+    }
+  });
+  DevBuf da(a.size() * 2), db(bt.size() * 2), dv(v.size() * 2), dc(M * N * 4), dd(M * NV * 4);
+  da.put(a);
+  db.put(bt);
+  dv.put(v);
+  Ptrs p = {{da.ptr, db.ptr, dv.ptr, dc.ptr, dd.ptr, 0}};
+  assert_int_equal(launch(ptx, 32, smem_bytes, p), FA_SUCCESS);
+  const std::vector<float> c = dc.get<float>(), d = dd.get<float>();
+  int bad = 0;
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      double want = 0;  // exact: small multiples of 1/16 in fp32
+      for (int k = 0; k < K; ++k) want += double(hf(a[m * K + k])) * hf(bt[n * K + k]);
+      bad += c[m * N + n] != float(want);
+    }
+    for (int n = 0; n < NV; ++n) {
+      double want = 0;  // P = C rounded to f16 (exact here)
+      for (int k = 0; k < N; ++k) want += double(hf(h(c[m * N + k]))) * hf(v[k * NV + n]);
+      bad += std::fabs(d[m * NV + n] - want) > 1e-3;
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
+// ---------------------------------------------------------------- copies --
+
+// Copies a rows x cols tile (row stride `stride` elements) with a CopyPlan
+// into shared memory, interior or boundary (rows >= rows_left zero-filled),
+// then dumps the whole padded shared tile (pitch bytes per row) to global.
+void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, bool share) {
+  const int stride = cols + 24;
+  // A second tile after the first, filled through a plan sharing the first's
+  // registers when `share`.
+  const tile::SmemTile t0 = tile::smem_tile(0, rows, cols);
+  const tile::SmemTile t1 = tile::smem_tile(t0.bytes(), rows, cols);
+  const uint32_t smem_bytes = t1.offset + t1.bytes();
+  std::vector<uint16_t> src(size_t(rows) * stride);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(0x1000 + i % 0xe000);
+  const std::string ptx = kernel(threads, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+    Builder &b = e.b;
+    Reg sb = e.mov(Type::S64, imm(int64_t(stride) * 2));
+    // Poison shared memory first, so every byte read back was written.
+    Reg poison = e.mov(Type::B32, imm(0x7e7e7e7e));
+    for (uint32_t o = 0; o < smem_bytes; o += 4u * threads) {
+      Reg a = e.op(Op::MadLo, Type::U32, tid, imm(4), smem);
+      Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o)),
+                      imm(smem_bytes));
+      b.when(in).st(Space::Shared, Type::B32, at(a, static_cast<int>(o)), poison);
+    }
+    b.bar_sync();
+    tile::CopyPlan p0(e, tid, threads, t0, smem, sb);
+    tile::CopyPlan p1(e, tid, threads, t1, smem, sb, share ? &p0 : nullptr);
+    p0.zero_padding();
+    p1.zero_padding();
+    for (const tile::CopyPlan *p : {&p0, &p1}) {
+      Reg tp = e.op(Op::Add, Type::S64, g[0], p->base_offset());
+      if (boundary)
+        p->boundary(tp, e.mov(Type::S32, imm(rows_left)), g[0]);
+      else
+        p->interior(tp);
+    }
+    b.cp_async_commit();
+    b.cp_async_wait(0);
+    b.bar_sync();
+    Reg w = b.b32();
+    for (uint32_t o = 0; o < smem_bytes; o += 4u * threads) {
+      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+      Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(smem_bytes));
+      Reg sa = e.op(Op::Add, Type::U32, smem, off);
+      b.when(in).ld(Space::Shared, Type::U32, w, at(sa));
+      b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+    }
+  });
+  DevBuf ds(src.size() * 2), dout(smem_bytes);
+  ds.put(src);
+  Ptrs p = {{ds.ptr, dout.ptr, 0, 0, 0, 0}};
+  assert_int_equal(launch(ptx, threads, smem_bytes, p), FA_SUCCESS);
+  const std::vector<uint16_t> got = dout.get<uint16_t>();
+  int bad = 0;
+  for (const tile::SmemTile &t : {t0, t1}) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < t.cols_pad; ++c) {
+        const uint16_t g = got[(t.offset + size_t(t.at(r, c))) / 2];
+        uint16_t want = 0;  // padding columns and zero-filled rows
+        if (c < cols && !(boundary && r >= rows_left)) want = src[size_t(r) * stride + c];
+        if (g != want) {
+          if (bad < 5)
+            std::fprintf(stderr, "rows %d cols %d threads %d: tile@%u (%d, %d) = %04x, want %04x\n",
+                         rows, cols, threads, t.offset, r, c, g, want);
+          ++bad;
+        }
+      }
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
+void test_copy_plans(void **) {
+  // Row chunks (cols_pad / 8): 2, 6 (with a padding chunk), 8, 10, 16, 24,
+  // 32, so L (threads per row) = 2 .. 32 and J (chunks each) = 1 .. 5.
+  const int cols[] = {8, 40, 64, 72, 128, 192, 256};
+  for (int c : cols) {
+    for (int threads : {128, 256}) {
+      check_copy(64, c, threads, false, 0, c % 3 == 0);
+      check_copy(64, c, threads, true, 37, c % 3 != 0);
+      check_copy(128, c, threads, true, 1, true);
+    }
+  }
+  check_copy(16, 40, 128, true, 0, false);  // every row zero-filled
+}
+
+// ------------------------------------------------------- online softmax ---
+
+// One warp, two m-tiles (32 rows), scores given tile by tile ([tile][32 rows]
+// [bn keys], -inf for masked): OnlineSoftmax::step per tile, O += P V with V
+// the identity's first bn rows (so O = sum of p over the key columns), then
+// finish. Checked: O / l and LSE against fp64 over all tiles at once.
+void test_online_softmax(void **) {
+  const int rows = 32, bn = 16, tiles = 4;
+  const float scale = 0.5f;
+  std::vector<float> s(size_t(tiles) * rows * bn);
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int t = 0; t < tiles; ++t)
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < bn; ++k) {
+        float x = nd(gen);
+        // Row 3 grows by far more than the threshold in tile 2 (scaled:
+        // 60 * 0.5 * log2 e = 43 > 8); row 7 a little each tile.
+        if (r == 3 && t == 2) x += 60;
+        if (r == 7) x += 2.0f * t;
+        if (r == 5 || (r == 9 && t < 3) || (k + r + t) % 7 == 0) x = -INFINITY;  // masked
+        s[(size_t(t) * rows + r) * bn + k] = x;
+      }
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    Reg c = e.mov(Type::F32, fimm(scale * 1.4426950408889634f));
+    tile::OnlineSoftmax sm(e, 2, c);
+    std::vector<tile::AccTile> st, o;
+    for (int mi = 0; mi < 2; ++mi) {
+      st.push_back(tile::acc_tile(b, bn / 8));
+      o.push_back(tile::acc_tile(b, bn / 8));
+      tile::zero(b, o[mi]);
+    }
+    for (int t = 0; t < tiles; ++t) {
+      // Load the tile's scores into the fragments (row g + 8 (i / 2) + 16 mi,
+      // key 8 j + 2 q + (i & 1)).
+      for (int mi = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i) {
+            Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * mi + 8 * (i / 2)));
+            Reg key = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+            Reg idx = e.op(Op::MadLo, Type::U32, row, imm(bn), key);
+            b.op(Op::Add, Type::U32, idx, idx, imm(t * rows * bn));
+            b.ld(Space::Global, Type::F32, st[mi].f[j][i], at(e.index(g[0], idx, 4)));
+          }
+      sm.step(st, o);
+      // O += P: column k of O gets p of key k (V = identity).
+      for (int mi = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i)
+            b.op(Op::Add, Type::F32, o[mi].f[j][i], o[mi].f[j][i], st[mi].f[j][i]);
+    }
+    std::vector<Reg> lse;
+    sm.finish(o, &lse);
+    for (int mi = 0; mi < 2; ++mi) store_acc(e, ln, o[mi], mi, g[1], bn);
+    // LSE of row (mi, hh) from quad lane 0.
+    Reg q0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, ln.q, imm(0));
+    for (int r = 0; r < 4; ++r) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * (r / 2) + 8 * (r % 2)));
+      Reg a = e.index(g[2], row, 4);
+      b.when(q0).st(Space::Global, Type::F32, at(a), lse[r]);
+    }
+  });
+  DevBuf ds(s.size() * 4), dout(rows * bn * 4), dlse(rows * 4);
+  ds.put(s);
+  Ptrs p = {{ds.ptr, dout.ptr, dlse.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, 0, p), FA_SUCCESS);
+  const std::vector<float> o = dout.get<float>(), lse = dlse.get<float>();
+  int bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    double m = -INFINITY;
+    for (int t = 0; t < tiles; ++t)
+      for (int k = 0; k < bn; ++k)
+        m = std::max(m, double(s[(size_t(t) * rows + r) * bn + k]) * scale);
+    double l = 0;
+    std::vector<double> sum(bn, 0.0);
+    for (int t = 0; t < tiles; ++t)
+      for (int k = 0; k < bn; ++k) {
+        const double x = double(s[(size_t(t) * rows + r) * bn + k]) * scale;
+        if (std::isinf(x)) continue;
+        l += std::exp(x - m);
+        sum[k] += std::exp(x - m);
+      }
+    const double want_lse = l > 0 ? m + std::log(l) : -INFINITY;
+    if (l == 0 ? !(std::isinf(lse[r]) && lse[r] < 0) : std::fabs(lse[r] - want_lse) > 1e-4) {
+      std::fprintf(stderr, "row %d: lse %g, want %g\n", r, lse[r], want_lse);
+      ++bad;
+    }
+    for (int k = 0; k < bn; ++k) {
+      const double want = l > 0 ? sum[k] / l : 0.0;
+      if (!(std::fabs(o[r * bn + k] - want) <= 1e-5)) {
+        if (bad < 8)
+          std::fprintf(stderr, "row %d key %d: %g, want %g\n", r, k, o[r * bn + k], want);
+        ++bad;
+      }
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mma_fragments),
+      cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_online_softmax),
+  };
+  return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
+}
