@@ -15,8 +15,15 @@
 // process build a kernel while the others wait for its row; a size cap
 // evicts least recently used rows inside put()'s transaction. See
 // docs/reliability.md.
+//
+// The file is opened only after the trust checks (trust.cc) passed, never
+// through a symbolic link (SQLITE_OPEN_NOFOLLOW), and never created by SQLite
+// (the checks create it with mode 0600; SQLite gives its journal the
+// database's mode). A lock that another connection keeps without making
+// progress delays a launch by about kStuckMs at most (on_busy()).
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -35,8 +42,15 @@
 namespace fa::cache {
 namespace {
 
-constexpr int kSchemaVersion = 2;         // PRAGMA user_version; bump on any schema change
-constexpr int kBusyTimeoutMs = 10000;     // writers and readers wait this long for locks
+constexpr int kSchemaVersion = 2;      // PRAGMA user_version; bump on any schema change
+constexpr int kBusyTimeoutMs = 10000;  // longest wait for a lock whose holders progress
+// A lock wait ends after kStuckMs in which neither the database nor its
+// journal changed: the holder is not letting go (a stopped process, a
+// reader that never ends its transaction). For kStuckCooldownMs after that,
+// a statement that meets a lock gives up at once, so one launch (a lookup, a
+// lease, a write) is delayed about kStuckMs in all.
+constexpr int kStuckMs = 1500;
+constexpr int kStuckCooldownMs = 10000;
 constexpr int kTouchTimeoutMs = 50;       // a hits/last_used flush gives up if busy longer
 constexpr int64_t kTouchFlushMs = 30000;  // get() flushes pending hits at most this often
 constexpr size_t kMaxPendingTouches = 4096;
@@ -173,6 +187,40 @@ class Stmt {
   int prep_rc_ = SQLITE_OK;
 };
 
+// What a busy handler compares to tell a lock holder at work from a stuck
+// one: the database's and the journal's identity, size and modification
+// time (stat only: no descriptor of ours may touch the file's locks).
+struct FileSig {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = -1;
+  int64_t mtime_ns = -1;
+  bool operator==(const FileSig &o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+  }
+};
+FileSig file_sig(const std::string &path) {
+  FileSig f;
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    f.dev = st.st_dev;
+    f.ino = st.st_ino;
+    f.size = st.st_size;
+    f.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  }
+  return f;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Why a lock wait ended early, for notes.
+std::string stuck_text() {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (locked %.1f s without progress; no lock waits for %d s)",
+                kStuckMs / 1000.0, kStuckCooldownMs / 1000);
+  return buf;
+}
+
 class SqliteStore final : public Store {
  public:
   SqliteStore(std::string path, const SqliteSettings &settings)
@@ -207,10 +255,15 @@ class SqliteStore final : public Store {
   fa_status clear() override;
 
  private:
-  enum class Try { kAcquired, kFound, kWait };
+  enum class Try { kAcquired, kFound, kWait, kBusy };
   using KeyPair = std::pair<uint64_t, uint64_t>;
   // Everything below runs with mu_ held.
   std::string connect();
+  static int busy_callback(void *store, int count) {
+    return static_cast<SqliteStore *>(store)->on_busy(count);
+  }
+  int on_busy(int count);
+  bool locked_out() const { return Clock::now() < stuck_until_; }
   int setup_schema();
   int schema_state(int *version, bool *has_tables);
   int reset_in_place();
@@ -247,6 +300,14 @@ class SqliteStore final : public Store {
   std::mutex mu_;
   std::string path_;
   SqliteSettings settings_;
+  FileId file_id_;       // the file db_ opened
+  std::string refusal_;  // why the last SQLITE_CANTOPEN of ours (not SQLite's) was returned
+  // Lock waits (on_busy): the longest wait now, when the current one began,
+  // when the files last changed and how they looked, and until when waits
+  // give up at once.
+  int busy_limit_ms_ = kBusyTimeoutMs;
+  Clock::time_point wait_start_, last_change_, stuck_until_;
+  FileSig db_sig_, journal_sig_;
   pid_t pid_;  // process that opened db_; a forked child reconnects
   sqlite3 *db_ = nullptr;
   std::unique_ptr<MemoryStore> mem_;  // set once the file is given up
@@ -275,42 +336,100 @@ void SqliteStore::close() {
   db_ = nullptr;
 }
 
-// Opens path_ read-write (creating it) and prepares the schema; a file that is
-// not a database or is corrupt is reset in place once.
+// Opens path_ (which the trust checks created) read-write, or read-only for
+// a root-owned cache, and prepares the schema; a file that is not a database
+// or is corrupt is reset in place.
 std::string SqliteStore::connect() {
-  int rc =
-      sqlite3_open_v2(path_.c_str(), &db_,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  // The path must still be the file that was checked, before and after
+  // SQLite opens it (a forked child reconnects here too).
+  refusal_.clear();
+  FileId id;
+  if (std::string why = check_db_file(path_, settings_.read_only, &id); !why.empty()) return why;
+  const int mode = settings_.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
+  int rc = sqlite3_open_v2(path_.c_str(), &db_, mode | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_NOMUTEX,
+                           nullptr);
   if (rc != SQLITE_OK) {
     std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     close();
     return why;
   }
+  if (std::string why = check_db_file(path_, settings_.read_only, &id); !why.empty()) {
+    close();
+    return why;
+  }
+  file_id_ = id;
   // SQLite silently opens a file it may not write read-only.
-  if (sqlite3_db_readonly(db_, "main") == 1) {
+  if (!settings_.read_only && sqlite3_db_readonly(db_, "main") == 1) {
     close();
     return "database file is read-only";
   }
   sqlite3_extended_result_codes(db_, 1);
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  busy_limit_ms_ = kBusyTimeoutMs;
+  sqlite3_busy_handler(db_, busy_callback, this);
   rc = setup_schema();
-  if (is_corrupt(rc)) {
+  if (is_corrupt(rc) && !settings_.read_only) {
     note_ = "reset corrupt database " + path_ + " (" + sqlite3_errmsg(db_) + ")";
     fa::warn(note_);
     rc = reset_and_setup();
   }
   if (rc != SQLITE_OK) {
-    std::string why = sqlite3_errmsg(db_);
+    std::string why = rc == SQLITE_CANTOPEN && !refusal_.empty() ? refusal_ : sqlite3_errmsg(db_);
+    if (is_busy(rc) && locked_out()) why += stuck_text();
     rollback_if_open();
     close();
     return why;
   }
+  if (settings_.read_only) {
+    note_ = "read-only kernel cache (owned by root): lookups only, new kernels stay in memory";
+  }
   return "";
+}
+
+// SQLite's busy handler: true (1) to try the lock again after a short sleep.
+// Waits while the database or its journal keeps changing (the holder is
+// working: other writers' commits take a few ms each), up to busy_limit_ms_;
+// gives up after kStuckMs without a change, and then for kStuckCooldownMs
+// gives up at once.
+int SqliteStore::on_busy(int count) {
+  const auto now = Clock::now();
+  const FileSig db = file_sig(path_), journal = file_sig(path_ + "-journal");
+  if (count == 0) {
+    if (now < stuck_until_) return 0;
+    wait_start_ = last_change_ = now;
+  } else if (!(db == db_sig_) || !(journal == journal_sig_)) {
+    last_change_ = now;
+  }
+  db_sig_ = db;
+  journal_sig_ = journal;
+  const auto waited = now - wait_start_;
+  if (waited >= std::chrono::milliseconds(busy_limit_ms_)) return 0;
+  if (now - last_change_ >= std::chrono::milliseconds(kStuckMs)) {
+    stuck_until_ = now + std::chrono::milliseconds(kStuckCooldownMs);
+    return 0;
+  }
+  // 1, 2, 4 ... 16 ms, then 25 ms: short enough for a queue of writers.
+  const auto left = std::chrono::milliseconds(busy_limit_ms_) - waited;
+  const auto sleep =
+      std::min<Clock::duration>(std::chrono::milliseconds(count < 5 ? 1 << count : 25), left);
+  std::this_thread::sleep_for(sleep);
+  return 1;
 }
 
 // Sets the journal mode and creates the table when the file is new or has a
 // different schema version (that table is dropped: the cache is rebuildable).
 int SqliteStore::setup_schema() {
+  if (settings_.read_only) {
+    // Nothing can be changed: the file must already be what we expect.
+    exec("PRAGMA cell_size_check=ON");
+    int version = 0;
+    bool has_tables = false;
+    const int rc = schema_state(&version, &has_tables);
+    if (rc != SQLITE_OK) return rc;
+    if (version == kSchemaVersion && has_tables) return SQLITE_OK;
+    refusal_ = "read-only cache has schema version " + std::to_string(version) + ", not " +
+               std::to_string(kSchemaVersion);
+    return SQLITE_CANTOPEN;
+  }
   {
     Stmt jm(db_, "PRAGMA journal_mode=DELETE");  // see the comment at the top
     int rc = jm.step();
@@ -363,6 +482,12 @@ int SqliteStore::schema_state(int *version, bool *has_tables) {
 // open stay consistent): SQLITE_DBCONFIG_RESET_DATABASE + VACUUM.
 int SqliteStore::reset_in_place() {
   rollback_if_open();
+  // The reset writes through the open file, the journal through the path:
+  // both must still be what the trust checks saw.
+  if (std::string why = check_db_file(path_, settings_.read_only, &file_id_); !why.empty()) {
+    refusal_ = "not reset: " + why;
+    return SQLITE_CANTOPEN;
+  }
   sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 1, nullptr);
   int rc = exec("VACUUM");
   sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 0, nullptr);
@@ -407,6 +532,10 @@ bool SqliteStore::usable() {
 bool SqliteStore::on_error(int rc, const std::string &what) {
   const std::string msg = sqlite3_errmsg(db_);
   rollback_if_open();
+  if (settings_.read_only && !is_busy(rc)) {
+    degrade(what + ": " + msg + " (read-only cache: not repaired)");
+    return false;
+  }
   if ((rc & 0xff) == SQLITE_ERROR || (rc & 0xff) == SQLITE_SCHEMA) {
     // "no such table": the file was emptied under us (truncated to zero
     // length, or tables dropped by another program), or was and has been
@@ -430,12 +559,17 @@ bool SqliteStore::on_error(int rc, const std::string &what) {
   if (is_corrupt(rc)) {
     note_ = "reset corrupt database " + path_ + " (" + what + ": " + msg + ")";
     fa::warn(note_);
-    if (reset_and_setup() == SQLITE_OK) return true;
-    degrade("corrupt and could not be reset: " + std::string(sqlite3_errmsg(db_)));
+    refusal_.clear();
+    const int reset = reset_and_setup();
+    if (reset == SQLITE_OK) return true;
+    degrade("corrupt and could not be reset: " + (reset == SQLITE_CANTOPEN && !refusal_.empty()
+                                                      ? refusal_
+                                                      : std::string(sqlite3_errmsg(db_))));
     return false;
   }
   if (is_busy(rc)) {
-    note_ = "kernel cache " + path_ + " busy, " + what + " skipped: " + msg;
+    note_ = "kernel cache busy, " + what + " skipped: " + msg +
+            (locked_out() ? stuck_text() : std::string()) + ": " + path_;
     fa::warn(note_);
     return false;
   }
@@ -514,6 +648,13 @@ bool SqliteStore::get_locked(const Key &key, const std::string &key_material, Re
   std::vector<uint8_t> stored_ch(q.col_blob(6), q.col_blob(6) + q.col_size(6));
   q.reset();  // release the read lock before writing
 
+  if (!ok && settings_.read_only) {
+    ++discarded_;
+    ++misses_;
+    note_ = "read-only cache row " + key.hex() + " failed its blob hash check: not used";
+    fa::warn(note_);
+    return false;
+  }
   if (!ok) {
     // Delete only the row we read: another process may have replaced it.
     Stmt d(db_,
@@ -534,6 +675,11 @@ bool SqliteStore::get_locked(const Key &key, const std::string &key_material, Re
     return false;
   }
 
+  if (settings_.read_only) {  // hits are not recorded: nothing is written
+    ++hits_;
+    if (out) *out = std::move(rec);
+    return true;
+  }
   Touch &t = touches_[{key.hi, key.lo}];
   t.hits++;
   t.last_used = unix_now_ms();
@@ -571,11 +717,11 @@ int SqliteStore::apply_touches() {
 void SqliteStore::flush_touches(int timeout_ms) {
   last_flush_ = unix_now_ms();
   if (touches_.empty() || !db_) return;
-  sqlite3_busy_timeout(db_, timeout_ms);
+  busy_limit_ms_ = timeout_ms;
   int rc = exec("BEGIN IMMEDIATE");
   if (rc == SQLITE_OK) rc = apply_touches();
   if (rc == SQLITE_OK) rc = exec("COMMIT");
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  busy_limit_ms_ = kBusyTimeoutMs;
   if (rc == SQLITE_OK) {
     touches_.clear();
     return;
@@ -685,6 +831,7 @@ void SqliteStore::put(const Key &key, const Record &record) {
   const Hash ph = hash_bytes(record.ptx.data(), record.ptx.size());
   const Hash ch = hash_bytes(record.cubin.data(), record.cubin.size());
   std::lock_guard<std::mutex> lock(mu_);
+  if (settings_.read_only && !mem_) return;  // the runtime keeps its kernels in memory
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!usable()) break;
     uint64_t evicted = 0;
@@ -774,7 +921,8 @@ SqliteStore::Try SqliteStore::try_lease(const Key &key, const std::string &key_m
   }
   if (rc != SQLITE_OK) {
     rollback_if_open();
-    if (!is_busy(rc)) on_error(rc, "compile lease");
+    if (is_busy(rc)) return Try::kBusy;
+    on_error(rc, "compile lease");
     return Try::kWait;
   }
   held_[{key.hi, key.lo}] = token;
@@ -793,7 +941,7 @@ LeaseResult SqliteStore::acquire_lease(const Key &key, const std::string &key_ma
     int jitter = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!usable()) return LeaseResult::kSkipped;
+      if (!usable() || settings_.read_only) return LeaseResult::kSkipped;
       switch (try_lease(key, key_material, out)) {
         case Try::kAcquired:
           return LeaseResult::kAcquired;
@@ -802,6 +950,12 @@ LeaseResult SqliteStore::acquire_lease(const Key &key, const std::string &key_ma
           return LeaseResult::kFound;
         case Try::kWait:
           break;
+        case Try::kBusy:
+          // A lock held without progress: build now rather than poll it.
+          if (!locked_out()) break;
+          note_ = "kernel cache busy, compile lease skipped" + stuck_text() + ": " + path_;
+          fa::warn(note_);
+          return LeaseResult::kSkipped;
       }
       if (!usable()) return LeaseResult::kSkipped;
       if (Clock::now() >= deadline) {
@@ -918,6 +1072,10 @@ std::vector<RowInfo> SqliteStore::list() {
 fa_status SqliteStore::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!usable()) return mem_->clear();
+  if (settings_.read_only) {
+    return fa::fail(FA_ERROR_CACHE, "cannot clear the read-only kernel cache %s (owned by root)",
+                    path_.c_str());
+  }
   touches_.clear();
   int rc = exec("BEGIN IMMEDIATE");
   if (rc == SQLITE_OK) rc = exec("DELETE FROM kernels");
@@ -931,9 +1089,9 @@ fa_status SqliteStore::clear() {
     return fa::fail(FA_ERROR_CACHE, "cannot clear kernel cache %s: %s", path_.c_str(), msg.c_str());
   }
   // Give the space back to the file system; skipped if others hold the file.
-  sqlite3_busy_timeout(db_, kMaintTimeoutMs);
+  busy_limit_ms_ = kMaintTimeoutMs;
   exec("VACUUM");
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  busy_limit_ms_ = kBusyTimeoutMs;
   return FA_SUCCESS;
 }
 

@@ -1,8 +1,7 @@
-// Store selection: resolves the cache directory, creates it, and opens the
-// SQLite store there, or an in-memory store when the cache is disabled or the
-// directory or file cannot be used.
+// Store selection: resolves the cache directory, creates and checks it
+// (trust.cc), and opens the SQLite store there, or an in-memory store when
+// the cache is disabled or the directory or file cannot be used or trusted.
 #include <strings.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -117,27 +116,6 @@ std::string resolve_dir(const Options &options) {
   return "";
 }
 
-// mkdir -p: creates each missing component (mode 0700 as XDG asks of cache
-// directories). Returns "" on success, else a description of the failure.
-std::string make_dirs(const std::string &dir) {
-  std::string path;
-  size_t pos = 0;
-  while (pos <= dir.size()) {
-    size_t next = dir.find('/', pos);
-    if (next == std::string::npos) next = dir.size();
-    path = dir.substr(0, next);
-    pos = next + 1;
-    if (path.empty() || path == "." || path == "..") continue;
-    if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      return "cannot create " + path + ": " + std::strerror(errno);
-    }
-  }
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) return "cannot stat " + dir + ": " + std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-  return "";
-}
-
 std::unique_ptr<Store> memory_fallback(const std::string &why) {
   const std::string note = "kernel cache in memory only: " + why;
   fa::warn(note);
@@ -157,14 +135,24 @@ std::unique_ptr<Store> open_store(const Options &options) {
   if (dir.empty()) {
     return memory_fallback("no cache directory (FLASHATTN_CACHE_DIR, XDG_CACHE_HOME, HOME unset)");
   }
-  if (std::string err = make_dirs(dir); !err.empty()) return memory_fallback(err);
+  // The trust checks come first: nothing is created or opened in a
+  // directory that fails them.
+  TrustedDir trusted;
+  if (std::string err = prepare_cache_dir(dir, &trusted); !err.empty()) {
+    return memory_fallback(err);
+  }
+  const std::string path = trusted.dir + "/kernels.sqlite3";
+  bool read_only = trusted.read_only;
+  if (std::string err = prepare_cache_file(path, &read_only); !err.empty()) {
+    return memory_fallback(err);
+  }
   std::string why, warning;
   SqliteSettings settings;
   settings.max_bytes = resolve_max_bytes(options, &warning);
   if (!warning.empty()) fa::warn(warning);
   if (options.lease_ttl_ms > 0) settings.lease_ttl_ms = options.lease_ttl_ms;
   if (options.lease_wait_ms > 0) settings.lease_wait_ms = options.lease_wait_ms;
-  const std::string path = dir + "/kernels.sqlite3";
+  settings.read_only = read_only;
   if (auto store = open_sqlite_store(path, settings, &why)) return store;
   return memory_fallback(path + ": " + why);
 }

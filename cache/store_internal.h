@@ -2,6 +2,8 @@
 // store's factory, and small helpers. Not part of the store interface.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -68,7 +70,44 @@ struct SqliteSettings {
   int64_t max_bytes = kDefaultMaxBytes;  // 0 = no cap
   int lease_ttl_ms = kDefaultLeaseTtlMs;
   int lease_wait_ms = kDefaultLeaseWaitMs;
+  // A cache owned by root that this (non-root) user may only read: lookups
+  // are served, nothing is written (docs/reliability.md, "Threat model").
+  bool read_only = false;
 };
+
+// ---- Trust checks (trust.cc; docs/reliability.md, "Threat model") ---------
+// Each returns "" when the path may be used, else why not (for the note).
+
+struct TrustedDir {
+  std::string dir;         // the cache directory, every symbolic link resolved
+  bool read_only = false;  // owned by root, and this user is not root
+};
+
+// Creates the cache directory if missing (mkdir -p, mode 0700, only below a
+// directory that passes the rule for directories above a cache) and checks
+// it: owned by this user or root, writable by no one else, and every
+// directory above it owned by this user or root and writable by no one else
+// unless sticky. A group write bit counts only for a group other than the
+// user's private group.
+std::string prepare_cache_dir(const std::string &dir, TrustedDir *out);
+
+// Checks the database file: never a symbolic link, a regular file owned by
+// this user (or root: then *read_only is set) and writable by no one else;
+// its -journal, -wal and -shm files, when present, likewise. A missing file
+// is created empty with mode 0600 (not in a read-only cache); a file of this
+// (non-root) user that others may read is made 0600.
+std::string prepare_cache_file(const std::string &path, bool *read_only);
+
+// Identity of the database file a connection opened.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// The database path still passes the checks of prepare_cache_file and, when
+// id->ino != 0, is the same file (id is filled otherwise). Run before SQLite
+// opens the path and before a reset in place writes to it.
+std::string check_db_file(const std::string &path, bool read_only, FileId *id);
 
 // Opens (creating if needed) the SQLite store at `path`. Returns null and sets
 // *why when the file cannot be used at all; the caller falls back to memory.

@@ -147,7 +147,11 @@ typedef struct fa_runtime_options {
   int32_t device; /* CUDA device ordinal (cuda backend), >= 0 */
   fa_cache_mode cache_mode;
   const char *cache_dir; /* NULL: $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn,
-                            ~/.cache/flashattn, in that order */
+                            ~/.cache/flashattn, in that order. Used only if it
+                            and every directory above it are owned by this
+                            user or root and writable by no one else (root's:
+                            read-only); else the cache is in memory and
+                            fa_cache_stats.note says why */
   int32_t emulator_sm;   /* SM the emulator targets, with that SM's shared
                             memory and register limits (80, 86, 87, 89, 90,
                             100, 103, 110, 120, 121); 0 = 80 */
@@ -282,7 +286,8 @@ typedef struct fa_forward_args {
   fa_tensor v;           /* [batch, seqlen_k, num_heads_kv, head_dim_v] */
   fa_tensor o;           /* [batch, seqlen_q, num_heads_q, head_dim_v], written */
   uint64_t lse;          /* fp32 [batch, num_heads_q, seqlen_q]; 0 = not written.
-                            With cu_seqlens_q: [num_heads_q, total_q] */
+                            With cu_seqlens_q: [num_heads_q, total_q],
+                            total_q = cu_seqlens_q[batch] */
   uint64_t cu_seqlens_q; /* int32 [batch + 1] prefix sums, or 0 (fixed length).
                             When set, sequences are packed along dim 1 of q/o
                             (stride[0] ignored, use batch dim of 1 in strides):

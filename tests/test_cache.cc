@@ -659,8 +659,9 @@ void test_unwritable_dir(void **) {
 
   // A directory without write permission. Root ignores permission bits, so
   // the check runs in a child that drops to nobody. /tmp so nobody can reach it.
-  // A database file the process may not write: SQLite would open it
-  // read-only; the store must not use it (puts would fail).
+  // (Root's directory: a read-only cache for nobody, which has no file.)
+  // A database file of nobody's that nobody may not write: SQLite would open
+  // it read-only; the store must not use it (puts would fail).
   char templ[] = "/tmp/fa_cache_ro-XXXXXX", templ2[] = "/tmp/fa_cache_rofile-XXXXXX";
   assert_non_null(mkdtemp(templ));
   assert_non_null(mkdtemp(templ2));
@@ -669,6 +670,10 @@ void test_unwritable_dir(void **) {
   open_dir(rofile)->put(key_for(75), record_for(75));
   assert_int_equal(chmod(db_file(rofile).c_str(), 0444), 0);
   assert_int_equal(chmod(rofile.c_str(), 0755), 0);
+  if (geteuid() == 0) {
+    assert_int_equal(chown(db_file(rofile).c_str(), 65534, 65534), 0);
+    assert_int_equal(chown(rofile.c_str(), 65534, 65534), 0);
+  }
   fflush(nullptr);
   const pid_t pid = fork();
   assert_true(pid >= 0);

@@ -176,7 +176,8 @@ int mount_private_tmpfs(const std::string &mnt, const char *size, std::string *w
     *why = std::string("making / private: ") + std::strerror(errno);
     return -1;
   }
-  const std::string opts = std::string("size=") + size;
+  // Mode 0700: a tmpfs root is 1777 by default, which the cache refuses.
+  const std::string opts = std::string("size=") + size + ",mode=0700";
   if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
     if (errno == EPERM || errno == EACCES) return kNoMount;
     *why = "mount tmpfs on " + mnt + ": " + std::strerror(errno);

@@ -97,8 +97,8 @@ struct RawDb {
 constexpr int kNoMount = 77;
 
 // For a forked child: a private mount namespace, then a tmpfs of `size`
-// (e.g. "256k") on mnt; it vanishes with the child. 0, kNoMount, or -1 with
-// *why set.
+// (e.g. "256k"), mode 0700, on mnt; it vanishes with the child. 0, kNoMount,
+// or -1 with *why set.
 int mount_private_tmpfs(const std::string &mnt, const char *size, std::string *why);
 
 // Fills the file system holding dir with dir/filler until ENOSPC, then gives
