@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 2
+#define FLASHATTN_VERSION_MINOR 3
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
@@ -275,6 +275,43 @@ typedef struct fa_tensor {
   int64_t stride[4];
 } fa_tensor;
 
+/* How K and V are addressed (since 0.3). One code path serves every layout
+ * through strides; the kernel reads a key's row from:
+ *  FA_KV_CONTIGUOUS  k/v [batch, seqlen_k, num_heads_kv, head_dim]:
+ *                    data + b stride[0] + j stride[1] + h stride[2].
+ *  FA_KV_PAGED       k/v [num_pages, page_size, num_heads_kv, head_dim] with
+ *                    any strides (stride[0] page, stride[1] token in page,
+ *                    stride[2] head), so both NHD (FlashAttention, vLLM) and
+ *                    HND ([num_pages, num_heads_kv, page_size, head_dim],
+ *                    FlashInfer: swap stride[1] and stride[2]) work. Key j of
+ *                    sequence b is token j % page_size of page
+ *                    block_table[b * block_table_stride + j / page_size].
+ *                    Any page_size >= 1; fastest when it is a multiple of 64.
+ *  FA_KV_PTR_ARRAY   sequence b's keys at k_ptrs[b] (values at v_ptrs[b]),
+ *                    each [seqlen_k, num_heads_kv, head_dim] with stride[1..3]
+ *                    of k/v (their data must be 0, stride[0] is ignored).
+ * block_table, k_ptrs and v_ptrs are device data the caller vouches for:
+ * every page of a valid key in [0, num_pages), every pointer 16-byte aligned
+ * and covering its sequence (docs/reliability.md, "Threat model"). */
+typedef enum fa_kv_layout {
+  FA_KV_CONTIGUOUS = 0,
+  FA_KV_PAGED = 1,
+  FA_KV_PTR_ARRAY = 2
+} fa_kv_layout;
+
+typedef struct fa_kv_cache_layout {
+  int32_t layout;             /* fa_kv_layout; 0 = contiguous */
+  int32_t page_size;          /* PAGED: tokens per page, >= 1 */
+  int32_t num_pages;          /* PAGED: pages in k and v, >= 1 */
+  int32_t max_pages_per_seq;  /* PAGED: used columns of block_table, >= 1 and
+                                 >= ceil(seqlen_k / page_size) */
+  uint64_t block_table;       /* PAGED: int32 [batch, max_pages_per_seq],
+                                 4-byte aligned */
+  int64_t block_table_stride; /* PAGED: elements between block_table rows,
+                                 >= max_pages_per_seq */
+  uint64_t k_ptrs, v_ptrs;    /* PTR_ARRAY: uint64 [batch], 8-byte aligned */
+} fa_kv_cache_layout;
+
 typedef struct fa_forward_args {
   size_t struct_size;
   int32_t batch;         /* >= 1 */
@@ -296,16 +333,32 @@ typedef struct fa_forward_args {
                             length is clamped to [0, seqlen_q] in the kernel */
   uint64_t cu_seqlens_k; /* int32 [batch + 1]; set together with cu_seqlens_q;
                             lengths clamped to [0, seqlen_k] */
+  /* Since 0.3 (FA_FORWARD_ARGS_SIZE_0_2 ends before them; zero = as 0.2). */
+  fa_kv_cache_layout kv; /* how k and v are addressed; PAGED and PTR_ARRAY
+                            read a KV cache (chunked prefill: the queries are
+                            the last tokens of each sequence) and need
+                            seqused_k or seqlen_k keys per sequence, not
+                            cu_seqlens_k */
+  uint64_t seqused_k;    /* int32 [batch] or 0: sequence b has keys
+                            0..seqused_k[b]-1 (clamped to [0, seqlen_k]);
+                            0 = seqlen_k (or cu_seqlens_k) keys. Not with
+                            cu_seqlens_k. As flash_attn_varlen_func's
+                            seqused_k */
 } fa_forward_args;
+
+/* struct_size of fa_forward_args in flashattn 0.2 (before kv). */
+#define FA_FORWARD_ARGS_SIZE_0_2 (offsetof(fa_forward_args, kv))
 
 #define FA_TENSOR_INIT \
   {                    \
     0, { 0, 0, 0, 0 }  \
   }
+#define FA_KV_CACHE_LAYOUT_INIT \
+  { 0, 0, 0, 0, 0, 0, 0, 0 }
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0                                                       \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0                           \
   }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
@@ -325,10 +378,12 @@ typedef struct fa_decode_args {
   size_t struct_size;
   int32_t batch;          /* >= 1 */
   int32_t seqlen_q;       /* query tokens per sequence, 1..FA_MAX_SEQLEN */
-  int32_t seqlen_k_max;   /* capacity of the KV cache along dim 1,
-                             1..FA_MAX_SEQLEN */
+  int32_t seqlen_k_max;   /* keys a sequence may hold, 1..FA_MAX_SEQLEN (the
+                             contiguous cache's dim 1; PAGED: at most
+                             max_pages_per_seq * page_size) */
   fa_tensor q;            /* [batch, seqlen_q, num_heads_q, head_dim] */
-  fa_tensor k_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim] */
+  fa_tensor k_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim], or
+                             as kv.layout says */
   fa_tensor v_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */
   uint64_t cache_seqlens; /* int32 [batch], each in [0, seqlen_k_max]: keys
                              0..cache_seqlens[b]-1 are valid; the queries are the
@@ -343,12 +398,23 @@ typedef struct fa_decode_args {
                    dtype; data 0 = leave the partial states in the
                    workspace and skip the combine */
   uint64_t lse; /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+  /* Since 0.3 (FA_DECODE_ARGS_SIZE_0_2 ends before them; zero = as 0.2). */
+  fa_kv_cache_layout kv;   /* how k_cache and v_cache are addressed */
+  int32_t batch_invariant; /* 1: splits of a fixed number of keys
+                              (FA_DECODE_INVARIANT_SPLIT), so a sequence's
+                              output bits do not depend on the rest of the
+                              batch or its size (num_splits must be 0) */
 } fa_decode_args;
+
+/* struct_size of fa_decode_args in flashattn 0.2 (before kv). */
+#define FA_DECODE_ARGS_SIZE_0_2 (offsetof(fa_decode_args, kv))
+/* Keys per split under batch_invariant. */
+#define FA_DECODE_INVARIANT_SPLIT 2048
 
 #define FA_DECODE_ARGS_INIT                                                                      \
   {                                                                                              \
     sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
-        FA_TENSOR_INIT, 0                                                                        \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0                                            \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's

@@ -88,6 +88,19 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(
                 make_spec(config(dt, d, dv, 2 * g, 2, sc), KernelKind::Decode, sm, false));
           out.push_back(make_spec(config(dt, d, dv, 4, 4, sc), KernelKind::Reduce, sm, false));
+          // KV cache layouts: paged per tile and per row, pointer arrays.
+          DeviceLimits lim;
+          published_limits(sm, &lim);
+          for (int lay = 0; lay < 3; ++lay) {
+            LaunchShape shape;
+            shape.kv_layout = lay == 2 ? KvLayout::PtrArray : KvLayout::Paged;
+            shape.page_size = lay == 0 ? 128 : 3;
+            shape.seqused_k = lay != 1;
+            shape.varlen = lay == 1;
+            out.push_back(
+                make_spec(config(dt, d, dv, 16, 16, sc), KernelKind::Forward, lim, shape));
+            out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
+          }
         }
   return out;
 }

@@ -37,6 +37,12 @@ AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.1f, softcap ? 20.0f : 0.0f);
 }
 
+DeviceLimits limits_of(int sm) {
+  DeviceLimits d;
+  if (!published_limits(sm, &d)) published_limits(80, &d);
+  return d;
+}
+
 // The grid: every head_dim, both dtypes, softcap and varlen toggled, on
 // sm_80; a representative subset on the other targets.
 std::vector<KernelSpec> grid() {
@@ -102,6 +108,25 @@ std::vector<KernelSpec> grid() {
         make_spec(config(Dtype::BF16, 128, 128, 8, 2, false), KernelKind::Decode, sm, false));
     out.push_back(
         make_spec(config(Dtype::F16, 0, 128, 8, 8, false), KernelKind::Reduce, sm, false));
+  }
+  // KV cache layouts: paged (a page a multiple of the key tile: one lookup
+  // per tile; else per row), pointer arrays, seqused_k; forward and decode,
+  // at the head dims with the most registers.
+  for (int sm : {80, 86, 90, 120}) {
+    for (int d : {64, 128, 256}) {
+      for (int lay = 0; lay < 3; ++lay) {
+        LaunchShape shape;
+        shape.kv_layout = lay == 2 ? KvLayout::PtrArray : KvLayout::Paged;
+        shape.page_size = lay == 0 ? 256 : 16;
+        shape.seqused_k = true;
+        shape.varlen = lay == 1;
+        const DeviceLimits lim = limits_of(sm);
+        out.push_back(make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d != 64),
+                                KernelKind::Forward, lim, shape));
+        out.push_back(
+            make_spec(config(Dtype::BF16, d, d, 8, 2, d == 128), KernelKind::Decode, lim, shape));
+      }
+    }
   }
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {

@@ -107,6 +107,29 @@ fa_status check_tensor(const char *name, const fa_tensor &t) {
   return FA_SUCCESS;
 }
 
+// A tensor whose data pointer is not used (a pointer-array KV cache's k/v:
+// only their strides are): the stride rules of check_tensor.
+fa_status check_strides(const char *name, const fa_tensor &t) {
+  FA_REQUIRE(t.data == 0,
+             "%s.data must be 0 with kv.layout FA_KV_PTR_ARRAY (k_ptrs/v_ptrs are used)", name);
+  fa_tensor u = t;
+  u.data = 16;
+  return check_tensor(name, u);
+}
+
+// struct_size of an args struct that gained fields: the current size, or
+// `old_size` (a caller built against the previous minor version, whose
+// struct ends there). *out is a copy with the missing fields zero.
+template <typename T>
+fa_status widen_args(const T *in, size_t old_size, T *out) {
+  if (in->struct_size != sizeof(T) && in->struct_size != old_size)
+    return check_struct_size("args", in->struct_size, sizeof(T));
+  std::memset(out, 0, sizeof(T));
+  std::memcpy(out, in, in->struct_size);
+  out->struct_size = sizeof(T);
+  return FA_SUCCESS;
+}
+
 fa_status check_fp32_ptr(const char *name, uint64_t p, bool required) {
   if (p == 0) {
     FA_REQUIRE(!required, "%s is 0", name);
@@ -133,21 +156,80 @@ fa_status check_seqlen(const char *name, int32_t v) {
   return FA_SUCCESS;
 }
 
+// The KV layout fields, and k/v as that layout reads them; seqlen_k: the
+// most keys a sequence may have (checked against the pages it can address).
+fa_status validate_kv(const fa_kv_cache_layout &kv, const char *k_name, const fa_tensor &k,
+                      const char *v_name, const fa_tensor &v, int32_t seqlen_k) {
+  switch (kv.layout) {
+    case FA_KV_CONTIGUOUS:
+    case FA_KV_PAGED:
+      FA_CHECK(check_tensor(k_name, k));
+      FA_CHECK(check_tensor(v_name, v));
+      break;
+    case FA_KV_PTR_ARRAY:
+      FA_CHECK(check_strides(k_name, k));
+      FA_CHECK(check_strides(v_name, v));
+      break;
+    default:
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "kv.layout %d is not an fa_kv_layout (0 contiguous, 1 paged, 2 pointer array)",
+                  kv.layout);
+  }
+  const bool paged = kv.layout == FA_KV_PAGED, ptrs = kv.layout == FA_KV_PTR_ARRAY;
+  if (!paged) {
+    FA_REQUIRE(kv.page_size == 0 && kv.num_pages == 0 && kv.max_pages_per_seq == 0 &&
+                   kv.block_table == 0 && kv.block_table_stride == 0,
+               "kv.page_size, num_pages, max_pages_per_seq, block_table and block_table_stride "
+               "are for kv.layout FA_KV_PAGED only; set them to 0");
+  }
+  if (!ptrs) {
+    FA_REQUIRE(kv.k_ptrs == 0 && kv.v_ptrs == 0,
+               "kv.k_ptrs and kv.v_ptrs are for kv.layout FA_KV_PTR_ARRAY only; set them to 0");
+  }
+  if (paged) {
+    FA_CHECK(check_positive("kv.page_size", kv.page_size));
+    FA_CHECK(check_positive("kv.num_pages", kv.num_pages));
+    FA_CHECK(check_positive("kv.max_pages_per_seq", kv.max_pages_per_seq));
+    FA_CHECK(check_fp32_ptr("kv.block_table", kv.block_table, true));
+    FA_REQUIRE(kv.block_table_stride >= kv.max_pages_per_seq,
+               "kv.block_table_stride %lld is less than kv.max_pages_per_seq %d",
+               static_cast<long long>(kv.block_table_stride), kv.max_pages_per_seq);
+    const int64_t cap = int64_t(kv.max_pages_per_seq) * kv.page_size;
+    FA_REQUIRE(cap >= seqlen_k,
+               "kv.max_pages_per_seq * kv.page_size = %lld keys, fewer than the %d a sequence may "
+               "hold",
+               static_cast<long long>(cap), seqlen_k);
+  }
+  if (ptrs) {
+    FA_REQUIRE(kv.k_ptrs != 0 && kv.k_ptrs % 8 == 0, "kv.k_ptrs 0x%llx is 0 or not 8-byte aligned",
+               static_cast<unsigned long long>(kv.k_ptrs));
+    FA_REQUIRE(kv.v_ptrs != 0 && kv.v_ptrs % 8 == 0, "kv.v_ptrs 0x%llx is 0 or not 8-byte aligned",
+               static_cast<unsigned long long>(kv.v_ptrs));
+  }
+  return FA_SUCCESS;
+}
+
 fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *a) {
-  FA_REQUIRE(a != nullptr, "args is NULL");
-  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_forward_args)));
   FA_CHECK(check_positive("batch", a->batch));
   FA_CHECK(check_seqlen("seqlen_q", a->seqlen_q));
   FA_CHECK(check_seqlen("seqlen_k", a->seqlen_k));
   FA_CHECK(check_tensor("q", a->q));
-  FA_CHECK(check_tensor("k", a->k));
-  FA_CHECK(check_tensor("v", a->v));
+  FA_CHECK(validate_kv(a->kv, "k", a->k, "v", a->v, a->seqlen_k));
   FA_CHECK(check_tensor("o", a->o));
   FA_CHECK(check_fp32_ptr("lse", a->lse, false));
-  FA_REQUIRE((a->cu_seqlens_q == 0) == (a->cu_seqlens_k == 0),
-             "cu_seqlens_q and cu_seqlens_k must be given together");
+  if (a->cu_seqlens_k != 0) {
+    FA_REQUIRE(a->cu_seqlens_q != 0, "cu_seqlens_k is set without cu_seqlens_q");
+    FA_REQUIRE(a->kv.layout == FA_KV_CONTIGUOUS,
+               "cu_seqlens_k is for a contiguous k/v; a KV cache layout takes seqused_k");
+    FA_REQUIRE(a->seqused_k == 0, "seqused_k and cu_seqlens_k cannot both be set");
+  } else if (a->kv.layout == FA_KV_CONTIGUOUS && a->seqused_k == 0) {
+    FA_REQUIRE(a->cu_seqlens_q == 0,
+               "cu_seqlens_q and cu_seqlens_k must be given together (or cu_seqlens_q with "
+               "seqused_k)");
+  }
   FA_CHECK(check_fp32_ptr("cu_seqlens_q", a->cu_seqlens_q, false));
   FA_CHECK(check_fp32_ptr("cu_seqlens_k", a->cu_seqlens_k, false));
+  FA_CHECK(check_fp32_ptr("seqused_k", a->seqused_k, false));
   (void)c;
   return FA_SUCCESS;
 }
@@ -165,16 +247,24 @@ fa_status check_decode_limits(const fa::AttentionConfig &c, const fa_decode_args
   return FA_SUCCESS;
 }
 
-fa_status validate_decode(const fa_decode_args *a) {
-  FA_REQUIRE(a != nullptr, "args is NULL");
-  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_decode_args)));
+// The host arguments fa_decode_workspace_size needs.
+fa_status validate_decode_sizes(const fa_decode_args *a) {
   FA_CHECK(check_positive("batch", a->batch));
   FA_CHECK(check_seqlen("seqlen_q", a->seqlen_q));
   FA_CHECK(check_seqlen("seqlen_k_max", a->seqlen_k_max));
   FA_REQUIRE(a->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d", a->num_splits);
+  FA_REQUIRE(a->batch_invariant == 0 || a->batch_invariant == 1,
+             "batch_invariant must be 0 or 1, got %d", a->batch_invariant);
+  FA_REQUIRE(!a->batch_invariant || a->num_splits == 0,
+             "batch_invariant splits by a fixed number of keys: num_splits must be 0, got %d",
+             a->num_splits);
+  return FA_SUCCESS;
+}
+
+fa_status validate_decode(const fa_decode_args *a) {
+  FA_CHECK(validate_decode_sizes(a));
   FA_CHECK(check_tensor("q", a->q));
-  FA_CHECK(check_tensor("k_cache", a->k_cache));
-  FA_CHECK(check_tensor("v_cache", a->v_cache));
+  FA_CHECK(validate_kv(a->kv, "k_cache", a->k_cache, "v_cache", a->v_cache, a->seqlen_k_max));
   FA_CHECK(check_fp32_ptr("cache_seqlens", a->cache_seqlens, true));
   if (a->o.data != 0) {
     FA_CHECK(check_tensor("o", a->o));
@@ -480,8 +570,11 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
   return guarded("fa_launch", [&]() -> fa_status {
     FA_CHECK(check_runtime(rt));
     FA_CHECK(check_config(cfg));
-    FA_CHECK(validate_forward(cfg->cfg, args));
-    return rt->impl->forward(cfg->cfg, *args, stream);
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_forward_args a;
+    FA_CHECK(widen_args(args, FA_FORWARD_ARGS_SIZE_0_2, &a));
+    FA_CHECK(validate_forward(cfg->cfg, &a));
+    return rt->impl->forward(cfg->cfg, a, stream);
   });
 }
 
@@ -493,14 +586,11 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(bytes != nullptr, "bytes is NULL");
     FA_REQUIRE(args != nullptr, "args is NULL");
-    FA_CHECK(check_struct_size("args", args->struct_size, sizeof(fa_decode_args)));
-    FA_CHECK(check_positive("batch", args->batch));
-    FA_CHECK(check_seqlen("seqlen_q", args->seqlen_q));
-    FA_CHECK(check_seqlen("seqlen_k_max", args->seqlen_k_max));
-    FA_REQUIRE(args->num_splits >= 0, "num_splits must be >= 0 (0 = automatic), got %d",
-               args->num_splits);
-    FA_CHECK(check_decode_limits(cfg->cfg, args));
-    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, *args);
+    fa_decode_args a;
+    FA_CHECK(widen_args(args, FA_DECODE_ARGS_SIZE_0_2, &a));
+    FA_CHECK(validate_decode_sizes(&a));
+    FA_CHECK(check_decode_limits(cfg->cfg, &a));
+    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
     if (plan.too_large) return fa::decode_too_large();
     *bytes = plan.workspace_bytes;
     if (num_splits) *num_splits = plan.num_splits;
@@ -513,10 +603,13 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
   return guarded("fa_decode", [&]() -> fa_status {
     FA_CHECK(check_runtime(rt));
     FA_CHECK(check_config(cfg));
-    FA_CHECK(validate_decode(args));
-    FA_CHECK(check_decode_limits(cfg->cfg, args));
-    FA_CHECK(validate_decode_workspace(args));
-    return rt->impl->decode(cfg->cfg, *args, stream);
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_decode_args a;
+    FA_CHECK(widen_args(args, FA_DECODE_ARGS_SIZE_0_2, &a));
+    FA_CHECK(validate_decode(&a));
+    FA_CHECK(check_decode_limits(cfg->cfg, &a));
+    FA_CHECK(validate_decode_workspace(&a));
+    return rt->impl->decode(cfg->cfg, a, stream);
   });
 }
 

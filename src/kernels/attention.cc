@@ -51,6 +51,7 @@ class AttentionGen {
   struct Chunk {
     Reg row;      // tile row (s32)
     Reg goff;     // byte offset of the chunk from the tile's first row
+    Reg coff;     // byte offset of the chunk within its row (K/V plans)
     Reg saddr;    // shared address
     Reg inrange;  // valid pred when only part of the CTA has a chunk here
   };
@@ -115,8 +116,10 @@ class AttentionGen {
     Reg sq = fb.sq, sk = fb.sk, q_bh = fb.q_bh, k_bh = fb.k_bh, v_bh = fb.v_bh;
     const ForwardOut fo = forward_out(e_, spec_, bz, h, sq);
     has_lse_ = fo.has_lse;
-    k_base_ = k_bh;
-    v_base_ = v_bh;
+    (void)k_bh;
+    (void)v_bh;
+    kr_ = fb.kr;
+    vr_ = fb.vr;
     k_row_bytes_ = fb.k_row;
     v_row_bytes_ = fb.v_row;
     // Query i sees keys [i + sk - sq - wl, i + sk - sq + wr] within [0, sk).
@@ -186,8 +189,7 @@ class AttentionGen {
     Reg hi64 = e_.op(Op::Add, Type::S64, lo64, e_.s64(split_size));
     b_.op(Op::Min, Type::S64, hi64, hi64, e_.s64(sk));
     Reg lo = e_.s32(lo64), hi = e_.s32(hi64);
-    k_base_ = e_.index(e_.index(k, bz, ks[0]), kvh, ks[2]);
-    v_base_ = e_.index(e_.index(v, bz, vs[0]), kvh, vs[2]);
+    kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz, kvh, &kr_, &vr_);
     k_row_bytes_ = ks[1];
     v_row_bytes_ = vs[1];
     Reg q_b = e_.index(q, bz, qs[0]);
@@ -347,6 +349,7 @@ class AttentionGen {
         continue;
       }
       Chunk ch = chunk(k, spec_.block_n, cols, sm, sstride);
+      ch.coff = e_.mov(Type::B64, ch.goff);
       Reg roff = e_.op(Op::MulLo, Type::S64, e_.s64(ch.row), row_bytes);
       b_.op(Op::Add, Type::S64, ch.goff, ch.goff, roff);
       plan.chunks.push_back(ch);
@@ -357,8 +360,27 @@ class AttentionGen {
   }
 
   // Step 2 (per tile): K or V rows n .. n+block_n-1 -> shared f32; rows at
-  // or past n_end are zero-filled, never read from global memory.
-  void load_kv(const KvPlan &plan, Reg base, Reg row_bytes, Reg n, Reg rem) {
+  // or past n_end are zero-filled, never read from global memory. A paged
+  // cache's rows are looked up one by one (KvRows::at) at key min(n + row,
+  // n + rem - 1), so the page entry read always belongs to a valid key.
+  void load_kv(const KvPlan &plan, const KvRows &kr, Reg n, Reg rem) {
+    if (kr.paged()) {
+      Reg last = e_.op(Op::Add, Type::S32, n, rem);
+      b_.op(Op::Sub, Type::S32, last, last, imm(1));
+      for (int k = 0; k < plan.rounds; ++k) {
+        const Chunk &ch = plan.chunks[plan.uniform ? 0 : k];
+        const int dr = plan.uniform ? k * plan.step : 0;
+        Reg row = dr ? e_.op(Op::Add, Type::S32, ch.row, imm(dr)) : ch.row;
+        Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, row), last);
+        b_.op(Op::Add, Type::S64, gaddr_, kr.at(e_, j), ch.coff);
+        b_.setp(Cmp::Lt, Type::S32, ldp_, row, rem);
+        Reg ir = plan.inrange[k];
+        if (ir.valid()) b_.op(Op::And, Type::Pred, ldp_, ldp_, ir);
+        copy_chunk(gaddr_, ldp_, ch.saddr, ir, dr * plan.sstride * 4);
+      }
+      return;
+    }
+    Reg base = kr.base, row_bytes = kr.row;
     Reg tile = e_.index(base, n, row_bytes);
     if (plan.uniform) {
       const Chunk &ch = plan.chunks[0];
@@ -414,10 +436,10 @@ class AttentionGen {
     b_.bar_sync();  // every warp is done with the previous tile
     b_.op(Op::Sub, Type::S32, rem, n_end_, n);
     b_.comment("load K tile");
-    load_kv(kplan, k_base_, k_row_bytes_, n, rem);
+    load_kv(kplan, kr_, n, rem);
     if (!lay_.kv_merged) {
       b_.comment("load V tile");
-      load_kv(vplan, v_base_, v_row_bytes_, n, rem);
+      load_kv(vplan, vr_, n, rem);
     }
     b_.bar_sync();
     scores(n);
@@ -425,7 +447,7 @@ class AttentionGen {
     if (lay_.kv_merged) {
       b_.bar_sync();  // K reads done before V overwrites the buffer
       b_.comment("load V tile");
-      load_kv(vplan, v_base_, v_row_bytes_, n, rem);
+      load_kv(vplan, vr_, n, rem);
       b_.bar_sync();
     }
     accumulate_pv();
@@ -571,7 +593,8 @@ class AttentionGen {
   std::vector<Reg> p4_;
   Reg score_scale_, wl_, wr_, hq_, has_lse_, lane0_;
   Softcap cap_;  // softcap constants (invalid without softcap)
-  Reg k_base_, v_base_, k_row_bytes_, v_row_bytes_, o_bh_, o_row_bytes_, lse_row0_;
+  Reg k_row_bytes_, v_row_bytes_, o_bh_, o_row_bytes_, lse_row0_;
+  KvRows kr_, vr_;
   Reg n_begin_, n_end_;
   // row_i_: forward O/LSE row (s32); decode: 64-bit partial-state rows
   // row_i_ (O_s) and row_lse_ (LSE_s).
@@ -630,6 +653,56 @@ Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {
   return e.s32(d);
 }
 
+Reg KvRows::at(Emitter &e, Reg j) const {
+  if (!paged()) return e.index(base, j, row);
+  ptx::Builder &b = e.b;
+  // Page entry j / page_size (u32: 0 <= j), token j % page_size within it.
+  Reg pi = e.op(Op::Div, Type::U32, j, page_size);
+  Reg off = e.op(Op::Rem, Type::U32, j, page_size);
+  Reg pg = b.b32();
+  b.ld(Space::Global, Type::S32, pg, ptx::at(e.index(table, pi, 4)), true);
+  return e.index(e.index(base, pg, page), off, row);
+}
+
+void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v, const Reg ks[3],
+             const Reg vs[3], Reg bz, Reg kvh, KvRows *kr, KvRows *vr) {
+  ptx::Builder &b = e.b;
+  kr->layout = vr->layout = spec.kv_layout;
+  kr->row = ks[1];
+  vr->row = vs[1];
+  switch (spec.kv_layout) {
+    case KvLayout::Contiguous:
+      kr->base = e.index(e.index(k, bz, ks[0]), kvh, ks[2]);
+      vr->base = e.index(e.index(v, bz, vs[0]), kvh, vs[2]);
+      break;
+    case KvLayout::PtrArray: {
+      // Sequence b's keys at k_ptrs[b], values at v_ptrs[b].
+      Reg kp = e.global_param(params_kv + offsetof(KvPages, k_ptrs));
+      Reg vp = e.global_param(params_kv + offsetof(KvPages, v_ptrs));
+      Reg kb = b.b64(), vb = b.b64();
+      b.ld(Space::Global, Type::U64, kb, at(e.index(kp, bz, 8)), true);
+      b.ld(Space::Global, Type::U64, vb, at(e.index(vp, bz, 8)), true);
+      Reg kg = b.b64(), vg = b.b64();
+      b.cvta_to_global(kg, kb);
+      b.cvta_to_global(vg, vb);
+      kr->base = e.index(kg, kvh, ks[2]);
+      vr->base = e.index(vg, kvh, vs[2]);
+      break;
+    }
+    case KvLayout::Paged: {
+      kr->base = e.index(k, kvh, ks[2]);
+      vr->base = e.index(v, kvh, vs[2]);
+      kr->page = ks[0];
+      vr->page = vs[0];
+      Reg bt = e.global_param(params_kv + offsetof(KvPages, block_table));
+      Reg bts = e.stride_bytes(params_kv + offsetof(KvPages, block_table_stride), 4);
+      kr->table = vr->table = e.index(bt, bz, bts);
+      kr->page_size = vr->page_size = e.param(Type::S32, params_kv + offsetof(KvPages, page_size));
+      break;
+    }
+  }
+}
+
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0) {
   using P = ForwardParams;
@@ -644,34 +717,57 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
   fb.q_row = qs[1];
   fb.k_row = ks[1];
   fb.v_row = vs[1];
+  Reg sk_max = e.param(Type::S32, offsetof(P, seqlen_k));
+  // Keys from cu_seqlens_k only for a contiguous K/V without seqused_k
+  // (the API allows cu_seqlens_k nowhere else).
+  const bool cu_k = spec.varlen && spec.kv_layout == KvLayout::Contiguous && !spec.seqused_k;
   if (spec.varlen) {
     // Sequence b spans rows cu[b] .. cu[b+1]-1 of dim 1.
     Reg cuq = e.global_param(offsetof(P, cu_seqlens_q));
-    Reg cuk = e.global_param(offsetof(P, cu_seqlens_k));
-    Reg aq = e.index(cuq, bz, 4), ak = e.index(cuk, bz, 4);
-    Reg q0 = b.b32(), q1 = b.b32(), k0 = b.b32(), k1 = b.b32();
+    Reg aq = e.index(cuq, bz, 4);
+    Reg q0 = b.b32(), q1 = b.b32();
     b.ld(Space::Global, Type::S32, q0, at(aq), true);
     b.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
-    b.ld(Space::Global, Type::S32, k0, at(ak), true);
-    b.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
     // cu_seqlens live on the device and cannot be validated on the host: each
     // length is formed in 64 bits and clamped to [0, the launch's maximum],
     // so a bad value truncates a sequence instead of overflowing an index.
     fb.sq = seq_len(e, q0, q1, e.param(Type::S32, offsetof(P, seqlen_q)));
-    fb.sk = seq_len(e, k0, k1, e.param(Type::S32, offsetof(P, seqlen_k)));
+    fb.q_bh = e.index(e.index(q, q0, qs[1]), h, qs[2]);
+    if (cu_k) {
+      Reg cuk = e.global_param(offsetof(P, cu_seqlens_k));
+      Reg ak = e.index(cuk, bz, 4);
+      Reg k0 = b.b32(), k1 = b.b32();
+      b.ld(Space::Global, Type::S32, k0, at(ak), true);
+      b.ld(Space::Global, Type::S32, k1, at(ak, 4), true);
+      fb.sk = seq_len(e, k0, k1, sk_max);
+      // Packed keys: sequence b's row 0 is row k0 of "batch" 0.
+      fb.kr.layout = fb.vr.layout = KvLayout::Contiguous;
+      fb.kr.row = ks[1];
+      fb.vr.row = vs[1];
+      fb.kr.base = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
+      fb.vr.base = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
+    }
     // The whole CTA leaves before any barrier when its m-block is past the sequence.
     Reg past = e.setp(Cmp::Ge, Type::S32, m0, fb.sq);
     b.when(past).exit();
-    fb.q_bh = e.index(e.index(q, q0, qs[1]), h, qs[2]);
-    fb.k_bh = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
-    fb.v_bh = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
   } else {
     fb.sq = e.param(Type::S32, offsetof(P, seqlen_q));
-    fb.sk = e.param(Type::S32, offsetof(P, seqlen_k));
     fb.q_bh = e.index(e.index(q, bz, qs[0]), h, qs[2]);
-    fb.k_bh = e.index(e.index(k, bz, ks[0]), kvh, ks[2]);
-    fb.v_bh = e.index(e.index(v, bz, vs[0]), kvh, vs[2]);
   }
+  if (!cu_k) {
+    kv_rows(e, spec, offsetof(P, kv), k, v, ks, vs, bz, kvh, &fb.kr, &fb.vr);
+    if (spec.seqused_k) {
+      // Device data like cu_seqlens: clamped to [0, seqlen_k].
+      Reg su = e.global_param(offsetof(P, seqused_k));
+      Reg n = b.b32();
+      b.ld(Space::Global, Type::S32, n, at(e.index(su, bz, 4)), true);
+      fb.sk = e.op(Op::Max, Type::S32, e.op(Op::Min, Type::S32, n, sk_max), imm(0));
+    } else {
+      fb.sk = sk_max;
+    }
+  }
+  fb.k_bh = fb.kr.base;
+  fb.v_bh = fb.vr.base;
   return fb;
 }
 

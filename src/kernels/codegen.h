@@ -166,10 +166,33 @@ class Emitter {
 // offsets come from cu_seqlens, and a CTA whose m-block (starting at row m0)
 // lies past its sequence exits here, before any barrier. q/k/v are global
 // addresses; bz = batch, h = query head, kvh = KV head.
+// Where key j's K (or V) row of one (batch, KV head) lies, for every KV
+// layout (flashattn.h, fa_kv_layout): contiguous and pointer arrays base +
+// j row; paged base + block_table[b][j / page_size] page + (j % page_size) row,
+// with base the KV head's row 0 of page 0.
+struct KvRows {
+  KvLayout layout = KvLayout::Contiguous;
+  Reg base;       // row 0 (paged: of page 0) of this (batch, KV head)
+  Reg row;        // bytes between tokens (stride[1])
+  Reg page;       // paged: bytes between pages (stride[0])
+  Reg table;      // paged: &block_table[b][0], global
+  Reg page_size;  // paged: s32
+  bool paged() const { return layout == KvLayout::Paged; }
+  // The address of key j's row (j an s32 register, 0 <= j < the sequence's
+  // keys: its page entry is then in the table).
+  Reg at(Emitter &e, Reg j) const;
+};
+// K and V rows of (bz, kvh): k/v the global addresses of the k and v
+// parameters, ks/vs their byte strides (batch or page, token, head);
+// params_kv the offset of the KvPages in the kernel's parameter block.
+void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v, const Reg ks[3],
+             const Reg vs[3], Reg bz, Reg kvh, KvRows *kr, KvRows *vr);
+
 struct ForwardBases {
   Reg sq, sk;               // seqlen_q, seqlen_k of this sequence
-  Reg q_bh, k_bh, v_bh;     // row 0 of this (batch, head)
+  Reg q_bh, k_bh, v_bh;     // row 0 of this (batch, head); paged: of page 0
   Reg q_row, k_row, v_row;  // bytes between consecutive rows
+  KvRows kr, vr;            // every layout's K/V row addresses
 };
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0);

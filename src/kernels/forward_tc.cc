@@ -164,12 +164,21 @@ class ForwardTcGen {
                        e_.param(Type::S64, offsetof(P, k_round_bytes)));
     v_plan_ = CopyPlan(e_, tid_, T_, lay_.v, smem_, fb.v_row, &k_plan_,
                        e_.param(Type::S64, offsetof(P, v_round_bytes)));
-    // Running per-thread pointers: V of the tile being computed, K of the
-    // next (lower) one; both move down block_n rows per tile.
-    vp_ = thread_ptr(v_plan_, fb.v_bh, top_, fb.v_row);
-    kp_ = thread_ptr(k_plan_, fb.k_bh, top_, fb.k_row);
-    k_step_ = e_.param(Type::S64, offsetof(P, k_tile_bytes));
-    v_step_ = e_.param(Type::S64, offsetof(P, v_tile_bytes));
+    kr_ = fb.kr;
+    vr_ = fb.vr;
+    if (spec_.kv_layout != KvLayout::Contiguous) k_ptr_ = v_ptr_ = fb.kr.base;  // safe rows
+    if (spec_.kv_layout == KvLayout::Paged) {
+      // Tiles within a page: the tile's first row is looked up per tile
+      // (tile_ptr); pages shorter than a tile: every row (CopyPlan::gather).
+      if (spec_.page_tiles) kp_ = tile_ptr(kr_, k_plan_, top_);
+    } else {
+      // Running per-thread pointers: V of the tile being computed, K of the
+      // next (lower) one; both move down block_n rows per tile.
+      vp_ = thread_ptr(v_plan_, fb.v_bh, top_, fb.v_row);
+      kp_ = thread_ptr(k_plan_, fb.k_bh, top_, fb.k_row);
+      k_step_ = e_.param(Type::S64, offsetof(P, k_tile_bytes));
+      v_step_ = e_.param(Type::S64, offsetof(P, v_tile_bytes));
+    }
     q_tp_ = thread_ptr(q_plan_, fb.q_bh, m0_, fb.q_row);
 
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, wrow_);
@@ -196,7 +205,7 @@ class ForwardTcGen {
   // with varlen a per-CTA scalar, read where it is used.
   Reg seqlen(bool keys) {
     using P = ForwardParams;
-    if (!spec_.varlen)
+    if (!spec_.varlen && !(keys && spec_.seqused_k))
       return e_.param(Type::S32, keys ? offsetof(P, seqlen_k) : offsetof(P, seqlen_q));
     return cta_scalar(keys ? 1 : 0);
   }
@@ -231,6 +240,42 @@ class ForwardTcGen {
     return t;
   }
 
+  // A paged tile's per-thread pointer: key n's row (n a multiple of
+  // block_n, so the tile lies in one page) + the plan's offset.
+  Reg tile_ptr(const KvRows &kr, const CopyPlan &p, Reg n) {
+    Reg t = kr.at(e_, n);
+    if (p.base_offset().valid()) b_.op(Op::Add, Type::S64, t, t, p.base_offset());
+    return t;
+  }
+
+  // Copies the K (or V) tile at key n: rows_left invalid = every row
+  // present (the interior path), else rows >= rows_left zero-filled.
+  void copy_kv(bool is_v, Reg n, Reg rows_left) {
+    const CopyPlan &plan = is_v ? v_plan_ : k_plan_;
+    const KvRows &kr = is_v ? vr_ : kr_;
+    Reg safe = is_v ? v_ptr_ : k_ptr_;
+    if (spec_.kv_layout == KvLayout::Paged && !spec_.page_tiles) {
+      // Row r is key min(n + r, seqlen_k - 1): its page entry exists.
+      Reg last = e_.op(Op::Sub, Type::S32, seqlen(true), imm(1));
+      plan.gather(
+          [&](Reg r) {
+            Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, r), last);
+            return kr.at(e_, j);
+          },
+          rows_left, safe);
+      return;
+    }
+    Reg tp = is_v ? vp_ : kp_;
+    if (spec_.kv_layout == KvLayout::Paged) {
+      tp = tile_ptr(kr, plan, n);
+      if (!is_v) b_.mov(Type::B64, kp_, tp);
+    }
+    if (rows_left.valid())
+      plan.boundary(tp, rows_left, safe);
+    else
+      plan.interior(tp);
+  }
+
   // ---- the K/V loops ----
   void loops() {
     s_.clear();
@@ -252,12 +297,13 @@ class ForwardTcGen {
     {
       ptx::Label skip = b_.label();
       b_.when(empty_).bra(skip, true);
-      k_plan_.boundary(kp_, e_.op(Op::Sub, Type::S32, sk_, top_), k_ptr_);
+      copy_kv(false, top_, e_.op(Op::Sub, Type::S32, sk_, top_));
       b_.bind(skip);
       b_.cp_async_commit();
     }
-    b_.op(Op::Sub, Type::S64, kp_, kp_, k_step_);  // K of the tile after the last
-    b_.cp_async_wait(1);                           // this thread's Q copies landed
+    if (spec_.kv_layout != KvLayout::Paged)
+      b_.op(Op::Sub, Type::S64, kp_, kp_, k_step_);  // K of the tile after the last
+    b_.cp_async_wait(1);                             // this thread's Q copies landed
     b_.bar_sync();
     if (spec_.q_in_regs) {
       qf_.assign(MT_, std::vector<Frag4>());
@@ -310,10 +356,7 @@ class ForwardTcGen {
   void body(bool masked) {
     b_.cp_async_wait(0);  // K_n landed (this thread's copies) ...
     b_.bar_sync();        // ... everyone's; every warp is done with V of the last tile
-    if (masked)
-      v_plan_.boundary(vp_, e_.op(Op::Sub, Type::S32, seqlen(true), n_), v_ptr_);
-    else
-      v_plan_.interior(vp_);
+    copy_kv(true, n_, masked ? e_.op(Op::Sub, Type::S32, seqlen(true), n_) : Reg());
     b_.cp_async_commit();
     scores();
     if (masked) mask();
@@ -325,14 +368,16 @@ class ForwardTcGen {
       Reg nx = e_.op(Op::Sub, Type::S32, n_, imm(spec_.block_n));
       Reg last = e_.setp(Cmp::Lt, Type::S32, nx, n_begin_);
       b_.when(last).bra(skip, true);
-      k_plan_.interior(kp_);  // never the last tile: every row present
+      copy_kv(false, nx, Reg());  // never the last tile: every row present
       b_.cp_async_commit();
       b_.bind(skip);
     }
     accumulate_pv();
     b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
-    b_.op(Op::Sub, Type::S64, kp_, kp_, k_step_);
-    b_.op(Op::Sub, Type::S64, vp_, vp_, v_step_);
+    if (spec_.kv_layout != KvLayout::Paged) {
+      b_.op(Op::Sub, Type::S64, kp_, kp_, k_step_);
+      b_.op(Op::Sub, Type::S64, vp_, vp_, v_step_);
+    }
   }
 
   // S = Q K_n^T (PTX ISA "Matrix Fragments for mma.m16n8k16 with floating
@@ -485,6 +530,7 @@ class ForwardTcGen {
   Reg q_ptr_, k_ptr_, v_ptr_;
   Reg sq_, sk_, m0_, n_begin_, lean_lo_, top_, empty_, n_;
   Reg kp_, vp_, q_tp_, k_step_, v_step_;
+  KvRows kr_, vr_;
   CopyPlan q_plan_, k_plan_, v_plan_;
   std::vector<AccTile> s_, o_;
   std::vector<std::vector<Frag4>> qf_;

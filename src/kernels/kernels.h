@@ -13,10 +13,12 @@ namespace fa {
 
 enum class Dtype : uint8_t { F16 = 1, BF16 = 2 };
 enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
+// How a kernel finds a key's K/V row (flashattn.h, fa_kv_layout): same values.
+enum class KvLayout : uint8_t { Contiguous = 0, Paged = 1, PtrArray = 2 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 5;
+constexpr uint32_t kGeneratorVersion = 6;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;
@@ -68,6 +70,11 @@ struct KernelSpec {
   int m_tiles = 1;      // mma: 16-row m-tiles per warp (block_m = 16 m_tiles num_warps)
   bool q_in_regs = false;  // mma: Q's A fragments stay in registers across K/V tiles
   int min_ctas = 0;        // mma: CTAs per SM the tile is sized for (.minnctapersm)
+  KvLayout kv_layout = KvLayout::Contiguous;
+  // Paged with page_size a multiple of block_n: one block_table lookup per
+  // K/V tile (else one per row).
+  bool page_tiles = false;
+  bool seqused_k = false;  // Forward: per-sequence key counts (ForwardParams::seqused_k)
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -79,6 +86,15 @@ struct KernelSpec {
 // these limits (docs/kernels.md, "Tile choice").
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      bool varlen);
+// What a launch's arguments add to the spec (beyond the config).
+struct LaunchShape {
+  bool varlen = false;     // cu_seqlens_q/k
+  bool seqused_k = false;  // Forward: seqused_k
+  KvLayout kv_layout = KvLayout::Contiguous;
+  int page_size = 0;  // Paged
+};
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     const LaunchShape &shape);
 // The same with the published limits of `sm` (sm_80's for an unknown SM).
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool varlen);
 
@@ -99,6 +115,16 @@ std::string generate_ptx(const KernelSpec &spec);
 // addresses, strides are in elements.
 // ---------------------------------------------------------------------------
 
+// The paged and pointer-array KV layouts (flashattn.h, fa_kv_cache_layout).
+// Paged: k/v point at page 0 and their stride[0] is the page stride.
+struct KvPages {
+  uint64_t block_table;        // int32 [batch, block_table_stride]
+  uint64_t k_ptrs, v_ptrs;     // uint64 [batch]
+  int64_t block_table_stride;  // elements
+  int32_t page_size;
+  int32_t pad_;
+};
+
 struct ForwardParams {
   uint64_t q, k, v, o;  // Q/K/V/O as in flashattn.h
   uint64_t lse;         // fp32 [batch, heads_q, seqlen_q] or 0 (varlen: [heads_q, total_q])
@@ -115,6 +141,8 @@ struct ForwardParams {
   // covers. Read in the loop as kernel parameters, which the assembler takes
   // from the constant bank, so they hold no register.
   int64_t k_tile_bytes, v_tile_bytes, k_round_bytes, v_round_bytes;
+  KvPages kv;          // spec.kv_layout != Contiguous
+  uint64_t seqused_k;  // int32 [batch] (spec.seqused_k)
 };
 
 struct DecodeParams {
@@ -130,6 +158,7 @@ struct DecodeParams {
   int32_t window_left, window_right;  // as ForwardParams
   float score_scale, softcap_log2;    // as ForwardParams
   float softcap_neg2;                 // as ForwardParams
+  KvPages kv;                         // spec.kv_layout != Contiguous
 };
 
 struct ReduceParams {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <iterator>
 
@@ -22,6 +23,16 @@ const char *kind_name(KernelKind k) {
   }
 }
 const char *dtype_name(Dtype d) { return d == Dtype::BF16 ? "bf16" : "f16"; }
+const char *kv_text(const KernelSpec &s) {
+  switch (s.kv_layout) {
+    case KvLayout::Paged:
+      return s.page_tiles ? " paged tiles" : " paged rows";
+    case KvLayout::PtrArray:
+      return " ptrs";
+    default:
+      return "";
+  }
+}
 
 void put32(std::string &o, int32_t v) {
   uint32_t u = static_cast<uint32_t>(v);
@@ -142,7 +153,7 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 }  // namespace
 
 std::string KernelSpec::serialize() const {
-  std::string o = "FASPEC2";
+  std::string o = "FASPEC3";
   o.push_back(static_cast<char>(kind));
   o.push_back(static_cast<char>(dtype));
   put32(o, sm);
@@ -159,6 +170,9 @@ std::string KernelSpec::serialize() const {
   put32(o, m_tiles);
   o.push_back(q_in_regs ? 1 : 0);
   put32(o, min_ctas);
+  o.push_back(static_cast<char>(kv_layout));
+  o.push_back(page_tiles ? 1 : 0);
+  o.push_back(seqused_k ? 1 : 0);
   return o;
 }
 
@@ -167,10 +181,10 @@ std::string KernelSpec::describe() const {
   if (mma)
     std::snprintf(st, sizeof st, " s%d mt%d%s c%d", stages, m_tiles, q_in_regs ? " qr" : "",
                   min_ctas);
-  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s", kind_name(kind),
-                dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m, block_n,
-                num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "", mma ? " mma" : "",
-                st);
+  std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s%s%s",
+                kind_name(kind), dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m,
+                block_n, num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "",
+                mma ? " mma" : "", st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return buf;
 }
 
@@ -181,6 +195,14 @@ std::string KernelSpec::describe() const {
 // the spec for decode (forward reads the head ratio at run time).
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      bool varlen) {
+  LaunchShape shape;
+  shape.varlen = varlen;
+  return make_spec(cfg, kind, dev, shape);
+}
+
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     const LaunchShape &shape) {
+  const bool varlen = shape.varlen;
   KernelSpec s;
   s.kind = kind;
   s.dtype = cfg.dtype;
@@ -210,6 +232,11 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     int want = static_cast<int>(ceil_div(s.group_size, s.num_warps));
     s.block_m = s.num_warps * fit_rows_per_warp(s, want > 4 ? 4 : want);
   }
+  s.kv_layout = shape.kv_layout;
+  // The scalar kernels look a page up per row (they are not tuned for it).
+  s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && shape.page_size > 0 &&
+                 shape.page_size % s.block_n == 0;
+  s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   return s;
 }
 
@@ -251,6 +278,10 @@ std::string entry_name(const KernelSpec &s) {
                   s.mma ? "_mma" : "", dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size,
                   s.block_m, s.block_n, s.num_warps, st, s.softcap ? "_softcap" : "",
                   s.varlen ? "_varlen" : "");
+    std::string kv = kv_text(s);
+    for (char &c : kv) c = c == ' ' ? '_' : c;
+    std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), "%s%s", kv.c_str(),
+                  s.seqused_k ? "_seqused" : "");
   }
   return buf;
 }

@@ -241,9 +241,37 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
   return FA_SUCCESS;
 }
 
+// The KV layout a launch's arguments ask for, as kernels see it.
+static LaunchShape kv_shape(const fa_kv_cache_layout &kv) {
+  LaunchShape s;
+  s.kv_layout = static_cast<KvLayout>(kv.layout);
+  s.page_size = kv.page_size;
+  return s;
+}
+
+static KvPages kv_pages(const fa_kv_cache_layout &kv) {
+  KvPages p;
+  std::memset(&p, 0, sizeof p);
+  if (kv.layout == FA_KV_PAGED) {
+    p.block_table = kv.block_table;
+    p.block_table_stride = kv.block_table_stride;
+    p.page_size = kv.page_size;
+  } else if (kv.layout == FA_KV_PTR_ARRAY) {
+    p.k_ptrs = kv.k_ptrs;
+    p.v_ptrs = kv.v_ptrs;
+  }
+  return p;
+}
+
+KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
+  return make_spec(cfg, KernelKind::Decode, backend_->info().limits, kv_shape(a.kv));
+}
+
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
-  const bool varlen = a.cu_seqlens_q != 0;
-  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, varlen);
+  LaunchShape shape = kv_shape(a.kv);
+  shape.varlen = a.cu_seqlens_q != 0;
+  shape.seqused_k = a.seqused_k != 0;
+  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -264,13 +292,15 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.batch = a.batch;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
+  p.kv = kv_pages(a.kv);
+  p.seqused_k = a.seqused_k;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
 }
 
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
-  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().limits, false);
+  const KernelSpec spec = decode_spec(cfg, a);
   // 64-bit throughout: the API bounds the sizes (check_decode_limits), but
   // the arithmetic must not overflow on the way.
   const int64_t block_n = std::max(spec.block_n, 1);
@@ -280,7 +310,12 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   const long long ctas =
       static_cast<long long>(a.batch) * cfg.num_heads_kv * ((rows + block_m - 1) / block_m);
   int64_t splits = a.num_splits;
-  if (splits <= 0) {
+  if (a.batch_invariant) {
+    // Splits of FA_DECODE_INVARIANT_SPLIT keys whatever the batch: a
+    // sequence's partial states, and so its output bits, depend only on it
+    // (empty splits weigh exactly 0 in the reduce).
+    splits = (sk + FA_DECODE_INVARIANT_SPLIT - 1) / FA_DECODE_INVARIANT_SPLIT;
+  } else if (splits <= 0) {
     // Flash-Decoding: enough CTAs for about two waves over the SMs, but no
     // split shorter than 4 key tiles (its setup would dominate).
     const int num_sms = std::max(backend_->info().num_sms, 1);
@@ -290,7 +325,8 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   }
   splits = std::max<int64_t>(std::min(splits, (sk + block_n - 1) / block_n), 1);
   DecodePlan plan;
-  const int64_t split_size = (((sk + splits - 1) / splits) + block_n - 1) / block_n * block_n;
+  int64_t split_size = (((sk + splits - 1) / splits) + block_n - 1) / block_n * block_n;
+  if (a.batch_invariant) split_size = FA_DECODE_INVARIANT_SPLIT;  // a multiple of every block_n
   plan.split_size = static_cast<int>(split_size);
   plan.num_splits = static_cast<int>((sk + split_size - 1) / split_size);
   // O_partial fp32 [splits, batch, seqlen_q, heads_q, head_dim_v] and
@@ -325,7 +361,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 "(see fa_decode_workspace_size)",
                 a.workspace_size, plan.workspace_bytes, plan.num_splits);
   }
-  const KernelSpec spec = make_spec(cfg, KernelKind::Decode, backend_->info().limits, false);
+  const KernelSpec spec = decode_spec(cfg, a);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -353,6 +389,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.seqlen_k_max = a.seqlen_k_max;
   p.num_splits = plan.num_splits;
   p.split_size = plan.split_size;
+  p.kv = kv_pages(a.kv);
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;

@@ -72,6 +72,8 @@ class Runtime {
 
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
+  // The decode kernel's spec for args' KV layout on this device.
+  KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args) const;
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 

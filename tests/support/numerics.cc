@@ -291,15 +291,125 @@ std::string ForwardCase::describe() const {
   return out;
 }
 
+std::string KvCase::describe() const {
+  switch (layout) {
+    case FA_KV_PAGED:
+      return " paged" + std::to_string(page_size) + (hnd ? " hnd" : "") +
+             (share_prefix ? " shared-prefix" : "");
+    case FA_KV_PTR_ARRAY:
+      return " ptrs";
+    default:
+      return "";
+  }
+}
+
 std::string DecodeCase::describe() const {
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "decode %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d softcap%g splits%d",
-                bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k_max, heads_q, heads_kv, head_dim,
-                head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "", window_left, softcap,
-                num_splits);
+  std::snprintf(
+      buf, sizeof buf, "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d softcap%g splits%d%s%s",
+      prefill ? "prefill" : "decode", bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k_max,
+      heads_q, heads_kv, head_dim, head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "",
+      window_left, softcap, num_splits, kv.describe().c_str(), batch_invariant ? " invariant" : "");
   return buf;
 }
+
+namespace {
+
+// The page assignment of a paged case: sequence b's page i is
+// table[b * max_pages + i], pages shuffled, plus spare pages no sequence
+// uses (filled with NaN: a kernel that reads one poisons its output).
+struct Pages {
+  int num_pages = 0, max_pages = 0;
+  std::vector<int32_t> table;
+};
+
+Pages make_pages(const KvCase &kv, int batch, int seqlen_k_max) {
+  Pages pg;
+  pg.max_pages = (seqlen_k_max + kv.page_size - 1) / kv.page_size;
+  const int used = batch * pg.max_pages, spare = 3;
+  pg.num_pages = used + spare;
+  std::vector<int32_t> perm(pg.num_pages);
+  for (int i = 0; i < pg.num_pages; ++i) perm[i] = i;
+  std::mt19937 gen(kv.seed);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  pg.table.assign(perm.begin(), perm.begin() + used);
+  if (kv.share_prefix && batch >= 2) pg.table[pg.max_pages] = pg.table[0];
+  return pg;
+}
+
+// The case's cache values host [b, skmax, h, d] (rows past a sequence's
+// length NaN) as the layout stores them, rounded to dtype; *t gets the view
+// (paged: of the page pool; pointer array: data 0 and *ptrs the device
+// array of per-sequence pointers).
+void place_kv(Ctx &ctx, const std::vector<float> &host, int b, int skmax, int h, int d, bool bf16,
+              const KvCase &kv, const Pages &pg, fa_tensor *t, uint64_t *ptrs) {
+  if (kv.layout == FA_KV_PTR_ARRAY) {
+    // One allocation per sequence, rows padded to d + 8.
+    fa_tensor v = make_view(0, skmax, h, d, true);
+    std::vector<uint64_t> p(b);
+    for (int ib = 0; ib < b; ++ib) {
+      std::vector<uint16_t> dev(size_t(v.stride[0]), to_bits(NAN, bf16));
+      for (int is = 0; is < skmax; ++is)
+        for (int ih = 0; ih < h; ++ih)
+          for (int id = 0; id < d; ++id)
+            dev[offset(v, 0, is, ih, id)] =
+                to_bits(host[((size_t(ib) * skmax + is) * h + ih) * d + id], bf16);
+      p[ib] = ctx.alloc(dev.size() * 2);
+      if (p[ib]) ctx.check(fa_memcpy_htod(ctx.rt, p[ib], dev.data(), dev.size() * 2), "upload");
+    }
+    *ptrs = ctx.alloc(size_t(b) * 8);
+    if (*ptrs) ctx.check(fa_memcpy_htod(ctx.rt, *ptrs, p.data(), p.size() * 8), "k/v ptrs");
+    v.data = 0;
+    *t = v;
+    return;
+  }
+  // Pages: NHD [P, ps, h, d] or HND [P, h, ps, d], rows padded by 8.
+  const int ps = kv.page_size;
+  fa_tensor v;
+  v.stride[3] = 1;
+  if (kv.hnd) {
+    v.stride[1] = d + 8;
+    v.stride[2] = int64_t(ps) * v.stride[1];
+    v.stride[0] = int64_t(h) * v.stride[2] + 8;
+  } else {
+    v.stride[2] = d + 8;
+    v.stride[1] = int64_t(h) * v.stride[2];
+    v.stride[0] = int64_t(ps) * v.stride[1] + 16;
+  }
+  const size_t n = size_t(pg.num_pages) * size_t(v.stride[0]);
+  std::vector<uint16_t> dev(n, to_bits(NAN, bf16));
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < skmax; ++is) {
+      const int page = pg.table[size_t(ib) * pg.max_pages + is / ps];
+      if (kv.share_prefix && ib == 1 && is < ps) continue;  // sequence 0 wrote this page
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id)
+          dev[size_t(page) * v.stride[0] + size_t(is % ps) * v.stride[1] + ih * v.stride[2] + id] =
+              to_bits(host[((size_t(ib) * skmax + is) * h + ih) * d + id], bf16);
+    }
+  v.data = ctx.alloc(n * 2);
+  if (v.data) ctx.check(fa_memcpy_htod(ctx.rt, v.data, dev.data(), n * 2), "upload pages");
+  *t = v;
+}
+
+// Sets a's (decode or forward) kv fields for kc; k/v are placed by the caller.
+void set_kv_args(Ctx &ctx, const KvCase &kc, const Pages &pg, int batch, fa_kv_cache_layout *kv) {
+  kv->layout = kc.layout;
+  if (kc.layout != FA_KV_PAGED) return;
+  kv->page_size = kc.page_size;
+  kv->num_pages = pg.num_pages;
+  kv->max_pages_per_seq = pg.max_pages;
+  kv->block_table_stride = pg.max_pages + 5;  // rows with unused tails
+  std::vector<int32_t> t(size_t(batch) * kv->block_table_stride, -1);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < pg.max_pages; ++i)
+      t[size_t(b) * kv->block_table_stride + i] = pg.table[size_t(b) * pg.max_pages + i];
+  kv->block_table = ctx.alloc(t.size() * 4);
+  if (kv->block_table)
+    ctx.check(fa_memcpy_htod(ctx.rt, kv->block_table, t.data(), t.size() * 4), "block_table");
+}
+
+}  // namespace
 
 std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   Ctx ctx(rt);
@@ -427,6 +537,60 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   return err + ctx.err;
 }
 
+namespace {
+
+// A decode case through fa_launch (chunked prefill against a KV cache):
+// seqused_k = cache_seqlens, the queries the last seqlen_q positions of each
+// sequence (bottom-right causal), k/v in d's layout.
+std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
+                        const std::vector<double> &q, const std::vector<double> &k,
+                        const std::vector<double> &v, const std::vector<int32_t> &lens) {
+  const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
+  fa_forward_args a = FA_FORWARD_ARGS_INIT;
+  a.batch = c.batch;
+  a.seqlen_q = c.seqlen_q;
+  a.seqlen_k = c.seqlen_k_max;
+  a.q = d.q;
+  a.k = d.k_cache;
+  a.v = d.v_cache;
+  a.kv = d.kv;
+  a.seqused_k = d.cache_seqlens;
+  a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
+  const size_t o_elems = view_elems(a.o, c.batch);
+  const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
+  a.o.data = ctx.alloc(o_elems * 2);
+  a.lse = ctx.alloc(lse_n * 4);
+  if (!ctx.err.empty()) return ctx.err;
+  ctx.check(fa_memset(ctx.rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+  ctx.check(fa_memset(ctx.rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  ctx.check(fa_launch(ctx.rt, ctx.cfg, &a, nullptr), "fa_launch");
+  ctx.check(fa_synchronize(ctx.rt, nullptr), "fa_synchronize");
+  if (!ctx.err.empty()) return ctx.err;
+  std::string err;
+  ref::Problem p;
+  p.batch = c.batch;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k_max;
+  p.num_heads_q = c.heads_q;
+  p.num_heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.head_dim_v = dv;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.softcap = c.softcap;
+  std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
+  ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
+  const std::vector<float> o =
+      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
+  std::vector<float> lse(lse_n);
+  ctx.check(fa_memcpy_dtoh(ctx.rt, lse.data(), a.lse, lse_n * 4), "download LSE");
+  const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  return err + ctx.err;
+}
+
+}  // namespace
+
 std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
@@ -455,20 +619,44 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
       std::fill_n(vh.begin() + (size_t(b) * c.seqlen_k_max + j) * row_v, row_v, NAN);
     }
   }
+  const bool paged = c.kv.layout == FA_KV_PAGED;
+  const bool share = paged && c.kv.share_prefix && c.batch >= 2 &&
+                     c.cache_seqlens[0] >= std::min(c.kv.page_size, c.seqlen_k_max);
+  if (share) {
+    // Sequence 1 starts with sequence 0's first page (a shared prompt prefix).
+    const size_t row_k = size_t(c.heads_kv) * c.head_dim, row_v = size_t(c.heads_kv) * dv;
+    const int rows = std::min(c.kv.page_size, c.seqlen_k_max);
+    for (int j = 0; j < rows && j < c.cache_seqlens[1]; ++j) {
+      std::copy_n(kh.begin() + j * row_k, row_k, kh.begin() + (c.seqlen_k_max + j) * row_k);
+      std::copy_n(vh.begin() + j * row_v, row_v, vh.begin() + (c.seqlen_k_max + j) * row_v);
+    }
+  }
   fa_decode_args a = FA_DECODE_ARGS_INIT;
   a.batch = c.batch;
   a.seqlen_q = c.seqlen_q;
   a.seqlen_k_max = c.seqlen_k_max;
   a.num_splits = c.num_splits;
+  a.batch_invariant = c.batch_invariant;
   const std::vector<double> q =
       upload(ctx, qh, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bf16, false, &a.q);
   const std::vector<double> k =
       upload(ctx, kh, c.batch, c.seqlen_k_max, c.heads_kv, c.head_dim, c.bf16, true, &a.k_cache);
   const std::vector<double> v =
       upload(ctx, vh, c.batch, c.seqlen_k_max, c.heads_kv, dv, c.bf16, false, &a.v_cache);
+  if (c.kv.layout != FA_KV_CONTIGUOUS) {
+    KvCase kc = c.kv;
+    kc.share_prefix = share;
+    const Pages pg = paged ? make_pages(kc, c.batch, c.seqlen_k_max) : Pages();
+    place_kv(ctx, kh, c.batch, c.seqlen_k_max, c.heads_kv, c.head_dim, c.bf16, kc, pg, &a.k_cache,
+             &a.kv.k_ptrs);
+    place_kv(ctx, vh, c.batch, c.seqlen_k_max, c.heads_kv, dv, c.bf16, kc, pg, &a.v_cache,
+             &a.kv.v_ptrs);
+    set_kv_args(ctx, kc, pg, c.batch, &a.kv);
+  }
   a.cache_seqlens = ctx.alloc(size_t(c.batch) * 4);
   std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());
   ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
+  if (c.prefill) return run_prefill(ctx, c, a, q, k, v, lens);
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;

@@ -32,6 +32,16 @@ struct ForwardCase {
   std::string describe() const;
 };
 
+// How a case lays out its KV cache (flashattn.h, fa_kv_layout).
+struct KvCase {
+  int layout = FA_KV_CONTIGUOUS;
+  int page_size = 0;          // FA_KV_PAGED
+  bool hnd = false;           // FA_KV_PAGED: pages [num_pages, heads_kv, page_size, d]
+  bool share_prefix = false;  // FA_KV_PAGED: sequence 1's first page is sequence 0's
+  uint32_t seed = 7;          // page order
+  std::string describe() const;
+};
+
 struct DecodeCase {
   int batch = 1, seqlen_q = 1, seqlen_k_max = 1;
   std::vector<int> cache_seqlens;  // size batch, each in [0, seqlen_k_max]
@@ -43,6 +53,11 @@ struct DecodeCase {
   bool partials_only = false;  // o.data = 0: only the workspace's partial states
   uint32_t seed = 1;
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;  // fixture inputs
+  KvCase kv;
+  bool batch_invariant = false;
+  // Run through fa_launch instead (chunked prefill): seqused_k =
+  // cache_seqlens, the same bottom-right causal alignment.
+  bool prefill = false;
   std::string describe() const;
 };
 

@@ -179,6 +179,33 @@ void CopyPlan::boundary(Reg tp, Reg rows_left, Reg safe) const {
   }
 }
 
+void CopyPlan::gather(const std::function<Reg(Reg)> &row_addr, Reg rows_left, Reg safe) const {
+  ptx::Builder &b = e_->b;
+  Reg tid = e_->mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
+  Reg coff = b.b64();
+  b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(16));
+  for (int k = 0; k < rounds_; ++k) {
+    Reg r = k ? e_->op(Op::Add, Type::S32, row0, imm(k * step_)) : row0;
+    b.op(Op::Add, Type::S64, ga_, row_addr(r), coff);
+    Reg size;
+    if (rows_left.valid()) {
+      b.setp(Cmp::Lt, Type::S32, ok_, r, rows_left);
+      b.selp(Type::B64, ga_, ga_, safe, ok_);
+      b.selp(Type::B32, size_, imm(16), imm(0), ok_);
+      size = size_;
+    }
+    for (int j = 0; j < J_; ++j) {
+      Reg g = guard(k, j);
+      if (g.valid()) b.when(g);
+      if (size.valid())
+        b.cp_async_cg16(at(saddr0_, soff(k, j)), at(ga_, 16 * L_ * j), size);
+      else
+        b.cp_async_cg16(at(saddr0_, soff(k, j)), at(ga_, 16 * L_ * j));
+    }
+  }
+}
+
 void CopyPlan::zero_padding() const {
   ptx::Builder &b = e_->b;
   const int pad = pad_, valid_ = dst_.cols / 8;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "kernels/codegen.h"
@@ -109,6 +110,12 @@ class CopyPlan {
   // Rows >= rows_left are zero-filled (src-size 0 from `safe`, a valid global
   // address that is not read).
   void boundary(Reg tp, Reg rows_left, Reg safe) const;
+  // Rows found one by one (a paged KV cache whose pages are shorter than a
+  // tile): row_addr(r) gives the global address of tile row r (an s32
+  // register; it may be past the tile or rows_left, and must then still be
+  // a readable row, which is not read). Rows >= rows_left are zero-filled;
+  // an invalid rows_left means every row is present.
+  void gather(const std::function<Reg(Reg)> &row_addr, Reg rows_left, Reg safe) const;
   // Zeroes the padding columns of every row (once, before they are read).
   void zero_padding() const;
 
