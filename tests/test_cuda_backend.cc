@@ -234,6 +234,15 @@ EXPORT int mock_live_modules(void) { return live_modules; }
 static int attention_launches;
 EXPORT int mock_attention_launches(void) { return attention_launches; }
 EXPORT int mock_depth(void) { return depth; }
+// Stream-capture mode (what CUDA graphs require of a captured call): no
+// allocation, copy, memset, synchronisation or module load. While it is on,
+// each such call is a violation; launches are counted.
+static int capturing, captured_launches;
+EXPORT void mock_capture(int on) { capturing = on; }
+EXPORT int mock_captured_launches(void) { return captured_launches; }
+static void not_in_capture(const char *what) {
+  if (capturing) violation(what);
+}
 
 static CUresult error_name(CUresult r, const char **s) {
   switch (r) {
@@ -301,6 +310,7 @@ static void jit_options(Link *l, unsigned n, int *opt, void **val) {
   }
 }
 static CUresult link_create(unsigned n, int *opt, void **val, void **state) {
+  not_in_capture("cuLinkCreate during capture");
   CUresult r = bound(); if (r) return r;
   Link *l = calloc(1, sizeof *l);
   jit_options(l, n, opt, val);
@@ -338,6 +348,7 @@ static CUresult link_destroy(void *state) {
   free(l->ptx); free(l->cubin); free(l); return 0;
 }
 static CUresult module_load(void **mod, const void *image, unsigned n, int *opt, void **val) {
+  not_in_capture("cuModuleLoadDataEx during capture");
   CUresult r = bound(); if (r) return r;
   Link logs = {0};
   jit_options(&logs, n, opt, val);
@@ -403,7 +414,11 @@ static CUresult launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned
   unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
   if (strcmp(f->name, "fault") == 0) { sticky = 700; return 0; }
   // flashattn's own kernels: accepted and counted, not computed (no numerics here).
-  if (strncmp(f->name, "fa_", 3) == 0) { __sync_fetch_and_add(&attention_launches, 1); return 0; }
+  if (strncmp(f->name, "fa_", 3) == 0) {
+    __sync_fetch_and_add(&attention_launches, 1);
+    if (capturing) __sync_fetch_and_add(&captured_launches, 1);
+    return 0;
+  }
   if (strcmp(f->name, "vec_add") == 0) {
     float *a, *b, *c; unsigned n;
     memcpy(&a, block, 8); memcpy(&b, block + 8, 8); memcpy(&c, block + 16, 8);
@@ -421,28 +436,37 @@ static CUresult launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned
   return 1;
 }
 static CUresult mem_alloc(CUdeviceptr *p, size_t bytes) {
+  not_in_capture("cuMemAlloc during capture");
   CUresult r = bound(); if (r) return r;
   void *m = keep(aligned_alloc(256, (bytes + 255) / 256 * 256));
   if (!m) return 2;
   *p = (CUdeviceptr)(uintptr_t)m; return 0;
 }
 static CUresult mem_free(CUdeviceptr p) {
+  not_in_capture("cuMemFree during capture");
   CUresult r = bound(); if (r) return r;
   free((void *)(uintptr_t)p); return 0;
 }
 static CUresult htod(CUdeviceptr d, const void *s, size_t n) {
+  not_in_capture("cuMemcpyHtoD during capture");
   CUresult r = bound(); if (r) return r;
   memcpy((void *)(uintptr_t)d, s, n); return 0;
 }
 static CUresult dtoh(void *d, CUdeviceptr s, size_t n) {
+  not_in_capture("cuMemcpyDtoH during capture (a host read of device data)");
   CUresult r = bound(); if (r) return r;
   memcpy(d, (void *)(uintptr_t)s, n); return 0;
 }
 static CUresult memset_d8(CUdeviceptr d, unsigned char v, size_t n) {
+  not_in_capture("cuMemsetD8 during capture");
   CUresult r = bound(); if (r) return r;
   memset((void *)(uintptr_t)d, v, n); return 0;
 }
-static CUresult stream_sync(void *stream) { (void)stream; return bound(); }
+static CUresult stream_sync(void *stream) {
+  (void)stream;
+  not_in_capture("cuStreamSynchronize during capture");
+  return bound();
+}
 
 static const struct { const char *name; void *fn; } table[] = {
   {"cuGetErrorName", (void *)error_name}, {"cuGetErrorString", (void *)error_string},
@@ -955,6 +979,180 @@ int probe_driver_change(const char *cache_dir, int step) {
   return kExitPass;
 }
 
+// CUDA-graph safety (issue 11; docs/api.md): once a shape's kernels are
+// loaded, fa_decode, fa_decode_reduce and fa_launch make no allocation, copy,
+// memset, synchronisation or module load, and never read device data on the
+// host: every such driver call while the mock is in capture mode is a
+// violation. Covered: contiguous, paged (page_size 16 and 3) and
+// pointer-array caches, seqlen_q 1 and 3, automatic, forced and
+// batch-invariant splits; chunked prefill through a paged cache with
+// seqused_k. The workspace size depends on host arguments only: the
+// same before and after the device lengths change.
+int probe_graph_safe() {
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_CUDA;
+  o.cache_mode = FA_CACHE_MEMORY;
+  fa_runtime *rt = nullptr;
+  PROBE_STATUS(FA_SUCCESS, fa_runtime_create(&o, &rt));
+  void *mock = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  PROBE_CHECK(mock != nullptr, "the mock driver is not loaded");
+  auto capture = reinterpret_cast<void (*)(int)>(dlsym(mock, "mock_capture"));
+  auto captured = reinterpret_cast<int (*)()>(dlsym(mock, "mock_captured_launches"));
+  PROBE_CHECK(capture && captured, "mock without capture mode");
+  const int batch = 3, hq = 8, hkv = 2, d = 128, skmax = 96, sq_max = 3;
+  fa_config_desc cd = FA_CONFIG_DESC_INIT;
+  cd.head_dim = d;
+  cd.num_heads_q = hq;
+  cd.num_heads_kv = hkv;
+  cd.causal = 1;
+  fa_config *cfg = nullptr;
+  PROBE_STATUS(FA_SUCCESS, fa_config_create(&cd, &cfg));
+  // Device buffers: Q/O for the largest seqlen_q, a contiguous cache, a page
+  // pool large enough for page_size 3, tables, pointer arrays, lengths.
+  auto alloc = [&](size_t bytes) {
+    uint64_t p = 0;
+    PROBE_STATUS(FA_SUCCESS, fa_malloc(rt, bytes, &p));
+    return p;
+  };
+  const size_t row = size_t(hkv) * d;
+  const uint64_t q = alloc(size_t(batch) * sq_max * hq * d * 2);
+  const uint64_t out = alloc(size_t(batch) * sq_max * hq * d * 2);
+  const uint64_t lse = alloc(size_t(batch) * sq_max * hq * 4);
+  const uint64_t kc = alloc(size_t(batch) * skmax * row * 2);
+  const uint64_t vc = alloc(size_t(batch) * skmax * row * 2);
+  const int max_pages = skmax;  // page_size 1 would need this many
+  const uint64_t table = alloc(size_t(batch) * max_pages * 4);
+  const uint64_t ptrs = alloc(size_t(2) * batch * 8);
+  const uint64_t lens = alloc(size_t(batch) * 4);
+  std::vector<int32_t> host_table(size_t(batch) * max_pages);
+  for (size_t i = 0; i < host_table.size(); ++i) host_table[i] = int32_t(i % (skmax / 3));
+  PROBE_STATUS(FA_SUCCESS, fa_memcpy_htod(rt, table, host_table.data(), host_table.size() * 4));
+  const uint64_t host_ptrs[6] = {kc, kc + skmax * row * 2, kc + 2 * skmax * row * 2,
+                                 vc, vc + skmax * row * 2, vc + 2 * skmax * row * 2};
+  PROBE_STATUS(FA_SUCCESS, fa_memcpy_htod(rt, ptrs, host_ptrs, sizeof host_ptrs));
+  const int32_t host_lens[3] = {96, 1, 40};
+  PROBE_STATUS(FA_SUCCESS, fa_memcpy_htod(rt, lens, host_lens, sizeof host_lens));
+  auto bhsd = [](fa_tensor *t, uint64_t data, int64_t s, int64_t h, int64_t dd) {
+    t->data = data;
+    t->stride[0] = s * h * dd;
+    t->stride[1] = h * dd;
+    t->stride[2] = dd;
+    t->stride[3] = 1;
+  };
+  struct DecodeVariant {
+    int layout, page_size, seqlen_q, num_splits, invariant;
+  };
+  const DecodeVariant variants[] = {
+      {FA_KV_CONTIGUOUS, 0, 1, 0, 0}, {FA_KV_CONTIGUOUS, 0, 3, 3, 0}, {FA_KV_PAGED, 16, 1, 0, 0},
+      {FA_KV_PAGED, 3, 3, 0, 1},      {FA_KV_PTR_ARRAY, 0, 1, 2, 0},
+  };
+  const uint64_t ws_bytes = 1 << 20;
+  const uint64_t ws = alloc(ws_bytes);
+  auto decode_args = [&](const DecodeVariant &v) {
+    fa_decode_args a = FA_DECODE_ARGS_INIT;
+    a.batch = batch;
+    a.seqlen_q = v.seqlen_q;
+    a.seqlen_k_max = skmax;
+    bhsd(&a.q, q, v.seqlen_q, hq, d);
+    bhsd(&a.o, out, v.seqlen_q, hq, d);
+    bhsd(&a.k_cache, kc, skmax, hkv, d);
+    bhsd(&a.v_cache, vc, skmax, hkv, d);
+    a.cache_seqlens = lens;
+    a.num_splits = v.num_splits;
+    a.lse = lse;
+    a.workspace = ws;
+    a.workspace_size = ws_bytes;
+    a.batch_invariant = v.invariant;
+    a.kv.layout = v.layout;
+    if (v.layout == FA_KV_PAGED) {
+      a.kv.page_size = v.page_size;
+      a.kv.num_pages = skmax / 3;
+      a.kv.max_pages_per_seq = (skmax + v.page_size - 1) / v.page_size;
+      a.kv.block_table = table;
+      a.kv.block_table_stride = max_pages;
+      bhsd(&a.k_cache, kc, v.page_size, hkv, d);
+      bhsd(&a.v_cache, vc, v.page_size, hkv, d);
+    } else if (v.layout == FA_KV_PTR_ARRAY) {
+      a.kv.k_ptrs = ptrs;
+      a.kv.v_ptrs = ptrs + 3 * 8;
+      a.k_cache.data = a.v_cache.data = 0;
+      a.k_cache.stride[0] = a.v_cache.stride[0] = 0;
+    }
+    return a;
+  };
+  fa_forward_args f = FA_FORWARD_ARGS_INIT;
+  f.batch = batch;
+  f.seqlen_q = sq_max;
+  f.seqlen_k = skmax;
+  bhsd(&f.q, q, sq_max, hq, d);
+  bhsd(&f.o, out, sq_max, hq, d);
+  bhsd(&f.k, kc, 16, hkv, d);
+  bhsd(&f.v, vc, 16, hkv, d);
+  f.kv.layout = FA_KV_PAGED;
+  f.kv.page_size = 16;
+  f.kv.num_pages = skmax / 3;
+  f.kv.max_pages_per_seq = skmax / 16;
+  f.kv.block_table = table;
+  f.kv.block_table_stride = max_pages;
+  f.seqused_k = lens;
+  f.lse = lse;
+  // Every call twice: loads its kernels (outside capture), then in capture.
+  int launches = 0;
+  std::vector<size_t> ws_before;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      PROBE_STATUS(FA_SUCCESS, fa_synchronize(rt, nullptr));
+      // Lengths change on the device between graph replays: nothing host-side may depend on them.
+      const int32_t other[3] = {5, 96, 0};
+      PROBE_STATUS(FA_SUCCESS, fa_memcpy_htod(rt, lens, other, sizeof other));
+      capture(1);
+    }
+    size_t i = 0;
+    for (const DecodeVariant &v : variants) {
+      fa_decode_args a = decode_args(v);
+      size_t bytes = 0;
+      int32_t splits = 0;
+      PROBE_STATUS(FA_SUCCESS, fa_decode_workspace_size(rt, cfg, &a, &bytes, &splits));
+      PROBE_CHECK(bytes <= ws_bytes, "workspace %zu", bytes);
+      if (pass == 0) ws_before.push_back(bytes);
+      PROBE_CHECK(ws_before[i++] == bytes, "workspace size changed with device data");
+      PROBE_STATUS(FA_SUCCESS, fa_decode(rt, cfg, &a, nullptr));
+      // The partial states alone, then the combine on its own.
+      a.o.data = 0;
+      a.lse = 0;
+      PROBE_STATUS(FA_SUCCESS, fa_decode(rt, cfg, &a, nullptr));
+      // The workspace layout of docs/api.md: O_partial [splits, batch,
+      // seqlen_q, hq, d] fp32, then LSE_partial [splits, batch, hq, seqlen_q]
+      // at the next 256-byte boundary.
+      fa_reduce_args r = FA_REDUCE_ARGS_INIT;
+      const int64_t sq = v.seqlen_q;
+      r.batch = batch;
+      r.seqlen_q = v.seqlen_q;
+      r.num_splits = splits;
+      r.o_partial = ws;
+      const int64_t os[5] = {batch * sq * hq * d, sq * hq * d, hq * d, d, 1};
+      std::copy(os, os + 5, r.o_partial_stride);
+      r.lse_partial = ws + (uint64_t(splits) * batch * sq * hq * d * 4 + 255) / 256 * 256;
+      const int64_t ls[4] = {batch * hq * sq, hq * sq, sq, 1};
+      std::copy(ls, ls + 4, r.lse_partial_stride);
+      bhsd(&r.o, out, v.seqlen_q, hq, d);
+      PROBE_STATUS(FA_SUCCESS, fa_decode_reduce(rt, cfg, &r, nullptr));
+      launches += pass == 1 ? (splits > 1 ? 2 : 1) + 1 + 1 : 0;
+    }
+    PROBE_STATUS(FA_SUCCESS, fa_launch(rt, cfg, &f, nullptr));
+    launches += pass == 1 ? 1 : 0;
+  }
+  capture(0);
+  PROBE_STATUS(FA_SUCCESS, fa_synchronize(rt, nullptr));
+  std::printf("captured launches %d (at least %d expected)\n", captured(), launches);
+  PROBE_CHECK(captured() >= launches, "captured %d launches, want >= %d", captured(), launches);
+  for (uint64_t b : {q, out, lse, kc, vc, table, ptrs, lens, ws})
+    PROBE_STATUS(FA_SUCCESS, fa_free(rt, b));
+  fa_config_destroy(cfg);
+  fa_runtime_destroy(rt);
+  return kExitPass;
+}
+
 int probe_main(int argc, char **argv) {
   alarm(300);  // a hung driver call ends the child, and the parent reports it
   const std::string name = argv[2];
@@ -973,6 +1171,8 @@ int probe_main(int argc, char **argv) {
     rc = probe_threads();
   } else if (name == "lifetime") {
     rc = probe_lifetime();
+  } else if (name == "graph_safe") {
+    rc = probe_graph_safe();
   } else if (name == "driver_change" && argc > 4) {
     rc = probe_driver_change(argv[3], std::atoi(argv[4]));
   } else {
@@ -1421,6 +1621,11 @@ void test_mock_driver_change_rebuilds_cubin(void **state) {
 
 void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, {"lifetime"}, true); }
 
+void test_mock_launch_path_is_graph_safe(void **state) {
+  const ProbeResult r = run_on_mock(state, {"graph_safe"}, true);
+  std::printf("%s", r.output.c_str());
+}
+
 // --- tests with a GPU -------------------------------------------------------
 
 void test_gpu_vec_add(void **state) {
@@ -1474,6 +1679,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mock_threads_share_backend),
       cmocka_unit_test(test_mock_kernel_outlives_backend),
       cmocka_unit_test(test_mock_driver_change_rebuilds_cubin),
+      cmocka_unit_test(test_mock_launch_path_is_graph_safe),
       cmocka_unit_test(test_gpu_vec_add),
       cmocka_unit_test(test_gpu_dynamic_smem_above_48k),
       cmocka_unit_test(test_gpu_fault_poisons_backend),

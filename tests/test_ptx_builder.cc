@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -418,10 +419,37 @@ void test_spec_choices(void **) {
   assert_true(max_dynamic_smem(t) <= 47 * 1024);
   assert_int_equal(t.m_tiles, 1);
   const KernelSpec f = fwd(256, 256, 80);
-  // The decode and reduce kernels keep static shared memory only.
-  assert_int_equal(max_dynamic_smem(make_spec(config(128, 128, 8, 2, Dtype::F16, 0),
-                                              KernelKind::Decode, 80, false)),
-                   0);
+  // Decode on tensor cores: 16 packed rows, 4 warps x 3 stages at d128
+  // (2 CTAs per SM on sm_90's 228 KB, 1 on sm_80's 164 KB), Q re-read from
+  // shared memory past d128; every SM's tile fits its opt-in limit.
+  const KernelSpec d80 =
+      make_spec(config(128, 128, 32, 8, Dtype::F16, 0), KernelKind::Decode, 80, false);
+  assert_true(d80.mma && d80.block_m == 16 && d80.num_warps == 4 && d80.stages == 3);
+  assert_true(d80.q_in_regs && d80.group_size == 4 && d80.min_ctas == 1);
+  const KernelSpec d90 =
+      make_spec(config(128, 128, 32, 8, Dtype::F16, 0), KernelKind::Decode, 90, false);
+  assert_int_equal(d90.min_ctas, 2);
+  const KernelSpec d256 =
+      make_spec(config(256, 256, 8, 8, Dtype::F16, 0), KernelKind::Decode, 80, false);
+  assert_true(d256.mma && !d256.q_in_regs && d256.stages == 2);
+  for (int sm : {80, 86, 89, 90, 120}) {
+    DeviceLimits lim;
+    assert_true(published_limits(sm, &lim));
+    for (int d : {8, 64, 128, 200, 256}) {
+      const KernelSpec x =
+          make_spec(config(d, d, 8, 2, Dtype::BF16, 0), KernelKind::Decode, sm, false);
+      assert_true(x.mma && x.min_ctas >= 1);
+      assert_true(max_dynamic_smem(x) > 0 && max_dynamic_smem(x) <= lim.smem_per_block_optin);
+      assert_false(generate_ptx(x).empty());
+    }
+  }
+  // FLASHATTN_SCALAR_DECODE=1 keeps the scalar kernel (static shared memory).
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  const KernelSpec ds =
+      make_spec(config(128, 128, 8, 2, Dtype::F16, 0), KernelKind::Decode, 80, false);
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  assert_false(ds.mma);
+  assert_int_equal(max_dynamic_smem(ds), 0);
   KernelSpec v = f;
   const int isa[][2] = {{80, 70},  {86, 71},  {87, 74},  {89, 78},  {90, 78},
                         {100, 86}, {103, 88}, {110, 90}, {120, 87}, {121, 88}};

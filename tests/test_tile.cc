@@ -167,11 +167,16 @@ void test_mma_fragments(void **) {
 // then dumps the whole padded shared tile (pitch bytes per row) to global.
 void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, bool share) {
   const int stride = cols + 24;
-  // A second tile after the first, filled through a plan sharing the first's
-  // registers when `share`.
+  // A second and a third tile after the first, filled through plans sharing
+  // the previous plan's registers when `share` (a chain: t2's plan shares
+  // t1's, which shares t0's) when three tiles fit in sm_80's shared memory.
   const tile::SmemTile t0 = tile::smem_tile(0, rows, cols);
   const tile::SmemTile t1 = tile::smem_tile(t0.bytes(), rows, cols);
-  const uint32_t smem_bytes = t1.offset + t1.bytes();
+  const tile::SmemTile t2 = tile::smem_tile(t1.offset + t1.bytes(), rows, cols);
+  const bool three = t2.offset + t2.bytes() <= 160 * 1024;
+  std::vector<tile::SmemTile> tiles = {t0, t1};
+  if (three) tiles.push_back(t2);
+  const uint32_t smem_bytes = tiles.back().offset + tiles.back().bytes();
   std::vector<uint16_t> src(size_t(rows) * stride);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(0x1000 + i % 0xe000);
   const std::string ptx = kernel(threads, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
@@ -188,9 +193,11 @@ void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, b
     b.bar_sync();
     tile::CopyPlan p0(e, tid, threads, t0, smem, sb);
     tile::CopyPlan p1(e, tid, threads, t1, smem, sb, share ? &p0 : nullptr);
-    p0.zero_padding();
-    p1.zero_padding();
-    for (const tile::CopyPlan *p : {&p0, &p1}) {
+    tile::CopyPlan p2(e, tid, threads, t2, smem, sb, share ? &p1 : nullptr);
+    std::vector<const tile::CopyPlan *> plans = {&p0, &p1};
+    if (three) plans.push_back(&p2);
+    for (const tile::CopyPlan *p : plans) p->zero_padding();
+    for (const tile::CopyPlan *p : plans) {
       Reg tp = e.op(Op::Add, Type::S64, g[0], p->base_offset());
       if (boundary)
         p->boundary(tp, e.mov(Type::S32, imm(rows_left)), g[0]);
@@ -215,7 +222,7 @@ void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, b
   assert_int_equal(launch(ptx, threads, smem_bytes, p), FA_SUCCESS);
   const std::vector<uint16_t> got = dout.get<uint16_t>();
   int bad = 0;
-  for (const tile::SmemTile &t : {t0, t1}) {
+  for (const tile::SmemTile &t : tiles) {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < t.cols_pad; ++c) {
         const uint16_t g = got[(t.offset + size_t(t.at(r, c))) / 2];

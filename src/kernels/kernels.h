@@ -18,7 +18,7 @@ enum class KvLayout : uint8_t { Contiguous = 0, Paged = 1, PtrArray = 2 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 6;
+constexpr uint32_t kGeneratorVersion = 7;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;

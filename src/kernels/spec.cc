@@ -65,11 +65,22 @@ bool tc_forward_enabled() {
   return !(v && v[0] == '1');
 }
 
+// FLASHATTN_SCALAR_DECODE=1 selects the scalar fp32 decode kernel (for
+// comparison and debugging).
+bool tc_decode_enabled() {
+  const char *v = std::getenv("FLASHATTN_SCALAR_DECODE");
+  return !(v && v[0] == '1');
+}
+
 bool spec_valid(const KernelSpec &s) {
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
+  if (s.mma && s.kind == KernelKind::Decode)
+    return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
+           s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
+           s.min_ctas >= 1 && s.min_ctas <= 32;
   if (s.mma)
     return d_ok && dv_ok && w_ok && s.kind == KernelKind::Forward && s.sm >= 80 &&
            (s.m_tiles == 1 || s.m_tiles == 2) && s.block_m == 16 * s.m_tiles * s.num_warps &&
@@ -150,6 +161,37 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   }
 }
 
+// The tensor-core decode tile (docs/kernels.md, "Decode on tensor cores"):
+// 16 packed rows per CTA; warps x stages from shared memory, preferring 4
+// warps with 3 stages (two warp tiles in flight per warp), then fewer
+// stages, then fewer warps. Q stays in registers up to head_dim 128.
+void choose_decode_tile(const DeviceLimits &dev, KernelSpec *s) {
+  DeviceLimits lim = dev;
+  if (lim.smem_per_sm == 0 || lim.regs_per_sm == 0 || lim.threads_per_sm == 0) {
+    if (!published_limits(dev.sm, &lim)) published_limits(80, &lim);
+  }
+  if (lim.smem_per_block_optin == 0) lim.smem_per_block_optin = lim.smem_per_sm - 1024;
+  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
+  s->block_m = 16;
+  s->q_in_regs = dpad <= 128;
+  const int regs = dvpad / 2 + 8 + (s->q_in_regs ? dpad / 4 : 4) + 64 + (s->softcap ? 16 : 0);
+  const int cands[][2] = {{4, 3}, {4, 2}, {2, 2}, {1, 2}};
+  for (const auto &c : cands) {
+    KernelSpec t = *s;
+    t.num_warps = c[0];
+    t.stages = c[1];
+    t.block_n = 16 * c[0];
+    const uint32_t smem = kgen::decode_tc_smem(t);
+    const uint32_t threads = 32u * c[0];
+    const uint32_t alloc = (static_cast<uint32_t>(std::min(regs, 255)) + 7) / 8 * 8 * threads;
+    const uint32_t ctas = std::min({lim.smem_per_sm / (smem + 1024), lim.regs_per_sm / alloc,
+                                    lim.threads_per_sm / threads, 32u});
+    *s = t;
+    s->min_ctas = std::max<int>(1, static_cast<int>(ctas));
+    if (smem <= lim.smem_per_block_optin && ctas >= 1) return;
+  }
+}
+
 }  // namespace
 
 std::string KernelSpec::serialize() const {
@@ -225,6 +267,11 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.varlen = varlen;
     s.num_warps = 4;
     s.block_m = s.num_warps * fit_rows_per_warp(s, 4);
+  } else if (dev.sm >= 80 && tc_decode_enabled()) {
+    int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
+    s.group_size = g < 1 ? 1 : g;
+    s.mma = true;
+    choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
     s.group_size = g < 1 ? 1 : g;
@@ -234,8 +281,9 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   }
   s.kv_layout = shape.kv_layout;
   // The scalar kernels look a page up per row (they are not tuned for it).
+  const int tile_keys = kind == KernelKind::Decode ? 16 : s.block_n;  // a warp's tile in decode
   s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && shape.page_size > 0 &&
-                 shape.page_size % s.block_n == 0;
+                 shape.page_size % tile_keys == 0;
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   return s;
 }
@@ -289,6 +337,7 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
   if (spec.mma) return kgen::generate_forward_tc(spec);
   return kgen::generate_attention(spec);
 }
@@ -310,6 +359,7 @@ LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
                        ceil_div(int64_t(spec.group_size) * p.seqlen_q, spec.block_m));
   g.grid[2] = grid_dim(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  g.smem_bytes = max_dynamic_smem(spec);
   return g;
 }
 
@@ -330,6 +380,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
   if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;
+  if (spec.kind == KernelKind::Decode && spec.mma) return kgen::decode_tc_smem(spec);
   return 0;
 }
 

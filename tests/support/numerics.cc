@@ -215,8 +215,11 @@ std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h,
 
 // Downloads the decode workspace's partial states (layout in docs/api.md),
 // checks every one was written (O_s finite, LSE_s finite or -inf), merges
-// them on the host in fp64 and compares with the reference.
-void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq, int dv,
+// them on the host in fp64 and compares with the reference. The tensor-core
+// decode rounds P to the input dtype before P V (as FlashAttention does), so
+// the merged O carries that rounding: 2^-8 relative for bf16, 2^-11 for fp16,
+// summed over at most a few terms of either sign.
+void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq, int dv, bool bf16,
                     const std::vector<double> &o_ref, const std::vector<double> &lse_ref,
                     std::string *err) {
   const size_t rows = size_t(batch) * sq * hq;
@@ -254,7 +257,8 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
   std::printf("    partial states: %lld empty split rows, merged max_abs %.3g, lse err %.3g\n",
               empty, e.max_abs, lse_err);
   if (unwritten) *err += "partial states unwritten: " + std::to_string(unwritten) + "\n";
-  if (e.nonfinite || e.max_abs > 1e-4 * std::max(1.0, e.max_ref)) {
+  const double o_tol = (bf16 ? 4e-3 : 5e-4) * std::max(1.0, e.max_ref);
+  if (e.nonfinite || e.max_abs > o_tol) {
     *err += "merged partial O off: max_abs " + std::to_string(e.max_abs) + "\n";
   }
   if (lse_err > 1e-4) *err += "merged partial LSE off: " + std::to_string(lse_err) + "\n";
@@ -693,8 +697,8 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.softcap = c.softcap;
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
-  check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, o_ref, lse_ref,
-                 &err);
+  check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, o_ref,
+                 lse_ref, &err);
   if (c.partials_only) return err + ctx.err;
   const std::vector<float> o =
       download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);

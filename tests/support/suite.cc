@@ -128,8 +128,20 @@ void test_decode_fixture(void **state) {
       print_error("missing %s/%s.npy\n", fx, qname);
       fail();
     }
-    for (int splits : {0, 5}) {
+    // Contiguous (automatic and forced splits), then the same cache re-laid
+    // into shuffled pages of 16 and of 3 tokens, and into per-sequence
+    // pointer arrays.
+    struct Variant {
+      int splits, layout, page_size;
+    };
+    for (const Variant &var : {Variant{0, FA_KV_CONTIGUOUS, 0}, Variant{5, FA_KV_CONTIGUOUS, 0},
+                               Variant{0, FA_KV_PAGED, 16}, Variant{5, FA_KV_PAGED, 3},
+                               Variant{0, FA_KV_PTR_ARRAY, 0}}) {
+      const int splits = var.splits;
       DecodeCase c;
+      c.kv.layout = var.layout;
+      c.kv.page_size = var.page_size;
+      c.kv.seed = 23;
       c.batch = int(qs[0]);
       c.seqlen_q = int(qs[1]);
       c.heads_q = int(qs[2]);

@@ -106,7 +106,8 @@ CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg sm
   if (shared) {
     row0_ = share->row0_;
     saddr0_ = share->saddr0_;
-    delta_ = static_cast<int>(dst.offset) - static_cast<int>(share->dst_.offset);
+    // share->saddr0_ addresses tile offset share->dst_.offset - share->delta_.
+    delta_ = static_cast<int>(dst.offset) - static_cast<int>(share->dst_.offset) + share->delta_;
   } else {
     row0_ = e.op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
     saddr0_ = e.op(Op::MadLo, Type::U32, row0_, imm(dst.pitch), smem_base);
@@ -144,6 +145,12 @@ Reg CopyPlan::guard(int k, int j) const {
   return Reg();
 }
 
+Reg CopyPlan::thread_index() const {
+  Reg tid = e_->mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  if (threads_ == 32) e_->b.op(Op::And, Type::B32, tid, tid, imm(31));  // a warp's own plan
+  return tid;
+}
+
 void CopyPlan::interior(Reg tp) const {
   ptx::Builder &b = e_->b;
   b.mov(Type::B64, ga_, tp);
@@ -161,7 +168,7 @@ void CopyPlan::boundary(Reg tp, Reg rows_left, Reg safe) const {
   ptx::Builder &b = e_->b;
   // The thread's first row, re-derived from %tid.x: the boundary path runs
   // on few tiles, so its row need not stay live across a loop.
-  Reg tid = e_->mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  Reg tid = thread_index();
   Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
   b.op(Op::Sub, Type::S32, rl_, rows_left, row0);
   b.mov(Type::B64, ga_, tp);
@@ -181,7 +188,7 @@ void CopyPlan::boundary(Reg tp, Reg rows_left, Reg safe) const {
 
 void CopyPlan::gather(const std::function<Reg(Reg)> &row_addr, Reg rows_left, Reg safe) const {
   ptx::Builder &b = e_->b;
-  Reg tid = e_->mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  Reg tid = thread_index();
   Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
   Reg coff = b.b64();
   b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(16));

@@ -90,6 +90,8 @@ void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset);
 // J cp.async per round, shared offsets immediate, predicates loop-invariant.
 // Padding chunks (cols .. cols_pad) are never copied: zero_padding() clears
 // them once.
+// A plan of 32 threads is one warp's own (tid = the lane): each warp of a
+// CTA then copies its own tiles.
 class CopyPlan {
  public:
   CopyPlan() = default;
@@ -121,6 +123,9 @@ class CopyPlan {
 
  private:
   Reg guard(int k, int j) const;
+  // The plan's thread index re-derived from %tid.x (the lane for a plan of
+  // 32 threads: one warp's own copies).
+  Reg thread_index() const;
   int soff(int k, int j) const { return k * step_ * dst_.pitch + 16 * L_ * j + delta_; }
   Emitter *e_ = nullptr;
   SmemTile dst_;

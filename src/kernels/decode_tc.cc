@@ -1,0 +1,493 @@
+// Tensor-core decode generator: Flash-Decoding (Dao, Haziza, Massa, Sizov,
+// 2023) on mma.sync, sm_80 and up, composed from the tile primitives
+// (kernels/tile/tile.h).
+//
+// A CTA owns one (split, KV head, m-block, batch). Its 16 rows are (token,
+// query head) pairs of the KV head's GQA group packed into the mma M
+// dimension: packed row r is token r / group_size and query head
+// kv_head * group_size + r % group_size, so one K/V tile read serves every
+// query head of the group and every new token (speculative decoding). The
+// split's keys are cut into warp tiles of 16 keys dealt round-robin to the
+// warps; each warp streams its own tiles through a private ring of `stages`
+// K/V buffers (16-byte cp.async, at least two tiles in flight with three
+// stages), keeps its own online-softmax state, and meets the other warps
+// only after the loop: no CTA barrier in the loop. The warps' states are then
+// merged in shared memory (fa_decode_reduce's combine) and the CTA writes its
+// split's partial state: O normalised within the split (fp32) and LSE.
+// Layouts, tile choice and the loop: docs/kernels.md.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
+
+namespace fa {
+namespace kgen {
+namespace {
+
+using tile::AccTile;
+using tile::CopyPlan;
+using tile::Frag4;
+using tile::Role;
+using tile::SmemTile;
+
+constexpr int kRows = 16;      // packed rows per CTA: one m16 tile
+constexpr int kWarpKeys = 16;  // keys per warp tile
+
+// Dynamic shared memory: Q [16][d] at 0; then per warp `stages` stages of
+// K [16][d] and V [16][dv] (stage s of warp w at kv_base + w warp_bytes +
+// s stage_bytes). After the loop the merge area reuses it from 0: per warp
+// O [16][dv] f32 (rows padded by 16 bytes: conflict-free) and LSE [16] f32.
+struct Layout {
+  SmemTile q, k, v;  // k, v: offsets within a stage
+  uint32_t kv_base = 0, stage_bytes = 0, warp_bytes = 0;
+  uint32_t merge_pitch = 0;             // bytes per row of a warp's merge O
+  uint32_t merge_o = 0, merge_lse = 0;  // per-warp bytes of each merge part
+  uint32_t total = 0;
+};
+
+Layout layout(const KernelSpec &s) {
+  Layout l;
+  l.q = tile::smem_tile(0, kRows, s.head_dim);
+  l.k = tile::smem_tile(0, kWarpKeys, s.head_dim);
+  l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, s.head_dim_v);
+  l.kv_base = (l.q.bytes() + 127) / 128 * 128;
+  l.stage_bytes = l.k.bytes() + l.v.bytes();
+  l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
+  l.merge_pitch = static_cast<uint32_t>(s.head_dim_v) * 4 + 16;
+  l.merge_o = kRows * l.merge_pitch;
+  l.merge_lse = kRows * 4;
+  const uint32_t kv = l.kv_base + static_cast<uint32_t>(s.num_warps) * l.warp_bytes;
+  const uint32_t merge = static_cast<uint32_t>(s.num_warps) * (l.merge_o + l.merge_lse);
+  l.total = std::max(kv, merge);
+  return l;
+}
+
+class DecodeTcGen {
+ public:
+  explicit DecodeTcGen(const KernelSpec &spec)
+      : spec_(spec),
+        lay_(layout(spec)),
+        b_(entry_name(spec), sizeof(DecodeParams)),
+        e_(b_),
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+    W_ = spec.num_warps;
+    S_ = spec.stages;
+    G_ = spec.group_size;
+    kD_ = lay_.k.cols_pad / 16;
+    nO_ = lay_.v.cols_pad / 8;
+  }
+
+  std::string run() {
+    b_.comment(spec_.describe());
+    // block_n for sass-report: the keys the CTA consumes per iteration of
+    // the loop, which is unrolled by the stage count (S tiles per warp).
+    char perf[200];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=%d compute_warps=%d block_m=%d block_n=%d "
+                  "rows_per_warp=%d",
+                  lay_.total, 32 * W_, W_, kRows, kWarpKeys * W_ * S_, kRows);
+    b_.comment(perf);
+    b_.set_min_ctas_per_sm(static_cast<uint32_t>(spec_.min_ctas));
+    setup();
+    prologue();
+    loop();
+    merge_and_store();
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(32 * W_));
+  }
+
+ private:
+  using P = DecodeParams;
+
+  void setup() {
+    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+    lane_ = e_.op(Op::And, Type::B32, tid_, imm(31));
+    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
+    ln_ = tile::make_lanes(e_, lane_);
+    smem_sym_ = b_.extern_shared("smem", 16);
+    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
+    // This warp's K/V ring.
+    wsmem_ = e_.op(Op::MadLo, Type::U32, warp_, imm(lay_.warp_bytes), smem_);
+    b_.op(Op::Add, Type::U32, wsmem_, wsmem_, imm(lay_.kv_base));
+  }
+
+  // ---- CTA (split, KV head x m-block, batch): rows, key range, plans ----
+  void prologue() {
+    score_scale_ = e_.param(Type::F32, offsetof(P, score_scale));
+    if (spec_.softcap)
+      cap_ = softcap_consts(e_.param(Type::F32, offsetof(P, softcap_neg2)),
+                            e_.param(Type::F32, offsetof(P, softcap_log2)));
+    Reg split = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg y = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    sq_ = e_.param(Type::S32, offsetof(P, seqlen_q));
+    Reg split_size = e_.param(Type::S32, offsetof(P, split_size));
+    rows_ = e_.op(Op::MulLo, Type::S32, sq_, imm(G_));  // packed rows (API: <= FA_MAX_SEQLEN)
+    Reg nblk = e_.op(Op::Add, Type::S32, rows_, imm(kRows - 1));
+    b_.op(Op::Shr, Type::S32, nblk, nblk, imm(4));
+    kvh_ = e_.op(Op::Div, Type::S32, y, nblk);
+    m0_ = e_.op(Op::Shl, Type::B32, e_.op(Op::Rem, Type::S32, y, nblk), imm(4));
+    Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
+    Reg v = e_.global_param(offsetof(P, v));
+    Reg qs[3], ks[3], vs[3];
+    for (int i = 0; i < 3; ++i) {
+      qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
+      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
+      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+    }
+    kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz_, kvh_, &kr_, &vr_);
+    // cache_seqlens is device data: clamped to [0, seqlen_k_max].
+    Reg seqlens = e_.global_param(offsetof(P, cache_seqlens));
+    sk_ = b_.b32();
+    b_.ld(Space::Global, Type::S32, sk_, at(e_.index(seqlens, bz_, 4)), true);
+    b_.op(Op::Min, Type::S32, sk_, sk_, e_.param(Type::S32, offsetof(P, seqlen_k_max)));
+    b_.op(Op::Max, Type::S32, sk_, sk_, imm(0));
+    // The split's keys [split*split_size, min(+split_size, sk)), in 64 bits.
+    Reg lo64 = e_.wide_mul(split, split_size);
+    Reg hi64 = e_.op(Op::Add, Type::S64, lo64, e_.s64(split_size));
+    b_.op(Op::Min, Type::S64, hi64, hi64, e_.s64(sk_));
+    b_.op(Op::Min, Type::S64, lo64, lo64, e_.s64(sk_));
+    Reg slo = e_.s32(lo64), shi = e_.s32(hi64);
+
+    // Row visibility: token t sees keys [t + sk - sq - wl, t + sk - sq + wr]
+    // within the split. This thread's rows m0 + g + 8h.
+    Reg wl = e_.param(Type::S32, offsetof(P, window_left));
+    Reg wr = e_.param(Type::S32, offsetof(P, window_right));
+    Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
+    auto range = [&](Reg t, Reg *lo, Reg *hi) {
+      Reg diag = e_.op(Op::Add, Type::S32, t, shift);
+      *lo = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, diag, wl), slo);
+      *hi = e_.op(Op::Add, Type::S32, diag, wr);
+      b_.op(Op::Add, Type::S32, *hi, *hi, imm(1));
+      b_.op(Op::Min, Type::S32, *hi, *hi, shi);
+    };
+    for (int h = 0; h < 2; ++h) {
+      Reg r = e_.op(Op::Add, Type::S32, m0_, ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
+      range(e_.op(Op::Div, Type::S32, r, imm(G_)), &lo_[h], &hi_[h]);
+      // A padding row (r >= rows) sees nothing.
+      Reg pad = e_.setp(Cmp::Ge, Type::S32, r, rows_);
+      b_.selp(Type::S32, hi_[h], imm(0), hi_[h], pad);
+      b_.selp(Type::S32, lo_[h], imm(0), lo_[h], pad);
+    }
+    // The CTA's keys: the union of its rows' ranges (first row's lo, last
+    // valid row's hi), from a 16-aligned start; tiles dealt to the warps.
+    Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0_, imm(kRows)), rows_);
+    b_.op(Op::Sub, Type::S32, last, last, imm(1));
+    Reg lo_f, hi_f, lo_l, hi_l;
+    range(e_.op(Op::Div, Type::S32, m0_, imm(G_)), &lo_f, &hi_f);
+    range(e_.op(Op::Div, Type::S32, last, imm(G_)), &lo_l, &hi_l);
+    n0_ = e_.op(Op::And, Type::B32, lo_f, imm(-kWarpKeys));
+    Reg span = e_.op(Op::Sub, Type::S32, hi_l, n0_);
+    b_.op(Op::Max, Type::S32, span, span, imm(0));
+    Reg tiles = e_.op(Op::Add, Type::S32, span, imm(kWarpKeys - 1));
+    b_.op(Op::Shr, Type::S32, tiles, tiles, imm(4));
+    // This warp's tiles: warp, warp + W, ...: count = ceil((tiles - warp) / W).
+    my_tiles_ = e_.op(Op::Sub, Type::S32, tiles, warp_);
+    b_.op(Op::Add, Type::S32, my_tiles_, my_tiles_, imm(W_ - 1));
+    b_.op(Op::Max, Type::S32, my_tiles_, my_tiles_, imm(0));
+    b_.op(Op::Div, Type::S32, my_tiles_, my_tiles_, imm(W_));
+
+    // Q rows: packed row r of this CTA -> (token, head) address; rows past
+    // the group are zero (their scores are masked anyway).
+    Reg q_b = e_.index(q, bz_, qs[0]);
+    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    const int C = lay_.q.cols / 8, total = kRows * C, T = 32 * W_;
+    for (int i = 0; i * T < total; ++i) {
+      Reg c = e_.op(Op::Add, Type::U32, tid_, imm(i * T));
+      Reg row = e_.op(Op::Div, Type::U32, c, imm(C));
+      Reg col = e_.op(Op::Rem, Type::U32, c, imm(C));
+      Reg r = e_.op(Op::Add, Type::S32, row, m0_);
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, r, rows_);
+      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+      Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+      Reg ga = e_.index(e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]), col, 16);
+      b_.selp(Type::B64, ga, ga, q, ok);
+      Reg size = e_.selp(Type::B32, imm(16), imm(0), ok);
+      Reg sa = e_.op(Op::MadLo, Type::U32, row, imm(lay_.q.pitch), smem_);
+      b_.op(Op::MadLo, Type::U32, sa, col, imm(16), sa);
+      if ((i + 1) * T > total) b_.when(e_.setp(Cmp::Lt, Type::U32, c, imm(total)));
+      b_.cp_async_cg16(at(sa), at(ga), size);
+    }
+    b_.cp_async_commit();
+    // Q's padding columns (a CTA-wide plan only for that).
+    CopyPlan(e_, tid_, T, lay_.q, smem_, qs[1]).zero_padding();
+
+    // Each warp's copy plans, one per stage (registers shared with stage 0).
+    k_plans_.reserve(S_);
+    v_plans_.reserve(S_);
+    for (int s = 0; s < S_; ++s) {
+      SmemTile kt = lay_.k, vt = lay_.v;
+      kt.offset += s * lay_.stage_bytes;
+      vt.offset += s * lay_.stage_bytes;
+      k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr);
+      v_plans_.emplace_back(
+          e_, lane_, 32, vt, wsmem_, vr_.row,
+          s ? &v_plans_[0] : (lay_.v.cols == lay_.k.cols ? &k_plans_[0] : nullptr));
+      k_plans_.back().zero_padding();
+      v_plans_.back().zero_padding();
+    }
+    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
+    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
+    q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
+  }
+
+  // Warp tile i of this warp starts at key n0 + (warp + i W) 16.
+  Reg tile_key(Reg i) {
+    Reg t = e_.op(Op::MadLo, Type::S32, i, imm(W_), warp_);
+    return e_.op(Op::MadLo, Type::S32, t, imm(kWarpKeys), n0_);
+  }
+
+  // Copies K and V of the warp tile at key n into stage s; keys past the
+  // sequence are zero-filled, never read.
+  void copy_tile(int s, Reg n) {
+    Reg left = e_.op(Op::Sub, Type::S32, sk_, n);
+    for (int kv = 0; kv < 2; ++kv) {
+      const CopyPlan &plan = kv ? v_plans_[s] : k_plans_[s];
+      const KvRows &kr = kv ? vr_ : kr_;
+      if (kr.paged() && !spec_.page_tiles) {
+        Reg lastk = e_.op(Op::Sub, Type::S32, sk_, imm(1));
+        plan.gather(
+            [&](Reg r) {
+              Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, r), lastk);
+              return kr.at(e_, j);
+            },
+            left, kr.base);
+        continue;
+      }
+      // One page holds the whole tile (page_size % 16 == 0), or no pages.
+      Reg tp = kr.at(e_, n);
+      if (plan.base_offset().valid()) b_.op(Op::Add, Type::S64, tp, tp, plan.base_offset());
+      plan.boundary(tp, left, kr.base);
+    }
+  }
+
+  void loop() {
+    s_ = tile::acc_tile(b_, 2);
+    o_ = tile::acc_tile(b_, nO_);
+    tile::zero(b_, o_);
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
+    for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
+    kb_ = tile::frag4(b_);
+    pa_ = tile::frag4(b_);
+
+    b_.comment("prologue: the first stages - 1 tiles of this warp in flight");
+    i_ = e_.mov(Type::S32, imm(0));
+    for (int s = 0; s + 1 < S_; ++s) {
+      ptx::Label skip = b_.label();
+      Reg none = e_.setp(Cmp::Le, Type::S32, my_tiles_, imm(s));
+      b_.when(none).bra(skip);
+      copy_tile(s, tile_key(e_.mov(Type::S32, imm(s))));
+      b_.bind(skip);
+      b_.cp_async_commit();  // one group per stage, empty or not
+    }
+    // Q landed (every thread's copies), then each warp's A fragments.
+    b_.cp_async_wait(S_ - 1);
+    b_.bar_sync();
+    if (spec_.q_in_regs) {
+      for (int ks = 0; ks < kD_; ++ks) {
+        qf_.push_back(tile::frag4(b_));
+        tile::ldsm(b_, Role::A, qf_.back(), q_lm_, lay_.q.at(0, 16 * ks));
+      }
+    } else {
+      qf_.push_back(tile::frag4(b_));
+    }
+
+    // The ring, unrolled by the stage count: tile i sits in stage i % S.
+    ptx::Label top = b_.label();
+    done_ = b_.label();
+    b_.bind(top);
+    for (int s = 0; s < S_; ++s) {
+      Reg end = e_.setp(Cmp::Ge, Type::S32, i_, my_tiles_);
+      b_.when(end).bra(done_);
+      b_.comment("warp tile in stage " + std::to_string(s));
+      {
+        // Tile i + S - 1 into the stage tile i - 1 used (all lanes are past it).
+        ptx::Label skip = b_.label();
+        Reg nxt = e_.op(Op::Add, Type::S32, i_, imm(S_ - 1));
+        Reg none = e_.setp(Cmp::Ge, Type::S32, nxt, my_tiles_);
+        b_.when(none).bra(skip);
+        copy_tile((s + S_ - 1) % S_, tile_key(nxt));
+        b_.bind(skip);
+        b_.cp_async_commit();
+      }
+      b_.cp_async_wait(S_ - 1);       // tile i: this lane's copies landed ...
+      b_.bar_warp_sync(0xffffffffu);  // ... and every lane's
+      body(s, tile_key(i_));
+      b_.bar_warp_sync(0xffffffffu);  // every lane is done with stage s
+      b_.op(Op::Add, Type::S32, i_, i_, imm(1));
+    }
+    b_.bra(top);
+    b_.bind(done_);
+  }
+
+  // S = Q K^T, mask, online softmax, O += P V on the tile in stage s.
+  void body(int s, Reg n) {
+    const int so = s * static_cast<int>(lay_.stage_bytes);
+    for (int ks = 0; ks < kD_; ++ks) {
+      const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
+      if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
+      const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
+      tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
+      tile::mma(b_, half_, s_, 0, a, &kb_[0], c);
+      tile::mma(b_, half_, s_, 1, a, &kb_[2], c);
+    }
+    if (spec_.softcap)
+      for (const Frag4 &f : s_.f)
+        for (Reg x : f) scale_score(e_, x, score_scale_, cap_);
+    // Keys outside a row's [lo, hi) become -inf: element (j, x) of row half
+    // h holds key n + 8j + 2q + x.
+    Reg kq = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), n);
+    Reg p = b_.pred(), t = b_.pred();
+    for (int h = 0; h < 2; ++h) {
+      Reg lo = e_.op(Op::Sub, Type::S32, lo_[h], kq), hi = e_.op(Op::Sub, Type::S32, hi_[h], kq);
+      for (int j = 0; j < 2; ++j)
+        for (int x = 0; x < 2; ++x) {
+          Reg v = s_.f[j][2 * h + x];
+          b_.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
+          b_.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
+          b_.op(Op::And, Type::Pred, p, p, t);
+          b_.selp(Type::F32, v, v, fimm(kNegInf), p);
+        }
+    }
+    softmax_->step({s_}, {o_});
+    tile::pack_a(b_, half_, s_, 0, pa_);
+    for (int jp = 0; jp < nO_ / 2; ++jp) {
+      tile::ldsm(b_, Role::B_KN_T, kb_, v_lm_, so + lay_.v.at(0, 16 * jp));
+      tile::mma(b_, half_, o_, 2 * jp, pa_, &kb_[0]);
+      tile::mma(b_, half_, o_, 2 * jp + 1, pa_, &kb_[2]);
+    }
+  }
+
+  // Each warp's state (O normalised, LSE) to shared memory; then per row
+  // and column: M = max_w LSE_w, w = e^(LSE_w - M), O = sum w O_w / sum w,
+  // LSE = M + ln sum w (every LSE_w = -inf: O = 0, LSE = -inf); stored as
+  // this split's partial state.
+  void merge_and_store() {
+    b_.comment("merge the warps' states; store the split's partial state");
+    b_.cp_async_wait(0);
+    b_.bar_sync();  // every warp is out of its ring: the merge area reuses it
+    std::vector<Reg> lse;
+    softmax_->finish({o_}, &lse);
+    const uint32_t mo = lay_.merge_o, ml = lay_.merge_lse;
+    // Warp w: O at w mo, LSE at W mo + w ml.
+    Reg ob = e_.op(Op::MadLo, Type::U32, warp_, imm(mo), smem_);
+    Reg lb = e_.op(Op::MadLo, Type::U32, warp_, imm(ml), smem_);
+    b_.op(Op::Add, Type::U32, lb, lb, imm(W_ * mo));
+    const int dv = spec_.head_dim_v;
+    for (int h = 0; h < 2; ++h) {
+      Reg row = e_.op(Op::Add, Type::U32, ln_.g, imm(8 * h));
+      Reg ra = e_.op(Op::MadLo, Type::U32, row, imm(lay_.merge_pitch), ob);
+      b_.op(Op::MadLo, Type::U32, ra, ln_.q, imm(8), ra);
+      for (int j = 0; j < nO_ && 8 * j < dv; ++j)
+        b_.st_v(Space::Shared, Type::F32, at(ra, 32 * j), {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
+      Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
+      Reg la = e_.op(Op::MadLo, Type::U32, row, imm(4), lb);  // before when(): unpredicated
+      b_.when(q0).st(Space::Shared, Type::F32, at(la), lse[h]);
+    }
+    b_.bar_sync();
+
+    // Rows: r = m0 + row -> token t = r / G, head kvh G + r % G; partial
+    // rows ((split*batch + b)*sq + t)*hq + qh (O) and
+    // ((split*batch + b)*hq + qh)*sq + t (LSE), in 64 bits.
+    Reg split = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg batch = e_.param(Type::S32, offsetof(P, batch));
+    Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
+    Reg sb = e_.wide_mad(split, batch, e_.s64(bz_));
+    Reg opart = e_.global_param(offsetof(P, o_partial));
+    Reg lpart = e_.global_param(offsetof(P, lse_partial));
+    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    const int C = dv / 4, total = kRows * C, T = 32 * W_;
+    Reg m = b_.f32(), sum = b_.f32(), wgt = b_.f32(), x = b_.f32();
+    for (int i = 0; i * T < total; ++i) {
+      Reg c = e_.op(Op::Add, Type::U32, tid_, imm(i * T));
+      Reg row = e_.op(Op::Div, Type::U32, c, imm(C));
+      Reg col = e_.op(Op::Rem, Type::U32, c, imm(C));
+      Reg r = e_.op(Op::Add, Type::S32, row, m0_);
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, r, rows_);
+      if ((i + 1) * T > total)
+        b_.op(Op::And, Type::Pred, ok, ok, e_.setp(Cmp::Lt, Type::U32, c, imm(total)));
+      ptx::Label skip = b_.label();
+      b_.unless(ok).bra(skip);
+      Reg la = e_.op(Op::MadLo, Type::U32, row, imm(4), smem_);
+      b_.op(Op::Add, Type::U32, la, la, imm(W_ * mo));
+      b_.mov(Type::F32, m, fimm(kNegInf));
+      std::vector<Reg> lw(W_);
+      for (int w = 0; w < W_; ++w) {
+        lw[w] = b_.f32();
+        b_.ld(Space::Shared, Type::F32, lw[w], at(la, w * static_cast<int>(ml)));
+        b_.op(Op::Max, Type::F32, m, m, lw[w]);
+      }
+      Reg empty = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
+      Reg off = e_.op(Op::Mul, Type::F32, m, fimm(-kLog2e));
+      b_.selp(Type::F32, off, fimm(0.0f), off, empty);
+      Reg acc[4];
+      for (Reg &a : acc) a = e_.mov(Type::F32, fimm(0.0f));
+      b_.mov(Type::F32, sum, fimm(0.0f));
+      Reg oa = e_.op(Op::MadLo, Type::U32, row, imm(lay_.merge_pitch), smem_);
+      b_.op(Op::MadLo, Type::U32, oa, col, imm(16), oa);
+      Reg ov[4] = {b_.f32(), b_.f32(), b_.f32(), b_.f32()};
+      for (int w = 0; w < W_; ++w) {
+        b_.op(Op::Fma, Type::F32, wgt, lw[w], fimm(kLog2e), off);  // (LSE_w - M) log2 e
+        b_.op(Op::Ex2, Type::F32, wgt, wgt);                       // 0 for LSE_w = -inf
+        b_.op(Op::Add, Type::F32, sum, sum, wgt);
+        b_.ld_v(Space::Shared, Type::F32, {ov[0], ov[1], ov[2], ov[3]},
+                at(oa, w * static_cast<int>(mo)));
+        for (int z = 0; z < 4; ++z) b_.op(Op::Fma, Type::F32, acc[z], ov[z], wgt, acc[z]);
+      }
+      Reg inv = e_.op(Op::RcpRn, Type::F32, sum);
+      b_.selp(Type::F32, inv, fimm(0.0f), inv, empty);
+      for (Reg &a : acc) b_.op(Op::Mul, Type::F32, a, a, inv);
+      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+      Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+      Reg orow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_)), e_.s64(t));
+      b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(qh));
+      Reg ga = e_.index64(opart, orow, dv * 4);
+      ga = e_.index(ga, col, 16);
+      b_.st_v(Space::Global, Type::F32, at(ga), {acc[0], acc[1], acc[2], acc[3]});
+      // LSE = M + ln(sum), by the thread of column 0.
+      Reg c0 = e_.setp(Cmp::Eq, Type::U32, col, imm(0));
+      b_.unless(c0).bra(skip);
+      b_.op(Op::Lg2, Type::F32, x, sum);
+      b_.op(Op::Fma, Type::F32, x, x, fimm(kLn2), m);
+      b_.selp(Type::F32, x, fimm(kNegInf), x, empty);
+      Reg lrow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(hq)), e_.s64(qh));
+      b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_), e_.s64(t));
+      b_.st(Space::Global, Type::F32, at(e_.index64(lpart, lrow, 4)), x);
+      b_.bind(skip);
+    }
+  }
+
+  const KernelSpec &spec_;
+  Layout lay_;
+  ptx::Builder b_;
+  Emitter e_;
+  Type half_;
+  int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
+  tile::Lanes ln_;
+  ptx::Symbol smem_sym_;
+  Reg tid_, lane_, warp_, smem_, wsmem_, k_lm_, v_lm_, q_lm_;
+  Reg score_scale_;
+  Softcap cap_;
+  Reg bz_, sq_, sk_, rows_, kvh_, m0_, n0_, my_tiles_, i_;
+  Reg lo_[2], hi_[2];
+  KvRows kr_, vr_;
+  std::vector<CopyPlan> k_plans_, v_plans_;
+  AccTile s_, o_;
+  std::vector<Frag4> qf_;
+  Frag4 kb_, pa_, zero4_;
+  std::unique_ptr<tile::OnlineSoftmax> softmax_;
+  ptx::Label done_;
+};
+
+}  // namespace
+
+uint32_t decode_tc_smem(const KernelSpec &spec) { return layout(spec).total; }
+
+std::string generate_decode_tc(const KernelSpec &spec) { return DecodeTcGen(spec).run(); }
+
+}  // namespace kgen
+}  // namespace fa
