@@ -10,6 +10,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "ptx/ptx.h"
@@ -306,6 +307,117 @@ void test_tensor_core_type_checks_abort(void **) {
   }));
 }
 
+// The sm_90a instructions (PTX ISA 8.0): target, parameter alignment and
+// address, mbarriers, TMA, wgmma, setmaxnreg, named barriers.
+void test_hopper_forms(void **) {
+  Builder b("k", 256);
+  b.set_arch_specific(true);
+  b.set_param_align(64);
+  Symbol dyn = b.extern_shared("smem", 1024);
+  Reg s = b.b32(), tm = b.b64(), da = b.b64(), db = b.b64(), n = b.b32();
+  Reg c[2] = {b.b32(), b.b32()};
+  Reg p = b.pred();
+  b.mov(Type::U32, s, sym(dyn));
+  b.param_address(tm);
+  b.mbarrier_init(at(s), imm(1));
+  b.fence_proxy_async();
+  b.mbarrier_arrive_expect_tx(at(s, 8), imm(16384));
+  b.cp_async_bulk_tensor(at(s, 1024), tm, c, 2, at(s, 8));
+  b.mbarrier_arrive(at(s));
+  b.mbarrier_try_wait_parity(p, at(s, 8), n);
+  std::vector<Reg> d(64);
+  for (Reg &r : d) r = b.f32();
+  Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  b.wgmma_fence();
+  b.wgmma_ss(Type::BF16, 128, d.data(), da, db, imm(0), false);
+  b.wgmma_rs(Type::F16, 16, d.data(), a, db, p, true);
+  b.wgmma_commit();
+  b.wgmma_wait(1);
+  b.setmaxnreg(true, 240);
+  b.setmaxnreg(false, 24);
+  b.bar_sync(1, 256);
+  b.bar_arrive(2, 128);
+  const std::string t = b.emit(80, 90, 384);
+  assert_true(contains(t, "\n.target sm_90a\n"));
+  assert_true(contains(t, "\t.param .align 64 .b8 k_param[256]\n"));
+  assert_true(contains(t, "\tmov.u64 %rd0, k_param;\n\tcvta.param.u64 %rd0, %rd0;\n"));
+  assert_true(contains(t, "\tmbarrier.init.shared::cta.b64 [%r0], 1;\n"));
+  assert_true(contains(t, "\tfence.proxy.async.shared::cta;\n"));
+  assert_true(contains(t, "\tmbarrier.arrive.expect_tx.shared::cta.b64 _, [%r0+8], 16384;\n"));
+  assert_true(contains(t,
+                       "\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::"
+                       "bytes [%r0+1024], [%rd0, {%r2, %r3}], [%r0+8];\n"));
+  assert_true(contains(t, "\tmbarrier.arrive.shared::cta.b64 _, [%r0];\n"));
+  assert_true(contains(t, "\tmbarrier.try_wait.parity.shared::cta.b64 %p0, [%r0+8], %r1;\n"));
+  assert_true(contains(t, "\twgmma.fence.sync.aligned;\n"));
+  assert_true(contains(t, "\twgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f0, %f1, "));
+  assert_true(contains(t, "%f62, %f63}, %rd1, %rd2, 0, 1, 1, 0, 0;\n"));
+  assert_true(contains(t,
+                       "\twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f0, %f1, %f2, %f3, "
+                       "%f4, %f5, %f6, %f7}, {%r4, %r5, %r6, %r7}, %rd2, %p0, 1, 1, 1;\n"));
+  assert_true(
+      contains(t, "\twgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 1;"));
+  assert_true(contains(t, "\tsetmaxnreg.inc.sync.aligned.u32 240;\n"));
+  assert_true(contains(t, "\tsetmaxnreg.dec.sync.aligned.u32 24;\n"));
+  assert_true(contains(t, "\tbar.sync 1, 256;\n\tbar.arrive 2, 128;\n"));
+  // Misuse aborts.
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> d(6);
+    for (Reg &r : d) r = x.f32();
+    Reg g = x.b64();
+    x.wgmma_ss(Type::BF16, 12, d.data(), g, g, imm(1), false);  // N not a multiple of 8
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> d(4);
+    for (Reg &r : d) r = x.f32();
+    Reg g = x.b64();
+    x.wgmma_ss(Type::F32, 8, d.data(), g, g, imm(1), false);  // tf32 is not offered
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> d(4);
+    for (Reg &r : d) r = x.f32();
+    Reg g = x.b64(), r = x.b32();
+    x.wgmma_ss(Type::F16, 8, d.data(), g, g, r, false);  // scale-d not a predicate
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> d(4);
+    for (Reg &r : d) r = x.f32();
+    Reg g = x.b64();
+    x.wgmma_ss(Type::F16, 8, d.data(), g, d[0], imm(1), false);  // f32 descriptor
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.setmaxnreg(true, 20);  // below 24
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.bar_sync(16, 64);  // id above 15
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.bar_arrive(1, 100);  // not a multiple of 32
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    Reg g = x.b64(), tm = x.b64();
+    Reg c[1] = {x.b32()};
+    x.cp_async_bulk_tensor(at(g), tm, c, 1, at(g));  // global destination address
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    Reg s = x.b32(), r = x.b32();
+    x.mbarrier_try_wait_parity(r, at(s), imm(0));  // result not a predicate
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.wgmma_wait(8);  // 0..7
+  }));
+}
+
 AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap);
 }
@@ -495,6 +607,7 @@ int main(void) {
       cmocka_unit_test(test_type_checks_abort),
       cmocka_unit_test(test_tensor_core_forms),
       cmocka_unit_test(test_tensor_core_type_checks_abort),
+      cmocka_unit_test(test_hopper_forms),
       cmocka_unit_test(test_generation_is_deterministic),
       cmocka_unit_test(test_specs_differ),
       cmocka_unit_test(test_spec_choices),

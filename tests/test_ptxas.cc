@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "ptx/ptx.h"
 #include "support/cmocka.hh"  // last: its macros clash with <ios>
 
 extern char **environ;
@@ -188,6 +189,80 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
               regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");
 }
 
+// ptxas -arch=sm_90a accepts the builder's sm_90a instructions (a kernel
+// with no meaning of its own: every form once, with live results so none is
+// dropped) without local memory.
+void test_ptxas_hopper_forms(void **) {
+  const char *ptxas = FA_PTXAS_PATH;
+  if (!ptxas[0] || access(ptxas, X_OK) != 0) {
+    std::printf("SKIP: ptxas not available (FA_PTXAS_PATH=\"%s\")\n", ptxas);
+    skip();
+  }
+  using namespace fa::ptx;
+  Builder b("hopper_forms", 256);
+  b.set_arch_specific(true);
+  b.set_param_align(64);
+  Symbol dyn = b.extern_shared("smem", 1024);
+  Reg s = b.b32(), tm = b.b64(), desc = b.b64(), tid = b.b32();
+  Reg p = b.pred(), leader = b.pred(), producer = b.pred();
+  b.mov(Type::U32, s, sym(dyn));
+  b.mov(Type::U32, tid, sreg(Special::TidX));
+  b.setp(Cmp::Eq, Type::U32, leader, tid, imm(0));
+  b.when(leader).mbarrier_init(at(s), imm(1));
+  b.fence_proxy_async();
+  b.bar_sync();
+  Label prod = b.label(), done = b.label(), wait = b.label();
+  b.setp(Cmp::Ge, Type::U32, producer, tid, imm(256));
+  b.when(producer).bra(prod);
+  b.setmaxnreg(true, 240);
+  b.bind(wait);
+  b.mbarrier_try_wait_parity(p, at(s), imm(0));
+  b.unless(p).bra(wait);
+  b.ld(Space::Shared, Type::B64, desc, at(s, 2048));
+  std::vector<Reg> d(64);
+  for (Reg &r : d) r = b.f32();
+  Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  for (Reg &r : a) b.ld(Space::Shared, Type::B32, r, at(s, 4096));
+  b.wgmma_fence();
+  b.wgmma_ss(Type::BF16, 128, d.data(), desc, desc, imm(0), false);
+  b.wgmma_rs(Type::BF16, 128, d.data(), a, desc, imm(1), true);
+  b.wgmma_commit();
+  b.wgmma_wait(0);
+  for (size_t i = 0; i < d.size(); ++i)
+    b.st(Space::Shared, Type::F32, at(s, 8192 + 4 * static_cast<int64_t>(i)), d[i]);
+  b.bar_arrive(1, 256);
+  b.bra(done);
+  b.bind(prod);
+  b.setmaxnreg(false, 40);
+  b.param_address(tm);
+  Reg c[2] = {tid, tid};
+  b.when(leader).mbarrier_arrive_expect_tx(at(s), imm(16384));
+  b.when(leader).cp_async_bulk_tensor(at(s, 1024), tm, c, 2, at(s));
+  b.bar_sync(1, 256);
+  b.bind(done);
+  b.exit();
+  const std::string ptx = std::move(b).emit(80, 90, 384);
+  char dir_template[] = "/tmp/fa_ptxas_h_XXXXXX";
+  const char *dir = mkdtemp(dir_template);
+  assert_non_null(dir);
+  const std::string path = std::string(dir) + "/hopper.ptx", log = std::string(dir) + "/log";
+  {
+    std::ofstream f(path);
+    f << ptx;
+  }
+  const std::string cmd =
+      std::string(ptxas) + " -arch=sm_90a -v -o /dev/null " + path + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = read_file(log);
+  std::printf("%s", out.c_str());
+  std::remove(path.c_str());
+  std::remove(log.c_str());
+  rmdir(dir);
+  assert_int_equal(rc, 0);
+  assert_true(out.find("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") !=
+              std::string::npos);
+}
+
 void test_ptxas_assembles_grid(void **) {
   const char *ptxas = FA_PTXAS_PATH;
   if (!ptxas[0] || access(ptxas, X_OK) != 0) {
@@ -260,6 +335,7 @@ void test_ptxas_assembles_grid(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ptxas_hopper_forms),
       cmocka_unit_test(test_ptxas_assembles_grid),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -237,14 +237,22 @@ char *put_f32(char *p, float f) {
 // An opcode assembled from pieces ("ld" ".global" ".nc" ".v4" ".u32"); s
 // keeps 16 bytes of slack for the fixed-size piece copies.
 struct Builder::Opcode {
-  static constexpr size_t kCopy = 64;  // bytes copied into a line; every opcode is shorter
-  char s[96];
+  static constexpr size_t kCopy = 96;  // bytes copied into a line; every opcode is shorter
+  char s[128];
   size_t n = 0;
   template <size_t N>
   explicit Opcode(const char (&a)[N]) {
     add(a);
   }
   explicit Opcode(const Piece &p) { add(p); }
+  explicit Opcode(const std::string &t) { str(t); }
+  // A piece built at run time (cut at kCopy, never overflowing).
+  Opcode &str(const std::string &t) {
+    const size_t k = std::min(t.size(), kCopy + 1 - n);
+    std::memcpy(s + n, t.data(), k);
+    n += k;
+    return *this;
+  }
   template <size_t N>
   Opcode &add(const char (&a)[N]) {
     static_assert(N <= 48, "opcode piece too long");
@@ -281,8 +289,9 @@ struct Builder::Opcode {
 // done() ends the line. Checks happen before a Line is started.
 class Builder::Line {
  public:
-  Line(Builder &b, const Opcode &op) : b_(b) {
-    size_t need = kLineRoom + 2 * b.max_name_;
+  // `extra`: room beyond kLineRoom for long operand lists (wgmma).
+  Line(Builder &b, const Opcode &op, size_t extra = 0) : b_(b) {
+    size_t need = kLineRoom + 2 * b.max_name_ + extra;
     p_ = b.text_len_ + need <= b.text_.size() ? &b.text_[b.text_len_] : b.room(need);
     *p_++ = '\t';
     if (b.guard_.valid()) {
@@ -357,6 +366,28 @@ class Builder::Line {
     else
       p_ = name(b_.shared_[a.sym].name);
     return offset(a.offset);
+  }
+  // The parameter block's name (mov.u64 d, NAME).
+  Line &param_name() {
+    sep();
+    p_ = name(b_.param_name_);
+    return *this;
+  }
+  // "_": a discarded result (mbarrier.arrive's state).
+  Line &sink() {
+    sep();
+    *p_++ = '_';
+    return *this;
+  }
+  // [tmap, {c0, c1, ...}]
+  Line &tensor(Reg tmap, const Reg *coords, size_t n) {
+    sep();
+    *p_++ = '[';
+    p_ = put_reg(p_, tmap);
+    first_ = false;
+    vec(coords, n);
+    *p_++ = ']';
+    return *this;
   }
   Line &param_addr(uint32_t off) {
     sep();
@@ -690,7 +721,7 @@ void Builder::cvt(Type dt, Type st, Round r, Reg d, Reg a) {
 }
 
 void Builder::bra(Label l, bool uni) {
-  Opcode in(uni ? "bra.uni" : "bra");
+  Opcode in(Piece(uni ? "bra.uni" : "bra"));
   if (l.id >= labels_) misuse(in, "unknown label");
   Line(*this, in).label(l).done();
 }
@@ -798,6 +829,152 @@ void Builder::cvt_pack(Type half, Reg d, Reg hi, Reg lo) {
   Line(*this, in).reg(d).reg(hi).reg(lo).done();
 }
 
+void Builder::param_address(Reg d) {
+  Opcode in("mov.u64");
+  check_reg(in, d, Type::B64, "the address is a b64 register");
+  {
+    Line l(*this, in);
+    l.reg(d).param_name().done();
+  }
+  Opcode c("cvta.param.u64");
+  Line(*this, c).reg(d).reg(d).done();
+}
+
+void Builder::mbarrier_init(Addr a, Operand count) {
+  Opcode in("mbarrier.init.shared::cta.b64");
+  check_addr(in, a, Space::Shared);
+  check(in, count, Type::B32, "count must be a b32 register or an immediate");
+  if (count.kind == Operand::Kind::Imm && (count.imm < 1 || count.imm > (1 << 20) - 1))
+    misuse(in, "count outside 1..2^20-1");
+  Line(*this, in).addr(a).operand(count).done();
+}
+
+void Builder::mbarrier_arrive(Addr a) {
+  Opcode in("mbarrier.arrive.shared::cta.b64");
+  check_addr(in, a, Space::Shared);
+  Line(*this, in).sink().addr(a).done();
+}
+
+void Builder::mbarrier_arrive_expect_tx(Addr a, Operand tx) {
+  Opcode in("mbarrier.arrive.expect_tx.shared::cta.b64");
+  check_addr(in, a, Space::Shared);
+  check(in, tx, Type::B32, "tx must be a b32 register or an immediate");
+  if (tx.kind == Operand::Kind::Imm && (tx.imm < 0 || tx.imm > (1 << 20) - 1))
+    misuse(in, "tx-count outside 0..2^20-1");
+  Line(*this, in).sink().addr(a).operand(tx).done();
+}
+
+void Builder::mbarrier_try_wait_parity(Reg p, Addr a, Operand parity) {
+  Opcode in("mbarrier.try_wait.parity.shared::cta.b64");
+  if (p.cls != RegClass::Pred) misuse(in, "the result is a predicate");
+  check_addr(in, a, Space::Shared);
+  check(in, parity, Type::B32, "parity must be a b32 register or an immediate");
+  Line(*this, in).reg(p).addr(a).operand(parity).done();
+}
+
+void Builder::fence_proxy_async() { Line(*this, Opcode("fence.proxy.async.shared::cta")).done(); }
+
+void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar) {
+  Opcode in("cp.async.bulk.tensor");
+  if (n < 1 || n > 5) misuse(in, "1 to 5 coordinates");
+  in.str("." + std::to_string(n) + "d.shared::cluster.global.mbarrier::complete_tx::bytes");
+  check_addr(in, dst, Space::Shared);
+  check_addr(in, mbar, Space::Shared);
+  check_reg(in, tmap, Type::B64, "the tensor map is a b64 generic address");
+  for (int i = 0; i < n; ++i) {
+    if (coords[i].cls != RegClass::B32) misuse(in, "coordinates are b32 registers");
+    check_reg(in, coords[i], Type::S32, "coordinates are b32 registers");
+  }
+  Line(*this, in).addr(dst).tensor(tmap, coords, static_cast<size_t>(n)).addr(mbar).done();
+}
+
+void Builder::wgmma_fence() { Line(*this, Opcode("wgmma.fence.sync.aligned")).done(); }
+void Builder::wgmma_commit() { Line(*this, Opcode("wgmma.commit_group.sync.aligned")).done(); }
+void Builder::wgmma_wait(int n) {
+  Opcode in("wgmma.wait_group.sync.aligned");
+  if (n < 0 || n > 7) misuse(in, "wait_group takes 0..7");
+  Line(*this, in).imm(n).done();
+}
+
+namespace {
+// "wgmma.mma_async.sync.aligned.m64nNk16.f32.AB.AB"
+std::string wgmma_opcode(Type ab, int n) {
+  std::string o = "wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32";
+  const char *t = ab == Type::BF16 ? ".bf16" : ".f16";
+  return o + t + t;
+}
+}  // namespace
+
+void Builder::wgmma_ss(Type ab, int n, const Reg *d, Reg desc_a, Reg desc_b, Operand scale_d,
+                       bool trans_b) {
+  Opcode in(wgmma_opcode(ab, n));
+  check_wgmma(in, ab, n, d, scale_d);
+  check_reg(in, desc_a, Type::B64, "descriptors are b64 registers");
+  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
+  Line(*this, in, 10 * static_cast<size_t>(n))
+      .vec(d, static_cast<size_t>(n / 2))
+      .reg(desc_a)
+      .reg(desc_b)
+      .operand(scale_d)
+      .imm(1)
+      .imm(1)
+      .imm(0)
+      .imm(trans_b ? 1 : 0)
+      .done();
+}
+
+void Builder::wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, Operand scale_d,
+                       bool trans_b) {
+  Opcode in(wgmma_opcode(ab, n));
+  check_wgmma(in, ab, n, d, scale_d);
+  for (int i = 0; i < 4; ++i) {
+    if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
+    check_reg(in, a[i], Type::B32, "A must be b32 registers");
+  }
+  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
+  Line(*this, in, 10 * static_cast<size_t>(n))
+      .vec(d, static_cast<size_t>(n / 2))
+      .vec(a, 4)
+      .reg(desc_b)
+      .operand(scale_d)
+      .imm(1)
+      .imm(1)
+      .imm(trans_b ? 1 : 0)
+      .done();
+}
+
+void Builder::check_wgmma(const Opcode &in, Type ab, int n, const Reg *d,
+                          const Operand &scale_d) const {
+  if (ab != Type::F16 && ab != Type::BF16) misuse(in, "wgmma operands must be f16 or bf16");
+  if (n < 8 || n > 256 || n % 8) misuse(in, "N must be a multiple of 8 in 8..256");
+  for (int i = 0; i < n / 2; ++i) check_reg(in, d[i], Type::F32, "D must be f32 registers");
+  if (scale_d.kind == Operand::Kind::Imm) {
+    if (scale_d.imm != 0 && scale_d.imm != 1) misuse(in, "scale-d is 0 or 1");
+  } else if (scale_d.kind != Operand::Kind::Reg || scale_d.reg.cls != RegClass::Pred) {
+    misuse(in, "scale-d is an immediate or a predicate");
+  }
+}
+
+void Builder::setmaxnreg(bool inc, int n) {
+  Opcode in(std::string(inc ? "setmaxnreg.inc" : "setmaxnreg.dec") + ".sync.aligned.u32");
+  if (n < 24 || n > 256 || n % 8) misuse(in, "register count must be a multiple of 8 in 24..256");
+  Line(*this, in).imm(n).done();
+}
+
+void Builder::bar_sync(int id, int count) {
+  Opcode in("bar.sync");
+  if (id < 0 || id > 15) misuse(in, "barrier id outside 0..15");
+  if (count <= 0 || count % 32) misuse(in, "thread count must be a positive multiple of 32");
+  Line(*this, in).imm(id).imm(count).done();
+}
+
+void Builder::bar_arrive(int id, int count) {
+  Opcode in("bar.arrive");
+  if (id < 0 || id > 15) misuse(in, "barrier id outside 0..15");
+  if (count <= 0 || count % 32) misuse(in, "thread count must be a positive multiple of 32");
+  Line(*this, in).imm(id).imm(count).done();
+}
+
 std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const {
   std::string o;
   o.reserve(512 + 64 * shared_.size() + 2 * entry_.size());
@@ -807,6 +984,7 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
   o += std::to_string(isa_version_x10 % 10);
   o += "\n.target sm_";
   o += std::to_string(sm);
+  if (arch_specific_) o += 'a';
   o += "\n.address_size 64\n\n";
   // Dynamic shared arrays are declared at module scope (ptxas rejects
   // .extern inside an entry).
@@ -820,7 +998,9 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
   }
   o += ".visible .entry ";
   o += entry_;
-  o += "(\n\t.param .align 8 .b8 ";
+  o += "(\n\t.param .align ";
+  o += std::to_string(param_align_);
+  o += " .b8 ";
   o += param_name_;
   o += '[';
   o += std::to_string(param_bytes_);

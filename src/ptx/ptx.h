@@ -206,6 +206,53 @@ class Builder {
   // 16 bits (PTX ISA cvt); half is F16 or BF16, d b32, hi and lo f32.
   void cvt_pack(Type half, Reg d, Reg hi, Reg lo);
 
+  // ---- Hopper: sm_90a (PTX ISA 8.0) ----
+  // `.target sm_90a` instead of `sm_<sm>` (wgmma and setmaxnreg need the
+  // architecture-specific target; PTX ISA "Target ISA notes").
+  void set_arch_specific(bool on) { arch_specific_ = on; }
+  // Alignment of the parameter block (default 8); 64 when it embeds tensor
+  // maps (CUtensorMap is 64-byte aligned).
+  void set_param_align(uint32_t a) { param_align_ = a; }
+  // d (b64) = the generic address of the parameter block (mov + cvta.param;
+  // PTX ISA "cvta"): tensor maps inside it are read by cp.async.bulk.tensor.
+  void param_address(Reg d);
+  // mbarrier.init.shared::cta.b64 [a], count (PTX ISA "mbarrier.init").
+  void mbarrier_init(Addr a, Operand count);
+  // mbarrier.arrive.shared::cta.b64 _, [a] (state discarded).
+  void mbarrier_arrive(Addr a);
+  // mbarrier.arrive.expect_tx.shared::cta.b64 _, [a], tx: one arrival that
+  // also expects tx more bytes of asynchronous transactions.
+  void mbarrier_arrive_expect_tx(Addr a, Operand tx);
+  // mbarrier.try_wait.parity.shared::cta.b64 p, [a], parity: p = the phase
+  // with that parity has completed (PTX ISA "mbarrier.test_wait/try_wait").
+  void mbarrier_try_wait_parity(Reg p, Addr a, Operand parity);
+  // fence.proxy.async.shared::cta: orders this thread's generic-proxy shared
+  // accesses with the async proxy (TMA, wgmma operands).
+  void fence_proxy_async();
+  // cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes
+  // [dst], [tmap, {coords}], [mbar]: N = count(coords) in 1..5; tmap the
+  // generic address of a tensor map; completes tx bytes on mbar.
+  void cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar);
+  // wgmma.fence / commit_group / wait_group n (PTX ISA "Asynchronous
+  // Warpgroup Level Matrix Multiply-Accumulate Instructions").
+  void wgmma_fence();
+  void wgmma_commit();
+  void wgmma_wait(int n);
+  // wgmma.mma_async.sync.aligned.m64nNk16.f32.AB.AB: D (N/2 f32) += A B
+  // with A and B from shared-memory descriptors (b64); scale_d 0 (D = A B)
+  // or 1, an immediate or a predicate; trans_b: B is N-major.
+  void wgmma_ss(Type ab, int n, const Reg *d, Reg desc_a, Reg desc_b, Operand scale_d,
+                bool trans_b);
+  // The same with A in registers (four b32, the m64nNk16 A fragment).
+  void wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, Operand scale_d,
+                bool trans_b);
+  // setmaxnreg.{inc,dec}.sync.aligned.u32 n (n in 24..256, a multiple of 8).
+  void setmaxnreg(bool inc, int n);
+  // bar.sync id, count / bar.arrive id, count (named barriers; count a
+  // multiple of 32).
+  void bar_sync(int id, int count);
+  void bar_arrive(int id, int count);
+
   // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
   // registers low enough to spill.
@@ -235,6 +282,7 @@ class Builder {
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
+  void check_wgmma(const Opcode &in, Type ab, int n, const Reg *d, const Operand &scale_d) const;
   // At least n writable bytes at the end of the body text.
   char *room(size_t n);
   // Everything emit() prints before the body.
@@ -258,6 +306,8 @@ class Builder {
   size_t text_len_ = 0;
   uint32_t num_instrs_ = 0;
   uint32_t min_ctas_ = 0;
+  bool arch_specific_ = false;
+  uint32_t param_align_ = 8;
   Reg guard_;
   bool guard_neg_ = false;
 };
