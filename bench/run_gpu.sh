@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The one command a GPU session runs, from the repository root:
-#     bash bench/run_gpu.sh [bench_sdpa.py options]
+#     bash bench/run_gpu.sh [--bench all|sdpa|decode] [options of that benchmark]
 # Builds nothing. Uses the library at $FLASHATTN_LIBRARY, else
 # build-gpu/libflashattn.so.0, else build/libflashattn.so.0; runs the GPU
 # tests it finds (ctest -R gpu in build/, else the build's tests/test_gpu
-# directly; bindings/python/tests/test_gpu.py with python3), then
-# bench/bench_sdpa.py. Everything goes to bench/results/; when $OUT is set
-# (the device tool), the new files are copied there too.
+# directly; bindings/python/tests/test_gpu.py with python3), then the
+# benchmarks: bench/bench_sdpa.py (forward) and bench/bench_decode.py
+# (decode, paged KV cache). --bench all (the default) runs both with shorter
+# time budgets (150 s and 120 s) so one device call stays under 10 minutes;
+# the other options then go to bench_sdpa.py and $FA_DECODE_ARGS to
+# bench_decode.py. --bench sdpa or decode runs one, with its own default
+# budget and the other options. Everything goes to bench/results/; when $OUT
+# is set (the device tool), the new files are copied there too.
 #
 # The whole build/ is too big to carry (>64 MiB); on the development machine
 #     bash bench/run_gpu.sh --pack [BUILD_DIR]      # default build
@@ -35,6 +40,28 @@ if [ "${1:-}" = "--pack" ]; then
   exit 0
 fi
 
+which=all
+if [ "${1:-}" = "--bench" ]; then
+  which=${2:-}
+  shift
+  [ $# -gt 0 ] && shift
+fi
+case $which in
+  all | sdpa | decode) ;;
+  *) echo "run_gpu.sh: --bench all, sdpa or decode (got '$which')" >&2; exit 2 ;;
+esac
+sdpa_args=() decode_args=()
+if [ "$which" = all ]; then
+  sdpa_args=(--time-budget 150) decode_args=(--time-budget 120)
+  read -r -a extra_decode <<<"${FA_DECODE_ARGS:-}"
+  decode_args+=(${extra_decode[@]+"${extra_decode[@]}"})
+  sdpa_args+=("$@")
+elif [ "$which" = sdpa ]; then
+  sdpa_args=("$@")
+else
+  decode_args=("$@")
+fi
+
 build=${FA_BUILD_DIR:-}
 if [ -z "$build" ]; then
   if [ -e build-gpu/libflashattn.so.0 ]; then build=build-gpu; else build=build; fi
@@ -56,11 +83,17 @@ fi
 results=bench/results
 mkdir -p "$results"
 base=$("$py" bench/bench_sdpa.py --print-base-name) || base="$(date -u +%F)-unknown-gpu-sdpa"
-tests_log="$results/$base-gputests.log"
+dbase=$("$py" bench/bench_decode.py --print-base-name) || dbase="$(date -u +%F)-unknown-gpu-decode"
+if [ "$which" = decode ]; then
+  tests_log="$results/$dbase-gputests.log"
+else
+  tests_log="$results/$base-gputests.log"
+fi
 bench_log="$results/$base-bench.log"
+decode_log="$results/$dbase-bench.log"
 summary=$(mktemp)
 t0=$(date +%s)
-echo "== run_gpu.sh: library $FLASHATTN_LIBRARY, results $results/$base.*"
+echo "== run_gpu.sh: library $FLASHATTN_LIBRARY, benchmarks: $which, results in $results/"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv 2>/dev/null || true
 
 # ---- GPU tests -------------------------------------------------------------------------
@@ -102,16 +135,25 @@ echo "pytest bindings/python/tests/test_gpu.py: exit $rc ($(tail -1 "$tests_log"
 cat "$summary"
 echo "== GPU tests took $(( $(date +%s) - t0 )) s"
 
-# ---- benchmark ---------------------------------------------------------------------------
-"$py" bench/bench_sdpa.py --out-dir "$results" --tests-summary "$summary" "$@" 2>&1 | tee "$bench_log"
-bench_rc=${PIPESTATUS[0]}
-echo "== run_gpu.sh: tests exit $tests_rc, bench exit $bench_rc (3 = a config out of tolerance), $(( $(date +%s) - t0 )) s"
+# ---- benchmarks --------------------------------------------------------------------------
+bench_rc=0 decode_rc=0
+if [ "$which" != decode ]; then
+  "$py" bench/bench_sdpa.py --out-dir "$results" --tests-summary "$summary" ${sdpa_args[@]+"${sdpa_args[@]}"} 2>&1 | tee "$bench_log"
+  bench_rc=${PIPESTATUS[0]}
+fi
+if [ "$which" != sdpa ]; then
+  "$py" bench/bench_decode.py --out-dir "$results" --tests-summary "$summary" ${decode_args[@]+"${decode_args[@]}"} 2>&1 | tee "$decode_log"
+  decode_rc=${PIPESTATUS[0]}
+fi
+echo "== run_gpu.sh: tests exit $tests_rc, bench_sdpa exit $bench_rc, bench_decode exit $decode_rc (3 = a config out of tolerance), $(( $(date +%s) - t0 )) s"
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-  for f in "$results/$base".{csv,json,png,md} "$tests_log" "$bench_log"; do
+  for f in "$results/$base".{csv,json,png,md} "$results/$dbase".{csv,json,md} "$tests_log" \
+           "$bench_log" "$decode_log"; do
     [ -e "$f" ] && cp "$f" "$OUT/"
   done
 fi
 [ "$bench_rc" -ne 0 ] && exit "$bench_rc"
+[ "$decode_rc" -ne 0 ] && exit "$decode_rc"
 [ "$tests_rc" -ne 0 ] && exit 1
 exit 0

@@ -265,6 +265,29 @@ FA_API void fa_config_destroy(fa_config *cfg);
 FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
                              size_t buf_size, size_t *ptx_size);
 
+/* The launch shape a kernel is generated for (since 0.3): the module a
+ * launch with such arguments would run. Zero = fa_generate's shape
+ * (fixed-length, contiguous K/V). */
+typedef struct fa_generate_options {
+  size_t struct_size;
+  int32_t kv_layout; /* fa_kv_layout of the K/V cache (forward and decode) */
+  int32_t page_size; /* FA_KV_PAGED: tokens per page, >= 1 (a multiple of
+                        the key tile selects the per-tile page lookup) */
+  int32_t varlen;    /* forward: 1 = cu_seqlens_q is set */
+  int32_t seqused_k; /* forward: 1 = seqused_k is set */
+} fa_generate_options;
+
+#define FA_GENERATE_OPTIONS_INIT \
+  { sizeof(fa_generate_options), 0, 0, 0, 0 }
+
+/* fa_generate for the launch shape in *opts (NULL = fa_generate). Errors:
+ * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
+ * page_size < 1 with PAGED, page_size with another layout, varlen or
+ * seqused_k with kind != FORWARD, a layout with kind REDUCE). */
+FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
+                                 const fa_generate_options *opts, char *buf, size_t buf_size,
+                                 size_t *ptx_size);
+
 /* ------------------------------------------------------------------------ */
 /* Forward (prefill)                                                        */
 /* ------------------------------------------------------------------------ */
@@ -521,6 +544,67 @@ FA_API fa_status fa_cache_list(fa_runtime *rt, fa_cache_entry_fn fn, void *user)
 /* Deletes every stored kernel (kernels already loaded stay usable).
  * Errors: INVALID_ARGUMENT, CACHE. */
 FA_API fa_status fa_cache_clear(fa_runtime *rt);
+
+/* ------------------------------------------------------------------------ */
+/* Emulator memory profile (since 0.3)                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Memory traffic of a set of instructions, counted per warp instruction the
+ * way the GPU issues it (model and sources: docs/emulator.md, "Memory
+ * counters"). Counts, except where a unit is given. */
+typedef struct fa_emu_mem_counters {
+  uint64_t global_load_requests; /* warp-level ld.global and cp.async executions
+                                    that read global memory */
+  uint64_t global_load_sectors;  /* 32-byte sectors they touched */
+  uint64_t global_load_bytes;    /* bytes they used (distinct per request);
+                                    efficiency = bytes / (32 * sectors) */
+  uint64_t cp_async_requests;    /* the cp.async part of the three above (how
+                                    flashattn's kernels load K/V tiles) */
+  uint64_t cp_async_sectors;
+  uint64_t cp_async_bytes;
+  uint64_t global_store_requests; /* warp-level st.global executions */
+  uint64_t global_store_sectors;  /* 32-byte sectors they touched */
+  uint64_t global_store_bytes;    /* bytes written (distinct per request) */
+  uint64_t shared_requests;       /* warp-level ld.shared, st.shared, ldmatrix
+                                     and cp.async (its shared-memory side) */
+  uint64_t shared_wavefronts;     /* shared-memory wavefronts they took */
+  uint64_t shared_bank_conflicts; /* wavefronts beyond the minimum each request
+                                     needs (one per 128-byte phase) */
+} fa_emu_mem_counters;
+
+typedef struct fa_emu_profile {
+  size_t struct_size;
+  char kernel[128];              /* entry name of the launch */
+  fa_emu_mem_counters total;     /* the whole kernel */
+  fa_emu_mem_counters main_loop; /* the main loop's instructions only */
+  uint32_t main_loop_first_line; /* PTX lines (1-based) the main loop spans:
+                                    the innermost loops holding mma.sync
+                                    (none: those holding global loads);
+                                    0 = no loop found */
+  uint32_t main_loop_last_line;
+  uint32_t main_loop_worst_conflict_line; /* main-loop instruction with the most
+                                             bank conflicts; 0 = none */
+  uint32_t main_loop_worst_sector_line;   /* main-loop global access wasting the
+                                             most sector bytes; 0 = none */
+} fa_emu_profile;
+
+#define FA_EMU_PROFILE_INIT                                            \
+  {                                                                    \
+    sizeof(fa_emu_profile), {0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, \
+        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0, 0, 0, 0               \
+  }
+
+/* Fills *out (whose struct_size the caller sets to sizeof(fa_emu_profile))
+ * with the memory counters of the most recent kernel launch on rt. Counters
+ * exist only for launches made while the environment variable
+ * FLASHATTN_EMU_PROFILE=1 is set (read at each launch; it also prints a
+ * table per launch to stderr); profiling slows the emulator. fa_decode with
+ * o.data != 0 launches the decode kernel, then the combine: the counters are
+ * the combine's (o.data = 0 leaves the decode kernel's).
+ * Errors: INVALID_ARGUMENT (null, struct_size), UNSUPPORTED (rt is not an
+ * emulator runtime, or its most recent launch was not profiled, faulted, or
+ * there was none). Thread safety: any thread; "most recent" is per runtime. */
+FA_API fa_status fa_emulator_profile(fa_runtime *rt, fa_emu_profile *out);
 
 #ifdef __cplusplus
 }

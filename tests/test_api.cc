@@ -706,6 +706,62 @@ void test_generate_table(void **state) {
     assert_non_null(std::strstr(a.data(), ".entry"));
     assert_non_null(std::strstr(a.data(), ".target sm_86"));
   }
+  // fa_generate_for: NULL options and zero options are fa_generate's module;
+  // a paged page_size 16 decode looks its pages up per tile, page_size 3 per
+  // row; pointer arrays; varlen + seqused_k forward.
+  auto gen = [&](fa_kernel_kind kind, const fa_generate_options *o) {
+    size_t len = 0;
+    assert_int_equal(fa_generate_for(s->cfg, kind, 80, o, nullptr, 0, &len), FA_SUCCESS);
+    std::string t(len + 1, 'x');
+    assert_int_equal(fa_generate_for(s->cfg, kind, 80, o, &t[0], t.size(), &len), FA_SUCCESS);
+    t.resize(len);
+    return t;
+  };
+  auto plain = [&](fa_kernel_kind kind) {
+    size_t len = 0;
+    assert_int_equal(fa_generate(s->cfg, kind, 80, nullptr, 0, &len), FA_SUCCESS);
+    std::string t(len + 1, 'x');
+    assert_int_equal(fa_generate(s->cfg, kind, 80, &t[0], t.size(), &len), FA_SUCCESS);
+    t.resize(len);
+    return t;
+  };
+  fa_generate_options go = FA_GENERATE_OPTIONS_INIT;
+  assert_true(gen(FA_KERNEL_DECODE, nullptr) == plain(FA_KERNEL_DECODE));
+  assert_true(gen(FA_KERNEL_FORWARD, &go) == plain(FA_KERNEL_FORWARD));
+  go.kv_layout = FA_KV_PAGED;
+  go.page_size = 16;
+  const std::string tiles = gen(FA_KERNEL_DECODE, &go);
+  assert_true(tiles.find("_paged_tiles") != std::string::npos);
+  go.page_size = 3;
+  assert_true(gen(FA_KERNEL_DECODE, &go).find("_paged_rows") != std::string::npos);
+  go.kv_layout = FA_KV_PTR_ARRAY;
+  go.page_size = 0;
+  assert_true(gen(FA_KERNEL_DECODE, &go).find("_ptrs") != std::string::npos);
+  go.kv_layout = FA_KV_CONTIGUOUS;
+  go.varlen = 1;
+  go.seqused_k = 1;
+  const std::string fwd = gen(FA_KERNEL_FORWARD, &go);
+  assert_true(fwd != plain(FA_KERNEL_FORWARD) && fwd.find("_varlen") != std::string::npos);
+  struct Bad {
+    const char *what, *needle;
+    fa_kernel_kind kind;
+    fa_generate_options o;
+  };
+  const Bad bad[] = {
+      {"size", "struct_size", FA_KERNEL_DECODE, {sizeof(fa_generate_options) - 4, 0, 0, 0, 0}},
+      {"layout", "kv_layout", FA_KERNEL_DECODE, {sizeof(fa_generate_options), 7, 0, 0, 0}},
+      {"page 0", "page_size", FA_KERNEL_DECODE, {sizeof(fa_generate_options), 1, 0, 0, 0}},
+      {"page contiguous",
+       "page_size",
+       FA_KERNEL_DECODE,
+       {sizeof(fa_generate_options), 0, 16, 0, 0}},
+      {"varlen decode", "varlen", FA_KERNEL_DECODE, {sizeof(fa_generate_options), 0, 0, 1, 0}},
+      {"reduce layout", "REDUCE", FA_KERNEL_REDUCE, {sizeof(fa_generate_options), 2, 0, 0, 0}},
+  };
+  for (const Bad &b : bad) {
+    expect_rejected(nullptr, b.what, fa_generate_for(s->cfg, b.kind, 80, &b.o, nullptr, 0, &n),
+                    FA_ERROR_INVALID_ARGUMENT, "fa_generate_for", b.needle);
+  }
 }
 
 void test_status_strings(void **) {

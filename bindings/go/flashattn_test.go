@@ -72,6 +72,8 @@ func upload(t *testing.T, rt *Runtime, src interface{}) *DeviceMemory {
 		n = uint64(len(s)) * 4
 	case []int32:
 		n = uint64(len(s)) * 4
+	case []uint64:
+		n = uint64(len(s)) * 8
 	}
 	if n == 0 {
 		n = 16
@@ -88,6 +90,8 @@ func upload(t *testing.T, rt *Runtime, src interface{}) *DeviceMemory {
 		err = m.UploadFloat32(s)
 	case []int32:
 		err = m.UploadInt32(s)
+	case []uint64:
+		err = m.UploadUint64(s)
 	}
 	if err != nil {
 		t.Fatalf("upload: %v", err)

@@ -143,6 +143,15 @@ func (m *DeviceMemory) UploadInt32(src []int32) error {
 	return m.upload("UploadInt32", unsafe.Pointer(&src[0]), uint64(len(src))*4)
 }
 
+// UploadUint64 copies src (e.g. the device addresses of a KVPtrArray cache)
+// to the start of m.
+func (m *DeviceMemory) UploadUint64(src []uint64) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return m.upload("UploadUint64", unsafe.Pointer(&src[0]), uint64(len(src))*8)
+}
+
 // DownloadUint16 fills dst from the start of m.
 func (m *DeviceMemory) DownloadUint16(dst []uint16) error {
 	if len(dst) == 0 {

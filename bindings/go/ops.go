@@ -28,16 +28,106 @@ func (t Tensor) c() C.fa_tensor {
 	return ct
 }
 
+// PagesHND is an NHD view [num_pages, pageSize, heads, dim] of pages stored
+// HND ([num_pages, heads, pageSize, dim], FlashInfer's layout): the token and
+// head strides of Contiguous swapped.
+func PagesHND(data uint64, pageSize, heads, dim int64) Tensor {
+	return Tensor{Data: data, Stride: [4]int64{heads * pageSize * dim, dim, pageSize * dim, 1}}
+}
+
+// SeqTensor is the K or V tensor of a pointer-array cache (KVPtrArray):
+// data 0 and the strides [_, token, head, 1] every sequence's
+// [seqlen, heads, dim] tensor shares (Contiguous's for dense ones).
+func SeqTensor(heads, dim int64) Tensor {
+	return Tensor{Stride: [4]int64{0, heads * dim, dim, 1}}
+}
+
+// KVLayout says how K and V are addressed (fa_kv_layout, since 0.3).
+type KVLayout int32
+
+// KV cache layouts.
+const (
+	// KVContiguous: k/v [batch, seqlen_k, heads_kv, dim].
+	KVContiguous KVLayout = C.FA_KV_CONTIGUOUS
+	// KVPaged: k/v pages [num_pages, page_size, heads_kv, dim], any strides,
+	// and a block table.
+	KVPaged KVLayout = C.FA_KV_PAGED
+	// KVPtrArray: sequence b's keys at KPtrs[b], values at VPtrs[b].
+	KVPtrArray KVLayout = C.FA_KV_PTR_ARRAY
+)
+
+// DecodeInvariantSplit is the number of keys per split of a decode with
+// BatchInvariant (FA_DECODE_INVARIANT_SPLIT).
+const DecodeInvariantSplit = C.FA_DECODE_INVARIANT_SPLIT
+
+// KVCacheLayout is fa_kv_cache_layout: how a call finds key j of sequence b.
+// The zero value is a contiguous cache. BlockTable, KPtrs and VPtrs are
+// device data the caller vouches for (not read by this package): every page
+// of a valid key in [0, NumPages), every pointer 16-byte aligned and
+// covering its sequence; a bad one is an out-of-bounds read (a launch error
+// on the emulator, an illegal address that poisons the runtime on a GPU).
+type KVCacheLayout struct {
+	Layout KVLayout
+	// KVPaged: key j of sequence b is token j % PageSize of page
+	// BlockTable[b*BlockTableStride + j/PageSize].
+	PageSize         int32  // tokens per page, >= 1
+	NumPages         int32  // pages in K and V, >= 1
+	MaxPagesPerSeq   int32  // used columns of BlockTable, >= ceil(keys / PageSize)
+	BlockTable       uint64 // int32 [batch, MaxPagesPerSeq], 4-byte aligned
+	BlockTableStride int64  // elements between rows, >= MaxPagesPerSeq
+	// KVPtrArray: uint64 [batch] device addresses of each sequence's
+	// [seqlen, heads_kv, dim] keys / values (with the strides of the K / V
+	// tensor, whose Data must be 0: see SeqTensor).
+	KPtrs, VPtrs uint64
+}
+
+// Paged describes a paged cache whose block table rows are maxPagesPerSeq
+// entries apart.
+func Paged(blockTable uint64, pageSize, numPages, maxPagesPerSeq int32) KVCacheLayout {
+	return KVCacheLayout{Layout: KVPaged, PageSize: pageSize, NumPages: numPages,
+		MaxPagesPerSeq: maxPagesPerSeq, BlockTable: blockTable, BlockTableStride: int64(maxPagesPerSeq)}
+}
+
+// PtrArray describes a pointer-array cache.
+func PtrArray(kPtrs, vPtrs uint64) KVCacheLayout {
+	return KVCacheLayout{Layout: KVPtrArray, KPtrs: kPtrs, VPtrs: vPtrs}
+}
+
+func (l KVCacheLayout) c() C.fa_kv_cache_layout {
+	var cl C.fa_kv_cache_layout
+	cl.layout = C.int32_t(l.Layout)
+	cl.page_size = C.int32_t(l.PageSize)
+	cl.num_pages = C.int32_t(l.NumPages)
+	cl.max_pages_per_seq = C.int32_t(l.MaxPagesPerSeq)
+	cl.block_table = C.uint64_t(l.BlockTable)
+	cl.block_table_stride = C.int64_t(l.BlockTableStride)
+	cl.k_ptrs = C.uint64_t(l.KPtrs)
+	cl.v_ptrs = C.uint64_t(l.VPtrs)
+	return cl
+}
+
 // ForwardArgs are the arguments of Runtime.Forward (fa_forward_args).
+// Q [batch, seqlen_q, heads_q, dim], K/V [batch, seqlen_k, heads_kv, dim]
+// (or as KV says), O [batch, seqlen_q, heads_q, dim_v], all of the config's
+// dtype.
 type ForwardArgs struct {
 	Batch, SeqlenQ, SeqlenK int32
 	Q, K, V, O              Tensor
 	LSE                     uint64 // fp32 [batch, num_heads_q, seqlen_q]; 0 = none
 	CuSeqlensQ, CuSeqlensK  uint64 // int32 [batch+1] prefix sums (varlen), or 0
-	Stream                  uintptr
+	// KV: a paged or pointer-array cache makes this chunked prefill (the
+	// queries are the last tokens of each sequence); such caches take their
+	// key counts from SequsedK, not CuSeqlensK. Zero value: contiguous.
+	KV KVCacheLayout
+	// SequsedK: int32 [batch] or 0: sequence b has keys 0..SequsedK[b]-1
+	// (clamped to [0, SeqlenK]); 0 = SeqlenK keys each. Not with CuSeqlensK.
+	SequsedK uint64
+	Stream   uintptr
 }
 
-// Forward computes O = softmax(scale * Q K^T) V (fa_launch).
+// Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
+// *Error with the library's status (StatusInvalidArgument for sizes,
+// strides, alignment and KV layout fields; nothing is written then).
 func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	if a == nil {
 		return goErr(StatusInvalidArgument, "Forward: args is nil")
@@ -61,22 +151,31 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	ca.lse = C.uint64_t(a.LSE)
 	ca.cu_seqlens_q = C.uint64_t(a.CuSeqlensQ)
 	ca.cu_seqlens_k = C.uint64_t(a.CuSeqlensK)
+	ca.kv = a.KV.c()
+	ca.seqused_k = C.uint64_t(a.SequsedK)
 	var e C.fago_err
 	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }
 
-// DecodeArgs are the arguments of Runtime.Decode (fa_decode_args).
+// DecodeArgs are the arguments of Runtime.Decode (fa_decode_args). Q
+// [batch, seqlen_q, heads_q, dim]; KCache/VCache [batch, seqlen_k_max,
+// heads_kv, dim(_v)], or pages / SeqTensor views as KV says; O [batch,
+// seqlen_q, heads_q, dim_v].
 type DecodeArgs struct {
-	Batch, SeqlenQ, SeqlenKMax int32
+	Batch, SeqlenQ, SeqlenKMax int32 // KVPaged: SeqlenKMax <= MaxPagesPerSeq * PageSize
 	Q, KCache, VCache          Tensor
-	CacheSeqlens               uint64 // int32 [batch]
+	CacheSeqlens               uint64 // int32 [batch], each clamped to [0, SeqlenKMax]
 	NumSplits                  int32  // 0 = automatic
 	// Workspace for the partial states; 0 = Decode allocates and frees one.
 	Workspace     uint64
 	WorkspaceSize uint64
-	O             Tensor // O.Data 0: leave the partial states in Workspace
-	LSE           uint64 // fp32 [batch, num_heads_q, seqlen_q]; 0 = none
-	Stream        uintptr
+	O             Tensor        // O.Data 0: leave the partial states in Workspace
+	LSE           uint64        // fp32 [batch, num_heads_q, seqlen_q]; 0 = none
+	KV            KVCacheLayout // zero value: contiguous
+	// BatchInvariant: splits of DecodeInvariantSplit keys, so a sequence's
+	// output bits do not depend on the rest of the batch (NumSplits must be 0).
+	BatchInvariant bool
+	Stream         uintptr
 }
 
 func (a *DecodeArgs) c() C.fa_decode_args {
@@ -91,6 +190,10 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.workspace = C.uint64_t(a.Workspace)
 	ca.workspace_size = C.size_t(a.WorkspaceSize)
 	ca.lse = C.uint64_t(a.LSE)
+	ca.kv = a.KV.c()
+	if a.BatchInvariant {
+		ca.batch_invariant = 1
+	}
 	return ca
 }
 
@@ -120,9 +223,12 @@ func (rt *Runtime) DecodeWorkspaceSize(cfg *Config, a *DecodeArgs) (bytes uint64
 	return uint64(n), int(s), nil
 }
 
-// Decode runs Flash-Decoding over a KV cache (fa_decode). With
-// a.Workspace == 0 it sizes, allocates and frees a workspace itself (then
-// a.O.Data must be set, or the partial states would be lost).
+// Decode runs Flash-Decoding over a KV cache in any layout (fa_decode).
+// With a.Workspace == 0 it sizes, allocates and frees a workspace itself
+// (then a.O.Data must be set, or the partial states would be lost). Errors:
+// an *Error with the library's status (StatusInvalidArgument for sizes,
+// strides, KV layout fields, NumSplits with BatchInvariant, a small
+// workspace; nothing is written then).
 func (rt *Runtime) Decode(cfg *Config, a *DecodeArgs) error {
 	if a == nil {
 		return goErr(StatusInvalidArgument, "Decode: args is nil")

@@ -52,4 +52,13 @@ if [ "$rc" -ne 0 ] || ! grep -qx "PASS" <<<"$out"; then
   echo "fixture_forward did not print PASS" >&2
   exit 1
 fi
+echo "-- examples/paged_decode"
+go build -o "$tmp/paged_decode" ./examples/paged_decode
+rc=0
+out=$("$tmp/paged_decode") || rc=$?
+echo "$out"
+if [ "$rc" -ne 0 ] || ! grep -qx "PASS" <<<"$out"; then
+  echo "paged_decode did not print PASS" >&2
+  exit 1
+fi
 echo "-- go bindings: OK"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tests the Python bindings against an installed flashattn prefix:
+# Tests the Python bindings against an installed flashattn prefix, then runs
+# the examples:
 #   bash bindings/python/test.sh PREFIX
 # Uses Debian's /usr/bin/python3 with python3-numpy and python3-pytest
 # (tools/setup.sh), the emulator backend and a scratch kernel cache.
@@ -26,3 +27,4 @@ export PYTHONDONTWRITEBYTECODE=1
 cd "$here"
 "$py" -m pytest -p no:cacheprovider -q -rs tests
 "$py" examples/fixture_forward.py
+"$py" examples/paged_decode.py

@@ -66,4 +66,11 @@ if ! grep -qx PASS <<<"$out"; then
   echo "rust bindings: fixture_forward did not print PASS" >&2
   exit 1
 fi
+# The paged-decode example: must print PASS.
+out=$(cargo_ run -q -p flashattn --example paged_decode)
+echo "$out"
+if ! grep -qx PASS <<<"$out"; then
+  echo "rust bindings: paged_decode did not print PASS" >&2
+  exit 1
+fi
 echo "== rust bindings: OK ($((SECONDS - start)) s)"

@@ -366,6 +366,22 @@ void copy_cstr(char *dst, size_t cap, const std::string &src) {
   std::snprintf(dst, cap, "%s", src.c_str());
 }
 
+// The emulator's counters as the C struct.
+void copy_counters(const fa::emu::MemCounters &c, fa_emu_mem_counters *out) {
+  out->global_load_requests = c.global_load_requests;
+  out->global_load_sectors = c.global_load_sectors;
+  out->global_load_bytes = c.global_load_bytes;
+  out->cp_async_requests = c.cp_async_requests;
+  out->cp_async_sectors = c.cp_async_sectors;
+  out->cp_async_bytes = c.cp_async_bytes;
+  out->global_store_requests = c.global_store_requests;
+  out->global_store_sectors = c.global_store_sectors;
+  out->global_store_bytes = c.global_store_bytes;
+  out->shared_requests = c.shared_requests;
+  out->shared_wavefronts = c.shared_wavefronts;
+  out->shared_bank_conflicts = c.shared_bank_conflicts;
+}
+
 }  // namespace
 
 extern "C" {
@@ -536,6 +552,74 @@ FA_API void fa_config_destroy(fa_config *cfg) {
   delete cfg;
 }
 
+namespace {
+
+// fa_generate and fa_generate_for: the module for `kind` of cfg on `sm` with
+// launch shape `shape`.
+fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
+                        const fa::LaunchShape &shape, char *buf, size_t buf_size,
+                        size_t *ptx_size) {
+  FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
+  FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
+  fa::DeviceLimits lim;
+  if (!fa::published_limits(sm, &lim)) {
+    return fail(FA_ERROR_UNSUPPORTED, "sm must be one of %s, got %d", kSupportedSms, sm);
+  }
+  const fa::KernelKind k = kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
+                           : kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
+                                                      : fa::KernelKind::Reduce;
+  const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, lim, shape));
+  *ptx_size = ptx.size();
+  if (buf_size < ptx.size() + 1) {
+    if (buf == nullptr) return FA_SUCCESS;  // size query
+    return fail(FA_ERROR_BUFFER_TOO_SMALL, "buffer holds %zu bytes, the PTX needs %zu", buf_size,
+                ptx.size() + 1);
+  }
+  std::memcpy(buf, ptx.c_str(), ptx.size() + 1);
+  return FA_SUCCESS;
+}
+
+}  // namespace
+
+FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
+                                 const fa_generate_options *opts, char *buf, size_t buf_size,
+                                 size_t *ptx_size) {
+  return guarded("fa_generate_for", [&]() -> fa_status {
+    FA_CHECK(check_config(cfg));
+    const int raw_kind = raw_enum(kind);
+    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
+                   raw_kind == FA_KERNEL_REDUCE,
+               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
+    fa::LaunchShape shape;
+    if (opts != nullptr) {
+      FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options),
+                 "opts->struct_size is %zu, expected %zu", opts->struct_size,
+                 sizeof(fa_generate_options));
+      FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
+                     opts->kv_layout == FA_KV_PTR_ARRAY,
+                 "opts->kv_layout must be an fa_kv_layout, got %d", opts->kv_layout);
+      if (opts->kv_layout == FA_KV_PAGED) {
+        FA_REQUIRE(opts->page_size >= 1, "opts->page_size must be >= 1 with FA_KV_PAGED, got %d",
+                   opts->page_size);
+      } else {
+        FA_REQUIRE(opts->page_size == 0, "opts->page_size is for FA_KV_PAGED only, got %d",
+                   opts->page_size);
+      }
+      FA_REQUIRE(opts->varlen == 0 || opts->varlen == 1, "opts->varlen must be 0 or 1");
+      FA_REQUIRE(opts->seqused_k == 0 || opts->seqused_k == 1, "opts->seqused_k must be 0 or 1");
+      FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || (!opts->varlen && !opts->seqused_k),
+                 "opts->varlen and opts->seqused_k are for FA_KERNEL_FORWARD");
+      FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || opts->kv_layout == FA_KV_CONTIGUOUS,
+                 "FA_KERNEL_REDUCE reads no K/V cache: opts->kv_layout must be 0");
+      shape.varlen = opts->varlen != 0;
+      shape.seqused_k = opts->seqused_k != 0;
+      shape.kv_layout = static_cast<fa::KvLayout>(opts->kv_layout);
+      shape.page_size = opts->page_size;
+    }
+    return generate_into(cfg, kind, sm, shape, buf, buf_size, ptx_size);
+  });
+}
+
 FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
                              size_t buf_size, size_t *ptx_size) {
   return guarded("fa_generate", [&]() -> fa_status {
@@ -546,22 +630,7 @@ FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t 
     FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
                    raw_kind == FA_KERNEL_REDUCE,
                "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
-    fa::DeviceLimits lim;
-    if (!fa::published_limits(sm, &lim)) {
-      return fail(FA_ERROR_UNSUPPORTED, "sm must be one of %s, got %d", kSupportedSms, sm);
-    }
-    const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
-                             : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
-                                                            : fa::KernelKind::Reduce;
-    const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, lim, false));
-    *ptx_size = ptx.size();
-    if (buf_size < ptx.size() + 1) {
-      if (buf == nullptr) return FA_SUCCESS;  // size query
-      return fail(FA_ERROR_BUFFER_TOO_SMALL, "buffer holds %zu bytes, the PTX needs %zu", buf_size,
-                  ptx.size() + 1);
-    }
-    std::memcpy(buf, ptx.c_str(), ptx.size() + 1);
-    return FA_SUCCESS;
+    return generate_into(cfg, kind, sm, fa::LaunchShape(), buf, buf_size, ptx_size);
   });
 }
 
@@ -682,6 +751,27 @@ FA_API fa_status fa_cache_clear(fa_runtime *rt) {
   return guarded("fa_cache_clear", [&]() -> fa_status {
     FA_CHECK(check_runtime(rt));
     return rt->impl->store().clear();
+  });
+}
+
+FA_API fa_status fa_emulator_profile(fa_runtime *rt, fa_emu_profile *out) {
+  return guarded("fa_emulator_profile", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_REQUIRE(out != nullptr, "out is NULL");
+    FA_CHECK(check_struct_size("out", out->struct_size, sizeof(fa_emu_profile)));
+    const fa::Backend &be = rt->impl->backend();
+    if (be.kind() != FA_BACKEND_EMULATOR)
+      return fail(FA_ERROR_UNSUPPORTED, "rt runs on the cuda backend; profiles are emulator-only");
+    fa::emu::LaunchProfile p;
+    FA_CHECK(be.last_profile(&p));
+    copy_cstr(out->kernel, sizeof out->kernel, p.entry);
+    copy_counters(p.total, &out->total);
+    copy_counters(p.main_loop, &out->main_loop);
+    out->main_loop_first_line = p.loop.first_line;
+    out->main_loop_last_line = p.loop.last_line;
+    out->main_loop_worst_conflict_line = p.loop_worst_conflict_line;
+    out->main_loop_worst_sector_line = p.loop_worst_sector_line;
+    return FA_SUCCESS;
   });
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "emu/profile.h"
 #include "flashattn.h"
 
 namespace fa {
@@ -42,6 +43,21 @@ struct DeviceInfo {
   int num_sms = 0;
   DeviceLimits limits;     // limits.sm == sm
   int driver_version = 0;  // cuDriverGetVersion; 0 on the emulator
+};
+
+// A tiled tensor map (TMA descriptor) to encode: `rank` dimensions, dim 0
+// innermost and contiguous. The cuda backend encodes it with
+// cuTensorMapEncodeTiled (OOB elements read as zero, L2 promotion 128B), the
+// emulator with emu::TensorMap (src/emu/tensor_map.h).
+struct TensorMapDesc {
+  uint32_t rank = 0;        // 1..5
+  uint32_t elem_bytes = 2;  // 2: f16/bf16 (the only kind generated today)
+  bool bf16 = false;
+  uint64_t base = 0;         // device address, 16-byte aligned
+  uint64_t dims[5] = {};     // elements, each >= 1 and < 2^32
+  uint64_t strides[5] = {};  // bytes; strides[0] = elem_bytes, others multiples of 16, < 2^40
+  uint32_t box[5] = {};  // elements per copy, each 1..256; box[0] * elem_bytes <= 128 when swizzled
+  uint32_t swizzle = 0;  // 0 none, 3 = 128-byte (CU_TENSOR_MAP_SWIZZLE_128B)
 };
 
 // A loaded kernel entry point. Owned by the runtime's kernel map.
@@ -89,6 +105,23 @@ class Backend {
   virtual fa_status copy_dtoh(void *dst, uint64_t src, size_t bytes) = 0;
   virtual fa_status memset_d8(uint64_t dst, uint8_t value, size_t bytes) = 0;
   virtual fa_status synchronize(void *stream) = 0;
+
+  // Writes the 128-byte tensor map a kernel reads with cp.async.bulk.tensor
+  // (host only: no device access, so launches stay CUDA-graph safe).
+  // Errors: FA_ERROR_INVALID_ARGUMENT (alignment, stride or box rules of
+  // cuTensorMapEncodeTiled), FA_ERROR_UNSUPPORTED (a driver without
+  // cuTensorMapEncodeTiled, or a device below sm_90), FA_ERROR_CUDA.
+  virtual fa_status encode_tensor_map(const TensorMapDesc &desc, uint8_t out[128]) = 0;
+
+  // Emulator only: the memory counters of this backend's most recent launch
+  // (emu/profile.h), kept when that launch ran with profiling on
+  // (FLASHATTN_EMU_PROFILE=1). Errors: FA_ERROR_UNSUPPORTED (another
+  // backend: no message set; the emulator: no profiled launch yet, or the
+  // last launch ran without profiling or faulted).
+  virtual fa_status last_profile(emu::LaunchProfile *out) const {
+    (void)out;
+    return FA_ERROR_UNSUPPORTED;
+  }
 };
 
 // cuda backend on `device` (primary context). Errors: FA_ERROR_NO_DRIVER

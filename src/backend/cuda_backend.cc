@@ -9,6 +9,7 @@
 // FA_ERROR_RUNTIME_POISONED.
 #include "backend/backend.h"
 #include "backend/cuda_driver.h"
+#include "backend/tensor_map.h"
 #include "common/error.h"
 
 #if FA_CUDA_BACKEND
@@ -145,6 +146,7 @@ class CudaBackend : public Backend {
   fa_status copy_dtoh(void *dst, uint64_t src, size_t bytes) override;
   fa_status memset_d8(uint64_t dst, uint8_t value, size_t bytes) override;
   fa_status synchronize(void *stream) override;
+  fa_status encode_tensor_map(const TensorMapDesc &desc, uint8_t out[128]) override;
 
  private:
   // FA_SUCCESS, or FA_ERROR_RUNTIME_POISONED after a sticky error.
@@ -478,6 +480,35 @@ fa_status CudaBackend::synchronize(void *stream) {
   ScopedContext scope(*context_);
   if (fa_status s = enter(scope); s != FA_SUCCESS) return s;
   return check(cu_.StreamSynchronize(static_cast<CUstream>(stream)), "cuStreamSynchronize");
+}
+
+fa_status CudaBackend::encode_tensor_map(const TensorMapDesc &d, uint8_t out[128]) {
+  if (fa_status s = check_tensor_map_desc(d); s != FA_SUCCESS) return s;
+  if (info_.sm < 90) return fail(FA_ERROR_UNSUPPORTED, "tensor maps need sm_90 or newer");
+  if (cu_.TensorMapEncodeTiled == nullptr)
+    return fail(FA_ERROR_UNSUPPORTED, "the driver has no cuTensorMapEncodeTiled");
+  CUtensorMap map;
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t box[5], estrides[5];
+  for (uint32_t i = 0; i < d.rank; ++i) {
+    dims[i] = d.dims[i];
+    box[i] = d.box[i];
+    estrides[i] = 1;
+    if (i > 0) strides[i - 1] = d.strides[i];
+  }
+  // Host-only: no context is needed and nothing touches the device.
+  CUresult r = cu_.TensorMapEncodeTiled(
+      &map, d.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, d.rank,
+      reinterpret_cast<void *>(static_cast<uintptr_t>(d.base)), dims, strides, box, estrides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      d.swizzle == 3 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "cuTensorMapEncodeTiled failed: %s",
+                cuda::result_text(cu_, r).c_str());
+  static_assert(sizeof map == 128, "CUtensorMap is 128 bytes");
+  std::memcpy(out, &map, 128);
+  return FA_SUCCESS;
 }
 
 // Turns a failing CUresult met while creating the backend into a status.

@@ -5,6 +5,9 @@
 // Environment: FLASHATTN_EMU_MAX_STEPS (instruction budget per launch),
 // FLASHATTN_EMU_THREADS (host threads running CTAs, default 2),
 // FLASHATTN_EMU_STATS=1 (print instructions and rate per launch to stderr),
+// FLASHATTN_EMU_PROFILE=1 (count memory requests, sectors and shared-memory
+// wavefronts per instruction, print a table per launch to stderr and keep
+// the counters of the last launch for last_profile; docs/emulator.md),
 // FLASHATTN_EMU_NO_FMA=1 (use the software fma path even on FMA CPUs).
 #include <chrono>
 #include <cstdio>
@@ -14,10 +17,12 @@
 #include <unordered_map>
 
 #include "backend/backend.h"
+#include "backend/tensor_map.h"
 #include "common/error.h"
 #include "emu/interp.h"
 #include "emu/memory.h"
 #include "emu/ptx_ir.h"
+#include "emu/tensor_map.h"
 
 namespace fa {
 namespace {
@@ -99,6 +104,7 @@ class EmulatorBackend : public Backend {
     c.max_steps = env_u64("FLASHATTN_EMU_MAX_STEPS", emu::kDefaultMaxSteps);
     unsigned hw = std::thread::hardware_concurrency();
     c.host_threads = static_cast<int>(env_u64("FLASHATTN_EMU_THREADS", hw >= 2 ? 2 : 1));
+    c.profile = env_u64("FLASHATTN_EMU_PROFILE", 0) == 1;
     std::string error;
     emu::LaunchStats stats;
     auto t0 = std::chrono::steady_clock::now();
@@ -112,6 +118,16 @@ class EmulatorBackend : public Backend {
                    c.block[2], static_cast<unsigned long long>(stats.instructions), s,
                    s > 0 ? stats.instructions / s / 1e6 : 0.0,
                    stats.cpu_seconds > 0 ? stats.instructions / stats.cpu_seconds / 1e6 : 0.0);
+    }
+    std::unique_ptr<emu::LaunchProfile> prof;
+    if (c.profile && ok) {
+      prof = std::make_unique<emu::LaunchProfile>(
+          emu::summarize(*k->entry, std::move(stats.mem_by_pc)));
+      std::fprintf(stderr, "%s", emu::format_profile(*k->entry, *prof).c_str());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_profile_ = std::move(prof);
     }
     if (!ok) return fail(FA_ERROR_LAUNCH, "%s", error.c_str());
     return FA_SUCCESS;
@@ -129,6 +145,36 @@ class EmulatorBackend : public Backend {
     return mem_.set(dst, value, bytes);
   }
   fa_status synchronize(void *) override { return FA_SUCCESS; }
+
+  // The emulator's own format (emu/tensor_map.h), read back by its
+  // cp.async.bulk.tensor.
+  fa_status encode_tensor_map(const TensorMapDesc &d, uint8_t out[128]) override {
+    if (fa_status s = check_tensor_map_desc(d); s != FA_SUCCESS) return s;
+    if (info_.sm < 90) return fail(FA_ERROR_UNSUPPORTED, "tensor maps need sm_90 or newer");
+    emu::TensorMap m;
+    m.rank = d.rank;
+    m.base = d.base;
+    m.elem_bytes = d.elem_bytes;
+    m.swizzle = d.swizzle == 3 ? emu::TmaSwizzle::B128 : emu::TmaSwizzle::None;
+    for (uint32_t i = 0; i < d.rank; ++i) {
+      m.dims[i] = d.dims[i];
+      m.strides[i] = d.strides[i];
+      m.box[i] = d.box[i];
+    }
+    emu::store_tensor_map(m, out);
+    return FA_SUCCESS;
+  }
+
+  fa_status last_profile(emu::LaunchProfile *out) const override {
+    if (!out) return fail(FA_ERROR_INVALID_ARGUMENT, "emulator last_profile: null output");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!last_profile_)
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "no memory profile: the last emulator launch ran without "
+                  "FLASHATTN_EMU_PROFILE=1, faulted, or there was none");
+    *out = *last_profile_;
+    return FA_SUCCESS;
+  }
 
  private:
   // Parses ptx once per distinct text; later calls share the parse.
@@ -156,8 +202,9 @@ class EmulatorBackend : public Backend {
 
   DeviceInfo info_;
   emu::DeviceMemory mem_;
-  std::mutex mu_;
+  mutable std::mutex mu_;  // guards modules_ and last_profile_
   std::unordered_map<std::string, std::shared_ptr<const emu::Module>> modules_;
+  std::unique_ptr<emu::LaunchProfile> last_profile_;  // most recent launch, if profiled
 };
 
 }  // namespace

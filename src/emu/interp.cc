@@ -214,6 +214,8 @@ struct Shared {
   uint64_t error_block = UINT64_MAX;
   std::atomic<uint64_t> instructions{0};
   std::atomic<uint64_t> cpu_ns{0};
+  std::mutex profile_mu;
+  std::vector<InstProfile> by_pc;  // LaunchConfig::profile: workers' counters, summed
 
   void report(uint64_t block, const std::string &msg) {
     std::lock_guard<std::mutex> lock(error_mu);
@@ -230,7 +232,7 @@ struct Shared {
 // Runs CTAs one at a time; one per host worker thread.
 class CtaRunner {
  public:
-  explicit CtaRunner(Shared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg) {
+  explicit CtaRunner(Shared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.profile) {
     nthreads_ = cfg_.block[0] * cfg_.block[1] * cfg_.block[2];
     ns_ = e_.num_slots;
     regs_.resize(static_cast<size_t>(nthreads_) * ns_);
@@ -239,6 +241,10 @@ class CtaRunner {
     smem_size_ = e_.dynamic_smem_offset + cfg_.dynamic_smem;
     if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
     smem_.resize(std::max<size_t>(smem_size_, 1));
+    if (prof_) {
+      occ_.assign(e_.code.size(), 0);
+      inst_.assign(e_.code.size(), InstProfile());
+    }
   }
 
   // Runs the blocks handed out by the shared counter until none are left.
@@ -254,6 +260,10 @@ class CtaRunner {
       }
     }
     sh_.instructions.fetch_add(executed_);
+    if (prof_) {
+      std::lock_guard<std::mutex> lock(sh_.profile_mu);
+      for (size_t pc = 0; pc < inst_.size(); ++pc) sh_.by_pc[pc].add(inst_[pc]);
+    }
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
     sh_.cpu_ns.fetch_add(
         static_cast<uint64_t>((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec)));
@@ -273,6 +283,7 @@ class CtaRunner {
       for (AsyncQueue &q : async_) q.clear();
       async_used_ = false;
     }
+    recs_.clear();
     const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
     const uint32_t nwarps = (nthreads_ + 31) / 32;
     for (uint32_t t = 0; t < nthreads_; ++t) {
@@ -298,10 +309,13 @@ class CtaRunner {
     }
     for (;;) {
       for (uint32_t t = 0; t < nthreads_; ++t) {
-        if (state_[t] != ThreadState::kReady) continue;
-        RunResult rr = run_thread(t);
-        if (rr == RunResult::kFault) return false;
-        state_[t] = rr == RunResult::kExited ? ThreadState::kExited : ThreadState::kWaiting;
+        if (state_[t] == ThreadState::kReady) {
+          RunResult rr = run_thread(t);
+          if (rr == RunResult::kFault) return false;
+          state_[t] = rr == RunResult::kExited ? ThreadState::kExited : ThreadState::kWaiting;
+        }
+        // A warp's lanes have all run up to their next collective.
+        if (prof_ && ((t & 31) == 31 || t + 1 == nthreads_)) profile_warp();
       }
       int progress = resolve_warp_collectives();
       if (progress < 0) return false;
@@ -588,6 +602,19 @@ class CtaRunner {
       if (!p) return false;
       std::memcpy(mat[lane / 8][lane % 8], p, 16);
     }
+    if (prof_) {  // each matrix is one phase of 8 rows x 16 bytes
+      LaneAccess acc[32];
+      for (uint32_t lane = 0; lane < 8 * count; ++lane)
+        acc[lane] = {
+            lane, 16,
+            static_cast<uint32_t>(regs_of(base + lane)[in.a]) + static_cast<uint64_t>(in.imm)};
+      uint64_t wf, ph;
+      cost_shared(acc, 8 * count, 16, &wf, &ph);
+      InstProfile &ip = inst_[pc];
+      ++ip.shared_requests;
+      ip.shared_wavefronts += wf;
+      ip.shared_phases += ph;
+    }
     const bool trans = in.flags & kTrans;
     for (uint32_t lane = 0; lane < 32; ++lane) {
       uint64_t *r = regs_of(base + lane);
@@ -638,6 +665,7 @@ class CtaRunner {
     async_used_ = true;
     async_[t].ops.push_back(
         {src, static_cast<uint32_t>(dst), size, static_cast<uint32_t>(src_size)});
+    if (prof_) profile_access(t, pc, src, static_cast<uint32_t>(src_size), dst, size);
     return true;
   }
 
@@ -669,6 +697,78 @@ class CtaRunner {
       }
     }
     if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();
+  }
+
+  // --- memory profile (LaunchConfig::profile; emu/profile.h)
+
+  // One lane's access of one executed instruction: global [gaddr, +gbytes)
+  // and/or shared [saddr, +sbytes). key = pc << 37 | occurrence << 5 | lane;
+  // the occurrence (this lane's n-th execution of pc since the warp's last
+  // flush) is filled in by profile_warp.
+  struct MemRec {
+    uint64_t key;
+    uint64_t gaddr;
+    uint32_t saddr;
+    uint16_t gbytes, sbytes;
+  };
+  static constexpr int kRecPcShift = 37;
+
+  __attribute__((noinline)) void profile_access(uint32_t t, uint32_t pc, uint64_t gaddr,
+                                                uint32_t gbytes, int64_t saddr, uint32_t sbytes) {
+    recs_.push_back({(uint64_t{pc} << kRecPcShift) | (t & 31), gaddr, static_cast<uint32_t>(saddr),
+                     static_cast<uint16_t>(gbytes), static_cast<uint16_t>(sbytes)});
+  }
+
+  // Turns the records of the warp whose lanes just ran into warp requests:
+  // the k-th execution of pc by each lane is one request (converged SIMT
+  // execution), costed with cost_global / cost_shared.
+  void profile_warp() {
+    if (recs_.empty()) return;
+    // Records come lane after lane; number each lane's executions of a pc.
+    size_t seg = 0;
+    for (size_t i = 0; i <= recs_.size(); ++i) {
+      if (i == recs_.size() || (recs_[i].key & 31) != (recs_[seg].key & 31)) {
+        for (size_t j = seg; j < i; ++j) occ_[recs_[j].key >> kRecPcShift] = 0;
+        seg = i;
+        if (i == recs_.size()) break;
+      }
+      uint32_t &n = occ_[recs_[i].key >> kRecPcShift];
+      recs_[i].key |= uint64_t{n} << 5;
+      if (n < UINT32_MAX) ++n;
+    }
+    std::sort(recs_.begin(), recs_.end(),
+              [](const MemRec &a, const MemRec &b) { return a.key < b.key; });
+    LaneAccess g[32], s[32];
+    for (size_t i = 0; i < recs_.size();) {
+      const uint64_t group = recs_[i].key >> 5;
+      size_t ng = 0, ns = 0;
+      uint32_t sbytes = 0;
+      for (; i < recs_.size() && (recs_[i].key >> 5) == group; ++i) {
+        const MemRec &r = recs_[i];
+        const uint32_t lane = static_cast<uint32_t>(r.key & 31);
+        if (r.gbytes && ng < 32) g[ng++] = {lane, r.gbytes, r.gaddr};
+        if (r.sbytes && ns < 32) {
+          s[ns++] = {lane, r.sbytes, r.saddr};
+          sbytes = r.sbytes;
+        }
+      }
+      InstProfile &ip = inst_[group >> (kRecPcShift - 5)];
+      if (ng) {
+        uint64_t sectors, bytes;
+        cost_global(g, ng, &sectors, &bytes);
+        ++ip.global_requests;
+        ip.global_sectors += sectors;
+        ip.global_bytes += bytes;
+      }
+      if (ns) {
+        uint64_t wf, ph;
+        cost_shared(s, ns, sbytes, &wf, &ph);
+        ++ip.shared_requests;
+        ip.shared_wavefronts += wf;
+        ip.shared_phases += ph;
+      }
+    }
+    recs_.clear();
   }
 
   // --- faults (cold paths)
@@ -795,6 +895,10 @@ class CtaRunner {
   std::string error_;
   std::vector<AsyncQueue> async_;  // per thread, sized on first cp.async
   bool async_used_ = false;
+  const bool prof_;                // LaunchConfig::profile
+  std::vector<MemRec> recs_;       // the current warp's accesses since its last flush
+  std::vector<uint32_t> occ_;      // per pc, scratch of profile_warp
+  std::vector<InstProfile> inst_;  // per pc
 #ifdef FA_EMU_HAVE_FMA_PATH
   const bool has_fma_ =
       __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;
@@ -871,6 +975,7 @@ bool execute(const Entry &entry, const LaunchConfig &config, const void *params,
       std::min<uint64_t>(config.max_steps ? config.max_steps : kDefaultMaxSteps, INT64_MAX / 2));
   sh.budget.remaining = sh.budget.total;
   sh.num_blocks = uint64_t{config.grid[0]} * config.grid[1] * config.grid[2];
+  if (config.profile) sh.by_pc.assign(entry.code.size(), InstProfile());
 
   std::shared_lock<std::shared_mutex> lock(memory.mutex());
   int workers = std::max(1, std::min<int>(config.host_threads, 16));
@@ -891,6 +996,7 @@ bool execute(const Entry &entry, const LaunchConfig &config, const void *params,
     stats->instructions = sh.instructions.load();
     stats->blocks = sh.num_blocks;
     stats->cpu_seconds = sh.cpu_ns.load() * 1e-9;
+    stats->mem_by_pc = std::move(sh.by_pc);
   }
   if (sh.error_block != UINT64_MAX) {
     *error = sh.error;

@@ -19,8 +19,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "emu/memory.h"
+#include "emu/profile.h"
 #include "emu/ptx_ir.h"
 
 namespace fa {
@@ -33,12 +35,15 @@ struct LaunchConfig {
   size_t smem_limit = 0;   // static + dynamic must fit
   uint64_t max_steps = 0;  // instruction budget of the launch (0 = default)
   int host_threads = 1;    // CTAs run in parallel on this many host threads
+  bool profile = false;    // count memory requests per instruction (emu/profile.h)
 };
 
 struct LaunchStats {
   uint64_t instructions = 0;  // executed (guarded-off ones included)
   uint64_t blocks = 0;
   double cpu_seconds = 0;  // host thread CPU time, summed over workers
+  // With LaunchConfig::profile: memory counters per pc (Entry::code.size()).
+  std::vector<InstProfile> mem_by_pc;
 };
 
 // Runs entry over the grid. Returns true on success; false with *error set

@@ -50,9 +50,12 @@ struct TcLayout {
 };
 TcLayout tc_layout(const KernelSpec &spec);
 
-std::string generate_attention(const KernelSpec &spec);   // Forward (scalar) and Decode
-std::string generate_forward_tc(const KernelSpec &spec);  // Forward with spec.mma
-std::string generate_decode_tc(const KernelSpec &spec);   // Decode with spec.mma
+std::string generate_attention(const KernelSpec &spec);      // Forward (scalar) and Decode
+std::string generate_forward_tc(const KernelSpec &spec);     // Forward with spec.mma
+std::string generate_decode_tc(const KernelSpec &spec);      // Decode with spec.mma
+std::string generate_forward_wgmma(const KernelSpec &spec);  // Forward with spec.wgmma
+// Dynamic shared memory of the sm_90a forward kernel (forward_wgmma.cc).
+uint32_t wgmma_smem(const KernelSpec &spec);
 // Dynamic shared memory of the tensor-core decode kernel (decode_tc.cc).
 uint32_t decode_tc_smem(const KernelSpec &spec);
 std::string generate_reduce(const KernelSpec &spec);

@@ -39,7 +39,7 @@ constexpr int kWarpKeys = 16;  // keys per warp tile
 // Dynamic shared memory: Q [16][d] at 0; then per warp `stages` stages of
 // K [16][d] and V [16][dv] (stage s of warp w at kv_base + w warp_bytes +
 // s stage_bytes). After the loop the merge area reuses it from 0: per warp
-// O [16][dv] f32 (rows padded by 16 bytes: conflict-free) and LSE [16] f32.
+// O [16][dv] f32 (rows padded by 32 bytes: conflict-free) and LSE [16] f32.
 struct Layout {
   SmemTile q, k, v;  // k, v: offsets within a stage
   uint32_t kv_base = 0, stage_bytes = 0, warp_bytes = 0;
@@ -56,7 +56,9 @@ Layout layout(const KernelSpec &s) {
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
   l.stage_bytes = l.k.bytes() + l.v.bytes();
   l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
-  l.merge_pitch = static_cast<uint32_t>(s.head_dim_v) * 4 + 16;
+  // +32 bytes: the 4 rows of a half-warp's 8-byte stores start 8 banks
+  // apart (conflict-free; +16 would overlap them by half).
+  l.merge_pitch = static_cast<uint32_t>(s.head_dim_v) * 4 + 32;
   l.merge_o = kRows * l.merge_pitch;
   l.merge_lse = kRows * 4;
   const uint32_t kv = l.kv_base + static_cast<uint32_t>(s.num_warps) * l.warp_bytes;

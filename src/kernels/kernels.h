@@ -75,6 +75,10 @@ struct KernelSpec {
   // K/V tile (else one per row).
   bool page_tiles = false;
   bool seqused_k = false;  // Forward: per-sequence key counts (ForwardParams::seqused_k)
+  // Forward on sm_90a (FlashAttention-3's structure): wgmma, TMA into a
+  // stages-deep K/V ring guarded by mbarriers, a producer warpgroup and two
+  // consumer warpgroups (num_warps 12, block_m 128). Implies mma.
+  bool wgmma = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -92,6 +96,9 @@ struct LaunchShape {
   bool seqused_k = false;  // Forward: seqused_k
   KvLayout kv_layout = KvLayout::Contiguous;
   int page_size = 0;  // Paged
+  // Q, K and V are addressable by TMA (16-byte aligned bases, strides of
+  // whole 16-byte units): the sm_90a forward may run. fa_generate assumes so.
+  bool tma_ok = true;
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
@@ -143,6 +150,17 @@ struct ForwardParams {
   int64_t k_tile_bytes, v_tile_bytes, k_round_bytes, v_round_bytes;
   KvPages kv;          // spec.kv_layout != Contiguous
   uint64_t seqused_k;  // int32 [batch] (spec.seqused_k)
+};
+
+// The sm_90a forward's parameter block: ForwardParams, then the TMA
+// descriptors of Q, K and V (128 bytes each, 64-byte aligned; the driver's
+// CUtensorMap on a GPU, emu::TensorMap on the emulator), read by
+// cp.async.bulk.tensor through the block's generic address.
+struct WgmmaParams {
+  ForwardParams f;
+  alignas(64) uint8_t tmap_q[128];
+  alignas(64) uint8_t tmap_k[128];
+  alignas(64) uint8_t tmap_v[128];
 };
 
 struct DecodeParams {

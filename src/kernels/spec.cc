@@ -12,6 +12,11 @@
 namespace fa {
 namespace {
 
+// Whether sm_90 devices run the wgmma forward by default (the environment
+// overrides it, wgmma_forward_enabled). Off until its numerics have passed
+// on the emulator's sm_90a model and on a GPU (docs/kernels.md).
+constexpr bool kWgmmaForwardDefault = false;
+
 const char *kind_name(KernelKind k) {
   switch (k) {
     case KernelKind::Forward:
@@ -65,6 +70,17 @@ bool tc_forward_enabled() {
   return !(v && v[0] == '1');
 }
 
+// The sm_90a forward (wgmma, TMA) on sm_90 devices. FLASHATTN_FORCE_SM80_FORWARD=1
+// keeps the mma.sync kernel there (for comparison); FLASHATTN_SM90_WGMMA=0
+// also does (see wgmma_forward_default).
+bool wgmma_forward_enabled() {
+  const char *f = std::getenv("FLASHATTN_FORCE_SM80_FORWARD");
+  if (f && f[0] == '1') return false;
+  const char *w = std::getenv("FLASHATTN_SM90_WGMMA");
+  if (w) return w[0] == '1';
+  return kWgmmaForwardDefault;
+}
+
 // FLASHATTN_SCALAR_DECODE=1 selects the scalar fp32 decode kernel (for
 // comparison and debugging).
 bool tc_decode_enabled() {
@@ -77,6 +93,11 @@ bool spec_valid(const KernelSpec &s) {
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
+  if (s.wgmma)
+    return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
+           s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
+           s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 && !s.varlen && !s.seqused_k &&
+           s.kv_layout == KvLayout::Contiguous;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -161,6 +182,33 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   }
 }
 
+// The sm_90a forward tile (docs/kernels.md, "Forward on sm_90a"): block_m
+// 128 (two consumer warpgroups of 64 rows), block_n from the consumers'
+// registers (S: block_n / 2, O: head_dim_v / 2, P: block_n / 4 per thread
+// within 232), stages as many as shared memory holds (2..4).
+void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
+  DeviceLimits lim = dev;
+  if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim)) published_limits(90, &lim);
+  s->block_m = 128;
+  s->num_warps = 12;
+  s->m_tiles = 1;
+  s->min_ctas = 1;
+  const int dv8 = (s->head_dim_v + 7) / 8 * 8;
+  s->block_n = 16;
+  for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
+    if (bn / 2 + dv8 / 2 + bn / 4 + 48 <= 232) {
+      s->block_n = bn;
+      break;
+    }
+  }
+  for (int st = 4; st >= 2; --st) {
+    s->stages = st;
+    if (kgen::wgmma_smem(*s) <= lim.smem_per_block_optin) return;
+  }
+  // Nothing fits with two stages: smaller key tiles.
+  while (s->block_n > 16 && kgen::wgmma_smem(*s) > lim.smem_per_block_optin) s->block_n -= 16;
+}
+
 // The tensor-core decode tile (docs/kernels.md, "Decode on tensor cores"):
 // 16 packed rows per CTA; warps x stages from shared memory, preferring 4
 // warps with 3 stages (two warp tiles in flight per warp), then fewer
@@ -215,6 +263,7 @@ std::string KernelSpec::serialize() const {
   o.push_back(static_cast<char>(kv_layout));
   o.push_back(page_tiles ? 1 : 0);
   o.push_back(seqused_k ? 1 : 0);
+  o.push_back(wgmma ? 1 : 0);
   return o;
 }
 
@@ -226,7 +275,10 @@ std::string KernelSpec::describe() const {
   std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s%s%s",
                 kind_name(kind), dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m,
                 block_n, num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "",
-                mma ? " mma" : "", st, kv_text(*this), seqused_k ? " seqused_k" : "");
+                wgmma ? " wgmma"
+                : mma ? " mma"
+                      : "",
+                st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return buf;
 }
 
@@ -258,7 +310,13 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.head_dim = cfg.head_dim;
   s.softcap = cfg.softcap > 0;
   s.block_n = 32;
-  if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
+  if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
+      wgmma_forward_enabled() && !varlen && !shape.seqused_k &&
+      shape.kv_layout == KvLayout::Contiguous && shape.tma_ok) {
+    s.mma = true;
+    s.wgmma = true;
+    choose_wgmma_tile(dev, &s);
+  } else if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
     s.varlen = varlen;
     s.mma = true;
     s.stages = 1;
@@ -298,6 +356,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
 }
 
 int ptx_isa_version(const KernelSpec &spec) {
+  if (spec.wgmma) return 80;  // wgmma, setmaxnreg, cp.async.bulk.tensor: PTX ISA 8.0, sm_90a
   // The lowest PTX ISA version whose .target accepts the SM (PTX ISA, "PTX
   // Module Directives: .target"; sm_100 8.6, sm_103 8.8, sm_110 9.0, sm_120
   // 8.7, sm_121 8.8); every instruction used is older (cvt.rn.bf16.f32:
@@ -323,9 +382,11 @@ std::string entry_name(const KernelSpec &s) {
       std::snprintf(st, sizeof st, "_s%d_mt%d%s_c%d", s.stages, s.m_tiles, s.q_in_regs ? "q" : "",
                     s.min_ctas);
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
-                  s.mma ? "_mma" : "", dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size,
-                  s.block_m, s.block_n, s.num_warps, st, s.softcap ? "_softcap" : "",
-                  s.varlen ? "_varlen" : "");
+                  s.wgmma ? "_wgmma"
+                  : s.mma ? "_mma"
+                          : "",
+                  dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
+                  s.num_warps, st, s.softcap ? "_softcap" : "", s.varlen ? "_varlen" : "");
     std::string kv = kv_text(s);
     for (char &c : kv) c = c == ' ' ? '_' : c;
     std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), "%s%s", kv.c_str(),
@@ -338,6 +399,7 @@ std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
+  if (spec.wgmma) return kgen::generate_forward_wgmma(spec);
   if (spec.mma) return kgen::generate_forward_tc(spec);
   return kgen::generate_attention(spec);
 }
@@ -379,6 +441,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
+  if (spec.wgmma) return kgen::wgmma_smem(spec);
   if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;
   if (spec.kind == KernelKind::Decode && spec.mma) return kgen::decode_tc_smem(spec);
   return 0;

@@ -267,11 +267,71 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   return make_spec(cfg, KernelKind::Decode, backend_->info().limits, kv_shape(a.kv));
 }
 
+// Whether TMA can address a [batch, seq, heads, d] tensor of 16-bit
+// values: a 16-byte aligned base and strides of whole 16-byte units
+// (cuTensorMapEncodeTiled), below 2^40 bytes.
+static bool tma_addressable(const fa_tensor &t) {
+  if (t.data % 16 != 0 || t.stride[3] != 1) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (t.stride[i] <= 0 || t.stride[i] % 8 != 0 || t.stride[i] >= (int64_t(1) << 38)) return false;
+  }
+  return true;
+}
+
+// The tensor map of a [batch, rows, heads, cols] tensor, boxes of `box_rows`
+// rows x 64 columns, 128-byte swizzle (the sm_90a forward's tiles).
+static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads, int cols,
+                              int batch, int box_rows) {
+  TensorMapDesc d;
+  d.rank = 4;
+  d.elem_bytes = 2;
+  d.bf16 = bf16;
+  d.base = t.data;
+  const uint64_t dims[4] = {uint64_t(cols), uint64_t(rows), uint64_t(heads), uint64_t(batch)};
+  const uint64_t strides[4] = {2, uint64_t(t.stride[1]) * 2, uint64_t(t.stride[2]) * 2,
+                               uint64_t(t.stride[0]) * 2};
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  for (int i = 0; i < 4; ++i) {
+    d.dims[i] = dims[i];
+    d.strides[i] = strides[i];
+    d.box[i] = box[i];
+  }
+  d.swizzle = 3;
+  return d;
+}
+
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
-  const KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+  shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
+  KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+  WgmmaParams wp;
+  if (spec.wgmma) {
+    // TMA descriptors of Q, K, V (host only). A map the backend cannot make
+    // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
+    // without it) sends the launch to the mma.sync kernel instead.
+    std::memset(&wp, 0, sizeof wp);
+    const bool bf16 = cfg.dtype == Dtype::BF16;
+    const fa_status s1 = backend_->encode_tensor_map(
+        tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, a.batch, spec.block_m),
+        wp.tmap_q);
+    const fa_status s2 = s1 == FA_SUCCESS ? backend_->encode_tensor_map(
+                                                tile_map(a.k, bf16, a.seqlen_k, cfg.num_heads_kv,
+                                                         cfg.head_dim, a.batch, spec.block_n),
+                                                wp.tmap_k)
+                                          : s1;
+    const fa_status s3 = s2 == FA_SUCCESS ? backend_->encode_tensor_map(
+                                                tile_map(a.v, bf16, a.seqlen_k, cfg.num_heads_kv,
+                                                         cfg.head_dim_v, a.batch, spec.block_n),
+                                                wp.tmap_v)
+                                          : s2;
+    if (s3 != FA_SUCCESS) {
+      clear_error();
+      shape.tma_ok = false;
+      spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+    }
+  }
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -296,6 +356,10 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.seqused_k = a.seqused_k;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
+  if (spec.wgmma) {
+    wp.f = p;
+    return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &wp, sizeof wp, stream);
+  }
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
 }
 

@@ -1,11 +1,18 @@
 // `flashattn run` (fa_launch) and `flashattn decode` (fa_decode): load .npy
-// inputs, round them to the kernel dtype, run twice (cold, then warm), and
-// check O and LSE against the fp64 reference on the same rounded inputs.
+// inputs, round them to the kernel dtype, lay K/V out as --kv-layout says,
+// run twice (cold, then warm), and check O and LSE against the fp64
+// reference on the same rounded inputs; a paged or pointer-array run is
+// also compared with the same launch on the contiguous cache.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "kv_cache.h"
 #include "reference.h"
 #include "util.h"
 
@@ -72,29 +79,50 @@ fa::ref::Problem make_problem(const fa_config_desc &desc, const Dims &d) {
   return p;
 }
 
-void print_problem(const char *kind, const fa_config_desc &desc, const Dims &d) {
+// The problem line ends with the KV layout (and, for decode, batch
+// invariance): the summary of what ran.
+void print_problem(const char *kind, const fa_config_desc &desc, const Dims &d, KvKind kv,
+                   int page_size, bool batch_invariant) {
+  std::string layout = kv_kind_name(kv);
+  if (kv == KvKind::Paged) layout += " (page_size " + std::to_string(page_size) + ")";
   std::printf(
       "problem:     %s batch %d, seqlen_q %d, seqlen_k %d, heads %d/%d, head_dim %d/%d, "
-      "%s%s, window (%d, %d), softcap %g, scale %s\n",
+      "%s%s, window (%d, %d), softcap %g, scale %s, kv %s%s\n",
       kind, d.batch, d.seqlen_q, d.seqlen_k, d.heads_q, d.heads_kv, d.head_dim, d.head_dim_v,
       desc.dtype == FA_DTYPE_BF16 ? "bf16" : "fp16", desc.causal ? ", causal" : "",
       desc.window_left, desc.window_right, double(desc.softcap),
-      desc.softmax_scale > 0 ? std::to_string(desc.softmax_scale).c_str() : "1/sqrt(head_dim)");
+      desc.softmax_scale > 0 ? std::to_string(desc.softmax_scale).c_str() : "1/sqrt(head_dim)",
+      layout.c_str(), batch_invariant ? ", batch-invariant" : "");
 }
 
-// The device-side tensors shared by run and decode.
+// Valid keys per sequence from an integer .npy [batch], each in [0, limit].
+std::vector<int32_t> load_lengths(const std::string &path, const char *option, int batch, int limit,
+                                  const char *limit_name) {
+  const npy::Array s = load_array(path, option, 1, false);
+  if (s.shape[0] != batch) {
+    throw Failure(kExitUsage, std::string(option) + ": " + path + " has shape " + s.shape_string() +
+                                  ", expected [" + std::to_string(batch) + "] (the batch of q)");
+  }
+  std::vector<int32_t> lens;
+  for (int64_t x : s.to_i64()) {
+    if (x < 0 || x > limit) {
+      throw Failure(kExitUsage, std::string(option) + ": value " + std::to_string(x) +
+                                    " is outside [0, " + limit_name + " = " +
+                                    std::to_string(limit) + "]");
+    }
+    lens.push_back(int32_t(x));
+  }
+  return lens;
+}
+
+// The device-side Q, O and LSE shared by run and decode (K/V: DeviceKv).
 struct DeviceIo {
-  DeviceBuffer q, k, v, o, lse;
-  DeviceIo(const Runtime &rt, const Dims &d, const Rounded &qr, const Rounded &kr,
-           const Rounded &vr)
+  DeviceBuffer q, o, lse;
+  DeviceIo(const Runtime &rt, const Dims &d, const Rounded &qr)
       : q(rt, qr.bits.size() * 2, "q"),
-        k(rt, kr.bits.size() * 2, "k"),
-        v(rt, vr.bits.size() * 2, "v"),
         o(rt, size_t(d.batch) * d.seqlen_q * d.heads_q * d.head_dim_v * 2, "o"),
         lse(rt, size_t(d.batch) * d.heads_q * d.seqlen_q * 4, "lse") {
     q.upload(qr.bits.data(), q.bytes());
-    k.upload(kr.bits.data(), k.bytes());
-    v.upload(vr.bits.data(), v.bytes());
   }
   // Fills O and LSE with NaN bit patterns so an unwritten element shows up as
   // non-finite in the report.
@@ -111,16 +139,71 @@ struct DeviceIo {
   }
 };
 
+// Launches once more on the contiguous cache (launch(kv) sets the K/V
+// arguments and runs) and adds a note on how the output of the layout under
+// test compares with it; the report's cache line keeps the timed runs' counts.
+template <typename Launch>
+void compare_with_contiguous(const Runtime &rt, const Dims &d, const Rounded &kr, const Rounded &vr,
+                             const std::vector<int32_t> &lens, fa_dtype dtype, DeviceIo *io,
+                             Launch &&launch, Outcome *r) {
+  r->cache_stats = rt.cache_stats();
+  r->have_cache_stats = true;
+  const DeviceKv flat(rt, KvKind::Contiguous, d.batch, d.seqlen_k, d.heads_kv, d.head_dim,
+                      d.head_dim_v, kr.bits, vr.bits, lens, 0, 0);
+  io->poison();
+  launch(flat);
+  Outcome c;
+  io->download(dtype, &c);
+  // Elements whose bits differ, of which non-finite on one side only, and
+  // the largest finite difference.
+  struct Diff {
+    size_t n = 0, nonfinite = 0;
+    double max = 0;
+  };
+  auto diff = [](const std::vector<float> &a, const std::vector<float> &b) {
+    Diff d;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;  // same bits
+      ++d.n;
+      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+        ++d.nonfinite;
+      } else {
+        d.max = std::max(d.max, std::fabs(double(a[i]) - double(b[i])));
+      }
+    }
+    return d;
+  };
+  const Diff o = diff(r->o, c.o), l = diff(r->lse, c.lse);
+  char line[320];
+  if (o.n == 0 && l.n == 0) {
+    std::snprintf(line, sizeof line,
+                  "vs contiguous: O and LSE bit-identical to the same launch on the contiguous "
+                  "cache");
+  } else {
+    std::snprintf(line, sizeof line,
+                  "vs contiguous: %zu O elements differ (%zu non-finite on one side, max finite "
+                  "|diff| %.3e), %zu LSE (%zu, %.3e) from the same launch on the contiguous cache",
+                  o.n, o.nonfinite, o.max, l.n, l.nonfinite, l.max);
+  }
+  r->notes.push_back(line);
+}
+
 }  // namespace
 
 int cmd_run(const RunOptions &opts) {
   const fa_dtype dtype = parse_dtype(opts.attn.dtype);
+  const KvKind kv = parse_kv_layout(opts.kv_layout, opts.page_size);
   check_writable(opts.out, "--out");
   check_writable(opts.lse_out, "--lse-out");
   const npy::Array q = load_array(opts.q, "--q", 4, true);
   const npy::Array k = load_array(opts.k, "--k", 4, true);
   const npy::Array v = load_array(opts.v, "--v", 4, true);
   const Dims d = check_shapes(q, k, v, "k", "v");
+  // Keys per sequence: --seqused-k, else all seqlen_k.
+  const std::vector<int32_t> lens =
+      opts.seqused_k.empty()
+          ? std::vector<int32_t>(size_t(d.batch), d.seqlen_k)
+          : load_lengths(opts.seqused_k, "--seqused-k", d.batch, d.seqlen_k, "seqlen_k");
   Outcome r;
   r.dtype = dtype;
   r.o_shape = {d.batch, d.seqlen_q, d.heads_q, d.head_dim_v};
@@ -129,58 +212,74 @@ int cmd_run(const RunOptions &opts) {
   const Config cfg(desc);
   const Runtime rt(parse_backend(opts.backend));
   print_device(rt);
-  print_problem("forward", desc, d);
+  print_problem("forward", desc, d, kv, opts.page_size, false);
 
   const Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
-  DeviceIo io(rt, d, qr, kr, vr);
+  DeviceIo io(rt, d, qr);
+  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.head_dim_v, kr.bits,
+                       vr.bits, lens, opts.page_size, opts.seed);
+  std::printf("kv cache:    %s%s\n", cache.description().c_str(),
+              opts.seqused_k.empty() ? "" : ", keys per sequence from --seqused-k");
+  DeviceBuffer used(rt, lens.size() * 4, "seqused_k");
+  used.upload(lens.data(), used.bytes());
   fa_forward_args args{};  // FA_FORWARD_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
   args.batch = d.batch;
   args.seqlen_q = d.seqlen_q;
   args.seqlen_k = d.seqlen_k;
   args.q = contiguous(io.q.ptr(), d.seqlen_q, d.heads_q, d.head_dim);
-  args.k = contiguous(io.k.ptr(), d.seqlen_k, d.heads_kv, d.head_dim);
-  args.v = contiguous(io.v.ptr(), d.seqlen_k, d.heads_kv, d.head_dim_v);
   args.o = contiguous(io.o.ptr(), d.seqlen_q, d.heads_q, d.head_dim_v);
   args.lse = io.lse.ptr();
+  args.seqused_k = opts.seqused_k.empty() ? 0 : used.ptr();
+  auto use = [&](const DeviceKv &c) {
+    args.k = c.k();
+    args.v = c.v();
+    args.kv = c.layout();
+  };
   auto launch = [&] { check(fa_launch(rt.get(), cfg.get(), &args, nullptr), "fa_launch"); };
+  use(cache);
 
   io.poison();
   r.first_ms = timed_ms(rt, launch);
   io.poison();
   r.warm_ms = timed_ms(rt, launch);
   io.download(dtype, &r);
+  if (kv != KvKind::Contiguous) {
+    compare_with_contiguous(
+        rt, d, kr, vr, lens, dtype, &io,
+        [&](const DeviceKv &c) {
+          use(c);
+          launch();
+          check(fa_synchronize(rt.get(), nullptr), "fa_synchronize");
+        },
+        &r);
+  }
 
   r.o_ref.resize(r.o.size());
   r.lse_ref.resize(r.lse.size());
   fa::ref::attention(make_problem(desc, d), qr.values.data(), kr.values.data(), vr.values.data(),
-                     r.o_ref.data(), r.lse_ref.data());
+                     r.o_ref.data(), r.lse_ref.data(),
+                     opts.seqused_k.empty() ? nullptr : lens.data());
   return report(opts, rt, r);
 }
 
 int cmd_decode(const RunOptions &opts) {
   const fa_dtype dtype = parse_dtype(opts.attn.dtype);
+  const KvKind kv = parse_kv_layout(opts.kv_layout, opts.page_size);
+  if (opts.batch_invariant && opts.num_splits != 0) {
+    throw Failure(kExitUsage, "--batch-invariant chooses the splits itself (" +
+                                  std::to_string(FA_DECODE_INVARIANT_SPLIT) +
+                                  " keys each): leave --num-splits at 0, got " +
+                                  std::to_string(opts.num_splits));
+  }
   check_writable(opts.out, "--out");
   check_writable(opts.lse_out, "--lse-out");
   const npy::Array q = load_array(opts.q, "--q", 4, true);
   const npy::Array k = load_array(opts.k, "--k-cache", 4, true);
   const npy::Array v = load_array(opts.v, "--v-cache", 4, true);
   const Dims d = check_shapes(q, k, v, "k_cache", "v_cache");
-  const npy::Array s = load_array(opts.cache_seqlens, "--cache-seqlens", 1, false);
-  if (s.shape[0] != d.batch) {
-    throw Failure(kExitUsage, "--cache-seqlens: " + opts.cache_seqlens + " has shape " +
-                                  s.shape_string() + ", expected [" + std::to_string(d.batch) +
-                                  "] (the batch of q)");
-  }
-  std::vector<int32_t> seqlens;
-  for (int64_t x : s.to_i64()) {
-    if (x < 0 || x > d.seqlen_k) {
-      throw Failure(kExitUsage, "--cache-seqlens: value " + std::to_string(x) +
-                                    " is outside [0, seqlen_k_max = " + std::to_string(d.seqlen_k) +
-                                    "]");
-    }
-    seqlens.push_back(int32_t(x));
-  }
+  const std::vector<int32_t> seqlens =
+      load_lengths(opts.cache_seqlens, "--cache-seqlens", d.batch, d.seqlen_k, "seqlen_k_max");
   Outcome r;
   r.dtype = dtype;
   r.o_shape = {d.batch, d.seqlen_q, d.heads_q, d.head_dim_v};
@@ -189,10 +288,13 @@ int cmd_decode(const RunOptions &opts) {
   const Config cfg(desc);
   const Runtime rt(parse_backend(opts.backend));
   print_device(rt);
-  print_problem("decode", desc, d);
+  print_problem("decode", desc, d, kv, opts.page_size, opts.batch_invariant);
 
   const Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
-  DeviceIo io(rt, d, qr, kr, vr);
+  DeviceIo io(rt, d, qr);
+  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.head_dim_v, kr.bits,
+                       vr.bits, seqlens, opts.page_size, opts.seed);
+  std::printf("kv cache:    %s\n", cache.description().c_str());
   DeviceBuffer seq(rt, seqlens.size() * 4, "cache_seqlens");
   seq.upload(seqlens.data(), seq.bytes());
 
@@ -202,29 +304,52 @@ int cmd_decode(const RunOptions &opts) {
   args.seqlen_q = d.seqlen_q;
   args.seqlen_k_max = d.seqlen_k;
   args.q = contiguous(io.q.ptr(), d.seqlen_q, d.heads_q, d.head_dim);
-  args.k_cache = contiguous(io.k.ptr(), d.seqlen_k, d.heads_kv, d.head_dim);
-  args.v_cache = contiguous(io.v.ptr(), d.seqlen_k, d.heads_kv, d.head_dim_v);
   args.cache_seqlens = seq.ptr();
   args.num_splits = opts.num_splits;
+  args.batch_invariant = opts.batch_invariant ? 1 : 0;
   args.o = contiguous(io.o.ptr(), d.seqlen_q, d.heads_q, d.head_dim_v);
   args.lse = io.lse.ptr();
-  size_t ws_bytes = 0;
-  int32_t splits = 0;
-  check(fa_decode_workspace_size(rt.get(), cfg.get(), &args, &ws_bytes, &splits),
-        "fa_decode_workspace_size", kExitUsage);
-  const std::string how =
-      opts.num_splits ? "requested " + std::to_string(opts.num_splits) : std::string("automatic");
-  std::printf("splits:      %d (%s), workspace %zu bytes\n", splits, how.c_str(), ws_bytes);
-  DeviceBuffer ws(rt, ws_bytes, "workspace");
-  args.workspace = ws.ptr();
-  args.workspace_size = ws_bytes;
+  std::unique_ptr<DeviceBuffer> ws;
+  // Points args at cache c and a workspace large enough for it.
+  auto use = [&](const DeviceKv &c, bool print) {
+    args.k_cache = c.k();
+    args.v_cache = c.v();
+    args.kv = c.layout();
+    size_t ws_bytes = 0;
+    int32_t splits = 0;
+    check(fa_decode_workspace_size(rt.get(), cfg.get(), &args, &ws_bytes, &splits),
+          "fa_decode_workspace_size", kExitUsage);
+    if (print) {
+      const std::string how =
+          opts.batch_invariant
+              ? "batch-invariant, " + std::to_string(FA_DECODE_INVARIANT_SPLIT) + " keys each"
+          : opts.num_splits ? "requested " + std::to_string(opts.num_splits)
+                            : std::string("automatic");
+      std::printf("splits:      %d (%s), workspace %zu bytes\n", splits, how.c_str(), ws_bytes);
+    }
+    if (!ws || ws->bytes() < ws_bytes)
+      ws = std::make_unique<DeviceBuffer>(rt, ws_bytes, "workspace");
+    args.workspace = ws->ptr();
+    args.workspace_size = ws->bytes();
+  };
   auto launch = [&] { check(fa_decode(rt.get(), cfg.get(), &args, nullptr), "fa_decode"); };
+  use(cache, true);
 
   io.poison();
   r.first_ms = timed_ms(rt, launch);
   io.poison();
   r.warm_ms = timed_ms(rt, launch);
   io.download(dtype, &r);
+  if (kv != KvKind::Contiguous) {
+    compare_with_contiguous(
+        rt, d, kr, vr, seqlens, dtype, &io,
+        [&](const DeviceKv &c) {
+          use(c, false);
+          launch();
+          check(fa_synchronize(rt.get(), nullptr), "fa_synchronize");
+        },
+        &r);
+  }
 
   r.o_ref.resize(r.o.size());
   r.lse_ref.resize(r.lse.size());

@@ -40,7 +40,10 @@ struct GenerateOptions {
   int heads_q = 0;
   int heads_kv = 0;
   int sm = 80;
-  std::string output;  // "" = stdout
+  std::string kv_layout;   // "" | contiguous | paged | ptrs (forward, decode)
+  int page_size = 0;       // paged: tokens per page (selects per-tile lookups)
+  bool seqused_k = false;  // forward: per-sequence key counts
+  std::string output;      // "" = stdout
 };
 
 struct RunOptions {
@@ -49,6 +52,11 @@ struct RunOptions {
   std::string q, k, v;           // input .npy paths (decode: k/v caches)
   std::string cache_seqlens;     // decode only
   int num_splits = 0;            // decode only; 0 = automatic
+  bool batch_invariant = false;  // decode only
+  std::string kv_layout;  // "" (contiguous, or paged with page_size) | contiguous | paged | ptrs
+  int page_size = 0;      // paged: tokens per page
+  uint32_t seed = 1;      // paged: block_table shuffle
+  std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

@@ -1,24 +1,38 @@
-// `flashattn generate`: the PTX module of one kernel, via fa_generate.
+// `flashattn generate`: the PTX module of one kernel, via fa_generate_for
+// (the launch shape from --kv-layout, --page-size, --seqused-k).
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "kv_cache.h"
 #include "util.h"
 
 namespace fa::cli {
+namespace {
+
+fa_kernel_kind parse_kind(const std::string &kind) {
+  if (kind == "forward") return FA_KERNEL_FORWARD;
+  if (kind == "decode") return FA_KERNEL_DECODE;
+  if (kind == "reduce") return FA_KERNEL_REDUCE;
+  throw Failure(kExitUsage, "unknown kernel kind '" + kind + "' (forward, decode or reduce)");
+}
+
+}  // namespace
 
 int cmd_generate(const GenerateOptions &o) {
-  fa_kernel_kind kind;
-  if (o.kind == "forward") {
-    kind = FA_KERNEL_FORWARD;
-  } else if (o.kind == "decode") {
-    kind = FA_KERNEL_DECODE;
-  } else if (o.kind == "reduce") {
-    kind = FA_KERNEL_REDUCE;
-  } else {
-    throw Failure(kExitUsage, "unknown kernel kind '" + o.kind + "' (forward, decode or reduce)");
+  const fa_kernel_kind kind = parse_kind(o.kind);
+  const bool shaped = !o.kv_layout.empty() || o.page_size != 0 || o.seqused_k;
+  const KvKind kv = parse_kv_layout(o.kv_layout, o.page_size);
+  if (shaped && kind == FA_KERNEL_REDUCE) {
+    throw Failure(kExitUsage,
+                  "--kv-layout, --page-size and --seqused-k are for --kind forward or decode, not "
+                  "reduce");
+  }
+  if (o.seqused_k && kind != FA_KERNEL_FORWARD) {
+    throw Failure(kExitUsage, "--seqused-k is for --kind forward (decode reads cache_seqlens)");
   }
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = parse_dtype(o.attn.dtype);
@@ -33,15 +47,24 @@ int cmd_generate(const GenerateOptions &o) {
   desc.softcap = float(o.attn.softcap);
   const Config cfg(desc);
 
+  fa_generate_options go = FA_GENERATE_OPTIONS_INIT;
+  go.kv_layout = kv == KvKind::Paged  ? FA_KV_PAGED
+                 : kv == KvKind::Ptrs ? FA_KV_PTR_ARRAY
+                                      : FA_KV_CONTIGUOUS;
+  go.page_size = kv == KvKind::Paged ? o.page_size : 0;
+  go.seqused_k = o.seqused_k ? 1 : 0;
   size_t size = 0;
-  check(fa_generate(cfg.get(), kind, o.sm, nullptr, 0, &size), "fa_generate", kExitUsage);
+  check(fa_generate_for(cfg.get(), kind, o.sm, &go, nullptr, 0, &size), "fa_generate_for",
+        kExitUsage);
   std::vector<char> buf(size + 1);
-  check(fa_generate(cfg.get(), kind, o.sm, buf.data(), buf.size(), &size), "fa_generate");
+  check(fa_generate_for(cfg.get(), kind, o.sm, &go, buf.data(), buf.size(), &size),
+        "fa_generate_for");
   size = strnlen(buf.data(), buf.size());
+  const std::string ptx(buf.data(), size);
 
   FILE *f = o.output.empty() ? stdout : std::fopen(o.output.c_str(), "wb");
   if (!f) throw Failure(kExitFail, o.output + ": " + std::strerror(errno));
-  const bool written = std::fwrite(buf.data(), 1, size, f) == size;
+  const bool written = std::fwrite(ptx.data(), 1, ptx.size(), f) == ptx.size();
   const bool closed = f == stdout ? std::fflush(f) == 0 : std::fclose(f) == 0;
   if (!written || !closed) {
     throw Failure(kExitFail,

@@ -47,6 +47,23 @@ void add_attention_options(CLI::App *app, AttentionOptions *a, bool dtype_requir
       ->capture_default_str();
 }
 
+// --kv-layout / --page-size / --seed of run and decode.
+void add_kv_options(CLI::App *app, fa::cli::RunOptions *o) {
+  app->add_option("--kv-layout", o->kv_layout,
+                  "How K/V reach the kernel: contiguous (the .npy as it is), paged (pages of "
+                  "--page-size tokens in a pool, shuffled block_table, unused rows NaN) or ptrs "
+                  "(one allocation per sequence). Default: paged with --page-size, else "
+                  "contiguous. A paged or ptrs run is also compared with the same launch on the "
+                  "contiguous cache")
+      ->check(CLI::IsMember({"contiguous", "paged", "ptrs"}));
+  app->add_option("--page-size", o->page_size,
+                  "Tokens per page of the paged layout (>= 1; 0 = not paged)")
+      ->check(CLI::Range(0, INT_MAX))
+      ->capture_default_str();
+  app->add_option("--seed", o->seed, "Seed of the paged layout's page shuffle")
+      ->capture_default_str();
+}
+
 void add_backend_option(CLI::App *app, std::string *backend) {
   app->add_option("--backend", *backend,
                   "auto (cuda when a GPU exists, else emulator), cuda or emulator")
@@ -106,6 +123,17 @@ int run_main(int argc, char **argv) {
   g->add_option("--heads-kv", gen.heads_kv, "num_heads_kv (divides num_heads_q)")->required();
   g->add_option("--sm", gen.sm, "Target SM: 80, 86, 87, 89, 90, 100, 103, 110, 120 or 121")
       ->required();
+  g->add_option("--kv-layout", gen.kv_layout,
+                "KV cache layout the kernel reads (forward, decode): contiguous, paged or ptrs "
+                "(default: paged with --page-size, else contiguous)")
+      ->check(CLI::IsMember({"contiguous", "paged", "ptrs"}));
+  g->add_option("--page-size", gen.page_size,
+                "Paged layout: tokens per page; multiples of the kernel's key tile (decode 16, "
+                "forward its block_n) look the page up once per tile, others once per row")
+      ->check(CLI::Range(0, INT_MAX))
+      ->capture_default_str();
+  g->add_flag("--seqused-k", gen.seqused_k,
+              "Forward: the kernel reads per-sequence key counts (seqused_k)");
   g->add_option("-o,--output", gen.output, "Write the PTX to FILE instead of stdout")
       ->type_name("FILE");
 
@@ -122,6 +150,11 @@ int run_main(int argc, char **argv) {
   r->add_option("--v", run.v, "V [batch, seqlen_k, heads_kv, head_dim_v]")
       ->required()
       ->type_name("V.npy");
+  r->add_option("--seqused-k", run.seqused_k,
+                "Keys per sequence, integer [batch], each in [0, seqlen_k] (default: seqlen_k); "
+                "the queries are the last seqlen_q of them (chunked prefill)")
+      ->type_name("S.npy");
+  add_kv_options(r, &run);
   add_attention_options(r, &run.attn, false);
   add_backend_option(r, &run.backend);
   r->add_option("--out", run.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")
@@ -154,6 +187,11 @@ int run_main(int argc, char **argv) {
   d->add_option("--num-splits", dec.num_splits, "KV splits per sequence; 0 = automatic")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
+  d->add_flag("--batch-invariant", dec.batch_invariant,
+              "Splits of a fixed " + std::to_string(FA_DECODE_INVARIANT_SPLIT) +
+                  " keys, so a sequence's output bits do not depend on the rest of the batch "
+                  "(needs --num-splits 0)");
+  add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);
   d->add_option("--out", dec.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")

@@ -218,7 +218,7 @@ std::vector<double> load_reference(const std::string &path, const std::vector<in
 int report(const RunOptions &opts, const Runtime &rt, const Outcome &r) {
   std::printf("launch:      first %.3f ms (includes generation/compile), warm %.3f ms\n",
               r.first_ms, r.warm_ms);
-  const fa_cache_stats cs = rt.cache_stats();
+  const fa_cache_stats cs = r.have_cache_stats ? r.cache_stats : rt.cache_stats();
   std::string where = cs.persistent ? std::string("disk ") + cs.path : "memory only";
   if (cs.note[0]) where += std::string(": ") + cs.note;
   std::printf("cache:       memory hits %" PRIu64 ", disk hits %" PRIu64 ", misses %" PRIu64
@@ -245,6 +245,8 @@ int report(const RunOptions &opts, const Runtime &rt, const Outcome &r) {
     std::printf("error --ref: max_abs %.3e, max|ref| %.3e, rel_l2 %.3e (%s)\n", f.max_abs,
                 f.max_ref, f.rel_l2, opts.ref.c_str());
   }
+
+  for (const std::string &line : r.notes) std::printf("%s\n", line.c_str());
 
   write_npy(opts.out, npy::from_f32(r.o_shape, r.o.data()));
   if (!opts.lse_out.empty()) {

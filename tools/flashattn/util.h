@@ -98,6 +98,11 @@ struct Outcome {
   std::vector<double> lse_ref;
   std::vector<double> ref_file;  // --ref contents, if given
   double first_ms = 0, warm_ms = 0;
+  // Cache counters for the report, taken before any untimed extra launch
+  // (else read when the report is printed).
+  bool have_cache_stats = false;
+  fa_cache_stats cache_stats{};
+  std::vector<std::string> notes;  // lines printed before the verdict
 };
 
 // Loads the --ref file ("" = none) and checks its shape against O.

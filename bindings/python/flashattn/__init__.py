@@ -5,8 +5,14 @@ flashattn C API (include/flashattn.h).
     with fa.Runtime(backend="emulator") as rt:
         cfg = fa.Config(head_dim=32, num_heads_q=12)
         o = fa.forward(rt, cfg, q, k, v)      # NumPy in, NumPy out
+        o, lse = fa.decode(rt, cfg, q1, k_pages, v_pages, lens,
+                           block_table=table)  # a paged KV cache
 
 See README.md for the tensor types accepted and how errors look.
+
+flashattn.torch (imported only on request; needs PyTorch >= 2.4) has
+FlashAttention's functions (flash_attn_func, flash_attn_varlen_func,
+flash_attn_with_kvcache, ...) as torch custom ops on these kernels.
 """
 
 from ._api import (CacheEntry, CacheStats, Config, DeviceArray, Runtime, RuntimeInfo,
@@ -14,10 +20,10 @@ from ._api import (CacheEntry, CacheStats, Config, DeviceArray, Runtime, Runtime
 from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, Error,
                       InternalError, InvalidArgumentError, LaunchError, NoDeviceError,
                       NoDriverError, OutOfMemoryError, RuntimePoisonedError, UnsupportedError)
-from ._lib import load as load_library, library_path
+from ._lib import DECODE_INVARIANT_SPLIT, load as load_library, library_path
 from ._tensors import Tensor, as_tensor, bf16_bits_to_float32, float32_to_bf16_bits
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def version():
@@ -30,7 +36,7 @@ __all__ = [
     "Runtime", "RuntimeInfo", "Config", "DeviceArray", "CacheStats", "CacheEntry",
     "forward", "launch", "decode", "decode_reduce", "generate", "version",
     "Tensor", "as_tensor", "float32_to_bf16_bits", "bf16_bits_to_float32",
-    "load_library", "library_path",
+    "load_library", "library_path", "DECODE_INVARIANT_SPLIT",
     "Error", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "NoDriverError",
     "NoDeviceError", "CudaError", "CompileError", "LaunchError", "RuntimePoisonedError",
     "BufferTooSmallError", "InternalError", "CacheError",

@@ -2,6 +2,7 @@
 
 import ctypes
 import math
+import numbers
 import sys
 import threading
 from dataclasses import dataclass
@@ -721,6 +722,17 @@ class _Call:
         view.ptr = ptr
         return ptr
 
+    def stage_host(self, values, ctype):
+        """Stages a host array of `values` (a NumPy dtype name, e.g. 'uint64')
+        for this call; returns its device address."""
+        import numpy as np
+        host = np.ascontiguousarray(values, dtype=ctype)
+        ptr = self.rt.malloc(max(host.nbytes, 16))
+        self.staged.append(ptr)
+        if host.nbytes:
+            self.rt.memcpy_htod(ptr, host)
+        return ptr
+
     def input(self, obj, what, dtype, first=False):
         """A device-resident View of an input of element type dtype."""
         label = "%s: %s" % (self.name, what)
@@ -796,8 +808,9 @@ def _need_contiguous(view, label):
 
 
 def _ft(view, strides=None):
+    """An fa_tensor of a View (None: data 0, for pointer-array caches)."""
     t = _lib.fa_tensor()
-    t.data = view.ptr
+    t.data = 0 if view is None else view.ptr
     for i, s in enumerate(view.strides if strides is None else strides):
         t.stride[i] = s
     return t
@@ -833,9 +846,157 @@ def _host_cu_seqlens(view, name, total, total_name, max_seqlen, max_name):
     return max_seqlen
 
 
+def _is_seq_list(obj):
+    """True for a list or tuple of per-sequence tensors (a pointer-array
+    cache); nested lists of numbers are one tensor, as everywhere else."""
+    return isinstance(obj, (list, tuple)) and len(obj) > 0 and all(
+        not isinstance(e, (list, tuple, numbers.Number)) for e in obj)
+
+
+class _KvCache:
+    """A paged or pointer-array KV cache, resolved: the k/v fa_tensors, the
+    fa_kv_cache_layout, the keys one sequence can hold (capacity), and the
+    host block table or per-sequence capacities for the length checks."""
+
+    __slots__ = ("k", "v", "layout", "capacity", "table", "page_size", "num_pages", "seq_caps")
+
+
+def _seq_strides(views, label, what):
+    """The [seqlen, heads, dim] strides shared by per-sequence views
+    (dimensions of extent 1 may have any stride)."""
+    strides = list(views[0].strides)
+    for i in range(3):
+        for x in views:
+            if x.shape[i] > 1:
+                strides[i] = x.strides[i]
+                break
+    for b, x in enumerate(views):
+        if any(x.shape[i] > 1 and x.strides[i] != strides[i] for i in range(3)):
+            raise invalid("%s: %s[%d] has strides %r, expected %r: every sequence's tensor "
+                          "needs the same strides" % (label, what, b, x.strides, tuple(strides)))
+    return tuple(strides)
+
+
+def _kv_cache(call, k, v, block_table, batch, dims, names):
+    """Resolves a paged cache (block_table set; k/v pages [num_pages,
+    page_size, num_heads_kv, head_dim(_v)]) or a pointer-array cache (k and v
+    lists of `batch` tensors [seqlen_b, num_heads_kv, head_dim(_v)]).
+    dims = (num_heads_kv, head_dim, head_dim_v), names = the k/v labels."""
+    label, dt = call.name, call.cfg.dtype
+    Hk, D, Dv = dims
+    kname, vname = names
+    c = _KvCache()
+    c.layout = _lib.fa_kv_cache_layout()
+    c.table = c.seq_caps = None
+    c.page_size = c.num_pages = 0
+    if block_table is not None:
+        if _is_seq_list(k) or _is_seq_list(v):
+            raise invalid("%s: block_table is for a paged cache: %s and %s must be page "
+                          "tensors, not lists" % (label, kname, vname))
+        kp = call.input(k, kname, dt)
+        vp = call.input(v, vname, dt)
+        P, ps, _, _ = _expect(kp, "%s: %s" % (label, kname), (None, None, Hk, D),
+                              ("num_pages", "page_size", "num_heads_kv", "head_dim"))
+        _expect(vp, "%s: %s" % (label, vname), (P, ps, Hk, Dv),
+                ("num_pages", "page_size", "num_heads_kv", "head_dim_v"))
+        btv = call.input(block_table, "block_table", "int32")
+        _, M = _expect(btv, label + ": block_table", (batch, None), ("batch", "max_pages_per_seq"))
+        if M > 1 and btv.strides[1] != 1:
+            raise invalid("%s: block_table rows must be contiguous, strides %r (elements)"
+                          % (label, btv.strides))
+        c.layout.layout = _lib.KV_PAGED
+        c.layout.page_size = _int32(ps, label + ": page_size")
+        c.layout.num_pages = _int32(P, label + ": num_pages")
+        c.layout.max_pages_per_seq = _int32(M, label + ": max_pages_per_seq")
+        c.layout.block_table = btv.ptr
+        c.layout.block_table_stride = btv.strides[0] if batch > 1 else M
+        c.k, c.v = _ft(kp), _ft(vp)
+        c.capacity = M * ps
+        c.table, c.page_size, c.num_pages = btv.host, ps, P
+        return c
+    if not (_is_seq_list(k) and _is_seq_list(v)):
+        raise invalid("%s: a pointer-array cache needs %s and %s both as lists of per-sequence "
+                      "tensors" % (label, kname, vname))
+    if len(k) != batch or len(v) != batch:
+        raise invalid("%s: %s and %s need one tensor per sequence (batch = %d), got %d and %d"
+                      % (label, kname, vname, batch, len(k), len(v)))
+    kvs = [call.input(x, "%s[%d]" % (kname, b), dt) for b, x in enumerate(k)]
+    vvs = [call.input(x, "%s[%d]" % (vname, b), dt) for b, x in enumerate(v)]
+    caps = []
+    for b in range(batch):
+        cap, _, _ = _expect(kvs[b], "%s: %s[%d]" % (label, kname, b), (None, Hk, D),
+                            ("seqlen", "num_heads_kv", "head_dim"))
+        _expect(vvs[b], "%s: %s[%d]" % (label, vname, b), (cap, Hk, Dv),
+                ("seqlen", "num_heads_kv", "head_dim_v"))
+        caps.append(cap)
+    ptrs = []
+    for views, what in ((kvs, kname), (vvs, vname)):
+        for b, x in enumerate(views):
+            if x.ptr % 16:
+                raise invalid("%s: %s[%d] at 0x%x is not 16-byte aligned" % (label, what, b, x.ptr))
+        ptrs.append(call.stage_host([x.ptr for x in views], "uint64"))
+    c.layout.layout = _lib.KV_PTR_ARRAY
+    c.layout.k_ptrs, c.layout.v_ptrs = ptrs
+    c.k = _ft(None, (0,) + _seq_strides(kvs, label, kname))
+    c.v = _ft(None, (0,) + _seq_strides(vvs, label, vname))
+    c.capacity = max(caps)
+    c.seq_caps = caps
+    return c
+
+
+def _check_cache_lengths(c, label, lengths, what, names):
+    """Host checks of a cache against host per-sequence key counts: every
+    block_table entry a sequence reads lies in [0, num_pages), every
+    per-sequence tensor holds its keys."""
+    for b, n in enumerate(int(x) for x in lengths):
+        if c.table is not None:
+            pages = -(-n // c.page_size)
+            row = c.table[b, :pages]
+            bad = [j for j, p in enumerate(row.tolist()) if not 0 <= p < c.num_pages]
+            if bad:
+                raise invalid("%s: block_table[%d, %d] = %d is outside [0, num_pages=%d) "
+                              "(sequence %d has %d keys in pages 0..%d)"
+                              % (label, b, bad[0], row[bad[0]], c.num_pages, b, n, pages - 1))
+        if c.seq_caps is not None and n > c.seq_caps[b]:
+            raise invalid("%s: %s[%d] = %d exceeds the %d keys %s[%d] holds"
+                          % (label, what, b, n, c.seq_caps[b], names[0], b))
+
+
+def _raw_device_memory(obj, label):
+    """(address, bytes) of device memory given as a DeviceArray or a
+    C-contiguous __cuda_array_interface__ object of any element type."""
+    if isinstance(obj, DeviceArray):
+        obj._check_live()
+        return obj.ptr, obj.nbytes
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:
+        raise invalid("%s: expected a DeviceArray or an object with __cuda_array_interface__, "
+                      "got %s" % (label, type(obj).__name__)) from None
+    code = cai["typestr"][2:]
+    if not code.isdigit():
+        raise invalid("%s: typestr %r" % (label, cai["typestr"]))
+    itemsize = int(code)
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != tuple(
+            s * itemsize for s in contiguous_strides(shape)):
+        raise invalid("%s: must be C-contiguous" % label)
+    return int(cai["data"][0] or 0), math.prod(shape) * itemsize
+
+
+def _lengths(view, label, what, limit, limit_name):
+    """Checks a host int32 [batch] of key counts against [0, limit]."""
+    bad = [i for i, n in enumerate(view.host.tolist()) if not 0 <= n <= limit]
+    if bad:
+        raise invalid("%s: %s[%d] = %d is outside [0, %s=%d]"
+                      % (label, what, bad[0], view.host[bad[0]], limit_name, limit))
+    return view.host
+
+
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            stream=None):
+            block_table=None, seqused_k=None, stream=None):
     """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
 
     Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
@@ -845,13 +1006,27 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     with return_lse=True or an lse= buffer (LSE fp32 [batch, num_heads_q,
     seqlen_q], varlen [num_heads_q, total_q]).
 
+    KV cache (chunked prefill, since 0.3): with block_table (int32 [batch,
+    max_pages_per_seq]) k/v are pages [num_pages, page_size, num_heads_kv,
+    head_dim(_v)] (any strides, so HND pages as a transposed view work);
+    with k and v lists of `batch` tensors [seqlen_b, num_heads_kv,
+    head_dim(_v)] (one stride set for all) they are a pointer array. The
+    queries (fixed length, or packed with cu_seqlens_q alone) are the last
+    tokens of each sequence; seqlen_k is max_seqlen_k, else the cache's
+    capacity (max_pages_per_seq * page_size, or the longest tensor).
+    seqused_k (int32 [batch], also with fixed-length contiguous k/v, not
+    with cu_seqlens_k): sequence b has keys 0..seqused_k[b]-1, else seqlen_k.
+
     Host cu_seqlens (NumPy, list, CPU DLPack) are validated before anything
     runs: 1-D integers of length batch + 1 that fit int32, starting at 0,
     non-decreasing, the last at most the packed tensor's rows (total_q /
     total_k; equal to total_q when an LSE is asked for, since the kernel lays
     the LSE out [num_heads_q, cu_seqlens_q[batch]]); max_seqlen_q/k default
     to the longest sequence and, when given, must not be smaller. Rows of
-    out past cu_seqlens_q[batch] are not written.
+    out past cu_seqlens_q[batch] are not written. Host seqused_k must lie in
+    [0, seqlen_k]; with host key counts (seqused_k, or none: seqlen_k each)
+    every block_table entry a sequence reads must lie in [0, num_pages) and
+    every per-sequence tensor must hold its keys.
 
     Device cu_seqlens (__cuda_array_interface__, CUDA DLPack, DeviceArray)
     are trusted: reading them would need a synchronisation. The caller
@@ -860,37 +1035,81 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     sequences (their later rows are not written) and a decreasing pair
     gives an empty sequence, but offsets past the packed tensors make the
     kernel read and write out of bounds (the emulator reports a LaunchError;
-    on a GPU that is an illegal address that poisons the runtime)."""
+    on a GPU that is an illegal address that poisons the runtime). Device
+    block tables and device seqused_k with a cache are trusted the same way.
+
+    Errors: InvalidArgumentError for shapes, dtypes and the host checks
+    above (nothing runs), else the library's status."""
     cfg = config
     with _Call(runtime, cfg, "forward", stream) as call:
         dt = cfg.dtype
+        cache = block_table is not None or _is_seq_list(k) or _is_seq_list(v)
+        if cache and cu_seqlens_k is not None:
+            raise invalid("forward: cu_seqlens_k is for contiguous k/v; give a paged or "
+                          "pointer-array cache's key counts in seqused_k")
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-        if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        if varlen and not cache and (cu_seqlens_q is None or cu_seqlens_k is None):
             raise invalid("forward: cu_seqlens_q and cu_seqlens_k go together")
         qv = call.input(q, "q", dt, first=True)
-        kv = call.input(k, "k", dt)
-        vv = call.input(v, "v", dt)
         H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
         a = _lib.new(_lib.fa_forward_args)
+        want_lse = return_lse or lse is not None
+
+        def packed(view, label, heads, dim, names):
+            if len(view.shape) == 4 and view.shape[0] == 1:
+                return _expect(view, label, (1, None, heads, dim), ("1",) + names)[1]
+            return _expect(view, label, (None, heads, dim), names)[0]
+
+        def widen(view):
+            return view.strides if len(view.strides) == 4 else (0,) + view.strides
+
+        def cu_q(cqv, Tq):
+            _need_contiguous(cqv, "forward: cu_seqlens_q")
+            B = cqv.shape[0] - 1
+            Sq = max_seqlen_q
+            if cqv.host is not None:
+                Sq = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q", max_seqlen_q,
+                                      "max_seqlen_q")
+                if want_lse and cqv.host[-1] != Tq:
+                    raise invalid("forward: with an LSE, cu_seqlens_q[%d] (%d) must equal total_q "
+                                  "(%d): the LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
+                                  % (B, cqv.host[-1], Tq))
+            elif Sq is None:
+                raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
+            a.cu_seqlens_q = cqv.ptr
+            return B, Sq
+
+        kvc = None
         if not varlen:
             B, Sq, _, _ = _expect(qv, "forward: q", (None, None, H, D),
                                   ("batch", "seqlen_q", "num_heads_q", "head_dim"))
+            o_shape, lse_shape = (B, Sq, H, Dv), (B, H, Sq)
+        else:
+            Tq = packed(qv, "forward: q", H, D, ("total_q", "num_heads_q", "head_dim"))
+            o_shape, lse_shape = qv.shape[:-1] + (Dv,), (H, Tq)
+        if cache:
+            if varlen:
+                cqv = call.input(cu_seqlens_q, "cu_seqlens_q", "int32")
+                if len(cqv.shape) != 1 or cqv.shape[0] < 2:
+                    raise invalid("forward: cu_seqlens_q must be int32 [batch + 1], got %r"
+                                  % (cqv.shape,))
+                B, Sq = cu_q(cqv, Tq)
+            kvc = _kv_cache(call, k, v, block_table, B, (Hk, D, Dv), ("k", "v"))
+            Sk = kvc.capacity if max_seqlen_k is None else _int32(max_seqlen_k,
+                                                                  "forward: max_seqlen_k")
+            kt, vt = kvc.k, kvc.v
+            a.kv = kvc.layout
+        elif not varlen:
+            kv = call.input(k, "k", dt)
+            vv = call.input(v, "v", dt)
             _, Sk, _, _ = _expect(kv, "forward: k", (B, None, Hk, D),
                                   ("batch", "seqlen_k", "num_heads_kv", "head_dim"))
             _expect(vv, "forward: v", (B, Sk, Hk, Dv),
                     ("batch", "seqlen_k", "num_heads_kv", "head_dim_v"))
-            o_shape, lse_shape = (B, Sq, H, Dv), (B, H, Sq)
-            widen = lambda view: view.strides  # noqa: E731
+            kt, vt = _ft(kv), _ft(vv)
         else:
-            def packed(view, label, heads, dim, names):
-                if len(view.shape) == 4 and view.shape[0] == 1:
-                    return _expect(view, label, (1, None, heads, dim), ("1",) + names)[1]
-                return _expect(view, label, (None, heads, dim), names)[0]
-
-            def widen(view):
-                return view.strides if len(view.strides) == 4 else (0,) + view.strides
-
-            Tq = packed(qv, "forward: q", H, D, ("total_q", "num_heads_q", "head_dim"))
+            kv = call.input(k, "k", dt)
+            vv = call.input(v, "v", dt)
             Tk = packed(kv, "forward: k", Hk, D, ("total_k", "num_heads_kv", "head_dim"))
             if packed(vv, "forward: v", Hk, Dv, ("total_k", "num_heads_kv", "head_dim_v")) != Tk:
                 raise invalid("forward: v has %d rows, k has %d" % (vv.shape[-3], Tk))
@@ -900,29 +1119,29 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
                     cqv.shape != ckv.shape or cqv.shape[0] < 2:
                 raise invalid("forward: cu_seqlens_q/k must both be int32 [batch + 1], got %r "
                               "and %r" % (cqv.shape, ckv.shape))
-            _need_contiguous(cqv, "forward: cu_seqlens_q")
             _need_contiguous(ckv, "forward: cu_seqlens_k")
-            B = cqv.shape[0] - 1
-            if cqv.host is not None:
-                max_seqlen_q = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q",
-                                                max_seqlen_q, "max_seqlen_q")
-                if (return_lse or lse is not None) and cqv.host[-1] != Tq:
-                    raise invalid("forward: with an LSE, cu_seqlens_q[%d] (%d) must equal total_q "
-                                  "(%d): the LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
-                                  % (B, cqv.host[-1], Tq))
-            elif max_seqlen_q is None:
-                raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
+            B, Sq = cu_q(cqv, Tq)
             if ckv.host is not None:
                 max_seqlen_k = _host_cu_seqlens(ckv, "cu_seqlens_k", Tk, "total_k",
                                                 max_seqlen_k, "max_seqlen_k")
             elif max_seqlen_k is None:
                 raise invalid("forward: max_seqlen_k is needed with device cu_seqlens_k")
-            Sq, Sk = max_seqlen_q, max_seqlen_k
-            a.cu_seqlens_q, a.cu_seqlens_k = cqv.ptr, ckv.ptr
-            o_shape = qv.shape[:-1] + (Dv,)
-            lse_shape = (H, Tq)
+            Sk = max_seqlen_k
+            a.cu_seqlens_k = ckv.ptr
+            kt, vt = _ft(kv, widen(kv)), _ft(vv, widen(vv))
+        lengths = [Sk] * B
+        if seqused_k is not None:
+            suv = call.input(seqused_k, "seqused_k", "int32")
+            _expect(suv, "forward: seqused_k", (B,), ("batch",))
+            _need_contiguous(suv, "forward: seqused_k")
+            lengths = None
+            if suv.host is not None:
+                lengths = _lengths(suv, "forward", "seqused_k", Sk, "seqlen_k")
+            a.seqused_k = suv.ptr
+        if kvc is not None and lengths is not None:
+            _check_cache_lengths(kvc, "forward", lengths,
+                                 "seqused_k" if seqused_k is not None else "seqlen_k", ("k", "v"))
         ov, o_obj = call.output(out, "out", dt, o_shape, qv)
-        want_lse = return_lse or lse is not None
         lse_obj = None
         if want_lse:
             lv, lse_obj = call.output(lse, "lse", "fp32", lse_shape, qv)
@@ -931,53 +1150,94 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
         a.batch = _int32(B, "forward: batch")
         a.seqlen_q = _int32(Sq, "forward: seqlen_q")
         a.seqlen_k = _int32(Sk, "forward: seqlen_k")
-        a.q, a.k, a.v, a.o = (_ft(x, widen(x)) for x in (qv, kv, vv, ov))
+        a.q, a.o = (_ft(x, widen(x) if varlen else None) for x in (qv, ov))
+        a.k, a.v = kt, vt
         call.launched = True
         check(_lib.lib().fa_launch(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return (o_obj, lse_obj) if want_lse else o_obj
 
 
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
-           lse=None, stream=None):
+           lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
-    q [batch, seqlen_q, num_heads_q, head_dim]; k_cache/v_cache [batch,
-    seqlen_k_max, num_heads_kv, head_dim(_v)]; cache_seqlens int32 [batch]
-    (NumPy, list or device). The split-KV workspace is allocated by the
-    binding (one grow-only buffer per stream, freed with the Runtime).
+    q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
+    (NumPy, list or device): sequence b's valid keys, the queries being its
+    last seqlen_q positions. The KV cache, one of (since 0.3 for the last
+    two):
+      contiguous: k_cache/v_cache [batch, seqlen_k_max, num_heads_kv,
+        head_dim(_v)];
+      paged: block_table int32 [batch, max_pages_per_seq] (rows contiguous)
+        and k_cache/v_cache pages [num_pages, page_size, num_heads_kv,
+        head_dim(_v)], any strides (HND pages as a transposed view); key j
+        of sequence b is token j % page_size of page block_table[b, j //
+        page_size]; seqlen_k_max = max_pages_per_seq * page_size;
+      pointer array: k_cache and v_cache lists of `batch` tensors
+        [seqlen_b, num_heads_kv, head_dim(_v)], 16-byte aligned, one stride
+        set for all; seqlen_k_max = the longest.
+    batch_invariant=True splits every sequence into chunks of
+    FA_DECODE_INVARIANT_SPLIT (2048) keys, so its output bits do not depend
+    on the rest of the batch (num_splits must be 0). The split-KV workspace
+    is allocated by the binding (one grow-only buffer per stream, freed with
+    the Runtime), unless `workspace` gives it: device memory of at least the
+    bytes needed (a DeviceArray or a C-contiguous __cuda_array_interface__
+    object, 256-byte aligned), or a callable that takes the byte count and
+    returns such memory (e.g. lambda n: torch.empty(n, dtype=torch.uint8,
+    device=q.device), so that the memory comes from the caller's allocator,
+    as CUDA-graph capture needs). The caller keeps it alive until the
+    launch has run on the stream.
 
-    Host cache_seqlens are checked to lie in [0, seqlen_k_max]. Device
-    cache_seqlens are trusted (not read: that would need a
-    synchronisation); the kernel clamps each to [0, seqlen_k_max], so an
-    out-of-range value never reads past the cache, it only changes which
-    keys are attended to."""
+    Host cache_seqlens are checked to lie in [0, seqlen_k_max], and then
+    every block_table entry a sequence reads to lie in [0, num_pages) (host
+    block tables) and every per-sequence tensor to hold its keys. Device
+    cache_seqlens are trusted (not read: that would need a synchronisation);
+    the kernel clamps each to [0, seqlen_k_max], so with a contiguous cache
+    an out-of-range value never reads past the cache, it only changes which
+    keys are attended to. Device block tables, and a paged or pointer-array
+    cache with device cache_seqlens, are the caller's to get right, as in C
+    (an out-of-range page or a short tensor is an out-of-bounds read).
+
+    Errors: InvalidArgumentError for shapes, dtypes and the host checks
+    above (nothing runs), else the library's status (num_splits with
+    batch_invariant, a bad page_size, ...)."""
     cfg = config
     with _Call(runtime, cfg, "decode", stream) as call:
         dt = cfg.dtype
         H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
         qv = call.input(q, "q", dt, first=True)
-        kv = call.input(k_cache, "k_cache", dt)
-        vv = call.input(v_cache, "v_cache", dt)
-        csv = call.input(cache_seqlens, "cache_seqlens", "int32")
         B, Sq, _, _ = _expect(qv, "decode: q", (None, None, H, D),
                               ("batch", "seqlen_q", "num_heads_q", "head_dim"))
-        _, Skmax, _, _ = _expect(kv, "decode: k_cache", (B, None, Hk, D),
-                                 ("batch", "seqlen_k_max", "num_heads_kv", "head_dim"))
-        _expect(vv, "decode: v_cache", (B, Skmax, Hk, Dv),
-                ("batch", "seqlen_k_max", "num_heads_kv", "head_dim_v"))
+        kvc = None
+        if block_table is None and not _is_seq_list(k_cache) and not _is_seq_list(v_cache):
+            kv = call.input(k_cache, "k_cache", dt)
+            vv = call.input(v_cache, "v_cache", dt)
+            _, Skmax, _, _ = _expect(kv, "decode: k_cache", (B, None, Hk, D),
+                                     ("batch", "seqlen_k_max", "num_heads_kv", "head_dim"))
+            _expect(vv, "decode: v_cache", (B, Skmax, Hk, Dv),
+                    ("batch", "seqlen_k_max", "num_heads_kv", "head_dim_v"))
+            kt, vt = _ft(kv), _ft(vv)
+        else:
+            kvc = _kv_cache(call, k_cache, v_cache, block_table, B, (Hk, D, Dv),
+                            ("k_cache", "v_cache"))
+            Skmax, kt, vt = kvc.capacity, kvc.k, kvc.v
+        csv = call.input(cache_seqlens, "cache_seqlens", "int32")
         _expect(csv, "decode: cache_seqlens", (B,), ("batch",))
         _need_contiguous(csv, "decode: cache_seqlens")
         if csv.host is not None:  # values on the device are the caller's to check
-            bad = [i for i, n in enumerate(csv.host.tolist()) if not 0 <= n <= Skmax]
-            if bad:
-                raise invalid("decode: cache_seqlens[%d] = %d is outside [0, seqlen_k_max=%d]"
-                              % (bad[0], csv.host[bad[0]], Skmax))
+            _lengths(csv, "decode", "cache_seqlens", Skmax, "seqlen_k_max")
+            if kvc is not None:
+                _check_cache_lengths(kvc, "decode", csv.host, "cache_seqlens",
+                                     ("k_cache", "v_cache"))
         ov, o_obj = call.output(out, "out", dt, (B, Sq, H, Dv), qv)
         lv, lse_obj = call.output(lse, "lse", "fp32", (B, H, Sq), qv)
         _need_contiguous(lv, "decode: lse")
         a = _lib.new(_lib.fa_decode_args)
-        a.batch, a.seqlen_q, a.seqlen_k_max = B, Sq, Skmax
-        a.q, a.k_cache, a.v_cache, a.o = _ft(qv), _ft(kv), _ft(vv), _ft(ov)
+        a.batch, a.seqlen_q = B, Sq
+        a.seqlen_k_max = _int32(Skmax, "decode: seqlen_k_max")
+        a.q, a.k_cache, a.v_cache, a.o = _ft(qv), kt, vt, _ft(ov)
+        if kvc is not None:
+            a.kv = kvc.layout
+        a.batch_invariant = 1 if batch_invariant else 0
         a.cache_seqlens = csv.ptr
         a.num_splits = _int32(num_splits, "decode: num_splits")
         a.lse = lv.ptr
@@ -985,8 +1245,17 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),
                                            ctypes.byref(nbytes), ctypes.byref(splits)))
-        a.workspace = runtime._workspace(call.stream or 0, nbytes.value)
-        a.workspace_size = max(nbytes.value, 256)
+        if workspace is None:
+            a.workspace = runtime._workspace(call.stream or 0, nbytes.value)
+            a.workspace_size = max(nbytes.value, 256)
+        else:
+            ws = workspace(nbytes.value) if callable(workspace) else workspace
+            a.workspace, a.workspace_size = _raw_device_memory(ws, "decode: workspace")
+            if a.workspace_size < nbytes.value:
+                raise invalid("decode: workspace holds %d bytes, %d are needed"
+                              % (a.workspace_size, nbytes.value))
+            if a.workspace % 256:
+                raise invalid("decode: workspace at 0x%x is not 256-byte aligned" % a.workspace)
         call.launched = True
         check(lib.fa_decode(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return o_obj, lse_obj

@@ -44,6 +44,8 @@ DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 1, 2, 3
 BACKEND_AUTO, BACKEND_CUDA, BACKEND_EMULATOR = 0, 1, 2
 KERNEL_FORWARD, KERNEL_DECODE, KERNEL_REDUCE = 0, 1, 2
 CACHE_DEFAULT, CACHE_DISK, CACHE_MEMORY = 0, 1, 2
+KV_CONTIGUOUS, KV_PAGED, KV_PTR_ARRAY = 0, 1, 2  # fa_kv_layout (0.3)
+DECODE_INVARIANT_SPLIT = 2048  # FA_DECODE_INVARIANT_SPLIT: keys per split, batch_invariant
 
 
 class fa_runtime_options(ctypes.Structure):
@@ -88,6 +90,29 @@ class fa_tensor(ctypes.Structure):
     _fields_ = [("data", c_uint64), ("stride", c_int64 * 4)]
 
 
+class fa_kv_cache_layout(ctypes.Structure):
+    _fields_ = [
+        ("layout", c_int32),
+        ("page_size", c_int32),
+        ("num_pages", c_int32),
+        ("max_pages_per_seq", c_int32),
+        ("block_table", c_uint64),
+        ("block_table_stride", c_int64),
+        ("k_ptrs", c_uint64),
+        ("v_ptrs", c_uint64),
+    ]
+
+
+class fa_generate_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("kv_layout", c_int32),
+        ("page_size", c_int32),
+        ("varlen", c_int32),
+        ("seqused_k", c_int32),
+    ]
+
+
 class fa_forward_args(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -101,6 +126,8 @@ class fa_forward_args(ctypes.Structure):
         ("lse", c_uint64),
         ("cu_seqlens_q", c_uint64),
         ("cu_seqlens_k", c_uint64),
+        ("kv", fa_kv_cache_layout),  # since 0.3
+        ("seqused_k", c_uint64),
     ]
 
 
@@ -119,6 +146,8 @@ class fa_decode_args(ctypes.Structure):
         ("workspace_size", c_size_t),
         ("o", fa_tensor),
         ("lse", c_uint64),
+        ("kv", fa_kv_cache_layout),  # since 0.3
+        ("batch_invariant", c_int32),
     ]
 
 
@@ -181,6 +210,8 @@ STRUCTS = (
     fa_runtime_info,
     fa_config_desc,
     fa_tensor,
+    fa_kv_cache_layout,
+    fa_generate_options,
     fa_forward_args,
     fa_decode_args,
     fa_reduce_args,
@@ -228,6 +259,8 @@ def _declare(lib):
     fn("fa_config_create", c_int, _P(fa_config_desc), _P(c_void_p))
     fn("fa_config_destroy", None, c_void_p)
     fn("fa_generate", c_int, c_void_p, c_int, c_int32, c_char_p, c_size_t, _P(c_size_t))
+    fn("fa_generate_for", c_int, c_void_p, c_int, c_int32, _P(fa_generate_options), c_char_p,
+       c_size_t, _P(c_size_t))
     fn("fa_launch", c_int, c_void_p, c_void_p, _P(fa_forward_args), c_void_p)
     fn("fa_decode_workspace_size", c_int, c_void_p, c_void_p, _P(fa_decode_args),
        _P(c_size_t), _P(c_int32))
@@ -238,10 +271,23 @@ def _declare(lib):
     fn("fa_cache_clear", c_int, c_void_p)
 
 
+BUNDLED_NAME = "libflashattn.so.0"
+
+
+def bundled_library():
+    """The library a wheel ships inside the package (flashattn/libflashattn.so.0),
+    or None when there is none (a source checkout on PYTHONPATH)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), BUNDLED_NAME)
+    return path if os.path.isfile(path) else None
+
+
 def _candidates():
     env = os.environ.get("FLASHATTN_LIBRARY")
     if env:
         return [env]  # an explicit choice: no silent fallback
+    bundled = bundled_library()
+    if bundled:
+        return [bundled]  # a wheel's own library: never one from the system instead
     names = ["libflashattn.so.0"]
     found = ctypes.util.find_library("flashattn")
     if found and found not in names:
@@ -250,8 +296,10 @@ def _candidates():
 
 
 def load(path=None):
-    """Loads the library once (FLASHATTN_LIBRARY, else libflashattn.so.0 on the
-    dynamic loader's path, else ctypes.util.find_library) and returns it."""
+    """Loads the library once and returns it: FLASHATTN_LIBRARY (a full path)
+    when set, else the library bundled in the package (a wheel), else
+    libflashattn.so.0 on the dynamic loader's path, else
+    ctypes.util.find_library("flashattn")."""
     global _lib, _lib_path
     with _lock:
         if _lib is not None and path is None:

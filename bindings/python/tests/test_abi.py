@@ -38,6 +38,15 @@ def test_struct_layout_matches_c(tmp_path):
             lines.append('  printf("%s.%s %%zu\\n", offsetof(%s, %s));'
                          % (name, field, name, field))
             expect.append("%s.%s %d" % (name, field, getattr(s, field).offset))
+    consts = {"FA_FORWARD_ARGS_SIZE_0_2": _lib.fa_forward_args.kv.offset,
+              "FA_DECODE_ARGS_SIZE_0_2": _lib.fa_decode_args.kv.offset,
+              "FA_DECODE_INVARIANT_SPLIT": _lib.DECODE_INVARIANT_SPLIT,
+              "FA_KV_CONTIGUOUS": _lib.KV_CONTIGUOUS, "FA_KV_PAGED": _lib.KV_PAGED,
+              "FA_KV_PTR_ARRAY": _lib.KV_PTR_ARRAY,
+              "sizeof(fa_kv_layout)": __import__("ctypes").sizeof(_lib.c_int)}
+    for name, value in consts.items():
+        lines.append('  printf("%s %%lld\\n", (long long)(%s));' % (name, name))
+        expect.append("%s %d" % (name, value))
     lines += ["  return 0;", "}"]
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines) + "\n")
@@ -53,7 +62,7 @@ def test_struct_layout_matches_c(tmp_path):
 
 def test_struct_size_fields_are_filled():
     for s in _lib.STRUCTS:
-        if s is _lib.fa_tensor:
+        if s in (_lib.fa_tensor, _lib.fa_kv_cache_layout):
             continue
         assert _lib.new(s).struct_size == __import__("ctypes").sizeof(s)
 

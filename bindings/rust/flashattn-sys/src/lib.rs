@@ -1,5 +1,5 @@
 //! Raw declarations of the flashattn C API, written by hand from
-//! `include/flashattn.h` (version 0.1). Every function and struct of the header
+//! `include/flashattn.h` (version 0.3). Every function and struct of the header
 //! is here, with the same names.
 //!
 //! - Opaque handles are zero-sized `#[repr(C)]` structs used behind pointers.
@@ -17,11 +17,14 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 2;
+pub const FLASHATTN_VERSION_MINOR: u32 = 3;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
     FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
+
+/// Largest seqlen_q, seqlen_k and seqlen_k_max the kernels accept.
+pub const FA_MAX_SEQLEN: i32 = 1 << 30;
 
 // ---------------------------------------------------------------------------
 // Status
@@ -65,6 +68,12 @@ pub type fa_cache_mode = c_int;
 pub const FA_CACHE_DEFAULT: fa_cache_mode = 0;
 pub const FA_CACHE_DISK: fa_cache_mode = 1;
 pub const FA_CACHE_MEMORY: fa_cache_mode = 2;
+
+/// How K and V are addressed (since 0.3); stored as int32 in fa_kv_cache_layout.
+pub type fa_kv_layout = c_int;
+pub const FA_KV_CONTIGUOUS: fa_kv_layout = 0;
+pub const FA_KV_PAGED: fa_kv_layout = 1;
+pub const FA_KV_PTR_ARRAY: fa_kv_layout = 2;
 
 // ---------------------------------------------------------------------------
 // Opaque handles
@@ -174,6 +183,96 @@ pub struct fa_tensor {
     pub stride: [i64; 4],
 }
 
+/// A KV cache's layout (since 0.3); `Default` is FA_KV_CACHE_LAYOUT_INIT
+/// (contiguous). Field meanings as in flashattn.h.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fa_kv_cache_layout {
+    /// An fa_kv_layout value.
+    pub layout: i32,
+    pub page_size: i32,
+    pub num_pages: i32,
+    pub max_pages_per_seq: i32,
+    /// int32 [batch, max_pages_per_seq], rows block_table_stride elements apart.
+    pub block_table: u64,
+    pub block_table_stride: i64,
+    /// uint64 [batch] each.
+    pub k_ptrs: u64,
+    pub v_ptrs: u64,
+}
+
+/// The launch shape fa_generate_for generates for (since 0.3); zero =
+/// fa_generate's (fixed length, contiguous K/V).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct fa_generate_options {
+    pub struct_size: usize,
+    /// An fa_kv_layout value.
+    pub kv_layout: i32,
+    pub page_size: i32,
+    pub varlen: i32,
+    pub seqused_k: i32,
+}
+
+impl Default for fa_generate_options {
+    fn default() -> Self {
+        fa_generate_options {
+            struct_size: size_of::<Self>(),
+            kv_layout: 0,
+            page_size: 0,
+            varlen: 0,
+            seqused_k: 0,
+        }
+    }
+}
+
+/// Memory counters of one emulated launch (fa_emulator_profile).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fa_emu_mem_counters {
+    pub global_load_requests: u64,
+    pub global_load_sectors: u64,
+    pub global_load_bytes: u64,
+    pub cp_async_requests: u64,
+    pub cp_async_sectors: u64,
+    pub cp_async_bytes: u64,
+    pub global_store_requests: u64,
+    pub global_store_sectors: u64,
+    pub global_store_bytes: u64,
+    pub shared_requests: u64,
+    pub shared_wavefronts: u64,
+    pub shared_bank_conflicts: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_emu_profile {
+    pub struct_size: usize,
+    /// Entry name of the launch, NUL-terminated.
+    pub kernel: [c_char; 128],
+    pub total: fa_emu_mem_counters,
+    pub main_loop: fa_emu_mem_counters,
+    pub main_loop_first_line: u32,
+    pub main_loop_last_line: u32,
+    pub main_loop_worst_conflict_line: u32,
+    pub main_loop_worst_sector_line: u32,
+}
+
+impl Default for fa_emu_profile {
+    fn default() -> Self {
+        fa_emu_profile {
+            struct_size: size_of::<Self>(),
+            kernel: [0; 128],
+            total: fa_emu_mem_counters::default(),
+            main_loop: fa_emu_mem_counters::default(),
+            main_loop_first_line: 0,
+            main_loop_last_line: 0,
+            main_loop_worst_conflict_line: 0,
+            main_loop_worst_sector_line: 0,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fa_forward_args {
@@ -188,7 +287,13 @@ pub struct fa_forward_args {
     pub lse: u64,
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
+    /// Since 0.3.
+    pub kv: fa_kv_cache_layout,
+    pub seqused_k: u64,
 }
+
+/// struct_size of fa_forward_args in flashattn 0.2 (ends before `kv`).
+pub const FA_FORWARD_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_forward_args, kv);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -204,6 +309,8 @@ impl Default for fa_forward_args {
             lse: 0,
             cu_seqlens_q: 0,
             cu_seqlens_k: 0,
+            kv: fa_kv_cache_layout::default(),
+            seqused_k: 0,
         }
     }
 }
@@ -224,7 +331,15 @@ pub struct fa_decode_args {
     pub workspace_size: usize,
     pub o: fa_tensor,
     pub lse: u64,
+    /// Since 0.3.
+    pub kv: fa_kv_cache_layout,
+    pub batch_invariant: i32,
 }
+
+/// struct_size of fa_decode_args in flashattn 0.2 (ends before `kv`).
+pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args, kv);
+/// Keys per split under batch_invariant.
+pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
 impl Default for fa_decode_args {
     fn default() -> Self {
@@ -242,6 +357,8 @@ impl Default for fa_decode_args {
             workspace_size: 0,
             o: fa_tensor::default(),
             lse: 0,
+            kv: fa_kv_cache_layout::default(),
+            batch_invariant: 0,
         }
     }
 }
@@ -394,6 +511,18 @@ extern "C" {
         buf_size: usize,
         ptx_size: *mut usize,
     ) -> fa_status;
+
+    pub fn fa_generate_for(
+        cfg: *const fa_config,
+        kind: fa_kernel_kind,
+        sm: i32,
+        opts: *const fa_generate_options,
+        buf: *mut c_char,
+        buf_size: usize,
+        ptx_size: *mut usize,
+    ) -> fa_status;
+
+    pub fn fa_emulator_profile(rt: *mut fa_runtime, out: *mut fa_emu_profile) -> fa_status;
 
     pub fn fa_launch(
         rt: *mut fa_runtime,

@@ -53,6 +53,50 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         }
     );
     layout!(rows, fa_tensor { data, stride });
+    layout!(rows, fa_generate_options { struct_size, kv_layout, page_size, varlen, seqused_k });
+    layout!(
+        rows,
+        fa_emu_mem_counters {
+            global_load_requests,
+            global_load_sectors,
+            global_load_bytes,
+            cp_async_requests,
+            cp_async_sectors,
+            cp_async_bytes,
+            global_store_requests,
+            global_store_sectors,
+            global_store_bytes,
+            shared_requests,
+            shared_wavefronts,
+            shared_bank_conflicts
+        }
+    );
+    layout!(
+        rows,
+        fa_emu_profile {
+            struct_size,
+            kernel,
+            total,
+            main_loop,
+            main_loop_first_line,
+            main_loop_last_line,
+            main_loop_worst_conflict_line,
+            main_loop_worst_sector_line
+        }
+    );
+    layout!(
+        rows,
+        fa_kv_cache_layout {
+            layout,
+            page_size,
+            num_pages,
+            max_pages_per_seq,
+            block_table,
+            block_table_stride,
+            k_ptrs,
+            v_ptrs
+        }
+    );
     layout!(
         rows,
         fa_forward_args {
@@ -66,7 +110,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             o,
             lse,
             cu_seqlens_q,
-            cu_seqlens_k
+            cu_seqlens_k,
+            kv,
+            seqused_k
         }
     );
     layout!(
@@ -84,7 +130,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             workspace,
             workspace_size,
             o,
-            lse
+            lse,
+            kv,
+            batch_invariant
         }
     );
     layout!(
@@ -154,6 +202,11 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         "sizeof(fa_cache_mode)".into(),
         size_of::<fa_cache_mode>() as i64,
     ));
+    rows.push((
+        "fa_kv_layout".into(),
+        "sizeof(fa_kv_layout)".into(),
+        size_of::<fa_kv_layout>() as i64,
+    ));
     consts!(
         rows,
         FA_SUCCESS,
@@ -182,6 +235,14 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_CACHE_DEFAULT,
         FA_CACHE_DISK,
         FA_CACHE_MEMORY,
+        FA_KV_CONTIGUOUS,
+        FA_KV_PAGED,
+        FA_KV_PTR_ARRAY,
+        FA_FORWARD_ARGS_SIZE_0_2,
+        FA_DECODE_ARGS_SIZE_0_2,
+        FA_DECODE_INVARIANT_SPLIT,
+        FA_CACHE_STATS_SIZE_0_1,
+        FA_MAX_SEQLEN,
         FLASHATTN_VERSION_MAJOR,
         FLASHATTN_VERSION_MINOR,
         FLASHATTN_VERSION_PATCH,
@@ -261,6 +322,11 @@ fn defaults_match_init_macros() {
     );
     assert_eq!(fa_forward_args::default().struct_size, size_of::<fa_forward_args>());
     assert_eq!(fa_decode_args::default().struct_size, size_of::<fa_decode_args>());
+    // FA_KV_CACHE_LAYOUT_INIT is all zeros (contiguous); so are the new fields.
+    assert_eq!(fa_kv_cache_layout::default().layout, FA_KV_CONTIGUOUS);
+    assert_eq!(fa_forward_args::default().kv, fa_kv_cache_layout::default());
+    assert_eq!(fa_forward_args::default().seqused_k, 0);
+    assert_eq!(fa_decode_args::default().batch_invariant, 0);
     assert_eq!(fa_reduce_args::default().struct_size, size_of::<fa_reduce_args>());
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }

@@ -22,6 +22,8 @@
 //! Every failure is an [`Error`] with the C status and the library's message.
 //! Safe calls check tensor extents against their [`DeviceBuffer`]s; the
 //! `*_raw` unsafe calls take device pointers as `u64` for other allocators.
+//! [`Runtime::decode_kv`] and [`Runtime::forward_kv`] read paged and
+//! pointer-array KV caches ([`KvCache`]; see examples/paged_decode.rs).
 
 mod cache;
 mod config;
@@ -40,8 +42,9 @@ pub use half::{
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, DecodeArgs, DecodePlan, ForwardArgs, RawDecodeArgs, RawForwardArgs,
-    RawReduceArgs, RawTensor, ReduceArgs, Tensor, TensorMut, View, ViewMut,
+    contiguous_strides, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs, ForwardKvArgs, KvCache,
+    KvLayout, PagedKv, RawDecodeArgs, RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor,
+    ReduceArgs, SeqKv, Tensor, TensorMut, View, ViewMut,
 };
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,

@@ -25,6 +25,65 @@ impl RawTensor {
     }
 }
 
+/// How a KV cache is laid out (fa_kv_layout, since 0.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvLayout {
+    /// k/v [batch, seqlen_k, num_heads_kv, head_dim].
+    #[default]
+    Contiguous,
+    /// k/v pages [num_pages, page_size, num_heads_kv, head_dim] and a block table.
+    Paged,
+    /// Per-sequence k/v at addresses from k_ptrs / v_ptrs (k/v data must be 0).
+    PtrArray,
+}
+
+impl KvLayout {
+    fn to_raw(self) -> i32 {
+        match self {
+            KvLayout::Contiguous => sys::FA_KV_CONTIGUOUS,
+            KvLayout::Paged => sys::FA_KV_PAGED,
+            KvLayout::PtrArray => sys::FA_KV_PTR_ARRAY,
+        }
+    }
+}
+
+/// fa_kv_cache_layout on raw device pointers. Fields as in flashattn.h; the
+/// default is a contiguous cache. block_table, k_ptrs and v_ptrs are device
+/// data the caller vouches for: every page a valid key uses in
+/// [0, num_pages), every pointer 16-byte aligned and covering its sequence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawKvLayout {
+    pub layout: KvLayout,
+    /// Paged: tokens per page, >= 1.
+    pub page_size: i32,
+    /// Paged: pages in k and v, >= 1.
+    pub num_pages: i32,
+    /// Paged: used columns of block_table, >= ceil(seqlen_k / page_size).
+    pub max_pages_per_seq: i32,
+    /// Paged: int32 [batch, max_pages_per_seq], 4-byte aligned.
+    pub block_table: u64,
+    /// Paged: elements between block_table rows, >= max_pages_per_seq.
+    pub block_table_stride: i64,
+    /// PtrArray: uint64 [batch] each, 8-byte aligned.
+    pub k_ptrs: u64,
+    pub v_ptrs: u64,
+}
+
+impl RawKvLayout {
+    fn to_sys(self) -> sys::fa_kv_cache_layout {
+        sys::fa_kv_cache_layout {
+            layout: self.layout.to_raw(),
+            page_size: self.page_size,
+            num_pages: self.num_pages,
+            max_pages_per_seq: self.max_pages_per_seq,
+            block_table: self.block_table,
+            block_table_stride: self.block_table_stride,
+            k_ptrs: self.k_ptrs,
+            v_ptrs: self.v_ptrs,
+        }
+    }
+}
+
 /// fa_forward_args without struct_size. Fields as in flashattn.h.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RawForwardArgs {
@@ -44,6 +103,12 @@ pub struct RawForwardArgs {
     /// sequence, but offsets past the tensors are out-of-bounds accesses.
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
+    /// How k and v are addressed (paged / pointer array: chunked prefill
+    /// over a KV cache, with seqused_k rather than cu_seqlens_k).
+    pub kv: RawKvLayout,
+    /// int32 [batch] or 0: sequence b has keys 0..seqused_k[b]-1 (clamped to
+    /// [0, seqlen_k]); 0 = seqlen_k keys each. Not with cu_seqlens_k.
+    pub seqused_k: u64,
 }
 
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
@@ -64,6 +129,11 @@ pub struct RawDecodeArgs {
     /// data 0 = leave the partial states in the workspace.
     pub o: RawTensor,
     pub lse: u64,
+    /// How k_cache and v_cache are addressed.
+    pub kv: RawKvLayout,
+    /// Splits of FA_DECODE_INVARIANT_SPLIT keys: a sequence's output bits do
+    /// not depend on the rest of the batch (num_splits must be 0).
+    pub batch_invariant: bool,
 }
 
 impl RawDecodeArgs {
@@ -81,6 +151,8 @@ impl RawDecodeArgs {
             workspace_size: self.workspace_size,
             o: self.o.to_sys(),
             lse: self.lse,
+            kv: self.kv.to_sys(),
+            batch_invariant: self.batch_invariant as i32,
             ..Default::default()
         }
     }
@@ -308,6 +380,284 @@ pub struct ReduceArgs<'a> {
     pub lse: Option<&'a mut DeviceBuffer>,
 }
 
+/// A paged KV cache (vLLM / FlashAttention layout): key j of sequence b is
+/// token j % page_size of page block_table[b][j / page_size].
+#[derive(Debug, Clone, Copy)]
+pub struct PagedKv<'a> {
+    /// [num_pages, page_size, num_heads_kv, head_dim], any strides (NHD; for
+    /// FlashInfer's HND pages [num_pages, num_heads_kv, page_size, head_dim]
+    /// swap strides[1] and strides[2]).
+    pub k_pages: Tensor<'a>,
+    /// [num_pages, page_size, num_heads_kv, head_dim_v], any strides.
+    pub v_pages: Tensor<'a>,
+    /// Pages in k_pages and v_pages (>= 1).
+    pub num_pages: usize,
+    /// Tokens per page (>= 1, any value; fastest a multiple of 64).
+    pub page_size: usize,
+    /// int32 [batch, max_pages_per_seq], strides [row stride, 1].
+    pub block_table: View<'a, 2>,
+    /// Used columns of block_table (>= ceil(keys / page_size)).
+    pub max_pages_per_seq: usize,
+}
+
+/// One sequence of a pointer-array cache.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqKv<'a> {
+    /// [len, num_heads_kv, head_dim]; every sequence's k has the same strides.
+    pub k: View<'a, 3>,
+    /// [len, num_heads_kv, head_dim_v]; every sequence's v has the same strides.
+    pub v: View<'a, 3>,
+    /// Keys k and v hold.
+    pub len: usize,
+}
+
+/// A KV cache in one of the layouts of fa_kv_layout.
+#[derive(Debug, Clone, Copy)]
+pub enum KvCache<'a> {
+    /// k [batch, keys, num_heads_kv, head_dim], v [batch, keys,
+    /// num_heads_kv, head_dim_v] (keys: seqlen_k, or decode's seqlen_k_max).
+    Contiguous { k: Tensor<'a>, v: Tensor<'a> },
+    /// Pages and a block table.
+    Paged(PagedKv<'a>),
+    /// One entry per sequence (their views must start 16-byte aligned).
+    PtrArray(&'a [SeqKv<'a>]),
+}
+
+/// Arguments of `Runtime::forward_kv`: a fixed-length batch of queries over
+/// keys in any layout (chunked prefill over a KV cache: the queries are the
+/// last seqlen_q tokens of each sequence).
+#[derive(Debug)]
+pub struct ForwardKvArgs<'a> {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    /// Keys per sequence (the most, with seqused_k).
+    pub seqlen_k: usize,
+    /// [batch, seqlen_q, num_heads_q, head_dim]
+    pub q: Tensor<'a>,
+    pub kv: KvCache<'a>,
+    /// int32 [batch]: sequence b has keys 0..seqused_k[b]-1 (clamped to
+    /// [0, seqlen_k]); None = seqlen_k keys each.
+    pub seqused_k: Option<&'a DeviceBuffer>,
+    /// [batch, seqlen_q, num_heads_q, head_dim_v], written
+    pub o: TensorMut<'a>,
+    /// fp32 [batch, num_heads_q, seqlen_q], written if given
+    pub lse: Option<&'a mut DeviceBuffer>,
+}
+
+/// Arguments of `Runtime::decode_kv`: `DecodeArgs` with the cache in any
+/// layout and batch-invariant splits.
+#[derive(Debug)]
+pub struct DecodeKvArgs<'a> {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    /// Keys a sequence may hold (paged: at most max_pages_per_seq * page_size).
+    pub seqlen_k_max: usize,
+    /// [batch, seqlen_q, num_heads_q, head_dim]
+    pub q: Tensor<'a>,
+    pub kv: KvCache<'a>,
+    /// int32 [batch]; each clamped to [0, seqlen_k_max] by the kernel.
+    pub cache_seqlens: &'a DeviceBuffer,
+    /// 0 = automatic (must be 0 with batch_invariant).
+    pub num_splits: usize,
+    /// Splits of FA_DECODE_INVARIANT_SPLIT (2048) keys, so a sequence's
+    /// output bits do not depend on the rest of the batch or its size.
+    pub batch_invariant: bool,
+    /// As `DecodeArgs::workspace`.
+    pub workspace: Option<&'a mut DeviceBuffer>,
+    /// [batch, seqlen_q, num_heads_q, head_dim_v]; None = skip the combine.
+    pub o: Option<TensorMut<'a>>,
+    /// fp32 [batch, num_heads_q, seqlen_q]; only with `o`.
+    pub lse: Option<&'a mut DeviceBuffer>,
+}
+
+impl<'a> From<DecodeArgs<'a>> for DecodeKvArgs<'a> {
+    /// The same decode over the contiguous cache, without batch invariance.
+    fn from(a: DecodeArgs<'a>) -> Self {
+        DecodeKvArgs {
+            batch: a.batch,
+            seqlen_q: a.seqlen_q,
+            seqlen_k_max: a.seqlen_k_max,
+            q: a.q,
+            kv: KvCache::Contiguous { k: a.k_cache, v: a.v_cache },
+            cache_seqlens: a.cache_seqlens,
+            num_splits: a.num_splits,
+            batch_invariant: false,
+            workspace: a.workspace,
+            o: a.o,
+            lse: a.lse,
+        }
+    }
+}
+
+/// A cache resolved for a call: raw k/v, the layout, and the pointer arrays
+/// it uploaded (to be kept until the work is done).
+struct ResolvedKv {
+    k: RawTensor,
+    v: RawTensor,
+    layout: RawKvLayout,
+    ptrs: Option<DeviceBuffer>,
+}
+
+/// Keys per sequence from an int32 [batch] buffer, clamped as the kernel
+/// clamps them to [0, keys] (a synchronous copy to the host).
+fn read_lengths(
+    rt: &Runtime,
+    name: &str,
+    buf: &DeviceBuffer,
+    batch: usize,
+    keys: usize,
+) -> Result<Vec<usize>> {
+    checked_ptr(rt, name, buf, 0, &[1], &[batch], 4)?;
+    let mut v = vec![0i32; batch];
+    buf.download(&mut v)?;
+    Ok(v.iter().map(|&n| (n.max(0) as usize).min(keys)).collect())
+}
+
+/// Checks the extents of a cache in any layout and, for paged and
+/// pointer-array caches, the device data the kernel will follow: every
+/// block-table entry a sequence reads (ceil(len / page_size) of them) lies
+/// in [0, num_pages), every sequence's tensors hold its keys. `lengths`
+/// gives the keys per sequence (read only for those two layouts); a
+/// pointer-array cache's address arrays are uploaded here. `names` label
+/// a contiguous k and v in errors.
+fn resolve_kv(
+    rt: &Runtime,
+    cfg: &Config,
+    cache: &KvCache<'_>,
+    names: [&str; 2],
+    (batch, keys): (usize, usize),
+    lengths: impl FnOnce() -> Result<Vec<usize>>,
+) -> Result<ResolvedKv> {
+    let (hkv, d, dv) = (cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
+    let e = cfg.dtype().size();
+    match cache {
+        KvCache::Contiguous { k, v } => Ok(ResolvedKv {
+            k: tensor(rt, names[0], k, [batch, keys, hkv, d], e)?,
+            v: tensor(rt, names[1], v, [batch, keys, hkv, dv], e)?,
+            layout: RawKvLayout::default(),
+            ptrs: None,
+        }),
+        KvCache::Paged(p) => {
+            let (np, ps, mp) = (p.num_pages, p.page_size, p.max_pages_per_seq);
+            let bt = &p.block_table;
+            if mp > 1 && bt.strides[1] != 1 {
+                return Err(Error::invalid(format!(
+                    "flashattn-rs: block_table rows must be contiguous (strides[1] = 1), got \
+                     strides {:?}",
+                    bt.strides
+                )));
+            }
+            let layout = RawKvLayout {
+                layout: KvLayout::Paged,
+                page_size: to_i32("page_size", ps)?,
+                num_pages: to_i32("num_pages", np)?,
+                max_pages_per_seq: to_i32("max_pages_per_seq", mp)?,
+                block_table: checked_ptr(
+                    rt,
+                    "block_table",
+                    bt.buf,
+                    bt.byte_offset,
+                    &bt.strides,
+                    &[batch, mp],
+                    4,
+                )?,
+                block_table_stride: bt.strides[0],
+                ..Default::default()
+            };
+            let resolved = ResolvedKv {
+                k: tensor(rt, "k_pages", &p.k_pages, [np, ps, hkv, d], e)?,
+                v: tensor(rt, "v_pages", &p.v_pages, [np, ps, hkv, dv], e)?,
+                layout,
+                ptrs: None,
+            };
+            // Empty or negative shapes are the library's to reject.
+            if ps == 0 || mp == 0 || batch == 0 || bt.strides[0] < 0 {
+                return Ok(resolved);
+            }
+            let lens = lengths()?;
+            let row = bt.strides[0] as usize;
+            let mut table = vec![0i32; (batch - 1) * row + mp];
+            bt.buf.download_at(bt.byte_offset, &mut table)?;
+            for (b, &n) in lens.iter().enumerate() {
+                let pages = n.div_ceil(ps).min(mp);
+                for (i, &page) in table[b * row..b * row + pages].iter().enumerate() {
+                    if page < 0 || page as usize >= np {
+                        return Err(Error::invalid(format!(
+                            "flashattn-rs: block_table[{b}][{i}] = {page} is outside \
+                             [0, num_pages={np}) (sequence {b} has {n} keys)"
+                        )));
+                    }
+                }
+            }
+            Ok(resolved)
+        }
+        KvCache::PtrArray(seqs) => {
+            if seqs.len() != batch {
+                return Err(Error::invalid(format!(
+                    "flashattn-rs: a pointer-array cache needs one entry per sequence (batch = \
+                     {batch}), got {}",
+                    seqs.len()
+                )));
+            }
+            let first = seqs.first().ok_or_else(|| Error::invalid("flashattn-rs: batch is 0"))?;
+            let lens = lengths()?;
+            let mut ptrs = Vec::with_capacity(2 * batch);
+            for (which, dim) in [("k", d), ("v", dv)] {
+                for (b, s) in seqs.iter().enumerate() {
+                    let (view, strides0) = if which == "k" {
+                        (&s.k, first.k.strides)
+                    } else {
+                        (&s.v, first.v.strides)
+                    };
+                    let name = format!("{which}[{b}]");
+                    if view.strides != strides0 {
+                        return Err(Error::invalid(format!(
+                            "flashattn-rs: {name} has strides {:?}, {which}[0] {strides0:?}: \
+                             every sequence needs the same strides",
+                            view.strides
+                        )));
+                    }
+                    let ptr = checked_ptr(
+                        rt,
+                        &name,
+                        view.buf,
+                        view.byte_offset,
+                        &view.strides,
+                        &[s.len, hkv, dim],
+                        e,
+                    )?;
+                    if ptr % 16 != 0 {
+                        return Err(Error::invalid(format!(
+                            "flashattn-rs: {name} at {ptr:#x} is not 16-byte aligned"
+                        )));
+                    }
+                    if lens[b] > s.len {
+                        return Err(Error::invalid(format!(
+                            "flashattn-rs: sequence {b} has {} keys, {name} holds {}",
+                            lens[b], s.len
+                        )));
+                    }
+                    ptrs.push(ptr);
+                }
+            }
+            let buf = rt.alloc_from(&ptrs)?;
+            let base = buf.as_ptr();
+            let raw = |st: [i64; 3]| RawTensor { data: 0, strides: [0, st[0], st[1], st[2]] };
+            Ok(ResolvedKv {
+                k: raw(first.k.strides),
+                v: raw(first.v.strides),
+                layout: RawKvLayout {
+                    layout: KvLayout::PtrArray,
+                    k_ptrs: base,
+                    v_ptrs: base + 8 * batch as u64,
+                    ..Default::default()
+                },
+                ptrs: Some(buf),
+            })
+        }
+    }
+}
+
 impl Runtime {
     /// Attention forward pass on raw device pointers (fa_launch).
     ///
@@ -333,6 +683,8 @@ impl Runtime {
             lse: args.lse,
             cu_seqlens_q: args.cu_seqlens_q,
             cu_seqlens_k: args.cu_seqlens_k,
+            kv: args.kv.to_sys(),
+            seqused_k: args.seqused_k,
             ..Default::default()
         };
         check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -341,25 +693,66 @@ impl Runtime {
     /// O = softmax(scale * Q K^T) V on DeviceBuffers, on the default stream.
     /// Every view's extent is checked against its buffer first.
     pub fn forward(&self, cfg: &Config, args: ForwardArgs<'_>) -> Result<()> {
+        self.forward_kv(
+            cfg,
+            ForwardKvArgs {
+                batch: args.batch,
+                seqlen_q: args.seqlen_q,
+                seqlen_k: args.seqlen_k,
+                q: args.q,
+                kv: KvCache::Contiguous { k: args.k, v: args.v },
+                seqused_k: None,
+                o: args.o,
+                lse: args.lse,
+            },
+        )
+    }
+
+    /// Forward over keys in any layout, on the default stream: with a paged
+    /// or pointer-array cache this is chunked prefill (the queries are the
+    /// last seqlen_q tokens of each sequence, keys counted by seqused_k).
+    /// Shapes as in `ForwardKvArgs`. Every extent is checked against its
+    /// buffer; for a paged or pointer-array cache seqused_k and the block
+    /// table are also read back (a synchronous copy) to check the pages and
+    /// tensors each sequence uses, and with a pointer array the call waits
+    /// for the kernel (its address arrays are temporary).
+    /// Errors: InvalidArgument from these checks (prefix "flashattn-rs:") or
+    /// the library's (sizes, strides, alignment, page fields), then as
+    /// `forward_raw`.
+    pub fn forward_kv(&self, cfg: &Config, args: ForwardKvArgs<'_>) -> Result<()> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k);
-        let (hq, hkv, d, dv) =
-            (cfg.num_heads_q(), cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
+        let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
+        let q = tensor(self, "q", &args.q, [b, sq, hq, d], e)?;
+        let kv = resolve_kv(self, cfg, &args.kv, ["k", "v"], (b, sk), || match args.seqused_k {
+            Some(buf) => read_lengths(self, "seqused_k", buf, b, sk),
+            None => Ok(vec![sk; b]),
+        })?;
         let raw = RawForwardArgs {
             batch: to_i32("batch", b)?,
             seqlen_q: to_i32("seqlen_q", sq)?,
             seqlen_k: to_i32("seqlen_k", sk)?,
-            q: tensor(self, "q", &args.q, [b, sq, hq, d], e)?,
-            k: tensor(self, "k", &args.k, [b, sk, hkv, d], e)?,
-            v: tensor(self, "v", &args.v, [b, sk, hkv, dv], e)?,
+            q,
+            k: kv.k,
+            v: kv.v,
             o: tensor_mut(self, "o", &args.o, [b, sq, hq, dv], e)?,
             lse: fp32_out(self, "lse", &args.lse, b * hq * sq)?,
             cu_seqlens_q: 0,
             cu_seqlens_k: 0,
+            kv: kv.layout,
+            seqused_k: match args.seqused_k {
+                Some(buf) => checked_ptr(self, "seqused_k", buf, 0, &[1], &[b], 4)?,
+                None => 0,
+            },
         };
-        // SAFETY: every extent lies in a live buffer of this runtime; outputs
+        // SAFETY: every extent lies in a live buffer of this runtime, and the
+        // pages and pointers the kernel follows were checked above; outputs
         // are borrowed mutably; NULL is the default stream.
-        unsafe { self.forward_raw(cfg, &raw, std::ptr::null_mut()) }
+        unsafe { self.forward_raw(cfg, &raw, std::ptr::null_mut()) }?;
+        if kv.ptrs.is_some() {
+            self.synchronize()?; // the address arrays are freed on return
+        }
+        Ok(())
     }
 
     /// Workspace bytes and split count fa_decode will use for `args` (reads
@@ -392,27 +785,42 @@ impl Runtime {
     /// Allocates a temporary workspace unless one is given. Returns the plan
     /// (splits used, workspace bytes).
     pub fn decode(&self, cfg: &Config, args: DecodeArgs<'_>) -> Result<DecodePlan> {
+        self.decode_kv(cfg, args.into())
+    }
+
+    /// Flash-Decoding over a cache in any layout (contiguous, paged, pointer
+    /// array), optionally batch-invariant, on the default stream. Shapes as
+    /// in `DecodeKvArgs`. Allocates a temporary workspace unless one is
+    /// given, and returns the plan (splits used, workspace bytes). Every
+    /// extent is checked against its buffer; for a paged or pointer-array
+    /// cache cache_seqlens and the block table are also read back (a
+    /// synchronous copy) to check the pages and tensors each sequence uses.
+    /// The call waits for the kernel when it allocated the workspace or
+    /// uploaded pointer arrays (both temporary).
+    /// Errors: InvalidArgument from these checks (prefix "flashattn-rs:") or
+    /// the library's (e.g. num_splits with batch_invariant, page fields),
+    /// then as `decode_raw`.
+    pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
-        let (hq, hkv, d, dv) =
-            (cfg.num_heads_q(), cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
+        let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
+        let q = tensor(self, "q", &args.q, [b, sq, hq, d], e)?;
+        let kv = resolve_kv(self, cfg, &args.kv, ["k_cache", "v_cache"], (b, sk), || {
+            read_lengths(self, "cache_seqlens", args.cache_seqlens, b, sk)
+        })?;
+        let cache_seqlens =
+            checked_ptr(self, "cache_seqlens", args.cache_seqlens, 0, &[1], &[b], 4)?;
         let mut raw = RawDecodeArgs {
             batch: to_i32("batch", b)?,
             seqlen_q: to_i32("seqlen_q", sq)?,
             seqlen_k_max: to_i32("seqlen_k_max", sk)?,
-            q: tensor(self, "q", &args.q, [b, sq, hq, d], e)?,
-            k_cache: tensor(self, "k_cache", &args.k_cache, [b, sk, hkv, d], e)?,
-            v_cache: tensor(self, "v_cache", &args.v_cache, [b, sk, hkv, dv], e)?,
-            cache_seqlens: checked_ptr(
-                self,
-                "cache_seqlens",
-                args.cache_seqlens,
-                0,
-                &[1],
-                &[b],
-                4,
-            )?,
+            q,
+            k_cache: kv.k,
+            v_cache: kv.v,
+            cache_seqlens,
             num_splits: to_i32("num_splits", args.num_splits)?,
+            kv: kv.layout,
+            batch_invariant: args.batch_invariant,
             ..Default::default()
         };
         match &args.o {
@@ -452,11 +860,12 @@ impl Runtime {
         }
         raw.workspace = ws.as_ptr();
         raw.workspace_size = ws.len();
-        // SAFETY: extents checked above; outputs and workspace borrowed
-        // mutably (or owned); NULL is the default stream.
+        // SAFETY: extents checked above, and the pages and pointers the
+        // kernel follows; outputs and workspace borrowed mutably (or owned);
+        // NULL is the default stream.
         unsafe { self.decode_raw(cfg, &raw, std::ptr::null_mut()) }?;
-        if temp.is_some() {
-            // The temporary workspace is freed on return: let the work finish.
+        if temp.is_some() || kv.ptrs.is_some() {
+            // The temporary workspace and address arrays are freed on return.
             self.synchronize()?;
         }
         Ok(plan)

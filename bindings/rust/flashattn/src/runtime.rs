@@ -267,7 +267,8 @@ impl Runtime {
 }
 
 /// Plain element types that can be copied to and from device memory.
-/// Sealed: implemented for u8, u16 (fp16/bf16 bits), i32, u32, f32.
+/// Sealed: implemented for u8, u16 (fp16/bf16 bits), i32, u32, u64 (device
+/// addresses), f32.
 pub trait Element: Copy + Default + sealed::Sealed + 'static {}
 mod sealed {
     pub trait Sealed {}
@@ -275,7 +276,7 @@ mod sealed {
 macro_rules! element {
     ($($t:ty),*) => { $( impl sealed::Sealed for $t {} impl Element for $t {} )* };
 }
-element!(u8, u16, i32, u32, f32);
+element!(u8, u16, i32, u32, u64, f32);
 
 /// Device memory from `Runtime::alloc`; `Drop` returns it with fa_free. Keeps
 /// its runtime alive.
@@ -400,7 +401,7 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// The loaded library's version text ("0.2.0").
+/// The loaded library's version text ("0.3.0").
 pub fn version_string() -> &'static str {
     // SAFETY: a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::fa_version_string()) }.to_str().unwrap_or("?")

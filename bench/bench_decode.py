@@ -1,0 +1,783 @@
+#!/usr/bin/env python3
+"""flashattn decode (fa_decode, paged KV cache) vs PyTorch SDPA, FlashAttention-2 and FlashInfer.
+
+    python3 bench/bench_decode.py [--quick] [--time-budget S] [--out-dir bench/results]
+
+One new token per sequence (seqlen_q = 1), bf16, head_dim 128, GQA 32/8, every
+sequence of the batch `context` keys long. Grid: batch {1, 8, 64, 256} x
+context {512, 4096, 32768} x page size {1, 16}. Per (batch, context) the
+K/V cache is drawn once per input set as a contiguous [batch, context, 8,
+128] cache and scattered into a shuffled page pool [num_pages, page_size, 8,
+128] (NHD; spare pages NaN), so every contender reads the same values:
+
+  flashattn        fa_decode on the page pool (block_table), through the
+                   Python binding (bindings/python) on the torch tensors
+  flashattn_contig fa_decode on the contiguous cache
+  sdpa             torch.nn.functional.scaled_dot_product_attention on the
+                   contiguous cache (GQA as 4 query rows per KV head), the
+                   backend torch picks
+  fa2              flash_attn.flash_attn_with_kvcache on the contiguous cache
+                   (its paged path needs page sizes that are multiples of 256)
+  flashinfer       flashinfer.BatchDecodeWithPagedKVCacheWrapper on the same
+                   page pool (plan() outside the timing, as an engine does
+                   once per step for all layers)
+
+Figures: GB/s = (K/V bytes read for the valid keys + Q + O) / median time,
+and that as % of the device-to-device copy bandwidth measured in the same
+run (a large torch copy, bytes read + written). Correctness first: each
+output is poisoned with NaN before its checked run, must come back finite,
+and is compared with an fp32 reference on a subset of sequences. Timing:
+CUDA events around each call, warm-up, median of >= 20 runs, inputs rotated
+over enough sets to exceed L2, the GPU held by a sleep kernel while the host
+queues the runs. Writes CSV, JSON and markdown under --out-dir.
+
+Everything above the "GPU part" marker needs only the standard library (the
+tests in bench/tests import it without torch).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_sdpa as common  # noqa: E402  (torch-free helpers shared with the forward bench)
+
+BATCHES = (1, 8, 64, 256)
+CONTEXTS = (512, 4096, 32768)
+PAGE_SIZES = (1, 16)
+HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
+DTYPE = "bf16"
+ELEM_BYTES = 2
+SPARE_PAGES = 2  # pool pages no sequence uses (NaN): a kernel reading one poisons its output
+IMPLS = ("flashattn", "flashattn_contig", "sdpa", "fa2", "flashinfer")
+LABELS = {"flashattn": "flashattn paged", "flashattn_contig": "flashattn contiguous",
+          "sdpa": "SDPA (contiguous)", "fa2": "FA2 kvcache (contiguous)",
+          "flashinfer": "FlashInfer paged"}
+PAGED_IMPLS = ("flashattn", "flashinfer")  # read the page pool; the others the contiguous cache
+ROTATE_BYTES = 256 << 20  # K/V bytes over all input sets: several times any L2 (H100: 50 MB)
+MAX_SETS = 64
+REL_ERR_LIMIT = common.REL_ERR_LIMIT
+ERR_FACTOR = common.ERR_FACTOR
+
+
+# ---- configs and arithmetic --------------------------------------------------
+
+class DecodeConfig:
+    """One grid point: `batch` sequences of `context` keys each (lens gives
+    other lengths), one query token, pages of `page_size` keys."""
+
+    def __init__(self, batch, context, page_size, heads_q=HEADS_Q, heads_kv=HEADS_KV,
+                 head_dim=HEAD_DIM, head_dim_v=None, seqlen_q=1, dtype=DTYPE, lens=None):
+        if heads_q % heads_kv:
+            raise ValueError("heads_q %d is not a multiple of heads_kv %d" % (heads_q, heads_kv))
+        if page_size < 1 or batch < 1 or context < 1:
+            raise ValueError("batch, context and page_size must be >= 1")
+        self.batch, self.context, self.page_size = batch, context, page_size
+        self.heads_q, self.heads_kv = heads_q, heads_kv
+        self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
+        self.seqlen_q, self.dtype = seqlen_q, dtype
+        self.lens = list(lens) if lens is not None else [context] * batch
+        if len(self.lens) != batch or any(not 0 <= n <= context for n in self.lens):
+            raise ValueError("lens must be %d values in [0, %d]" % (batch, context))
+
+    @property
+    def kv_bytes(self):
+        """K and V bytes of the valid keys: each read once."""
+        return sum(self.lens) * self.heads_kv * (self.head_dim + self.head_dim_v) * ELEM_BYTES
+
+    @property
+    def q_bytes(self):
+        return self.batch * self.seqlen_q * self.heads_q * self.head_dim * ELEM_BYTES
+
+    @property
+    def o_bytes(self):
+        return self.batch * self.seqlen_q * self.heads_q * self.head_dim_v * ELEM_BYTES
+
+    @property
+    def bytes_moved(self):
+        """The fewest bytes a decode must move: K/V read + Q read + O written
+        (block tables, sequence lengths and split-KV partials not counted)."""
+        return self.kv_bytes + self.q_bytes + self.o_bytes
+
+    @property
+    def flops(self):
+        """2 FLOP per multiply-add of Q K^T and P V over the valid keys."""
+        return 2 * self.seqlen_q * self.heads_q * sum(self.lens) * (self.head_dim + self.head_dim_v)
+
+    def contiguous_bytes(self):
+        """K + V of the contiguous cache [batch, context, heads_kv, d]."""
+        return self.batch * self.context * self.heads_kv * (self.head_dim + self.head_dim_v) * \
+            ELEM_BYTES
+
+    def pool_pages(self):
+        return self.batch * pages_per_seq(self.context, self.page_size) + SPARE_PAGES
+
+    def pool_bytes(self):
+        """K + V of the page pool [num_pages, page_size, heads_kv, d]."""
+        return self.pool_pages() * self.page_size * self.heads_kv * \
+            (self.head_dim + self.head_dim_v) * ELEM_BYTES
+
+    def set_bytes(self):
+        """Device memory of one input set: both caches, Q and O."""
+        return self.contiguous_bytes() + self.pool_bytes() + self.q_bytes + self.o_bytes
+
+    def describe(self):
+        return "b%d ctx%d ps%d" % (self.batch, self.context, self.page_size)
+
+
+def decode_grid(batches=BATCHES, contexts=CONTEXTS, page_sizes=PAGE_SIZES):
+    """Every grid point, the smallest caches first (a time budget cuts the
+    largest), the page sizes of one (batch, context) next to each other."""
+    out = [DecodeConfig(b, c, p) for c in contexts for b in batches for p in page_sizes]
+    return sorted(out, key=lambda x: (x.batch * x.context, x.context, x.page_size))
+
+
+def gbps(nbytes, ms):
+    """GB/s (1e9 bytes per second) for nbytes moved in ms milliseconds."""
+    if ms is None or not ms > 0 or nbytes is None:
+        return None
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def copy_gbps(nbytes, ms):
+    """Bandwidth of a device-to-device copy of nbytes: read + written."""
+    return gbps(2 * nbytes, ms)
+
+
+def pct(value, of):
+    if value is None or of is None or not of > 0:
+        return None
+    return 100.0 * value / of
+
+
+def n_sets_for(kv_bytes_per_set, set_bytes, mem_budget, rotate_bytes=ROTATE_BYTES,
+               max_sets=MAX_SETS):
+    """Input sets to rotate over: enough that their K/V bytes exceed
+    rotate_bytes (so repeated runs do not measure L2), at most max_sets, and
+    no more than fit mem_budget. 0 when not even one fits."""
+    if set_bytes > mem_budget:
+        return 0
+    want = max(1, min(max_sets, math.ceil(rotate_bytes / max(1, kv_bytes_per_set))))
+    return int(min(want, mem_budget // set_bytes))
+
+
+def mem_reason(cfg, budget):
+    gib = 1024 ** 3
+    return "needs %.1f GiB for one input set (contiguous %.1f + pages %.1f), %.1f GiB usable" % (
+        cfg.set_bytes() / gib, cfg.contiguous_bytes() / gib, cfg.pool_bytes() / gib, budget / gib)
+
+
+# ---- the page re-layout ------------------------------------------------------
+
+def pages_per_seq(length, page_size):
+    return -(-length // page_size)
+
+
+def plan_pages(lens, page_size, max_pages=None, seed=0, spare=SPARE_PAGES):
+    """(num_pages, block_table): sequence b's page i (keys i*page_size ..
+    (i+1)*page_size-1) is pool page block_table[b][i]. Every sequence gets
+    max_pages columns (default: the longest sequence's pages); pool pages
+    are a seeded shuffle of 0..num_pages-1, num_pages = batch * max_pages +
+    spare, so no two entries share a page and `spare` pages are never used."""
+    if page_size < 1:
+        raise ValueError("page_size must be >= 1")
+    need = max([pages_per_seq(n, page_size) for n in lens] + [1])
+    max_pages = need if max_pages is None else max_pages
+    if max_pages < need:
+        raise ValueError("max_pages %d < %d pages of the longest sequence" % (max_pages, need))
+    num_pages = len(lens) * max_pages + spare
+    perm = list(range(num_pages))
+    random.Random(seed).shuffle(perm)
+    table = [perm[b * max_pages:(b + 1) * max_pages] for b in range(len(lens))]
+    return num_pages, table
+
+
+def token_rows(block_table, lens, page_size):
+    """Per sequence, the pool row (page * page_size + slot, in the pool seen
+    as [num_pages * page_size, heads, d]) of each valid key: key j of
+    sequence b is row block_table[b][j // page_size] * page_size + j %
+    page_size. The GPU part computes the same with torch indexing."""
+    return [[block_table[b][j // page_size] * page_size + j % page_size for j in range(n)]
+            for b, n in enumerate(lens)]
+
+
+def flashinfer_csr(block_table, lens, page_size):
+    """FlashInfer's page table for the same pages: (indptr [batch + 1],
+    indices [sum of pages], last_page_len [batch]) with last_page_len in
+    [1, page_size] for a non-empty sequence (0 for an empty one)."""
+    indptr, indices, last = [0], [], []
+    for row, n in zip(block_table, lens):
+        k = pages_per_seq(n, page_size)
+        indices.extend(row[:k])
+        indptr.append(indptr[-1] + k)
+        last.append(0 if n == 0 else n - (k - 1) * page_size)
+    return indptr, indices, last
+
+
+# ---- tolerance -----------------------------------------------------------------
+
+BASELINE_IMPLS = ("sdpa", "fa2", "flashinfer")  # the others' errors set the bar
+
+
+def judge(errs):
+    """(ok, note) for flashattn, paged and contiguous, against the fp32
+    reference: bench_sdpa's rule (relative error < 1e-2, max error at most
+    2x the best of SDPA / FA2 / FlashInfer, never NaN). errs maps impl ->
+    (max_abs, rel). ok is None when flashattn paged produced no output."""
+    base = {i: errs[i] for i in BASELINE_IMPLS if i in errs}
+    ok, note = common.judge_tolerance(errs.get("flashattn"), base)
+    if ok is None:
+        return None, note
+    ok2, note2 = common.judge_tolerance(errs.get("flashattn_contig"), base)
+    notes = [n for n in (note, ("contiguous: " + note2) if ok2 is False else "") if n]
+    return ok and ok2 is not False, "; ".join(notes)
+
+
+# ---- CSV and markdown --------------------------------------------------------
+
+CONFIG_FIELDS = ["dtype", "batch", "context", "page_size", "heads_q", "heads_kv", "head_dim",
+                 "seqlen_q", "num_pages", "bytes", "kv_bytes", "flops", "n_sets"]
+IMPL_FIELDS = ["status", "note", "median_ms", "min_ms", "max_ms", "reps", "gbps", "pct_copy",
+               "max_err", "rel_err"]
+TAIL_FIELDS = ["copy_gbps", "ratio_vs_flashinfer", "ratio_vs_fa2", "ratio_vs_sdpa", "tol_ok",
+               "tol_note"]
+FIELDS = CONFIG_FIELDS + ["%s_%s" % (i, f) for i in IMPLS for f in IMPL_FIELDS] + TAIL_FIELDS
+_INT_FIELDS = {"batch", "context", "page_size", "heads_q", "heads_kv", "head_dim", "seqlen_q",
+               "num_pages", "bytes", "kv_bytes", "flops", "n_sets"} | {"%s_reps" % i for i in IMPLS}
+_FLOAT_SUFFIXES = ("_ms", "gbps", "pct_copy", "_err", "ratio_vs_flashinfer", "ratio_vs_fa2",
+                   "ratio_vs_sdpa")
+
+
+def config_row(cfg, n_sets):
+    return {"dtype": cfg.dtype, "batch": cfg.batch, "context": cfg.context,
+            "page_size": cfg.page_size, "heads_q": cfg.heads_q, "heads_kv": cfg.heads_kv,
+            "head_dim": cfg.head_dim, "seqlen_q": cfg.seqlen_q, "num_pages": cfg.pool_pages(),
+            "bytes": cfg.bytes_moved, "kv_bytes": cfg.kv_bytes, "flops": cfg.flops,
+            "n_sets": n_sets}
+
+
+def finish_row(row, copy_bw):
+    """Fills GB/s, % of copy and the ratios from the medians and bytes."""
+    row["copy_gbps"] = copy_bw
+    for i in IMPLS:
+        row[i + "_gbps"] = gbps(row["bytes"], row.get(i + "_median_ms"))
+        row[i + "_pct_copy"] = pct(row[i + "_gbps"], copy_bw)
+    for other in ("flashinfer", "fa2", "sdpa"):
+        row["ratio_vs_" + other] = common.ratio(row.get("flashattn_gbps"), row.get(other + "_gbps"))
+    return row
+
+
+def write_csv(path, rows, meta):
+    """rows: dicts keyed by FIELDS (missing = empty); meta first as '# key: value'."""
+    import csv
+    with open(path, "w", newline="") as f:
+        for k, v in meta.items():
+            f.write("# %s: %s\n" % (k, str(v).replace("\n", " ")))
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            unknown = set(r) - set(FIELDS)
+            if unknown:
+                raise ValueError("unknown CSV fields %s" % sorted(unknown))
+            w.writerow({k: common._fmt(r.get(k)) for k in FIELDS})
+
+
+def _parse(field, text):
+    if text == "":
+        return None
+    if field == "tol_ok":
+        return text == "1"
+    if field in _INT_FIELDS:
+        return int(text)
+    if field.endswith(_FLOAT_SUFFIXES) or field == "copy_gbps":
+        return float(text)
+    return text
+
+
+def read_csv(path):
+    """(meta, rows) as written by write_csv, numbers parsed back."""
+    import csv
+    meta, lines = {}, []
+    with open(path, newline="") as f:
+        for line in f:
+            if line.startswith("# ") and not lines:
+                k, _, v = line[2:].rstrip("\n").partition(": ")
+                meta[k] = v
+            else:
+                lines.append(line)
+    return meta, [{k: _parse(k, v) for k, v in r.items()} for r in csv.DictReader(lines)]
+
+
+def impl_cell(row, impl):
+    """'GB/s (% of copy)', or the status and its reason."""
+    g = row.get(impl + "_gbps")
+    if g is not None:
+        p = row.get(impl + "_pct_copy")
+        return "%.0f (%s)" % (g, "%.0f%%" % p if p is not None else "?")
+    st = row.get(impl + "_status") or "n/a"
+    note = (row.get(impl + "_note") or "").replace("|", "/")
+    return "%s (%s)" % (st, note[:60]) if note else st
+
+
+def markdown_table(rows):
+    head = ("| batch | context | page | MB moved | " + " | ".join(LABELS[i] for i in IMPLS) +
+            " | fa/FlashInfer | fa/FA2 | fa/SDPA | fa err max / rel | tol |")
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in rows:
+        tol = {True: "ok", False: "**FAIL**", None: "-"}[r.get("tol_ok")]
+        if r.get("tol_note"):
+            tol += " " + r["tol_note"].replace("|", "/")
+        lines.append("| %d | %d | %d | %.1f | %s | %s | %s | %s | %s / %s | %s |" % (
+            r["batch"], r["context"], r["page_size"], r["bytes"] / 1e6,
+            " | ".join(impl_cell(r, i) for i in IMPLS),
+            common._f(r.get("ratio_vs_flashinfer"), "%.3f"), common._f(r.get("ratio_vs_fa2"), "%.3f"),
+            common._f(r.get("ratio_vs_sdpa"), "%.3f"), common._f(r.get("flashattn_max_err"), "%.2e"),
+            common._f(r.get("flashattn_rel_err"), "%.2e"), tol))
+    return "\n".join(lines)
+
+
+META_KEYS = ("commit", "gpu", "sm", "driver", "torch", "cuda", "flash_attn", "flashinfer",
+             "flashattn_library", "flashattn_version", "date", "copy_gbps", "copy", "n_sets",
+             "min_reps", "grid", "timing")
+
+
+def write_markdown(path, meta, rows, extra_sections=()):
+    out = ["# flashattn decode vs SDPA / FA2 / FlashInfer: %s, %s" % (
+        meta.get("gpu", "?"), meta.get("date", "?")), ""]
+    out += ["- %s: %s" % (k, meta[k]) for k in META_KEYS if k in meta]
+    out += ["",
+            "bf16, head_dim 128, GQA 32/8, one query token, every sequence `context` keys. Cells: "
+            "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time, and that as %% "
+            "of the measured device-to-device copy bandwidth. Ratios are flashattn paged / the "
+            "other's GB/s (same bytes, so inverse time ratios). Errors are vs an fp32 reference on "
+            "a subset of sequences; tol fails when flashattn's max error exceeds %gx the best "
+            "other implementation's or its relative error exceeds %g." % (ERR_FACTOR, REL_ERR_LIMIT),
+            "", markdown_table(rows), ""]
+    fails = [r for r in rows if r.get("tol_ok") is False]
+    out.append("Out of tolerance: %s" % (", ".join(
+        "b%d ctx%d ps%d" % (r["batch"], r["context"], r["page_size"]) for r in fails)
+        if fails else "none"))
+    out.append("")
+    for title, body in extra_sections:
+        out += ["## %s" % title, "", "```", body.rstrip(), "```", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def result_base(date, gpu_name):
+    return "%s-%s-decode" % (date, common.slug(gpu_name))
+
+
+# ======================================================================================
+# GPU part: everything below needs torch.
+# ======================================================================================
+
+class DecodeBench:
+    def __init__(self, torch, fa, args):
+        self.torch, self.fa, self.args = torch, fa, args
+        import torch.nn.functional as F
+        self.F = F
+        self.rt = fa.Runtime(backend="cuda", cache="memory")
+        self.cfg = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
+                             num_heads_kv=HEADS_KV)
+        self.cycles_per_ms = self._calibrate_sleep()
+        try:
+            from flash_attn import flash_attn_with_kvcache
+            self.fa2, self.fa2_why = flash_attn_with_kvcache, None
+        except Exception as ex:  # not installed, or built for another torch
+            self.fa2, self.fa2_why = None, common._reason(ex, [])
+        try:
+            import flashinfer
+            self.flashinfer, self.flashinfer_why = flashinfer, None
+            self.fi_workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        except Exception as ex:
+            self.flashinfer, self.flashinfer_why = None, common._reason(ex, [])
+
+    def _calibrate_sleep(self):
+        torch = self.torch
+        if not hasattr(torch.cuda, "_sleep"):
+            return None
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        s.record()
+        torch.cuda._sleep(2_000_000)
+        e.record()
+        e.synchronize()
+        ms = s.elapsed_time(e)
+        return 2_000_000 / ms if ms > 0 else None
+
+    def copy_bandwidth(self, nbytes):
+        """Device-to-device copy of nbytes (torch copy_), median of 20 after
+        warm-up: (median ms, GB/s counting bytes read + written)."""
+        torch = self.torch
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            dst.copy_(src)
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        ok = bool(torch.equal(src[-4096:], dst[-4096:]))
+        del src, dst
+        ms = common.median(times)
+        return ms, copy_gbps(nbytes, ms), ok
+
+    # ---- inputs ---------------------------------------------------------------------
+
+    def make_set(self, cfg, gen, table):
+        """One input set: q, the contiguous caches, the page pools (the same
+        values scattered to the shuffled pages, NaN elsewhere), O buffers."""
+        torch = self.torch
+        bf = torch.bfloat16
+        B, L, H, D = cfg.batch, cfg.context, cfg.heads_kv, cfg.head_dim
+        q = torch.randn((B, 1, cfg.heads_q, D), device="cuda", dtype=bf, generator=gen)
+        k = torch.randn((B, L, H, D), device="cuda", dtype=bf, generator=gen)
+        v = torch.randn((B, L, H, D), device="cuda", dtype=bf, generator=gen)
+        P, ps = cfg.pool_pages(), cfg.page_size
+        # Row of key j of sequence b in the pool seen as [P * ps, H, D]
+        # (token_rows() above); every sequence here has all L keys.
+        j = torch.arange(L, device="cuda")
+        rows = (table[:, j // ps].long() * ps + (j % ps)).reshape(-1)
+        kp = torch.full((P, ps, H, D), float("nan"), device="cuda", dtype=bf)
+        vp = torch.full((P, ps, H, D), float("nan"), device="cuda", dtype=bf)
+        kp.view(P * ps, H, D)[rows] = k.reshape(B * L, H, D)
+        vp.view(P * ps, H, D)[rows] = v.reshape(B * L, H, D)
+        # flashattn writes into these (poisoned before its checked run); the
+        # others return fresh tensors, taken as they are (no extra copy kernel
+        # in the timed region).
+        o = {i: torch.empty((B, 1, cfg.heads_q, D), device="cuda", dtype=bf)
+             for i in ("flashattn", "flashattn_contig")}
+        return {"q": q, "k": k, "v": v, "kp": kp, "vp": vp, "o": o}
+
+    def reference(self, cfg, s, seqs):
+        """fp32 reference O [len(seqs), 1, heads_q, d] of sequences seqs."""
+        torch = self.torch
+        idx = torch.tensor(seqs, device="cuda")
+        g = cfg.heads_q // cfg.heads_kv
+        q = s["q"].index_select(0, idx).float().view(len(seqs), cfg.heads_kv, g, cfg.head_dim)
+        k = s["k"].index_select(0, idx).float().transpose(1, 2)  # [n, Hkv, L, D]
+        v = s["v"].index_select(0, idx).float().transpose(1, 2)
+        p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(cfg.head_dim), dim=-1)
+        return torch.matmul(p, v).reshape(len(seqs), 1, cfg.heads_q, cfg.head_dim)
+
+    # ---- contenders ------------------------------------------------------------------
+
+    def make_call(self, impl, cfg, sets, meta):
+        """A function run(i) that launches impl on input set i and returns O."""
+        torch, F = self.torch, self.F
+        stream = torch.cuda.current_stream()
+        B, Hq, Hk, D = cfg.batch, cfg.heads_q, cfg.heads_kv, cfg.head_dim
+        if impl in ("flashattn", "flashattn_contig"):
+            decode, rt, fcfg = self.fa.decode, self.rt, self.cfg
+            paged = impl == "flashattn"
+            lse = [torch.empty((B, Hq, 1), device="cuda", dtype=torch.float32) for _ in sets]
+
+            def run(i):
+                s = sets[i]
+                if paged:
+                    decode(rt, fcfg, s["q"], s["kp"], s["vp"], meta["seqlens"],
+                           block_table=meta["table"], out=s["o"][impl], lse=lse[i], stream=stream)
+                else:
+                    decode(rt, fcfg, s["q"], s["k"], s["v"], meta["seqlens"], out=s["o"][impl],
+                           lse=lse[i], stream=stream)
+                return s["o"][impl]
+            return run
+        if impl == "sdpa":
+            g = Hq // Hk
+            # GQA without expanding K/V: the g query heads of a KV head are g
+            # query rows of that head (non-causal: the token sees every key).
+            views = [(s["q"].view(B, Hk, g, D), s["k"].transpose(1, 2), s["v"].transpose(1, 2))
+                     for s in sets]
+
+            def run(i):
+                q, k, v = views[i]
+                return F.scaled_dot_product_attention(q, k, v).view(B, 1, Hq, D)
+            return run
+        if impl == "fa2":
+            if self.fa2 is None:
+                raise RuntimeError("flash_attn not importable: " + self.fa2_why)
+            f = self.fa2
+
+            def run(i):
+                s = sets[i]
+                return f(s["q"], s["k"], s["v"], cache_seqlens=meta["seqlens"])
+            return run
+        if impl == "flashinfer":
+            if self.flashinfer is None:
+                raise RuntimeError("flashinfer not importable: " + self.flashinfer_why)
+            w = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.fi_workspace, "NHD")
+            indptr, indices, last = meta["fi_csr"]
+            plan = getattr(w, "plan", None) or w.begin_forward
+            try:
+                plan(indptr, indices, last, Hq, Hk, D, cfg.page_size, pos_encoding_mode="NONE",
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+            except TypeError:  # older FlashInfer: data_type=
+                plan(indptr, indices, last, Hq, Hk, D, cfg.page_size, pos_encoding_mode="NONE",
+                     data_type=torch.bfloat16)
+            fwd = getattr(w, "run", None) or w.forward
+            qs = [s["q"].view(B, Hq, D) for s in sets]
+
+            def run(i):
+                s = sets[i]
+                return fwd(qs[i], (s["kp"], s["vp"])).view(B, 1, Hq, D)
+            return run
+        raise ValueError(impl)
+
+    # ---- timing ------------------------------------------------------------------------
+
+    def time_impl(self, run, n_sets, est_ms):
+        """Warm-up, then reps runs rotated over the sets, each between CUDA
+        events, queued behind a sleep kernel. Returns a Rotation."""
+        torch, a = self.torch, self.args
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        nw = max(a.warmup, min(50, int(math.ceil(25.0 / max(est_ms, 1e-3)))))
+        t0 = time.perf_counter()
+        s.record()
+        for i in range(nw):
+            run(i % n_sets)
+        e.record()
+        host_ms = (time.perf_counter() - t0) * 1e3 / nw
+        e.synchronize()
+        gpu_ms = s.elapsed_time(e) / nw
+        reps = common.choose_reps(gpu_ms, a.target_ms, a.min_reps, a.max_reps)
+        rot = common.Rotation(n_sets)
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(reps)]
+        if self.cycles_per_ms:
+            torch.cuda._sleep(int(min(1000.0, reps * host_ms * 1.5 + 2.0) * self.cycles_per_ms))
+        idx = []
+        for es, ee in evs:
+            i = rot.next()
+            idx.append(i)
+            es.record()
+            run(i)
+            ee.record()
+        torch.cuda.synchronize()
+        for i, (es, ee) in zip(idx, evs):
+            rot.record(i, es.elapsed_time(ee))
+        return rot
+
+    def one_run_ms(self, run, i):
+        torch = self.torch
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record()
+        run(i)
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+
+    # ---- one grid point ----------------------------------------------------------------
+
+    def run_config(self, cfg, n_sets, copy_bw):
+        torch = self.torch
+        if cfg.lens != [cfg.context] * cfg.batch:
+            raise ValueError("the GPU part fills every sequence to the context length")
+        row = config_row(cfg, n_sets)
+        gen = torch.Generator(device="cuda").manual_seed(
+            1000003 * cfg.batch + 1009 * cfg.context + cfg.page_size)
+        _, table = plan_pages(cfg.lens, cfg.page_size, seed=cfg.batch * 31 + cfg.context)
+        table_t = torch.tensor(table, dtype=torch.int32, device="cuda")
+        meta = {"table": table_t,
+                "seqlens": torch.tensor(cfg.lens, dtype=torch.int32, device="cuda"),
+                "fi_csr": tuple(torch.tensor(x, dtype=torch.int32, device="cuda")
+                                for x in flashinfer_csr(table, cfg.lens, cfg.page_size))}
+        sets = [self.make_set(cfg, gen, table_t) for _ in range(n_sets)]
+        seqs = sorted({0, cfg.batch - 1})
+        ref = self.reference(cfg, sets[0], seqs)
+        idx = torch.tensor(seqs, device="cuda")
+        errs = {}
+        for impl in IMPLS:
+            p = impl + "_"
+            try:
+                with common._Warnings() as w:
+                    run = self.make_call(impl, cfg, sets, meta)
+                    if impl in sets[0]["o"]:  # poison: every element must be written
+                        sets[0]["o"][impl].fill_(float("nan"))
+                    o = run(0)
+                    torch.cuda.synchronize()
+            except Exception as ex:
+                row[p + "status"], row[p + "note"] = "n/a", common._reason(ex, w.messages)
+                continue
+            finite = bool(torch.isfinite(o).all().item())
+            d = o.index_select(0, idx).float() - ref
+            errs[impl] = (d.abs().max().item(), (d.norm() / ref.norm()).item())
+            row[p + "max_err"], row[p + "rel_err"] = errs[impl]
+            if not finite:
+                row[p + "note"] = "non-finite output (unwritten, or a NaN page read)"
+                errs[impl] = (float("nan"), float("nan"))
+            try:
+                est = self.one_run_ms(run, 1 % n_sets)
+                rot = self.time_impl(run, n_sets, est)
+            except Exception as ex:
+                row[p + "status"], row[p + "note"] = "error", common._reason(ex, [])
+                continue
+            sm = rot.summary()
+            row[p + "status"] = "ok"
+            row[p + "median_ms"], row[p + "min_ms"] = sm["median_ms"], sm["min_ms"]
+            row[p + "max_ms"], row[p + "reps"] = sm["max_ms"], sm["reps"]
+            if not rot.balanced():
+                row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation"
+        row["tol_ok"], row["tol_note"] = judge(errs)
+        del sets, ref
+        return finish_row(row, copy_bw)
+
+
+def versions(torch):
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for mod, key in (("flash_attn", "flash_attn"), ("flashinfer", "flashinfer")):
+        try:
+            m = __import__(mod)
+            out[key] = getattr(m, "__version__", "?")
+        except Exception as ex:
+            out[key] = "not importable (%s)" % common._reason(ex, [])[:120]
+    return out
+
+
+def run_bench(args):
+    try:
+        import torch
+    except ImportError as ex:
+        raise SystemExit("bench_decode: needs PyTorch (%s)" % ex)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_decode: torch sees no CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fa = common.import_flashattn()
+    t_start = time.time()
+    bench = DecodeBench(torch, fa, args)
+    smi_name, smi_driver = common.nvidia_smi()
+    gpu = torch.cuda.get_device_name(0)
+    info = bench.rt.info
+    date = datetime.datetime.now(datetime.timezone.utc)
+    meta = {"commit": common.git_commit(), "gpu": gpu, "sm": info.sm, "num_sms": info.num_sms,
+            "driver": smi_driver or "cuDriverGetVersion %d (no nvidia-smi)" % info.driver_version,
+            "cuda_driver_api": info.driver_version}
+    meta.update(versions(torch))
+    meta.update({"flashattn_library": os.path.realpath(fa.library_path()),
+                 "flashattn_version": fa.version(),
+                 "date": date.strftime("%Y-%m-%d %H:%M:%S UTC"), "min_reps": args.min_reps,
+                 "python": sys.version.split()[0],
+                 "timing": "CUDA events per call, median; %s while queuing" % (
+                     "torch.cuda._sleep hold" if bench.cycles_per_ms else "no sleep hold")})
+    copy_ms, copy_bw, copy_ok = bench.copy_bandwidth(args.copy_mib << 20)
+    meta["copy_gbps"] = "%.1f" % copy_bw
+    meta["copy"] = "torch copy_ of %d MiB, median %.3f ms, (read + write) / time%s" % (
+        args.copy_mib, copy_ms, "" if copy_ok else " (COPY CHECK FAILED)")
+    grid = decode_grid(tuple(int(x) for x in args.batches.split(",")),
+                       tuple(int(x) for x in args.contexts.split(",")),
+                       tuple(int(x) for x in args.page_sizes.split(",")))
+    meta["grid"] = "batch %s x context %s x page size %s: %d configs" % (
+        args.batches, args.contexts, args.page_sizes, len(grid))
+    meta["n_sets"] = "enough for %d MiB of K/V, at most %d" % (ROTATE_BYTES >> 20, MAX_SETS)
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu))
+    print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
+        gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
+    rows = []
+    deadline = time.time() + args.time_budget
+    for n, cfg in enumerate(grid):
+        t0 = time.time()
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        budget = int(free * 0.9) - (256 << 20)
+        n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget)
+        if time.time() > deadline or n_sets == 0:
+            row = config_row(cfg, n_sets)
+            why = "time budget" if time.time() > deadline else mem_reason(cfg, budget)
+            for i in IMPLS:
+                row[i + "_status"], row[i + "_note"] = "skipped", why
+            row = finish_row(row, copy_bw)
+            print("[%2d/%d] %-20s skipped: %s" % (n + 1, len(grid), cfg.describe(), why), flush=True)
+        else:
+            try:
+                row = bench.run_config(cfg, n_sets, copy_bw)
+            except Exception as ex:  # e.g. out of memory while building the sets
+                row = finish_row(config_row(cfg, n_sets), copy_bw)
+                for i in IMPLS:
+                    row[i + "_status"], row[i + "_note"] = "error", common._reason(ex, [])
+            print("[%2d/%d] %-20s %s  tol %s (%d sets, %.1fs)" % (
+                n + 1, len(grid), cfg.describe(),
+                "  ".join("%s %s" % (i, common._f(row.get(i + "_gbps"), "%.0f")) for i in IMPLS),
+                {True: "ok", False: "FAIL", None: "-"}[row.get("tol_ok")] +
+                (" (" + row["tol_note"] + ")" if row.get("tol_note") else ""),
+                n_sets, time.time() - t0), flush=True)
+        rows.append(row)
+    meta["wall_s"] = "%.0f" % (time.time() - t_start)
+    write_csv(base + ".csv", rows, meta)
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    extra = []
+    if args.tests_summary and os.path.exists(args.tests_summary):
+        with open(args.tests_summary) as f:
+            extra.append(("GPU tests (bench/run_gpu.sh)", f.read()))
+    write_markdown(base + ".md", meta, rows, extra)
+    print("\n" + markdown_table(rows))
+    print("\nwrote %s.{csv,json,md} in %.0f s" % (base, time.time() - t_start))
+    return 3 if any(r.get("tol_ok") is False for r in rows) else 0
+
+
+def print_base_name():
+    name, _ = common.nvidia_smi()
+    if name is None:
+        try:
+            import torch
+            name = torch.cuda.get_device_name(0)
+        except Exception:
+            name = "unknown-gpu"
+    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    p.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--min-reps", type=int, default=20)
+    p.add_argument("--max-reps", type=int, default=200)
+    p.add_argument("--target-ms", type=float, default=100.0,
+                   help="timed GPU work per implementation and config")
+    p.add_argument("--time-budget", type=float, default=240.0,
+                   help="seconds for the grid; later configs are recorded as skipped")
+    p.add_argument("--copy-mib", type=int, default=2048, help="size of the copy-bandwidth test")
+    p.add_argument("--quick", action="store_true", help="batch 1,64 x context 512,4096")
+    p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
+    p.add_argument("--print-base-name", action="store_true")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.batches, a.contexts = "1,64", "512,4096"
+    if a.min_reps < 20:
+        p.error("--min-reps must be >= 20 (the method asks for a median of at least 20 runs)")
+    for name in ("batches", "contexts", "page_sizes"):
+        try:
+            vals = [int(x) for x in getattr(a, name).split(",")]
+        except ValueError:
+            p.error("--%s: comma-separated integers" % name.replace("_", "-"))
+        if not vals or min(vals) < 1:
+            p.error("--%s: values must be >= 1" % name.replace("_", "-"))
+    return a
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    if a.print_base_name:
+        print_base_name()
+        return 0
+    return run_bench(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

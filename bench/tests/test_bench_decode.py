@@ -1,0 +1,293 @@
+"""Torch-free parts of bench/bench_decode.py: grid, byte and FLOP counts,
+GB/s and % of copy, input-set rotation under a memory budget, the page
+re-layout (block table, pool rows, FlashInfer's CSR table), CSV and
+markdown; and, when NumPy and a built library are there, the page re-layout
+fed through the Python binding on the emulator against the contiguous cache."""
+
+import math
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_decode as b  # noqa: E402
+
+
+def test_module_does_not_import_torch():
+    assert "torch" not in sys.modules
+
+
+def test_grid_covers_every_point_smallest_first():
+    g = b.decode_grid()
+    assert len(g) == 4 * 3 * 2
+    assert {(c.batch, c.context, c.page_size) for c in g} == {
+        (x, y, z) for x in (1, 8, 64, 256) for y in (512, 4096, 32768) for z in (1, 16)}
+    sizes = [c.batch * c.context for c in g]
+    assert sizes == sorted(sizes)  # a time budget cuts the largest caches
+    for c in g:
+        assert (c.heads_q, c.heads_kv, c.head_dim, c.head_dim_v, c.seqlen_q, c.dtype) == (
+            32, 8, 128, 128, 1, "bf16")
+    # the two page sizes of one (batch, context) are neighbours
+    for i in range(0, len(g), 2):
+        assert (g[i].batch, g[i].context) == (g[i + 1].batch, g[i + 1].context)
+        assert {g[i].page_size, g[i + 1].page_size} == {1, 16}
+
+
+def test_bytes_and_flops():
+    c = b.DecodeConfig(8, 4096, 16)
+    kv = 8 * 4096 * 8 * (128 + 128) * 2
+    assert c.kv_bytes == kv == 134217728
+    assert c.q_bytes == c.o_bytes == 8 * 32 * 128 * 2
+    assert c.bytes_moved == kv + 2 * 8 * 32 * 128 * 2
+    assert c.flops == 2 * 32 * 8 * 4096 * 256
+    # Only the valid keys count: shorter sequences read fewer bytes.
+    s = b.DecodeConfig(3, 100, 16, heads_q=4, heads_kv=2, head_dim=64, head_dim_v=32,
+                       lens=[100, 7, 0])
+    assert s.kv_bytes == 107 * 2 * (64 + 32) * 2
+    assert s.q_bytes == 3 * 4 * 64 * 2 and s.o_bytes == 3 * 4 * 32 * 2
+    assert s.flops == 2 * 4 * 107 * 96
+    # The caches the GPU part allocates: contiguous at full length, and pages.
+    assert s.contiguous_bytes() == 3 * 100 * 2 * 96 * 2
+    assert s.pool_pages() == 3 * 7 + b.SPARE_PAGES
+    assert s.pool_bytes() == s.pool_pages() * 16 * 2 * 96 * 2
+    assert s.set_bytes() == s.contiguous_bytes() + s.pool_bytes() + s.q_bytes + s.o_bytes
+    with pytest.raises(ValueError):
+        b.DecodeConfig(2, 10, 1, lens=[11, 1])
+    with pytest.raises(ValueError):
+        b.DecodeConfig(2, 10, 0)
+    with pytest.raises(ValueError):
+        b.DecodeConfig(2, 10, 1, heads_q=12, heads_kv=8)
+
+
+def test_gbps_and_pct_of_copy():
+    assert b.gbps(3e9, 1000.0) == pytest.approx(3.0)
+    assert b.gbps(2e9, 0.5) == pytest.approx(4000.0)
+    assert b.gbps(1, None) is None and b.gbps(1, 0.0) is None
+    # a copy moves its bytes twice (read + write)
+    assert b.copy_gbps(1e9, 1.0) == pytest.approx(2000.0)
+    assert b.pct(1500.0, 3000.0) == pytest.approx(50.0)
+    assert b.pct(None, 3000.0) is None and b.pct(1.0, 0.0) is None
+
+
+def test_input_sets_fill_l2_and_respect_memory():
+    gib = 1 << 30
+    small = b.DecodeConfig(1, 512, 16)  # 2 MiB of K/V per set
+    assert small.kv_bytes == 2 << 20
+    n = b.n_sets_for(small.kv_bytes, small.set_bytes(), 70 * gib)
+    assert n == b.MAX_SETS and n * small.kv_bytes >= 50e6  # over an H100's L2
+    mid = b.DecodeConfig(8, 4096, 16)  # 128 MiB per set: two sets reach 256 MiB
+    assert b.n_sets_for(mid.kv_bytes, mid.set_bytes(), 70 * gib) == 2
+    assert b.n_sets_for(mid.kv_bytes, mid.set_bytes(), mid.set_bytes() + 1) == 1
+    big = b.DecodeConfig(256, 32768, 16)
+    assert big.kv_bytes == 256 * 32768 * 8 * 256 * 2  # 32 GiB
+    assert big.set_bytes() > 64 * gib
+    assert b.n_sets_for(big.kv_bytes, big.set_bytes(), 70 * gib) == 1
+    assert b.n_sets_for(big.kv_bytes, big.set_bytes(), 40 * gib) == 0
+    why = b.mem_reason(big, 40 * gib)
+    assert "GiB" in why and "40.0 GiB usable" in why
+
+
+def test_plan_pages_shuffles_distinct_pages():
+    lens = [40, 17, 0, 33]
+    num_pages, table = b.plan_pages(lens, 16, seed=3)
+    assert len(table) == 4 and all(len(r) == 3 for r in table)  # ceil(40 / 16)
+    assert num_pages == 4 * 3 + b.SPARE_PAGES
+    flat = [p for r in table for p in r]
+    assert len(set(flat)) == len(flat) and all(0 <= p < num_pages for p in flat)
+    assert len(set(range(num_pages)) - set(flat)) == b.SPARE_PAGES
+    assert flat != sorted(flat)  # shuffled
+    assert b.plan_pages(lens, 16, seed=3) == (num_pages, table)  # deterministic
+    assert b.plan_pages(lens, 16, seed=4)[1] != table
+    n2, t2 = b.plan_pages(lens, 16, max_pages=5, spare=0)
+    assert n2 == 20 and all(len(r) == 5 for r in t2)
+    with pytest.raises(ValueError):
+        b.plan_pages(lens, 16, max_pages=2)
+    with pytest.raises(ValueError):
+        b.plan_pages(lens, 0)
+    assert b.plan_pages([1, 1], 1)[0] == 2 + b.SPARE_PAGES
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_token_rows_map_keys_to_their_page_and_slot(page_size):
+    lens = [40, 17, 0, 33]
+    num_pages, table = b.plan_pages(lens, page_size, seed=11)
+    rows = b.token_rows(table, lens, page_size)
+    assert [len(r) for r in rows] == lens
+    every = [x for r in rows for x in r]
+    assert len(set(every)) == len(every)  # no two keys share a row
+    assert all(0 <= x < num_pages * page_size for x in every)
+    for bi, r in enumerate(rows):
+        for j, x in enumerate(r):
+            assert x // page_size == table[bi][j // page_size] and x % page_size == j % page_size
+    # the rows of a sequence's keys fill its first pages, in order within a page
+    for bi, n in enumerate(lens):
+        used = {x // page_size for x in rows[bi]}
+        assert used == set(table[bi][:b.pages_per_seq(n, page_size)])
+
+
+def test_flashinfer_csr_matches_block_table():
+    lens = [40, 16, 0, 1]
+    _, table = b.plan_pages(lens, 16, seed=2)
+    indptr, indices, last = b.flashinfer_csr(table, lens, 16)
+    assert indptr == [0, 3, 4, 4, 5]
+    assert indices == table[0][:3] + table[1][:1] + table[3][:1]
+    assert last == [8, 16, 0, 1]
+    # page size 1: every page full
+    _, t1 = b.plan_pages([3, 2], 1)
+    ip, ix, lp = b.flashinfer_csr(t1, [3, 2], 1)
+    assert ip == [0, 3, 5] and ix == t1[0] + t1[1][:2] and lp == [1, 1]
+
+
+def test_judge_uses_the_other_libraries_as_baseline():
+    others = {"sdpa": (1e-3, 2e-3), "fa2": (8e-4, 2e-3), "flashinfer": (9e-4, 2e-3)}
+    ok, note = b.judge(dict(others, flashattn=(1.5e-3, 3e-3), flashattn_contig=(1.5e-3, 3e-3)))
+    assert ok is True and note == ""
+    # 2 x FA2's 8e-4 < 1.7e-3; flashattn's own contiguous run is no baseline
+    ok, note = b.judge(dict(others, flashattn=(1.7e-3, 3e-3), flashattn_contig=(1e-4, 1e-4)))
+    assert ok is False and "max err" in note
+    ok, note = b.judge(dict(others, flashattn=(1e-3, 3e-3),
+                            flashattn_contig=(float("nan"), float("nan"))))
+    assert ok is False and note.startswith("contiguous: non-finite")
+    ok, note = b.judge({"flashattn": (1e-3, 3e-3)})  # nothing else ran
+    assert ok is True and "rel err only" in note
+    assert b.judge({"sdpa": (1e-3, 1e-3)})[0] is None
+
+
+def _row(cfg, ms, copy_bw=3000.0):
+    r = b.config_row(cfg, 4)
+    for i, t in zip(b.IMPLS, ms):
+        if t is None:
+            r[i + "_status"], r[i + "_note"] = "n/a", "RuntimeError: flash_attn not importable: x"
+        else:
+            r[i + "_status"], r[i + "_median_ms"], r[i + "_min_ms"] = "ok", t, t * 0.9
+            r[i + "_max_ms"], r[i + "_reps"] = t * 1.2, 40
+            r[i + "_max_err"], r[i + "_rel_err"] = 2e-3, 3e-3
+    r["tol_ok"], r["tol_note"] = True, ""
+    return b.finish_row(r, copy_bw)
+
+
+def test_finish_row_ratios():
+    cfg = b.DecodeConfig(64, 4096, 16)
+    r = _row(cfg, [0.5, 0.55, 1.0, None, 0.4])
+    assert r["flashattn_gbps"] == pytest.approx(cfg.bytes_moved / 0.5e-3 / 1e9)
+    assert r["flashattn_pct_copy"] == pytest.approx(100 * r["flashattn_gbps"] / 3000.0)
+    assert r["ratio_vs_sdpa"] == pytest.approx(2.0)  # half the time
+    assert r["ratio_vs_flashinfer"] == pytest.approx(0.8)
+    assert r["ratio_vs_fa2"] is None and r["fa2_gbps"] is None
+    assert r["copy_gbps"] == 3000.0
+
+
+def test_csv_round_trip(tmp_path):
+    rows = [_row(c, [0.1 + i, 0.2, 0.3, None, 0.15]) for i, c in enumerate(b.decode_grid()[:6])]
+    rows[2]["tol_ok"], rows[2]["tol_note"] = False, "rel err 0.02 > 1e-02"
+    meta = {"commit": "abc (+ uncommitted changes)", "gpu": "NVIDIA H100 80GB HBM3",
+            "driver": "580.1", "copy_gbps": "2900.5", "date": "2026-11-25"}
+    p = tmp_path / "d.csv"
+    b.write_csv(str(p), rows, meta)
+    assert p.read_text().startswith("# commit: abc")
+    m2, r2 = b.read_csv(str(p))
+    assert m2 == meta and len(r2) == len(rows)
+    for a, c in zip(rows, r2):
+        for k in b.FIELDS:
+            va = a.get(k)  # floats round-trip exactly (repr); empty text reads back as None
+            assert c[k] == (None if va == "" else va), k
+    assert r2[2]["tol_ok"] is False and r2[0]["tol_ok"] is True
+    assert "not importable" in r2[0]["fa2_note"]
+    with pytest.raises(ValueError):
+        b.write_csv(str(tmp_path / "e.csv"), [{"batch": 1, "bogus": 2}], {})
+
+
+def test_markdown(tmp_path):
+    g = b.decode_grid(batches=(8,), contexts=(4096,))
+    rows = [_row(c, [0.5, 0.55, 1.0, None, 0.4]) for c in g]
+    rows[1]["tol_ok"], rows[1]["tol_note"] = False, "max err 1 > 2x x"
+    skipped = b.finish_row(b.config_row(b.DecodeConfig(256, 32768, 16), 0), 3000.0)
+    for i in b.IMPLS:
+        skipped[i + "_status"], skipped[i + "_note"] = "skipped", "needs 64.0 GiB"
+    p = tmp_path / "d.md"
+    b.write_markdown(str(p), {"gpu": "G", "date": "D", "commit": "C", "copy_gbps": "3000.0"},
+                     rows + [skipped], [("GPU tests", "test_gpu: Passed")])
+    t = p.read_text()
+    gb = rows[0]["bytes"] / 0.5e-3 / 1e9
+    assert "| 8 | 4096 | 1 | %.1f | %.0f (%.0f%%) |" % (
+        rows[0]["bytes"] / 1e6, gb, 100 * gb / 3000.0) in t
+    assert "n/a (RuntimeError: flash_attn not importable: x)" in t
+    assert "| 0.800 | n/a | 2.000 |" in t  # fa/FlashInfer, fa/FA2, fa/SDPA
+    assert "skipped (needs 64.0 GiB)" in t
+    assert "**FAIL**" in t and "Out of tolerance: b8 ctx4096 ps16" in t
+    assert "- copy_gbps: 3000.0" in t and "test_gpu: Passed" in t
+    for label in b.LABELS.values():
+        assert label in t
+
+
+def test_result_base_and_args():
+    assert b.result_base("2026-11-25", "NVIDIA H100 80GB HBM3") == "2026-11-25-h100-80gb-hbm3-decode"
+    a = b.parse_args(["--quick"])
+    assert (a.batches, a.contexts, a.page_sizes) == ("1,64", "512,4096", "1,16")
+    for bad in (["--min-reps", "5"], ["--page-sizes", "0,16"], ["--batches", "x"]):
+        with pytest.raises(SystemExit):
+            b.parse_args(bad)
+
+
+# ---- the re-layout through the library (emulator) ------------------------------
+
+def _binding():
+    np = pytest.importorskip("numpy")
+    lib = b.common.library_path()
+    if lib is None:
+        pytest.skip("no built libflashattn.so.0 (build/ or FLASHATTN_LIBRARY)")
+    os.environ["FLASHATTN_LIBRARY"] = lib
+    sys.path.insert(0, os.path.join(b.common.ROOT, "bindings", "python"))
+    try:
+        import flashattn as fa
+        fa.load_library()
+    except Exception as ex:  # the binding or library cannot load here
+        pytest.skip("flashattn binding: %s" % ex)
+    return np, fa
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_paged_relayout_matches_contiguous_on_emulator(page_size, tmp_path, monkeypatch):
+    """The bench's page pool (plan_pages + token_rows, NaN in every row no
+    key uses) decodes to exactly the contiguous cache's bits through the
+    binding's block_table path, as the GPU part calls it."""
+    np, fa = _binding()
+    monkeypatch.setenv("FLASHATTN_CACHE_DIR", str(tmp_path))
+    B, L, Hq, Hk, D = 3, 40, 8, 2, 64
+    lens = [40, 17, 33]
+    rng = np.random.default_rng(page_size)
+    q = rng.standard_normal((B, 1, Hq, D)).astype(np.float32)
+    k = rng.standard_normal((B, L, Hk, D)).astype(np.float32)
+    v = rng.standard_normal((B, L, Hk, D)).astype(np.float32)
+    num_pages, table = b.plan_pages(lens, page_size, seed=5)
+    rows = b.token_rows(table, lens, page_size)
+    kp = np.full((num_pages * page_size, Hk, D), np.nan, dtype=np.float32)
+    vp = np.full_like(kp, np.nan)
+    for bi, r in enumerate(rows):
+        kp[r] = k[bi, :lens[bi]]
+        vp[r] = v[bi, :lens[bi]]
+    kp = kp.reshape(num_pages, page_size, Hk, D)
+    vp = vp.reshape(num_pages, page_size, Hk, D)
+    seqlens = np.array(lens, dtype=np.int32)
+    with fa.Runtime(backend="emulator", cache="memory") as rt:
+        cfg = fa.Config(dtype="fp16", head_dim=D, num_heads_q=Hq, num_heads_kv=Hk)
+        o_flat, lse_flat = fa.decode(rt, cfg, q, k, v, seqlens)
+        o_paged, lse_paged = fa.decode(rt, cfg, q, kp, vp, seqlens,
+                                       block_table=np.array(table, dtype=np.int32))
+        cfg.close()
+    assert np.isfinite(np.asarray(o_paged, dtype=np.float32)).all()
+    assert np.array_equal(np.asarray(o_paged), np.asarray(o_flat))
+    assert np.array_equal(lse_paged, lse_flat)
+    # and the values are attention over each sequence's keys (fp64 on the
+    # fp16-rounded inputs the binding uploads)
+    r16 = lambda x: x.astype(np.float16).astype(np.float64)  # noqa: E731
+    for bi, n in enumerate(lens):
+        qq = r16(q[bi, 0]).reshape(Hk, Hq // Hk, D)
+        kk, vv = r16(k[bi, :n]), r16(v[bi, :n])
+        s = np.einsum("hgd,nhd->hgn", qq, kk) / math.sqrt(D)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = np.einsum("hgn,nhd->hgd", p / p.sum(-1, keepdims=True), vv).reshape(Hq, D)
+        got = np.asarray(o_paged, dtype=np.float64)[bi, 0]
+        assert np.abs(got - ref).max() < 1e-2

@@ -1,0 +1,452 @@
+// sm_90a forward generator: FlashAttention-3's structure (Shah, Bikshandi,
+// Zhang, Thakkar, Ramani, Dao, 2024) on wgmma and TMA.
+//
+// A CTA of three warpgroups owns block_m = 128 query rows of one (batch,
+// head). Warpgroup 0 is the producer: one thread issues TMA copies
+// (cp.async.bulk.tensor) of Q once and of K and V tile by tile into a ring
+// of `stages` buffers; each buffer has a "full" mbarrier (the copy's bytes,
+// expect_tx / complete_tx) and an "empty" one (every consumer thread arrives
+// when done with it). Warpgroups 1 and 2 are consumers of 64 rows each: per
+// K/V tile S = Q K^T (wgmma, both operands in shared memory through matrix
+// descriptors, 128-byte swizzle), the mask where the tile needs one, the
+// online softmax (tile::OnlineSoftmax: the accumulator of wgmma m64nNk16 is,
+// per warp, the mma.m16n8 C layout), then O += P V with P packed from the S
+// registers as wgmma's register A operand and V read N-major (trans-b).
+// setmaxnreg moves registers from the producer to the consumers. K/V tiles
+// are visited from the last to the first, as in the mma.sync forward.
+// Layouts and descriptors: docs/kernels.md, "Forward on sm_90a".
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
+
+namespace fa {
+namespace kgen {
+namespace {
+
+using tile::AccTile;
+using tile::Frag4;
+
+constexpr int kAtomBytes = 128;  // one 128-byte-swizzled row: 64 16-bit values
+constexpr int kAtomCols = 64;
+constexpr int kProducerRegs = 40;  // setmaxnreg: 40 x 128 + 232 x 256 <= 64K
+constexpr int kConsumerRegs = 232;
+
+// Dynamic shared memory (every tile 1024-byte aligned, as the 128-byte
+// swizzle pattern repeats every 1024 bytes): Q as qa column atoms of
+// [128 rows][128 B]; `stages` K buffers of qa atoms of [block_n][128 B];
+// `stages` V buffers of va atoms of [block_n][128 B]; then the mbarriers
+// q_full, k_full[s], k_empty[s], v_full[s], v_empty[s] (8 bytes each).
+struct Layout {
+  int qa = 0, va = 0;  // 64-column atoms of head_dim and head_dim_v
+  uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
+  uint32_t bars = 0, total = 0;
+  uint32_t q_full() const { return bars; }
+  uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
+  uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t v_full(int s, int S) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t v_empty(int s, int S) const { return v_full(S, S) + 8 * static_cast<uint32_t>(s); }
+};
+
+Layout layout(const KernelSpec &s) {
+  Layout l;
+  l.qa = (s.head_dim + kAtomCols - 1) / kAtomCols;
+  l.va = (s.head_dim_v + kAtomCols - 1) / kAtomCols;
+  l.q_atom = static_cast<uint32_t>(s.block_m) * kAtomBytes;
+  l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
+  l.q = 0;
+  l.k_stage = static_cast<uint32_t>(l.qa) * l.kv_atom;
+  l.v_stage = static_cast<uint32_t>(l.va) * l.kv_atom;
+  l.k = l.q + static_cast<uint32_t>(l.qa) * l.q_atom;
+  l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
+  l.bars = l.v + static_cast<uint32_t>(s.stages) * l.v_stage;
+  l.total = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages));
+  return l;
+}
+
+// A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format")
+// without its start address: LBO and SBO encoded >> 4, 128-byte swizzle
+// (mode 1 in bits 62-63), base offset 0 (every tile starts on 1024 bytes).
+uint64_t desc_bits(uint32_t lbo, uint32_t sbo) {
+  return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+class ForwardWgmmaGen {
+ public:
+  explicit ForwardWgmmaGen(const KernelSpec &spec)
+      : spec_(spec),
+        lay_(layout(spec)),
+        b_(entry_name(spec), sizeof(WgmmaParams)),
+        e_(b_),
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+    S_ = spec.stages;
+    nS_ = spec.block_n / 8;
+    kD_ = (spec.head_dim + 15) / 16;
+    nv_ = (spec.head_dim_v + 7) / 8 * 8;  // wgmma N of O += P V
+    nO_ = nv_ / 8;
+    kP_ = spec.block_n / 16;
+  }
+
+  std::string run() {
+    b_.comment(spec_.describe());
+    char perf[200];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=384 compute_warps=8 block_m=%d block_n=%d "
+                  "rows_per_warp=16",
+                  lay_.total, spec_.block_m, spec_.block_n);
+    b_.comment(perf);
+    b_.set_arch_specific(true);
+    b_.set_param_align(64);
+    b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
+    setup();
+    prologue();
+    ptx::Label consumer = b_.label(), done = b_.label();
+    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(4))).bra(consumer);
+    producer();
+    b_.bra(done);
+    b_.bind(consumer);
+    consumers();
+    b_.bind(done);
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 384);
+  }
+
+ private:
+  using P = ForwardParams;
+
+  void setup() {
+    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
+    smem_sym_ = b_.extern_shared("smem", 1024);
+    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
+  }
+
+  // ---- every thread: the CTA's rows and key range; barriers set up ----
+  void prologue() {
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg wl = e_.param(Type::S32, f + offsetof(P, window_left));
+    Reg wr = e_.param(Type::S32, f + offsetof(P, window_right));
+    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
+    Reg hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
+    Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
+    m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
+    sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
+    sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    // Query i sees keys [i + sk - sq - wl, i + sk - sq + wr] within [0, sk):
+    // the CTA's keys are the union over its rows, from a block_n-aligned
+    // start; a tile in [lean_lo, lean_hi] is visible to every row.
+    Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
+    Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0_, imm(spec_.block_m)), sq_);
+    b_.op(Op::Sub, Type::S32, last, last, imm(1));
+    Reg dfirst = e_.op(Op::Add, Type::S32, m0_, shift);
+    Reg dlast = e_.op(Op::Add, Type::S32, last, shift);
+    n_begin_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dfirst, wl), imm(0));
+    b_.op(Op::And, Type::B32, n_begin_, n_begin_, imm(-spec_.block_n));
+    Reg n_end = e_.op(Op::Add, Type::S32, dlast, wr);
+    b_.op(Op::Add, Type::S32, n_end, n_end, imm(1));
+    b_.op(Op::Min, Type::S32, n_end, n_end, sk_);
+    empty_ = e_.setp(Cmp::Ge, Type::S32, n_begin_, n_end);
+    top_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, n_end, imm(1)), n_begin_);
+    b_.op(Op::Max, Type::S32, top_, top_, imm(0));
+    b_.op(Op::And, Type::B32, top_, top_, imm(-spec_.block_n));
+    b_.op(Op::Add, Type::S32, top_, top_, n_begin_);
+    lean_lo_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dlast, wl), n_begin_);
+    // lean_hi = min(m0 + sk - sq + wr + 1, sk) - block_n
+    lean_hi_ = e_.op(Op::Add, Type::S32, dfirst, wr);
+    b_.op(Op::Add, Type::S32, lean_hi_, lean_hi_, imm(1));
+    b_.op(Op::Min, Type::S32, lean_hi_, lean_hi_, sk_);
+    b_.op(Op::Sub, Type::S32, lean_hi_, lean_hi_, imm(spec_.block_n));
+
+    b_.comment(
+        "mbarriers: full = the producer's arrival + the copy's bytes; empty = 256 consumers");
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(1));
+    for (int s = 0; s < S_; ++s) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
+    }
+    b_.fence_proxy_async();  // the inits, visible to the copy engine
+    b_.bar_sync();
+  }
+
+  // Spins until the mbarrier at smem + off (plus a register offset) has
+  // completed the phase of this parity.
+  void wait(Reg addr, int off, Reg parity) {
+    ptx::Label spin = b_.label();
+    Reg p = b_.pred();
+    b_.bind(spin);
+    b_.mbarrier_try_wait_parity(p, at(addr, off), parity);
+    b_.unless(p).bra(spin);
+  }
+
+  // Stage of tile number `it`: s = it % S, parity (it / S) & 1.
+  void stage_of(Reg it, Reg *s, Reg *parity) {
+    *s = e_.op(Op::Rem, Type::U32, it, imm(S_));
+    *parity = e_.op(Op::And, Type::B32, e_.op(Op::Div, Type::U32, it, imm(S_)), imm(1));
+  }
+
+  // ---- warpgroup 0: one thread issues every TMA copy ----
+  void producer() {
+    b_.setmaxnreg(false, kProducerRegs);
+    ptx::Label out = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(out);
+    Reg pa = b_.b64();
+    b_.param_address(pa);
+    Reg tq =
+        e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_q))));
+    Reg tk =
+        e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_k))));
+    Reg tv =
+        e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_v))));
+    b_.comment("Q: qa boxes of [128 rows][64 columns]");
+    b_.mbarrier_arrive_expect_tx(at(smem_, lay_.q_full()),
+                                 imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
+    for (int a = 0; a < lay_.qa; ++a) {
+      Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), m0_, h_, bz_};
+      b_.cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c, 4,
+                              at(smem_, lay_.q_full()));
+    }
+    b_.when(empty_).bra(out);
+    b_.comment("K and V tiles, last to first, into the ring");
+    Reg n = e_.mov(Type::S32, top_), it = e_.mov(Type::U32, imm(0));
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    Reg s, ph;
+    stage_of(it, &s, &ph);
+    Reg free_ph = e_.op(Op::Xor, Type::B32, ph, imm(1));  // a fresh buffer counts as freed
+    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    for (int kv = 0; kv < 2; ++kv) {
+      const int atoms = kv ? lay_.va : lay_.qa;
+      const uint32_t stage_bytes = kv ? lay_.v_stage : lay_.k_stage;
+      const uint32_t base = kv ? lay_.v : lay_.k;
+      wait(bar, static_cast<int>(kv ? lay_.v_empty(0, S_) : lay_.k_empty(0, S_)), free_ph);
+      const int full = static_cast<int>(kv ? lay_.v_full(0, S_) : lay_.k_full(0));
+      b_.mbarrier_arrive_expect_tx(at(bar, full), imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
+      Reg dst = e_.op(Op::MadLo, Type::U32, s, imm(stage_bytes), smem_);
+      for (int a = 0; a < atoms; ++a) {
+        Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), n, kvh_, bz_};
+        b_.cp_async_bulk_tensor(at(dst, base + static_cast<uint32_t>(a) * lay_.kv_atom),
+                                kv ? tv : tk, c, 4, at(bar, full));
+      }
+    }
+    b_.op(Op::Add, Type::U32, it, it, imm(1));
+    b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, n_begin_)).bra(top);
+    b_.bind(out);
+  }
+
+  // ---- warpgroups 1 and 2: 64 rows each ----
+  void consumers() {
+    b_.setmaxnreg(true, kConsumerRegs);
+    Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
+    ln_ = tile::make_lanes(e_, lane);
+    // wg = warp / 4 - 1: rows 64 wg .. 64 wg + 63 of the CTA; this warp's
+    // 16 rows start at wrow = 16 (warp - 4).
+    Reg wg = e_.op(Op::Sub, Type::U32, e_.op(Op::Shr, Type::U32, warp_, imm(2)), imm(1));
+    wrow_ = e_.op(Op::MulLo, Type::U32, e_.op(Op::Sub, Type::U32, warp_, imm(4)), imm(16));
+    // Descriptors (start address >> 4 in bits 0-13): Q K-major (its
+    // warpgroup's 64 rows), K K-major, V N-major; SBO = 8 rows of 128 B,
+    // V's LBO = the next 64-column atom.
+    Reg qaddr = e_.op(Op::MadLo, Type::U32, wg, imm(64 * kAtomBytes), smem_);
+    qdesc_ = desc(qaddr, lay_.q, desc_bits(16, 1024));
+    kdesc0_ = desc(smem_, lay_.k, desc_bits(16, 1024));
+    vdesc0_ = desc(smem_, lay_.v, desc_bits(lay_.kv_atom, 1024));
+
+    s_ = tile::acc_tile(b_, nS_);
+    o_ = tile::acc_tile(b_, nO_);
+    tile::zero(b_, o_);
+    for (const Frag4 &f : s_.f)
+      for (Reg r : f) s_flat_.push_back(r);
+    for (const Frag4 &f : o_.f)
+      for (Reg r : f) o_flat_.push_back(r);
+    for (int t = 0; t < kP_; ++t) pa_.push_back(tile::frag4(b_));
+    const size_t f = offsetof(WgmmaParams, f);
+    score_scale_ = e_.param(Type::F32, f + offsetof(P, score_scale));
+    if (spec_.softcap)
+      cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
+                            e_.param(Type::F32, f + offsetof(P, softcap_log2)));
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
+
+    wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
+    ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label();
+    b_.when(empty_).bra(done);
+    n_ = e_.mov(Type::S32, top_);
+    it_ = e_.mov(Type::U32, imm(0));
+    Reg p = b_.pred(), t = b_.pred();
+    auto is_lean = [&]() {  // p = lean_lo <= n <= lean_hi
+      b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
+      b_.setp(Cmp::Le, Type::S32, t, n_, lean_hi_);
+      b_.op(Op::And, Type::Pred, p, p, t);
+    };
+    is_lean();
+    b_.when(p).bra(lean);
+    b_.bind(masked);
+    b_.comment("masked K/V tile (diagonal, window edge or seqlen_k tail)");
+    body(true);
+    b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
+    b_.when(p).bra(done);
+    is_lean();
+    b_.unless(p).bra(masked);
+    b_.bind(lean);
+    b_.comment("lean K/V tile: every key visible to every row");
+    body(false);
+    b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
+    b_.when(p).bra(lean);
+    b_.setp(Cmp::Ge, Type::S32, p, n_, n_begin_);
+    b_.when(p).bra(masked);
+    b_.bind(done);
+    epilogue();
+  }
+
+  // (addr + off) >> 4 in bits 0-13, or'ed with the layout bits.
+  Reg desc(Reg addr, uint32_t off, uint64_t bits) {
+    Reg a = e_.op(Op::Add, Type::U32, addr, imm(off));
+    b_.op(Op::Shr, Type::U32, a, a, imm(4));
+    b_.op(Op::And, Type::B32, a, a, imm(0x3fff));
+    Reg d = b_.b64();
+    b_.cvt(Type::U64, Type::U32, ptx::Round::None, d, a);
+    b_.op(Op::Or, Type::B64, d, d, imm(static_cast<int64_t>(bits)));
+    return d;
+  }
+
+  void body(bool masked) {
+    Reg s, ph;
+    stage_of(it_, &s, &ph);
+    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    // The stage's descriptors: start addresses move by whole stages.
+    Reg kd = e_.op(Op::MadLo, Type::U32, s, imm(lay_.k_stage >> 4), imm(0));
+    Reg kdesc = b_.b64(), vdesc = b_.b64();
+    b_.cvt(Type::U64, Type::U32, ptx::Round::None, kdesc, kd);
+    b_.op(Op::Add, Type::S64, kdesc, kdesc, kdesc0_);
+    Reg vd = e_.op(Op::MulLo, Type::U32, s, imm(lay_.v_stage >> 4));
+    b_.cvt(Type::U64, Type::U32, ptx::Round::None, vdesc, vd);
+    b_.op(Op::Add, Type::S64, vdesc, vdesc, vdesc0_);
+
+    b_.comment("S = Q K^T");
+    wait(bar, static_cast<int>(lay_.k_full(0)), ph);
+    b_.wgmma_fence();
+    for (int kk = 0; kk < kD_; ++kk) {
+      // k16 slice kk: atom kk / 4, 32 bytes per slice within it.
+      const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
+      const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
+      Reg qd = e_.op(Op::Add, Type::S64, qdesc_, imm(qoff));
+      Reg kdd = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
+      b_.wgmma_ss(half_, spec_.block_n, s_flat_.data(), qd, kdd, imm(kk == 0 ? 0 : 1), false);
+    }
+    b_.wgmma_commit();
+    b_.wgmma_wait(0);
+    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
+    if (spec_.softcap)
+      for (const Frag4 &fr : s_.f)
+        for (Reg x : fr) scale_score(e_, x, score_scale_, cap_);
+    if (masked) mask();
+    softmax_->step({s_}, {o_});
+    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    b_.comment("O += P V");
+    wait(bar, static_cast<int>(lay_.v_full(0, S_)), ph);
+    b_.wgmma_fence();
+    for (int t = 0; t < kP_; ++t) {
+      // Keys 16 t .. 16 t + 15: 16 rows of 128 B further in each V atom.
+      Reg vdd = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(t) * 16 * kAtomBytes) >> 4));
+      b_.wgmma_rs(half_, nv_, o_flat_.data(), pa_[t].data(), vdd, imm(1), true);
+    }
+    b_.wgmma_commit();
+    b_.wgmma_wait(0);
+    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.v_empty(0, S_))));
+    b_.op(Op::Add, Type::U32, it_, it_, imm(1));
+    b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
+  }
+
+  // Keys outside a row's [lo, hi) = [max(diag - wl, 0), min(diag + wr + 1,
+  // sk)) become -inf; element (j, x) of row half h holds key n + 8j + 2q + x.
+  void mask() {
+    b_.comment("mask");
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg wl = e_.param(Type::S32, f + offsetof(P, window_left));
+    Reg wr = e_.param(Type::S32, f + offsetof(P, window_right));
+    Reg diag0 = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+    b_.op(Op::Add, Type::S32, diag0, diag0, e_.op(Op::Sub, Type::S32, sk_, sq_));
+    Reg kq = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), n_);
+    Reg p = b_.pred(), t = b_.pred();
+    for (int h = 0; h < 2; ++h) {
+      Reg diag = e_.op(Op::Add, Type::S32, diag0, imm(8 * h));
+      Reg lo = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, diag, wl), imm(0));
+      Reg hi = e_.op(Op::Add, Type::S32, diag, wr);
+      b_.op(Op::Add, Type::S32, hi, hi, imm(1));
+      b_.op(Op::Min, Type::S32, hi, hi, sk_);
+      b_.op(Op::Sub, Type::S32, lo, lo, kq);
+      b_.op(Op::Sub, Type::S32, hi, hi, kq);
+      for (int j = 0; j < nS_; ++j)
+        for (int x = 0; x < 2; ++x) {
+          Reg v = s_.f[j][2 * h + x];
+          b_.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
+          b_.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
+          b_.op(Op::And, Type::Pred, p, p, t);
+          b_.selp(Type::F32, v, v, fimm(kNegInf), p);
+        }
+    }
+  }
+
+  // O / l and LSE, each thread storing its two rows' pairs (4 bytes).
+  void epilogue() {
+    b_.comment("epilogue: O and LSE");
+    std::vector<Reg> lse;
+    softmax_->finish({o_}, &lse);
+    const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
+    Reg hv = b_.b32();
+    Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
+    b_.op(Op::And, Type::Pred, q0, q0, out.has_lse);
+    for (int h = 0; h < 2; ++h) {
+      Reg i = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, i, i, imm(8));
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg row = e_.index(out.o_bh, i, out.o_row);
+      Reg ga = e_.index(row, e_.op(Op::MulLo, Type::U32, ln_.q, imm(2)), 2);
+      for (int j = 0; j < nO_; ++j) {
+        if (8 * j >= spec_.head_dim_v) break;
+        const Frag4 &fr = o_.f[j];
+        b_.cvt_pack(half_, hv, fr[2 * h + 1], fr[2 * h]);
+        b_.when(ok).st(Space::Global, Type::B32, at(ga, 16 * j), hv);
+      }
+      Reg lok = e_.op(Op::And, Type::Pred, ok, q0);
+      Reg la = e_.index(out.lse_row0, i, 4);
+      b_.when(lok).st(Space::Global, Type::F32, at(la), lse[h]);
+    }
+  }
+
+  const KernelSpec &spec_;
+  Layout lay_;
+  ptx::Builder b_;
+  Emitter e_;
+  Type half_;
+  int S_ = 2, nS_ = 0, kD_ = 0, nv_ = 0, nO_ = 0, kP_ = 0;
+  tile::Lanes ln_;
+  ptx::Symbol smem_sym_;
+  Reg tid_, warp_, smem_, wrow_;
+  Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_, it_;
+  Reg qdesc_, kdesc0_, vdesc0_;
+  Reg score_scale_;
+  Softcap cap_;
+  AccTile s_, o_;
+  std::vector<Reg> s_flat_, o_flat_;
+  std::vector<Frag4> pa_;
+  std::unique_ptr<tile::OnlineSoftmax> softmax_;
+};
+
+}  // namespace
+
+uint32_t wgmma_smem(const KernelSpec &spec) { return layout(spec).total; }
+
+std::string generate_forward_wgmma(const KernelSpec &spec) { return ForwardWgmmaGen(spec).run(); }
+
+}  // namespace kgen
+}  // namespace fa
