@@ -154,7 +154,8 @@ typedef struct fa_runtime_options {
                             fa_cache_stats.note says why */
   int32_t emulator_sm;   /* SM the emulator targets, with that SM's shared
                             memory and register limits (80, 86, 87, 89, 90,
-                            100, 103, 110, 120, 121); 0 = 80 */
+                            100, 103, 110, 120, 121); 0 = $FLASHATTN_EMU_SM
+                            if set, else 80 */
 } fa_runtime_options;
 
 #define FA_RUNTIME_OPTIONS_INIT \

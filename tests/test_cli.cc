@@ -6,8 +6,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -531,6 +531,44 @@ void test_run_ref_file(void **) {
          "--ref with a wrong reference");
 }
 
+// --emulator-sm runs the emulator as that SM (its limits, the kernels the
+// runtime picks for it); FLASHATTN_EMU_SM does the same when the option is
+// absent, and an unknown SM is a clear error.
+void test_emulator_sm(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 1, c.sq = 8, c.sk = 24, c.hq = 2, c.hkv = 1, c.d = 64, c.dv = 64;
+  write_inputs(&c, 15);
+  std::vector<std::string> args = {"run",
+                                   "--q",
+                                   path_of("q.npy"),
+                                   "--k",
+                                   path_of("k.npy"),
+                                   "--v",
+                                   path_of("v.npy"),
+                                   "--backend",
+                                   "emulator",
+                                   "--out",
+                                   path_of("o.npy"),
+                                   "--emulator-sm",
+                                   "90"};
+  Result r = run_cli(args);
+  expect(r.code == 0 && contains(r.out, "(sm_90,") && contains(r.out, "\nPASS"), args, r,
+         "--emulator-sm 90");
+  args.back() = "75";
+  r = run_cli(args);
+  expect(r.exited && r.code == 2, args, r, "--emulator-sm 75 is a usage error");
+  args.resize(args.size() - 2);
+  setenv("FLASHATTN_EMU_SM", "86", 1);
+  r = run_cli(args);
+  expect(r.code == 0 && contains(r.out, "(sm_86,"), args, r, "FLASHATTN_EMU_SM=86");
+  setenv("FLASHATTN_EMU_SM", "75", 1);
+  r = run_cli(args);
+  unsetenv("FLASHATTN_EMU_SM");
+  expect(r.exited && r.code != 0 && contains(r.err, "FLASHATTN_EMU_SM=75"), args, r,
+         "FLASHATTN_EMU_SM=75");
+}
+
 void test_decode_splits(void **) {
   skip_without_cli();
   Case c;
@@ -814,9 +852,19 @@ void test_input_fifo(void **) {
   c.d = c.dv = 32;
   c.seqlens = {8};
   write_inputs(&c, 92);
-  const std::vector<std::string> args = {
-      "decode", "--backend", "emulator", "--q", path_of("q.npy"), "--k-cache", path_of("k.npy"),
-      "--v-cache", path_of("v.npy"), "--cache-seqlens", fifo, "--out", path_of("o.npy")};
+  const std::vector<std::string> args = {"decode",
+                                         "--backend",
+                                         "emulator",
+                                         "--q",
+                                         path_of("q.npy"),
+                                         "--k-cache",
+                                         path_of("k.npy"),
+                                         "--v-cache",
+                                         path_of("v.npy"),
+                                         "--cache-seqlens",
+                                         fifo,
+                                         "--out",
+                                         path_of("o.npy")};
   const BoundedResult b = run_cli_bounded(args, 20);
   expect(!b.timed_out && b.r.exited && b.r.code == 2 &&
              contains(b.r.err, "--cache-seqlens: " + fifo + ": not a regular file (a FIFO)"),
@@ -901,6 +949,7 @@ int main() {
       cmocka_unit_test(test_input_fifo),
       cmocka_unit_test(test_input_directory),
       cmocka_unit_test(test_input_longer_than_header),
+      cmocka_unit_test(test_emulator_sm),
   };
   return cmocka_run_group_tests(tests, clear_cache, nullptr);
 }

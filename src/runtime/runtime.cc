@@ -132,7 +132,17 @@ fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Run
     if (env && std::strcmp(env, "cuda") == 0) which = FA_BACKEND_CUDA;
     if (env && std::strcmp(env, "emulator") == 0) which = FA_BACKEND_EMULATOR;
   }
-  const int emu_sm = options.emulator_sm ? options.emulator_sm : 80;
+  // FLASHATTN_EMU_SM picks the emulator's SM when the options leave it 0.
+  int emu_sm = options.emulator_sm ? options.emulator_sm : 80;
+  if (options.emulator_sm == 0) {
+    if (const char *env = std::getenv("FLASHATTN_EMU_SM"); env && env[0]) {
+      DeviceLimits lim;
+      const int sm = std::atoi(env);
+      if (!published_limits(sm, &lim))
+        return fail(FA_ERROR_UNSUPPORTED, "FLASHATTN_EMU_SM=%s is not a supported SM", env);
+      emu_sm = sm;
+    }
+  }
   fa_status st;
   if (which == FA_BACKEND_CUDA) {
     st = create_cuda_backend(options.device, &rt->backend_);

@@ -210,7 +210,7 @@ int cmd_run(const RunOptions &opts) {
   r.ref_file = load_reference(opts.ref, r.o_shape);
   const fa_config_desc desc = make_desc(opts.attn, dtype, d);
   const Config cfg(desc);
-  const Runtime rt(parse_backend(opts.backend));
+  const Runtime rt(parse_backend(opts.backend), nullptr, opts.emulator_sm);
   print_device(rt);
   print_problem("forward", desc, d, kv, opts.page_size, false);
 
@@ -286,7 +286,7 @@ int cmd_decode(const RunOptions &opts) {
   r.ref_file = load_reference(opts.ref, r.o_shape);
   const fa_config_desc desc = make_desc(opts.attn, dtype, d);
   const Config cfg(desc);
-  const Runtime rt(parse_backend(opts.backend));
+  const Runtime rt(parse_backend(opts.backend), nullptr, opts.emulator_sm);
   print_device(rt);
   print_problem("decode", desc, d, kv, opts.page_size, opts.batch_invariant);
 

@@ -49,6 +49,7 @@ struct GenerateOptions {
 struct RunOptions {
   AttentionOptions attn;
   std::string backend = "auto";  // auto | cuda | emulator
+  int emulator_sm = 0;           // emulator target SM; 0 = FLASHATTN_EMU_SM or 80
   std::string q, k, v;           // input .npy paths (decode: k/v caches)
   std::string cache_seqlens;     // decode only
   int num_splits = 0;            // decode only; 0 = automatic

@@ -71,6 +71,14 @@ void add_backend_option(CLI::App *app, std::string *backend) {
       ->capture_default_str();
 }
 
+void add_emulator_sm_option(CLI::App *app, int *sm) {
+  app->add_option("--emulator-sm", *sm,
+                  "SM the emulator runs as (80, 86, 87, 89, 90, 100, 103, 110, 120, 121): its "
+                  "limits and kernels, as the runtime picks them; 0 = $FLASHATTN_EMU_SM or 80")
+      ->check(CLI::IsMember({0, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121}))
+      ->capture_default_str();
+}
+
 // Makes a parse error one line.
 std::string one_line(std::string s) {
   for (char &c : s) {
@@ -157,6 +165,7 @@ int run_main(int argc, char **argv) {
   add_kv_options(r, &run);
   add_attention_options(r, &run.attn, false);
   add_backend_option(r, &run.backend);
+  add_emulator_sm_option(r, &run.emulator_sm);
   r->add_option("--out", run.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")
       ->required()
       ->type_name("O.npy");
@@ -194,6 +203,7 @@ int run_main(int argc, char **argv) {
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);
+  add_emulator_sm_option(d, &dec.emulator_sm);
   d->add_option("--out", dec.out, "Write O as float32 [batch, seqlen_q, heads_q, head_dim_v]")
       ->required()
       ->type_name("O.npy");

@@ -59,10 +59,11 @@ const char *backend_name(fa_backend b) {
   return "unknown";
 }
 
-Runtime::Runtime(fa_backend backend, const char *cache_dir) {
+Runtime::Runtime(fa_backend backend, const char *cache_dir, int emulator_sm) {
   fa_runtime_options opts = FA_RUNTIME_OPTIONS_INIT;
   opts.backend = backend;
   opts.cache_dir = cache_dir;
+  opts.emulator_sm = emulator_sm;
   check(fa_runtime_create(&opts, &rt_), "fa_runtime_create");
 }
 

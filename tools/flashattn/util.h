@@ -27,7 +27,8 @@ const char *backend_name(fa_backend b);
 // Owns an fa_runtime.
 class Runtime {
  public:
-  Runtime(fa_backend backend, const char *cache_dir = nullptr);
+  // emulator_sm: the SM the emulator targets (0 = FLASHATTN_EMU_SM, else 80).
+  Runtime(fa_backend backend, const char *cache_dir = nullptr, int emulator_sm = 0);
   ~Runtime() { fa_runtime_destroy(rt_); }
   Runtime(const Runtime &) = delete;
   Runtime &operator=(const Runtime &) = delete;
