@@ -277,11 +277,17 @@ class ForwardWgmmaGen {
     softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
 
     wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
-    ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label();
+    ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
     b_.when(empty_).bra(done);
     n_ = e_.mov(Type::S32, top_);
-    it_ = e_.mov(Type::U32, imm(0));
     Reg p = b_.pred(), t = b_.pred();
+    // The first tile alone (no P V in flight yet); then every tile issues its
+    // S = Q K^T and the previous tile's O += P V together and runs its
+    // softmax while the P V runs (FlashAttention-3's intra-warpgroup
+    // overlap); the last P V after the loop.
+    first_tile();
+    b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
+    b_.when(p).bra(tail);
     auto is_lean = [&]() {  // p = lean_lo <= n <= lean_hi
       b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
       b_.setp(Cmp::Le, Type::S32, t, n_, lean_hi_);
@@ -293,7 +299,7 @@ class ForwardWgmmaGen {
     b_.comment("masked K/V tile (diagonal, window edge or seqlen_k tail)");
     body(true);
     b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
-    b_.when(p).bra(done);
+    b_.when(p).bra(tail);
     is_lean();
     b_.unless(p).bra(masked);
     b_.bind(lean);
@@ -303,6 +309,8 @@ class ForwardWgmmaGen {
     b_.when(p).bra(lean);
     b_.setp(Cmp::Ge, Type::S32, p, n_, n_begin_);
     b_.when(p).bra(masked);
+    b_.bind(tail);
+    last_pv();
     b_.bind(done);
     epilogue();
   }
@@ -318,22 +326,17 @@ class ForwardWgmmaGen {
     return d;
   }
 
-  void body(bool masked) {
-    Reg s, ph;
-    stage_of(it_, &s, &ph);
-    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
-    // The stage's descriptors: start addresses move by whole stages.
-    Reg kd = e_.op(Op::MadLo, Type::U32, s, imm(lay_.k_stage >> 4), imm(0));
-    Reg kdesc = b_.b64(), vdesc = b_.b64();
-    b_.cvt(Type::U64, Type::U32, ptx::Round::None, kdesc, kd);
-    b_.op(Op::Add, Type::S64, kdesc, kdesc, kdesc0_);
-    Reg vd = e_.op(Op::MulLo, Type::U32, s, imm(lay_.v_stage >> 4));
-    b_.cvt(Type::U64, Type::U32, ptx::Round::None, vdesc, vd);
-    b_.op(Op::Add, Type::S64, vdesc, vdesc, vdesc0_);
+  // Descriptor of stage s's K (or V) tile: stage_bytes >> 4 further per stage.
+  Reg stage_desc(Reg s, Reg desc0, uint32_t stage_bytes) {
+    Reg off = e_.op(Op::MulLo, Type::U32, s, imm(stage_bytes >> 4));
+    Reg d = b_.b64();
+    b_.cvt(Type::U64, Type::U32, ptx::Round::None, d, off);
+    b_.op(Op::Add, Type::S64, d, d, desc0);
+    return d;
+  }
 
-    b_.comment("S = Q K^T");
-    wait(bar, static_cast<int>(lay_.k_full(0)), ph);
-    b_.wgmma_fence();
+  // Issues S = Q K^T on stage s (no commit).
+  void issue_s(Reg kdesc) {
     for (int kk = 0; kk < kD_; ++kk) {
       // k16 slice kk: atom kk / 4, 32 bytes per slice within it.
       const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
@@ -342,28 +345,96 @@ class ForwardWgmmaGen {
       Reg kdd = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
       b_.wgmma_ss(half_, spec_.block_n, s_flat_.data(), qd, kdd, imm(kk == 0 ? 0 : 1), false);
     }
-    b_.wgmma_commit();
-    b_.wgmma_wait(0);
-    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
-    if (spec_.softcap)
-      for (const Frag4 &fr : s_.f)
-        for (Reg x : fr) scale_score(e_, x, score_scale_, cap_);
-    if (masked) mask();
-    softmax_->step({s_}, {o_});
-    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
-    b_.comment("O += P V");
-    wait(bar, static_cast<int>(lay_.v_full(0, S_)), ph);
-    b_.wgmma_fence();
+  }
+
+  // Issues O += P V with P in pa_ and V in the stage of vdesc (no commit).
+  void issue_pv(Reg vdesc) {
     for (int t = 0; t < kP_; ++t) {
       // Keys 16 t .. 16 t + 15: 16 rows of 128 B further in each V atom.
       Reg vdd = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(t) * 16 * kAtomBytes) >> 4));
       b_.wgmma_rs(half_, nv_, o_flat_.data(), pa_[t].data(), vdd, imm(1), true);
     }
+  }
+
+  // Softcap and the mask on S (now in registers).
+  void scores_ready(bool masked) {
+    if (spec_.softcap)
+      for (const Frag4 &fr : s_.f)
+        for (Reg x : fr) scale_score(e_, x, score_scale_, cap_);
+    if (masked) mask();
+  }
+
+  // Moves to the next tile: the current stage becomes the previous one;
+  // the stage index wraps at S, flipping the parity.
+  void next_tile() {
+    b_.mov(Type::U32, ps_, cs_);
+    b_.mov(Type::U32, pp_, cp_);
+    b_.op(Op::Add, Type::U32, cs_, cs_, imm(1));
+    Reg wrap = e_.setp(Cmp::Eq, Type::U32, cs_, imm(S_));
+    b_.selp(Type::U32, cs_, imm(0), cs_, wrap);
+    Reg flipped = e_.op(Op::Xor, Type::B32, cp_, imm(1));
+    b_.selp(Type::U32, cp_, flipped, cp_, wrap);
+    b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
+  }
+
+  // The first tile (the last in key order; masked: it may hold the tail).
+  void first_tile() {
+    b_.comment("first K/V tile: S, softmax, P (its P V runs with the next S)");
+    cs_ = e_.mov(Type::U32, imm(0));
+    cp_ = e_.mov(Type::U32, imm(0));
+    ps_ = b_.b32();
+    pp_ = b_.b32();
+    Reg s = cs_, ph = cp_;
+    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    wait(bar, static_cast<int>(lay_.k_full(0)), ph);
+    b_.wgmma_fence();
+    issue_s(stage_desc(s, kdesc0_, lay_.k_stage));
     b_.wgmma_commit();
     b_.wgmma_wait(0);
-    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.v_empty(0, S_))));
-    b_.op(Op::Add, Type::U32, it_, it_, imm(1));
-    b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
+    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
+    scores_ready(true);
+    softmax_->step({s_}, {o_});
+    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    next_tile();
+  }
+
+  // Tile it: S_it = Q K_it^T and O += P_{it-1} V_{it-1} in flight together;
+  // the softmax of S_it while the P V runs; O rescaled once it is done.
+  void body(bool masked) {
+    Reg s = cs_, ph = cp_, sp = ps_, pp = pp_;
+    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    Reg pbar = e_.op(Op::MadLo, Type::U32, sp, imm(8), smem_);
+    wait(bar, static_cast<int>(lay_.k_full(0)), ph);
+    wait(pbar, static_cast<int>(lay_.v_full(0, S_)), pp);
+    b_.wgmma_fence();
+    b_.comment("S = Q K^T");
+    issue_s(stage_desc(s, kdesc0_, lay_.k_stage));
+    b_.wgmma_commit();
+    b_.comment("O += P V of the previous tile");
+    issue_pv(stage_desc(sp, vdesc0_, lay_.v_stage));
+    b_.wgmma_commit();
+    b_.wgmma_wait(1);  // S is in; P V may still run
+    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
+    scores_ready(masked);
+    softmax_->step_scores({s_});
+    b_.wgmma_wait(0);  // P V done: O and the previous V stage are free
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_empty(0, S_))));
+    softmax_->rescale({o_});
+    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    next_tile();
+  }
+
+  // O += P V of the last tile.
+  void last_pv() {
+    b_.comment("O += P V of the last tile");
+    Reg sp = ps_, pp = pp_;
+    Reg pbar = e_.op(Op::MadLo, Type::U32, sp, imm(8), smem_);
+    wait(pbar, static_cast<int>(lay_.v_full(0, S_)), pp);
+    b_.wgmma_fence();
+    issue_pv(stage_desc(sp, vdesc0_, lay_.v_stage));
+    b_.wgmma_commit();
+    b_.wgmma_wait(0);
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_empty(0, S_))));
   }
 
   // Keys outside a row's [lo, hi) = [max(diag - wl, 0), min(diag + wr + 1,
@@ -432,7 +503,8 @@ class ForwardWgmmaGen {
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
-  Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_, it_;
+  Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_;
+  Reg cs_, cp_, ps_, pp_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
   Reg score_scale_;
   Softcap cap_;

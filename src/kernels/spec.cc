@@ -184,8 +184,9 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 
 // The sm_90a forward tile (docs/kernels.md, "Forward on sm_90a"): block_m
 // 128 (two consumer warpgroups of 64 rows), block_n from the consumers'
-// registers (S: block_n / 2, O: head_dim_v / 2, P: block_n / 4 per thread
-// within 232), stages as many as shared memory holds (2..4).
+// registers (S: block_n / 2, O: head_dim_v / 2, P: block_n / 4 per thread,
+// 48 more for addresses and softmax state, 16 with softcap, within 232), stages as many as shared
+// memory holds (2..4).
 void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   DeviceLimits lim = dev;
   if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim)) published_limits(90, &lim);
@@ -196,7 +197,7 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   const int dv8 = (s->head_dim_v + 7) / 8 * 8;
   s->block_n = 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
-    if (bn / 2 + dv8 / 2 + bn / 4 + 48 <= 232) {
+    if (bn / 2 + dv8 / 2 + bn / 4 + 48 + (s->softcap ? 16 : 0) <= 232) {
       s->block_n = bn;
       break;
     }

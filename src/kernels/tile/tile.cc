@@ -244,6 +244,22 @@ OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)
 }
 
 void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
+  step_impl(s, &o);
+}
+
+void OnlineSoftmax::step_scores(const std::vector<AccTile> &s) { step_impl(s, nullptr); }
+
+void OnlineSoftmax::rescale(const std::vector<AccTile> &o) {
+  ptx::Builder &b = e_.b;
+  ptx::Label keep = b.label();
+  b.unless(any_).bra(keep, true);
+  for (size_t mi = 0; mi < o.size(); ++mi)
+    for (const Frag4 &f : o[mi].f)
+      for (int i = 0; i < 4; ++i) b.op(Op::Mul, Type::F32, f[i], f[i], alpha_[2 * mi + i / 2]);
+  b.bind(keep);
+}
+
+void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<AccTile> *o) {
   ptx::Builder &b = e_.b;
   Reg t = b.f32();
   // 1. Each row's new maximum (this lane's scores, then the quad's), and
@@ -283,9 +299,14 @@ void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTil
     b.mov(Type::F32, m_[r], mnew[r]);
     b.op(Op::Mul, Type::F32, l_[r], l_[r], alpha[r]);
   }
-  for (size_t mi = 0; mi < o.size(); ++mi)
-    for (const Frag4 &f : o[mi].f)
-      for (int i = 0; i < 4; ++i) b.op(Op::Mul, Type::F32, f[i], f[i], alpha[2 * mi + i / 2]);
+  if (o != nullptr) {
+    for (size_t mi = 0; mi < o->size(); ++mi)
+      for (const Frag4 &f : (*o)[mi].f)
+        for (int i = 0; i < 4; ++i) b.op(Op::Mul, Type::F32, f[i], f[i], alpha[2 * mi + i / 2]);
+  } else {
+    any_ = any;
+    alpha_ = alpha;
+  }
   b.bind(keep);
   // 3. p = 2^(s c - m c) <= 2^kRescaleLog2; l += sum p (this lane's part).
   for (int r = 0; r < rows_; ++r) {

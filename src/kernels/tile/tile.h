@@ -154,6 +154,13 @@ class OnlineSoftmax {
   OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2);
   // One K/V tile: s becomes p (f32, in place); o and l rescaled when needed.
   void step(const std::vector<AccTile> &s, const std::vector<AccTile> &o);
+  // step() in two halves, for a kernel whose O is still being written by an
+  // asynchronous MMA while it runs the softmax (FlashAttention-3's overlap):
+  // step_scores does everything but O *= alpha (s becomes p; m and l move),
+  // rescale applies the pending alpha to O afterwards (a no-op when no row
+  // of the warp moved its maximum). Same results as step().
+  void step_scores(const std::vector<AccTile> &s);
+  void rescale(const std::vector<AccTile> &o);
   // After the last tile: l summed over the quad, O *= 1 / l (0 when l = 0);
   // lse[r] = (m c + log2 l) ln 2, or -inf when l = 0.
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse);
@@ -161,10 +168,14 @@ class OnlineSoftmax {
  private:
   Reg neg_offset(Reg m);                 // -m c, or 0 when m = -inf
   void to_log2(Reg d, Reg x, Reg noff);  // d = x c + noff
+  // step's body; with `o` null the rescale of O is left to rescale().
+  void step_impl(const std::vector<AccTile> &s, const std::vector<AccTile> *o);
   Emitter &e_;
   int rows_;
   Reg c_;
   std::vector<Reg> m_, l_;
+  Reg any_;                 // step_scores: some row of the warp moved its maximum
+  std::vector<Reg> alpha_;  // step_scores: each row's pending factor for O
 };
 
 }  // namespace fa::kgen::tile
