@@ -193,6 +193,12 @@ class EmulatorBackend : public Backend {
     if (mod->target_sm > info_.sm)
       return fail(FA_ERROR_COMPILE, "PTX targets sm_%d, the emulated device is sm_%d",
                   mod->target_sm, info_.sm);
+    // An architecture-specific target (sm_90a) runs on that SM only (PTX ISA
+    // ".target"; the driver refuses it elsewhere, so does the emulator).
+    if (mod->arch_specific && mod->target_sm != info_.sm)
+      return fail(FA_ERROR_COMPILE,
+                  "PTX targets sm_%da, which runs only on sm_%d; the emulated device is sm_%d",
+                  mod->target_sm, mod->target_sm, info_.sm);
     std::lock_guard<std::mutex> lock(mu_);
     if (modules_.size() >= 512) modules_.clear();  // loaded kernels keep their module alive
     modules_.emplace(ptx, mod);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,12 +15,15 @@
 #include <vector>
 
 #include "emu/numeric.h"
+#include "emu/tensor_map.h"
 
 namespace fa {
 namespace emu {
 namespace {
 
-enum class ThreadState : uint8_t { kReady, kWaiting, kExited };
+// kWoken: released by a barrier or mbarrier completion during the current
+// pass; it becomes kReady when the pass ends (warps stay together).
+enum class ThreadState : uint8_t { kReady, kWaiting, kExited, kWoken };
 enum class RunResult { kBlocked, kExited, kFault };
 
 // Instruction budget shared by every worker of a launch, handed out in chunks.
@@ -155,6 +159,18 @@ inline void store_bytes(uint8_t *p, uint32_t bytes, uint64_t v) {
   }
 }
 
+// One f32 accumulation chain of the tensor-core emulation, shared by
+// mma.sync and wgmma.mma_async so their results are comparable: every
+// product a[k] * b[k * bstride] is exact in f32 (f16 and bf16 inputs), each
+// sum is rounded to nearest even, for k = 0, 1, ..., kk - 1.
+inline float mma_dot_f32(float d, const float *a, const float *b, int kk, int bstride) {
+  for (int k = 0; k < kk; ++k) {
+    volatile float p = a[k] * b[k * bstride];  // exact; kept apart from the add
+    d = d + p;
+  }
+  return d;
+}
+
 // "3, 5, 16-31" from a lane mask.
 std::string lane_list(uint32_t mask) {
   std::string s;
@@ -204,6 +220,7 @@ struct Shared {
   const Entry *entry;
   const LaunchConfig *cfg;
   const uint8_t *params;
+  size_t param_size = 0;
   DeviceMemory *mem;
   Budget budget;
   uint64_t num_blocks = 0;
@@ -241,6 +258,7 @@ class CtaRunner {
     smem_size_ = e_.dynamic_smem_offset + cfg_.dynamic_smem;
     if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
     smem_.resize(std::max<size_t>(smem_size_, 1));
+    sm90_setup();
     if (prof_) {
       occ_.assign(e_.code.size(), 0);
       inst_.assign(e_.code.size(), InstProfile());
@@ -284,6 +302,7 @@ class CtaRunner {
       async_used_ = false;
     }
     recs_.clear();
+    sm90_reset_block();
     const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
     const uint32_t nwarps = (nthreads_ + 31) / 32;
     for (uint32_t t = 0; t < nthreads_; ++t) {
@@ -308,20 +327,42 @@ class CtaRunner {
       pc_[t] = 0;
     }
     for (;;) {
+      woke_ = false;
       for (uint32_t t = 0; t < nthreads_; ++t) {
         if (state_[t] == ThreadState::kReady) {
           RunResult rr = run_thread(t);
           if (rr == RunResult::kFault) return false;
-          state_[t] = rr == RunResult::kExited ? ThreadState::kExited : ThreadState::kWaiting;
+          if (rr == RunResult::kExited) {
+            state_[t] = ThreadState::kExited;
+          } else {
+            state_[t] = ThreadState::kWaiting;
+            // bar.sync: the arrival counts now; it may complete the barrier.
+            if (e_.code[pc_[t]].op == Op::kBarSync && !bar_arrive(t, pc_[t])) return false;
+          }
         }
         // A warp's lanes have all run up to their next collective.
         if (prof_ && ((t & 31) == 31 || t + 1 == nthreads_)) profile_warp();
       }
+      // Threads released during the pass run before any collective is
+      // resolved: asynchronous work (wgmma) stays in flight as long as the
+      // ISA allows, so races with it show.
+      if (woke_) {
+        for (uint32_t t = 0; t < nthreads_; ++t)
+          if (state_[t] == ThreadState::kWoken) state_[t] = ThreadState::kReady;
+        continue;
+      }
       int progress = resolve_warp_collectives();
       if (progress < 0) return false;
+      const bool warp_stuck = stuck_thread_ != UINT32_MAX && progress == 0;
+      const std::string warp_msg = warp_stuck ? error_ : std::string();
+      if (has_wg_) {
+        const int wg = resolve_warpgroup_collectives();
+        if (wg < 0) return false;
+        progress += wg;
+      }
       if (progress > 0) continue;
-      // Every thread waits or has exited.
-      uint32_t exited = 0, at_bar = 0, first_bar = UINT32_MAX;
+      // Every thread waits or has exited, and nothing was released.
+      uint32_t exited = 0, first_bar = UINT32_MAX, first_mbar = UINT32_MAX, at_mbar = 0;
       bool same_id = true;
       for (uint32_t t = 0; t < nthreads_; ++t) {
         if (state_[t] == ThreadState::kExited) {
@@ -329,30 +370,39 @@ class CtaRunner {
         } else if (e_.code[pc_[t]].op == Op::kBarSync) {
           if (first_bar == UINT32_MAX) first_bar = t;
           if (e_.code[pc_[t]].imm != e_.code[pc_[first_bar]].imm) same_id = false;
-          ++at_bar;
+        } else if (e_.code[pc_[t]].op == Op::kMbarTryWait) {
+          if (first_mbar == UINT32_MAX) first_mbar = t;
+          ++at_mbar;
         }
       }
-      if (exited == nthreads_) return true;
-      if (at_bar == nthreads_ && same_id) {
-        for (uint32_t t = 0; t < nthreads_; ++t) {
-          ++pc_[t];
-          state_[t] = ThreadState::kReady;
-        }
-        continue;
-      }
-      if (stuck_thread_ != UINT32_MAX) return false;  // error_ set by resolve
-      if (first_bar == UINT32_MAX) {
-        error_ = "emulator scheduler: no thread can proceed in block " + block_text();
+      if (exited == nthreads_) return sm90_finish_block();
+      if (warp_stuck) {
+        error_ = warp_msg;
         return false;
       }
-      char buf[320];
-      const Inst &in = e_.code[pc_[first_bar]];
-      std::snprintf(buf, sizeof buf,
-                    "barrier deadlock at PTX line %u: %u of %u threads arrived (%u exited)%s "
-                    "in block %s",
-                    in.line, at_bar, nthreads_, exited,
-                    same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
-      error_ = buf;
+      if (!wg_stuck_msg_.empty()) {
+        error_ = wg_stuck_msg_;
+        return false;
+      }
+      if (first_bar != UINT32_MAX) {
+        char buf[320];
+        const Inst &in = e_.code[pc_[first_bar]];
+        const NamedBarrier &b = bars_[in.imm];
+        std::snprintf(buf, sizeof buf,
+                      "barrier deadlock at PTX line %u: %u of %u threads arrived (%u exited)%s "
+                      "in block %s",
+                      in.line, b.arrived, b.expected, exited,
+                      same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
+        error_ = buf;
+        if (first_mbar != UINT32_MAX) error_ += "; " + mbar_deadlock_text(first_mbar, at_mbar);
+        return false;
+      }
+      if (first_mbar != UINT32_MAX) {
+        error_ = mbar_deadlock_text(first_mbar, at_mbar) + " (" + std::to_string(exited) +
+                 " threads exited); block " + block_text();
+        return false;
+      }
+      error_ = "emulator scheduler: no thread can proceed in block " + block_text();
       return false;
     }
   }
@@ -386,7 +436,7 @@ class CtaRunner {
         if (state_[t] != ThreadState::kWaiting || ((handled >> l) & 1)) continue;
         const uint32_t pc = pc_[t];
         const Inst &in = e_.code[pc];
-        if (in.op == Op::kBarSync) continue;
+        if (!is_warp_collective(in.op)) continue;
         const uint32_t mslot = in.op == Op::kBarWarpSync ? in.a : in.e;
         const uint32_t mask = static_cast<uint32_t>(regs_of(t)[mslot]);
         char buf[400];
@@ -567,16 +617,8 @@ class CtaRunner {
       }
       for (int i = 0; i < 4; ++i) acc[g + 8 * (i >> 1)][2 * q + (i & 1)] = F(r[s[10 + i]]);
     }
-    for (int m = 0; m < 16; ++m) {
-      for (int n = 0; n < 8; ++n) {
-        float d = acc[m][n];
-        for (int k = 0; k < kk; ++k) {
-          volatile float p = a[m][k] * b[k][n];  // exact; kept apart from the add
-          d = d + p;
-        }
-        acc[m][n] = d;
-      }
-    }
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 8; ++n) acc[m][n] = mma_dot_f32(acc[m][n], a[m], &b[0][n], kk, 8);
     for (uint32_t lane = 0; lane < 32; ++lane) {
       uint64_t *r = regs_of(base + lane);
       const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);
@@ -857,6 +899,20 @@ class CtaRunner {
 #undef FA_EMU_RUN_THREAD_ATTRS
 #undef FA_EMU_FMA
 
+// The variant for threads with registers of an in-flight wgmma.mma_async:
+// every executed instruction first checks that it touches none of them.
+#define FA_EMU_RUN_THREAD_NAME run_thread_checked
+#define FA_EMU_RUN_THREAD_ATTRS __attribute__((cold, optimize("no-crossjumping", "no-gcse")))
+#define FA_EMU_FMA(a, b, c) fma_f32(a, b, c)
+#define FA_EMU_CHECK_PENDING 1
+#include "emu/run_thread.inc"
+#undef FA_EMU_RUN_THREAD_NAME
+#undef FA_EMU_RUN_THREAD_ATTRS
+#undef FA_EMU_FMA
+#undef FA_EMU_CHECK_PENDING
+
+#include "emu/sm90.inc"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FA_EMU_HAVE_FMA_PATH 1
 #define FA_EMU_RUN_THREAD_NAME run_thread_fma
@@ -872,6 +928,8 @@ class CtaRunner {
   // Runs thread t until a collective, exit or fault, with the fastest
   // interpreter loop this CPU supports.
   RunResult run_thread(uint32_t t) {
+    // A thread with registers of an in-flight wgmma runs with their checks.
+    if (__builtin_expect(has_wg_, 0) && pend_count_[t]) return run_thread_checked(t);
 #ifdef FA_EMU_HAVE_FMA_PATH
     if (has_fma_) return run_thread_fma(t);
 #endif
@@ -963,13 +1021,18 @@ bool execute(const Entry &entry, const LaunchConfig &config, const void *params,
              " declares " + std::to_string(entry.param_size);
     return false;
   }
-  std::vector<uint64_t> param_copy((entry.param_size + 7) / 8 + 1, 0);
-  if (entry.param_size) std::memcpy(param_copy.data(), params, entry.param_size);
+  // 128-byte aligned: its generic address (cvta.param) holds tensor maps,
+  // which must be 64-byte aligned.
+  std::vector<uint64_t> param_copy((entry.param_size + 7) / 8 + 1 + 16, 0);
+  uint8_t *param_base = reinterpret_cast<uint8_t *>(
+      (reinterpret_cast<uintptr_t>(param_copy.data()) + 127) & ~uintptr_t{127});
+  if (entry.param_size) std::memcpy(param_base, params, entry.param_size);
 
   Shared sh;
   sh.entry = &entry;
   sh.cfg = &config;
-  sh.params = reinterpret_cast<const uint8_t *>(param_copy.data());
+  sh.params = param_base;
+  sh.param_size = entry.param_size;
   sh.mem = &memory;
   sh.budget.total = static_cast<int64_t>(
       std::min<uint64_t>(config.max_steps ? config.max_steps : kDefaultMaxSteps, INT64_MAX / 2));

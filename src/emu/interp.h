@@ -6,8 +6,10 @@
 // CTA is blocked or exited, the scheduler resolves collectives: a warp
 // collective runs once all lanes of its membermask wait at the same
 // instruction (it then reads and writes all participants' registers: that is
-// how mma.sync and ldmatrix run, with a full-warp membermask), a CTA barrier
-// releases once every thread waits at bar.sync with the same id. cp.async is
+// how mma.sync and ldmatrix run, with a full-warp membermask), a barrier
+// counts arrivals and releases its bar.sync waiters when its thread count
+// (all threads without one) has arrived; the sm_90 warpgroup collectives,
+// mbarriers and TMA are in emu/sm90.inc (docs/emulator.md). cp.async is
 // per thread: checked and queued at issue, performed (copy + zero-fill) when
 // a cp.async.wait_group / wait_all retires its group, so a missing wait reads
 // stale shared memory. If nothing can proceed the

@@ -195,7 +195,10 @@ class Parser {
         for (;;) {
           const Token &v = next();
           if (v.kind != Tok::kIdent) error_at(v.line, "expected a target name");
-          if (v.text.compare(0, 3, "sm_") == 0) mod->target_sm = std::atoi(v.text.c_str() + 3);
+          if (v.text.compare(0, 3, "sm_") == 0) {
+            mod->target_sm = std::atoi(v.text.c_str() + 3);
+            mod->arch_specific = v.text.back() == 'a';  // sm_90a (PTX ISA ".target")
+          }
           if (!accept(",")) break;
         }
         if (mod->target_sm == 0) error_at(tk.line, ".target names no sm_NN");
@@ -596,6 +599,12 @@ class Parser {
       } else if (accept("-")) {
         o.ival = 0 - expect_int();
       }
+      // [tensorMap, {c0, ..}] (cp.async.bulk.tensor): the coordinates.
+      if (accept(",")) {
+        Operand v = parse_operand();
+        if (v.kind != Operand::kVec) error_at(v.line, "expected {coordinates} after ','");
+        o.elems = std::move(v.elems);
+      }
       expect("]");
       return o;
     }
@@ -808,17 +817,7 @@ class Parser {
     Inst in = base_inst();
     if (b == "mov") return decode_mov(m, ops, in);
     if (b == "ld" || b == "st") return decode_ldst(b == "ld", m, ops, in);
-    if (b == "cvta") {
-      no_other(m);
-      if (!m.to || m.space != "global") bad("only cvta.to.global is supported");
-      TypeInfo ti = one_type(m);
-      if (ti.bits != 64) bad("cvta.to.global needs .u64");
-      want_count(ops, 2);
-      in.op = Op::kMov;
-      in.d = dst(ops[0], 64);
-      in.a = src(ops[1], 64, false);
-      return emit(in, text);
-    }
+    if (b == "cvta") return decode_cvta(ops, in, text);
     if (b == "setp") return decode_setp(m, ops, in);
     if (b == "selp") {
       no_other(m);
@@ -854,15 +853,11 @@ class Parser {
         in.a = src(ops[0], 32, false);
         return emit(in, text);
       }
-      no_other(m, {"aligned"});
-      if (!m.sync) bad("only bar.sync / barrier.sync are supported");
-      if (ops.size() == 2) bad("bar.sync with a thread count is not supported");
-      want_count(ops, 1);
-      if (ops[0].kind != Operand::kInt || ops[0].ival > 15) bad("barrier id must be 0..15");
-      in.op = Op::kBarSync;
-      in.imm = static_cast<int64_t>(ops[0].ival);
-      return emit(in, text);
+      return decode_bar(m, ops, in, text);
     }
+    if (b == "mbarrier") return decode_mbarrier(text, ops, in);
+    if (b == "wgmma") return decode_wgmma(text, ops, in);
+    if (b == "setmaxnreg") return decode_setmaxnreg(text, ops, in);
     if (b == "vote") {
       // vote.sync.{any,all}.pred d, a, membermask (PTX ISA "vote.sync").
       if (!m.sync) bad("only vote.sync is supported");
@@ -1025,6 +1020,7 @@ class Parser {
       in.imm = static_cast<int64_t>(ops[0].ival);
       return emit(in, text);
     }
+    if (p[2] == "bulk") return decode_bulk_tensor(p, ops, in, text);
     bool cg = p[2] == "cg";
     bool ok = p.size() >= 5 && (p[2] == "ca" || cg) &&
               (p[3] == "shared" || p[3] == "shared::cta") && p[4] == "global";
@@ -1063,6 +1059,303 @@ class Parser {
     emit(in, text);
   }
 
+  // ------------------------------------------------- sm_90 (Hopper) ----
+
+  // Target requirements of an instruction (PTX ISA "Target ISA Notes" of
+  // each): sm >= 90, and the architecture-specific sm_90a target for
+  // wgmma and setmaxnreg (ptxas rejects them elsewhere, so does the emulator).
+  void need_sm90(bool arch_specific) {
+    if (mod_->target_sm < 90)
+      bad("requires .target sm_90 or higher (the module targets sm_" +
+          std::to_string(mod_->target_sm) + ")");
+    if (arch_specific && !(mod_->arch_specific && mod_->target_sm == 90))
+      bad("requires .target sm_90a");
+    if (mod_->version < 80) bad("requires .version 8.0 or higher");
+  }
+
+  // cvta{.to}.{global,shared{::cta},param{::entry}}.u64 d, a (PTX ISA
+  // "cvta"). Generic = global addresses; the parameter block and the shared
+  // window have generic addresses of their own (host addresses of the
+  // launch's parameter copy and of the CTA's shared memory).
+  void decode_cvta(const std::vector<Operand> &ops, Inst in, const std::string &text) {
+    std::vector<std::string> p = dot_parts(text);
+    bool to = p.size() == 4 && p[1] == "to";
+    const std::string sp = p.size() >= 3 ? p[to ? 2 : 1] : "";
+    const std::string ty = p.back();
+    if (p.size() != (to ? 4u : 3u) || (ty != "u64" && ty != "b64"))
+      bad("only cvta{.to}.{global,shared,param}.u64 is supported");
+    want_count(ops, 2);
+    in.d = dst(ops[0], 64);
+    const bool shared = sp == "shared" || sp == "shared::cta";
+    const bool param = sp == "param" || sp == "param::entry";
+    if (sp == "global") {
+      in.op = Op::kMov;
+      in.a = src(ops[1], 64, false);
+    } else if (shared && to) {
+      in.op = Op::kCvtaToShared;
+      in.a = src(ops[1], 64, false);
+    } else if (shared) {
+      in.op = Op::kCvtaShared;
+      in.a = ops[1].kind == Operand::kSym ? shared_sym_slot(ops[1].sym, ops[1].line)
+                                          : src(ops[1], 64, false);
+    } else if (param && !to) {
+      in.op = Op::kCvtaParam;
+      if (ops[1].kind == Operand::kSym) {
+        auto it = params_.find(ops[1].sym);
+        if (it == params_.end()) bad("'" + ops[1].sym + "' is not a kernel parameter");
+        in.a = const_slot(it->second.offset);
+      } else {
+        in.a = src(ops[1], 64, false);
+      }
+    } else {
+      bad("only cvta{.to}.{global,shared,param}.u64 is supported");
+    }
+    emit(in, text);
+  }
+
+  // bar{.cta}.sync a{, b}; bar{.cta}.arrive a, b; barrier{.cta}.sync /
+  // .arrive{.aligned} (PTX ISA "bar, barrier"): a = barrier 0..15 (an
+  // immediate), b = participating threads, a multiple of the warp size
+  // (all threads of the CTA when absent; bar.arrive needs it).
+  void decode_bar(const Mods &m, const std::vector<Operand> &ops, Inst in,
+                  const std::string &text) {
+    bool arrive = false;
+    for (const std::string &o : m.other) {
+      if (o == "arrive")
+        arrive = true;
+      else if (o != "aligned" && o != "cta")
+        bad("unsupported modifier '." + o + "'");
+    }
+    if (arrive == m.sync || !m.types.empty())
+      bad("only bar.sync / bar.arrive (barrier.sync / barrier.arrive) are supported");
+    if (ops.size() != 1 && ops.size() != 2) bad("expected a barrier id and a thread count");
+    if (ops[0].kind != Operand::kInt || ops[0].ival > 15)
+      bad("barrier id must be an immediate 0..15");
+    in.imm = static_cast<int64_t>(ops[0].ival);
+    if (ops.size() == 2) {
+      const Operand &c = ops[1];
+      if (c.kind == Operand::kInt && (c.ival == 0 || c.ival % 32 || c.ival > 1024))
+        bad("the thread count must be a multiple of 32 in 32..1024");
+      in.b = src(c, 32, false);
+    } else if (arrive) {
+      bad("bar.arrive needs a thread count");
+    }
+    in.op = arrive ? Op::kBarArrive : Op::kBarSync;
+    emit(in, text);
+  }
+
+  // mbarrier on .shared::cta (PTX ISA "mbarrier"):
+  //   mbarrier.init.shared{::cta}.b64 [a], count;
+  //   mbarrier.inval.shared{::cta}.b64 [a];
+  //   mbarrier.arrive{.expect_tx}{.sem.scope}.shared{::cta}.b64 state|_, [a]{, count|tx};
+  //   mbarrier.expect_tx{.sem.scope}.shared{::cta}.b64 [a], tx;
+  //   mbarrier.try_wait.parity{.sem.scope}.shared{::cta}.b64 p, [a], parity{, hint};
+  void decode_mbarrier(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    const std::string op = p.size() > 1 ? p[1] : "";
+    bool expect_tx = false, parity = false, shared = false, b64 = false;
+    for (size_t i = 2; i < p.size(); ++i) {
+      const std::string &q = p[i];
+      if (q == "expect_tx" && op == "arrive")
+        expect_tx = true;
+      else if (q == "parity" && op == "try_wait")
+        parity = true;
+      else if (q == "shared" || q == "shared::cta")
+        shared = true;
+      else if (q == "b64")
+        b64 = true;
+      else if (q != "release" && q != "acquire" && q != "relaxed" && q != "cta" && q != "cluster")
+        bad("unsupported modifier '." + q + "'");
+    }
+    if (op != "init" && op != "inval" && op != "arrive" && op != "expect_tx" && op != "try_wait")
+      bad("only mbarrier.{init,inval,arrive,expect_tx,try_wait.parity} are supported");
+    if (!shared || !b64)
+      bad("needs .shared::cta and .b64 (generic mbarrier addresses are not supported)");
+    if (mod_->target_sm < 80) bad("requires .target sm_80 or higher");
+    auto count_operand = [&](const Operand &o, const char *what) {
+      if (o.kind == Operand::kInt && (o.ival == 0 || o.ival > (1u << 20) - 1))
+        bad(std::string(what) + " must be in 1..2^20-1");
+      return src(o, 32, false);
+    };
+    if (op == "init") {
+      want_count(ops, 2);
+      shared_address(ops[0], &in);
+      in.b = count_operand(ops[1], "the count");
+      in.op = Op::kMbarInit;
+    } else if (op == "inval") {
+      want_count(ops, 1);
+      shared_address(ops[0], &in);
+      in.op = Op::kMbarInval;
+    } else if (op == "expect_tx") {
+      need_sm90(false);
+      want_count(ops, 2);
+      shared_address(ops[0], &in);
+      in.c = count_operand(ops[1], "the tx count");
+      in.sub = 1;
+      in.op = Op::kMbarArrive;
+    } else if (op == "arrive") {
+      if (expect_tx) need_sm90(false);
+      if (ops.size() != 2 && ops.size() != 3) bad("expected state, [addr]{, count}");
+      if (expect_tx && ops.size() != 3) bad("mbarrier.arrive.expect_tx needs a tx count");
+      if (ops[0].kind == Operand::kSym && ops[0].sym == "_")
+        in.d = kNoSlot;
+      else
+        in.d = dst(ops[0], 64);
+      shared_address(ops[1], &in);
+      if (ops.size() == 3) {
+        if (expect_tx)
+          in.c = count_operand(ops[2], "the tx count");
+        else
+          in.b = count_operand(ops[2], "the count");
+      }
+      in.op = Op::kMbarArrive;
+    } else {
+      if (!parity) bad("only mbarrier.try_wait.parity is supported");
+      need_sm90(false);
+      if (ops.size() != 3 && ops.size() != 4) bad("expected p, [addr], parity{, hint}");
+      in.d = dst(ops[0], 1);
+      shared_address(ops[1], &in);
+      in.b = src(ops[2], 32, false);
+      if (ops.size() == 4) src(ops[3], 32, false);  // suspendTimeHint: no effect
+      in.op = Op::kMbarTryWait;
+    }
+    emit(in, text);
+  }
+
+  // wgmma.fence / commit_group / wait_group N and
+  // wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}
+  //   d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b;
+  //   d, {a0..a3}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b;
+  // (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
+  // Instructions").
+  void decode_wgmma(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    need_sm90(true);
+    const bool sa = p.size() >= 4 && p[2] == "sync" && p[3] == "aligned";
+    if (sa && p.size() == 4 && (p[1] == "fence" || p[1] == "commit_group")) {
+      want_count(ops, 0);
+      in.op = p[1] == "fence" ? Op::kWgmmaFence : Op::kWgmmaCommit;
+      return emit(in, text);
+    }
+    if (sa && p.size() == 4 && p[1] == "wait_group") {
+      want_count(ops, 1);
+      if (ops[0].kind != Operand::kInt || ops[0].ival > 1000000)
+        bad("wait_group takes a non-negative integer constant");
+      in.op = Op::kWgmmaWait;
+      in.imm = static_cast<int64_t>(ops[0].ival);
+      return emit(in, text);
+    }
+    int n = 0;
+    const bool shape_ok = p.size() == 8 && sa && p[1] == "mma_async" &&
+                          std::sscanf(p[4].c_str(), "m64n%dk16", &n) == 1 &&
+                          p[4] == "m64n" + std::to_string(n) + "k16";
+    if (!shape_ok || p[5] != "f32" || p[6] != p[7] || (p[6] != "f16" && p[6] != "bf16"))
+      bad("only wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} is supported");
+    if (n < 8 || n > 256 || n % 8) bad("N must be a multiple of 8 in 8..256");
+    const bool rs = ops.size() == 7 && ops[1].kind == Operand::kVec;
+    if (!rs && ops.size() != 8)
+      bad("expected d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, "
+          "imm-trans-b (or d, {a}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b)");
+    std::vector<uint32_t> s(static_cast<size_t>(n / 2 + (rs ? 4 : 0)), kNoSlot);
+    reg_vector(ops[0], static_cast<size_t>(n / 2), true, "D", s.data());
+    if (rs) {
+      reg_vector(ops[1], 4, false, "A", s.data() + n / 2);
+      in.sub |= kWgRegA;
+    } else {
+      if (ops[1].kind != Operand::kReg) bad("a-desc must be a 64-bit register");
+      in.a = src(ops[1], 64, false);
+    }
+    if (ops[2].kind != Operand::kReg) bad("b-desc must be a 64-bit register");
+    in.b = src(ops[2], 64, false);
+    const Operand &sd = ops[3];
+    if (sd.kind == Operand::kInt) {
+      if (sd.ival > 1) bad("scale-d must be 0, 1 or a predicate");
+      in.c = const_slot(sd.ival);
+    } else {
+      in.c = src(sd, 1, false);
+    }
+    auto imm_of = [&](const Operand &o, const char *what, bool sign) -> int64_t {
+      const int64_t v = static_cast<int64_t>(o.ival);
+      if (o.kind != Operand::kInt || (sign ? (v != 1 && v != -1) : (v != 0 && v != 1)))
+        bad(std::string(what) + (sign ? " must be 1 or -1" : " must be 0 or 1"));
+      return v;
+    };
+    if (imm_of(ops[4], "imm-scale-a", true) < 0) in.sub |= kWgNegA;
+    if (imm_of(ops[5], "imm-scale-b", true) < 0) in.sub |= kWgNegB;
+    if (!rs && imm_of(ops[6], "imm-trans-a", false)) in.sub |= kWgTransA;
+    if (imm_of(ops[rs ? 6 : 7], "imm-trans-b", false)) in.sub |= kWgTransB;
+    if (p[6] == "bf16") in.sub |= kWgBF16;
+    in.vec = static_cast<uint8_t>(n / 8);
+    in.op = Op::kWgmma;
+    in.imm = static_cast<int64_t>(e_->operand_slots.size());
+    e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
+    emit(in, text);
+  }
+
+  // setmaxnreg.{inc,dec}.sync.aligned.u32 n (PTX ISA "setmaxnreg"): n in
+  // 24..256, a multiple of 8.
+  void decode_setmaxnreg(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    if (p.size() != 5 || (p[1] != "inc" && p[1] != "dec") || p[2] != "sync" || p[3] != "aligned" ||
+        p[4] != "u32")
+      bad("only setmaxnreg.{inc,dec}.sync.aligned.u32 is supported");
+    need_sm90(true);
+    want_count(ops, 1);
+    if (ops[0].kind != Operand::kInt || ops[0].ival < 24 || ops[0].ival > 256 || ops[0].ival % 8)
+      bad("the register count must be an integer constant in 24..256, a multiple of 8");
+    in.op = Op::kSetmaxnreg;
+    in.sub = p[1] == "inc" ? 1 : 0;
+    in.imm = static_cast<int64_t>(ops[0].ival);
+    emit(in, text);
+  }
+
+  // cp.async.bulk.tensor.Nd.shared::{cluster,cta}.global{.tile}
+  //   .mbarrier::complete_tx::bytes{.L2::cache_hint} [dst], [tmap, {c..}], [mbar]{, policy}
+  // (PTX ISA "cp.async.bulk.tensor"), tile mode, global -> shared.
+  void decode_bulk_tensor(const std::vector<std::string> &p, const std::vector<Operand> &ops,
+                          Inst in, const std::string &text) {
+    need_sm90(false);
+    int dims = 0;
+    bool ok = p.size() >= 8 && p[3] == "tensor" && p[4].size() == 2 && p[4][1] == 'd' &&
+              p[4][0] >= '1' && p[4][0] <= '5' &&
+              (p[5] == "shared::cluster" || p[5] == "shared::cta") && p[6] == "global";
+    if (ok) dims = p[4][0] - '0';
+    bool hint = false, mbar = false;
+    for (size_t i = 7; ok && i < p.size(); ++i) {
+      if (p[i] == "tile")
+        continue;
+      else if (p[i] == "mbarrier::complete_tx::bytes")
+        mbar = true;
+      else if (p[i] == "L2::cache_hint")
+        hint = true;
+      else
+        ok = false;
+    }
+    if (!ok || !mbar)
+      bad("only cp.async.bulk.tensor.{1d..5d}.shared::cluster.global{.tile}"
+          ".mbarrier::complete_tx::bytes is supported");
+    want_count(ops, hint ? 4 : 3);
+    if (hint) src(ops[3], 64, false);  // cache policy: no effect
+    shared_address(ops[0], &in);
+    const Operand &tm = ops[1];
+    if (tm.kind != Operand::kAddr || !tm.addr_has_reg || tm.reg.bits != 64 || tm.ival != 0)
+      bad("the tensor map must be [%rd, {coordinates}] with a 64-bit generic address");
+    if (tm.elems.size() != static_cast<size_t>(dims))
+      bad("expected " + std::to_string(dims) + " coordinates");
+    in.b = tm.reg.slot;
+    std::vector<uint32_t> s;
+    for (const Operand &c : tm.elems) s.push_back(src(c, 32, false));
+    Inst mb;
+    shared_address(ops[2], &mb);
+    s.push_back(mb.a);
+    s.push_back(const_slot(static_cast<uint64_t>(mb.imm)));
+    in.sub = static_cast<uint8_t>(dims);
+    in.c = static_cast<uint32_t>(e_->operand_slots.size());
+    e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
+    in.op = Op::kBulkTensor;
+    emit(in, text);
+  }
+
   void decode_mov(const Mods &m, const std::vector<Operand> &ops, Inst in) {
     no_other(m);
     TypeInfo ti = one_type(m);
@@ -1087,7 +1380,12 @@ class Parser {
     }
     in.op = Op::kMov;
     in.d = dst(ops[0], ti.bits);
-    if (ops[1].kind == Operand::kSym) {
+    if (ops[1].kind == Operand::kSym && params_.count(ops[1].sym)) {
+      // The kernel-parameter address of the parameter: its offset in the
+      // parameter block (cvta.param makes it generic).
+      if (ti.bits != 64) bad("a parameter address needs mov.u64 / mov.b64");
+      in.a = const_slot(params_.at(ops[1].sym).offset);
+    } else if (ops[1].kind == Operand::kSym) {
       if (ti.bits != 32 && ti.bits != 64) bad("a symbol address needs mov.u32 or mov.u64");
       in.a = shared_sym_slot(ops[1].sym, ops[1].line);
     } else {
@@ -1097,7 +1395,7 @@ class Parser {
   }
 
   void decode_ldst(bool is_ld, const Mods &m, const std::vector<Operand> &ops, Inst in) {
-    std::string text = std::string(is_ld ? "ld." : "st.") + m.space +
+    std::string text = std::string(is_ld ? "ld" : "st") + (m.space.empty() ? "" : "." + m.space) +
                        (m.vec > 1 ? ".v" + std::to_string(m.vec) : "") +
                        (m.types.empty() ? "" : "." + m.types[0]);
     op_text_ = text;
@@ -1146,8 +1444,14 @@ class Parser {
         in.a = shared_sym_slot(addr.sym, addr.line);
       }
       in.op = is_ld ? Op::kLdShared : Op::kStShared;
+    } else if (m.space.empty()) {
+      // Generic addressing (PTX ISA "Generic Addressing"): the parameter
+      // block (after cvta.param), the shared window (cvta.shared) or global.
+      if (!addr.addr_has_reg || addr.reg.bits != 64) bad("a generic address needs [%rd+imm]");
+      in.a = addr.reg.slot;
+      in.op = is_ld ? Op::kLdGeneric : Op::kStGeneric;
     } else {
-      bad("state space must be .global, .shared or .param");
+      bad("state space must be .global, .shared, .param or generic");
     }
     if (m.vec == 1) {
       if (is_ld) {

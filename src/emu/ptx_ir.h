@@ -140,7 +140,7 @@ enum class Op : uint16_t {
   kBra,  // imm = target pc
   kExit,
   // Collectives (the thread stops and the CTA scheduler runs them).
-  kBarSync,      // imm = barrier id
+  kBarSync,      // imm = barrier id, b = thread count slot or kNoSlot (all threads)
   kBarWarpSync,  // a = membermask
   kShfl,         // d[, v0 = pred or kNoSlot] = a, b, c, e = membermask; sub = ShflMode
   // Warp-wide (.aligned) collectives: e = a constant slot holding 0xffffffff,
@@ -155,11 +155,45 @@ enum class Op : uint16_t {
   kMulLoS32,
   kMadLoS32,
   kVote,  // d = any (sub 0) / all (sub 1) of pred a over membermask e (collective)
+  // --- sm_90 (docs/emulator.md, "Hopper"). Per-thread, run inline:
+  kLdGeneric,     // as kLdGlobal, address generic (param block, shared window or global)
+  kStGeneric,     // as kStGlobal, address generic (shared window or global)
+  kCvtaParam,     // d = generic address of kernel-parameter address a (cvta.param)
+  kCvtaShared,    // d = generic address of shared address a (cvta.shared)
+  kCvtaToShared,  // d = shared address of generic address a (cvta.to.shared)
+  kBarArrive,     // bar.arrive imm, count b: arrives on named barrier imm, does not wait
+  kMbarInit,      // mbarrier.init [a + imm], count b
+  kMbarInval,     // mbarrier.inval [a + imm]
+  kMbarArrive,    // d (state or kNoSlot) = mbarrier.arrive [a + imm]{, count b};
+                  // c = expect_tx bytes or kNoSlot; sub 1: expect_tx only (no arrive)
+  kMbarTryWait,   // d = mbarrier.try_wait.parity [a + imm], parity b (blocks while incomplete)
+  kBulkTensor,    // cp.async.bulk.tensor: dst [a + imm], tensor map generic address b,
+                  // operand_slots[c..]: sub coords, mbarrier base slot, mbarrier offset slot
+  // Warpgroup-wide (.sync.aligned) collectives: the 128 threads of warps
+  // 4k..4k+3 stop at the same pc and the scheduler runs them once.
+  kWgmmaFence,   // wgmma.fence
+  kWgmmaCommit,  // wgmma.commit_group
+  kWgmmaWait,    // wgmma.wait_group imm
+  kWgmma,        // wgmma.mma_async.m64nNk16: N = 8 * vec, sub = WgmmaFlags, a = A descriptor
+                 // (ss), b = B descriptor, c = scale-d (slot, nonzero = accumulate);
+                 // operand_slots[imm..]: N/2 D slots, then 4 A slots (rs)
+  kSetmaxnreg,   // setmaxnreg.{inc (sub 1), dec (sub 0)} imm
   kNumOps
 };
 
-// Op is a collective when it is at or after kBarSync.
-inline bool is_collective(Op op) { return op >= Op::kBarSync; }
+// Op is a collective (the thread stops at it and the scheduler runs it).
+inline bool is_collective(Op op) {
+  return (op >= Op::kBarSync && op <= Op::kLdmatrix) || op == Op::kVote || op >= Op::kWgmmaFence ||
+         op == Op::kMbarTryWait;
+}
+// Warp-wide collectives: resolved per warp over a membermask.
+inline bool is_warp_collective(Op op) {
+  return op == Op::kBarWarpSync || op == Op::kShfl || op == Op::kMma || op == Op::kLdmatrix ||
+         op == Op::kVote;
+}
+// Warpgroup-wide collectives (PTX ISA "Warpgroup": four contiguous warps,
+// the first one's rank a multiple of 4).
+inline bool is_warpgroup_collective(Op op) { return op >= Op::kWgmmaFence; }
 
 enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
 enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
@@ -169,6 +203,15 @@ enum MmaKind : uint8_t { kMmaF16K16, kMmaBF16K16, kMmaF16K8, kMmaBF16K8 };
 
 // (4 is taken: cvt's signed destination.)
 enum InstFlags : uint8_t { kFtz = 1, kSigned = 2, kTrans = 8 };
+// wgmma.mma_async variant bits (Inst::sub of kWgmma).
+enum WgmmaFlags : uint8_t {
+  kWgBF16 = 1,    // .bf16 inputs (else .f16)
+  kWgRegA = 2,    // A from registers (else from a descriptor)
+  kWgTransA = 4,  // imm-trans-a = 1: A is M-major
+  kWgTransB = 8,  // imm-trans-b = 1: B is N-major
+  kWgNegA = 16,   // imm-scale-a = -1
+  kWgNegB = 32    // imm-scale-b = -1
+};
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kGuardNeg = 0x80000000u;
@@ -204,8 +247,9 @@ struct Entry {
 };
 
 struct Module {
-  int version = 0;    // .version times 10
-  int target_sm = 0;  // .target sm_NN
+  int version = 0;             // .version times 10
+  int target_sm = 0;           // .target sm_NN
+  bool arch_specific = false;  // .target sm_NNa: runs only on that SM
   std::vector<Entry> entries;
   const Entry *find(const std::string &name) const {
     for (const Entry &e : entries)
