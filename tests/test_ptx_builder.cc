@@ -482,6 +482,26 @@ void test_spec_choices(void **) {
   auto fwd = [](int d, int dv, int sm, bool varlen = false) {
     return make_spec(config(d, dv, 4, 4, Dtype::F16, 0), KernelKind::Forward, sm, varlen);
   };
+  // sm_90 runs the wgmma forward by default (docs/kernels.md, "Forward on
+  // sm_90a"): 384 threads, 128 rows, block_n from registers, stages from
+  // shared memory; varlen and the environment's override take mma.sync.
+  {
+    const KernelSpec w = fwd(128, 128, 90);
+    assert_true(w.wgmma && w.mma && w.num_warps == 12 && w.block_m == 128);
+    assert_int_equal(w.block_n, 128);
+    assert_int_equal(w.stages, 3);
+    DeviceLimits h100;
+    assert_true(published_limits(90, &h100));
+    assert_true(max_dynamic_smem(w) <= h100.smem_per_block_optin);
+    const KernelSpec w256 = fwd(256, 256, 90);
+    assert_true(w256.wgmma && w256.block_n == 64 && w256.stages == 2);
+    assert_false(fwd(128, 128, 90, true).wgmma);  // varlen: mma.sync
+    assert_false(fwd(128, 128, 80).wgmma);
+    assert_false(fwd(128, 128, 100).wgmma);  // sm_90a code runs on sm_90 only
+    setenv("FLASHATTN_FORCE_SM80_FORWARD", "1", 1);
+    assert_false(fwd(128, 128, 90).wgmma);
+  }
+  // The mma.sync forward's tiles (FLASHATTN_FORCE_SM80_FORWARD=1 keeps it on sm_90).
   const KernelSpec f64 = fwd(64, 64, 90);
   assert_true(f64.mma);
   assert_int_equal(f64.m_tiles, 2);
@@ -594,6 +614,7 @@ void test_spec_choices(void **) {
   KernelSpec bad = f;
   bad.head_dim = 12;
   assert_true(generate_ptx(bad).empty());
+  unsetenv("FLASHATTN_FORCE_SM80_FORWARD");
 }
 
 }  // namespace

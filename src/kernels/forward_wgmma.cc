@@ -148,14 +148,14 @@ class ForwardWgmmaGen {
     Reg dfirst = e_.op(Op::Add, Type::S32, m0_, shift);
     Reg dlast = e_.op(Op::Add, Type::S32, last, shift);
     n_begin_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dfirst, wl), imm(0));
-    b_.op(Op::And, Type::B32, n_begin_, n_begin_, imm(-spec_.block_n));
+    round_down(n_begin_);
     Reg n_end = e_.op(Op::Add, Type::S32, dlast, wr);
     b_.op(Op::Add, Type::S32, n_end, n_end, imm(1));
     b_.op(Op::Min, Type::S32, n_end, n_end, sk_);
     empty_ = e_.setp(Cmp::Ge, Type::S32, n_begin_, n_end);
     top_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, n_end, imm(1)), n_begin_);
     b_.op(Op::Max, Type::S32, top_, top_, imm(0));
-    b_.op(Op::And, Type::B32, top_, top_, imm(-spec_.block_n));
+    round_down(top_);
     b_.op(Op::Add, Type::S32, top_, top_, n_begin_);
     lean_lo_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dlast, wl), n_begin_);
     // lean_hi = min(m0 + sk - sq + wr + 1, sk) - block_n
@@ -176,6 +176,17 @@ class ForwardWgmmaGen {
     }
     b_.fence_proxy_async();  // the inits, visible to the copy engine
     b_.bar_sync();
+  }
+
+  // x (>= 0) rounded down to a multiple of block_n (not always a power of two).
+  void round_down(Reg x) {
+    const int bn = spec_.block_n;
+    if ((bn & (bn - 1)) == 0) {
+      b_.op(Op::And, Type::B32, x, x, imm(-bn));
+      return;
+    }
+    b_.op(Op::Div, Type::U32, x, x, imm(bn));
+    b_.op(Op::MulLo, Type::U32, x, x, imm(bn));
   }
 
   // Spins until the mbarrier at smem + off (plus a register offset) has
