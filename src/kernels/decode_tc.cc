@@ -346,14 +346,7 @@ class DecodeTcGen {
     Reg p = b_.pred(), t = b_.pred();
     for (int h = 0; h < 2; ++h) {
       Reg lo = e_.op(Op::Sub, Type::S32, lo_[h], kq), hi = e_.op(Op::Sub, Type::S32, hi_[h], kq);
-      for (int j = 0; j < 2; ++j)
-        for (int x = 0; x < 2; ++x) {
-          Reg v = s_.f[j][2 * h + x];
-          b_.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
-          b_.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
-          b_.op(Op::And, Type::Pred, p, p, t);
-          b_.selp(Type::F32, v, v, fimm(kNegInf), p);
-        }
+      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
     }
     softmax_->step({s_}, {o_});
     tile::pack_a(b_, half_, s_, 0, pa_);

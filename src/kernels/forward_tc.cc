@@ -427,16 +427,7 @@ class ForwardTcGen {
       b_.op(Op::Min, Type::S32, hi, hi, sk);
       b_.op(Op::Sub, Type::S32, lo, lo, kq);
       b_.op(Op::Sub, Type::S32, hi, hi, kq);
-      const AccTile &s = s_[r / 2];
-      for (int j = 0; j < nS_; ++j)
-        for (int x = 0; x < 2; ++x) {
-          const int c = 8 * j + x;
-          Reg v = s.f[j][2 * (r % 2) + x];
-          b_.setp(Cmp::Le, Type::S32, p, lo, imm(c));
-          b_.setp(Cmp::Gt, Type::S32, t, hi, imm(c));
-          b_.op(Op::And, Type::Pred, p, p, t);
-          b_.selp(Type::F32, v, v, fimm(kNegInf), p);
-        }
+      tile::mask_row_half(b_, s_[r / 2], r % 2, lo, hi, p, t);
     }
   }
 

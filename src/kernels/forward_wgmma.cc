@@ -467,14 +467,7 @@ class ForwardWgmmaGen {
       b_.op(Op::Min, Type::S32, hi, hi, sk_);
       b_.op(Op::Sub, Type::S32, lo, lo, kq);
       b_.op(Op::Sub, Type::S32, hi, hi, kq);
-      for (int j = 0; j < nS_; ++j)
-        for (int x = 0; x < 2; ++x) {
-          Reg v = s_.f[j][2 * h + x];
-          b_.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
-          b_.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
-          b_.op(Op::And, Type::Pred, p, p, t);
-          b_.selp(Type::F32, v, v, fimm(kNegInf), p);
-        }
+      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
     }
   }
 

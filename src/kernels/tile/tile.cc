@@ -243,6 +243,17 @@ OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)
   }
 }
 
+void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t) {
+  for (int j = 0; j < s.n(); ++j)
+    for (int x = 0; x < 2; ++x) {
+      Reg v = s.f[j][2 * h + x];
+      b.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
+      b.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
+      b.op(Op::And, Type::Pred, p, p, t);
+      b.selp(Type::F32, v, v, fimm(kNegInf), p);
+    }
+}
+
 void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
   step_impl(s, &o);
 }

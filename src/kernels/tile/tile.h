@@ -50,6 +50,12 @@ void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, co
 // pair is the A layout of m16k16, PTX ISA fragment figures).
 void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a);
 
+// Masks row half h (rows g + 8h) of an accumulator tile: element (j, x)
+// holds the column c = 8j + 2q + x relative to the lane's own first column
+// (c0 + 2q), and becomes -inf unless lo <= c < hi, with lo and hi given
+// relative to that column (s32 registers). p and t are scratch predicates.
+void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t);
+
 // A row-major matrix of 16-bit values in shared memory, each row padded by 16
 // bytes so the eight rows of an ldmatrix phase start on distinct 16-byte
 // bank groups (conflict-free) and cp.async writes of a row stay 16-byte
