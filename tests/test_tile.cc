@@ -254,6 +254,55 @@ void test_copy_plans(void **) {
   check_copy(16, 40, 128, true, 0, false);  // every row zero-filled
 }
 
+// ------------------------------------------------------------ masking ---
+
+// mask_row_half on a 16 x 32 tile of ones: row r keeps columns [lo_r, hi_r)
+// (given per row, made relative to each lane's first column 2q as the
+// kernels do) and every other element becomes -inf; checked element by
+// element, including empty ranges and ranges past the tile.
+void test_mask_row_half(void **) {
+  const int rows = 16, cols = 32, n = cols / 8;
+  const int lo[rows] = {0, 3, 8, 31, 32, -5, 7, 16, 1, 0, 9, 20, 2, 30, 5, 15};
+  const int hi[rows] = {32, 4, 24, 32, 40, 3, 7, 17, 31, 0, 33, 21, 18, 31, 6, 15};
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    const tile::AccTile t = tile::acc_tile(b, n);
+    for (const tile::Frag4 &f : t.f)
+      for (Reg r : f) b.mov(Type::F32, r, fimm(1.0f));
+    Reg p = b.pred(), q = b.pred();
+    Reg kq = e.op(Op::MulLo, Type::S32, ln.q, imm(2));
+    for (int h = 0; h < 2; ++h) {
+      // This lane's row g + 8h: lo/hi from the tables in global memory.
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * h));
+      Reg l = b.b32(), u = b.b32();
+      b.ld(Space::Global, Type::S32, l, at(e.index(g[0], row, 4)));
+      b.ld(Space::Global, Type::S32, u, at(e.index(g[1], row, 4)));
+      b.op(Op::Sub, Type::S32, l, l, kq);
+      b.op(Op::Sub, Type::S32, u, u, kq);
+      tile::mask_row_half(b, t, h, l, u, p, q);
+    }
+    store_acc(e, ln, t, 0, g[2], cols);
+  });
+  DevBuf dlo(rows * 4), dhi(rows * 4), dout(rows * cols * 4);
+  dlo.put(std::vector<int32_t>(lo, lo + rows));
+  dhi.put(std::vector<int32_t>(hi, hi + rows));
+  Ptrs pt = {{dlo.ptr, dhi.ptr, dout.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, 0, pt), FA_SUCCESS);
+  const std::vector<float> got = dout.get<float>();
+  int bad = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const bool keep = c >= lo[r] && c < hi[r];
+      const float v = got[size_t(r) * cols + c];
+      if (keep ? v != 1.0f : !(std::isinf(v) && v < 0)) {
+        if (bad < 5) std::fprintf(stderr, "row %d col %d: %g (keep %d)\n", r, c, v, keep);
+        ++bad;
+      }
+    }
+  assert_int_equal(bad, 0);
+}
+
 // ------------------------------------------------------- online softmax ---
 
 // One warp, two m-tiles (32 rows), scores given tile by tile ([tile][32 rows]
@@ -361,6 +410,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mma_fragments),
       cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_mask_row_half),
       cmocka_unit_test(test_online_softmax),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
