@@ -275,17 +275,7 @@ def finish_row(row, copy_bw):
 
 def write_csv(path, rows, meta):
     """rows: dicts keyed by FIELDS (missing = empty); meta first as '# key: value'."""
-    import csv
-    with open(path, "w", newline="") as f:
-        for k, v in meta.items():
-            f.write("# %s: %s\n" % (k, str(v).replace("\n", " ")))
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            unknown = set(r) - set(FIELDS)
-            if unknown:
-                raise ValueError("unknown CSV fields %s" % sorted(unknown))
-            w.writerow({k: common._fmt(r.get(k)) for k in FIELDS})
+    common.write_csv(path, rows, meta, FIELDS)
 
 
 def _parse(field, text):
@@ -302,16 +292,7 @@ def _parse(field, text):
 
 def read_csv(path):
     """(meta, rows) as written by write_csv, numbers parsed back."""
-    import csv
-    meta, lines = {}, []
-    with open(path, newline="") as f:
-        for line in f:
-            if line.startswith("# ") and not lines:
-                k, _, v = line[2:].rstrip("\n").partition(": ")
-                meta[k] = v
-            else:
-                lines.append(line)
-    return meta, [{k: _parse(k, v) for k, v in r.items()} for r in csv.DictReader(lines)]
+    return common.read_csv(path, _parse)
 
 
 def impl_cell(row, impl):

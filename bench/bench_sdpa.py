@@ -257,19 +257,20 @@ def _fmt(v):
     return str(v)
 
 
-def write_csv(path, rows, meta):
-    """rows: dicts keyed by FIELDS (missing = empty). meta: dict written first
-    as '# key: value' lines."""
+def write_csv(path, rows, meta, fields=None):
+    """rows: dicts keyed by fields (default FIELDS; missing = empty). meta:
+    dict written first as '# key: value' lines."""
+    fields = FIELDS if fields is None else fields
     with open(path, "w", newline="") as f:
         for k, v in meta.items():
             f.write("# %s: %s\n" % (k, str(v).replace("\n", " ")))
-        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            unknown = set(r) - set(FIELDS)
+            unknown = set(r) - set(fields)
             if unknown:
                 raise ValueError("unknown CSV fields %s" % sorted(unknown))
-            w.writerow({k: _fmt(r.get(k)) for k in FIELDS})
+            w.writerow({k: _fmt(r.get(k)) for k in fields})
 
 
 def _parse(field, text):
@@ -284,8 +285,10 @@ def _parse(field, text):
     return text
 
 
-def read_csv(path):
-    """(meta, rows) as written by write_csv, with numbers parsed back."""
+def read_csv(path, parse=None):
+    """(meta, rows) as written by write_csv, with numbers parsed back by
+    parse(field, text) (default: this benchmark's fields)."""
+    parse = _parse if parse is None else parse
     meta, lines = {}, []
     with open(path, newline="") as f:
         for line in f:
@@ -294,7 +297,7 @@ def read_csv(path):
                 meta[k] = v
             else:
                 lines.append(line)
-    rows = [{k: _parse(k, v) for k, v in r.items()} for r in csv.DictReader(lines)]
+    rows = [{k: parse(k, v) for k, v in r.items()} for r in csv.DictReader(lines)]
     return meta, rows
 
 
