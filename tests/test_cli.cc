@@ -31,88 +31,13 @@
 #include "npy.h"
 #include "reference.h"
 
-// cmocka last: its fail() macro clashes with std::basic_ios::fail.
+// Last: they include cmocka.
 #include "support/cache_fixture.h"
-#include "support/cmocka.hh"
-
-extern char **environ;
+#include "support/cli_harness.h"
 
 namespace {
 
-const char *const kCli = FA_CLI_PATH;
-std::string g_dir;  // scratch directory of this test
-
-std::string path_of(const std::string &name) { return g_dir + "/" + name; }
-
-std::string read_text(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  bool exited = false, signaled = false;
-  int code = -1;
-  std::string out, err;
-};
-
-// Runs the program with `args`, stdout and stderr into out_path and
-// err_path, without CMocka (safe in a forked child): the waitpid status, or
-// -1 when it could not be started or waited for.
-int spawn_cli(const std::vector<std::string> &args, const std::string &out_path,
-              const std::string &err_path) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> all = {kCli};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char *> argv;
-  for (auto &a : all) argv.push_back(const_cast<char *>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid;
-  const int rc = posix_spawn(&pid, kCli, &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  int status = 0;
-  if (rc != 0 || waitpid(pid, &status, 0) != pid) return -1;
-  return status;
-}
-
-// Runs the program with `args`, stdout and stderr captured in files.
-Result run_cli(const std::vector<std::string> &args) {
-  const std::string out_path = path_of("stdout.txt"), err_path = path_of("stderr.txt");
-  const int status = spawn_cli(args, out_path, err_path);
-  assert_int_not_equal(status, -1);
-  Result r;
-  r.exited = WIFEXITED(status);
-  r.signaled = WIFSIGNALED(status);
-  r.code = r.exited ? WEXITSTATUS(status) : -1;
-  r.out = read_text(out_path);
-  r.err = read_text(err_path);
-  return r;
-}
-
-std::string join(const std::vector<std::string> &args) {
-  std::string s;
-  for (const auto &a : args) s += " " + a;
-  return s;
-}
-
-bool contains(const std::string &hay, const std::string &needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
-void expect(bool cond, const std::vector<std::string> &args, const Result &r, const char *what) {
-  if (cond) return;
-  std::fprintf(stderr, "flashattn%s: %s\n  exit %d (signaled %d)\n  stdout: %s\n  stderr: %s\n",
-               join(args).c_str(), what, r.code, r.signaled, r.out.c_str(), r.err.c_str());
-  fail();
-}
-
-void skip_without_cli() {
-  if (kCli[0] == 0) skip();
-}
+using namespace fa::test::cli;
 
 // ---- inputs -------------------------------------------------------------
 
@@ -121,24 +46,6 @@ std::vector<float> randn(size_t n, std::mt19937 *rng) {
   std::vector<float> v(n);
   for (auto &x : v) x = nd(*rng);
   return v;
-}
-
-void write_npy(const std::string &name, const fa::npy::Array &a) {
-  std::string err;
-  if (!fa::npy::write(path_of(name), a, &err)) {
-    std::fprintf(stderr, "%s\n", err.c_str());
-    fail();
-  }
-}
-
-fa::npy::Array read_npy(const std::string &name) {
-  fa::npy::Array a;
-  std::string err;
-  if (!fa::npy::read(path_of(name), &a, &err)) {
-    std::fprintf(stderr, "%s\n", err.c_str());
-    fail();
-  }
-  return a;
 }
 
 // Writes `values` (float32 data) in the given .npy dtype.

@@ -1,0 +1,124 @@
+// Running the `flashattn` program (FA_CLI_PATH) as a child process in a
+// test's scratch directory: spawn with stdout/stderr captured in files, the
+// exit status, assertions that print the whole command on failure, and .npy
+// files in the scratch directory. Include it last (it includes cmocka).
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "npy.h"
+
+// cmocka last: its fail() macro clashes with std::basic_ios::fail.
+#include "support/cmocka.hh"
+
+extern char **environ;
+
+namespace fa::test::cli {
+
+inline const char *const kCli = FA_CLI_PATH;
+
+// The test's scratch directory (set once by its main).
+inline std::string g_dir;
+
+inline std::string path_of(const std::string &name) { return g_dir + "/" + name; }
+
+inline std::string read_text(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  bool exited = false, signaled = false;
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the program with `args`, stdout and stderr into out_path and
+// err_path, without CMocka (safe in a forked child): the waitpid status, or
+// -1 when it could not be started or waited for.
+inline int spawn_cli(const std::vector<std::string> &args, const std::string &out_path,
+                     const std::string &err_path) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> all = {kCli};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (auto &a : all) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawn(&pid, kCli, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  if (rc != 0 || waitpid(pid, &status, 0) != pid) return -1;
+  return status;
+}
+
+// Runs the program with `args`, stdout and stderr captured in files.
+inline Result run_cli(const std::vector<std::string> &args) {
+  const std::string out_path = path_of("stdout.txt"), err_path = path_of("stderr.txt");
+  const int status = spawn_cli(args, out_path, err_path);
+  assert_int_not_equal(status, -1);
+  Result r;
+  r.exited = WIFEXITED(status);
+  r.signaled = WIFSIGNALED(status);
+  r.code = r.exited ? WEXITSTATUS(status) : -1;
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+inline std::string join(const std::vector<std::string> &args) {
+  std::string s;
+  for (const auto &a : args) s += " " + a;
+  return s;
+}
+
+inline bool contains(const std::string &hay, const std::string &needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+// Fails the test with the command, its exit status and its output unless cond.
+inline void expect(bool cond, const std::vector<std::string> &args, const Result &r,
+                   const char *what) {
+  if (cond) return;
+  std::fprintf(stderr, "flashattn%s: %s\n  exit %d (signaled %d)\n  stdout: %s\n  stderr: %s\n",
+               join(args).c_str(), what, r.code, r.signaled, r.out.c_str(), r.err.c_str());
+  fail();
+}
+
+inline void skip_without_cli() {
+  if (kCli[0] == 0) skip();
+}
+
+inline void write_npy(const std::string &name, const fa::npy::Array &a) {
+  std::string err;
+  if (!fa::npy::write(path_of(name), a, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    fail();
+  }
+}
+
+inline fa::npy::Array read_npy(const std::string &name) {
+  fa::npy::Array a;
+  std::string err;
+  if (!fa::npy::read(path_of(name), &a, &err)) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    fail();
+  }
+  return a;
+}
+
+}  // namespace fa::test::cli
