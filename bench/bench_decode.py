@@ -367,7 +367,7 @@ class DecodeBench:
         self.rt = fa.Runtime(backend="cuda", cache="memory")
         self.cfg = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
                              num_heads_kv=HEADS_KV)
-        self.cycles_per_ms = self._calibrate_sleep()
+        self.cycles_per_ms = common.calibrate_sleep(self.torch)
         try:
             from flash_attn import flash_attn_with_kvcache
             self.fa2, self.fa2_why = flash_attn_with_kvcache, None
@@ -379,19 +379,6 @@ class DecodeBench:
             self.fi_workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
         except Exception as ex:
             self.flashinfer, self.flashinfer_why = None, common._reason(ex, [])
-
-    def _calibrate_sleep(self):
-        torch = self.torch
-        if not hasattr(torch.cuda, "_sleep"):
-            return None
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        s.record()
-        torch.cuda._sleep(2_000_000)
-        e.record()
-        e.synchronize()
-        ms = s.elapsed_time(e)
-        return 2_000_000 / ms if ms > 0 else None
 
     def copy_bandwidth(self, nbytes):
         """Device-to-device copy of nbytes (torch copy_), median of 20 after

@@ -257,6 +257,21 @@ def _fmt(v):
     return str(v)
 
 
+def calibrate_sleep(torch):
+    """GPU cycles per ms of torch.cuda._sleep (None without it): timed once
+    with CUDA events."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    s.record()
+    torch.cuda._sleep(2_000_000)
+    e.record()
+    e.synchronize()
+    ms = s.elapsed_time(e)
+    return 2_000_000 / ms if ms > 0 else None
+
+
 def write_csv(path, rows, meta, fields=None):
     """rows: dicts keyed by fields (default FIELDS; missing = empty). meta:
     dict written first as '# key: value' lines."""
@@ -808,21 +823,8 @@ class GpuBench:
             self.sdpa_kernel, self.backends = None, {}
         self.rt = fa.Runtime(backend="cuda", cache="memory")
         self.sm = self.rt.info.sm
-        self.cycles_per_ms = self._calibrate_sleep()
+        self.cycles_per_ms = calibrate_sleep(self.torch)
         self.configs = {}
-
-    def _calibrate_sleep(self):
-        torch = self.torch
-        if not hasattr(torch.cuda, "_sleep"):
-            return None
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        s.record()
-        torch.cuda._sleep(2_000_000)
-        e.record()
-        e.synchronize()
-        ms = s.elapsed_time(e)
-        return 2_000_000 / ms if ms > 0 else None
 
     def fa_config(self, c):
         key = c.key
