@@ -7,6 +7,7 @@
 // named barriers, and a producer / consumer pipeline (TMA + mbarrier +
 // wgmma, 3 warpgroups) built with the PTX builder. Misuse must be an error
 // naming the PTX line, never a hang.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -324,8 +325,12 @@ $L_copied:
 }
 
 // Runs one case with A (64 x 16nk), B (16nk x N), C (64 x N); returns D.
+// `edit` rewrites the kernel first; a launch expected to fail (`want`)
+// returns no D (`ptx_out`: the kernel run).
 std::vector<float> run_wgmma(const WgCase &c, const std::vector<uint16_t> &A,
-                             const std::vector<uint16_t> &B, const std::vector<float> &C) {
+                             const std::vector<uint16_t> &B, const std::vector<float> &C,
+                             const std::function<std::string(const std::string &)> &edit = nullptr,
+                             fa_status want = FA_SUCCESS, std::string *ptx_out = nullptr) {
   const int n = c.n, nd = n / 2, K = 16 * c.nk;
   // B as an N x K operand (row mn = column of B).
   std::vector<uint16_t> bt(static_cast<size_t>(n) * K);
@@ -374,10 +379,12 @@ std::vector<float> run_wgmma(const WgCase &c, const std::vector<uint16_t> &A,
   }
   prm.img_words = img_bytes / 16;
   prm.scale = 1;
-  const std::string ptx = wgmma_kernel(c);
+  const std::string ptx = edit ? edit(wgmma_kernel(c)) : wgmma_kernel(c);
+  if (ptx_out) *ptx_out = ptx;
   fa_status st = run(ptx, "k_wg", 128, img_bytes, &prm, sizeof prm);
-  if (st != FA_SUCCESS) std::fprintf(stderr, "%s: %s\n", c.name().c_str(), fa::last_error());
-  assert_int_equal(st, FA_SUCCESS);
+  if (st != want) std::fprintf(stderr, "%s: %s\n", c.name().c_str(), fa::last_error());
+  assert_int_equal(st, want);
+  if (want != FA_SUCCESS) return {};
   std::vector<uint32_t> words = dout.get<uint32_t>();
   std::vector<float> D(static_cast<size_t>(64) * n, NAN);
   for (int t = 0; t < 128; ++t)
@@ -568,6 +575,7 @@ std::string async_kernel(const std::string &body) {
   mov.u32 %r4, 0x3c003c00;
   st.shared.v4.u32 [%r3], {%r4, %r4, %r4, %r4};
   st.shared.v4.u32 [%r3+16], {%r4, %r4, %r4, %r4};
+  fence.proxy.async.shared::cta;
   bar.sync 0;
   mov.b64 %rdA, )" +
          std::to_string(da) + R"(;
@@ -1679,6 +1687,402 @@ void test_builder_forms(void **) {
   for (int i = 128 * 8; i < 128 * 8 + 128; ++i) assert_int_equal(w[i], 0x3c003c00u);
 }
 
+// ====================================================== stmatrix ====
+// PTX ISA "stmatrix" (the ldmatrix fragment layout): lane 8j + r gives the
+// address of row r of matrix j; lane l's register j holds row l / 4,
+// columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j (low half first); with
+// .trans, column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1.
+
+struct StmParams {
+  uint64_t in, addrs, dump, back;
+};
+
+// One warp: registers from `in` (4 per lane), row offsets from `addrs`,
+// stmatrix, then ldmatrix of the same rows into `back` (4 per lane, zeros
+// past count), and the 2048 bytes of shared memory into `dump`.
+std::string stmatrix_kernel(int count, bool trans) {
+  const std::string shape = ".x" + std::to_string(count) + (trans ? ".trans" : "");
+  std::string src = "{%r10", ld = "{%r20";
+  for (int j = 1; j < count; ++j) {
+    src += ", %r1" + std::to_string(j);
+    ld += ", %r2" + std::to_string(j);
+  }
+  src += "}";
+  ld += "}";
+  return std::string(kHopper) + R"(.visible .entry k_stm(.param .align 8 .b8 k_stm_param[32])
+{
+  .reg .pred %p<4>;
+  .reg .b32 %r<40>;
+  .reg .b64 %rd<20>;
+  .extern .shared .align 1024 .b8 smem[];
+  ld.param.u64 %rd1, [k_stm_param+0];
+  ld.param.u64 %rd2, [k_stm_param+8];
+  ld.param.u64 %rd3, [k_stm_param+16];
+  ld.param.u64 %rd4, [k_stm_param+24];
+  mov.u32 %r1, %tid.x;
+  mul.wide.u32 %rd5, %r1, 16;
+  add.s64 %rd6, %rd1, %rd5;
+  ld.global.v4.u32 {%r10, %r11, %r12, %r13}, [%rd6];
+  mul.wide.u32 %rd7, %r1, 4;
+  add.s64 %rd8, %rd2, %rd7;
+  ld.global.u32 %r2, [%rd8];
+  mov.u32 %r3, smem;
+  add.u32 %r4, %r3, %r2;
+  mov.u32 %r20, 0;
+  mov.u32 %r21, 0;
+  mov.u32 %r22, 0;
+  mov.u32 %r23, 0;
+  stmatrix.sync.aligned.m8n8)" +
+         shape + ".shared.b16 [%r4], " + src + R"(; // STM
+  ldmatrix.sync.aligned.m8n8)" +
+         shape + ".shared.b16 " + ld + R"(, [%r4];
+  add.s64 %rd9, %rd4, %rd5;
+  st.global.v4.u32 [%rd9], {%r20, %r21, %r22, %r23};
+  bar.sync 0;
+  mov.u32 %r5, %r1;
+$L_dump:
+  setp.ge.u32 %p1, %r5, 512;
+  @%p1 bra $L_end;
+  mad.lo.u32 %r6, %r5, 4, %r3;
+  ld.shared.u32 %r7, [%r6];
+  mul.wide.u32 %rd10, %r5, 4;
+  add.s64 %rd11, %rd3, %rd10;
+  st.global.u32 [%rd11], %r7;
+  add.u32 %r5, %r5, 32;
+  bra $L_dump;
+$L_end:
+  ret;
+}
+)";
+}
+
+void test_stmatrix(void **) {
+  std::mt19937 rng(77);
+  for (int count : {1, 2, 4}) {
+    for (bool trans : {false, true}) {
+      // Rows at distinct, shuffled 16-byte slots of 2 KB; lanes past
+      // 8 * count give misaligned addresses, which must be ignored.
+      std::vector<uint32_t> slots(128);
+      for (uint32_t i = 0; i < 128; ++i) slots[i] = i;
+      std::shuffle(slots.begin(), slots.end(), rng);
+      std::vector<uint32_t> addrs(32), in(128);
+      for (int l = 0; l < 32; ++l) addrs[l] = l < 8 * count ? 16 * slots[l] : 3;
+      for (auto &x : in) x = static_cast<uint32_t>(rng());
+      DevBuf din(in.size() * 4), dad(128), ddump(2048), dback(512);
+      din.put(in);
+      dad.put(addrs);
+      StmParams prm{din.ptr, dad.ptr, ddump.ptr, dback.ptr};
+      expect_ok(run(stmatrix_kernel(count, trans), "k_stm", 32, 2048, &prm, sizeof prm));
+      std::vector<uint16_t> dump = ddump.get<uint16_t>();
+      std::vector<uint32_t> back = dback.get<uint32_t>();
+      std::vector<bool> written(1024, false);
+      for (int j = 0; j < count; ++j)
+        for (int r = 0; r < 8; ++r)
+          for (int c = 0; c < 8; ++c) {
+            // The lane and half holding element (r, c) of matrix j.
+            const int lane = trans ? 4 * c + r / 2 : 4 * r + c / 2;
+            const int half = trans ? r % 2 : c % 2;
+            const uint16_t want = static_cast<uint16_t>(in[4 * lane + j] >> (16 * half));
+            const uint32_t at = addrs[8 * j + r] / 2 + c;
+            written[at] = true;
+            if (dump[at] != want) {
+              std::fprintf(stderr, "stmatrix x%d%s: matrix %d (%d, %d) = 0x%04x, want 0x%04x\n",
+                           count, trans ? ".trans" : "", j, r, c, dump[at], want);
+              fail();
+            }
+          }
+      for (int i = 0; i < 1024; ++i)
+        if (!written[i]) assert_int_equal(dump[i], 0xffff);  // untouched (0xff fill)
+      // ldmatrix of the same rows returns the registers.
+      for (int l = 0; l < 32; ++l)
+        for (int j = 0; j < 4; ++j)
+          assert_int_equal(back[4 * l + j], j < count ? in[4 * l + j] : 0);
+    }
+  }
+  // A row address not 16-byte aligned is an error naming the line.
+  std::vector<uint32_t> addrs(32);
+  for (int l = 0; l < 32; ++l) addrs[l] = 16 * l;
+  addrs[5] = 16 * 5 + 8;
+  DevBuf din(512), dad(128), ddump(2048), dback(512);
+  dad.put(addrs);
+  StmParams prm{din.ptr, dad.ptr, ddump.ptr, dback.ptr};
+  const std::string ptx = stmatrix_kernel(4, false);
+  assert_int_equal(run(ptx, "k_stm", 32, 2048, &prm, sizeof prm), FA_ERROR_LAUNCH);
+  expect_error("stmatrix.sync.aligned.m8n8.x4.shared.b16 " + at_line(ptx, "// STM"));
+  expect_error("misaligned shared address 88");
+  // Needs sm_90 and PTX ISA 7.8.
+  std::string old = ptx;
+  old.replace(old.find(".target sm_90a"), 14, ".target sm_80");
+  assert_int_equal(run(old, "k_stm", 32, 2048, &prm, sizeof prm), FA_ERROR_COMPILE);
+  expect_error("requires .target sm_90");
+  old = ptx;
+  old.replace(old.find(".version 8.0"), 12, ".version 7.7");
+  assert_int_equal(run(old, "k_stm", 32, 2048, &prm, sizeof prm), FA_ERROR_COMPILE);
+  expect_error("requires .version 7.8");
+}
+
+// ===================================================== elect.sync ====
+// PTX ISA "elect.sync": one leader of membermask (the emulator: its lowest
+// lane) gets p = true; d = the leader's lane id in every participant.
+
+struct ElectParams {
+  uint64_t out;
+  uint32_t mask, pad;
+};
+
+// Two warps; lanes outside the mask (or per `skip`, a setp of %p1 on the
+// lane id %r3) branch over the elect. Per thread: {d, p} (0xABABABAB, 7
+// when skipped).
+std::string elect_kernel(const char *dp = "%r5|%p2", const char *skip = nullptr) {
+  std::string s = skip ? std::string("  ") + skip + "\n"
+                       : "  shr.u32 %r4, %r1, %r3;\n  and.b32 %r4, %r4, 1;\n"
+                         "  setp.eq.u32 %p1, %r4, 0;\n";
+  return std::string(kHopper) + R"(.visible .entry k_el(.param .align 8 .b8 k_el_param[16])
+{
+  .reg .pred %p<4>;
+  .reg .b32 %r<20>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [k_el_param+0];
+  ld.param.u32 %r1, [k_el_param+8];
+  mov.u32 %r2, %tid.x;
+  mov.u32 %r3, %laneid;
+  mov.u32 %r5, 0xABABABAB;
+  mov.u32 %r6, 7;
+)" + s + R"(  @%p1 bra $L_skip;
+  elect.sync )" +
+         dp + R"(, %r1; // ELECT
+  selp.u32 %r6, 1, 0, %p2;
+$L_skip:
+  mul.wide.u32 %rd2, %r2, 8;
+  add.s64 %rd3, %rd1, %rd2;
+  st.global.v2.u32 [%rd3], {%r5, %r6};
+  ret;
+}
+)";
+}
+
+void test_elect_sync(void **) {
+  for (uint32_t mask : {0xffffffffu, 0x00f0f0f0u, 0x80000000u, 0x00000001u, 0x0000fffeu}) {
+    for (bool sink : {false, true}) {
+      DevBuf dout(64 * 8);
+      ElectParams prm{dout.ptr, mask, 0};
+      expect_ok(run(elect_kernel(sink ? "_|%p2" : "%r5|%p2"), "k_el", 64, 0, &prm, sizeof prm));
+      std::vector<uint32_t> v = dout.get<uint32_t>();
+      const uint32_t leader = static_cast<uint32_t>(__builtin_ctz(mask));
+      for (uint32_t t = 0; t < 64; ++t) {
+        const uint32_t lane = t % 32;
+        const bool in = (mask >> lane) & 1;
+        assert_int_equal(v[2 * t], in && !sink ? leader : 0xABABABABu);
+        assert_int_equal(v[2 * t + 1], in ? (lane == leader ? 1u : 0u) : 7u);
+      }
+    }
+  }
+  // d alone (p the sink).
+  {
+    DevBuf dout(64 * 8);
+    ElectParams prm{dout.ptr, 0x0000ff00u, 0};
+    std::string k = elect_kernel("%r5|_");
+    k.replace(k.find("  selp.u32 %r6, 1, 0, %p2;\n"), 27, "");
+    expect_ok(run(k, "k_el", 64, 0, &prm, sizeof prm));
+    std::vector<uint32_t> v = dout.get<uint32_t>();
+    for (uint32_t t = 0; t < 64; ++t)
+      assert_int_equal(v[2 * t], (t % 32) / 8 == 1 ? 8u : 0xABABABABu);
+  }
+  // Divergence: a lane of the mask that never arrives; a lane outside the
+  // mask that executes it.
+  DevBuf dout(64 * 8);
+  ElectParams prm{dout.ptr, 0xffffffffu, 0};
+  std::string k = elect_kernel("%r5|%p2", "setp.eq.u32 %p1, %r3, 3;");
+  assert_int_equal(run(k, "k_el", 64, 0, &prm, sizeof prm), FA_ERROR_LAUNCH);
+  expect_error("elect.sync " + at_line(k, "// ELECT") + ": lanes 3 of membermask 0xffffffff");
+  prm.mask = 0x0000ffffu;
+  k = elect_kernel("%r5|%p2", "setp.eq.u32 %p1, %r3, 99;");
+  assert_int_equal(run(k, "k_el", 64, 0, &prm, sizeof prm), FA_ERROR_LAUNCH);
+  expect_error("elect.sync " + at_line(k, "// ELECT") +
+               ": executing lane 16 is not in membermask 0x0000ffff");
+  // Needs sm_90; d must be b32; p a predicate.
+  k = elect_kernel();
+  k.replace(k.find(".target sm_90a"), 14, ".target sm_80");
+  assert_int_equal(run(k, "k_el", 64, 0, &prm, sizeof prm), FA_ERROR_COMPILE);
+  expect_error("requires .target sm_90");
+  for (const char *bad : {"%rd1|%p2", "%r5|%r6", "%r5"}) {
+    k = elect_kernel(bad);
+    assert_int_equal(run(k, "k_el", 64, 0, &prm, sizeof prm), FA_ERROR_COMPILE);
+  }
+}
+
+// ================================================ proxy fences ====
+// PTX ISA memory model, "proxies": shared memory written through the
+// generic proxy (st.shared) and read through the async proxy (wgmma's
+// descriptor operands) needs a fence.proxy.async by the writer in between.
+
+void test_proxy_fence(void **) {
+  WgCase c;
+  c.n = 16;
+  c.wa = c.wb = 0;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::vector<uint16_t> A(64 * 16), B(16 * 16);
+  std::vector<float> C(64 * 16, 0.0f);
+  for (auto &x : A) x = to_half(false, small(rng) / 4.0f);
+  for (auto &x : B) x = to_half(false, small(rng) / 4.0f);
+  const char *fence = "  fence.proxy.async.shared::cta;\n";
+  auto drop = [&](const std::string &p) {
+    std::string q = p;
+    q.replace(q.find(fence), std::strlen(fence), "");
+    return q;
+  };
+  // With the writers' fence (the kernel as it is) the result is right.
+  std::vector<float> ref = run_wgmma(c, A, B, C);
+  // Without it: an error naming the wgmma and the store.
+  std::string ptx;
+  run_wgmma(c, A, B, C, drop, FA_ERROR_LAUNCH, &ptx);
+  expect_error("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " +
+               at_line(ptx, "wgmma.mma_async"));
+  expect_error("its generic-proxy write by st.shared.v4.u32 " + at_line(ptx, "st.shared.v4"));
+  expect_error("fence.proxy.async");
+  // Only thread 0 fences: the other writers' bytes are still unfenced.
+  auto only0 = [&](const std::string &p) {
+    std::string q = p;
+    q.replace(q.find(fence), std::strlen(fence),
+              "  setp.eq.u32 %p3, %r1, 0;\n  @%p3 fence.proxy.async.shared::cta;\n");
+    return q;
+  };
+  run_wgmma(c, A, B, C, only0, FA_ERROR_LAUNCH, &ptx);
+  expect_error("(thread (");
+  // The fence before the barrier (each writer, after its stores) is as good.
+  auto before = [&](const std::string &p) {
+    std::string q = drop(p);
+    q.replace(q.find("  bar.sync 0;\n"), 14, "  fence.proxy.async;\n  bar.sync 0;\n");
+    return q;
+  };
+  std::vector<float> got = run_wgmma(c, A, B, C, before);
+  for (size_t i = 0; i < ref.size(); ++i) assert_true(got[i] == ref[i]);
+  // Another fence form (fence.proxy.async.global) does not order shared memory.
+  auto global = [&](const std::string &p) {
+    std::string q = p;
+    q.replace(q.find(fence), std::strlen(fence), "  fence.proxy.async.global;\n");
+    return q;
+  };
+  run_wgmma(c, A, B, C, global, FA_ERROR_LAUNCH);
+  expect_error("is read through the async proxy");
+  // cp.async is a generic-proxy write too: the same copy by cp.async needs
+  // the fence as well.
+  auto by_cp_async = [&](const std::string &p) {
+    std::string q = p;
+    const char *ld = "  ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd31];\n";
+    const char *st = "  st.shared.v4.u32 [%r10], {%r5, %r6, %r7, %r8};\n";
+    q.replace(q.find(ld), std::strlen(ld), "");
+    q.replace(q.find(st), std::strlen(st), "  cp.async.cg.shared.global [%r10], [%rd31], 16;\n");
+    q.replace(q.find("$L_copied:\n"), 11, "$L_copied:\n  cp.async.wait_all;\n");
+    return q;
+  };
+  got = run_wgmma(c, A, B, C, by_cp_async);
+  for (size_t i = 0; i < ref.size(); ++i) assert_true(got[i] == ref[i]);
+  run_wgmma(
+      c, A, B, C, [&](const std::string &p) { return drop(by_cp_async(p)); }, FA_ERROR_LAUNCH,
+      &ptx);
+  expect_error("its generic-proxy write by cp.async.cg.shared.global " +
+               at_line(ptx, "cp.async.cg"));
+}
+
+// ================================================ profile counters ====
+// cp.async.bulk.tensor loads count as global loads (and as TMA): the box
+// rows inside the tensor, 32-byte sectors; wgmma's shared operands count
+// bytes and 128-byte lines.
+
+void test_profile_tma_wgmma(void **) {
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  // 64 x 8 bf16 (128-byte rows); a box of 64 x 8 inside: 1024 bytes, 32 sectors.
+  fa::emu::TensorMap m = make_map(0, {64, 8}, {64, 8}, 2, fa::emu::TmaSwizzle::None);
+  std::vector<uint8_t> g(tensor_bytes(m), 1);
+  DevBuf dg(g.size());
+  dg.put(g);
+  m.base = dg.ptr;
+  struct Case {
+    int32_t x, y;
+    uint64_t bytes, sectors;
+  } cases[] = {
+      {0, 0, 1024, 32},
+      // Columns -16..47 and rows 4..11: 48 columns (96 bytes, 3 sectors) of 4 rows.
+      {-16, 4, 4 * 96, 4 * 3},
+      // Columns 8..71, rows -7..0: 56 columns from byte 16 (112 bytes, 4 sectors) of 1 row.
+      {8, -7, 112, 4},
+  };
+  for (const Case &k : cases) {
+    run_tma(m, {k.x, k.y}, 1024);
+    fa::emu::LaunchProfile p;
+    assert_int_equal(g_be->last_profile(&p), FA_SUCCESS);
+    const fa::emu::MemCounters &t = p.total;
+    assert_int_equal(t.tma_requests, 1);
+    assert_int_equal(t.tma_bytes, k.bytes);
+    assert_int_equal(t.tma_sectors, k.sectors);
+    // The kernel's other global loads are none: TMA is all of them.
+    assert_int_equal(t.global_load_requests, 1);
+    assert_int_equal(t.global_load_sectors, k.sectors);
+    assert_int_equal(t.global_load_bytes, k.bytes);
+    assert_int_equal(t.wgmma_requests, 0);
+  }
+  // wgmma m64n16k16 from dense no-swizzle tiles: A 2048 + B 512 bytes, 16 +
+  // 4 lines of 128 bytes; the issue is one request.
+  WgCase c;
+  c.n = 16;
+  c.wa = c.wb = 0;
+  std::vector<uint16_t> A(64 * 16, 0), B(16 * 16, 0);
+  std::vector<float> C(64 * 16, 0.0f);
+  run_wgmma(c, A, B, C);
+  fa::emu::LaunchProfile p;
+  assert_int_equal(g_be->last_profile(&p), FA_SUCCESS);
+  assert_int_equal(p.total.wgmma_requests, 1);
+  assert_int_equal(p.total.wgmma_shared_bytes, 2048 + 512);
+  assert_int_equal(p.total.wgmma_shared_wavefronts, 16 + 4);
+  assert_int_equal(p.total.tma_requests, 0);
+  unsetenv("FLASHATTN_EMU_PROFILE");
+}
+
+// The builder's stmatrix and elect_sync on the emulator: lane l's register
+// holds halves l and l + 1 (matrix elements (l / 4, 2 (l % 4)) and the next);
+// the lane elected from 0xfffffff0 (lane 4) stores its id and row 1 as read
+// back, the one elected from the full warp (lane 0) its lane id.
+void test_builder_stmatrix_elect(void **) {
+  Builder b("k_bse", 8);
+  b.set_arch_specific(true);
+  fa::ptx::Symbol sm = b.shared("sm", 16, 128);
+  Reg lane = b.b32(), v = b.b32(), a = b.b32(), base = b.b32(), id = b.b32(), out = b.b64();
+  Reg p = b.pred(), q = b.pred();
+  b.ld_param(Type::U64, out, 0);
+  b.mov(Type::U32, lane, fa::ptx::sreg(fa::ptx::Special::LaneId));
+  b.op(Op::MadLo, Type::U32, v, lane, imm(0x10001), imm(0x10000));  // halves l, l + 1
+  b.mov(Type::U32, base, fa::ptx::sym(sm));
+  b.op(Op::MadLo, Type::U32, a, lane, imm(16), base);
+  Reg r[1] = {v};
+  b.stmatrix(false, r, 1, at(a));
+  b.elect_sync(p, 0xffffffffu);
+  fa::ptx::Label skip = b.label(), end = b.label();
+  b.setp(fa::ptx::Cmp::Lt, Type::U32, q, lane, imm(4));
+  b.when(q).bra(skip);
+  b.elect_sync(id, q, 0xfffffff0u);
+  Reg w[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  b.ld_v(Space::Shared, Type::U32, {w[0], w[1], w[2], w[3]}, at(base, 16));  // row 1
+  b.when(q).st_v(Space::Global, Type::U32, at(out), {id, w[0], w[1], w[2]});
+  b.bra(end);
+  b.bind(skip);
+  b.when(p).st(Space::Global, Type::U32, at(out, 16), lane);
+  b.bind(end);
+  b.exit();
+  const std::string ptx = std::move(b).emit(80, 90, 32);
+  DevBuf dout(32);
+  OneOut prm{dout.ptr};
+  expect_ok(run(ptx, "k_bse", 32, 0, &prm, sizeof prm));
+  std::vector<uint32_t> g = dout.get<uint32_t>();
+  assert_int_equal(g[0], 4);  // lowest lane of 0xfffffff0
+  // Row 1 of the matrix: lanes 4..7 hold its columns (2t, 2t + 1) = (l, l + 1).
+  assert_int_equal(g[1], 4u | 5u << 16);
+  assert_int_equal(g[2], 5u | 6u << 16);
+  assert_int_equal(g[3], 6u | 7u << 16);
+  assert_int_equal(g[4], 0);  // lane 0 of the full mask
+}
+
 void test_parse_errors(void **) {
   const char *bad[] = {
       "wgmma.mma_async.sync.aligned.m64n12k16.f32.f16.f16 {%f0, %f1, %f2, %f3, %f4, %f5}, %rd1, "
@@ -1703,6 +2107,13 @@ void test_parse_errors(void **) {
       "{%r1}], [%r1];",
       "cp.async.bulk.tensor.1d.global.shared::cta.bulk_group [%rd1, {%r1}], [%r1];",
       "cvta.const.u64 %rd1, %rd1;",
+      "stmatrix.sync.aligned.m8n8.x3.shared.b16 [%r1], {%r1, %r2, %r3};",
+      "stmatrix.sync.aligned.m16n8.x1.trans.shared.b8 [%r1], {%r1};",
+      "stmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%r1];",
+      "elect.sync %r1, 0xffffffff;",
+      "elect.sync %rd1|%p1, %r1;",
+      "elect.sync %r1|%r2, %r1;",
+      "elect.any.sync %r1|%p1, %r1;",
   };
   for (const char *b : bad) {
     std::string p = std::string(kHopper) +
@@ -1728,7 +2139,9 @@ int main(void) {
       cmocka_unit_test(test_tma_tx_mismatch),   cmocka_unit_test(test_named_barriers),
       cmocka_unit_test(test_generic_addresses), cmocka_unit_test(test_targets),
       cmocka_unit_test(test_producer_consumer), cmocka_unit_test(test_builder_forms),
-      cmocka_unit_test(test_parse_errors),
+      cmocka_unit_test(test_parse_errors),      cmocka_unit_test(test_stmatrix),
+      cmocka_unit_test(test_elect_sync),        cmocka_unit_test(test_proxy_fence),
+      cmocka_unit_test(test_profile_tma_wgmma), cmocka_unit_test(test_builder_stmatrix_elect),
   };
   return cmocka_run_group_tests(tests, hopper_setup, emu_teardown);
 }

@@ -196,6 +196,7 @@ struct AsyncCopy {
   uint32_t dst;
   uint32_t size;
   uint32_t src_size;
+  uint32_t pc;
 };
 
 // A thread's cp.async state (PTX ISA "cp.async.commit_group",
@@ -513,6 +514,8 @@ class CtaRunner {
     if (in.op == Op::kBarWarpSync) return true;
     if (in.op == Op::kMma) return run_mma(in, base);
     if (in.op == Op::kLdmatrix) return run_ldmatrix(in, base);
+    if (in.op == Op::kStmatrix) return run_stmatrix(in, base);
+    if (in.op == Op::kElect) return run_elect(in, base, mask);
     if (in.op == Op::kVote) {
       bool any = false, all = true;
       for (uint32_t m = 0; m < 32; ++m) {
@@ -627,29 +630,23 @@ class CtaRunner {
     return true;
   }
 
-  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 for the warp at
-  // base (PTX ISA "ldmatrix"). Lane 8j + r gives the address of row r of
-  // matrix j (16 bytes, 16-byte aligned); lanes past 8 * count are ignored.
-  // Lane l receives in its j-th register elements (l / 4, 2(l % 4)) and
-  // (l / 4, 2(l % 4) + 1) of matrix j (low half first); with .trans the
-  // elements at (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4).
-  bool run_ldmatrix(const Inst &in, uint32_t base) {
-    const uint32_t pc = static_cast<uint32_t>(&in - e_.code.data());
+  // The row addresses of ldmatrix / stmatrix at pc for the warp at base
+  // (PTX ISA "ldmatrix", "stmatrix"): lane 8j + r gives the address of row r
+  // of matrix j (16 bytes, 16-byte aligned); lanes past 8 * count are
+  // ignored. Checks them, counts the request (each matrix is one phase of 8
+  // rows x 16 bytes) and returns the 8 * count row pointers; false on a fault.
+  bool matrix_rows(const Inst &in, uint32_t base, uint32_t pc, uint8_t **rows) {
     const uint32_t count = in.sub;
-    uint16_t mat[4][8][8];
     for (uint32_t lane = 0; lane < 8 * count; ++lane) {
       const int64_t addr =
           static_cast<int64_t>(static_cast<uint32_t>(regs_of(base + lane)[in.a])) + in.imm;
-      const uint8_t *p = shared_ptr(addr, 16, base + lane, pc);
-      if (!p) return false;
-      std::memcpy(mat[lane / 8][lane % 8], p, 16);
+      rows[lane] = shared_ptr(addr, 16, base + lane, pc);
+      if (!rows[lane]) return false;
     }
-    if (prof_) {  // each matrix is one phase of 8 rows x 16 bytes
+    if (prof_) {
       LaneAccess acc[32];
       for (uint32_t lane = 0; lane < 8 * count; ++lane)
-        acc[lane] = {
-            lane, 16,
-            static_cast<uint32_t>(regs_of(base + lane)[in.a]) + static_cast<uint64_t>(in.imm)};
+        acc[lane] = {lane, 16, static_cast<uint64_t>(rows[lane] - smem_.data())};
       uint64_t wf, ph;
       cost_shared(acc, 8 * count, 16, &wf, &ph);
       InstProfile &ip = inst_[pc];
@@ -657,6 +654,22 @@ class CtaRunner {
       ip.shared_wavefronts += wf;
       ip.shared_phases += ph;
     }
+    return true;
+  }
+
+  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 for the warp at
+  // base (PTX ISA "ldmatrix"), rows as matrix_rows. Lane l receives in its
+  // j-th register elements (l / 4, 2(l % 4)) and (l / 4, 2(l % 4) + 1) of
+  // matrix j (low half first); with .trans the elements at (2(l % 4), l / 4)
+  // and (2(l % 4) + 1, l / 4).
+  bool run_ldmatrix(const Inst &in, uint32_t base) {
+    const uint32_t pc = static_cast<uint32_t>(&in - e_.code.data());
+    const uint32_t count = in.sub;
+    uint8_t *rows[32];
+    if (!matrix_rows(in, base, pc, rows)) return false;
+    uint16_t mat[4][8][8];
+    for (uint32_t lane = 0; lane < 8 * count; ++lane)
+      std::memcpy(mat[lane / 8][lane % 8], rows[lane], 16);
     const bool trans = in.flags & kTrans;
     for (uint32_t lane = 0; lane < 32; ++lane) {
       uint64_t *r = regs_of(base + lane);
@@ -666,6 +679,50 @@ class CtaRunner {
         uint32_t hi = trans ? mat[j][col + 1][row] : mat[j][row][col + 1];
         r[in.v[j]] = lo | (hi << 16);
       }
+    }
+    return true;
+  }
+
+  // stmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 (PTX ISA
+  // "stmatrix"): the inverse of ldmatrix. Lane l's j-th register holds
+  // elements (l / 4, 2(l % 4)) and (l / 4, 2(l % 4) + 1) of matrix j (low half
+  // first; .trans: (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4)); row r of
+  // matrix j goes to the address of lane 8j + r. Rows are written in lane
+  // order (overlapping rows: the ISA leaves the result undefined).
+  bool run_stmatrix(const Inst &in, uint32_t base) {
+    const uint32_t pc = static_cast<uint32_t>(&in - e_.code.data());
+    const uint32_t count = in.sub;
+    uint8_t *rows[32];
+    if (!matrix_rows(in, base, pc, rows)) return false;
+    uint16_t mat[4][8][8];
+    const bool trans = in.flags & kTrans;
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      const uint64_t *r = regs_of(base + lane);
+      const uint32_t row = lane >> 2, col = 2 * (lane & 3);
+      for (uint32_t j = 0; j < count; ++j) {
+        const uint32_t v = static_cast<uint32_t>(r[in.v[j]]);
+        (trans ? mat[j][col][row] : mat[j][row][col]) = static_cast<uint16_t>(v);
+        (trans ? mat[j][col + 1][row] : mat[j][row][col + 1]) = static_cast<uint16_t>(v >> 16);
+      }
+    }
+    for (uint32_t lane = 0; lane < 8 * count; ++lane) {
+      std::memcpy(rows[lane], mat[lane / 8][lane % 8], 16);
+      if (track_proxy_)
+        proxy_mark(base + lane, pc, static_cast<uint32_t>(rows[lane] - smem_.data()), 16);
+    }
+    return true;
+  }
+
+  // elect.sync d|p, membermask (PTX ISA "elect.sync") for the lanes in mask,
+  // all present: the leader is the lowest lane of the mask (the ISA only
+  // promises a deterministic choice); d = its lane id, p = (lane == leader).
+  bool run_elect(const Inst &in, uint32_t base, uint32_t mask) {
+    const uint32_t leader = static_cast<uint32_t>(__builtin_ctz(mask));
+    for (uint32_t m = 0; m < 32; ++m) {
+      if (!((mask >> m) & 1)) continue;
+      uint64_t *r = regs_of(base + m);
+      if (in.d != kNoSlot) r[in.d] = leader;
+      if (in.v[0] != kNoSlot) r[in.v[0]] = m == leader ? 1 : 0;
     }
     return true;
   }
@@ -706,7 +763,7 @@ class CtaRunner {
     if (async_.empty()) async_.resize(nthreads_);
     async_used_ = true;
     async_[t].ops.push_back(
-        {src, static_cast<uint32_t>(dst), size, static_cast<uint32_t>(src_size)});
+        {src, static_cast<uint32_t>(dst), size, static_cast<uint32_t>(src_size), pc});
     if (prof_) profile_access(t, pc, src, static_cast<uint32_t>(src_size), dst, size);
     return true;
   }
@@ -736,6 +793,7 @@ class CtaRunner {
         uint8_t *d = smem_.data() + c.dst;
         if (c.src_size) std::memcpy(d, reinterpret_cast<const void *>(c.src), c.src_size);
         std::memset(d + c.src_size, 0, c.size - c.src_size);
+        if (track_proxy_) proxy_mark(t, c.pc, c.dst, c.size);  // a generic-proxy write
       }
     }
     if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();

@@ -129,7 +129,8 @@ struct Operand {
   enum Kind { kReg, kInt, kFloat, kSym, kAddr, kVec } kind = kReg;
   int line = 0;
   RegInfo reg{0, 0, false};
-  uint32_t pipe_slot = kNoSlot;  // d|p second destination (a predicate)
+  uint32_t pipe_slot = kNoSlot;  // d|p second destination (a predicate; kNoSlot for '_')
+  bool pipe = false;             // a '|' second destination was given
   bool special = false;
   uint64_t ival = 0;   // kInt (two's complement), kAddr offset
   uint32_t fbits = 0;  // kFloat f32 bits
@@ -643,21 +644,28 @@ class Parser {
     if (tk.kind == Tok::kIdent && tk.text[0] == '%') {
       o.kind = Operand::kReg;
       o.reg = lookup_reg(tk, &o.special);
-      if (accept("|")) {
-        const Token &p = next();
-        bool sp;
-        RegInfo pr = lookup_reg(p, &sp);
-        if (pr.bits != 1) error_at(p.line, "'" + p.text + "' after '|' must be a predicate");
-        o.pipe_slot = pr.slot;
-      }
+      parse_pipe(&o);
       return o;
     }
     if (tk.kind == Tok::kIdent && tk.text[0] != '.') {
       o.kind = Operand::kSym;
       o.sym = tk.text;
+      if (tk.text == "_") parse_pipe(&o);  // elect.sync _|p
       return o;
     }
     error_at(tk.line, "bad operand '" + tk.text + "'");
+  }
+
+  // `|p` after a destination: a predicate register or the sink `_`.
+  void parse_pipe(Operand *o) {
+    if (!accept("|")) return;
+    o->pipe = true;
+    const Token &p = next();
+    if (p.text == "_") return;
+    bool sp;
+    RegInfo pr = lookup_reg(p, &sp);
+    if (pr.bits != 1) error_at(p.line, "'" + p.text + "' after '|' must be a predicate");
+    o->pipe_slot = pr.slot;
   }
 
   RegInfo lookup_reg(const Token &tk, bool *special) {
@@ -686,7 +694,7 @@ class Parser {
   uint32_t dst(const Operand &o, int bits, bool at_least = false) {
     if (o.kind != Operand::kReg) bad("destination must be a register");
     if (o.special) bad("special register cannot be a destination");
-    if (o.pipe_slot != kNoSlot) bad("unexpected '|' destination");
+    if (o.pipe) bad("unexpected '|' destination");
     check_width(o, bits, at_least);
     return o.reg.slot;
   }
@@ -705,7 +713,7 @@ class Parser {
   uint32_t src(const Operand &o, int bits, bool is_float, bool at_least = false) {
     switch (o.kind) {
       case Operand::kReg:
-        if (o.pipe_slot != kNoSlot) bad("unexpected '|' operand");
+        if (o.pipe) bad("unexpected '|' operand");
         check_width(o, bits, at_least);
         return o.reg.slot;
       case Operand::kInt:
@@ -888,6 +896,7 @@ class Parser {
       Operand d0 = ops[0];
       in.v[0] = d0.pipe_slot;
       d0.pipe_slot = kNoSlot;
+      d0.pipe = false;
       in.d = dst(d0, 32);
       in.a = src(ops[1], 32, false);
       in.b = src(ops[2], 32, false);
@@ -896,8 +905,12 @@ class Parser {
       return emit(in, text);
     }
     if (b == "mma") return decode_mma(text, ops, in);
-    if (b == "ldmatrix") return decode_ldmatrix(text, ops, in);
+    if (b == "ldmatrix" || b == "stmatrix") return decode_ldmatrix(b == "stmatrix", text, ops, in);
+    if (b == "elect") return decode_elect(m, ops, in, text);
     if (b == "cp") return decode_cp_async(text, ops, in);
+    if (b == "fence" && text.compare(0, 17, "fence.proxy.async") == 0) {
+      return decode_fence_proxy_async(text, in);
+    }
     if (b == "membar" || b == "fence") return;  // one thread at a time: ordering is free
     if (b == "nop") return;
     decode_arith(b, m, ops, in, text);
@@ -965,9 +978,13 @@ class Parser {
     in->imm = static_cast<int64_t>(addr.ival);
   }
 
-  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared{::cta}.b16 (PTX ISA
-  // "Warp-level matrix load instruction: ldmatrix").
-  void decode_ldmatrix(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+  // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared{::cta}.b16 d, [a] (PTX ISA
+  // "Warp-level matrix load instruction: ldmatrix") and, store = true,
+  // stmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared{::cta}.b16 [a], r
+  // ("Warp-level matrix store instruction: stmatrix": PTX ISA 7.8, sm_90).
+  void decode_ldmatrix(bool store, const std::string &text, const std::vector<Operand> &ops,
+                       Inst in) {
+    const char *name = store ? "stmatrix" : "ldmatrix";
     std::vector<std::string> p = dot_parts(text);
     size_t i = 4;
     bool ok = p.size() >= 7 && p[1] == "sync" && p[2] == "aligned" && p[3] == "m8n8";
@@ -980,16 +997,20 @@ class Parser {
     }
     ok = ok && count && i + 2 == p.size() && (p[i] == "shared" || p[i] == "shared::cta") &&
          p[i + 1] == "b16";
-    if (!ok) bad("only ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 is supported");
+    if (!ok)
+      bad(std::string("only ") + name +
+          ".sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 is supported");
+    if (store) need_sm90(false, 78);
     want_count(ops, 2);
-    if (ops[0].kind == Operand::kReg && count == 1) {
-      in.v[0] = dst(ops[0], 32);
+    const Operand &regs = ops[store ? 1 : 0];
+    if (regs.kind == Operand::kReg && count == 1) {
+      in.v[0] = store ? src(regs, 32, false) : dst(regs, 32);
     } else {
-      reg_vector(ops[0], static_cast<size_t>(count), true, "destination", in.v);
+      reg_vector(regs, static_cast<size_t>(count), !store, store ? "source" : "destination", in.v);
     }
-    shared_address(ops[1], &in);
+    shared_address(ops[store ? 0 : 1], &in);
     in.sub = static_cast<uint8_t>(count);
-    in.op = Op::kLdmatrix;
+    in.op = store ? Op::kStmatrix : Op::kLdmatrix;
     in.e = full_warp_slot();
     emit(in, text);
   }
@@ -1064,13 +1085,49 @@ class Parser {
   // Target requirements of an instruction (PTX ISA "Target ISA Notes" of
   // each): sm >= 90, and the architecture-specific sm_90a target for
   // wgmma and setmaxnreg (ptxas rejects them elsewhere, so does the emulator).
-  void need_sm90(bool arch_specific) {
+  void need_sm90(bool arch_specific, int min_version = 80) {
     if (mod_->target_sm < 90)
       bad("requires .target sm_90 or higher (the module targets sm_" +
           std::to_string(mod_->target_sm) + ")");
     if (arch_specific && !(mod_->arch_specific && mod_->target_sm == 90))
       bad("requires .target sm_90a");
-    if (mod_->version < 80) bad("requires .version 8.0 or higher");
+    if (mod_->version < min_version)
+      bad("requires .version " + std::to_string(min_version / 10) + "." +
+          std::to_string(min_version % 10) + " or higher");
+  }
+
+  // elect.sync d|p, membermask (PTX ISA "elect.sync": 8.0, sm_90); d and p
+  // may each be the sink `_`.
+  void decode_elect(const Mods &m, const std::vector<Operand> &ops, Inst in,
+                    const std::string &text) {
+    if (!m.sync || !m.types.empty() || !m.other.empty() || !m.space.empty())
+      bad("only elect.sync d|p, membermask is supported");
+    need_sm90(false);
+    want_count(ops, 2);
+    Operand d = ops[0];
+    if (!d.pipe) bad("expected d|p (a b32 register or _, '|', a predicate or _)");
+    in.v[0] = d.pipe_slot;
+    d.pipe = false;
+    d.pipe_slot = kNoSlot;
+    if (d.kind == Operand::kSym && d.sym == "_")
+      in.d = kNoSlot;
+    else
+      in.d = dst(d, 32);
+    in.e = src(ops[1], 32, false);
+    in.op = Op::kElect;
+    emit(in, text);
+  }
+
+  // fence.proxy.async{.shared::cta,.shared::cluster,.global} and the
+  // one-directional fence.proxy.async::generic.release.* (PTX ISA "membar /
+  // fence"): orders the thread's generic-proxy accesses with the async
+  // proxy. Only the shared-memory forms matter to the emulator (the check
+  // of docs/emulator.md, "Proxies"); .global and acquire forms are no-ops.
+  void decode_fence_proxy_async(const std::string &text, Inst in) {
+    if (text.find(".global") != std::string::npos || text.find(".acquire") != std::string::npos)
+      return;
+    in.op = Op::kFenceProxyAsync;
+    emit(in, text);
   }
 
   // cvta{.to}.{global,shared{::cta},param{::entry}}.u64 d, a (PTX ISA

@@ -23,6 +23,14 @@ void MemCounters::add(Op op, const InstProfile &p) {
     cp_async_sectors += p.global_sectors;
     cp_async_bytes += p.global_bytes;
   }
+  if (op == Op::kBulkTensor) {
+    tma_requests += p.global_requests;
+    tma_sectors += p.global_sectors;
+    tma_bytes += p.global_bytes;
+  }
+  wgmma_requests += p.wgmma_requests;
+  wgmma_shared_bytes += p.wgmma_bytes;
+  wgmma_shared_wavefronts += p.wgmma_wavefronts;
   shared_requests += p.shared_requests;
   shared_wavefronts += p.shared_wavefronts;
   shared_bank_conflicts += p.shared_wavefronts - p.shared_phases;
@@ -93,7 +101,7 @@ MainLoop find_main_loop(const Entry &e) {
   std::vector<uint32_t> mma(n + 1, 0), gld(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     const Op op = e.code[i].op;
-    mma[i + 1] = mma[i] + (op == Op::kMma);
+    mma[i + 1] = mma[i] + (op == Op::kMma || op == Op::kWgmma || op == Op::kBulkTensor);
     gld[i + 1] = gld[i] + (op == Op::kLdGlobal || op == Op::kCpAsync);
   }
   std::vector<std::pair<uint32_t, uint32_t>> loops;
@@ -191,6 +199,21 @@ std::string format_profile(const Entry &e, const LaunchProfile &p, int max_lines
   } else {
     std::snprintf(buf, sizeof buf, "main loop (%u-%u)", p.loop.first_line, p.loop.last_line);
     s += row(buf, p.main_loop);
+  }
+  // sm_90 traffic, when there is any: TMA loads (part of the ld columns)
+  // and wgmma's shared operand reads.
+  for (int scope = 0; scope < 2; ++scope) {
+    const MemCounters &c = scope == 0 ? p.total : p.main_loop;
+    if (!c.tma_requests && !c.wgmma_requests) continue;
+    std::snprintf(buf, sizeof buf,
+                  "  %-22s TMA %" PRIu64 " requests, %" PRIu64
+                  " sectors (%.1f%% used); wgmma "
+                  "shared operands %" PRIu64 " requests, %" PRIu64 " bytes, %" PRIu64
+                  " wavefronts\n",
+                  scope == 0 ? "kernel" : "main loop", c.tma_requests, c.tma_sectors,
+                  pct(c.tma_bytes, c.tma_sectors), c.wgmma_requests, c.wgmma_shared_bytes,
+                  c.wgmma_shared_wavefronts);
+    s += buf;
   }
   // The worst instructions: bank conflicts, then wasted sector bytes.
   for (int kind = 0; kind < 2; ++kind) {

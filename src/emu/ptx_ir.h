@@ -169,6 +169,11 @@ enum class Op : uint16_t {
   kMbarTryWait,   // d = mbarrier.try_wait.parity [a + imm], parity b (blocks while incomplete)
   kBulkTensor,    // cp.async.bulk.tensor: dst [a + imm], tensor map generic address b,
                   // operand_slots[c..]: sub coords, mbarrier base slot, mbarrier offset slot
+  // fence.proxy.async: this thread's generic shared writes reach the async proxy.
+  kFenceProxyAsync,
+  // Warp-wide collectives of sm_90 (e = membermask slot, as kShfl):
+  kStmatrix,  // stmatrix: m8n8 .b16 fragments v[0..sub) to rows at [a + imm]; flags kTrans
+  kElect,     // elect.sync d|v[0] (either kNoSlot for '_'), membermask e
   // Warpgroup-wide (.sync.aligned) collectives: the 128 threads of warps
   // 4k..4k+3 stop at the same pc and the scheduler runs them once.
   kWgmmaFence,   // wgmma.fence
@@ -183,13 +188,13 @@ enum class Op : uint16_t {
 
 // Op is a collective (the thread stops at it and the scheduler runs it).
 inline bool is_collective(Op op) {
-  return (op >= Op::kBarSync && op <= Op::kLdmatrix) || op == Op::kVote || op >= Op::kWgmmaFence ||
+  return (op >= Op::kBarSync && op <= Op::kLdmatrix) || op == Op::kVote || op >= Op::kStmatrix ||
          op == Op::kMbarTryWait;
 }
 // Warp-wide collectives: resolved per warp over a membermask.
 inline bool is_warp_collective(Op op) {
   return op == Op::kBarWarpSync || op == Op::kShfl || op == Op::kMma || op == Op::kLdmatrix ||
-         op == Op::kVote;
+         op == Op::kVote || op == Op::kStmatrix || op == Op::kElect;
 }
 // Warpgroup-wide collectives (PTX ISA "Warpgroup": four contiguous warps,
 // the first one's rank a multiple of 4).

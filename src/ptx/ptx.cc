@@ -379,6 +379,20 @@ class Builder::Line {
     *p_++ = '_';
     return *this;
   }
+  // 0xXXXXXXXX (a membermask).
+  Line &hex(uint32_t v) {
+    sep();
+    *p_++ = '0';
+    *p_++ = 'x';
+    for (int sh = 28; sh >= 0; sh -= 4) *p_++ = "0123456789abcdef"[(v >> sh) & 15];
+    return *this;
+  }
+  // "|p" right after the previous operand (d|p).
+  Line &pipe(Reg p) {
+    *p_++ = '|';
+    p_ = put_reg(p_, p);
+    return *this;
+  }
   // [tmap, {c0, c1, ...}]
   Line &tensor(Reg tmap, const Reg *coords, size_t n) {
     sep();
@@ -789,6 +803,25 @@ void Builder::ldmatrix(bool trans, const Reg *d, int count, Addr a) {
   Line(*this, in).vec(d, static_cast<size_t>(count)).addr(a).done();
 }
 
+void Builder::stmatrix(bool trans, const Reg *r, int count, Addr a) {
+  Opcode in("stmatrix.sync.aligned.m8n8");
+  if (count == 1)
+    in.add(".x1");
+  else if (count == 2)
+    in.add(".x2");
+  else
+    in.add(".x4");
+  if (trans) in.add(".trans");
+  in.add(".shared.b16");
+  if (count != 1 && count != 2 && count != 4) misuse(in, "stmatrix takes 1, 2 or 4 registers");
+  for (int i = 0; i < count; ++i) {
+    if (r[i].cls != RegClass::B32) misuse(in, "stmatrix sources must be b32 registers");
+    check_reg(in, r[i], Type::B32, "stmatrix sources must be b32 registers");
+  }
+  check_addr(in, a, Space::Shared);
+  Line(*this, in).addr(a).vec(r, static_cast<size_t>(count)).done();
+}
+
 void Builder::cp_async_cg16(Addr dst, Addr src, Operand src_size) {
   Opcode in("cp.async.cg.shared.global");
   check_addr(in, dst, Space::Shared);
@@ -953,6 +986,22 @@ void Builder::check_wgmma(const Opcode &in, Type ab, int n, const Reg *d,
   } else if (scale_d.kind != Operand::Kind::Reg || scale_d.reg.cls != RegClass::Pred) {
     misuse(in, "scale-d is an immediate or a predicate");
   }
+}
+
+void Builder::elect_sync(Reg pred, uint32_t membermask) {
+  Opcode in("elect.sync");
+  if (pred.cls != RegClass::Pred) misuse(in, "the result is a predicate");
+  Line l(*this, in);
+  l.sink();
+  l.pipe(pred).hex(membermask).done();
+}
+
+void Builder::elect_sync(Reg d, Reg pred, uint32_t membermask) {
+  Opcode in("elect.sync");
+  if (d.cls != RegClass::B32) misuse(in, "the lane id is a b32 register");
+  check_reg(in, d, Type::B32, "the lane id is a b32 register");
+  if (pred.cls != RegClass::Pred) misuse(in, "the result is a predicate");
+  Line(*this, in).reg(d).pipe(pred).hex(membermask).done();
 }
 
 void Builder::setmaxnreg(bool inc, int n) {

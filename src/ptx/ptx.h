@@ -246,6 +246,15 @@ class Builder {
   // The same with A in registers (four b32, the m64nNk16 A fragment).
   void wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, Operand scale_d,
                 bool trans_b);
+  // stmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 [a], {r}: N = r's
+  // count (1, 2 or 4) b32 registers, the inverse of ldmatrix (PTX ISA
+  // "Warp-level matrix store instruction: stmatrix"; PTX ISA 7.8, sm_90).
+  void stmatrix(bool trans, const Reg *r, int count, Addr a);
+  // elect.sync _|p, membermask: p (a predicate) is true in the one elected
+  // lane of membermask (PTX ISA "elect.sync"; PTX ISA 8.0, sm_90). The
+  // overload also writes the elected lane's id into d (b32): d|p.
+  void elect_sync(Reg pred, uint32_t membermask);
+  void elect_sync(Reg d, Reg pred, uint32_t membermask);
   // setmaxnreg.{inc,dec}.sync.aligned.u32 n (n in 24..256, a multiple of 8).
   void setmaxnreg(bool inc, int n);
   // bar.sync id, count / bar.arrive id, count (named barriers; count a
