@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 3
+#define FLASHATTN_VERSION_MINOR 4
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
@@ -125,6 +125,15 @@ typedef enum fa_kernel_kind {
   FA_KERNEL_DECODE = 1,  /* split-KV partial states */
   FA_KERNEL_REDUCE = 2   /* combine partial states */
 } fa_kernel_kind;
+
+/* The logarithm base of an LSE value (since 0.4): the natural log of the
+ * softmax denominator (flashattn, FlashAttention), or its base-2 log
+ * (FlashInfer's attention states: lse2 = lse * log2(e)). -inf is -inf in
+ * both. */
+typedef enum fa_lse_format {
+  FA_LSE_NATURAL = 0, /* ln(sum_j exp(s_j)) */
+  FA_LSE_BASE2 = 1    /* log2(sum_j exp(s_j)) = ln(...) * log2(e) */
+} fa_lse_format;
 
 typedef enum fa_cache_mode {
   FA_CACHE_DEFAULT = 0, /* disk, unless FLASHATTN_CACHE_DISABLE=1 */
@@ -276,15 +285,25 @@ typedef struct fa_generate_options {
                         the key tile selects the per-tile page lookup) */
   int32_t varlen;    /* forward: 1 = cu_seqlens_q is set */
   int32_t seqused_k; /* forward: 1 = seqused_k is set */
+  /* Since 0.4 (FA_GENERATE_OPTIONS_SIZE_0_3 ends before them; zero = as 0.3). */
+  int32_t tree_mask;          /* decode: 1 = fa_decode_args.tree_mask is set */
+  int32_t lse_partial_format; /* reduce: fa_lse_format of the partial LSEs read */
+  int32_t lse_format;         /* reduce: fa_lse_format of the LSE written */
 } fa_generate_options;
 
-#define FA_GENERATE_OPTIONS_INIT \
-  { sizeof(fa_generate_options), 0, 0, 0, 0 }
+/* struct_size of fa_generate_options in flashattn 0.3 (before tree_mask). */
+#define FA_GENERATE_OPTIONS_SIZE_0_3 (offsetof(fa_generate_options, tree_mask))
 
-/* fa_generate for the launch shape in *opts (NULL = fa_generate). Errors:
+#define FA_GENERATE_OPTIONS_INIT \
+  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0 }
+
+/* fa_generate for the launch shape in *opts (NULL = fa_generate). struct_size
+ * may be sizeof(fa_generate_options) or FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
  * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
  * page_size < 1 with PAGED, page_size with another layout, varlen or
- * seqused_k with kind != FORWARD, a layout with kind REDUCE). */
+ * seqused_k with kind != FORWARD, a layout with kind REDUCE, tree_mask not 0
+ * or 1 or with kind != DECODE, an lse format that is not an fa_lse_format or
+ * with kind != REDUCE). */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);
@@ -428,17 +447,44 @@ typedef struct fa_decode_args {
                               (FA_DECODE_INVARIANT_SPLIT), so a sequence's
                               output bits do not depend on the rest of the
                               batch or its size (num_splits must be 0) */
+  /* Since 0.4 (FA_DECODE_ARGS_SIZE_0_3 ends before them; zero = as 0.3). */
+  uint64_t tree_mask;          /* speculative decoding (tree attention among the new
+                                  tokens), or 0 = none. Bits [batch, seqlen_q, row]
+                                  in rows of little-endian 32-bit words: query i of
+                                  sequence b sees new token j (key cache_seqlens[b] -
+                                  seqlen_q + j) iff bit j % 32 of word j / 32 of row
+                                  (b, i) is set, i.e. bit j % 8 of byte
+                                  tree_mask[b * tree_mask_stride[0] +
+                                  i * tree_mask_stride[1] + j / 8]: the bytes of
+                                  numpy.packbits(m, axis=-1, bitorder="little") of a
+                                  bool [batch, seqlen_q, seqlen_q] m, each row padded
+                                  to a multiple of 4 bytes. Keys before the new
+                                  tokens (the cached prefix) stay visible. The
+                                  config's causal and window rules still apply on top
+                                  (a key is seen iff every rule allows it; windows
+                                  count positions by index, not tree depth; causal
+                                  leaves a tree unchanged when every token follows
+                                  its ancestors, as in a topological order). Device
+                                  data, 4-byte aligned; bits j >= seqlen_q ignored */
+  int64_t tree_mask_stride[2]; /* bytes, multiples of 4: [0] between sequences
+                                  (>= 0; 0 = one mask for the whole batch),
+                                  [1] between query rows (>= 4 * ceil(seqlen_q
+                                  / 32)); both 0 when tree_mask is 0 */
 } fa_decode_args;
 
 /* struct_size of fa_decode_args in flashattn 0.2 (before kv). */
 #define FA_DECODE_ARGS_SIZE_0_2 (offsetof(fa_decode_args, kv))
+/* struct_size of fa_decode_args in flashattn 0.3 (before tree_mask). */
+#define FA_DECODE_ARGS_SIZE_0_3 (offsetof(fa_decode_args, tree_mask))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
 #define FA_DECODE_ARGS_INIT                                                                      \
   {                                                                                              \
     sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
-        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0                                            \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {                                      \
+      0, 0                                                                                       \
+    }                                                                                            \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
@@ -454,8 +500,15 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * writes each chunk's partial state (O_s normalised within the chunk, LSE_s;
  * an empty chunk has O_s = 0, LSE_s = -inf) to the workspace, then, if
  * o.data != 0, combines them into o and lse (see fa_decode_reduce). Honours
- * the config's causal, window and softcap. Errors: as fa_launch, plus
- * INVALID_ARGUMENT for a workspace that is too small. */
+ * the config's causal, window and softcap, and tree_mask (tree attention for
+ * speculative decoding, as FlashInfer's custom mask and SpecInfer's tree
+ * attention: a query row with no visible key gets O = 0, LSE = -inf).
+ * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_3 or
+ * FA_DECODE_ARGS_SIZE_0_2. Errors: as fa_launch, plus INVALID_ARGUMENT for a
+ * workspace that is too small, a tree_mask not 4-byte aligned, a
+ * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
+ * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
+ * tree_mask 0. */
 FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
                            void *stream);
 
@@ -472,16 +525,30 @@ typedef struct fa_reduce_args {
   fa_tensor o;                   /* [batch, seqlen_q, num_heads_q, head_dim_v],
                                     cfg dtype, written */
   uint64_t lse;                  /* fp32 [batch, num_heads_q, seqlen_q]; 0 = none */
+  /* Since 0.4 (FA_REDUCE_ARGS_SIZE_0_3 ends before them; zero = as 0.3). */
+  int32_t lse_partial_format; /* fa_lse_format of lse_partial: FA_LSE_NATURAL
+                                 (flashattn's fa_decode workspace,
+                                 FlashAttention) or FA_LSE_BASE2 (FlashInfer) */
+  int32_t lse_format;         /* fa_lse_format written to lse */
 } fa_reduce_args;
 
+/* struct_size of fa_reduce_args in flashattn 0.3 (before lse_partial_format). */
+#define FA_REDUCE_ARGS_SIZE_0_3 (offsetof(fa_reduce_args, lse_partial_format))
+
 #define FA_REDUCE_ARGS_INIT \
-  { sizeof(fa_reduce_args), 0, 0, 0, 0, {0, 0, 0, 0, 0}, 0, {0, 0, 0, 0}, FA_TENSOR_INIT, 0 }
+  { sizeof(fa_reduce_args), 0, 0, 0, 0, {0, 0, 0, 0, 0}, 0, {0, 0, 0, 0}, FA_TENSOR_INIT, 0, 0, 0 }
 
 /* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
  * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with
  * LSE_s = -inf weigh nothing, and all -inf gives O = 0, LSE = -inf. Also
- * merges states computed over separate KV segments. The o_partial and
- * lse_partial pointers must be 4-byte aligned. Errors: as fa_launch. */
+ * merges states computed over separate KV segments, by flashattn or by
+ * another library: lse_partial_format and lse_format say whether each LSE
+ * is a natural or a base-2 logarithm (the kernel converts on load and on
+ * store, working in base 2: w_s = 2^(LSE2_s - m2); as FlashInfer's
+ * merge_states). The o_partial and lse_partial pointers must be 4-byte
+ * aligned. struct_size may be sizeof(fa_reduce_args) or
+ * FA_REDUCE_ARGS_SIZE_0_3 (natural logs). Errors: as fa_launch, plus
+ * INVALID_ARGUMENT for a format that is not an fa_lse_format. */
 FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa_reduce_args *args,
                                   void *stream);
 

@@ -183,6 +183,16 @@ void test_versions_2_and_3(void **) {
   bytes = make_file(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", v, 12);
   assert_true(fa::npy::parse(bytes.data(), bytes.size(), &a, &err));
   assert_int_equal(a.element_count(), 2);
+  // One-byte bool and uint8 arrays (tree masks) read as U8.
+  const uint8_t m[4] = {1, 0, 0, 1};
+  for (const char *descr : {"|b1", "|u1"}) {
+    bytes = make_file(
+        1, std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 2), }", m,
+        4);
+    assert_true(fa::npy::parse(bytes.data(), bytes.size(), &a, &err));
+    assert_true(a.dtype == DType::U8);
+    assert_true((a.to_i64() == std::vector<int64_t>{1, 0, 0, 1}));
+  }
 }
 
 void test_malformed_files(void **) {
@@ -224,7 +234,7 @@ void test_malformed_files(void **) {
       "big-endian");
   expect_error(make_file(1, "{'descr': '>i8', 'fortran_order': False, 'shape': (3,), }", data, 24),
                "big-endian");
-  for (const char *descr : {"<c8", "<u2", "|b1", "<f16", "|u1", "<M8[s]", "f4", ""}) {
+  for (const char *descr : {"<c8", "<u2", "|i1", "<f16", "<u1", "<M8[s]", "f4", ""}) {
     expect_error(
         make_file(
             1, std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }",

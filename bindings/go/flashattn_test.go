@@ -120,6 +120,9 @@ type problem struct {
 	window                           *Window
 	scale, softcap                   float64
 	kvLen                            []int // valid keys per batch (forward: skMax)
+	// tree: decode's tree mask [trees][sq][sq] (trees = batch, or 1 for the
+	// whole batch), true = query i sees new token j; nil = none.
+	tree []bool
 }
 
 // reference computes O [b, sq, hq, dv] and LSE [b, hq, sq] in float64 from
@@ -139,6 +142,15 @@ func reference(p problem, q, k, v []float32) ([]float64, []float64) {
 					s[j] = math.Inf(-1)
 					if p.causal && j > diag {
 						continue
+					}
+					if jn := j - (L - p.sq); p.tree != nil && jn >= 0 {
+						tb := b
+						if len(p.tree) == p.sq*p.sq {
+							tb = 0
+						}
+						if !p.tree[(tb*p.sq+i)*p.sq+jn] {
+							continue
+						}
 					}
 					if p.window != nil {
 						if p.window.Left >= 0 && j < diag-int(p.window.Left) {

@@ -175,7 +175,40 @@ type DecodeArgs struct {
 	// BatchInvariant: splits of DecodeInvariantSplit keys, so a sequence's
 	// output bits do not depend on the rest of the batch (NumSplits must be 0).
 	BatchInvariant bool
+	// Since 0.4, speculative decoding: a tree mask among the new tokens, or
+	// 0 = none. 32-bit words [batch or 1, seqlen_q, words] (PackTreeMask):
+	// query i of sequence b sees new token j (key CacheSeqlens[b] - SeqlenQ
+	// + j) iff bit j % 32 of word j / 32 of row (b, i) is set; the cached
+	// prefix stays visible, the config's causal and window apply on top.
+	// 4-byte aligned.
+	TreeMask uint64
+	// Bytes between sequences (0 = one mask for the batch) and between query
+	// rows (a multiple of 4, >= 4 * ceil(SeqlenQ / 32)).
+	TreeMaskStride [2]int64
 	Stream         uintptr
+}
+
+// PackTreeMask packs bool masks [trees][seqlenQ][seqlenQ] (true = query i
+// sees new token j) into rows of ceil(seqlenQ / 32) little-endian uint32
+// words, the layout DecodeArgs.TreeMask reads (the bytes of
+// numpy.packbits(bitorder="little"), rows padded to whole words). Upload the
+// result and set TreeMaskStride to {seqlenQ * words * 4 (or 0 for one
+// tree), words * 4}.
+func PackTreeMask(bits []bool, seqlenQ int) []uint32 {
+	if seqlenQ <= 0 {
+		return nil
+	}
+	words := (seqlenQ + 31) / 32
+	rows := len(bits) / seqlenQ
+	out := make([]uint32, rows*words)
+	for r := 0; r < rows; r++ {
+		for j := 0; j < seqlenQ; j++ {
+			if bits[r*seqlenQ+j] {
+				out[r*words+j/32] |= 1 << (j % 32)
+			}
+		}
+	}
+	return out
 }
 
 func (a *DecodeArgs) c() C.fa_decode_args {
@@ -194,6 +227,9 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	if a.BatchInvariant {
 		ca.batch_invariant = 1
 	}
+	ca.tree_mask = C.uint64_t(a.TreeMask)
+	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
+	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
 	return ca
 }
 
@@ -265,6 +301,17 @@ func (rt *Runtime) Decode(cfg *Config, a *DecodeArgs) error {
 	return check(C.fago_decode(p, cp, &ca, C.uint64_t(args.Stream), &e), &e)
 }
 
+// LSEFormat is the logarithm base of LSE values (fa_lse_format, since 0.4).
+type LSEFormat int32
+
+// LSE formats.
+const (
+	// LSENatural: ln of the softmax denominator (flashattn, FlashAttention).
+	LSENatural LSEFormat = C.FA_LSE_NATURAL
+	// LSEBase2: log2 of it, lse2 = lse * log2(e) (FlashInfer's states).
+	LSEBase2 LSEFormat = C.FA_LSE_BASE2
+)
+
 // ReduceArgs are the arguments of Runtime.DecodeReduce (fa_reduce_args).
 type ReduceArgs struct {
 	NumSplits, Batch, SeqlenQ int32
@@ -274,12 +321,15 @@ type ReduceArgs struct {
 	LSEPartialStride          [4]int64
 	O                         Tensor // cfg dtype, written
 	LSE                       uint64 // fp32 [batch, heads_q, seqlen_q]; 0 = none
-	Stream                    uintptr
+	// Since 0.4: the base of the LSEs in LSEPartial and of those written to
+	// LSE (zero value: natural logs); the kernel converts on load and store.
+	LSEPartialFormat, LSEFormat LSEFormat
+	Stream                      uintptr
 }
 
 // DecodeReduce merges partial attention states (fa_decode_reduce):
 // m = max LSE_s, w_s = exp(LSE_s - m), O = sum w_s O_s / sum w_s,
-// LSE = m + log sum w_s.
+// LSE = m + log sum w_s, with each LSE in the base its format says.
 func (rt *Runtime) DecodeReduce(cfg *Config, a *ReduceArgs) error {
 	if a == nil {
 		return goErr(StatusInvalidArgument, "DecodeReduce: args is nil")
@@ -309,6 +359,8 @@ func (rt *Runtime) DecodeReduce(cfg *Config, a *ReduceArgs) error {
 	}
 	ca.o = a.O.c()
 	ca.lse = C.uint64_t(a.LSE)
+	ca.lse_partial_format = C.int32_t(a.LSEPartialFormat)
+	ca.lse_format = C.int32_t(a.LSEFormat)
 	var e C.fago_err
 	return check(C.fago_decode_reduce(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }

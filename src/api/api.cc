@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <new>
 #include <string>
 
@@ -121,9 +122,10 @@ fa_status check_strides(const char *name, const fa_tensor &t) {
 // `old_size` (a caller built against the previous minor version, whose
 // struct ends there). *out is a copy with the missing fields zero.
 template <typename T>
-fa_status widen_args(const T *in, size_t old_size, T *out) {
-  if (in->struct_size != sizeof(T) && in->struct_size != old_size)
-    return check_struct_size("args", in->struct_size, sizeof(T));
+fa_status widen_args(const T *in, std::initializer_list<size_t> old_sizes, T *out) {
+  bool known = in->struct_size == sizeof(T);
+  for (size_t old : old_sizes) known = known || in->struct_size == old;
+  if (!known) return check_struct_size("args", in->struct_size, sizeof(T));
   std::memset(out, 0, sizeof(T));
   std::memcpy(out, in, in->struct_size);
   out->struct_size = sizeof(T);
@@ -272,6 +274,26 @@ fa_status validate_decode(const fa_decode_args *a) {
     FA_REQUIRE(a->lse == 0, "lse is set but o.data is 0 (no combine step to write it)");
   }
   FA_CHECK(check_fp32_ptr("lse", a->lse, false));
+  if (a->tree_mask == 0) {
+    FA_REQUIRE(a->tree_mask_stride[0] == 0 && a->tree_mask_stride[1] == 0,
+               "tree_mask_stride is set (%lld, %lld) but tree_mask is 0; set both strides to 0 "
+               "without a tree mask",
+               static_cast<long long>(a->tree_mask_stride[0]),
+               static_cast<long long>(a->tree_mask_stride[1]));
+  } else {
+    // Rows of whole 32-bit words (the kernels read words): 4-byte aligned.
+    const int64_t row_bytes = (int64_t(a->seqlen_q) + 31) / 32 * 4;
+    FA_REQUIRE(a->tree_mask % 4 == 0, "tree_mask 0x%llx is not 4-byte aligned",
+               static_cast<unsigned long long>(a->tree_mask));
+    FA_REQUIRE(a->tree_mask_stride[1] >= row_bytes && a->tree_mask_stride[1] % 4 == 0,
+               "tree_mask_stride[1] must be a multiple of 4 bytes and at least 4 * "
+               "ceil(seqlen_q / 32) = %lld (rows of whole 32-bit words), got %lld",
+               static_cast<long long>(row_bytes), static_cast<long long>(a->tree_mask_stride[1]));
+    FA_REQUIRE(a->tree_mask_stride[0] >= 0 && a->tree_mask_stride[0] % 4 == 0,
+               "tree_mask_stride[0] must be a non-negative multiple of 4 bytes (0 = one mask for "
+               "the batch), got %lld",
+               static_cast<long long>(a->tree_mask_stride[0]));
+  }
   return FA_SUCCESS;
 }
 
@@ -282,9 +304,16 @@ fa_status validate_decode_workspace(const fa_decode_args *a) {
   return FA_SUCCESS;
 }
 
+fa_status check_lse_format(const char *name, int32_t v) {
+  FA_REQUIRE(v == FA_LSE_NATURAL || v == FA_LSE_BASE2,
+             "%s must be an fa_lse_format (0 FA_LSE_NATURAL, 1 FA_LSE_BASE2), got %d", name, v);
+  return FA_SUCCESS;
+}
+
+// a: already widened (widen_args) to the current struct.
 fa_status validate_reduce(const fa_reduce_args *a) {
-  FA_REQUIRE(a != nullptr, "args is NULL");
-  FA_CHECK(check_struct_size("args", a->struct_size, sizeof(fa_reduce_args)));
+  FA_CHECK(check_lse_format("lse_partial_format", a->lse_partial_format));
+  FA_CHECK(check_lse_format("lse_format", a->lse_format));
   FA_CHECK(check_positive("num_splits", a->num_splits));
   FA_CHECK(check_positive("batch", a->batch));
   FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
@@ -592,9 +621,24 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
                "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
     fa::LaunchShape shape;
     if (opts != nullptr) {
-      FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options),
+      FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
                  "opts->struct_size is %zu, expected %zu", opts->struct_size,
                  sizeof(fa_generate_options));
+      fa_generate_options o;
+      std::memset(&o, 0, sizeof o);
+      std::memcpy(&o, opts, opts->struct_size);
+      FA_REQUIRE(o.tree_mask == 0 || o.tree_mask == 1, "opts->tree_mask must be 0 or 1, got %d",
+                 o.tree_mask);
+      FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.tree_mask,
+                 "opts->tree_mask is for FA_KERNEL_DECODE");
+      FA_CHECK(check_lse_format("opts->lse_partial_format", o.lse_partial_format));
+      FA_CHECK(check_lse_format("opts->lse_format", o.lse_format));
+      FA_REQUIRE(raw_kind == FA_KERNEL_REDUCE || (!o.lse_partial_format && !o.lse_format),
+                 "opts->lse_partial_format and opts->lse_format are for FA_KERNEL_REDUCE");
+      shape.tree_mask = o.tree_mask != 0;
+      shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
+      shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
       FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
                      opts->kv_layout == FA_KV_PTR_ARRAY,
                  "opts->kv_layout must be an fa_kv_layout, got %d", opts->kv_layout);
@@ -641,7 +685,7 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(args, FA_FORWARD_ARGS_SIZE_0_2, &a));
+    FA_CHECK(widen_args(args, {FA_FORWARD_ARGS_SIZE_0_2}, &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
@@ -656,7 +700,7 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_REQUIRE(bytes != nullptr, "bytes is NULL");
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(args, FA_DECODE_ARGS_SIZE_0_2, &a));
+    FA_CHECK(widen_args(args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3}, &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
@@ -674,7 +718,7 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(args, FA_DECODE_ARGS_SIZE_0_2, &a));
+    FA_CHECK(widen_args(args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3}, &a));
     FA_CHECK(validate_decode(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
@@ -687,8 +731,11 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa
   return guarded("fa_decode_reduce", [&]() -> fa_status {
     FA_CHECK(check_runtime(rt));
     FA_CHECK(check_config(cfg));
-    FA_CHECK(validate_reduce(args));
-    return rt->impl->reduce(cfg->cfg, *args, stream);
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_reduce_args a;
+    FA_CHECK(widen_args(args, {FA_REDUCE_ARGS_SIZE_0_3}, &a));
+    FA_CHECK(validate_reduce(&a));
+    return rt->impl->reduce(cfg->cfg, a, stream);
   });
 }
 

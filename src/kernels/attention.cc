@@ -21,7 +21,7 @@ class AttentionGen {
       : spec_(spec),
         lay_(attention_layout(spec)),
         decode_(spec.kind == KernelKind::Decode),
-        b_(entry_name(spec), decode_ ? sizeof(DecodeParams) : sizeof(ForwardParams)),
+        b_(entry_name(spec), decode_ ? decode_params_size(spec) : sizeof(ForwardParams)),
         e_(b_) {
     R_ = lay_.rows_per_warp;
     W_ = spec.num_warps;
@@ -207,11 +207,25 @@ class AttentionGen {
     Reg sq64 = e_.s64(sq), hq64 = e_.s64(hq_);
     Reg sb_sq = e_.op(Op::MulLo, Type::S64, sb, sq64);
     Reg sb_hq = e_.op(Op::MulLo, Type::S64, sb, hq64);
+    Reg tm_b, tm_row, last_t;
+    if (spec_.tree_mask) {
+      // Tree mask (DecodeParams::tree_mask): the first new token's key and
+      // each row's mask row; a padding row reads the last token's (in
+      // bounds; its scores are masked anyway).
+      tree_sq_ = sq;
+      tree_new0_ = e_.op(Op::Sub, Type::S32, sk, sq);
+      tm_b = e_.index(e_.global_param(offsetof(P, tree_mask)), bz,
+                      e_.param(Type::S64, offsetof(P, tree_mask_stride)));
+      tm_row = e_.param(Type::S64, offsetof(P, tree_mask_stride) + 8);
+      last_t = e_.op(Op::Sub, Type::S32, sq, imm(1));
+    }
     for (int r = 0; r < R_; ++r) {
       Reg rg = e_.op(Op::MadLo, Type::S32, warp_, imm(R_), rbase);
       if (r) b_.op(Op::Add, Type::S32, rg, rg, imm(r));
       Reg t, qh;
       token_head(rg, &t, &qh);
+      if (spec_.tree_mask)
+        tree_rows_.push_back(e_.index(tm_b, e_.op(Op::Min, Type::S32, t, last_t), tm_row));
       row_ok_.push_back(e_.setp(Cmp::Lt, Type::S32, rg, nrows));
       row_range(e_.op(Op::Add, Type::S32, t, shift), lo, hi);
       Reg orow = e_.op(Op::Add, Type::S64, sb_sq, e_.s64(t));
@@ -479,6 +493,30 @@ class AttentionGen {
       b_.op(Op::And, Type::Pred, ge, ge, lt);
       b_.selp(Type::F32, s, s, fimm(kNegInf), ge);
     }
+    if (spec_.tree_mask) tree_mask();
+  }
+
+  // Speculative decoding (DecodeParams::tree_mask): this lane's key is new
+  // token jn = key - new0; it stays only if jn is outside [0, seqlen_q) (the
+  // cached prefix, or past the sequence: masked by its range already) or
+  // bit jn % 32 of the row's 32-bit word jn / 32 is set (little-endian
+  // words: bit jn % 8 of byte jn / 8).
+  void tree_mask() {
+    b_.comment("tree mask among the new tokens");
+    Reg jn = e_.op(Op::Sub, Type::S32, key_, tree_new0_);
+    Reg in = e_.setp(Cmp::Lt, Type::U32, jn, tree_sq_);  // 0 <= jn < seqlen_q
+    Reg word = e_.op(Op::Shr, Type::S32, jn, imm(5));
+    Reg bit = e_.op(Op::And, Type::B32, jn, imm(31));
+    Reg w = b_.b32(), keep = b_.pred();
+    for (int r = 0; r < R_; ++r) {
+      Reg wa = e_.index(tree_rows_[r], word, 4);
+      b_.mov(Type::B32, w, imm(-1));
+      b_.when(in).ld(Space::Global, Type::U32, w, at(wa), true);
+      b_.op(Op::Shr, Type::U32, w, w, bit);
+      b_.op(Op::And, Type::B32, w, w, imm(1));
+      b_.setp(Cmp::Ne, Type::U32, keep, w, imm(0));
+      b_.selp(Type::F32, s_[r], s_[r], fimm(kNegInf), keep);
+    }
   }
 
   // Step 4: online softmax (log2 domain). m' = max(m, max_j s_j);
@@ -599,6 +637,9 @@ class AttentionGen {
   // row_i_: forward O/LSE row (s32); decode: 64-bit partial-state rows
   // row_i_ (O_s) and row_lse_ (LSE_s).
   std::vector<Reg> row_i_, row_lse_, row_ok_, lo_, hi_, m_, l_, s_, lse_;
+  // spec.tree_mask: seqlen_q, the first new token's key, each row's mask row.
+  Reg tree_sq_, tree_new0_;
+  std::vector<Reg> tree_rows_;
   std::vector<std::vector<Reg>> acc_;
 };
 

@@ -72,7 +72,7 @@ class DecodeTcGen {
   explicit DecodeTcGen(const KernelSpec &spec)
       : spec_(spec),
         lay_(layout(spec)),
-        b_(entry_name(spec), sizeof(DecodeParams)),
+        b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     W_ = spec.num_warps;
@@ -166,6 +166,22 @@ class DecodeTcGen {
       b_.op(Op::Add, Type::S32, *hi, *hi, imm(1));
       b_.op(Op::Min, Type::S32, *hi, *hi, shi);
     };
+    if (spec_.tree_mask) {
+      // Tree mask: the first new token's key, and the mask row (bytes) of
+      // each of this thread's two rows (a padding row reads the last token's
+      // row: in bounds, and its scores are masked anyway).
+      new0_ = shift;
+      Reg tm = e_.global_param(offsetof(P, tree_mask));
+      Reg tm_b = e_.index(tm, bz_, e_.param(Type::S64, offsetof(P, tree_mask_stride)));
+      Reg row_bytes = e_.param(Type::S64, offsetof(P, tree_mask_stride) + 8);
+      Reg last_t = e_.op(Op::Sub, Type::S32, sq_, imm(1));
+      for (int h = 0; h < 2; ++h) {
+        Reg r = e_.op(Op::Add, Type::S32, m0_, ln_.g);
+        if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
+        Reg t = e_.op(Op::Min, Type::S32, e_.op(Op::Div, Type::S32, r, imm(G_)), last_t);
+        mrow_[h] = e_.index(tm_b, t, row_bytes);
+      }
+    }
     for (int h = 0; h < 2; ++h) {
       Reg r = e_.op(Op::Add, Type::S32, m0_, ln_.g);
       if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
@@ -348,6 +364,7 @@ class DecodeTcGen {
       Reg lo = e_.op(Op::Sub, Type::S32, lo_[h], kq), hi = e_.op(Op::Sub, Type::S32, hi_[h], kq);
       tile::mask_row_half(b_, s_, h, lo, hi, p, t);
     }
+    if (spec_.tree_mask) tree_mask(n, kq);
     softmax_->step({s_}, {o_});
     tile::pack_a(b_, half_, s_, 0, pa_);
     for (int jp = 0; jp < nO_ / 2; ++jp) {
@@ -355,6 +372,40 @@ class DecodeTcGen {
       tile::mma(b_, half_, o_, 2 * jp, pa_, &kb_[0]);
       tile::mma(b_, half_, o_, 2 * jp + 1, pa_, &kb_[2]);
     }
+  }
+
+  // Speculative decoding (DecodeParams::tree_mask): element (j, x) of row
+  // half h holds key kq + 8j + x, new token jn = key - new0; it stays only
+  // if jn is outside [0, seqlen_q) (the cached prefix, or past the
+  // sequence: masked by its range already) or bit jn of the row is set:
+  // bit jn % 32 of the row's 32-bit word jn / 32 (little-endian words, so
+  // bit jn % 8 of byte jn / 8). Tiles wholly before the new tokens skip it
+  // (n is the same in every lane of the warp).
+  void tree_mask(Reg n, Reg kq) {
+    b_.comment("tree mask among the new tokens");
+    ptx::Label skip = b_.label();
+    Reg end = e_.op(Op::Add, Type::S32, n, imm(kWarpKeys));
+    b_.when(e_.setp(Cmp::Le, Type::S32, end, new0_)).bra(skip, true);
+    Reg jn0 = e_.op(Op::Sub, Type::S32, kq, new0_);
+    Reg in = b_.pred(), keep = b_.pred();
+    Reg w = b_.b32(), jn = b_.b32(), x = b_.b32();
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < s_.n(); ++j)
+        for (int c = 0; c < 2; ++c) {
+          b_.op(Op::Add, Type::S32, jn, jn0, imm(8 * j + c));
+          b_.setp(Cmp::Lt, Type::U32, in, jn, sq_);  // 0 <= jn < seqlen_q
+          b_.op(Op::Shr, Type::S32, x, jn, imm(5));
+          Reg wa = e_.index(mrow_[h], x, 4);
+          b_.mov(Type::B32, w, imm(-1));
+          b_.when(in).ld(Space::Global, Type::U32, w, at(wa), true);
+          b_.op(Op::And, Type::B32, x, jn, imm(31));
+          b_.op(Op::Shr, Type::U32, w, w, x);
+          b_.op(Op::And, Type::B32, w, w, imm(1));
+          b_.setp(Cmp::Ne, Type::U32, keep, w, imm(0));
+          Reg v = s_.f[j][2 * h + c];
+          b_.selp(Type::F32, v, v, fimm(kNegInf), keep);
+        }
+    b_.bind(skip);
   }
 
   // Each warp's state (O normalised, LSE) to shared memory; then per row
@@ -469,6 +520,7 @@ class DecodeTcGen {
   Softcap cap_;
   Reg bz_, sq_, sk_, rows_, kvh_, m0_, n0_, my_tiles_, i_;
   Reg lo_[2], hi_[2];
+  Reg new0_, mrow_[2];  // spec.tree_mask: first new token's key, mask rows
   KvRows kr_, vr_;
   std::vector<CopyPlan> k_plans_, v_plans_;
   AccTile s_, o_;

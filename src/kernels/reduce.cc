@@ -1,5 +1,8 @@
 // Decode-reduce generator: combines the per-split partial states
-// (O_s normalised within split s, LSE_s natural log) of each query row:
+// (O_s normalised within split s, LSE_s natural log, or base 2 with
+// spec.lse_in_base2: the weights are computed in base 2 either way, so a
+// base-2 input needs no conversion; spec.lse_out_base2 writes log2) of each
+// query row:
 //   m = max_s LSE_s, w_s = exp(LSE_s - m), O = sum_s w_s O_s / sum_s w_s,
 //   LSE = m + log(sum_s w_s);
 // splits with LSE_s = -inf weigh nothing; no finite LSE_s: O = 0, LSE = -inf.
@@ -92,7 +95,7 @@ std::string generate_reduce(const KernelSpec &spec) {
   b.bind(loop2);
   b.ld(Space::Global, Type::F32, x, at(lp));
   b.op(Op::Sub, Type::F32, w, x, off);
-  b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));
+  if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));  // to base 2
   b.op(Op::Ex2, Type::F32, w, w);
   b.op(Op::Add, Type::F32, sum, sum, w);
   for (int i = 0; i < nv; ++i) {
@@ -110,8 +113,19 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
   Reg inv = e.op(Op::RcpRn, Type::F32, sum);
   b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
-  Reg lse = e.op(Op::Mul, Type::F32, e.op(Op::Lg2, Type::F32, sum), fimm(kLn2));
-  b.op(Op::Add, Type::F32, lse, lse, off);
+  // LSE = off + log(sum) in the input's base, converted to the output's:
+  // base 2 = natural * log2(e) (flashattn.h, fa_lse_format).
+  Reg lse;
+  if (!spec.lse_in_base2 && !spec.lse_out_base2) {
+    lse = e.op(Op::Mul, Type::F32, e.op(Op::Lg2, Type::F32, sum), fimm(kLn2));
+    b.op(Op::Add, Type::F32, lse, lse, off);
+  } else if (!spec.lse_in_base2) {
+    lse = e.op(Op::Lg2, Type::F32, sum);
+    b.op(Op::Fma, Type::F32, lse, off, fimm(kLog2e), lse);
+  } else {
+    lse = e.op(Op::Add, Type::F32, e.op(Op::Lg2, Type::F32, sum), off);
+    if (!spec.lse_out_base2) b.op(Op::Mul, Type::F32, lse, lse, fimm(kLn2));
+  }
   b.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
   Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, 2);
   Reg hv = b.b16();

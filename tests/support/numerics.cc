@@ -119,6 +119,10 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
         if (lo > hi) continue;
         float m = -INFINITY;
         for (long long j = lo; j <= hi; ++j) {
+          if (!ref::tree_visible(p, b, i, j, sk)) {
+            s[size_t(j)] = -INFINITY;  // weighs nothing below
+            continue;
+          }
           float dot = 0;
           for (int c = 0; c < d; ++c)
             dot += float(q[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * d + c] *
@@ -128,6 +132,7 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
           s[size_t(j)] = x;
           m = std::max(m, x);
         }
+        if (m == -INFINITY) continue;  // every key masked by the tree: O = 0
         float l = 0;
         for (long long j = lo; j <= hi; ++j) {
           s[size_t(j)] = std::exp(s[size_t(j)] - m);
@@ -314,7 +319,21 @@ std::string DecodeCase::describe() const {
       prefill ? "prefill" : "decode", bf16 ? "bf16" : "fp16", batch, seqlen_q, seqlen_k_max,
       heads_q, heads_kv, head_dim, head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "",
       window_left, softcap, num_splits, kv.describe().c_str(), batch_invariant ? " invariant" : "");
-  return buf;
+  std::string d = buf;
+  if (!tree.empty()) {
+    d += tree_shared ? " tree(shared" : " tree(";
+    d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
+  }
+  return d;
+}
+
+std::vector<uint32_t> pack_tree_mask(const std::vector<uint8_t> &bits, int rows, int seqlen_q,
+                                     int row_words) {
+  std::vector<uint32_t> out(size_t(rows) * row_words, 0);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < seqlen_q; ++j)
+      if (bits[size_t(r) * seqlen_q + j]) out[size_t(r) * row_words + j / 32] |= 1u << (j % 32);
+  return out;
 }
 
 namespace {
@@ -661,6 +680,22 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());
   ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
   if (c.prefill) return run_prefill(ctx, c, a, q, k, v, lens);
+  std::vector<uint8_t> tree_all;  // [batch][sq][sq] for the reference
+  if (!c.tree.empty()) {
+    const int words = (c.seqlen_q + 31) / 32 + c.tree_pad_words;
+    const int rows = (c.tree_shared ? 1 : c.batch) * c.seqlen_q;
+    const std::vector<uint32_t> packed = pack_tree_mask(c.tree, rows, c.seqlen_q, words);
+    a.tree_mask = ctx.alloc(packed.size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.tree_mask, packed.data(), packed.size() * 4), "tree_mask");
+    a.tree_mask_stride[1] = int64_t(words) * 4;
+    a.tree_mask_stride[0] = c.tree_shared ? 0 : int64_t(c.seqlen_q) * a.tree_mask_stride[1];
+    if (c.tree_shared) {
+      for (int b = 0; b < c.batch; ++b)
+        tree_all.insert(tree_all.end(), c.tree.begin(), c.tree.end());
+    } else {
+      tree_all = c.tree;
+    }
+  }
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
@@ -695,6 +730,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.softcap = c.softcap;
+  if (!tree_all.empty()) p.tree_mask = tree_all.data();
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, o_ref,

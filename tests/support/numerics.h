@@ -58,8 +58,20 @@ struct DecodeCase {
   // Run through fa_launch instead (chunked prefill): seqused_k =
   // cache_seqlens, the same bottom-right causal alignment.
   bool prefill = false;
+  // Tree mask (fa_decode_args.tree_mask): bool [batch][seqlen_q][seqlen_q]
+  // (1 = query i sees new token j), or empty = none. tree_shared: one
+  // [seqlen_q][seqlen_q] mask for every sequence (tree_mask_stride[0] = 0);
+  // tree_pad_words: extra 32-bit words per packed row.
+  std::vector<uint8_t> tree;
+  bool tree_shared = false;
+  int tree_pad_words = 0;
   std::string describe() const;
 };
+// Packs a bool [rows][seqlen_q] tree mask into rows of `row_words` 32-bit
+// little-endian words (bit j % 32 of word j / 32; the bytes are those of
+// numpy.packbits(bitorder="little")), padding bits and words 0.
+std::vector<uint32_t> pack_tree_mask(const std::vector<uint8_t> &bits, int rows, int seqlen_q,
+                                     int row_words);
 
 // Errors found; empty when the case passed. Prints a one-line summary.
 std::string run_forward(fa_runtime *rt, const ForwardCase &c);

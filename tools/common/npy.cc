@@ -164,6 +164,11 @@ bool descr_to_dtype(const std::string &descr, DType *out, std::string *error) {
                 {"f8", DType::F64},
                 {"i4", DType::I32},
                 {"i8", DType::I64}};
+  // One-byte types have no byte order ('|'): bool and uint8 (tree masks).
+  if (descr == "|b1" || descr == "|u1") {
+    *out = DType::U8;
+    return true;
+  }
   if (descr.size() == 3 && (descr[0] == '<' || descr[0] == '=' || descr[0] == '>')) {
     for (const auto &t : kTypes) {
       if (descr.compare(1, 2, t.code) != 0) continue;
@@ -176,7 +181,8 @@ bool descr_to_dtype(const std::string &descr, DType *out, std::string *error) {
       return true;
     }
   }
-  return set_error(error, "unsupported dtype '" + descr + "' (supported: <f2 <f4 <f8 <i4 <i8)");
+  return set_error(error,
+                   "unsupported dtype '" + descr + "' (supported: <f2 <f4 <f8 <i4 <i8 |b1 |u1)");
 }
 
 template <typename T>
@@ -208,6 +214,9 @@ std::vector<Out> convert(const Array &a) {
         break;
       case DType::I64:
         out[i] = Out(load<int64_t>(d + 8 * i));
+        break;
+      case DType::U8:
+        out[i] = Out(d[i]);
         break;
     }
   }
@@ -243,6 +252,8 @@ Array make(DType t, const std::vector<int64_t> &shape, const T *values) {
 
 size_t dtype_size(DType t) {
   switch (t) {
+    case DType::U8:
+      return 1;
     case DType::F16:
       return 2;
     case DType::F32:
@@ -267,6 +278,8 @@ const char *dtype_descr(DType t) {
       return "<i4";
     case DType::I64:
       return "<i8";
+    case DType::U8:
+      return "|u1";
   }
   return "?";
 }
@@ -404,9 +417,8 @@ bool parse_meta(const uint8_t *bytes, size_t held, size_t size, Meta *m, std::st
     Array tmp;
     tmp.shape = m->shape;
     return set_error(error, "truncated data: shape " + tmp.shape_string() + " of " +
-                                dtype_descr(m->type) + " needs " +
-                                std::to_string(m->data_bytes) + " bytes, file has " +
-                                std::to_string(available));
+                                dtype_descr(m->type) + " needs " + std::to_string(m->data_bytes) +
+                                " bytes, file has " + std::to_string(available));
   }
   return true;
 }
@@ -464,7 +476,9 @@ bool read(const std::string &path, Array *out, std::string *error) {
   // Reads are bounded by the file's size and by what the header announces:
   // bytes after the data are never read, nothing is allocated beyond them.
   const size_t size = st.st_size > 0 ? size_t(st.st_size) : 0;
-  auto read_error = [&] { return set_error(error, path + ": read error: " + std::strerror(errno)); };
+  auto read_error = [&] {
+    return set_error(error, path + ": read error: " + std::strerror(errno));
+  };
   auto shrank = [&] {
     return set_error(error, path + ": truncated: the file shrank while it was read");
   };
@@ -474,7 +488,8 @@ bool read(const std::string &path, Array *out, std::string *error) {
   size_t got, end;
   if (!pread_full(fd, pre, pre_len, 0, &got)) return read_error();
   if (got < pre_len) return shrank();
-  if (!header_end(pre, pre_len, size, &end, &message)) return set_error(error, path + ": " + message);
+  if (!header_end(pre, pre_len, size, &end, &message))
+    return set_error(error, path + ": " + message);
   std::vector<uint8_t> head(end);
   if (!pread_full(fd, head.data(), end, 0, &got)) return read_error();
   if (got < end) return shrank();

@@ -2,7 +2,8 @@
 // and the benchmarks.
 //
 // Reading accepts format versions 1.0, 2.0 and 3.0, C order, little-endian
-// (or byte-order-free) dtypes <f2 <f4 <f8 <i4 <i8. Writing produces version
+// (or byte-order-free) dtypes <f2 <f4 <f8 <i4 <i8, and |b1 |u1 (read as U8).
+// Writing produces version
 // 1.0. Every malformed or unsupported file yields false and a one-line message
 // (never a crash, never an allocation sized by an unchecked header).
 #pragma once
@@ -14,7 +15,7 @@
 
 namespace fa::npy {
 
-enum class DType { F16, F32, F64, I32, I64 };
+enum class DType { F16, F32, F64, I32, I64, U8 };  // U8: bool (|b1) or uint8 (|u1)
 
 // Bytes per element of `t`.
 size_t dtype_size(DType t);

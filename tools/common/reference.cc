@@ -94,6 +94,10 @@ void attention(const Problem &p, const double *q, const double *k, const double 
         if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
         double m = ninf;
         for (long long j = lo; j <= hi; ++j) {
+          if (!tree_visible(p, b, i, j, sk)) {
+            s[size_t(j)] = ninf;  // weighs nothing below
+            continue;
+          }
           const double *kj = k + ((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + hk) * d;
           double dot = 0;
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
@@ -106,6 +110,7 @@ void attention(const Problem &p, const double *q, const double *k, const double 
         for (int c = 0; c < dv; ++c) oi[c] = 0;
         double l = 0;
         for (long long j = lo; j <= hi; ++j) {
+          if (s[size_t(j)] == ninf) continue;  // masked by the tree
           const double w = std::exp(s[size_t(j)] - m);
           l += w;
           const double *vj = v + ((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + hk) * dv;

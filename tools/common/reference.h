@@ -25,7 +25,19 @@ struct Problem {
   int window_left = -1, window_right = -1;  // -1 = unbounded
   double softmax_scale = 0;                 // 0 = 1/sqrt(head_dim)
   double softcap = 0;                       // 0 = off
+  // Decode's tree mask (flashattn.h, fa_decode_args.tree_mask), or null:
+  // bool [batch][seqlen_q][seqlen_q], nonzero = query i sees new token j
+  // (key sk - seqlen_q + j); keys before the new tokens stay visible.
+  const uint8_t *tree_mask = nullptr;
 };
+
+// Whether the tree mask of p lets query i of sequence b (with sk valid keys)
+// see key j (true without a mask).
+inline bool tree_visible(const Problem &p, int b, int i, long long j, long long sk) {
+  const long long jn = j - (sk - p.seqlen_q);
+  return !p.tree_mask || jn < 0 ||
+         p.tree_mask[(static_cast<size_t>(b) * p.seqlen_q + i) * p.seqlen_q + jn] != 0;
+}
 
 // q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim],
 // v [batch, seqlen_k, heads_kv, head_dim_v], contiguous. Writes o [batch,

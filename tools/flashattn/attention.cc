@@ -115,6 +115,32 @@ std::vector<int32_t> load_lengths(const std::string &path, const char *option, i
   return lens;
 }
 
+// decode --tree-mask: a bool or integer .npy [batch or 1, seqlen_q,
+// seqlen_q], nonzero = visible, as 0/1 bytes [batch][seqlen_q][seqlen_q]
+// (the reference's form) and packed into rows of 32-bit words (the
+// kernel's: flashattn.h, fa_decode_args.tree_mask). *shared: one tree.
+std::vector<uint8_t> load_tree_mask(const std::string &path, int batch, int seqlen_q,
+                                    std::vector<uint32_t> *packed, bool *shared) {
+  const npy::Array m = load_array(path, "--tree-mask", 3, false);
+  const int64_t sq = seqlen_q;
+  if ((m.shape[0] != batch && m.shape[0] != 1) || m.shape[1] != sq || m.shape[2] != sq) {
+    throw Failure(kExitUsage, "--tree-mask: " + path + " has shape " + m.shape_string() +
+                                  ", expected [" + std::to_string(batch) + " or 1, " +
+                                  std::to_string(sq) + ", " + std::to_string(sq) +
+                                  "] (batch, seqlen_q, seqlen_q of q)");
+  }
+  *shared = m.shape[0] == 1;
+  const std::vector<int64_t> v = m.to_i64();
+  const int words = (seqlen_q + 31) / 32;
+  packed->assign(v.size() / size_t(sq) * words, 0);
+  std::vector<uint8_t> bits(size_t(batch) * sq * sq);
+  for (size_t r = 0; r < v.size() / size_t(sq); ++r)
+    for (int64_t j = 0; j < sq; ++j)
+      if (v[r * sq + j] != 0) (*packed)[r * words + size_t(j / 32)] |= 1u << (j % 32);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = v[i % v.size()] != 0;
+  return bits;
+}
+
 // The device-side Q, O and LSE shared by run and decode (K/V: DeviceKv).
 struct DeviceIo {
   DeviceBuffer q, o, lse;
@@ -297,6 +323,18 @@ int cmd_decode(const RunOptions &opts) {
   std::printf("kv cache:    %s\n", cache.description().c_str());
   DeviceBuffer seq(rt, seqlens.size() * 4, "cache_seqlens");
   seq.upload(seqlens.data(), seq.bytes());
+  std::vector<uint8_t> tree;  // [batch][seqlen_q][seqlen_q] 0/1, for the reference
+  std::vector<uint32_t> tree_words;
+  bool tree_shared = false;
+  std::unique_ptr<DeviceBuffer> tree_buf;
+  if (!opts.tree_mask.empty()) {
+    tree = load_tree_mask(opts.tree_mask, d.batch, d.seqlen_q, &tree_words, &tree_shared);
+    tree_buf = std::make_unique<DeviceBuffer>(rt, tree_words.size() * 4, "tree_mask");
+    tree_buf->upload(tree_words.data(), tree_buf->bytes());
+    std::printf("tree mask:   %s, %zu of %zu bits set\n",
+                tree_shared ? "one for the batch" : "one per sequence",
+                size_t(std::count(tree.begin(), tree.end(), 1)), tree.size());
+  }
 
   fa_decode_args args{};  // FA_DECODE_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
@@ -309,6 +347,11 @@ int cmd_decode(const RunOptions &opts) {
   args.batch_invariant = opts.batch_invariant ? 1 : 0;
   args.o = contiguous(io.o.ptr(), d.seqlen_q, d.heads_q, d.head_dim_v);
   args.lse = io.lse.ptr();
+  if (tree_buf) {
+    args.tree_mask = tree_buf->ptr();
+    args.tree_mask_stride[1] = int64_t((d.seqlen_q + 31) / 32) * 4;
+    args.tree_mask_stride[0] = tree_shared ? 0 : int64_t(d.seqlen_q) * args.tree_mask_stride[1];
+  }
   std::unique_ptr<DeviceBuffer> ws;
   // Points args at cache c and a workspace large enough for it.
   auto use = [&](const DeviceKv &c, bool print) {
@@ -353,8 +396,10 @@ int cmd_decode(const RunOptions &opts) {
 
   r.o_ref.resize(r.o.size());
   r.lse_ref.resize(r.lse.size());
-  fa::ref::attention(make_problem(desc, d), qr.values.data(), kr.values.data(), vr.values.data(),
-                     r.o_ref.data(), r.lse_ref.data(), seqlens.data());
+  fa::ref::Problem problem = make_problem(desc, d);
+  if (!tree.empty()) problem.tree_mask = tree.data();
+  fa::ref::attention(problem, qr.values.data(), kr.values.data(), vr.values.data(), r.o_ref.data(),
+                     r.lse_ref.data(), seqlens.data());
   return report(opts, rt, r);
 }
 

@@ -40,10 +40,13 @@ struct GenerateOptions {
   int heads_q = 0;
   int heads_kv = 0;
   int sm = 80;
-  std::string kv_layout;   // "" | contiguous | paged | ptrs (forward, decode)
-  int page_size = 0;       // paged: tokens per page (selects per-tile lookups)
-  bool seqused_k = false;  // forward: per-sequence key counts
-  std::string output;      // "" = stdout
+  std::string kv_layout;                       // "" | contiguous | paged | ptrs (forward, decode)
+  int page_size = 0;                           // paged: tokens per page (selects per-tile lookups)
+  bool seqused_k = false;                      // forward: per-sequence key counts
+  bool tree_mask = false;                      // decode: the tree-mask variant
+  std::string lse_partial_format = "natural";  // reduce: natural | base2
+  std::string lse_format = "natural";          // reduce: natural | base2
+  std::string output;                          // "" = stdout
 };
 
 struct RunOptions {
@@ -58,6 +61,7 @@ struct RunOptions {
   int page_size = 0;      // paged: tokens per page
   uint32_t seed = 1;      // paged: block_table shuffle
   std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
+  std::string tree_mask;  // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

@@ -34,6 +34,13 @@ int cmd_generate(const GenerateOptions &o) {
   if (o.seqused_k && kind != FA_KERNEL_FORWARD) {
     throw Failure(kExitUsage, "--seqused-k is for --kind forward (decode reads cache_seqlens)");
   }
+  if (o.tree_mask && kind != FA_KERNEL_DECODE) {
+    throw Failure(kExitUsage, "--tree-mask is for --kind decode");
+  }
+  const bool in2 = o.lse_partial_format == "base2", out2 = o.lse_format == "base2";
+  if ((in2 || out2) && kind != FA_KERNEL_REDUCE) {
+    throw Failure(kExitUsage, "--lse-partial-format and --lse-format are for --kind reduce");
+  }
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = parse_dtype(o.attn.dtype);
   desc.head_dim = o.head_dim;
@@ -53,6 +60,9 @@ int cmd_generate(const GenerateOptions &o) {
                                       : FA_KV_CONTIGUOUS;
   go.page_size = kv == KvKind::Paged ? o.page_size : 0;
   go.seqused_k = o.seqused_k ? 1 : 0;
+  go.tree_mask = o.tree_mask ? 1 : 0;
+  go.lse_partial_format = in2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
+  go.lse_format = out2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   size_t size = 0;
   check(fa_generate_for(cfg.get(), kind, o.sm, &go, nullptr, 0, &size), "fa_generate_for",
         kExitUsage);

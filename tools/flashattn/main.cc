@@ -142,6 +142,16 @@ int run_main(int argc, char **argv) {
       ->capture_default_str();
   g->add_flag("--seqused-k", gen.seqused_k,
               "Forward: the kernel reads per-sequence key counts (seqused_k)");
+  g->add_flag("--tree-mask", gen.tree_mask,
+              "Decode: the kernel applies a speculative-decoding tree mask (tree_mask)");
+  g->add_option("--lse-partial-format", gen.lse_partial_format,
+                "Reduce: the base of the partial LSEs read: natural or base2 (FlashInfer)")
+      ->check(CLI::IsMember({"natural", "base2"}))
+      ->capture_default_str();
+  g->add_option("--lse-format", gen.lse_format,
+                "Reduce: the base of the LSE written: natural or base2")
+      ->check(CLI::IsMember({"natural", "base2"}))
+      ->capture_default_str();
   g->add_option("-o,--output", gen.output, "Write the PTX to FILE instead of stdout")
       ->type_name("FILE");
 
@@ -200,6 +210,11 @@ int run_main(int argc, char **argv) {
               "Splits of a fixed " + std::to_string(FA_DECODE_INVARIANT_SPLIT) +
                   " keys, so a sequence's output bits do not depend on the rest of the batch "
                   "(needs --num-splits 0)");
+  d->add_option("--tree-mask", dec.tree_mask,
+                "Speculative decoding: bool or integer [batch, seqlen_q, seqlen_q] (or [1, ...] "
+                "for one tree): query i sees new token j iff element [b, i, j] is nonzero; the "
+                "cached prefix stays visible; --causal and windows still apply on top")
+      ->type_name("MASK.npy");
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);

@@ -1157,8 +1157,30 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     return (o_obj, lse_obj) if want_lse else o_obj
 
 
+def _pack_tree_mask(mask, B, Sq):
+    """A host [B or 1, Sq, Sq] (or [Sq, Sq]) bool/integer mask as int32 words
+    [B or 1, Sq, ceil(Sq / 32)]: bit j % 32 of word j / 32 of row (b, i) is
+    mask[b, i, j] != 0 (numpy.packbits(bitorder='little') bytes, rows padded
+    to whole words)."""
+    import numpy as np
+    m = np.asarray(mask)
+    if m.ndim == 2:
+        m = m[None]
+    if m.ndim != 3 or m.shape[0] not in (1, B) or m.shape[1:] != (Sq, Sq):
+        raise invalid("decode: tree_mask: shape %r, expected [%d or 1, %d, %d] (batch, seqlen_q, "
+                      "seqlen_q)" % (np.shape(mask), B, Sq, Sq))
+    if not (m.dtype == np.bool_ or np.issubdtype(m.dtype, np.integer)):
+        raise invalid("decode: tree_mask: a host mask must be bool or integer, got %s" % m.dtype)
+    words = (Sq + 31) // 32
+    packed = np.packbits(m != 0, axis=-1, bitorder="little")
+    padded = np.zeros(m.shape[:2] + (words * 4,), np.uint8)
+    padded[..., : packed.shape[-1]] = packed
+    return padded.view("<i4")
+
+
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
-           lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None):
+           lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
+           tree_mask=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1175,6 +1197,15 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
       pointer array: k_cache and v_cache lists of `batch` tensors
         [seqlen_b, num_heads_kv, head_dim(_v)], 16-byte aligned, one stride
         set for all; seqlen_k_max = the longest.
+    tree_mask (since 0.4; speculative decoding, tree attention among the
+    seqlen_q new tokens): a NumPy bool/integer array [batch or 1, seqlen_q,
+    seqlen_q] (or [seqlen_q, seqlen_q]: one tree for the batch), nonzero
+    where query i sees new token j (key cache_seqlens[b] - seqlen_q + j);
+    the binding packs it (numpy.packbits(bitorder='little'), rows padded to
+    32-bit words). Or a device int32 tensor [batch or 1, seqlen_q, words]
+    of packed words (bit j % 32 of word j / 32, words >= ceil(seqlen_q /
+    32), last dim contiguous). The cached prefix stays visible; the config's
+    causal and window still apply on top.
     batch_invariant=True splits every sequence into chunks of
     FA_DECODE_INVARIANT_SPLIT (2048) keys, so its output bits do not depend
     on the rest of the batch (num_splits must be 0). The split-KV workspace
@@ -1241,6 +1272,19 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         a.cache_seqlens = csv.ptr
         a.num_splits = _int32(num_splits, "decode: num_splits")
         a.lse = lv.ptr
+        if tree_mask is not None:
+            tm = tree_mask
+            if is_ndarray(tm) or isinstance(tm, (list, tuple)):
+                tm = _pack_tree_mask(tm, B, Sq)
+            tv = call.input(tm, "tree_mask", "int32")
+            if len(tv.shape) != 3 or tv.shape[0] not in (1, B) or tv.shape[1] != Sq \
+                    or tv.shape[2] < (Sq + 31) // 32 or tv.strides[2] != 1:
+                raise invalid("decode: tree_mask: packed words of shape %r, strides %r; expected "
+                              "[%d or 1, %d, >= %d] with the last dim contiguous"
+                              % (tv.shape, tv.strides, B, Sq, (Sq + 31) // 32))
+            a.tree_mask = tv.ptr
+            a.tree_mask_stride[0] = 0 if tv.shape[0] == 1 else tv.strides[0] * 4
+            a.tree_mask_stride[1] = tv.strides[1] * 4
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),
@@ -1261,13 +1305,31 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     return o_obj, lse_obj
 
 
-def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None, stream=None):
+_LSE_FORMATS = {"natural": _lib.LSE_NATURAL, "base2": _lib.LSE_BASE2}
+
+
+def _lse_format(value, name):
+    """fa_lse_format of 'natural' | 'base2' (or the C value 0 | 1)."""
+    if isinstance(value, str) and value in _LSE_FORMATS:
+        return _LSE_FORMATS[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in _LSE_FORMATS.values():
+        return value
+    raise invalid("decode_reduce: %s must be 'natural' or 'base2', got %r" % (name, value))
+
+
+def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None, stream=None,
+                  lse_partial_format="natural", lse_format="natural"):
     """Combines partial states (fa_decode_reduce); returns (O, LSE).
 
     o_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v],
     lse_partial fp32 [num_splits, batch, num_heads_q, seqlen_q], any
-    strides (o_partial's last one 1)."""
+    strides (o_partial's last one 1). lse_partial_format / lse_format
+    (since 0.4): 'natural' (ln, flashattn's and FlashAttention's) or 'base2'
+    (log2, FlashInfer's: lse2 = lse * log2(e)) for the partial LSEs read and
+    the LSE written."""
     cfg = config
+    in_fmt = _lse_format(lse_partial_format, "lse_partial_format")
+    out_fmt = _lse_format(lse_format, "lse_format")
     with _Call(runtime, cfg, "decode_reduce", stream) as call:
         H, Dv = cfg.num_heads_q, cfg.head_dim_v
         opv = call.input(o_partial, "o_partial", "fp32", first=True)
@@ -1289,6 +1351,7 @@ def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None
             a.lse_partial_stride[i] = s
         a.o = _ft(ov)
         a.lse = lv.ptr
+        a.lse_partial_format, a.lse_format = in_fmt, out_fmt
         call.launched = True
         check(_lib.lib().fa_decode_reduce(call.h, call.ch, ctypes.byref(a),
                                           call.launch_stream))

@@ -45,6 +45,7 @@ BACKEND_AUTO, BACKEND_CUDA, BACKEND_EMULATOR = 0, 1, 2
 KERNEL_FORWARD, KERNEL_DECODE, KERNEL_REDUCE = 0, 1, 2
 CACHE_DEFAULT, CACHE_DISK, CACHE_MEMORY = 0, 1, 2
 KV_CONTIGUOUS, KV_PAGED, KV_PTR_ARRAY = 0, 1, 2  # fa_kv_layout (0.3)
+LSE_NATURAL, LSE_BASE2 = 0, 1  # fa_lse_format (0.4)
 DECODE_INVARIANT_SPLIT = 2048  # FA_DECODE_INVARIANT_SPLIT: keys per split, batch_invariant
 
 
@@ -110,6 +111,9 @@ class fa_generate_options(ctypes.Structure):
         ("page_size", c_int32),
         ("varlen", c_int32),
         ("seqused_k", c_int32),
+        ("tree_mask", c_int32),  # since 0.4
+        ("lse_partial_format", c_int32),
+        ("lse_format", c_int32),
     ]
 
 
@@ -148,6 +152,8 @@ class fa_decode_args(ctypes.Structure):
         ("lse", c_uint64),
         ("kv", fa_kv_cache_layout),  # since 0.3
         ("batch_invariant", c_int32),
+        ("tree_mask", c_uint64),  # since 0.4
+        ("tree_mask_stride", c_int64 * 2),
     ]
 
 
@@ -163,6 +169,8 @@ class fa_reduce_args(ctypes.Structure):
         ("lse_partial_stride", c_int64 * 4),
         ("o", fa_tensor),
         ("lse", c_uint64),
+        ("lse_partial_format", c_int32),  # since 0.4
+        ("lse_format", c_int32),
     ]
 
 

@@ -17,7 +17,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 3;
+pub const FLASHATTN_VERSION_MINOR: u32 = 4;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
@@ -74,6 +74,14 @@ pub type fa_kv_layout = c_int;
 pub const FA_KV_CONTIGUOUS: fa_kv_layout = 0;
 pub const FA_KV_PAGED: fa_kv_layout = 1;
 pub const FA_KV_PTR_ARRAY: fa_kv_layout = 2;
+
+/// The logarithm base of an LSE (since 0.4); stored as int32 in
+/// fa_reduce_args and fa_generate_options.
+pub type fa_lse_format = c_int;
+/// ln of the softmax denominator (flashattn, FlashAttention).
+pub const FA_LSE_NATURAL: fa_lse_format = 0;
+/// log2 of it: lse2 = lse * log2(e) (FlashInfer).
+pub const FA_LSE_BASE2: fa_lse_format = 1;
 
 // ---------------------------------------------------------------------------
 // Opaque handles
@@ -212,7 +220,16 @@ pub struct fa_generate_options {
     pub page_size: i32,
     pub varlen: i32,
     pub seqused_k: i32,
+    /// Since 0.4: decode with a tree mask (0 or 1).
+    pub tree_mask: i32,
+    /// Since 0.4: reduce's fa_lse_format of the partial LSEs and of the LSE.
+    pub lse_partial_format: i32,
+    pub lse_format: i32,
 }
+
+/// struct_size of fa_generate_options in flashattn 0.3 (ends before `tree_mask`).
+pub const FA_GENERATE_OPTIONS_SIZE_0_3: usize =
+    core::mem::offset_of!(fa_generate_options, tree_mask);
 
 impl Default for fa_generate_options {
     fn default() -> Self {
@@ -222,6 +239,9 @@ impl Default for fa_generate_options {
             page_size: 0,
             varlen: 0,
             seqused_k: 0,
+            tree_mask: 0,
+            lse_partial_format: 0,
+            lse_format: 0,
         }
     }
 }
@@ -334,10 +354,18 @@ pub struct fa_decode_args {
     /// Since 0.3.
     pub kv: fa_kv_cache_layout,
     pub batch_invariant: i32,
+    /// Since 0.4: uint8 bits [batch, seqlen_q, row] of the tree among the
+    /// new tokens (bit j % 8 of byte j / 8 of row (b, i): query i sees new
+    /// token j), or 0 = none.
+    pub tree_mask: u64,
+    /// Bytes between sequences (0 = one mask for the batch) and query rows.
+    pub tree_mask_stride: [i64; 2],
 }
 
 /// struct_size of fa_decode_args in flashattn 0.2 (ends before `kv`).
 pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args, kv);
+/// struct_size of fa_decode_args in flashattn 0.3 (ends before `tree_mask`).
+pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args, tree_mask);
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -359,6 +387,8 @@ impl Default for fa_decode_args {
             lse: 0,
             kv: fa_kv_cache_layout::default(),
             batch_invariant: 0,
+            tree_mask: 0,
+            tree_mask_stride: [0; 2],
         }
     }
 }
@@ -376,7 +406,14 @@ pub struct fa_reduce_args {
     pub lse_partial_stride: [i64; 4],
     pub o: fa_tensor,
     pub lse: u64,
+    /// Since 0.4: fa_lse_format of lse_partial and of lse.
+    pub lse_partial_format: i32,
+    pub lse_format: i32,
 }
+
+/// struct_size of fa_reduce_args in flashattn 0.3 (ends before `lse_partial_format`).
+pub const FA_REDUCE_ARGS_SIZE_0_3: usize =
+    core::mem::offset_of!(fa_reduce_args, lse_partial_format);
 
 impl Default for fa_reduce_args {
     fn default() -> Self {
@@ -391,6 +428,8 @@ impl Default for fa_reduce_args {
             lse_partial_stride: [0; 4],
             o: fa_tensor::default(),
             lse: 0,
+            lse_partial_format: 0,
+            lse_format: 0,
         }
     }
 }

@@ -53,7 +53,19 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         }
     );
     layout!(rows, fa_tensor { data, stride });
-    layout!(rows, fa_generate_options { struct_size, kv_layout, page_size, varlen, seqused_k });
+    layout!(
+        rows,
+        fa_generate_options {
+            struct_size,
+            kv_layout,
+            page_size,
+            varlen,
+            seqused_k,
+            tree_mask,
+            lse_partial_format,
+            lse_format
+        }
+    );
     layout!(
         rows,
         fa_emu_mem_counters {
@@ -132,7 +144,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             o,
             lse,
             kv,
-            batch_invariant
+            batch_invariant,
+            tree_mask,
+            tree_mask_stride
         }
     );
     layout!(
@@ -147,7 +161,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             lse_partial,
             lse_partial_stride,
             o,
-            lse
+            lse,
+            lse_partial_format,
+            lse_format
         }
     );
     layout!(
@@ -240,6 +256,11 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_KV_PTR_ARRAY,
         FA_FORWARD_ARGS_SIZE_0_2,
         FA_DECODE_ARGS_SIZE_0_2,
+        FA_DECODE_ARGS_SIZE_0_3,
+        FA_REDUCE_ARGS_SIZE_0_3,
+        FA_GENERATE_OPTIONS_SIZE_0_3,
+        FA_LSE_NATURAL,
+        FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
         FA_CACHE_STATS_SIZE_0_1,
         FA_MAX_SEQLEN,
@@ -328,6 +349,13 @@ fn defaults_match_init_macros() {
     assert_eq!(fa_forward_args::default().seqused_k, 0);
     assert_eq!(fa_decode_args::default().batch_invariant, 0);
     assert_eq!(fa_reduce_args::default().struct_size, size_of::<fa_reduce_args>());
+    // 0.4's fields default to "as 0.3": natural logs, no tree mask.
+    let r = fa_reduce_args::default();
+    assert_eq!((r.lse_partial_format, r.lse_format), (FA_LSE_NATURAL, FA_LSE_NATURAL));
+    let d = fa_decode_args::default();
+    assert_eq!((d.tree_mask, d.tree_mask_stride), (0, [0, 0]));
+    let g = fa_generate_options::default();
+    assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }
 

@@ -42,9 +42,10 @@ pub use half::{
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs, ForwardKvArgs, KvCache,
-    KvLayout, PagedKv, RawDecodeArgs, RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor,
-    ReduceArgs, SeqKv, Tensor, TensorMut, View, ViewMut,
+    contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs,
+    ForwardKvArgs, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs, RawForwardArgs,
+    RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, SeqKv, Tensor, TensorMut, TreeMask, View,
+    ViewMut,
 };
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,

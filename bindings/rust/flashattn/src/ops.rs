@@ -134,6 +134,10 @@ pub struct RawDecodeArgs {
     /// Splits of FA_DECODE_INVARIANT_SPLIT keys: a sequence's output bits do
     /// not depend on the rest of the batch (num_splits must be 0).
     pub batch_invariant: bool,
+    /// Since 0.4: packed tree mask (see `TreeMask`), or 0 = none.
+    pub tree_mask: u64,
+    /// Bytes between sequences (0 = one mask for the batch) and query rows.
+    pub tree_mask_strides: [i64; 2],
 }
 
 impl RawDecodeArgs {
@@ -153,7 +157,64 @@ impl RawDecodeArgs {
             lse: self.lse,
             kv: self.kv.to_sys(),
             batch_invariant: self.batch_invariant as i32,
+            tree_mask: self.tree_mask,
+            tree_mask_stride: self.tree_mask_strides,
             ..Default::default()
+        }
+    }
+}
+
+/// A speculative-decoding tree mask (fa_decode_args.tree_mask, since 0.4):
+/// 32-bit words [trees, seqlen_q, words] on the device, trees = batch or 1
+/// (one tree for the batch), words >= ceil(seqlen_q / 32), last dim
+/// contiguous: query i of sequence b sees new token j (key cache_seqlens[b]
+/// - seqlen_q + j) iff bit j % 32 of word j / 32 of row (b, i) is set
+/// (`pack_tree_mask` makes them from bools). The cached prefix stays
+/// visible; the config's causal and window apply on top.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeMask<'a> {
+    /// u32 words, strides in words (strides[2] must be 1).
+    pub words: View<'a, 3>,
+    /// batch, or 1 for one tree shared by the batch.
+    pub trees: usize,
+    /// Words per row as laid out (>= ceil(seqlen_q / 32)).
+    pub row_words: usize,
+}
+
+/// Packs bool masks [trees][seqlen_q][seqlen_q] (true = query i sees new
+/// token j) into rows of ceil(seqlen_q / 32) little-endian u32 words, the
+/// layout `TreeMask` reads (the bytes of numpy.packbits(bitorder="little"),
+/// rows padded to whole words).
+pub fn pack_tree_mask(bits: &[bool], seqlen_q: usize) -> Vec<u32> {
+    let words = seqlen_q.div_ceil(32);
+    let rows = if seqlen_q == 0 { 0 } else { bits.len() / seqlen_q };
+    let mut out = vec![0u32; rows * words];
+    for r in 0..rows {
+        for j in 0..seqlen_q {
+            if bits[r * seqlen_q + j] {
+                out[r * words + j / 32] |= 1 << (j % 32);
+            }
+        }
+    }
+    out
+}
+
+/// The logarithm base of an LSE (fa_lse_format, since 0.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LseFormat {
+    /// ln of the softmax denominator (flashattn, FlashAttention).
+    #[default]
+    Natural,
+    /// log2 of it, lse2 = lse * log2(e) (FlashInfer's attention states).
+    Base2,
+}
+
+impl LseFormat {
+    /// The fa_lse_format value.
+    pub fn to_sys(self) -> i32 {
+        match self {
+            LseFormat::Natural => sys::FA_LSE_NATURAL,
+            LseFormat::Base2 => sys::FA_LSE_BASE2,
         }
     }
 }
@@ -172,6 +233,10 @@ pub struct RawReduceArgs {
     pub lse_partial_strides: [i64; 4],
     pub o: RawTensor,
     pub lse: u64,
+    /// Since 0.4: the base of the LSE values in lse_partial ...
+    pub lse_partial_format: LseFormat,
+    /// ... and of those written to lse.
+    pub lse_format: LseFormat,
 }
 
 /// Workspace bytes and split count of a decode (fa_decode_workspace_size).
@@ -801,6 +866,28 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, None)
+    }
+
+    /// `decode_kv` with a speculative-decoding tree mask among the new
+    /// tokens (since 0.4; see `TreeMask`). Errors: as `decode_kv`, plus
+    /// InvalidArgument for a mask whose extent, trees, row_words or last
+    /// stride do not fit.
+    pub fn decode_tree(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        tree: TreeMask<'_>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, Some(tree))
+    }
+
+    fn decode_kv_impl(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        tree: Option<TreeMask<'_>>,
+    ) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
@@ -823,6 +910,31 @@ impl Runtime {
             batch_invariant: args.batch_invariant,
             ..Default::default()
         };
+        if let Some(t) = &tree {
+            let w = &t.words;
+            if (t.trees != b && t.trees != 1) || t.row_words < sq.div_ceil(32) || w.strides[2] != 1
+            {
+                return Err(Error::invalid(format!(
+                    "flashattn-rs: tree mask of {} trees x {} words per row, last stride {}; \
+                     expected {b} or 1 trees, >= {} words, stride 1",
+                    t.trees,
+                    t.row_words,
+                    w.strides[2],
+                    sq.div_ceil(32)
+                )));
+            }
+            raw.tree_mask = checked_ptr(
+                self,
+                "tree_mask",
+                w.buf,
+                w.byte_offset,
+                &w.strides,
+                &[t.trees, sq, t.row_words],
+                4,
+            )?;
+            raw.tree_mask_strides =
+                [if t.trees == 1 { 0 } else { w.strides[0] * 4 }, w.strides[1] * 4];
+        }
         match &args.o {
             Some(o) => {
                 raw.o = tensor_mut(self, "o", o, [b, sq, hq, dv], e)?;
@@ -891,6 +1003,8 @@ impl Runtime {
             lse_partial_stride: args.lse_partial_strides,
             o: args.o.to_sys(),
             lse: args.lse,
+            lse_partial_format: args.lse_partial_format.to_sys(),
+            lse_format: args.lse_format.to_sys(),
             ..Default::default()
         };
         check(sys::fa_decode_reduce(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -898,8 +1012,23 @@ impl Runtime {
 
     /// Combines `num_splits` partial states per row into `o` (and `lse`):
     /// m = max LSE_s, w_s = exp(LSE_s - m), O = sum w_s O_s / sum w_s,
-    /// LSE = m + log sum w_s. On DeviceBuffers, default stream.
+    /// LSE = m + log sum w_s. On DeviceBuffers, default stream. Natural-log
+    /// LSEs in and out (see `decode_reduce_formats`).
     pub fn decode_reduce(&self, cfg: &Config, args: ReduceArgs<'_>) -> Result<()> {
+        self.decode_reduce_formats(cfg, args, LseFormat::Natural, LseFormat::Natural)
+    }
+
+    /// `decode_reduce` with the base of the partial LSEs read and of the LSE
+    /// written (since 0.4): states from FlashInfer (base 2) merge with
+    /// flashattn's or FlashAttention's (natural); the kernel converts on
+    /// load and store.
+    pub fn decode_reduce_formats(
+        &self,
+        cfg: &Config,
+        args: ReduceArgs<'_>,
+        lse_partial_format: LseFormat,
+        lse_format: LseFormat,
+    ) -> Result<()> {
         let (s, b, sq) = (args.num_splits, args.batch, args.seqlen_q);
         let (hq, dv) = (cfg.num_heads_q(), cfg.head_dim_v());
         let op = &args.o_partial;
@@ -930,6 +1059,8 @@ impl Runtime {
             lse_partial_strides: lp.strides,
             o: tensor_mut(self, "o", &args.o, [b, sq, hq, dv], cfg.dtype().size())?,
             lse: fp32_out(self, "lse", &args.lse, b * hq * sq)?,
+            lse_partial_format,
+            lse_format,
         };
         // SAFETY: extents checked above; outputs borrowed mutably.
         unsafe { self.decode_reduce_raw(cfg, &raw, std::ptr::null_mut()) }
