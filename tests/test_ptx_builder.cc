@@ -422,6 +422,80 @@ AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) 
   return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap);
 }
 
+// stmatrix (PTX ISA 7.8) and elect.sync (8.0), sm_90: printed forms, misuse,
+// and a small sm_90a kernel using both that ptxas assembles.
+void test_stmatrix_elect_forms(void **) {
+  Builder b("k_se", 8);
+  b.set_arch_specific(true);
+  Symbol s = b.shared("smem_s", 16, 1024);
+  Reg r[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  Reg a = b.b32(), lane = b.b32(), p = b.pred(), g = b.b64();
+  b.mov(Type::U32, a, sym(s));
+  for (Reg x : r) b.mov(Type::B32, x, imm(0x3c003c00));
+  b.stmatrix(false, r, 4, at(a, 64));
+  b.stmatrix(true, r, 2, at(a));
+  b.stmatrix(false, r, 1, at(s, 16));
+  b.elect_sync(p, 0xffffffffu);
+  b.elect_sync(lane, p, 0x0000ff00u);
+  b.when(p).st(Space::Shared, Type::U32, at(a), lane);
+  b.ld_param(Type::U64, g, 0);
+  b.exit();
+  const std::string t = b.emit(80, 90, 32);
+  assert_true(
+      contains(t, "\tstmatrix.sync.aligned.m8n8.x4.shared.b16 [%r4+64], {%r0, %r1, %r2, %r3};\n"));
+  assert_true(contains(t, "\tstmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%r4], {%r0, %r1};\n"));
+  assert_true(contains(t, "\tstmatrix.sync.aligned.m8n8.x1.shared.b16 [smem_s+16], {%r0};\n"));
+  assert_true(contains(t, "\telect.sync _|%p0, 0xffffffff;\n"));
+  assert_true(contains(t, "\telect.sync %r5|%p0, 0x0000ff00;\n"));
+  // Misuse aborts.
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    Reg q[3] = {x.b32(), x.b32(), x.b32()};
+    x.stmatrix(false, q, 3, at(q[0]));  // x3 does not exist
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    Reg q[2] = {x.b32(), x.b32()};
+    Reg w = x.b64();
+    x.stmatrix(true, q, 2, at(w));  // 64-bit shared address
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    Reg q[1] = {x.f32()};
+    Reg w = x.b32();
+    x.stmatrix(false, q, 1, at(w));  // f32 source
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.elect_sync(x.b32(), 0xffffffffu);  // not a predicate
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.elect_sync(x.b64(), x.pred(), 0xffffffffu);  // lane id not b32
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    x.elect_sync(x.b32(), x.b32(), 0xffffffffu);  // second not a predicate
+  }));
+  // ptxas assembles it for sm_90a (skipped without a CUDA toolkit).
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
+    std::printf("no ptxas: not assembled\n");
+    return;
+  }
+  char path[] = "/tmp/fa_builder_se_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_true(write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size()));
+  close(fd);
+  const std::string cmd = "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + path + ".cubin'";
+  const int rc = std::system(cmd.c_str());
+  unlink(path);
+  unlink((std::string(path) + ".cubin").c_str());
+  if (rc != 0) std::fprintf(stderr, "%s", t.c_str());
+  assert_int_equal(rc, 0);
+}
+
 void test_generation_is_deterministic(void **) {
   const KernelKind kinds[] = {KernelKind::Forward, KernelKind::Decode, KernelKind::Reduce};
   for (KernelKind k : kinds) {
@@ -484,7 +558,8 @@ void test_spec_choices(void **) {
   };
   // sm_90 runs the wgmma forward by default (docs/kernels.md, "Forward on
   // sm_90a"): 384 threads, 128 rows, block_n from registers, stages from
-  // shared memory; varlen and the environment's override take mma.sync.
+  // shared memory; varlen takes its gather variant, the environment's
+  // override mma.sync.
   {
     const KernelSpec w = fwd(128, 128, 90);
     assert_true(w.wgmma && w.mma && w.num_warps == 12 && w.block_m == 128);
@@ -495,7 +570,9 @@ void test_spec_choices(void **) {
     assert_true(max_dynamic_smem(w) <= h100.smem_per_block_optin);
     const KernelSpec w256 = fwd(256, 256, 90);
     assert_true(w256.wgmma && w256.block_n == 64 && w256.stages == 2);
-    assert_false(fwd(128, 128, 90, true).wgmma);  // varlen: mma.sync
+    assert_true(w.gather == false);
+    const KernelSpec wv = fwd(128, 128, 90, true);  // varlen: the gather variant
+    assert_true(wv.wgmma && wv.gather && wv.varlen && wv.block_n == 128);
     assert_false(fwd(128, 128, 80).wgmma);
     assert_false(fwd(128, 128, 100).wgmma);  // sm_90a code runs on sm_90 only
     setenv("FLASHATTN_FORCE_SM80_FORWARD", "1", 1);
@@ -629,6 +706,7 @@ int main(void) {
       cmocka_unit_test(test_tensor_core_forms),
       cmocka_unit_test(test_tensor_core_type_checks_abort),
       cmocka_unit_test(test_hopper_forms),
+      cmocka_unit_test(test_stmatrix_elect_forms),
       cmocka_unit_test(test_generation_is_deterministic),
       cmocka_unit_test(test_specs_differ),
       cmocka_unit_test(test_spec_choices),

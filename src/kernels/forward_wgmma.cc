@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -33,24 +34,37 @@ using tile::Frag4;
 
 constexpr int kAtomBytes = 128;  // one 128-byte-swizzled row: 64 16-bit values
 constexpr int kAtomCols = 64;
-constexpr int kProducerRegs = 40;  // setmaxnreg: 40 x 128 + 232 x 256 <= 64K
-constexpr int kConsumerRegs = 232;
+// setmaxnreg: producer x 128 + consumer x 256 <= 64K registers. The TMA
+// producer needs few; the gather producer computes row addresses.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
+// Named barriers: 0 the CTA's, 1 the gather producer's, 2 and 3 ping-pong,
+// 4 and 5 each consumer warpgroup's epilogue.
+constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 
 // Dynamic shared memory (every tile 1024-byte aligned, as the 128-byte
 // swizzle pattern repeats every 1024 bytes): Q as qa column atoms of
-// [128 rows][128 B]; `stages` K buffers of qa atoms of [block_n][128 B];
-// `stages` V buffers of va atoms of [block_n][128 B]; then the mbarriers
-// q_full, k_full[s], k_empty[s], v_full[s], v_empty[s] (8 bytes each).
+// [128 rows][128 B] (max(qa, va) of them: O is staged there at the end);
+// `stages` K buffers of qa atoms of [block_n][128 B]; `stages` V buffers of
+// va atoms of [block_n][128 B]; then the mbarriers q_full, k_full[s],
+// k_empty[s], v_full[s], v_empty[s] (8 bytes each); then, for the gather
+// producer's per-row page lookups, K and V row addresses (8 bytes each).
 struct Layout {
   int qa = 0, va = 0;  // 64-column atoms of head_dim and head_dim_v
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
-  uint32_t bars = 0, total = 0;
+  uint32_t bars = 0, rows = 0, total = 0;  // rows: gather, paged by row: K, V row addresses
   uint32_t q_full() const { return bars; }
   uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_full(int s, int S) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_empty(int s, int S) const { return v_full(S, S) + 8 * static_cast<uint32_t>(s); }
 };
+
+// The gather producer looks pages up row by row: one thread per row of the
+// tile, its K and V addresses passed through shared memory.
+bool row_table(const KernelSpec &s) {
+  return s.gather && s.kv_layout == KvLayout::Paged && !s.page_tiles;
+}
 
 Layout layout(const KernelSpec &s) {
   Layout l;
@@ -61,10 +75,13 @@ Layout layout(const KernelSpec &s) {
   l.q = 0;
   l.k_stage = static_cast<uint32_t>(l.qa) * l.kv_atom;
   l.v_stage = static_cast<uint32_t>(l.va) * l.kv_atom;
-  l.k = l.q + static_cast<uint32_t>(l.qa) * l.q_atom;
+  // Q's buffer also stages O in the epilogue: max(qa, va) atoms.
+  l.k = l.q + static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
   l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
   l.bars = l.v + static_cast<uint32_t>(s.stages) * l.v_stage;
-  l.total = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages));
+  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages));
+  l.rows = (l.rows + 15) / 16 * 16;
+  l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   return l;
 }
 
@@ -137,8 +154,19 @@ class ForwardWgmmaGen {
     bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
-    sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    if (spec_.gather) {
+      // This sequence's lengths (cu_seqlens, seqused_k) and row addresses
+      // for the producer; a CTA past its sequence leaves here.
+      Reg q = e_.global_param(f + offsetof(P, q));
+      Reg k = e_.global_param(f + offsetof(P, k));
+      Reg v = e_.global_param(f + offsetof(P, v));
+      fb_ = forward_bases(e_, spec_, q, k, v, bz_, h_, kvh_, m0_);
+      sq_ = fb_.sq;
+      sk_ = fb_.sk;
+    } else {
+      sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
+      sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    }
     // Query i sees keys [i + sk - sq - wl, i + sk - sq + wr] within [0, sk):
     // the CTA's keys are the union over its rows, from a block_n-aligned
     // start; a tile in [lean_lo, lean_hi] is visible to every row.
@@ -164,13 +192,16 @@ class ForwardWgmmaGen {
     b_.op(Op::Min, Type::S32, lean_hi_, lean_hi_, sk_);
     b_.op(Op::Sub, Type::S32, lean_hi_, lean_hi_, imm(spec_.block_n));
 
-    b_.comment(
-        "mbarriers: full = the producer's arrival + the copy's bytes; empty = 256 consumers");
+    b_.comment(spec_.gather
+                   ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
+                   : "mbarriers: full = the producer's arrival + the copy's bytes; empty = 256 "
+                     "consumers");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(1));
+    const int full = spec_.gather ? 128 : 1;
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
     for (int s = 0; s < S_; ++s) {
-      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(1));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(full));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(full));
       b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
       b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
     }
@@ -207,7 +238,8 @@ class ForwardWgmmaGen {
 
   // ---- warpgroup 0: one thread issues every TMA copy ----
   void producer() {
-    b_.setmaxnreg(false, kProducerRegs);
+    b_.setmaxnreg(false, spec_.gather ? kGatherProducerRegs : kProducerRegs);
+    if (spec_.gather) return producer_gather();
     ptx::Label out = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(out);
     Reg pa = b_.b64();
@@ -255,14 +287,203 @@ class ForwardWgmmaGen {
     b_.bind(out);
   }
 
+  // ---- warpgroup 0, gather mode: 128 threads copy rows with cp.async ----
+  // Tile it's K and V land as two commit groups; the full barriers of tile
+  // it - 1 are arrived on once tile it's K is in flight (wait_group 1), so
+  // one and a half tiles stream at a time. cp.async writes are generic-proxy
+  // writes: each thread fences them (fence.proxy.async) before its arrival
+  // lets wgmma read them.
+  void producer_gather() {
+    using RowAddr = std::function<Reg(Reg)>;
+    b_.comment("Q rows (zeros past seqlen_q)");
+    RowAddr q_row = [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); };
+    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, spec_.head_dim / 8, m0_, sq_, q_row);
+    b_.cp_async_commit();
+    ptx::Label out = b_.label(), only_q = b_.label();
+    b_.when(empty_).bra(only_q);
+    b_.comment("K and V tiles, last to first (zeros past seqlen_k)");
+    Reg n = e_.mov(Type::S32, top_), it = e_.mov(Type::U32, imm(0));
+    Reg pbar = e_.mov(Type::U32, smem_);  // the previous tile's barriers (stage base)
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    Reg s, ph;
+    stage_of(it, &s, &ph);
+    Reg free_ph = e_.op(Op::Xor, Type::B32, ph, imm(1));
+    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    wait(bar, static_cast<int>(lay_.k_empty(0, S_)), free_ph);
+    if (row_table(spec_)) page_rows(n);
+    Reg kdst = e_.op(Op::MulLo, Type::U32, s, imm(lay_.k_stage));
+    kv_tile(kdst, lay_.k, 2 * kD_, spec_.head_dim / 8, n, fb_.kr, 0);
+    b_.cp_async_commit();
+    b_.cp_async_wait(1);  // Q (first tile) or the previous tile's K and V
+    b_.fence_proxy_async();
+    Reg first = e_.setp(Cmp::Eq, Type::U32, it, imm(0));
+    b_.when(first).mbarrier_arrive(at(smem_, lay_.q_full()));
+    b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
+    b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
+    wait(bar, static_cast<int>(lay_.v_empty(0, S_)), free_ph);
+    Reg vdst = e_.op(Op::MulLo, Type::U32, s, imm(lay_.v_stage));
+    kv_tile(vdst, lay_.v, spec_.head_dim_v / 8, spec_.head_dim_v / 8, n, fb_.vr, 8 * spec_.block_n);
+    b_.cp_async_commit();
+    b_.mov(Type::U32, pbar, bar);
+    b_.op(Op::Add, Type::U32, it, it, imm(1));
+    b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, n_begin_)).bra(top);
+    b_.cp_async_wait(0);
+    b_.fence_proxy_async();
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
+    b_.bra(out);
+    b_.bind(only_q);
+    b_.cp_async_wait(0);
+    b_.fence_proxy_async();
+    b_.mbarrier_arrive(at(smem_, lay_.q_full()));
+    b_.bind(out);
+  }
+
+  // Thread t < block_n looks up key min(n + t, seqlen_k - 1)'s page and
+  // leaves its K and V row addresses at rows + 8 t and rows + 8 (block_n +
+  // t) (named barrier 1 among
+  // the producer's 128 threads, before: the previous tile's were read).
+  void page_rows(Reg n) {
+    b_.comment("row addresses of the tile, one page lookup per row");
+    b_.bar_sync(kProducerBar, 128);
+    ptx::Label skip = b_.label();
+    if (spec_.block_n < 128)
+      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(spec_.block_n))).bra(skip);
+    Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, tid_),
+                  e_.op(Op::Sub, Type::S32, sk_, imm(1)));
+    Reg pi = e_.op(Op::Div, Type::U32, j, fb_.kr.page_size);
+    Reg off = e_.op(Op::Rem, Type::U32, j, fb_.kr.page_size);
+    Reg pg = b_.b32();
+    b_.ld(Space::Global, Type::S32, pg, at(e_.index(fb_.kr.table, pi, 4)), true);
+    Reg slot = e_.op(Op::MadLo, Type::U32, tid_, imm(8), smem_);
+    Reg ka = e_.index(e_.index(fb_.kr.base, pg, fb_.kr.page), off, fb_.kr.row);
+    Reg va = e_.index(e_.index(fb_.vr.base, pg, fb_.vr.page), off, fb_.vr.row);
+    b_.st(Space::Shared, Type::U64, at(slot, lay_.rows), ka);
+    b_.st(Space::Shared, Type::U64, at(slot, lay_.rows + 8 * spec_.block_n), va);
+    b_.bind(skip);
+    b_.bar_sync(kProducerBar, 128);
+  }
+
+  // The K (or V) tile of keys n .. n + block_n - 1 into the stage at smem +
+  // base + dst: one block_table lookup for the tile when pages hold whole
+  // tiles, row addresses from page_rows (`half` bytes into its table) when
+  // they do not, else KvRows::at.
+  void kv_tile(Reg dst, uint32_t base, int chunks, int data, Reg n, const KvRows &kv, int half) {
+    b_.op(Op::Add, Type::U32, dst, dst, smem_);
+    if (row_table(spec_)) {
+      gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_, [&](Reg j) {
+        Reg slot = e_.op(Op::Sub, Type::S32, j, n);
+        b_.op(Op::MadLo, Type::U32, slot, slot, imm(8), smem_);
+        Reg a = b_.b64();
+        b_.ld(Space::Shared, Type::U64, a, at(slot, lay_.rows + half));
+        return a;
+      });
+      return;
+    }
+    if (spec_.page_tiles) {
+      Reg pi = e_.op(Op::Div, Type::U32, n, kv.page_size);
+      Reg off = e_.op(Op::Rem, Type::U32, n, kv.page_size);
+      Reg pg = b_.b32();
+      b_.ld(Space::Global, Type::S32, pg, at(e_.index(kv.table, pi, 4)), true);
+      Reg row0 = e_.index(e_.index(kv.base, pg, kv.page), off, kv.row);
+      // Rows past seqlen_k are not read (zeros), so the page's rows suffice.
+      gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+             [&](Reg j) { return e_.index(row0, e_.op(Op::Sub, Type::S32, j, n), kv.row); });
+      return;
+    }
+    gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+           [&](Reg j) { return kv.at(e_, j); });
+  }
+
+  void gather(uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data, Reg first,
+              Reg limit, const std::function<Reg(Reg)> &row_addr) {
+    gather(smem_, base, atom_bytes, rows, chunks, data, first, limit, row_addr);
+  }
+
+  // Rows first .. first + rows - 1 of `chunks` 16-byte chunks (the first
+  // `data` from row_addr(j), the others and rows at or past `limit` zeros)
+  // into 128-byte-swizzled atoms of [rows][128 B] at dst + base, atom_bytes
+  // apart: chunk c of row r lands at atom c / 8, byte 128 r + 16 ((c % 8) ^
+  // (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
+  // T = chunks rounded up to a power of two.
+  void gather(Reg dst, uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data,
+              Reg first, Reg limit, const std::function<Reg(Reg)> &row_addr) {
+    int lg = 0;
+    while ((1 << lg) < chunks) ++lg;
+    const int T = 1 << lg, R = 128 / T;
+    Reg c = e_.op(Op::And, Type::B32, tid_, imm(T - 1));
+    Reg r = e_.op(Op::Shr, Type::U32, tid_, imm(lg));
+    Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
+    Reg real = data < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(data)) : Reg();
+    // Smem address of (row r, chunk c): the row's swizzle is r % 8, and rows
+    // 8 apart share it; with R = 4 alternate passes flip bit 2 of it.
+    Reg sw = e_.op(Op::Xor, Type::B32, e_.op(Op::And, Type::B32, c, imm(7)), r);
+    b_.op(Op::And, Type::B32, sw, sw, imm(7));
+    Reg d0 = e_.op(Op::Shr, Type::U32, c, imm(3));
+    b_.op(Op::MadLo, Type::U32, d0, d0, imm(atom_bytes), dst);
+    b_.op(Op::MadLo, Type::U32, d0, r, imm(128), d0);
+    b_.op(Op::MadLo, Type::U32, d0, sw, imm(16), d0);
+    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(64)) : Reg();
+    Reg coff = b_.b64();
+    b_.mul_wide(Type::U32, coff, c, imm(16));
+    Reg last = e_.op(Op::Sub, Type::S32, limit, imm(1));
+    Reg j0 = e_.op(Op::Add, Type::S32, first, r);
+    Reg ok = b_.pred(), in = b_.pred();
+    // Pass p copies row r + p R. Up to 4 passes are unrolled; more run as a
+    // loop of U unrolled passes, U the largest divisor of the count up to 4
+    // (rows is then a multiple of R; with R = 4, of 16), which keeps the
+    // producer within its 56 registers.
+    const int passes = (rows + R - 1) / R;
+    int U = std::min(passes, 4);
+    while (passes % U != 0) --U;
+    auto pass = [&](int p, Reg jb, Reg db0, Reg db1) {
+      Reg j = e_.op(Op::Add, Type::S32, jb, imm(p * R));
+      b_.setp(Cmp::Lt, Type::S32, ok, j, limit);
+      if (real.valid()) b_.op(Op::And, Type::Pred, ok, ok, real);
+      Reg src = row_addr(e_.op(Op::Min, Type::S32, j, last));
+      b_.op(Op::Add, Type::S64, src, src, coff);
+      Reg size = e_.selp(Type::U32, imm(16), imm(0), ok);
+      const bool odd = R == 4 && (p & 1);
+      ptx::Addr at_d = at(odd ? db1 : db0, static_cast<int64_t>(base) + int64_t(p) * R * 128);
+      Reg guard;
+      if (live.valid()) guard = live;
+      if ((p + 1) * R > rows) {  // rows is not a multiple of R: the last pass is partial
+        b_.setp(Cmp::Lt, Type::U32, in, r, imm(rows - p * R));
+        if (guard.valid()) b_.op(Op::And, Type::Pred, in, in, guard);
+        guard = in;
+      }
+      if (guard.valid())
+        b_.when(guard).cp_async_cg16(at_d, at(src), size);
+      else
+        b_.cp_async_cg16(at_d, at(src), size);
+    };
+    if (U == passes) {
+      for (int p = 0; p < passes; ++p) pass(p, j0, d0, d1);
+      return;
+    }
+    Reg left = e_.mov(Type::U32, imm(passes / U));
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    for (int p = 0; p < U; ++p) pass(p, j0, d0, d1);
+    b_.op(Op::Add, Type::S32, j0, j0, imm(U * R));
+    b_.op(Op::Add, Type::U32, d0, d0, imm(U * R * 128));
+    if (d1.valid()) b_.op(Op::Add, Type::U32, d1, d1, imm(U * R * 128));
+    b_.op(Op::Sub, Type::U32, left, left, imm(1));
+    b_.when(e_.setp(Cmp::Ne, Type::U32, left, imm(0))).bra(top);
+  }
+
   // ---- warpgroups 1 and 2: 64 rows each ----
   void consumers() {
-    b_.setmaxnreg(true, kConsumerRegs);
+    b_.setmaxnreg(true, spec_.gather ? kGatherConsumerRegs : kConsumerRegs);
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     ln_ = tile::make_lanes(e_, lane);
     // wg = warp / 4 - 1: rows 64 wg .. 64 wg + 63 of the CTA; this warp's
     // 16 rows start at wrow = 16 (warp - 4).
     Reg wg = e_.op(Op::Sub, Type::U32, e_.op(Op::Shr, Type::U32, warp_, imm(2)), imm(1));
+    wg1_ = e_.setp(Cmp::Eq, Type::U32, wg, imm(0));
+    wg_ = wg;
     wrow_ = e_.op(Op::MulLo, Type::U32, e_.op(Op::Sub, Type::U32, warp_, imm(4)), imm(16));
     // Descriptors (start address >> 4 in bits 0-13): Q K-major (its
     // warpgroup's 64 rows), K K-major, V N-major; SBO = 8 rows of 128 B,
@@ -291,6 +512,10 @@ class ForwardWgmmaGen {
     ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
     b_.when(empty_).bra(done);
     n_ = e_.mov(Type::S32, top_);
+    if (pingpong()) {
+      b_.comment("ping-pong: warpgroup 1 issues its GEMMs first");
+      b_.unless(wg1_).bar_arrive(kSchedBar, 256);
+    }
     Reg p = b_.pred(), t = b_.pred();
     // The first tile alone (no P V in flight yet); then every tile issues its
     // S = Q K^T and the previous tile's O += P V together and runs its
@@ -322,6 +547,8 @@ class ForwardWgmmaGen {
     b_.when(p).bra(masked);
     b_.bind(tail);
     last_pv();
+    // Warpgroup 2 arrived once more than warpgroup 1 waited: balance it.
+    if (pingpong()) b_.when(wg1_).bar_sync(kSchedBar, 256);
     b_.bind(done);
     epilogue();
   }
@@ -398,9 +625,11 @@ class ForwardWgmmaGen {
     Reg s = cs_, ph = cp_;
     Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
     wait(bar, static_cast<int>(lay_.k_full(0)), ph);
+    sched_sync();
     b_.wgmma_fence();
     issue_s(stage_desc(s, kdesc0_, lay_.k_stage));
     b_.wgmma_commit();
+    sched_arrive();
     b_.wgmma_wait(0);
     b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
     scores_ready(true);
@@ -417,6 +646,7 @@ class ForwardWgmmaGen {
     Reg pbar = e_.op(Op::MadLo, Type::U32, sp, imm(8), smem_);
     wait(bar, static_cast<int>(lay_.k_full(0)), ph);
     wait(pbar, static_cast<int>(lay_.v_full(0, S_)), pp);
+    sched_sync();
     b_.wgmma_fence();
     b_.comment("S = Q K^T");
     issue_s(stage_desc(s, kdesc0_, lay_.k_stage));
@@ -424,6 +654,7 @@ class ForwardWgmmaGen {
     b_.comment("O += P V of the previous tile");
     issue_pv(stage_desc(sp, vdesc0_, lay_.v_stage));
     b_.wgmma_commit();
+    sched_arrive();
     b_.wgmma_wait(1);  // S is in; P V may still run
     b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
     scores_ready(masked);
@@ -433,6 +664,23 @@ class ForwardWgmmaGen {
     softmax_->rescale({o_});
     for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
     next_tile();
+  }
+
+  // FlashAttention-3's ping-pong (head_dim <= 128, as FA3 does): the two
+  // consumer warpgroups take turns issuing their GEMMs, so one's softmax
+  // runs while the other's GEMMs use the tensor cores. Warpgroup w waits on
+  // named barrier kSchedBar + w - 1 (its 128 threads + the other's 128
+  // arrivals) before issuing and arrives on the other's after.
+  bool pingpong() const { return spec_.head_dim <= 128; }
+  void sched_sync() {
+    if (!pingpong()) return;
+    b_.when(wg1_).bar_sync(kSchedBar, 256);
+    b_.unless(wg1_).bar_sync(kSchedBar + 1, 256);
+  }
+  void sched_arrive() {
+    if (!pingpong()) return;
+    b_.when(wg1_).bar_arrive(kSchedBar + 1, 256);
+    b_.unless(wg1_).bar_arrive(kSchedBar, 256);
   }
 
   // O += P V of the last tile.
@@ -471,29 +719,91 @@ class ForwardWgmmaGen {
     }
   }
 
-  // O / l and LSE, each thread storing its two rows' pairs (4 bytes).
+  // O / l and LSE. O goes through shared memory: stmatrix puts each warp's
+  // 16 rows into this warpgroup's own 64 rows of Q's buffer (free once its
+  // last wgmma has retired; as many 64-column atoms as O needs, swizzled as
+  // Q is, so the eight rows of each 8x8 matrix hit distinct banks), then
+  // every thread of the warpgroup copies 16-byte chunks to global memory, a
+  // row's chunks on consecutive threads (whole sectors).
   void epilogue() {
-    b_.comment("epilogue: O and LSE");
+    b_.comment("epilogue: O through shared memory (stmatrix), LSE");
     std::vector<Reg> lse;
     softmax_->finish({o_}, &lse);
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
-    Reg hv = b_.b32();
+    // Row (lane & 7) + 8 ((lane >> 3) & 1) of the warp's 16 and chunk
+    // (lane >> 4) of each 16-column pair: the stmatrix .x4 addresses.
+    Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
+    Reg wgrow = e_.op(Op::And, Type::B32, wrow_, imm(63));  // the warp's first row in its warpgroup
+    Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), smem_);
+    Reg srow = e_.op(Op::And, Type::B32, lane, imm(7));
+    Reg half8 = e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, lane, imm(3)), imm(1));
+    b_.op(Op::MadLo, Type::U32, srow, half8, imm(8), srow);
+    b_.op(Op::Add, Type::U32, srow, srow, wgrow);
+    Reg hsx = e_.op(Op::Xor, Type::B32, e_.op(Op::Shr, Type::U32, lane, imm(4)),
+                    e_.op(Op::And, Type::B32, srow, imm(7)));
+    b_.op(Op::Shl, Type::B32, hsx, hsx, imm(4));
+    Reg rowa = e_.op(Op::MadLo, Type::U32, srow, imm(kAtomBytes), wg_base);
+    Reg r[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
+    for (int j = 0; j < nO_; j += 2) {
+      const int n = j + 1 < nO_ ? 4 : 2;  // the last 8 columns alone: .x2
+      for (int m = 0; m < n; ++m) {
+        const Frag4 &fr = o_.f[j + m / 2];
+        b_.cvt_pack(half_, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
+      }
+      // Chunk j + (lane >> 4) of the row: atom j / 8, slot ((j % 8) | hi) ^ (row % 8).
+      Reg a = e_.op(Op::Xor, Type::B32, hsx, imm((j % 8) * 16));
+      b_.op(Op::Add, Type::U32, a, a, rowa);
+      b_.stmatrix(false, r, n, at(a, lay_.q + static_cast<uint32_t>(j / 8) * lay_.q_atom));
+    }
+    b_.when(wg1_).bar_sync(kEpilogueBar, 128);
+    b_.unless(wg1_).bar_sync(kEpilogueBar + 1, 128);
+    // 16-byte chunks: thread t of the warpgroup owns chunk t % T of every
+    // (128 / T)-th row, T = the row's chunks rounded up to a power of two.
+    const int chunks = spec_.head_dim_v / 8;
+    int lg = 0;
+    while ((1 << lg) < chunks) ++lg;
+    const int T = 1 << lg, R = 128 / T;
+    Reg wt = e_.op(Op::And, Type::B32, tid_, imm(127));
+    Reg c = e_.op(Op::And, Type::B32, wt, imm(T - 1));
+    Reg row = e_.op(Op::Shr, Type::U32, wt, imm(lg));
+    Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
+    Reg sw = e_.op(Op::Xor, Type::B32, e_.op(Op::And, Type::B32, c, imm(7)), row);
+    b_.op(Op::And, Type::B32, sw, sw, imm(7));
+    Reg sa = e_.op(Op::Shr, Type::U32, c, imm(3));
+    b_.op(Op::MadLo, Type::U32, sa, sa, imm(lay_.q_atom), wg_base);
+    b_.op(Op::MadLo, Type::U32, sa, row, imm(kAtomBytes), sa);
+    b_.op(Op::MadLo, Type::U32, sa, sw, imm(16), sa);
+    Reg i0 = e_.op(Op::MadLo, Type::S32, wg_, imm(64), m0_);
+    b_.op(Op::Add, Type::S32, i0, i0, row);
+    Reg ga = e_.index(e_.index(out.o_bh, i0, out.o_row), c, 16);
+    Reg step = e_.op(Op::MulLo, Type::S64, out.o_row, imm(R));
+    Reg ok = b_.pred();
+    Reg v[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
+    for (int p = 0; p * R < 64; ++p) {
+      Reg i = e_.op(Op::Add, Type::S32, i0, imm(p * R));
+      b_.setp(Cmp::Lt, Type::S32, ok, i, sq_);
+      if (live.valid()) b_.op(Op::And, Type::Pred, ok, ok, live);
+      if ((p + 1) * R > 64) {  // head_dim_v 8: one chunk a row, R = 128 > 64 rows
+        Reg in = e_.setp(Cmp::Lt, Type::U32, row, imm(64 - p * R));
+        b_.op(Op::And, Type::Pred, ok, ok, in);
+      }
+      // With R = 4 alternate passes flip bit 2 of the row's swizzle.
+      const uint32_t off = static_cast<uint32_t>(p * R * kAtomBytes);
+      Reg s_at = sa;
+      if (R == 4 && (p & 1)) s_at = e_.op(Op::Xor, Type::B32, sa, imm(64));
+      b_.ld_v(Space::Shared, Type::B32, {v[0], v[1], v[2], v[3]}, at(s_at, off));
+      b_.when(ok).st_v(Space::Global, Type::B32, at(ga), {v[0], v[1], v[2], v[3]});
+      if ((p + 1) * R < 64) b_.op(Op::Add, Type::S64, ga, ga, step);
+    }
+    b_.comment("LSE");
     Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
     b_.op(Op::And, Type::Pred, q0, q0, out.has_lse);
     for (int h = 0; h < 2; ++h) {
-      Reg i = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
-      if (h) b_.op(Op::Add, Type::S32, i, i, imm(8));
-      Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq_);
-      Reg row = e_.index(out.o_bh, i, out.o_row);
-      Reg ga = e_.index(row, e_.op(Op::MulLo, Type::U32, ln_.q, imm(2)), 2);
-      for (int j = 0; j < nO_; ++j) {
-        if (8 * j >= spec_.head_dim_v) break;
-        const Frag4 &fr = o_.f[j];
-        b_.cvt_pack(half_, hv, fr[2 * h + 1], fr[2 * h]);
-        b_.when(ok).st(Space::Global, Type::B32, at(ga, 16 * j), hv);
-      }
-      Reg lok = e_.op(Op::And, Type::Pred, ok, q0);
-      Reg la = e_.index(out.lse_row0, i, 4);
+      Reg li = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, li, li, imm(8));
+      Reg lok = e_.setp(Cmp::Lt, Type::S32, li, sq_);
+      b_.op(Op::And, Type::Pred, lok, lok, q0);
+      Reg la = e_.index(out.lse_row0, li, 4);
       b_.when(lok).st(Space::Global, Type::F32, at(la), lse[h]);
     }
   }
@@ -508,6 +818,8 @@ class ForwardWgmmaGen {
   ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_;
+  ForwardBases fb_;        // gather: row addresses
+  Reg wg_, wg1_;           // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
   Reg cs_, cp_, ps_, pp_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
   Reg score_scale_;

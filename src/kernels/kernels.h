@@ -79,6 +79,18 @@ struct KernelSpec {
   // stages-deep K/V ring guarded by mbarriers, a producer warpgroup and two
   // consumer warpgroups (num_warps 12, block_m 128). Implies mma.
   bool wgmma = false;
+  // wgmma: Q, K and V copied by cp.async from the producer warpgroup (row
+  // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)
+  // instead of TMA; the consumers are the same.
+  bool gather = false;
+
+  // Decode: speculative-decoding tree mask among the new tokens
+  // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
+  // without the field.
+  bool tree_mask = false;
+  // Reduce: the partial LSEs are read (written) as base-2 logarithms
+  // (flashattn.h, fa_lse_format) instead of natural ones.
+  bool lse_in_base2 = false, lse_out_base2 = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -99,6 +111,8 @@ struct LaunchShape {
   // Q, K and V are addressable by TMA (16-byte aligned bases, strides of
   // whole 16-byte units): the sm_90a forward may run. fa_generate assumes so.
   bool tma_ok = true;
+  bool tree_mask = false;                            // Decode: DecodeParams::tree_mask is set
+  bool lse_in_base2 = false, lse_out_base2 = false;  // Reduce: fa_lse_format BASE2
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
@@ -177,6 +191,12 @@ struct DecodeParams {
   float score_scale, softcap_log2;    // as ForwardParams
   float softcap_neg2;                 // as ForwardParams
   KvPages kv;                         // spec.kv_layout != Contiguous
+  // spec.tree_mask only (a kernel without it declares its parameter block
+  // to end at tree_mask): row (b, i) of 32-bit words at tree_mask +
+  // b tree_mask_stride[0] + i tree_mask_stride[1] bytes (4-byte aligned);
+  // bit j % 32 of word j / 32 = query i sees new token j.
+  uint64_t tree_mask;
+  int64_t tree_mask_stride[2];  // bytes: batch, query row
 };
 
 struct ReduceParams {
@@ -189,6 +209,13 @@ struct ReduceParams {
   int64_t o_stride[3];  // batch, seq, head
   int32_t num_splits, batch, seqlen_q, num_heads_q;
 };
+
+// The parameter block a decode kernel declares: DecodeParams, or without a
+// tree mask only its fields before tree_mask (so such a kernel's PTX is
+// unchanged by them; a launch passes the whole struct either way).
+inline size_t decode_params_size(const KernelSpec &spec) {
+  return spec.tree_mask ? sizeof(DecodeParams) : offsetof(DecodeParams, tree_mask);
+}
 
 // Fills the ForwardParams step fields of the tensor-core forward kernel
 // from its spec and the strides already set; no-op for other specs.

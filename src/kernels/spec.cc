@@ -90,6 +90,8 @@ bool tc_decode_enabled() {
 }
 
 bool spec_valid(const KernelSpec &s) {
+  if (s.tree_mask && s.kind != KernelKind::Decode) return false;
+  if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
@@ -97,8 +99,9 @@ bool spec_valid(const KernelSpec &s) {
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
-           s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 && !s.varlen && !s.seqused_k &&
-           s.kv_layout == KvLayout::Contiguous;
+           s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
+           (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous));
+  if (s.gather) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -186,7 +189,8 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 // The sm_90a forward tile (docs/kernels.md, "Forward on sm_90a"): block_m
 // 128 (two consumer warpgroups of 64 rows), block_n from the consumers'
 // registers (S: block_n / 2, O: head_dim_v / 2, P: block_n / 4 per thread,
-// 48 more for addresses and softmax state, 16 with softcap, within 232), stages as many as shared
+// 48 more for addresses and softmax state, 16 with softcap, within 232; the
+// gather variant within 216), stages as many as shared
 // memory holds (2..4).
 void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   DeviceLimits lim = dev;
@@ -196,9 +200,13 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   s->m_tiles = 1;
   s->min_ctas = 1;
   const int dv8 = (s->head_dim_v + 7) / 8 * 8;
+  // The gather producer keeps 56 registers, leaving the consumers 224, 8 of
+  // them held back; with softcap block_n stays below 128 there (d 96 spilled
+  // at 128): the margins that keep every head dim free of spills.
+  const int budget = s->gather ? 216 : 232, max_bn = s->gather && s->softcap ? 112 : 128;
   s->block_n = 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
-    if (bn / 2 + dv8 / 2 + bn / 4 + 48 + (s->softcap ? 16 : 0) <= 232) {
+    if (bn <= max_bn && bn / 2 + dv8 / 2 + bn / 4 + 48 + (s->softcap ? 16 : 0) <= budget) {
       s->block_n = bn;
       break;
     }
@@ -266,6 +274,10 @@ std::string KernelSpec::serialize() const {
   o.push_back(page_tiles ? 1 : 0);
   o.push_back(seqused_k ? 1 : 0);
   o.push_back(wgmma ? 1 : 0);
+  o.push_back(gather ? 1 : 0);
+  o.push_back(tree_mask ? 1 : 0);
+  o.push_back(lse_in_base2 ? 1 : 0);
+  o.push_back(lse_out_base2 ? 1 : 0);
   return o;
 }
 
@@ -277,11 +289,12 @@ std::string KernelSpec::describe() const {
   std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s%s%s",
                 kind_name(kind), dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m,
                 block_n, num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "",
-                wgmma ? " wgmma"
+                wgmma ? (gather ? " wgmma gather" : " wgmma")
                 : mma ? " mma"
                       : "",
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
-  return buf;
+  return std::string(buf) + (tree_mask ? " tree_mask" : "") +
+         (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -307,16 +320,22 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   if (kind == KernelKind::Reduce) {
     s.num_warps = 4;
     s.block_m = 4;
+    s.lse_in_base2 = shape.lse_in_base2;
+    s.lse_out_base2 = shape.lse_out_base2;
     return s;
   }
   s.head_dim = cfg.head_dim;
   s.softcap = cfg.softcap > 0;
   s.block_n = 32;
   if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled() && !varlen && !shape.seqused_k &&
-      shape.kv_layout == KvLayout::Contiguous && shape.tma_ok) {
+      wgmma_forward_enabled()) {
+    // TMA where it can address Q, K and V as boxes; else the producer
+    // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
+    s.varlen = varlen;
     s.mma = true;
     s.wgmma = true;
+    s.gather =
+        varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous || !shape.tma_ok;
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
     s.varlen = varlen;
@@ -345,6 +364,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && shape.page_size > 0 &&
                  shape.page_size % tile_keys == 0;
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
+  s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   return s;
 }
 
@@ -384,7 +404,7 @@ std::string entry_name(const KernelSpec &s) {
       std::snprintf(st, sizeof st, "_s%d_mt%d%s_c%d", s.stages, s.m_tiles, s.q_in_regs ? "q" : "",
                     s.min_ctas);
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
-                  s.wgmma ? "_wgmma"
+                  s.wgmma ? (s.gather ? "_wgmma_gather" : "_wgmma")
                   : s.mma ? "_mma"
                           : "",
                   dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
@@ -394,7 +414,8 @@ std::string entry_name(const KernelSpec &s) {
     std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), "%s%s", kv.c_str(),
                   s.seqused_k ? "_seqused" : "");
   }
-  return buf;
+  return std::string(buf) + (s.tree_mask ? "_tree" : "") + (s.lse_in_base2 ? "_lse2in" : "") +
+         (s.lse_out_base2 ? "_lse2out" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

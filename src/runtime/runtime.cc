@@ -274,7 +274,9 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 }
 
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
-  return make_spec(cfg, KernelKind::Decode, backend_->info().limits, kv_shape(a.kv));
+  LaunchShape shape = kv_shape(a.kv);
+  shape.tree_mask = a.tree_mask != 0;
+  return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape);
 }
 
 // Whether TMA can address a [batch, seq, heads, d] tensor of 16-bit
@@ -317,11 +319,11 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   WgmmaParams wp;
-  if (spec.wgmma) {
+  std::memset(&wp, 0, sizeof wp);
+  if (spec.wgmma && !spec.gather) {
     // TMA descriptors of Q, K, V (host only). A map the backend cannot make
     // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
-    // without it) sends the launch to the mma.sync kernel instead.
-    std::memset(&wp, 0, sizeof wp);
+    // without it) sends the launch to the gather variant instead.
     const bool bf16 = cfg.dtype == Dtype::BF16;
     const fa_status s1 = backend_->encode_tensor_map(
         tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, a.batch, spec.block_m),
@@ -464,6 +466,9 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.num_splits = plan.num_splits;
   p.split_size = plan.split_size;
   p.kv = kv_pages(a.kv);
+  p.tree_mask = a.tree_mask;
+  p.tree_mask_stride[0] = a.tree_mask_stride[0];
+  p.tree_mask_stride[1] = a.tree_mask_stride[1];
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
@@ -493,7 +498,10 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
 }
 
 fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, void *stream) {
-  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, false);
+  LaunchShape shape;
+  shape.lse_in_base2 = a.lse_partial_format == FA_LSE_BASE2;
+  shape.lse_out_base2 = a.lse_format == FA_LSE_BASE2;
+  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, shape);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
