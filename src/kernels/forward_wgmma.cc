@@ -34,9 +34,10 @@ using tile::Frag4;
 
 constexpr int kAtomBytes = 128;  // one 128-byte-swizzled row: 64 16-bit values
 constexpr int kAtomCols = 64;
-// setmaxnreg: producer x 128 + consumer x 256 <= 64K registers. The TMA
-// producer needs few; the gather producer computes row addresses.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// setmaxnreg: producer x 128 + consumer x 256 <= 168 x 384, the registers
+// the CTA starts with. The TMA producer needs few (FA3's 24/240); the gather
+// producer computes row addresses.
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
 // Named barriers: 0 the CTA's, 1 the gather producer's, 2 and 3 ping-pong,
 // 4 and 5 each consumer warpgroup's epilogue.
