@@ -3,6 +3,7 @@
 // subnormal flushing for .ftz, saturating float -> int.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -99,6 +100,69 @@ inline float fma_f32(float a, float b, float c) {
   bits += need * dir;
   std::memcpy(&s, &bits, 8);
   return static_cast<float>(s);
+}
+
+// fp8 (PTX ISA "Alternate Floating-Point Data Formats"): e4m3 = 1 sign, 4
+// exponent (bias 7), 3 mantissa bits, no infinity, NaN S.1111.111, largest
+// finite 448; e5m2 = 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE
+// infinities and NaNs, largest finite 57344 (the upper byte of an f16).
+struct Fp8Format {
+  int man_bits, bias;
+  double max_finite;
+  bool ieee;  // e5m2: exponent all ones is inf/NaN
+};
+constexpr Fp8Format kE4M3{3, 7, 448.0, false};
+constexpr Fp8Format kE5M2{2, 15, 57344.0, true};
+
+// fp8 bits -> f32, exact.
+inline float fp8_to_f32(uint8_t x, const Fp8Format &f) {
+  const bool neg = (x & 0x80u) != 0;
+  const int exp = (x & 0x7f) >> f.man_bits, man = x & ((1 << f.man_bits) - 1);
+  const int exp_max = (1 << (7 - f.man_bits)) - 1;
+  double v;
+  if (f.ieee && exp == exp_max)
+    v = man ? NAN : INFINITY;
+  else if (!f.ieee && exp == exp_max && man == (1 << f.man_bits) - 1)
+    v = NAN;
+  else if (exp == 0)
+    v = std::ldexp(static_cast<double>(man), 1 - f.bias - f.man_bits);
+  else
+    v = std::ldexp(1.0 + man / static_cast<double>(1 << f.man_bits), exp - f.bias);
+  return static_cast<float>(neg ? -v : v);
+}
+
+// f32 -> fp8 bits, cvt.rn.satfinite: round to nearest even; NaN -> 0x7f;
+// infinities and values beyond the largest finite -> the largest finite of
+// the same sign; a zero or a value that rounds to zero keeps its sign.
+inline uint8_t f32_to_fp8_satfinite(float in, const Fp8Format &f) {
+  if (std::isnan(in)) return 0x7f;
+  const uint8_t sign = std::signbit(in) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(in));
+  const int min_exp = 1 - f.bias;  // the smallest normal is 2^min_exp
+  int e;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  const int exp = a == 0 ? min_exp : std::max(e - 1, min_exp);
+  const double quantum = std::ldexp(1.0, exp - f.man_bits);
+  double v = std::nearbyint(a / quantum) * quantum;  // ties to even (default mode)
+  if (v > f.max_finite || std::isinf(a)) v = f.max_finite;
+  if (v == 0) return sign;
+  std::frexp(v, &e);
+  int be = e - 1 + f.bias;
+  uint32_t man;
+  if (be <= 0) {  // subnormal
+    be = 0;
+    man = static_cast<uint32_t>(std::ldexp(v, f.bias - 1 + f.man_bits));
+  } else {
+    man = static_cast<uint32_t>(std::ldexp(v, -(e - 1)) * (1 << f.man_bits)) - (1u << f.man_bits);
+  }
+  return static_cast<uint8_t>(sign | (be << f.man_bits) | man);
+}
+
+// fp8 bits -> f16 bits, exact (cvt.rn.f16x2.e4m3x2 / e5m2x2); NaN -> 0x7fff.
+inline uint16_t fp8_to_f16(uint8_t x, const Fp8Format &f) {
+  if (f.ieee) return static_cast<uint16_t>(x << 8);  // e5m2 is an f16's upper byte
+  const float v = fp8_to_f32(x, f);
+  return std::isnan(v) ? 0x7fff : f32_to_f16_rn(v);
 }
 
 // Saturating f32 -> s32 after rounding (NaN -> 0), PTX ISA cvt: float to

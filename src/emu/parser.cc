@@ -146,11 +146,12 @@ struct TypeInfo {
 
 bool type_info(const std::string &t, TypeInfo *ti) {
   static const std::map<std::string, TypeInfo> types = {
-      {"u8", {8, 'u'}},   {"u16", {16, 'u'}},  {"u32", {32, 'u'}},   {"u64", {64, 'u'}},
-      {"s8", {8, 's'}},   {"s16", {16, 's'}},  {"s32", {32, 's'}},   {"s64", {64, 's'}},
-      {"b8", {8, 'b'}},   {"b16", {16, 'b'}},  {"b32", {32, 'b'}},   {"b64", {64, 'b'}},
-      {"f16", {16, 'f'}}, {"bf16", {16, 'f'}}, {"f16x2", {32, 'f'}}, {"bf16x2", {32, 'f'}},
-      {"f32", {32, 'f'}}, {"f64", {64, 'f'}},  {"pred", {1, 'p'}}};
+      {"u8", {8, 'u'}},     {"u16", {16, 'u'}},  {"u32", {32, 'u'}},   {"u64", {64, 'u'}},
+      {"s8", {8, 's'}},     {"s16", {16, 's'}},  {"s32", {32, 's'}},   {"s64", {64, 's'}},
+      {"b8", {8, 'b'}},     {"b16", {16, 'b'}},  {"b32", {32, 'b'}},   {"b64", {64, 'b'}},
+      {"f16", {16, 'f'}},   {"bf16", {16, 'f'}}, {"f16x2", {32, 'f'}}, {"bf16x2", {32, 'f'}},
+      {"f32", {32, 'f'}},   {"f64", {64, 'f'}},  {"pred", {1, 'p'}},   {"e4m3x2", {16, 'f'}},
+      {"e5m2x2", {16, 'f'}}};
   auto it = types.find(t);
   if (it == types.end()) return false;
   *ti = it->second;
@@ -1564,12 +1565,51 @@ class Parser {
     emit(in, op_text_);
   }
 
-  void decode_cvt(const Mods &m, const std::vector<Operand> &ops, Inst in,
+  void decode_cvt(const Mods &mods, const std::vector<Operand> &ops, Inst in,
                   const std::string &text) {
+    Mods m = mods;
+    bool satfinite = false;
+    for (size_t i = 0; i < m.other.size(); ++i)
+      if (m.other[i] == "satfinite") {
+        satfinite = true;
+        m.other.erase(m.other.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
     no_other(m);
     if (m.types.size() != 2) bad("cvt needs a destination and a source type");
     if (m.sat) bad(".sat is not supported");
     const std::string &dt = m.types[0], &st = m.types[1];
+    // fp8 pairs (PTX ISA cvt: sm_89 with PTX 8.1, sm_90 with 7.8): cvt.rn.satfinite.{e4m3x2,
+    // e5m2x2}.f32 d, a, b (d b16, a to the high byte) and cvt.rn.f16x2.
+    // {e4m3x2,e5m2x2} d, a (a b16).
+    const bool f8d = dt == "e4m3x2" || dt == "e5m2x2", f8s = st == "e4m3x2" || st == "e5m2x2";
+    if (f8d || f8s) {
+      if (mod_->target_sm < 89) bad("fp8 cvt requires .target sm_89 or higher");
+      // ptxas: PTX 7.8 on sm_90, 8.1 on sm_89.
+      const int min_version = mod_->target_sm >= 90 ? 78 : 81;
+      if (mod_->version < min_version)
+        bad(std::string("fp8 cvt requires .version ") + (min_version == 78 ? "7.8" : "8.1") +
+            " or higher on this target");
+      if (m.rnd != "rn" || m.ftz) bad("fp8 cvt needs .rn (and no .ftz)");
+      want_count(ops, f8d ? 3 : 2);
+      if (f8d) {
+        if (st != "f32" || !satfinite)
+          bad("only cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 is supported");
+        in.op = Op::kCvtF8x2F32;
+        in.sub = dt == "e5m2x2";
+        in.d = dst(ops[0], 16);
+        in.a = src(ops[1], 32, true);
+        in.b = src(ops[2], 32, true);
+      } else {
+        if (dt != "f16x2" || satfinite) bad("only cvt.rn.f16x2.{e4m3x2,e5m2x2} is supported");
+        in.op = Op::kCvtF16x2F8x2;
+        in.sub = st == "e5m2x2";
+        in.d = dst(ops[0], 32);
+        in.a = src(ops[1], 16, false);
+      }
+      return emit(in, text);
+    }
+    if (satfinite) bad(".satfinite is supported only with fp8 destinations");
     TypeInfo dti, sti;
     type_info(dt, &dti);
     type_info(st, &sti);

@@ -126,6 +126,8 @@ enum class Op : uint16_t {
   kCvtBF16F32,    // .rn
   kCvtF16x2F32,   // .rn, d = {a -> high half, b -> low half}
   kCvtBF16x2F32,  // .rn
+  kCvtF8x2F32,    // .rn.satfinite, d (16 bits) = {a -> high byte, b -> low byte}; sub 1 = e5m2
+  kCvtF16x2F8x2,  // .rn, d = {a's high byte -> high half, low byte -> low half}; sub 1 = e5m2
   kCvtF32S32,     // .rn
   kCvtF32U32,     // .rn
   kCvtS32F32,     // sub = Round (rzi/rni/rmi/rpi), saturating

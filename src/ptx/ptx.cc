@@ -862,6 +862,23 @@ void Builder::cvt_pack(Type half, Reg d, Reg hi, Reg lo) {
   Line(*this, in).reg(d).reg(hi).reg(lo).done();
 }
 
+void Builder::cvt_f8x2_f32(bool e5m2, Reg d, Reg hi, Reg lo) {
+  Opcode in("cvt.rn.satfinite");
+  in.str(e5m2 ? ".e5m2x2.f32" : ".e4m3x2.f32");
+  check_reg(in, d, Type::B16, "destination must be a b16 register");
+  check_reg(in, hi, Type::F32, "sources must be f32 registers");
+  check_reg(in, lo, Type::F32, "sources must be f32 registers");
+  Line(*this, in).reg(d).reg(hi).reg(lo).done();
+}
+
+void Builder::cvt_f16x2_f8x2(bool e5m2, Reg d, Reg a) {
+  Opcode in("cvt.rn.f16x2");
+  in.str(e5m2 ? ".e5m2x2" : ".e4m3x2");
+  check_reg(in, d, Type::B32, "destination must be a b32 register");
+  check_reg(in, a, Type::B16, "source must be a b16 register");
+  Line(*this, in).reg(d).reg(a).done();
+}
+
 void Builder::param_address(Reg d) {
   Opcode in("mov.u64");
   check_reg(in, d, Type::B64, "the address is a b64 register");

@@ -205,6 +205,14 @@ class Builder {
   // cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 d, hi, lo: hi lands in the upper
   // 16 bits (PTX ISA cvt); half is F16 or BF16, d b32, hi and lo f32.
   void cvt_pack(Type half, Reg d, Reg hi, Reg lo);
+  // cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 d, hi, lo: two f32 to fp8 (round
+  // to nearest even; NaN -> NaN, beyond the largest finite -> it), hi in the
+  // upper byte of the b16 d. cvt.rn.f16x2.{e4m3x2,e5m2x2} d, a: the b16 a's
+  // two fp8 to f16 (exact), its upper byte to d's upper half. sm_89 with
+  // PTX ISA 8.1, sm_90 with 7.8 (PTX ISA "cvt", "Alternate Floating-Point
+  // Data Formats").
+  void cvt_f8x2_f32(bool e5m2, Reg d, Reg hi, Reg lo);
+  void cvt_f16x2_f8x2(bool e5m2, Reg d, Reg a);
 
   // ---- Hopper: sm_90a (PTX ISA 8.0) ----
   // `.target sm_90a` instead of `sm_<sm>` (wgmma and setmaxnreg need the

@@ -1,0 +1,266 @@
+// The emulator's fp8 conversions (PTX ISA "cvt", "Alternate Floating-Point
+// Data Formats"; sm_89 with PTX 8.1, sm_90 with 7.8, as ptxas 13 accepts
+// them): cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 and
+// cvt.rn.f16x2.{e4m3x2,e5m2x2}, checked against a brute-force reference
+// written here from the formats' definitions: every one of the 256 codes
+// decoded, every representable value and every midpoint between neighbours
+// (ties to even), values just off the midpoints, random f32 of every
+// magnitude, and the special values (NaN, infinities, zeros, beyond the
+// largest finite, f32 subnormals). The builder's printed forms too.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/error.h"  // before cmocka.h, whose fail() is a macro
+#include "ptx/ptx.h"
+#include "support/emu_harness.h"
+
+namespace {
+
+using namespace fa::test;
+
+// Value of fp8 code c: e4m3 (bias 7, S.1111.111 NaN, no infinity) or e5m2
+// (bias 15, IEEE-style infinities and NaNs).
+double decode_ref(int c, bool e5m2) {
+  const double s = (c & 0x80) ? -1.0 : 1.0;
+  if (!e5m2) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    return s * (e == 0 ? m * std::ldexp(1.0, -9) : (8 + m) * std::ldexp(1.0, e - 10));
+  }
+  const int e = (c >> 2) & 31, m = c & 3;
+  if (e == 31) return m ? NAN : s * INFINITY;
+  return s * (e == 0 ? m * std::ldexp(1.0, -16) : (4 + m) * std::ldexp(1.0, e - 17));
+}
+
+// cvt.rn.satfinite by brute force: the nearest finite code (ties: the even
+// mantissa), beyond the largest finite the largest finite, NaN 0x7f, a
+// result of zero keeping the input's sign.
+int encode_ref(float x, bool e5m2) {
+  if (std::isnan(x)) return 0x7f;
+  const int sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  const int max_code = e5m2 ? 0x7b : 0x7e;  // 57344, 448
+  if (a >= decode_ref(max_code, e5m2)) return sign | max_code;
+  int best = -1;
+  double best_d = 0;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = decode_ref(c, e5m2);
+    if (!std::isfinite(v)) continue;
+    const double d = std::fabs(v - a);
+    if (best < 0 || d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  }
+  return sign | best;
+}
+
+const char *kFp8Kernel = R"(.version 8.1
+.target sm_89
+.address_size 64
+.visible .entry k_fp8(.param .align 8 .b8 k_fp8_param[40])
+{
+  .reg .b16 %h<4>;
+  .reg .b32 %r<8>;
+  .reg .f32 %f<4>;
+  .reg .b64 %rd<16>;
+  ld.param.u64 %rd1, [k_fp8_param+0];
+  ld.param.u64 %rd2, [k_fp8_param+8];
+  ld.param.u64 %rd3, [k_fp8_param+16];
+  ld.param.u64 %rd4, [k_fp8_param+24];
+  ld.param.u64 %rd5, [k_fp8_param+32];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, %ctaid.x;
+  mad.lo.u32 %r1, %r2, 128, %r1;
+  mul.wide.u32 %rd6, %r1, 8;
+  add.s64 %rd6, %rd1, %rd6;
+  ld.global.v2.f32 {%f1, %f2}, [%rd6];
+  cvt.rn.satfinite.e4m3x2.f32 %h1, %f1, %f2;
+  cvt.rn.satfinite.e5m2x2.f32 %h2, %f1, %f2;
+  mul.wide.u32 %rd7, %r1, 2;
+  add.s64 %rd8, %rd2, %rd7;
+  st.global.b16 [%rd8], %h1;
+  add.s64 %rd8, %rd3, %rd7;
+  st.global.b16 [%rd8], %h2;
+  add.s64 %rd8, %rd4, %rd7;
+  ld.global.b16 %h3, [%rd8];
+  cvt.rn.f16x2.e4m3x2 %r3, %h3;
+  cvt.rn.f16x2.e5m2x2 %r4, %h3;
+  mul.wide.u32 %rd9, %r1, 8;
+  add.s64 %rd9, %rd5, %rd9;
+  st.global.v2.b32 [%rd9], {%r3, %r4};
+}
+)";
+
+int fp8_setup(void **) {
+  std::unique_ptr<fa::Backend> be;
+  if (fa::create_emulator_backend(89, &be) != FA_SUCCESS) return -1;
+  g_be = be.release();
+  return 0;
+}
+
+uint16_t f16_bits_of(double v) {  // v exactly representable as a normal or subnormal f16
+  const uint16_t s = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  if (std::isinf(a)) return s | 0x7c00;
+  if (a == 0) return s;
+  int e;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  if (e - 1 < -14) return s | static_cast<uint16_t>(std::ldexp(a, 24));
+  return s | static_cast<uint16_t>(((e - 1 + 15) << 10) |
+                                   (static_cast<int>(std::ldexp(a, 11 - e)) - 1024));
+}
+
+void test_fp8_conversions(void **) {
+  // Inputs: every representable value of both formats, the midpoints
+  // between neighbours and values 1/64 ulp either side, random f32 over
+  // 2^-30..2^20, specials.
+  std::vector<float> in;
+  for (int f = 0; f < 2; ++f) {
+    std::vector<double> vals;
+    for (int c = 0; c < 0x80; ++c)
+      if (std::isfinite(decode_ref(c, f))) vals.push_back(decode_ref(c, f));
+    for (size_t i = 0; i < vals.size(); ++i) {
+      for (double s : {1.0, -1.0}) {
+        in.push_back(static_cast<float>(s * vals[i]));
+        if (i + 1 < vals.size()) {
+          const double mid = (vals[i] + vals[i + 1]) / 2, q = (vals[i + 1] - vals[i]) / 64;
+          for (double d : {0.0, q, -q}) in.push_back(static_cast<float>(s * (mid + d)));
+        }
+      }
+    }
+  }
+  std::mt19937 rng(2026);
+  std::uniform_real_distribution<double> ex(-30, 20);
+  for (int i = 0; i < 2000; ++i)
+    in.push_back(static_cast<float>((i % 2 ? -1 : 1) * std::exp2(ex(rng))));
+  const float specials[] = {NAN,      -NAN,       INFINITY,  -INFINITY, 0.0f,      -0.0f,
+                            448.0f,   449.0f,     463.9f,    464.0f,    1e30f,     -1e30f,
+                            57344.0f, 61439.0f,   61440.0f,  1e-45f,    -1e-45f,   0x1p-10f,
+                            0x1p-17f, 0x1.8p-17f, -0x1p-10f, 240.0f,    -57344.5f, 3.0e38f};
+  for (float s : specials) in.push_back(s);
+  if (in.size() % 2) in.push_back(1.0f);
+  const uint32_t pairs = static_cast<uint32_t>(in.size() / 2);
+  const uint32_t threads = (pairs + 127) / 128 * 128;
+  in.resize(2 * threads, 0.0f);
+  // Codes to decode: (c, 255 - c) and (c, c) pairs, repeated to fill.
+  std::vector<uint16_t> codes(threads);
+  for (uint32_t t = 0; t < threads; ++t) {
+    const uint32_t c = t % 256, d = (t / 256) % 2 ? c : 255 - c;
+    codes[t] = static_cast<uint16_t>((c << 8) | d);
+  }
+  DevBuf din(in.size() * 4), e4(threads * 2), e5(threads * 2), dcodes(threads * 2),
+      dec(threads * 8);
+  din.put(in);
+  dcodes.put(codes);
+  e4.poison();
+  e5.poison();
+  dec.poison();
+  struct {
+    uint64_t in, e4, e5, codes, dec;
+  } prm = {din.ptr, e4.ptr, e5.ptr, dcodes.ptr, dec.ptr};
+  assert_int_equal(run_ptx(kFp8Kernel, "k_fp8", geom(threads / 128, 128), &prm, sizeof prm),
+                   FA_SUCCESS);
+  const std::vector<uint16_t> g4 = e4.get<uint16_t>(), g5 = e5.get<uint16_t>();
+  int bad = 0;
+  for (uint32_t t = 0; t < pairs; ++t) {
+    for (int f = 0; f < 2; ++f) {
+      const uint16_t got = f ? g5[t] : g4[t];
+      const uint16_t want =
+          static_cast<uint16_t>((encode_ref(in[2 * t], f) << 8) | encode_ref(in[2 * t + 1], f));
+      if (got != want && bad++ < 10)
+        std::fprintf(stderr, "%s (%a, %a): got 0x%04x want 0x%04x\n", f ? "e5m2" : "e4m3",
+                     in[2 * t], in[2 * t + 1], got, want);
+    }
+  }
+  assert_int_equal(bad, 0);
+  const std::vector<uint32_t> gd = dec.get<uint32_t>();
+  for (uint32_t t = 0; t < threads; ++t) {
+    for (int f = 0; f < 2; ++f) {
+      const uint32_t got = gd[2 * t + f];
+      for (int h = 0; h < 2; ++h) {
+        const int c = (codes[t] >> (8 * h)) & 0xff;
+        const uint16_t g = static_cast<uint16_t>(got >> (16 * h));
+        const double v = decode_ref(c, f);
+        if (std::isnan(v)) {
+          if ((g & 0x7c00) != 0x7c00 || (g & 0x3ff) == 0) ++bad;  // an f16 NaN
+          if (f && g != (c << 8)) ++bad;                          // e5m2: the same bits
+        } else if (g != f16_bits_of(v)) {
+          if (bad++ < 10)
+            std::fprintf(stderr, "%s code 0x%02x: f16 0x%04x want 0x%04x\n", f ? "e5m2" : "e4m3", c,
+                         g, f16_bits_of(v));
+        }
+      }
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
+// Misuse: fp8 needs sm_89 and PTX 8.1 (7.8 on sm_90); .satfinite is mandatory to fp8 and
+// refused elsewhere.
+void test_fp8_errors(void **) {
+  auto compile = [](const std::string &ptx) {
+    std::vector<uint8_t> bin;
+    std::string log;
+    return g_be->compile(ptx, &bin, &log);
+  };
+  const std::string body =
+      ".visible .entry k(.param .u64 p)\n{\n  .reg .b16 %h<2>;\n  .reg .b32 %r<2>;\n"
+      "  .reg .f32 %f<2>;\n  mov.f32 %f1, 0f3F800000;\n  INST\n}\n";
+  auto with = [&](const char *head, const char *inst) {
+    std::string b = body;
+    b.replace(b.find("INST"), 4, inst);
+    return std::string(head) + b;
+  };
+  const char *ok_head = ".version 8.1\n.target sm_89\n.address_size 64\n";
+  assert_int_equal(compile(with(ok_head, "cvt.rn.satfinite.e4m3x2.f32 %h1, %f1, %f1;")),
+                   FA_SUCCESS);
+  assert_int_not_equal(compile(with(".version 7.8\n.target sm_86\n.address_size 64\n",
+                                    "cvt.rn.satfinite.e4m3x2.f32 %h1, %f1, %f1;")),
+                       FA_SUCCESS);
+  expect_error("sm_89");
+  assert_int_not_equal(compile(with(".version 7.8\n.target sm_89\n.address_size 64\n",
+                                    "cvt.rn.satfinite.e4m3x2.f32 %h1, %f1, %f1;")),
+                       FA_SUCCESS);
+  expect_error("8.1");
+  assert_int_not_equal(compile(with(ok_head, "cvt.rn.e4m3x2.f32 %h1, %f1, %f1;")), FA_SUCCESS);
+  assert_int_not_equal(compile(with(ok_head, "cvt.rn.satfinite.f16.f32 %h1, %f1;")), FA_SUCCESS);
+  expect_error("satfinite");
+  assert_int_not_equal(compile(with(ok_head, "cvt.rz.satfinite.e5m2x2.f32 %h1, %f1, %f1;")),
+                       FA_SUCCESS);
+}
+
+// The builder prints the forms the emulator and ptxas read.
+void test_fp8_builder(void **) {
+  fa::ptx::Builder b("k_fp8b", 8);
+  using fa::ptx::Reg;
+  Reg h = b.reg(fa::ptx::RegClass::B16), r = b.b32(), f = b.f32();
+  b.mov(fa::ptx::Type::F32, f, fa::ptx::fimm(1.0f));
+  b.cvt_f8x2_f32(false, h, f, f);
+  b.cvt_f8x2_f32(true, h, f, f);
+  b.cvt_f16x2_f8x2(false, r, h);
+  b.cvt_f16x2_f8x2(true, r, h);
+  b.exit();
+  const std::string ptx = std::move(b).emit(81, 89, 32);
+  assert_non_null(std::strstr(ptx.c_str(), "cvt.rn.satfinite.e4m3x2.f32"));
+  assert_non_null(std::strstr(ptx.c_str(), "cvt.rn.satfinite.e5m2x2.f32"));
+  assert_non_null(std::strstr(ptx.c_str(), "cvt.rn.f16x2.e4m3x2"));
+  assert_non_null(std::strstr(ptx.c_str(), "cvt.rn.f16x2.e5m2x2"));
+  std::vector<uint8_t> bin;
+  std::string log;
+  assert_int_equal(g_be->compile(ptx, &bin, &log), FA_SUCCESS);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fp8_conversions),
+      cmocka_unit_test(test_fp8_errors),
+      cmocka_unit_test(test_fp8_builder),
+  };
+  return cmocka_run_group_tests_name("emulator_fp8", tests, fp8_setup, emu_teardown);
+}
