@@ -784,8 +784,10 @@ void Builder::mma_m16n8k16(Type ab, const Reg *d, const Reg *a, const Reg *b, co
   Line(*this, in).vec(d, 4).vec(a, 4).vec(b, 2).vec(c, 4).done();
 }
 
-void Builder::ldmatrix(bool trans, const Reg *d, int count, Addr a) {
-  Opcode in("ldmatrix.sync.aligned.m8n8");
+// ldmatrix / stmatrix .m8n8 .b16: the opcode `in` gets the shape, count
+// and .shared.b16; count 1, 2 or 4 b32 registers and a shared address.
+void Builder::matrix_m8n8(Opcode &in, bool trans, const Reg *r, int count, Addr a,
+                          const char *bad_count, const char *bad_reg) const {
   if (count == 1)
     in.add(".x1");
   else if (count == 2)
@@ -794,31 +796,25 @@ void Builder::ldmatrix(bool trans, const Reg *d, int count, Addr a) {
     in.add(".x4");
   if (trans) in.add(".trans");
   in.add(".shared.b16");
-  if (count != 1 && count != 2 && count != 4) misuse(in, "ldmatrix takes 1, 2 or 4 registers");
+  if (count != 1 && count != 2 && count != 4) misuse(in, bad_count);
   for (int i = 0; i < count; ++i) {
-    if (d[i].cls != RegClass::B32) misuse(in, "ldmatrix destinations must be b32 registers");
-    check_reg(in, d[i], Type::B32, "ldmatrix destinations must be b32 registers");
+    if (r[i].cls != RegClass::B32) misuse(in, bad_reg);
+    check_reg(in, r[i], Type::B32, bad_reg);
   }
   check_addr(in, a, Space::Shared);
+}
+
+void Builder::ldmatrix(bool trans, const Reg *d, int count, Addr a) {
+  Opcode in("ldmatrix.sync.aligned.m8n8");
+  matrix_m8n8(in, trans, d, count, a, "ldmatrix takes 1, 2 or 4 registers",
+              "ldmatrix destinations must be b32 registers");
   Line(*this, in).vec(d, static_cast<size_t>(count)).addr(a).done();
 }
 
 void Builder::stmatrix(bool trans, const Reg *r, int count, Addr a) {
   Opcode in("stmatrix.sync.aligned.m8n8");
-  if (count == 1)
-    in.add(".x1");
-  else if (count == 2)
-    in.add(".x2");
-  else
-    in.add(".x4");
-  if (trans) in.add(".trans");
-  in.add(".shared.b16");
-  if (count != 1 && count != 2 && count != 4) misuse(in, "stmatrix takes 1, 2 or 4 registers");
-  for (int i = 0; i < count; ++i) {
-    if (r[i].cls != RegClass::B32) misuse(in, "stmatrix sources must be b32 registers");
-    check_reg(in, r[i], Type::B32, "stmatrix sources must be b32 registers");
-  }
-  check_addr(in, a, Space::Shared);
+  matrix_m8n8(in, trans, r, count, a, "stmatrix takes 1, 2 or 4 registers",
+              "stmatrix sources must be b32 registers");
   Line(*this, in).addr(a).vec(r, static_cast<size_t>(count)).done();
 }
 

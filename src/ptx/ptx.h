@@ -299,6 +299,8 @@ class Builder {
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
+  void matrix_m8n8(Opcode &in, bool trans, const Reg *r, int count, Addr a, const char *bad_count,
+                   const char *bad_reg) const;
   void check_wgmma(const Opcode &in, Type ab, int n, const Reg *d, const Operand &scale_d) const;
   // At least n writable bytes at the end of the body text.
   char *room(size_t n);
