@@ -46,7 +46,7 @@
 
 #define FLASHATTN_VERSION_MAJOR 0
 #define FLASHATTN_VERSION_MINOR 4
-#define FLASHATTN_VERSION_PATCH 0
+#define FLASHATTN_VERSION_PATCH 1
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
   (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH)
@@ -289,21 +289,31 @@ typedef struct fa_generate_options {
   int32_t tree_mask;          /* decode: 1 = fa_decode_args.tree_mask is set */
   int32_t lse_partial_format; /* reduce: fa_lse_format of the partial LSEs read */
   int32_t lse_format;         /* reduce: fa_lse_format of the LSE written */
+  /* Since 0.4.1 (FA_GENERATE_OPTIONS_SIZE_0_4 ends before it; zero = as 0.4). */
+  int64_t sinks; /* forward, reduce: 1 = attention sinks are set (the
+                    forward's fa_forward_args.sinks; a reduce's
+                    fa_reduce_args.sinks, which fa_decode's combine also
+                    runs with fa_decode_args.sinks). 64-bit so that 0.4.0's
+                    struct, padding included, ends where it begins */
 } fa_generate_options;
 
 /* struct_size of fa_generate_options in flashattn 0.3 (before tree_mask). */
 #define FA_GENERATE_OPTIONS_SIZE_0_3 (offsetof(fa_generate_options, tree_mask))
+/* struct_size of fa_generate_options in flashattn 0.4.0 (before sinks). */
+#define FA_GENERATE_OPTIONS_SIZE_0_4 (offsetof(fa_generate_options, sinks))
 
 #define FA_GENERATE_OPTIONS_INIT \
-  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* fa_generate for the launch shape in *opts (NULL = fa_generate). struct_size
- * may be sizeof(fa_generate_options) or FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
+ * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_4 or
+ * FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
  * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
  * page_size < 1 with PAGED, page_size with another layout, varlen or
  * seqused_k with kind != FORWARD, a layout with kind REDUCE, tree_mask not 0
  * or 1 or with kind != DECODE, an lse format that is not an fa_lse_format or
- * with kind != REDUCE). */
+ * with kind != REDUCE, sinks not 0 or 1 or with kind DECODE: a decode
+ * kernel never reads the sinks, its combine does). */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);
@@ -387,10 +397,25 @@ typedef struct fa_forward_args {
                             0 = seqlen_k (or cu_seqlens_k) keys. Not with
                             cu_seqlens_k. As flash_attn_varlen_func's
                             seqused_k */
+  /* Since 0.4.1 (FA_FORWARD_ARGS_SIZE_0_4 ends before it; zero = as 0.4). */
+  uint64_t sinks; /* attention sinks (gpt-oss), or 0 = none: fp32
+                     [num_heads_q] device data, 4-byte aligned, one
+                     natural-log logit per query head that joins every row's
+                     softmax denominator and contributes no value:
+                     O = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) +
+                     e^(sinks[h] - m)), s_j = softmax_scale q.k_j (after
+                     softcap) and m any offset; the sink is compared with
+                     the scaled scores as it is (not multiplied by
+                     softmax_scale, not softcapped) and is outside every
+                     mask and window. LSE includes it:
+                     log(sum_j e^s_j + e^sinks[h]); a row with no visible
+                     key gets O = 0 and LSE = sinks[h]. -inf = no sink */
 } fa_forward_args;
 
 /* struct_size of fa_forward_args in flashattn 0.2 (before kv). */
 #define FA_FORWARD_ARGS_SIZE_0_2 (offsetof(fa_forward_args, kv))
+/* struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (before sinks). */
+#define FA_FORWARD_ARGS_SIZE_0_4 (offsetof(fa_forward_args, sinks))
 
 #define FA_TENSOR_INIT \
   {                    \
@@ -401,13 +426,18 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0                           \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0                        \
   }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
- * config generates, compiles and caches its kernel.
- * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment),
+ * config generates, compiles and caches its kernel. struct_size may be
+ * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_4 (no sinks) or
+ * FA_FORWARD_ARGS_SIZE_0_2. With sinks, the gpt-oss softmax (see
+ * fa_forward_args.sinks; openai/gpt-oss gpt_oss/torch/model.py sdpa,
+ * FlashAttention-3's learnable sink), in every forward kernel.
+ * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment,
+ * sinks not 4-byte aligned),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
@@ -470,21 +500,27 @@ typedef struct fa_decode_args {
                                   (>= 0; 0 = one mask for the whole batch),
                                   [1] between query rows (>= 4 * ceil(seqlen_q
                                   / 32)); both 0 when tree_mask is 0 */
+  /* Since 0.4.1 (FA_DECODE_ARGS_SIZE_0_4 ends before it; zero = as 0.4). */
+  uint64_t sinks; /* attention sinks, as fa_forward_args.sinks (fp32
+                     [num_heads_q], 4-byte aligned, or 0). They join each
+                     row's denominator once, in the combine (fa_decode_reduce
+                     with fa_reduce_args.sinks), never in the partial states:
+                     so they need o.data != 0 */
 } fa_decode_args;
 
 /* struct_size of fa_decode_args in flashattn 0.2 (before kv). */
 #define FA_DECODE_ARGS_SIZE_0_2 (offsetof(fa_decode_args, kv))
 /* struct_size of fa_decode_args in flashattn 0.3 (before tree_mask). */
 #define FA_DECODE_ARGS_SIZE_0_3 (offsetof(fa_decode_args, tree_mask))
+/* struct_size of fa_decode_args in flashattn 0.4.0 (before sinks). */
+#define FA_DECODE_ARGS_SIZE_0_4 (offsetof(fa_decode_args, sinks))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
 #define FA_DECODE_ARGS_INIT                                                                      \
   {                                                                                              \
     sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
-        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {                                      \
-      0, 0                                                                                       \
-    }                                                                                            \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0                              \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
@@ -503,8 +539,12 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * the config's causal, window and softcap, and tree_mask (tree attention for
  * speculative decoding, as FlashInfer's custom mask and SpecInfer's tree
  * attention: a query row with no visible key gets O = 0, LSE = -inf).
- * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_3 or
- * FA_DECODE_ARGS_SIZE_0_2. Errors: as fa_launch, plus INVALID_ARGUMENT for a
+ * With sinks (gpt-oss), each row's sink joins its denominator once, in the
+ * combine: the partial states in the workspace never include it.
+ * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_4,
+ * FA_DECODE_ARGS_SIZE_0_3 or FA_DECODE_ARGS_SIZE_0_2. Errors: as fa_launch,
+ * plus INVALID_ARGUMENT for sinks not 4-byte aligned or set with o.data 0
+ * (no combine to add them: pass them to fa_decode_reduce), for a
  * workspace that is too small, a tree_mask not 4-byte aligned, a
  * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
  * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
@@ -530,13 +570,24 @@ typedef struct fa_reduce_args {
                                  (flashattn's fa_decode workspace,
                                  FlashAttention) or FA_LSE_BASE2 (FlashInfer) */
   int32_t lse_format;         /* fa_lse_format written to lse */
+  /* Since 0.4.1 (FA_REDUCE_ARGS_SIZE_0_4 ends before it; zero = as 0.4). */
+  uint64_t sinks; /* attention sinks, fp32 [num_heads_q] natural-log logits
+                     (fa_forward_args.sinks), 4-byte aligned, or 0: sinks[h]
+                     joins each row's denominator once, as one more state
+                     with LSE = sinks[h] and O = 0 (in the partial states'
+                     base: times log2 e for FA_LSE_BASE2) */
 } fa_reduce_args;
 
 /* struct_size of fa_reduce_args in flashattn 0.3 (before lse_partial_format). */
 #define FA_REDUCE_ARGS_SIZE_0_3 (offsetof(fa_reduce_args, lse_partial_format))
+/* struct_size of fa_reduce_args in flashattn 0.4.0 (before sinks). */
+#define FA_REDUCE_ARGS_SIZE_0_4 (offsetof(fa_reduce_args, sinks))
 
-#define FA_REDUCE_ARGS_INIT \
-  { sizeof(fa_reduce_args), 0, 0, 0, 0, {0, 0, 0, 0, 0}, 0, {0, 0, 0, 0}, FA_TENSOR_INIT, 0, 0, 0 }
+#define FA_REDUCE_ARGS_INIT                                                                        \
+  {                                                                                                \
+    sizeof(fa_reduce_args), 0, 0, 0, 0, {0, 0, 0, 0, 0}, 0, {0, 0, 0, 0}, FA_TENSOR_INIT, 0, 0, 0, \
+        0                                                                                          \
+  }
 
 /* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
  * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with
@@ -546,9 +597,12 @@ typedef struct fa_reduce_args {
  * is a natural or a base-2 logarithm (the kernel converts on load and on
  * store, working in base 2: w_s = 2^(LSE2_s - m2); as FlashInfer's
  * merge_states). The o_partial and lse_partial pointers must be 4-byte
- * aligned. struct_size may be sizeof(fa_reduce_args) or
- * FA_REDUCE_ARGS_SIZE_0_3 (natural logs). Errors: as fa_launch, plus
- * INVALID_ARGUMENT for a format that is not an fa_lse_format. */
+ * aligned. With sinks, m and sum_s w_s also take the term of sinks[h] (an
+ * extra state with O = 0): the gpt-oss sink joins the denominator once
+ * however many states are merged. struct_size may be sizeof(fa_reduce_args),
+ * FA_REDUCE_ARGS_SIZE_0_4 (no sinks) or FA_REDUCE_ARGS_SIZE_0_3 (natural
+ * logs). Errors: as fa_launch, plus INVALID_ARGUMENT for a format that is not
+ * an fa_lse_format or sinks not 4-byte aligned. */
 FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa_reduce_args *args,
                                   void *stream);
 

@@ -164,6 +164,55 @@ std::vector<KernelSpec> grid() {
                             limits_of(80), shape));
   }
   unsetenv("FLASHATTN_SCALAR_DECODE");
+  // Attention sinks: the mma.sync forward (the head dims with the most
+  // registers, softcap, varlen, a paged cache), the scalar forward, the
+  // sm_90a forward's TMA and gather variants, and the reduce (both LSE
+  // bases) that fa_decode's combine runs with them.
+  for (int sm : {80, 86, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    for (int d : {64, 128, 256})
+      for (int v = 0; v < 3; ++v) {
+        LaunchShape shape;
+        shape.sinks = true;
+        shape.varlen = v == 1;
+        if (v == 2) {
+          shape.kv_layout = KvLayout::Paged;
+          shape.page_size = 16;
+          shape.seqused_k = true;
+        }
+        out.push_back(make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, v != 1),
+                                KernelKind::Forward, lim, shape));
+      }
+    for (int f = 0; f < 2; ++f) {
+      LaunchShape shape;
+      shape.sinks = true;
+      shape.lse_in_base2 = shape.lse_out_base2 = f == 1;
+      out.push_back(
+          make_spec(config(Dtype::F16, 0, 128, 8, 8, false), KernelKind::Reduce, lim, shape));
+    }
+  }
+  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+  for (int d : {64, 128, 256}) {
+    LaunchShape shape;
+    shape.sinks = true;
+    shape.varlen = d == 128;
+    out.push_back(make_spec(config(Dtype::BF16, d, d, 8, 2, d == 64), KernelKind::Forward,
+                            limits_of(80), shape));
+  }
+  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  for (int d : {64, 96, 128, 192, 256})
+    for (int gather = 0; gather < 2; ++gather) {
+      LaunchShape shape;
+      shape.sinks = true;
+      shape.tma_ok = !gather;
+      shape.varlen = gather;
+      KernelSpec w = make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d != 96),
+                               KernelKind::Forward, limits_of(90), shape);
+      assert_true(w.wgmma && w.sinks && w.gather == (gather != 0));
+      out.push_back(w);
+    }
+  unsetenv("FLASHATTN_SM90_WGMMA");
   // The sm_90a forward (wgmma, TMA): every head dim, softcap and dtype
   // alternating, and head_dim_v != head_dim.
   setenv("FLASHATTN_SM90_WGMMA", "1", 1);
@@ -235,7 +284,7 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   if (spills) ++*spilling;
   // Forward kernels, and the tree-mask decode variants (new in 0.4, held to
   // the same rule), must not touch local memory.
-  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask;
+  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask || job.spec.sinks;
   if (strict && (spills || regs < 0 || regs > 255)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
               regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");

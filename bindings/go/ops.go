@@ -122,7 +122,14 @@ type ForwardArgs struct {
 	// SequsedK: int32 [batch] or 0: sequence b has keys 0..SequsedK[b]-1
 	// (clamped to [0, SeqlenK]); 0 = SeqlenK keys each. Not with CuSeqlensK.
 	SequsedK uint64
-	Stream   uintptr
+	// Since 0.4.1, attention sinks (gpt-oss): fp32 [num_heads_q], 4-byte
+	// aligned, or 0 = none. One natural-log logit per query head joins every
+	// row's softmax denominator and adds no value: O = sum_j e^(s_j) v_j /
+	// (sum_j e^(s_j) + e^(Sinks[h])), s_j = scale * q.k_j (after softcap),
+	// the sink neither scaled nor masked; the LSE includes it (a row with no
+	// key: O = 0, LSE = Sinks[h]).
+	Sinks  uint64
+	Stream uintptr
 }
 
 // Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
@@ -153,6 +160,7 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	ca.cu_seqlens_k = C.uint64_t(a.CuSeqlensK)
 	ca.kv = a.KV.c()
 	ca.seqused_k = C.uint64_t(a.SequsedK)
+	ca.sinks = C.uint64_t(a.Sinks)
 	var e C.fago_err
 	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }
@@ -185,7 +193,10 @@ type DecodeArgs struct {
 	// Bytes between sequences (0 = one mask for the batch) and between query
 	// rows (a multiple of 4, >= 4 * ceil(SeqlenQ / 32)).
 	TreeMaskStride [2]int64
-	Stream         uintptr
+	// Since 0.4.1: attention sinks as in ForwardArgs.Sinks, or 0; each row's
+	// sink joins its denominator once, in the combine (O.Data must be set).
+	Sinks  uint64
+	Stream uintptr
 }
 
 // PackTreeMask packs bool masks [trees][seqlenQ][seqlenQ] (true = query i
@@ -230,6 +241,7 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.tree_mask = C.uint64_t(a.TreeMask)
 	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
 	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
+	ca.sinks = C.uint64_t(a.Sinks)
 	return ca
 }
 
@@ -324,7 +336,10 @@ type ReduceArgs struct {
 	// Since 0.4: the base of the LSEs in LSEPartial and of those written to
 	// LSE (zero value: natural logs); the kernel converts on load and store.
 	LSEPartialFormat, LSEFormat LSEFormat
-	Stream                      uintptr
+	// Since 0.4.1: attention sinks fp32 [num_heads_q] (natural logs), one
+	// more state per row with O = 0, or 0 = none.
+	Sinks  uint64
+	Stream uintptr
 }
 
 // DecodeReduce merges partial attention states (fa_decode_reduce):
@@ -361,6 +376,7 @@ func (rt *Runtime) DecodeReduce(cfg *Config, a *ReduceArgs) error {
 	ca.lse = C.uint64_t(a.LSE)
 	ca.lse_partial_format = C.int32_t(a.LSEPartialFormat)
 	ca.lse_format = C.int32_t(a.LSEFormat)
+	ca.sinks = C.uint64_t(a.Sinks)
 	var e C.fago_err
 	return check(C.fago_decode_reduce(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }

@@ -232,6 +232,7 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   FA_CHECK(check_fp32_ptr("cu_seqlens_q", a->cu_seqlens_q, false));
   FA_CHECK(check_fp32_ptr("cu_seqlens_k", a->cu_seqlens_k, false));
   FA_CHECK(check_fp32_ptr("seqused_k", a->seqused_k, false));
+  FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
   (void)c;
   return FA_SUCCESS;
 }
@@ -274,6 +275,11 @@ fa_status validate_decode(const fa_decode_args *a) {
     FA_REQUIRE(a->lse == 0, "lse is set but o.data is 0 (no combine step to write it)");
   }
   FA_CHECK(check_fp32_ptr("lse", a->lse, false));
+  FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
+  FA_REQUIRE(a->sinks == 0 || a->o.data != 0,
+             "sinks is set but o.data is 0: the sinks join each row's denominator in the "
+             "combine, which writes o (to keep the partial states, pass the sinks to "
+             "fa_decode_reduce instead)");
   if (a->tree_mask == 0) {
     FA_REQUIRE(a->tree_mask_stride[0] == 0 && a->tree_mask_stride[1] == 0,
                "tree_mask_stride is set (%lld, %lld) but tree_mask is 0; set both strides to 0 "
@@ -314,6 +320,7 @@ fa_status check_lse_format(const char *name, int32_t v) {
 fa_status validate_reduce(const fa_reduce_args *a) {
   FA_CHECK(check_lse_format("lse_partial_format", a->lse_partial_format));
   FA_CHECK(check_lse_format("lse_format", a->lse_format));
+  FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
   FA_CHECK(check_positive("num_splits", a->num_splits));
   FA_CHECK(check_positive("batch", a->batch));
   FA_CHECK(check_positive("seqlen_q", a->seqlen_q));
@@ -622,6 +629,7 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
     fa::LaunchShape shape;
     if (opts != nullptr) {
       FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
                  "opts->struct_size is %zu, expected %zu", opts->struct_size,
                  sizeof(fa_generate_options));
@@ -636,7 +644,13 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
       FA_CHECK(check_lse_format("opts->lse_format", o.lse_format));
       FA_REQUIRE(raw_kind == FA_KERNEL_REDUCE || (!o.lse_partial_format && !o.lse_format),
                  "opts->lse_partial_format and opts->lse_format are for FA_KERNEL_REDUCE");
+      FA_REQUIRE(o.sinks == 0 || o.sinks == 1, "opts->sinks must be 0 or 1, got %lld",
+                 static_cast<long long>(o.sinks));
+      FA_REQUIRE(raw_kind != FA_KERNEL_DECODE || !o.sinks,
+                 "opts->sinks is for FA_KERNEL_FORWARD and FA_KERNEL_REDUCE (a decode kernel "
+                 "never reads the sinks; its combine does)");
       shape.tree_mask = o.tree_mask != 0;
+      shape.sinks = o.sinks != 0;
       shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
       shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
       FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
@@ -685,7 +699,7 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(args, {FA_FORWARD_ARGS_SIZE_0_2}, &a));
+    FA_CHECK(widen_args(args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4}, &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
@@ -700,7 +714,8 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_REQUIRE(bytes != nullptr, "bytes is NULL");
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3}, &a));
+    FA_CHECK(widen_args(
+        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
@@ -718,7 +733,8 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3}, &a));
+    FA_CHECK(widen_args(
+        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
     FA_CHECK(validate_decode(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
@@ -733,7 +749,7 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_reduce_args a;
-    FA_CHECK(widen_args(args, {FA_REDUCE_ARGS_SIZE_0_3}, &a));
+    FA_CHECK(widen_args(args, {FA_REDUCE_ARGS_SIZE_0_3, FA_REDUCE_ARGS_SIZE_0_4}, &a));
     FA_CHECK(validate_reduce(&a));
     return rt->impl->reduce(cfg->cfg, a, stream);
   });

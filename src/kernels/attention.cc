@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
 
 namespace fa {
 namespace kgen {
@@ -21,7 +22,7 @@ class AttentionGen {
       : spec_(spec),
         lay_(attention_layout(spec)),
         decode_(spec.kind == KernelKind::Decode),
-        b_(entry_name(spec), decode_ ? decode_params_size(spec) : sizeof(ForwardParams)),
+        b_(entry_name(spec), decode_ ? decode_params_size(spec) : forward_params_size(spec)),
         e_(b_) {
     R_ = lay_.rows_per_warp;
     W_ = spec.num_warps;
@@ -565,8 +566,20 @@ class AttentionGen {
   // with l = 0 (no visible key) gets O = 0 and LSE = -inf.
   void finalize() {
     b_.comment("finalize");
+    // Forward with sinks (gpt-oss): the head's sink joins each row's
+    // denominator (tile::sink_row); decode kernels never take them.
+    Reg sink;
+    if (spec_.sinks && !decode_)
+      sink = sink_log2(e_, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY)));
     for (int r = 0; r < R_; ++r) {
       e_.warp_reduce(Op::Add, l_[r]);
+      if (sink.valid()) {
+        // m_ is the exponentials' offset (-inf for a row with no key).
+        const tile::SinkRow sr = tile::sink_row(e_, m_[r], l_[r], sink);
+        for (Reg a : acc_[r]) b_.op(Op::Mul, Type::F32, a, a, sr.inv);
+        lse_.push_back(sr.lse);
+        continue;
+      }
       Reg pos = e_.setp(Cmp::Gt, Type::F32, l_[r], fimm(0.0f));
       Reg inv = e_.op(Op::RcpRn, Type::F32, l_[r]);
       b_.selp(Type::F32, inv, inv, fimm(0.0f), pos);
@@ -685,6 +698,14 @@ void scale_score(Emitter &e, Reg s, Reg score_scale, const Softcap &cap) {
   Reg r = e.op(Op::RcpApprox, Type::F32, t);
   b.op(Op::Fma, Type::F32, r, r, fimm(2.0f), fimm(-1.0f));
   b.op(Op::Mul, Type::F32, s, r, cap.cap_log2);
+}
+
+Reg sink_log2(Emitter &e, Reg h, size_t params_base) {
+  Reg sinks = e.global_param(params_base + offsetof(ForwardParams, sinks));
+  Reg v = e.new_reg(Type::F32);
+  e.b.ld(Space::Global, Type::F32, v, at(e.index(sinks, h, 4)));
+  e.b.op(Op::Mul, Type::F32, v, v, fimm(kLog2e));
+  return v;
 }
 
 Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {

@@ -203,6 +203,12 @@ struct ForwardBases {
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0);
 
+// Head h's attention sink (spec.sinks) in the log2 domain: sinks[h] *
+// log2(e), read from ForwardParams::sinks at params_base +
+// offsetof(ForwardParams, sinks) (params_base: where ForwardParams sits in
+// the kernel's parameter block). One load per CTA, in the epilogue.
+Reg sink_log2(Emitter &e, Reg h, size_t params_base = 0);
+
 // min(max(end - start, 0), max_len) of two device-provided int32 offsets,
 // formed in 64 bits (a varlen sequence's length, cut to the launch maximum).
 Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len);

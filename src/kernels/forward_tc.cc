@@ -49,7 +49,7 @@ class ForwardTcGen {
   explicit ForwardTcGen(const KernelSpec &spec)
       : spec_(spec),
         lay_(layout(spec)),
-        b_(entry_name(spec), sizeof(ForwardParams)),
+        b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     W_ = spec.num_warps;
@@ -453,7 +453,10 @@ class ForwardTcGen {
     b_.cp_async_wait(0);
     b_.bar_sync();
     std::vector<Reg> lse;
-    softmax_->finish(o_, &lse);
+    if (spec_.sinks)
+      softmax_->finish(o_, &lse, sink_log2(e_, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY))));
+    else
+      softmax_->finish(o_, &lse);
     // Stage: row wrow + 16 mi + g + 8 hh, columns 8j + 2q, 2q+1 (4 bytes).
     const Coords cd = coords();
     const tile::Lanes &ln = cd.ln;

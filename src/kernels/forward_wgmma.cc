@@ -98,7 +98,7 @@ class ForwardWgmmaGen {
   explicit ForwardWgmmaGen(const KernelSpec &spec)
       : spec_(spec),
         lay_(layout(spec)),
-        b_(entry_name(spec), sizeof(WgmmaParams)),
+        b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     S_ = spec.stages;
@@ -729,7 +729,10 @@ class ForwardWgmmaGen {
   void epilogue() {
     b_.comment("epilogue: O through shared memory (stmatrix), LSE");
     std::vector<Reg> lse;
-    softmax_->finish({o_}, &lse);
+    if (spec_.sinks)
+      softmax_->finish({o_}, &lse, sink_log2(e_, h_, offsetof(WgmmaParams, f)));
+    else
+      softmax_->finish({o_}, &lse);
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     // Row (lane & 7) + 8 ((lane >> 3) & 1) of the warp's 16 and chunk
     // (lane >> 4) of each 16-column pair: the stmatrix .x4 addresses.

@@ -91,6 +91,12 @@ struct KernelSpec {
   // Reduce: the partial LSEs are read (written) as base-2 logarithms
   // (flashattn.h, fa_lse_format) instead of natural ones.
   bool lse_in_base2 = false, lse_out_base2 = false;
+  // Forward and Reduce: attention sinks (gpt-oss), one fp32 logit per query
+  // head in the softmax denominator (ForwardParams::sinks,
+  // ReduceParams::sinks). Decode kernels never take them: fa_decode adds
+  // them in its combine. Off: the PTX is byte-identical to a spec without
+  // the field.
+  bool sinks = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -113,6 +119,7 @@ struct LaunchShape {
   bool tma_ok = true;
   bool tree_mask = false;                            // Decode: DecodeParams::tree_mask is set
   bool lse_in_base2 = false, lse_out_base2 = false;  // Reduce: fa_lse_format BASE2
+  bool sinks = false;  // Forward, Reduce: ForwardParams::sinks / ReduceParams::sinks is set
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
@@ -164,6 +171,9 @@ struct ForwardParams {
   int64_t k_tile_bytes, v_tile_bytes, k_round_bytes, v_round_bytes;
   KvPages kv;          // spec.kv_layout != Contiguous
   uint64_t seqused_k;  // int32 [batch] (spec.seqused_k)
+  // spec.sinks only (a kernel without it declares its parameter block to
+  // end at sinks): fp32 [num_heads_q], natural-log logits, 4-byte aligned.
+  uint64_t sinks;
 };
 
 // The sm_90a forward's parameter block: ForwardParams, then the TMA
@@ -208,13 +218,33 @@ struct ReduceParams {
   int64_t lse_partial_stride[4];
   int64_t o_stride[3];  // batch, seq, head
   int32_t num_splits, batch, seqlen_q, num_heads_q;
+  // spec.sinks only (a kernel without it declares its parameter block to
+  // end at sinks): fp32 [num_heads_q], natural-log logits, 4-byte aligned.
+  uint64_t sinks;
 };
+
+// The sm_90a forward's descriptors stay where they were before
+// ForwardParams::sinks (its PTX reads them at these offsets).
+static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed");
 
 // The parameter block a decode kernel declares: DecodeParams, or without a
 // tree mask only its fields before tree_mask (so such a kernel's PTX is
 // unchanged by them; a launch passes the whole struct either way).
 inline size_t decode_params_size(const KernelSpec &spec) {
   return spec.tree_mask ? sizeof(DecodeParams) : offsetof(DecodeParams, tree_mask);
+}
+
+// The parameter block a forward kernel declares: without sinks only the
+// fields of ForwardParams before sinks (the sm_90a forward: WgmmaParams,
+// whose size sinks do not change).
+inline size_t forward_params_size(const KernelSpec &spec) {
+  if (spec.wgmma) return sizeof(WgmmaParams);
+  return spec.sinks ? sizeof(ForwardParams) : offsetof(ForwardParams, sinks);
+}
+// The parameter block a reduce kernel declares: without sinks only the
+// fields of ReduceParams before sinks.
+inline size_t reduce_params_size(const KernelSpec &spec) {
+  return spec.sinks ? sizeof(ReduceParams) : offsetof(ReduceParams, sinks);
 }
 
 // Fills the ForwardParams step fields of the tensor-core forward kernel

@@ -6,6 +6,8 @@
 //   m = max_s LSE_s, w_s = exp(LSE_s - m), O = sum_s w_s O_s / sum_s w_s,
 //   LSE = m + log(sum_s w_s);
 // splits with LSE_s = -inf weigh nothing; no finite LSE_s: O = 0, LSE = -inf.
+// With spec.sinks, sinks[h] is one more term of m and of sum_s w_s (with O
+// = 0): the attention sink joins the denominator once per row.
 // One warp per (batch, token, head) row, lane j owns dims j, j+32, ...
 #include <utility>
 #include <vector>
@@ -17,7 +19,7 @@ namespace kgen {
 
 std::string generate_reduce(const KernelSpec &spec) {
   using P = ReduceParams;
-  ptx::Builder b(entry_name(spec), sizeof(P));
+  ptx::Builder b(entry_name(spec), reduce_params_size(spec));
   Emitter e(b);
   const int W = spec.num_warps, nv = (spec.head_dim_v + 31) / 32;
   b.comment(spec.describe());
@@ -79,6 +81,20 @@ std::string generate_reduce(const KernelSpec &spec) {
   b.setp(Cmp::Lt, Type::S32, more, s, ns);
   b.when(more).bra(loop1);
 
+  // Attention sinks (spec.sinks, gpt-oss): sinks[h] joins the row's
+  // denominator once, as one more state with weight exp(sink) and O = 0,
+  // here in the combine (the decode kernels' partial states never hold it).
+  // In the input's base: a natural sink times log2 e for base-2 states.
+  Reg sink;
+  if (spec.sinks) {
+    b.comment("m = max(m, sink)");
+    Reg sinks = e.global_param(offsetof(P, sinks));
+    sink = b.f32();
+    b.ld(Space::Global, Type::F32, sink, at(e.index(sinks, h, 4)));
+    if (spec.lse_in_base2) b.op(Op::Mul, Type::F32, sink, sink, fimm(kLog2e));
+    b.op(Op::Max, Type::F32, m, m, sink);
+  }
+
   // Pass 2: w_s = 2^((LSE_s - m) log2 e), sums of w_s and w_s O_s. With no
   // finite LSE_s the offset is 0 and every w_s is 0.
   b.comment("O = sum_s w_s O_s / sum_s w_s");
@@ -108,6 +124,13 @@ std::string generate_reduce(const KernelSpec &spec) {
   b.op(Op::Add, Type::S32, s, s, imm(1));
   b.setp(Cmp::Lt, Type::S32, more, s, ns);
   b.when(more).bra(loop2);
+
+  if (spec.sinks) {
+    b.op(Op::Sub, Type::F32, w, sink, off);
+    if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));
+    b.op(Op::Ex2, Type::F32, w, w);
+    b.op(Op::Add, Type::F32, sum, sum, w);
+  }
 
   b.comment("store O, LSE");
   Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));

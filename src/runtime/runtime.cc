@@ -316,6 +316,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
+  shape.sinks = a.sinks != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   WgmmaParams wp;
@@ -366,6 +367,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.seqlen_k = a.seqlen_k;
   p.kv = kv_pages(a.kv);
   p.seqused_k = a.seqused_k;
+  p.sinks = a.sinks;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
   if (spec.wgmma) {
@@ -444,7 +446,10 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (a.o.data != 0) {
-    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, false);
+    // Attention sinks join each row's denominator once, in the combine.
+    LaunchShape rshape;
+    rshape.sinks = a.sinks != 0;
+    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape);
     st = get_kernel(rspec, &reduce_kernel);
     if (st != FA_SUCCESS) return st;
   }
@@ -494,6 +499,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   r.batch = a.batch;
   r.seqlen_q = a.seqlen_q;
   r.num_heads_q = cfg.num_heads_q;
+  r.sinks = a.sinks;
   return launch_checked(*backend_, *reduce_kernel, reduce_geometry(rspec, r), &r, sizeof r, stream);
 }
 
@@ -501,6 +507,7 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
   LaunchShape shape;
   shape.lse_in_base2 = a.lse_partial_format == FA_LSE_BASE2;
   shape.lse_out_base2 = a.lse_format == FA_LSE_BASE2;
+  shape.sinks = a.sinks != 0;
   const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, shape);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
@@ -518,6 +525,7 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
   r.batch = a.batch;
   r.seqlen_q = a.seqlen_q;
   r.num_heads_q = cfg.num_heads_q;
+  r.sinks = a.sinks;
   return launch_checked(*backend_, *kernel, reduce_geometry(spec, r), &r, sizeof r, stream);
 }
 

@@ -116,8 +116,9 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
         if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
         if (p.causal) hi = std::min(hi, diag);
         if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
-        if (lo > hi) continue;
-        float m = -INFINITY;
+        if (lo > hi) continue;  // O = 0 (a sink has no value)
+        const float sink = p.sinks ? p.sinks[h] : -INFINITY;
+        float m = sink;
         for (long long j = lo; j <= hi; ++j) {
           if (!ref::tree_visible(p, b, i, j, sk)) {
             s[size_t(j)] = -INFINITY;  // weighs nothing below
@@ -133,7 +134,7 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
           m = std::max(m, x);
         }
         if (m == -INFINITY) continue;  // every key masked by the tree: O = 0
-        float l = 0;
+        float l = sink == -INFINITY ? 0.0f : std::exp(sink - m);
         for (long long j = lo; j <= hi; ++j) {
           s[size_t(j)] = std::exp(s[size_t(j)] - m);
           l += s[size_t(j)];
@@ -226,7 +227,7 @@ std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h,
 // summed over at most a few terms of either sign.
 void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq, int dv, bool bf16,
                     const std::vector<double> &o_ref, const std::vector<double> &lse_ref,
-                    std::string *err) {
+                    std::string *err, const std::vector<float> &sinks) {
   const size_t rows = size_t(batch) * sq * hq;
   const size_t o_bytes = size_t(splits) * rows * dv * 4;
   const size_t lse_off = (o_bytes + 255) / 256 * 256;
@@ -247,7 +248,11 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
           lpd[size_t(s) * rows + (size_t(b) * sq + i) * hq + h] = l;
         }
   std::vector<double> om(rows * dv), lm(rows);
-  ref::merge_states(splits, int(rows), dv, opd.data(), lpd.data(), om.data(), lm.data());
+  // The partial states never hold the sinks: they join in the merge.
+  std::vector<double> row_sinks;
+  for (size_t r = 0; r < rows && !sinks.empty(); ++r) row_sinks.push_back(sinks[r % hq]);
+  ref::merge_states(splits, int(rows), dv, opd.data(), lpd.data(), om.data(), lm.data(),
+                    sinks.empty() ? nullptr : row_sinks.data());
   std::vector<float> omf(om.begin(), om.end());
   const ref::ErrorStats e = ref::compare(omf.data(), o_ref.data(), omf.size());
   double lse_err = 0;
@@ -297,6 +302,7 @@ std::string ForwardCase::describe() const {
                 window_right, softcap, padded_strides ? " strided" : "", varlen ? " varlen" : "");
   std::string out = buf;
   if (varlen && varlen_first_row) out += " first_row" + std::to_string(varlen_first_row);
+  if (!sinks.empty()) out += " sinks";
   return out;
 }
 
@@ -324,6 +330,7 @@ std::string DecodeCase::describe() const {
     d += tree_shared ? " tree(shared" : " tree(";
     d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
   }
+  if (!sinks.empty()) d += " sinks";
   return d;
 }
 
@@ -492,6 +499,10 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     a.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
     a.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
   }
+  if (!c.sinks.empty()) {
+    a.sinks = ctx.alloc(c.sinks.size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.sinks, c.sinks.data(), c.sinks.size() * 4), "sinks");
+  }
   if (!ctx.err.empty()) return ctx.err;
   // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
@@ -524,6 +535,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   p.window_right = c.window_right;
   p.softcap = c.softcap;
   p.softmax_scale = c.softmax_scale;
+  if (!c.sinks.empty()) p.sinks = c.sinks.data();
   std::vector<double> o_ref(o.size()), lse_ref(lse_n), o_lowp;
   if (!c.varlen) {
     p.batch = c.batch;
@@ -578,6 +590,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.v = d.v_cache;
   a.kv = d.kv;
   a.seqused_k = d.cache_seqlens;
+  a.sinks = d.sinks;
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
@@ -601,6 +614,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.softcap = c.softcap;
+  if (!c.sinks.empty()) p.sinks = c.sinks.data();
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   const std::vector<float> o =
@@ -679,6 +693,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   a.cache_seqlens = ctx.alloc(size_t(c.batch) * 4);
   std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());
   ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
+  if (!c.sinks.empty()) {
+    a.sinks = ctx.alloc(c.sinks.size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.sinks, c.sinks.data(), c.sinks.size() * 4), "sinks");
+  }
   if (c.prefill) return run_prefill(ctx, c, a, q, k, v, lens);
   std::vector<uint8_t> tree_all;  // [batch][sq][sq] for the reference
   if (!c.tree.empty()) {
@@ -703,6 +721,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     a.o.data = ctx.alloc(o_elems * 2);
     a.lse = ctx.alloc(lse_n * 4);
   }
+  if (c.partials_only) a.sinks = 0;  // no combine: the host merges with them
   size_t ws = 0;
   int32_t splits = 0;
   ctx.check(fa_decode_workspace_size(rt, cfg, &a, &ws, &splits), "fa_decode_workspace_size");
@@ -731,10 +750,11 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.window_left = c.window_left;
   p.softcap = c.softcap;
   if (!tree_all.empty()) p.tree_mask = tree_all.data();
+  if (!c.sinks.empty()) p.sinks = c.sinks.data();
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, o_ref,
-                 lse_ref, &err);
+                 lse_ref, &err, c.sinks);
   if (c.partials_only) return err + ctx.err;
   const std::vector<float> o =
       download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
@@ -746,10 +766,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
 }
 
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
-                       bool bf16, uint32_t seed) {
+                       bool bf16, uint32_t seed, const std::vector<float> *sinks) {
   Ctx ctx(rt);
-  std::printf("  reduce %s splits%d b%d sq%d h%d dv%d\n", bf16 ? "bf16" : "fp16", splits, batch,
-              seqlen_q, heads, dv);
+  std::printf("  reduce %s splits%d b%d sq%d h%d dv%d%s\n", bf16 ? "bf16" : "fp16", splits, batch,
+              seqlen_q, heads, dv, sinks ? " sinks" : "");
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
   desc.head_dim = dv;
@@ -806,6 +826,10 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   a.o.data = ctx.alloc(o_elems * 2);
   const size_t lse_n = size_t(rows);
   a.lse = ctx.alloc(lse_n * 4);
+  if (sinks) {
+    a.sinks = ctx.alloc(sinks->size() * 4);
+    ctx.check(fa_memcpy_htod(rt, a.sinks, sinks->data(), sinks->size() * 4), "sinks");
+  }
   if (!ctx.err.empty()) return ctx.err;
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
   ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
@@ -817,7 +841,10 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   std::vector<float> lse_dev(lse_n);
   ctx.check(fa_memcpy_dtoh(rt, lse_dev.data(), a.lse, lse_n * 4), "download LSE");
   std::vector<double> o_ref(size_t(rows) * dv), lse_ref(rows);
-  ref::merge_states(splits, rows, dv, op.data(), lp.data(), o_ref.data(), lse_ref.data());
+  std::vector<double> row_sinks;
+  for (int r = 0; r < rows && sinks; ++r) row_sinks.push_back((*sinks)[r % heads]);
+  ref::merge_states(splits, rows, dv, op.data(), lp.data(), o_ref.data(), lse_ref.data(),
+                    sinks ? row_sinks.data() : nullptr);
   // Output rounding is the only error source beyond fp32: half an ulp of the
   // dtype plus fp32 slack.
   const double ulp = bf16 ? 1.0 / 128 : 1.0 / 1024;

@@ -29,6 +29,8 @@ struct ForwardCase {
   float input_scale = 1.0f;  // multiplies the random N(0,1) inputs
   // Inputs from a fixture instead of random data ([b, s, h, d] float32).
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;
+  // Attention sinks (fa_forward_args.sinks): fp32 [heads_q], or empty = none.
+  std::vector<float> sinks;
   std::string describe() const;
 };
 
@@ -65,6 +67,10 @@ struct DecodeCase {
   std::vector<uint8_t> tree;
   bool tree_shared = false;
   int tree_pad_words = 0;
+  // Attention sinks (fa_decode_args.sinks; with prefill fa_forward_args.sinks):
+  // fp32 [heads_q], or empty = none. With partials_only the partial states
+  // (which never hold the sinks) are merged with them on the host.
+  std::vector<float> sinks;
   std::string describe() const;
 };
 // Packs a bool [rows][seqlen_q] tree mask into rows of `row_words` 32-bit
@@ -78,8 +84,9 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c);
 std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // Random partial states (some splits -inf, some rows all -inf) through
 // fa_decode_reduce against fa::ref::merge_states.
+// sinks: fp32 [heads] (fa_reduce_args.sinks), or null = none.
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
-                       bool bf16, uint32_t seed);
+                       bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr);
 
 }  // namespace fa::test
 

@@ -106,9 +106,13 @@ void attention(const Problem &p, const double *q, const double *k, const double 
           s[size_t(j)] = x;
           m = std::max(m, x);
         }
+        // Attention sink (gpt-oss): one more logit in the denominator, no
+        // value, compared with the scaled scores as it is.
+        const double sink = p.sinks ? double(p.sinks[h]) : ninf;
+        m = std::max(m, sink);
         double *oi = o + ((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv;
         for (int c = 0; c < dv; ++c) oi[c] = 0;
-        double l = 0;
+        double l = sink == ninf ? 0 : std::exp(sink - m);
         for (long long j = lo; j <= hi; ++j) {
           if (s[size_t(j)] == ninf) continue;  // masked by the tree
           const double w = std::exp(s[size_t(j)] - m);
@@ -127,10 +131,11 @@ void attention(const Problem &p, const double *q, const double *k, const double 
 }
 
 void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,
-                  double *o, double *lse) {
+                  double *o, double *lse, const double *row_sinks) {
   const double ninf = -std::numeric_limits<double>::infinity();
   for (int r = 0; r < rows; ++r) {
-    double m = ninf;
+    const double sink = row_sinks ? row_sinks[r] : ninf;
+    double m = sink;
     for (int s = 0; s < splits; ++s) m = std::max(m, lse_part[size_t(s) * rows + r]);
     double *orow = o + size_t(r) * dv;
     for (int c = 0; c < dv; ++c) orow[c] = 0;
@@ -138,7 +143,7 @@ void merge_states(int splits, int rows, int dv, const double *o_part, const doub
       lse[r] = ninf;
       continue;
     }
-    double sum = 0;
+    double sum = sink == ninf ? 0 : std::exp(sink - m);
     for (int s = 0; s < splits; ++s) {
       const double w = std::exp(lse_part[size_t(s) * rows + r] - m);
       sum += w;

@@ -29,6 +29,11 @@ struct Problem {
   // bool [batch][seqlen_q][seqlen_q], nonzero = query i sees new token j
   // (key sk - seqlen_q + j); keys before the new tokens stay visible.
   const uint8_t *tree_mask = nullptr;
+  // Attention sinks (flashattn.h, fa_forward_args.sinks), or null: float
+  // [num_heads_q] natural-log logits, one more term exp(sinks[h]) in every
+  // row's softmax denominator with no value (openai/gpt-oss, model.py sdpa:
+  // softmax over [scale q.k_j ..., sink], the sink's column dropped).
+  const float *sinks = nullptr;
 };
 
 // Whether the tree mask of p lets query i of sequence b (with sk valid keys)
@@ -42,16 +47,18 @@ inline bool tree_visible(const Problem &p, int b, int i, long long j, long long 
 // q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim],
 // v [batch, seqlen_k, heads_kv, head_dim_v], contiguous. Writes o [batch,
 // seqlen_q, heads_q, head_dim_v] and lse [batch, heads_q, seqlen_q] (natural
-// log; -inf and o = 0 for a row that sees no key). seqlens_k, if given, holds
-// the valid key count per batch (decode: cache_seqlens); keys past it are
-// invisible and the causal alignment uses it as seqlen_k. lse may be null.
+// log; -inf and o = 0 for a row that sees no key, LSE = sinks[h] with sinks). seqlens_k, if given,
+// holds the valid key count per batch (decode: cache_seqlens); keys past it are invisible and the
+// causal alignment uses it as seqlen_k. lse may be null.
 void attention(const Problem &p, const double *q, const double *k, const double *v, double *o,
                double *lse, const int32_t *seqlens_k = nullptr);
 
 // Merges partial states: o_part [splits, rows, dv], lse_part [splits, rows]
-// -> o [rows, dv], lse [rows], per the formula in fa_decode_reduce.
+// -> o [rows, dv], lse [rows], per the formula in fa_decode_reduce;
+// row_sinks [rows] (natural log), if given, is one more state per row with
+// o = 0 (fa_reduce_args.sinks).
 void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,
-                  double *o, double *lse);
+                  double *o, double *lse, const double *row_sinks = nullptr);
 
 // Error summary of `got` against `ref` (n elements).
 struct ErrorStats {

@@ -141,6 +141,18 @@ std::vector<uint8_t> load_tree_mask(const std::string &path, int batch, int seql
   return bits;
 }
 
+// --sinks: a float .npy [heads_q] (flashattn.h, fa_forward_args.sinks); empty
+// path = none.
+std::vector<float> load_sinks(const std::string &path, int heads_q) {
+  if (path.empty()) return {};
+  const npy::Array s = load_array(path, "--sinks", 1, true);
+  if (s.shape[0] != heads_q) {
+    throw Failure(kExitUsage, "--sinks: " + path + " has shape " + s.shape_string() +
+                                  ", expected [" + std::to_string(heads_q) + "] (heads_q of q)");
+  }
+  return s.to_f32();
+}
+
 // The device-side Q, O and LSE shared by run and decode (K/V: DeviceKv).
 struct DeviceIo {
   DeviceBuffer q, o, lse;
@@ -248,6 +260,12 @@ int cmd_run(const RunOptions &opts) {
               opts.seqused_k.empty() ? "" : ", keys per sequence from --seqused-k");
   DeviceBuffer used(rt, lens.size() * 4, "seqused_k");
   used.upload(lens.data(), used.bytes());
+  const std::vector<float> sinks = load_sinks(opts.sinks, d.heads_q);
+  DeviceBuffer sink_buf(rt, std::max<size_t>(sinks.size(), 1) * 4, "sinks");
+  if (!sinks.empty()) {
+    sink_buf.upload(sinks.data(), sinks.size() * 4);
+    std::printf("sinks:       %d, one per query head (natural-log logits)\n", d.heads_q);
+  }
   fa_forward_args args{};  // FA_FORWARD_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
   args.batch = d.batch;
@@ -257,6 +275,7 @@ int cmd_run(const RunOptions &opts) {
   args.o = contiguous(io.o.ptr(), d.seqlen_q, d.heads_q, d.head_dim_v);
   args.lse = io.lse.ptr();
   args.seqused_k = opts.seqused_k.empty() ? 0 : used.ptr();
+  args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
   auto use = [&](const DeviceKv &c) {
     args.k = c.k();
     args.v = c.v();
@@ -283,9 +302,10 @@ int cmd_run(const RunOptions &opts) {
 
   r.o_ref.resize(r.o.size());
   r.lse_ref.resize(r.lse.size());
-  fa::ref::attention(make_problem(desc, d), qr.values.data(), kr.values.data(), vr.values.data(),
-                     r.o_ref.data(), r.lse_ref.data(),
-                     opts.seqused_k.empty() ? nullptr : lens.data());
+  fa::ref::Problem problem = make_problem(desc, d);
+  if (!sinks.empty()) problem.sinks = sinks.data();
+  fa::ref::attention(problem, qr.values.data(), kr.values.data(), vr.values.data(), r.o_ref.data(),
+                     r.lse_ref.data(), opts.seqused_k.empty() ? nullptr : lens.data());
   return report(opts, rt, r);
 }
 
@@ -335,6 +355,12 @@ int cmd_decode(const RunOptions &opts) {
                 tree_shared ? "one for the batch" : "one per sequence",
                 size_t(std::count(tree.begin(), tree.end(), 1)), tree.size());
   }
+  const std::vector<float> sinks = load_sinks(opts.sinks, d.heads_q);
+  DeviceBuffer sink_buf(rt, std::max<size_t>(sinks.size(), 1) * 4, "sinks");
+  if (!sinks.empty()) {
+    sink_buf.upload(sinks.data(), sinks.size() * 4);
+    std::printf("sinks:       %d, one per query head, added in the combine\n", d.heads_q);
+  }
 
   fa_decode_args args{};  // FA_DECODE_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
@@ -352,6 +378,7 @@ int cmd_decode(const RunOptions &opts) {
     args.tree_mask_stride[1] = int64_t((d.seqlen_q + 31) / 32) * 4;
     args.tree_mask_stride[0] = tree_shared ? 0 : int64_t(d.seqlen_q) * args.tree_mask_stride[1];
   }
+  args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
   std::unique_ptr<DeviceBuffer> ws;
   // Points args at cache c and a workspace large enough for it.
   auto use = [&](const DeviceKv &c, bool print) {
@@ -398,6 +425,7 @@ int cmd_decode(const RunOptions &opts) {
   r.lse_ref.resize(r.lse.size());
   fa::ref::Problem problem = make_problem(desc, d);
   if (!tree.empty()) problem.tree_mask = tree.data();
+  if (!sinks.empty()) problem.sinks = sinks.data();
   fa::ref::attention(problem, qr.values.data(), kr.values.data(), vr.values.data(), r.o_ref.data(),
                      r.lse_ref.data(), seqlens.data());
   return report(opts, rt, r);

@@ -44,6 +44,7 @@ struct GenerateOptions {
   int page_size = 0;                           // paged: tokens per page (selects per-tile lookups)
   bool seqused_k = false;                      // forward: per-sequence key counts
   bool tree_mask = false;                      // decode: the tree-mask variant
+  bool sinks = false;                          // forward, reduce: the attention-sink variant
   std::string lse_partial_format = "natural";  // reduce: natural | base2
   std::string lse_format = "natural";          // reduce: natural | base2
   std::string output;                          // "" = stdout
@@ -62,6 +63,7 @@ struct RunOptions {
   uint32_t seed = 1;      // paged: block_table shuffle
   std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
   std::string tree_mask;  // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
+  std::string sinks;      // attention sinks: float [heads_q] .npy ("" = none)
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

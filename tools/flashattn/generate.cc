@@ -37,6 +37,11 @@ int cmd_generate(const GenerateOptions &o) {
   if (o.tree_mask && kind != FA_KERNEL_DECODE) {
     throw Failure(kExitUsage, "--tree-mask is for --kind decode");
   }
+  if (o.sinks && kind == FA_KERNEL_DECODE) {
+    throw Failure(kExitUsage,
+                  "--sinks is for --kind forward or reduce (decode adds the sinks in its "
+                  "combine, the reduce kernel)");
+  }
   const bool in2 = o.lse_partial_format == "base2", out2 = o.lse_format == "base2";
   if ((in2 || out2) && kind != FA_KERNEL_REDUCE) {
     throw Failure(kExitUsage, "--lse-partial-format and --lse-format are for --kind reduce");
@@ -61,6 +66,7 @@ int cmd_generate(const GenerateOptions &o) {
   go.page_size = kv == KvKind::Paged ? o.page_size : 0;
   go.seqused_k = o.seqused_k ? 1 : 0;
   go.tree_mask = o.tree_mask ? 1 : 0;
+  go.sinks = o.sinks ? 1 : 0;
   go.lse_partial_format = in2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   go.lse_format = out2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   size_t size = 0;

@@ -144,6 +144,9 @@ int run_main(int argc, char **argv) {
               "Forward: the kernel reads per-sequence key counts (seqused_k)");
   g->add_flag("--tree-mask", gen.tree_mask,
               "Decode: the kernel applies a speculative-decoding tree mask (tree_mask)");
+  g->add_flag("--sinks", gen.sinks,
+              "Forward, reduce: the kernel adds attention sinks (gpt-oss) to each row's "
+              "denominator");
   g->add_option("--lse-partial-format", gen.lse_partial_format,
                 "Reduce: the base of the partial LSEs read: natural or base2 (FlashInfer)")
       ->check(CLI::IsMember({"natural", "base2"}))
@@ -172,6 +175,10 @@ int run_main(int argc, char **argv) {
                 "Keys per sequence, integer [batch], each in [0, seqlen_k] (default: seqlen_k); "
                 "the queries are the last seqlen_q of them (chunked prefill)")
       ->type_name("S.npy");
+  r->add_option("--sinks", run.sinks,
+                "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
+                "head in each row's softmax denominator, compared with the scaled scores")
+      ->type_name("SINKS.npy");
   add_kv_options(r, &run);
   add_attention_options(r, &run.attn, false);
   add_backend_option(r, &run.backend);
@@ -215,6 +222,10 @@ int run_main(int argc, char **argv) {
                 "for one tree): query i sees new token j iff element [b, i, j] is nonzero; the "
                 "cached prefix stays visible; --causal and windows still apply on top")
       ->type_name("MASK.npy");
+  d->add_option("--sinks", dec.sinks,
+                "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
+                "head, added to each row's denominator once, in the combine")
+      ->type_name("SINKS.npy");
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);

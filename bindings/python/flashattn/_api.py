@@ -996,7 +996,7 @@ def _lengths(view, label, what, limit, limit_name):
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            block_table=None, seqused_k=None, stream=None):
+            block_table=None, seqused_k=None, sinks=None, stream=None):
     """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
 
     Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
@@ -1016,6 +1016,13 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     capacity (max_pages_per_seq * page_size, or the longest tensor).
     seqused_k (int32 [batch], also with fixed-length contiguous k/v, not
     with cu_seqlens_k): sequence b has keys 0..seqused_k[b]-1, else seqlen_k.
+
+    sinks (since 0.4.1; gpt-oss attention sinks): fp32 [num_heads_q], one
+    natural-log logit per query head that joins every row's softmax
+    denominator and adds no value: O = sum_j e^(s_j) v_j / (sum_j e^(s_j) +
+    e^(sinks[h])) with s_j = scale * q.k_j (after softcap), the sink neither
+    scaled nor masked; the LSE includes it (a row with no key: O = 0, LSE =
+    sinks[h]); -inf = no sink for that head.
 
     Host cu_seqlens (NumPy, list, CPU DLPack) are validated before anything
     runs: 1-D integers of length batch + 1 that fit int32, starting at 0,
@@ -1138,6 +1145,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             if suv.host is not None:
                 lengths = _lengths(suv, "forward", "seqused_k", Sk, "seqlen_k")
             a.seqused_k = suv.ptr
+        a.sinks = _sinks(call, sinks, H, "forward")
         if kvc is not None and lengths is not None:
             _check_cache_lengths(kvc, "forward", lengths,
                                  "seqused_k" if seqused_k is not None else "seqlen_k", ("k", "v"))
@@ -1155,6 +1163,16 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
         call.launched = True
         check(_lib.lib().fa_launch(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return (o_obj, lse_obj) if want_lse else o_obj
+
+
+def _sinks(call, sinks, H, what):
+    """The device address of attention sinks fp32 [H] (contiguous), or 0."""
+    if sinks is None:
+        return 0
+    sv = call.input(sinks, "sinks", "fp32")
+    _expect(sv, what + ": sinks", (H,), ("num_heads_q",))
+    _need_contiguous(sv, what + ": sinks")
+    return sv.ptr
 
 
 def _pack_tree_mask(mask, B, Sq):
@@ -1180,7 +1198,7 @@ def _pack_tree_mask(mask, B, Sq):
 
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
            lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
-           tree_mask=None):
+           tree_mask=None, sinks=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1206,6 +1224,8 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     of packed words (bit j % 32 of word j / 32, words >= ceil(seqlen_q /
     32), last dim contiguous). The cached prefix stays visible; the config's
     causal and window still apply on top.
+    sinks (since 0.4.1): gpt-oss attention sinks fp32 [num_heads_q], as in
+    forward(); they join each row's denominator once, in the combine.
     batch_invariant=True splits every sequence into chunks of
     FA_DECODE_INVARIANT_SPLIT (2048) keys, so its output bits do not depend
     on the rest of the batch (num_splits must be 0). The split-KV workspace
@@ -1285,6 +1305,7 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
             a.tree_mask = tv.ptr
             a.tree_mask_stride[0] = 0 if tv.shape[0] == 1 else tv.strides[0] * 4
             a.tree_mask_stride[1] = tv.strides[1] * 4
+        a.sinks = _sinks(call, sinks, cfg.num_heads_q, "decode")
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),
@@ -1318,7 +1339,7 @@ def _lse_format(value, name):
 
 
 def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None, stream=None,
-                  lse_partial_format="natural", lse_format="natural"):
+                  lse_partial_format="natural", lse_format="natural", sinks=None):
     """Combines partial states (fa_decode_reduce); returns (O, LSE).
 
     o_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v],
@@ -1326,7 +1347,9 @@ def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None
     strides (o_partial's last one 1). lse_partial_format / lse_format
     (since 0.4): 'natural' (ln, flashattn's and FlashAttention's) or 'base2'
     (log2, FlashInfer's: lse2 = lse * log2(e)) for the partial LSEs read and
-    the LSE written."""
+    the LSE written. sinks (since 0.4.1): gpt-oss attention sinks fp32
+    [num_heads_q] (natural logs, as in forward()), one more state per row
+    with O = 0: each row's sink joins the denominator once."""
     cfg = config
     in_fmt = _lse_format(lse_partial_format, "lse_partial_format")
     out_fmt = _lse_format(lse_format, "lse_format")
@@ -1352,6 +1375,7 @@ def decode_reduce(runtime, config, o_partial, lse_partial, *, out=None, lse=None
         a.o = _ft(ov)
         a.lse = lv.ptr
         a.lse_partial_format, a.lse_format = in_fmt, out_fmt
+        a.sinks = _sinks(call, sinks, H, "decode_reduce")
         call.launched = True
         check(_lib.lib().fa_decode_reduce(call.h, call.ch, ctypes.byref(a),
                                           call.launch_stream))

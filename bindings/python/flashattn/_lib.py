@@ -114,6 +114,7 @@ class fa_generate_options(ctypes.Structure):
         ("tree_mask", c_int32),  # since 0.4
         ("lse_partial_format", c_int32),
         ("lse_format", c_int32),
+        ("sinks", c_int64),  # since 0.4.1
     ]
 
 
@@ -132,6 +133,7 @@ class fa_forward_args(ctypes.Structure):
         ("cu_seqlens_k", c_uint64),
         ("kv", fa_kv_cache_layout),  # since 0.3
         ("seqused_k", c_uint64),
+        ("sinks", c_uint64),  # since 0.4.1
     ]
 
 
@@ -154,6 +156,7 @@ class fa_decode_args(ctypes.Structure):
         ("batch_invariant", c_int32),
         ("tree_mask", c_uint64),  # since 0.4
         ("tree_mask_stride", c_int64 * 2),
+        ("sinks", c_uint64),  # since 0.4.1
     ]
 
 
@@ -171,6 +174,7 @@ class fa_reduce_args(ctypes.Structure):
         ("lse", c_uint64),
         ("lse_partial_format", c_int32),  # since 0.4
         ("lse_format", c_int32),
+        ("sinks", c_uint64),  # since 0.4.1
     ]
 
 

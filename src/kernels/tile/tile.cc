@@ -383,4 +383,43 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
   }
 }
 
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2) {
+  ptx::Builder &b = e.b;
+  Reg mx = e.op(Op::Max, Type::F32, m2, s2);
+  Reg none = e.setp(Cmp::Eq, Type::F32, mx, fimm(kNegInf));
+  b.selp(Type::F32, mx, fimm(0.0f), mx, none);
+  Reg alpha = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, m2, mx));
+  Reg beta = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, s2, mx));
+  Reg sum = e.op(Op::Fma, Type::F32, l, alpha, beta);
+  Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
+  SinkRow r;
+  r.inv = e.op(Op::RcpRn, Type::F32, sum);
+  b.op(Op::Mul, Type::F32, r.inv, r.inv, alpha);
+  b.selp(Type::F32, r.inv, r.inv, fimm(0.0f), pos);
+  r.lse = e.op(Op::Add, Type::F32, mx, e.op(Op::Lg2, Type::F32, sum));
+  b.op(Op::Mul, Type::F32, r.lse, r.lse, fimm(kLn2));
+  b.selp(Type::F32, r.lse, r.lse, fimm(kNegInf), pos);
+  return r;
+}
+
+void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2) {
+  ptx::Builder &b = e_.b;
+  Reg t = b.f32();
+  for (int r = 0; r < rows_; ++r) {
+    const int h = r % 2;
+    for (int off = 1; off <= 2; off <<= 1) {
+      b.shfl(ptx::Shfl::Bfly, t, l_[r], imm(off), imm(31), 0xffffffffu);
+      b.op(Op::Add, Type::F32, l_[r], l_[r], t);
+    }
+    // The exponentials' offset m c (-inf for a row with no key: l = 0).
+    Reg m2 = c_.valid() ? e_.op(Op::Mul, Type::F32, m_[r], c_) : m_[r];
+    const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2);
+    lse->push_back(sr.lse);
+    for (const Frag4 &f : o[r / 2].f) {
+      b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], sr.inv);
+      b.op(Op::Mul, Type::F32, f[2 * h + 1], f[2 * h + 1], sr.inv);
+    }
+  }
+}
+
 }  // namespace fa::kgen::tile

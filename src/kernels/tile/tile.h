@@ -140,6 +140,20 @@ class CopyPlan {
   Reg last_ok_, rows_ok_;
 };
 
+// The end of a softmax row with an attention sink (gpt-oss, FlashAttention-3's
+// learnable sink): the row's exponentials used the offset m2 (log2 domain;
+// -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2
+// (log2 domain) joins the denominator once and contributes no value:
+//   M = max(m2, s2) (0 when both are -inf), L = l 2^(m2 - M) + 2^(s2 - M),
+//   O = acc * inv with inv = 2^(m2 - M) / L (0 when L = 0),
+//   LSE = (M + log2 L) ln 2 (-inf when L = 0).
+// Every exponent is <= 0, so no sink value overflows; a row with no key gets
+// O = 0 and LSE = sink, and a sink of -inf changes nothing.
+struct SinkRow {
+  Reg inv, lse;
+};
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2);
+
 // The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
 // thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
 // fragment of s[mi] (the 4 lanes of a quad share a row). In the log2 domain
@@ -170,6 +184,10 @@ class OnlineSoftmax {
   // After the last tile: l summed over the quad, O *= 1 / l (0 when l = 0);
   // lse[r] = (m c + log2 l) ln 2, or -inf when l = 0.
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse);
+  // finish() with an attention sink (gpt-oss): sink_log2 (f32, the logit in
+  // the log2 domain, the same for every row) joins each row's denominator
+  // and contributes no value (see sink_row).
+  void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2);
 
  private:
   Reg neg_offset(Reg m);                 // -m c, or 0 when m = -inf

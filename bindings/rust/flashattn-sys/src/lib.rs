@@ -18,7 +18,7 @@ use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
 pub const FLASHATTN_VERSION_MINOR: u32 = 4;
-pub const FLASHATTN_VERSION_PATCH: u32 = 0;
+pub const FLASHATTN_VERSION_PATCH: u32 = 1;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
     FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
@@ -225,11 +225,16 @@ pub struct fa_generate_options {
     /// Since 0.4: reduce's fa_lse_format of the partial LSEs and of the LSE.
     pub lse_partial_format: i32,
     pub lse_format: i32,
+    /// Since 0.4.1: forward or reduce with attention sinks (0 or 1; 64-bit
+    /// so that 0.4.0's struct, padding included, ends where it begins).
+    pub sinks: i64,
 }
 
 /// struct_size of fa_generate_options in flashattn 0.3 (ends before `tree_mask`).
 pub const FA_GENERATE_OPTIONS_SIZE_0_3: usize =
     core::mem::offset_of!(fa_generate_options, tree_mask);
+/// struct_size of fa_generate_options in flashattn 0.4.0 (ends before `sinks`).
+pub const FA_GENERATE_OPTIONS_SIZE_0_4: usize = core::mem::offset_of!(fa_generate_options, sinks);
 
 impl Default for fa_generate_options {
     fn default() -> Self {
@@ -242,6 +247,7 @@ impl Default for fa_generate_options {
             tree_mask: 0,
             lse_partial_format: 0,
             lse_format: 0,
+            sinks: 0,
         }
     }
 }
@@ -310,10 +316,15 @@ pub struct fa_forward_args {
     /// Since 0.3.
     pub kv: fa_kv_cache_layout,
     pub seqused_k: u64,
+    /// Since 0.4.1: attention sinks (gpt-oss), fp32 [num_heads_q] natural-log
+    /// logits in each row's softmax denominator, 4-byte aligned, or 0 = none.
+    pub sinks: u64,
 }
 
 /// struct_size of fa_forward_args in flashattn 0.2 (ends before `kv`).
 pub const FA_FORWARD_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_forward_args, kv);
+/// struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (ends before `sinks`).
+pub const FA_FORWARD_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_forward_args, sinks);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -331,6 +342,7 @@ impl Default for fa_forward_args {
             cu_seqlens_k: 0,
             kv: fa_kv_cache_layout::default(),
             seqused_k: 0,
+            sinks: 0,
         }
     }
 }
@@ -360,12 +372,17 @@ pub struct fa_decode_args {
     pub tree_mask: u64,
     /// Bytes between sequences (0 = one mask for the batch) and query rows.
     pub tree_mask_stride: [i64; 2],
+    /// Since 0.4.1: attention sinks as in fa_forward_args (added once per
+    /// row in the combine: needs `o.data != 0`), or 0.
+    pub sinks: u64,
 }
 
 /// struct_size of fa_decode_args in flashattn 0.2 (ends before `kv`).
 pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args, kv);
 /// struct_size of fa_decode_args in flashattn 0.3 (ends before `tree_mask`).
 pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args, tree_mask);
+/// struct_size of fa_decode_args in flashattn 0.4.0 (ends before `sinks`).
+pub const FA_DECODE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_decode_args, sinks);
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -389,6 +406,7 @@ impl Default for fa_decode_args {
             batch_invariant: 0,
             tree_mask: 0,
             tree_mask_stride: [0; 2],
+            sinks: 0,
         }
     }
 }
@@ -409,11 +427,16 @@ pub struct fa_reduce_args {
     /// Since 0.4: fa_lse_format of lse_partial and of lse.
     pub lse_partial_format: i32,
     pub lse_format: i32,
+    /// Since 0.4.1: attention sinks fp32 [num_heads_q] (natural logs), one
+    /// more state per row with O = 0, or 0.
+    pub sinks: u64,
 }
 
 /// struct_size of fa_reduce_args in flashattn 0.3 (ends before `lse_partial_format`).
 pub const FA_REDUCE_ARGS_SIZE_0_3: usize =
     core::mem::offset_of!(fa_reduce_args, lse_partial_format);
+/// struct_size of fa_reduce_args in flashattn 0.4.0 (ends before `sinks`).
+pub const FA_REDUCE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_reduce_args, sinks);
 
 impl Default for fa_reduce_args {
     fn default() -> Self {
@@ -430,6 +453,7 @@ impl Default for fa_reduce_args {
             lse: 0,
             lse_partial_format: 0,
             lse_format: 0,
+            sinks: 0,
         }
     }
 }

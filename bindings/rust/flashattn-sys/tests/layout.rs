@@ -63,7 +63,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             seqused_k,
             tree_mask,
             lse_partial_format,
-            lse_format
+            lse_format,
+            sinks
         }
     );
     layout!(
@@ -124,7 +125,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             cu_seqlens_q,
             cu_seqlens_k,
             kv,
-            seqused_k
+            seqused_k,
+            sinks
         }
     );
     layout!(
@@ -146,7 +148,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             kv,
             batch_invariant,
             tree_mask,
-            tree_mask_stride
+            tree_mask_stride,
+            sinks
         }
     );
     layout!(
@@ -163,7 +166,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             o,
             lse,
             lse_partial_format,
-            lse_format
+            lse_format,
+            sinks
         }
     );
     layout!(
@@ -259,6 +263,10 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_DECODE_ARGS_SIZE_0_3,
         FA_REDUCE_ARGS_SIZE_0_3,
         FA_GENERATE_OPTIONS_SIZE_0_3,
+        FA_FORWARD_ARGS_SIZE_0_4,
+        FA_DECODE_ARGS_SIZE_0_4,
+        FA_REDUCE_ARGS_SIZE_0_4,
+        FA_GENERATE_OPTIONS_SIZE_0_4,
         FA_LSE_NATURAL,
         FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
@@ -356,6 +364,8 @@ fn defaults_match_init_macros() {
     assert_eq!((d.tree_mask, d.tree_mask_stride), (0, [0, 0]));
     let g = fa_generate_options::default();
     assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
+    // 0.4.1's fields default to "as 0.4": no sinks.
+    assert_eq!((fa_forward_args::default().sinks, d.sinks, r.sinks, g.sinks), (0, 0, 0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }
 

@@ -109,6 +109,9 @@ pub struct RawForwardArgs {
     /// int32 [batch] or 0: sequence b has keys 0..seqused_k[b]-1 (clamped to
     /// [0, seqlen_k]); 0 = seqlen_k keys each. Not with cu_seqlens_k.
     pub seqused_k: u64,
+    /// Since 0.4.1: attention sinks (gpt-oss), fp32 [num_heads_q], or 0 =
+    /// none (see `Runtime::forward_kv_sinks`).
+    pub sinks: u64,
 }
 
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
@@ -138,6 +141,9 @@ pub struct RawDecodeArgs {
     pub tree_mask: u64,
     /// Bytes between sequences (0 = one mask for the batch) and query rows.
     pub tree_mask_strides: [i64; 2],
+    /// Since 0.4.1: attention sinks fp32 [num_heads_q], or 0 = none; they
+    /// join each row's denominator in the combine (o must be set).
+    pub sinks: u64,
 }
 
 impl RawDecodeArgs {
@@ -159,6 +165,7 @@ impl RawDecodeArgs {
             batch_invariant: self.batch_invariant as i32,
             tree_mask: self.tree_mask,
             tree_mask_stride: self.tree_mask_strides,
+            sinks: self.sinks,
             ..Default::default()
         }
     }
@@ -237,6 +244,9 @@ pub struct RawReduceArgs {
     pub lse_partial_format: LseFormat,
     /// ... and of those written to lse.
     pub lse_format: LseFormat,
+    /// Since 0.4.1: attention sinks fp32 [num_heads_q] (natural logs), one
+    /// more state per row with O = 0, or 0 = none.
+    pub sinks: u64,
 }
 
 /// Workspace bytes and split count of a decode (fa_decode_workspace_size).
@@ -750,6 +760,7 @@ impl Runtime {
             cu_seqlens_k: args.cu_seqlens_k,
             kv: args.kv.to_sys(),
             seqused_k: args.seqused_k,
+            sinks: args.sinks,
             ..Default::default()
         };
         check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -785,6 +796,32 @@ impl Runtime {
     /// the library's (sizes, strides, alignment, page fields), then as
     /// `forward_raw`.
     pub fn forward_kv(&self, cfg: &Config, args: ForwardKvArgs<'_>) -> Result<()> {
+        self.forward_kv_impl(cfg, args, None)
+    }
+
+    /// `forward_kv` with attention sinks (since 0.4.1; gpt-oss): `sinks` holds
+    /// fp32 [num_heads_q], one natural-log logit per query head that joins
+    /// every row's softmax denominator and contributes no value, compared
+    /// with the scaled scores as it is (not multiplied by the softmax scale,
+    /// outside every mask and window): O = sum_j e^(s_j) v_j / (sum_j e^(s_j)
+    /// + e^(sink)); the LSE includes it (a row with no key: O = 0, LSE =
+    /// sink). Errors: as `forward_kv`, plus InvalidArgument when `sinks` is
+    /// too short or memory of another runtime.
+    pub fn forward_kv_sinks(
+        &self,
+        cfg: &Config,
+        args: ForwardKvArgs<'_>,
+        sinks: &DeviceBuffer,
+    ) -> Result<()> {
+        self.forward_kv_impl(cfg, args, Some(sinks))
+    }
+
+    fn forward_kv_impl(
+        &self,
+        cfg: &Config,
+        args: ForwardKvArgs<'_>,
+        sinks: Option<&DeviceBuffer>,
+    ) -> Result<()> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
@@ -807,6 +844,10 @@ impl Runtime {
             kv: kv.layout,
             seqused_k: match args.seqused_k {
                 Some(buf) => checked_ptr(self, "seqused_k", buf, 0, &[1], &[b], 4)?,
+                None => 0,
+            },
+            sinks: match sinks {
+                Some(buf) => checked_ptr(self, "sinks", buf, 0, &[1], &[hq], 4)?,
                 None => 0,
             },
         };
@@ -866,7 +907,7 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None)
+        self.decode_kv_impl(cfg, args, None, None)
     }
 
     /// `decode_kv` with a speculative-decoding tree mask among the new
@@ -879,7 +920,22 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: TreeMask<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, Some(tree))
+        self.decode_kv_impl(cfg, args, Some(tree), None)
+    }
+
+    /// `decode_kv` (with a tree mask when `tree` is given) and attention
+    /// sinks (since 0.4.1; see `forward_kv_sinks`): fp32 [num_heads_q], each
+    /// row's sink joins its denominator once, in the combine (so `o` must be
+    /// given). Errors: as `decode_tree`, plus InvalidArgument when `sinks` is
+    /// too short or `o` is None.
+    pub fn decode_kv_sinks(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        tree: Option<TreeMask<'_>>,
+        sinks: &DeviceBuffer,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, tree, Some(sinks))
     }
 
     fn decode_kv_impl(
@@ -887,6 +943,7 @@ impl Runtime {
         cfg: &Config,
         args: DecodeKvArgs<'_>,
         tree: Option<TreeMask<'_>>,
+        sinks: Option<&DeviceBuffer>,
     ) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
@@ -910,6 +967,9 @@ impl Runtime {
             batch_invariant: args.batch_invariant,
             ..Default::default()
         };
+        if let Some(s) = sinks {
+            raw.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+        }
         if let Some(t) = &tree {
             let w = &t.words;
             if (t.trees != b && t.trees != 1) || t.row_words < sq.div_ceil(32) || w.strides[2] != 1
@@ -1005,6 +1065,7 @@ impl Runtime {
             lse: args.lse,
             lse_partial_format: args.lse_partial_format.to_sys(),
             lse_format: args.lse_format.to_sys(),
+            sinks: args.sinks,
             ..Default::default()
         };
         check(sys::fa_decode_reduce(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -1028,6 +1089,33 @@ impl Runtime {
         args: ReduceArgs<'_>,
         lse_partial_format: LseFormat,
         lse_format: LseFormat,
+    ) -> Result<()> {
+        self.decode_reduce_impl(cfg, args, lse_partial_format, lse_format, None)
+    }
+
+    /// `decode_reduce_formats` with attention sinks (since 0.4.1): fp32
+    /// [num_heads_q] natural-log logits, one more state per row with O = 0
+    /// (so each row's sink joins the denominator once, however many states
+    /// merge). Errors: as `decode_reduce_formats`, plus InvalidArgument when
+    /// `sinks` is too short.
+    pub fn decode_reduce_sinks(
+        &self,
+        cfg: &Config,
+        args: ReduceArgs<'_>,
+        lse_partial_format: LseFormat,
+        lse_format: LseFormat,
+        sinks: &DeviceBuffer,
+    ) -> Result<()> {
+        self.decode_reduce_impl(cfg, args, lse_partial_format, lse_format, Some(sinks))
+    }
+
+    fn decode_reduce_impl(
+        &self,
+        cfg: &Config,
+        args: ReduceArgs<'_>,
+        lse_partial_format: LseFormat,
+        lse_format: LseFormat,
+        sinks: Option<&DeviceBuffer>,
     ) -> Result<()> {
         let (s, b, sq) = (args.num_splits, args.batch, args.seqlen_q);
         let (hq, dv) = (cfg.num_heads_q(), cfg.head_dim_v());
@@ -1061,6 +1149,10 @@ impl Runtime {
             lse: fp32_out(self, "lse", &args.lse, b * hq * sq)?,
             lse_partial_format,
             lse_format,
+            sinks: match sinks {
+                Some(buf) => checked_ptr(self, "sinks", buf, 0, &[1], &[hq], 4)?,
+                None => 0,
+            },
         };
         // SAFETY: extents checked above; outputs borrowed mutably.
         unsafe { self.decode_reduce_raw(cfg, &raw, std::ptr::null_mut()) }
