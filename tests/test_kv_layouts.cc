@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/emu_runtime.h"
 #include "support/numerics.h"
 
 namespace {
@@ -22,24 +23,8 @@ namespace {
 using fa::test::DecodeCase;
 using fa::test::KvCase;
 
-fa_runtime *g_rt = nullptr;
-std::string g_why;
-
-int setup(void **) {
-  g_rt = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why);
-  return 0;
-}
-int teardown(void **) {
-  fa_runtime_destroy(g_rt);
-  return 0;
-}
-
-void need_runtime() {
-  if (!g_rt) {
-    std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
-    skip();
-  }
-}
+using fa::test::g_rt;
+using fa::test::need_runtime;
 
 bool quick() {
   const char *q = std::getenv("FA_TEST_QUICK");
@@ -251,8 +236,7 @@ std::vector<uint16_t> output_in_batch(fa_config *cfg, int batch, int invariant, 
   assert_int_equal(fa_decode(g_rt, cfg, &a, nullptr), FA_SUCCESS);
   assert_int_equal(fa_memcpy_dtoh(g_rt, o.data(), a.o.data, o.size() * 2), FA_SUCCESS);
   assert_int_equal(fa_memcpy_dtoh(g_rt, lse.data(), a.lse, lse.size() * 4), FA_SUCCESS);
-  for (uint64_t p :
-       {a.q.data, a.k_cache.data, a.v_cache.data, a.cache_seqlens, a.o.data, a.lse, w})
+  for (uint64_t p : {a.q.data, a.k_cache.data, a.v_cache.data, a.cache_seqlens, a.o.data, a.lse, w})
     fa_free(g_rt, p);
   // O (bf16) and LSE (fp32, which shows any change of the partition) bits.
   std::vector<uint16_t> bits(o.end() - hq * dh, o.end());
@@ -427,5 +411,5 @@ int main(void) {
       cmocka_unit_test(test_prefill_layouts), cmocka_unit_test(test_batch_invariant),
       cmocka_unit_test(test_bad_args),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, fa::test::emu_runtime_setup, fa::test::emu_runtime_teardown);
 }

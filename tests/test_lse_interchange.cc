@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/emu_runtime.h"
 #include "support/numerics.h"
 
 namespace {
@@ -27,24 +28,8 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kLog2e = 1.4426950408889634;
 
-fa_runtime *g_rt = nullptr;
-std::string g_why;
-
-int setup(void **) {
-  g_rt = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why);
-  return 0;
-}
-int teardown(void **) {
-  fa_runtime_destroy(g_rt);
-  return 0;
-}
-
-void need_runtime() {
-  if (!g_rt) {
-    std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
-    skip();
-  }
-}
+using fa::test::g_rt;
+using fa::test::need_runtime;
 
 void ok(fa_status st, const char *what) {
   if (st != FA_SUCCESS) {
@@ -426,5 +411,5 @@ int main() {
       cmocka_unit_test(test_decode_states_in_base2), cmocka_unit_test(test_reduce_bad_formats),
       cmocka_unit_test(test_generate_formats),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, fa::test::emu_runtime_setup, fa::test::emu_runtime_teardown);
 }

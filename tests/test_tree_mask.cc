@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/emu_runtime.h"
 #include "support/numerics.h"
 
 namespace {
@@ -32,24 +33,8 @@ namespace {
 using fa::test::DecodeCase;
 using fa::test::KvCase;
 
-fa_runtime *g_rt = nullptr;
-std::string g_why;
-
-int setup(void **) {
-  g_rt = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why);
-  return 0;
-}
-int teardown(void **) {
-  fa_runtime_destroy(g_rt);
-  return 0;
-}
-
-void need_runtime() {
-  if (!g_rt) {
-    std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
-    skip();
-  }
-}
+using fa::test::g_rt;
+using fa::test::need_runtime;
 
 // A random tree over n new tokens, in topological order (a parent precedes
 // its children; token 0 hangs off the cached prefix, later ones off any
@@ -435,5 +420,5 @@ int main() {
       cmocka_unit_test(test_tree_bad_args),
       cmocka_unit_test(test_tree_ptx),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, fa::test::emu_runtime_setup, fa::test::emu_runtime_teardown);
 }
