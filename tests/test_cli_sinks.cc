@@ -34,29 +34,12 @@ const std::vector<int32_t> kLens = {70, 11};
 // Writes q/k/v/lens/sinks and returns the fp64 reference O and LSE of a
 // causal window; decode: the queries are the last of kLens[b] keys.
 void write_case(bool decode, std::vector<double> *o_ref, std::vector<double> *lse_ref) {
-  std::mt19937 rng(decode ? 17 : 16);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto randn = [&](size_t n) {
-    std::vector<float> v(n);
-    for (auto &x : v) x = nd(rng);
-    return v;
-  };
-  const std::vector<float> q = randn(size_t(kB) * kSq * kHq * kD);
-  const std::vector<float> k = randn(size_t(kB) * kSk * kHkv * kD);
-  const std::vector<float> v = randn(size_t(kB) * kSk * kHkv * kD);
+  const QkvInputs in = write_qkv(decode ? 17 : 16, kB, kSq, kSk, kHq, kHkv, kD, &kLens);
+  std::mt19937 rng(decode ? 27 : 26);
   std::uniform_real_distribution<float> us(-1.0f, 5.0f);
   std::vector<float> sinks(kHq);
   for (float &s : sinks) s = us(rng);
-  write_npy("q.npy", fa::npy::from_f32({kB, kSq, kHq, kD}, q.data()));
-  write_npy("k.npy", fa::npy::from_f32({kB, kSk, kHkv, kD}, k.data()));
-  write_npy("v.npy", fa::npy::from_f32({kB, kSk, kHkv, kD}, v.data()));
-  write_npy("lens.npy", fa::npy::from_i32({kB}, kLens.data()));
   write_npy("sinks.npy", fa::npy::from_f32({kHq}, sinks.data()));
-  auto rounded = [&](const std::vector<float> &x) {
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = fa::ref::round_to(x[i], false);
-    return out;
-  };
   fa::ref::Problem p;
   p.batch = kB;
   p.seqlen_q = kSq;
@@ -69,8 +52,8 @@ void write_case(bool decode, std::vector<double> *o_ref, std::vector<double> *ls
   p.sinks = sinks.data();
   o_ref->assign(size_t(kB) * kSq * kHq * kD, 0);
   lse_ref->assign(size_t(kB) * kHq * kSq, 0);
-  fa::ref::attention(p, rounded(q).data(), rounded(k).data(), rounded(v).data(), o_ref->data(),
-                     lse_ref->data(), decode ? kLens.data() : nullptr);
+  fa::ref::attention(p, in.q.data(), in.k.data(), in.v.data(), o_ref->data(), lse_ref->data(),
+                     decode ? kLens.data() : nullptr);
 }
 
 std::vector<std::string> cli_args(bool decode, const std::string &sinks) {

@@ -48,25 +48,7 @@ std::vector<uint8_t> random_trees(int trees, uint32_t seed) {
 // ([kB][sq][sq]); causal as given.
 void write_case(const std::vector<uint8_t> &tree, bool causal, std::vector<double> *o_ref,
                 std::vector<double> *lse_ref) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto randn = [&](size_t n) {
-    std::vector<float> v(n);
-    for (auto &x : v) x = nd(rng);
-    return v;
-  };
-  const std::vector<float> q = randn(size_t(kB) * kSq * kHq * kD);
-  const std::vector<float> k = randn(size_t(kB) * kSk * kHkv * kD);
-  const std::vector<float> v = randn(size_t(kB) * kSk * kHkv * kD);
-  write_npy("q.npy", fa::npy::from_f32({kB, kSq, kHq, kD}, q.data()));
-  write_npy("k.npy", fa::npy::from_f32({kB, kSk, kHkv, kD}, k.data()));
-  write_npy("v.npy", fa::npy::from_f32({kB, kSk, kHkv, kD}, v.data()));
-  write_npy("lens.npy", fa::npy::from_i32({kB}, kLens.data()));
-  auto rounded = [&](const std::vector<float> &x) {
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = fa::ref::round_to(x[i], false);
-    return out;
-  };
+  const QkvInputs in = write_qkv(5, kB, kSq, kSk, kHq, kHkv, kD, &kLens);
   fa::ref::Problem p;
   p.batch = kB;
   p.seqlen_q = kSq;
@@ -78,8 +60,8 @@ void write_case(const std::vector<uint8_t> &tree, bool causal, std::vector<doubl
   p.tree_mask = tree.data();
   o_ref->assign(size_t(kB) * kSq * kHq * kD, 0);
   lse_ref->assign(size_t(kB) * kHq * kSq, 0);
-  fa::ref::attention(p, rounded(q).data(), rounded(k).data(), rounded(v).data(), o_ref->data(),
-                     lse_ref->data(), kLens.data());
+  fa::ref::attention(p, in.q.data(), in.k.data(), in.v.data(), o_ref->data(), lse_ref->data(),
+                     kLens.data());
 }
 
 fa::npy::Array u8_array(const std::vector<int64_t> &shape, const std::vector<uint8_t> &bits) {

@@ -11,11 +11,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "npy.h"
+#include "reference.h"
 
 // cmocka last: its fail() macro clashes with std::basic_ios::fail.
 #include "support/cmocka.hh"
@@ -119,6 +121,32 @@ inline fa::npy::Array read_npy(const std::string &name) {
     fail();
   }
   return a;
+}
+
+// Random N(0, 1) inputs of one attention problem (seeded), written as
+// q.npy [b, sq, hq, d], k.npy and v.npy [b, sk, hkv, d] (fp32) and, when
+// lens is given, lens.npy (int32 [b]); returned rounded to fp16, as the
+// program's fp16 run and the fp64 reference (fa::ref) read them.
+struct QkvInputs {
+  std::vector<double> q, k, v;
+};
+inline QkvInputs write_qkv(uint32_t seed, int b, int sq, int sk, int hq, int hkv, int d,
+                           const std::vector<int32_t> *lens) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  QkvInputs in;
+  auto one = [&](const char *name, int64_t s, int64_t h, std::vector<double> *out) {
+    std::vector<float> x(size_t(b) * s * h * d);
+    for (float &e : x) e = nd(rng);
+    write_npy(name, fa::npy::from_f32({b, s, h, d}, x.data()));
+    out->resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) (*out)[i] = fa::ref::round_to(x[i], false);
+  };
+  one("q.npy", sq, hq, &in.q);
+  one("k.npy", sk, hkv, &in.k);
+  one("v.npy", sk, hkv, &in.v);
+  if (lens) write_npy("lens.npy", fa::npy::from_i32({b}, lens->data()));
+  return in;
 }
 
 }  // namespace fa::test::cli
