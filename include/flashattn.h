@@ -295,25 +295,37 @@ typedef struct fa_generate_options {
                     fa_reduce_args.sinks, which fa_decode's combine also
                     runs with fa_decode_args.sinks). 64-bit so that 0.4.0's
                     struct, padding included, ends where it begins */
+  /* Since 0.5 (FA_GENERATE_OPTIONS_SIZE_0_4_1 ends before them; zero = as
+     0.4.1). */
+  int32_t append_kv;    /* decode: 1 = k_new/v_new are set (KV append) */
+  int32_t rotary;       /* decode, with append_kv: 0 = no rotary, 1 = GPT-NeoX
+                           pairs, 2 = GPT-J (interleaved) pairs */
+  int32_t rotary_dtype; /* fa_dtype of rotary_cos/sin: FP32 (or 0) or the
+                           cfg dtype */
 } fa_generate_options;
 
 /* struct_size of fa_generate_options in flashattn 0.3 (before tree_mask). */
 #define FA_GENERATE_OPTIONS_SIZE_0_3 (offsetof(fa_generate_options, tree_mask))
 /* struct_size of fa_generate_options in flashattn 0.4.0 (before sinks). */
 #define FA_GENERATE_OPTIONS_SIZE_0_4 (offsetof(fa_generate_options, sinks))
+/* struct_size of fa_generate_options in flashattn 0.4.1 (before the 0.5
+   fields). */
+#define FA_GENERATE_OPTIONS_SIZE_0_4_1 (offsetof(fa_generate_options, append_kv))
 
 #define FA_GENERATE_OPTIONS_INIT \
-  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* fa_generate for the launch shape in *opts (NULL = fa_generate). struct_size
- * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_4 or
- * FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
+ * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_4_1,
+ * FA_GENERATE_OPTIONS_SIZE_0_4 or FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
  * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
  * page_size < 1 with PAGED, page_size with another layout, varlen or
  * seqused_k with kind != FORWARD, a layout with kind REDUCE, tree_mask not 0
  * or 1 or with kind != DECODE, an lse format that is not an fa_lse_format or
  * with kind != REDUCE, sinks not 0 or 1 or with kind DECODE: a decode
- * kernel never reads the sinks, its combine does). */
+ * kernel never reads the sinks, its combine does; append_kv not 0 or 1 or
+ * with kind != DECODE, rotary not 0..2 or without append_kv, rotary_dtype
+ * neither 0, FP32 nor the cfg dtype). */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);
@@ -506,6 +518,49 @@ typedef struct fa_decode_args {
                      row's denominator once, in the combine (fa_decode_reduce
                      with fa_reduce_args.sinks), never in the partial states:
                      so they need o.data != 0 */
+  /* Since 0.5 (FA_DECODE_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1).
+   * KV append with rotary embedding, in the same launch (as FlashAttention's
+   * flash_attn_with_kvcache): with k_new.data != 0, the seqlen_new new keys
+   * and values of sequence b are written into the cache at positions
+   * cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (any kv.layout) and
+   * attended to in the same call; cache_seqlens[b] is then the length BEFORE
+   * the append (clamped to [0, seqlen_k_max - seqlen_new]) and the sequence
+   * has cache_seqlens[b] + seqlen_new keys. cache_seqlens itself is not
+   * updated. With rotary_dim > 0, Q and the new K are rotated (RoPE) first:
+   * pair (x0, x1) of columns (2i, 2i+1) (rotary_interleaved = 1, GPT-J) or
+   * (i, i + rotary_dim/2) (0, GPT-NeoX) at position p becomes
+   *   y0 = fma(x1, -sin, x0 cos), y1 = fma(x0, sin, x1 cos)
+   * in fp32 (fma with one rounding, the products x0 cos and x1 cos rounded
+   * to fp32 first), cos/sin = rotary_cos/sin[p][i], then rounded to the
+   * cache dtype; columns >= rotary_dim are copied. The cache entries
+   * written are exactly those bytes (docs/api.md, "KV append"). New token j
+   * of sequence b is at p = cache_seqlens[b] + j, query t at
+   * cache_seqlens[b] + t when causal or windowed, else at
+   * cache_seqlens[b] (FlashAttention's rule); rotary_positions overrides
+   * both. Needs the tensor-core decode (sm_80+). */
+  fa_tensor k_new;    /* [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype,
+                         or data 0 = no append (every field below 0) */
+  fa_tensor v_new;    /* [batch, seqlen_new, num_heads_kv, head_dim_v] */
+  int32_t seqlen_new; /* 1..seqlen_k_max with k_new */
+  int32_t rotary_dim; /* 0 = no rotary; else a multiple of 16, <= head_dim */
+  uint64_t rotary_cos, rotary_sin; /* [seqlen_ro, rotary_dim / 2] contiguous,
+                                      fp32 or cfg dtype (rotary_dtype),
+                                      element-aligned */
+  int32_t seqlen_ro;               /* rows of rotary_cos/sin, >= 1; a position
+                                      past the table reads its last row (the
+                                      caller provides a table that covers
+                                      cache_seqlens[b] + seqlen_new) */
+  int32_t rotary_interleaved;      /* 1 = GPT-J pairs (2i, 2i+1), 0 = GPT-NeoX
+                                      pairs (i, i + rotary_dim / 2) */
+  int32_t rotary_dtype;            /* FA_DTYPE_FP32 or the cfg dtype; 0 = FP32 */
+  int32_t rotary_reserved;         /* must be 0 */
+  uint64_t rotary_positions;       /* int32 [batch, max(seqlen_q, seqlen_new)]
+                                      or 0: the position of query / new token
+                                      t of sequence b is
+                                      rotary_positions[b * rotary_positions_stride
+                                      + t] (speculative trees: each token's
+                                      depth); 4-byte aligned */
+  int64_t rotary_positions_stride; /* elements between sequences, >= 0 */
 } fa_decode_args;
 
 /* struct_size of fa_decode_args in flashattn 0.2 (before kv). */
@@ -514,13 +569,16 @@ typedef struct fa_decode_args {
 #define FA_DECODE_ARGS_SIZE_0_3 (offsetof(fa_decode_args, tree_mask))
 /* struct_size of fa_decode_args in flashattn 0.4.0 (before sinks). */
 #define FA_DECODE_ARGS_SIZE_0_4 (offsetof(fa_decode_args, sinks))
+/* struct_size of fa_decode_args in flashattn 0.4.1 (before the 0.5 fields). */
+#define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, k_new))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
 #define FA_DECODE_ARGS_INIT                                                                      \
   {                                                                                              \
     sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
-        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0                              \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, FA_TENSOR_INIT,             \
+        FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's

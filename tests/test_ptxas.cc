@@ -154,6 +154,27 @@ std::vector<KernelSpec> grid() {
           make_spec(config(Dtype::F16, 0, 128, 8, 8, false), KernelKind::Reduce, lim, shape));
     }
   }
+  // KV append with RoPE (NeoX and GPT-J pairs, fp32 and 16-bit tables),
+  // every layout, with and without a tree mask, and the append alone.
+  for (int sm : {80, 90}) {
+    const DeviceLimits lim = limits_of(sm);
+    for (int d : {64, 128, 256}) {
+      for (int lay = 0; lay < 3; ++lay) {
+        LaunchShape shape;
+        shape.append_kv = true;
+        shape.rotary = lay == 2 ? 0 : 1 + (d == 128);
+        shape.rotary_half_table = d == 256;
+        shape.tree_mask = lay == 1;
+        shape.kv_layout = lay == 0   ? KvLayout::Contiguous
+                          : lay == 1 ? KvLayout::Paged
+                                     : KvLayout::PtrArray;
+        shape.page_size = lay == 1 ? (d == 128 ? 16 : 5) : 0;
+        out.push_back(make_spec(
+            config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, d == 64 ? 8 : 2, d != 256),
+            KernelKind::Decode, lim, shape));
+      }
+    }
+  }
   setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
   for (int d : {64, 128, 256}) {
     LaunchShape shape;
@@ -284,7 +305,8 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   if (spills) ++*spilling;
   // Forward kernels, and the tree-mask decode variants (new in 0.4, held to
   // the same rule), must not touch local memory.
-  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask || job.spec.sinks;
+  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
+                      job.spec.sinks || job.spec.append_kv;
   if (strict && (spills || regs < 0 || regs > 255)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
               regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");

@@ -239,6 +239,14 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
 
 // The rows of a GQA group (group * seqlen_q), which the decode kernel
 // indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
+// A rotary table's fa_dtype: 0 or FP32 (f32), or the config's 16-bit dtype.
+fa_status check_rotary_dtype(const char *what, const fa::AttentionConfig &c, int32_t d) {
+  const int32_t cfg_dtype = c.dtype == fa::Dtype::BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  FA_REQUIRE(d == 0 || d == FA_DTYPE_FP32 || d == cfg_dtype,
+             "%s must be 0, FA_DTYPE_FP32 or the config's dtype (%d), got %d", what, cfg_dtype, d);
+  return FA_SUCCESS;
+}
+
 fa_status check_decode_limits(const fa::AttentionConfig &c, const fa_decode_args *a) {
   const int64_t rows = int64_t(c.num_heads_q / c.num_heads_kv) * a->seqlen_q;
   if (rows > FA_MAX_SEQLEN) {
@@ -300,6 +308,48 @@ fa_status validate_decode(const fa_decode_args *a) {
                "the batch), got %lld",
                static_cast<long long>(a->tree_mask_stride[0]));
   }
+  return FA_SUCCESS;
+}
+
+// KV append and RoPE (fa_decode_args since 0.5).
+fa_status validate_append(const fa::AttentionConfig &c, const fa_decode_args *a) {
+  const bool rotary_set = a->rotary_dim != 0 || a->rotary_cos != 0 || a->rotary_sin != 0 ||
+                          a->seqlen_ro != 0 || a->rotary_interleaved != 0 || a->rotary_dtype != 0 ||
+                          a->rotary_positions != 0 || a->rotary_positions_stride != 0;
+  FA_REQUIRE(a->rotary_reserved == 0, "rotary_reserved must be 0, got %d", a->rotary_reserved);
+  if (a->k_new.data == 0) {
+    FA_REQUIRE(a->v_new.data == 0 && a->seqlen_new == 0 && !rotary_set,
+               "v_new, seqlen_new or a rotary field is set but k_new.data is 0 (no append; "
+               "rotary embedding needs the append, as flash_attn_with_kvcache)");
+    return FA_SUCCESS;
+  }
+  FA_CHECK(check_tensor("k_new", a->k_new));
+  FA_CHECK(check_tensor("v_new", a->v_new));
+  FA_REQUIRE(a->seqlen_new >= 1 && a->seqlen_new <= a->seqlen_k_max,
+             "seqlen_new must be in 1..seqlen_k_max (%d), got %d", a->seqlen_k_max, a->seqlen_new);
+  if (a->rotary_dim == 0) {
+    FA_REQUIRE(!rotary_set, "a rotary field is set but rotary_dim is 0");
+    return FA_SUCCESS;
+  }
+  FA_REQUIRE(a->rotary_dim > 0 && a->rotary_dim % 16 == 0 && a->rotary_dim <= c.head_dim,
+             "rotary_dim must be a multiple of 16 in 16..head_dim (%d), or 0; got %d", c.head_dim,
+             a->rotary_dim);
+  FA_CHECK(check_rotary_dtype("rotary_dtype", c, a->rotary_dtype));
+  const uint64_t eb = a->rotary_dtype == 0 || a->rotary_dtype == FA_DTYPE_FP32 ? 4 : 2;
+  FA_REQUIRE(a->rotary_cos != 0 && a->rotary_sin != 0,
+             "rotary_cos and rotary_sin must be set "
+             "with rotary_dim");
+  FA_REQUIRE(a->rotary_cos % eb == 0 && a->rotary_sin % eb == 0,
+             "rotary_cos/rotary_sin must be %llu-byte aligned (their element size)",
+             static_cast<unsigned long long>(eb));
+  FA_CHECK(check_seqlen("seqlen_ro", a->seqlen_ro));
+  FA_REQUIRE(a->rotary_interleaved == 0 || a->rotary_interleaved == 1,
+             "rotary_interleaved must be 0 (GPT-NeoX) or 1 (GPT-J), got %d", a->rotary_interleaved);
+  FA_CHECK(check_fp32_ptr("rotary_positions", a->rotary_positions, false));
+  FA_REQUIRE(a->rotary_positions_stride >= 0 &&
+                 (a->rotary_positions != 0 || a->rotary_positions_stride == 0),
+             "rotary_positions_stride must be >= 0, and 0 without rotary_positions; got %lld",
+             static_cast<long long>(a->rotary_positions_stride));
   return FA_SUCCESS;
 }
 
@@ -629,6 +679,7 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
     fa::LaunchShape shape;
     if (opts != nullptr) {
       FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4_1 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
                  "opts->struct_size is %zu, expected %zu", opts->struct_size,
@@ -649,6 +700,18 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
       FA_REQUIRE(raw_kind != FA_KERNEL_DECODE || !o.sinks,
                  "opts->sinks is for FA_KERNEL_FORWARD and FA_KERNEL_REDUCE (a decode kernel "
                  "never reads the sinks; its combine does)");
+      FA_REQUIRE(o.append_kv == 0 || o.append_kv == 1, "opts->append_kv must be 0 or 1, got %d",
+                 o.append_kv);
+      FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.append_kv,
+                 "opts->append_kv is for FA_KERNEL_DECODE");
+      FA_REQUIRE(o.rotary >= 0 && o.rotary <= 2 && (o.append_kv || !o.rotary),
+                 "opts->rotary must be 0, 1 (NeoX) or 2 (interleaved), and needs append_kv; "
+                 "got %d",
+                 o.rotary);
+      FA_CHECK(check_rotary_dtype("opts->rotary_dtype", cfg->cfg, o.rotary_dtype));
+      shape.append_kv = o.append_kv != 0;
+      shape.rotary = o.rotary;
+      shape.rotary_half_table = o.rotary && o.rotary_dtype != 0 && o.rotary_dtype != FA_DTYPE_FP32;
       shape.tree_mask = o.tree_mask != 0;
       shape.sinks = o.sinks != 0;
       shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
@@ -714,8 +777,10 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_REQUIRE(bytes != nullptr, "bytes is NULL");
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(
-        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(args,
+                        {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
+                         FA_DECODE_ARGS_SIZE_0_4_1},
+                        &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
@@ -733,9 +798,12 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(
-        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(args,
+                        {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
+                         FA_DECODE_ARGS_SIZE_0_4_1},
+                        &a));
     FA_CHECK(validate_decode(&a));
+    FA_CHECK(validate_append(cfg->cfg, &a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
     return rt->impl->decode(cfg->cfg, a, stream);

@@ -145,8 +145,19 @@ class DecodeTcGen {
     Reg seqlens = e_.global_param(offsetof(P, cache_seqlens));
     sk_ = b_.b32();
     b_.ld(Space::Global, Type::S32, sk_, at(e_.index(seqlens, bz_, 4)), true);
-    b_.op(Op::Min, Type::S32, sk_, sk_, e_.param(Type::S32, offsetof(P, seqlen_k_max)));
+    Reg sk_max = e_.param(Type::S32, offsetof(P, seqlen_k_max));
+    if (spec_.append_kv) {
+      // KV append: cache_seqlens is the length before it, clamped to
+      // [0, seqlen_k_max - seqlen_new] (the API keeps that >= 0).
+      sn_ = e_.param(Type::S32, offsetof(P, seqlen_new));
+      b_.op(Op::Sub, Type::S32, sk_max, sk_max, sn_);
+    }
+    b_.op(Op::Min, Type::S32, sk_, sk_, sk_max);
     b_.op(Op::Max, Type::S32, sk_, sk_, imm(0));
+    if (spec_.append_kv) {
+      sk_old_ = e_.mov(Type::S32, sk_);
+      b_.op(Op::Add, Type::S32, sk_, sk_, sn_);
+    }
     // The split's keys [split*split_size, min(+split_size, sk)), in 64 bits.
     Reg lo64 = e_.wide_mul(split, split_size);
     Reg hi64 = e_.op(Op::Add, Type::S64, lo64, e_.s64(split_size));
@@ -227,6 +238,12 @@ class DecodeTcGen {
       Reg size = e_.selp(Type::B32, imm(16), imm(0), ok);
       Reg sa = e_.op(Op::MadLo, Type::U32, row, imm(lay_.q.pitch), smem_);
       b_.op(Op::MadLo, Type::U32, sa, col, imm(16), sa);
+      if (spec_.rotary) {
+        // RoPE on the way in: a plain load, rotated, stored (padding rows: 0).
+        rotated_q_chunk(i * T < total - T ? Reg() : e_.setp(Cmp::Lt, Type::U32, c, imm(total)), ok,
+                        t, e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]), col, sa);
+        continue;
+      }
       if ((i + 1) * T > total) b_.when(e_.setp(Cmp::Lt, Type::U32, c, imm(total)));
       b_.cp_async_cg16(at(sa), at(ga), size);
     }
@@ -248,9 +265,105 @@ class DecodeTcGen {
       k_plans_.back().zero_padding();
       v_plans_.back().zero_padding();
     }
+    if (spec_.append_kv) append(slo, shi);
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
+  }
+
+  // The rotary table and this sequence's positions (spec.rotary).
+  void rope_setup() {
+    if (rope_.cos.valid()) return;
+    rope_.cos = e_.global_param(offsetof(P, rotary_cos));
+    rope_.sin = e_.global_param(offsetof(P, rotary_sin));
+    rope_.rotary_dim = e_.param(Type::S32, offsetof(P, rotary_dim));
+    rope_.last_row = e_.op(Op::Sub, Type::S32, e_.param(Type::S32, offsetof(P, seqlen_ro)), imm(1));
+    rope_.interleaved = spec_.rotary == 2;
+    rope_.half_table = spec_.rotary_half_table;
+    rope_.half = half_;
+    pos_ = e_.global_param(offsetof(P, rotary_positions));
+    pos_b_ = e_.index(pos_, bz_, e_.stride_bytes(offsetof(P, rotary_positions_stride), 4));
+  }
+
+  // Position of new token (or query) t: rotary_positions[b][t] when given,
+  // else cache_seqlens + t (a query of a non-causal, unwindowed decode:
+  // cache_seqlens, FlashAttention's rule).
+  Reg position(Reg t, bool query) {
+    Reg p = e_.op(Op::Add, Type::S32, sk_old_, t);
+    if (query) {
+      Reg causal =
+          e_.setp(Cmp::Ne, Type::S32, e_.param(Type::S32, offsetof(P, rotary_pos_causal)), imm(0));
+      b_.selp(Type::S32, p, p, sk_old_, causal);
+    }
+    ptx::Label none = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::U64, pos_, imm(0))).bra(none);
+    b_.ld(Space::Global, Type::S32, p, at(e_.index(pos_b_, t, 4)), true);
+    b_.bind(none);
+    return p;
+  }
+
+  // Q chunk col of token t (row address qrow) rotated into shared memory at
+  // sa; a padding row (!ok) stores zeros; guard: the chunk exists.
+  void rotated_q_chunk(Reg guard, Reg ok, Reg t, Reg qrow, Reg col, Reg sa) {
+    rope_setup();
+    ptx::Label skip = b_.label();
+    if (guard.valid()) b_.unless(guard).bra(skip);
+    std::array<Reg, 4> x;
+    for (Reg &r : x) r = e_.mov(Type::B32, imm(0));
+    ptx::Label store = b_.label();
+    b_.unless(ok).bra(store);
+    b_.ld_v(Space::Global, Type::U32, {x[0], x[1], x[2], x[3]}, at(e_.index(qrow, col, 16)), true);
+    tile::rope_chunk(e_, rope_, qrow, e_.op(Op::Shl, Type::B32, col, imm(3)), position(t, true), x);
+    b_.bind(store);
+    b_.st_v(Space::Shared, Type::B32, at(sa), {x[0], x[1], x[2], x[3]});
+    b_.bind(skip);
+  }
+
+  // KV append (DecodeParams::k_new): the new tokens whose keys fall in
+  // this split, [max(lo, sk_old), hi), copied (K rotated when spec.rotary)
+  // into the cache rows the loop then reads, 16 bytes per thread and step;
+  // every CTA of the KV head writes the same bytes (FlashAttention's
+  // kvcache kernel does the same). A CTA barrier orders the stores before
+  // the loop's cp.async reads of them.
+  void append(Reg lo, Reg hi) {
+    b_.comment("KV append (and RoPE of the new keys)");
+    if (spec_.rotary) rope_setup();
+    Reg first = e_.op(Op::Max, Type::S32, lo, sk_old_);
+    Reg count = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, hi, first), imm(0));
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t src = kv ? offsetof(P, v_new) : offsetof(P, k_new);
+      const size_t st = kv ? offsetof(P, v_new_stride) : offsetof(P, k_new_stride);
+      const KvRows &rows = kv ? vr_ : kr_;
+      const int C = (kv ? spec_.head_dim_v : spec_.head_dim) / 8;
+      Reg base = e_.global_param(src);
+      base = e_.index(base, bz_, e_.stride_bytes(st, 2));
+      base = e_.index(base, kvh_, e_.stride_bytes(st + 16, 2));
+      Reg tok = e_.stride_bytes(st + 8, 2);
+      // Chunk idx = (token - first) C + column, in 64 bits (count C may
+      // pass 2^31 under the documented limits).
+      Reg total = e_.op(Op::MulLo, Type::S64, e_.s64(count), e_.s64(e_.mov(Type::S32, imm(C))));
+      Reg idx = e_.s64(tid_);
+      ptx::Label top = b_.label(), done = b_.label();
+      b_.bind(top);
+      b_.when(e_.setp(Cmp::Ge, Type::S64, idx, total)).bra(done);
+      Reg j = e_.op(Op::Add, Type::S32, first,
+                    e_.s32(e_.op(Op::Div, Type::S64, idx, e_.s64(e_.mov(Type::S32, imm(C))))));
+      Reg col = e_.s32(e_.op(Op::Rem, Type::S64, idx, e_.s64(e_.mov(Type::S32, imm(C)))));
+      Reg t = e_.op(Op::Sub, Type::S32, j, sk_old_);
+      Reg row = e_.index(base, t, tok);
+      std::array<Reg, 4> x;
+      for (Reg &r : x) r = b_.b32();
+      b_.ld_v(Space::Global, Type::U32, {x[0], x[1], x[2], x[3]}, at(e_.index(row, col, 16)), true);
+      if (!kv && spec_.rotary)
+        tile::rope_chunk(e_, rope_, row, e_.op(Op::Shl, Type::B32, col, imm(3)), position(t, false),
+                         x);
+      b_.st_v(Space::Global, Type::B32, at(e_.index(rows.at(e_, j), col, 16)),
+              {x[0], x[1], x[2], x[3]});
+      b_.op(Op::Add, Type::S64, idx, idx, imm(32 * W_));
+      b_.bra(top);
+      b_.bind(done);
+    }
+    b_.bar_sync();
   }
 
   // Warp tile i of this warp starts at key n0 + (warp + i W) 16.
@@ -521,6 +634,9 @@ class DecodeTcGen {
   Reg bz_, sq_, sk_, rows_, kvh_, m0_, n0_, my_tiles_, i_;
   Reg lo_[2], hi_[2];
   Reg new0_, mrow_[2];  // spec.tree_mask: first new token's key, mask rows
+  Reg sn_, sk_old_;     // spec.append_kv: seqlen_new, the length before the append
+  tile::RopeTable rope_;
+  Reg pos_, pos_b_;  // spec.rotary: rotary_positions, its row of this sequence
   KvRows kr_, vr_;
   std::vector<CopyPlan> k_plans_, v_plans_;
   AccTile s_, o_;

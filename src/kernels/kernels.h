@@ -97,6 +97,15 @@ struct KernelSpec {
   // them in its combine. Off: the PTX is byte-identical to a spec without
   // the field.
   bool sinks = false;
+  // Decode: KV append (DecodeParams::k_new): the new keys and values are
+  // written into the cache and attended to in the same launch, Q and the
+  // new K rotated (RoPE) first when rotary != 0 (1: GPT-NeoX pairs, 2: GPT-J
+  // interleaved pairs) with a cos/sin table of fp32 (or the dtype when
+  // rotary_half_table). Off: the PTX is byte-identical to a spec without
+  // the fields.
+  bool append_kv = false;
+  int rotary = 0;
+  bool rotary_half_table = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -120,6 +129,11 @@ struct LaunchShape {
   bool tree_mask = false;                            // Decode: DecodeParams::tree_mask is set
   bool lse_in_base2 = false, lse_out_base2 = false;  // Reduce: fa_lse_format BASE2
   bool sinks = false;  // Forward, Reduce: ForwardParams::sinks / ReduceParams::sinks is set
+  // Decode: DecodeParams::k_new is set; rotary 0/1/2 and its table type as
+  // KernelSpec's.
+  bool append_kv = false;
+  int rotary = 0;
+  bool rotary_half_table = false;
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
@@ -207,6 +221,17 @@ struct DecodeParams {
   // bit j % 32 of word j / 32 = query i sees new token j.
   uint64_t tree_mask;
   int64_t tree_mask_stride[2];  // bytes: batch, query row
+  // spec.append_kv only (a kernel without it declares its parameter block
+  // to end before k_new): new keys/values [b, seqlen_new, hkv, d], written
+  // into the cache at cache_seqlens[b] + t (then the sequence's length is
+  // cache_seqlens[b] + seqlen_new); spec.rotary: cos/sin [seqlen_ro,
+  // rotary_dim / 2] contiguous, positions int32 [b, *] or 0.
+  uint64_t k_new, v_new;
+  int64_t k_new_stride[3], v_new_stride[3];  // elements: batch, token, head
+  uint64_t rotary_cos, rotary_sin, rotary_positions;
+  int64_t rotary_positions_stride;  // elements
+  int32_t seqlen_new, rotary_dim, seqlen_ro;
+  int32_t rotary_pos_causal;  // 1: query t at cache_seqlens + t, else at cache_seqlens
 };
 
 struct ReduceParams {
@@ -227,11 +252,13 @@ struct ReduceParams {
 // ForwardParams::sinks (its PTX reads them at these offsets).
 static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed");
 
-// The parameter block a decode kernel declares: DecodeParams, or without a
-// tree mask only its fields before tree_mask (so such a kernel's PTX is
-// unchanged by them; a launch passes the whole struct either way).
+// The parameter block a decode kernel declares: DecodeParams up to its last
+// feature's fields (without a tree mask those before tree_mask, without an
+// append those before k_new), so a kernel's PTX is unchanged by features it
+// does not use; a launch passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
-  return spec.tree_mask ? sizeof(DecodeParams) : offsetof(DecodeParams, tree_mask);
+  if (spec.append_kv) return sizeof(DecodeParams);
+  return spec.tree_mask ? offsetof(DecodeParams, k_new) : offsetof(DecodeParams, tree_mask);
 }
 
 // The parameter block a forward kernel declares: without sinks only the

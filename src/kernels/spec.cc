@@ -93,6 +93,10 @@ bool spec_valid(const KernelSpec &s) {
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode) return false;
+  // KV append and RoPE: the tensor-core decode only; rotary needs the append.
+  if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
+  if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
+  if (s.rotary_half_table && !s.rotary) return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
@@ -280,6 +284,11 @@ std::string KernelSpec::serialize() const {
   o.push_back(lse_in_base2 ? 1 : 0);
   o.push_back(lse_out_base2 ? 1 : 0);
   o.push_back(sinks ? 1 : 0);
+  if (append_kv) {  // absent when off: older keys stay valid
+    o.push_back('A');
+    o.push_back(static_cast<char>(rotary));
+    o.push_back(rotary_half_table ? 1 : 0);
+  }
   return o;
 }
 
@@ -297,7 +306,11 @@ std::string KernelSpec::describe() const {
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
          (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "") +
-         (sinks ? " sinks" : "");
+         (sinks ? " sinks" : "") + (append_kv ? " append" : "") +
+         (rotary == 1   ? " rope_neox"
+          : rotary == 2 ? " rope_interleaved"
+                        : "") +
+         (rotary_half_table ? " rope_table16" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -370,6 +383,9 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
+  s.append_kv = kind == KernelKind::Decode && shape.append_kv;
+  s.rotary = s.append_kv ? shape.rotary : 0;
+  s.rotary_half_table = s.rotary && shape.rotary_half_table;
   return s;
 }
 
@@ -420,7 +436,12 @@ std::string entry_name(const KernelSpec &s) {
                   s.seqused_k ? "_seqused" : "");
   }
   return std::string(buf) + (s.tree_mask ? "_tree" : "") + (s.lse_in_base2 ? "_lse2in" : "") +
-         (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "");
+         (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "") +
+         (s.append_kv ? "_append" : "") +
+         (s.rotary == 1   ? "_ropeneox"
+          : s.rotary == 2 ? "_ropeint"
+                          : "") +
+         (s.rotary_half_table ? "16" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

@@ -276,6 +276,9 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.tree_mask = a.tree_mask != 0;
+  shape.append_kv = a.k_new.data != 0;
+  shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
+  shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
   return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape);
 }
 
@@ -440,6 +443,11 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 a.workspace_size, plan.workspace_bytes, plan.num_splits);
   }
   const KernelSpec spec = decode_spec(cfg, a);
+  if (spec.append_kv && !spec.mma) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "KV append (k_new) needs the tensor-core decode kernel (sm_80+, not "
+                "FLASHATTN_SCALAR_DECODE=1)");
+  }
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -474,6 +482,22 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.tree_mask = a.tree_mask;
   p.tree_mask_stride[0] = a.tree_mask_stride[0];
   p.tree_mask_stride[1] = a.tree_mask_stride[1];
+  if (spec.append_kv) {
+    p.k_new = a.k_new.data;
+    p.v_new = a.v_new.data;
+    copy_strides(p.k_new_stride, a.k_new);
+    copy_strides(p.v_new_stride, a.v_new);
+    p.seqlen_new = a.seqlen_new;
+    p.rotary_dim = a.rotary_dim;
+    p.rotary_cos = a.rotary_cos;
+    p.rotary_sin = a.rotary_sin;
+    p.seqlen_ro = a.seqlen_ro;
+    p.rotary_positions = a.rotary_positions;
+    p.rotary_positions_stride = a.rotary_positions_stride;
+    // Queries at cache_seqlens + t when causal or windowed, else all at
+    // cache_seqlens (FlashAttention's flash_attn_with_kvcache).
+    p.rotary_pos_causal = cfg.causal || cfg.window_left >= 0 || cfg.window_right >= 0 ? 1 : 0;
+  }
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;

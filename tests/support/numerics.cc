@@ -331,6 +331,11 @@ std::string DecodeCase::describe() const {
     d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
   }
   if (!sinks.empty()) d += " sinks";
+  if (seqlen_new) d += " append" + std::to_string(seqlen_new);
+  if (rotary_dim)
+    d += std::string(" rope") + (rotary_interleaved ? "-gptj" : "-neox") +
+         std::to_string(rotary_dim) + (rotary_half_table ? " table16" : "") +
+         (rotary_positions ? " positions" : "");
   return d;
 }
 
@@ -628,6 +633,149 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
 
 }  // namespace
 
+// KV append of case c (seqlen_new > 0): uploads k_new/v_new (and the rope
+// table, positions) into a, rotates q on the host (rounded to the dtype) and
+// writes into *k_after / *v_after the cache a separate rotate-then-copy
+// leaves; *k and *v (the reference's inputs) become those values.
+void append_case(Ctx &ctx, const DecodeCase &c, const std::vector<float> &kh,
+                 const std::vector<float> &vh, fa_decode_args *a, std::vector<double> *q,
+                 std::vector<double> *k, std::vector<double> *v, std::vector<float> *k_after,
+                 std::vector<float> *v_after) {
+  const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim, d = c.head_dim, sn = c.seqlen_new;
+  const int hkv = c.heads_kv, skmax = c.seqlen_k_max;
+  std::vector<float> kn = random_normal(size_t(c.batch) * sn * hkv * d, c.seed + 11, 1.0f);
+  std::vector<float> vn = random_normal(size_t(c.batch) * sn * hkv * dv, c.seed + 12, 1.0f);
+  for (float &x : kn) x = ref::round_to(x, c.bf16);
+  for (float &x : vn) x = ref::round_to(x, c.bf16);
+  a->seqlen_new = sn;
+  upload(ctx, kn, c.batch, sn, hkv, d, c.bf16, true, &a->k_new);
+  upload(ctx, vn, c.batch, sn, hkv, dv, c.bf16, false, &a->v_new);
+  // Positions: cache_seqlens + t, or random ones (rotary_positions).
+  const int tokens = std::max(c.seqlen_q, sn), rows = skmax;
+  std::vector<int32_t> pos(size_t(c.batch) * tokens);
+  std::mt19937 gen(c.seed + 13);
+  for (int b = 0; b < c.batch; ++b)
+    for (int t = 0; t < tokens; ++t)
+      pos[size_t(b) * tokens + t] =
+          c.rotary_positions ? int32_t(gen() % uint32_t(rows)) : c.cache_seqlens[b] + t;
+  const int half = c.rotary_dim / 2;
+  std::vector<float> cs(size_t(rows) * std::max(half, 1)), sn_tab(cs.size());
+  if (c.rotary_dim > 0) {
+    for (int p = 0; p < rows; ++p)
+      for (int i = 0; i < half; ++i) {
+        const double th = p * std::pow(10000.0, -2.0 * i / c.rotary_dim);
+        cs[size_t(p) * half + i] = float(std::cos(th));
+        sn_tab[size_t(p) * half + i] = float(std::sin(th));
+      }
+    a->rotary_dim = c.rotary_dim;
+    a->rotary_interleaved = c.rotary_interleaved;
+    a->seqlen_ro = rows;
+    a->rotary_cos = ctx.alloc(cs.size() * 4);
+    a->rotary_sin = ctx.alloc(cs.size() * 4);
+    if (c.rotary_half_table) {
+      a->rotary_dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+      std::vector<uint16_t> hc(cs.size()), hs(cs.size());
+      for (size_t i = 0; i < cs.size(); ++i) {
+        hc[i] = to_bits(cs[i], c.bf16);
+        hs[i] = to_bits(sn_tab[i], c.bf16);
+        cs[i] = from_bits(hc[i], c.bf16);
+        sn_tab[i] = from_bits(hs[i], c.bf16);
+      }
+      ctx.check(fa_memcpy_htod(ctx.rt, a->rotary_cos, hc.data(), hc.size() * 2), "cos");
+      ctx.check(fa_memcpy_htod(ctx.rt, a->rotary_sin, hs.data(), hs.size() * 2), "sin");
+    } else {
+      ctx.check(fa_memcpy_htod(ctx.rt, a->rotary_cos, cs.data(), cs.size() * 4), "cos");
+      ctx.check(fa_memcpy_htod(ctx.rt, a->rotary_sin, sn_tab.data(), sn_tab.size() * 4), "sin");
+    }
+    if (c.rotary_positions) {
+      a->rotary_positions = ctx.alloc(pos.size() * 4);
+      a->rotary_positions_stride = tokens;
+      ctx.check(fa_memcpy_htod(ctx.rt, a->rotary_positions, pos.data(), pos.size() * 4), "pos");
+    }
+  }
+  // Queries: at cache_seqlens + t when causal or windowed, else at
+  // cache_seqlens (FlashAttention's rule), unless positions are given.
+  const bool q_steps = c.causal || c.window_left >= 0;
+  auto rot = [&](float *row, int b, int t, bool query) {
+    if (c.rotary_dim == 0) return;
+    int p = pos[size_t(b) * tokens + t];
+    if (query && !c.rotary_positions && !q_steps) p = c.cache_seqlens[b];
+    ref::rope_row(row, c.rotary_dim, c.rotary_interleaved, &cs[size_t(p) * half],
+                  &sn_tab[size_t(p) * half], c.bf16);
+  };
+  std::vector<float> qr(q->size());
+  for (size_t i = 0; i < qr.size(); ++i) qr[i] = float((*q)[i]);
+  for (int b = 0; b < c.batch; ++b)
+    for (int t = 0; t < c.seqlen_q; ++t)
+      for (int h = 0; h < c.heads_q; ++h)
+        rot(&qr[((size_t(b) * c.seqlen_q + t) * c.heads_q + h) * d], b, t, true);
+  for (size_t i = 0; i < qr.size(); ++i) (*q)[i] = qr[i];
+  *k_after = kh;
+  *v_after = vh;
+  for (int b = 0; b < c.batch; ++b)
+    for (int t = 0; t < sn; ++t)
+      for (int h = 0; h < hkv; ++h) {
+        const int j = c.cache_seqlens[b] + t;
+        float *kr = &(*k_after)[((size_t(b) * skmax + j) * hkv + h) * d];
+        std::copy_n(&kn[((size_t(b) * sn + t) * hkv + h) * d], d, kr);
+        rot(kr, b, t, false);
+        std::copy_n(&vn[((size_t(b) * sn + t) * hkv + h) * dv], dv,
+                    &(*v_after)[((size_t(b) * skmax + j) * hkv + h) * dv]);
+      }
+  for (size_t i = 0; i < k->size(); ++i) (*k)[i] = ref::round_to((*k_after)[i], c.bf16);
+  for (size_t i = 0; i < v->size(); ++i) (*v)[i] = ref::round_to((*v_after)[i], c.bf16);
+}
+
+// The cache after an append: every row of every sequence (each sequence's
+// rows in its layout: contiguous, pages through the table, pointer arrays)
+// must hold exactly the bits of `want` (rows past the new length: NaN,
+// untouched).
+void check_cache(Ctx &ctx, const DecodeCase &c, const fa_tensor &t, uint64_t ptrs,
+                 const fa_kv_cache_layout &kv, int d, const std::vector<float> &want,
+                 const char *what, std::string *err) {
+  const int skmax = c.seqlen_k_max, h = c.heads_kv;
+  std::vector<uint64_t> seq_ptr(c.batch, t.data);
+  std::vector<int32_t> table;
+  size_t bytes = 0;
+  if (kv.layout == FA_KV_PTR_ARRAY) {
+    ctx.check(fa_memcpy_dtoh(ctx.rt, seq_ptr.data(), ptrs, size_t(c.batch) * 8), "ptrs");
+    bytes = size_t(t.stride[0]) * 2;
+  } else if (kv.layout == FA_KV_PAGED) {
+    table.resize(size_t(c.batch) * kv.block_table_stride);
+    ctx.check(fa_memcpy_dtoh(ctx.rt, table.data(), kv.block_table, table.size() * 4), "table");
+    bytes = size_t(kv.num_pages) * size_t(t.stride[0]) * 2;
+  } else {
+    bytes = view_elems(t, c.batch) * 2;
+  }
+  long long bad = 0;
+  std::vector<uint16_t> dev(bytes / 2);
+  uint64_t loaded = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    if (seq_ptr[b] != loaded) {
+      ctx.check(fa_memcpy_dtoh(ctx.rt, dev.data(), seq_ptr[b], bytes), "download cache");
+      loaded = seq_ptr[b];
+    }
+    if (!ctx.err.empty()) return;
+    for (int j = 0; j < skmax; ++j)
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id) {
+          size_t off;
+          if (kv.layout == FA_KV_PAGED) {
+            const int ps = kv.page_size;
+            const int page = table[size_t(b) * kv.block_table_stride + j / ps];
+            off = size_t(page) * t.stride[0] + size_t(j % ps) * t.stride[1] + ih * t.stride[2] + id;
+          } else {
+            off = offset(t, kv.layout == FA_KV_PTR_ARRAY ? 0 : b, j, ih, id);
+          }
+          const float w = want[((size_t(b) * skmax + j) * h + ih) * d + id];
+          if (dev[off] != to_bits(w, c.bf16)) ++bad;
+        }
+  }
+  if (bad)
+    *err += std::string(what) + " cache: " + std::to_string(bad) +
+            " elements differ from the rotate-then-copy bits\n";
+}
+
 std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
@@ -674,12 +822,17 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   a.seqlen_k_max = c.seqlen_k_max;
   a.num_splits = c.num_splits;
   a.batch_invariant = c.batch_invariant;
-  const std::vector<double> q =
+  std::vector<double> q =
       upload(ctx, qh, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bf16, false, &a.q);
-  const std::vector<double> k =
+  std::vector<double> k =
       upload(ctx, kh, c.batch, c.seqlen_k_max, c.heads_kv, c.head_dim, c.bf16, true, &a.k_cache);
-  const std::vector<double> v =
+  std::vector<double> v =
       upload(ctx, vh, c.batch, c.seqlen_k_max, c.heads_kv, dv, c.bf16, false, &a.v_cache);
+  // KV append: the cache the kernel must leave (kh/vh with the new rows,
+  // rotated), and the rotated Q, computed here by a separate
+  // rotate-then-copy (ref::rope_row); the reference attends over them.
+  std::vector<float> k_after, v_after;
+  if (c.seqlen_new > 0) append_case(ctx, c, kh, vh, &a, &q, &k, &v, &k_after, &v_after);
   if (c.kv.layout != FA_KV_CONTIGUOUS) {
     KvCase kc = c.kv;
     kc.share_prefix = share;
@@ -693,6 +846,8 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   a.cache_seqlens = ctx.alloc(size_t(c.batch) * 4);
   std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());
   ctx.check(fa_memcpy_htod(rt, a.cache_seqlens, lens.data(), lens.size() * 4), "cache_seqlens");
+  if (c.seqlen_new > 0)  // the reference's lengths: after the append
+    for (int32_t &l : lens) l += c.seqlen_new;
   if (!c.sinks.empty()) {
     a.sinks = ctx.alloc(c.sinks.size() * 4);
     ctx.check(fa_memcpy_htod(rt, a.sinks, c.sinks.data(), c.sinks.size() * 4), "sinks");
@@ -755,13 +910,23 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, o_ref,
                  lse_ref, &err, c.sinks);
-  if (c.partials_only) return err + ctx.err;
+  if (c.partials_only) {
+    if (c.seqlen_new > 0) {
+      check_cache(ctx, c, a.k_cache, a.kv.k_ptrs, a.kv, c.head_dim, k_after, "K", &err);
+      check_cache(ctx, c, a.v_cache, a.kv.v_ptrs, a.kv, dv, v_after, "V", &err);
+    }
+    return err + ctx.err;
+  }
   const std::vector<float> o =
       download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
   std::vector<float> lse(lse_n);
   ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
   judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  if (c.seqlen_new > 0) {
+    check_cache(ctx, c, a.k_cache, a.kv.k_ptrs, a.kv, c.head_dim, k_after, "K", &err);
+    check_cache(ctx, c, a.v_cache, a.kv.v_ptrs, a.kv, dv, v_after, "V", &err);
+  }
   return err + ctx.err;
 }
 

@@ -71,6 +71,16 @@ struct DecodeCase {
   // fp32 [heads_q], or empty = none. With partials_only the partial states
   // (which never hold the sinks) are merged with them on the host.
   std::vector<float> sinks;
+  // KV append (fa_decode_args.k_new, seqlen_new > 0): seqlen_new random new
+  // keys/values per sequence are appended at cache_seqlens[b] (the length
+  // before the append; cache_seqlens[b] + seqlen_new <= seqlen_k_max) and
+  // checked bit for bit in the cache afterwards; rotary_dim > 0 rotates Q
+  // and the new K with a RoPE table (base 10000, rows seqlen_k_max) of fp32
+  // or, with rotary_half_table, the dtype; rotary_positions: explicit
+  // per-token positions (random, not cache_seqlens + t).
+  int seqlen_new = 0;
+  int rotary_dim = 0;
+  bool rotary_interleaved = false, rotary_half_table = false, rotary_positions = false;
   std::string describe() const;
 };
 // Packs a bool [rows][seqlen_q] tree mask into rows of `row_words` 32-bit

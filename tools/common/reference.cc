@@ -173,4 +173,19 @@ ErrorStats compare(const float *got, const double *ref, size_t n) {
   return e;
 }
 
+void rope_row(float *x, int rotary_dim, bool interleaved, const float *cos_row,
+              const float *sin_row, bool bf16) {
+  const int half = rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    float &x0 = interleaved ? x[2 * i] : x[i];
+    float &x1 = interleaved ? x[2 * i + 1] : x[i + half];
+    const float c = cos_row[i], s = sin_row[i];
+    // volatile: the products are rounded to f32 on their own, never fused.
+    volatile float p0 = x0 * c, p1 = x1 * c;
+    const float y0 = std::fma(x1, -s, p0), y1 = std::fma(x0, s, p1);
+    x0 = round_to(y0, bf16);
+    x1 = round_to(y1, bf16);
+  }
+}
+
 }  // namespace fa::ref

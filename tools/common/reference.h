@@ -69,4 +69,13 @@ struct ErrorStats {
 };
 ErrorStats compare(const float *got, const double *ref, size_t n);
 
+// Rotary embedding of one row of 16-bit values x[0..d) (already rounded to
+// the dtype, as f32) in place, the rule of fa_decode_args.rotary_dim:
+// pairs (2i, 2i+1) when interleaved, else (i, i + rotary_dim / 2); for
+// pair (x0, x1) with c = cos_row[i], s = sin_row[i]:
+//   y0 = fma(x1, -s, rn(x0 c)), y1 = fma(x0, s, rn(x1 c)) in f32,
+// each then rounded to the dtype (bf16 or fp16). Columns >= rotary_dim stay.
+void rope_row(float *x, int rotary_dim, bool interleaved, const float *cos_row,
+              const float *sin_row, bool bf16);
+
 }  // namespace fa::ref

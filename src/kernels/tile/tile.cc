@@ -422,4 +422,89 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse,
   }
 }
 
+namespace {
+// A 16-bit value (the low or high half of a b32) as f32: bf16 by a shift,
+// f16 by cvt.f32.f16 (PTX ISA "cvt").
+Reg half_to_f32(Emitter &e, Type half, Reg x32, bool high) {
+  ptx::Builder &b = e.b;
+  Reg f = b.f32();
+  if (half == Type::BF16) {
+    Reg t =
+        high ? e.op(Op::And, Type::B32, x32, imm(-65536)) : e.op(Op::Shl, Type::B32, x32, imm(16));
+    b.mov(Type::B32, f, t);
+  } else {
+    Reg h = b.b16();
+    b.cvt(Type::U16, Type::U32, ptx::Round::None, h,
+          high ? e.op(Op::Shr, Type::U32, x32, imm(16)) : x32);
+    b.cvt(Type::F32, Type::F16, ptx::Round::None, f, h);
+  }
+  return f;
+}
+
+// Entry i of the table row at `base`: f32, or a 16-bit value.
+Reg rope_entry(Emitter &e, const RopeTable &t, Reg base, Reg i) {
+  ptx::Builder &b = e.b;
+  if (!t.half_table) {
+    Reg f = b.f32();
+    b.ld(Space::Global, Type::F32, f, ptx::at(e.index(base, i, 4)), true);
+    return f;
+  }
+  Reg h = b.b16();
+  b.ld(Space::Global, Type::U16, h, ptx::at(e.index(base, i, 2)), true);
+  Reg w = b.b32();
+  b.cvt(Type::U32, Type::U16, ptx::Round::None, w, h);
+  return half_to_f32(e, t.half, w, false);
+}
+}  // namespace
+
+void rope_chunk(Emitter &e, const RopeTable &t, Reg row, Reg col8, Reg pos,
+                const std::array<Reg, 4> &x) {
+  ptx::Builder &b = e.b;
+  b.comment("RoPE of a 16-byte chunk");
+  ptx::Label skip = b.label();
+  b.when(e.setp(Cmp::Ge, Type::S32, col8, t.rotary_dim)).bra(skip);
+  Reg half_dim = e.op(Op::Shr, Type::S32, t.rotary_dim, imm(1));
+  Reg p = e.op(Op::Min, Type::S32, e.op(Op::Max, Type::S32, pos, imm(0)), t.last_row);
+  // Row p of each table, in 64 bits.
+  const int eb = t.half_table ? 2 : 4;
+  Reg row_bytes = e.s64(e.op(Op::MulLo, Type::S32, half_dim, imm(eb)));
+  Reg cos_row = e.index(t.cos, p, row_bytes), sin_row = e.index(t.sin, p, row_bytes);
+  Reg first, partner[4], ib;
+  if (t.interleaved) {
+    ib = e.op(Op::Shr, Type::S32, col8, imm(1));
+  } else {
+    // Columns below rotary_dim / 2 pair with + rotary_dim / 2, the rest with -.
+    first = e.setp(Cmp::Lt, Type::S32, col8, half_dim);
+    Reg pcol = e.op(Op::Sub, Type::S32, col8, half_dim);
+    Reg up = e.op(Op::Add, Type::S32, col8, half_dim);
+    b.selp(Type::S32, pcol, up, pcol, first);
+    ib = e.selp(Type::S32, col8, e.op(Op::Sub, Type::S32, col8, half_dim), first);
+    for (Reg &r : partner) r = b.b32();
+    b.ld_v(Space::Global, Type::U32, {partner[0], partner[1], partner[2], partner[3]},
+           ptx::at(e.index(row, pcol, 2)), true);
+  }
+  Reg sgn;  // NeoX: -1 for the first half's elements, +1 for the second's
+  if (!t.interleaved) sgn = e.selp(Type::F32, fimm(-1.0f), fimm(1.0f), first);
+  Reg y[8];
+  for (int k = 0; k < 8; ++k) {
+    const bool hi = k % 2;
+    Reg own = half_to_f32(e, t.half, x[k / 2], hi);
+    Reg other = t.interleaved ? half_to_f32(e, t.half, x[k / 2], !hi)
+                              : half_to_f32(e, t.half, partner[k / 2], hi);
+    Reg i = e.op(Op::Add, Type::S32, ib, imm(t.interleaved ? k / 2 : k));
+    Reg c = rope_entry(e, t, cos_row, i), sn = rope_entry(e, t, sin_row, i);
+    if (t.interleaved) {
+      if (!hi) b.op(Op::Neg, Type::F32, sn, sn);
+    } else {
+      b.op(Op::Mul, Type::F32, sn, sn, sgn);  // exact: a sign change
+    }
+    // rn(own cos) (fma with -0 adds nothing and keeps the sign of a zero),
+    // then one fma with the partner's term.
+    Reg a = e.op(Op::Fma, Type::F32, own, c, fimm(-0.0f));
+    y[k] = e.op(Op::Fma, Type::F32, other, sn, a);
+  }
+  for (int k = 0; k < 4; ++k) b.cvt_pack(t.half, x[k], y[2 * k + 1], y[2 * k]);
+  b.bind(skip);
+}
+
 }  // namespace fa::kgen::tile

@@ -202,4 +202,26 @@ class OnlineSoftmax {
   std::vector<Reg> alpha_;  // step_scores: each row's pending factor for O
 };
 
+// Rotary position embedding (RoPE; Su et al. 2021, "RoFormer") of 16-byte
+// chunks of a row of 16-bit values, as FlashAttention's rotary kernels pair
+// the columns: GPT-NeoX (i, i + rotary_dim / 2) or GPT-J interleaved
+// (2i, 2i + 1), angle table row p = position (clamped to the table), column
+// i. Each output is y = fma(partner, +-sin, rn(own cos)) in f32 (sin
+// negated for the pair's first element), rounded once to the 16-bit type:
+// the same bits as flashattn.h documents for fa_decode_args.rotary_dim.
+struct RopeTable {
+  Reg cos, sin;    // global addresses of row 0 ([rows, rotary_dim / 2])
+  Reg rotary_dim;  // s32, a multiple of 16
+  Reg last_row;    // s32, rows - 1
+  bool interleaved = false;
+  bool half_table = false;  // the table holds `half` values, else f32
+  Type half = Type::F16;    // the rows' (and a half table's) type
+};
+// Rotates x (four b32: columns col8 .. col8 + 7 of a row whose column 0 is
+// at the global address row; col8 a multiple of 8) for position pos;
+// chunks at or past rotary_dim are left as they are. NeoX reads the
+// partner chunk from the row.
+void rope_chunk(Emitter &e, const RopeTable &t, Reg row, Reg col8, Reg pos,
+                const std::array<Reg, 4> &x);
+
 }  // namespace fa::kgen::tile
