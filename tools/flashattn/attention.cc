@@ -309,6 +309,121 @@ int cmd_run(const RunOptions &opts) {
   return report(opts, rt, r);
 }
 
+// --k-new/--v-new and the rotary options (flashattn.h, fa_decode_args.k_new):
+// the device inputs, and on the host the rotate-then-copy the kernel must
+// match: *q becomes the rotated Q, *k/*v the caches after the append and
+// *seqlens the lengths after it.
+struct Append {
+  std::unique_ptr<DeviceBuffer> k_new, v_new, cos, sin, pos;
+  int seqlen_new = 0, rotary_dim = 0, seqlen_ro = 0, positions = 0;
+};
+
+Append load_append(const RunOptions &opts, const Runtime &rt, const Dims &d, fa_dtype dtype,
+                   bool causal_or_window, Rounded *q, Rounded *k, Rounded *v,
+                   std::vector<int32_t> *seqlens) {
+  Append a;
+  const bool rotary = !opts.rotary_cos.empty() || !opts.rotary_sin.empty();
+  if (opts.k_new.empty()) {
+    if (!opts.v_new.empty() || rotary || !opts.rotary_positions.empty() || opts.rotary_interleaved)
+      throw Failure(kExitUsage, "--v-new and the --rotary-* options need --k-new");
+    return a;
+  }
+  if (opts.v_new.empty()) throw Failure(kExitUsage, "--k-new needs --v-new");
+  const npy::Array kn = load_array(opts.k_new, "--k-new", 4, true);
+  const npy::Array vn = load_array(opts.v_new, "--v-new", 4, true);
+  a.seqlen_new = int(kn.shape[1]);
+  if (kn.shape[0] != d.batch || kn.shape[2] != d.heads_kv || kn.shape[3] != d.head_dim ||
+      vn.shape[0] != d.batch || vn.shape[1] != kn.shape[1] || vn.shape[2] != d.heads_kv ||
+      vn.shape[3] != d.head_dim_v)
+    throw Failure(kExitUsage, "--k-new " + kn.shape_string() + " / --v-new " + vn.shape_string() +
+                                  " must be [batch, seqlen_new, heads_kv, head_dim(_v)] of the "
+                                  "caches");
+  for (int b = 0; b < d.batch; ++b)
+    if ((*seqlens)[b] > d.seqlen_k - a.seqlen_new)
+      throw Failure(kExitUsage, "--cache-seqlens: sequence " + std::to_string(b) + " holds " +
+                                    std::to_string((*seqlens)[b]) + " keys; with " +
+                                    std::to_string(a.seqlen_new) +
+                                    " new ones it would pass seqlen_k_max " +
+                                    std::to_string(d.seqlen_k));
+  const Rounded kr = round_input(kn, dtype), vr = round_input(vn, dtype);
+  a.k_new = std::make_unique<DeviceBuffer>(rt, kr.bits.size() * 2, "k_new");
+  a.k_new->upload(kr.bits.data(), a.k_new->bytes());
+  a.v_new = std::make_unique<DeviceBuffer>(rt, vr.bits.size() * 2, "v_new");
+  a.v_new->upload(vr.bits.data(), a.v_new->bytes());
+  std::vector<float> cs, sn;
+  std::vector<int64_t> pos;
+  if (rotary) {
+    if (opts.rotary_cos.empty() || opts.rotary_sin.empty())
+      throw Failure(kExitUsage, "--rotary-cos and --rotary-sin go together");
+    const npy::Array c = load_array(opts.rotary_cos, "--rotary-cos", 2, true);
+    const npy::Array s = load_array(opts.rotary_sin, "--rotary-sin", 2, true);
+    if (c.shape != s.shape)
+      throw Failure(kExitUsage, "--rotary-cos " + c.shape_string() + " and --rotary-sin " +
+                                    s.shape_string() + " differ");
+    a.seqlen_ro = int(c.shape[0]);
+    a.rotary_dim = int(2 * c.shape[1]);
+    if (a.rotary_dim % 16 != 0 || a.rotary_dim > d.head_dim)
+      throw Failure(kExitUsage, "--rotary-cos: rotary_dim = 2 x " + std::to_string(c.shape[1]) +
+                                    " must be a multiple of 16 and at most head_dim " +
+                                    std::to_string(d.head_dim));
+    cs = c.to_f32();
+    sn = s.to_f32();
+    a.cos = std::make_unique<DeviceBuffer>(rt, cs.size() * 4, "rotary_cos");
+    a.cos->upload(cs.data(), a.cos->bytes());
+    a.sin = std::make_unique<DeviceBuffer>(rt, sn.size() * 4, "rotary_sin");
+    a.sin->upload(sn.data(), a.sin->bytes());
+    if (!opts.rotary_positions.empty()) {
+      const npy::Array p = load_array(opts.rotary_positions, "--rotary-positions", 2, false);
+      if (p.shape[0] != d.batch || p.shape[1] < std::max(d.seqlen_q, a.seqlen_new))
+        throw Failure(kExitUsage, "--rotary-positions " + p.shape_string() +
+                                      " must be [batch, n >= max(seqlen_q, seqlen_new)]");
+      a.positions = int(p.shape[1]);
+      pos = p.to_i64();
+      std::vector<int32_t> p32(pos.begin(), pos.end());
+      a.pos = std::make_unique<DeviceBuffer>(rt, p32.size() * 4, "rotary_positions");
+      a.pos->upload(p32.data(), a.pos->bytes());
+    }
+  } else if (!opts.rotary_positions.empty() || opts.rotary_interleaved) {
+    throw Failure(kExitUsage, "--rotary-positions and --rotary-interleaved need --rotary-cos");
+  }
+  // The host's rotate-then-copy (fa::ref::rope_row), as the kernel's rule.
+  const bool bf16 = dtype == FA_DTYPE_BF16;
+  const int half = a.rotary_dim / 2;
+  auto rot = [&](double *row, int dim, int b, int t, bool query) {
+    if (!a.rotary_dim) return;
+    long long p = a.positions                  ? pos[size_t(b) * a.positions + t]
+                  : query && !causal_or_window ? (*seqlens)[b]
+                                               : (*seqlens)[b] + t;
+    p = std::clamp<long long>(p, 0, a.seqlen_ro - 1);
+    std::vector<float> x(row, row + dim);
+    fa::ref::rope_row(x.data(), a.rotary_dim, opts.rotary_interleaved, &cs[size_t(p) * half],
+                      &sn[size_t(p) * half], bf16);
+    std::copy(x.begin(), x.end(), row);
+  };
+  for (int b = 0; b < d.batch; ++b)
+    for (int t = 0; t < d.seqlen_q; ++t)
+      for (int h = 0; h < d.heads_q; ++h)
+        rot(&q->values[((size_t(b) * d.seqlen_q + t) * d.heads_q + h) * d.head_dim], d.head_dim, b,
+            t, true);
+  for (int b = 0; b < d.batch; ++b)
+    for (int t = 0; t < a.seqlen_new; ++t)
+      for (int h = 0; h < d.heads_kv; ++h) {
+        const size_t j = size_t(b) * d.seqlen_k + (*seqlens)[b] + t;
+        const size_t src = (size_t(b) * a.seqlen_new + t) * d.heads_kv + h;
+        double *kd = &k->values[(j * d.heads_kv + h) * d.head_dim];
+        std::copy_n(&kr.values[src * d.head_dim], d.head_dim, kd);
+        rot(kd, d.head_dim, b, t, false);
+        std::copy_n(&vr.values[src * d.head_dim_v], d.head_dim_v,
+                    &v->values[(j * d.heads_kv + h) * d.head_dim_v]);
+      }
+  std::printf("kv append:   %d new tokens per sequence%s\n", a.seqlen_new,
+              a.rotary_dim ? (", RoPE " + std::string(opts.rotary_interleaved ? "GPT-J" : "NeoX") +
+                              " rotary_dim " + std::to_string(a.rotary_dim))
+                                 .c_str()
+                           : "");
+  return a;
+}
+
 int cmd_decode(const RunOptions &opts) {
   const fa_dtype dtype = parse_dtype(opts.attn.dtype);
   const KvKind kv = parse_kv_layout(opts.kv_layout, opts.page_size);
@@ -336,10 +451,17 @@ int cmd_decode(const RunOptions &opts) {
   print_device(rt);
   print_problem("decode", desc, d, kv, opts.page_size, opts.batch_invariant);
 
-  const Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
+  Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
   DeviceIo io(rt, d, qr);
   const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.head_dim_v, kr.bits,
                        vr.bits, seqlens, opts.page_size, opts.seed);
+  // The reference's inputs after the append (the device's stay as loaded).
+  Rounded q_ref = qr, k_ref = kr, v_ref = vr;
+  std::vector<int32_t> lens_ref = seqlens;
+  const Append app = load_append(opts, rt, d, dtype,
+                                 desc.causal || desc.window_left >= 0 || desc.window_right >= 0,
+                                 &q_ref, &k_ref, &v_ref, &lens_ref);
+  for (int32_t &l : lens_ref) l += app.seqlen_new;
   std::printf("kv cache:    %s\n", cache.description().c_str());
   DeviceBuffer seq(rt, seqlens.size() * 4, "cache_seqlens");
   seq.upload(seqlens.data(), seq.bytes());
@@ -379,6 +501,22 @@ int cmd_decode(const RunOptions &opts) {
     args.tree_mask_stride[0] = tree_shared ? 0 : int64_t(d.seqlen_q) * args.tree_mask_stride[1];
   }
   args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
+  if (app.k_new) {
+    args.k_new = contiguous(app.k_new->ptr(), app.seqlen_new, d.heads_kv, d.head_dim);
+    args.v_new = contiguous(app.v_new->ptr(), app.seqlen_new, d.heads_kv, d.head_dim_v);
+    args.seqlen_new = app.seqlen_new;
+    if (app.rotary_dim) {
+      args.rotary_dim = app.rotary_dim;
+      args.rotary_cos = app.cos->ptr();
+      args.rotary_sin = app.sin->ptr();
+      args.seqlen_ro = app.seqlen_ro;
+      args.rotary_interleaved = opts.rotary_interleaved ? 1 : 0;
+      if (app.pos) {
+        args.rotary_positions = app.pos->ptr();
+        args.rotary_positions_stride = app.positions;
+      }
+    }
+  }
   std::unique_ptr<DeviceBuffer> ws;
   // Points args at cache c and a workspace large enough for it.
   auto use = [&](const DeviceKv &c, bool print) {
@@ -426,8 +564,8 @@ int cmd_decode(const RunOptions &opts) {
   fa::ref::Problem problem = make_problem(desc, d);
   if (!tree.empty()) problem.tree_mask = tree.data();
   if (!sinks.empty()) problem.sinks = sinks.data();
-  fa::ref::attention(problem, qr.values.data(), kr.values.data(), vr.values.data(), r.o_ref.data(),
-                     r.lse_ref.data(), seqlens.data());
+  fa::ref::attention(problem, q_ref.values.data(), k_ref.values.data(), v_ref.values.data(),
+                     r.o_ref.data(), r.lse_ref.data(), lens_ref.data());
   return report(opts, rt, r);
 }
 

@@ -64,6 +64,11 @@ struct RunOptions {
   std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
   std::string tree_mask;  // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
   std::string sinks;      // attention sinks: float [heads_q] .npy ("" = none)
+  // decode only, KV append (fa_decode_args.k_new): new keys/values
+  // [batch, seqlen_new, heads_kv, d] appended at cache_seqlens; RoPE tables
+  // float [seqlen_ro, rotary_dim / 2] and optional int positions [batch, n].
+  std::string k_new, v_new, rotary_cos, rotary_sin, rotary_positions;
+  bool rotary_interleaved = false;
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

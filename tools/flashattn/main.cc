@@ -226,6 +226,27 @@ int run_main(int argc, char **argv) {
                 "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
                 "head, added to each row's denominator once, in the combine")
       ->type_name("SINKS.npy");
+  d->add_option("--k-new", dec.k_new,
+                "KV append (as flash_attn_with_kvcache): new keys [batch, seqlen_new, heads_kv, "
+                "head_dim] written into the cache at --cache-seqlens (the lengths before the "
+                "append) and attended to in the same launch")
+      ->type_name("K_NEW.npy");
+  d->add_option("--v-new", dec.v_new,
+                "KV append: new values [batch, seqlen_new, heads_kv, "
+                "head_dim_v] (with --k-new)")
+      ->type_name("V_NEW.npy");
+  d->add_option("--rotary-cos", dec.rotary_cos,
+                "Rotary embedding of Q and the new keys: cos table float [seqlen_ro, rotary_dim "
+                "/ 2] (rotary_dim a multiple of 16, <= head_dim; needs --k-new)")
+      ->type_name("COS.npy");
+  d->add_option("--rotary-sin", dec.rotary_sin, "Rotary embedding: sin table, as --rotary-cos")
+      ->type_name("SIN.npy");
+  d->add_flag("--rotary-interleaved", dec.rotary_interleaved,
+              "Rotary pairs (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim / 2) (GPT-NeoX)");
+  d->add_option("--rotary-positions", dec.rotary_positions,
+                "Rotary position of each query / new token: integer [batch, n], n >= seqlen_q "
+                "and seqlen_new (default: cache_seqlens + t)")
+      ->type_name("POS.npy");
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);
