@@ -1198,7 +1198,8 @@ def _pack_tree_mask(mask, B, Sq):
 
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
            lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
-           tree_mask=None, sinks=None):
+           tree_mask=None, sinks=None, k_new=None, v_new=None, rotary_cos=None,
+           rotary_sin=None, rotary_interleaved=False, rotary_positions=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1226,6 +1227,21 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     causal and window still apply on top.
     sinks (since 0.4.1): gpt-oss attention sinks fp32 [num_heads_q], as in
     forward(); they join each row's denominator once, in the combine.
+    k_new, v_new (since 0.5; as flash_attn_with_kvcache): new keys and
+    values [batch, seqlen_new, num_heads_kv, head_dim(_v)], written into the
+    cache at cache_seqlens[b] (then the length BEFORE the append; the cache
+    needs room for them) and attended to in the same launch; the cache is
+    updated in place (a NumPy cache must then be a writable C-contiguous
+    array of the storage dtype: float16, or uint16 bits for bf16; the
+    binding copies it back). rotary_cos/rotary_sin [seqlen_ro, rotary_dim /
+    2] (fp32, or the config's dtype) rotate Q and the new keys first (RoPE;
+    rotary_dim a multiple of 16, <= head_dim): GPT-NeoX pairs (i, i +
+    rotary_dim / 2), or GPT-J pairs (2i, 2i + 1) with
+    rotary_interleaved=True; new token t at position cache_seqlens[b] + t,
+    queries likewise when causal or windowed (else at cache_seqlens[b]),
+    or each token's position from rotary_positions int32 [batch, n >=
+    max(seqlen_q, seqlen_new)]. The cache rows written are exactly the bits
+    flashattn.h documents (fa_decode_args.rotary_dim).
     batch_invariant=True splits every sequence into chunks of
     FA_DECODE_INVARIANT_SPLIT (2048) keys, so its output bits do not depend
     on the rest of the batch (num_splits must be 0). The split-KV workspace
@@ -1271,18 +1287,25 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
             kvc = _kv_cache(call, k_cache, v_cache, block_table, B, (Hk, D, Dv),
                             ("k_cache", "v_cache"))
             Skmax, kt, vt = kvc.capacity, kvc.k, kvc.v
+        a = _lib.new(_lib.fa_decode_args)
+        Sn = _append(call, a, B, Sq, (Hk, D, Dv), k_new, v_new, rotary_cos, rotary_sin,
+                     rotary_interleaved, rotary_positions)
         csv = call.input(cache_seqlens, "cache_seqlens", "int32")
         _expect(csv, "decode: cache_seqlens", (B,), ("batch",))
         _need_contiguous(csv, "decode: cache_seqlens")
         if csv.host is not None:  # values on the device are the caller's to check
-            _lengths(csv, "decode", "cache_seqlens", Skmax, "seqlen_k_max")
+            _lengths(csv, "decode", "cache_seqlens", Skmax - Sn,
+                     "seqlen_k_max - seqlen_new" if Sn else "seqlen_k_max")
             if kvc is not None:
-                _check_cache_lengths(kvc, "decode", csv.host, "cache_seqlens",
+                _check_cache_lengths(kvc, "decode", csv.host + Sn, "cache_seqlens",
                                      ("k_cache", "v_cache"))
+        if Sn:
+            caches = [k_cache, v_cache] if kvc is None or block_table is not None \
+                else list(k_cache) + list(v_cache)
+            _write_back(call, caches)
         ov, o_obj = call.output(out, "out", dt, (B, Sq, H, Dv), qv)
         lv, lse_obj = call.output(lse, "lse", "fp32", (B, H, Sq), qv)
         _need_contiguous(lv, "decode: lse")
-        a = _lib.new(_lib.fa_decode_args)
         a.batch, a.seqlen_q = B, Sq
         a.seqlen_k_max = _int32(Skmax, "decode: seqlen_k_max")
         a.q, a.k_cache, a.v_cache, a.o = _ft(qv), kt, vt, _ft(ov)
@@ -1324,6 +1347,84 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         call.launched = True
         check(lib.fa_decode(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return o_obj, lse_obj
+
+
+def _append(call, a, B, Sq, dims, k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved,
+            rotary_positions):
+    """Fills a's KV-append and rotary fields (decode's k_new ... arguments);
+    returns seqlen_new (0 without k_new)."""
+    Hk, D, Dv = dims
+    dt = call.cfg.dtype
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if k_new is None:
+        if v_new is not None or rotary or rotary_positions is not None or rotary_interleaved:
+            raise invalid("decode: v_new and the rotary arguments need k_new (the rotary "
+                          "embedding rides on the KV append, as flash_attn_with_kvcache)")
+        return 0
+    if v_new is None:
+        raise invalid("decode: k_new needs v_new")
+    kn = call.input(k_new, "k_new", dt)
+    vn = call.input(v_new, "v_new", dt)
+    _, Sn, _, _ = _expect(kn, "decode: k_new", (B, None, Hk, D),
+                          ("batch", "seqlen_new", "num_heads_kv", "head_dim"))
+    _expect(vn, "decode: v_new", (B, Sn, Hk, Dv),
+            ("batch", "seqlen_new", "num_heads_kv", "head_dim_v"))
+    a.k_new, a.v_new = _ft(kn), _ft(vn)
+    a.seqlen_new = _int32(Sn, "decode: seqlen_new")
+    if not rotary:
+        if rotary_positions is not None or rotary_interleaved:
+            raise invalid("decode: rotary_positions and rotary_interleaved need rotary_cos")
+        return Sn
+    if rotary_cos is None or rotary_sin is None:
+        raise invalid("decode: rotary_cos and rotary_sin go together")
+    # The table's type: fp32, or the config's (NumPy float16 / uint16 bits).
+    rdt = "fp32"
+    src = rotary_cos
+    if is_ndarray(src):
+        if str(src.dtype) != "float32" and str(src.dtype) != "float64":
+            rdt = dt
+    else:
+        probe = resolve(src, "decode: rotary_cos", stream=call.stream)
+        if probe.dtype not in (None, "fp32"):
+            rdt = probe.dtype
+        probe.release()
+    cv = call.input(rotary_cos, "rotary_cos", rdt)
+    sv = call.input(rotary_sin, "rotary_sin", rdt)
+    R, half = _expect(cv, "decode: rotary_cos", (None, None), ("seqlen_ro", "rotary_dim / 2"))
+    _expect(sv, "decode: rotary_sin", (R, half), ("seqlen_ro", "rotary_dim / 2"))
+    _need_contiguous(cv, "decode: rotary_cos")
+    _need_contiguous(sv, "decode: rotary_sin")
+    a.rotary_dim = _int32(2 * half, "decode: rotary_dim")
+    a.rotary_cos, a.rotary_sin = cv.ptr, sv.ptr
+    a.seqlen_ro = _int32(R, "decode: seqlen_ro")
+    a.rotary_interleaved = 1 if rotary_interleaved else 0
+    a.rotary_dtype = {"fp32": _lib.DTYPE_FP32, "fp16": _lib.DTYPE_FP16,
+                      "bf16": _lib.DTYPE_BF16}[rdt]
+    if rotary_positions is not None:
+        pv = call.input(rotary_positions, "rotary_positions", "int32")
+        _, n = _expect(pv, "decode: rotary_positions", (B, None), ("batch", "n"))
+        if n < max(Sq, Sn) or (n > 1 and pv.strides[1] != 1):
+            raise invalid("decode: rotary_positions: shape %r, strides %r; expected [%d, n >= %d] "
+                          "with rows contiguous" % (pv.shape, pv.strides, B, max(Sq, Sn)))
+        a.rotary_positions = pv.ptr
+        a.rotary_positions_stride = pv.strides[0] if B > 1 else n
+    return Sn
+
+
+def _write_back(call, caches):
+    """With the KV append the kernel writes the cache: a host (NumPy) cache
+    staged for the call is copied back into the caller's array afterwards,
+    which must therefore be that very array (writable, C-contiguous, of the
+    storage dtype)."""
+    for obj in caches:
+        for v in call.views:
+            if v.source is obj and v.host is not None:
+                if v.host is not obj or not obj.flags.writeable:
+                    raise invalid("decode: with k_new a NumPy KV cache is updated in place: it "
+                                  "must be a writable C-contiguous array of the storage dtype "
+                                  "(float16, or uint16 bits for bf16), got %s" % obj.dtype)
+                call.copy_back.append((v.ptr, obj))
+                break
 
 
 _LSE_FORMATS = {"natural": _lib.LSE_NATURAL, "base2": _lib.LSE_BASE2}

@@ -115,6 +115,9 @@ class fa_generate_options(ctypes.Structure):
         ("lse_partial_format", c_int32),
         ("lse_format", c_int32),
         ("sinks", c_int64),  # since 0.4.1
+        ("append_kv", c_int32),  # since 0.5
+        ("rotary", c_int32),
+        ("rotary_dtype", c_int32),
     ]
 
 
@@ -157,6 +160,18 @@ class fa_decode_args(ctypes.Structure):
         ("tree_mask", c_uint64),  # since 0.4
         ("tree_mask_stride", c_int64 * 2),
         ("sinks", c_uint64),  # since 0.4.1
+        ("k_new", fa_tensor),  # since 0.5
+        ("v_new", fa_tensor),
+        ("seqlen_new", c_int32),
+        ("rotary_dim", c_int32),
+        ("rotary_cos", c_uint64),
+        ("rotary_sin", c_uint64),
+        ("seqlen_ro", c_int32),
+        ("rotary_interleaved", c_int32),
+        ("rotary_dtype", c_int32),
+        ("rotary_reserved", c_int32),
+        ("rotary_positions", c_uint64),
+        ("rotary_positions_stride", c_int64),
     ]
 
 
