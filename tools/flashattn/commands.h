@@ -45,6 +45,9 @@ struct GenerateOptions {
   bool seqused_k = false;                      // forward: per-sequence key counts
   bool tree_mask = false;                      // decode: the tree-mask variant
   bool sinks = false;                          // forward, reduce: the attention-sink variant
+  bool append_kv = false;                      // decode: the KV-append variant
+  std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)
+  bool rotary_table16 = false;                 // decode: rotary tables in the dtype, not fp32
   std::string lse_partial_format = "natural";  // reduce: natural | base2
   std::string lse_format = "natural";          // reduce: natural | base2
   std::string output;                          // "" = stdout

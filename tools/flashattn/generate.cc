@@ -42,6 +42,12 @@ int cmd_generate(const GenerateOptions &o) {
                   "--sinks is for --kind forward or reduce (decode adds the sinks in its "
                   "combine, the reduce kernel)");
   }
+  if ((o.append_kv || !o.rotary.empty() || o.rotary_table16) && kind != FA_KERNEL_DECODE) {
+    throw Failure(kExitUsage, "--append-kv, --rotary and --rotary-table16 are for --kind decode");
+  }
+  if (o.rotary_table16 && o.rotary.empty()) {
+    throw Failure(kExitUsage, "--rotary-table16 needs --rotary");
+  }
   const bool in2 = o.lse_partial_format == "base2", out2 = o.lse_format == "base2";
   if ((in2 || out2) && kind != FA_KERNEL_REDUCE) {
     throw Failure(kExitUsage, "--lse-partial-format and --lse-format are for --kind reduce");
@@ -67,6 +73,9 @@ int cmd_generate(const GenerateOptions &o) {
   go.seqused_k = o.seqused_k ? 1 : 0;
   go.tree_mask = o.tree_mask ? 1 : 0;
   go.sinks = o.sinks ? 1 : 0;
+  go.append_kv = o.append_kv || !o.rotary.empty() ? 1 : 0;
+  go.rotary = o.rotary == "neox" ? 1 : o.rotary == "gptj" ? 2 : 0;
+  go.rotary_dtype = o.rotary_table16 ? desc.dtype : 0;
   go.lse_partial_format = in2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   go.lse_format = out2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   size_t size = 0;

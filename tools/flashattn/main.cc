@@ -147,6 +147,14 @@ int run_main(int argc, char **argv) {
   g->add_flag("--sinks", gen.sinks,
               "Forward, reduce: the kernel adds attention sinks (gpt-oss) to each row's "
               "denominator");
+  g->add_flag("--append-kv", gen.append_kv,
+              "Decode: the kernel appends k_new/v_new to the cache in the same launch");
+  g->add_option("--rotary", gen.rotary,
+                "Decode: ... and rotates Q and the new keys first (RoPE): neox or gptj pairs "
+                "(implies --append-kv)")
+      ->check(CLI::IsMember({"neox", "gptj"}));
+  g->add_flag("--rotary-table16", gen.rotary_table16,
+              "Decode with --rotary: cos/sin tables in the config's dtype instead of fp32");
   g->add_option("--lse-partial-format", gen.lse_partial_format,
                 "Reduce: the base of the partial LSEs read: natural or base2 (FlashInfer)")
       ->check(CLI::IsMember({"natural", "base2"}))
