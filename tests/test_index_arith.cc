@@ -100,6 +100,11 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(
                 make_spec(config(dt, d, dv, 16, 16, sc), KernelKind::Forward, lim, shape));
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
+            // KV append with RoPE (both pairings, fp32 and 16-bit tables).
+            shape.append_kv = true;
+            shape.rotary = 1 + lay % 2;
+            shape.rotary_half_table = lay == 2;
+            out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
         }
   return out;
