@@ -195,8 +195,40 @@ type DecodeArgs struct {
 	TreeMaskStride [2]int64
 	// Since 0.4.1: attention sinks as in ForwardArgs.Sinks, or 0; each row's
 	// sink joins its denominator once, in the combine (O.Data must be set).
-	Sinks  uint64
-	Stream uintptr
+	Sinks uint64
+	// Since 0.5, KV append with rotary embedding (as FlashAttention's
+	// flash_attn_with_kvcache), in the same launch: with KNew.Data != 0 the
+	// SeqlenNew new keys KNew [batch, seqlen_new, heads_kv, dim] and values
+	// VNew [batch, seqlen_new, heads_kv, dim_v] (config dtype) of sequence b
+	// are written into the cache (any KV layout) at positions
+	// CacheSeqlens[b] .. CacheSeqlens[b] + SeqlenNew - 1 and attended to.
+	// CacheSeqlens are then the lengths BEFORE the append (clamped to [0,
+	// SeqlenKMax - SeqlenNew]; not updated): the cache needs room for
+	// CacheSeqlens[b] + SeqlenNew keys. KNew.Data 0 = no append (every
+	// field below zero).
+	KNew, VNew Tensor
+	SeqlenNew  int32 // 1..SeqlenKMax with KNew
+	// RotaryDim > 0 rotates Q and the new keys first (RoPE; a multiple of
+	// 16, <= head_dim): pair (x0, x1) = columns (i, i + RotaryDim/2)
+	// (GPT-NeoX) or (2i, 2i+1) (GPT-J, RotaryInterleaved) at position p
+	// becomes (x0 cos - x1 sin, x0 sin + x1 cos) in fp32 (exact rounding in
+	// flashattn.h), cos/sin = RotaryCos/RotarySin[p][i], then rounded to the
+	// cache dtype; columns >= RotaryDim are copied. New token t of sequence
+	// b is at p = CacheSeqlens[b] + t, query t likewise when causal or
+	// windowed (else at CacheSeqlens[b]), unless RotaryPositions is set.
+	RotaryDim int32
+	// RotaryCos, RotarySin: [SeqlenRo, RotaryDim / 2] contiguous, of
+	// RotaryDType (FP32, or the config's dtype; 0 = FP32), element-aligned.
+	RotaryCos, RotarySin uint64
+	SeqlenRo             int32 // rows of the tables, >= 1 (later positions read the last row)
+	RotaryInterleaved    bool  // GPT-J pairs (2i, 2i+1); false = GPT-NeoX
+	RotaryDType          DType
+	// RotaryPositions: int32 [batch, max(SeqlenQ, SeqlenNew)] or 0: query /
+	// new token t of sequence b is at RotaryPositions[b *
+	// RotaryPositionsStride + t] (elements; >= 0). 4-byte aligned.
+	RotaryPositions       uint64
+	RotaryPositionsStride int64
+	Stream                uintptr
 }
 
 // PackTreeMask packs bool masks [trees][seqlenQ][seqlenQ] (true = query i
@@ -242,6 +274,18 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
 	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
 	ca.sinks = C.uint64_t(a.Sinks)
+	ca.k_new, ca.v_new = a.KNew.c(), a.VNew.c()
+	ca.seqlen_new = C.int32_t(a.SeqlenNew)
+	ca.rotary_dim = C.int32_t(a.RotaryDim)
+	ca.rotary_cos = C.uint64_t(a.RotaryCos)
+	ca.rotary_sin = C.uint64_t(a.RotarySin)
+	ca.seqlen_ro = C.int32_t(a.SeqlenRo)
+	if a.RotaryInterleaved {
+		ca.rotary_interleaved = 1
+	}
+	ca.rotary_dtype = C.int32_t(a.RotaryDType)
+	ca.rotary_positions = C.uint64_t(a.RotaryPositions)
+	ca.rotary_positions_stride = C.int64_t(a.RotaryPositionsStride)
 	return ca
 }
 

@@ -228,6 +228,13 @@ pub struct fa_generate_options {
     /// Since 0.4.1: forward or reduce with attention sinks (0 or 1; 64-bit
     /// so that 0.4.0's struct, padding included, ends where it begins).
     pub sinks: i64,
+    /// Since 0.5: decode with the KV append (k_new/v_new set; 0 or 1).
+    pub append_kv: i32,
+    /// Since 0.5: with append_kv, 0 = no rotary, 1 = GPT-NeoX pairs, 2 =
+    /// GPT-J (interleaved) pairs.
+    pub rotary: i32,
+    /// Since 0.5: fa_dtype of rotary_cos/sin (FP32 or 0, or the cfg dtype).
+    pub rotary_dtype: i32,
 }
 
 /// struct_size of fa_generate_options in flashattn 0.3 (ends before `tree_mask`).
@@ -235,6 +242,9 @@ pub const FA_GENERATE_OPTIONS_SIZE_0_3: usize =
     core::mem::offset_of!(fa_generate_options, tree_mask);
 /// struct_size of fa_generate_options in flashattn 0.4.0 (ends before `sinks`).
 pub const FA_GENERATE_OPTIONS_SIZE_0_4: usize = core::mem::offset_of!(fa_generate_options, sinks);
+/// struct_size of fa_generate_options in flashattn 0.4.1 (ends before `append_kv`).
+pub const FA_GENERATE_OPTIONS_SIZE_0_4_1: usize =
+    core::mem::offset_of!(fa_generate_options, append_kv);
 
 impl Default for fa_generate_options {
     fn default() -> Self {
@@ -248,6 +258,9 @@ impl Default for fa_generate_options {
             lse_partial_format: 0,
             lse_format: 0,
             sinks: 0,
+            append_kv: 0,
+            rotary: 0,
+            rotary_dtype: 0,
         }
     }
 }
@@ -375,6 +388,32 @@ pub struct fa_decode_args {
     /// Since 0.4.1: attention sinks as in fa_forward_args (added once per
     /// row in the combine: needs `o.data != 0`), or 0.
     pub sinks: u64,
+    /// Since 0.5: KV append with rotary embedding (as flash_attn_with_kvcache).
+    /// New keys [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype, written
+    /// into the cache at cache_seqlens[b] (then the length BEFORE the append),
+    /// or data 0 = no append (every field below 0).
+    pub k_new: fa_tensor,
+    /// New values [batch, seqlen_new, num_heads_kv, head_dim_v].
+    pub v_new: fa_tensor,
+    /// 1..seqlen_k_max with k_new.
+    pub seqlen_new: i32,
+    /// 0 = no rotary; else a multiple of 16, <= head_dim.
+    pub rotary_dim: i32,
+    /// [seqlen_ro, rotary_dim / 2] contiguous, fp32 or the cfg dtype.
+    pub rotary_cos: u64,
+    pub rotary_sin: u64,
+    /// Rows of rotary_cos/sin (>= 1; later positions read the last row).
+    pub seqlen_ro: i32,
+    /// 1 = GPT-J pairs (2i, 2i+1), 0 = GPT-NeoX pairs (i, i + rotary_dim / 2).
+    pub rotary_interleaved: i32,
+    /// fa_dtype of the tables: FA_DTYPE_FP32 or the cfg dtype; 0 = FP32.
+    pub rotary_dtype: i32,
+    /// Must be 0.
+    pub rotary_reserved: i32,
+    /// int32 [batch, max(seqlen_q, seqlen_new)] positions, or 0.
+    pub rotary_positions: u64,
+    /// Elements between sequences of rotary_positions (>= 0).
+    pub rotary_positions_stride: i64,
 }
 
 /// struct_size of fa_decode_args in flashattn 0.2 (ends before `kv`).
@@ -383,6 +422,8 @@ pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args,
 pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args, tree_mask);
 /// struct_size of fa_decode_args in flashattn 0.4.0 (ends before `sinks`).
 pub const FA_DECODE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_decode_args, sinks);
+/// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `k_new`).
+pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, k_new);
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -407,6 +448,18 @@ impl Default for fa_decode_args {
             tree_mask: 0,
             tree_mask_stride: [0; 2],
             sinks: 0,
+            k_new: fa_tensor::default(),
+            v_new: fa_tensor::default(),
+            seqlen_new: 0,
+            rotary_dim: 0,
+            rotary_cos: 0,
+            rotary_sin: 0,
+            seqlen_ro: 0,
+            rotary_interleaved: 0,
+            rotary_dtype: 0,
+            rotary_reserved: 0,
+            rotary_positions: 0,
+            rotary_positions_stride: 0,
         }
     }
 }

@@ -64,7 +64,10 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             tree_mask,
             lse_partial_format,
             lse_format,
-            sinks
+            sinks,
+            append_kv,
+            rotary,
+            rotary_dtype
         }
     );
     layout!(
@@ -149,7 +152,19 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             batch_invariant,
             tree_mask,
             tree_mask_stride,
-            sinks
+            sinks,
+            k_new,
+            v_new,
+            seqlen_new,
+            rotary_dim,
+            rotary_cos,
+            rotary_sin,
+            seqlen_ro,
+            rotary_interleaved,
+            rotary_dtype,
+            rotary_reserved,
+            rotary_positions,
+            rotary_positions_stride
         }
     );
     layout!(
@@ -267,6 +282,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_DECODE_ARGS_SIZE_0_4,
         FA_REDUCE_ARGS_SIZE_0_4,
         FA_GENERATE_OPTIONS_SIZE_0_4,
+        FA_DECODE_ARGS_SIZE_0_4_1,
+        FA_GENERATE_OPTIONS_SIZE_0_4_1,
         FA_LSE_NATURAL,
         FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
@@ -366,6 +383,15 @@ fn defaults_match_init_macros() {
     assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
     // 0.4.1's fields default to "as 0.4": no sinks.
     assert_eq!((fa_forward_args::default().sinks, d.sinks, r.sinks, g.sinks), (0, 0, 0, 0));
+    // 0.5's fields default to "as 0.4.1": no KV append, no rotary.
+    assert_eq!((d.k_new.data, d.v_new.data, d.seqlen_new, d.rotary_dim), (0, 0, 0, 0));
+    assert_eq!((d.rotary_cos, d.rotary_sin, d.rotary_positions), (0, 0, 0));
+    assert_eq!(
+        (d.seqlen_ro, d.rotary_interleaved, d.rotary_dtype, d.rotary_reserved),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(d.rotary_positions_stride, 0);
+    assert_eq!((g.append_kv, g.rotary, g.rotary_dtype), (0, 0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }
 

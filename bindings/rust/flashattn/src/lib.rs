@@ -43,9 +43,9 @@ pub use half::{
 };
 pub use ops::{
     contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs,
-    ForwardKvArgs, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs, RawForwardArgs,
-    RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, SeqKv, Tensor, TensorMut, TreeMask, View,
-    ViewMut,
+    ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs, RawForwardArgs,
+    RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, Rotary, SeqKv, Tensor, TensorMut, TreeMask,
+    View, ViewMut,
 };
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,

@@ -144,6 +144,28 @@ pub struct RawDecodeArgs {
     /// Since 0.4.1: attention sinks fp32 [num_heads_q], or 0 = none; they
     /// join each row's denominator in the combine (o must be set).
     pub sinks: u64,
+    /// Since 0.5: KV append (see `KvAppend`): new keys [batch, seqlen_new,
+    /// num_heads_kv, head_dim] written into the cache at cache_seqlens[b]
+    /// (then the length BEFORE the append), or data 0 = no append (every
+    /// field below 0).
+    pub k_new: RawTensor,
+    /// [batch, seqlen_new, num_heads_kv, head_dim_v].
+    pub v_new: RawTensor,
+    pub seqlen_new: i32,
+    /// 0 = no rotary; else a multiple of 16, <= head_dim.
+    pub rotary_dim: i32,
+    /// [seqlen_ro, rotary_dim / 2] contiguous, fp32 or the cfg dtype.
+    pub rotary_cos: u64,
+    pub rotary_sin: u64,
+    pub seqlen_ro: i32,
+    /// GPT-J pairs (2i, 2i+1); false = GPT-NeoX pairs (i, i + rotary_dim / 2).
+    pub rotary_interleaved: bool,
+    /// fa_dtype of the tables (sys::FA_DTYPE_FP32 or the cfg dtype; 0 = FP32).
+    pub rotary_dtype: i32,
+    /// int32 [batch, max(seqlen_q, seqlen_new)] explicit positions, or 0.
+    pub rotary_positions: u64,
+    /// Elements between sequences of rotary_positions (>= 0).
+    pub rotary_positions_stride: i64,
 }
 
 impl RawDecodeArgs {
@@ -166,9 +188,68 @@ impl RawDecodeArgs {
             tree_mask: self.tree_mask,
             tree_mask_stride: self.tree_mask_strides,
             sinks: self.sinks,
+            k_new: self.k_new.to_sys(),
+            v_new: self.v_new.to_sys(),
+            seqlen_new: self.seqlen_new,
+            rotary_dim: self.rotary_dim,
+            rotary_cos: self.rotary_cos,
+            rotary_sin: self.rotary_sin,
+            seqlen_ro: self.seqlen_ro,
+            rotary_interleaved: self.rotary_interleaved as i32,
+            rotary_dtype: self.rotary_dtype,
+            rotary_reserved: 0,
+            rotary_positions: self.rotary_positions,
+            rotary_positions_stride: self.rotary_positions_stride,
             ..Default::default()
         }
     }
+}
+
+/// Rotary embedding (RoPE) of a KV append (fa_decode_args.rotary_*, since
+/// 0.5): Q and the new keys are rotated before attention; the cache receives
+/// the rotated keys. Pair (x0, x1) = columns (i, i + rotary_dim / 2)
+/// (GPT-NeoX) or (2i, 2i + 1) (GPT-J, `interleaved`) at position p becomes
+/// (x0 cos - x1 sin, x0 sin + x1 cos) in fp32 with cos/sin = table[p][i],
+/// rounded to the cache dtype (exact rule in flashattn.h); columns >=
+/// rotary_dim are copied. New token t of sequence b is at position
+/// cache_seqlens[b] + t, query t likewise when the config is causal or
+/// windowed (else at cache_seqlens[b]), unless `positions` says otherwise.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary<'a> {
+    /// fp32 [seqlen_ro, rotary_dim / 2], contiguous.
+    pub cos: &'a DeviceBuffer,
+    /// fp32 [seqlen_ro, rotary_dim / 2], contiguous.
+    pub sin: &'a DeviceBuffer,
+    /// Rotated columns: a multiple of 16, <= head_dim.
+    pub rotary_dim: usize,
+    /// Rows of the tables (>= 1; a later position reads the last row).
+    pub seqlen_ro: usize,
+    /// true = GPT-J pairs (2i, 2i + 1), false = GPT-NeoX (i, i + rotary_dim / 2).
+    pub interleaved: bool,
+    /// int32 positions and the elements between sequences (>= 0; 0 = one
+    /// row for the batch): token / query t of sequence b is at
+    /// positions[b * stride + t], t < max(seqlen_q, seqlen_new) (speculative
+    /// trees: each token's depth). None = the default positions above.
+    pub positions: Option<(&'a DeviceBuffer, usize)>,
+}
+
+/// A KV append of `Runtime::decode_append` (fa_decode_args.k_new, since 0.5;
+/// as FlashAttention's flash_attn_with_kvcache): the seqlen_new new keys
+/// and values of sequence b are written into the cache at positions
+/// cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (any cache
+/// layout) and attended to in the same launch. cache_seqlens are then the
+/// lengths BEFORE the append (the kernel clamps them to [0, seqlen_k_max -
+/// seqlen_new]) and are not updated.
+#[derive(Debug, Clone, Copy)]
+pub struct KvAppend<'a> {
+    /// New tokens per sequence, 1..=seqlen_k_max.
+    pub seqlen_new: usize,
+    /// [batch, seqlen_new, num_heads_kv, head_dim], cfg dtype.
+    pub k_new: Tensor<'a>,
+    /// [batch, seqlen_new, num_heads_kv, head_dim_v], cfg dtype.
+    pub v_new: Tensor<'a>,
+    /// Rotate Q and k_new first (None = append as given).
+    pub rotary: Option<Rotary<'a>>,
 }
 
 /// A speculative-decoding tree mask (fa_decode_args.tree_mask, since 0.4):
@@ -907,7 +988,7 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None)
+        self.decode_kv_impl(cfg, args, None, None, None)
     }
 
     /// `decode_kv` with a speculative-decoding tree mask among the new
@@ -920,7 +1001,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: TreeMask<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, Some(tree), None)
+        self.decode_kv_impl(cfg, args, Some(tree), None, None)
     }
 
     /// `decode_kv` (with a tree mask when `tree` is given) and attention
@@ -935,7 +1016,39 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: &DeviceBuffer,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, Some(sinks))
+        self.decode_kv_impl(cfg, args, tree, Some(sinks), None)
+    }
+
+    /// `decode_kv` with a KV append (since 0.5; see `KvAppend`): the new
+    /// keys (rotated when `append.rotary` is given) and values are written
+    /// into the cache at cache_seqlens[b] and attended to in the same
+    /// launch, Q rotated likewise. The cache in `args.kv` is WRITTEN (its
+    /// rows cache_seqlens[b] .. + seqlen_new - 1), though borrowed shared:
+    /// k_new / v_new must not overlap it. cache_seqlens are the lengths
+    /// before the append: the cache needs room for cache_seqlens[b] +
+    /// seqlen_new keys. Errors: as `decode_kv`, plus InvalidArgument when
+    /// seqlen_new is 0 or above seqlen_k_max, or k_new, v_new, the tables
+    /// or the positions are too short.
+    pub fn decode_append(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        append: KvAppend<'_>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, None, None, Some(append))
+    }
+
+    /// `decode_append` with a tree mask and / or attention sinks (as
+    /// `decode_kv_sinks`).
+    pub fn decode_append_with(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        append: KvAppend<'_>,
+        tree: Option<TreeMask<'_>>,
+        sinks: Option<&DeviceBuffer>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, tree, sinks, Some(append))
     }
 
     fn decode_kv_impl(
@@ -944,13 +1057,27 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
+        append: Option<KvAppend<'_>>,
     ) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
         let q = tensor(self, "q", &args.q, [b, sq, hq, d], e)?;
+        let sn = match &append {
+            None => 0,
+            Some(a) if a.seqlen_new == 0 || a.seqlen_new > sk => {
+                return Err(Error::invalid(format!(
+                    "flashattn-rs: seqlen_new = {} must be in [1, seqlen_k_max = {sk}]",
+                    a.seqlen_new
+                )));
+            }
+            Some(a) => a.seqlen_new,
+        };
+        // With the append, cache_seqlens[b] (clamped to [0, sk - sn]) are
+        // the lengths before it: the sequence holds that plus sn keys.
         let kv = resolve_kv(self, cfg, &args.kv, ["k_cache", "v_cache"], (b, sk), || {
-            read_lengths(self, "cache_seqlens", args.cache_seqlens, b, sk)
+            let lens = read_lengths(self, "cache_seqlens", args.cache_seqlens, b, sk - sn)?;
+            Ok(lens.into_iter().map(|n| n + sn).collect())
         })?;
         let cache_seqlens =
             checked_ptr(self, "cache_seqlens", args.cache_seqlens, 0, &[1], &[b], 4)?;
@@ -969,6 +1096,42 @@ impl Runtime {
         };
         if let Some(s) = sinks {
             raw.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+        }
+        if let Some(a) = &append {
+            let hkv = cfg.num_heads_kv();
+            raw.k_new = tensor(self, "k_new", &a.k_new, [b, sn, hkv, d], e)?;
+            raw.v_new = tensor(self, "v_new", &a.v_new, [b, sn, hkv, dv], e)?;
+            raw.seqlen_new = to_i32("seqlen_new", sn)?;
+            if let Some(r) = &a.rotary {
+                let (rd, ro) = (r.rotary_dim, r.seqlen_ro);
+                if rd == 0 || ro == 0 {
+                    return Err(Error::invalid(format!(
+                        "flashattn-rs: rotary_dim = {rd} (a multiple of 16) and seqlen_ro = {ro} \
+                         must be >= 1"
+                    )));
+                }
+                raw.rotary_dim = to_i32("rotary_dim", rd)?;
+                raw.seqlen_ro = to_i32("seqlen_ro", ro)?;
+                raw.rotary_cos =
+                    checked_ptr(self, "rotary_cos", r.cos, 0, &[1], &[ro * rd / 2], 4)?;
+                raw.rotary_sin =
+                    checked_ptr(self, "rotary_sin", r.sin, 0, &[1], &[ro * rd / 2], 4)?;
+                raw.rotary_interleaved = r.interleaved;
+                raw.rotary_dtype = sys::FA_DTYPE_FP32;
+                if let Some((p, stride)) = r.positions {
+                    let n = sq.max(sn);
+                    raw.rotary_positions = checked_ptr(
+                        self,
+                        "rotary_positions",
+                        p,
+                        0,
+                        &[stride as i64, 1],
+                        &[b, n],
+                        4,
+                    )?;
+                    raw.rotary_positions_stride = stride as i64;
+                }
+            }
         }
         if let Some(t) = &tree {
             let w = &t.words;
