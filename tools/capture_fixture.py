@@ -392,10 +392,18 @@ class SmolLM2:
         rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
         return (x * cos + rot * sin).astype(np.float32)
 
+    def rope_tables(self, rows):
+        """The cos/sin that rope() uses, float32 [rows, head_dim/2] for positions 0..rows-1 (the
+        same float32 angles pos * inv_freq; rotate_half repeats them for dims i and i + D/2)."""
+        np = np_mod()
+        ang = np.arange(rows)[:, None].astype(np.float32) * self.inv_freq[None, :]
+        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
     def forward(self, ids, capture=None, past=None):
         """Causal forward of ids placed after the cached positions in past (a list of per-layer
         (k, v), or None). Returns the logits of the last position, for layers in capture dicts
-        with q [S,Hq,D], k/v [S_total,Hkv,D] (after rotary) and attn [S,Hq,D], and the new past."""
+        with q [S,Hq,D], k/v [S_total,Hkv,D] (after rotary), attn [S,Hq,D] and q_pre [S,Hq,D] /
+        k_pre [S,Hkv,D] (the projections of these S tokens before rotary), and the new past."""
         np = np_mod()
         s = len(ids)
         start = 0 if past is None else past[0][0].shape[0]
@@ -409,8 +417,10 @@ class SmolLM2:
         for i in range(self.n_layer):
             p = f"blk.{i}."
             h = self.rms(x, p + "attn_norm.weight")
-            q = self.rope((h @ self.w[p + "attn_q.weight"].T).reshape(s, self.n_head, -1), pos)
-            k = self.rope((h @ self.w[p + "attn_k.weight"].T).reshape(s, self.n_kv, -1), pos)
+            q_pre = (h @ self.w[p + "attn_q.weight"].T).reshape(s, self.n_head, -1)
+            k_pre = (h @ self.w[p + "attn_k.weight"].T).reshape(s, self.n_kv, -1)
+            q = self.rope(q_pre, pos)
+            k = self.rope(k_pre, pos)
             v = (h @ self.w[p + "attn_v.weight"].T).reshape(s, self.n_kv, -1)
             if past is not None:
                 k = np.concatenate([past[i][0], k])
@@ -423,7 +433,7 @@ class SmolLM2:
             pr = sc / sc.sum(-1, keepdims=True)
             ctx = np.matmul(pr, vv).transpose(1, 0, 2).astype(np.float32)
             if capture is not None and i in capture:
-                caps[i] = {"q": q, "k": k, "v": v, "attn": ctx}
+                caps[i] = {"q": q, "k": k, "v": v, "attn": ctx, "q_pre": q_pre, "k_pre": k_pre}
             x = x + ctx.reshape(s, -1) @ self.w[p + "attn_output.weight"].T
             h = self.rms(x, p + "ffn_norm.weight")
             gt = h @ self.w[p + "ffn_gate.weight"].T
@@ -677,6 +687,14 @@ def capture_smollm2(out_root, layer_arg, report):
     ld = np.zeros((b, model.n_head, 1), np.float64)
     od2 = np.zeros((b, 2, model.n_head, hd), np.float64)
     ld2 = np.zeros((b, model.n_head, 2), np.float64)
+    # KV append with rotary (fa_decode_args.k_new): the new token's projections before rotary
+    # (Q, K) and its V, plus the model's rotary tables, so a fused append + RoPE + attend can be
+    # checked against the model's own post-rotary cache rows and attention.
+    qd_pre = np.zeros((b, 1, model.n_head, hd), np.float32)
+    kn_pre = np.zeros((b, 1, model.n_kv, hd), np.float32)
+    vn = np.zeros((b, 1, model.n_kv, hd), np.float32)
+    rope_cos, rope_sin = model.rope_tables(smax)
+    table_err = [0.0, 0.0]  # table + rotate_half vs captured rows; flashattn's fma rule vs them
     dec_err = 0.0
     for bi, ids in enumerate(seqs):
         _, cc, _ = model.forward(ids, capture={layer})
@@ -691,15 +709,35 @@ def capture_smollm2(out_root, layer_arg, report):
         od[bi], ld[bi] = o[0], l_[0]
         o2, l2 = attention_ref(qd2[bi:bi + 1], kc[bi:bi + 1, :n], vc[bi:bi + 1, :n], scale, True)
         od2[bi], ld2[bi] = o2[0], l2[0]
+        qd_pre[bi, 0] = cl["q_pre"][n - 1]
+        kn_pre[bi, 0] = cl["k_pre"][n - 1]
+        vn[bi, 0] = cl["v"][n - 1]
+        for pre, post in ((qd_pre[bi, 0], qd[bi, 0]), (kn_pre[bi, 0], kc[bi, n - 1])):
+            c_, s_ = rope_cos[n - 1], rope_sin[n - 1]
+            h2 = hd // 2
+            x0, x1 = pre[:, :h2], pre[:, h2:]
+            hf = np.concatenate([x0 * c_ - x1 * s_, x1 * c_ + x0 * s_], axis=-1)
+            table_err[0] = max(table_err[0], float(np.abs(hf - post).max()))
+            f64 = np.float64
+            y0 = (f64(x1) * -f64(s_) + f64(x0 * c_)).astype(np.float32)  # fma(x1, -s, rn(x0 c))
+            y1 = (f64(x0) * f64(s_) + f64(x1 * c_)).astype(np.float32)   # fma(x0, s, rn(x1 c))
+            fa = np.concatenate([y0, y1], axis=-1)
+            table_err[1] = max(table_err[1], float(np.abs(fa - post).max()))
         dec_err = max(dec_err, float(np.abs(o[0, 0] - cl["attn"][n - 1]).max()),
                       float(np.abs(o2[0] - cl["attn"][n - 2:n]).max()))
     for name, arr, dt in (("k_cache.npy", kc, "f4"), ("v_cache.npy", vc, "f4"),
                           ("cache_seqlens.npy", np.array(lens), "i4"),
                           ("q_decode.npy", qd, "f4"), ("out_decode.npy", od, "f4"),
                           ("lse_decode.npy", ld, "f4"), ("q_decode2.npy", qd2, "f4"),
-                          ("out_decode2.npy", od2, "f4"), ("lse_decode2.npy", ld2, "f4")):
+                          ("out_decode2.npy", od2, "f4"), ("lse_decode2.npy", ld2, "f4"),
+                          ("q_decode_prerope.npy", qd_pre, "f4"),
+                          ("k_new_prerope.npy", kn_pre, "f4"),
+                          ("v_new.npy", vn, "f4"), ("rope_cos.npy", rope_cos, "f4"),
+                          ("rope_sin.npy", rope_sin, "f4")):
         save_npy(d, name, arr, dt)
         files.append(name)
+    report.append(f"smollm2 rotary tables: max |table rotate_half(pre) - captured q/k| "
+                  f"{table_err[0]:.3g}, with flashattn's fma rule {table_err[1]:.3g}")
     report.append(f"smollm2 layer {layer}: max |float64 ref - model float32 attention| prefill "
                   f"{model_err:.3g}, decode {dec_err:.3g}")
 
@@ -713,6 +751,11 @@ def capture_smollm2(out_root, layer_arg, report):
         "head_dim": hd, "head_dim_v": hd, "softmax_scale": scale, "causal": True,
         "rope_theta": model.theta, "rope_style": "rotate_half (dims i, i+head_dim/2 paired)",
         "decode_batch": b, "cache_seqlens": lens, "seqlen_k_max": smax,
+        "decode_append": {"q_prerope": "q_decode_prerope.npy",
+                          "k_new_prerope": "k_new_prerope.npy",
+                          "v_new": "v_new.npy", "rotary_cos": "rope_cos.npy",
+                          "rotary_sin": "rope_sin.npy", "rotary_dim": hd, "seqlen_ro": smax,
+                          "rotary_interleaved": 0, "cache_seqlens_before": [x - 1 for x in lens]},
         "prompt_system": SMOL_SYSTEM, "prompt_users": SMOL_USERS,
     }
     (d / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -768,6 +811,28 @@ padding, filled with copies of real rows (finite) and must never be read.
   causal bottom-right aligned: query 0 sees keys 0..L_i-2, query 1 sees all.
   `out_decode2.npy` [{b}, 2, {model.n_head}, {hd}], `lse_decode2.npy` [{b}, {model.n_head}, 2].
   Decode references equal the model's own attention output within {dec_err:.2g}.
+
+## Decode with KV append and rotary (pre-rotary inputs of the new token), same layer
+For a fused append + RoPE + attend (`fa_decode_args.k_new`, FlashAttention's
+`flash_attn_with_kvcache` with `rotary_cos/sin`): the cache before the append is `k_cache` /
+`v_cache` minus each sequence's last row (position L_i-1), so `cache_seqlens` before the append
+is {[x - 1 for x in lens]}; the new token is the last one of each sequence.
+- `q_decode_prerope.npy` [{b}, 1, {model.n_head}, {hd}]: the new token's query projection before
+  rotary (rotated at position L_i-1 it is `q_decode.npy`).
+- `k_new_prerope.npy` [{b}, 1, {model.n_kv}, {hd}]: its key projection before rotary (rotated
+  at position L_i-1 it is row L_i-1 of `k_cache.npy`); `v_new.npy` [{b}, 1, {model.n_kv}, {hd}]:
+  its value (= row L_i-1 of `v_cache.npy`).
+- `rope_cos.npy`, `rope_sin.npy` float32 [{smax}, {hd // 2}]: the model's rotary tables for
+  positions 0..{smax - 1}, theta {model.theta:g}, cos/sin of the float32 angles
+  pos * inv_freq[i] that the forward pass uses; rotate_half (GPT-NeoX) pairing: dims i and
+  i + {hd // 2} share column i (flashattn: rotary_dim {hd}, rotary_interleaved 0, seqlen_ro {smax}).
+  Applied as rotate_half to the pre-rotary rows they reproduce the captured q/k (max difference
+  {table_err[0]:.2g}; {table_err[1]:.2g} with flashattn's rule fma(x1, -sin, rn(x0 cos)), ...
+  in float32).
+  A kernel that takes the pre-rotary rows in fp16/bf16 rotates the rounded values, so where the
+  two terms of a pair cancel its rows can be several ulps from `k_cache.npy`: bound them by the
+  input and output rounding (tests/test_fixture_rope.cc). References: `out_decode.npy`,
+  `lse_decode.npy`.
 
 All `.npy` files: format version 1.0, C order, little-endian.
 
