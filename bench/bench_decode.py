@@ -31,6 +31,16 @@ CUDA events around each call, warm-up, median of >= 20 runs, inputs rotated
 over enough sets to exceed L2, the GPU held by a sleep kernel while the host
 queues the runs. Writes CSV, JSON and markdown under --out-dir.
 
+--append: the decode step of an engine that appends the new token's K/V
+with rotary embedding in the same call (flash_attn_with_kvcache with k=, v=,
+rotary_cos=, rotary_sin=): each sequence holds context - 1 cached keys,
+the new token's k/v [batch, 1, 8, 128] are rotated (GPT-NeoX pairs, bf16
+cos/sin tables, rotary_dim 128) and written at position context - 1, and
+the query (rotated at that position) attends to all `context` keys.
+Contenders: flashattn (paged and contiguous, fa_decode with k_new/v_new) and
+fa2; SDPA and FlashInfer have no fused append (n/a). Bytes add the new
+rows' read and write.
+
 Everything above the "GPU part" marker needs only the standard library (the
 tests in bench/tests import it without torch).
 """
@@ -73,7 +83,8 @@ class DecodeConfig:
     other lengths), one query token, pages of `page_size` keys."""
 
     def __init__(self, batch, context, page_size, heads_q=HEADS_Q, heads_kv=HEADS_KV,
-                 head_dim=HEAD_DIM, head_dim_v=None, seqlen_q=1, dtype=DTYPE, lens=None):
+                 head_dim=HEAD_DIM, head_dim_v=None, seqlen_q=1, dtype=DTYPE, lens=None,
+                 append=False):
         if heads_q % heads_kv:
             raise ValueError("heads_q %d is not a multiple of heads_kv %d" % (heads_q, heads_kv))
         if page_size < 1 or batch < 1 or context < 1:
@@ -82,6 +93,7 @@ class DecodeConfig:
         self.heads_q, self.heads_kv = heads_q, heads_kv
         self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
         self.seqlen_q, self.dtype = seqlen_q, dtype
+        self.append = append  # the last key of each sequence is appended in the call
         self.lens = list(lens) if lens is not None else [context] * batch
         if len(self.lens) != batch or any(not 0 <= n <= context for n in self.lens):
             raise ValueError("lens must be %d values in [0, %d]" % (batch, context))
@@ -102,8 +114,16 @@ class DecodeConfig:
     @property
     def bytes_moved(self):
         """The fewest bytes a decode must move: K/V read + Q read + O written
-        (block tables, sequence lengths and split-KV partials not counted)."""
-        return self.kv_bytes + self.q_bytes + self.o_bytes
+        (block tables, sequence lengths and split-KV partials not counted);
+        with the append also the new K/V rows read and written once."""
+        return self.kv_bytes + self.q_bytes + self.o_bytes + 2 * self.new_kv_bytes
+
+    @property
+    def new_kv_bytes(self):
+        """K and V bytes of the appended tokens (one per sequence), or 0."""
+        if not self.append:
+            return 0
+        return self.batch * self.heads_kv * (self.head_dim + self.head_dim_v) * ELEM_BYTES
 
     @property
     def flops(self):
@@ -125,16 +145,19 @@ class DecodeConfig:
 
     def set_bytes(self):
         """Device memory of one input set: both caches, Q and O."""
-        return self.contiguous_bytes() + self.pool_bytes() + self.q_bytes + self.o_bytes
+        return (self.contiguous_bytes() + self.pool_bytes() + self.q_bytes + self.o_bytes +
+                self.new_kv_bytes)
 
     def describe(self):
-        return "b%d ctx%d ps%d" % (self.batch, self.context, self.page_size)
+        return "b%d ctx%d ps%d%s" % (self.batch, self.context, self.page_size,
+                                     " append" if self.append else "")
 
 
-def decode_grid(batches=BATCHES, contexts=CONTEXTS, page_sizes=PAGE_SIZES):
+def decode_grid(batches=BATCHES, contexts=CONTEXTS, page_sizes=PAGE_SIZES, append=False):
     """Every grid point, the smallest caches first (a time budget cuts the
     largest), the page sizes of one (batch, context) next to each other."""
-    out = [DecodeConfig(b, c, p) for c in contexts for b in batches for p in page_sizes]
+    out = [DecodeConfig(b, c, p, append=append) for c in contexts for b in batches
+           for p in page_sizes]
     return sorted(out, key=lambda x: (x.batch * x.context, x.context, x.page_size))
 
 
@@ -351,8 +374,8 @@ def write_markdown(path, meta, rows, extra_sections=()):
         f.write("\n".join(out))
 
 
-def result_base(date, gpu_name):
-    return "%s-%s-decode" % (date, common.slug(gpu_name))
+def result_base(date, gpu_name, append=False):
+    return "%s-%s-decode%s" % (date, common.slug(gpu_name), "-append" if append else "")
 
 
 # ======================================================================================
@@ -427,16 +450,46 @@ class DecodeBench:
         # in the timed region).
         o = {i: torch.empty((B, 1, cfg.heads_q, D), device="cuda", dtype=bf)
              for i in ("flashattn", "flashattn_contig")}
-        return {"q": q, "k": k, "v": v, "kp": kp, "vp": vp, "o": o}
+        out = {"q": q, "k": k, "v": v, "kp": kp, "vp": vp, "o": o}
+        if cfg.append:  # the new token's K/V, written at key L - 1 by the call
+            out["k_new"] = torch.randn((B, 1, H, D), device="cuda", dtype=bf, generator=gen)
+            out["v_new"] = torch.randn((B, 1, H, D), device="cuda", dtype=bf, generator=gen)
+        return out
+
+    def rope_tables(self, cfg):
+        """bf16 cos/sin [context, head_dim / 2] (theta 10000), as FA2 wants
+        them (the q dtype)."""
+        torch = self.torch
+        inv = 10000.0 ** (-torch.arange(0, cfg.head_dim, 2, device="cuda").double() / cfg.head_dim)
+        ang = torch.arange(cfg.context, device="cuda").double()[:, None] * inv[None, :]
+        return ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+
+    def rotate(self, x, cos, sin):
+        """GPT-NeoX rotation of x [..., d] (fp32) by cos/sin rows [..., d/2]."""
+        h = x.shape[-1] // 2
+        x0, x1 = x[..., :h], x[..., h:]
+        c, s = cos.float(), sin.float()
+        return self.torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
 
     def reference(self, cfg, s, seqs):
         """fp32 reference O [len(seqs), 1, heads_q, d] of sequences seqs."""
         torch = self.torch
         idx = torch.tensor(seqs, device="cuda")
         g = cfg.heads_q // cfg.heads_kv
-        q = s["q"].index_select(0, idx).float().view(len(seqs), cfg.heads_kv, g, cfg.head_dim)
-        k = s["k"].index_select(0, idx).float().transpose(1, 2)  # [n, Hkv, L, D]
-        v = s["v"].index_select(0, idx).float().transpose(1, 2)
+        q = s["q"].index_select(0, idx).float()
+        k = s["k"].index_select(0, idx).float()
+        v = s["v"].index_select(0, idx).float()
+        if cfg.append:  # the new token at L - 1, Q and its K rotated there (bf16-rounded K)
+            cos, sin = (t[cfg.context - 1] for t in self.rope_tables(cfg))
+            q = self.rotate(q, cos, sin)
+            k = k.clone()
+            v = v.clone()
+            k[:, -1:] = self.rotate(s["k_new"].index_select(0, idx).float(), cos, sin).to(
+                torch.bfloat16).float()
+            v[:, -1:] = s["v_new"].index_select(0, idx).float()
+        q = q.view(len(seqs), cfg.heads_kv, g, cfg.head_dim)
+        k = k.transpose(1, 2)  # [n, Hkv, L, D]
+        v = v.transpose(1, 2)
         p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(cfg.head_dim), dim=-1)
         return torch.matmul(p, v).reshape(len(seqs), 1, cfg.heads_q, cfg.head_dim)
 
@@ -454,14 +507,21 @@ class DecodeBench:
 
             def run(i):
                 s = sets[i]
+                kw = {}
+                if cfg.append:
+                    kw = dict(k_new=s["k_new"], v_new=s["v_new"], rotary_cos=meta["cos"],
+                              rotary_sin=meta["sin"])
                 if paged:
                     decode(rt, fcfg, s["q"], s["kp"], s["vp"], meta["seqlens"],
-                           block_table=meta["table"], out=s["o"][impl], lse=lse[i], stream=stream)
+                           block_table=meta["table"], out=s["o"][impl], lse=lse[i], stream=stream,
+                           **kw)
                 else:
                     decode(rt, fcfg, s["q"], s["k"], s["v"], meta["seqlens"], out=s["o"][impl],
-                           lse=lse[i], stream=stream)
+                           lse=lse[i], stream=stream, **kw)
                 return s["o"][impl]
             return run
+        if cfg.append and impl in ("sdpa", "flashinfer"):
+            raise RuntimeError("no fused KV append + RoPE in this library's decode")
         if impl == "sdpa":
             g = Hq // Hk
             # GQA without expanding K/V: the g query heads of a KV head are g
@@ -480,6 +540,10 @@ class DecodeBench:
 
             def run(i):
                 s = sets[i]
+                if cfg.append:
+                    return f(s["q"], s["k"], s["v"], k=s["k_new"], v=s["v_new"],
+                             rotary_cos=meta["cos"], rotary_sin=meta["sin"],
+                             cache_seqlens=meta["seqlens"], rotary_interleaved=False)
                 return f(s["q"], s["k"], s["v"], cache_seqlens=meta["seqlens"])
             return run
         if impl == "flashinfer":
@@ -558,10 +622,13 @@ class DecodeBench:
             1000003 * cfg.batch + 1009 * cfg.context + cfg.page_size)
         _, table = plan_pages(cfg.lens, cfg.page_size, seed=cfg.batch * 31 + cfg.context)
         table_t = torch.tensor(table, dtype=torch.int32, device="cuda")
+        before = [n - 1 for n in cfg.lens] if cfg.append else cfg.lens  # append: the length before
         meta = {"table": table_t,
-                "seqlens": torch.tensor(cfg.lens, dtype=torch.int32, device="cuda"),
+                "seqlens": torch.tensor(before, dtype=torch.int32, device="cuda"),
                 "fi_csr": tuple(torch.tensor(x, dtype=torch.int32, device="cuda")
                                 for x in flashinfer_csr(table, cfg.lens, cfg.page_size))}
+        if cfg.append:
+            meta["cos"], meta["sin"] = self.rope_tables(cfg)
         sets = [self.make_set(cfg, gen, table_t) for _ in range(n_sets)]
         seqs = sorted({0, cfg.batch - 1})
         ref = self.reference(cfg, sets[0], seqs)
@@ -645,12 +712,12 @@ def run_bench(args):
         args.copy_mib, copy_ms, "" if copy_ok else " (COPY CHECK FAILED)")
     grid = decode_grid(tuple(int(x) for x in args.batches.split(",")),
                        tuple(int(x) for x in args.contexts.split(",")),
-                       tuple(int(x) for x in args.page_sizes.split(",")))
+                       tuple(int(x) for x in args.page_sizes.split(",")), append=args.append)
     meta["grid"] = "batch %s x context %s x page size %s: %d configs" % (
         args.batches, args.contexts, args.page_sizes, len(grid))
     meta["n_sets"] = "enough for %d MiB of K/V, at most %d" % (ROTATE_BYTES >> 20, MAX_SETS)
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu))
+    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu, args.append))
     print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
         gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
     rows = []
@@ -724,6 +791,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="batch 1,64 x context 512,4096")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
     p.add_argument("--print-base-name", action="store_true")
+    p.add_argument("--append", action="store_true",
+                   help="the decode step with the new token's K/V appended and RoPE (see above)")
     a = p.parse_args(argv)
     if a.quick:
         a.batches, a.contexts = "1,64", "512,4096"

@@ -53,6 +53,14 @@ def test_bytes_and_flops():
     assert s.pool_pages() == 3 * 7 + b.SPARE_PAGES
     assert s.pool_bytes() == s.pool_pages() * 16 * 2 * 96 * 2
     assert s.set_bytes() == s.contiguous_bytes() + s.pool_bytes() + s.q_bytes + s.o_bytes
+    # --append: the new token's K/V rows are read (k_new/v_new) and written once more.
+    a = b.DecodeConfig(8, 4096, 16, append=True)
+    new = 8 * 8 * (128 + 128) * 2
+    assert a.new_kv_bytes == new and c.new_kv_bytes == 0
+    assert a.bytes_moved == c.bytes_moved + 2 * new
+    assert a.set_bytes() == c.set_bytes() + new
+    assert a.describe() == "b8 ctx4096 ps16 append"
+    assert all(x.append for x in b.decode_grid((1,), (512,), (16,), append=True))
     with pytest.raises(ValueError):
         b.DecodeConfig(2, 10, 1, lens=[11, 1])
     with pytest.raises(ValueError):
@@ -226,6 +234,8 @@ def test_result_base_and_args():
     assert b.result_base("2026-11-25", "NVIDIA H100 80GB HBM3") == "2026-11-25-h100-80gb-hbm3-decode"
     a = b.parse_args(["--quick"])
     assert (a.batches, a.contexts, a.page_sizes) == ("1,64", "512,4096", "1,16")
+    assert not a.append and b.parse_args(["--append"]).append
+    assert b.result_base("2026-11-25", "NVIDIA H100", True) == "2026-11-25-h100-decode-append"
     for bad in (["--min-reps", "5"], ["--page-sizes", "0,16"], ["--batches", "x"]):
         with pytest.raises(SystemExit):
             b.parse_args(bad)
