@@ -195,8 +195,13 @@ type DecodeArgs struct {
 	TreeMaskStride [2]int64
 	// Since 0.4.1: attention sinks as in ForwardArgs.Sinks, or 0; each row's
 	// sink joins its denominator once, in the combine (O.Data must be set).
-	Sinks  uint64
-	Stream uintptr
+	Sinks uint64
+	// Since 0.5, an fp8 KV cache (ConfigDesc.KVDType): fp32 descales, 4-byte
+	// aligned, or 0 = 1.0; (b, h_kv) at element b * DescaleStride[0] + h_kv *
+	// DescaleStride[1] ({0, 0}: one value per tensor).
+	KDescale, VDescale uint64
+	DescaleStride      [2]int64
+	Stream             uintptr
 }
 
 // PackTreeMask packs bool masks [trees][seqlenQ][seqlenQ] (true = query i
@@ -242,6 +247,10 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
 	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
 	ca.sinks = C.uint64_t(a.Sinks)
+	ca.k_descale = C.uint64_t(a.KDescale)
+	ca.v_descale = C.uint64_t(a.VDescale)
+	ca.descale_stride[0] = C.int64_t(a.DescaleStride[0])
+	ca.descale_stride[1] = C.int64_t(a.DescaleStride[1])
 	return ca
 }
 

@@ -144,6 +144,21 @@ pub struct RawDecodeArgs {
     /// Since 0.4.1: attention sinks fp32 [num_heads_q], or 0 = none; they
     /// join each row's denominator in the combine (o must be set).
     pub sinks: u64,
+    /// Since 0.5: fp8 KV cache descales, fp32 (0 = 1.0); (b, h_kv) at
+    /// b * descale_strides[0] + h_kv * descale_strides[1] elements.
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub descale_strides: [i64; 2],
+}
+
+/// The descales of an fp8 KV cache (since 0.5): fp32 buffers, K's value is
+/// fp8(byte) * k[b * strides[0] + h_kv * strides[1]] (V's likewise); None =
+/// 1.0; strides [0, 0] = one value per tensor.
+#[derive(Debug, Clone, Copy)]
+pub struct Descales<'a> {
+    pub k: Option<&'a DeviceBuffer>,
+    pub v: Option<&'a DeviceBuffer>,
+    pub strides: [i64; 2],
 }
 
 impl RawDecodeArgs {
@@ -166,6 +181,9 @@ impl RawDecodeArgs {
             tree_mask: self.tree_mask,
             tree_mask_stride: self.tree_mask_strides,
             sinks: self.sinks,
+            k_descale: self.k_descale,
+            v_descale: self.v_descale,
+            descale_stride: self.descale_strides,
             ..Default::default()
         }
     }
@@ -604,7 +622,7 @@ fn resolve_kv(
     lengths: impl FnOnce() -> Result<Vec<usize>>,
 ) -> Result<ResolvedKv> {
     let (hkv, d, dv) = (cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
-    let e = cfg.dtype().size();
+    let e = cfg.kv_elem_size();
     match cache {
         KvCache::Contiguous { k, v } => Ok(ResolvedKv {
             k: tensor(rt, names[0], k, [batch, keys, hkv, d], e)?,
@@ -907,7 +925,20 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None)
+        self.decode_kv_impl(cfg, args, None, None, None)
+    }
+
+    /// `decode_kv` over an fp8 KV cache (a Config with `kv_dtype` E4M3 or
+    /// E5M2, since 0.5): the cache buffers hold the fp8 bytes, `descales`
+    /// scales them (each extent [batch, num_heads_kv] checked against its
+    /// buffer). Errors: as `decode_kv`; Unsupported below sm_89.
+    pub fn decode_kv_fp8(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        descales: Descales<'_>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, None, None, Some(descales))
     }
 
     /// `decode_kv` with a speculative-decoding tree mask among the new
@@ -920,7 +951,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: TreeMask<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, Some(tree), None)
+        self.decode_kv_impl(cfg, args, Some(tree), None, None)
     }
 
     /// `decode_kv` (with a tree mask when `tree` is given) and attention
@@ -935,7 +966,7 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: &DeviceBuffer,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, Some(sinks))
+        self.decode_kv_impl(cfg, args, tree, Some(sinks), None)
     }
 
     fn decode_kv_impl(
@@ -944,6 +975,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
+        descales: Option<Descales<'_>>,
     ) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
@@ -969,6 +1001,16 @@ impl Runtime {
         };
         if let Some(s) = sinks {
             raw.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+        }
+        if let Some(ds) = descales {
+            let dims = [b, cfg.num_heads_kv()];
+            raw.descale_strides = ds.strides;
+            if let Some(k) = ds.k {
+                raw.k_descale = checked_ptr(self, "k_descale", k, 0, &ds.strides, &dims, 4)?;
+            }
+            if let Some(v) = ds.v {
+                raw.v_descale = checked_ptr(self, "v_descale", v, 0, &ds.strides, &dims, 4)?;
+            }
         }
         if let Some(t) = &tree {
             let w = &t.words;
