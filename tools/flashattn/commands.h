@@ -64,6 +64,11 @@ struct RunOptions {
   std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
   std::string tree_mask;  // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
   std::string sinks;      // attention sinks: float [heads_q] .npy ("" = none)
+  // decode only: "" (the cache in dtype) | e4m3 | e5m2: the K/V .npy values
+  // quantised to fp8 bytes with descales per kv_scale ("head": per (batch,
+  // KV head), "tensor": one per cache) = amax / 448 (e4m3) or amax / 57344.
+  std::string kv_dtype;
+  std::string kv_scale = "head";
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

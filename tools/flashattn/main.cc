@@ -226,6 +226,18 @@ int run_main(int argc, char **argv) {
                 "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
                 "head, added to each row's denominator once, in the combine")
       ->type_name("SINKS.npy");
+  d->add_option("--kv-dtype", dec.kv_dtype,
+                "fp8 KV cache (sm_89+): quantise the K/V .npy values to e4m3 or e5m2 bytes "
+                "(round to nearest even, saturating) with descales amax / 448 (e4m3) or amax / "
+                "57344 (e5m2) over each --kv-scale group of valid rows; the reference uses the "
+                "values the bytes hold")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
+  d->add_option("--kv-scale", dec.kv_scale,
+                "With --kv-dtype: one descale per (batch, kv head) (head, the default) or per "
+                "cache tensor (tensor)")
+      ->check(CLI::IsMember({"head", "tensor"}))
+      ->type_name("head|tensor");
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);
