@@ -45,6 +45,7 @@ struct GenerateOptions {
   bool seqused_k = false;                      // forward: per-sequence key counts
   bool tree_mask = false;                      // decode: the tree-mask variant
   bool sinks = false;                          // forward, reduce: the attention-sink variant
+  std::string kv_dtype;                        // decode: "" | e4m3 | e5m2 (an fp8 KV cache)
   std::string lse_partial_format = "natural";  // reduce: natural | base2
   std::string lse_format = "natural";          // reduce: natural | base2
   std::string output;                          // "" = stdout

@@ -147,6 +147,10 @@ int run_main(int argc, char **argv) {
   g->add_flag("--sinks", gen.sinks,
               "Forward, reduce: the kernel adds attention sinks (gpt-oss) to each row's "
               "denominator");
+  g->add_option("--kv-dtype", gen.kv_dtype,
+                "Decode: the kernel for an fp8 KV cache (fa_config_desc.kv_dtype; sm_89 and up)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
   g->add_option("--lse-partial-format", gen.lse_partial_format,
                 "Reduce: the base of the partial LSEs read: natural or base2 (FlashInfer)")
       ->check(CLI::IsMember({"natural", "base2"}))
