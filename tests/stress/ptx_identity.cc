@@ -8,6 +8,7 @@
 //   g++ -std=c++17 -Iinclude tests/stress/ptx_identity.cc -Lbuild -lflashattn \
 //       -Wl,-rpath,$PWD/build -o /tmp/ptx_identity && /tmp/ptx_identity > after.txt
 // (Attention sinks: 115,200 modules, 23,218 distinct, identical.)
+// (fp8 KV cache, kv_dtype 0: 115,200 modules, 23,218 distinct, identical.)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -240,7 +240,7 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes) {
   t.offset = offset;
   t.rows = rows;
   t.cols = t.cols_pad = bytes / 2;
-  t.pitch = bytes + 16;
+  t.pitch = bytes;  // rows back to back: contiguous lanes touch contiguous bytes
   return t;
 }
 
@@ -248,7 +248,9 @@ Fp8Convert::Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile
                        Reg smem_base, bool e5m2, Type half)
     : e_(&e), src_(src), dst_(dst), e5m2_(e5m2), half_(half) {
   ptx::Builder &b = e.b;
-  const int C = src.cols / 8;  // 16-byte chunks of a row
+  // 8-byte chunks (8 values, one 16-byte store): the 8 lanes of a store
+  // phase then write 128 contiguous bytes of a row when L >= 8.
+  const int C = src.cols / 4;
   L_ = lanes_per_row(32, C);
   J_ = C / L_;
   step_ = 32 / L_;
@@ -256,17 +258,17 @@ Fp8Convert::Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile
   Reg row = e.op(Op::Shr, Type::U32, lane, imm(__builtin_ctz(static_cast<unsigned>(L_))));
   Reg col = e.op(Op::And, Type::B32, lane, imm(L_ - 1));
   saddr_ = e.op(Op::MadLo, Type::U32, row, imm(src.pitch), smem_base);
-  b.op(Op::MadLo, Type::U32, saddr_, col, imm(16), saddr_);
+  b.op(Op::MadLo, Type::U32, saddr_, col, imm(8), saddr_);
   daddr_ = e.op(Op::MadLo, Type::U32, row, imm(dst.pitch), smem_base);
-  b.op(Op::MadLo, Type::U32, daddr_, col, imm(32), daddr_);
+  b.op(Op::MadLo, Type::U32, daddr_, col, imm(16), daddr_);
   if (rounds_ * step_ > src.rows)
     rows_ok_ = e.setp(Cmp::Lt, Type::U32, row, imm(src.rows - (rounds_ - 1) * step_));
 }
 
 void Fp8Convert::run(int src_delta, int dst_delta) const {
   ptx::Builder &b = e_->b;
-  Reg w[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
-  Reg h[8], o[8];
+  Reg w[2] = {b.b32(), b.b32()};
+  Reg h[4], o[4];
   for (Reg &r : h) r = b.b16();
   for (Reg &r : o) r = b.b32();
   Reg lo16, hi16, lo, hi;
@@ -276,11 +278,11 @@ void Fp8Convert::run(int src_delta, int dst_delta) const {
   for (int k = 0; k < rounds_; ++k) {
     const Reg g = k == rounds_ - 1 ? rows_ok_ : Reg();
     for (int j = 0; j < J_; ++j) {
-      const int so = so0 + k * step_ * src_.pitch + 16 * L_ * j;
-      const int dof = do0 + k * step_ * dst_.pitch + 32 * L_ * j;
+      const int so = so0 + k * step_ * src_.pitch + 8 * L_ * j;
+      const int dof = do0 + k * step_ * dst_.pitch + 16 * L_ * j;
       if (g.valid()) b.when(g);
-      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(saddr_, so));
-      for (int i = 0; i < 4; ++i) {
+      b.ld_v(Space::Shared, Type::B32, {w[0], w[1]}, at(saddr_, so));
+      for (int i = 0; i < 2; ++i) {
         b.unpack_b32(h[2 * i], h[2 * i + 1], w[i]);
         b.cvt_f16x2_f8x2(e5m2_, o[2 * i], h[2 * i]);  // bytes 4i, 4i+1
         b.cvt_f16x2_f8x2(e5m2_, o[2 * i + 1], h[2 * i + 1]);
@@ -295,8 +297,6 @@ void Fp8Convert::run(int src_delta, int dst_delta) const {
       }
       if (g.valid()) b.when(g);
       b.st_v(Space::Shared, Type::B32, at(daddr_, dof), {o[0], o[1], o[2], o[3]});
-      if (g.valid()) b.when(g);
-      b.st_v(Space::Shared, Type::B32, at(daddr_, dof + 16), {o[4], o[5], o[6], o[7]});
     }
   }
 }
