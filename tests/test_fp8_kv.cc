@@ -78,6 +78,9 @@ struct Case {
   bool tree = false, sinks = false;
   bool direct = false;  // fa_decode with o.data set (its own combine)
   bool tight = false;   // contiguous without gaps (rows on 32-byte sectors)
+  // Sequence b's descales (K and V, every KV head) are +inf: its cache must
+  // be empty (lens[b] = 0), whose rows get O = 0 and LSE = -inf regardless.
+  int inf_descale_seq = -1;
   uint32_t seed = 1;
   std::string describe() const {
     char buf[300];
@@ -285,6 +288,7 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
     for (double &x : kd) x = 4.0 / fmax * uf(gen);
     for (double &x : vd) x = 4.0 / fmax * uf(gen);
   }
+  const int inf_b = c.inf_descale_seq;
   auto make_cache = [&](int d, const std::vector<double> &ds, std::vector<uint8_t> *codes,
                         std::vector<double> *vals) {
     codes->assign(size_t(c.batch) * sk * hkv * d, kNanCode);
@@ -295,7 +299,7 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
           for (int x = 0; x < d; ++x) {
             const size_t i = ((size_t(b) * sk + s) * hkv + h) * d + x;
             const double real = nd(gen) * (0.5 + h);
-            if (s >= c.lens[b]) continue;  // NaN bytes: never read
+            if (s >= c.lens[b] || b == inf_b) continue;  // NaN bytes: never read
             (*codes)[i] = fa::ref::fp8_from_double(real / ds[size_t(b) * hkv + h], c.e5m2);
             (*vals)[i] = fa::ref::fp8_to_double((*codes)[i], c.e5m2) * ds[size_t(b) * hkv + h];
           }
@@ -350,8 +354,8 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
     std::vector<float> kf(n, NAN), vf(n, NAN);
     for (int b = 0; b < c.batch; ++b)
       for (int h = 0; h < hkv; ++h) {
-        kf[b * s0 + h * s1] = float(kd[size_t(b) * hkv + h]);
-        vf[b * s0 + h * s1] = float(vd[size_t(b) * hkv + h]);
+        kf[b * s0 + h * s1] = b == inf_b ? INFINITY : float(kd[size_t(b) * hkv + h]);
+        vf[b * s0 + h * s1] = b == inf_b ? INFINITY : float(vd[size_t(b) * hkv + h]);
       }
     a.k_descale = dev.put(kf.data(), n * 4);
     a.v_descale = dev.put(vf.data(), n * 4);
@@ -406,6 +410,12 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
     a.lse = lse;
     a.sinks = sinks_dev;
     dev.check(fa_decode(rt, dev.cfg, &a, nullptr), "fa_decode");
+    // The combine ran last (with the sinks when given).
+    fa_emu_profile prof = FA_EMU_PROFILE_INIT;
+    if (fa_emulator_profile(rt, &prof) != FA_SUCCESS ||
+        std::strstr(prof.kernel, "fa_reduce_") == nullptr ||
+        (c.sinks && std::strstr(prof.kernel, "_sinks") == nullptr))
+      err += std::string("the combine ran ") + prof.kernel + "\n";
   } else {
     // The decode kernel alone (profiled: its name and counters), then the combine.
     dev.check(fa_decode(rt, dev.cfg, &a, nullptr), "fa_decode (partials)");
@@ -594,6 +604,11 @@ void test_features(void **) {
   c.sinks = true;
   c.direct = true;
   cases.push_back(c);
+  c = base(3, 2, 48, 4, 2, 64, 56);  // an empty sequence whose descales are +inf
+  c.lens = {48, 0, 20};
+  c.inf_descale_seq = 1;
+  c.splits = 2;
+  cases.push_back(c);
   c = base(1, 3, 64, 4, 4, 64, 54);  // sinks through fa_decode_reduce, invariant splits
   c.sinks = true;
   c.batch_invariant = true;
@@ -655,6 +670,14 @@ void test_statuses(void **) {
   std::printf("    sm_80: %s", e80.c_str());
   if (e80.find("fa_decode") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
     report("sm_80 fp8 decode: expected UNSUPPORTED, got: " + e80);
+  // The scalar decode has no fp8 path either.
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  g_last_fail = FA_SUCCESS;
+  const std::string es = run_case(g_rt89, c);
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  std::printf("    scalar decode: %s", es.c_str());
+  if (es.find("scalar") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
+    report("scalar fp8 decode: expected UNSUPPORTED, got: " + es);
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = FA_DTYPE_FP16;
   desc.head_dim = 64;

@@ -542,8 +542,9 @@ class DecodeTcGen {
         for (int z = 0; z < 4; ++z) b_.op(Op::Fma, Type::F32, acc[z], ov[z], wgt, acc[z]);
       }
       Reg inv = e_.op(Op::RcpRn, Type::F32, sum);
+      // V's descale, before the select: an empty row stays 0 whatever it is.
+      if (fp8_) b_.op(Op::Mul, Type::F32, inv, inv, vdesc);
       b_.selp(Type::F32, inv, fimm(0.0f), inv, empty);
-      if (fp8_) b_.op(Op::Mul, Type::F32, inv, inv, vdesc);  // V's descale
       for (Reg &a : acc) b_.op(Op::Mul, Type::F32, a, a, inv);
       Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
       Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));

@@ -1241,7 +1241,7 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     sinks (since 0.4.1): gpt-oss attention sinks fp32 [num_heads_q], as in
     forward(); they join each row's denominator once, in the combine.
     With a Config of kv_dtype 'e4m3' or 'e5m2' (since 0.5) the cache tensors
-    hold the fp8 bytes (NumPy uint8, torch uint8 or float8); a K element's
+    hold the fp8 bytes (NumPy or torch uint8); a K element's
     value is fp8(byte) * k_descale (V's likewise): k_descale / v_descale
     fp32, a scalar (one value per tensor) or [batch, num_heads_kv] (any
     strides), or None = 1.
