@@ -45,8 +45,8 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 4
-#define FLASHATTN_VERSION_PATCH 1
+#define FLASHATTN_VERSION_MINOR 5
+#define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
   (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH)
@@ -111,7 +111,13 @@ FA_API const char *fa_version_string(void);
 typedef enum fa_dtype {
   FA_DTYPE_FP16 = 1, /* IEEE binary16 */
   FA_DTYPE_BF16 = 2, /* bfloat16 */
-  FA_DTYPE_FP32 = 3  /* only for partial states and LSE */
+  FA_DTYPE_FP32 = 3, /* only for partial states and LSE */
+  /* Since 0.5: fp8 (OCP 8-bit floating point, PTX ISA "Alternate
+     Floating-Point Data Formats"), only as fa_config_desc.kv_dtype. */
+  FA_DTYPE_FP8_E4M3 = 4, /* 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+                            infinities, 0x7f/0xff NaN; largest 448 */
+  FA_DTYPE_FP8_E5M2 = 5  /* 1 sign, 5 exponent (bias 15), 2 mantissa bits
+                            (the top byte of an IEEE binary16); largest 57344 */
 } fa_dtype;
 
 typedef enum fa_backend {
@@ -247,10 +253,23 @@ typedef struct fa_config_desc {
                            0 = 1/sqrt(head_dim) */
   float softcap;        /* >= 0 and finite, softcap * log2(e) and
                            softmax_scale / softcap finite; 0 = off */
+  /* Since 0.5 (FA_CONFIG_DESC_SIZE_0_4 ends before it; zero = as 0.4). */
+  int64_t kv_dtype; /* 0 = dtype; FA_DTYPE_FP8_E4M3 or FA_DTYPE_FP8_E5M2: K and
+                       V (the KV cache) are fp8 bytes, Q and O stay dtype. A K
+                       element's value is fp8(byte) * k_descale (the decode
+                       args' descales), V's likewise; attention runs on those
+                       values with fp32 accumulation. fa_decode only (sm_89+:
+                       UNSUPPORTED below it and from fa_launch); head_dim and
+                       head_dim_v multiples of 16 (else UNSUPPORTED). 64-bit
+                       so that 0.4's struct, padding included, ends where it
+                       begins (as fa_generate_options.sinks) */
 } fa_config_desc;
 
+/* struct_size of fa_config_desc in flashattn 0.4 (before kv_dtype). */
+#define FA_CONFIG_DESC_SIZE_0_4 (offsetof(fa_config_desc, kv_dtype))
+
 #define FA_CONFIG_DESC_INIT \
-  { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f }
+  { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f, 0 }
 
 /* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
  * struct_size, dtype, heads not divisible, negative window other than -1,
@@ -422,12 +441,23 @@ typedef struct fa_forward_args {
                      mask and window. LSE includes it:
                      log(sum_j e^s_j + e^sinks[h]); a row with no visible
                      key gets O = 0 and LSE = sinks[h]. -inf = no sink */
+  /* Since 0.5 (FA_FORWARD_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1). */
+  uint64_t k_descale, v_descale; /* fp8 KV (fa_config_desc.kv_dtype) only:
+                                    fp32, 4-byte aligned, or 0 = 1.0: descale
+                                    of (b, h_kv) at k_descale[b *
+                                    descale_stride[0] + h_kv *
+                                    descale_stride[1]] (device data) */
+  int64_t descale_stride[2];     /* elements, >= 0; {0, 0} = one value per
+                                    tensor (FA3's [batch, num_heads_kv]
+                                    descales: {num_heads_kv, 1}) */
 } fa_forward_args;
 
 /* struct_size of fa_forward_args in flashattn 0.2 (before kv). */
 #define FA_FORWARD_ARGS_SIZE_0_2 (offsetof(fa_forward_args, kv))
 /* struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (before sinks). */
 #define FA_FORWARD_ARGS_SIZE_0_4 (offsetof(fa_forward_args, sinks))
+/* struct_size of fa_forward_args in flashattn 0.4.1 (before the 0.5 fields). */
+#define FA_FORWARD_ARGS_SIZE_0_4_1 (offsetof(fa_forward_args, k_descale))
 
 #define FA_TENSOR_INIT \
   {                    \
@@ -438,7 +468,9 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0                        \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, {               \
+      0, 0                                                                            \
+    }                                                                                 \
   }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
@@ -518,8 +550,17 @@ typedef struct fa_decode_args {
                      row's denominator once, in the combine (fa_decode_reduce
                      with fa_reduce_args.sinks), never in the partial states:
                      so they need o.data != 0 */
-  /* Since 0.5 (FA_DECODE_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1).
-   * KV append with rotary embedding, in the same launch (as FlashAttention's
+  /* Since 0.5 (FA_DECODE_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1). */
+  uint64_t k_descale, v_descale; /* fp8 KV cache (fa_config_desc.kv_dtype)
+                                    only: fp32 descales, 4-byte aligned, or 0
+                                    = 1.0; (b, h_kv) at k_descale[b *
+                                    descale_stride[0] + h_kv *
+                                    descale_stride[1]] (device data). K's
+                                    scales the scores, V's the output */
+  int64_t descale_stride[2];     /* elements, >= 0; {0, 0} = one value per
+                                    tensor (FA3's [batch, num_heads_kv]
+                                    descales: {num_heads_kv, 1}) */
+  /* KV append with rotary embedding, in the same launch (as FlashAttention's
    * flash_attn_with_kvcache): with k_new.data != 0, the seqlen_new new keys
    * and values of sequence b are written into the cache at positions
    * cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (any kv.layout) and
@@ -538,11 +579,11 @@ typedef struct fa_decode_args {
    * cache_seqlens[b] + t when causal or windowed, else at
    * cache_seqlens[b] (FlashAttention's rule); rotary_positions overrides
    * both. Needs the tensor-core decode (sm_80+). */
-  fa_tensor k_new;    /* [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype,
-                         or data 0 = no append (every field below 0) */
-  fa_tensor v_new;    /* [batch, seqlen_new, num_heads_kv, head_dim_v] */
-  int32_t seqlen_new; /* 1..seqlen_k_max with k_new */
-  int32_t rotary_dim; /* 0 = no rotary; else a multiple of 16, <= head_dim */
+  fa_tensor k_new;                 /* [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype,
+                                      or data 0 = no append (every field below 0) */
+  fa_tensor v_new;                 /* [batch, seqlen_new, num_heads_kv, head_dim_v] */
+  int32_t seqlen_new;              /* 1..seqlen_k_max with k_new */
+  int32_t rotary_dim;              /* 0 = no rotary; else a multiple of 16, <= head_dim */
   uint64_t rotary_cos, rotary_sin; /* [seqlen_ro, rotary_dim / 2] contiguous,
                                       fp32 or cfg dtype (rotary_dtype),
                                       element-aligned */
@@ -570,15 +611,15 @@ typedef struct fa_decode_args {
 /* struct_size of fa_decode_args in flashattn 0.4.0 (before sinks). */
 #define FA_DECODE_ARGS_SIZE_0_4 (offsetof(fa_decode_args, sinks))
 /* struct_size of fa_decode_args in flashattn 0.4.1 (before the 0.5 fields). */
-#define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, k_new))
+#define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, k_descale))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
-#define FA_DECODE_ARGS_INIT                                                                      \
-  {                                                                                              \
-    sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
-        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, FA_TENSOR_INIT,             \
-        FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+#define FA_DECODE_ARGS_INIT                                                                        \
+  {                                                                                                \
+    sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0,   \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, 0, 0, {0, 0}, FA_TENSOR_INIT, \
+        FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                               \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's

@@ -100,6 +100,14 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(
                 make_spec(config(dt, d, dv, 16, 16, sc), KernelKind::Forward, lim, shape));
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
+            // fp8 KV cache (sm_89+, head dims multiples of 16): the descale
+            // indices and the byte-tile copies.
+            if (sm >= 89 && d % 16 == 0 && dv % 16 == 0) {
+              AttentionConfig c8 = config(dt, d, dv, 8, 2, sc);
+              c8.kv_fp8 = lay == 1 ? KvFp8::E5M2 : KvFp8::E4M3;
+              out.push_back(make_spec(c8, KernelKind::Decode, lim, shape));
+              if (lay == 0) out.push_back(make_spec(c8, KernelKind::Decode, sm, false));
+            }
             // KV append with RoPE (both pairings, fp32 and 16-bit tables).
             shape.append_kv = true;
             shape.rotary = 1 + lay % 2;

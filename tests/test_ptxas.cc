@@ -185,6 +185,27 @@ std::vector<KernelSpec> grid() {
                             limits_of(80), shape));
   }
   unsetenv("FLASHATTN_SCALAR_DECODE");
+  // fp8 KV cache (e4m3, e5m2) in the tensor-core decode, sm_89 and sm_90:
+  // every head dim it takes (multiples of 16), both dtypes, softcap, every
+  // KV layout, GQA, tree masks.
+  for (int sm : {89, 90}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (int d : {16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256})
+      for (int f = 0; f < 2; ++f, ++i) {
+        LaunchShape shape;
+        shape.kv_layout = i % 3 == 0   ? KvLayout::Contiguous
+                          : i % 3 == 1 ? KvLayout::Paged
+                                       : KvLayout::PtrArray;
+        shape.page_size = i % 3 == 1 ? (i % 2 ? 16 : 5) : 0;
+        shape.tree_mask = i % 5 == 0;
+        AttentionConfig cfg = config(f ? Dtype::BF16 : Dtype::F16, d, d, 8, i % 4 ? 2 : 8, i % 2);
+        cfg.kv_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
+        KernelSpec s = make_spec(cfg, KernelKind::Decode, lim, shape);
+        assert_true(s.mma && s.kv_fp8 == cfg.kv_fp8);
+        out.push_back(s);
+      }
+  }
   // Attention sinks: the mma.sync forward (the head dims with the most
   // registers, softcap, varlen, a paged cache), the scalar forward, the
   // sm_90a forward's TMA and gather variants, and the reduce (both LSE
@@ -306,7 +327,7 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   // Forward kernels, and the tree-mask decode variants (new in 0.4, held to
   // the same rule), must not touch local memory.
   const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
-                      job.spec.sinks || job.spec.append_kv;
+                      job.spec.sinks || job.spec.kv_fp8 != KvFp8::None || job.spec.append_kv;
   if (strict && (spills || regs < 0 || regs > 255)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
               regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");

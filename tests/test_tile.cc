@@ -6,11 +6,16 @@
 //  - CopyPlan: interior and boundary copies (tail rows zero-filled) and the
 //    zeroed head-dim padding, for row chunk counts that are and are not
 //    powers of two, 4 and 8 warps, and a plan sharing another's registers;
+//  - byte_tile + Fp8Convert: a warp's tile of fp8 bytes (e4m3, e5m2, every
+//    code) copied in by a CopyPlan and converted to fp16 / bf16 in a
+//    SmemTile, every element against the fp8 value (reference.cc's own
+//    decoder), row widths that are and are not powers of two, a stage offset;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
 //    rescale threshold, against one softmax over all tiles in fp64.
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +25,7 @@
 #include "emu/numeric.h"
 #include "kernels/codegen.h"
 #include "kernels/tile/tile.h"
+#include "reference.h"
 #include "support/cmocka.hh"
 
 #include "support/emu_harness.h"
@@ -45,7 +51,7 @@ struct Ptrs {
 
 // A kernel of `threads` threads; body(e, tid, smem, pointers).
 template <typename Body>
-std::string kernel(int threads, Body body) {
+std::string kernel(int threads, Body body, int ptx_version = 70, int sm = 80) {
   Builder b("k_tile", sizeof(Ptrs));
   Emitter e(b);
   Reg g[kPtrs];
@@ -54,7 +60,7 @@ std::string kernel(int threads, Body body) {
   Reg smem = e.mov(Type::U32, fa::ptx::sym(b.extern_shared("smem", 16)));
   body(e, tid, smem, g);
   b.exit();
-  return std::move(b).emit(70, 80, static_cast<uint32_t>(threads));
+  return std::move(b).emit(ptx_version, sm, static_cast<uint32_t>(threads));
 }
 
 fa_status launch(const std::string &ptx, int threads, uint32_t smem, const Ptrs &p) {
@@ -254,6 +260,76 @@ void test_copy_plans(void **) {
   check_copy(16, 40, 128, true, 0, false);  // every row zero-filled
 }
 
+// ------------------------------------------------------------ fp8 tiles ---
+
+// One warp: a 16 x bytes tile of fp8 codes (every code, NaN included) copied
+// by a CopyPlan into a byte_tile at a stage offset, converted by Fp8Convert
+// into a 16-bit SmemTile, read back whole.
+void check_fp8_convert(int bytes, bool e5m2, bool bf16) {
+  const int rows = 16;
+  const uint32_t stage = 2 * tile::byte_tile(0, rows, bytes).bytes();  // the tile sits in stage 1
+  const tile::SmemTile src = tile::byte_tile(0, rows, bytes);
+  const tile::SmemTile dst = tile::smem_tile(stage + src.bytes(), rows, bytes);
+  const uint32_t smem_bytes = dst.offset + dst.bytes();
+  std::vector<uint8_t> codes(size_t(rows) * bytes);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + 11) & 0xff);
+  const std::string ptx = kernel(
+      32,
+      [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+        Builder &b = e.b;
+        tile::SmemTile st = src;
+        st.offset += stage / 2;
+        Reg sb = e.mov(Type::S64, imm(bytes));
+        tile::CopyPlan plan(e, tid, 32, st, smem, sb);
+        plan.interior(e.op(Op::Add, Type::S64, g[0], plan.base_offset()));
+        b.cp_async_commit();
+        b.cp_async_wait(0);
+        b.bar_warp_sync(0xffffffffu);
+        tile::Fp8Convert cvt(e, tid, src, dst, smem, e5m2, bf16 ? Type::BF16 : Type::F16);
+        cvt.run(static_cast<int>(stage / 2), 0);
+        b.bar_warp_sync(0xffffffffu);
+        Reg w = b.b32();
+        for (uint32_t o = 0; o < dst.bytes(); o += 4u * 32) {
+          Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+          Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(dst.bytes()));
+          Reg sa = e.op(Op::Add, Type::U32, smem, off);
+          b.when(in).ld(Space::Shared, Type::U32, w, at(sa, static_cast<int>(dst.offset)));
+          b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+        }
+      },
+      81, 89);
+  DevBuf ds(codes.size()), dout(dst.bytes());
+  ds.put(codes);
+  Ptrs p = {{ds.ptr, dout.ptr, 0, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, smem_bytes, p), FA_SUCCESS);
+  const std::vector<uint16_t> got = dout.get<uint16_t>();
+  int bad = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < bytes; ++c) {
+      const double want = fa::ref::fp8_to_double(codes[size_t(r) * bytes + c], e5m2);
+      const uint16_t gb = got[size_t(dst.at(r, c)) / 2];
+      const double gv = bf16 ? fa::ref::bf16_to_f32(gb) : fa::ref::f16_to_f32(gb);
+      const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
+      if (!ok && bad++ < 5)
+        std::fprintf(stderr, "bytes %d %s %s: (%d, %d) code %02x = %g, want %g\n", bytes,
+                     e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "f16", r, c,
+                     codes[size_t(r) * bytes + c], gv, want);
+    }
+  assert_int_equal(bad, 0);
+}
+
+void test_fp8_convert(void **) {
+  // The fp8 cvt needs sm_89: this test's own emulated device.
+  std::unique_ptr<fa::Backend> be89;
+  assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be89.get();
+  // 16-byte chunks per row 1, 3, 4, 5, 8, 16: L (lanes per row) 1 .. 16.
+  for (int bytes : {16, 48, 64, 80, 128, 256})
+    for (int f = 0; f < 4; ++f) check_fp8_convert(bytes, f & 1, f & 2);
+  g_be = sm80;
+}
+
 // ------------------------------------------------------------ masking ---
 
 // mask_row_half on a 16 x 32 tile of ones: row r keeps columns [lo_r, hi_r)
@@ -408,9 +484,8 @@ void test_online_softmax(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mma_fragments),
-      cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_mask_row_half),
+      cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_mask_row_half),
       cmocka_unit_test(test_online_softmax),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);

@@ -31,6 +31,10 @@ type ConfigDesc struct {
 	Window       *Window // nil = no window
 	SoftmaxScale float32 // 0 = 1/sqrt(HeadDim)
 	Softcap      float32 // 0 = off
+	// Since 0.5: 0 = DType, or FP8E4M3 / FP8E5M2: K and V (the KV cache)
+	// hold fp8 bytes, scaled by DecodeArgs.KDescale/VDescale (Decode only,
+	// sm_89+, head dims multiples of 16).
+	KVDType DType
 }
 
 // Config is a validated, immutable attention config, shareable by
@@ -65,6 +69,7 @@ func NewConfig(desc ConfigDesc) (*Config, error) {
 	}
 	d.softmax_scale = C.float(desc.SoftmaxScale)
 	d.softcap = C.float(desc.Softcap)
+	d.kv_dtype = C.int64_t(desc.KVDType)
 	var e C.fago_err
 	var p *C.fa_config
 	if err := check(C.fago_config_create(&d, &p, &e), &e); err != nil {

@@ -196,6 +196,11 @@ type DecodeArgs struct {
 	// Since 0.4.1: attention sinks as in ForwardArgs.Sinks, or 0; each row's
 	// sink joins its denominator once, in the combine (O.Data must be set).
 	Sinks uint64
+	// Since 0.5, an fp8 KV cache (ConfigDesc.KVDType): fp32 descales, 4-byte
+	// aligned, or 0 = 1.0; (b, h_kv) at element b * DescaleStride[0] + h_kv *
+	// DescaleStride[1] ({0, 0}: one value per tensor).
+	KDescale, VDescale uint64
+	DescaleStride      [2]int64
 	// Since 0.5, KV append with rotary embedding (as FlashAttention's
 	// flash_attn_with_kvcache), in the same launch: with KNew.Data != 0 the
 	// SeqlenNew new keys KNew [batch, seqlen_new, heads_kv, dim] and values
@@ -274,6 +279,10 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
 	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
 	ca.sinks = C.uint64_t(a.Sinks)
+	ca.k_descale = C.uint64_t(a.KDescale)
+	ca.v_descale = C.uint64_t(a.VDescale)
+	ca.descale_stride[0] = C.int64_t(a.DescaleStride[0])
+	ca.descale_stride[1] = C.int64_t(a.DescaleStride[1])
 	ca.k_new, ca.v_new = a.KNew.c(), a.VNew.c()
 	ca.seqlen_new = C.int32_t(a.SeqlenNew)
 	ca.rotary_dim = C.int32_t(a.RotaryDim)

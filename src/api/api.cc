@@ -237,6 +237,35 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   return FA_SUCCESS;
 }
 
+// The fp8 KV cache's descales (fa_decode_args / fa_forward_args, since 0.5):
+// only with an fp8 kv_dtype, 4-byte aligned, non-negative strides; and the
+// fp8 K/V strides in whole 16-byte chunks (16 elements).
+fa_status validate_descales(const fa::AttentionConfig &c, uint64_t kd, uint64_t vd,
+                            const int64_t stride[2], const fa_tensor &k, const fa_tensor &v) {
+  if (c.kv_fp8 == fa::KvFp8::None) {
+    FA_REQUIRE(kd == 0 && vd == 0 && stride[0] == 0 && stride[1] == 0,
+               "k_descale, v_descale and descale_stride are for an fp8 KV cache (the config's "
+               "kv_dtype FA_DTYPE_FP8_E4M3 or FA_DTYPE_FP8_E5M2); set them to 0");
+    return FA_SUCCESS;
+  }
+  FA_CHECK(check_fp32_ptr("k_descale", kd, false));
+  FA_CHECK(check_fp32_ptr("v_descale", vd, false));
+  for (int i = 0; i < 2; ++i) {
+    FA_REQUIRE(stride[i] >= 0, "descale_stride[%d] must be >= 0, got %lld", i,
+               static_cast<long long>(stride[i]));
+  }
+  const fa_tensor *t[2] = {&k, &v};
+  for (int j = 0; j < 2; ++j) {
+    for (int i = 0; i < 3; ++i) {
+      FA_REQUIRE(t[j]->stride[i] % 16 == 0,
+                 "%s.stride[%d] must be a multiple of 16 elements with an fp8 KV cache (16-byte "
+                 "rows of fp8 bytes), got %lld",
+                 j ? "v_cache" : "k_cache", i, static_cast<long long>(t[j]->stride[i]));
+    }
+  }
+  return FA_SUCCESS;
+}
+
 // The rows of a GQA group (group * seqlen_q), which the decode kernel
 // indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
 // A rotary table's fa_dtype: 0 or FP32 (f32), or the config's 16-bit dtype.
@@ -389,8 +418,17 @@ fa_status validate_reduce(const fa_reduce_args *a) {
   return FA_SUCCESS;
 }
 
-fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
-  FA_REQUIRE(d != nullptr, "desc is NULL");
+fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
+  FA_REQUIRE(desc != nullptr, "desc is NULL");
+  // A 0.4-sized desc (before kv_dtype) reads as kv_dtype 0.
+  fa_config_desc wide;
+  if (desc->struct_size == FA_CONFIG_DESC_SIZE_0_4) {
+    std::memset(&wide, 0, sizeof wide);
+    std::memcpy(&wide, desc, FA_CONFIG_DESC_SIZE_0_4);
+    wide.struct_size = sizeof wide;
+    desc = &wide;
+  }
+  const fa_config_desc *d = desc;
   FA_CHECK(check_struct_size("desc", d->struct_size, sizeof(fa_config_desc)));
   const int dtype = raw_enum(d->dtype);
   FA_REQUIRE(dtype == FA_DTYPE_FP16 || dtype == FA_DTYPE_BF16,
@@ -445,6 +483,20 @@ fa_status config_from_desc(const fa_config_desc *d, fa::AttentionConfig *c) {
   c->softmax_scale =
       d->softmax_scale > 0 ? d->softmax_scale : 1.0f / std::sqrt(static_cast<float>(d->head_dim));
   c->softcap = d->softcap;
+  FA_REQUIRE(
+      d->kv_dtype == 0 || d->kv_dtype == FA_DTYPE_FP8_E4M3 || d->kv_dtype == FA_DTYPE_FP8_E5M2,
+      "kv_dtype must be 0 (= dtype), FA_DTYPE_FP8_E4M3 (4) or FA_DTYPE_FP8_E5M2 (5), got %lld",
+      static_cast<long long>(d->kv_dtype));
+  if (d->kv_dtype != 0) {
+    // The fp8 rows travel in whole 16-byte chunks (16 values).
+    if (d->head_dim % 16 != 0 || dv % 16 != 0) {
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "an fp8 KV cache (kv_dtype %d) needs head_dim and head_dim_v multiples of 16, "
+                  "got %d and %d",
+                  static_cast<int>(d->kv_dtype), d->head_dim, dv);
+    }
+    c->kv_fp8 = static_cast<fa::KvFp8>(d->kv_dtype);
+  }
   return FA_SUCCESS;
 }
 
@@ -654,7 +706,9 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
   const fa::KernelKind k = kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
                            : kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
                                                       : fa::KernelKind::Reduce;
-  const std::string ptx = fa::generate_ptx(fa::make_spec(cfg->cfg, k, lim, shape));
+  const fa::KernelSpec spec = fa::make_spec(cfg->cfg, k, lim, shape);
+  FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
+  const std::string ptx = fa::generate_ptx(spec);
   *ptx_size = ptx.size();
   if (buf_size < ptx.size() + 1) {
     if (buf == nullptr) return FA_SUCCESS;  // size query
@@ -762,8 +816,11 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(
+        args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4, FA_FORWARD_ARGS_SIZE_0_4_1},
+        &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
+    FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k, a.v));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
 }
@@ -803,6 +860,8 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
                          FA_DECODE_ARGS_SIZE_0_4_1},
                         &a));
     FA_CHECK(validate_decode(&a));
+    FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k_cache,
+                               a.v_cache));
     FA_CHECK(validate_append(cfg->cfg, &a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));

@@ -14,6 +14,12 @@
 // only after the loop: no CTA barrier in the loop. The warps' states are then
 // merged in shared memory (fa_decode_reduce's combine) and the CTA writes its
 // split's partial state: O normalised within the split (fp32) and LSE.
+// With an fp8 KV cache (spec.kv_fp8) the ring holds the fp8 bytes as they
+// are in global memory (half the bytes of a 16-bit tile, so half the global
+// traffic, still 16-byte cp.async on every layout); the warp converts the
+// tile it is about to use into one 16-bit K and V tile of its own
+// (tile::Fp8Convert) and ldmatrix / mma read that as before. The K descale
+// is folded into the score scale, the V descale into the final 1 / l.
 // Layouts, tile choice and the loop: docs/kernels.md.
 #include <algorithm>
 #include <cstdio>
@@ -40,8 +46,12 @@ constexpr int kWarpKeys = 16;  // keys per warp tile
 // K [16][d] and V [16][dv] (stage s of warp w at kv_base + w warp_bytes +
 // s stage_bytes). After the loop the merge area reuses it from 0: per warp
 // O [16][dv] f32 (rows padded by 32 bytes: conflict-free) and LSE [16] f32.
+// fp8 KV: a stage holds K [16][d] and V [16][dv] bytes (k8, v8), and after
+// the stages each warp has one 16-bit K and V tile (k, v: offsets within the
+// warp's area) that the tile in use is converted into.
 struct Layout {
-  SmemTile q, k, v;  // k, v: offsets within a stage
+  SmemTile q, k, v;  // k, v: offsets within a stage (fp8: within the warp's area)
+  SmemTile k8, v8;   // fp8: offsets within a stage
   uint32_t kv_base = 0, stage_bytes = 0, warp_bytes = 0;
   uint32_t merge_pitch = 0;             // bytes per row of a warp's merge O
   uint32_t merge_o = 0, merge_lse = 0;  // per-warp bytes of each merge part
@@ -54,8 +64,18 @@ Layout layout(const KernelSpec &s) {
   l.k = tile::smem_tile(0, kWarpKeys, s.head_dim);
   l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, s.head_dim_v);
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
-  l.stage_bytes = l.k.bytes() + l.v.bytes();
-  l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
+  if (s.kv_fp8 != KvFp8::None) {
+    l.k8 = tile::byte_tile(0, kWarpKeys, s.head_dim);
+    l.v8 = tile::byte_tile(l.k8.bytes(), kWarpKeys, s.head_dim_v);
+    l.stage_bytes = l.k8.bytes() + l.v8.bytes();
+    const uint32_t ring = static_cast<uint32_t>(s.stages) * l.stage_bytes;
+    l.k.offset += ring;
+    l.v.offset += ring;
+    l.warp_bytes = ring + l.k.bytes() + l.v.bytes();
+  } else {
+    l.stage_bytes = l.k.bytes() + l.v.bytes();
+    l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
+  }
   // +32 bytes: the 4 rows of a half-warp's 8-byte stores start 8 banks
   // apart (conflict-free; +16 would overlap them by half).
   l.merge_pitch = static_cast<uint32_t>(s.head_dim_v) * 4 + 32;
@@ -74,7 +94,8 @@ class DecodeTcGen {
         lay_(layout(spec)),
         b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
+        fp8_(spec.kv_fp8 != KvFp8::None) {
     W_ = spec.num_warps;
     S_ = spec.stages;
     G_ = spec.group_size;
@@ -135,10 +156,18 @@ class DecodeTcGen {
     Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
     Reg v = e_.global_param(offsetof(P, v));
     Reg qs[3], ks[3], vs[3];
+    const int kv_bytes = fp8_ ? 1 : 2;
     for (int i = 0; i < 3; ++i) {
       qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
-      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
-      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, kv_bytes);
+      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, kv_bytes);
+    }
+    if (fp8_) {
+      // K's descale of (batch, KV head) scales every score of the CTA (with
+      // softcap the scale lives in its -2 log2(e) score_scale constant).
+      Reg kd = descale(offsetof(P, k_descale));
+      Reg &sc = spec_.softcap ? cap_.neg2 : score_scale_;
+      b_.op(Op::Mul, Type::F32, sc, sc, kd);
     }
     kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz_, kvh_, &kr_, &vr_);
     // cache_seqlens is device data: clamped to [0, seqlen_k_max].
@@ -255,17 +284,21 @@ class DecodeTcGen {
     k_plans_.reserve(S_);
     v_plans_.reserve(S_);
     for (int s = 0; s < S_; ++s) {
-      SmemTile kt = lay_.k, vt = lay_.v;
+      SmemTile kt = fp8_ ? lay_.k8 : lay_.k, vt = fp8_ ? lay_.v8 : lay_.v;
       kt.offset += s * lay_.stage_bytes;
       vt.offset += s * lay_.stage_bytes;
       k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr);
-      v_plans_.emplace_back(
-          e_, lane_, 32, vt, wsmem_, vr_.row,
-          s ? &v_plans_[0] : (lay_.v.cols == lay_.k.cols ? &k_plans_[0] : nullptr));
+      v_plans_.emplace_back(e_, lane_, 32, vt, wsmem_, vr_.row,
+                            s ? &v_plans_[0] : (vt.cols == kt.cols ? &k_plans_[0] : nullptr));
       k_plans_.back().zero_padding();
       v_plans_.back().zero_padding();
     }
     if (spec_.append_kv) append(slo, shi);
+    if (fp8_) {
+      const bool e5m2 = spec_.kv_fp8 == KvFp8::E5M2;
+      k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, half_);
+      v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, half_);
+    }
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
@@ -366,6 +399,23 @@ class DecodeTcGen {
     b_.bar_sync();
   }
 
+  // The fp32 descale of (batch, KV head) at the pointer parameter `param`
+  // (DecodeParams::k_descale / v_descale), or 1 when it is 0.
+  Reg descale(size_t param) {
+    Reg raw = e_.param(Type::U64, param);
+    Reg set = e_.setp(Cmp::Ne, Type::U64, raw, imm(0));
+    Reg p = b_.b64();
+    b_.cvta_to_global(p, raw);
+    Reg i =
+        e_.op(Op::MulLo, Type::S64, e_.s64(bz_), e_.param(Type::S64, offsetof(P, descale_stride)));
+    b_.op(Op::MadLo, Type::S64, i, e_.s64(kvh_),
+          e_.param(Type::S64, offsetof(P, descale_stride) + 8), i);
+    Reg a = e_.index64(p, i, 4);
+    Reg d = e_.mov(Type::F32, fimm(1.0f));
+    b_.when(set).ld(Space::Global, Type::F32, d, at(a), true);
+    return d;
+  }
+
   // Warp tile i of this warp starts at key n0 + (warp + i W) 16.
   Reg tile_key(Reg i) {
     Reg t = e_.op(Op::MadLo, Type::S32, i, imm(W_), warp_);
@@ -447,7 +497,13 @@ class DecodeTcGen {
       }
       b_.cp_async_wait(S_ - 1);       // tile i: this lane's copies landed ...
       b_.bar_warp_sync(0xffffffffu);  // ... and every lane's
-      body(s, tile_key(i_));
+      if (fp8_) {
+        b_.comment("fp8 K and V of stage " + std::to_string(s) + " to the warp's 16-bit tiles");
+        k_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
+        v_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
+        b_.bar_warp_sync(0xffffffffu);  // every lane's values are in
+      }
+      body(fp8_ ? 0 : s, tile_key(i_));
       b_.bar_warp_sync(0xffffffffu);  // every lane is done with stage s
       b_.op(Op::Add, Type::S32, i_, i_, imm(1));
     }
@@ -560,6 +616,7 @@ class DecodeTcGen {
     Reg lpart = e_.global_param(offsetof(P, lse_partial));
     Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
     const int C = dv / 4, total = kRows * C, T = 32 * W_;
+    Reg vdesc = fp8_ ? descale(offsetof(P, v_descale)) : Reg();
     Reg m = b_.f32(), sum = b_.f32(), wgt = b_.f32(), x = b_.f32();
     for (int i = 0; i * T < total; ++i) {
       Reg c = e_.op(Op::Add, Type::U32, tid_, imm(i * T));
@@ -598,6 +655,8 @@ class DecodeTcGen {
         for (int z = 0; z < 4; ++z) b_.op(Op::Fma, Type::F32, acc[z], ov[z], wgt, acc[z]);
       }
       Reg inv = e_.op(Op::RcpRn, Type::F32, sum);
+      // V's descale, before the select: an empty row stays 0 whatever it is.
+      if (fp8_) b_.op(Op::Mul, Type::F32, inv, inv, vdesc);
       b_.selp(Type::F32, inv, fimm(0.0f), inv, empty);
       for (Reg &a : acc) b_.op(Op::Mul, Type::F32, a, a, inv);
       Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
@@ -625,6 +684,8 @@ class DecodeTcGen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
+  bool fp8_ = false;
+  tile::Fp8Convert k_cvt_, v_cvt_;
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;

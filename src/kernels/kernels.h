@@ -15,6 +15,9 @@ enum class Dtype : uint8_t { F16 = 1, BF16 = 2 };
 enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
 // How a kernel finds a key's K/V row (flashattn.h, fa_kv_layout): same values.
 enum class KvLayout : uint8_t { Contiguous = 0, Paged = 1, PtrArray = 2 };
+// The KV cache's element type when it is not the config's 16-bit dtype
+// (flashattn.h, fa_config_desc.kv_dtype): fp8 bytes, same values as fa_dtype.
+enum class KvFp8 : uint8_t { None = 0, E4M3 = 4, E5M2 = 5 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
@@ -31,10 +34,11 @@ struct AttentionConfig {
   int num_heads_q = 0;
   int num_heads_kv = 0;
   bool causal = false;
-  int window_left = -1;     // -1 = unbounded
-  int window_right = -1;    // -1 = unbounded
-  float softmax_scale = 0;  // resolved (> 0)
-  float softcap = 0;        // 0 = off
+  int window_left = -1;        // -1 = unbounded
+  int window_right = -1;       // -1 = unbounded
+  float softmax_scale = 0;     // resolved (> 0)
+  float softcap = 0;           // 0 = off
+  KvFp8 kv_fp8 = KvFp8::None;  // K and V (the KV cache) hold fp8 bytes
 };
 
 // A config of the given shape, no masking (tests and benchmarks).
@@ -97,6 +101,10 @@ struct KernelSpec {
   // them in its combine. Off: the PTX is byte-identical to a spec without
   // the field.
   bool sinks = false;
+  // Decode: K and V hold fp8 bytes (e4m3 or e5m2), converted to the 16-bit
+  // dtype on their way into shared memory; descales in DecodeParams. None:
+  // the PTX and the serialisation are those of a spec without the field.
+  KvFp8 kv_fp8 = KvFp8::None;
   // Decode: KV append (DecodeParams::k_new): the new keys and values are
   // written into the cache and attended to in the same launch, Q and the
   // new K rotated (RoPE) first when rotary != 0 (1: GPT-NeoX pairs, 2: GPT-J
@@ -221,6 +229,11 @@ struct DecodeParams {
   // bit j % 32 of word j / 32 = query i sees new token j.
   uint64_t tree_mask;
   int64_t tree_mask_stride[2];  // bytes: batch, query row
+  // spec.kv_fp8 only (a kernel without it declares its parameter block to
+  // end at k_descale): fp32 descales, 0 = 1.0; (b, h_kv) at element
+  // b descale_stride[0] + h_kv descale_stride[1].
+  uint64_t k_descale, v_descale;
+  int64_t descale_stride[2];
   // spec.append_kv only (a kernel without it declares its parameter block
   // to end before k_new): new keys/values [b, seqlen_new, hkv, d], written
   // into the cache at cache_seqlens[b] + t (then the sequence's length is
@@ -258,7 +271,8 @@ static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed"
 // does not use; a launch passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
   if (spec.append_kv) return sizeof(DecodeParams);
-  return spec.tree_mask ? offsetof(DecodeParams, k_new) : offsetof(DecodeParams, tree_mask);
+  if (spec.kv_fp8 != KvFp8::None) return offsetof(DecodeParams, k_new);
+  return spec.tree_mask ? offsetof(DecodeParams, k_descale) : offsetof(DecodeParams, tree_mask);
 }
 
 // The parameter block a forward kernel declares: without sinks only the

@@ -29,6 +29,7 @@ const char *kind_name(KernelKind k) {
   }
 }
 const char *dtype_name(Dtype d) { return d == Dtype::BF16 ? "bf16" : "f16"; }
+const char *kv_fp8_name(KvFp8 f) { return f == KvFp8::E5M2 ? "e5m2" : "e4m3"; }
 const char *kv_text(const KernelSpec &s) {
   switch (s.kv_layout) {
     case KvLayout::Paged:
@@ -93,10 +94,17 @@ bool spec_valid(const KernelSpec &s) {
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode) return false;
+  // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
+  // whole 16-byte chunks of fp8 bytes.
+  if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
+                                  !(s.kind == KernelKind::Decode && s.mma && s.sm >= 89 &&
+                                    s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
+    return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
+  if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
@@ -284,6 +292,7 @@ std::string KernelSpec::serialize() const {
   o.push_back(lse_in_base2 ? 1 : 0);
   o.push_back(lse_out_base2 ? 1 : 0);
   o.push_back(sinks ? 1 : 0);
+  if (kv_fp8 != KvFp8::None) o.push_back(static_cast<char>(kv_fp8));  // only when on
   if (append_kv) {  // absent when off: older keys stay valid
     o.push_back('A');
     o.push_back(static_cast<char>(rotary));
@@ -306,7 +315,9 @@ std::string KernelSpec::describe() const {
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
          (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "") +
-         (sinks ? " sinks" : "") + (append_kv ? " append" : "") +
+         (sinks ? " sinks" : "") +
+         (kv_fp8 != KvFp8::None ? std::string(" kv_") + kv_fp8_name(kv_fp8) : "") +
+         (append_kv ? " append" : "") +
          (rotary == 1   ? " rope_neox"
           : rotary == 2 ? " rope_interleaved"
                         : "") +
@@ -367,6 +378,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
     s.group_size = g < 1 ? 1 : g;
     s.mma = true;
+    s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
     choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
@@ -407,6 +419,9 @@ int ptx_isa_version(const KernelSpec &spec) {
   if (spec.sm <= 80) return 70;
   if (spec.sm <= 86) return 71;
   if (spec.sm <= 87) return 74;
+  // The fp8 cvt (cvt.rn.f16x2.{e4m3x2,e5m2x2}): PTX ISA 8.1 on sm_89, 7.8 on
+  // sm_90 (as ptxas 13 applies them).
+  if (spec.sm == 89 && spec.kv_fp8 != KvFp8::None) return 81;
   if (spec.sm <= 90) return 78;
   if (spec.sm == 100) return 86;
   if (spec.sm == 120) return 87;
@@ -437,6 +452,7 @@ std::string entry_name(const KernelSpec &s) {
   }
   return std::string(buf) + (s.tree_mask ? "_tree" : "") + (s.lse_in_base2 ? "_lse2in" : "") +
          (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "") +
+         (s.kv_fp8 != KvFp8::None ? std::string("_kv") + kv_fp8_name(s.kv_fp8) : "") +
          (s.append_kv ? "_append" : "") +
          (s.rotary == 1   ? "_ropeneox"
           : s.rotary == 2 ? "_ropeint"

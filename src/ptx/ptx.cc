@@ -875,6 +875,14 @@ void Builder::cvt_f16x2_f8x2(bool e5m2, Reg d, Reg a) {
   Line(*this, in).reg(d).reg(a).done();
 }
 
+void Builder::unpack_b32(Reg lo, Reg hi, Reg a) {
+  Opcode in("mov.b32");
+  check_reg(in, lo, Type::B16, "destinations must be b16 registers");
+  check_reg(in, hi, Type::B16, "destinations must be b16 registers");
+  check_reg(in, a, Type::B32, "source must be a b32 register");
+  Line(*this, in).vec({lo, hi}).reg(a).done();
+}
+
 void Builder::param_address(Reg d) {
   Opcode in("mov.u64");
   check_reg(in, d, Type::B64, "the address is a b64 register");

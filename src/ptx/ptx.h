@@ -213,6 +213,9 @@ class Builder {
   // Data Formats").
   void cvt_f8x2_f32(bool e5m2, Reg d, Reg hi, Reg lo);
   void cvt_f16x2_f8x2(bool e5m2, Reg d, Reg a);
+  // mov.b32 {lo, hi}, a: the b32 a's low and high halves to two b16
+  // registers (PTX ISA "mov", vector unpack).
+  void unpack_b32(Reg lo, Reg hi, Reg a);
 
   // ---- Hopper: sm_90a (PTX ISA 8.0) ----
   // `.target sm_90a` instead of `sm_<sm>` (wgmma and setmaxnreg need the

@@ -82,6 +82,27 @@ fa_status decode_too_large() {
               "head_dim_v * 4 bytes overflows 64 bits");
 }
 
+fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec) {
+  if (cfg.kv_fp8 == KvFp8::None || spec.kind == KernelKind::Reduce) return FA_SUCCESS;
+  if (spec.kind == KernelKind::Forward) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "an fp8 KV cache (kv_dtype) runs in fa_decode only in this version (chunked "
+                "prefill over an fp8 cache: fa_decode with seqlen_q > 1); fa_launch refuses it");
+  }
+  if (spec.sm < 89) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "an fp8 KV cache (kv_dtype) needs sm_89 or newer (cvt.rn.f16x2.e4m3x2 / "
+                "e5m2x2), the device is sm_%d",
+                spec.sm);
+  }
+  if (spec.kv_fp8 != cfg.kv_fp8) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "an fp8 KV cache (kv_dtype) runs in the tensor-core decode kernel only, not the "
+                "scalar one (FLASHATTN_SCALAR_DECODE)");
+  }
+  return FA_SUCCESS;
+}
+
 std::string kernel_key_material(const KernelSpec &spec, uint32_t generator_version) {
   std::string bytes = spec.serialize();
   append_u32(&bytes, generator_version);
@@ -322,6 +343,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   shape.sinks = a.sinks != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+  if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
   WgmmaParams wp;
   std::memset(&wp, 0, sizeof wp);
   if (spec.wgmma && !spec.gather) {
@@ -448,8 +470,15 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 "KV append (k_new) needs the tensor-core decode kernel (sm_80+, not "
                 "FLASHATTN_SCALAR_DECODE=1)");
   }
+  if (spec.append_kv && spec.kv_fp8 != KvFp8::None) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "KV append (k_new) into an fp8 KV cache is not supported yet (the new keys "
+                "would need quantising with the descales)");
+  }
+  fa_status st = check_fp8_kv(cfg, spec);
+  if (st != FA_SUCCESS) return st;
   Kernel *kernel = nullptr;
-  fa_status st = get_kernel(spec, &kernel);
+  st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
@@ -482,6 +511,10 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.tree_mask = a.tree_mask;
   p.tree_mask_stride[0] = a.tree_mask_stride[0];
   p.tree_mask_stride[1] = a.tree_mask_stride[1];
+  p.k_descale = a.k_descale;
+  p.v_descale = a.v_descale;
+  p.descale_stride[0] = a.descale_stride[0];
+  p.descale_stride[1] = a.descale_stride[1];
   if (spec.append_kv) {
     p.k_new = a.k_new.data;
     p.v_new = a.v_new.data;

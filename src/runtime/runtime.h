@@ -42,6 +42,11 @@ struct DecodePlan {
 // FA_ERROR_UNSUPPORTED with the message for a DecodePlan that is too_large.
 fa_status decode_too_large();
 
+// An fp8 KV cache (cfg.kv_fp8) runs only in the tensor-core decode on sm_89+
+// (the fp8 cvt): FA_ERROR_UNSUPPORTED with the reason when `spec` (a kernel
+// for cfg) is not that kernel, FA_SUCCESS otherwise (and for a 16-bit cache).
+fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec);
+
 class Runtime {
  public:
   struct Counters {

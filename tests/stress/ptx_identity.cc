@@ -7,8 +7,9 @@
 // a change and diff the outputs:
 //   g++ -std=c++17 -Iinclude tests/stress/ptx_identity.cc -Lbuild -lflashattn \
 //       -Wl,-rpath,$PWD/build -o /tmp/ptx_identity && /tmp/ptx_identity > after.txt
-// (Attention sinks: 115,200 modules, 23,218 distinct, identical. KV append
-// + RoPE, 0.5: the same 115,200 identical to a1023f2.)
+// (Attention sinks: 115,200 modules, 23,218 distinct, identical.)
+// (fp8 KV cache, kv_dtype 0: 115,200 modules, 23,218 distinct, identical.)
+// (KV append + RoPE off: the same 115,200 identical to a1023f2.)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

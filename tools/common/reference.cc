@@ -70,6 +70,33 @@ float bf16_to_f32(uint16_t h) {
   return out;
 }
 
+double fp8_to_double(uint8_t code, bool e5m2) {
+  const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  const int e = (code & 0x7f) >> mbits, m = code & ((1 << mbits) - 1);
+  const double sign = (code & 0x80) ? -1.0 : 1.0;
+  if (e5m2 && e == 31) return m ? NAN : sign * INFINITY;
+  if (!e5m2 && e == 15 && m == 7) return NAN;
+  if (e == 0) return sign * std::ldexp(double(m), 1 - bias - mbits);  // subnormal
+  return sign * std::ldexp(double((1 << mbits) + m), e - bias - mbits);
+}
+
+uint8_t fp8_from_double(double x, bool e5m2) {
+  if (std::isnan(x)) return 0x7f;
+  const double mx = fp8_max(e5m2);
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::min(std::fabs(x), mx);
+  // Codes 0..max of one sign are ordered by value: the nearest by search.
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = fp8_to_double(static_cast<uint8_t>(c), e5m2);
+    if (!std::isfinite(v)) break;
+    const double d = std::fabs(v - a);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
 float round_to(float x, bool bf16) {
   return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
 }

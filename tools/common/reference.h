@@ -17,6 +17,16 @@ float bf16_to_f32(uint16_t h);
 // Rounds x to fp16 (bf16 when bf16 is true) and back.
 float round_to(float x, bool bf16);
 
+// fp8 (flashattn.h, FA_DTYPE_FP8_E4M3 / FA_DTYPE_FP8_E5M2) from the format's
+// definition (OCP 8-bit floating point): e4m3 1-4-3 bits, bias 7, no
+// infinities, S.1111.111 NaN; e5m2 1-5-2 bits, bias 15, exponent 31 inf/NaN.
+double fp8_to_double(uint8_t code, bool e5m2);
+// The finite fp8 code nearest to x (ties to the even code; beyond the
+// largest finite value: it, as cvt.rn.satfinite; NaN: the NaN code 0x7f).
+uint8_t fp8_from_double(double x, bool e5m2);
+// The largest finite value: 448 (e4m3), 57344 (e5m2).
+inline double fp8_max(bool e5m2) { return e5m2 ? 57344.0 : 448.0; }
+
 struct Problem {
   int batch = 1, seqlen_q = 1, seqlen_k = 1;
   int num_heads_q = 1, num_heads_kv = 1;

@@ -177,17 +177,67 @@ struct DeviceIo {
   }
 };
 
+// decode --kv-dtype: a cache [batch, seqlen_k, heads, dim] quantised to fp8
+// bytes with descales (per (batch, head), or one: per_head false) = amax /
+// fp8_max over the valid rows (1 where they are all 0). bits: the bytes in
+// pairs (little-endian), so that DeviceKv lays them out as dim / 2 16-bit
+// elements; values: what the bytes hold times their descale, for the
+// reference; descale: [batch, heads] (per_head) or [1].
+struct Fp8Cache {
+  Rounded r;
+  std::vector<float> descale;
+};
+
+Fp8Cache quantize_fp8(const npy::Array &a, bool e5m2, bool per_head, const Dims &d, int dim,
+                      const std::vector<int32_t> &lens) {
+  const std::vector<double> x = a.to_f64();
+  const int h = d.heads_kv;
+  auto at = [&](int b, int j, int hh) { return (size_t(b) * d.seqlen_k + j) * h * dim + hh * dim; };
+  Fp8Cache c;
+  std::vector<double> amax(per_head ? size_t(d.batch) * h : 1, 0.0);
+  for (int b = 0; b < d.batch; ++b)
+    for (int j = 0; j < lens[size_t(b)]; ++j)
+      for (int hh = 0; hh < h; ++hh)
+        for (int e = 0; e < dim; ++e) {
+          double &m = amax[per_head ? size_t(b) * h + hh : 0];
+          m = std::max(m, std::fabs(x[at(b, j, hh) + e]));
+        }
+  for (double m : amax) c.descale.push_back(m > 0 ? float(m / fa::ref::fp8_max(e5m2)) : 1.0f);
+  std::vector<uint8_t> bytes(x.size(), 0xff);  // NaN past a sequence
+  c.r.values.assign(x.size(), 0.0);
+  for (int b = 0; b < d.batch; ++b)
+    for (int j = 0; j < lens[size_t(b)]; ++j)
+      for (int hh = 0; hh < h; ++hh) {
+        const double ds = c.descale[per_head ? size_t(b) * h + hh : 0];
+        for (int e = 0; e < dim; ++e) {
+          const size_t i = at(b, j, hh) + e;
+          bytes[i] = fa::ref::fp8_from_double(x[i] / ds, e5m2);
+          c.r.values[i] = fa::ref::fp8_to_double(bytes[i], e5m2) * ds;
+        }
+      }
+  c.r.bits.resize(bytes.size() / 2);
+  for (size_t i = 0; i < c.r.bits.size(); ++i)
+    c.r.bits[i] = uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8));
+  return c;
+}
+
+// A view of fp8 bytes laid out by DeviceKv as pairs: strides in bytes.
+fa_tensor bytes_view(fa_tensor t) {
+  for (int i = 0; i < 3; ++i) t.stride[i] *= 2;
+  return t;
+}
+
 // Launches once more on the contiguous cache (launch(kv) sets the K/V
 // arguments and runs) and adds a note on how the output of the layout under
 // test compares with it; the report's cache line keeps the timed runs' counts.
 template <typename Launch>
 void compare_with_contiguous(const Runtime &rt, const Dims &d, const Rounded &kr, const Rounded &vr,
                              const std::vector<int32_t> &lens, fa_dtype dtype, DeviceIo *io,
-                             Launch &&launch, Outcome *r) {
+                             Launch &&launch, Outcome *r, int dim_div = 1) {
   r->cache_stats = rt.cache_stats();
   r->have_cache_stats = true;
-  const DeviceKv flat(rt, KvKind::Contiguous, d.batch, d.seqlen_k, d.heads_kv, d.head_dim,
-                      d.head_dim_v, kr.bits, vr.bits, lens, 0, 0);
+  const DeviceKv flat(rt, KvKind::Contiguous, d.batch, d.seqlen_k, d.heads_kv, d.head_dim / dim_div,
+                      d.head_dim_v / dim_div, kr.bits, vr.bits, lens, 0, 0);
   io->poison();
   launch(flat);
   Outcome c;
@@ -445,24 +495,49 @@ int cmd_decode(const RunOptions &opts) {
   r.dtype = dtype;
   r.o_shape = {d.batch, d.seqlen_q, d.heads_q, d.head_dim_v};
   r.ref_file = load_reference(opts.ref, r.o_shape);
-  const fa_config_desc desc = make_desc(opts.attn, dtype, d);
+  fa_config_desc desc = make_desc(opts.attn, dtype, d);
+  const bool fp8 = !opts.kv_dtype.empty(), e5m2 = opts.kv_dtype == "e5m2";
+  const bool per_head = opts.kv_scale != "tensor";
+  if (fp8) desc.kv_dtype = e5m2 ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
   const Config cfg(desc);
   const Runtime rt(parse_backend(opts.backend), nullptr, opts.emulator_sm);
   print_device(rt);
   print_problem("decode", desc, d, kv, opts.page_size, opts.batch_invariant);
 
-  Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
+  const Rounded qr = round_input(q, dtype);
+  Fp8Cache k8, v8;
+  if (fp8) {
+    k8 = quantize_fp8(k, e5m2, per_head, d, d.head_dim, seqlens);
+    v8 = quantize_fp8(v, e5m2, per_head, d, d.head_dim_v, seqlens);
+  }
+  const Rounded kr = fp8 ? k8.r : round_input(k, dtype), vr = fp8 ? v8.r : round_input(v, dtype);
+  const int div = fp8 ? 2 : 1;  // fp8 bytes travel as pairs
   DeviceIo io(rt, d, qr);
-  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.head_dim_v, kr.bits,
-                       vr.bits, seqlens, opts.page_size, opts.seed);
+  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim / div,
+                       d.head_dim_v / div, kr.bits, vr.bits, seqlens, opts.page_size, opts.seed);
   // The reference's inputs after the append (the device's stay as loaded).
   Rounded q_ref = qr, k_ref = kr, v_ref = vr;
   std::vector<int32_t> lens_ref = seqlens;
+  if (fp8 && !opts.k_new.empty())
+    throw Failure(kExitUsage,
+                  "--k-new with --kv-dtype: appending into an fp8 cache is not "
+                  "supported yet");
   const Append app = load_append(opts, rt, d, dtype,
                                  desc.causal || desc.window_left >= 0 || desc.window_right >= 0,
                                  &q_ref, &k_ref, &v_ref, &lens_ref);
   for (int32_t &l : lens_ref) l += app.seqlen_new;
-  std::printf("kv cache:    %s\n", cache.description().c_str());
+  std::printf("kv cache:    %s%s\n", cache.description().c_str(),
+              fp8 ? " (pairs of fp8 bytes)" : "");
+  DeviceBuffer kd_buf(rt, std::max<size_t>(k8.descale.size(), 1) * 4, "k_descale");
+  DeviceBuffer vd_buf(rt, std::max<size_t>(v8.descale.size(), 1) * 4, "v_descale");
+  if (fp8) {
+    kd_buf.upload(k8.descale.data(), k8.descale.size() * 4);
+    vd_buf.upload(v8.descale.data(), v8.descale.size() * 4);
+    const auto [kmin, kmax] = std::minmax_element(k8.descale.begin(), k8.descale.end());
+    std::printf("kv dtype:    %s bytes, descale per %s = amax / %g: K %.4g..%.4g\n",
+                opts.kv_dtype.c_str(), per_head ? "(batch, kv head)" : "tensor",
+                fa::ref::fp8_max(e5m2), double(*kmin), double(*kmax));
+  }
   DeviceBuffer seq(rt, seqlens.size() * 4, "cache_seqlens");
   seq.upload(seqlens.data(), seq.bytes());
   std::vector<uint8_t> tree;  // [batch][seqlen_q][seqlen_q] 0/1, for the reference
@@ -517,11 +592,16 @@ int cmd_decode(const RunOptions &opts) {
       }
     }
   }
+  if (fp8) {
+    args.k_descale = kd_buf.ptr();
+    args.v_descale = vd_buf.ptr();
+    if (per_head) args.descale_stride[0] = d.heads_kv, args.descale_stride[1] = 1;
+  }
   std::unique_ptr<DeviceBuffer> ws;
   // Points args at cache c and a workspace large enough for it.
   auto use = [&](const DeviceKv &c, bool print) {
-    args.k_cache = c.k();
-    args.v_cache = c.v();
+    args.k_cache = fp8 ? bytes_view(c.k()) : c.k();
+    args.v_cache = fp8 ? bytes_view(c.v()) : c.v();
     args.kv = c.layout();
     size_t ws_bytes = 0;
     int32_t splits = 0;
@@ -556,7 +636,7 @@ int cmd_decode(const RunOptions &opts) {
           launch();
           check(fa_synchronize(rt.get(), nullptr), "fa_synchronize");
         },
-        &r);
+        &r, div);
   }
 
   r.o_ref.resize(r.o.size());

@@ -48,6 +48,7 @@ struct GenerateOptions {
   bool append_kv = false;                      // decode: the KV-append variant
   std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)
   bool rotary_table16 = false;                 // decode: rotary tables in the dtype, not fp32
+  std::string kv_dtype;                        // decode: "" | e4m3 | e5m2 (an fp8 KV cache)
   std::string lse_partial_format = "natural";  // reduce: natural | base2
   std::string lse_format = "natural";          // reduce: natural | base2
   std::string output;                          // "" = stdout
@@ -72,6 +73,11 @@ struct RunOptions {
   // float [seqlen_ro, rotary_dim / 2] and optional int positions [batch, n].
   std::string k_new, v_new, rotary_cos, rotary_sin, rotary_positions;
   bool rotary_interleaved = false;
+  // decode only: "" (the cache in dtype) | e4m3 | e5m2: the K/V .npy values
+  // quantised to fp8 bytes with descales per kv_scale ("head": per (batch,
+  // KV head), "tensor": one per cache) = amax / 448 (e4m3) or amax / 57344.
+  std::string kv_dtype;
+  std::string kv_scale = "head";
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy

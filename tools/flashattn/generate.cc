@@ -63,6 +63,11 @@ int cmd_generate(const GenerateOptions &o) {
   desc.window_right = o.attn.window_right;
   desc.softmax_scale = float(o.attn.softmax_scale);
   desc.softcap = float(o.attn.softcap);
+  if (!o.kv_dtype.empty()) {
+    if (kind != FA_KERNEL_DECODE)
+      throw Failure(kExitUsage, "--kv-dtype is for --kind decode (an fp8 KV cache)");
+    desc.kv_dtype = o.kv_dtype == "e5m2" ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
+  }
   const Config cfg(desc);
 
   fa_generate_options go = FA_GENERATE_OPTIONS_INIT;

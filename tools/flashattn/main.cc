@@ -155,6 +155,10 @@ int run_main(int argc, char **argv) {
       ->check(CLI::IsMember({"neox", "gptj"}));
   g->add_flag("--rotary-table16", gen.rotary_table16,
               "Decode with --rotary: cos/sin tables in the config's dtype instead of fp32");
+  g->add_option("--kv-dtype", gen.kv_dtype,
+                "Decode: the kernel for an fp8 KV cache (fa_config_desc.kv_dtype; sm_89 and up)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
   g->add_option("--lse-partial-format", gen.lse_partial_format,
                 "Reduce: the base of the partial LSEs read: natural or base2 (FlashInfer)")
       ->check(CLI::IsMember({"natural", "base2"}))
@@ -255,6 +259,18 @@ int run_main(int argc, char **argv) {
                 "Rotary position of each query / new token: integer [batch, n], n >= seqlen_q "
                 "and seqlen_new (default: cache_seqlens + t)")
       ->type_name("POS.npy");
+  d->add_option("--kv-dtype", dec.kv_dtype,
+                "fp8 KV cache (sm_89+): quantise the K/V .npy values to e4m3 or e5m2 bytes "
+                "(round to nearest even, saturating) with descales amax / 448 (e4m3) or amax / "
+                "57344 (e5m2) over each --kv-scale group of valid rows; the reference uses the "
+                "values the bytes hold")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
+  d->add_option("--kv-scale", dec.kv_scale,
+                "With --kv-dtype: one descale per (batch, kv head) (head, the default) or per "
+                "cache tensor (tensor)")
+      ->check(CLI::IsMember({"head", "tensor"}))
+      ->type_name("head|tensor");
   add_kv_options(d, &dec);
   add_attention_options(d, &dec.attn, false);
   add_backend_option(d, &dec.backend);

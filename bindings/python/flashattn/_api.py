@@ -18,6 +18,7 @@ _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 _CACHE_MODES = {"default": _lib.CACHE_DEFAULT, "disk": _lib.CACHE_DISK,
                 "memory": _lib.CACHE_MEMORY}
 _DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16}
+_KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
           "reduce": _lib.KERNEL_REDUCE}
 _INT32 = (-2**31, 2**31 - 1)
@@ -402,7 +403,7 @@ class Runtime:
         array = np.asarray(array)
         if dtype is None:
             dtype = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32",
-                     np.dtype(np.int32): "int32"}.get(array.dtype)
+                     np.dtype(np.int32): "int32", np.dtype(np.uint8): "fp8"}.get(array.dtype)
             if dtype is None:
                 raise invalid("upload: pass dtype= for a %s array" % array.dtype)
         host = host_storage(array, dtype, "upload")
@@ -503,7 +504,8 @@ class DeviceArray:
     def __cuda_array_interface__(self):
         self._check_live()
         return {"shape": self.shape,
-                "typestr": {"fp16": "<f2", "bf16": "<u2", "fp32": "<f4", "int32": "<i4"}[self.dtype],
+                "typestr": {"fp16": "<f2", "bf16": "<u2", "fp32": "<f4", "int32": "<i4",
+                            "fp8": "|u1"}[self.dtype],
                 "data": (self.ptr, False), "version": 3, "strides": None, "stream": None}
 
     def _check_live(self):
@@ -542,11 +544,14 @@ class Config:
     """A validated attention problem family (fa_config), device-independent.
     dtype 'fp16' | 'bf16'; head_dim_v 0 = head_dim; num_heads_kv None =
     num_heads_q; window = (left, right), -1 = unbounded; softmax_scale 0 =
-    1/sqrt(head_dim); softcap 0 = off."""
+    1/sqrt(head_dim); softcap 0 = off. kv_dtype (since 0.5) None = dtype, or
+    'e4m3' | 'e5m2': the KV cache holds fp8 bytes (uint8 arrays) for
+    decode(), whose k_descale/v_descale scale them; Q and O stay dtype (sm_89+,
+    head dims multiples of 16)."""
 
     def __init__(self, *, head_dim, num_heads_q, num_heads_kv=None, dtype="fp16",
                  head_dim_v=0, causal=False, window=(-1, -1), softmax_scale=0.0,
-                 softcap=0.0):
+                 softcap=0.0, kv_dtype=None):
         self._guard = _Handle(None, "Config")  # closed until created
         lib = _lib.lib()
         self._lib = lib
@@ -571,6 +576,9 @@ class Config:
         d.window_right = _int32(wr, "Config: window[1]")
         d.softmax_scale = float(softmax_scale)
         d.softcap = float(softcap)
+        if kv_dtype not in _KV_DTYPES:
+            raise invalid("Config: kv_dtype must be None, 'e4m3' or 'e5m2', got %r" % (kv_dtype,))
+        d.kv_dtype = _KV_DTYPES[kv_dtype]
         handle = ctypes.c_void_p()
         check(lib.fa_config_create(ctypes.byref(d), ctypes.byref(handle)))
         self._guard = _Handle(handle.value, "Config")
@@ -583,6 +591,12 @@ class Config:
         self.window = (d.window_left, d.window_right)
         self.softmax_scale = float(softmax_scale) or 1.0 / math.sqrt(self.head_dim)
         self.softcap = float(softcap)
+        self.kv_dtype = kv_dtype
+
+    @property
+    def _kv_elem(self):
+        """The element type of K/V tensors: the dtype, or 'fp8' (bytes)."""
+        return "fp8" if self.kv_dtype else self.dtype
 
     def _h(self):
         h = self._guard._handle
@@ -882,7 +896,7 @@ def _kv_cache(call, k, v, block_table, batch, dims, names):
     page_size, num_heads_kv, head_dim(_v)]) or a pointer-array cache (k and v
     lists of `batch` tensors [seqlen_b, num_heads_kv, head_dim(_v)]).
     dims = (num_heads_kv, head_dim, head_dim_v), names = the k/v labels."""
-    label, dt = call.name, call.cfg.dtype
+    label, dt = call.name, call.cfg._kv_elem
     Hk, D, Dv = dims
     kname, vname = names
     c = _KvCache()
@@ -1198,8 +1212,8 @@ def _pack_tree_mask(mask, B, Sq):
 
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
            lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
-           tree_mask=None, sinks=None, k_new=None, v_new=None, rotary_cos=None,
-           rotary_sin=None, rotary_interleaved=False, rotary_positions=None):
+           tree_mask=None, sinks=None, k_descale=None, v_descale=None, k_new=None, v_new=None,
+           rotary_cos=None, rotary_sin=None, rotary_interleaved=False, rotary_positions=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1227,6 +1241,11 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     causal and window still apply on top.
     sinks (since 0.4.1): gpt-oss attention sinks fp32 [num_heads_q], as in
     forward(); they join each row's denominator once, in the combine.
+    With a Config of kv_dtype 'e4m3' or 'e5m2' (since 0.5) the cache tensors
+    hold the fp8 bytes (NumPy or torch uint8); a K element's
+    value is fp8(byte) * k_descale (V's likewise): k_descale / v_descale
+    fp32, a scalar (one value per tensor) or [batch, num_heads_kv] (any
+    strides), or None = 1.
     k_new, v_new (since 0.5; as flash_attn_with_kvcache): new keys and
     values [batch, seqlen_new, num_heads_kv, head_dim(_v)], written into the
     cache at cache_seqlens[b] (then the length BEFORE the append; the cache
@@ -1276,8 +1295,8 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
                               ("batch", "seqlen_q", "num_heads_q", "head_dim"))
         kvc = None
         if block_table is None and not _is_seq_list(k_cache) and not _is_seq_list(v_cache):
-            kv = call.input(k_cache, "k_cache", dt)
-            vv = call.input(v_cache, "v_cache", dt)
+            kv = call.input(k_cache, "k_cache", cfg._kv_elem)
+            vv = call.input(v_cache, "v_cache", cfg._kv_elem)
             _, Skmax, _, _ = _expect(kv, "decode: k_cache", (B, None, Hk, D),
                                      ("batch", "seqlen_k_max", "num_heads_kv", "head_dim"))
             _expect(vv, "decode: v_cache", (B, Skmax, Hk, Dv),
@@ -1329,6 +1348,31 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
             a.tree_mask_stride[0] = 0 if tv.shape[0] == 1 else tv.strides[0] * 4
             a.tree_mask_stride[1] = tv.strides[1] * 4
         a.sinks = _sinks(call, sinks, cfg.num_heads_q, "decode")
+        if k_descale is not None or v_descale is not None:
+            if not cfg.kv_dtype:
+                raise invalid("decode: k_descale/v_descale are for an fp8 KV cache (Config "
+                              "kv_dtype 'e4m3' or 'e5m2')")
+            strides = set()
+            for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+                if x is None:
+                    continue
+                if isinstance(x, (int, float)) or type(x).__module__ == "numpy" and \
+                        not is_ndarray(x):  # a Python or NumPy scalar
+                    import numpy as np
+                    x = np.asarray(x, dtype=np.float32)
+                dv_ = call.input(x, name, "fp32")
+                if dv_.shape in ((), (1,)):
+                    strides.add((0, 0))
+                elif dv_.shape == (B, Hk):
+                    strides.add(tuple(dv_.strides))
+                else:
+                    raise invalid("decode: %s: shape %r, expected a scalar or [%d, %d] "
+                                  "(batch, num_heads_kv)" % (name, dv_.shape, B, Hk))
+                setattr(a, name, dv_.ptr)
+            if len(strides) != 1:
+                raise invalid("decode: k_descale and v_descale must have the same shape and "
+                              "strides (one descale_stride)")
+            a.descale_stride[0], a.descale_stride[1] = strides.pop()
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),

@@ -41,6 +41,7 @@ STATUS_NAMES = {
 }
 
 DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 1, 2, 3
+DTYPE_FP8_E4M3, DTYPE_FP8_E5M2 = 4, 5  # since 0.5: fa_config_desc.kv_dtype
 BACKEND_AUTO, BACKEND_CUDA, BACKEND_EMULATOR = 0, 1, 2
 KERNEL_FORWARD, KERNEL_DECODE, KERNEL_REDUCE = 0, 1, 2
 CACHE_DEFAULT, CACHE_DISK, CACHE_MEMORY = 0, 1, 2
@@ -84,6 +85,7 @@ class fa_config_desc(ctypes.Structure):
         ("window_right", c_int32),
         ("softmax_scale", c_float),
         ("softcap", c_float),
+        ("kv_dtype", c_int64),  # since 0.5
     ]
 
 
@@ -137,6 +139,9 @@ class fa_forward_args(ctypes.Structure):
         ("kv", fa_kv_cache_layout),  # since 0.3
         ("seqused_k", c_uint64),
         ("sinks", c_uint64),  # since 0.4.1
+        ("k_descale", c_uint64),  # since 0.5
+        ("v_descale", c_uint64),
+        ("descale_stride", c_int64 * 2),
     ]
 
 
@@ -160,6 +165,9 @@ class fa_decode_args(ctypes.Structure):
         ("tree_mask", c_uint64),  # since 0.4
         ("tree_mask_stride", c_int64 * 2),
         ("sinks", c_uint64),  # since 0.4.1
+        ("k_descale", c_uint64),  # since 0.5
+        ("v_descale", c_uint64),
+        ("descale_stride", c_int64 * 2),
         ("k_new", fa_tensor),  # since 0.5
         ("v_new", fa_tensor),
         ("seqlen_new", c_int32),

@@ -22,8 +22,10 @@ import sys
 
 from ._errors import invalid
 
-ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "int32": 4}
-_TYPESTR = {"f2": "fp16", "f4": "fp32", "i4": "int32"}
+# "fp8": the bytes of an fp8 KV cache (e4m3 or e5m2 as the Config says),
+# uint8 on the host.
+ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "int32": 4, "fp8": 1}
+_TYPESTR = {"f2": "fp16", "f4": "fp32", "i4": "int32", "u1": "fp8"}
 _TWO_BYTE_INT = ("u2", "i2", "V2")
 
 
@@ -99,7 +101,8 @@ def _torch_dtype(obj):
     if dt is None or type(dt).__module__ != "torch":
         return None
     return {"torch.float16": "fp16", "torch.bfloat16": "bf16",
-            "torch.float32": "fp32", "torch.int32": "int32"}.get(str(dt))
+            "torch.float32": "fp32", "torch.int32": "int32", "torch.uint8": "fp8",
+            "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}.get(str(dt))
 
 
 # ---- host (NumPy) conversion ------------------------------------------------
@@ -145,6 +148,11 @@ def host_storage(arr, dtype, what):
         if kind != "f":
             raise invalid("%s: must be floating for fp32, got %s" % (what, arr.dtype))
         return np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "fp8":
+        if arr.dtype != np.uint8:
+            raise invalid("%s: a NumPy array for an fp8 KV cache must be uint8 (the fp8 "
+                          "bytes), got %s" % (what, arr.dtype))
+        return np.ascontiguousarray(arr)
     if dtype == "int32":
         if kind not in "iu":
             raise invalid("%s: must be an integer array, got %s" % (what, arr.dtype))
@@ -157,7 +165,7 @@ def host_storage(arr, dtype, what):
 def host_dtype(dtype):
     np = _numpy()
     return {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32,
-            "int32": np.int32}[dtype]
+            "int32": np.int32, "fp8": np.uint8}[dtype]
 
 
 # ---- __cuda_array_interface__ ------------------------------------------------
@@ -247,7 +255,7 @@ _capi.PyCapsule_SetName.restype = ctypes.c_int
 _capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 # (code, bits) -> dtype
-_DL_DTYPES = {(2, 16): "fp16", (4, 16): "bf16", (2, 32): "fp32", (0, 32): "int32"}
+_DL_DTYPES = {(2, 16): "fp16", (4, 16): "bf16", (2, 32): "fp32", (0, 32): "int32", (1, 8): "fp8"}
 
 
 def _from_dlpack(obj, override, what, stream):

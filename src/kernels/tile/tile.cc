@@ -233,6 +233,74 @@ void CopyPlan::zero_padding() const {
   }
 }
 
+// ------------------------------------------------------------ fp8 tiles --
+
+SmemTile byte_tile(uint32_t offset, int rows, int bytes) {
+  SmemTile t;
+  t.offset = offset;
+  t.rows = rows;
+  t.cols = t.cols_pad = bytes / 2;
+  t.pitch = bytes;  // rows back to back: contiguous lanes touch contiguous bytes
+  return t;
+}
+
+Fp8Convert::Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile &dst,
+                       Reg smem_base, bool e5m2, Type half)
+    : e_(&e), src_(src), dst_(dst), e5m2_(e5m2), half_(half) {
+  ptx::Builder &b = e.b;
+  // 8-byte chunks (8 values, one 16-byte store): the 8 lanes of a store
+  // phase then write 128 contiguous bytes of a row when L >= 8.
+  const int C = src.cols / 4;
+  L_ = lanes_per_row(32, C);
+  J_ = C / L_;
+  step_ = 32 / L_;
+  rounds_ = (src.rows + step_ - 1) / step_;
+  Reg row = e.op(Op::Shr, Type::U32, lane, imm(__builtin_ctz(static_cast<unsigned>(L_))));
+  Reg col = e.op(Op::And, Type::B32, lane, imm(L_ - 1));
+  saddr_ = e.op(Op::MadLo, Type::U32, row, imm(src.pitch), smem_base);
+  b.op(Op::MadLo, Type::U32, saddr_, col, imm(8), saddr_);
+  daddr_ = e.op(Op::MadLo, Type::U32, row, imm(dst.pitch), smem_base);
+  b.op(Op::MadLo, Type::U32, daddr_, col, imm(16), daddr_);
+  if (rounds_ * step_ > src.rows)
+    rows_ok_ = e.setp(Cmp::Lt, Type::U32, row, imm(src.rows - (rounds_ - 1) * step_));
+}
+
+void Fp8Convert::run(int src_delta, int dst_delta) const {
+  ptx::Builder &b = e_->b;
+  Reg w[2] = {b.b32(), b.b32()};
+  Reg h[4], o[4];
+  for (Reg &r : h) r = b.b16();
+  for (Reg &r : o) r = b.b32();
+  Reg lo16, hi16, lo, hi;
+  if (half_ == Type::BF16) lo16 = b.b16(), hi16 = b.b16(), lo = b.f32(), hi = b.f32();
+  const int so0 = static_cast<int>(src_.offset) + src_delta;
+  const int do0 = static_cast<int>(dst_.offset) + dst_delta;
+  for (int k = 0; k < rounds_; ++k) {
+    const Reg g = k == rounds_ - 1 ? rows_ok_ : Reg();
+    for (int j = 0; j < J_; ++j) {
+      const int so = so0 + k * step_ * src_.pitch + 8 * L_ * j;
+      const int dof = do0 + k * step_ * dst_.pitch + 16 * L_ * j;
+      if (g.valid()) b.when(g);
+      b.ld_v(Space::Shared, Type::B32, {w[0], w[1]}, at(saddr_, so));
+      for (int i = 0; i < 2; ++i) {
+        b.unpack_b32(h[2 * i], h[2 * i + 1], w[i]);
+        b.cvt_f16x2_f8x2(e5m2_, o[2 * i], h[2 * i]);  // bytes 4i, 4i+1
+        b.cvt_f16x2_f8x2(e5m2_, o[2 * i + 1], h[2 * i + 1]);
+      }
+      if (half_ == Type::BF16) {
+        for (Reg r : o) {
+          b.unpack_b32(lo16, hi16, r);
+          b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, lo16);
+          b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, hi16);
+          b.cvt_pack(Type::BF16, r, hi, lo);
+        }
+      }
+      if (g.valid()) b.when(g);
+      b.st_v(Space::Shared, Type::B32, at(daddr_, dof), {o[0], o[1], o[2], o[3]});
+    }
+  }
+}
+
 // --------------------------------------------------------- online softmax --
 
 OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)

@@ -140,6 +140,42 @@ class CopyPlan {
   Reg last_ok_, rows_ok_;
 };
 
+// A rows x bytes tile of raw bytes (an fp8 K or V tile on its way in) in
+// the form a CopyPlan copies: bytes / 2 "16-bit" columns, bytes a multiple
+// of 16 (whole 16-byte chunks, so no padding columns), rows back to back
+// (no ldmatrix reads it: the copies and Fp8Convert's reads, lanes on
+// consecutive chunks, are then free of bank conflicts).
+SmemTile byte_tile(uint32_t offset, int rows, int bytes);
+
+// Converts a warp's tile of fp8 bytes (a byte_tile of rows x cols bytes)
+// into the same rows x cols of 16-bit values in a SmemTile, so ldmatrix and
+// mma read it as they read a 16-bit tile. Each 8-byte chunk (8 values) is
+// one ld.shared.v2.b32, four cvt.rn.f16x2.{e4m3x2,e5m2x2} (exact: every
+// e4m3 and e5m2 value is an f16) and one st.shared.v4.b32 (so the 8 lanes of
+// a store phase write 128 contiguous bytes of a row when a row has 8 or more
+// chunks: no bank conflicts); a bf16 tile goes on through cvt.f32.f16 and
+// cvt.rn.bf16x2.f32 (exact too). The chunks are dealt to the lanes as a
+// CopyPlan deals its 16-byte ones (L lanes per row, J chunks each,
+// immediate offsets). Needs sm_89+ (the fp8 cvt). The caller orders it:
+// the bytes landed in every lane (cp.async.wait_group + bar.warp.sync)
+// before, and a bar.warp.sync before anything reads dst.
+class Fp8Convert {
+ public:
+  Fp8Convert() = default;
+  Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile &dst, Reg smem_base,
+             bool e5m2, Type half);
+  // src moved by src_delta bytes (e.g. a ring stage), dst by dst_delta.
+  void run(int src_delta, int dst_delta) const;
+
+ private:
+  Emitter *e_ = nullptr;
+  SmemTile src_, dst_;
+  bool e5m2_ = false;
+  Type half_ = Type::F16;
+  int L_ = 1, J_ = 1, step_ = 0, rounds_ = 0;
+  Reg saddr_, daddr_, rows_ok_;
+};
+
 // The end of a softmax row with an attention sink (gpt-oss, FlashAttention-3's
 // learnable sink): the row's exponentials used the offset m2 (log2 domain;
 // -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2

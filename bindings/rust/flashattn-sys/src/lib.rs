@@ -17,8 +17,8 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 4;
-pub const FLASHATTN_VERSION_PATCH: u32 = 1;
+pub const FLASHATTN_VERSION_MINOR: u32 = 5;
+pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
     FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
@@ -53,6 +53,10 @@ pub type fa_dtype = c_int;
 pub const FA_DTYPE_FP16: fa_dtype = 1;
 pub const FA_DTYPE_BF16: fa_dtype = 2;
 pub const FA_DTYPE_FP32: fa_dtype = 3;
+/// Since 0.5: fp8 e4m3 (only as fa_config_desc.kv_dtype).
+pub const FA_DTYPE_FP8_E4M3: fa_dtype = 4;
+/// Since 0.5: fp8 e5m2 (only as fa_config_desc.kv_dtype).
+pub const FA_DTYPE_FP8_E5M2: fa_dtype = 5;
 
 pub type fa_backend = c_int;
 pub const FA_BACKEND_AUTO: fa_backend = 0;
@@ -163,7 +167,14 @@ pub struct fa_config_desc {
     pub window_right: i32,
     pub softmax_scale: f32,
     pub softcap: f32,
+    /// Since 0.5: 0 = dtype, or FA_DTYPE_FP8_E4M3 / FA_DTYPE_FP8_E5M2: the
+    /// KV cache holds fp8 bytes (fa_decode only, sm_89+). 64-bit so that
+    /// 0.4's struct, padding included, ends where it begins.
+    pub kv_dtype: i64,
 }
+
+/// struct_size of fa_config_desc in flashattn 0.4 (ends before `kv_dtype`).
+pub const FA_CONFIG_DESC_SIZE_0_4: usize = core::mem::offset_of!(fa_config_desc, kv_dtype);
 
 impl Default for fa_config_desc {
     fn default() -> Self {
@@ -179,6 +190,7 @@ impl Default for fa_config_desc {
             window_right: -1,
             softmax_scale: 0.0,
             softcap: 0.0,
+            kv_dtype: 0,
         }
     }
 }
@@ -332,12 +344,19 @@ pub struct fa_forward_args {
     /// Since 0.4.1: attention sinks (gpt-oss), fp32 [num_heads_q] natural-log
     /// logits in each row's softmax denominator, 4-byte aligned, or 0 = none.
     pub sinks: u64,
+    /// Since 0.5: fp8 KV descales (fp32, or 0 = 1.0), (b, h_kv) at
+    /// b * descale_stride[0] + h_kv * descale_stride[1].
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub descale_stride: [i64; 2],
 }
 
 /// struct_size of fa_forward_args in flashattn 0.2 (ends before `kv`).
 pub const FA_FORWARD_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_forward_args, kv);
 /// struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (ends before `sinks`).
 pub const FA_FORWARD_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_forward_args, sinks);
+/// struct_size of fa_forward_args in flashattn 0.4.1 (ends before `k_descale`).
+pub const FA_FORWARD_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_forward_args, k_descale);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -356,6 +375,9 @@ impl Default for fa_forward_args {
             kv: fa_kv_cache_layout::default(),
             seqused_k: 0,
             sinks: 0,
+            k_descale: 0,
+            v_descale: 0,
+            descale_stride: [0; 2],
         }
     }
 }
@@ -388,6 +410,11 @@ pub struct fa_decode_args {
     /// Since 0.4.1: attention sinks as in fa_forward_args (added once per
     /// row in the combine: needs `o.data != 0`), or 0.
     pub sinks: u64,
+    /// Since 0.5: fp8 KV cache descales (fp32, or 0 = 1.0), (b, h_kv) at
+    /// b * descale_stride[0] + h_kv * descale_stride[1] (elements).
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub descale_stride: [i64; 2],
     /// Since 0.5: KV append with rotary embedding (as flash_attn_with_kvcache).
     /// New keys [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype, written
     /// into the cache at cache_seqlens[b] (then the length BEFORE the append),
@@ -422,8 +449,8 @@ pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args,
 pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args, tree_mask);
 /// struct_size of fa_decode_args in flashattn 0.4.0 (ends before `sinks`).
 pub const FA_DECODE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_decode_args, sinks);
-/// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `k_new`).
-pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, k_new);
+/// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `k_descale`).
+pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, k_descale);
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -448,6 +475,9 @@ impl Default for fa_decode_args {
             tree_mask: 0,
             tree_mask_stride: [0; 2],
             sinks: 0,
+            k_descale: 0,
+            v_descale: 0,
+            descale_stride: [0; 2],
             k_new: fa_tensor::default(),
             v_new: fa_tensor::default(),
             seqlen_new: 0,

@@ -49,7 +49,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             window_left,
             window_right,
             softmax_scale,
-            softcap
+            softcap,
+            kv_dtype
         }
     );
     layout!(rows, fa_tensor { data, stride });
@@ -129,7 +130,10 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             cu_seqlens_k,
             kv,
             seqused_k,
-            sinks
+            sinks,
+            k_descale,
+            v_descale,
+            descale_stride
         }
     );
     layout!(
@@ -153,6 +157,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             tree_mask,
             tree_mask_stride,
             sinks,
+            k_descale,
+            v_descale,
+            descale_stride,
             k_new,
             v_new,
             seqlen_new,
@@ -282,8 +289,12 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_DECODE_ARGS_SIZE_0_4,
         FA_REDUCE_ARGS_SIZE_0_4,
         FA_GENERATE_OPTIONS_SIZE_0_4,
+        FA_CONFIG_DESC_SIZE_0_4,
+        FA_FORWARD_ARGS_SIZE_0_4_1,
         FA_DECODE_ARGS_SIZE_0_4_1,
         FA_GENERATE_OPTIONS_SIZE_0_4_1,
+        FA_DTYPE_FP8_E4M3,
+        FA_DTYPE_FP8_E5M2,
         FA_LSE_NATURAL,
         FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
@@ -383,6 +394,9 @@ fn defaults_match_init_macros() {
     assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
     // 0.4.1's fields default to "as 0.4": no sinks.
     assert_eq!((fa_forward_args::default().sinks, d.sinks, r.sinks, g.sinks), (0, 0, 0, 0));
+    // 0.5's fields default to "as 0.4.1": a 16-bit cache, no descales.
+    assert_eq!(fa_config_desc::default().kv_dtype, 0);
+    assert_eq!((d.k_descale, d.v_descale, d.descale_stride), (0, 0, [0, 0]));
     // 0.5's fields default to "as 0.4.1": no KV append, no rotary.
     assert_eq!((d.k_new.data, d.v_new.data, d.seqlen_new, d.rotary_dim), (0, 0, 0, 0));
     assert_eq!((d.rotary_cos, d.rotary_sin, d.rotary_positions), (0, 0, 0));

@@ -20,6 +20,27 @@ impl Dtype {
     }
 }
 
+/// The KV cache's element type (fa_config_desc.kv_dtype, since 0.5): the
+/// config's dtype, or fp8 bytes (fa_decode only, sm_89+, head dims
+/// multiples of 16) whose values the descales of `Descales` scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    #[default]
+    Same,
+    E4M3,
+    E5M2,
+}
+
+impl KvDtype {
+    fn to_sys(self) -> i64 {
+        match self {
+            KvDtype::Same => 0,
+            KvDtype::E4M3 => sys::FA_DTYPE_FP8_E4M3 as i64,
+            KvDtype::E5M2 => sys::FA_DTYPE_FP8_E5M2 as i64,
+        }
+    }
+}
+
 /// Which kernel `generate` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKind {
@@ -55,6 +76,7 @@ pub struct ConfigBuilder {
     window_right: i32,
     softmax_scale: f32,
     softcap: f32,
+    kv_dtype: KvDtype,
 }
 
 impl Default for ConfigBuilder {
@@ -70,6 +92,7 @@ impl Default for ConfigBuilder {
             window_right: -1,
             softmax_scale: 0.0,
             softcap: 0.0,
+            kv_dtype: KvDtype::Same,
         }
     }
 }
@@ -114,6 +137,11 @@ impl ConfigBuilder {
         self.softcap = softcap;
         self
     }
+    /// The KV cache's element type (since 0.5); `KvDtype::Same` = dtype.
+    pub fn kv_dtype(mut self, kv: KvDtype) -> Self {
+        self.kv_dtype = kv;
+        self
+    }
 
     /// Validates and creates the config (fa_config_create).
     pub fn build(self) -> Result<Config> {
@@ -131,6 +159,7 @@ impl ConfigBuilder {
             window_right: self.window_right,
             softmax_scale: self.softmax_scale,
             softcap: self.softcap,
+            kv_dtype: self.kv_dtype.to_sys(),
             ..Default::default()
         };
         let mut cfg = std::ptr::null_mut();
@@ -141,6 +170,7 @@ impl ConfigBuilder {
         Ok(Config {
             raw,
             dtype: self.dtype,
+            kv_dtype: self.kv_dtype,
             head_dim: self.head_dim,
             head_dim_v: if self.head_dim_v == 0 { self.head_dim } else { self.head_dim_v },
             num_heads_q: self.num_heads_q,
@@ -188,6 +218,7 @@ impl ConfigBuilder {
 pub struct Config {
     raw: NonNull<sys::fa_config>,
     dtype: Dtype,
+    kv_dtype: KvDtype,
     head_dim: i32,
     head_dim_v: i32,
     num_heads_q: i32,
@@ -218,6 +249,18 @@ impl Config {
 
     pub fn dtype(&self) -> Dtype {
         self.dtype
+    }
+    /// The KV cache's element type (since 0.5).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+    /// Bytes per K/V element: 1 for an fp8 cache, else the dtype's.
+    pub fn kv_elem_size(&self) -> usize {
+        if self.kv_dtype == KvDtype::Same {
+            self.dtype.size()
+        } else {
+            1
+        }
     }
     pub fn head_dim(&self) -> usize {
         self.head_dim as usize

@@ -35,17 +35,17 @@ mod runtime;
 pub use flashattn_sys as sys;
 
 pub use cache::{CacheEntry, CacheStats};
-pub use config::{generate, Config, ConfigBuilder, Dtype, KernelKind};
+pub use config::{generate, Config, ConfigBuilder, Dtype, KernelKind, KvDtype};
 pub use error::{Error, Result, Status};
 pub use half::{
     bf16_bits_to_f32, f16_bits_to_f32, f16_slice_to_f32, f32_slice_to_f16, f32_to_bf16_bits,
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs,
-    ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs, RawForwardArgs,
-    RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, Rotary, SeqKv, Tensor, TensorMut, TreeMask,
-    View, ViewMut,
+    contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, Descales,
+    ForwardArgs, ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs,
+    RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, Rotary, SeqKv, Tensor,
+    TensorMut, TreeMask, View, ViewMut,
 };
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,

@@ -144,6 +144,11 @@ pub struct RawDecodeArgs {
     /// Since 0.4.1: attention sinks fp32 [num_heads_q], or 0 = none; they
     /// join each row's denominator in the combine (o must be set).
     pub sinks: u64,
+    /// Since 0.5: fp8 KV cache descales, fp32 (0 = 1.0); (b, h_kv) at
+    /// b * descale_strides[0] + h_kv * descale_strides[1] elements.
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub descale_strides: [i64; 2],
     /// Since 0.5: KV append (see `KvAppend`): new keys [batch, seqlen_new,
     /// num_heads_kv, head_dim] written into the cache at cache_seqlens[b]
     /// (then the length BEFORE the append), or data 0 = no append (every
@@ -168,6 +173,16 @@ pub struct RawDecodeArgs {
     pub rotary_positions_stride: i64,
 }
 
+/// The descales of an fp8 KV cache (since 0.5): fp32 buffers, K's value is
+/// fp8(byte) * k[b * strides[0] + h_kv * strides[1]] (V's likewise); None =
+/// 1.0; strides [0, 0] = one value per tensor.
+#[derive(Debug, Clone, Copy)]
+pub struct Descales<'a> {
+    pub k: Option<&'a DeviceBuffer>,
+    pub v: Option<&'a DeviceBuffer>,
+    pub strides: [i64; 2],
+}
+
 impl RawDecodeArgs {
     fn to_sys(self) -> sys::fa_decode_args {
         sys::fa_decode_args {
@@ -188,6 +203,9 @@ impl RawDecodeArgs {
             tree_mask: self.tree_mask,
             tree_mask_stride: self.tree_mask_strides,
             sinks: self.sinks,
+            k_descale: self.k_descale,
+            v_descale: self.v_descale,
+            descale_stride: self.descale_strides,
             k_new: self.k_new.to_sys(),
             v_new: self.v_new.to_sys(),
             seqlen_new: self.seqlen_new,
@@ -685,7 +703,7 @@ fn resolve_kv(
     lengths: impl FnOnce() -> Result<Vec<usize>>,
 ) -> Result<ResolvedKv> {
     let (hkv, d, dv) = (cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
-    let e = cfg.dtype().size();
+    let e = cfg.kv_elem_size();
     match cache {
         KvCache::Contiguous { k, v } => Ok(ResolvedKv {
             k: tensor(rt, names[0], k, [batch, keys, hkv, d], e)?,
@@ -988,7 +1006,20 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None, None)
+        self.decode_kv_impl(cfg, args, None, None, None, None)
+    }
+
+    /// `decode_kv` over an fp8 KV cache (a Config with `kv_dtype` E4M3 or
+    /// E5M2, since 0.5): the cache buffers hold the fp8 bytes, `descales`
+    /// scales them (each extent [batch, num_heads_kv] checked against its
+    /// buffer). Errors: as `decode_kv`; Unsupported below sm_89.
+    pub fn decode_kv_fp8(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        descales: Descales<'_>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, None, None, Some(descales), None)
     }
 
     /// `decode_kv` with a speculative-decoding tree mask among the new
@@ -1001,7 +1032,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: TreeMask<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, Some(tree), None, None)
+        self.decode_kv_impl(cfg, args, Some(tree), None, None, None)
     }
 
     /// `decode_kv` (with a tree mask when `tree` is given) and attention
@@ -1016,7 +1047,7 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: &DeviceBuffer,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, Some(sinks), None)
+        self.decode_kv_impl(cfg, args, tree, Some(sinks), None, None)
     }
 
     /// `decode_kv` with a KV append (since 0.5; see `KvAppend`): the new
@@ -1035,7 +1066,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         append: KvAppend<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None, Some(append))
+        self.decode_kv_impl(cfg, args, None, None, None, Some(append))
     }
 
     /// `decode_append` with a tree mask and / or attention sinks (as
@@ -1048,7 +1079,7 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, sinks, Some(append))
+        self.decode_kv_impl(cfg, args, tree, sinks, None, Some(append))
     }
 
     fn decode_kv_impl(
@@ -1057,6 +1088,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
+        descales: Option<Descales<'_>>,
         append: Option<KvAppend<'_>>,
     ) -> Result<DecodePlan> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k_max);
@@ -1096,6 +1128,16 @@ impl Runtime {
         };
         if let Some(s) = sinks {
             raw.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+        }
+        if let Some(ds) = descales {
+            let dims = [b, cfg.num_heads_kv()];
+            raw.descale_strides = ds.strides;
+            if let Some(k) = ds.k {
+                raw.k_descale = checked_ptr(self, "k_descale", k, 0, &ds.strides, &dims, 4)?;
+            }
+            if let Some(v) = ds.v {
+                raw.v_descale = checked_ptr(self, "v_descale", v, 0, &ds.strides, &dims, 4)?;
+            }
         }
         if let Some(a) = &append {
             let hkv = cfg.num_heads_kv();

@@ -1,0 +1,808 @@
+// fp8 KV cache (fa_config_desc.kv_dtype FA_DTYPE_FP8_E4M3 / _E5M2, the
+// descales of fa_decode_args) in fa_decode on the emulator (sm_89 and
+// sm_90), against the fp64 reference on the values the fp8 bytes hold
+// (decoded by tools/common/reference.cc's own fp8 decoder, times the
+// descales):
+// - e4m3 and e5m2, fp16 and bf16 Q/O; descales absent (1.0), per tensor and
+//   per (batch, KV head) with non-trivial strides;
+// - every KV layout (contiguous with padded strides, paged NHD and HND with
+//   per-row and per-tile page lookups, pointer arrays), GQA packing, chunked
+//   prefill (seqlen_q > 1, causal), windows, softcap, tree masks, sinks
+//   (in the combine), forced, automatic and batch-invariant splits;
+//   cache rows past cache_seqlens hold NaN bytes (never read);
+// - each case checks by name that the tensor-core decode kernel with the
+//   fp8 variant ran (o.data = 0 profiles it; fa_decode_reduce combines);
+//   O and LSE poisoned first;
+// - the emulator's memory counters: the fp8 cache reads exactly half the
+//   K/V sectors of the fp16 cache of the same shape;
+// - UNSUPPORTED on sm_80/86 and from fa_launch; the host checks of the new
+//   fields; a 0.4-sized desc and 0.4.1-sized args still work;
+// - the PTX of a 16-bit decode is unchanged by the feature (fa_generate of
+//   a 0.4-sized desc's config equals the current one's).
+#include "support/cmocka.hh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference.h"
+#include "support/numerics.h"
+
+namespace {
+
+fa_runtime *g_rt89 = nullptr, *g_rt90 = nullptr, *g_rt80 = nullptr;
+std::string g_why;
+fa_status g_last_fail = FA_SUCCESS;  // the status of the last failing call in run_case
+
+int setup(void **) {
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  g_rt89 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 89);
+  g_rt90 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 90);
+  g_rt80 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 80);
+  return 0;
+}
+int teardown(void **) {
+  fa_runtime_destroy(g_rt89);
+  fa_runtime_destroy(g_rt90);
+  fa_runtime_destroy(g_rt80);
+  unsetenv("FLASHATTN_EMU_PROFILE");
+  return 0;
+}
+void need_runtime() {
+  if (!g_rt89 || !g_rt90 || !g_rt80) {
+    std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
+    skip();
+  }
+}
+
+enum Layout { kContig, kPagedNhd, kPagedHnd, kPtrs };
+
+struct Case {
+  int batch = 1, seqlen_q = 1, skmax = 64;
+  std::vector<int> lens;  // cache_seqlens, size batch
+  int hq = 1, hkv = 1, d = 64, dv = 0;
+  bool bf16 = false, e5m2 = false, causal = false;
+  int window_left = -1;
+  float softcap = 0;
+  int splits = 0;
+  bool batch_invariant = false;
+  Layout layout = kContig;
+  int page_size = 0;
+  int descale = 2;                  // 0 none (1.0), 1 per tensor, 2 per (batch, KV head)
+  bool descale_transposed = false;  // per (b, h): strides {1, batch + 1} instead of {hkv + 2, 1}
+  bool tree = false, sinks = false;
+  bool direct = false;  // fa_decode with o.data set (its own combine)
+  bool tight = false;   // contiguous without gaps (rows on 32-byte sectors)
+  // Sequence b's descales (K and V, every KV head) are +inf: its cache must
+  // be empty (lens[b] = 0), whose rows get O = 0 and LSE = -inf regardless.
+  int inf_descale_seq = -1;
+  uint32_t seed = 1;
+  std::string describe() const {
+    char buf[300];
+    static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
+    std::snprintf(buf, sizeof buf,
+                  "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
+                  "descale%d%s%s%s%s",
+                  e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
+                  d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
+                  batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
+                  descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
+                  direct ? " direct" : "");
+    return buf;
+  }
+};
+
+struct Dev {
+  fa_runtime *rt;
+  std::vector<uint64_t> allocs;
+  std::string err;
+  fa_config *cfg = nullptr;
+  explicit Dev(fa_runtime *r) : rt(r) {}
+  ~Dev() {
+    for (uint64_t p : allocs) fa_free(rt, p);
+    fa_config_destroy(cfg);
+  }
+  bool check(fa_status st, const char *what) {
+    if (st == FA_SUCCESS) return true;
+    g_last_fail = st;
+    if (err.empty()) err = std::string(what) + ": " + fa_last_error() + "\n";
+    return false;
+  }
+  uint64_t put(const void *host, size_t bytes) {
+    uint64_t p = 0;
+    if (!check(fa_malloc(rt, std::max<size_t>(bytes, 16), &p), "fa_malloc")) return 0;
+    allocs.push_back(p);
+    if (host) check(fa_memcpy_htod(rt, p, host, bytes), "upload");
+    return p;
+  }
+};
+
+uint16_t to16(double x, bool bf16) {
+  return bf16 ? fa::ref::f32_to_bf16(float(x)) : fa::ref::f32_to_f16(float(x));
+}
+double from16(uint16_t h, bool bf16) {
+  return bf16 ? fa::ref::bf16_to_f32(h) : fa::ref::f16_to_f32(h);
+}
+
+constexpr uint8_t kNanCode = 0x7f;  // NaN in both formats
+
+// fp8 codes of one cache [b, skmax, h, d] in a layout: *t and (pointer
+// arrays) *ptrs set; gaps and rows past a sequence hold NaN bytes.
+void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
+           const std::vector<int32_t> &table, int max_pages, int num_pages, fa_tensor *t,
+           uint64_t *ptrs) {
+  const int h = c.hkv, sk = c.skmax;
+  auto code = [&](int b, int s, int ih, int id) {
+    return codes[((size_t(b) * sk + s) * h + ih) * d + id];
+  };
+  fa_tensor v{};
+  v.stride[3] = 1;
+  if (c.layout == kContig || c.layout == kPtrs) {
+    const bool gaps = !c.tight;
+    v.stride[2] = d + (gaps ? 16 : 0);
+    v.stride[1] = int64_t(h) * v.stride[2] + (gaps ? 32 : 0);
+    v.stride[0] = int64_t(sk) * v.stride[1] + (gaps ? 16 : 0);
+    const int nb = c.layout == kContig ? c.batch : 1;
+    std::vector<uint64_t> p(c.batch);
+    for (int part = 0; part < (c.layout == kContig ? 1 : c.batch); ++part) {
+      std::vector<uint8_t> dev(size_t(nb) * v.stride[0], kNanCode);
+      for (int ib = 0; ib < nb; ++ib)
+        for (int s = 0; s < sk; ++s)
+          for (int ih = 0; ih < h; ++ih)
+            for (int id = 0; id < d; ++id)
+              dev[ib * v.stride[0] + s * v.stride[1] + ih * v.stride[2] + id] =
+                  code(c.layout == kContig ? ib : part, s, ih, id);
+      p[part] = dv.put(dev.data(), dev.size());
+    }
+    if (c.layout == kContig) {
+      v.data = p[0];
+    } else {
+      v.data = 0;
+      *ptrs = dv.put(p.data(), p.size() * 8);
+    }
+    *t = v;
+    return;
+  }
+  const int ps = c.page_size;
+  if (c.layout == kPagedHnd) {
+    v.stride[1] = d + 16;
+    v.stride[2] = int64_t(ps) * v.stride[1];
+    v.stride[0] = int64_t(h) * v.stride[2] + 16;
+  } else {
+    v.stride[2] = d + 16;
+    v.stride[1] = int64_t(h) * v.stride[2];
+    v.stride[0] = int64_t(ps) * v.stride[1] + 32;
+  }
+  std::vector<uint8_t> dev(size_t(num_pages) * v.stride[0], kNanCode);
+  for (int ib = 0; ib < c.batch; ++ib)
+    for (int s = 0; s < sk; ++s) {
+      const int page = table[size_t(ib) * max_pages + s / ps];
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id)
+          dev[page * v.stride[0] + (s % ps) * v.stride[1] + ih * v.stride[2] + id] =
+              code(ib, s, ih, id);
+    }
+  v.data = dv.put(dev.data(), dev.size());
+  *t = v;
+}
+
+// The same attention at a framework's low precision (S in fp32, P rounded to
+// dtype, O accumulated in fp32 and rounded): its error against fp64 is the
+// yardstick (FlashAttention's test rule).
+std::vector<double> lowp(const fa::ref::Problem &p, const std::vector<double> &q,
+                         const std::vector<double> &k, const std::vector<double> &v, bool bf16,
+                         const int32_t *lens) {
+  const int d = p.head_dim, dv = p.head_dim_v, group = p.num_heads_q / p.num_heads_kv;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<double> o(size_t(p.batch) * p.seqlen_q * p.num_heads_q * dv, 0.0);
+  std::vector<float> s(size_t(p.seqlen_k));
+  for (int b = 0; b < p.batch; ++b) {
+    const int sk = lens[b];
+    for (int h = 0; h < p.num_heads_q; ++h)
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const long long diag = (long long)i + sk - p.seqlen_q;
+        long long lo = 0, hi = sk - 1;
+        if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
+        if (p.causal) hi = std::min(hi, diag);
+        if (lo > hi) continue;
+        const float sink = p.sinks ? p.sinks[h] : -INFINITY;
+        float m = sink;
+        for (long long j = lo; j <= hi; ++j) {
+          if (!fa::ref::tree_visible(p, b, i, j, sk)) {
+            s[size_t(j)] = -INFINITY;
+            continue;
+          }
+          float dot = 0;
+          for (int x = 0; x < d; ++x)
+            dot += float(q[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * d + x] *
+                         k[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * d + x]);
+          float y = dot * float(scale);
+          if (p.softcap > 0) y = float(p.softcap) * std::tanh(y / float(p.softcap));
+          s[size_t(j)] = y;
+          m = std::max(m, y);
+        }
+        if (m == -INFINITY) continue;
+        float l = sink == -INFINITY ? 0.0f : std::exp(sink - m);
+        for (long long j = lo; j <= hi; ++j) {
+          s[size_t(j)] = std::exp(s[size_t(j)] - m);
+          l += s[size_t(j)];
+        }
+        double *orow = &o[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv];
+        for (int x = 0; x < dv; ++x) {
+          float acc = 0;
+          for (long long j = lo; j <= hi; ++j)
+            acc += fa::ref::round_to(s[size_t(j)] / l, bf16) *
+                   float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + x]);
+          orow[x] = fa::ref::round_to(acc, bf16);
+        }
+      }
+  }
+  return o;
+}
+
+fa_config *make_config(Dev &dv, const Case &c) {
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = c.bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  desc.head_dim = c.d;
+  desc.head_dim_v = c.dv;
+  desc.num_heads_q = c.hq;
+  desc.num_heads_kv = c.hkv;
+  desc.causal = c.causal;
+  desc.window_left = c.window_left;
+  desc.softcap = c.softcap;
+  desc.kv_dtype = c.e5m2 ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
+  dv.check(fa_config_create(&desc, &dv.cfg), "fa_config_create");
+  return dv.cfg;
+}
+
+// Runs one case; returns the problems found ("" = passed). *counters: the
+// decode kernel's memory counters.
+std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counters = nullptr) {
+  std::printf("  %s\n", c.describe().c_str());
+  Dev dev(rt);
+  if (!make_config(dev, c)) return dev.err;
+  const int dv = c.dv ? c.dv : c.d, hq = c.hq, hkv = c.hkv, sq = c.seqlen_q, sk = c.skmax;
+  std::mt19937 gen(c.seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_real_distribution<double> uf(0.5, 2.0);
+  // Q rounded to dtype.
+  std::vector<uint16_t> qb(size_t(c.batch) * sq * hq * c.d);
+  std::vector<double> q(qb.size());
+  for (size_t i = 0; i < qb.size(); ++i) {
+    qb[i] = to16(nd(gen), c.bf16);
+    q[i] = from16(qb[i], c.bf16);
+  }
+  // Descales [batch][hkv] (the real values are N(0, 1) times a per-head
+  // spread; the stored bytes are value / descale).
+  const double fmax = fa::ref::fp8_max(c.e5m2);
+  std::vector<double> kd(size_t(c.batch) * hkv, 1.0), vd(kd.size(), 1.0);
+  if (c.descale == 1) {
+    std::fill(kd.begin(), kd.end(), 4.0 / fmax * uf(gen));
+    std::fill(vd.begin(), vd.end(), 4.0 / fmax * uf(gen));
+  } else if (c.descale == 2) {
+    for (double &x : kd) x = 4.0 / fmax * uf(gen);
+    for (double &x : vd) x = 4.0 / fmax * uf(gen);
+  }
+  const int inf_b = c.inf_descale_seq;
+  auto make_cache = [&](int d, const std::vector<double> &ds, std::vector<uint8_t> *codes,
+                        std::vector<double> *vals) {
+    codes->assign(size_t(c.batch) * sk * hkv * d, kNanCode);
+    vals->assign(codes->size(), 0.0);
+    for (int b = 0; b < c.batch; ++b)
+      for (int s = 0; s < sk; ++s)
+        for (int h = 0; h < hkv; ++h)
+          for (int x = 0; x < d; ++x) {
+            const size_t i = ((size_t(b) * sk + s) * hkv + h) * d + x;
+            const double real = nd(gen) * (0.5 + h);
+            if (s >= c.lens[b] || b == inf_b) continue;  // NaN bytes: never read
+            (*codes)[i] = fa::ref::fp8_from_double(real / ds[size_t(b) * hkv + h], c.e5m2);
+            (*vals)[i] = fa::ref::fp8_to_double((*codes)[i], c.e5m2) * ds[size_t(b) * hkv + h];
+          }
+  };
+  std::vector<uint8_t> kc, vc;
+  std::vector<double> k, v;
+  make_cache(c.d, kd, &kc, &k);
+  make_cache(dv, vd, &vc, &v);
+
+  fa_decode_args a = FA_DECODE_ARGS_INIT;
+  a.batch = c.batch;
+  a.seqlen_q = sq;
+  a.seqlen_k_max = sk;
+  a.num_splits = c.splits;
+  a.batch_invariant = c.batch_invariant;
+  a.q.data = dev.put(qb.data(), qb.size() * 2);
+  a.q.stride[3] = 1;
+  a.q.stride[2] = c.d;
+  a.q.stride[1] = int64_t(hq) * c.d;
+  a.q.stride[0] = int64_t(sq) * hq * c.d;
+  std::vector<int32_t> table;
+  int max_pages = 0, num_pages = 0;
+  if (c.layout == kPagedNhd || c.layout == kPagedHnd) {
+    max_pages = (sk + c.page_size - 1) / c.page_size;
+    num_pages = c.batch * max_pages + 2;
+    std::vector<int32_t> perm(num_pages);
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), gen);
+    table.assign(perm.begin(), perm.begin() + c.batch * max_pages);
+    a.kv.layout = FA_KV_PAGED;
+    a.kv.page_size = c.page_size;
+    a.kv.num_pages = num_pages;
+    a.kv.max_pages_per_seq = max_pages;
+    a.kv.block_table_stride = max_pages;
+    a.kv.block_table = dev.put(table.data(), table.size() * 4);
+  } else if (c.layout == kPtrs) {
+    a.kv.layout = FA_KV_PTR_ARRAY;
+  }
+  place(dev, c, kc, c.d, table, max_pages, num_pages, &a.k_cache, &a.kv.k_ptrs);
+  place(dev, c, vc, dv, table, max_pages, num_pages, &a.v_cache, &a.kv.v_ptrs);
+  std::vector<int32_t> lens(c.lens.begin(), c.lens.end());
+  a.cache_seqlens = dev.put(lens.data(), lens.size() * 4);
+  // Descale arrays.
+  if (c.descale == 1) {
+    const float kf = float(kd[0]), vf = float(vd[0]);
+    a.k_descale = dev.put(&kf, 4);
+    a.v_descale = dev.put(&vf, 4);
+  } else if (c.descale == 2) {
+    int64_t s0 = hkv + 2, s1 = 1;
+    if (c.descale_transposed) s0 = 1, s1 = c.batch + 1;
+    const size_t n = size_t((c.batch - 1) * s0 + (hkv - 1) * s1 + 1);
+    std::vector<float> kf(n, NAN), vf(n, NAN);
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < hkv; ++h) {
+        kf[b * s0 + h * s1] = b == inf_b ? INFINITY : float(kd[size_t(b) * hkv + h]);
+        vf[b * s0 + h * s1] = b == inf_b ? INFINITY : float(vd[size_t(b) * hkv + h]);
+      }
+    a.k_descale = dev.put(kf.data(), n * 4);
+    a.v_descale = dev.put(vf.data(), n * 4);
+    a.descale_stride[0] = s0;
+    a.descale_stride[1] = s1;
+  }
+  // Descales as the kernel sees them: fp32.
+  for (double &x : kd) x = double(float(x));
+  for (double &x : vd) x = double(float(x));
+  std::vector<uint8_t> tree;
+  if (c.tree) {
+    tree.resize(size_t(c.batch) * sq * sq);
+    std::uniform_int_distribution<int> coin(0, 2);
+    for (int b = 0; b < c.batch; ++b)
+      for (int i = 0; i < sq; ++i)
+        for (int j = 0; j < sq; ++j)
+          tree[(size_t(b) * sq + i) * sq + j] = j == i || (j < i && coin(gen) != 0);
+    const int words = (sq + 31) / 32;
+    const std::vector<uint32_t> packed = fa::test::pack_tree_mask(tree, c.batch * sq, sq, words);
+    a.tree_mask = dev.put(packed.data(), packed.size() * 4);
+    a.tree_mask_stride[1] = int64_t(words) * 4;
+    a.tree_mask_stride[0] = int64_t(sq) * a.tree_mask_stride[1];
+  }
+  std::vector<float> sinks;
+  uint64_t sinks_dev = 0;
+  if (c.sinks) {
+    std::uniform_real_distribution<float> us(-1.0f, 4.0f);
+    for (int h = 0; h < hq; ++h) sinks.push_back(h == 1 ? -INFINITY : us(gen));
+    sinks_dev = dev.put(sinks.data(), sinks.size() * 4);
+  }
+  fa_tensor o{};
+  o.stride[3] = 1;
+  o.stride[2] = dv;
+  o.stride[1] = int64_t(hq) * dv;
+  o.stride[0] = int64_t(sq) * hq * dv;
+  const size_t on = size_t(c.batch) * sq * hq * dv, ln = size_t(c.batch) * hq * sq;
+  o.data = dev.put(nullptr, on * 2);
+  const uint64_t lse = dev.put(nullptr, ln * 4);
+  size_t ws = 0;
+  int32_t splits = 0;
+  dev.check(fa_decode_workspace_size(rt, dev.cfg, &a, &ws, &splits), "workspace size");
+  a.workspace = dev.put(nullptr, ws);
+  a.workspace_size = ws;
+  if (!dev.err.empty()) return dev.err;
+  dev.check(fa_memset(rt, o.data, 0xFF, on * 2), "poison O");
+  dev.check(fa_memset(rt, lse, 0xFF, ln * 4), "poison LSE");
+  dev.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
+  std::string err;
+  const char *want = c.e5m2 ? "_kve5m2" : "_kve4m3";
+  if (c.direct) {
+    a.o = o;
+    a.lse = lse;
+    a.sinks = sinks_dev;
+    dev.check(fa_decode(rt, dev.cfg, &a, nullptr), "fa_decode");
+    // The combine ran last (with the sinks when given).
+    fa_emu_profile prof = FA_EMU_PROFILE_INIT;
+    if (fa_emulator_profile(rt, &prof) != FA_SUCCESS ||
+        std::strstr(prof.kernel, "fa_reduce_") == nullptr ||
+        (c.sinks && std::strstr(prof.kernel, "_sinks") == nullptr))
+      err += std::string("the combine ran ") + prof.kernel + "\n";
+  } else {
+    // The decode kernel alone (profiled: its name and counters), then the combine.
+    dev.check(fa_decode(rt, dev.cfg, &a, nullptr), "fa_decode (partials)");
+    fa_emu_profile prof = FA_EMU_PROFILE_INIT;
+    if (fa_emulator_profile(rt, &prof) != FA_SUCCESS ||
+        std::strstr(prof.kernel, "fa_decode_mma_") == nullptr ||
+        std::strstr(prof.kernel, want) == nullptr)
+      err += std::string("ran ") + prof.kernel + ", not fa_decode_mma_..." + want + "\n";
+    std::printf("    %s, splits %d, cp.async sectors %llu\n", prof.kernel, splits,
+                static_cast<unsigned long long>(prof.total.cp_async_sectors));
+    if (counters) *counters = prof.total;
+    fa_reduce_args r = FA_REDUCE_ARGS_INIT;
+    r.num_splits = splits;
+    r.batch = c.batch;
+    r.seqlen_q = sq;
+    r.o_partial = a.workspace;
+    const size_t ob = size_t(splits) * on * 4;
+    r.lse_partial = a.workspace + (ob + 255) / 256 * 256;
+    r.o_partial_stride[4] = 1;
+    r.o_partial_stride[3] = dv;
+    r.o_partial_stride[2] = int64_t(hq) * dv;
+    r.o_partial_stride[1] = int64_t(sq) * hq * dv;
+    r.o_partial_stride[0] = int64_t(c.batch) * sq * hq * dv;
+    r.lse_partial_stride[3] = 1;
+    r.lse_partial_stride[2] = sq;
+    r.lse_partial_stride[1] = int64_t(hq) * sq;
+    r.lse_partial_stride[0] = int64_t(c.batch) * hq * sq;
+    r.o = o;
+    r.lse = lse;
+    r.sinks = sinks_dev;
+    dev.check(fa_decode_reduce(rt, dev.cfg, &r, nullptr), "fa_decode_reduce");
+  }
+  dev.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+  if (!dev.err.empty()) return err + dev.err;
+  std::vector<uint16_t> ob(on);
+  std::vector<float> lg(ln), og(on);
+  dev.check(fa_memcpy_dtoh(rt, ob.data(), o.data, on * 2), "download O");
+  dev.check(fa_memcpy_dtoh(rt, lg.data(), lse, ln * 4), "download LSE");
+  for (size_t i = 0; i < on; ++i) og[i] = float(from16(ob[i], c.bf16));
+
+  fa::ref::Problem p;
+  p.batch = c.batch;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.num_heads_q = hq;
+  p.num_heads_kv = hkv;
+  p.head_dim = c.d;
+  p.head_dim_v = dv;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.softcap = c.softcap;
+  if (c.tree) p.tree_mask = tree.data();
+  if (c.sinks) p.sinks = sinks.data();
+  // Rows past a sequence's length are NaN in the reference's inputs too
+  // (zeros here: the reference never reads them, lens bound it).
+  std::vector<double> o_ref(on), lse_ref(ln);
+  fa::ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
+  const std::vector<double> o_low = lowp(p, q, k, v, c.bf16, lens.data());
+  const fa::ref::ErrorStats e = fa::ref::compare(og.data(), o_ref.data(), on);
+  std::vector<float> lowf(o_low.begin(), o_low.end());
+  const fa::ref::ErrorStats base = fa::ref::compare(lowf.data(), o_ref.data(), on);
+  const double tol = 2.0 * base.max_abs + 1e-5;
+  double lse_err = 0;
+  long long lse_bad = 0;
+  for (size_t i = 0; i < ln; ++i) {
+    if (std::isinf(lse_ref[i])) {
+      lse_bad += !(std::isinf(lg[i]) && lg[i] < 0);
+    } else if (!std::isfinite(lg[i])) {
+      ++lse_bad;
+    } else {
+      lse_err =
+          std::max(lse_err, std::fabs(lg[i] - lse_ref[i]) / std::max(1.0, std::fabs(lse_ref[i])));
+    }
+  }
+  char buf[300];
+  std::snprintf(buf, sizeof buf,
+                "O max_abs %.3g (tol %.3g), rel_l2 %.3g, max|ref| %.3g, lse err %.3g", e.max_abs,
+                tol, e.rel_l2, e.max_ref, lse_err);
+  std::printf("    %s\n", buf);
+  if (e.nonfinite)
+    err += std::string(buf) + " | non-finite/unwritten O: " + std::to_string(e.nonfinite) + "\n";
+  if (e.max_abs > tol) err += std::string(buf) + " | max_abs over tolerance\n";
+  if (e.rel_l2 >= 1e-2) err += std::string(buf) + " | rel_l2 >= 1e-2\n";
+  if (lse_bad)
+    err += std::string(buf) + " | LSE wrong/unwritten: " + std::to_string(lse_bad) + "\n";
+  if (lse_err > 2e-3) err += std::string(buf) + " | LSE error over 2e-3\n";
+  return err + dev.err;
+}
+
+void report(const std::string &failures) {
+  if (!failures.empty()) {
+    print_error("%s", failures.c_str());
+    fail();
+  }
+}
+
+Case base(int b, int sq, int sk, int hq, int hkv, int d, uint32_t seed) {
+  Case c;
+  c.batch = b;
+  c.seqlen_q = sq;
+  c.skmax = sk;
+  c.hq = hq;
+  c.hkv = hkv;
+  c.d = d;
+  c.seed = seed;
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> len(std::max(1, sk / 2), sk);
+  for (int i = 0; i < b; ++i) c.lens.push_back(len(gen));
+  c.lens[0] = sk;
+  return c;
+}
+
+void run_all(fa_runtime *rt, const std::vector<Case> &cases) {
+  std::string failures;
+  for (const Case &c : cases) {
+    const std::string e = run_case(rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
+// e4m3 and e5m2, fp16 and bf16, each descale form, contiguous.
+void test_formats(void **) {
+  need_runtime();
+  std::vector<Case> cases;
+  uint32_t seed = 10;
+  for (int e5 = 0; e5 < 2; ++e5)
+    for (int bf = 0; bf < 2; ++bf) {
+      Case c = base(2, 1, 150, 4, 2, 64, seed++);
+      c.e5m2 = e5;
+      c.bf16 = bf;
+      c.descale = (e5 + 2 * bf) % 3;
+      c.descale_transposed = bf;
+      cases.push_back(c);
+    }
+  Case c = base(1, 1, 100, 2, 1, 128, seed++);
+  c.dv = 64;
+  c.splits = 3;
+  cases.push_back(c);
+  run_all(g_rt89, cases);
+}
+
+// Every KV layout, page sizes below and at a multiple of the key tile.
+void test_layouts(void **) {
+  need_runtime();
+  std::vector<Case> cases;
+  uint32_t seed = 30;
+  const struct {
+    Layout l;
+    int ps;
+  } lays[] = {{kPagedNhd, 5}, {kPagedNhd, 16}, {kPagedHnd, 32}, {kPagedHnd, 7}, {kPtrs, 0}};
+  for (const auto &l : lays) {
+    Case c = base(2, 2, 90, 4, 2, 64, seed++);
+    c.layout = l.l;
+    c.page_size = l.ps;
+    c.e5m2 = seed % 2;
+    c.bf16 = seed % 3 == 0;
+    c.causal = true;
+    cases.push_back(c);
+  }
+  run_all(g_rt90, cases);
+}
+
+// Chunked prefill, GQA packing, windows, softcap, tree masks, sinks, splits.
+void test_features(void **) {
+  need_runtime();
+  std::vector<Case> cases;
+  Case c = base(2, 9, 120, 8, 2, 64, 50);  // prefill chunk, GQA 4: 36 packed rows
+  c.causal = true;
+  c.splits = 2;
+  cases.push_back(c);
+  c = base(1, 1, 200, 2, 2, 96, 51);  // window, e5m2, bf16
+  c.window_left = 40;
+  c.e5m2 = true;
+  c.bf16 = true;
+  cases.push_back(c);
+  c = base(2, 2, 100, 2, 1, 64, 55);  // softcap
+  c.softcap = 15.0f;
+  cases.push_back(c);
+  c = base(2, 5, 80, 2, 1, 64, 52);  // tree mask
+  c.tree = true;
+  c.layout = kPagedNhd;
+  c.page_size = 16;
+  cases.push_back(c);
+  c = base(2, 1, 70, 4, 2, 64, 53);  // sinks through the combine, fa_decode's own
+  c.sinks = true;
+  c.direct = true;
+  cases.push_back(c);
+  c = base(3, 2, 48, 4, 2, 64, 56);  // an empty sequence whose descales are +inf
+  c.lens = {48, 0, 20};
+  c.inf_descale_seq = 1;
+  c.splits = 2;
+  cases.push_back(c);
+  c = base(1, 3, 64, 4, 4, 64, 54);  // sinks through fa_decode_reduce, invariant splits
+  c.sinks = true;
+  c.batch_invariant = true;
+  c.causal = true;
+  cases.push_back(c);
+  run_all(g_rt89, cases);
+}
+
+// The decode kernel's K/V global traffic: the fp8 cache reads exactly half
+// the bytes of the fp16 cache, and (rows on sector boundaries) half the
+// sectors an fp16 cache needs at least (one split; Q the same in both).
+void test_sectors_halved(void **) {
+  need_runtime();
+  Case c = base(2, 1, 256, 2, 2, 128, 70);
+  c.lens = {256, 256};
+  c.splits = 1;
+  c.tight = true;
+  fa_emu_mem_counters f8{};
+  std::string failures = run_case(g_rt89, c, &f8);
+  // The same shape with a 16-bit cache, through the shared decode runner
+  // (partials only: the decode kernel's counters stay the last ones).
+  fa::test::DecodeCase d;
+  d.batch = 2;
+  d.seqlen_q = 1;
+  d.seqlen_k_max = 256;
+  d.cache_seqlens = {256, 256};
+  d.heads_q = d.heads_kv = 2;
+  d.head_dim = 128;
+  d.num_splits = 1;
+  d.partials_only = true;
+  failures += fa::test::run_decode(g_rt89, d);
+  fa_emu_profile prof = FA_EMU_PROFILE_INIT;
+  if (fa_emulator_profile(g_rt89, &prof) != FA_SUCCESS) failures += "no profile\n";
+  const unsigned long long s16 = prof.total.cp_async_sectors, s8 = f8.cp_async_sectors;
+  const unsigned long long b16 = prof.total.cp_async_bytes, b8 = f8.cp_async_bytes;
+  // Q: one 256-byte row (8 sectors) per CTA, batch * heads CTAs.
+  const unsigned long long q = 2ull * 2 * 8;
+  std::printf("  cp.async: fp16 cache %llu sectors %llu bytes, fp8 cache %llu sectors %llu bytes\n",
+              s16, b16, s8, b8);
+  // K and V: 2 sequences x 2 heads x 256 keys x 128 x (2 bytes | 1 byte).
+  const unsigned long long kv16_bytes = 2ull * 2 * 256 * 2 * 256, kv16_min = kv16_bytes / 32;
+  if (b16 != kv16_bytes + 32 * q || b8 != kv16_bytes / 2 + 32 * q)
+    failures += "K/V bytes: fp16 " + std::to_string(b16 - 32 * q) + ", fp8 " +
+                std::to_string(b8 - 32 * q) + " (want " + std::to_string(kv16_bytes) +
+                " and half)\n";
+  if (s16 < kv16_min + q || s8 != kv16_min / 2 + q)
+    failures += "K/V sectors: fp16 " + std::to_string(s16 - q) + " (at least " +
+                std::to_string(kv16_min) + "), fp8 " + std::to_string(s8 - q) + " (want " +
+                std::to_string(kv16_min / 2) + ")\n";
+  report(failures);
+}
+
+// UNSUPPORTED where no fp8 kernel runs; INVALID_ARGUMENT for bad fields.
+void test_statuses(void **) {
+  need_runtime();
+  Case c = base(1, 1, 32, 2, 1, 64, 80);
+  g_last_fail = FA_SUCCESS;
+  const std::string e80 = run_case(g_rt80, c);
+  std::printf("    sm_80: %s", e80.c_str());
+  if (e80.find("fa_decode") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
+    report("sm_80 fp8 decode: expected UNSUPPORTED, got: " + e80);
+  // The scalar decode has no fp8 path either.
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  g_last_fail = FA_SUCCESS;
+  const std::string es = run_case(g_rt89, c);
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  std::printf("    scalar decode: %s", es.c_str());
+  if (es.find("scalar") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
+    report("scalar fp8 decode: expected UNSUPPORTED, got: " + es);
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = FA_DTYPE_FP16;
+  desc.head_dim = 64;
+  desc.num_heads_q = desc.num_heads_kv = 1;
+  fa_config *cfg = nullptr;
+  desc.kv_dtype = 3;
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_ERROR_INVALID_ARGUMENT);
+  desc.kv_dtype = FA_DTYPE_FP16;
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_ERROR_INVALID_ARGUMENT);
+  desc.kv_dtype = FA_DTYPE_FP8_E4M3;
+  desc.head_dim = 72;
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_ERROR_UNSUPPORTED);
+  desc.head_dim = 64;
+  // 0.4-sized desc: kv_dtype not read (16-bit cache).
+  fa_config_desc old = desc;
+  old.struct_size = FA_CONFIG_DESC_SIZE_0_4;
+  assert_int_equal(fa_config_create(&old, &cfg), FA_SUCCESS);
+  fa_config_destroy(cfg);
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_SUCCESS);
+  // fa_generate: the forward refuses, sm_86 refuses, sm_89 decode works.
+  size_t n = 0;
+  assert_int_equal(fa_generate(cfg, FA_KERNEL_FORWARD, 89, nullptr, 0, &n), FA_ERROR_UNSUPPORTED);
+  assert_int_equal(fa_generate(cfg, FA_KERNEL_DECODE, 86, nullptr, 0, &n), FA_ERROR_UNSUPPORTED);
+  assert_int_equal(fa_generate(cfg, FA_KERNEL_DECODE, 89, nullptr, 0, &n), FA_SUCCESS);
+  std::string ptx(n + 1, '\0');
+  assert_int_equal(fa_generate(cfg, FA_KERNEL_DECODE, 89, &ptx[0], ptx.size(), &n), FA_SUCCESS);
+  assert_non_null(std::strstr(ptx.c_str(), "cvt.rn.f16x2.e4m3x2"));
+  assert_non_null(std::strstr(ptx.c_str(), ".version 8.1"));
+
+  // Bad args on a valid fp8 config (rejected before any launch).
+  uint64_t buf = 0;
+  assert_int_equal(fa_malloc(g_rt89, 1 << 16, &buf), FA_SUCCESS);
+  fa_decode_args a = FA_DECODE_ARGS_INIT;
+  a.batch = 1;
+  a.seqlen_q = 1;
+  a.seqlen_k_max = 32;
+  fa_tensor t{};
+  t.data = buf;
+  t.stride[3] = 1;
+  t.stride[2] = 64;
+  t.stride[1] = 64;
+  t.stride[0] = 64 * 32;
+  a.q = a.k_cache = a.v_cache = t;
+  a.cache_seqlens = buf;
+  a.workspace = buf + 32768;
+  a.workspace_size = 1 << 15;
+  auto expect = [&](const fa_decode_args &x, fa_status want, const char *what) {
+    const fa_status st = fa_decode(g_rt89, cfg, &x, nullptr);
+    std::printf("    %s: %d %s\n", what, st, fa_last_error());
+    if (st != want) report(std::string(what) + ": unexpected status");
+  };
+  fa_decode_args x = a;
+  x.k_descale = buf + 2;
+  expect(x, FA_ERROR_INVALID_ARGUMENT, "misaligned k_descale");
+  x = a;
+  x.v_descale = buf + 6;
+  expect(x, FA_ERROR_INVALID_ARGUMENT, "misaligned v_descale");
+  x = a;
+  x.descale_stride[1] = -1;
+  expect(x, FA_ERROR_INVALID_ARGUMENT, "negative descale_stride");
+  x = a;
+  x.struct_size = FA_DECODE_ARGS_SIZE_0_4_1;  // descales read as 0 (1.0): runs
+  x.k_descale = 2;                            // past the 0.4.1 struct: not read
+  assert_int_equal(fa_memset(g_rt89, buf, 0, 32768), FA_SUCCESS);
+  expect(x, FA_SUCCESS, "0.4.1-sized args");
+  x = a;
+  x.k_cache.stride[2] = 72;  // 8-element multiple, not 16
+  expect(x, FA_ERROR_INVALID_ARGUMENT, "fp8 stride not a multiple of 16");
+  // A 16-bit config rejects descales.
+  fa_config *cfg16 = nullptr;
+  desc.kv_dtype = 0;
+  assert_int_equal(fa_config_create(&desc, &cfg16), FA_SUCCESS);
+  x = a;
+  x.k_descale = buf;
+  const fa_status st = fa_decode(g_rt89, cfg16, &x, nullptr);
+  std::printf("    descale with a 16-bit cache: %d %s\n", st, fa_last_error());
+  assert_int_equal(st, FA_ERROR_INVALID_ARGUMENT);
+  // fa_launch with an fp8 config: UNSUPPORTED (fa_decode only).
+  fa_forward_args f = FA_FORWARD_ARGS_INIT;
+  f.batch = 1;
+  f.seqlen_q = f.seqlen_k = 32;
+  f.q = f.k = f.v = f.o = t;
+  const fa_status fs = fa_launch(g_rt89, cfg, &f, nullptr);
+  std::printf("    fa_launch: %d %s\n", fs, fa_last_error());
+  assert_int_equal(fs, FA_ERROR_UNSUPPORTED);
+  fa_config_destroy(cfg16);
+  fa_config_destroy(cfg);
+  fa_free(g_rt89, buf);
+}
+
+// The 16-bit decode PTX is the same for a 0.4-sized desc's config and a
+// current one's (kv_dtype 0), and holds no fp8 conversion.
+void test_old_sizes(void **) {
+  need_runtime();
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = FA_DTYPE_BF16;
+  desc.head_dim = 128;
+  desc.num_heads_q = 8;
+  desc.num_heads_kv = 2;
+  fa_config *a = nullptr, *b = nullptr;
+  fa_config_desc old = desc;
+  old.struct_size = FA_CONFIG_DESC_SIZE_0_4;
+  assert_int_equal(fa_config_create(&desc, &a), FA_SUCCESS);
+  assert_int_equal(fa_config_create(&old, &b), FA_SUCCESS);
+  for (int sm : {80, 89, 90}) {
+    size_t na = 0, nb = 0;
+    assert_int_equal(fa_generate(a, FA_KERNEL_DECODE, sm, nullptr, 0, &na), FA_SUCCESS);
+    assert_int_equal(fa_generate(b, FA_KERNEL_DECODE, sm, nullptr, 0, &nb), FA_SUCCESS);
+    std::string pa(na + 1, '\0'), pb(nb + 1, '\0');
+    fa_generate(a, FA_KERNEL_DECODE, sm, &pa[0], pa.size(), &na);
+    fa_generate(b, FA_KERNEL_DECODE, sm, &pb[0], pb.size(), &nb);
+    assert_true(pa == pb);
+    assert_null(std::strstr(pa.c_str(), "e4m3"));
+  }
+  fa_config_destroy(a);
+  fa_config_destroy(b);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_formats),  cmocka_unit_test(test_layouts),
+      cmocka_unit_test(test_features), cmocka_unit_test(test_sectors_halved),
+      cmocka_unit_test(test_statuses), cmocka_unit_test(test_old_sizes),
+  };
+  return cmocka_run_group_tests_name("fp8_kv", tests, setup, teardown);
+}
