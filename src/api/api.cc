@@ -142,6 +142,21 @@ fa_status check_fp32_ptr(const char *name, uint64_t p, bool required) {
   return FA_SUCCESS;
 }
 
+// ALiBi slopes: fp32, 4-byte aligned, or 0; the stride between sequences
+// 0 (one row for the batch) or >= num_heads_q, and 0 without slopes.
+fa_status check_alibi(const fa::AttentionConfig &c, uint64_t slopes, int64_t stride) {
+  FA_CHECK(check_fp32_ptr("alibi_slopes", slopes, false));
+  FA_REQUIRE(stride >= 0, "alibi_slopes_stride must be >= 0 (0 = one row for the batch), got %lld",
+             static_cast<long long>(stride));
+  FA_REQUIRE(slopes != 0 || stride == 0,
+             "alibi_slopes_stride is set (%lld) but alibi_slopes is 0; set it to 0 without ALiBi",
+             static_cast<long long>(stride));
+  FA_REQUIRE(stride == 0 || stride >= c.num_heads_q,
+             "alibi_slopes_stride must be 0 or at least num_heads_q = %d, got %lld", c.num_heads_q,
+             static_cast<long long>(stride));
+  return FA_SUCCESS;
+}
+
 fa_status check_positive(const char *name, int32_t v) {
   FA_REQUIRE(v >= 1, "%s must be >= 1, got %d", name, v);
   return FA_SUCCESS;
@@ -233,7 +248,7 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   FA_CHECK(check_fp32_ptr("cu_seqlens_k", a->cu_seqlens_k, false));
   FA_CHECK(check_fp32_ptr("seqused_k", a->seqused_k, false));
   FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
-  (void)c;
+  FA_CHECK(check_alibi(c, a->alibi_slopes, a->alibi_slopes_stride));
   return FA_SUCCESS;
 }
 
@@ -629,6 +644,7 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
     fa::LaunchShape shape;
     if (opts != nullptr) {
       FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4_1 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
                  "opts->struct_size is %zu, expected %zu", opts->struct_size,
@@ -649,8 +665,12 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
       FA_REQUIRE(raw_kind != FA_KERNEL_DECODE || !o.sinks,
                  "opts->sinks is for FA_KERNEL_FORWARD and FA_KERNEL_REDUCE (a decode kernel "
                  "never reads the sinks; its combine does)");
+      FA_REQUIRE(o.alibi == 0 || o.alibi == 1, "opts->alibi must be 0 or 1, got %d", o.alibi);
+      FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
+                 "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
       shape.tree_mask = o.tree_mask != 0;
       shape.sinks = o.sinks != 0;
+      shape.alibi = o.alibi != 0;
       shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
       shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
       FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
@@ -699,7 +719,9 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(
+        args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4, FA_FORWARD_ARGS_SIZE_0_4_1},
+        &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
@@ -714,8 +736,10 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     FA_REQUIRE(bytes != nullptr, "bytes is NULL");
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(
-        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(args,
+                        {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
+                         FA_DECODE_ARGS_SIZE_0_4_1},
+                        &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
@@ -733,9 +757,12 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_decode_args a;
-    FA_CHECK(widen_args(
-        args, {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4}, &a));
+    FA_CHECK(widen_args(args,
+                        {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
+                         FA_DECODE_ARGS_SIZE_0_4_1},
+                        &a));
     FA_CHECK(validate_decode(&a));
+    FA_CHECK(check_alibi(cfg->cfg, a.alibi_slopes, a.alibi_slopes_stride));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
     return rt->impl->decode(cfg->cfg, a, stream);

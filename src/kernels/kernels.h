@@ -97,6 +97,11 @@ struct KernelSpec {
   // them in its combine. Off: the PTX is byte-identical to a spec without
   // the field.
   bool sinks = false;
+  // Forward and Decode: ALiBi, a per-(sequence, query head) fp32 slope times
+  // |i + seqlen_k - seqlen_q - j| subtracted from each score
+  // (ForwardParams::alibi_slopes, DecodeParams::alibi_slopes; tile::alibi).
+  // Off: the PTX and serialize() are byte-identical to a spec without it.
+  bool alibi = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -120,6 +125,7 @@ struct LaunchShape {
   bool tree_mask = false;                            // Decode: DecodeParams::tree_mask is set
   bool lse_in_base2 = false, lse_out_base2 = false;  // Reduce: fa_lse_format BASE2
   bool sinks = false;  // Forward, Reduce: ForwardParams::sinks / ReduceParams::sinks is set
+  bool alibi = false;  // Forward, Decode: alibi_slopes is set
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
@@ -174,6 +180,11 @@ struct ForwardParams {
   // spec.sinks only (a kernel without it declares its parameter block to
   // end at sinks): fp32 [num_heads_q], natural-log logits, 4-byte aligned.
   uint64_t sinks;
+  // spec.alibi only (a kernel without it declares its parameter block to end
+  // at alibi_slopes): fp32, the slope of (b, h) at alibi_slopes[b *
+  // alibi_slopes_stride + h], 4-byte aligned; stride 0 = one row.
+  uint64_t alibi_slopes;
+  int64_t alibi_slopes_stride;
 };
 
 // The sm_90a forward's parameter block: ForwardParams, then the TMA
@@ -207,6 +218,11 @@ struct DecodeParams {
   // bit j % 32 of word j / 32 = query i sees new token j.
   uint64_t tree_mask;
   int64_t tree_mask_stride[2];  // bytes: batch, query row
+  // spec.alibi only (as ForwardParams; a kernel without it declares its
+  // parameter block to end at alibi_slopes, or at tree_mask without a tree
+  // mask either).
+  uint64_t alibi_slopes;
+  int64_t alibi_slopes_stride;
 };
 
 struct ReduceParams {
@@ -231,7 +247,8 @@ static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed"
 // tree mask only its fields before tree_mask (so such a kernel's PTX is
 // unchanged by them; a launch passes the whole struct either way).
 inline size_t decode_params_size(const KernelSpec &spec) {
-  return spec.tree_mask ? sizeof(DecodeParams) : offsetof(DecodeParams, tree_mask);
+  if (spec.alibi) return sizeof(DecodeParams);
+  return spec.tree_mask ? offsetof(DecodeParams, alibi_slopes) : offsetof(DecodeParams, tree_mask);
 }
 
 // The parameter block a forward kernel declares: without sinks only the
@@ -239,7 +256,8 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // whose size sinks do not change).
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (spec.wgmma) return sizeof(WgmmaParams);
-  return spec.sinks ? sizeof(ForwardParams) : offsetof(ForwardParams, sinks);
+  if (spec.alibi) return sizeof(ForwardParams);
+  return spec.sinks ? offsetof(ForwardParams, alibi_slopes) : offsetof(ForwardParams, sinks);
 }
 // The parameter block a reduce kernel declares: without sinks only the
 // fields of ReduceParams before sinks.

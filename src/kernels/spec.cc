@@ -93,6 +93,7 @@ bool spec_valid(const KernelSpec &s) {
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode) return false;
+  if (s.alibi && s.kind == KernelKind::Reduce) return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
@@ -280,6 +281,7 @@ std::string KernelSpec::serialize() const {
   o.push_back(lse_in_base2 ? 1 : 0);
   o.push_back(lse_out_base2 ? 1 : 0);
   o.push_back(sinks ? 1 : 0);
+  if (alibi) o += "alibi";  // only when on: the keys of other kernels are unchanged
   return o;
 }
 
@@ -297,7 +299,7 @@ std::string KernelSpec::describe() const {
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
          (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "") +
-         (sinks ? " sinks" : "");
+         (sinks ? " sinks" : "") + (alibi ? " alibi" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -370,6 +372,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
+  s.alibi = kind != KernelKind::Reduce && shape.alibi;
   return s;
 }
 
@@ -420,7 +423,8 @@ std::string entry_name(const KernelSpec &s) {
                   s.seqused_k ? "_seqused" : "");
   }
   return std::string(buf) + (s.tree_mask ? "_tree" : "") + (s.lse_in_base2 ? "_lse2in" : "") +
-         (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "");
+         (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "") +
+         (s.alibi ? "_alibi" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

@@ -276,6 +276,7 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.tree_mask = a.tree_mask != 0;
+  shape.alibi = a.alibi_slopes != 0;
   return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape);
 }
 
@@ -317,6 +318,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
   shape.sinks = a.sinks != 0;
+  shape.alibi = a.alibi_slopes != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   WgmmaParams wp;
@@ -368,6 +370,8 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.kv = kv_pages(a.kv);
   p.seqused_k = a.seqused_k;
   p.sinks = a.sinks;
+  p.alibi_slopes = a.alibi_slopes;
+  p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
   if (spec.wgmma) {
@@ -474,6 +478,8 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.tree_mask = a.tree_mask;
   p.tree_mask_stride[0] = a.tree_mask_stride[0];
   p.tree_mask_stride[1] = a.tree_mask_stride[1];
+  p.alibi_slopes = a.alibi_slopes;
+  p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;

@@ -42,6 +42,9 @@ int cmd_generate(const GenerateOptions &o) {
                   "--sinks is for --kind forward or reduce (decode adds the sinks in its "
                   "combine, the reduce kernel)");
   }
+  if (o.alibi && kind == FA_KERNEL_REDUCE) {
+    throw Failure(kExitUsage, "--alibi is for --kind forward or decode");
+  }
   const bool in2 = o.lse_partial_format == "base2", out2 = o.lse_format == "base2";
   if ((in2 || out2) && kind != FA_KERNEL_REDUCE) {
     throw Failure(kExitUsage, "--lse-partial-format and --lse-format are for --kind reduce");
@@ -67,6 +70,7 @@ int cmd_generate(const GenerateOptions &o) {
   go.seqused_k = o.seqused_k ? 1 : 0;
   go.tree_mask = o.tree_mask ? 1 : 0;
   go.sinks = o.sinks ? 1 : 0;
+  go.alibi = o.alibi ? 1 : 0;
   go.lse_partial_format = in2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   go.lse_format = out2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   size_t size = 0;

@@ -64,7 +64,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             tree_mask,
             lse_partial_format,
             lse_format,
-            sinks
+            sinks,
+            alibi
         }
     );
     layout!(
@@ -126,7 +127,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             cu_seqlens_k,
             kv,
             seqused_k,
-            sinks
+            sinks,
+            alibi_slopes,
+            alibi_slopes_stride
         }
     );
     layout!(
@@ -149,7 +152,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             batch_invariant,
             tree_mask,
             tree_mask_stride,
-            sinks
+            sinks,
+            alibi_slopes,
+            alibi_slopes_stride
         }
     );
     layout!(
@@ -267,6 +272,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_DECODE_ARGS_SIZE_0_4,
         FA_REDUCE_ARGS_SIZE_0_4,
         FA_GENERATE_OPTIONS_SIZE_0_4,
+        FA_FORWARD_ARGS_SIZE_0_4_1,
+        FA_DECODE_ARGS_SIZE_0_4_1,
+        FA_GENERATE_OPTIONS_SIZE_0_4_1,
         FA_LSE_NATURAL,
         FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
@@ -366,6 +374,12 @@ fn defaults_match_init_macros() {
     assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
     // 0.4.1's fields default to "as 0.4": no sinks.
     assert_eq!((fa_forward_args::default().sinks, d.sinks, r.sinks, g.sinks), (0, 0, 0, 0));
+    // 0.5's fields default to "as 0.4.1": no ALiBi.
+    let f = fa_forward_args::default();
+    assert_eq!(
+        (f.alibi_slopes, f.alibi_slopes_stride, d.alibi_slopes, d.alibi_slopes_stride, g.alibi),
+        (0, 0, 0, 0, 0)
+    );
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }
 

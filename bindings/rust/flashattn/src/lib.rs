@@ -42,7 +42,7 @@ pub use half::{
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs,
+    contiguous_strides, pack_tree_mask, Alibi, DecodeArgs, DecodeKvArgs, DecodePlan, ForwardArgs,
     ForwardKvArgs, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs, RawForwardArgs,
     RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, SeqKv, Tensor, TensorMut, TreeMask, View,
     ViewMut,
