@@ -7,7 +7,8 @@
 // a change and diff the outputs:
 //   g++ -std=c++17 -Iinclude tests/stress/ptx_identity.cc -Lbuild -lflashattn \
 //       -Wl,-rpath,$PWD/build -o /tmp/ptx_identity && /tmp/ptx_identity > after.txt
-// (Attention sinks: 115,200 modules, 23,218 distinct, identical.)
+// (Attention sinks: 115,200 modules, 23,218 distinct, identical. ALiBi, 0.5:
+// the same 115,200 modules, 23,218 distinct, identical to 0.4.1's a1023f2.)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
