@@ -243,17 +243,19 @@ struct ReduceParams {
 // ForwardParams::sinks (its PTX reads them at these offsets).
 static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed");
 
-// The parameter block a decode kernel declares: DecodeParams, or without a
-// tree mask only its fields before tree_mask (so such a kernel's PTX is
-// unchanged by them; a launch passes the whole struct either way).
+// The parameter block a decode kernel declares: DecodeParams with ALiBi;
+// else with a tree mask its fields before alibi_slopes, without one those
+// before tree_mask (so such a kernel's PTX is unchanged by the later fields;
+// a launch passes the whole struct either way).
 inline size_t decode_params_size(const KernelSpec &spec) {
   if (spec.alibi) return sizeof(DecodeParams);
   return spec.tree_mask ? offsetof(DecodeParams, alibi_slopes) : offsetof(DecodeParams, tree_mask);
 }
 
-// The parameter block a forward kernel declares: without sinks only the
-// fields of ForwardParams before sinks (the sm_90a forward: WgmmaParams,
-// whose size sinks do not change).
+// The parameter block a forward kernel declares: ForwardParams with ALiBi;
+// else with sinks its fields before alibi_slopes, without them those
+// before sinks (the sm_90a forward: WgmmaParams, whose size neither
+// changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (spec.wgmma) return sizeof(WgmmaParams);
   if (spec.alibi) return sizeof(ForwardParams);
