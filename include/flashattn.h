@@ -316,6 +316,8 @@ typedef struct fa_generate_options {
                     struct, padding included, ends where it begins */
   /* Since 0.5 (FA_GENERATE_OPTIONS_SIZE_0_4_1 ends before them; zero = as
      0.4.1). */
+  int32_t alibi;        /* forward, decode: 1 = alibi_slopes are set (the
+                           fa_forward_args or fa_decode_args alibi_slopes) */
   int32_t append_kv;    /* decode: 1 = k_new/v_new are set (KV append) */
   int32_t rotary;       /* decode, with append_kv: 0 = no rotary, 1 = GPT-NeoX
                            pairs, 2 = GPT-J (interleaved) pairs */
@@ -327,12 +329,11 @@ typedef struct fa_generate_options {
 #define FA_GENERATE_OPTIONS_SIZE_0_3 (offsetof(fa_generate_options, tree_mask))
 /* struct_size of fa_generate_options in flashattn 0.4.0 (before sinks). */
 #define FA_GENERATE_OPTIONS_SIZE_0_4 (offsetof(fa_generate_options, sinks))
-/* struct_size of fa_generate_options in flashattn 0.4.1 (before the 0.5
-   fields). */
-#define FA_GENERATE_OPTIONS_SIZE_0_4_1 (offsetof(fa_generate_options, append_kv))
+/* struct_size of fa_generate_options in flashattn 0.4.1 (before alibi). */
+#define FA_GENERATE_OPTIONS_SIZE_0_4_1 (offsetof(fa_generate_options, alibi))
 
 #define FA_GENERATE_OPTIONS_INIT \
-  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* fa_generate for the launch shape in *opts (NULL = fa_generate). struct_size
  * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_4_1,
@@ -342,9 +343,10 @@ typedef struct fa_generate_options {
  * seqused_k with kind != FORWARD, a layout with kind REDUCE, tree_mask not 0
  * or 1 or with kind != DECODE, an lse format that is not an fa_lse_format or
  * with kind != REDUCE, sinks not 0 or 1 or with kind DECODE: a decode
- * kernel never reads the sinks, its combine does; append_kv not 0 or 1 or
- * with kind != DECODE, rotary not 0..2 or without append_kv, rotary_dtype
- * neither 0, FP32 nor the cfg dtype). */
+ * kernel never reads the sinks, its combine does; alibi not 0 or 1 or with
+ * kind REDUCE; append_kv not 0 or 1 or with kind != DECODE, rotary not
+ * 0..2 or without append_kv, rotary_dtype neither 0, FP32 nor the cfg
+ * dtype). */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);
@@ -442,6 +444,23 @@ typedef struct fa_forward_args {
                      log(sum_j e^s_j + e^sinks[h]); a row with no visible
                      key gets O = 0 and LSE = sinks[h]. -inf = no sink */
   /* Since 0.5 (FA_FORWARD_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1). */
+  uint64_t alibi_slopes;         /* ALiBi (Press et al. 2022), or 0 = none: fp32
+                                    device data, 4-byte aligned; the slope of
+                                    (batch b, query head h) is alibi_slopes[b *
+                                    alibi_slopes_stride + h]. The logit of query
+                                    i, key j becomes s_ij - slope |i + seqlen_k -
+                                    seqlen_q - j| (s_ij = softmax_scale q.k_j,
+                                    after softcap; bottom-right aligned, per
+                                    sequence with varlen or seqused_k), causal or
+                                    not, as FlashAttention-2's alibi_slopes
+                                    (whose causal kernel adds slope j instead:
+                                    the same O, an LSE moved by a per-row
+                                    constant). Non-finite slopes are the
+                                    caller's data (NaN in, NaN out) */
+  int64_t alibi_slopes_stride;   /* elements between sequences' slopes (>=
+                                    num_heads_q), or 0 = one [num_heads_q] row
+                                    for the whole batch; 0 when alibi_slopes is
+                                    0 */
   uint64_t k_descale, v_descale; /* fp8 KV (fa_config_desc.kv_dtype) only:
                                     fp32, 4-byte aligned, or 0 = 1.0: descale
                                     of (b, h_kv) at k_descale[b *
@@ -456,8 +475,8 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_SIZE_0_2 (offsetof(fa_forward_args, kv))
 /* struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (before sinks). */
 #define FA_FORWARD_ARGS_SIZE_0_4 (offsetof(fa_forward_args, sinks))
-/* struct_size of fa_forward_args in flashattn 0.4.1 (before the 0.5 fields). */
-#define FA_FORWARD_ARGS_SIZE_0_4_1 (offsetof(fa_forward_args, k_descale))
+/* struct_size of fa_forward_args in flashattn 0.4.1 (before alibi_slopes). */
+#define FA_FORWARD_ARGS_SIZE_0_4_1 (offsetof(fa_forward_args, alibi_slopes))
 
 #define FA_TENSOR_INIT \
   {                    \
@@ -468,7 +487,7 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, {               \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, 0, 0, {         \
       0, 0                                                                            \
     }                                                                                 \
   }
@@ -476,12 +495,16 @@ typedef struct fa_forward_args {
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
  * config generates, compiles and caches its kernel. struct_size may be
- * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_4 (no sinks) or
- * FA_FORWARD_ARGS_SIZE_0_2. With sinks, the gpt-oss softmax (see
- * fa_forward_args.sinks; openai/gpt-oss gpt_oss/torch/model.py sdpa,
- * FlashAttention-3's learnable sink), in every forward kernel.
+ * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_4_1 (no ALiBi),
+ * FA_FORWARD_ARGS_SIZE_0_4 (no sinks) or FA_FORWARD_ARGS_SIZE_0_2. With
+ * sinks, the gpt-oss softmax (see fa_forward_args.sinks; openai/gpt-oss
+ * gpt_oss/torch/model.py sdpa, FlashAttention-3's learnable sink), in every
+ * forward kernel. With alibi_slopes, ALiBi's linear bias (see
+ * fa_forward_args.alibi_slopes; the sink is never biased), in every forward
+ * kernel, with every mask, window, softcap and KV layout.
  * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment,
- * sinks not 4-byte aligned),
+ * sinks or alibi_slopes not 4-byte aligned, alibi_slopes_stride < 0, set
+ * without alibi_slopes or between 1 and num_heads_q - 1),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
@@ -551,6 +574,12 @@ typedef struct fa_decode_args {
                      with fa_reduce_args.sinks), never in the partial states:
                      so they need o.data != 0 */
   /* Since 0.5 (FA_DECODE_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1). */
+  uint64_t alibi_slopes;         /* ALiBi, as fa_forward_args.alibi_slopes: query
+                                    i of the seqlen_q new tokens of sequence b,
+                                    key j, bias -slope |i + seqlen_k - seqlen_q
+                                    - j|, seqlen_k = cache_seqlens[b] (plus
+                                    seqlen_new with a KV append) */
+  int64_t alibi_slopes_stride;   /* as fa_forward_args.alibi_slopes_stride */
   uint64_t k_descale, v_descale; /* fp8 KV cache (fa_config_desc.kv_dtype)
                                     only: fp32 descales, 4-byte aligned, or 0
                                     = 1.0; (b, h_kv) at k_descale[b *
@@ -610,16 +639,16 @@ typedef struct fa_decode_args {
 #define FA_DECODE_ARGS_SIZE_0_3 (offsetof(fa_decode_args, tree_mask))
 /* struct_size of fa_decode_args in flashattn 0.4.0 (before sinks). */
 #define FA_DECODE_ARGS_SIZE_0_4 (offsetof(fa_decode_args, sinks))
-/* struct_size of fa_decode_args in flashattn 0.4.1 (before the 0.5 fields). */
-#define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, k_descale))
+/* struct_size of fa_decode_args in flashattn 0.4.1 (before alibi_slopes). */
+#define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, alibi_slopes))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
-#define FA_DECODE_ARGS_INIT                                                                        \
-  {                                                                                                \
-    sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0,   \
-        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, 0, 0, {0, 0}, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                               \
+#define FA_DECODE_ARGS_INIT                                                                      \
+  {                                                                                              \
+    sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
+        FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, 0, 0, 0, 0, {0, 0},         \
+        FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                             \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
@@ -639,9 +668,13 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * speculative decoding, as FlashInfer's custom mask and SpecInfer's tree
  * attention: a query row with no visible key gets O = 0, LSE = -inf).
  * With sinks (gpt-oss), each row's sink joins its denominator once, in the
- * combine: the partial states in the workspace never include it.
- * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_4,
- * FA_DECODE_ARGS_SIZE_0_3 or FA_DECODE_ARGS_SIZE_0_2. Errors: as fa_launch,
+ * combine: the partial states in the workspace never include it. With
+ * alibi_slopes, ALiBi's bias in every split's scores (the partial states
+ * include it), with tree_mask, GQA (one slope per query head), every KV
+ * layout and batch_invariant.
+ * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_4_1,
+ * FA_DECODE_ARGS_SIZE_0_4, FA_DECODE_ARGS_SIZE_0_3 or FA_DECODE_ARGS_SIZE_0_2.
+ * Errors: as fa_launch (alibi_slopes and alibi_slopes_stride included),
  * plus INVALID_ARGUMENT for sinks not 4-byte aligned or set with o.data 0
  * (no combine to add them: pass them to fa_decode_reduce), for a
  * workspace that is too small, a tree_mask not 4-byte aligned, a

@@ -206,6 +206,66 @@ std::vector<KernelSpec> grid() {
         out.push_back(s);
       }
   }
+  // ALiBi: the mma.sync forward (the head dims with the most registers,
+  // softcap, varlen, a paged cache, with sinks), both decode kernels (GQA,
+  // softcap, paged, pointer arrays, tree masks), the scalar forward and the
+  // sm_90a forward's TMA and gather variants.
+  for (int sm : {80, 86, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    for (int d : {64, 128, 256})
+      for (int v = 0; v < 3; ++v) {
+        LaunchShape shape;
+        shape.alibi = true;
+        shape.varlen = v == 1;
+        shape.sinks = v == 1;
+        if (v == 2) {
+          shape.kv_layout = KvLayout::Paged;
+          shape.page_size = 16;
+          shape.seqused_k = true;
+        }
+        out.push_back(make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, v != 1),
+                                KernelKind::Forward, lim, shape));
+        LaunchShape dshape;
+        dshape.alibi = true;
+        dshape.tree_mask = v == 1;
+        dshape.kv_layout = v == 0   ? KvLayout::Contiguous
+                           : v == 1 ? KvLayout::Paged
+                                    : KvLayout::PtrArray;
+        dshape.page_size = v == 1 ? 16 : 0;
+        out.push_back(
+            make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, d == 64 ? 8 : 2, v != 2),
+                      KernelKind::Decode, lim, dshape));
+      }
+  }
+  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  for (int d : {64, 128, 256}) {
+    LaunchShape shape;
+    shape.alibi = true;
+    shape.varlen = d == 128;
+    out.push_back(make_spec(config(Dtype::BF16, d, d, 8, 2, d == 64), KernelKind::Forward,
+                            limits_of(80), shape));
+    LaunchShape dshape;
+    dshape.alibi = true;
+    dshape.tree_mask = d == 128;
+    out.push_back(make_spec(config(Dtype::F16, d, d, 8, 2, d == 256), KernelKind::Decode,
+                            limits_of(80), dshape));
+  }
+  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  for (int d : {64, 96, 128, 192, 256})
+    for (int gather = 0; gather < 2; ++gather) {
+      LaunchShape shape;
+      shape.alibi = true;
+      shape.tma_ok = !gather;
+      shape.varlen = gather;
+      KernelSpec w = make_spec(config(d == 128 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d != 96),
+                               KernelKind::Forward, limits_of(90), shape);
+      assert_true(w.wgmma && w.alibi && w.gather == (gather != 0));
+      out.push_back(w);
+    }
+  unsetenv("FLASHATTN_SM90_WGMMA");
   // Attention sinks: the mma.sync forward (the head dims with the most
   // registers, softcap, varlen, a paged cache), the scalar forward, the
   // sm_90a forward's TMA and gather variants, and the reduce (both LSE
@@ -327,7 +387,8 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   // Forward kernels, and the tree-mask decode variants (new in 0.4, held to
   // the same rule), must not touch local memory.
   const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
-                      job.spec.sinks || job.spec.kv_fp8 != KvFp8::None || job.spec.append_kv;
+                      job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
+                      job.spec.append_kv;
   if (strict && (spills || regs < 0 || regs > 255)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
               regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");

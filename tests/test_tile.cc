@@ -379,6 +379,72 @@ void test_mask_row_half(void **) {
   assert_int_equal(bad, 0);
 }
 
+// alibi_row_half on a 16 x 32 tile of ones (row 5 all -inf): row r's
+// diagonal is at column diag_r (given per row, made relative to each lane's
+// first column 2q as the kernels do, as f32), its coefficient coef_r;
+// element (r, c) must become exactly 1 + coef_r |diag_r - c| (powers of two:
+// exact), -inf staying -inf. Diagonals inside, left of and right of the
+// tile. Then alibi_coef: the slope of (sequence 1, head 2) of a [2][3]
+// table (stride 3) times -log2 e / score_scale, and without score_scale
+// (softcap: log2-domain scores) times -log2 e.
+void test_alibi(void **) {
+  const int rows = 16, cols = 32, n = cols / 8;
+  const int diag[rows] = {0, 3, 8, 31, 32, -5, 7, 16, 1, 40, 9, 20, 2, 30, 5, 15};
+  std::vector<float> coef(rows);
+  for (int r = 0; r < rows; ++r) coef[r] = -std::ldexp(1.0f, -(r % 5));
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    const tile::AccTile t = tile::acc_tile(b, n);
+    Reg row5 = e.setp(fa::ptx::Cmp::Eq, Type::U32, ln.g, imm(5));
+    for (const tile::Frag4 &f : t.f)
+      for (int i = 0; i < 4; ++i)
+        b.selp(Type::F32, f[i], fimm(i < 2 ? -INFINITY : 1.0f), fimm(1.0f), row5);
+    Reg kq = e.op(Op::MulLo, Type::S32, ln.q, imm(2));
+    Reg tmp = b.f32();
+    for (int h = 0; h < 2; ++h) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * h));
+      Reg d = b.b32(), df = b.f32(), c = b.f32();
+      b.ld(Space::Global, Type::S32, d, at(e.index(g[0], row, 4)));
+      b.ld(Space::Global, Type::F32, c, at(e.index(g[1], row, 4)));
+      b.op(Op::Sub, Type::S32, d, d, kq);
+      b.cvt(Type::F32, Type::S32, fa::ptx::Round::Rn, df, d);
+      tile::alibi_row_half(b, t, h, df, c, tmp);
+    }
+    store_acc(e, ln, t, 0, g[2], cols);
+    // alibi_coef reads {alibi_slopes, stride} at parameter offset 24
+    // (pointer 3, and pointer 4's bits as the stride).
+    Reg one = e.mov(Type::S32, imm(1)), two = e.mov(Type::S32, imm(2));
+    Reg c1 = tile::alibi_coef(e, 24, one, two, e.mov(Type::F32, fimm(0.5f)));
+    Reg c2 = tile::alibi_coef(e, 24, one, two, Reg());
+    Reg t0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, imm(0));
+    b.when(t0).st(Space::Global, Type::F32, at(g[5]), c1);
+    b.when(t0).st(Space::Global, Type::F32, at(g[5], 4), c2);
+  });
+  DevBuf dd(rows * 4), dc(rows * 4), dout(rows * cols * 4), ds(6 * 4), dco(8);
+  dd.put(std::vector<int32_t>(diag, diag + rows));
+  dc.put(coef);
+  ds.put(std::vector<float>{9, 9, 9, 9, 9, 0.375f});
+  Ptrs pt = {{dd.ptr, dc.ptr, dout.ptr, ds.ptr, 3, dco.ptr}};
+  assert_int_equal(launch(ptx, 32, 0, pt), FA_SUCCESS);
+  const std::vector<float> got = dout.get<float>();
+  int bad = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const float want = r == 5 ? -INFINITY : 1.0f + coef[r] * float(std::abs(diag[r] - c));
+      const float v = got[size_t(r) * cols + c];
+      if (v != want) {
+        if (bad < 5) std::fprintf(stderr, "row %d col %d: %g, want %g\n", r, c, v, want);
+        ++bad;
+      }
+    }
+  assert_int_equal(bad, 0);
+  const std::vector<float> co = dco.get<float>();
+  const float log2e = 1.4426950408889634f;
+  assert_true(co[0] == (0.375f * -log2e) / 0.5f);
+  assert_true(co[1] == 0.375f * -log2e);
+}
+
 // ------------------------------------------------------- online softmax ---
 
 // One warp, two m-tiles (32 rows), scores given tile by tile ([tile][32 rows]
@@ -484,9 +550,9 @@ void test_online_softmax(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_mask_row_half),
-      cmocka_unit_test(test_online_softmax),
+      cmocka_unit_test(test_mma_fragments), cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_fp8_convert),   cmocka_unit_test(test_mask_row_half),
+      cmocka_unit_test(test_alibi),         cmocka_unit_test(test_online_softmax),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

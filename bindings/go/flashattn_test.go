@@ -123,6 +123,9 @@ type problem struct {
 	// tree: decode's tree mask [trees][sq][sq] (trees = batch, or 1 for the
 	// whole batch), true = query i sees new token j; nil = none.
 	tree []bool
+	// alibi: ALiBi slopes, slope of (b, h) at alibi[b*alibiStride+h]; nil = none.
+	alibi       []float32
+	alibiStride int
 }
 
 // reference computes O [b, sq, hq, dv] and LSE [b, hq, sq] in float64 from
@@ -167,6 +170,9 @@ func reference(p problem, q, k, v []float32) ([]float64, []float64) {
 					acc *= p.scale
 					if p.softcap > 0 {
 						acc = p.softcap * math.Tanh(acc/p.softcap)
+					}
+					if p.alibi != nil {
+						acc -= float64(p.alibi[b*p.alibiStride+h]) * math.Abs(float64(diag-j))
 					}
 					s[j] = acc
 					m = math.Max(m, acc)

@@ -128,8 +128,15 @@ type ForwardArgs struct {
 	// (sum_j e^(s_j) + e^(Sinks[h])), s_j = scale * q.k_j (after softcap),
 	// the sink neither scaled nor masked; the LSE includes it (a row with no
 	// key: O = 0, LSE = Sinks[h]).
-	Sinks  uint64
-	Stream uintptr
+	Sinks uint64
+	// Since 0.5, ALiBi: fp32 slopes, 4-byte aligned, or 0 = none; the slope
+	// of (b, h) is AlibiSlopes[b*AlibiSlopesStride + h] (stride 0: one
+	// [num_heads_q] row for the batch, else >= num_heads_q). The logit of
+	// query i, key j loses slope*|i + seqlen_k - seqlen_q - j| (after
+	// softcap, per sequence), causal or not; the sink is not biased.
+	AlibiSlopes       uint64
+	AlibiSlopesStride int64
+	Stream            uintptr
 }
 
 // Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
@@ -161,6 +168,8 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	ca.kv = a.KV.c()
 	ca.seqused_k = C.uint64_t(a.SequsedK)
 	ca.sinks = C.uint64_t(a.Sinks)
+	ca.alibi_slopes = C.uint64_t(a.AlibiSlopes)
+	ca.alibi_slopes_stride = C.int64_t(a.AlibiSlopesStride)
 	var e C.fago_err
 	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }
@@ -196,6 +205,11 @@ type DecodeArgs struct {
 	// Since 0.4.1: attention sinks as in ForwardArgs.Sinks, or 0; each row's
 	// sink joins its denominator once, in the combine (O.Data must be set).
 	Sinks uint64
+	// Since 0.5: ALiBi slopes as in ForwardArgs (new token i of sequence b,
+	// key j: bias -slope*|i + L - seqlen_q - j|, L = CacheSeqlens[b], plus
+	// SeqlenNew with an append), or 0.
+	AlibiSlopes       uint64
+	AlibiSlopesStride int64
 	// Since 0.5, an fp8 KV cache (ConfigDesc.KVDType): fp32 descales, 4-byte
 	// aligned, or 0 = 1.0; (b, h_kv) at element b * DescaleStride[0] + h_kv *
 	// DescaleStride[1] ({0, 0}: one value per tensor).
@@ -279,6 +293,8 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.tree_mask_stride[0] = C.int64_t(a.TreeMaskStride[0])
 	ca.tree_mask_stride[1] = C.int64_t(a.TreeMaskStride[1])
 	ca.sinks = C.uint64_t(a.Sinks)
+	ca.alibi_slopes = C.uint64_t(a.AlibiSlopes)
+	ca.alibi_slopes_stride = C.int64_t(a.AlibiSlopesStride)
 	ca.k_descale = C.uint64_t(a.KDescale)
 	ca.v_descale = C.uint64_t(a.VDescale)
 	ca.descale_stride[0] = C.int64_t(a.DescaleStride[0])

@@ -142,6 +142,21 @@ fa_status check_fp32_ptr(const char *name, uint64_t p, bool required) {
   return FA_SUCCESS;
 }
 
+// ALiBi slopes: fp32, 4-byte aligned, or 0; the stride between sequences
+// 0 (one row for the batch) or >= num_heads_q, and 0 without slopes.
+fa_status check_alibi(const fa::AttentionConfig &c, uint64_t slopes, int64_t stride) {
+  FA_CHECK(check_fp32_ptr("alibi_slopes", slopes, false));
+  FA_REQUIRE(stride >= 0, "alibi_slopes_stride must be >= 0 (0 = one row for the batch), got %lld",
+             static_cast<long long>(stride));
+  FA_REQUIRE(slopes != 0 || stride == 0,
+             "alibi_slopes_stride is set (%lld) but alibi_slopes is 0; set it to 0 without ALiBi",
+             static_cast<long long>(stride));
+  FA_REQUIRE(stride == 0 || stride >= c.num_heads_q,
+             "alibi_slopes_stride must be 0 or at least num_heads_q = %d, got %lld", c.num_heads_q,
+             static_cast<long long>(stride));
+  return FA_SUCCESS;
+}
+
 fa_status check_positive(const char *name, int32_t v) {
   FA_REQUIRE(v >= 1, "%s must be >= 1, got %d", name, v);
   return FA_SUCCESS;
@@ -233,7 +248,7 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   FA_CHECK(check_fp32_ptr("cu_seqlens_k", a->cu_seqlens_k, false));
   FA_CHECK(check_fp32_ptr("seqused_k", a->seqused_k, false));
   FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
-  (void)c;
+  FA_CHECK(check_alibi(c, a->alibi_slopes, a->alibi_slopes_stride));
   return FA_SUCCESS;
 }
 
@@ -766,8 +781,12 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
       shape.append_kv = o.append_kv != 0;
       shape.rotary = o.rotary;
       shape.rotary_half_table = o.rotary && o.rotary_dtype != 0 && o.rotary_dtype != FA_DTYPE_FP32;
+      FA_REQUIRE(o.alibi == 0 || o.alibi == 1, "opts->alibi must be 0 or 1, got %d", o.alibi);
+      FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
+                 "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
       shape.tree_mask = o.tree_mask != 0;
       shape.sinks = o.sinks != 0;
+      shape.alibi = o.alibi != 0;
       shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
       shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
       FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
@@ -860,6 +879,7 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
                          FA_DECODE_ARGS_SIZE_0_4_1},
                         &a));
     FA_CHECK(validate_decode(&a));
+    FA_CHECK(check_alibi(cfg->cfg, a.alibi_slopes, a.alibi_slopes_stride));
     FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k_cache,
                                a.v_cache));
     FA_CHECK(validate_append(cfg->cfg, &a));

@@ -132,6 +132,11 @@ class AttentionGen {
       row_i_.push_back(i);
       row_ok_.push_back(e_.setp(Cmp::Lt, Type::S32, i, sq));
       row_range(e_.op(Op::Add, Type::S32, i, shift), zero, sk);
+      if (spec_.alibi) {
+        if (r == 0)
+          alibi_coef_.push_back(tile::alibi_coef(e_, offsetof(P, alibi_slopes), bz, h, Reg()));
+        alibi_row(e_.op(Op::Add, Type::S32, i, shift));
+      }
     }
     Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0, imm(spec_.block_m)), sq);
     b_.op(Op::Sub, Type::S32, last, last, imm(1));
@@ -229,6 +234,11 @@ class AttentionGen {
         tree_rows_.push_back(e_.index(tm_b, e_.op(Op::Min, Type::S32, t, last_t), tm_row));
       row_ok_.push_back(e_.setp(Cmp::Lt, Type::S32, rg, nrows));
       row_range(e_.op(Op::Add, Type::S32, t, shift), lo, hi);
+      if (spec_.alibi) {
+        // Each packed row is its own query head (kvh g + r % g, so < hq).
+        alibi_coef_.push_back(tile::alibi_coef(e_, offsetof(P, alibi_slopes), bz, qh, Reg()));
+        alibi_row(e_.op(Op::Add, Type::S32, t, shift));
+      }
       Reg orow = e_.op(Op::Add, Type::S64, sb_sq, e_.s64(t));
       b_.op(Op::MadLo, Type::S64, orow, orow, hq64, e_.s64(qh));
       Reg lrow = e_.op(Op::Add, Type::S64, sb_hq, e_.s64(qh));
@@ -262,6 +272,13 @@ class AttentionGen {
     b_.op(Op::Min, Type::S32, c, c, hi);
     lo_.push_back(a);
     hi_.push_back(c);
+  }
+
+  // ALiBi: row r's diagonal as f32 (its coefficient pushed by the caller).
+  void alibi_row(Reg diag) {
+    Reg d = b_.f32();
+    b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, d, diag);
+    alibi_diag_.push_back(d);
   }
 
   // The CTA's key tiles: union of its rows' ranges (first row diag_first,
@@ -442,6 +459,10 @@ class AttentionGen {
     for (int r = 0; r < R_; ++r)
       for (int j = 0; j < 4; ++j) p4_.push_back(b_.f32());
     key_ = b_.b32();
+    if (spec_.alibi) {
+      alibi_key_ = b_.f32();
+      alibi_t_ = b_.f32();
+    }
     Reg n = e_.mov(Type::S32, n_begin_);
     Reg rem = b_.b32();
     ptx::Label loop = b_.label(), done = b_.label();
@@ -489,6 +510,13 @@ class AttentionGen {
     for (int r = 0; r < R_; ++r) {
       Reg s = s_[r];
       scale_score(e_, s, score_scale_, cap_);
+      if (spec_.alibi) {
+        // Log2-domain scores: coef = -slope log2 e (tile::alibi_coef).
+        if (r == 0) b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, alibi_key_, key_);
+        b_.op(Op::Sub, Type::F32, alibi_t_, alibi_diag_[r], alibi_key_);
+        tile::alibi_bias(b_, s, alibi_t_, 0, alibi_coef_[alibi_coef_.size() == 1 ? 0 : r],
+                         alibi_t_);
+      }
       Reg ge = e_.setp(Cmp::Ge, Type::S32, key_, lo_[r]);
       Reg lt = e_.setp(Cmp::Lt, Type::S32, key_, hi_[r]);
       b_.op(Op::And, Type::Pred, ge, ge, lt);
@@ -644,6 +672,11 @@ class AttentionGen {
   std::vector<Reg> p4_;
   Reg score_scale_, wl_, wr_, hq_, has_lse_, lane0_;
   Softcap cap_;  // softcap constants (invalid without softcap)
+  // spec.alibi: the coefficient (forward: one for the CTA; decode: one per
+  // row, each packed row its own query head), each row's diagonal (f32),
+  // the lane's key (f32) and a scratch register.
+  std::vector<Reg> alibi_coef_, alibi_diag_;
+  Reg alibi_key_, alibi_t_;
   Reg k_row_bytes_, v_row_bytes_, o_bh_, o_row_bytes_, lse_row0_;
   KvRows kr_, vr_;
   Reg n_begin_, n_end_;

@@ -225,7 +225,20 @@ class DecodeTcGen {
     for (int h = 0; h < 2; ++h) {
       Reg r = e_.op(Op::Add, Type::S32, m0_, ln_.g);
       if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
-      range(e_.op(Op::Div, Type::S32, r, imm(G_)), &lo_[h], &hi_[h]);
+      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+      range(t, &lo_[h], &hi_[h]);
+      if (spec_.alibi) {
+        // ALiBi: packed row r is query head kvh G + r % G (its own slope),
+        // token t on diagonal t + sk - sq; its distance to the lane's first
+        // key column 2q, as f32 (the body subtracts the tile's first key).
+        Reg qh = e_.op(Op::MadLo, Type::S32, kvh_, imm(G_), e_.op(Op::Rem, Type::S32, r, imm(G_)));
+        alibi_coef_[h] = tile::alibi_coef(e_, offsetof(P, alibi_slopes), bz_, qh,
+                                          spec_.softcap ? Reg() : score_scale_);
+        Reg d = e_.op(Op::Add, Type::S32, t, shift);
+        b_.op(Op::Sub, Type::S32, d, d, e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
+        alibi_dist_[h] = b_.f32();
+        b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, alibi_dist_[h], d);
+      }
       // A padding row (r >= rows) sees nothing.
       Reg pad = e_.setp(Cmp::Ge, Type::S32, r, rows_);
       b_.selp(Type::S32, hi_[h], imm(0), hi_[h], pad);
@@ -525,6 +538,16 @@ class DecodeTcGen {
     if (spec_.softcap)
       for (const Frag4 &f : s_.f)
         for (Reg x : f) scale_score(e_, x, score_scale_, cap_);
+    if (spec_.alibi) {
+      // ALiBi (tile::alibi_row_half): row half h's key n + 8j + 2q + x is
+      // at distance dist_h - n - 8j - x from its diagonal.
+      Reg nf = b_.f32(), d = b_.f32(), t = b_.f32();
+      b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, nf, n);
+      for (int h = 0; h < 2; ++h) {
+        b_.op(Op::Sub, Type::F32, d, alibi_dist_[h], nf);
+        tile::alibi_row_half(b_, s_, h, d, alibi_coef_[h], t);
+      }
+    }
     // Keys outside a row's [lo, hi) become -inf: element (j, x) of row half
     // h holds key n + 8j + 2q + x.
     Reg kq = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), n);
@@ -704,6 +727,7 @@ class DecodeTcGen {
   std::vector<Frag4> qf_;
   Frag4 kb_, pa_, zero4_;
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
+  Reg alibi_coef_[2], alibi_dist_[2];  // spec.alibi: per row half (tile::alibi_coef)
   ptx::Label done_;
 };
 

@@ -87,7 +87,7 @@ class ForwardTcGen {
   size_t ptx_bytes_estimate() const {
     const size_t mma = size_t(MT_) * (nS_ * kD_ + nO_ * kP_);
     const size_t scores = size_t(MT_) * 16 * spec_.block_n / 32;
-    const size_t body = 3 * mma / 2 + scores * (spec_.softcap ? 18 : 12);
+    const size_t body = 3 * mma / 2 + scores * ((spec_.softcap ? 18 : 12) + (spec_.alibi ? 3 : 0));
     return 50 * (2 * body + 40 * size_t(nO_) * MT_ + 600);
   }
 
@@ -129,6 +129,7 @@ class ForwardTcGen {
     // This thread's rows: m-tile mi, half hh: m0 + wrow + 16 mi + g + 8 hh,
     // on diagonal diag0 + 16 mi + 8 hh (the masked path derives the ranges).
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
+    if (spec_.alibi) alibi_setup(bz, h, shift);
     // The CTA's keys: the union of its rows' ranges (lo and hi grow with the
     // row), first tile rounded down to block_n. A tile inside [lo(last valid
     // row), hi(first row)) needs no mask: lean when lean_lo <= n <= lean_hi.
@@ -184,6 +185,23 @@ class ForwardTcGen {
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, wrow_);
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, smem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, smem_, Reg());
+  }
+
+  // ALiBi: the CTA's coefficient (tile::alibi_coef) and each of the
+  // thread's rows' distance from its diagonal to the lane's first key
+  // column 2q, as f32 (the loops subtract the tile's first key).
+  void alibi_setup(Reg bz, Reg h, Reg shift) {
+    alibi_coef_ = tile::alibi_coef(e_, offsetof(ForwardParams, alibi_slopes), bz, h,
+                                   spec_.softcap ? Reg() : score_scale_);
+    Reg d0 = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+    b_.op(Op::Add, Type::S32, d0, d0, shift);
+    b_.op(Op::Sub, Type::S32, d0, d0, e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
+    alibi_dist_.clear();
+    for (int r = 0; r < 2 * MT_; ++r) {
+      Reg d = b_.f32();
+      b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, d, e_.op(Op::Add, Type::S32, d0, imm(8 * r)));
+      alibi_dist_.push_back(d);
+    }
   }
 
   // The thread's lanes and its warp's first tile row, re-derived from
@@ -359,6 +377,7 @@ class ForwardTcGen {
     copy_kv(true, n_, masked ? e_.op(Op::Sub, Type::S32, seqlen(true), n_) : Reg());
     b_.cp_async_commit();
     scores();
+    if (spec_.alibi) alibi();
     if (masked) mask();
     softmax_->step(s_, o_);
     b_.cp_async_wait(0);  // V_n landed ...
@@ -428,6 +447,18 @@ class ForwardTcGen {
       b_.op(Op::Sub, Type::S32, lo, lo, kq);
       b_.op(Op::Sub, Type::S32, hi, hi, kq);
       tile::mask_row_half(b_, s_[r / 2], r % 2, lo, hi, p, t);
+    }
+  }
+
+  // ALiBi on every tile: row r's key n + 8j + 2q + x is at distance
+  // dist_r - n - 8j - x from its diagonal (tile::alibi_row_half).
+  void alibi() {
+    b_.comment("alibi");
+    Reg nf = b_.f32(), d = b_.f32(), t = b_.f32();
+    b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, nf, n_);
+    for (int r = 0; r < 2 * MT_; ++r) {
+      b_.op(Op::Sub, Type::F32, d, alibi_dist_[r], nf);
+      tile::alibi_row_half(b_, s_[r / 2], r % 2, d, alibi_coef_, t);
     }
   }
 
@@ -532,6 +563,8 @@ class ForwardTcGen {
   Frag4 kb_, vb_;  // one set of registers: K fragments, then V fragments
   Frag4 zero4_;    // f32 zeros: the C operand of S's first k-step
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
+  Reg alibi_coef_;               // spec.alibi: the CTA's coefficient
+  std::vector<Reg> alibi_dist_;  // spec.alibi: row r's diagonal - 2q (f32)
   ptx::Label done_;
 };
 

@@ -508,6 +508,20 @@ class ForwardWgmmaGen {
       cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
                             e_.param(Type::F32, f + offsetof(P, softcap_log2)));
     softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
+    if (spec_.alibi) {
+      // ALiBi: the CTA's coefficient and each row half's distance from its
+      // diagonal to the lane's first key column 2q, as f32.
+      alibi_coef_ = tile::alibi_coef(e_, f + offsetof(P, alibi_slopes), bz_, h_,
+                                     spec_.softcap ? Reg() : score_scale_);
+      Reg d0 = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      b_.op(Op::Add, Type::S32, d0, d0, e_.op(Op::Sub, Type::S32, sk_, sq_));
+      b_.op(Op::Sub, Type::S32, d0, d0, e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
+      for (int h = 0; h < 2; ++h) {
+        alibi_dist_[h] = b_.f32();
+        b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, alibi_dist_[h],
+               h ? e_.op(Op::Add, Type::S32, d0, imm(8)) : d0);
+      }
+    }
 
     wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
     ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
@@ -600,6 +614,17 @@ class ForwardWgmmaGen {
     if (spec_.softcap)
       for (const Frag4 &fr : s_.f)
         for (Reg x : fr) scale_score(e_, x, score_scale_, cap_);
+    if (spec_.alibi) {
+      // ALiBi on every tile (tile::alibi_row_half): row half h's key
+      // n + 8j + 2q + x is at distance dist_h - n - 8j - x.
+      b_.comment("alibi");
+      Reg nf = b_.f32(), d = b_.f32(), t = b_.f32();
+      b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, nf, n_);
+      for (int h = 0; h < 2; ++h) {
+        b_.op(Op::Sub, Type::F32, d, alibi_dist_[h], nf);
+        tile::alibi_row_half(b_, s_, h, d, alibi_coef_, t);
+      }
+    }
     if (masked) mask();
   }
 
@@ -832,6 +857,7 @@ class ForwardWgmmaGen {
   std::vector<Reg> s_flat_, o_flat_;
   std::vector<Frag4> pa_;
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
+  Reg alibi_coef_, alibi_dist_[2];  // spec.alibi (tile::alibi_coef)
 };
 
 }  // namespace

@@ -101,6 +101,11 @@ struct KernelSpec {
   // them in its combine. Off: the PTX is byte-identical to a spec without
   // the field.
   bool sinks = false;
+  // Forward and Decode: ALiBi, a per-(sequence, query head) fp32 slope times
+  // |i + seqlen_k - seqlen_q - j| subtracted from each score
+  // (ForwardParams::alibi_slopes, DecodeParams::alibi_slopes; tile::alibi).
+  // Off: the PTX and serialize() are byte-identical to a spec without it.
+  bool alibi = false;
   // Decode: K and V hold fp8 bytes (e4m3 or e5m2), converted to the 16-bit
   // dtype on their way into shared memory; descales in DecodeParams. None:
   // the PTX and the serialisation are those of a spec without the field.
@@ -137,6 +142,7 @@ struct LaunchShape {
   bool tree_mask = false;                            // Decode: DecodeParams::tree_mask is set
   bool lse_in_base2 = false, lse_out_base2 = false;  // Reduce: fa_lse_format BASE2
   bool sinks = false;  // Forward, Reduce: ForwardParams::sinks / ReduceParams::sinks is set
+  bool alibi = false;  // Forward, Decode: alibi_slopes is set
   // Decode: DecodeParams::k_new is set; rotary 0/1/2 and its table type as
   // KernelSpec's.
   bool append_kv = false;
@@ -196,6 +202,11 @@ struct ForwardParams {
   // spec.sinks only (a kernel without it declares its parameter block to
   // end at sinks): fp32 [num_heads_q], natural-log logits, 4-byte aligned.
   uint64_t sinks;
+  // spec.alibi only (a kernel without it declares its parameter block to end
+  // at alibi_slopes): fp32, the slope of (b, h) at alibi_slopes[b *
+  // alibi_slopes_stride + h], 4-byte aligned; stride 0 = one row.
+  uint64_t alibi_slopes;
+  int64_t alibi_slopes_stride;
 };
 
 // The sm_90a forward's parameter block: ForwardParams, then the TMA
@@ -229,6 +240,11 @@ struct DecodeParams {
   // bit j % 32 of word j / 32 = query i sees new token j.
   uint64_t tree_mask;
   int64_t tree_mask_stride[2];  // bytes: batch, query row
+  // spec.alibi only (as ForwardParams; a kernel without it declares its
+  // parameter block to end at alibi_slopes, or at tree_mask without a tree
+  // mask either).
+  uint64_t alibi_slopes;
+  int64_t alibi_slopes_stride;
   // spec.kv_fp8 only (a kernel without it declares its parameter block to
   // end at k_descale): fp32 descales, 0 = 1.0; (b, h_kv) at element
   // b descale_stride[0] + h_kv descale_stride[1].
@@ -266,21 +282,24 @@ struct ReduceParams {
 static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed");
 
 // The parameter block a decode kernel declares: DecodeParams up to its last
-// feature's fields (without a tree mask those before tree_mask, without an
-// append those before k_new), so a kernel's PTX is unchanged by features it
-// does not use; a launch passes the whole struct either way.
+// feature's fields, in their order (tree mask, ALiBi, fp8 descales, append),
+// so a kernel's PTX is unchanged by the features it does not use; a launch
+// passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
   if (spec.append_kv) return sizeof(DecodeParams);
   if (spec.kv_fp8 != KvFp8::None) return offsetof(DecodeParams, k_new);
-  return spec.tree_mask ? offsetof(DecodeParams, k_descale) : offsetof(DecodeParams, tree_mask);
+  if (spec.alibi) return offsetof(DecodeParams, k_descale);
+  return spec.tree_mask ? offsetof(DecodeParams, alibi_slopes) : offsetof(DecodeParams, tree_mask);
 }
 
-// The parameter block a forward kernel declares: without sinks only the
-// fields of ForwardParams before sinks (the sm_90a forward: WgmmaParams,
-// whose size sinks do not change).
+// The parameter block a forward kernel declares: ForwardParams with ALiBi;
+// else with sinks its fields before alibi_slopes, without them those
+// before sinks (the sm_90a forward: WgmmaParams, whose size neither
+// changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (spec.wgmma) return sizeof(WgmmaParams);
-  return spec.sinks ? sizeof(ForwardParams) : offsetof(ForwardParams, sinks);
+  if (spec.alibi) return sizeof(ForwardParams);
+  return spec.sinks ? offsetof(ForwardParams, alibi_slopes) : offsetof(ForwardParams, sinks);
 }
 // The parameter block a reduce kernel declares: without sinks only the
 // fields of ReduceParams before sinks.

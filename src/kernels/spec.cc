@@ -94,6 +94,7 @@ bool spec_valid(const KernelSpec &s) {
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode) return false;
+  if (s.alibi && s.kind == KernelKind::Reduce) return false;
   // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
   // whole 16-byte chunks of fp8 bytes.
   if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
@@ -292,6 +293,7 @@ std::string KernelSpec::serialize() const {
   o.push_back(lse_in_base2 ? 1 : 0);
   o.push_back(lse_out_base2 ? 1 : 0);
   o.push_back(sinks ? 1 : 0);
+  if (alibi) o += "alibi";  // only when on: the keys of other kernels are unchanged
   if (kv_fp8 != KvFp8::None) o.push_back(static_cast<char>(kv_fp8));  // only when on
   if (append_kv) {  // absent when off: older keys stay valid
     o.push_back('A');
@@ -315,7 +317,7 @@ std::string KernelSpec::describe() const {
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
          (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "") +
-         (sinks ? " sinks" : "") +
+         (sinks ? " sinks" : "") + (alibi ? " alibi" : "") +
          (kv_fp8 != KvFp8::None ? std::string(" kv_") + kv_fp8_name(kv_fp8) : "") +
          (append_kv ? " append" : "") +
          (rotary == 1   ? " rope_neox"
@@ -395,6 +397,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
+  s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
   s.rotary = s.append_kv ? shape.rotary : 0;
   s.rotary_half_table = s.rotary && shape.rotary_half_table;
@@ -452,6 +455,7 @@ std::string entry_name(const KernelSpec &s) {
   }
   return std::string(buf) + (s.tree_mask ? "_tree" : "") + (s.lse_in_base2 ? "_lse2in" : "") +
          (s.lse_out_base2 ? "_lse2out" : "") + (s.sinks ? "_sinks" : "") +
+         (s.alibi ? "_alibi" : "") +
          (s.kv_fp8 != KvFp8::None ? std::string("_kv") + kv_fp8_name(s.kv_fp8) : "") +
          (s.append_kv ? "_append" : "") +
          (s.rotary == 1   ? "_ropeneox"

@@ -297,6 +297,7 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.tree_mask = a.tree_mask != 0;
+  shape.alibi = a.alibi_slopes != 0;
   shape.append_kv = a.k_new.data != 0;
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
@@ -341,6 +342,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
   shape.sinks = a.sinks != 0;
+  shape.alibi = a.alibi_slopes != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
@@ -393,6 +395,8 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.kv = kv_pages(a.kv);
   p.seqused_k = a.seqused_k;
   p.sinks = a.sinks;
+  p.alibi_slopes = a.alibi_slopes;
+  p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
   if (spec.wgmma) {
@@ -511,6 +515,8 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.tree_mask = a.tree_mask;
   p.tree_mask_stride[0] = a.tree_mask_stride[0];
   p.tree_mask_stride[1] = a.tree_mask_stride[1];
+  p.alibi_slopes = a.alibi_slopes;
+  p.alibi_slopes_stride = a.alibi_slopes_stride;
   p.k_descale = a.k_descale;
   p.v_descale = a.v_descale;
   p.descale_stride[0] = a.descale_stride[0];

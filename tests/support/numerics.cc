@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -130,6 +131,7 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
                          k[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * d + c]);
           float x = dot * float(scale);
           if (p.softcap > 0) x = float(p.softcap) * std::tanh(x / float(p.softcap));
+          x -= float(ref::alibi_slope(p, b, h)) * float(std::llabs(diag - j));
           s[size_t(j)] = x;
           m = std::max(m, x);
         }
@@ -303,6 +305,7 @@ std::string ForwardCase::describe() const {
   std::string out = buf;
   if (varlen && varlen_first_row) out += " first_row" + std::to_string(varlen_first_row);
   if (!sinks.empty()) out += " sinks";
+  if (!alibi.empty()) out += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
   return out;
 }
 
@@ -331,6 +334,7 @@ std::string DecodeCase::describe() const {
     d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
   }
   if (!sinks.empty()) d += " sinks";
+  if (!alibi.empty()) d += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
   if (seqlen_new) d += " append" + std::to_string(seqlen_new);
   if (rotary_dim)
     d += std::string(" rope") + (rotary_interleaved ? "-gptj" : "-neox") +
@@ -508,6 +512,11 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     a.sinks = ctx.alloc(c.sinks.size() * 4);
     ctx.check(fa_memcpy_htod(rt, a.sinks, c.sinks.data(), c.sinks.size() * 4), "sinks");
   }
+  if (!c.alibi.empty()) {
+    a.alibi_slopes = ctx.alloc(c.alibi.size() * 4);
+    a.alibi_slopes_stride = c.alibi_stride;
+    ctx.check(fa_memcpy_htod(rt, a.alibi_slopes, c.alibi.data(), c.alibi.size() * 4), "alibi");
+  }
   if (!ctx.err.empty()) return ctx.err;
   // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
   ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
@@ -541,6 +550,10 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   p.softcap = c.softcap;
   p.softmax_scale = c.softmax_scale;
   if (!c.sinks.empty()) p.sinks = c.sinks.data();
+  if (!c.alibi.empty()) {
+    p.alibi_slopes = c.alibi.data();
+    p.alibi_stride = c.alibi_stride;
+  }
   std::vector<double> o_ref(o.size()), lse_ref(lse_n), o_lowp;
   if (!c.varlen) {
     p.batch = c.batch;
@@ -553,6 +566,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     o_lowp.resize(o.size());
     for (int b = 0; b < c.batch; ++b) {
       p.batch = 1;
+      p.alibi_batch0 = b;
       p.seqlen_q = c.seqlens_q[b];
       p.seqlen_k = c.seqlens_k[b];
       const size_t qo = size_t(cu_q[b]) * c.heads_q, ko = size_t(cu_k[b]) * c.heads_kv;
@@ -596,6 +610,8 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.kv = d.kv;
   a.seqused_k = d.cache_seqlens;
   a.sinks = d.sinks;
+  a.alibi_slopes = d.alibi_slopes;
+  a.alibi_slopes_stride = d.alibi_slopes_stride;
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
@@ -620,6 +636,10 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   p.window_left = c.window_left;
   p.softcap = c.softcap;
   if (!c.sinks.empty()) p.sinks = c.sinks.data();
+  if (!c.alibi.empty()) {
+    p.alibi_slopes = c.alibi.data();
+    p.alibi_stride = c.alibi_stride;
+  }
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   const std::vector<float> o =
@@ -852,6 +872,11 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     a.sinks = ctx.alloc(c.sinks.size() * 4);
     ctx.check(fa_memcpy_htod(rt, a.sinks, c.sinks.data(), c.sinks.size() * 4), "sinks");
   }
+  if (!c.alibi.empty()) {
+    a.alibi_slopes = ctx.alloc(c.alibi.size() * 4);
+    a.alibi_slopes_stride = c.alibi_stride;
+    ctx.check(fa_memcpy_htod(rt, a.alibi_slopes, c.alibi.data(), c.alibi.size() * 4), "alibi");
+  }
   if (c.prefill) return run_prefill(ctx, c, a, q, k, v, lens);
   std::vector<uint8_t> tree_all;  // [batch][sq][sq] for the reference
   if (!c.tree.empty()) {
@@ -906,6 +931,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.softcap = c.softcap;
   if (!tree_all.empty()) p.tree_mask = tree_all.data();
   if (!c.sinks.empty()) p.sinks = c.sinks.data();
+  if (!c.alibi.empty()) {
+    p.alibi_slopes = c.alibi.data();
+    p.alibi_stride = c.alibi_stride;
+  }
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   check_partials(ctx, a.workspace, splits, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, o_ref,

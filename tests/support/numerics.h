@@ -31,6 +31,10 @@ struct ForwardCase {
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;
   // Attention sinks (fa_forward_args.sinks): fp32 [heads_q], or empty = none.
   std::vector<float> sinks;
+  // ALiBi (fa_forward_args.alibi_slopes): fp32 [heads_q] (alibi_stride 0) or
+  // [batch][alibi_stride], or empty = none.
+  std::vector<float> alibi;
+  int alibi_stride = 0;
   std::string describe() const;
 };
 
@@ -71,6 +75,10 @@ struct DecodeCase {
   // fp32 [heads_q], or empty = none. With partials_only the partial states
   // (which never hold the sinks) are merged with them on the host.
   std::vector<float> sinks;
+  // ALiBi (fa_decode_args.alibi_slopes; with prefill fa_forward_args'), as
+  // ForwardCase::alibi.
+  std::vector<float> alibi;
+  int alibi_stride = 0;
   // KV append (fa_decode_args.k_new, seqlen_new > 0): seqlen_new random new
   // keys/values per sequence are appended at cache_seqlens[b] (the length
   // before the append; cache_seqlens[b] + seqlen_new <= seqlen_k_max) and

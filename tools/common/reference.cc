@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -115,6 +116,7 @@ void attention(const Problem &p, const double *q, const double *k, const double 
       for (int i = 0; i < p.seqlen_q; ++i) {
         const double *qi = q + ((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * d;
         const long long diag = static_cast<long long>(i) + sk - p.seqlen_q;
+        const double alibi = alibi_slope(p, b, h);
         long long lo = 0, hi = sk - 1;
         if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
         if (p.causal) hi = std::min(hi, diag);
@@ -130,6 +132,7 @@ void attention(const Problem &p, const double *q, const double *k, const double 
           for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
           double x = dot * scale;
           if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+          x -= alibi * double(std::llabs(diag - j));
           s[size_t(j)] = x;
           m = std::max(m, x);
         }
@@ -155,6 +158,17 @@ void attention(const Problem &p, const double *q, const double *k, const double 
       }
     }
   }
+}
+
+std::vector<float> standard_alibi_slopes(int n) {
+  std::vector<float> out;
+  if (n <= 0) return out;
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  for (int h = 0; h < p2; ++h) out.push_back(float(std::exp2(-8.0 * (h + 1) / p2)));
+  for (int k = 0; int(out.size()) < n; ++k)
+    out.push_back(float(std::exp2(-4.0 * (2 * k + 1) / p2)));
+  return out;
 }
 
 void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,

@@ -44,7 +44,28 @@ struct Problem {
   // row's softmax denominator with no value (openai/gpt-oss, model.py sdpa:
   // softmax over [scale q.k_j ..., sink], the sink's column dropped).
   const float *sinks = nullptr;
+  // ALiBi (flashattn.h, fa_forward_args.alibi_slopes), or null: the logit
+  // of query i, key j (after softcap) loses slope |i + sk - seqlen_q - j|,
+  // slope = alibi_slopes[b * alibi_stride + h] (alibi_stride 0: one row);
+  // sk the sequence's key count. The sink is not biased.
+  const float *alibi_slopes = nullptr;
+  long long alibi_stride = 0;
+  // The batch index the slopes of sequence b of this problem are read at:
+  // b + alibi_batch0 (a varlen reference run one sequence at a time).
+  int alibi_batch0 = 0;
 };
+// The ALiBi slope of (sequence b, head h) in p, or 0 without ALiBi.
+inline double alibi_slope(const Problem &p, int b, int h) {
+  return p.alibi_slopes
+             ? double(p.alibi_slopes[(long long)(b + p.alibi_batch0) * p.alibi_stride + h])
+             : 0.0;
+}
+// The standard ALiBi slopes of n heads (Press et al. 2022; BLOOM's
+// build_alibi_tensor, MPT's gen_slopes): for n a power of two, head h gets
+// 2^(-8 (h + 1) / n); otherwise, with p the largest power of two below n,
+// the p slopes of p heads then every other slope of 2p heads (2^(-4 (2k+1)
+// / p), k = 0 .. n - p - 1).
+std::vector<float> standard_alibi_slopes(int n);
 
 // Whether the tree mask of p lets query i of sequence b (with sk valid keys)
 // see key j (true without a mask).

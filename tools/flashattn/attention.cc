@@ -153,6 +153,35 @@ std::vector<float> load_sinks(const std::string &path, int heads_q) {
   return s.to_f32();
 }
 
+// ALiBi slopes: --alibi-slopes, a float .npy [heads_q] (one row for the
+// batch) or [batch, heads_q]; or --alibi, the standard slopes
+// (fa::ref::standard_alibi_slopes); neither = none. *stride is the
+// alibi_slopes_stride: 0 for one row, heads_q for one per sequence.
+std::vector<float> load_alibi(const RunOptions &opts, const Dims &d, int64_t *stride) {
+  *stride = 0;
+  if (!opts.alibi_slopes.empty() && opts.alibi) {
+    throw Failure(kExitUsage, "--alibi and --alibi-slopes: give one of them");
+  }
+  if (opts.alibi) return fa::ref::standard_alibi_slopes(d.heads_q);
+  if (opts.alibi_slopes.empty()) return {};
+  npy::Array probe;
+  std::string err;
+  if (!npy::read(opts.alibi_slopes, &probe, &err))
+    throw Failure(kExitUsage, "--alibi-slopes: " + err);
+  const size_t rank = probe.shape.size() == 2 ? 2 : 1;
+  const npy::Array s = load_array(opts.alibi_slopes, "--alibi-slopes", rank, true);
+  const bool ok =
+      rank == 1 ? s.shape[0] == d.heads_q : s.shape[0] == d.batch && s.shape[1] == d.heads_q;
+  if (!ok) {
+    throw Failure(kExitUsage, "--alibi-slopes: " + opts.alibi_slopes + " has shape " +
+                                  s.shape_string() + ", expected [" + std::to_string(d.heads_q) +
+                                  "] or [" + std::to_string(d.batch) + ", " +
+                                  std::to_string(d.heads_q) + "] (heads_q, batch of q)");
+  }
+  if (rank == 2) *stride = d.heads_q;
+  return s.to_f32();
+}
+
 // The device-side Q, O and LSE shared by run and decode (K/V: DeviceKv).
 struct DeviceIo {
   DeviceBuffer q, o, lse;
@@ -316,6 +345,14 @@ int cmd_run(const RunOptions &opts) {
     sink_buf.upload(sinks.data(), sinks.size() * 4);
     std::printf("sinks:       %d, one per query head (natural-log logits)\n", d.heads_q);
   }
+  int64_t alibi_stride = 0;
+  const std::vector<float> alibi = load_alibi(opts, d, &alibi_stride);
+  DeviceBuffer alibi_buf(rt, std::max<size_t>(alibi.size(), 1) * 4, "alibi_slopes");
+  if (!alibi.empty()) {
+    alibi_buf.upload(alibi.data(), alibi.size() * 4);
+    std::printf("alibi:       %s slopes, %s\n", opts.alibi ? "standard" : "given",
+                alibi_stride ? "one row per sequence" : "one row for the batch");
+  }
   fa_forward_args args{};  // FA_FORWARD_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
   args.batch = d.batch;
@@ -326,6 +363,8 @@ int cmd_run(const RunOptions &opts) {
   args.lse = io.lse.ptr();
   args.seqused_k = opts.seqused_k.empty() ? 0 : used.ptr();
   args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
+  args.alibi_slopes = alibi.empty() ? 0 : alibi_buf.ptr();
+  args.alibi_slopes_stride = alibi_stride;
   auto use = [&](const DeviceKv &c) {
     args.k = c.k();
     args.v = c.v();
@@ -354,6 +393,7 @@ int cmd_run(const RunOptions &opts) {
   r.lse_ref.resize(r.lse.size());
   fa::ref::Problem problem = make_problem(desc, d);
   if (!sinks.empty()) problem.sinks = sinks.data();
+  if (!alibi.empty()) problem.alibi_slopes = alibi.data(), problem.alibi_stride = alibi_stride;
   fa::ref::attention(problem, qr.values.data(), kr.values.data(), vr.values.data(), r.o_ref.data(),
                      r.lse_ref.data(), opts.seqused_k.empty() ? nullptr : lens.data());
   return report(opts, rt, r);
@@ -558,6 +598,14 @@ int cmd_decode(const RunOptions &opts) {
     sink_buf.upload(sinks.data(), sinks.size() * 4);
     std::printf("sinks:       %d, one per query head, added in the combine\n", d.heads_q);
   }
+  int64_t alibi_stride = 0;
+  const std::vector<float> alibi = load_alibi(opts, d, &alibi_stride);
+  DeviceBuffer alibi_buf(rt, std::max<size_t>(alibi.size(), 1) * 4, "alibi_slopes");
+  if (!alibi.empty()) {
+    alibi_buf.upload(alibi.data(), alibi.size() * 4);
+    std::printf("alibi:       %s slopes, %s\n", opts.alibi ? "standard" : "given",
+                alibi_stride ? "one row per sequence" : "one row for the batch");
+  }
 
   fa_decode_args args{};  // FA_DECODE_ARGS_INIT warns under -Wextra in C++
   args.struct_size = sizeof(args);
@@ -576,6 +624,8 @@ int cmd_decode(const RunOptions &opts) {
     args.tree_mask_stride[0] = tree_shared ? 0 : int64_t(d.seqlen_q) * args.tree_mask_stride[1];
   }
   args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
+  args.alibi_slopes = alibi.empty() ? 0 : alibi_buf.ptr();
+  args.alibi_slopes_stride = alibi_stride;
   if (app.k_new) {
     args.k_new = contiguous(app.k_new->ptr(), app.seqlen_new, d.heads_kv, d.head_dim);
     args.v_new = contiguous(app.v_new->ptr(), app.seqlen_new, d.heads_kv, d.head_dim_v);
@@ -644,6 +694,7 @@ int cmd_decode(const RunOptions &opts) {
   fa::ref::Problem problem = make_problem(desc, d);
   if (!tree.empty()) problem.tree_mask = tree.data();
   if (!sinks.empty()) problem.sinks = sinks.data();
+  if (!alibi.empty()) problem.alibi_slopes = alibi.data(), problem.alibi_stride = alibi_stride;
   fa::ref::attention(problem, q_ref.values.data(), k_ref.values.data(), v_ref.values.data(),
                      r.o_ref.data(), r.lse_ref.data(), lens_ref.data());
   return report(opts, rt, r);

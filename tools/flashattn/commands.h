@@ -45,6 +45,7 @@ struct GenerateOptions {
   bool seqused_k = false;                      // forward: per-sequence key counts
   bool tree_mask = false;                      // decode: the tree-mask variant
   bool sinks = false;                          // forward, reduce: the attention-sink variant
+  bool alibi = false;                          // forward, decode: the ALiBi variant
   bool append_kv = false;                      // decode: the KV-append variant
   std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)
   bool rotary_table16 = false;                 // decode: rotary tables in the dtype, not fp32
@@ -62,12 +63,14 @@ struct RunOptions {
   std::string cache_seqlens;     // decode only
   int num_splits = 0;            // decode only; 0 = automatic
   bool batch_invariant = false;  // decode only
-  std::string kv_layout;  // "" (contiguous, or paged with page_size) | contiguous | paged | ptrs
-  int page_size = 0;      // paged: tokens per page
-  uint32_t seed = 1;      // paged: block_table shuffle
-  std::string seqused_k;  // run only: keys per sequence .npy ("" = seqlen_k)
-  std::string tree_mask;  // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
-  std::string sinks;      // attention sinks: float [heads_q] .npy ("" = none)
+  std::string kv_layout;     // "" (contiguous, or paged with page_size) | contiguous | paged | ptrs
+  int page_size = 0;         // paged: tokens per page
+  uint32_t seed = 1;         // paged: block_table shuffle
+  std::string seqused_k;     // run only: keys per sequence .npy ("" = seqlen_k)
+  std::string tree_mask;     // decode only: bool/int [batch or 1, seqlen_q, seqlen_q] .npy
+  std::string sinks;         // attention sinks: float [heads_q] .npy ("" = none)
+  std::string alibi_slopes;  // ALiBi: float [heads_q] or [batch, heads_q] .npy ("" = none)
+  bool alibi = false;        // ALiBi with the standard slopes
   // decode only, KV append (fa_decode_args.k_new): new keys/values
   // [batch, seqlen_new, heads_kv, d] appended at cache_seqlens; RoPE tables
   // float [seqlen_ro, rotary_dim / 2] and optional int positions [batch, n].

@@ -42,6 +42,9 @@ int cmd_generate(const GenerateOptions &o) {
                   "--sinks is for --kind forward or reduce (decode adds the sinks in its "
                   "combine, the reduce kernel)");
   }
+  if (o.alibi && kind == FA_KERNEL_REDUCE) {
+    throw Failure(kExitUsage, "--alibi is for --kind forward or decode");
+  }
   if ((o.append_kv || !o.rotary.empty() || o.rotary_table16) && kind != FA_KERNEL_DECODE) {
     throw Failure(kExitUsage, "--append-kv, --rotary and --rotary-table16 are for --kind decode");
   }
@@ -78,6 +81,7 @@ int cmd_generate(const GenerateOptions &o) {
   go.seqused_k = o.seqused_k ? 1 : 0;
   go.tree_mask = o.tree_mask ? 1 : 0;
   go.sinks = o.sinks ? 1 : 0;
+  go.alibi = o.alibi ? 1 : 0;
   go.append_kv = o.append_kv || !o.rotary.empty() ? 1 : 0;
   go.rotary = o.rotary == "neox" ? 1 : o.rotary == "gptj" ? 2 : 0;
   go.rotary_dtype = o.rotary_table16 ? desc.dtype : 0;

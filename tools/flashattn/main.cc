@@ -147,6 +147,7 @@ int run_main(int argc, char **argv) {
   g->add_flag("--sinks", gen.sinks,
               "Forward, reduce: the kernel adds attention sinks (gpt-oss) to each row's "
               "denominator");
+  g->add_flag("--alibi", gen.alibi, "Forward, decode: the kernel adds ALiBi's linear bias");
   g->add_flag("--append-kv", gen.append_kv,
               "Decode: the kernel appends k_new/v_new to the cache in the same launch");
   g->add_option("--rotary", gen.rotary,
@@ -191,6 +192,13 @@ int run_main(int argc, char **argv) {
                 "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
                 "head in each row's softmax denominator, compared with the scaled scores")
       ->type_name("SINKS.npy");
+  r->add_option("--alibi-slopes", run.alibi_slopes,
+                "ALiBi: float [heads_q] or [batch, heads_q] slopes; the logit of query i, key j "
+                "loses slope * |i + seqlen_k - seqlen_q - j|")
+      ->type_name("SLOPES.npy");
+  r->add_flag("--alibi", run.alibi,
+              "ALiBi with the standard slopes 2^(-8(h+1)/heads_q) (BLOOM's rule when heads_q is "
+              "not a power of two)");
   add_kv_options(r, &run);
   add_attention_options(r, &run.attn, false);
   add_backend_option(r, &run.backend);
@@ -238,6 +246,13 @@ int run_main(int argc, char **argv) {
                 "Attention sinks (gpt-oss): float [heads_q], one natural-log logit per query "
                 "head, added to each row's denominator once, in the combine")
       ->type_name("SINKS.npy");
+  d->add_option("--alibi-slopes", dec.alibi_slopes,
+                "ALiBi: float [heads_q] or [batch, heads_q] slopes; new token i, key j of a "
+                "sequence with cache_seqlens L: bias -slope * |i + L - seqlen_q - j|")
+      ->type_name("SLOPES.npy");
+  d->add_flag("--alibi", dec.alibi,
+              "ALiBi with the standard slopes 2^(-8(h+1)/heads_q) (BLOOM's rule when heads_q is "
+              "not a power of two)");
   d->add_option("--k-new", dec.k_new,
                 "KV append (as flash_attn_with_kvcache): new keys [batch, seqlen_new, heads_kv, "
                 "head_dim] written into the cache at --cache-seqlens (the lengths before the "

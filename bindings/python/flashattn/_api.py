@@ -1010,7 +1010,7 @@ def _lengths(view, label, what, limit, limit_name):
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            block_table=None, seqused_k=None, sinks=None, stream=None):
+            block_table=None, seqused_k=None, sinks=None, alibi_slopes=None, stream=None):
     """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
 
     Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
@@ -1037,6 +1037,12 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     e^(sinks[h])) with s_j = scale * q.k_j (after softcap), the sink neither
     scaled nor masked; the LSE includes it (a row with no key: O = 0, LSE =
     sinks[h]); -inf = no sink for that head.
+
+    alibi_slopes (since 0.5; ALiBi, as FlashAttention-2's alibi_slopes):
+    fp32 [num_heads_q] or [batch, num_heads_q] (last dim contiguous); the
+    logit of query i, key j loses slope * |i + seqlen_k - seqlen_q - j|
+    (after softcap; bottom-right aligned, per sequence with varlen or
+    seqused_k), causal or not. The sink is not biased.
 
     Host cu_seqlens (NumPy, list, CPU DLPack) are validated before anything
     runs: 1-D integers of length batch + 1 that fit int32, starting at 0,
@@ -1160,6 +1166,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
                 lengths = _lengths(suv, "forward", "seqused_k", Sk, "seqlen_k")
             a.seqused_k = suv.ptr
         a.sinks = _sinks(call, sinks, H, "forward")
+        a.alibi_slopes, a.alibi_slopes_stride = _alibi(call, alibi_slopes, B, H, "forward")
         if kvc is not None and lengths is not None:
             _check_cache_lengths(kvc, "forward", lengths,
                                  "seqused_k" if seqused_k is not None else "seqlen_k", ("k", "v"))
@@ -1189,6 +1196,22 @@ def _sinks(call, sinks, H, what):
     return sv.ptr
 
 
+def _alibi(call, slopes, B, H, what):
+    """(device address, stride) of ALiBi slopes fp32 [H] or [B, H], or (0, 0)."""
+    if slopes is None:
+        return 0, 0
+    sv = call.input(slopes, "alibi_slopes", "fp32")
+    if len(sv.shape) == 1:
+        _expect(sv, what + ": alibi_slopes", (H,), ("num_heads_q",))
+        _need_contiguous(sv, what + ": alibi_slopes")
+        return sv.ptr, 0
+    _expect(sv, what + ": alibi_slopes", (B, H), ("batch", "num_heads_q"))
+    if sv.strides[1] != 1 or (B > 1 and sv.strides[0] < H):
+        raise invalid("%s: alibi_slopes: the last dim must be contiguous and rows must not "
+                      "overlap, strides %r (elements)" % (what, sv.strides))
+    return sv.ptr, (sv.strides[0] if B > 1 else H)
+
+
 def _pack_tree_mask(mask, B, Sq):
     """A host [B or 1, Sq, Sq] (or [Sq, Sq]) bool/integer mask as int32 words
     [B or 1, Sq, ceil(Sq / 32)]: bit j % 32 of word j / 32 of row (b, i) is
@@ -1212,8 +1235,9 @@ def _pack_tree_mask(mask, B, Sq):
 
 def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0, out=None,
            lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
-           tree_mask=None, sinks=None, k_descale=None, v_descale=None, k_new=None, v_new=None,
-           rotary_cos=None, rotary_sin=None, rotary_interleaved=False, rotary_positions=None):
+           tree_mask=None, sinks=None, alibi_slopes=None, k_descale=None, v_descale=None,
+           k_new=None, v_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+           rotary_positions=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1241,6 +1265,9 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     causal and window still apply on top.
     sinks (since 0.4.1): gpt-oss attention sinks fp32 [num_heads_q], as in
     forward(); they join each row's denominator once, in the combine.
+    alibi_slopes (since 0.5): ALiBi slopes fp32 [num_heads_q] or [batch,
+    num_heads_q], as in forward(): new token i of sequence b, key j, bias
+    -slope * |i + L - seqlen_q - j|, L = cache_seqlens[b] (+ seqlen_new with k_new).
     With a Config of kv_dtype 'e4m3' or 'e5m2' (since 0.5) the cache tensors
     hold the fp8 bytes (NumPy or torch uint8); a K element's
     value is fp8(byte) * k_descale (V's likewise): k_descale / v_descale
@@ -1373,6 +1400,8 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
                 raise invalid("decode: k_descale and v_descale must have the same shape and "
                               "strides (one descale_stride)")
             a.descale_stride[0], a.descale_stride[1] = strides.pop()
+        a.alibi_slopes, a.alibi_slopes_stride = _alibi(call, alibi_slopes, B, cfg.num_heads_q,
+                                                       "decode")
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),

@@ -117,6 +117,7 @@ class fa_generate_options(ctypes.Structure):
         ("lse_partial_format", c_int32),
         ("lse_format", c_int32),
         ("sinks", c_int64),  # since 0.4.1
+        ("alibi", c_int32),  # since 0.5
         ("append_kv", c_int32),  # since 0.5
         ("rotary", c_int32),
         ("rotary_dtype", c_int32),
@@ -139,6 +140,8 @@ class fa_forward_args(ctypes.Structure):
         ("kv", fa_kv_cache_layout),  # since 0.3
         ("seqused_k", c_uint64),
         ("sinks", c_uint64),  # since 0.4.1
+        ("alibi_slopes", c_uint64),  # since 0.5
+        ("alibi_slopes_stride", c_int64),
         ("k_descale", c_uint64),  # since 0.5
         ("v_descale", c_uint64),
         ("descale_stride", c_int64 * 2),
@@ -165,6 +168,8 @@ class fa_decode_args(ctypes.Structure):
         ("tree_mask", c_uint64),  # since 0.4
         ("tree_mask_stride", c_int64 * 2),
         ("sinks", c_uint64),  # since 0.4.1
+        ("alibi_slopes", c_uint64),  # since 0.5
+        ("alibi_slopes_stride", c_int64),
         ("k_descale", c_uint64),  # since 0.5
         ("v_descale", c_uint64),
         ("descale_stride", c_int64 * 2),

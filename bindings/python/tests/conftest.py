@@ -57,10 +57,12 @@ def visible_mask(sq, sk_valid, sk_cap, causal, window):
     return m
 
 
-def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, seqlens_k=None):
+def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, seqlens_k=None,
+                  alibi=None):
     """fp64 attention. q [B,Sq,H,D], k/v [B,Sk,Hk,D(v)]; seqlens_k[b] valid
-    keys (default Sk). Returns O [B,Sq,H,Dv] and LSE [B,H,Sq] (-inf, O=0 for
-    rows that see no key)."""
+    keys (default Sk); alibi: ALiBi slopes [H] or [B,H] (the logit of query
+    i, key j loses slope * |i + L - Sq - j|). Returns O [B,Sq,H,Dv] and LSE
+    [B,H,Sq] (-inf, O=0 for rows that see no key)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -74,7 +76,13 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
     for b in range(B):
         L = Sk if seqlens_k is None else int(seqlens_k[b])
         mask = visible_mask(Sq, L, Sk, causal, window)
-        sb = np.where(mask[None], s[b], -np.inf)
+        sb = s[b]
+        if alibi is not None:
+            sl = np.asarray(alibi, np.float64)
+            sl = sl if sl.ndim == 1 else sl[b]
+            dist = np.abs(np.arange(Sq)[:, None] + L - Sq - np.arange(Sk)[None, :])
+            sb = sb - sl[:, None, None] * dist[None]
+        sb = np.where(mask[None], sb, -np.inf)
         m = sb.max(axis=-1, keepdims=True)
         seen = np.isfinite(m)
         p = np.where(seen, np.exp(sb - np.where(seen, m, 0)), 0.0)

@@ -322,6 +322,33 @@ void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg
     }
 }
 
+Reg alibi_coef(Emitter &e, size_t slopes_param, Reg bz, Reg h, Reg score_scale) {
+  Reg slopes = e.global_param(slopes_param);
+  Reg stride = e.stride_bytes(slopes_param + 8, 4);  // 0: one row for the batch
+  Reg row = e.index(slopes, bz, stride);
+  Reg c = e.new_reg(Type::F32);
+  e.b.ld(Space::Global, Type::F32, c, ptx::at(e.index(row, h, 4)), true);
+  e.b.op(Op::Mul, Type::F32, c, c, fimm(-kLog2e));
+  // Raw scores: OnlineSoftmax multiplies by score_scale = softmax_scale log2 e.
+  if (score_scale.valid()) e.b.op(Op::DivRn, Type::F32, c, c, score_scale);
+  return c;
+}
+
+void alibi_bias(ptx::Builder &b, Reg x, Reg dist, int k, Reg coef, Reg t) {
+  if (k == 0) {
+    b.op(Op::Abs, Type::F32, t, dist);
+  } else {
+    b.op(Op::Sub, Type::F32, t, dist, fimm(static_cast<float>(k)));
+    b.op(Op::Abs, Type::F32, t, t);
+  }
+  b.op(Op::Fma, Type::F32, x, t, coef, x);
+}
+
+void alibi_row_half(ptx::Builder &b, const AccTile &s, int h, Reg dist, Reg coef, Reg t) {
+  for (int j = 0; j < s.n(); ++j)
+    for (int x = 0; x < 2; ++x) alibi_bias(b, s.f[j][2 * h + x], dist, 8 * j + x, coef, t);
+}
+
 void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
   step_impl(s, &o);
 }

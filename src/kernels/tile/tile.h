@@ -56,6 +56,29 @@ void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a)
 // relative to that column (s32 registers). p and t are scratch predicates.
 void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t);
 
+// ALiBi (Press et al. 2022; FlashAttention-2's alibi_slopes): the logit of
+// query i, key j loses slope |i + seqlen_k - seqlen_q - j|. The bias is
+// added where the scores are, before the online softmax scales them: a
+// kernel without softcap keeps raw q.k scores that OnlineSoftmax multiplies
+// by c = softmax_scale log2(e), so the bias there is -slope / softmax_scale
+// per key (FlashAttention-2's fold); with softcap the scores are already in
+// the log2 domain and the bias is -slope log2(e). Either way one coefficient
+// per row, formed once (alibi_coef), and per score
+//   x += coef |dist - k|
+// (sub, abs, fma in f32: the distance is an integer, exact below 2^24).
+// The coefficient of (sequence bz, query head h): slopes_param is the byte
+// offset of the {uint64 alibi_slopes, int64 alibi_slopes_stride} pair in
+// the parameter block; score_scale the f32 register OnlineSoftmax scales by
+// (softmax_scale log2 e), or invalid with softcap.
+Reg alibi_coef(Emitter &e, size_t slopes_param, Reg bz, Reg h, Reg score_scale);
+// x += coef |dist - k| for one score (dist, coef f32 registers; k a key
+// offset in the tile; t f32 scratch). The one place the bias is formed.
+void alibi_bias(ptx::Builder &b, Reg x, Reg dist, int k, Reg coef, Reg t);
+// Row half h of an accumulator tile (as mask_row_half): element (j, x) holds
+// the key at 8j + x from the lane's own first column, whose distance from
+// the row's diagonal is dist (f32: diagonal - that key).
+void alibi_row_half(ptx::Builder &b, const AccTile &s, int h, Reg dist, Reg coef, Reg t);
+
 // A row-major matrix of 16-bit values in shared memory, each row padded by 16
 // bytes so the eight rows of an ldmatrix phase start on distinct 16-byte
 // bank groups (conflict-free) and cp.async writes of a row stay 16-byte

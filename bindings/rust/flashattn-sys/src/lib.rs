@@ -240,6 +240,8 @@ pub struct fa_generate_options {
     /// Since 0.4.1: forward or reduce with attention sinks (0 or 1; 64-bit
     /// so that 0.4.0's struct, padding included, ends where it begins).
     pub sinks: i64,
+    /// Since 0.5: forward or decode with ALiBi (0 or 1).
+    pub alibi: i32,
     /// Since 0.5: decode with the KV append (k_new/v_new set; 0 or 1).
     pub append_kv: i32,
     /// Since 0.5: with append_kv, 0 = no rotary, 1 = GPT-NeoX pairs, 2 =
@@ -254,9 +256,8 @@ pub const FA_GENERATE_OPTIONS_SIZE_0_3: usize =
     core::mem::offset_of!(fa_generate_options, tree_mask);
 /// struct_size of fa_generate_options in flashattn 0.4.0 (ends before `sinks`).
 pub const FA_GENERATE_OPTIONS_SIZE_0_4: usize = core::mem::offset_of!(fa_generate_options, sinks);
-/// struct_size of fa_generate_options in flashattn 0.4.1 (ends before `append_kv`).
-pub const FA_GENERATE_OPTIONS_SIZE_0_4_1: usize =
-    core::mem::offset_of!(fa_generate_options, append_kv);
+/// struct_size of fa_generate_options in flashattn 0.4.1 (ends before `alibi`).
+pub const FA_GENERATE_OPTIONS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_generate_options, alibi);
 
 impl Default for fa_generate_options {
     fn default() -> Self {
@@ -270,6 +271,7 @@ impl Default for fa_generate_options {
             lse_partial_format: 0,
             lse_format: 0,
             sinks: 0,
+            alibi: 0,
             append_kv: 0,
             rotary: 0,
             rotary_dtype: 0,
@@ -344,6 +346,11 @@ pub struct fa_forward_args {
     /// Since 0.4.1: attention sinks (gpt-oss), fp32 [num_heads_q] natural-log
     /// logits in each row's softmax denominator, 4-byte aligned, or 0 = none.
     pub sinks: u64,
+    /// Since 0.5: ALiBi slopes, fp32, the slope of (b, h) at
+    /// alibi_slopes[b * alibi_slopes_stride + h], 4-byte aligned, or 0 = none.
+    pub alibi_slopes: u64,
+    /// Elements between sequences' slopes (>= num_heads_q), or 0 = one row.
+    pub alibi_slopes_stride: i64,
     /// Since 0.5: fp8 KV descales (fp32, or 0 = 1.0), (b, h_kv) at
     /// b * descale_stride[0] + h_kv * descale_stride[1].
     pub k_descale: u64,
@@ -355,8 +362,8 @@ pub struct fa_forward_args {
 pub const FA_FORWARD_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_forward_args, kv);
 /// struct_size of fa_forward_args in flashattn 0.3 and 0.4.0 (ends before `sinks`).
 pub const FA_FORWARD_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_forward_args, sinks);
-/// struct_size of fa_forward_args in flashattn 0.4.1 (ends before `k_descale`).
-pub const FA_FORWARD_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_forward_args, k_descale);
+/// struct_size of fa_forward_args in flashattn 0.4.1 (ends before `alibi_slopes`).
+pub const FA_FORWARD_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_forward_args, alibi_slopes);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -375,6 +382,8 @@ impl Default for fa_forward_args {
             kv: fa_kv_cache_layout::default(),
             seqused_k: 0,
             sinks: 0,
+            alibi_slopes: 0,
+            alibi_slopes_stride: 0,
             k_descale: 0,
             v_descale: 0,
             descale_stride: [0; 2],
@@ -410,6 +419,9 @@ pub struct fa_decode_args {
     /// Since 0.4.1: attention sinks as in fa_forward_args (added once per
     /// row in the combine: needs `o.data != 0`), or 0.
     pub sinks: u64,
+    /// Since 0.5: ALiBi slopes as in fa_forward_args, or 0.
+    pub alibi_slopes: u64,
+    pub alibi_slopes_stride: i64,
     /// Since 0.5: fp8 KV cache descales (fp32, or 0 = 1.0), (b, h_kv) at
     /// b * descale_stride[0] + h_kv * descale_stride[1] (elements).
     pub k_descale: u64,
@@ -449,8 +461,8 @@ pub const FA_DECODE_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_decode_args,
 pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args, tree_mask);
 /// struct_size of fa_decode_args in flashattn 0.4.0 (ends before `sinks`).
 pub const FA_DECODE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_decode_args, sinks);
-/// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `k_descale`).
-pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, k_descale);
+/// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `alibi_slopes`).
+pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, alibi_slopes);
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -475,6 +487,8 @@ impl Default for fa_decode_args {
             tree_mask: 0,
             tree_mask_stride: [0; 2],
             sinks: 0,
+            alibi_slopes: 0,
+            alibi_slopes_stride: 0,
             k_descale: 0,
             v_descale: 0,
             descale_stride: [0; 2],

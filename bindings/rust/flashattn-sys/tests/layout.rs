@@ -66,6 +66,7 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             lse_partial_format,
             lse_format,
             sinks,
+            alibi,
             append_kv,
             rotary,
             rotary_dtype
@@ -131,6 +132,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             kv,
             seqused_k,
             sinks,
+            alibi_slopes,
+            alibi_slopes_stride,
             k_descale,
             v_descale,
             descale_stride
@@ -157,6 +160,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             tree_mask,
             tree_mask_stride,
             sinks,
+            alibi_slopes,
+            alibi_slopes_stride,
             k_descale,
             v_descale,
             descale_stride,
@@ -394,6 +399,12 @@ fn defaults_match_init_macros() {
     assert_eq!((g.tree_mask, g.lse_partial_format, g.lse_format), (0, 0, 0));
     // 0.4.1's fields default to "as 0.4": no sinks.
     assert_eq!((fa_forward_args::default().sinks, d.sinks, r.sinks, g.sinks), (0, 0, 0, 0));
+    // 0.5's fields default to "as 0.4.1": no ALiBi.
+    let f = fa_forward_args::default();
+    assert_eq!(
+        (f.alibi_slopes, f.alibi_slopes_stride, d.alibi_slopes, d.alibi_slopes_stride, g.alibi),
+        (0, 0, 0, 0, 0)
+    );
     // 0.5's fields default to "as 0.4.1": a 16-bit cache, no descales.
     assert_eq!(fa_config_desc::default().kv_dtype, 0);
     assert_eq!((d.k_descale, d.v_descale, d.descale_stride), (0, 0, [0, 0]));

@@ -42,7 +42,7 @@ pub use half::{
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, pack_tree_mask, DecodeArgs, DecodeKvArgs, DecodePlan, Descales,
+    contiguous_strides, pack_tree_mask, Alibi, DecodeArgs, DecodeKvArgs, DecodePlan, Descales,
     ForwardArgs, ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs,
     RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, Rotary, SeqKv, Tensor,
     TensorMut, TreeMask, View, ViewMut,

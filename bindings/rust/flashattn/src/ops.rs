@@ -112,6 +112,11 @@ pub struct RawForwardArgs {
     /// Since 0.4.1: attention sinks (gpt-oss), fp32 [num_heads_q], or 0 =
     /// none (see `Runtime::forward_kv_sinks`).
     pub sinks: u64,
+    /// Since 0.5: ALiBi slopes, fp32, the slope of (b, h) at
+    /// alibi_slopes[b * alibi_slopes_stride + h], or 0 = none (see `Alibi`).
+    pub alibi_slopes: u64,
+    /// Elements between sequences' slopes (>= num_heads_q), or 0 = one row.
+    pub alibi_slopes_stride: i64,
 }
 
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
@@ -144,6 +149,9 @@ pub struct RawDecodeArgs {
     /// Since 0.4.1: attention sinks fp32 [num_heads_q], or 0 = none; they
     /// join each row's denominator in the combine (o must be set).
     pub sinks: u64,
+    /// Since 0.5: ALiBi slopes as in `RawForwardArgs`, or 0 = none.
+    pub alibi_slopes: u64,
+    pub alibi_slopes_stride: i64,
     /// Since 0.5: fp8 KV cache descales, fp32 (0 = 1.0); (b, h_kv) at
     /// b * descale_strides[0] + h_kv * descale_strides[1] elements.
     pub k_descale: u64,
@@ -203,6 +211,8 @@ impl RawDecodeArgs {
             tree_mask: self.tree_mask,
             tree_mask_stride: self.tree_mask_strides,
             sinks: self.sinks,
+            alibi_slopes: self.alibi_slopes,
+            alibi_slopes_stride: self.alibi_slopes_stride,
             k_descale: self.k_descale,
             v_descale: self.v_descale,
             descale_stride: self.descale_strides,
@@ -268,6 +278,30 @@ pub struct KvAppend<'a> {
     pub v_new: Tensor<'a>,
     /// Rotate Q and k_new first (None = append as given).
     pub rotary: Option<Rotary<'a>>,
+}
+
+/// ALiBi slopes (fa_forward_args / fa_decode_args.alibi_slopes, since 0.5;
+/// Press et al. 2022, FlashAttention-2's alibi_slopes): fp32 [num_heads_q]
+/// for the whole batch, or with `per_sequence` [batch, num_heads_q]
+/// (contiguous). The logit of query i, key j loses
+/// slope[b, h] * |i + seqlen_k - seqlen_q - j|.
+#[derive(Debug, Clone, Copy)]
+pub struct Alibi<'a> {
+    pub slopes: &'a DeviceBuffer,
+    pub per_sequence: bool,
+}
+
+impl Alibi<'_> {
+    /// (device address, alibi_slopes_stride) after checking the extent.
+    fn checked(&self, rt: &Runtime, batch: usize, hq: usize) -> Result<(u64, i64)> {
+        if self.per_sequence {
+            let p =
+                checked_ptr(rt, "alibi_slopes", self.slopes, 0, &[hq as i64, 1], &[batch, hq], 4)?;
+            Ok((p, hq as i64))
+        } else {
+            Ok((checked_ptr(rt, "alibi_slopes", self.slopes, 0, &[1], &[hq], 4)?, 0))
+        }
+    }
 }
 
 /// A speculative-decoding tree mask (fa_decode_args.tree_mask, since 0.4):
@@ -860,6 +894,8 @@ impl Runtime {
             kv: args.kv.to_sys(),
             seqused_k: args.seqused_k,
             sinks: args.sinks,
+            alibi_slopes: args.alibi_slopes,
+            alibi_slopes_stride: args.alibi_slopes_stride,
             ..Default::default()
         };
         check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -895,7 +931,7 @@ impl Runtime {
     /// the library's (sizes, strides, alignment, page fields), then as
     /// `forward_raw`.
     pub fn forward_kv(&self, cfg: &Config, args: ForwardKvArgs<'_>) -> Result<()> {
-        self.forward_kv_impl(cfg, args, None)
+        self.forward_kv_impl(cfg, args, None, None)
     }
 
     /// `forward_kv` with attention sinks (since 0.4.1; gpt-oss): `sinks` holds
@@ -912,7 +948,23 @@ impl Runtime {
         args: ForwardKvArgs<'_>,
         sinks: &DeviceBuffer,
     ) -> Result<()> {
-        self.forward_kv_impl(cfg, args, Some(sinks))
+        self.forward_kv_impl(cfg, args, Some(sinks), None)
+    }
+
+    /// `forward_kv` (with attention sinks when `sinks` is given) and ALiBi
+    /// (since 0.5; see `Alibi`): the logit of query i, key j loses
+    /// slope * |i + seqlen_k - seqlen_q - j| (after softcap, per sequence
+    /// with seqused_k), causal or not; the sink is not biased. Errors: as
+    /// `forward_kv_sinks`, plus InvalidArgument when the slopes are too
+    /// short or memory of another runtime.
+    pub fn forward_kv_alibi(
+        &self,
+        cfg: &Config,
+        args: ForwardKvArgs<'_>,
+        sinks: Option<&DeviceBuffer>,
+        alibi: Alibi<'_>,
+    ) -> Result<()> {
+        self.forward_kv_impl(cfg, args, sinks, Some(alibi))
     }
 
     fn forward_kv_impl(
@@ -920,6 +972,7 @@ impl Runtime {
         cfg: &Config,
         args: ForwardKvArgs<'_>,
         sinks: Option<&DeviceBuffer>,
+        alibi: Option<Alibi<'_>>,
     ) -> Result<()> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
@@ -949,7 +1002,13 @@ impl Runtime {
                 Some(buf) => checked_ptr(self, "sinks", buf, 0, &[1], &[hq], 4)?,
                 None => 0,
             },
+            alibi_slopes: 0,
+            alibi_slopes_stride: 0,
         };
+        let mut raw = raw;
+        if let Some(a) = alibi {
+            (raw.alibi_slopes, raw.alibi_slopes_stride) = a.checked(self, b, hq)?;
+        }
         // SAFETY: every extent lies in a live buffer of this runtime, and the
         // pages and pointers the kernel follows were checked above; outputs
         // are borrowed mutably; NULL is the default stream.
@@ -1006,7 +1065,7 @@ impl Runtime {
     /// the library's (e.g. num_splits with batch_invariant, page fields),
     /// then as `decode_raw`.
     pub fn decode_kv(&self, cfg: &Config, args: DecodeKvArgs<'_>) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None, None, None)
+        self.decode_kv_impl(cfg, args, None, None, None, None, None)
     }
 
     /// `decode_kv` over an fp8 KV cache (a Config with `kv_dtype` E4M3 or
@@ -1019,7 +1078,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         descales: Descales<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None, Some(descales), None)
+        self.decode_kv_impl(cfg, args, None, None, None, Some(descales), None)
     }
 
     /// `decode_kv` with a speculative-decoding tree mask among the new
@@ -1032,7 +1091,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: TreeMask<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, Some(tree), None, None, None)
+        self.decode_kv_impl(cfg, args, Some(tree), None, None, None, None)
     }
 
     /// `decode_kv` (with a tree mask when `tree` is given) and attention
@@ -1047,7 +1106,7 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: &DeviceBuffer,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, Some(sinks), None, None)
+        self.decode_kv_impl(cfg, args, tree, Some(sinks), None, None, None)
     }
 
     /// `decode_kv` with a KV append (since 0.5; see `KvAppend`): the new
@@ -1066,7 +1125,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         append: KvAppend<'_>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, None, None, None, Some(append))
+        self.decode_kv_impl(cfg, args, None, None, None, None, Some(append))
     }
 
     /// `decode_append` with a tree mask and / or attention sinks (as
@@ -1079,7 +1138,23 @@ impl Runtime {
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
     ) -> Result<DecodePlan> {
-        self.decode_kv_impl(cfg, args, tree, sinks, None, Some(append))
+        self.decode_kv_impl(cfg, args, tree, sinks, None, None, Some(append))
+    }
+
+    /// `decode_kv` (with a tree mask and attention sinks when given) and
+    /// ALiBi (since 0.5; see `Alibi`): new token i of sequence b, key j,
+    /// bias -slope * |i + cache_seqlens[b] - seqlen_q - j|, in every split's
+    /// scores. Errors: as `decode_kv_sinks`, plus InvalidArgument when the
+    /// slopes are too short or memory of another runtime.
+    pub fn decode_kv_alibi(
+        &self,
+        cfg: &Config,
+        args: DecodeKvArgs<'_>,
+        tree: Option<TreeMask<'_>>,
+        sinks: Option<&DeviceBuffer>,
+        alibi: Alibi<'_>,
+    ) -> Result<DecodePlan> {
+        self.decode_kv_impl(cfg, args, tree, sinks, Some(alibi), None, None)
     }
 
     fn decode_kv_impl(
@@ -1088,6 +1163,7 @@ impl Runtime {
         args: DecodeKvArgs<'_>,
         tree: Option<TreeMask<'_>>,
         sinks: Option<&DeviceBuffer>,
+        alibi: Option<Alibi<'_>>,
         descales: Option<Descales<'_>>,
         append: Option<KvAppend<'_>>,
     ) -> Result<DecodePlan> {
@@ -1128,6 +1204,9 @@ impl Runtime {
         };
         if let Some(s) = sinks {
             raw.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+        }
+        if let Some(a) = alibi {
+            (raw.alibi_slopes, raw.alibi_slopes_stride) = a.checked(self, b, hq)?;
         }
         if let Some(ds) = descales {
             let dims = [b, cfg.num_heads_kv()];
