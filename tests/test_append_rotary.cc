@@ -113,6 +113,13 @@ void test_append_decode(void **) {
   c.batch_invariant = true;
   c.seed = 36;
   cases.push_back(c);
+  c = base();  // ALiBi on top: the key distances count the appended tokens
+  c.seqlen_q = c.seqlen_new = 3;
+  c.alibi = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03f, 0.02f, 0.01f, 0.005f};
+  c.kv = paged(16);
+  c.num_splits = 2;
+  c.seed = 37;
+  cases.push_back(c);
   run_all(cases);
 }
 
@@ -263,6 +270,22 @@ void test_append_ptx(void **) {
   o.rotary_dtype = FA_DTYPE_FP16;
   const std::string rope = gen(&o);
   assert_true(rope.find("_append_ropeint16") != std::string::npos);
+  fa_config_destroy(cfg);
+  // Not yet into an fp8 cache (the new keys would need quantising).
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.head_dim = 64;
+  desc.num_heads_q = 4;
+  desc.num_heads_kv = 2;
+  desc.kv_dtype = FA_DTYPE_FP8_E4M3;
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_SUCCESS);
+  o.rotary = 0;
+  o.rotary_dtype = 0;
+  n = 0;
+  assert_int_equal(fa_generate_for(cfg, FA_KERNEL_DECODE, 90, &o, nullptr, 0, &n),
+                   FA_ERROR_UNSUPPORTED);
+  assert_non_null(std::strstr(fa_last_error(), "fp8"));
+  o.append_kv = 0;
+  assert_int_equal(fa_generate_for(cfg, FA_KERNEL_DECODE, 90, &o, nullptr, 0, &n), FA_SUCCESS);
   fa_config_destroy(cfg);
 }
 

@@ -723,7 +723,15 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                                       : fa::KernelKind::Reduce;
   const fa::KernelSpec spec = fa::make_spec(cfg->cfg, k, lim, shape);
   FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
+  if (spec.append_kv && spec.kv_fp8 != fa::KvFp8::None) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "a KV append into an fp8 KV cache is not supported yet (the new keys would need "
+                "quantising with the descales)");
+  }
   const std::string ptx = fa::generate_ptx(spec);
+  if (ptx.empty()) {  // a spec no generator takes: never an empty module
+    return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());
+  }
   *ptx_size = ptx.size();
   if (buf_size < ptx.size() + 1) {
     if (buf == nullptr) return FA_SUCCESS;  // size query
