@@ -254,6 +254,14 @@ class DecodeTcGen {
     n0_ = e_.op(Op::And, Type::B32, lo_f, imm(-kWarpKeys));
     Reg span = e_.op(Op::Sub, Type::S32, hi_l, n0_);
     b_.op(Op::Max, Type::S32, span, span, imm(0));
+    if (spec_.append_kv) {
+      // No key of this split for any row (an empty split: lo_f = hi_l = sk,
+      // and n0 rounded down lands in the previous split): no tile. Without
+      // the append such a tile only reads valid keys, all masked; with it,
+      // they may be new rows another CTA is writing right now, and 0 * a
+      // half-written (or stale NaN) V row is NaN.
+      b_.selp(Type::S32, span, imm(0), span, e_.setp(Cmp::Le, Type::S32, hi_l, lo_f));
+    }
     Reg tiles = e_.op(Op::Add, Type::S32, span, imm(kWarpKeys - 1));
     b_.op(Op::Shr, Type::S32, tiles, tiles, imm(4));
     // This warp's tiles: warp, warp + W, ...: count = ceil((tiles - warp) / W).

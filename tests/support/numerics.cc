@@ -237,7 +237,17 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
   ctx.check(fa_memcpy_dtoh(ctx.rt, op.data(), ws, o_bytes), "download O_partial");
   ctx.check(fa_memcpy_dtoh(ctx.rt, lp.data(), ws + lse_off, lp.size() * 4), "download LSE_partial");
   long long unwritten = 0, empty = 0;
-  for (float x : op) unwritten += !std::isfinite(x);
+  std::string where;  // the first unwritten O_partial element, for the report
+  for (size_t i = 0; i < op.size(); ++i) {
+    if (std::isfinite(op[i])) continue;
+    if (!unwritten++) {
+      const size_t row = i / dv;  // [split, b, token, head]
+      where = " (first: split " + std::to_string(row / rows) + ", batch " +
+              std::to_string(row % rows / (size_t(sq) * hq)) + ", token " +
+              std::to_string(row % (size_t(sq) * hq) / hq) + ", head " + std::to_string(row % hq) +
+              ", column " + std::to_string(i % dv) + ")";
+    }
+  }
   std::vector<double> opd(op.begin(), op.end()), lpd(lp.size());
   // LSE_partial is [split, b, h, s]; the merge wants [split, row(b, s, h)].
   for (int s = 0; s < splits; ++s)
@@ -268,7 +278,7 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
       }
   std::printf("    partial states: %lld empty split rows, merged max_abs %.3g, lse err %.3g\n",
               empty, e.max_abs, lse_err);
-  if (unwritten) *err += "partial states unwritten: " + std::to_string(unwritten) + "\n";
+  if (unwritten) *err += "partial states unwritten: " + std::to_string(unwritten) + where + "\n";
   const double o_tol = (bf16 ? 4e-3 : 5e-4) * std::max(1.0, e.max_ref);
   if (e.nonfinite || e.max_abs > o_tol) {
     *err += "merged partial O off: max_abs " + std::to_string(e.max_abs) + "\n";
