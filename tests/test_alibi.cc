@@ -33,6 +33,7 @@
 
 #include "reference.h"
 #include "support/numerics.h"
+#include "support/small_problem.h"
 
 namespace {
 
@@ -282,75 +283,7 @@ void test_standard_slopes(void **) {
 
 // ---- exact properties and host checks on one small problem ----
 
-struct Small {
-  fa_config *cfg = nullptr;
-  uint64_t q = 0, k = 0, v = 0, o = 0, lse = 0, slopes = 0, ws = 0;
-  static constexpr int B = 1, SQ = 9, SK = 40, H = 2, D = 64;
-  size_t o_bytes = size_t(B) * SQ * H * D * 2, lse_bytes = size_t(B) * H * SQ * 4;
-  Small() {
-    fa_config_desc d = FA_CONFIG_DESC_INIT;
-    d.head_dim = D;
-    d.num_heads_q = d.num_heads_kv = H;
-    d.causal = 1;
-    assert_int_equal(fa_config_create(&d, &cfg), FA_SUCCESS);
-    std::mt19937 gen(77);
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    auto upload = [&](size_t elems) {
-      std::vector<uint16_t> h(elems);
-      for (uint16_t &x : h) x = fa::ref::f32_to_f16(n(gen));
-      uint64_t p = 0;
-      assert_int_equal(fa_malloc(g_rt, elems * 2, &p), FA_SUCCESS);
-      assert_int_equal(fa_memcpy_htod(g_rt, p, h.data(), elems * 2), FA_SUCCESS);
-      return p;
-    };
-    q = upload(size_t(B) * SQ * H * D);
-    k = upload(size_t(B) * SK * H * D);
-    v = upload(size_t(B) * SK * H * D);
-    assert_int_equal(fa_malloc(g_rt, o_bytes, &o), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, lse_bytes, &lse), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, 64, &slopes), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, 1 << 20, &ws), FA_SUCCESS);
-  }
-  ~Small() {
-    for (uint64_t p : {q, k, v, o, lse, slopes, ws}) fa_free(g_rt, p);
-    fa_config_destroy(cfg);
-  }
-  fa_tensor view(uint64_t p, int s) const {
-    return fa_tensor{p, {int64_t(s) * H * D, int64_t(H) * D, D, 1}};
-  }
-  fa_forward_args fwd() const {
-    fa_forward_args a = FA_FORWARD_ARGS_INIT;
-    a.batch = B, a.seqlen_q = SQ, a.seqlen_k = SK;
-    a.q = view(q, SQ), a.k = view(k, SK), a.v = view(v, SK), a.o = view(o, SQ);
-    a.lse = lse;
-    return a;
-  }
-  fa_decode_args dec() const {
-    fa_decode_args a = FA_DECODE_ARGS_INIT;
-    a.batch = B, a.seqlen_q = SQ, a.seqlen_k_max = SK;
-    a.q = view(q, SQ), a.k_cache = view(k, SK), a.v_cache = view(v, SK), a.o = view(o, SQ);
-    a.lse = lse, a.workspace = ws, a.workspace_size = 1 << 20, a.num_splits = 2;
-    a.cache_seqlens = slopes + 32;  // int32 [1] = SK, set by set_slopes
-    return a;
-  }
-  void set_slopes(float a, float b) const {
-    const float s[2] = {a, b};
-    const int32_t len = SK;
-    assert_int_equal(fa_memcpy_htod(g_rt, slopes, s, 8), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_htod(g_rt, slopes + 32, &len, 4), FA_SUCCESS);
-  }
-  std::vector<uint8_t> poison_and_read(bool poison) const {
-    if (poison) {
-      fa_memset(g_rt, o, 0xFF, o_bytes);
-      fa_memset(g_rt, lse, 0xFF, lse_bytes);
-      return {};
-    }
-    std::vector<uint8_t> out(o_bytes + lse_bytes);
-    fa_memcpy_dtoh(g_rt, out.data(), o, o_bytes);
-    fa_memcpy_dtoh(g_rt, out.data() + o_bytes, lse, lse_bytes);
-    return out;
-  }
-};
+using Small = fa::test::SmallProblem;
 
 // Slopes of 0 change no bit of O or LSE (x + 0 |d| = x); a 0.4.1-sized
 // struct ignores whatever follows it; nonzero slopes change O. Forward
@@ -360,8 +293,8 @@ void test_zero_slopes_are_none(void **) {
   for (int path = 0; path < 4; ++path) {
     const bool decode = path >= 2;
     if (path % 2) setenv(decode ? "FLASHATTN_SCALAR_DECODE" : "FLASHATTN_SCALAR_FORWARD", "1", 1);
-    Small s;
-    s.set_slopes(0.0f, 0.0f);
+    Small s(g_rt);
+    s.set_heads(0.0f, 0.0f);
     fa_forward_args a = s.fwd();
     fa_decode_args d = s.dec();
     auto run = [&]() {
@@ -373,10 +306,10 @@ void test_zero_slopes_are_none(void **) {
       return s.poison_and_read(false);
     };
     const std::vector<uint8_t> plain = run();
-    a.alibi_slopes = d.alibi_slopes = s.slopes;
+    a.alibi_slopes = d.alibi_slopes = s.heads;
     const std::vector<uint8_t> with = run();
     assert_memory_equal(plain.data(), with.data(), plain.size());
-    s.set_slopes(0.25f, 0.5f);
+    s.set_heads(0.25f, 0.5f);
     a.struct_size = FA_FORWARD_ARGS_SIZE_0_4_1;
     d.struct_size = FA_DECODE_ARGS_SIZE_0_4_1;
     const std::vector<uint8_t> old = run();
@@ -400,14 +333,14 @@ void expect_bad(fa_status st, const char *needle) {
 
 void test_bad_args(void **) {
   need_runtime();
-  Small s;
-  s.set_slopes(0.5f, 0.25f);
+  Small s(g_rt);
+  s.set_heads(0.5f, 0.25f);
   s.poison_and_read(true);
   fa_forward_args f = s.fwd();
-  f.alibi_slopes = s.slopes + 2;
+  f.alibi_slopes = s.heads + 2;
   expect_bad(fa_launch(g_rt, s.cfg, &f, nullptr), "fa_launch: alibi_slopes 0x");
   assert_non_null(std::strstr(fa_last_error(), "not 4-byte aligned"));
-  f.alibi_slopes = s.slopes;
+  f.alibi_slopes = s.heads;
   f.alibi_slopes_stride = -2;
   expect_bad(fa_launch(g_rt, s.cfg, &f, nullptr), "alibi_slopes_stride must be >= 0");
   f.alibi_slopes_stride = 1;  // < num_heads_q = 2
@@ -416,9 +349,9 @@ void test_bad_args(void **) {
   f.alibi_slopes_stride = 2;
   expect_bad(fa_launch(g_rt, s.cfg, &f, nullptr), "alibi_slopes is 0");
   fa_decode_args d = s.dec();
-  d.alibi_slopes = s.slopes + 1;
+  d.alibi_slopes = s.heads + 1;
   expect_bad(fa_decode(g_rt, s.cfg, &d, nullptr), "fa_decode: alibi_slopes 0x");
-  d.alibi_slopes = s.slopes;
+  d.alibi_slopes = s.heads;
   d.alibi_slopes_stride = 1;
   expect_bad(fa_decode(g_rt, s.cfg, &d, nullptr), "at least num_heads_q = 2");
   d.alibi_slopes = 0;
@@ -429,7 +362,7 @@ void test_bad_args(void **) {
   for (uint8_t x : after) assert_int_equal(x, 0xFF);
   // A stride of exactly num_heads_q is one row per sequence.
   f = s.fwd();
-  f.alibi_slopes = s.slopes, f.alibi_slopes_stride = Small::H;
+  f.alibi_slopes = s.heads, f.alibi_slopes_stride = Small::H;
   assert_int_equal(fa_launch(g_rt, s.cfg, &f, nullptr), FA_SUCCESS);
   fa_generate_options g = FA_GENERATE_OPTIONS_INIT;
   g.alibi = 1;

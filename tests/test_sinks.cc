@@ -33,6 +33,7 @@
 
 #include "reference.h"
 #include "support/numerics.h"
+#include "support/small_problem.h"
 
 namespace {
 
@@ -325,75 +326,7 @@ void test_reduce_sinks_base2(void **) {
 
 // ---- exact properties and host checks on one small problem ----
 
-struct Small {
-  fa_config *cfg = nullptr;
-  uint64_t q = 0, k = 0, v = 0, o = 0, lse = 0, sinks = 0, ws = 0;
-  static constexpr int B = 1, SQ = 9, SK = 40, H = 2, D = 64;
-  size_t o_bytes = size_t(B) * SQ * H * D * 2, lse_bytes = size_t(B) * H * SQ * 4;
-  Small() {
-    fa_config_desc d = FA_CONFIG_DESC_INIT;
-    d.head_dim = D;
-    d.num_heads_q = d.num_heads_kv = H;
-    d.causal = 1;
-    assert_int_equal(fa_config_create(&d, &cfg), FA_SUCCESS);
-    std::mt19937 gen(77);
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    auto upload = [&](size_t elems) {
-      std::vector<uint16_t> h(elems);
-      for (uint16_t &x : h) x = fa::ref::f32_to_f16(n(gen));
-      uint64_t p = 0;
-      assert_int_equal(fa_malloc(g_rt, elems * 2, &p), FA_SUCCESS);
-      assert_int_equal(fa_memcpy_htod(g_rt, p, h.data(), elems * 2), FA_SUCCESS);
-      return p;
-    };
-    q = upload(size_t(B) * SQ * H * D);
-    k = upload(size_t(B) * SK * H * D);
-    v = upload(size_t(B) * SK * H * D);
-    assert_int_equal(fa_malloc(g_rt, o_bytes, &o), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, lse_bytes, &lse), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, 64, &sinks), FA_SUCCESS);
-    assert_int_equal(fa_malloc(g_rt, 1 << 20, &ws), FA_SUCCESS);
-  }
-  ~Small() {
-    for (uint64_t p : {q, k, v, o, lse, sinks, ws}) fa_free(g_rt, p);
-    fa_config_destroy(cfg);
-  }
-  fa_tensor view(uint64_t p, int s) const {
-    return fa_tensor{p, {int64_t(s) * H * D, int64_t(H) * D, D, 1}};
-  }
-  fa_forward_args fwd() const {
-    fa_forward_args a = FA_FORWARD_ARGS_INIT;
-    a.batch = B, a.seqlen_q = SQ, a.seqlen_k = SK;
-    a.q = view(q, SQ), a.k = view(k, SK), a.v = view(v, SK), a.o = view(o, SQ);
-    a.lse = lse;
-    return a;
-  }
-  fa_decode_args dec() const {
-    fa_decode_args a = FA_DECODE_ARGS_INIT;
-    a.batch = B, a.seqlen_q = SQ, a.seqlen_k_max = SK;
-    a.q = view(q, SQ), a.k_cache = view(k, SK), a.v_cache = view(v, SK), a.o = view(o, SQ);
-    a.lse = lse, a.workspace = ws, a.workspace_size = 1 << 20, a.num_splits = 2;
-    a.cache_seqlens = sinks + 32;  // int32 [1] = SK, set by set_sinks
-    return a;
-  }
-  void set_sinks(float a, float b) const {
-    const float s[2] = {a, b};
-    const int32_t len = SK;
-    assert_int_equal(fa_memcpy_htod(g_rt, sinks, s, 8), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_htod(g_rt, sinks + 32, &len, 4), FA_SUCCESS);
-  }
-  std::vector<uint8_t> poison_and_read(bool poison) const {
-    if (poison) {
-      fa_memset(g_rt, o, 0xFF, o_bytes);
-      fa_memset(g_rt, lse, 0xFF, lse_bytes);
-      return {};
-    }
-    std::vector<uint8_t> out(o_bytes + lse_bytes);
-    fa_memcpy_dtoh(g_rt, out.data(), o, o_bytes);
-    fa_memcpy_dtoh(g_rt, out.data() + o_bytes, lse, lse_bytes);
-    return out;
-  }
-};
+using Small = fa::test::SmallProblem;
 
 // Sinks of -inf change no bit of O (the kernels' sink path multiplies by
 // 2^0 and adds 2^-inf = 0), and LSE by at most an ulp; a 0.4-sized struct
@@ -402,13 +335,13 @@ void test_neg_inf_sinks_are_none(void **) {
   need_runtime();
   for (int scalar = 0; scalar < 2; ++scalar) {
     if (scalar) setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
-    Small s;
-    s.set_sinks(-INFINITY, -INFINITY);
+    Small s(g_rt);
+    s.set_heads(-INFINITY, -INFINITY);
     fa_forward_args a = s.fwd();
     s.poison_and_read(true);
     assert_int_equal(fa_launch(g_rt, s.cfg, &a, nullptr), FA_SUCCESS);
     const std::vector<uint8_t> plain = s.poison_and_read(false);
-    a.sinks = s.sinks;
+    a.sinks = s.heads;
     s.poison_and_read(true);
     assert_int_equal(fa_launch(g_rt, s.cfg, &a, nullptr), FA_SUCCESS);
     const std::vector<uint8_t> with = s.poison_and_read(false);
@@ -421,7 +354,7 @@ void test_neg_inf_sinks_are_none(void **) {
     }
     // 0.4-sized args: the sinks field is past the struct (here finite sinks
     // that would change O): the result is that of no sinks.
-    s.set_sinks(3.0f, 1.0f);
+    s.set_heads(3.0f, 1.0f);
     a.struct_size = FA_FORWARD_ARGS_SIZE_0_4;
     s.poison_and_read(true);
     assert_int_equal(fa_launch(g_rt, s.cfg, &a, nullptr), FA_SUCCESS);
@@ -447,17 +380,17 @@ void expect_bad(fa_status st, const char *needle) {
 
 void test_bad_args(void **) {
   need_runtime();
-  Small s;
-  s.set_sinks(1.0f, 2.0f);
+  Small s(g_rt);
+  s.set_heads(1.0f, 2.0f);
   s.poison_and_read(true);
   fa_forward_args f = s.fwd();
-  f.sinks = s.sinks + 2;
+  f.sinks = s.heads + 2;
   expect_bad(fa_launch(g_rt, s.cfg, &f, nullptr), "fa_launch: sinks 0x");
   assert_non_null(std::strstr(fa_last_error(), "not 4-byte aligned"));
   fa_decode_args d = s.dec();
-  d.sinks = s.sinks + 1;
+  d.sinks = s.heads + 1;
   expect_bad(fa_decode(g_rt, s.cfg, &d, nullptr), "fa_decode: sinks 0x");
-  d.sinks = s.sinks;
+  d.sinks = s.heads;
   d.o.data = 0;
   d.lse = 0;
   expect_bad(fa_decode(g_rt, s.cfg, &d, nullptr), "sinks is set but o.data is 0");
@@ -465,7 +398,7 @@ void test_bad_args(void **) {
   r.num_splits = 1, r.batch = 1, r.seqlen_q = 1;
   r.o_partial = s.ws, r.lse_partial = s.ws + 4096, r.o_partial_stride[4] = 1;
   r.o = s.view(s.o, Small::SQ);
-  r.sinks = s.sinks + 3;
+  r.sinks = s.heads + 3;
   expect_bad(fa_decode_reduce(g_rt, s.cfg, &r, nullptr), "fa_decode_reduce: sinks 0x");
   // Nothing was written by any rejected call.
   const std::vector<uint8_t> after = s.poison_and_read(false);
