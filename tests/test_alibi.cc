@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/feature_kernels.h"
 #include "support/numerics.h"
 #include "support/small_problem.h"
 
@@ -83,18 +84,10 @@ std::vector<float> random_slopes(int heads, uint32_t seed, int rows = 1, int str
 // The kernel the runtime's last launch ran contains `want` and "_alibi".
 void expect_kernel(fa_runtime *rt, const char *want, const std::string &what,
                    std::string *failures) {
-  fa_emu_profile prof = FA_EMU_PROFILE_INIT;
-  if (fa_emulator_profile(rt, &prof) != FA_SUCCESS || std::strstr(prof.kernel, want) == nullptr ||
-      std::strstr(prof.kernel, "_alibi") == nullptr)
-    *failures += what + ": ran " + prof.kernel + ", not " + want + "..._alibi\n";
+  fa::test::expect_feature_kernel(rt, want, "_alibi", what, failures);
 }
 
-void report(const std::string &failures) {
-  if (!failures.empty()) {
-    print_error("%s", failures.c_str());
-    fail();
-  }
-}
+void report(const std::string &failures) { fa::test::report_failures(failures); }
 
 // The forward cases every forward kernel runs.
 std::vector<ForwardCase> forward_cases() {
@@ -128,14 +121,9 @@ std::vector<ForwardCase> forward_cases() {
 
 void run_forward_cases(bool scalar) {
   std::string failures;
-  for (const ForwardCase &c : forward_cases()) {
-    const std::string e = fa::test::run_forward(g_rt, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
-    const char *want = !scalar  ? "fa_forward_mma_"
-                       : c.bf16 ? "fa_forward_bf16_"
-                                : "fa_forward_f16_";
-    expect_kernel(g_rt, want, c.describe(), &failures);
-  }
+  fa::test::run_forward_feature(
+      g_rt, forward_cases(),
+      scalar ? fa::test::ForwardKernel::Scalar : fa::test::ForwardKernel::Mma, "_alibi", &failures);
   report(failures);
 }
 
@@ -155,12 +143,8 @@ void test_forward_wgmma(void **) {
   need_runtime();
   setenv("FLASHATTN_SM90_WGMMA", "1", 1);
   std::string failures;
-  for (const ForwardCase &c : forward_cases()) {
-    const std::string e = fa::test::run_forward(g_rt90, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
-    expect_kernel(g_rt90, c.varlen ? "fa_forward_wgmma_gather_" : "fa_forward_wgmma_", c.describe(),
-                  &failures);
-  }
+  fa::test::run_forward_feature(g_rt90, forward_cases(), fa::test::ForwardKernel::Wgmma, "_alibi",
+                                &failures);
   // The gather variant on a paged cache (chunked prefill).
   DecodeCase p;
   p.prefill = true, p.batch = 2, p.seqlen_q = 40, p.seqlen_k_max = 200;
