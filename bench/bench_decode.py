@@ -65,11 +65,13 @@ HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 DTYPE = "bf16"
 ELEM_BYTES = 2
 SPARE_PAGES = 2  # pool pages no sequence uses (NaN): a kernel reading one poisons its output
-IMPLS = ("flashattn", "flashattn_contig", "sdpa", "fa2", "flashinfer")
+IMPLS = ("flashattn", "flashattn_contig", "sdpa", "fa2", "flashinfer", "flashattn_fp8")
 LABELS = {"flashattn": "flashattn paged", "flashattn_contig": "flashattn contiguous",
           "sdpa": "SDPA (contiguous)", "fa2": "FA2 kvcache (contiguous)",
-          "flashinfer": "FlashInfer paged"}
-PAGED_IMPLS = ("flashattn", "flashinfer")  # read the page pool; the others the contiguous cache
+          "flashinfer": "FlashInfer paged", "flashattn_fp8": "flashattn paged fp8 KV"}
+PAGED_IMPLS = ("flashattn", "flashinfer", "flashattn_fp8")  # the others: the contiguous cache
+FP8_IMPLS = ("flashattn_fp8",)  # e4m3 cache: its own byte count and reference
+FP8_SCALE = 2.0  # the cache holds e4m3(2 * x); descale 0.5 gives x back
 ROTATE_BYTES = 256 << 20  # K/V bytes over all input sets: several times any L2 (H100: 50 MB)
 MAX_SETS = 64
 REL_ERR_LIMIT = common.REL_ERR_LIMIT
@@ -94,6 +96,7 @@ class DecodeConfig:
         self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
         self.seqlen_q, self.dtype = seqlen_q, dtype
         self.append = append  # the last key of each sequence is appended in the call
+        self.fp8 = False  # the GPU part also builds an e4m3 copy of the page pool
         self.lens = list(lens) if lens is not None else [context] * batch
         if len(self.lens) != batch or any(not 0 <= n <= context for n in self.lens):
             raise ValueError("lens must be %d values in [0, %d]" % (batch, context))
@@ -102,6 +105,12 @@ class DecodeConfig:
     def kv_bytes(self):
         """K and V bytes of the valid keys: each read once."""
         return sum(self.lens) * self.heads_kv * (self.head_dim + self.head_dim_v) * ELEM_BYTES
+
+    @property
+    def fp8_bytes_moved(self):
+        """bytes_moved with a 1-byte (fp8) K/V cache and no append (Q and O
+        stay 16-bit)."""
+        return self.kv_bytes // ELEM_BYTES + self.q_bytes + self.o_bytes
 
     @property
     def q_bytes(self):
@@ -144,9 +153,10 @@ class DecodeConfig:
             (self.head_dim + self.head_dim_v) * ELEM_BYTES
 
     def set_bytes(self):
-        """Device memory of one input set: both caches, Q and O."""
+        """Device memory of one input set: both caches, Q and O (and with fp8
+        set, the fp8 page pool)."""
         return (self.contiguous_bytes() + self.pool_bytes() + self.q_bytes + self.o_bytes +
-                self.new_kv_bytes)
+                self.new_kv_bytes + (self.pool_bytes() // ELEM_BYTES if self.fp8 else 0))
 
     def describe(self):
         return "b%d ctx%d ps%d%s" % (self.batch, self.context, self.page_size,
@@ -259,7 +269,14 @@ def judge(errs):
         return None, note
     ok2, note2 = common.judge_tolerance(errs.get("flashattn_contig"), base)
     notes = [n for n in (note, ("contiguous: " + note2) if ok2 is False else "") if n]
-    return ok and ok2 is not False, "; ".join(notes)
+    # fp8: against the reference on the same fp8 values, relative error only
+    # (no other library here reads the same e4m3 cache).
+    ok3 = True
+    e8 = errs.get("flashattn_fp8")
+    if e8 is not None and not (e8[1] < REL_ERR_LIMIT):
+        ok3 = False
+        notes.append("fp8: rel err %s > %g" % (common._f(e8[1], "%.3g"), REL_ERR_LIMIT))
+    return ok and ok2 is not False and ok3, "; ".join(notes)
 
 
 # ---- CSV and markdown --------------------------------------------------------
@@ -268,13 +285,14 @@ CONFIG_FIELDS = ["dtype", "batch", "context", "page_size", "heads_q", "heads_kv"
                  "seqlen_q", "num_pages", "bytes", "kv_bytes", "flops", "n_sets"]
 IMPL_FIELDS = ["status", "note", "median_ms", "min_ms", "max_ms", "reps", "gbps", "pct_copy",
                "max_err", "rel_err"]
-TAIL_FIELDS = ["copy_gbps", "ratio_vs_flashinfer", "ratio_vs_fa2", "ratio_vs_sdpa", "tol_ok",
-               "tol_note"]
+TAIL_FIELDS = ["copy_gbps", "ratio_vs_flashinfer", "ratio_vs_fa2", "ratio_vs_sdpa",
+               "fp8_speedup", "fp8_bytes", "tol_ok", "tol_note"]
 FIELDS = CONFIG_FIELDS + ["%s_%s" % (i, f) for i in IMPLS for f in IMPL_FIELDS] + TAIL_FIELDS
 _INT_FIELDS = {"batch", "context", "page_size", "heads_q", "heads_kv", "head_dim", "seqlen_q",
-               "num_pages", "bytes", "kv_bytes", "flops", "n_sets"} | {"%s_reps" % i for i in IMPLS}
+               "num_pages", "bytes", "kv_bytes", "flops", "n_sets", "fp8_bytes"} | \
+    {"%s_reps" % i for i in IMPLS}
 _FLOAT_SUFFIXES = ("_ms", "gbps", "pct_copy", "_err", "ratio_vs_flashinfer", "ratio_vs_fa2",
-                   "ratio_vs_sdpa")
+                   "ratio_vs_sdpa", "fp8_speedup")
 
 
 def config_row(cfg, n_sets):
@@ -282,17 +300,21 @@ def config_row(cfg, n_sets):
             "page_size": cfg.page_size, "heads_q": cfg.heads_q, "heads_kv": cfg.heads_kv,
             "head_dim": cfg.head_dim, "seqlen_q": cfg.seqlen_q, "num_pages": cfg.pool_pages(),
             "bytes": cfg.bytes_moved, "kv_bytes": cfg.kv_bytes, "flops": cfg.flops,
-            "n_sets": n_sets}
+            "n_sets": n_sets, "fp8_bytes": cfg.fp8_bytes_moved}
 
 
 def finish_row(row, copy_bw):
     """Fills GB/s, % of copy and the ratios from the medians and bytes."""
     row["copy_gbps"] = copy_bw
     for i in IMPLS:
-        row[i + "_gbps"] = gbps(row["bytes"], row.get(i + "_median_ms"))
+        nbytes = row.get("fp8_bytes") if i in FP8_IMPLS else row["bytes"]
+        row[i + "_gbps"] = gbps(nbytes, row.get(i + "_median_ms"))
         row[i + "_pct_copy"] = pct(row[i + "_gbps"], copy_bw)
     for other in ("flashinfer", "fa2", "sdpa"):
         row["ratio_vs_" + other] = common.ratio(row.get("flashattn_gbps"), row.get(other + "_gbps"))
+    # bf16 paged time / fp8 paged time: 2 would be the halved bytes in full.
+    row["fp8_speedup"] = common.ratio(row.get("flashattn_median_ms"),
+                                      row.get("flashattn_fp8_median_ms"))
     return row
 
 
@@ -331,17 +353,18 @@ def impl_cell(row, impl):
 
 def markdown_table(rows):
     head = ("| batch | context | page | MB moved | " + " | ".join(LABELS[i] for i in IMPLS) +
-            " | fa/FlashInfer | fa/FA2 | fa/SDPA | fa err max / rel | tol |")
+            " | fa/FlashInfer | fa/FA2 | fa/SDPA | fp8/bf16 speed | fa err max / rel | tol |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         tol = {True: "ok", False: "**FAIL**", None: "-"}[r.get("tol_ok")]
         if r.get("tol_note"):
             tol += " " + r["tol_note"].replace("|", "/")
-        lines.append("| %d | %d | %d | %.1f | %s | %s | %s | %s | %s / %s | %s |" % (
+        lines.append("| %d | %d | %d | %.1f | %s | %s | %s | %s | %s | %s / %s | %s |" % (
             r["batch"], r["context"], r["page_size"], r["bytes"] / 1e6,
             " | ".join(impl_cell(r, i) for i in IMPLS),
             common._f(r.get("ratio_vs_flashinfer"), "%.3f"), common._f(r.get("ratio_vs_fa2"), "%.3f"),
-            common._f(r.get("ratio_vs_sdpa"), "%.3f"), common._f(r.get("flashattn_max_err"), "%.2e"),
+            common._f(r.get("ratio_vs_sdpa"), "%.3f"), common._f(r.get("fp8_speedup"), "%.2f"),
+            common._f(r.get("flashattn_max_err"), "%.2e"),
             common._f(r.get("flashattn_rel_err"), "%.2e"), tol))
     return "\n".join(lines)
 
@@ -357,7 +380,9 @@ def write_markdown(path, meta, rows, extra_sections=()):
     out += ["- %s: %s" % (k, meta[k]) for k in META_KEYS if k in meta]
     out += ["",
             "bf16, head_dim 128, GQA 32/8, one query token, every sequence `context` keys. Cells: "
-            "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time, and that as %% "
+            "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time (fp8 KV: its "
+            "K/V bytes are one per element; fp8/bf16 speed = flashattn paged bf16 time / fp8 time, "
+            "2 being the halved bytes in full), and that as %% "
             "of the measured device-to-device copy bandwidth. Ratios are flashattn paged / the "
             "other's GB/s (same bytes, so inverse time ratios). Errors are vs an fp32 reference on "
             "a subset of sequences; tol fails when flashattn's max error exceeds %gx the best "
@@ -391,6 +416,14 @@ class DecodeBench:
         self.cfg = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
                              num_heads_kv=HEADS_KV)
         self.cycles_per_ms = common.calibrate_sleep(self.torch)
+        # fp8 (e4m3) KV cache: sm_89+ and a torch with float8_e4m3fn.
+        self.fp8, self.fp8_why = False, "no torch.float8_e4m3fn"
+        if self.rt.info.sm < 89:
+            self.fp8_why = "fp8 KV needs sm_89+, this is sm_%d" % self.rt.info.sm
+        elif hasattr(torch, "float8_e4m3fn"):
+            self.cfg8 = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
+                                  num_heads_kv=HEADS_KV, kv_dtype="e4m3")
+            self.fp8, self.fp8_why = True, None
         try:
             from flash_attn import flash_attn_with_kvcache
             self.fa2, self.fa2_why = flash_attn_with_kvcache, None
@@ -451,9 +484,22 @@ class DecodeBench:
         o = {i: torch.empty((B, 1, cfg.heads_q, D), device="cuda", dtype=bf)
              for i in ("flashattn", "flashattn_contig")}
         out = {"q": q, "k": k, "v": v, "kp": kp, "vp": vp, "o": o}
+        if cfg.fp8:  # e4m3(2 x) pools, the same pages, NaN spare pages
+            out["kp8"], out["vp8"] = self.to_fp8(kp), self.to_fp8(vp)
+            out["o"]["flashattn_fp8"] = torch.empty((B, 1, cfg.heads_q, D), device="cuda", dtype=bf)
         if cfg.append:  # the new token's K/V, written at key L - 1 by the call
             out["k_new"] = torch.randn((B, 1, H, D), device="cuda", dtype=bf, generator=gen)
             out["v_new"] = torch.randn((B, 1, H, D), device="cuda", dtype=bf, generator=gen)
+        return out
+
+    def to_fp8(self, x):
+        """e4m3(FP8_SCALE * x), converted in slices of the first dim (no
+        full-size temporary)."""
+        torch = self.torch
+        out = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn)
+        step = max(1, (64 << 20) // max(1, x[0].numel()))
+        for i in range(0, x.shape[0], step):
+            out[i:i + step] = (x[i:i + step].float() * FP8_SCALE).to(torch.float8_e4m3fn)
         return out
 
     def rope_tables(self, cfg):
@@ -471,14 +517,19 @@ class DecodeBench:
         c, s = cos.float(), sin.float()
         return self.torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
 
-    def reference(self, cfg, s, seqs):
-        """fp32 reference O [len(seqs), 1, heads_q, d] of sequences seqs."""
+    def reference(self, cfg, s, seqs, fp8=False):
+        """fp32 reference O [len(seqs), 1, heads_q, d] of sequences seqs (fp8:
+        on the e4m3 values the fp8 cache holds, descaled)."""
         torch = self.torch
         idx = torch.tensor(seqs, device="cuda")
         g = cfg.heads_q // cfg.heads_kv
         q = s["q"].index_select(0, idx).float()
         k = s["k"].index_select(0, idx).float()
         v = s["v"].index_select(0, idx).float()
+        if fp8:
+            f8 = torch.float8_e4m3fn
+            k = (k * FP8_SCALE).to(f8).float() / FP8_SCALE
+            v = (v * FP8_SCALE).to(f8).float() / FP8_SCALE
         if cfg.append:  # the new token at L - 1, Q and its K rotated there (bf16-rounded K)
             cos, sin = (t[cfg.context - 1] for t in self.rope_tables(cfg))
             q = self.rotate(q, cos, sin)
@@ -518,6 +569,24 @@ class DecodeBench:
                 else:
                     decode(rt, fcfg, s["q"], s["k"], s["v"], meta["seqlens"], out=s["o"][impl],
                            lse=lse[i], stream=stream, **kw)
+                return s["o"][impl]
+            return run
+        if impl == "flashattn_fp8":
+            if not self.fp8:
+                raise RuntimeError(self.fp8_why)
+            if cfg.append:
+                raise RuntimeError("flashattn refuses an append into an fp8 cache (0.5)")
+            if not cfg.fp8:
+                raise RuntimeError("no memory for the fp8 pool beside the bf16 caches")
+            decode, rt, fcfg = self.fa.decode, self.rt, self.cfg8
+            lse = [torch.empty((B, Hq, 1), device="cuda", dtype=torch.float32) for _ in sets]
+            ds = torch.full((1,), 1.0 / FP8_SCALE, device="cuda", dtype=torch.float32)
+
+            def run(i):
+                s = sets[i]
+                decode(rt, fcfg, s["q"], s["kp8"], s["vp8"], meta["seqlens"],
+                       block_table=meta["table"], out=s["o"][impl], lse=lse[i], stream=stream,
+                       k_descale=ds, v_descale=ds)
                 return s["o"][impl]
             return run
         if cfg.append and impl in ("sdpa", "flashinfer"):
@@ -631,10 +700,12 @@ class DecodeBench:
             meta["cos"], meta["sin"] = self.rope_tables(cfg)
         sets = [self.make_set(cfg, gen, table_t) for _ in range(n_sets)]
         seqs = sorted({0, cfg.batch - 1})
-        ref = self.reference(cfg, sets[0], seqs)
+        ref16 = self.reference(cfg, sets[0], seqs)
+        ref8 = self.reference(cfg, sets[0], seqs, fp8=True) if cfg.fp8 else None
         idx = torch.tensor(seqs, device="cuda")
         errs = {}
         for impl in IMPLS:
+            ref = ref8 if impl in FP8_IMPLS else ref16
             p = impl + "_"
             try:
                 with common._Warnings() as w:
@@ -666,7 +737,7 @@ class DecodeBench:
             if not rot.balanced():
                 row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation"
         row["tol_ok"], row["tol_note"] = judge(errs)
-        del sets, ref
+        del sets, ref16, ref8
         return finish_row(row, copy_bw)
 
 
@@ -727,7 +798,11 @@ def run_bench(args):
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info()
         budget = int(free * 0.9) - (256 << 20)
+        cfg.fp8 = bench.fp8 and not cfg.append
         n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget)
+        if n_sets == 0 and cfg.fp8:  # the bf16 contenders without the fp8 pool
+            cfg.fp8 = False
+            n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget)
         if time.time() > deadline or n_sets == 0:
             row = config_row(cfg, n_sets)
             why = "time budget" if time.time() > deadline else mem_reason(cfg, budget)

@@ -301,3 +301,20 @@ def test_paged_relayout_matches_contiguous_on_emulator(page_size, tmp_path, monk
         ref = np.einsum("hgn,nhd->hgd", p / p.sum(-1, keepdims=True), vv).reshape(Hq, D)
         got = np.asarray(o_paged, dtype=np.float64)[bi, 0]
         assert np.abs(got - ref).max() < 1e-2
+
+
+def test_fp8_column():
+    """The fp8 contender's GB/s counts one byte per K/V element, its speed-up
+    is bf16 paged time / fp8 time, and its error is judged on its own."""
+    cfg = b.DecodeConfig(64, 4096, 16)
+    assert cfg.fp8_bytes_moved == cfg.kv_bytes // 2 + cfg.q_bytes + cfg.o_bytes
+    r = _row(cfg, [0.5, 0.55, 1.0, None, 0.4, 0.3])
+    assert r["flashattn_fp8_gbps"] == pytest.approx(cfg.fp8_bytes_moved / 0.3e-3 / 1e9)
+    assert r["fp8_speedup"] == pytest.approx(0.5 / 0.3)
+    assert "| 1.67 |" in b.markdown_table([r])
+    others = {"sdpa": (1e-3, 3e-3), "flashattn": (1e-3, 3e-3), "flashattn_contig": (1e-3, 3e-3)}
+    assert b.judge(dict(others, flashattn_fp8=(5e-3, 4e-3)))[0] is True
+    ok, note = b.judge(dict(others, flashattn_fp8=(0.5, 0.2)))
+    assert ok is False and note.startswith("fp8: rel err 0.2")
+    ok, note = b.judge(dict(others, flashattn_fp8=(float("nan"), float("nan"))))
+    assert ok is False

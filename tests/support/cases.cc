@@ -360,6 +360,172 @@ bool load_fixture(const std::string &name, const std::string &file, std::vector<
   return true;
 }
 
+// Every feature once more, at GPU sizes on a GPU (small on the emulator,
+// where each feature also has its own suite): sinks, ALiBi, the KV append
+// with RoPE, tree masks, chunked prefill and the paged / pointer-array
+// layouts, so that a GPU run exercises their kernels too.
+std::vector<ForwardCase> feature_forward_cases(bool gpu) {
+  std::vector<ForwardCase> v;
+  const int m = gpu ? 4 : 1;
+  ForwardCase c;
+  c = {};  // gpt-oss: sinks with a sliding window, causal, GQA
+  c.batch = 2;
+  c.seqlen_q = 150 * m;
+  c.seqlen_k = 150 * m;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.window_left = 128;
+  c.window_right = 0;
+  c.sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -3.0f, 0.25f, 4.0f};
+  c.seed = 201;
+  v.push_back(c);
+  c = {};  // ALiBi, causal, bf16, head_dim 128
+  c.batch = 2;
+  c.seqlen_q = 97 * m;
+  c.seqlen_k = 161 * m;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.head_dim = 128;
+  c.bf16 = true;
+  c.causal = true;
+  c.alibi = {0.25f, 0.0625f, 0.015625f, 0.00390625f};
+  c.seed = 202;
+  v.push_back(c);
+  c = {};  // ALiBi per sequence, not causal, with softcap
+  c.batch = 2;
+  c.seqlen_q = 64 * m;
+  c.seqlen_k = 90 * m;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 96;
+  c.softcap = 30;
+  c.alibi = {0.1f, 0.3f, 0.0f, 0.02f};
+  c.alibi_stride = 2;
+  c.seed = 203;
+  v.push_back(c);
+  c = {};  // varlen with sinks, head_dim 256
+  c.batch = 3;
+  c.varlen = true;
+  c.seqlens_q = {30 * m, 1, 77 * m};
+  c.seqlens_k = {45 * m, 60 * m, 77 * m};
+  c.seqlen_q = 77 * m;
+  c.seqlen_k = 77 * m;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.head_dim = 256;
+  c.causal = true;
+  c.sinks = {1.0f, -0.5f};
+  c.seed = 204;
+  v.push_back(c);
+  return v;
+}
+
+std::vector<DecodeCase> feature_decode_cases(bool gpu) {
+  std::vector<DecodeCase> v;
+  const int m = gpu ? 8 : 1;
+  DecodeCase c;
+  c = {};  // the engine's step: append one token with NeoX RoPE into 16-key pages
+  c.batch = 3;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 160 * m;
+  c.cache_seqlens = {159 * m, 31, 0};
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.head_dim = 128;
+  c.bf16 = true;
+  c.causal = true;
+  c.seqlen_new = 1;
+  c.rotary_dim = 128;
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 16;
+  c.seed = 301;
+  v.push_back(c);
+  c = {};  // chunked append, GPT-J pairs on part of the head, explicit positions, pointer arrays
+  c.batch = 2;
+  c.seqlen_q = 5;
+  c.seqlen_k_max = 100 * m;
+  c.cache_seqlens = {90 * m, 7};
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.seqlen_new = 5;
+  c.rotary_dim = 32;
+  c.rotary_interleaved = true;
+  c.rotary_half_table = true;
+  c.rotary_positions = true;
+  c.kv.layout = FA_KV_PTR_ARRAY;
+  c.num_splits = 3;
+  c.seed = 302;
+  v.push_back(c);
+  c = {};  // speculative decoding: a tree of 6 drafted tokens, sinks, HND pages of 3
+  c.batch = 2;
+  c.seqlen_q = 6;
+  c.seqlen_k_max = 120 * m;
+  c.cache_seqlens = {120 * m, 50};
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.tree.assign(size_t(2) * 6 * 6, 0);
+  for (int b = 0; b < 2; ++b) {
+    for (int i = 0; i < 6; ++i) {
+      for (int j = 0; j <= i; ++j)
+        c.tree[(size_t(b) * 6 + i) * 6 + j] = (j == i || (i + j + b) % 3 != 0);
+    }
+  }
+  c.sinks = {0.5f, 1.0f, -2.0f, 3.0f};
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 3;
+  c.kv.hnd = true;
+  c.seed = 303;
+  v.push_back(c);
+  c = {};  // ALiBi in decode with splits, shared-prefix pages
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 256 * m;
+  c.cache_seqlens = {256 * m, 200 * m};
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = 128;
+  c.alibi = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.00390625f};
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 32;
+  c.kv.share_prefix = true;
+  c.num_splits = 4;
+  c.seed = 304;
+  v.push_back(c);
+  c = {};  // chunked prefill through fa_launch on a paged cache
+  c.batch = 2;
+  c.seqlen_q = 40;
+  c.seqlen_k_max = 200 * m;
+  c.cache_seqlens = {200 * m, 64};
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 64;
+  c.causal = true;
+  c.prefill = true;
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 16;
+  c.seed = 305;
+  v.push_back(c);
+  c = {};  // batch-invariant splits
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 600 * m;
+  c.cache_seqlens = {600 * m, 300};
+  c.heads_q = 4;
+  c.heads_kv = 4;
+  c.head_dim = 64;
+  c.bf16 = true;
+  c.batch_invariant = true;
+  c.seed = 306;
+  v.push_back(c);
+  return v;
+}
+
 fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm) {
   fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
   o.backend = backend;

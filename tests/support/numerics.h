@@ -113,6 +113,9 @@ namespace fa::test {
 // The case lists both suites run. `gpu` selects larger shapes.
 std::vector<ForwardCase> forward_cases(bool gpu);
 std::vector<DecodeCase> decode_cases(bool gpu);
+// Each feature (sinks, ALiBi, append + RoPE, tree mask, prefill, layouts) once.
+std::vector<ForwardCase> feature_forward_cases(bool gpu);
+std::vector<DecodeCase> feature_decode_cases(bool gpu);
 
 // Loads tests/data/<name>/<file>.npy as float32; false if absent.
 bool load_fixture(const std::string &name, const std::string &file, std::vector<float> *out,

@@ -163,6 +163,20 @@ void test_decode_fixture(void **state) {
   report(failures);
 }
 
+void test_features(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  for (const ForwardCase &c : feature_forward_cases(s->gpu)) {
+    const std::string e = run_forward(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  for (const DecodeCase &c : feature_decode_cases(s->gpu)) {
+    const std::string e = run_decode(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
 void test_reduce(void **state) {
   SuiteState *s = need_runtime(state);
   std::string failures;
@@ -182,7 +196,7 @@ int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, i
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_random), cmocka_unit_test(test_forward_fixtures),
       cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
-      cmocka_unit_test(test_reduce),
+      cmocka_unit_test(test_reduce),         cmocka_unit_test(test_features),
   };
   return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
                                  suite_teardown);

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Everything a short GPU lease (15 minutes of device time, all calls
+# together) should run, in one call, each stage under its own time limit so
+# that a hang or a slow stage cannot eat the lease:
+#
+#     bash bench/run_gpu.sh --pack          # here: build-gpu/ to carry
+#     bash bench/gpu_lease.sh [--only STAGES] [--scale S]   # there (carry build-gpu)
+#
+# Stages, in order (--only a,b,... runs a subset; --scale multiplies every
+# time limit and benchmark budget):
+#   tests     test_gpu (numerics + every feature on the cuda backend), the
+#             sm_90 forward as shipped
+#   tests80   test_gpu again with FLASHATTN_FORCE_SM80_FORWARD=1 (the
+#             mma.sync forward on the same GPU)
+#   pytest    bindings/python/tests/test_gpu.py
+#   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 1k/4k/16k
+#   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
+#   decode    bench_decode.py, batch 1/64/256 x context 4k/32k, pages of 16,
+#             bf16 and fp8 (e4m3) KV
+#   append    bench_decode.py --append, batch 64/256 x context 4k
+# Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
+# $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
+# $OUT/summary.txt. Prints the summary last.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+root=$PWD
+only="tests,tests80,pytest,sdpa,sdpa80,decode,append"
+scale=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --only) only=$2; shift 2 ;;
+    --scale) scale=$2; shift 2 ;;
+    *) echo "gpu_lease.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+build=${FA_BUILD_DIR:-build-gpu}
+[ -e "$build/libflashattn.so.0" ] || { echo "gpu_lease.sh: no $build/libflashattn.so.0 (carry build-gpu)" >&2; exit 2; }
+export FLASHATTN_LIBRARY=$root/$build/libflashattn.so.0
+[ -d "$build/runtime-libs" ] && export LD_LIBRARY_PATH="$root/$build/runtime-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 CMOCKA_MESSAGE_OUTPUT=stdout
+py=${PYTHON:-python3}
+res=bench/results
+logs=$(mktemp -d)
+summary=$logs/summary.txt
+mkdir -p "$res"
+touch "$logs/start"
+t_all=$(date +%s)
+
+# test_gpu reads its fixtures from the absolute path it was built with.
+if [ -x "$build/tests/test_gpu" ]; then
+  data=$(grep -aoE '/[[:alnum:]_./-]+/tests/data' "$build/tests/test_gpu" | head -1 || true)
+  if [ -n "$data" ] && [ ! -e "$data" ]; then
+    mkdir -p "$(dirname "${data%/tests/data}")" && ln -s "$root" "${data%/tests/data}"
+  fi
+fi
+
+{
+  echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+  date -u '+%F %T UTC'
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.total --format=csv 2>&1 | head -3
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+} | tee "$summary"
+
+# stage NAME SECONDS COMMAND...: runs it under timeout, log in $logs/NAME.log.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  case ",$only," in *",$name,"*) ;; *) return 0 ;; esac
+  limit=$(awk -v a="$limit" -v s="$scale" 'BEGIN { printf "%d", a * s }')
+  local t0=$(date +%s)
+  echo "== $name (limit ${limit}s): $*"
+  timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  local line="$name: exit $rc in $(( $(date +%s) - t0 ))s"
+  [ $rc -eq 124 ] && line="$line (TIMED OUT)"
+  echo "$line" | tee -a "$summary"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|^\[  (FAILED|ERROR)  +\] test_|^(FAILED|ERROR) |[0-9]+ (passed|failed)|Out of tolerance|wrote ' \
+    "$logs/$name.log" | sort -u | head -12 | sed 's/^/    /' | tee -a "$summary"
+  [ $rc -ne 0 ] && tail -n 4 "$logs/$name.log" | cut -c1-300 | sed 's/^/    | /' | tee -a "$summary"
+}
+budget() { awk -v a="$1" -v s="$scale" 'BEGIN { printf "%d", a * s }'; }
+
+export FLASHATTN_CACHE_DIR=$logs/cache
+stage tests 150 "$build/tests/test_gpu"
+FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
+PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
+  bindings/python/tests/test_gpu.py
+stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes bf16 --head-dims 64,128,256 \
+  --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
+FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
+  --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
+stage decode 100 "$py" bench/bench_decode.py --out-dir "$res" --batches 1,64,256 \
+  --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 85)"
+stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 64,256 \
+  --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
+
+echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
+if [ -d "$logs/sm80" ]; then
+  for f in "$logs"/sm80/*; do mv "$f" "$res/$(basename "${f%.*}")-force-sm80-forward.${f##*.}"; done
+fi
+# The stage logs, in a folder named by date and commit.
+lease=$res/$(date -u +%F)-lease-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+mkdir -p "$lease" && cp "$logs"/*.log "$summary" "$lease/" 2>/dev/null
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  tar -C "$root" -czf "$OUT/lease.tgz" "$res" 2>/dev/null
+  cp "$summary" "$OUT/"
+fi
+# The tables, last (the device tool returns the output's tail).
+for f in "$res"/*sdpa*.md "$res"/*decode*.md; do
+  [ -e "$f" ] && [ "$f" -nt "$logs/start" ] && grep -E '^\|' "$f" | head -24
+done
+cat "$summary"
