@@ -1402,6 +1402,10 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
             a.descale_stride[0], a.descale_stride[1] = strides.pop()
         a.alibi_slopes, a.alibi_slopes_stride = _alibi(call, alibi_slopes, B, cfg.num_heads_q,
                                                        "decode")
+        for v in call.views:  # e.g. a torch.float8_e5m2 cache with kv_dtype 'e4m3'
+            if v.fp8_format is not None and v.fp8_format != cfg.kv_dtype:
+                raise invalid("decode: the KV cache holds %s values (its DLPack dtype) but the "
+                              "Config's kv_dtype is %r" % (v.fp8_format, cfg.kv_dtype))
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),

@@ -52,7 +52,8 @@ class View:
     """A resolved argument: device pointer, shape, element strides, dtype.
     host is a NumPy array still to be staged (ptr 0 until then)."""
 
-    __slots__ = ("ptr", "shape", "strides", "dtype", "stream", "host", "source", "_release")
+    __slots__ = ("ptr", "shape", "strides", "dtype", "stream", "host", "source", "_release",
+                 "fp8_format")
 
     def __init__(self, ptr, shape, strides, dtype, stream=None, host=None, source=None):
         self.ptr = int(ptr)
@@ -63,6 +64,7 @@ class View:
         self.host = host
         self.source = source
         self._release = None
+        self.fp8_format = None  # 'e4m3' / 'e5m2' when the producer's dtype says which
 
     def release(self):
         if self._release is not None:
@@ -254,8 +256,11 @@ _capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _capi.PyCapsule_SetName.restype = ctypes.c_int
 _capi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-# (code, bits) -> dtype
-_DL_DTYPES = {(2, 16): "fp16", (4, 16): "bf16", (2, 32): "fp32", (0, 32): "int32", (1, 8): "fp8"}
+# (code, bits) -> dtype; DLPack 1.x codes 10 (kDLFloat8_e4m3fn, torch.float8_e4m3fn)
+# and 12 (kDLFloat8_e5m2) are fp8 caches of a known format, uint8 of either.
+_DL_FP8_FORMATS = {10: "e4m3", 12: "e5m2"}
+_DL_DTYPES = {(2, 16): "fp16", (4, 16): "bf16", (2, 32): "fp32", (0, 32): "int32", (1, 8): "fp8",
+              (10, 8): "fp8", (12, 8): "fp8"}
 
 
 def _from_dlpack(obj, override, what, stream):
@@ -305,6 +310,7 @@ def _from_dlpack(obj, override, what, stream):
             strides = contiguous_strides(shape)  # NULL strides = row-major compact
         ptr = (t.data or 0) + t.byte_offset
         view = View(ptr, shape, strides, dtype, source=obj)
+        view.fp8_format = _DL_FP8_FORMATS.get(t.dtype.code)
     except BaseException:
         release()
         raise

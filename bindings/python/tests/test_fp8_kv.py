@@ -95,3 +95,37 @@ def test_fp8_bad_arguments(rt89, tmp_path):
     with fa.Runtime(backend="emulator", cache="memory", emulator_sm=80) as rt80:
         with pytest.raises(fa.UnsupportedError):  # no fp8 cvt below sm_89
             fa.decode(rt80, cfg, q, kc, kc, lens)
+
+
+@pytest.mark.parametrize("code,kv,ok", [(10, "e4m3", True), (12, "e5m2", True), (1, "e4m3", True),
+                                        (12, "e4m3", False), (10, "e5m2", False)])
+def test_fp8_dlpack_codes(rt89, code, kv, ok):
+    """A device cache handed over by DLPack as kDLFloat8_e4m3fn (10, what
+    torch.float8_e4m3fn exports), kDLFloat8_e5m2 (12) or uint8 (1) decodes
+    the same bytes; a format that contradicts the Config's kv_dtype is an
+    error, not a reinterpretation."""
+    from conftest import FakeDLPack
+    B, H, Hk, D, Sk = 1, 2, 1, 64, 40
+    e5 = kv == "e5m2"
+    cfg = fa.Config(head_dim=D, num_heads_q=H, num_heads_kv=Hk, kv_dtype=kv)
+    g = rng(61)
+    q = g.standard_normal((B, 1, H, D)).astype(np.float16)
+    kc = quantize(g.standard_normal((B, Sk, Hk, D)), e5)
+    vc = quantize(g.standard_normal((B, Sk, Hk, D)), e5)
+    lens = np.array([Sk], np.int32)
+    dk, dv = rt89.upload(kc), rt89.upload(vc)
+    fk, fv = FakeDLPack(dk, code=code, bits=8), FakeDLPack(dv, code=code, bits=8)
+    dq = rt89.upload(q)
+    do = rt89.upload(np.full(q.shape, np.nan, np.float16))
+    if not ok:
+        with pytest.raises(fa.InvalidArgumentError, match="kv_dtype"):
+            fa.decode(rt89, cfg, dq, fk, fv, lens, out=do)
+        return
+    fa.decode(rt89, cfg, dq, fk, fv, lens, out=do)
+    rt89.synchronize()
+    k = fp8_values(e5)[kc]
+    v = fp8_values(e5)[vc]
+    ref_o, _ = ref_attention(q.astype(np.float32), k, v, cfg.softmax_scale, seqlens_k=lens)
+    got = do.numpy().astype(np.float32)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref_o).max() <= tol("fp16") * max(1.0, np.abs(ref_o).max())
