@@ -8,6 +8,7 @@
 #
 # Stages, in order (--only a,b,... runs a subset; --scale multiplies every
 # time limit and benchmark budget):
+#   backend   test_cuda_backend (the driver layer: JIT, loads, launches)
 #   tests     test_gpu (numerics + every feature on the cuda backend), the
 #             sm_90 forward as shipped
 #   tests80   test_gpu again with FLASHATTN_FORCE_SM80_FORWARD=1 (the
@@ -15,6 +16,8 @@
 #   pytest    bindings/python/tests/test_gpu.py
 #   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 1k/4k/16k
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
+#   sdpabase  bench_sdpa.py, head_dim 128, with the library in
+#             build-gpu/baseline/ (a before/after pair on one machine)
 #   decode    bench_decode.py, batch 1/64/256 x context 4k/32k, pages of 16,
 #             bf16 and fp8 (e4m3) KV
 #   append    bench_decode.py --append, batch 64/256 x context 4k
@@ -24,7 +27,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="tests,tests80,pytest,sdpa,sdpa80,decode,append"
+only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,decode,append"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -81,6 +84,7 @@ stage() {
 budget() { awk -v a="$1" -v s="$scale" 'BEGIN { printf "%d", a * s }'; }
 
 export FLASHATTN_CACHE_DIR=$logs/cache
+[ -x "$build/tests/test_cuda_backend" ] && stage backend 60 "$build/tests/test_cuda_backend"
 stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
@@ -89,15 +93,21 @@ stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes bf16 --head-d
   --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
+if [ -e "$build/baseline/libflashattn.so.0" ]; then
+  FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
+    bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 128 \
+    --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
+fi
 stage decode 100 "$py" bench/bench_decode.py --out-dir "$res" --batches 1,64,256 \
   --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 85)"
 stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 64,256 \
   --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
-if [ -d "$logs/sm80" ]; then
-  for f in "$logs"/sm80/*; do mv "$f" "$res/$(basename "${f%.*}")-force-sm80-forward.${f##*.}"; done
-fi
+for d in sm80:force-sm80-forward base:baseline-library; do
+  [ -d "$logs/${d%%:*}" ] || continue
+  for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
+done
 # The stage logs, in a folder named by date and commit.
 lease=$res/$(date -u +%F)-lease-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 mkdir -p "$lease" && cp "$logs"/*.log "$summary" "$lease/" 2>/dev/null

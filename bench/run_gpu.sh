@@ -15,7 +15,7 @@
 #
 # The whole build/ is too big to carry (>64 MiB); on the development machine
 #     bash bench/run_gpu.sh --pack [BUILD_DIR]      # default build
-# copies what this script needs (library, test_gpu, bench_generate and the
+# copies what this script needs (library, test_gpu, test_cuda_backend, bench_generate and the
 # non-system shared libraries they load, e.g. libsqlite3/libcmocka) into
 # build-gpu/ (ignored by git), to carry as the single path "build-gpu".
 set -uo pipefail
@@ -29,12 +29,15 @@ if [ "${1:-}" = "--pack" ]; then
   rm -rf "$dst" && mkdir -p "$dst/tests" "$dst/bench" "$dst/runtime-libs"
   cp -L "$src/libflashattn.so.0" "$dst/"
   [ -x "$src/tests/test_gpu" ] && cp "$src/tests/test_gpu" "$dst/tests/"
+  [ -x "$src/tests/test_cuda_backend" ] && cp "$src/tests/test_cuda_backend" "$dst/tests/"
   [ -x "$src/bench/bench_generate" ] && cp "$src/bench/bench_generate" "$dst/bench/"
   # Shared libraries beyond glibc/libstdc++ that the device image may lack.
   for f in "$dst/libflashattn.so.0" "$dst"/tests/* "$dst"/bench/*; do
     [ -e "$f" ] || continue
     ldd "$f" | awk '/=> \//{print $3}' | grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' || true
   done | sort -u | while read -r lib; do cp -L "$lib" "$dst/runtime-libs/"; done
+  # Debug info is most of a RelWithDebInfo build; the carry limit is 64 MiB.
+  strip --strip-debug "$dst/libflashattn.so.0" "$dst"/tests/* "$dst"/bench/* 2>/dev/null || true
   du -sh "$dst"; find "$dst" -type f | sort
   echo "carry [\"$dst\"] and run: bash bench/run_gpu.sh"
   exit 0

@@ -233,6 +233,10 @@ EXPORT int mock_refcount(void) { return refcount; }
 EXPORT int mock_live_modules(void) { return live_modules; }
 static int attention_launches;
 EXPORT int mock_attention_launches(void) { return attention_launches; }
+// cuLinkCreate calls, and module loads that name the sm_90a target.
+static int links, accelerated_loads;
+EXPORT int mock_links(void) { return links; }
+EXPORT int mock_accelerated_loads(void) { return accelerated_loads; }
 EXPORT int mock_depth(void) { return depth; }
 // Stream-capture mode (what CUDA graphs require of a captured call): no
 // allocation, copy, memset, synchronisation or module load. While it is on,
@@ -313,6 +317,7 @@ static CUresult link_create(unsigned n, int *opt, void **val, void **state) {
   not_in_capture("cuLinkCreate during capture");
   CUresult r = bound(); if (r) return r;
   Link *l = calloc(1, sizeof *l);
+  __sync_fetch_and_add(&links, 1);
   jit_options(l, n, opt, val);
   if (!l->info || !l->err || !l->info_size || !l->err_size) violation("cuLinkCreate without log buffers");
   *state = l; return 0;
@@ -352,10 +357,14 @@ static CUresult module_load(void **mod, const void *image, unsigned n, int *opt,
   CUresult r = bound(); if (r) return r;
   Link logs = {0};
   jit_options(&logs, n, opt, val);
+  for (unsigned i = 0; i < n; ++i) {
+    if (opt[i] == 9 && (uintptr_t)val[i] == 0x10000 + 90) __sync_fetch_and_add(&accelerated_loads, 1);
+  }
   const char *text;
   if (memcmp(image, "\x7f" "ELF", 4) == 0) text = (const char *)image + 4;
-  else if (strncmp(image, ".version", 8) == 0) text = image;
+  else if (strstr(image, ".version")) text = image;
   else return 200;
+  if (logs.info) snprintf(logs.info, logs.info_size, "ptxas info    : Used 8 registers (mock load)");
   if (strstr(text, "%nosuchreg")) {
     if (logs.err) snprintf(logs.err, logs.err_size, "mock JIT: Unknown symbol '%%nosuchreg'");
     return 218;
@@ -881,10 +890,47 @@ void emit_mock_counters() {
   void *mock = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (mock == nullptr) return;
   for (const char *name : {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules",
-                           "mock_attention_launches"}) {
+                           "mock_attention_launches", "mock_links", "mock_accelerated_loads"}) {
     auto fn = reinterpret_cast<int (*)()>(dlsym(mock, name));
     if (fn != nullptr) emit(name, std::to_string(fn()));
   }
+}
+
+// An arch-specific (sm_90a) module compiles whole-program through
+// cuModuleLoadDataEx, never cuLink (relocatable code, where ptxas ignores
+// setmaxnreg and serializes wgmma): its binary is its own PTX, which loads
+// and runs; a binary that is neither a cubin nor that PTX is refused.
+int probe_whole_program() {
+  auto b = gpu_backend();
+  if (b->info().sm != 90) {
+    std::printf("sm_%d: the sm_90a module needs an sm_90 device\n", b->info().sm);
+    return kExitSkip;
+  }
+  std::string ptx = kVecAddPtx;
+  const std::string from = ".version 7.0\n.target sm_52", to = ".version 8.0\n.target sm_90a";
+  PROBE_CHECK(ptx.compare(0, from.size(), from) == 0, "unexpected vec_add header");
+  ptx.replace(0, from.size(), to);
+  std::vector<uint8_t> binary;
+  std::string log;
+  PROBE_STATUS(FA_SUCCESS, b->compile(ptx, &binary, &log));
+  PROBE_CHECK(binary.size() == ptx.size() + 1 && binary.back() == 0 &&
+                  std::memcmp(binary.data(), ptx.data(), ptx.size()) == 0,
+              "the whole-program binary (%zu bytes) is not the PTX (%zu bytes) and a NUL",
+              binary.size(), ptx.size());
+  PROBE_CHECK(!log.empty(), "no JIT log from the whole-program compile");
+  emit("whole_program_jit_log", log);
+  std::unique_ptr<fa::Kernel> kernel;
+  PROBE_STATUS(FA_SUCCESS, b->load(ptx, binary, "vec_add", 0, &kernel));
+  for (uint32_t n : {1u, 1000u}) {
+    const std::string e = run_vec_add(*b, *kernel, n, 1.5f);
+    PROBE_CHECK(e.empty(), "sm_90a vec_add: %s", e.c_str());
+  }
+  std::vector<uint8_t> other = binary;
+  other[other.size() / 2] ^= 1;
+  std::unique_ptr<fa::Kernel> k2;
+  PROBE_STATUS(FA_ERROR_COMPILE, b->load(ptx, other, "vec_add", 0, &k2));
+  PROBE_CHECK(contains(fa::last_error(), "neither a cubin"), "refusal says: %s", fa::last_error());
+  return kExitPass;
 }
 
 // Kernels that outlive their backend still unload with the context current.
@@ -1171,6 +1217,8 @@ int probe_main(int argc, char **argv) {
     rc = probe_threads();
   } else if (name == "lifetime") {
     rc = probe_lifetime();
+  } else if (name == "whole_program") {
+    rc = probe_whole_program();
   } else if (name == "graph_safe") {
     rc = probe_graph_safe();
   } else if (name == "driver_change" && argc > 4) {
@@ -1621,6 +1669,13 @@ void test_mock_driver_change_rebuilds_cubin(void **state) {
 
 void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, {"lifetime"}, true); }
 
+void test_mock_whole_program_sm90a(void **state) {
+  const ProbeResult r = run_on_mock(state, {"whole_program"}, true);
+  // compile and load each JIT the PTX for sm_90a; nothing went through cuLink.
+  assert_string_equal(r.get("mock_links").c_str(), "0");
+  assert_string_equal(r.get("mock_accelerated_loads").c_str(), "2");
+}
+
 void test_mock_launch_path_is_graph_safe(void **state) {
   const ProbeResult r = run_on_mock(state, {"graph_safe"}, true);
   std::printf("%s", r.output.c_str());
@@ -1631,6 +1686,13 @@ void test_mock_launch_path_is_graph_safe(void **state) {
 void test_gpu_vec_add(void **state) {
   require_gpu(state);
   expect_probe_passed(run_probe({"vec_add"}, nullptr));
+}
+
+void test_gpu_whole_program_sm90a(void **state) {
+  require_gpu(state);
+  const ProbeResult r = run_probe({"whole_program"}, nullptr);
+  expect_probe_passed(r);
+  std::printf("%s\n", r.get("whole_program_jit_log").c_str());
 }
 
 void test_gpu_dynamic_smem_above_48k(void **state) {
@@ -1680,7 +1742,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mock_kernel_outlives_backend),
       cmocka_unit_test(test_mock_driver_change_rebuilds_cubin),
       cmocka_unit_test(test_mock_launch_path_is_graph_safe),
+      cmocka_unit_test(test_mock_whole_program_sm90a),
       cmocka_unit_test(test_gpu_vec_add),
+      cmocka_unit_test(test_gpu_whole_program_sm90a),
       cmocka_unit_test(test_gpu_dynamic_smem_above_48k),
       cmocka_unit_test(test_gpu_fault_poisons_backend),
       cmocka_unit_test(test_gpu_error_paths_and_memory),

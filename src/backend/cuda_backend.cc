@@ -135,6 +135,8 @@ class CudaBackend : public Backend {
 
   fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
                     std::string *log) override;
+  fa_status compile_whole_program(const std::string &ptx, std::vector<uint8_t> *binary,
+                                  std::string *log);
   fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
                  const std::string &entry, uint32_t dynamic_smem_bytes,
                  std::unique_ptr<Kernel> *out) override;
@@ -201,7 +203,11 @@ fa_status CudaBackend::check(CUresult r, const char *call) {
 }
 
 // PTX -> cubin with cuLinkCreate/AddData/Complete, targeting the context's
-// device (or the exact arch-specific target an sm_NNa module names).
+// device. An sm_NNa module (wgmma, setmaxnreg) is compiled whole-program
+// instead (compile_whole_program): cuLink* compiles its inputs as
+// relocatable code (cuda.h, cuLinkCreate), and there ptxas ignores
+// setmaxnreg (C7504) and serializes every wgmma (C7509), measured on an
+// H200 (bench/results/2026-11-26-*): spills and a fraction of the speed.
 fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *binary,
                                std::string *log) {
   if (binary == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: binary is null");
@@ -215,6 +221,7 @@ fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *bin
   std::vector<char> error_log(kErrorLogBytes, '\0');
   bool accelerated = false;
   const int target_sm = ptx_target(ptx, &accelerated);
+  if (accelerated && target_sm == info_.sm) return compile_whole_program(ptx, binary, log);
   // The option arrays must live until cuLinkDestroy: the logs are written
   // during AddData and Complete.
   CUjit_option options[6] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
@@ -277,6 +284,53 @@ fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *bin
   return check(r, call);
 }
 
+// The whole-program compile of an arch-specific (sm_NNa) module: the driver
+// JIT-compiles the PTX in cuModuleLoadDataEx, which keeps no cubin for us, so
+// the module is unloaded again and the kernel's binary is its PTX itself
+// (NUL-terminated). load() hands that PTX to the driver, whose own compute
+// cache (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes every later
+// JIT of the same text a lookup. The log is ptxas's, as from cuLinkComplete.
+fa_status CudaBackend::compile_whole_program(const std::string &ptx, std::vector<uint8_t> *binary,
+                                             std::string *log) {
+  std::vector<char> info_log(kInfoLogBytes, '\0');
+  std::vector<char> error_log(kErrorLogBytes, '\0');
+  bool accelerated = false;
+  const int target_sm = ptx_target(ptx, &accelerated);
+  CUjit_option options[6] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                             CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                             CU_JIT_LOG_VERBOSE,      CU_JIT_TARGET};
+  void *values[6] = {info_log.data(),
+                     reinterpret_cast<void *>(static_cast<uintptr_t>(info_log.size())),
+                     error_log.data(),
+                     reinterpret_cast<void *>(static_cast<uintptr_t>(error_log.size())),
+                     reinterpret_cast<void *>(static_cast<uintptr_t>(1)),
+                     reinterpret_cast<void *>(
+                         static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm))};
+  CUmodule module = nullptr;
+  CUresult r = cu_.ModuleLoadDataEx(&module, ptx.c_str(), 6, options, values);
+  const std::string info_text = log_text(info_log);
+  const std::string error_text = log_text(error_log);
+  if (log != nullptr) {
+    *log = info_text;
+    if (r != CUDA_SUCCESS && !error_text.empty()) {
+      *log = error_text + (info_text.empty() ? "" : "\n" + info_text);
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    cu_.ModuleUnload(module);
+    binary->assign(ptx.begin(), ptx.end());
+    binary->push_back(0);
+    return FA_SUCCESS;
+  }
+  if (cuda::is_compile_error(r) ||
+      (!error_text.empty() && !cuda::is_sticky(r) && r != CUDA_ERROR_OUT_OF_MEMORY)) {
+    return fail(FA_ERROR_COMPILE, "cuModuleLoadDataEx failed: %s: %s",
+                cuda::result_text(cu_, r).c_str(),
+                error_text.empty() ? "(no JIT error log)" : clip(error_text).c_str());
+  }
+  return check(r, "cuModuleLoadDataEx");
+}
+
 // Loads a module (cubin, else PTX JIT'ed by the driver) and resolves `entry`;
 // raises the function's dynamic shared memory limit when it needs more than
 // the 48 KB default.
@@ -288,31 +342,48 @@ fa_status CudaBackend::load(const std::string &ptx, const std::vector<uint8_t> &
     return fail(FA_ERROR_INVALID_ARGUMENT, "load: neither PTX nor a binary given");
   }
   // cuModuleLoadData finds a cubin's size in its ELF header; anything else
-  // in `binary` would be read past its end.
-  if (!binary.empty() && (binary.size() < 4 || std::memcmp(binary.data(),
-                                                           "\x7f"
-                                                           "ELF",
-                                                           4) != 0)) {
-    return fail(FA_ERROR_COMPILE, "load: the binary for '%s' is not a cubin (no ELF header)",
+  // in `binary` would be read past its end. The one other binary is a
+  // whole-program module's: exactly its PTX and a NUL (compile_whole_program).
+  const bool is_cubin = binary.size() >= 4 && std::memcmp(binary.data(),
+                                                          "\x7f"
+                                                          "ELF",
+                                                          4) == 0;
+  const bool is_own_ptx = !binary.empty() && binary.size() == ptx.size() + 1 &&
+                          binary.back() == 0 &&
+                          std::memcmp(binary.data(), ptx.data(), ptx.size()) == 0;
+  if (!binary.empty() && !is_cubin && !is_own_ptx) {
+    return fail(FA_ERROR_COMPILE,
+                "load: the binary for '%s' is neither a cubin (no ELF header) nor its PTX",
                 entry.c_str());
   }
   ScopedContext scope(*context_);
   if (fa_status s = enter(scope); s != FA_SUCCESS) return s;
 
   std::vector<char> error_log(kErrorLogBytes, '\0');
-  CUjit_option options[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void *values[2] = {error_log.data(),
-                     reinterpret_cast<void *>(static_cast<uintptr_t>(error_log.size()))};
-  const void *image = binary.empty() ? static_cast<const void *>(ptx.c_str())
-                                     : static_cast<const void *>(binary.data());
+  CUjit_option options[3] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                             CU_JIT_TARGET};
+  void *values[3] = {error_log.data(),
+                     reinterpret_cast<void *>(static_cast<uintptr_t>(error_log.size())), nullptr};
+  unsigned num_options = 2;
+  const bool from_ptx = !is_cubin;
+  const void *image =
+      from_ptx ? static_cast<const void *>(ptx.c_str()) : static_cast<const void *>(binary.data());
+  bool accelerated = false;
+  const int target_sm = from_ptx ? ptx_target(ptx, &accelerated) : 0;
+  if (accelerated && target_sm == info_.sm) {
+    // As in compile: the arch-specific target, which the context's plain
+    // sm_NN target does not imply.
+    values[2] = reinterpret_cast<void *>(
+        static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm));
+    num_options = 3;
+  }
   CUmodule module = nullptr;
-  CUresult r = cu_.ModuleLoadDataEx(&module, image, 2, options, values);
+  CUresult r = cu_.ModuleLoadDataEx(&module, image, num_options, options, values);
   if (r != CUDA_SUCCESS) {
     if (cuda::is_compile_error(r)) {
       const std::string text = log_text(error_log);
       return fail(FA_ERROR_COMPILE, "cuModuleLoadDataEx failed for '%s' (%s): %s: %s",
-                  entry.c_str(), binary.empty() ? "PTX" : "cubin",
-                  cuda::result_text(cu_, r).c_str(),
+                  entry.c_str(), from_ptx ? "PTX" : "cubin", cuda::result_text(cu_, r).c_str(),
                   text.empty() ? "(no JIT error log)" : clip(text).c_str());
     }
     return check(r, "cuModuleLoadDataEx");
