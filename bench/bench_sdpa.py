@@ -648,6 +648,11 @@ def _run(cmd, timeout=20, cwd=None):
 
 
 def git_commit():
+    # The commit the carried build was packed from (bench/run_gpu.sh --pack
+    # writes it; a device machine's copy of .git may be older than its tree).
+    packed = os.environ.get("FLASHATTN_BUILD_COMMIT")
+    if packed:
+        return packed
     rev = _run(["git", "rev-parse", "HEAD"], cwd=ROOT)
     if rev is None:
         return "unknown"

@@ -41,6 +41,9 @@ build=${FA_BUILD_DIR:-build-gpu}
 export FLASHATTN_LIBRARY=$root/$build/libflashattn.so.0
 [ -d "$build/runtime-libs" ] && export LD_LIBRARY_PATH="$root/$build/runtime-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 CMOCKA_MESSAGE_OUTPUT=stdout
+# The commit the build was packed from (the device's copy of .git can lag).
+[ -e "$build/COMMIT" ] && export FLASHATTN_BUILD_COMMIT="$(cat "$build/COMMIT") (packed build)"
+commit=${FLASHATTN_BUILD_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo '?')}
 py=${PYTHON:-python3}
 res=bench/results
 logs=$(mktemp -d)
@@ -58,7 +61,7 @@ if [ -x "$build/tests/test_gpu" ]; then
 fi
 
 {
-  echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "commit $commit"
   date -u '+%F %T UTC'
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,memory.total --format=csv 2>&1 | head -3
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
@@ -84,6 +87,10 @@ stage() {
 budget() { awk -v a="$1" -v s="$scale" 'BEGIN { printf "%d", a * s }'; }
 
 export FLASHATTN_CACHE_DIR=$logs/cache
+# test_cuda_backend's mock and fake drivers are built under the build
+# directory it was configured in.
+bdir=$(grep -aoE '/[[:alnum:]_./-]+/build/tests' "$build/tests/test_cuda_backend" 2>/dev/null | head -1)
+[ -n "$bdir" ] && mkdir -p "$bdir" 2>/dev/null
 [ -x "$build/tests/test_cuda_backend" ] && stage backend 60 "$build/tests/test_cuda_backend"
 stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
@@ -109,7 +116,7 @@ for d in sm80:force-sm80-forward base:baseline-library; do
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done
 # The stage logs, in a folder named by date and commit.
-lease=$res/$(date -u +%F)-lease-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+lease=$res/$(date -u +%F)-lease-${commit:0:12}
 mkdir -p "$lease" && cp "$logs"/*.log "$summary" "$lease/" 2>/dev/null
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
   tar -C "$root" -czf "$OUT/lease.tgz" "$res" 2>/dev/null

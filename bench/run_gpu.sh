@@ -36,6 +36,8 @@ if [ "${1:-}" = "--pack" ]; then
     [ -e "$f" ] || continue
     ldd "$f" | awk '/=> \//{print $3}' | grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' || true
   done | sort -u | while read -r lib; do cp -L "$lib" "$dst/runtime-libs/"; done
+  # The commit packed, for the results (the device's copy of .git can lag).
+  echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo ' (+ uncommitted changes)')" >"$dst/COMMIT"
   # Debug info is most of a RelWithDebInfo build; the carry limit is 64 MiB.
   strip --strip-debug "$dst/libflashattn.so.0" "$dst"/tests/* "$dst"/bench/* 2>/dev/null || true
   du -sh "$dst"; find "$dst" -type f | sort
@@ -75,6 +77,7 @@ if [ ! -e "$lib" ]; then
   exit 2
 fi
 export FLASHATTN_LIBRARY=$(readlink -f "$lib")
+[ -e "$build/COMMIT" ] && export FLASHATTN_BUILD_COMMIT="$(cat "$build/COMMIT") (packed build)"
 [ -d "$build/runtime-libs" ] && export LD_LIBRARY_PATH="$root/$build/runtime-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 py=${PYTHON:-python3}
