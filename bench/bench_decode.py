@@ -379,7 +379,8 @@ def write_markdown(path, meta, rows, extra_sections=()):
         meta.get("gpu", "?"), meta.get("date", "?")), ""]
     out += ["- %s: %s" % (k, meta[k]) for k in META_KEYS if k in meta]
     out += ["",
-            "bf16, head_dim 128, GQA 32/8, one query token, every sequence `context` keys. Cells: "
+            meta.get("dtype", DTYPE) + ", head_dim 128, GQA 32/8, one query token, every "
+            "sequence `context` keys. Cells: "
             "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time (fp8 KV: its "
             "K/V bytes are one per element; fp8/bf16 speed = flashattn paged bf16 time / fp8 time, "
             "2 being the halved bytes in full), and that as %% "
@@ -399,8 +400,9 @@ def write_markdown(path, meta, rows, extra_sections=()):
         f.write("\n".join(out))
 
 
-def result_base(date, gpu_name, append=False):
-    return "%s-%s-decode%s" % (date, common.slug(gpu_name), "-append" if append else "")
+def result_base(date, gpu_name, append=False, dtype=DTYPE):
+    return "%s-%s-decode%s%s" % (date, common.slug(gpu_name), "-append" if append else "",
+                                 "" if dtype == DTYPE else "-" + dtype)
 
 
 # ======================================================================================
@@ -413,7 +415,9 @@ class DecodeBench:
         import torch.nn.functional as F
         self.F = F
         self.rt = fa.Runtime(backend="cuda", cache="memory")
-        self.cfg = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
+        self.dtype = getattr(args, "dtype", DTYPE)
+        self.tdt = torch.bfloat16 if self.dtype == "bf16" else torch.float16
+        self.cfg = fa.Config(dtype=self.dtype, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
                              num_heads_kv=HEADS_KV)
         self.cycles_per_ms = common.calibrate_sleep(self.torch)
         # fp8 (e4m3) KV cache: sm_89+ and a torch with float8_e4m3fn.
@@ -421,7 +425,7 @@ class DecodeBench:
         if self.rt.info.sm < 89:
             self.fp8_why = "fp8 KV needs sm_89+, this is sm_%d" % self.rt.info.sm
         elif hasattr(torch, "float8_e4m3fn"):
-            self.cfg8 = fa.Config(dtype=DTYPE, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
+            self.cfg8 = fa.Config(dtype=self.dtype, head_dim=HEAD_DIM, num_heads_q=HEADS_Q,
                                   num_heads_kv=HEADS_KV, kv_dtype="e4m3")
             self.fp8, self.fp8_why = True, None
         try:
@@ -464,7 +468,7 @@ class DecodeBench:
         """One input set: q, the contiguous caches, the page pools (the same
         values scattered to the shuffled pages, NaN elsewhere), O buffers."""
         torch = self.torch
-        bf = torch.bfloat16
+        bf = self.tdt
         B, L, H, D = cfg.batch, cfg.context, cfg.heads_kv, cfg.head_dim
         q = torch.randn((B, 1, cfg.heads_q, D), device="cuda", dtype=bf, generator=gen)
         k = torch.randn((B, L, H, D), device="cuda", dtype=bf, generator=gen)
@@ -508,7 +512,7 @@ class DecodeBench:
         torch = self.torch
         inv = 10000.0 ** (-torch.arange(0, cfg.head_dim, 2, device="cuda").double() / cfg.head_dim)
         ang = torch.arange(cfg.context, device="cuda").double()[:, None] * inv[None, :]
-        return ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+        return ang.cos().to(self.tdt), ang.sin().to(self.tdt)
 
     def rotate(self, x, cos, sin):
         """GPT-NeoX rotation of x [..., d] (fp32) by cos/sin rows [..., d/2]."""
@@ -536,7 +540,7 @@ class DecodeBench:
             k = k.clone()
             v = v.clone()
             k[:, -1:] = self.rotate(s["k_new"].index_select(0, idx).float(), cos, sin).to(
-                torch.bfloat16).float()
+                self.tdt).float()
             v[:, -1:] = s["v_new"].index_select(0, idx).float()
         q = q.view(len(seqs), cfg.heads_kv, g, cfg.head_dim)
         k = k.transpose(1, 2)  # [n, Hkv, L, D]
@@ -623,10 +627,10 @@ class DecodeBench:
             plan = getattr(w, "plan", None) or w.begin_forward
             try:
                 plan(indptr, indices, last, Hq, Hk, D, cfg.page_size, pos_encoding_mode="NONE",
-                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                     q_data_type=self.tdt, kv_data_type=self.tdt)
             except TypeError:  # older FlashInfer: data_type=
                 plan(indptr, indices, last, Hq, Hk, D, cfg.page_size, pos_encoding_mode="NONE",
-                     data_type=torch.bfloat16)
+                     data_type=self.tdt)
             fwd = getattr(w, "run", None) or w.forward
             qs = [s["q"].view(B, Hq, D) for s in sets]
 
@@ -788,7 +792,11 @@ def run_bench(args):
         args.batches, args.contexts, args.page_sizes, len(grid))
     meta["n_sets"] = "enough for %d MiB of K/V, at most %d" % (ROTATE_BYTES >> 20, MAX_SETS)
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu, args.append))
+    for cfg in grid:
+        cfg.dtype = args.dtype
+    meta["dtype"] = args.dtype
+    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu, args.append,
+                                                  args.dtype))
     print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
         gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
     rows = []
@@ -866,6 +874,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="batch 1,64 x context 512,4096")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
     p.add_argument("--print-base-name", action="store_true")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default=DTYPE,
+                   help="Q/O (and the 16-bit caches') dtype; results named ...-decode-fp16")
     p.add_argument("--append", action="store_true",
                    help="the decode step with the new token's K/V appended and RoPE (see above)")
     a = p.parse_args(argv)

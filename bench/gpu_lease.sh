@@ -18,8 +18,11 @@
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpabase  bench_sdpa.py, head_dim 128, with the library in
 #             build-gpu/baseline/ (a before/after pair on one machine)
+#   coldstart bench_sdpa.py's cold-start figures (generation, JIT, caches), d128
 #   decode    bench_decode.py, batch 1/64/256 x context 4k/32k, pages of 16,
 #             bf16 and fp8 (e4m3) KV
+#   decode16  the same with fp16 Q/O (fp8 KV converts straight to fp16 there)
+#   decodebase  decode with the library in build-gpu/baseline/
 #   append    bench_decode.py --append, batch 64/256 x context 4k
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
@@ -27,7 +30,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,decode,append"
+only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,coldstart,decode,decode16,decodebase,append"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -83,6 +86,14 @@ stage() {
   grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|^\[  (FAILED|ERROR)  +\] test_|^(FAILED|ERROR) |[0-9]+ (passed|failed)|Out of tolerance|wrote ' \
     "$logs/$name.log" | sort -u | head -12 | sed 's/^/    /' | tee -a "$summary"
   [ $rc -ne 0 ] && tail -n 4 "$logs/$name.log" | cut -c1-300 | sed 's/^/    | /' | tee -a "$summary"
+  snapshot
+}
+# What came so far into $OUT after every stage: a call cut off at its limit
+# still returns the stages that finished.
+snapshot() {
+  [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+  cp "$summary" "$OUT/summary.txt"
+  tar -C / -czf "$OUT/lease.tgz" "${root#/}/$res" "${logs#/}" --exclude=cache 2>/dev/null
 }
 budget() { awk -v a="$1" -v s="$scale" 'BEGIN { printf "%d", a * s }'; }
 
@@ -96,7 +107,7 @@ stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
   bindings/python/tests/test_gpu.py
-stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes bf16 --head-dims 64,128,256 \
+stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
   --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
@@ -105,13 +116,22 @@ if [ -e "$build/baseline/libflashattn.so.0" ]; then
     bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 128 \
     --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 fi
+stage coldstart 90 "$py" bench/bench_sdpa.py --out-dir "$logs/cold" --dtypes bf16 --head-dims 128 \
+  --seqlens 4096 --time-budget "$(budget 20)"
 stage decode 100 "$py" bench/bench_decode.py --out-dir "$res" --batches 1,64,256 \
   --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 85)"
+stage decode16 100 "$py" bench/bench_decode.py --out-dir "$res" --dtype fp16 --batches 1,64,256 \
+  --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 85)"
+if [ -e "$build/baseline/libflashattn.so.0" ]; then
+  FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage decodebase 100 "$py" \
+    bench/bench_decode.py --out-dir "$logs/base" --batches 1,64,256 --contexts 4096,32768 \
+    --page-sizes 16 --time-budget "$(budget 85)"
+fi
 stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 64,256 \
   --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
-for d in sm80:force-sm80-forward base:baseline-library; do
+for d in sm80:force-sm80-forward base:baseline-library cold:coldstart; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done

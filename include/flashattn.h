@@ -750,7 +750,7 @@ typedef struct fa_cache_stats {
   uint64_t compiles;    /* PTX -> binary compilations (cuda) */
   uint64_t discarded;   /* stored blobs whose hash did not verify */
   uint64_t entries;     /* rows in the store */
-  uint64_t bytes;       /* PTX + cubin bytes in the store */
+  uint64_t bytes;       /* PTX + binary bytes in the store */
   int32_t persistent;   /* 1 = on disk, 0 = memory only */
   char path[512];       /* database file, "" when memory only */
   char note[256];       /* why memory only, or the last warning; "" if none */
@@ -784,7 +784,7 @@ typedef struct fa_cache_entry {
   int32_t sm;
   uint32_t generator_version;
   uint64_t ptx_bytes;
-  uint64_t cubin_bytes;
+  uint64_t cubin_bytes; /* the driver's binary: since 0.5 the PTX it JITs whole-program */
   uint64_t hits;
   int64_t created;   /* unix seconds */
   int64_t last_used; /* unix seconds */

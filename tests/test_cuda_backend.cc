@@ -611,13 +611,13 @@ std::unique_ptr<fa::Kernel> compile_and_load(fa::Backend &b, const char *ptx, co
   std::unique_ptr<fa::Kernel> kernel;
   if (from_binary) {
     PROBE_STATUS(FA_SUCCESS, b.compile(ptx, &cubin, &log));
-    PROBE_CHECK(cubin.size() > 4 && std::memcmp(cubin.data(),
-                                                "\x7f"
-                                                "ELF",
-                                                4) == 0,
-                "compile gave %zu bytes, not an ELF cubin", cubin.size());
+    // Whole-program JIT: the binary is the PTX itself and a NUL.
+    PROBE_CHECK(cubin.size() == std::strlen(ptx) + 1 && cubin.back() == 0 &&
+                    std::memcmp(cubin.data(), ptx, cubin.size() - 1) == 0,
+                "compile gave %zu bytes, not the PTX (%zu) and a NUL", cubin.size(),
+                std::strlen(ptx));
     emit((std::string(entry) + "_jit_log").c_str(), log);
-    PROBE_STATUS(FA_SUCCESS, b.load("", cubin, entry, dynamic_smem, &kernel));
+    PROBE_STATUS(FA_SUCCESS, b.load(ptx, cubin, entry, dynamic_smem, &kernel));
   } else {
     PROBE_STATUS(FA_SUCCESS, b.load(ptx, {}, entry, dynamic_smem, &kernel));
   }
@@ -860,7 +860,7 @@ int probe_threads() {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      // Each thread also JIT-compiles, to exercise concurrent cuLink*.
+      // Each thread also JIT-compiles, to exercise concurrent JITs.
       std::vector<uint8_t> cubin;
       std::string log;
       if (b->compile(kVecAddPtx, &cubin, &log) != FA_SUCCESS) {
@@ -1530,8 +1530,8 @@ void test_fake_driver_too_old(void **state) {
 }
 
 void test_fake_driver_missing_entry_point(void **state) {
-  run_fake(state, {"missing", true, 12020, 0, "cuLinkCreate", 0, FA_ERROR_NO_DRIVER,
-                   "cuLinkCreate (not found)"});
+  run_fake(state, {"missing", true, 12020, 0, "cuModuleLoadDataEx", 0, FA_ERROR_NO_DRIVER,
+                   "cuModuleLoadDataEx (not found)"});
 }
 
 void test_fake_driver_no_device(void **state) {

@@ -2,8 +2,12 @@
 // (FA_PTXAS_PATH) for sm_80, sm_86, sm_89 and sm_90: every module must
 // assemble. Register use and spills from `ptxas -v` are printed; a forward
 // (tensor-core) module with a stack frame or spills, or above 255 registers,
-// fails the test (decode and reduce are only reported). Skipped when ptxas
-// is not available.
+// fails the test (decode and reduce are only reported), as does any
+// "Potential Performance Loss" advisory (C75xx: e.g. setmaxnreg ignored,
+// wgmma serialized). Modules are assembled whole-program, as the cuda
+// backend has the driver compile them (src/backend/README.md: relocatable
+// code, what cuLink* makes, spills and serializes). Skipped when ptxas is
+// not available.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -389,9 +393,12 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
                       job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
                       job.spec.append_kv;
-  if (strict && (spills || regs < 0 || regs > 255)) ++*forward_bad;
-  std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s\n", job.spec.describe().c_str(),
-              regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "");
+  const bool advisory = log.find("Potential Performance Loss") != std::string::npos;
+  if (strict && (spills || regs < 0 || regs > 255 || advisory)) ++*forward_bad;
+  std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s%s\n", job.spec.describe().c_str(),
+              regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "",
+              advisory ? "  <- performance advisory" : "");
+  if (advisory) std::printf("%s\n", log.c_str());
 }
 
 // ptxas -arch=sm_90a accepts the builder's sm_90a instructions (a kernel

@@ -318,3 +318,10 @@ def test_fp8_column():
     assert ok is False and note.startswith("fp8: rel err 0.2")
     ok, note = b.judge(dict(others, flashattn_fp8=(float("nan"), float("nan"))))
     assert ok is False
+
+
+def test_fp16_result_name():
+    assert b.result_base("2026-11-26", "NVIDIA H200") == "2026-11-26-h200-decode"
+    assert b.result_base("2026-11-26", "NVIDIA H200", dtype="fp16") == "2026-11-26-h200-decode-fp16"
+    assert b.result_base("2026-11-26", "NVIDIA H200", True, "fp16") == \
+        "2026-11-26-h200-decode-append-fp16"

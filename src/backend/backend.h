@@ -74,8 +74,8 @@ class Backend {
   virtual const DeviceInfo &info() const = 0;
 
   // Turns PTX text into the binary that load() accepts and the cache stores
-  // (cuda: a cubin from cuLinkCreate/AddData/Complete; emulator: nothing,
-  // *binary left empty). *log receives the JIT info log (ptxas warnings).
+  // (cuda: the PTX itself and a NUL, after the driver compiled it
+  // whole-program; emulator: nothing, *binary left empty). *log receives the JIT info log (ptxas warnings).
   // Errors: FA_ERROR_COMPILE with the JIT error log in the message.
   virtual fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
                             std::string *log) = 0;

@@ -1,5 +1,6 @@
-// The cuda backend: the device's primary context, JIT through cuLink*,
-// modules, launches and memory, all through the dlopen'ed driver table.
+// The cuda backend: the device's primary context, whole-program JIT
+// (cuModuleLoadDataEx), modules, launches and memory, all through the
+// dlopen'ed driver table.
 //
 // Every call pushes the primary context and pops it on return, so the
 // caller's current context (if any) is left as it was and PyTorch/CuPy
@@ -135,8 +136,6 @@ class CudaBackend : public Backend {
 
   fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
                     std::string *log) override;
-  fa_status compile_whole_program(const std::string &ptx, std::vector<uint8_t> *binary,
-                                  std::string *log);
   fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
                  const std::string &entry, uint32_t dynamic_smem_bytes,
                  std::unique_ptr<Kernel> *out) override;
@@ -202,12 +201,18 @@ fa_status CudaBackend::check(CUresult r, const char *call) {
   return fail(FA_ERROR_CUDA, "%s failed: %s", call, text.c_str());
 }
 
-// PTX -> cubin with cuLinkCreate/AddData/Complete, targeting the context's
-// device. An sm_NNa module (wgmma, setmaxnreg) is compiled whole-program
-// instead (compile_whole_program): cuLink* compiles its inputs as
-// relocatable code (cuda.h, cuLinkCreate), and there ptxas ignores
-// setmaxnreg (C7504) and serializes every wgmma (C7509), measured on an
-// H200 (bench/results/2026-11-26-*): spills and a fraction of the speed.
+// PTX -> the module's binary, compiled whole-program by the driver's JIT in
+// cuModuleLoadDataEx (for the context's device, or the exact arch-specific
+// target an sm_NNa module names), then unloaded again. Not cuLink*: it
+// compiles its inputs as relocatable code (cuda.h, cuLinkCreate), where
+// ptxas ignores setmaxnreg (C7504), serializes every wgmma (C7509) and
+// spills 255-register mma.sync kernels on sm_80/86 (276 B at d128; none
+// whole-program). On an H200 that halved the sm_90a forward's speed
+// (bench/results/2026-11-26-h200-lease/NOTES.md). The driver exports no
+// cubin from a module load, so the binary is the PTX itself plus a NUL:
+// load() hands it to the driver again, whose own compute cache
+// (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes that JIT a lookup.
+// *log is ptxas's info log (registers, spills, advisories).
 fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *binary,
                                std::string *log) {
   if (binary == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: binary is null");
@@ -221,81 +226,6 @@ fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *bin
   std::vector<char> error_log(kErrorLogBytes, '\0');
   bool accelerated = false;
   const int target_sm = ptx_target(ptx, &accelerated);
-  if (accelerated && target_sm == info_.sm) return compile_whole_program(ptx, binary, log);
-  // The option arrays must live until cuLinkDestroy: the logs are written
-  // during AddData and Complete.
-  CUjit_option options[6] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                             CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                             CU_JIT_LOG_VERBOSE,      CU_JIT_TARGET_FROM_CUCONTEXT};
-  void *values[6] = {info_log.data(),
-                     reinterpret_cast<void *>(static_cast<uintptr_t>(info_log.size())),
-                     error_log.data(),
-                     reinterpret_cast<void *>(static_cast<uintptr_t>(error_log.size())),
-                     reinterpret_cast<void *>(static_cast<uintptr_t>(1)),
-                     nullptr};
-  if (accelerated && target_sm == info_.sm) {
-    // sm_90a code needs the arch-specific target (compute_90a), which the
-    // context's plain sm_90 target does not imply.
-    options[5] = CU_JIT_TARGET;
-    values[5] = reinterpret_cast<void *>(
-        static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm));
-  }
-
-  CUlinkState link = nullptr;
-  CUresult r = cu_.LinkCreate(6, options, values, &link);
-  if (r != CUDA_SUCCESS) return check(r, "cuLinkCreate");
-
-  const char *call = "cuLinkAddData";
-  // The PTX is passed with its terminating NUL.
-  r = cu_.LinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char *>(ptx.c_str()), ptx.size() + 1,
-                      "flashattn.ptx", 0, nullptr, nullptr);
-  void *cubin = nullptr;
-  size_t cubin_size = 0;
-  if (r == CUDA_SUCCESS) {
-    call = "cuLinkComplete";
-    r = cu_.LinkComplete(link, &cubin, &cubin_size);
-  }
-  if (r == CUDA_SUCCESS && (cubin == nullptr || cubin_size == 0)) {
-    cu_.LinkDestroy(link);
-    return fail(FA_ERROR_COMPILE, "cuLinkComplete returned an empty cubin");
-  }
-  if (r == CUDA_SUCCESS) {
-    // The cubin belongs to the link state: copy it before destroying that.
-    const uint8_t *bytes = static_cast<const uint8_t *>(cubin);
-    binary->assign(bytes, bytes + cubin_size);
-  }
-  const std::string info_text = log_text(info_log);
-  const std::string error_text = log_text(error_log);
-  cu_.LinkDestroy(link);
-  if (log != nullptr) {
-    *log = info_text;
-    if (r != CUDA_SUCCESS && !error_text.empty()) {
-      *log = error_text + (info_text.empty() ? "" : "\n" + info_text);
-    }
-  }
-  if (r == CUDA_SUCCESS) return FA_SUCCESS;
-  // A rejected module, or any other non-sticky failure that left a JIT error
-  // log, is a compile error; the rest are driver errors.
-  if (cuda::is_compile_error(r) ||
-      (!error_text.empty() && !cuda::is_sticky(r) && r != CUDA_ERROR_OUT_OF_MEMORY)) {
-    return fail(FA_ERROR_COMPILE, "%s failed: %s: %s", call, cuda::result_text(cu_, r).c_str(),
-                error_text.empty() ? "(no JIT error log)" : clip(error_text).c_str());
-  }
-  return check(r, call);
-}
-
-// The whole-program compile of an arch-specific (sm_NNa) module: the driver
-// JIT-compiles the PTX in cuModuleLoadDataEx, which keeps no cubin for us, so
-// the module is unloaded again and the kernel's binary is its PTX itself
-// (NUL-terminated). load() hands that PTX to the driver, whose own compute
-// cache (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes every later
-// JIT of the same text a lookup. The log is ptxas's, as from cuLinkComplete.
-fa_status CudaBackend::compile_whole_program(const std::string &ptx, std::vector<uint8_t> *binary,
-                                             std::string *log) {
-  std::vector<char> info_log(kInfoLogBytes, '\0');
-  std::vector<char> error_log(kErrorLogBytes, '\0');
-  bool accelerated = false;
-  const int target_sm = ptx_target(ptx, &accelerated);
   CUjit_option options[6] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
                              CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
                              CU_JIT_LOG_VERBOSE,      CU_JIT_TARGET};
@@ -304,10 +234,17 @@ fa_status CudaBackend::compile_whole_program(const std::string &ptx, std::vector
                      error_log.data(),
                      reinterpret_cast<void *>(static_cast<uintptr_t>(error_log.size())),
                      reinterpret_cast<void *>(static_cast<uintptr_t>(1)),
-                     reinterpret_cast<void *>(
-                         static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm))};
+                     nullptr};
+  unsigned num_options = 5;
+  if (accelerated && target_sm == info_.sm) {
+    // sm_90a code needs the arch-specific target (compute_90a), which the
+    // context's plain sm_90 target does not imply.
+    values[5] = reinterpret_cast<void *>(
+        static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm));
+    num_options = 6;
+  }
   CUmodule module = nullptr;
-  CUresult r = cu_.ModuleLoadDataEx(&module, ptx.c_str(), 6, options, values);
+  CUresult r = cu_.ModuleLoadDataEx(&module, ptx.c_str(), num_options, options, values);
   const std::string info_text = log_text(info_log);
   const std::string error_text = log_text(error_log);
   if (log != nullptr) {
@@ -322,6 +259,8 @@ fa_status CudaBackend::compile_whole_program(const std::string &ptx, std::vector
     binary->push_back(0);
     return FA_SUCCESS;
   }
+  // A rejected module, or any other non-sticky failure that left a JIT error
+  // log, is a compile error; the rest are driver errors.
   if (cuda::is_compile_error(r) ||
       (!error_text.empty() && !cuda::is_sticky(r) && r != CUDA_ERROR_OUT_OF_MEMORY)) {
     return fail(FA_ERROR_COMPILE, "cuModuleLoadDataEx failed: %s: %s",
@@ -342,8 +281,8 @@ fa_status CudaBackend::load(const std::string &ptx, const std::vector<uint8_t> &
     return fail(FA_ERROR_INVALID_ARGUMENT, "load: neither PTX nor a binary given");
   }
   // cuModuleLoadData finds a cubin's size in its ELF header; anything else
-  // in `binary` would be read past its end. The one other binary is a
-  // whole-program module's: exactly its PTX and a NUL (compile_whole_program).
+  // in `binary` would be read past its end. The one other binary is what
+  // compile() gives: exactly the PTX and a NUL.
   const bool is_cubin = binary.size() >= 4 && std::memcmp(binary.data(),
                                                           "\x7f"
                                                           "ELF",

@@ -34,10 +34,6 @@
   X(DevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v11000, kRequired, FA_CUDA_API_VERSION) \
   X(CtxPushCurrent, PFN_cuCtxPushCurrent_v4000, kRequired, FA_CUDA_API_VERSION)                    \
   X(CtxPopCurrent, PFN_cuCtxPopCurrent_v4000, kRequired, FA_CUDA_API_VERSION)                      \
-  X(LinkCreate, PFN_cuLinkCreate_v6050, kRequired, FA_CUDA_API_VERSION)                            \
-  X(LinkAddData, PFN_cuLinkAddData_v6050, kRequired, FA_CUDA_API_VERSION)                          \
-  X(LinkComplete, PFN_cuLinkComplete_v5050, kRequired, FA_CUDA_API_VERSION)                        \
-  X(LinkDestroy, PFN_cuLinkDestroy_v5050, kRequired, FA_CUDA_API_VERSION)                          \
   X(ModuleLoadDataEx, PFN_cuModuleLoadDataEx_v2010, kRequired, FA_CUDA_API_VERSION)                \
   X(ModuleUnload, PFN_cuModuleUnload_v2000, kRequired, FA_CUDA_API_VERSION)                        \
   X(ModuleGetFunction, PFN_cuModuleGetFunction_v2000, kRequired, FA_CUDA_API_VERSION)              \

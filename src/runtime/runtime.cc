@@ -240,9 +240,13 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     rec.key_material = material;
     dirty = true;
   }
-  // A cubin is valid only for the driver that built it: rebuild it from the
-  // stored PTX after a driver change.
-  if (wants_binary && (rec.cubin.empty() || rec.driver_version != driver)) {
+  // A binary is valid only for the driver that built it: rebuild it from the
+  // stored PTX after a driver change. A row holding anything but the PTX the
+  // cuda backend now compiles whole-program (an older library's cuLink
+  // cubin: relocatable code, slower) is rebuilt too.
+  const bool own_ptx = rec.cubin.size() == rec.ptx.size() + 1 && rec.cubin.back() == 0 &&
+                       std::memcmp(rec.cubin.data(), rec.ptx.data(), rec.ptx.size()) == 0;
+  if (wants_binary && (!own_ptx || rec.driver_version != driver)) {
     std::string log;
     std::vector<uint8_t> binary;
     fa_status st = backend_->compile(rec.ptx, &binary, &log);
