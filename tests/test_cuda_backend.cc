@@ -1246,8 +1246,8 @@ struct ProbeResult {
   }
 };
 
-// Runs this program with `--probe args...` (LD_LIBRARY_PATH replaced when
-// ld_library_path is set) and collects its output.
+// Runs this program with `--probe args...` (ld_library_path, when set, put
+// first on LD_LIBRARY_PATH) and collects its output.
 ProbeResult run_probe(const std::vector<std::string> &args, const char *ld_library_path) {
   ProbeResult result;
   int fds[2];
@@ -1263,7 +1263,14 @@ ProbeResult run_probe(const std::vector<std::string> &args, const char *ld_libra
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[1]);
-    if (ld_library_path != nullptr) setenv("LD_LIBRARY_PATH", ld_library_path, 1);
+    if (ld_library_path != nullptr) {
+      // Ahead of the rest: the fake or mock libcuda.so.1 is found first, the
+      // libraries the test itself needs (a carried libcmocka) still are.
+      const char *old = std::getenv("LD_LIBRARY_PATH");
+      const std::string path =
+          std::string(ld_library_path) + (old && old[0] ? std::string(":") + old : "");
+      setenv("LD_LIBRARY_PATH", path.c_str(), 1);
+    }
     std::vector<std::string> storage = {"test_cuda_backend", "--probe"};
     storage.insert(storage.end(), args.begin(), args.end());
     std::vector<char *> argv;
