@@ -130,6 +130,7 @@ class CudaBackend : public Backend {
  public:
   CudaBackend(std::shared_ptr<Context> context, DeviceInfo info)
       : context_(std::move(context)), cu_(*context_->cu), info_(std::move(info)) {}
+  ~CudaBackend() override { keep_compiled("", nullptr); }
 
   fa_backend kind() const override { return FA_BACKEND_CUDA; }
   const DeviceInfo &info() const override { return info_; }
@@ -165,7 +166,39 @@ class CudaBackend : public Backend {
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
   std::string poison_what_;  // "CUDA_ERROR_ILLEGAL_ADDRESS in cuStreamSynchronize"
+
+  // The module of the last compile(), kept for the load() of the same PTX
+  // that follows it, so that a miss JIT-compiles once, not twice (the
+  // driver's compute cache may be off). Replacing it unloads the old one.
+  void keep_compiled(const std::string &ptx, CUmodule module);
+  CUmodule take_compiled(const std::string &ptx);
+  std::mutex compiled_mu_;
+  std::string compiled_ptx_;
+  CUmodule compiled_ = nullptr;
 };
+
+void CudaBackend::keep_compiled(const std::string &ptx, CUmodule module) {
+  CUmodule old = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(compiled_mu_);
+    old = compiled_;
+    compiled_ = module;
+    compiled_ptx_ = module ? ptx : std::string();
+  }
+  if (old != nullptr) {
+    ScopedContext scope(*context_);
+    if (scope.result() == CUDA_SUCCESS) cu_.ModuleUnload(old);
+  }
+}
+
+CUmodule CudaBackend::take_compiled(const std::string &ptx) {
+  std::lock_guard<std::mutex> lock(compiled_mu_);
+  if (compiled_ == nullptr || compiled_ptx_ != ptx) return nullptr;
+  CUmodule m = compiled_;
+  compiled_ = nullptr;
+  compiled_ptx_.clear();
+  return m;
+}
 
 fa_status CudaBackend::check_poisoned() const {
   if (!poisoned_.load(std::memory_order_acquire)) return FA_SUCCESS;
@@ -209,9 +242,11 @@ fa_status CudaBackend::check(CUresult r, const char *call) {
 // spills 255-register mma.sync kernels on sm_80/86 (276 B at d128; none
 // whole-program). On an H200 that halved the sm_90a forward's speed
 // (bench/results/2026-11-26-h200-lease/NOTES.md). The driver exports no
-// cubin from a module load, so the binary is the PTX itself plus a NUL:
-// load() hands it to the driver again, whose own compute cache
-// (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes that JIT a lookup.
+// cubin from a module load, so the binary is the PTX itself plus a NUL.
+// The module stays loaded for the load() that follows (one JIT per miss);
+// a later process's load() hands the PTX to the driver again, whose own
+// compute cache (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes that
+// JIT a lookup.
 // *log is ptxas's info log (registers, spills, advisories).
 fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *binary,
                                std::string *log) {
@@ -254,7 +289,7 @@ fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *bin
     }
   }
   if (r == CUDA_SUCCESS) {
-    cu_.ModuleUnload(module);
+    keep_compiled(ptx, module);  // for the load() that follows
     binary->assign(ptx.begin(), ptx.end());
     binary->push_back(0);
     return FA_SUCCESS;
@@ -316,8 +351,10 @@ fa_status CudaBackend::load(const std::string &ptx, const std::vector<uint8_t> &
         static_cast<uintptr_t>(CU_COMPUTE_ACCELERATED_TARGET_BASE + target_sm));
     num_options = 3;
   }
-  CUmodule module = nullptr;
-  CUresult r = cu_.ModuleLoadDataEx(&module, image, num_options, options, values);
+  CUmodule module = from_ptx ? take_compiled(ptx) : nullptr;
+  CUresult r = module != nullptr
+                   ? CUDA_SUCCESS
+                   : cu_.ModuleLoadDataEx(&module, image, num_options, options, values);
   if (r != CUDA_SUCCESS) {
     if (cuda::is_compile_error(r)) {
       const std::string text = log_text(error_log);
