@@ -258,7 +258,10 @@ typedef struct fa_config_desc {
                        V (the KV cache) are fp8 bytes, Q and O stay dtype. A K
                        element's value is fp8(byte) * k_descale (the decode
                        args' descales), V's likewise; attention runs on those
-                       values with fp32 accumulation. fa_decode only (sm_89+:
+                       values with fp32 accumulation (products in f16; a
+                       bf16 Q is scaled per row by a power of two into
+                       f16's range first, exact but for elements below
+                       2^-10 of their row's largest). fa_decode only (sm_89+:
                        UNSUPPORTED below it and from fa_launch); head_dim and
                        head_dim_v multiples of 16 (else UNSUPPORTED). 64-bit
                        so that 0.4's struct, padding included, ends where it

@@ -77,7 +77,10 @@ struct Case {
   bool descale_transposed = false;  // per (b, h): strides {1, batch + 1} instead of {hkv + 2, 1}
   bool tree = false, sinks = false;
   bool direct = false;  // fa_decode with o.data set (its own combine)
-  bool tight = false;   // contiguous without gaps (rows on 32-byte sectors)
+  // bf16 Q rows (token, head) scaled by 2^e, e cycling over -30, -18, -6, 6,
+  // 18: past f16's range both ways (the f16 mma on a row-scaled Q).
+  bool q_spread = false;
+  bool tight = false;  // contiguous without gaps (rows on 32-byte sectors)
   // Sequence b's descales (K and V, every KV head) are +inf: its cache must
   // be empty (lens[b] = 0), whose rows get O = 0 and LSE = -inf regardless.
   int inf_descale_seq = -1;
@@ -274,7 +277,9 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   std::vector<uint16_t> qb(size_t(c.batch) * sq * hq * c.d);
   std::vector<double> q(qb.size());
   for (size_t i = 0; i < qb.size(); ++i) {
-    qb[i] = to16(nd(gen), c.bf16);
+    const int row = int(i / size_t(c.d));
+    const double f = c.q_spread ? std::ldexp(1.0, (row * 7 % 5) * 12 - 30) : 1.0;
+    qb[i] = to16(nd(gen) * f, c.bf16);
     q[i] = from16(qb[i], c.bf16);
   }
   // Descales [batch][hkv] (the real values are N(0, 1) times a per-head
@@ -555,6 +560,17 @@ void test_formats(void **) {
   c.dv = 64;
   c.splits = 3;
   cases.push_back(c);
+  // bf16 Q over 48 binades (rows of 2^-30 .. 2^18 N(0, 1); f16 holds 2^-24
+  // .. 65504): its f16 copy is scaled per row, so each row's scores are
+  // those of the bf16 row.
+  for (int e5 = 0; e5 < 2; ++e5) {
+    Case w = base(2, 3, 120, 10, 2, 64, seed++);
+    w.bf16 = true;
+    w.e5m2 = e5;
+    w.causal = true;
+    w.q_spread = true;
+    cases.push_back(w);
+  }
   run_all(g_rt89, cases);
 }
 

@@ -10,6 +10,9 @@
 //    code) copied in by a CopyPlan and converted to fp16 / bf16 in a
 //    SmemTile, every element against the fp8 value (reference.cc's own
 //    decoder), row widths that are and are not powers of two, a stage offset;
+//  - rows_bf16_to_f16: a 16-row bf16 tile over 60 binades (zero rows, NaN,
+//    infinities, values f16 cannot hold) rewritten as row-scaled f16 by 1, 2
+//    and 4 warps, every element and every lane's 2^-k against the rule;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
 //    rescale threshold, against one softmax over all tiles in fp64.
@@ -330,6 +333,98 @@ void test_fp8_convert(void **) {
   g_be = sm80;
 }
 
+// ------------------------------------------------- row-scaled f16 rows ---
+
+// W warps: a 16 x cols bf16 tile copied into shared memory, rewritten by
+// rows_bf16_to_f16, read back whole; each lane stores its two 2^-k.
+void check_rows_to_f16(int cols, int warps) {
+  const int rows = 16, threads = 32 * warps;
+  const tile::SmemTile q = tile::smem_tile(64, rows, cols);
+  const uint32_t smem_bytes = q.offset + q.bytes();
+  std::mt19937 gen(cols * 31 + warps);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<uint16_t> in(size_t(rows) * q.pitch / 2, 0);
+  std::vector<double> rowmax(rows, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const int e = (r * 7) % 12 * 10 - 60;  // rows of 2^-60 .. 2^50 N(0, 1)
+    for (int c = 0; c < cols; ++c) {
+      double x = r == 3 ? 0.0 : std::ldexp(nd(gen), e);  // row 3 all zero
+      if (r == 5 && c == 1) x = std::nan("");
+      if (r == 6 && c == cols - 1) x = -INFINITY;
+      in[size_t(q.at(r, c)) / 2] = fa::ref::f32_to_bf16(float(x));
+    }
+  }
+  const std::string ptx = kernel(threads, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+    Builder &b = e.b;
+    Reg w = b.b32();
+    for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {  // the tile in, plainly
+      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+      Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
+      b.when(ok).ld(Space::Global, Type::B32, w, at(e.index(g[0], off, 1)));
+      b.when(ok).st(Space::Shared, Type::B32, at(e.op(Op::Add, Type::U32, smem, off), q.offset), w);
+    }
+    b.bar_sync();
+    Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
+    Reg warp = e.op(Op::Shr, Type::U32, tid, imm(5));
+    const tile::Lanes ln = tile::make_lanes(e, lane);
+    const std::array<Reg, 2> un = tile::rows_bf16_to_f16(e, ln, warp, warps, q, smem);
+    for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {
+      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+      Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
+      b.when(ok).ld(Space::Shared, Type::B32, w, at(e.op(Op::Add, Type::U32, smem, off), q.offset));
+      b.when(ok).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+    }
+    for (int h = 0; h < 2; ++h)
+      b.st(Space::Global, Type::F32,
+           at(e.index(g[2], e.op(Op::MadLo, Type::U32, tid, imm(2), imm(h)), 4)), un[h]);
+  });
+  DevBuf din(in.size() * 2), dout(in.size() * 2), dun(size_t(threads) * 2 * 4);
+  din.put(in);
+  Ptrs p = {{din.ptr, dout.ptr, dun.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, threads, smem_bytes, p), FA_SUCCESS);
+  const std::vector<uint16_t> got = dout.get<uint16_t>();
+  const std::vector<float> un = dun.get<float>();
+  int bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    double m = 0;  // the row's largest magnitude (NaN: above everything)
+    bool nan = false;
+    for (int c = 0; c < cols; ++c) {
+      const double x = fa::ref::bf16_to_f32(in[size_t(q.at(r, c)) / 2]);
+      if (std::isnan(x))
+        nan = true;
+      else
+        m = std::max(m, std::fabs(x));
+    }
+    int k = 126;
+    if (nan)
+      k = -114;  // exponent field 255
+    else if (m > 0)
+      k = std::min(126, std::max(-126, 14 - std::ilogb(m)));
+    if (std::isinf(m) && !nan) k = -114;
+    for (int c = 0; c < cols; ++c) {
+      const double x = fa::ref::bf16_to_f32(in[size_t(q.at(r, c)) / 2]);
+      const double want = fa::ref::f16_to_f32(fa::ref::f32_to_f16(float(std::ldexp(x, k))));
+      const double gv = fa::ref::f16_to_f32(got[size_t(q.at(r, c)) / 2]);
+      const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
+      if (!ok && bad++ < 5)
+        std::fprintf(stderr, "cols %d warps %d: (%d, %d) %g -> %g, want %g (k %d)\n", cols, warps,
+                     r, c, x, gv, want, k);
+    }
+    for (int t = 0; t < threads; ++t)  // lane t % 32 holds rows g, g + 8
+      for (int h = 0; h < 2; ++h)
+        if ((t % 32) / 4 + 8 * h == r && un[size_t(t) * 2 + h] != std::ldexp(1.0f, -k) && bad++ < 5)
+          std::fprintf(stderr, "cols %d warps %d: thread %d row %d 2^-k = %g, want 2^%d\n", cols,
+                       warps, t, r, double(un[size_t(t) * 2 + h]), -k);
+  }
+  assert_int_equal(bad, 0);
+}
+
+void test_rows_to_f16(void **) {
+  // 8 .. 32 chunks per row: fewer and more than the 4 W lanes of a row.
+  for (int cols : {64, 72, 128, 256})
+    for (int w : {1, 2, 4}) check_rows_to_f16(cols, w);
+}
+
 // ------------------------------------------------------------ masking ---
 
 // mask_row_half on a 16 x 32 tile of ones: row r keeps columns [lo_r, hi_r)
@@ -550,9 +645,10 @@ void test_online_softmax(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mma_fragments), cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_convert),   cmocka_unit_test(test_mask_row_half),
-      cmocka_unit_test(test_alibi),         cmocka_unit_test(test_online_softmax),
+      cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
+      cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
+      cmocka_unit_test(test_online_softmax),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

@@ -95,6 +95,10 @@ class DecodeTcGen {
         b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
+        // An fp8 cache converts to f16 in one cvt per two values, to bf16
+        // only through f32: with bf16 Q the mma runs in f16 on a row-scaled
+        // f16 copy of Q (tile::rows_bf16_to_f16) and f16 P.
+        mma_(spec.kv_fp8 != KvFp8::None ? Type::F16 : half_),
         fp8_(spec.kv_fp8 != KvFp8::None) {
     W_ = spec.num_warps;
     S_ = spec.stages;
@@ -317,8 +321,8 @@ class DecodeTcGen {
     if (spec_.append_kv) append(slo, shi);
     if (fp8_) {
       const bool e5m2 = spec_.kv_fp8 == KvFp8::E5M2;
-      k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, half_);
-      v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, half_);
+      k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, mma_);
+      v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, mma_);
     }
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
@@ -489,6 +493,7 @@ class DecodeTcGen {
     // Q landed (every thread's copies), then each warp's A fragments.
     b_.cp_async_wait(S_ - 1);
     b_.bar_sync();
+    if (mma_ != half_) q_unscale_ = tile::rows_bf16_to_f16(e_, ln_, warp_, W_, lay_.q, smem_);
     if (spec_.q_in_regs) {
       for (int ks = 0; ks < kD_; ++ks) {
         qf_.push_back(tile::frag4(b_));
@@ -540,9 +545,12 @@ class DecodeTcGen {
       if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
       const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
       tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
-      tile::mma(b_, half_, s_, 0, a, &kb_[0], c);
-      tile::mma(b_, half_, s_, 1, a, &kb_[2], c);
+      tile::mma(b_, mma_, s_, 0, a, &kb_[0], c);
+      tile::mma(b_, mma_, s_, 1, a, &kb_[2], c);
     }
+    if (mma_ != half_)  // scores of the row-scaled f16 Q back to the bf16 Q's
+      for (Frag4 &f : s_.f)
+        for (int x = 0; x < 4; ++x) b_.op(Op::Mul, Type::F32, f[x], f[x], q_unscale_[x / 2]);
     if (spec_.softcap)
       for (const Frag4 &f : s_.f)
         for (Reg x : f) scale_score(e_, x, score_scale_, cap_);
@@ -566,11 +574,11 @@ class DecodeTcGen {
     }
     if (spec_.tree_mask) tree_mask(n, kq);
     softmax_->step({s_}, {o_});
-    tile::pack_a(b_, half_, s_, 0, pa_);
+    tile::pack_a(b_, mma_, s_, 0, pa_);
     for (int jp = 0; jp < nO_ / 2; ++jp) {
       tile::ldsm(b_, Role::B_KN_T, kb_, v_lm_, so + lay_.v.at(0, 16 * jp));
-      tile::mma(b_, half_, o_, 2 * jp, pa_, &kb_[0]);
-      tile::mma(b_, half_, o_, 2 * jp + 1, pa_, &kb_[2]);
+      tile::mma(b_, mma_, o_, 2 * jp, pa_, &kb_[0]);
+      tile::mma(b_, mma_, o_, 2 * jp + 1, pa_, &kb_[2]);
     }
   }
 
@@ -714,7 +722,7 @@ class DecodeTcGen {
   Layout lay_;
   ptx::Builder b_;
   Emitter e_;
-  Type half_;
+  Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
   tile::Fp8Convert k_cvt_, v_cvt_;
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
@@ -733,6 +741,7 @@ class DecodeTcGen {
   std::vector<CopyPlan> k_plans_, v_plans_;
   AccTile s_, o_;
   std::vector<Frag4> qf_;
+  std::array<Reg, 2> q_unscale_;  // mma_ != half_: rows g, g + 8's 2^-k (rows_bf16_to_f16)
   Frag4 kb_, pa_, zero4_;
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
   Reg alibi_coef_[2], alibi_dist_[2];  // spec.alibi: per row half (tile::alibi_coef)

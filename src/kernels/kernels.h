@@ -21,7 +21,7 @@ enum class KvFp8 : uint8_t { None = 0, E4M3 = 4, E5M2 = 5 };
 
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
-constexpr uint32_t kGeneratorVersion = 8;
+constexpr uint32_t kGeneratorVersion = 9;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;

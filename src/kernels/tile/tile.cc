@@ -301,6 +301,89 @@ void Fp8Convert::run(int src_delta, int dst_delta) const {
   }
 }
 
+std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
+                                    const SmemTile &q, Reg smem_base) {
+  ptx::Builder &b = e.b;
+  const int C = q.cols / 8;          // 16-byte chunks (8 values) per row
+  const int per_lane = (C + 3) / 4;  // the max pass: quad lane q reads q, q + 4, ...
+  const int W4 = 4 * num_warps;      // the conversion: chunks of a row per (warp, q)
+  const int per_conv = (C + W4 - 1) / W4;
+  Reg base[2], kexp[2], scale[2], unscale[2];
+  for (int h = 0; h < 2; ++h) {
+    Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * h));
+    base[h] = e.op(Op::MadLo, Type::U32, row, imm(q.pitch), smem_base);
+    b.op(Op::Add, Type::U32, base[h], base[h], imm(static_cast<int>(q.offset)));
+  }
+  // |x| as bits: bf16 (hi half of a b32) -> f32 bits, sign cleared; u32
+  // order is the magnitude order (NaN above infinity).
+  Reg w[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  Reg t = b.b32(), p = b.pred();
+  for (int h = 0; h < 2; ++h) {
+    Reg m = e.mov(Type::U32, imm(0));
+    Reg a = e.op(Op::MadLo, Type::U32, ln.q, imm(16), base[h]);
+    for (int i = 0; i < per_lane; ++i) {
+      const bool tail = 4 * (i + 1) > C;
+      if (tail) b.setp(Cmp::Lt, Type::U32, p, ln.q, imm(C - 4 * i));
+      if (tail) b.when(p);
+      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(a, 64 * i));
+      if (tail)
+        for (Reg x : w) b.selp(Type::B32, x, x, imm(0), p);
+      for (Reg x : w) {
+        b.op(Op::Shl, Type::B32, t, x, imm(16));
+        b.op(Op::And, Type::B32, t, t, imm(0x7fffffff));
+        b.op(Op::Max, Type::U32, m, m, t);
+        b.op(Op::And, Type::B32, t, x, imm(0x7fff0000));
+        b.op(Op::Max, Type::U32, m, m, t);
+      }
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+      b.shfl(ptx::Shfl::Bfly, t, m, imm(off), imm(31), 0xffffffffu);
+      b.op(Op::Max, Type::U32, m, m, t);
+    }
+    // k = 141 - exponent field (14 - unbiased exponent), in [-126, 126].
+    kexp[h] = e.op(Op::Shr, Type::U32, m, imm(23));
+    b.op(Op::Sub, Type::S32, kexp[h], imm(141), kexp[h]);
+    b.op(Op::Min, Type::S32, kexp[h], kexp[h], imm(126));
+    b.op(Op::Max, Type::S32, kexp[h], kexp[h], imm(-126));
+    Reg bits = e.op(Op::Add, Type::S32, kexp[h], imm(127));
+    b.op(Op::Shl, Type::B32, bits, bits, imm(23));
+    scale[h] = e.mov(Type::F32, fimm(0.0f));
+    b.mov(Type::B32, scale[h], bits);
+    Reg ubits = e.op(Op::Sub, Type::S32, imm(127), kexp[h]);
+    b.op(Op::Shl, Type::B32, ubits, ubits, imm(23));
+    unscale[h] = e.mov(Type::F32, fimm(0.0f));
+    b.mov(Type::B32, unscale[h], ubits);
+  }
+  b.bar_sync();  // every lane has read its rows before any is rewritten
+  // Chunk c = q + 4 warp + W4 i of rows g and g + 8: 8 bf16 -> 8 f32, times
+  // 2^k, -> 4 f16x2.
+  Reg f[8];
+  for (Reg &x : f) x = b.f32();
+  Reg lane_chunk = e.op(Op::MadLo, Type::U32, warp, imm(4), ln.q);
+  for (int h = 0; h < 2; ++h) {
+    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), base[h]);
+    for (int i = 0; i < per_conv; ++i) {
+      const bool tail = W4 * (i + 1) > C;
+      if (tail) b.setp(Cmp::Lt, Type::U32, p, lane_chunk, imm(C - W4 * i));
+      if (tail) b.when(p);
+      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(a, 16 * W4 * i));
+      for (int j = 0; j < 4; ++j) {
+        b.op(Op::Shl, Type::B32, t, w[j], imm(16));
+        b.mov(Type::B32, f[2 * j], t);
+        b.op(Op::And, Type::B32, t, w[j], imm(-65536));
+        b.mov(Type::B32, f[2 * j + 1], t);
+        b.op(Op::Mul, Type::F32, f[2 * j], f[2 * j], scale[h]);
+        b.op(Op::Mul, Type::F32, f[2 * j + 1], f[2 * j + 1], scale[h]);
+        b.cvt_pack(Type::F16, w[j], f[2 * j + 1], f[2 * j]);
+      }
+      if (tail) b.when(p);
+      b.st_v(Space::Shared, Type::B32, at(a, 16 * W4 * i), {w[0], w[1], w[2], w[3]});
+    }
+  }
+  b.bar_sync();  // the f16 rows are in
+  return {unscale[0], unscale[1]};
+}
+
 // --------------------------------------------------------- online softmax --
 
 OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)

@@ -199,6 +199,24 @@ class Fp8Convert {
   Reg saddr_, daddr_, rows_ok_;
 };
 
+// Rounds a 16-row bf16 tile in shared memory (q: row r at smem_base +
+// q.offset + r q.pitch, q.cols values, cols a multiple of 8) to f16 in
+// place, each row r times the power of two 2^k_r that puts its largest
+// magnitude in [2^14, 2^15) (k_r clamped to [-126, 126]; an all-zero row
+// gets 2^126). The f16 value is then exact for every element down to 2^-10
+// of its row's largest (f16 normals), and within f16's absolute rounding of
+// 2^-24 below that: as accurate as the bf16 row itself but for elements
+// 2^-14 of the largest and smaller, whose contributions are that much
+// smaller (NaN and infinities stay so). For an mma in f16 on a bf16 Q (the
+// fp8 KV decode, whose K/V convert to f16 in one cvt). Returns, for the
+// lane's fragment rows ln.g and ln.g + 8, 2^-k_r: a score from the scaled
+// row times it is the score of the bf16 row. All num_warps warps of the CTA
+// call it; it holds the two bar.sync it needs (every lane's maximum is read
+// before any conversion is written, and every conversion is written before
+// it returns). PTX ISA: cvt.rn.f16x2.f32, shfl.sync.bfly, bar.sync.
+std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
+                                    const SmemTile &q, Reg smem_base);
+
 // The end of a softmax row with an attention sink (gpt-oss, FlashAttention-3's
 // learnable sink): the row's exponentials used the offset m2 (log2 domain;
 // -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2
