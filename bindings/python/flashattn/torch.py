@@ -15,9 +15,11 @@ allocator, so they can be captured in CUDA graphs (after a warm-up call has
 compiled the kernel).
 
 Not supported, each raising NotImplementedError that names it: dropout_p != 0,
-alibi_slopes, the backward pass (the forward works on tensors that require
-grad; calling backward raises), and in flash_attn_with_kvcache: k/v (appending
-to the cache), rotary_cos/rotary_sin and cache_leftpad. `deterministic` is
+the backward pass (the forward works on tensors that require grad; calling
+backward raises), and cache_leftpad in flash_attn_with_kvcache. alibi_slopes
+(since 0.5) and flash_attn_with_kvcache's k/v append with rotary_cos/
+rotary_sin (since 0.5: the cache is updated in place, in the same launch)
+are supported. `deterministic` is
 accepted and has no effect (it is about FlashAttention's backward pass).
 return_attn_probs returns (out, softmax_lse, None): the probabilities are not
 computed.
@@ -136,6 +138,14 @@ def _host(t):
     return t.numpy()
 
 
+def _from_host(a, dtype):
+    """A NumPy array from _host back as a CPU tensor of dtype (bf16 bits)."""
+    import numpy as np
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _fit(t):
     """t, or a contiguous copy when its layout breaks the C API's rules (last
     stride 1, other strides multiples of 8 elements, 16-byte aligned)."""
@@ -165,8 +175,8 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
          seqused_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-         window_left: int, window_right: int, softcap: float, return_lse: bool
-         ) -> Tuple[torch.Tensor, torch.Tensor]:
+         window_left: int, window_right: int, softcap: float, return_lse: bool,
+         alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """fa_launch: (out, softmax_lse). Fixed length: q [b, sq, h, d]; varlen
     (cu_seqlens_q): q [total_q, h, d]; block_table: k/v are pages. Without
     return_lse the LSE is an empty tensor (not computed)."""
@@ -189,7 +199,8 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _api.forward(rt, cfg, cast(q), cast(k), cast(v), out=cast(out),
                  lse=cast(lse) if return_lse else None,
                  cu_seqlens_q=cast(cu_seqlens_q), cu_seqlens_k=cast(cu_seqlens_k),
-                 seqused_k=cast(seqused_k), block_table=cast(block_table), **kw)
+                 seqused_k=cast(seqused_k), block_table=cast(block_table),
+                 alibi_slopes=cast(alibi_slopes), **kw)
     return out, lse
 
 
@@ -206,17 +217,13 @@ def _fwd_shapes(q, v, cu_seqlens_q, return_lse):
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q,
               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-              return_lse):
+              return_lse, alibi_slopes=None):
     out_shape, lse_shape = _fwd_shapes(q, v, cu_seqlens_q, return_lse)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op(_NS + "::decode", mutates_args=())
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
-            softmax_scale: float, causal: bool, window_left: int, window_right: int,
-            softcap: float, num_splits: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """fa_decode (Flash-Decoding, split-KV, with the combine): (out, lse)."""
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                 window_left, window_right, softcap, num_splits, alibi_slopes=None, **append):
     b, sq, h, _ = q.shape
     out = torch.empty((b, sq, h, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
@@ -232,20 +239,71 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             keep.append(torch.empty(max(nbytes, 256), dtype=torch.uint8, device=device))
             return _dev(keep[-1])
 
+        extra = {k_: (_dev(t) if isinstance(t, torch.Tensor) else t)
+                 for k_, t in append.items()}
         _api.decode(rt, cfg, _dev(q), _dev(k_cache), _dev(v_cache), _dev(cache_seqlens),
                     num_splits=num_splits, out=_dev(out), lse=_dev(lse),
                     block_table=_dev(block_table), workspace=workspace,
-                    stream=torch.cuda.current_stream(device).cuda_stream)
+                    alibi_slopes=_dev(alibi_slopes),
+                    stream=torch.cuda.current_stream(device).cuda_stream, **extra)
     else:
-        _api.decode(rt, cfg, _host(q), _host(k_cache), _host(v_cache), _host(cache_seqlens),
+        caches = (k_cache, v_cache)
+        if append:  # the emulator's copies of the caches come back into them
+            caches = tuple(_host(t) for t in caches)
+        extra = {k_: (_host(t) if isinstance(t, torch.Tensor) else t)
+                 for k_, t in append.items()}
+        _api.decode(rt, cfg, _host(q), caches[0] if append else _host(k_cache),
+                    caches[1] if append else _host(v_cache), _host(cache_seqlens),
                     num_splits=num_splits, out=_host(out), lse=_host(lse),
-                    block_table=_host(block_table))
+                    block_table=_host(block_table), alibi_slopes=_host(alibi_slopes), **extra)
+        for t, a in zip((k_cache, v_cache), caches if append else ()):
+            if not t.is_contiguous():  # _host copied it: the written rows come back
+                t.copy_(_from_host(a, t.dtype).reshape(t.shape))
     return out, lse
+
+
+@torch.library.custom_op(_NS + "::decode", mutates_args=())
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+            softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            softcap: float, num_splits: int, alibi_slopes: Optional[torch.Tensor] = None
+            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fa_decode (Flash-Decoding, split-KV, with the combine): (out, lse)."""
+    return _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                        window_left, window_right, softcap, num_splits, alibi_slopes)
 
 
 @_decode.register_fake
 def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
-                 window_left, window_right, softcap, num_splits):
+                 window_left, window_right, softcap, num_splits, alibi_slopes=None):
+    b, sq, h, _ = q.shape
+    return (q.new_empty((b, sq, h, v_cache.shape[-1])),
+            q.new_empty((b, h, sq), dtype=torch.float32))
+
+
+@torch.library.custom_op(_NS + "::decode_append", mutates_args=("k_cache", "v_cache"))
+def _decode_append(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                   softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                   softcap: float, num_splits: int, alibi_slopes: Optional[torch.Tensor],
+                   k: torch.Tensor, v: torch.Tensor, rotary_cos: Optional[torch.Tensor],
+                   rotary_sin: Optional[torch.Tensor], rotary_interleaved: bool
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fa_decode with k_new/v_new (and RoPE): the new keys/values written into
+    the caches at cache_seqlens (the lengths before), attended to in the same
+    launch: (out, lse)."""
+    append = dict(k_new=k, v_new=v)
+    if rotary_cos is not None:
+        append.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                      rotary_interleaved=rotary_interleaved)
+    return _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                        window_left, window_right, softcap, num_splits, alibi_slopes, **append)
+
+
+@_decode_append.register_fake
+def _decode_append_fake(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                        window_left, window_right, softcap, num_splits, alibi_slopes, k, v,
+                        rotary_cos, rotary_sin, rotary_interleaved):
     b, sq, h, _ = q.shape
     return (q.new_empty((b, sq, h, v_cache.shape[-1])),
             q.new_empty((b, h, sq), dtype=torch.float32))
@@ -279,12 +337,12 @@ def _backward(ctx, grad_out, grad_lse):
 
 def _setup_fwd(ctx, inputs, output):
     _setup_context(ctx, inputs, output)
-    ctx.n_other = 12
+    ctx.n_other = 13
 
 
 def _setup_decode(ctx, inputs, output):
     _setup_context(ctx, inputs, output)
-    ctx.n_other = 8
+    ctx.n_other = 9
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_fwd)
@@ -293,13 +351,22 @@ _decode.register_autograd(_backward, setup_context=_setup_decode)
 
 # ---- FlashAttention's functions ----------------------------------------------------------
 
-def _unsupported(fn, dropout_p=0.0, alibi_slopes=None):
+def _unsupported(fn, dropout_p=0.0):
     if dropout_p:
         raise NotImplementedError(
             "flashattn.torch.%s: dropout_p=%r is not supported (flashattn runs inference "
             "only); pass dropout_p=0.0" % (fn, dropout_p))
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn.torch.%s: alibi_slopes is not supported" % fn)
+
+
+def _slopes(fn, alibi_slopes, device):
+    """FlashAttention's alibi_slopes: fp32 (nheads,) or (batch, nheads)."""
+    if alibi_slopes is None:
+        return None
+    _check_device("alibi_slopes", alibi_slopes, device)
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError("flashattn.torch.%s: alibi_slopes must be float32, got %s"
+                        % (fn, alibi_slopes.dtype))
+    return alibi_slopes
 
 
 def _check_dtype(fn, q):
@@ -324,8 +391,9 @@ def _pad8(x):
 def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                block_table=None):
-    _unsupported(fn, dropout_p, alibi_slopes)
+    _unsupported(fn, dropout_p)
     _check_dtype(fn, q)
+    alibi_slopes = _slopes(fn, alibi_slopes, q.device)
     for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table)):
         _check_device(name, t, q.device)
@@ -342,7 +410,7 @@ def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     out, lse = torch.ops.flashattn_rt.fwd(
         _pad8(q), _pad8(k), _pad8(v), _int32(cu_seqlens_q), _int32(cu_seqlens_k), seqused_k,
         _int32(block_table), max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
-        wl, wr, float(softcap), bool(return_attn_probs))
+        wl, wr, float(softcap), bool(return_attn_probs), alibi_slopes)
     if out.shape[-1] != dv:
         out = out[..., :dv]
     return (out, lse, None) if return_attn_probs else out
@@ -431,20 +499,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache row each sequence uses. num_splits: 0 = chosen for you, 1 = no
     split, N = up to N. Returns out (batch, seqlen_q, nheads, headdim), or
     with return_softmax_lse (out, softmax_lse (batch, nheads, seqlen_q)).
-    Not supported yet: k/v (appending new keys and values to the cache),
-    rotary_cos/rotary_sin, cache_leftpad, alibi_slopes."""
+    k, v (batch, seqlen_new, nheads_k, headdim): written into the caches at
+    cache_seqlens (then the lengths before; required) and attended to, in
+    the same launch; rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2),
+    fp32 or q's dtype, rotate q and k first (rotary_interleaved: GPT-J
+    pairs, else GPT-NeoX), q at cache_seqlens (+ i when causal or local).
+    alibi_slopes fp32 (nheads,) or (batch, nheads). Not supported:
+    cache_leftpad."""
     fn = "flash_attn_with_kvcache"
-    if k is not None or v is not None:
-        raise NotImplementedError(
-            "flashattn.torch.%s: k= and v= (appending new keys/values to the cache) are not "
-            "supported yet: write them into k_cache/v_cache and pass the new cache_seqlens" % fn)
-    if rotary_cos is not None or rotary_sin is not None:
-        raise NotImplementedError("flashattn.torch.%s: rotary_cos/rotary_sin (rotary "
-                                  "embedding in the kernel) are not supported yet" % fn)
+    if (k is None) != (v is None):
+        raise ValueError("flashattn.torch.%s: k and v come together" % fn)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flashattn.torch.%s: rotary_cos and rotary_sin come together" % fn)
+    if rotary_cos is not None and k is None:
+        raise ValueError("flashattn.torch.%s: rotary_cos/rotary_sin rotate the new k: pass k "
+                         "and v" % fn)
+    if k is not None and cache_seqlens is None:
+        raise ValueError("flashattn.torch.%s: with k/v, cache_seqlens (the lengths before "
+                         "the append) is required" % fn)
     if cache_leftpad is not None:
         raise NotImplementedError("flashattn.torch.%s: cache_leftpad is not supported" % fn)
-    _unsupported(fn, 0.0, alibi_slopes)
     _check_dtype(fn, q)
+    alibi_slopes = _slopes(fn, alibi_slopes, q.device)
+    for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        _check_device(name, t, q.device)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
                     ("cache_batch_idx", cache_batch_idx)):
         _check_device(name, t, q.device)
@@ -471,7 +549,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError("flashattn.torch.%s: head dims must be multiples of 8 for a "
                                   "KV cache (got %d and %d)" % (fn, k_cache.shape[-1],
                                                                 v_cache.shape[-1]))
-    out, lse = torch.ops.flashattn_rt.decode(
-        q, k_cache, v_cache, cache_seqlens, block_table, float(softmax_scale), bool(causal),
-        wl, wr, float(softcap), int(num_splits))
+    if k is not None:
+        out, lse = torch.ops.flashattn_rt.decode_append(
+            q, k_cache, v_cache, cache_seqlens, block_table, float(softmax_scale), bool(causal),
+            wl, wr, float(softcap), int(num_splits), alibi_slopes, k, v, rotary_cos, rotary_sin,
+            bool(rotary_interleaved))
+    else:
+        out, lse = torch.ops.flashattn_rt.decode(
+            q, k_cache, v_cache, cache_seqlens, block_table, float(softmax_scale), bool(causal),
+            wl, wr, float(softcap), int(num_splits), alibi_slopes)
     return (out, lse) if return_softmax_lse else out

@@ -301,9 +301,6 @@ def test_unsupported_arguments_are_named(fat):
     q = torch.zeros(1, 8, 2, 32, dtype=torch.float16)
     cases = [
         (lambda: fat.flash_attn_func(q, q, q, dropout_p=0.1), "dropout_p"),
-        (lambda: fat.flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2)), "alibi_slopes"),
-        (lambda: fat.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1]), "k= and v="),
-        (lambda: fat.flash_attn_with_kvcache(q, q, q, rotary_cos=q, rotary_sin=q), "rotary_cos"),
         (lambda: fat.flash_attn_with_kvcache(q, q, q, cache_leftpad=torch.zeros(1)),
          "cache_leftpad"),
     ]
@@ -312,6 +309,85 @@ def test_unsupported_arguments_are_named(fat):
             call()
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         fat.flash_attn_func(q.float(), q.float(), q.float())
+    with pytest.raises(TypeError, match="alibi_slopes must be float32"):
+        fat.flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2, dtype=torch.float16))
+    bad = [  # the append's arguments come together, and need the lengths before it
+        (lambda: fat.flash_attn_with_kvcache(q, q, q, k=q[:, :1]), "k and v"),
+        (lambda: fat.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1]), "cache_seqlens"),
+        (lambda: fat.flash_attn_with_kvcache(q, q, q, rotary_cos=q), "rotary_sin"),
+        (lambda: fat.flash_attn_with_kvcache(q, q, q, rotary_cos=q, rotary_sin=q), "pass k"),
+    ]
+    for call, name in bad:
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
+@pytest.mark.parametrize("causal,per_seq", [(True, False), (False, True)])
+def test_alibi_vs_reference(fat, causal, per_seq):
+    """alibi_slopes (FlashAttention's: fp32 (nheads,) or (batch, nheads)) in
+    flash_attn_func and flash_attn_with_kvcache, against the fp64 reference."""
+    import torch
+    g = rng(31 + causal)
+    B, Sq, Sk, H, Hk, D = 2, 9, 37, 4, 2, 32
+    q = _t(torch, g, (B, Sq, H, D), torch.float16)
+    k = _t(torch, g, (B, Sk, Hk, D), torch.float16)
+    v = _t(torch, g, (B, Sk, Hk, D), torch.float16)
+    slopes = torch.from_numpy(g.uniform(0.01, 0.5, (B, H) if per_seq else (H,)).astype(np.float32))
+    out = fat.flash_attn_func(q, k, v, causal=causal, alibi_slopes=slopes)
+    ref, _ = ref_attention(_np64(q), _np64(k), _np64(v), D ** -0.5, causal,
+                           alibi=slopes.numpy())
+    _check(torch, out, ref, torch.float16)
+    noalibi, _ = ref_attention(_np64(q), _np64(k), _np64(v), D ** -0.5, causal)
+    assert np.abs(ref - noalibi).max() > 10 * _tol(torch, torch.float16)  # the bias matters
+    lens = torch.tensor([Sk, 20], dtype=torch.int32)
+    outd = fat.flash_attn_with_kvcache(q[:, -1:], k, v, cache_seqlens=lens, alibi_slopes=slopes)
+    refd, _ = ref_attention(_np64(q[:, -1:]), _np64(k), _np64(v), D ** -0.5,
+                            seqlens_k=lens.numpy(), alibi=slopes.numpy())
+    _check(torch, outd, refd, torch.float16)
+
+
+@pytest.mark.parametrize("interleaved,paged", [(True, False), (False, True)])
+def test_with_kvcache_append_rotary(fat, interleaved, paged):
+    """k/v with rotary_cos/rotary_sin: the caches updated in place (the new
+    rows rotated), Q rotated at cache_seqlens + i, against fp64."""
+    import torch
+    from test_append import rope, tables
+    g = rng(40 + 2 * interleaved + paged)
+    B, Sq, H, Hk, D, Smax, RD, PS = 2, 2, 4, 2, 32, 32, 16, 8
+    q = _t(torch, g, (B, Sq, H, D), torch.float16)
+    kc = _t(torch, g, (B, Smax, Hk, D), torch.float16)
+    vc = _t(torch, g, (B, Smax, Hk, D), torch.float16)
+    kn = _t(torch, g, (B, Sq, Hk, D), torch.float16)
+    vn = _t(torch, g, (B, Sq, Hk, D), torch.float16)
+    lens = np.array([20, 3], np.int32)
+    cos, sin = tables(Smax, RD)
+    pos = lens[:, None] + np.arange(Sq)[None, :]
+    want_k, want_v = _np64(kc), _np64(vc)
+    for b in range(B):
+        want_k[b, lens[b]:lens[b] + Sq] = rope(kn[b].float().numpy(), pos[b][:, None], cos, sin,
+                                               interleaved)
+        want_v[b, lens[b]:lens[b] + Sq] = _np64(vn[b])
+    q_rot = np.stack([rope(q[b].float().numpy(), pos[b][:, None], cos, sin, interleaved)
+                      for b in range(B)])
+    ref, _ = ref_attention(q_rot, want_k, want_v, D ** -0.5, True, seqlens_k=lens + Sq)
+    kw = dict(k=kn, v=vn, rotary_cos=torch.from_numpy(cos), rotary_sin=torch.from_numpy(sin),
+              cache_seqlens=torch.from_numpy(lens), causal=True, rotary_interleaved=interleaved)
+    if paged:
+        pages = Smax // PS
+        table = torch.randperm(B * pages, generator=torch.Generator().manual_seed(1))
+        table = table.reshape(B, pages).to(torch.int32)
+        kp = kc.reshape(B * pages, PS, Hk, D)[torch.argsort(table.reshape(-1))].clone()
+        vp = vc.reshape(B * pages, PS, Hk, D)[torch.argsort(table.reshape(-1))].clone()
+        out = fat.flash_attn_with_kvcache(q, kp, vp, block_table=table, **kw)
+        got_k = kp[table.reshape(-1).long()].reshape(B, Smax, Hk, D)
+        got_v = vp[table.reshape(-1).long()].reshape(B, Smax, Hk, D)
+    else:
+        out = fat.flash_attn_with_kvcache(q, kc, vc, **kw)
+        got_k, got_v = kc, vc
+    _check(torch, out, ref, torch.float16)
+    step = np.abs(want_k).max() * 2.0 ** -10  # within one fp16 step of the fp64 rotation
+    assert np.abs(_np64(got_k) - want_k).max() <= step
+    assert np.array_equal(_np64(got_v), want_v)
 
 
 def test_backward_raises(fat):
@@ -366,6 +442,12 @@ def test_opcheck(fat):
     lens = torch.tensor([9], dtype=torch.int32)
     torch.library.opcheck(torch.ops.flashattn_rt.decode.default,
                           (q[:, :1], q, q, lens, None, 0.2, False, -1, -1, 0.0, 0),
+                          test_utils=("test_schema", "test_faketensor"))
+    # The append mutates the caches, as its schema declares.
+    kc, vc = q.clone(), q.clone()
+    torch.library.opcheck(torch.ops.flashattn_rt.decode_append.default,
+                          (q[:, :1], kc, vc, lens, None, 0.2, True, -1, -1, 0.0, 0, None,
+                           q[:, :1], q[:, :1], None, None, False),
                           test_utils=("test_schema", "test_faketensor"))
 
 
