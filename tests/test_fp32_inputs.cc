@@ -13,9 +13,13 @@
 //   O holds fp32 values (most are not bf16 or fp16 numbers: not rounded);
 // - the launch ran the mma.sync forward with the f32 variant (by name, on
 //   sm_90 too, where 16-bit dtypes take the wgmma kernel);
-// - FA_ERROR_UNSUPPORTED for fa_decode, the scalar forward
-//   (FLASHATTN_SCALAR_FORWARD=1) and an fp8 kv_dtype; fa_decode_reduce
-//   writes fp32 O.
+// - fa_decode (with its combine writing fp32 O) on every KV layout
+//   (contiguous, paged by tile and by row, pointer arrays), GQA packing,
+//   seqlen_q > 1, forced splits, an empty cache; cache rows past
+//   cache_seqlens hold NaN (never read);
+// - FA_ERROR_UNSUPPORTED for the scalar kernels (FLASHATTN_SCALAR_FORWARD,
+//   FLASHATTN_SCALAR_DECODE), a KV append and an fp8 kv_dtype;
+//   fa_decode_reduce alone writes fp32 O.
 #include "support/cmocka.hh"
 
 #include <algorithm>
@@ -307,13 +311,13 @@ std::string run_case(fa_runtime *rt, const Case &c) {
           real[gi] = true;
           const double r = oref[(size_t(i) * c.hq + h) * dv + x];
           const float got = o[gi];
-          ++n_o;
+          n_o += r != 0;
           if (!std::isfinite(got)) {
             ++bad;
             continue;
           }
-          if (double(fa::ref::round_to(got, true)) == got ||
-              double(fa::ref::round_to(got, false)) == got)
+          if (r != 0 && (double(fa::ref::round_to(got, true)) == got ||
+                         double(fa::ref::round_to(got, false)) == got))
             ++rounded16;
           max_err = std::max(max_err, std::fabs(got - r));
           max_base = std::max(max_base, std::fabs(olow[(size_t(i) * c.hq + h) * dv + x] - r));
@@ -340,8 +344,8 @@ std::string run_case(fa_runtime *rt, const Case &c) {
   const double tol = 2.0 * max_base + 1e-5, rel = sr > 0 ? std::sqrt(se / sr) : 0;
   char buf[400];
   std::snprintf(buf, sizeof buf,
-                "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld O values "
-                "16-bit numbers",
+                "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld nonzero O "
+                "values 16-bit numbers",
                 c.describe().c_str(), max_err, tol, rel, lse_err, rounded16, n_o);
   std::printf("    %s\n", buf);
   if (bad) err += std::string(buf) + " | " + std::to_string(bad) + " NaN or unwritten values\n";
@@ -414,6 +418,267 @@ void test_forward_paged(void **) {
   run_all(g_rt80, v);
 }
 
+// ---- fa_decode ----
+
+struct DCase {
+  int batch = 2, sq = 1, skmax = 64, hq = 4, hkv = 1, d = 64, dv = 0;
+  std::vector<int> lens;  // cache_seqlens, size batch
+  bool causal = false;
+  int layout = FA_KV_CONTIGUOUS, page_size = 0;
+  int splits = 0;
+  uint32_t seed = 1;
+  std::string describe() const {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "decode b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s layout%d ps%d "
+                  "splits%d",
+                  batch, sq, skmax, hq, hkv, d, dv ? dv : d, causal ? " causal" : "", layout,
+                  page_size, splits);
+    return buf;
+  }
+};
+
+// One fa_decode (with its combine: fp32 O) against the references.
+std::string run_decode_case(fa_runtime *rt, const DCase &c) {
+  Dev dev(rt);
+  const int d = c.d, dv = c.dv ? c.dv : c.d, sk = c.skmax;
+  std::mt19937 gen(c.seed * 104729u + 3u);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Host [b, s, h, x]; cache rows past lens[b] are NaN (never read).
+  std::vector<float> hq(size_t(c.batch) * c.sq * c.hq * d), hk(size_t(c.batch) * sk * c.hkv * d),
+      hv(size_t(c.batch) * sk * c.hkv * dv);
+  for (float &x : hq) x = nd(gen);
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<float> &t = pass ? hv : hk;
+    const size_t row = size_t(c.hkv) * (pass ? dv : d);
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = int((i / row) % sk) < c.lens[(i / row) / sk] ? nd(gen) : nan_f();
+  }
+  fa_decode_args a = FA_DECODE_ARGS_INIT;
+  a.batch = c.batch;
+  a.seqlen_q = c.sq;
+  a.seqlen_k_max = sk;
+  fa_tensor tq = view(c.sq, c.hq, d), to = view(c.sq, c.hq, dv);
+  {
+    std::vector<float> buf(size_t(c.batch) * tq.stride[0], nan_f());
+    for (int b = 0; b < c.batch; ++b)
+      for (int s = 0; s < c.sq; ++s)
+        for (int h = 0; h < c.hq; ++h)
+          for (int x = 0; x < d; ++x)
+            buf[at(tq, b, s, h, x)] = hq[((size_t(b) * c.sq + s) * c.hq + h) * d + x];
+    tq.data = dev.put(buf.data(), buf.size() * 4);
+  }
+  std::vector<int32_t> table;
+  const int ps = c.page_size, per = ps ? (sk + ps - 1) / ps : 0, np = c.batch * per + 2;
+  if (c.layout == FA_KV_PAGED) {
+    std::vector<int32_t> order(np);
+    for (int i = 0; i < np; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), gen);
+    table.assign(order.begin(), order.begin() + c.batch * per);
+  }
+  uint64_t ptrs[2] = {0, 0};
+  for (int pass = 0; pass < 2; ++pass) {
+    const int cols = pass ? dv : d;
+    const std::vector<float> &src = pass ? hv : hk;
+    auto val = [&](int b, int j, int h, int x) {
+      return src[((size_t(b) * sk + j) * c.hkv + h) * cols + x];
+    };
+    fa_tensor t = view(sk, c.hkv, cols);
+    if (c.layout == FA_KV_PAGED) {
+      t.stride[1] = int64_t(c.hkv) * t.stride[2];
+      t.stride[0] = int64_t(ps) * t.stride[1] + 32;
+      std::vector<float> buf(size_t(np) * t.stride[0], nan_f());
+      for (int b = 0; b < c.batch; ++b)
+        for (int j = 0; j < sk; ++j)
+          for (int h = 0; h < c.hkv; ++h)
+            for (int x = 0; x < cols; ++x)
+              buf[at(t, table[size_t(b) * per + j / ps], j % ps, h, x)] = val(b, j, h, x);
+      t.data = dev.put(buf.data(), buf.size() * 4);
+    } else if (c.layout == FA_KV_PTR_ARRAY) {
+      std::vector<uint64_t> p(c.batch);
+      for (int b = 0; b < c.batch; ++b) {
+        std::vector<float> buf(size_t(t.stride[0]), nan_f());
+        for (int j = 0; j < sk; ++j)
+          for (int h = 0; h < c.hkv; ++h)
+            for (int x = 0; x < cols; ++x) buf[at(t, 0, j, h, x)] = val(b, j, h, x);
+        p[b] = dev.put(buf.data(), buf.size() * 4);
+      }
+      ptrs[pass] = dev.put(p.data(), p.size() * 8);
+    } else {
+      std::vector<float> buf(size_t(c.batch) * t.stride[0], nan_f());
+      for (int b = 0; b < c.batch; ++b)
+        for (int j = 0; j < sk; ++j)
+          for (int h = 0; h < c.hkv; ++h)
+            for (int x = 0; x < cols; ++x) buf[at(t, b, j, h, x)] = val(b, j, h, x);
+      t.data = dev.put(buf.data(), buf.size() * 4);
+    }
+    (pass ? a.v_cache : a.k_cache) = t;
+  }
+  a.kv.layout = c.layout;
+  if (c.layout == FA_KV_PAGED) {
+    a.kv.page_size = ps;
+    a.kv.num_pages = np;
+    a.kv.max_pages_per_seq = per;
+    a.kv.block_table = dev.put(table.data(), table.size() * 4);
+    a.kv.block_table_stride = per;
+  } else if (c.layout == FA_KV_PTR_ARRAY) {
+    a.kv.k_ptrs = ptrs[0];
+    a.kv.v_ptrs = ptrs[1];
+  }
+  a.q = tq;
+  a.cache_seqlens = dev.put(c.lens.data(), c.lens.size() * 4);
+  a.num_splits = c.splits;
+  const size_t o_elems = size_t(c.batch) * to.stride[0];
+  const size_t lse_n = size_t(c.batch) * c.hq * c.sq;
+  to.data = dev.put(nullptr, o_elems * 4);
+  a.o = to;
+  a.lse = dev.put(nullptr, lse_n * 4);
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = FA_DTYPE_FP32;
+  desc.head_dim = d;
+  desc.head_dim_v = dv;
+  desc.num_heads_q = c.hq;
+  desc.num_heads_kv = c.hkv;
+  desc.causal = c.causal;
+  dev.check(fa_config_create(&desc, &dev.cfg), "fa_config_create");
+  if (!dev.err.empty()) return dev.err;
+  size_t ws = 0;
+  dev.check(fa_decode_workspace_size(rt, dev.cfg, &a, &ws, nullptr), "workspace size");
+  a.workspace = dev.put(nullptr, ws);
+  a.workspace_size = ws;
+  dev.check(fa_memset(rt, to.data, 0xFF, o_elems * 4), "poison O");
+  dev.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  dev.check(fa_decode(rt, dev.cfg, &a, nullptr), "fa_decode");
+  dev.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+  if (!dev.err.empty()) return dev.err;
+  std::vector<float> o(o_elems), lse(lse_n);
+  dev.check(fa_memcpy_dtoh(rt, o.data(), to.data, o_elems * 4), "download O");
+  dev.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
+  if (!dev.err.empty()) return dev.err;
+
+  std::string err;
+  double max_err = 0, max_base = 0, se = 0, sr = 0, lse_err = 0;
+  long long bad = 0, gaps = 0, rounded16 = 0, n_o = 0;
+  std::vector<bool> real(o_elems, false);
+  Case fc;  // lowp()'s view of the problem
+  fc.hq = c.hq, fc.hkv = c.hkv, fc.d = d, fc.dv = dv, fc.causal = c.causal;
+  for (int b = 0; b < c.batch; ++b) {
+    const int L = c.lens[b];
+    std::vector<double> q(size_t(c.sq) * c.hq * d), k(size_t(L) * c.hkv * d),
+        v(size_t(L) * c.hkv * dv);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_round(hq[size_t(b) * q.size() + i]);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = bf16_round(hk[size_t(b) * sk * c.hkv * d + i]);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_round(hv[size_t(b) * sk * c.hkv * dv + i]);
+    fa::ref::Problem p;
+    p.seqlen_q = c.sq;
+    p.seqlen_k = std::max(L, 1);
+    p.num_heads_q = c.hq;
+    p.num_heads_kv = c.hkv;
+    p.head_dim = d;
+    p.head_dim_v = dv;
+    p.causal = c.causal;
+    const int32_t len = L;
+    std::vector<double> oref(size_t(c.sq) * c.hq * dv), lref(size_t(c.hq) * c.sq);
+    fa::ref::attention(p, q.data(), k.data(), v.data(), oref.data(), lref.data(), &len);
+    const std::vector<double> olow = lowp(fc, c.sq, L, q, k, v);
+    for (int i = 0; i < c.sq; ++i)
+      for (int h = 0; h < c.hq; ++h) {
+        for (int x = 0; x < dv; ++x) {
+          const size_t gi = at(to, b, i, h, x);
+          real[gi] = true;
+          const double r = oref[(size_t(i) * c.hq + h) * dv + x];
+          const float got = o[gi];
+          n_o += r != 0;
+          if (!std::isfinite(got)) {
+            ++bad;
+            continue;
+          }
+          if (r != 0 && (double(fa::ref::round_to(got, true)) == got ||
+                         double(fa::ref::round_to(got, false)) == got))
+            ++rounded16;
+          max_err = std::max(max_err, std::fabs(got - r));
+          max_base = std::max(max_base, std::fabs(olow[(size_t(i) * c.hq + h) * dv + x] - r));
+          se += (got - r) * (got - r);
+          sr += r * r;
+        }
+        const float gl = lse[(size_t(b) * c.hq + h) * c.sq + i];
+        const double lr = lref[size_t(h) * c.sq + i];
+        if (std::isinf(lr)) {
+          if (!(std::isinf(gl) && gl < 0)) ++bad;
+        } else if (!std::isfinite(gl)) {
+          ++bad;
+        } else {
+          lse_err = std::max(lse_err, std::fabs(gl - lr) / std::max(1.0, std::fabs(lr)));
+        }
+      }
+  }
+  for (size_t i = 0; i < o_elems; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &o[i], 4);
+    if (!real[i] && u != kPoison) ++gaps;
+  }
+  const double tol = 2.0 * max_base + 1e-5, rel = sr > 0 ? std::sqrt(se / sr) : 0;
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld nonzero O "
+                "values 16-bit numbers",
+                c.describe().c_str(), max_err, tol, rel, lse_err, rounded16, n_o);
+  std::printf("    %s\n", buf);
+  if (bad) err += std::string(buf) + " | " + std::to_string(bad) + " NaN or unwritten values\n";
+  if (gaps) err += std::string(buf) + " | O gaps written\n";
+  if (max_err > tol) err += std::string(buf) + " | max_abs over tolerance\n";
+  if (rel >= 1e-2) err += std::string(buf) + " | rel_l2 >= 1e-2\n";
+  if (lse_err > 2e-3) err += std::string(buf) + " | LSE error over 2e-3\n";
+  if (rounded16 * 4 > n_o) err += std::string(buf) + " | O looks rounded to 16 bits\n";
+  return err;
+}
+
+void run_decode_all(fa_runtime *rt, const std::vector<DCase> &cases) {
+  std::string all;
+  for (const DCase &c : cases) all += run_decode_case(rt, c);
+  if (!all.empty()) {
+    std::printf("%s", all.c_str());
+    fail_msg("fp32 decode cases failed");
+  }
+}
+
+// Every KV layout, GQA packing, chunked prefill (seqlen_q > 1, causal),
+// forced splits, head dims 64, 128 and 72 (head_dim_v 64), an empty cache.
+std::vector<DCase> decode_cases() {
+  std::vector<DCase> v;
+  DCase c;
+  c.lens = {50, 64}, c.seed = 21;
+  v.push_back(c);
+  c = DCase();
+  c.sq = 3, c.skmax = 100, c.lens = {100, 37}, c.hq = 8, c.hkv = 2, c.d = 128, c.causal = true;
+  c.splits = 3, c.seed = 22;
+  v.push_back(c);
+  c = DCase();
+  c.skmax = 80, c.lens = {0, 77}, c.hq = 2, c.hkv = 2, c.d = 72, c.dv = 64;
+  c.layout = FA_KV_PAGED, c.page_size = 16, c.seed = 23;
+  v.push_back(c);
+  c = DCase();
+  c.sq = 2, c.skmax = 70, c.lens = {70, 20}, c.causal = true, c.layout = FA_KV_PAGED;
+  c.page_size = 5, c.splits = 2, c.seed = 24;
+  v.push_back(c);
+  c = DCase();
+  c.skmax = 90, c.lens = {33, 90}, c.hq = 4, c.hkv = 2, c.layout = FA_KV_PTR_ARRAY, c.seed = 25;
+  v.push_back(c);
+  return v;
+}
+
+void test_decode_sm80(void **) {
+  need_runtime();
+  run_decode_all(g_rt80, decode_cases());
+}
+
+void test_decode_sm90(void **) {
+  need_runtime();
+  std::vector<DCase> v = decode_cases();
+  for (DCase &c : v) c.seed += 100;
+  run_decode_all(g_rt90, v);
+}
+
 fa_config *fp32_config(int d, int kv_dtype, fa_status *st) {
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = FA_DTYPE_FP32;
@@ -458,31 +723,24 @@ void test_statuses(void **) {
     assert_null(std::strstr(p.c_str(), "wgmma"));
     assert_null(std::strstr(p.c_str(), "cp.async.cg"));
   }
-  // Decode: not in this version.
-  generate(cfg, FA_KERNEL_DECODE, 80, &st);
-  assert_int_equal(st, FA_ERROR_UNSUPPORTED);
-  assert_non_null(std::strstr(fa_last_error(), "fa_decode"));
+  // Decode: the tensor-core kernel (not the scalar one, no KV append).
   {
-    Dev dev(g_rt80);
-    fa_decode_args a = FA_DECODE_ARGS_INIT;
-    a.batch = 1;
-    a.seqlen_q = 1;
-    a.seqlen_k_max = 16;
-    fa_tensor t{};
-    t.stride[3] = 1;
-    t.stride[2] = 64;
-    t.stride[1] = 128;
-    t.stride[0] = 16 * 128;
-    t.data = dev.put(nullptr, 16 * 128 * 4);
-    a.q = a.k_cache = a.v_cache = a.o = t;
-    const int32_t len = 16;
-    a.cache_seqlens = dev.put(&len, 4);
-    size_t ws = 0;
-    assert_int_equal(fa_decode_workspace_size(g_rt80, cfg, &a, &ws, nullptr), FA_SUCCESS);
-    a.workspace = dev.put(nullptr, ws);
-    a.workspace_size = ws;
-    assert_int_equal(fa_decode(g_rt80, cfg, &a, nullptr), FA_ERROR_UNSUPPORTED);
-    assert_non_null(std::strstr(fa_last_error(), "fa_decode"));
+    const std::string p = generate(cfg, FA_KERNEL_DECODE, 80, &st);
+    assert_int_equal(st, FA_SUCCESS);
+    assert_non_null(std::strstr(p.c_str(), "cvt.rn.bf16x2.f32"));
+    fa_generate_options o;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.append_kv = 1;
+    size_t n = 0;
+    assert_int_equal(fa_generate_for(cfg, FA_KERNEL_DECODE, 80, &o, nullptr, 0, &n),
+                     FA_ERROR_UNSUPPORTED);
+    assert_non_null(std::strstr(fa_last_error(), "append"));
+    setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+    generate(cfg, FA_KERNEL_DECODE, 80, &st);
+    unsetenv("FLASHATTN_SCALAR_DECODE");
+    assert_int_equal(st, FA_ERROR_UNSUPPORTED);
+    assert_non_null(std::strstr(fa_last_error(), "FLASHATTN_SCALAR_DECODE"));
   }
   // The scalar forward (FLASHATTN_SCALAR_FORWARD=1) has no fp32 path.
   setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
@@ -558,7 +816,8 @@ void test_reduce(void **) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward_sm80),  cmocka_unit_test(test_forward_sm90),
-      cmocka_unit_test(test_forward_paged), cmocka_unit_test(test_statuses),
+      cmocka_unit_test(test_forward_paged), cmocka_unit_test(test_decode_sm80),
+      cmocka_unit_test(test_decode_sm90),   cmocka_unit_test(test_statuses),
       cmocka_unit_test(test_reduce),
   };
   return cmocka_run_group_tests_name("fp32_inputs", tests, setup, teardown);

@@ -115,8 +115,8 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
         }
-  // fp32 Q/K/V/O: the mma.sync forward (every KV layout, varlen) and the
-  // combine.
+  // fp32 Q/K/V/O: the mma.sync forward and decode (every KV layout, varlen,
+  // GQA) and the combine.
   for (int sm : sms)
     for (int d : dims)
       for (bool sc : {false, true}) {
@@ -133,7 +133,10 @@ std::vector<KernelSpec> all_specs() {
           shape.seqused_k = lay != 1;
           shape.varlen = lay == 1;
           out.push_back(make_spec(c, KernelKind::Forward, lim, shape));
+          shape.varlen = shape.seqused_k = false;
+          out.push_back(make_spec(c, KernelKind::Decode, lim, shape));
         }
+        out.push_back(make_spec(c, KernelKind::Decode, sm, false));
       }
   return out;
 }

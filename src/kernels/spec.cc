@@ -108,11 +108,11 @@ bool spec_valid(const KernelSpec &s) {
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
   if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
-  // fp32 Q/K/V/O: the mma.sync forward (rounding to bf16 on load) and the
-  // combine (writing fp32 O) only.
+  // fp32 Q/K/V/O: the mma.sync forward and decode (rounding to bf16 on
+  // load; no KV append) and the combine (writing fp32 O) only.
   if (s.dtype == Dtype::F32 &&
-      !(s.kind == KernelKind::Reduce ||
-        (s.kind == KernelKind::Forward && s.mma && !s.wgmma && s.kv_fp8 == KvFp8::None)))
+      !(s.kind == KernelKind::Reduce || (s.kind != KernelKind::Reduce && s.mma && !s.wgmma &&
+                                         s.kv_fp8 == KvFp8::None && !s.append_kv)))
     return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
@@ -262,7 +262,9 @@ void choose_decode_tile(const DeviceLimits &dev, KernelSpec *s) {
   const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
   s->block_m = 16;
   s->q_in_regs = dpad <= 128;
-  const int regs = dvpad / 2 + 8 + (s->q_in_regs ? dpad / 4 : 4) + 64 + (s->softcap ? 16 : 0);
+  // fp32 K/V: 8 loaded values per chunk in flight, 16 more.
+  const int regs = dvpad / 2 + 8 + (s->q_in_regs ? dpad / 4 : 4) + 64 + (s->softcap ? 16 : 0) +
+                   (s->dtype == Dtype::F32 ? 16 : 0);
   const int cands[][2] = {{4, 3}, {4, 2}, {2, 2}, {1, 2}};
   for (const auto &c : cands) {
     KernelSpec t = *s;

@@ -105,15 +105,15 @@ fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec) {
 
 fa_status check_fp32(const AttentionConfig &cfg, const KernelSpec &spec) {
   if (cfg.dtype != Dtype::F32 || spec.kind == KernelKind::Reduce) return FA_SUCCESS;
-  if (spec.kind == KernelKind::Decode) {
+  if (spec.kind == KernelKind::Decode && spec.append_kv) {
     return fail(FA_ERROR_UNSUPPORTED,
-                "fp32 Q/K/V/O (dtype FA_DTYPE_FP32) run in fa_launch only in this version, not "
-                "in fa_decode (convert the cache to fp16/bf16, or prefill through fa_launch)");
+                "a KV append (k_new) with fp32 Q/K/V (dtype FA_DTYPE_FP32) is not supported yet; "
+                "write the new keys into the cache first");
   }
   if (!spec.mma || spec.wgmma) {
     return fail(FA_ERROR_UNSUPPORTED,
-                "fp32 Q/K/V/O (dtype FA_DTYPE_FP32) need the tensor-core forward (sm_80+, not "
-                "FLASHATTN_SCALAR_FORWARD=1); the device is sm_%d",
+                "fp32 Q/K/V/O (dtype FA_DTYPE_FP32) need the tensor-core kernels (sm_80+, not "
+                "FLASHATTN_SCALAR_FORWARD=1 or FLASHATTN_SCALAR_DECODE=1); the device is sm_%d",
                 spec.sm);
   }
   return FA_SUCCESS;

@@ -172,6 +172,12 @@ void CopyPlan::f32_rows(int k, int j, Reg ga, bool rows_checked) const {
     }
   }
   f32_chunk(ga, 32 * L_ * j, soff(k, j), lp, g, rows_checked);
+  // A warp's own plan copies many chunks per lane (a 16-row tile): a
+  // bar.warp.sync after every kF32Batch of them keeps the assembler from
+  // hoisting all the loads at once (which spilled at head dims >= 216).
+  const int idx = k * J_ + j;
+  if (threads_ == 32 && idx % kF32Batch == kF32Batch - 1 && idx + 1 < rounds_ * J_)
+    e_->b.bar_warp_sync(0xffffffffu);
 }
 
 void CopyPlan::f32_chunk(Reg ga, int goff, int soff, Reg lp, Reg g, bool zero) const {

@@ -174,6 +174,7 @@ class CopyPlan {
   int threads_ = 0, L_ = 1, J_ = 1, step_ = 0, rounds_ = 0, pad_ = 0, delta_ = 0;
   Reg tid_, smem_, stride_, row0_, saddr0_, goff0_, step_bytes_, ga_, src_, size_, ok_, rl_;
   Reg last_ok_, rows_ok_;
+  static constexpr int kF32Batch = 4;  // src_f32, a warp's plan: chunks between warp syncs
   bool f32_ = false;
   std::array<Reg, 8> x_;  // src_f32: one chunk's fp32 values
   std::array<Reg, 4> w_;  // src_f32: the same as bf16 pairs
