@@ -402,8 +402,10 @@ func TestConfigErrors(t *testing.T) {
 	wantErr(t, err, StatusUnsupported, "head_dim must be a multiple of 8")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, Window: &Window{-3, 0}})
 	wantErr(t, err, StatusInvalidArgument, "window_left")
-	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP32})
+	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP8E4M3})
 	wantErr(t, err, StatusInvalidArgument, "dtype")
+	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP32, KVDType: FP8E4M3})
+	wantErr(t, err, StatusUnsupported, "FA_DTYPE_FP32")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, SoftmaxScale: float32(math.Inf(1))})
 	wantErr(t, err, StatusInvalidArgument, "softmax_scale")
 	if !strings.HasPrefix(err.Error(), "flashattn: ") {
