@@ -111,7 +111,8 @@ FA_API const char *fa_version_string(void);
 typedef enum fa_dtype {
   FA_DTYPE_FP16 = 1, /* IEEE binary16 */
   FA_DTYPE_BF16 = 2, /* bfloat16 */
-  FA_DTYPE_FP32 = 3, /* only for partial states and LSE */
+  FA_DTYPE_FP32 = 3, /* IEEE binary32: partial states, LSE; and as
+                        fa_config_desc.dtype, fp32 Q/K/V/O (see there) */
   /* Since 0.5: fp8 (OCP 8-bit floating point, PTX ISA "Alternate
      Floating-Point Data Formats"), only as fa_config_desc.kv_dtype. */
   FA_DTYPE_FP8_E4M3 = 4, /* 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
@@ -240,7 +241,21 @@ typedef struct fa_config fa_config;
 
 typedef struct fa_config_desc {
   size_t struct_size;
-  fa_dtype dtype;       /* FA_DTYPE_FP16 or FA_DTYPE_BF16 (Q, K, V, O) */
+  fa_dtype dtype;       /* FA_DTYPE_FP16, FA_DTYPE_BF16 or FA_DTYPE_FP32 (Q, K,
+                           V, O). FP32: the tensors are fp32 in memory (no
+                           conversion pass; strides still in elements, data
+                           16-byte aligned); Q, K and V are rounded to bf16
+                           (round to nearest even) on their way into shared
+                           memory and the tensor cores compute as for bf16
+                           with fp32 accumulation, so each input element
+                           carries a relative error of at most 2^-9 (bf16's
+                           8-bit significand), the same as a bf16 caller's
+                           conversion; P is rounded to bf16 as with BF16. O
+                           is written as fp32 (never rounded to 16 bits).
+                           fa_launch, fa_decode (without a KV append) and
+                           fa_decode_reduce; not with an fp8 kv_dtype
+                           (UNSUPPORTED), not in the scalar fallback kernels
+                           (FLASHATTN_SCALAR_FORWARD / _DECODE: UNSUPPORTED) */
   int32_t head_dim;     /* multiple of 8, 8..256 */
   int32_t head_dim_v;   /* multiple of 8, 8..256; 0 = head_dim */
   int32_t num_heads_q;  /* >= 1 */
@@ -276,7 +291,8 @@ typedef struct fa_config_desc {
 
 /* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
  * struct_size, dtype, heads not divisible, negative window other than -1,
- * bad scale/softcap), UNSUPPORTED (head_dim not a multiple of 8 in 8..256).
+ * bad scale/softcap), UNSUPPORTED (head_dim not a multiple of 8 in 8..256,
+ * dtype FA_DTYPE_FP32 with an fp8 kv_dtype).
  * Thread safety: any thread. */
 FA_API fa_status fa_config_create(const fa_config_desc *desc, fa_config **out);
 /* NULL is a no-op. */
@@ -504,7 +520,9 @@ typedef struct fa_forward_args {
  * gpt_oss/torch/model.py sdpa, FlashAttention-3's learnable sink), in every
  * forward kernel. With alibi_slopes, ALiBi's linear bias (see
  * fa_forward_args.alibi_slopes; the sink is never biased), in every forward
- * kernel, with every mask, window, softcap and KV layout.
+ * kernel, with every mask, window, softcap and KV layout. With an fp32
+ * config (fa_config_desc.dtype) q/k/v/o are fp32 and the mma.sync kernel
+ * runs (on sm_90 too).
  * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment,
  * sinks or alibi_slopes not 4-byte aligned, alibi_slopes_stride < 0, set
  * without alibi_slopes or between 1 and num_heads_q - 1),
@@ -674,7 +692,9 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * combine: the partial states in the workspace never include it. With
  * alibi_slopes, ALiBi's bias in every split's scores (the partial states
  * include it), with tree_mask, GQA (one slope per query head), every KV
- * layout and batch_invariant.
+ * layout and batch_invariant. With an fp32 config q, the cache and o are
+ * fp32 (the partial states are fp32 whatever the dtype); a KV append
+ * (k_new) with it is UNSUPPORTED.
  * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_4_1,
  * FA_DECODE_ARGS_SIZE_0_4, FA_DECODE_ARGS_SIZE_0_3 or FA_DECODE_ARGS_SIZE_0_2.
  * Errors: as fa_launch (alibi_slopes and alibi_slopes_stride included),

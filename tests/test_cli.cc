@@ -223,7 +223,7 @@ void test_version(void **) {
 void test_generate(void **) {
   skip_without_cli();
   for (const char *kind : {"forward", "decode", "reduce"}) {
-    for (const char *dtype : {"fp16", "bf16"}) {
+    for (const char *dtype : {"fp16", "bf16", "fp32"}) {
       std::vector<std::string> args = {"generate",   "--kind", kind,        "--dtype", dtype,
                                        "--head-dim", "64",     "--heads-q", "4",       "--heads-kv",
                                        "2",          "--sm",   "80"};
@@ -358,6 +358,9 @@ void test_bad_arguments(void **) {
       {with(dec, {"--cache-seqlens", path_of("s_2.npy")}), 2, "batch"},
       {with(dec, {"--cache-seqlens", path_of("s_f.npy")}), 2, "integer"},
       {with(dec, {"--cache-seqlens", path_of("s.npy"), "--num-splits", "-1"}), 2, "num-splits"},
+      {with(run(Q, K, V), {"--dtype", "fp32"}), 2, "--dtype fp32 is for generate"},
+      {with(dec, {"--cache-seqlens", path_of("s.npy"), "--dtype", "fp32"}), 2,
+       "--dtype fp32 is for generate"},
       {{"cache"}, 2, "subcommand"},
       {{"cache", "purge"}, 2, "purge"},
       {{"cache", "stats", "--verbose"}, 2, "verbose"},

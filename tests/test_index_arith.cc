@@ -115,6 +115,29 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
         }
+  // fp32 Q/K/V/O: the mma.sync forward and decode (every KV layout, varlen,
+  // GQA) and the combine.
+  for (int sm : sms)
+    for (int d : dims)
+      for (bool sc : {false, true}) {
+        const int dv = d == 40 ? 72 : d;
+        const AttentionConfig c = config(Dtype::F32, d, dv, 16, 4, sc);
+        for (bool vl : {false, true}) out.push_back(make_spec(c, KernelKind::Forward, sm, vl));
+        out.push_back(make_spec(c, KernelKind::Reduce, sm, false));
+        DeviceLimits lim;
+        published_limits(sm, &lim);
+        for (int lay = 0; lay < 3; ++lay) {
+          LaunchShape shape;
+          shape.kv_layout = lay == 2 ? KvLayout::PtrArray : KvLayout::Paged;
+          shape.page_size = lay == 0 ? 128 : 3;
+          shape.seqused_k = lay != 1;
+          shape.varlen = lay == 1;
+          out.push_back(make_spec(c, KernelKind::Forward, lim, shape));
+          shape.varlen = shape.seqused_k = false;
+          out.push_back(make_spec(c, KernelKind::Decode, lim, shape));
+        }
+        out.push_back(make_spec(c, KernelKind::Decode, sm, false));
+      }
   return out;
 }
 

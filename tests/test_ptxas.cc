@@ -210,6 +210,44 @@ std::vector<KernelSpec> grid() {
         out.push_back(s);
       }
   }
+  // fp32 Q/K/V/O (converted to bf16 on load): the mma.sync forward and
+  // decode at every head dim on sm_80 and sm_90 (softcap alternating,
+  // varlen every third, GQA groups 1, 4, 8), the forward on other targets
+  // at the head dims with the most registers, every KV layout (decode with
+  // tree masks), and the combine.
+  for (int sm : {80, 90})
+    for (int d = 8; d <= 256; d += 8) {
+      out.push_back(make_spec(config(Dtype::F32, d, d, 8, 2, (d / 8) % 2), KernelKind::Forward, sm,
+                              d % 24 == 0));
+      const int hkv = d % 24 == 0 ? 8 : d % 16 == 0 ? 2 : 1;
+      out.push_back(
+          make_spec(config(Dtype::F32, d, d, 8, hkv, (d / 8) % 2), KernelKind::Decode, sm, false));
+    }
+  for (int sm : {86, 89, 120})
+    for (int d : {64, 96, 112, 128, 216, 256})
+      out.push_back(
+          make_spec(config(Dtype::F32, d, d, 8, 2, d != 112), KernelKind::Forward, sm, d == 96));
+  for (int sm : {80, 90}) {
+    const DeviceLimits lim = limits_of(sm);
+    for (int d : {64, 128, 256})
+      for (int lay = 0; lay < 3; ++lay) {
+        LaunchShape shape;
+        shape.kv_layout = lay == 2 ? KvLayout::PtrArray : KvLayout::Paged;
+        shape.page_size = lay == 0 ? 256 : 16;
+        shape.seqused_k = true;
+        shape.varlen = lay == 1;
+        shape.alibi = lay == 2;
+        shape.sinks = lay == 1;
+        out.push_back(
+            make_spec(config(Dtype::F32, d, d, 8, 2, d == 128), KernelKind::Forward, lim, shape));
+        shape.varlen = shape.seqused_k = shape.sinks = false;
+        shape.tree_mask = lay == 1;
+        out.push_back(
+            make_spec(config(Dtype::F32, d, d, 8, 2, d != 128), KernelKind::Decode, lim, shape));
+      }
+    out.push_back(
+        make_spec(config(Dtype::F32, 0, 128, 8, 8, false), KernelKind::Reduce, lim, LaunchShape()));
+  }
   // ALiBi: the mma.sync forward (the head dims with the most registers,
   // softcap, varlen, a paged cache, with sinks), both decode kernels (GQA,
   // softcap, paged, pointer arrays, tree masks), the scalar forward and the

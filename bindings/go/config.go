@@ -22,7 +22,7 @@ type Window struct {
 // ConfigDesc describes an attention problem family (fa_config_desc). The
 // zero values of the optional fields are the C defaults.
 type ConfigDesc struct {
-	DType        DType   // FP16 or BF16; 0 = FP16
+	DType        DType   // FP16, BF16 or FP32 (bf16 on load, O fp32); 0 = FP16
 	HeadDim      int32   // multiple of 8, 8..256
 	HeadDimV     int32   // 0 = HeadDim
 	NumHeadsQ    int32   // >= 1

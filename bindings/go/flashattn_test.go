@@ -402,8 +402,10 @@ func TestConfigErrors(t *testing.T) {
 	wantErr(t, err, StatusUnsupported, "head_dim must be a multiple of 8")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, Window: &Window{-3, 0}})
 	wantErr(t, err, StatusInvalidArgument, "window_left")
-	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP32})
+	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP8E4M3})
 	wantErr(t, err, StatusInvalidArgument, "dtype")
+	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP32, KVDType: FP8E4M3})
+	wantErr(t, err, StatusUnsupported, "FA_DTYPE_FP32")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, SoftmaxScale: float32(math.Inf(1))})
 	wantErr(t, err, StatusInvalidArgument, "softmax_scale")
 	if !strings.HasPrefix(err.Error(), "flashattn: ") {
@@ -527,6 +529,68 @@ func TestForward(t *testing.T) {
 			forwardCase(t, rt, cfg, c.p, int64(i+10))
 		})
 	}
+}
+
+// TestForwardFP32: DType FP32 takes float32 tensors and writes float32 O;
+// the reference runs on the inputs rounded to bf16 as the kernel rounds them.
+func TestForwardFP32(t *testing.T) {
+	rt := newRT(t)
+	p := problem{batch: 2, sq: 33, skMax: 47, hq: 4, hkv: 2, d: 64, dv: 64, causal: true}
+	p.scale = 1 / math.Sqrt(float64(p.d))
+	p.kvLen = []int{p.skMax, p.skMax}
+	cfg := newCfg(t, ConfigDesc{HeadDim: 64, NumHeadsQ: 4, NumHeadsKV: 2, Causal: true, DType: FP32})
+	r := rand.New(rand.NewSource(42))
+	gen := func(n int) ([]float32, []float32) {
+		x, xr := make([]float32, n), make([]float32, n)
+		for i := range x {
+			x[i] = r.Float32()*2 - 1
+			xr[i] = BF16ToFloat32(Float32ToBF16(x[i]))
+		}
+		return x, xr
+	}
+	qf, qr := gen(p.batch * p.sq * p.hq * p.d)
+	kf, kr := gen(p.batch * p.skMax * p.hkv * p.d)
+	vf, vr := gen(p.batch * p.skMax * p.hkv * p.dv)
+	want, wantLSE := reference(p, qr, kr, vr)
+	q, k, v := upload(t, rt, qf), upload(t, rt, kf), upload(t, rt, vf)
+	o := poisoned(t, rt, uint64(len(want))*4)
+	lse := poisoned(t, rt, uint64(len(wantLSE))*4)
+	err := rt.Forward(cfg, &ForwardArgs{
+		Batch: int32(p.batch), SeqlenQ: int32(p.sq), SeqlenK: int32(p.skMax),
+		Q:   Contiguous(q.Ptr(), int64(p.sq), int64(p.hq), int64(p.d)),
+		K:   Contiguous(k.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.d)),
+		V:   Contiguous(v.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.dv)),
+		O:   Contiguous(o.Ptr(), int64(p.sq), int64(p.hq), int64(p.dv)),
+		LSE: lse.Ptr(),
+	})
+	if err != nil {
+		t.Fatalf("Forward: %v", err)
+	}
+	got := make([]float32, len(want))
+	gotLSE := make([]float32, len(wantLSE))
+	if err := o.DownloadFloat32(got); err != nil {
+		t.Fatal(err)
+	}
+	if err := lse.DownloadFloat32(gotLSE); err != nil {
+		t.Fatal(err)
+	}
+	maxErr, rounded := 0.0, 0
+	for i, g := range got {
+		if g != g {
+			t.Fatalf("O[%d] not written", i)
+		}
+		maxErr = math.Max(maxErr, math.Abs(float64(g)-want[i]))
+		if BF16ToFloat32(Float32ToBF16(g)) == g {
+			rounded++
+		}
+	}
+	if maxErr > 4e-3 { // P in bf16: observed about 1e-3
+		t.Fatalf("fp32 forward O: max abs error %g", maxErr)
+	}
+	if rounded*4 > len(got) {
+		t.Fatalf("%d of %d outputs are bf16 numbers: O looks rounded", rounded, len(got))
+	}
+	compareLSE(t, "fp32 forward LSE", gotLSE, wantLSE)
 }
 
 func TestForwardErrors(t *testing.T) {

@@ -285,7 +285,9 @@ fa_status validate_descales(const fa::AttentionConfig &c, uint64_t kd, uint64_t 
 // indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
 // A rotary table's fa_dtype: 0 or FP32 (f32), or the config's 16-bit dtype.
 fa_status check_rotary_dtype(const char *what, const fa::AttentionConfig &c, int32_t d) {
-  const int32_t cfg_dtype = c.dtype == fa::Dtype::BF16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
+  const int32_t cfg_dtype = c.dtype == fa::Dtype::BF16  ? FA_DTYPE_BF16
+                            : c.dtype == fa::Dtype::F32 ? FA_DTYPE_FP32
+                                                        : FA_DTYPE_FP16;
   FA_REQUIRE(d == 0 || d == FA_DTYPE_FP32 || d == cfg_dtype,
              "%s must be 0, FA_DTYPE_FP32 or the config's dtype (%d), got %d", what, cfg_dtype, d);
   return FA_SUCCESS;
@@ -446,8 +448,8 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
   const fa_config_desc *d = desc;
   FA_CHECK(check_struct_size("desc", d->struct_size, sizeof(fa_config_desc)));
   const int dtype = raw_enum(d->dtype);
-  FA_REQUIRE(dtype == FA_DTYPE_FP16 || dtype == FA_DTYPE_BF16,
-             "dtype must be FA_DTYPE_FP16 or FA_DTYPE_BF16, got %d", dtype);
+  FA_REQUIRE(dtype == FA_DTYPE_FP16 || dtype == FA_DTYPE_BF16 || dtype == FA_DTYPE_FP32,
+             "dtype must be FA_DTYPE_FP16, FA_DTYPE_BF16 or FA_DTYPE_FP32, got %d", dtype);
   const int32_t dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
   if (d->head_dim < 8 || d->head_dim > 256 || d->head_dim % 8 != 0) {
     return fail(FA_ERROR_UNSUPPORTED, "head_dim must be a multiple of 8 in 8..256, got %d",
@@ -487,7 +489,9 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
     FA_REQUIRE(scale * kLog2e <= FLT_MAX,
                "softmax_scale %g is too large: softmax_scale * log2(e) overflows float", scale);
   }
-  c->dtype = dtype == FA_DTYPE_BF16 ? fa::Dtype::BF16 : fa::Dtype::F16;
+  c->dtype = dtype == FA_DTYPE_BF16   ? fa::Dtype::BF16
+             : dtype == FA_DTYPE_FP32 ? fa::Dtype::F32
+                                      : fa::Dtype::F16;
   c->head_dim = d->head_dim;
   c->head_dim_v = dv;
   c->num_heads_q = d->num_heads_q;
@@ -502,6 +506,12 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
       d->kv_dtype == 0 || d->kv_dtype == FA_DTYPE_FP8_E4M3 || d->kv_dtype == FA_DTYPE_FP8_E5M2,
       "kv_dtype must be 0 (= dtype), FA_DTYPE_FP8_E4M3 (4) or FA_DTYPE_FP8_E5M2 (5), got %lld",
       static_cast<long long>(d->kv_dtype));
+  if (d->kv_dtype != 0 && dtype == FA_DTYPE_FP32) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "an fp8 KV cache (kv_dtype %d) needs dtype FA_DTYPE_FP16 or FA_DTYPE_BF16, not "
+                "FA_DTYPE_FP32",
+                static_cast<int>(d->kv_dtype));
+  }
   if (d->kv_dtype != 0) {
     // The fp8 rows travel in whole 16-byte chunks (16 values).
     if (d->head_dim % 16 != 0 || dv % 16 != 0) {
@@ -723,6 +733,7 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                                       : fa::KernelKind::Reduce;
   const fa::KernelSpec spec = fa::make_spec(cfg->cfg, k, lim, shape);
   FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
+  FA_CHECK(fa::check_fp32(cfg->cfg, spec));
   if (spec.append_kv && spec.kv_fp8 != fa::KvFp8::None) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "a KV append into an fp8 KV cache is not supported yet (the new keys would need "

@@ -804,9 +804,9 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
   ptx::Builder &b = e.b;
   Reg qs[3], ks[3], vs[3];
   for (int i = 0; i < 3; ++i) {
-    qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
-    ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
-    vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+    qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, elem_bytes(spec.dtype));
+    ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, elem_bytes(spec.dtype));
+    vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, elem_bytes(spec.dtype));
   }
   ForwardBases fb;
   fb.q_row = qs[1];
@@ -872,7 +872,8 @@ ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg se
   ForwardOut out;
   Reg o = e.global_param(offsetof(P, o));
   Reg os[3];
-  for (int i = 0; i < 3; ++i) os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+  for (int i = 0; i < 3; ++i)
+    os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, elem_bytes(spec.dtype));
   out.o_row = os[1];
   Reg lse_raw = e.param(Type::U64, offsetof(P, lse));
   out.has_lse = e.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));

@@ -94,12 +94,13 @@ class DecodeTcGen {
         lay_(layout(spec)),
         b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
+        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),  // fp32: rounded to bf16
         // An fp8 cache converts to f16 in one cvt per two values, to bf16
         // only through f32: with bf16 Q the mma runs in f16 on a row-scaled
         // f16 copy of Q (tile::rows_bf16_to_f16) and f16 P.
         mma_(spec.kv_fp8 != KvFp8::None ? Type::F16 : half_),
-        fp8_(spec.kv_fp8 != KvFp8::None) {
+        fp8_(spec.kv_fp8 != KvFp8::None),
+        f32_(spec.dtype == Dtype::F32) {
     W_ = spec.num_warps;
     S_ = spec.stages;
     G_ = spec.group_size;
@@ -160,9 +161,9 @@ class DecodeTcGen {
     Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
     Reg v = e_.global_param(offsetof(P, v));
     Reg qs[3], ks[3], vs[3];
-    const int kv_bytes = fp8_ ? 1 : 2;
+    const int kv_bytes = fp8_ ? 1 : elem_bytes(spec_.dtype);
     for (int i = 0; i < 3; ++i) {
-      qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
+      qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, elem_bytes(spec_.dtype));
       ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, kv_bytes);
       vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, kv_bytes);
     }
@@ -287,6 +288,14 @@ class DecodeTcGen {
       Reg ok = e_.setp(Cmp::Lt, Type::S32, r, rows_);
       Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
       Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+      if (f32_) {
+        Reg sa = e_.op(Op::MadLo, Type::U32, row, imm(lay_.q.pitch), smem_);
+        b_.op(Op::MadLo, Type::U32, sa, col, imm(16), sa);
+        Reg in = (i + 1) * T > total ? e_.setp(Cmp::Lt, Type::U32, c, imm(total)) : Reg();
+        if (in.valid()) b_.op(Op::And, Type::Pred, ok, ok, in);
+        f32_q_chunk(e_.index(e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]), col, 32), ok, in, sa);
+        continue;
+      }
       Reg ga = e_.index(e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]), col, 16);
       b_.selp(Type::B64, ga, ga, q, ok);
       Reg size = e_.selp(Type::B32, imm(16), imm(0), ok);
@@ -312,9 +321,11 @@ class DecodeTcGen {
       SmemTile kt = fp8_ ? lay_.k8 : lay_.k, vt = fp8_ ? lay_.v8 : lay_.v;
       kt.offset += s * lay_.stage_bytes;
       vt.offset += s * lay_.stage_bytes;
-      k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr);
+      k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr, Reg(),
+                            f32_);
       v_plans_.emplace_back(e_, lane_, 32, vt, wsmem_, vr_.row,
-                            s ? &v_plans_[0] : (vt.cols == kt.cols ? &k_plans_[0] : nullptr));
+                            s ? &v_plans_[0] : (vt.cols == kt.cols ? &k_plans_[0] : nullptr), Reg(),
+                            f32_);
       k_plans_.back().zero_padding();
       v_plans_.back().zero_padding();
     }
@@ -327,6 +338,23 @@ class DecodeTcGen {
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
+  }
+
+  // fp32 Q (FA_DTYPE_FP32): one chunk of 8 values at global ga (32 bytes,
+  // two ld.global.v4.f32 when ok, else zeros) rounded to bf16 into shared sa
+  // (when `in`: the chunk exists).
+  void f32_q_chunk(Reg ga, Reg ok, Reg in, Reg sa) {
+    Reg x[8], w[4];
+    for (Reg &r : x) r = e_.mov(Type::F32, fimm(0.0f));
+    for (int h = 0; h < 2; ++h)
+      b_.when(ok).ld_v(Space::Global, Type::F32,
+                       {x[4 * h], x[4 * h + 1], x[4 * h + 2], x[4 * h + 3]}, at(ga, 16 * h));
+    for (int i = 0; i < 4; ++i) {
+      w[i] = b_.b32();
+      b_.cvt_pack(Type::BF16, w[i], x[2 * i + 1], x[2 * i]);
+    }
+    if (in.valid()) b_.when(in);
+    b_.st_v(Space::Shared, Type::B32, at(sa), {w[0], w[1], w[2], w[3]});
   }
 
   // The rotary table and this sequence's positions (spec.rotary).
@@ -724,6 +752,7 @@ class DecodeTcGen {
   Emitter e_;
   Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
+  bool f32_ = false;  // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
   tile::Fp8Convert k_cvt_, v_cvt_;
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
   tile::Lanes ln_;

@@ -51,7 +51,8 @@ class ForwardTcGen {
         lay_(layout(spec)),
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),  // fp32: rounded to bf16
+        f32_(spec.dtype == Dtype::F32) {
     W_ = spec.num_warps;
     T_ = 32 * W_;
     MT_ = spec.m_tiles;
@@ -160,11 +161,11 @@ class ForwardTcGen {
     for (int i = 0; i < kCtaScalars; ++i)
       b_.when(t0).st(Space::Shared, Type::B32, at(cta_sym_, 4 * i), vals[i]);
 
-    q_plan_ = CopyPlan(e_, tid_, T_, lay_.q, smem_, fb.q_row);
+    q_plan_ = CopyPlan(e_, tid_, T_, lay_.q, smem_, fb.q_row, nullptr, Reg(), f32_);
     k_plan_ = CopyPlan(e_, tid_, T_, lay_.k, smem_, fb.k_row, nullptr,
-                       e_.param(Type::S64, offsetof(P, k_round_bytes)));
+                       e_.param(Type::S64, offsetof(P, k_round_bytes)), f32_);
     v_plan_ = CopyPlan(e_, tid_, T_, lay_.v, smem_, fb.v_row, &k_plan_,
-                       e_.param(Type::S64, offsetof(P, v_round_bytes)));
+                       e_.param(Type::S64, offsetof(P, v_round_bytes)), f32_);
     kr_ = fb.kr;
     vr_ = fb.vr;
     if (spec_.kv_layout != KvLayout::Contiguous) k_ptr_ = v_ptr_ = fb.kr.base;  // safe rows
@@ -488,8 +489,12 @@ class ForwardTcGen {
       softmax_->finish(o_, &lse, sink_log2(e_, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY))));
     else
       softmax_->finish(o_, &lse);
-    // Stage: row wrow + 16 mi + g + 8 hh, columns 8j + 2q, 2q+1 (4 bytes).
     const Coords cd = coords();
+    if (f32_) {
+      store_o_f32(cd, lse);
+      return;
+    }
+    // Stage: row wrow + 16 mi + g + 8 hh, columns 8j + 2q, 2q+1 (4 bytes).
     const tile::Lanes &ln = cd.ln;
     Reg smem = e_.mov(Type::U32, ptx::sym(smem_sym_));
     Reg st = e_.op(Op::Add, Type::U32, cd.wrow, ln.g);
@@ -529,6 +534,37 @@ class ForwardTcGen {
       b_.when(ok).ld_v(Space::Shared, Type::B32, {v[0], v[1], v[2], v[3]}, at(sa));
       b_.when(ok).st_v(Space::Global, Type::B32, at(ga), {v[0], v[1], v[2], v[3]});
     }
+    store_lse(cd, out, sq, lse);
+  }
+
+  // fp32 O (FA_DTYPE_FP32): no rounding and no staging; each lane stores
+  // its accumulator pairs (columns 8j + 2q, 2q + 1 of rows g, g + 8 of each
+  // m-tile) as st.global.v2.f32, the four lanes of a quad 32 contiguous bytes.
+  void store_o_f32(const Coords &cd, const std::vector<Reg> &lse) {
+    const tile::Lanes &ln = cd.ln;
+    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg sq = seqlen(false);
+    const ForwardOut out = forward_out(e_, spec_, bz, h, sq);
+    Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);
+    for (int mi = 0; mi < MT_; ++mi)
+      for (int hh = 0; hh < 2; ++hh) {
+        Reg i = e_.op(Op::Add, Type::S32, wrel, imm(16 * mi + 8 * hh));
+        b_.op(Op::Add, Type::S32, i, i, m0_);
+        Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
+        Reg ga = e_.index(e_.index(out.o_bh, i, out.o_row), ln.q, 8);
+        for (int j = 0; j < nO_; ++j) {
+          if (8 * j >= spec_.head_dim_v) break;  // head-dim padding
+          const Frag4 &f = o_[mi].f[j];
+          b_.when(ok).st_v(Space::Global, Type::F32, at(ga, 32 * j), {f[2 * hh], f[2 * hh + 1]});
+        }
+      }
+    store_lse(cd, out, sq, lse);
+  }
+
+  // LSE of the thread's rows, by quad lane 0 (when the caller asked for it).
+  void store_lse(const Coords &cd, const ForwardOut &out, Reg sq, const std::vector<Reg> &lse) {
+    const tile::Lanes &ln = cd.ln;
     Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln.q, imm(0));
     b_.op(Op::And, Type::Pred, q0, q0, out.has_lse);
     Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);  // the row of r = 0 within the tile
@@ -546,6 +582,7 @@ class ForwardTcGen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
+  bool f32_ = false;  // fp32 Q/K/V/O: converted to bf16 on load, O stored as fp32
   int W_ = 0, T_ = 0, MT_ = 1, nS_ = 0, kD_ = 0, nO_ = 0, kP_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_, cta_sym_;
@@ -575,10 +612,11 @@ void forward_steps(const KernelSpec &spec, ForwardParams *p) {
   if (spec.kind != KernelKind::Forward || !spec.mma) return;
   const Layout l = layout(spec);
   const int threads = 32 * spec.num_warps;
-  p->k_tile_bytes = int64_t(spec.block_n) * p->k_stride[1] * 2;
-  p->v_tile_bytes = int64_t(spec.block_n) * p->v_stride[1] * 2;
-  p->k_round_bytes = int64_t(CopyPlan::round_rows(threads, l.k)) * p->k_stride[1] * 2;
-  p->v_round_bytes = int64_t(CopyPlan::round_rows(threads, l.v)) * p->v_stride[1] * 2;
+  const int eb = elem_bytes(spec.dtype);
+  p->k_tile_bytes = int64_t(spec.block_n) * p->k_stride[1] * eb;
+  p->v_tile_bytes = int64_t(spec.block_n) * p->v_stride[1] * eb;
+  p->k_round_bytes = int64_t(CopyPlan::round_rows(threads, l.k)) * p->k_stride[1] * eb;
+  p->v_round_bytes = int64_t(CopyPlan::round_rows(threads, l.v)) * p->v_stride[1] * eb;
 }
 
 TcLayout tc_layout(const KernelSpec &spec) {

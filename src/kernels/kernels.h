@@ -11,7 +11,12 @@
 
 namespace fa {
 
-enum class Dtype : uint8_t { F16 = 1, BF16 = 2 };
+// Q/K/V/O element types; F32: fp32 in global memory, rounded to
+// bf16 on the way into shared memory, O written as fp32 (flashattn.h,
+// FA_DTYPE_FP32).
+enum class Dtype : uint8_t { F16 = 1, BF16 = 2, F32 = 3 };
+// Bytes of one Q/K/V/O element in global memory.
+inline int elem_bytes(Dtype d) { return d == Dtype::F32 ? 4 : 2; }
 enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
 // How a kernel finds a key's K/V row (flashattn.h, fa_kv_layout): same values.
 enum class KvLayout : uint8_t { Contiguous = 0, Paged = 1, PtrArray = 2 };

@@ -56,7 +56,8 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg ops[5], lps[4], os[3];
   for (int i = 0; i < 5; ++i) ops[i] = e.stride_bytes(offsetof(P, o_partial_stride) + 8 * i, 4);
   for (int i = 0; i < 4; ++i) lps[i] = e.stride_bytes(offsetof(P, lse_partial_stride) + 8 * i, 4);
-  for (int i = 0; i < 3; ++i) os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+  for (int i = 0; i < 3; ++i)
+    os[i] = e.stride_bytes(offsetof(P, o_stride) + 8 * i, elem_bytes(spec.dtype));
   // Split 0 of this row: lse_partial[0][b][h][t], o_partial[0][b][t][h][lane].
   Reg l0 = e.index(e.index(e.index(lpart, bz, lps[1]), h, lps[2]), t, lps[3]);
   Reg o0 = e.index(e.index(e.index(e.index(opart, bz, ops[1]), t, ops[2]), h, ops[3]), lane, 4);
@@ -150,14 +151,18 @@ std::string generate_reduce(const KernelSpec &spec) {
     if (!spec.lse_out_base2) b.op(Op::Mul, Type::F32, lse, lse, fimm(kLn2));
   }
   b.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
-  Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, 2);
-  Reg hv = b.b16();
+  const int eb = elem_bytes(spec.dtype);  // fp32 O: stored unrounded
+  Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, eb);
+  Reg hv = eb == 2 ? b.b16() : Reg();
   Type cvt_to = spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16;
   for (int i = 0; i < nv; ++i) {
     b.op(Op::Mul, Type::F32, acc[i], acc[i], inv);
-    b.cvt(cvt_to, Type::F32, ptx::Round::Rn, hv, acc[i]);
+    if (eb == 2) b.cvt(cvt_to, Type::F32, ptx::Round::Rn, hv, acc[i]);
     if (pdim.valid() && i == nv - 1) b.when(pdim);
-    b.st(Space::Global, Type::B16, at(orow, 64 * i), hv);
+    if (eb == 2)
+      b.st(Space::Global, Type::B16, at(orow, 64 * i), hv);
+    else
+      b.st(Space::Global, Type::F32, at(orow, 128 * i), acc[i]);
   }
   Reg lane0 = e.setp(Cmp::Eq, Type::U32, lane, imm(0));
   b.op(Op::And, Type::Pred, lane0, lane0, has_lse);

@@ -28,7 +28,9 @@ const char *kind_name(KernelKind k) {
       return "reduce";
   }
 }
-const char *dtype_name(Dtype d) { return d == Dtype::BF16 ? "bf16" : "f16"; }
+const char *dtype_name(Dtype d) {
+  return d == Dtype::BF16 ? "bf16" : d == Dtype::F32 ? "f32" : "f16";
+}
 const char *kv_fp8_name(KvFp8 f) { return f == KvFp8::E5M2 ? "e5m2" : "e4m3"; }
 const char *kv_text(const KernelSpec &s) {
   switch (s.kv_layout) {
@@ -106,6 +108,12 @@ bool spec_valid(const KernelSpec &s) {
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
   if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
+  // fp32 Q/K/V/O: the mma.sync forward and decode (rounding to bf16 on
+  // load; no KV append) and the combine (writing fp32 O) only.
+  if (s.dtype == Dtype::F32 &&
+      !(s.kind == KernelKind::Reduce || (s.kind != KernelKind::Reduce && s.mma && !s.wgmma &&
+                                         s.kv_fp8 == KvFp8::None && !s.append_kv)))
+    return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
@@ -168,10 +176,18 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   if (lim.smem_per_block_optin == 0) lim.smem_per_block_optin = lim.smem_per_sm - 1024;
   for (const Cand &c : cands) {
     // Softcap's tanh keeps more values in flight (about 32 registers more at
-    // the same tile in ptxas 13.0's allocation).
-    const int regs =
-        forward_regs(dpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) + (s->softcap ? 32 : 0);
-    if (regs > 255) continue;
+    // the same tile in ptxas 13.0's allocation). fp32 inputs are loaded into
+    // registers (8 per 16-byte chunk of the tile) and the assembler hoists
+    // those loads: 16 plus 4 per chunk a thread copies of a K or V tile
+    // (the margin that keeps every fp32 head dim of tests/test_ptxas free of
+    // spills; d 112 and 216 spilled with 16 alone).
+    const int chunks = (c.block_n * std::max(dpad, dvpad) / 8 + 32 * c.warps - 1) / (32 * c.warps);
+    const int regs = forward_regs(dpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) +
+                     (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0);
+    // (The last, smallest candidate stays: an estimate past 255 is then
+    // only a margin, and ptxas caps the registers at 255.)
+    const bool last = &c == &cands[std::size(cands) - 1];
+    if (regs > 255 && !last) continue;
     KernelSpec t = *s;
     t.m_tiles = c.m_tiles;
     t.num_warps = c.warps;
@@ -180,12 +196,12 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     t.q_in_regs = c.q_in_regs;
     const uint32_t smem = kgen::tc_layout(t).total;
     const uint32_t threads = 32u * c.warps;
-    const uint32_t alloc = (static_cast<uint32_t>(regs) + 7) / 8 * 8 * threads;
+    const uint32_t alloc = (static_cast<uint32_t>(std::min(regs, 255)) + 7) / 8 * 8 * threads;
     uint32_t ctas = std::min({lim.smem_per_sm / (smem + 16 + 1024), lim.regs_per_sm / alloc,
                               lim.threads_per_sm / threads, 32u});
     if (smem + 16 > lim.smem_per_block_optin) ctas = 0;  // + static: varlen's sequence lengths
     if (ctas == 0) {
-      if (best_score < 0 && &c == &cands[std::size(cands) - 1]) {
+      if (best_score < 0 && last) {
         t.min_ctas = 1;  // nothing fits: the smallest tile, for the backend to judge
         *s = t;
       }
@@ -246,7 +262,9 @@ void choose_decode_tile(const DeviceLimits &dev, KernelSpec *s) {
   const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
   s->block_m = 16;
   s->q_in_regs = dpad <= 128;
-  const int regs = dvpad / 2 + 8 + (s->q_in_regs ? dpad / 4 : 4) + 64 + (s->softcap ? 16 : 0);
+  // fp32 K/V: 8 loaded values per chunk in flight, 16 more.
+  const int regs = dvpad / 2 + 8 + (s->q_in_regs ? dpad / 4 : 4) + 64 + (s->softcap ? 16 : 0) +
+                   (s->dtype == Dtype::F32 ? 16 : 0);
   const int cands[][2] = {{4, 3}, {4, 2}, {2, 2}, {1, 2}};
   for (const auto &c : cands) {
     KernelSpec t = *s;
@@ -357,8 +375,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.head_dim = cfg.head_dim;
   s.softcap = cfg.softcap > 0;
   s.block_n = 32;
+  // The sm_90a forward reads 16-bit tiles by TMA: fp32 inputs (converted
+  // on their way into shared memory) take the mma.sync forward there too.
   if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled()) {
+      wgmma_forward_enabled() && cfg.dtype != Dtype::F32) {
     // TMA where it can address Q, K and V as boxes; else the producer
     // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
     s.varlen = varlen;

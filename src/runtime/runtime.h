@@ -47,6 +47,12 @@ fa_status decode_too_large();
 // for cfg) is not that kernel, FA_SUCCESS otherwise (and for a 16-bit cache).
 fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec);
 
+// fp32 Q/K/V/O (cfg.dtype F32) run in the mma.sync forward and decode
+// (without a KV append) and the combine only: FA_ERROR_UNSUPPORTED with the
+// reason for any other kernel (the scalar ones), FA_SUCCESS otherwise (and
+// for 16-bit dtypes).
+fa_status check_fp32(const AttentionConfig &cfg, const KernelSpec &spec);
+
 class Runtime {
  public:
   struct Counters {

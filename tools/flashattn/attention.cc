@@ -305,10 +305,17 @@ void compare_with_contiguous(const Runtime &rt, const Dims &d, const Rounded &kr
   r->notes.push_back(line);
 }
 
+// fp32 tensors run through the library (fa_launch, fa_decode); this
+// program's run and decode stage their inputs as 16-bit values only.
+constexpr const char *kFp32Usage =
+    "--dtype fp32 is for generate in this version; run and decode round their inputs to fp16 or "
+    "bf16 (pass fp32 arrays to the library or the Python binding)";
+
 }  // namespace
 
 int cmd_run(const RunOptions &opts) {
   const fa_dtype dtype = parse_dtype(opts.attn.dtype);
+  if (dtype == FA_DTYPE_FP32) throw Failure(kExitUsage, kFp32Usage);
   const KvKind kv = parse_kv_layout(opts.kv_layout, opts.page_size);
   check_writable(opts.out, "--out");
   check_writable(opts.lse_out, "--lse-out");
@@ -516,6 +523,7 @@ Append load_append(const RunOptions &opts, const Runtime &rt, const Dims &d, fa_
 
 int cmd_decode(const RunOptions &opts) {
   const fa_dtype dtype = parse_dtype(opts.attn.dtype);
+  if (dtype == FA_DTYPE_FP32) throw Failure(kExitUsage, kFp32Usage);
   const KvKind kv = parse_kv_layout(opts.kv_layout, opts.page_size);
   if (opts.batch_invariant && opts.num_splits != 0) {
     throw Failure(kExitUsage, "--batch-invariant chooses the splits itself (" +

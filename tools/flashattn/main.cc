@@ -25,8 +25,10 @@ const char kToleranceText[] =
 
 // Options common to generate, run and decode.
 void add_attention_options(CLI::App *app, AttentionOptions *a, bool dtype_required) {
-  auto *dt = app->add_option("--dtype", a->dtype, "Element type of Q, K, V and O: fp16 or bf16")
-                 ->check(CLI::IsMember({"fp16", "bf16"}));
+  auto *dt = app->add_option("--dtype", a->dtype,
+                             "Element type of Q, K, V and O: fp16 or bf16 (generate: also fp32, "
+                             "fp32 tensors rounded to bf16 on load)")
+                 ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   if (dtype_required) {
     dt->required();
   } else {

@@ -37,7 +37,8 @@ void check_writable(const std::string &path, const char *option) {
 fa_dtype parse_dtype(const std::string &name) {
   if (name == "fp16") return FA_DTYPE_FP16;
   if (name == "bf16") return FA_DTYPE_BF16;
-  throw Failure(kExitUsage, "unknown dtype '" + name + "' (fp16 or bf16)");
+  if (name == "fp32") return FA_DTYPE_FP32;
+  throw Failure(kExitUsage, "unknown dtype '" + name + "' (fp16, bf16 or fp32)");
 }
 
 fa_backend parse_backend(const std::string &name) {

@@ -17,7 +17,7 @@ _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA,
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 _CACHE_MODES = {"default": _lib.CACHE_DEFAULT, "disk": _lib.CACHE_DISK,
                 "memory": _lib.CACHE_MEMORY}
-_DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16}
+_DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
 _KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
           "reduce": _lib.KERNEL_REDUCE}
@@ -542,7 +542,10 @@ class DeviceArray:
 
 class Config:
     """A validated attention problem family (fa_config), device-independent.
-    dtype 'fp16' | 'bf16'; head_dim_v 0 = head_dim; num_heads_kv None =
+    dtype 'fp16' | 'bf16' | 'fp32' (fp32: Q/K/V/O are float32 arrays, no
+    conversion pass; the kernels round Q/K/V to bf16 on load, at most 2^-9
+    relative per element, and write O as float32; forward, decode without a
+    KV append, decode_reduce; not with kv_dtype); head_dim_v 0 = head_dim; num_heads_kv None =
     num_heads_q; window = (left, right), -1 = unbounded; softmax_scale 0 =
     1/sqrt(head_dim); softcap 0 = off. kv_dtype (since 0.5) None = dtype, or
     'e4m3' | 'e5m2': the KV cache holds fp8 bytes (uint8 arrays) for
@@ -556,7 +559,7 @@ class Config:
         lib = _lib.lib()
         self._lib = lib
         if dtype not in _DTYPES:
-            raise invalid("Config: dtype must be 'fp16' or 'bf16', got %r" % (dtype,))
+            raise invalid("Config: dtype must be 'fp16', 'bf16' or 'fp32', got %r" % (dtype,))
         if num_heads_kv is None:
             num_heads_kv = num_heads_q
         if window is None:

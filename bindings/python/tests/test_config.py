@@ -34,7 +34,9 @@ def test_config_fields():
     (dict(head_dim=32, num_heads_q=4, softmax_scale=float("inf")), fa.InvalidArgumentError, 1,
      "softmax_scale"),
     (dict(head_dim=32, num_heads_q=4, softcap=-1.0), fa.InvalidArgumentError, 1, "softcap"),
-    (dict(head_dim=32, num_heads_q=4, dtype="fp32"), fa.InvalidArgumentError, 1, "dtype"),
+    (dict(head_dim=32, num_heads_q=4, dtype="fp64"), fa.InvalidArgumentError, 1, "dtype"),
+    (dict(head_dim=32, num_heads_q=4, dtype="fp32", kv_dtype="e4m3"), fa.UnsupportedError, 2,
+     "FA_DTYPE_FP32"),
     (dict(head_dim=32, num_heads_q=2**40), fa.InvalidArgumentError, 1, "int32"),
     (dict(head_dim=32, num_heads_q=4, window=3), fa.InvalidArgumentError, 1, "window"),
 ])

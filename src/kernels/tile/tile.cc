@@ -85,8 +85,14 @@ int CopyPlan::round_rows(int threads, const SmemTile &dst) {
 }
 
 CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
-                   const CopyPlan *share, Reg round_bytes)
-    : e_(&e), dst_(dst), threads_(threads), tid_(tid), smem_(smem_base), stride_(stride) {
+                   const CopyPlan *share, Reg round_bytes, bool src_f32)
+    : e_(&e),
+      dst_(dst),
+      threads_(threads),
+      tid_(tid),
+      smem_(smem_base),
+      stride_(stride),
+      f32_(src_f32) {
   ptx::Builder &b = e.b;
   const int C = dst.cols_pad / 8, valid = dst.cols / 8;
   L_ = lanes_per_row(threads, C);
@@ -99,9 +105,14 @@ CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg sm
   size_ = b.b32();
   ok_ = b.pred();
   rl_ = b.b32();
+  if (f32_) {
+    for (Reg &r : x_) r = b.f32();
+    for (Reg &r : w_) r = b.b32();
+    lp_ = b.pred();
+  }
   const bool shared = share && share->L_ == L_ && share->J_ == J_ && share->pad_ == pad_ &&
-                      share->threads_ == threads && share->dst_.rows == dst.rows &&
-                      share->dst_.pitch == dst.pitch;
+                      share->f32_ == f32_ && share->threads_ == threads &&
+                      share->dst_.rows == dst.rows && share->dst_.pitch == dst.pitch;
   Reg col = e.op(Op::And, Type::B32, tid, imm(L_ - 1));  // first chunk; then + L, + 2L, ...
   if (shared) {
     row0_ = share->row0_;
@@ -116,7 +127,7 @@ CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg sm
   }
   goff0_ = e.op(Op::MulLo, Type::S64, e.s64(row0_), stride);
   Reg cb = b.b64();
-  b.mul_wide(Type::U32, cb, col, imm(16));
+  b.mul_wide(Type::U32, cb, col, imm(f32_ ? 32 : 16));
   b.op(Op::Add, Type::S64, goff0_, goff0_, cb);
   step_bytes_ = round_bytes.valid() ? round_bytes : e.op(Op::MulLo, Type::S64, stride, imm(step_));
   if (shared) {
@@ -151,6 +162,38 @@ Reg CopyPlan::thread_index() const {
   return tid;
 }
 
+void CopyPlan::f32_rows(int k, int j, Reg ga, bool rows_checked) const {
+  Reg g = guard(k, j), lp = g;
+  if (rows_checked) {
+    lp = ok_;
+    if (g.valid()) {
+      e_->b.op(Op::And, Type::Pred, lp_, ok_, g);
+      lp = lp_;
+    }
+  }
+  f32_chunk(ga, 32 * L_ * j, soff(k, j), lp, g, rows_checked);
+  // A warp's own plan copies many chunks per lane (a 16-row tile): a
+  // bar.warp.sync after every kF32Batch of them keeps the assembler from
+  // hoisting all the loads at once (which spilled at head dims >= 216).
+  const int idx = k * J_ + j;
+  if (threads_ == 32 && idx % kF32Batch == kF32Batch - 1 && idx + 1 < rounds_ * J_)
+    e_->b.bar_warp_sync(0xffffffffu);
+}
+
+void CopyPlan::f32_chunk(Reg ga, int goff, int soff, Reg lp, Reg g, bool zero) const {
+  ptx::Builder &b = e_->b;
+  if (zero)
+    for (Reg x : x_) b.mov(Type::F32, x, fimm(0.0f));  // a row past the end reads as zeros
+  for (int h = 0; h < 2; ++h) {
+    if (lp.valid()) b.when(lp);
+    b.ld_v(Space::Global, Type::F32, {x_[4 * h], x_[4 * h + 1], x_[4 * h + 2], x_[4 * h + 3]},
+           at(ga, goff + 16 * h));
+  }
+  for (int i = 0; i < 4; ++i) b.cvt_pack(Type::BF16, w_[i], x_[2 * i + 1], x_[2 * i]);
+  if (g.valid()) b.when(g);
+  b.st_v(Space::Shared, Type::B32, at(saddr0_, soff), {w_[0], w_[1], w_[2], w_[3]});
+}
+
 void CopyPlan::interior(Reg tp) const {
   ptx::Builder &b = e_->b;
   b.mov(Type::B64, ga_, tp);
@@ -158,6 +201,10 @@ void CopyPlan::interior(Reg tp) const {
     if (k > 0) b.op(Op::Add, Type::S64, ga_, ga_, step_bytes_);
     for (int j = 0; j < J_; ++j) {
       Reg g = guard(k, j);
+      if (f32_) {
+        f32_rows(k, j, ga_, false);
+        continue;
+      }
       if (g.valid()) b.when(g);
       b.cp_async_cg16(at(saddr0_, soff(k, j)), at(ga_, 16 * L_ * j));
     }
@@ -175,6 +222,10 @@ void CopyPlan::boundary(Reg tp, Reg rows_left, Reg safe) const {
   for (int k = 0; k < rounds_; ++k) {
     if (k > 0) b.op(Op::Add, Type::S64, ga_, ga_, step_bytes_);
     b.setp(Cmp::Gt, Type::S32, ok_, rl_, imm(k * step_));
+    if (f32_) {
+      for (int j = 0; j < J_; ++j) f32_rows(k, j, ga_, true);
+      continue;
+    }
     b.selp(Type::B64, src_, ga_, safe, ok_);
     b.selp(Type::B32, size_, imm(16), imm(0), ok_);
     for (int j = 0; j < J_; ++j) {
@@ -191,10 +242,15 @@ void CopyPlan::gather(const std::function<Reg(Reg)> &row_addr, Reg rows_left, Re
   Reg tid = thread_index();
   Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
   Reg coff = b.b64();
-  b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(16));
+  b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(f32_ ? 32 : 16));
   for (int k = 0; k < rounds_; ++k) {
     Reg r = k ? e_->op(Op::Add, Type::S32, row0, imm(k * step_)) : row0;
     b.op(Op::Add, Type::S64, ga_, row_addr(r), coff);
+    if (f32_) {
+      if (rows_left.valid()) b.setp(Cmp::Lt, Type::S32, ok_, r, rows_left);
+      for (int j = 0; j < J_; ++j) f32_rows(k, j, ga_, rows_left.valid());
+      continue;
+    }
     Reg size;
     if (rows_left.valid()) {
       b.setp(Cmp::Lt, Type::S32, ok_, r, rows_left);

@@ -129,8 +129,14 @@ class CopyPlan {
   // offsets moved by the difference of the two tiles' offsets.
   // `round_bytes`: stride * round_rows() when the caller has it (a kernel
   // parameter costs no register); invalid: computed here.
+  // `src_f32`: the global rows hold fp32 values (4 bytes each): each 16-byte
+  // chunk of dst is 32 source bytes, read by two ld.global.v4.f32 and
+  // rounded to bf16 (cvt.rn.bf16x2.f32, round to nearest even) into one
+  // st.shared.v4 (convert-on-load, FA_DTYPE_FP32; dst holds bf16). The
+  // copies are then synchronous: ordering them needs only the barriers a
+  // cp.async plan's reader already has (wait_group then bar.sync).
   CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
-           const CopyPlan *share = nullptr, Reg round_bytes = Reg());
+           const CopyPlan *share = nullptr, Reg round_bytes = Reg(), bool src_f32 = false);
   // Rows one round covers, for a caller's round_bytes.
   static int round_rows(int threads, const SmemTile &dst);
   // The thread's byte offset from the tile's first row: callers keep
@@ -152,6 +158,13 @@ class CopyPlan {
 
  private:
   Reg guard(int k, int j) const;
+  // src_f32: one chunk from global address ga + goff (ld predicated on lp
+  // when valid; with `zero` the values are zeros where it is false) to
+  // shared saddr0 + soff (st predicated on g when valid).
+  void f32_chunk(Reg ga, int goff, int soff, Reg lp, Reg g, bool zero) const;
+  // src_f32: chunk j of round k from row address ga; rows_checked: ok_
+  // holds whether the row is present (else zeros are stored).
+  void f32_rows(int k, int j, Reg ga, bool rows_checked) const;
   // The plan's thread index re-derived from %tid.x (the lane for a plan of
   // 32 threads: one warp's own copies).
   Reg thread_index() const;
@@ -161,6 +174,11 @@ class CopyPlan {
   int threads_ = 0, L_ = 1, J_ = 1, step_ = 0, rounds_ = 0, pad_ = 0, delta_ = 0;
   Reg tid_, smem_, stride_, row0_, saddr0_, goff0_, step_bytes_, ga_, src_, size_, ok_, rl_;
   Reg last_ok_, rows_ok_;
+  static constexpr int kF32Batch = 4;  // src_f32, a warp's plan: chunks between warp syncs
+  bool f32_ = false;
+  std::array<Reg, 8> x_;  // src_f32: one chunk's fp32 values
+  std::array<Reg, 4> w_;  // src_f32: the same as bf16 pairs
+  Reg lp_;                // src_f32: row present and chunk not padding
 };
 
 // A rows x bytes tile of raw bytes (an fp8 K or V tile on its way in) in

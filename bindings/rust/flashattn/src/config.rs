@@ -5,18 +5,25 @@ use flashattn_sys as sys;
 
 use crate::error::{check, Error, Result, Status};
 
-/// Element type of Q, K, V and O.
+/// Element type of Q, K, V and O. `F32`: f32 tensors (no conversion pass);
+/// the kernels round Q, K and V to bf16 on load (at most 2^-9 relative per
+/// element) and write O as f32; forward, decode without a KV append and
+/// decode_reduce, not with an fp8 `KvDtype` (Unsupported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Dtype {
     #[default]
     F16,
     BF16,
+    F32,
 }
 
 impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
-        2
+        match self {
+            Dtype::F32 => 4,
+            _ => 2,
+        }
     }
 }
 
@@ -149,6 +156,7 @@ impl ConfigBuilder {
             dtype: match self.dtype {
                 Dtype::F16 => sys::FA_DTYPE_FP16,
                 Dtype::BF16 => sys::FA_DTYPE_BF16,
+                Dtype::F32 => sys::FA_DTYPE_FP32,
             },
             head_dim: self.head_dim,
             head_dim_v: self.head_dim_v,

@@ -6,7 +6,7 @@ mod common;
 
 use common::{emulator, max_abs_err, reference, Problem, Rng};
 use flashattn::{
-    Config, DecodeArgs, ForwardArgs, ReduceArgs, Runtime, Tensor, TensorMut, View, ViewMut,
+    Config, DecodeArgs, Dtype, ForwardArgs, ReduceArgs, Runtime, Tensor, TensorMut, View, ViewMut,
 };
 
 const F16_TOL: f64 = 1e-3; // outputs are averages of values in [-1, 1]; observed ~2.5e-4
@@ -17,6 +17,76 @@ fn check_lse(got: &[f32], want: &[f64]) {
     let err = max_abs_err(got, want);
     eprintln!("lse err {err}");
     assert!(err <= LSE_TOL, "lse max abs error {err}");
+}
+
+/// f32 Q/K/V/O (Dtype::F32): f32 buffers in and out; the reference runs on
+/// the inputs rounded to bf16 as the kernel rounds them; O is not rounded.
+#[test]
+fn forward_f32() {
+    let rt = emulator();
+    let p = Problem {
+        batch: 2,
+        seqlen_q: 33,
+        seqlen_k: 47,
+        hq: 4,
+        hkv: 2,
+        d: 64,
+        dv: 64,
+        causal: true,
+        scale: 0.125,
+    };
+    let mut rng = Rng::new(11);
+    let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect() };
+    let (qf, kf, vf) = (
+        gen(p.batch * p.seqlen_q * p.hq * p.d),
+        gen(p.batch * p.seqlen_k * p.hkv * p.d),
+        gen(p.batch * p.seqlen_k * p.hkv * p.dv),
+    );
+    let bf = |x: &[f32]| -> Vec<f32> {
+        x.iter().map(|&y| flashattn::bf16_bits_to_f32(flashattn::f32_to_bf16_bits(y))).collect()
+    };
+    let cfg = Config::builder()
+        .dtype(Dtype::F32)
+        .head_dim(p.d as i32)
+        .heads(p.hq as i32, p.hkv as i32)
+        .causal(p.causal)
+        .softmax_scale(p.scale as f32)
+        .build()
+        .unwrap();
+    let (q, k, v) =
+        (rt.alloc_from(&qf).unwrap(), rt.alloc_from(&kf).unwrap(), rt.alloc_from(&vf).unwrap());
+    let n_o = p.batch * p.seqlen_q * p.hq * p.dv;
+    let mut o = rt.alloc(4 * n_o).unwrap();
+    let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
+    o.fill_bytes(0xff).unwrap();
+    lse.fill_bytes(0xff).unwrap();
+    rt.forward(
+        &cfg,
+        ForwardArgs {
+            batch: p.batch,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            q: Tensor::contiguous(&q, [p.batch, p.seqlen_q, p.hq, p.d]),
+            k: Tensor::contiguous(&k, [p.batch, p.seqlen_k, p.hkv, p.d]),
+            v: Tensor::contiguous(&v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
+            o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
+            lse: Some(&mut lse),
+        },
+    )
+    .unwrap();
+    let (want_o, want_lse) =
+        reference(&p, &bf(&qf), &bf(&kf), &bf(&vf), &vec![p.seqlen_k; p.batch]);
+    let got_o = o.to_vec::<f32>().unwrap();
+    let err = max_abs_err(&got_o, &want_o);
+    eprintln!("forward f32 {p:?}: o err {err}");
+    assert!(err <= 4e-3, "{p:?}: o max abs error {err}"); // P in bf16: observed ~1e-3
+    check_lse(&lse.to_vec::<f32>().unwrap(), &want_lse);
+    // Written as f32: most outputs are not bf16 numbers.
+    let rounded = got_o
+        .iter()
+        .filter(|&&x| flashattn::bf16_bits_to_f32(flashattn::f32_to_bf16_bits(x)) == x)
+        .count();
+    assert!(rounded * 4 < got_o.len(), "{rounded} of {} outputs are bf16 numbers", got_o.len());
 }
 
 fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
