@@ -160,6 +160,59 @@ std::vector<double> lowp(const Case &c, int sq, int sk, const std::vector<double
 }
 
 // Runs one case on rt; returns the errors found (empty = passed).
+// What a case's outputs add up to against the reference: O element by
+// element (got vs the fp64 r, base = the P-in-bf16 computation), each LSE,
+// each O gap, then the verdict ("" when the case passed).
+struct Tally {
+  double max_err = 0, max_base = 0, se = 0, sr = 0, lse_err = 0;
+  long long bad = 0, gaps = 0, rounded16 = 0, n_o = 0;
+  void o(float got, double r, double base) {
+    n_o += r != 0;
+    if (!std::isfinite(got)) {
+      ++bad;
+      return;
+    }
+    if (r != 0 && (double(fa::ref::round_to(got, true)) == got ||
+                   double(fa::ref::round_to(got, false)) == got))
+      ++rounded16;
+    max_err = std::max(max_err, std::fabs(got - r));
+    max_base = std::max(max_base, std::fabs(base - r));
+    se += (got - r) * (got - r);
+    sr += r * r;
+  }
+  void lse(float got, double r) {
+    if (std::isinf(r)) {
+      if (!(std::isinf(got) && got < 0)) ++bad;
+    } else if (!std::isfinite(got)) {
+      ++bad;
+    } else {
+      lse_err = std::max(lse_err, std::fabs(got - r) / std::max(1.0, std::fabs(r)));
+    }
+  }
+  void gap(float o) {
+    uint32_t u;
+    std::memcpy(&u, &o, 4);
+    if (u != kPoison) ++gaps;
+  }
+  std::string verdict(const std::string &what) const {
+    const double tol = 2.0 * max_base + 1e-5, rel = sr > 0 ? std::sqrt(se / sr) : 0;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld nonzero O "
+                  "values 16-bit numbers",
+                  what.c_str(), max_err, tol, rel, lse_err, rounded16, n_o);
+    std::printf("    %s\n", buf);
+    std::string err;
+    if (bad) err += std::string(buf) + " | " + std::to_string(bad) + " NaN or unwritten values\n";
+    if (gaps) err += std::string(buf) + " | O gaps written\n";
+    if (max_err > tol) err += std::string(buf) + " | max_abs over tolerance\n";
+    if (rel >= 1e-2) err += std::string(buf) + " | rel_l2 >= 1e-2\n";
+    if (lse_err > 2e-3) err += std::string(buf) + " | LSE error over 2e-3\n";
+    if (rounded16 * 4 > n_o) err += std::string(buf) + " | O looks rounded to 16 bits\n";
+    return err;
+  }
+};
+
 std::string run_case(fa_runtime *rt, const Case &c) {
   Dev dev(rt);
   const int d = c.d, dv = c.dvv();
@@ -283,8 +336,7 @@ std::string run_case(fa_runtime *rt, const Case &c) {
   if (!dev.err.empty()) return dev.err;
 
   // References per sequence on the bf16-rounded inputs.
-  double max_err = 0, max_base = 0, se = 0, sr = 0, lse_err = 0;
-  long long bad = 0, gaps_touched = 0, rounded16 = 0, n_o = 0;
+  Tally t;
   std::vector<bool> real(o_elems, false);
   for (int b = 0; b < c.batch; ++b) {
     std::vector<double> q(hq[b].size()), k(hk[b].size()), v(hv[b].size());
@@ -309,52 +361,17 @@ std::string run_case(fa_runtime *rt, const Case &c) {
         for (int x = 0; x < dv; ++x) {
           const size_t gi = at(to, var ? 0 : b, var ? cq[b] + i : i, h, x);
           real[gi] = true;
-          const double r = oref[(size_t(i) * c.hq + h) * dv + x];
-          const float got = o[gi];
-          n_o += r != 0;
-          if (!std::isfinite(got)) {
-            ++bad;
-            continue;
-          }
-          if (r != 0 && (double(fa::ref::round_to(got, true)) == got ||
-                         double(fa::ref::round_to(got, false)) == got))
-            ++rounded16;
-          max_err = std::max(max_err, std::fabs(got - r));
-          max_base = std::max(max_base, std::fabs(olow[(size_t(i) * c.hq + h) * dv + x] - r));
-          se += (got - r) * (got - r);
-          sr += r * r;
+          const size_t ri = (size_t(i) * c.hq + h) * dv + x;
+          t.o(o[gi], oref[ri], olow[ri]);
         }
         const size_t li =
             var ? size_t(h) * cq[c.batch] + cq[b] + i : (size_t(b) * c.hq + h) * c.sq + i;
-        const double lr = lref[size_t(h) * lq[b] + i];
-        if (std::isinf(lr)) {
-          if (!(std::isinf(lse[li]) && lse[li] < 0)) ++bad;
-        } else if (!std::isfinite(lse[li])) {
-          ++bad;
-        } else {
-          lse_err = std::max(lse_err, std::fabs(lse[li] - lr) / std::max(1.0, std::fabs(lr)));
-        }
+        t.lse(lse[li], lref[size_t(h) * lq[b] + i]);
       }
   }
-  for (size_t i = 0; i < o_elems; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &o[i], 4);
-    if (!real[i] && u != kPoison) ++gaps_touched;
-  }
-  const double tol = 2.0 * max_base + 1e-5, rel = sr > 0 ? std::sqrt(se / sr) : 0;
-  char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld nonzero O "
-                "values 16-bit numbers",
-                c.describe().c_str(), max_err, tol, rel, lse_err, rounded16, n_o);
-  std::printf("    %s\n", buf);
-  if (bad) err += std::string(buf) + " | " + std::to_string(bad) + " NaN or unwritten values\n";
-  if (gaps_touched) err += std::string(buf) + " | O gaps written\n";
-  if (max_err > tol) err += std::string(buf) + " | max_abs over tolerance\n";
-  if (rel >= 1e-2) err += std::string(buf) + " | rel_l2 >= 1e-2\n";
-  if (lse_err > 2e-3) err += std::string(buf) + " | LSE error over 2e-3\n";
-  if (rounded16 * 4 > n_o) err += std::string(buf) + " | O looks rounded to 16 bits\n";
-  return err;
+  for (size_t i = 0; i < o_elems; ++i)
+    if (!real[i]) t.gap(o[i]);
+  return err + t.verdict(c.describe());
 }
 
 void run_all(fa_runtime *rt, const std::vector<Case> &cases) {
@@ -557,8 +574,7 @@ std::string run_decode_case(fa_runtime *rt, const DCase &c) {
   if (!dev.err.empty()) return dev.err;
 
   std::string err;
-  double max_err = 0, max_base = 0, se = 0, sr = 0, lse_err = 0;
-  long long bad = 0, gaps = 0, rounded16 = 0, n_o = 0;
+  Tally t;
   std::vector<bool> real(o_elems, false);
   Case fc;  // lowp()'s view of the problem
   fc.hq = c.hq, fc.hkv = c.hkv, fc.d = d, fc.dv = dv, fc.causal = c.causal;
@@ -586,51 +602,15 @@ std::string run_decode_case(fa_runtime *rt, const DCase &c) {
         for (int x = 0; x < dv; ++x) {
           const size_t gi = at(to, b, i, h, x);
           real[gi] = true;
-          const double r = oref[(size_t(i) * c.hq + h) * dv + x];
-          const float got = o[gi];
-          n_o += r != 0;
-          if (!std::isfinite(got)) {
-            ++bad;
-            continue;
-          }
-          if (r != 0 && (double(fa::ref::round_to(got, true)) == got ||
-                         double(fa::ref::round_to(got, false)) == got))
-            ++rounded16;
-          max_err = std::max(max_err, std::fabs(got - r));
-          max_base = std::max(max_base, std::fabs(olow[(size_t(i) * c.hq + h) * dv + x] - r));
-          se += (got - r) * (got - r);
-          sr += r * r;
+          const size_t ri = (size_t(i) * c.hq + h) * dv + x;
+          t.o(o[gi], oref[ri], olow[ri]);
         }
-        const float gl = lse[(size_t(b) * c.hq + h) * c.sq + i];
-        const double lr = lref[size_t(h) * c.sq + i];
-        if (std::isinf(lr)) {
-          if (!(std::isinf(gl) && gl < 0)) ++bad;
-        } else if (!std::isfinite(gl)) {
-          ++bad;
-        } else {
-          lse_err = std::max(lse_err, std::fabs(gl - lr) / std::max(1.0, std::fabs(lr)));
-        }
+        t.lse(lse[(size_t(b) * c.hq + h) * c.sq + i], lref[size_t(h) * c.sq + i]);
       }
   }
-  for (size_t i = 0; i < o_elems; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &o[i], 4);
-    if (!real[i] && u != kPoison) ++gaps;
-  }
-  const double tol = 2.0 * max_base + 1e-5, rel = sr > 0 ? std::sqrt(se / sr) : 0;
-  char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "%s: max_abs %.3g (tol %.3g), rel_l2 %.3g, lse err %.3g, %lld of %lld nonzero O "
-                "values 16-bit numbers",
-                c.describe().c_str(), max_err, tol, rel, lse_err, rounded16, n_o);
-  std::printf("    %s\n", buf);
-  if (bad) err += std::string(buf) + " | " + std::to_string(bad) + " NaN or unwritten values\n";
-  if (gaps) err += std::string(buf) + " | O gaps written\n";
-  if (max_err > tol) err += std::string(buf) + " | max_abs over tolerance\n";
-  if (rel >= 1e-2) err += std::string(buf) + " | rel_l2 >= 1e-2\n";
-  if (lse_err > 2e-3) err += std::string(buf) + " | LSE error over 2e-3\n";
-  if (rounded16 * 4 > n_o) err += std::string(buf) + " | O looks rounded to 16 bits\n";
-  return err;
+  for (size_t i = 0; i < o_elems; ++i)
+    if (!real[i]) t.gap(o[i]);
+  return err + t.verdict(c.describe());
 }
 
 void run_decode_all(fa_runtime *rt, const std::vector<DCase> &cases) {
