@@ -480,6 +480,23 @@ func forwardCase(t *testing.T, rt *Runtime, cfg *Config, p problem, seed int64) 
 	q, k, v := upload(t, rt, qh), upload(t, rt, kh), upload(t, rt, vh)
 	o := poisoned(t, rt, uint64(len(want))*2)
 	lse := poisoned(t, rt, uint64(len(wantLSE))*4)
+	forwardContiguous(t, rt, cfg, p, q, k, v, o, lse)
+	got := make([]uint16, len(want))
+	gotLSE := make([]float32, len(wantLSE))
+	if err := o.DownloadUint16(got); err != nil {
+		t.Fatal(err)
+	}
+	if err := lse.DownloadFloat32(gotLSE); err != nil {
+		t.Fatal(err)
+	}
+	compareO(t, "forward O", got, want, 3e-3)
+	compareLSE(t, "forward LSE", gotLSE, wantLSE)
+}
+
+// forwardContiguous runs Forward on contiguous [b, s, h, d] device tensors
+// of problem p, failing the test on an error.
+func forwardContiguous(t *testing.T, rt *Runtime, cfg *Config, p problem, q, k, v, o, lse *DeviceMemory) {
+	t.Helper()
 	err := rt.Forward(cfg, &ForwardArgs{
 		Batch: int32(p.batch), SeqlenQ: int32(p.sq), SeqlenK: int32(p.skMax),
 		Q:   Contiguous(q.Ptr(), int64(p.sq), int64(p.hq), int64(p.d)),
@@ -491,16 +508,6 @@ func forwardCase(t *testing.T, rt *Runtime, cfg *Config, p problem, seed int64) 
 	if err != nil {
 		t.Fatalf("Forward: %v", err)
 	}
-	got := make([]uint16, len(want))
-	gotLSE := make([]float32, len(wantLSE))
-	if err := o.DownloadUint16(got); err != nil {
-		t.Fatal(err)
-	}
-	if err := lse.DownloadFloat32(gotLSE); err != nil {
-		t.Fatal(err)
-	}
-	compareO(t, "forward O", got, want, 3e-3)
-	compareLSE(t, "forward LSE", gotLSE, wantLSE)
 }
 
 func TestForward(t *testing.T) {
@@ -555,17 +562,7 @@ func TestForwardFP32(t *testing.T) {
 	q, k, v := upload(t, rt, qf), upload(t, rt, kf), upload(t, rt, vf)
 	o := poisoned(t, rt, uint64(len(want))*4)
 	lse := poisoned(t, rt, uint64(len(wantLSE))*4)
-	err := rt.Forward(cfg, &ForwardArgs{
-		Batch: int32(p.batch), SeqlenQ: int32(p.sq), SeqlenK: int32(p.skMax),
-		Q:   Contiguous(q.Ptr(), int64(p.sq), int64(p.hq), int64(p.d)),
-		K:   Contiguous(k.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.d)),
-		V:   Contiguous(v.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.dv)),
-		O:   Contiguous(o.Ptr(), int64(p.sq), int64(p.hq), int64(p.dv)),
-		LSE: lse.Ptr(),
-	})
-	if err != nil {
-		t.Fatalf("Forward: %v", err)
-	}
+	forwardContiguous(t, rt, cfg, p, q, k, v, o, lse)
 	got := make([]float32, len(want))
 	gotLSE := make([]float32, len(wantLSE))
 	if err := o.DownloadFloat32(got); err != nil {

@@ -6,7 +6,8 @@ mod common;
 
 use common::{emulator, max_abs_err, reference, Problem, Rng};
 use flashattn::{
-    Config, DecodeArgs, Dtype, ForwardArgs, ReduceArgs, Runtime, Tensor, TensorMut, View, ViewMut,
+    Config, DecodeArgs, DeviceBuffer, Dtype, ForwardArgs, ReduceArgs, Runtime, Tensor, TensorMut,
+    View, ViewMut,
 };
 
 const F16_TOL: f64 = 1e-3; // outputs are averages of values in [-1, 1]; observed ~2.5e-4
@@ -55,25 +56,7 @@ fn forward_f32() {
         .unwrap();
     let (q, k, v) =
         (rt.alloc_from(&qf).unwrap(), rt.alloc_from(&kf).unwrap(), rt.alloc_from(&vf).unwrap());
-    let n_o = p.batch * p.seqlen_q * p.hq * p.dv;
-    let mut o = rt.alloc(4 * n_o).unwrap();
-    let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
-    o.fill_bytes(0xff).unwrap();
-    lse.fill_bytes(0xff).unwrap();
-    rt.forward(
-        &cfg,
-        ForwardArgs {
-            batch: p.batch,
-            seqlen_q: p.seqlen_q,
-            seqlen_k: p.seqlen_k,
-            q: Tensor::contiguous(&q, [p.batch, p.seqlen_q, p.hq, p.d]),
-            k: Tensor::contiguous(&k, [p.batch, p.seqlen_k, p.hkv, p.d]),
-            v: Tensor::contiguous(&v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
-            o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
-            lse: Some(&mut lse),
-        },
-    )
-    .unwrap();
+    let (o, lse) = forward_contiguous(&rt, &cfg, &p, &q, &k, &v, 4);
     let (want_o, want_lse) =
         reference(&p, &bf(&qf), &bf(&kf), &bf(&vf), &vec![p.seqlen_k; p.batch]);
     let got_o = o.to_vec::<f32>().unwrap();
@@ -87,6 +70,38 @@ fn forward_f32() {
         .filter(|&&x| flashattn::bf16_bits_to_f32(flashattn::f32_to_bf16_bits(x)) == x)
         .count();
     assert!(rounded * 4 < got_o.len(), "{rounded} of {} outputs are bf16 numbers", got_o.len());
+}
+
+/// Forward on contiguous [b, s, h, d] tensors of problem p: O (o_bytes per
+/// element) and LSE, both poisoned with 0xff bytes (NaN) first.
+fn forward_contiguous(
+    rt: &Runtime,
+    cfg: &Config,
+    p: &Problem,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    o_bytes: usize,
+) -> (DeviceBuffer, DeviceBuffer) {
+    let mut o = rt.alloc(o_bytes * p.batch * p.seqlen_q * p.hq * p.dv).unwrap();
+    let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
+    o.fill_bytes(0xff).unwrap();
+    lse.fill_bytes(0xff).unwrap();
+    rt.forward(
+        cfg,
+        ForwardArgs {
+            batch: p.batch,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            q: Tensor::contiguous(q, [p.batch, p.seqlen_q, p.hq, p.d]),
+            k: Tensor::contiguous(k, [p.batch, p.seqlen_k, p.hkv, p.d]),
+            v: Tensor::contiguous(v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
+            o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
+            lse: Some(&mut lse),
+        },
+    )
+    .unwrap();
+    (o, lse)
 }
 
 fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
@@ -104,26 +119,7 @@ fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
         .unwrap();
     let (q, k, v) =
         (rt.alloc_from(&qb).unwrap(), rt.alloc_from(&kb).unwrap(), rt.alloc_from(&vb).unwrap());
-    let n_o = p.batch * p.seqlen_q * p.hq * p.dv;
-    let n_lse = p.batch * p.hq * p.seqlen_q;
-    let mut o = rt.alloc(2 * n_o).unwrap();
-    let mut lse = rt.alloc(4 * n_lse).unwrap();
-    o.fill_bytes(0xff).unwrap(); // poison: fp16 NaN
-    lse.fill_bytes(0xff).unwrap(); // poison: f32 NaN
-    rt.forward(
-        &cfg,
-        ForwardArgs {
-            batch: p.batch,
-            seqlen_q: p.seqlen_q,
-            seqlen_k: p.seqlen_k,
-            q: Tensor::contiguous(&q, [p.batch, p.seqlen_q, p.hq, p.d]),
-            k: Tensor::contiguous(&k, [p.batch, p.seqlen_k, p.hkv, p.d]),
-            v: Tensor::contiguous(&v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
-            o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
-            lse: Some(&mut lse),
-        },
-    )
-    .unwrap();
+    let (o, lse) = forward_contiguous(rt, &cfg, &p, &q, &k, &v, 2);
     let (want_o, want_lse) = reference(&p, &qf, &kf, &vf, &vec![p.seqlen_k; p.batch]);
     let got_o = flashattn::f16_slice_to_f32(&o.to_vec::<u16>().unwrap());
     let err = max_abs_err(&got_o, &want_o);
