@@ -55,6 +55,13 @@
  * GQA group: (num_heads_q / num_heads_kv) * seqlen_q) the kernels accept:
  * their position arithmetic is 32-bit. Larger values give FA_ERROR_UNSUPPORTED. */
 #define FA_MAX_SEQLEN (1 << 30)
+/* Largest head_dim (Q and K) and head_dim_v (V and O): Gemma's 512, and
+ * DeepSeek's MLA decode (576 for Q/K over the latent KV head, 512 for V). Past
+ * 256 they run on the tensor-core kernels only (sm_80+; the scalar fallback
+ * kernels and, on sm_90, the wgmma forward take up to 256: that forward then
+ * runs on mma.sync). Since 0.5. */
+#define FA_MAX_HEAD_DIM 576
+#define FA_MAX_HEAD_DIM_V 512
 
 #if defined(_WIN32)
 #define FA_API __declspec(dllexport)
@@ -252,12 +259,15 @@ typedef struct fa_config_desc {
                            8-bit significand), the same as a bf16 caller's
                            conversion; P is rounded to bf16 as with BF16. O
                            is written as fp32 (never rounded to 16 bits).
-                           fa_launch, fa_decode (without a KV append) and
+                           fa_launch (head_dim up to 384), fa_decode
+                           (without a KV append) and
                            fa_decode_reduce; not with an fp8 kv_dtype
                            (UNSUPPORTED), not in the scalar fallback kernels
                            (FLASHATTN_SCALAR_FORWARD / _DECODE: UNSUPPORTED) */
-  int32_t head_dim;     /* multiple of 8, 8..256 */
-  int32_t head_dim_v;   /* multiple of 8, 8..256; 0 = head_dim */
+  int32_t head_dim;     /* multiple of 8, 8..FA_MAX_HEAD_DIM (576) */
+  int32_t head_dim_v;   /* multiple of 8, 8..FA_MAX_HEAD_DIM_V (512); 0 =
+                           head_dim. Past 256 (either) only on sm_80+
+                           tensor-core kernels (else UNSUPPORTED at launch) */
   int32_t num_heads_q;  /* >= 1 */
   int32_t num_heads_kv; /* >= 1, divides num_heads_q (GQA / MQA) */
   int32_t causal;       /* 0 or 1, bottom-right aligned */
@@ -291,7 +301,8 @@ typedef struct fa_config_desc {
 
 /* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
  * struct_size, dtype, heads not divisible, negative window other than -1,
- * bad scale/softcap), UNSUPPORTED (head_dim not a multiple of 8 in 8..256,
+ * bad scale/softcap), UNSUPPORTED (head_dim not a multiple of 8 in
+ * 8..FA_MAX_HEAD_DIM, head_dim_v not one in 8..FA_MAX_HEAD_DIM_V,
  * dtype FA_DTYPE_FP32 with an fp8 kv_dtype).
  * Thread safety: any thread. */
 FA_API fa_status fa_config_create(const fa_config_desc *desc, fa_config **out);

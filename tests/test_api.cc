@@ -167,12 +167,16 @@ void test_config_table(void **) {
        FA_ERROR_INVALID_ARGUMENT, "dtype"},
       {"head_dim 0", [](fa_config_desc &d) { d.head_dim = 0; }, FA_ERROR_UNSUPPORTED, "head_dim"},
       {"head_dim 60", [](fa_config_desc &d) { d.head_dim = 60; }, FA_ERROR_UNSUPPORTED, "head_dim"},
-      {"head_dim 264", [](fa_config_desc &d) { d.head_dim = 264; }, FA_ERROR_UNSUPPORTED,
+      {"head_dim 584", [](fa_config_desc &d) { d.head_dim = 584; }, FA_ERROR_UNSUPPORTED,
+       "head_dim must be a multiple of 8 in 8..576"},
+      {"head_dim 580", [](fa_config_desc &d) { d.head_dim = 580; }, FA_ERROR_UNSUPPORTED,
        "head_dim"},
       {"head_dim -8", [](fa_config_desc &d) { d.head_dim = -8; }, FA_ERROR_UNSUPPORTED, "head_dim"},
       {"head_dim_v 12", [](fa_config_desc &d) { d.head_dim_v = 12; }, FA_ERROR_UNSUPPORTED,
        "head_dim_v"},
-      {"head_dim_v 512", [](fa_config_desc &d) { d.head_dim_v = 512; }, FA_ERROR_UNSUPPORTED,
+      {"head_dim_v 520", [](fa_config_desc &d) { d.head_dim_v = 520; }, FA_ERROR_UNSUPPORTED,
+       "head_dim_v must be a multiple of 8 in 8..512"},
+      {"head_dim_v 576", [](fa_config_desc &d) { d.head_dim_v = 576; }, FA_ERROR_UNSUPPORTED,
        "head_dim_v"},
       {"num_heads_q 0", [](fa_config_desc &d) { d.num_heads_q = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "num_heads_q"},
@@ -846,6 +850,60 @@ void test_status_strings(void **) {
   assert_string_equal(fa_version_string(), want);
 }
 
+// Head dims past 256: MLA's 576 / 512 and Gemma's 512 generate on sm_80+
+// (O in slices: KernelSpec::dv_split, "_dvs" in the entry), the sm_90
+// forward takes mma.sync there; the scalar fallbacks and the fp32 forward
+// past 384 are refused with the reason.
+void test_large_head_dims(void **) {
+  auto make = [](fa_dtype dt, int d, int dv, int hq, int hkv) {
+    fa_config_desc desc = FA_CONFIG_DESC_INIT;
+    desc.dtype = dt;
+    desc.head_dim = d;
+    desc.head_dim_v = dv;
+    desc.num_heads_q = hq;
+    desc.num_heads_kv = hkv;
+    fa_config *cfg = nullptr;
+    assert_int_equal(fa_config_create(&desc, &cfg), FA_SUCCESS);
+    return cfg;
+  };
+  auto ptx = [](const fa_config *cfg, fa_kernel_kind kind, int sm) {
+    size_t n = 0;
+    assert_int_equal(fa_generate(cfg, kind, sm, nullptr, 0, &n), FA_SUCCESS);
+    std::string t(n + 1, 'x');
+    assert_int_equal(fa_generate(cfg, kind, sm, &t[0], t.size(), &n), FA_SUCCESS);
+    t.resize(n);
+    return t;
+  };
+  fa_config *mla = make(FA_DTYPE_BF16, 576, 512, 16, 1);
+  const std::string dec = ptx(mla, FA_KERNEL_DECODE, 90);
+  assert_non_null(std::strstr(dec.c_str(), "fa_decode_mma_bf16_d576_dv512_g16"));
+  assert_non_null(std::strstr(dec.c_str(), "_dvs2"));
+  assert_non_null(std::strstr(ptx(mla, FA_KERNEL_REDUCE, 90).c_str(), "fa_reduce_bf16_dv512"));
+  fa_config *gemma = make(FA_DTYPE_FP16, 512, 0, 8, 4);
+  const std::string fwd = ptx(gemma, FA_KERNEL_FORWARD, 90);
+  assert_non_null(std::strstr(fwd.c_str(), "fa_forward_mma_f16_d512_dv512"));
+  assert_null(std::strstr(fwd.c_str(), "wgmma"));
+  size_t n = 0;
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  expect_rejected(nullptr, "scalar decode d576",
+                  fa_generate(mla, FA_KERNEL_DECODE, 80, nullptr, 0, &n), FA_ERROR_UNSUPPORTED,
+                  "fa_generate", "need the tensor-core kernels");
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+  expect_rejected(nullptr, "scalar forward d512",
+                  fa_generate(gemma, FA_KERNEL_FORWARD, 80, nullptr, 0, &n), FA_ERROR_UNSUPPORTED,
+                  "fa_generate", "need the tensor-core kernels");
+  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  fa_config *f32 = make(FA_DTYPE_FP32, 576, 512, 16, 1);
+  expect_rejected(nullptr, "fp32 forward d576",
+                  fa_generate(f32, FA_KERNEL_FORWARD, 80, nullptr, 0, &n), FA_ERROR_UNSUPPORTED,
+                  "fa_generate", "head_dim up to 384");
+  assert_non_null(std::strstr(ptx(f32, FA_KERNEL_DECODE, 80).c_str(), "_dvs2"));
+  fa_config_destroy(mla);
+  fa_config_destroy(gemma);
+  fa_config_destroy(f32);
+}
+
 }  // namespace
 
 int main(void) {
@@ -854,7 +912,7 @@ int main(void) {
       cmocka_unit_test(test_runtime_table),       cmocka_unit_test(test_memory_table),
       cmocka_unit_test(test_info_and_cache_args), cmocka_unit_test(test_generate_table),
       cmocka_unit_test(test_forward_table),       cmocka_unit_test(test_decode_table),
-      cmocka_unit_test(test_reduce_table),
+      cmocka_unit_test(test_reduce_table),        cmocka_unit_test(test_large_head_dims),
   };
   return cmocka_run_group_tests_name("api_validation", tests, setup, teardown);
 }

@@ -321,7 +321,7 @@ void test_bad_arguments(void **) {
       {{"generate"}, 2, "--kind"},
       {gen("forward", "fp16", "sixty", "1", "80", {}), 2, "head-dim"},
       {gen("forward", "fp16", "12", "1", "80", {}), 2, "head_dim"},
-      {gen("forward", "fp16", "264", "1", "80", {}), 2, "head_dim"},
+      {gen("forward", "fp16", "584", "1", "80", {}), 2, "head_dim"},
       {gen("backward", "fp16", "64", "1", "80", {}), 2, "backward"},
       {gen("forward", "fp8", "64", "1", "80", {}), 2, "fp8"},
       {gen("forward", "fp16", "64", "1", "70", {}), 2, "70"},

@@ -2,7 +2,8 @@
 // emulator (sm_80 and sm_90), against the fp64 reference on the inputs
 // rounded to bf16 exactly as the kernel rounds them (round to nearest even,
 // tools/common/reference.cc f32_to_bf16):
-// - fresh random inputs; head dims 64, 128, 72 and 96 (head_dim_v 64);
+// - fresh random inputs; head dims 64, 128, 72 and 96 (head_dim_v 64), 384 / 320
+//   and MLA's 576 / 512 (O in slices);
 //   causal and not, GQA, a window with softcap, varlen (cu_seqlens), paged
 //   KV with per-row (page 16) and per-tile (page 64) lookups;
 // - inputs with gaps at every stride level holding NaN (never read), O and
@@ -402,6 +403,9 @@ std::vector<Case> base_cases() {
   c.batch = 3, c.sq = 33, c.sk = 70, c.hq = 2, c.hkv = 1, c.d = 64, c.causal = true;
   c.lq = {5, 33, 17}, c.lk = {40, 33, 70}, c.seed = 5;
   v.push_back(c);
+  c = Case();  // past 256: O in two slices of 160
+  c.sq = 18, c.sk = 40, c.hq = 2, c.hkv = 1, c.d = 384, c.dv = 320, c.causal = true, c.seed = 6;
+  v.push_back(c);
   return v;
 }
 
@@ -643,6 +647,10 @@ std::vector<DCase> decode_cases() {
   v.push_back(c);
   c = DCase();
   c.skmax = 90, c.lens = {33, 90}, c.hq = 4, c.hkv = 2, c.layout = FA_KV_PTR_ARRAY, c.seed = 25;
+  v.push_back(c);
+  c = DCase();  // MLA's 576 / 512 over one KV head (O in two slices), pages of 64
+  c.skmax = 130, c.lens = {130, 9}, c.hq = 16, c.hkv = 1, c.d = 576, c.dv = 512;
+  c.layout = FA_KV_PAGED, c.page_size = 64, c.splits = 2, c.seed = 26;
   v.push_back(c);
   return v;
 }

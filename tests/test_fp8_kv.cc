@@ -595,7 +595,8 @@ void test_layouts(void **) {
   run_all(g_rt90, cases);
 }
 
-// Chunked prefill, GQA packing, windows, softcap, tree masks, sinks, splits.
+// Chunked prefill, GQA packing, windows, softcap, tree masks, sinks, splits,
+// MLA's head dims.
 void test_features(void **) {
   need_runtime();
   std::vector<Case> cases;
@@ -629,6 +630,13 @@ void test_features(void **) {
   c.sinks = true;
   c.batch_invariant = true;
   c.causal = true;
+  cases.push_back(c);
+  c = base(2, 1, 140, 16, 1, 576, 57);  // MLA: 576 / 512 over one KV head, O in two slices
+  c.dv = 512;
+  c.bf16 = true;
+  c.layout = kPagedNhd;
+  c.page_size = 64;
+  c.splits = 2;
   cases.push_back(c);
   run_all(g_rt89, cases);
 }

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -279,6 +280,66 @@ std::vector<KernelSpec> grid() {
                       KernelKind::Decode, lim, dshape));
       }
   }
+  // Head dims past 256 (O in dv_split slices): the forward at 264..576 on
+  // every target family (dtypes and softcap alternating, varlen, a paged
+  // cache, ALiBi and sinks), the decode at MLA's 576 / 512 (GQA groups 1, 16,
+  // 128, every KV layout, tree masks, fp8 on sm_89+) and at 320..512 (softcap,
+  // ALiBi, append with RoPE), fp32 inputs, and the combine at 512.
+  for (int sm : {80, 86, 89, 90, 100, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (int d : {264, 320, 384, 448, 512, 576}) {
+      ++i;
+      LaunchShape shape;
+      shape.varlen = i % 3 == 0;
+      shape.alibi = i % 4 == 1;
+      shape.sinks = i % 4 == 2;
+      if (i % 4 == 3) {
+        shape.kv_layout = KvLayout::Paged;
+        shape.page_size = 64;
+        shape.seqused_k = true;
+      }
+      out.push_back(make_spec(
+          config(i % 2 ? Dtype::BF16 : Dtype::F16, d, std::min(d, 512), 8, 2, (i + sm / 10) % 2),
+          KernelKind::Forward, lim, shape));
+    }
+    for (int g : {1, 16, 128})
+      for (int lay = 0; lay < 3; ++lay) {
+        LaunchShape shape;
+        shape.kv_layout = lay == 0   ? KvLayout::Contiguous
+                          : lay == 1 ? KvLayout::Paged
+                                     : KvLayout::PtrArray;
+        shape.page_size = lay == 1 ? (g == 16 ? 64 : 1) : 0;
+        shape.tree_mask = g == 16 && lay == 2;
+        AttentionConfig cfg = config(g == 1 ? Dtype::F16 : Dtype::BF16, 576, 512, g, 1, false);
+        out.push_back(make_spec(cfg, KernelKind::Decode, lim, shape));
+        if (sm >= 89 && lay == 1) {
+          cfg.kv_fp8 = g == 128 ? KvFp8::E5M2 : KvFp8::E4M3;
+          out.push_back(make_spec(cfg, KernelKind::Decode, lim, shape));
+        }
+      }
+    for (int d : {320, 384, 512}) {
+      LaunchShape shape;
+      shape.alibi = d == 320;
+      shape.append_kv = d != 320;
+      shape.rotary = d == 512 ? 1 : d == 384 ? 2 : 0;
+      shape.kv_layout = d == 512 ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = d == 512 ? 16 : 0;
+      out.push_back(make_spec(config(d == 384 ? Dtype::F16 : Dtype::BF16, d, d, 8, 2, d == 320),
+                              KernelKind::Decode, lim, shape));
+    }
+  }
+  for (int sm : {80, 86, 90})
+    for (int d : {320, 384, 512, 576}) {
+      if (d <= 384)  // the fp32 forward takes head_dim 384 at most
+        for (int v = 0; v < 2; ++v)
+          out.push_back(
+              make_spec(config(Dtype::F32, d, d, 8, 2, v == 1), KernelKind::Forward, sm, v == 1));
+      out.push_back(make_spec(config(Dtype::F32, d, std::min(d, 512), 16, 1, d == 512),
+                              KernelKind::Decode, sm, false));
+    }
+  out.push_back(
+      make_spec(config(Dtype::BF16, 0, 512, 16, 1, false), KernelKind::Reduce, 90, false));
   setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
   setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
   for (int d : {64, 128, 256}) {
@@ -426,11 +487,12 @@ void summarize(const Job &job, const std::string &log, int *spilling, int *forwa
   }
   bool spills = stack || spill_st || spill_ld;
   if (spills) ++*spilling;
-  // Forward kernels, and the tree-mask decode variants (new in 0.4, held to
-  // the same rule), must not touch local memory.
+  // Forward kernels, and the decode variants of the features since 0.4
+  // (tree masks, sinks, ALiBi, fp8, append, head dims past 256: held to the
+  // same rule), must not touch local memory.
   const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
                       job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
-                      job.spec.append_kv;
+                      job.spec.append_kv || job.spec.head_dim > 256 || job.spec.head_dim_v > 256;
   const bool advisory = log.find("Potential Performance Loss") != std::string::npos;
   if (strict && (spills || regs < 0 || regs > 255 || advisory)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s%s\n", job.spec.describe().c_str(),

@@ -23,8 +23,8 @@ type Window struct {
 // zero values of the optional fields are the C defaults.
 type ConfigDesc struct {
 	DType        DType   // FP16, BF16 or FP32 (bf16 on load, O fp32); 0 = FP16
-	HeadDim      int32   // multiple of 8, 8..256
-	HeadDimV     int32   // 0 = HeadDim
+	HeadDim      int32   // multiple of 8, 8..576 (past 256: sm_80+ tensor-core kernels)
+	HeadDimV     int32   // multiple of 8, 8..512; 0 = HeadDim
 	NumHeadsQ    int32   // >= 1
 	NumHeadsKV   int32   // >= 1, divides NumHeadsQ; 0 = NumHeadsQ
 	Causal       bool    // bottom-right aligned

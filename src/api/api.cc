@@ -451,13 +451,13 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
   FA_REQUIRE(dtype == FA_DTYPE_FP16 || dtype == FA_DTYPE_BF16 || dtype == FA_DTYPE_FP32,
              "dtype must be FA_DTYPE_FP16, FA_DTYPE_BF16 or FA_DTYPE_FP32, got %d", dtype);
   const int32_t dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
-  if (d->head_dim < 8 || d->head_dim > 256 || d->head_dim % 8 != 0) {
-    return fail(FA_ERROR_UNSUPPORTED, "head_dim must be a multiple of 8 in 8..256, got %d",
-                d->head_dim);
+  if (d->head_dim < 8 || d->head_dim > FA_MAX_HEAD_DIM || d->head_dim % 8 != 0) {
+    return fail(FA_ERROR_UNSUPPORTED, "head_dim must be a multiple of 8 in 8..%d, got %d",
+                FA_MAX_HEAD_DIM, d->head_dim);
   }
-  if (dv < 8 || dv > 256 || dv % 8 != 0) {
-    return fail(FA_ERROR_UNSUPPORTED, "head_dim_v must be a multiple of 8 in 8..256, got %d",
-                d->head_dim_v);
+  if (dv < 8 || dv > FA_MAX_HEAD_DIM_V || dv % 8 != 0) {
+    return fail(FA_ERROR_UNSUPPORTED, "head_dim_v must be a multiple of 8 in 8..%d, got %d",
+                FA_MAX_HEAD_DIM_V, d->head_dim_v);
   }
   FA_CHECK(check_positive("num_heads_q", d->num_heads_q));
   FA_CHECK(check_positive("num_heads_kv", d->num_heads_kv));
@@ -734,6 +734,7 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
   const fa::KernelSpec spec = fa::make_spec(cfg->cfg, k, lim, shape);
   FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
   FA_CHECK(fa::check_fp32(cfg->cfg, spec));
+  FA_CHECK(fa::check_head_dims(cfg->cfg, spec));
   if (spec.append_kv && spec.kv_fp8 != fa::KvFp8::None) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "a KV append into an fp8 KV cache is not supported yet (the new keys would need "

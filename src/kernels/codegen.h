@@ -194,6 +194,13 @@ struct KvRows {
 void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v, const Reg ks[3],
              const Reg vs[3], Reg bz, Reg kvh, KvRows *kr, KvRows *vr);
 
+// This CTA's slice of O's columns, %ctaid.x % dv_split (KernelSpec::dv_split;
+// the slice is the grid's fastest index).
+inline Reg dv_slice_index(Emitter &e, const KernelSpec &spec) {
+  return e.op(Op::Rem, Type::U32, e.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
+              imm(spec.dv_split));
+}
+
 struct ForwardBases {
   Reg sq, sk;               // seqlen_q, seqlen_k of this sequence
   Reg q_bh, k_bh, v_bh;     // row 0 of this (batch, head); paged: of page 0

@@ -62,11 +62,11 @@ Layout layout(const KernelSpec &s) {
   Layout l;
   l.q = tile::smem_tile(0, kRows, s.head_dim);
   l.k = tile::smem_tile(0, kWarpKeys, s.head_dim);
-  l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, s.head_dim_v);
+  l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, dv_slice(s));
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
   if (s.kv_fp8 != KvFp8::None) {
     l.k8 = tile::byte_tile(0, kWarpKeys, s.head_dim);
-    l.v8 = tile::byte_tile(l.k8.bytes(), kWarpKeys, s.head_dim_v);
+    l.v8 = tile::byte_tile(l.k8.bytes(), kWarpKeys, dv_slice(s));
     l.stage_bytes = l.k8.bytes() + l.v8.bytes();
     const uint32_t ring = static_cast<uint32_t>(s.stages) * l.stage_bytes;
     l.k.offset += ring;
@@ -78,7 +78,7 @@ Layout layout(const KernelSpec &s) {
   }
   // +32 bytes: the 4 rows of a half-warp's 8-byte stores start 8 banks
   // apart (conflict-free; +16 would overlap them by half).
-  l.merge_pitch = static_cast<uint32_t>(s.head_dim_v) * 4 + 32;
+  l.merge_pitch = static_cast<uint32_t>(dv_slice(s)) * 4 + 32;
   l.merge_o = kRows * l.merge_pitch;
   l.merge_lse = kRows * 4;
   const uint32_t kv = l.kv_base + static_cast<uint32_t>(s.num_warps) * l.warp_bytes;
@@ -148,7 +148,7 @@ class DecodeTcGen {
     if (spec_.softcap)
       cap_ = softcap_consts(e_.param(Type::F32, offsetof(P, softcap_neg2)),
                             e_.param(Type::F32, offsetof(P, softcap_log2)));
-    Reg split = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg split = this_split();
     Reg y = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     sq_ = e_.param(Type::S32, offsetof(P, seqlen_q));
@@ -330,6 +330,9 @@ class DecodeTcGen {
       v_plans_.back().zero_padding();
     }
     if (spec_.append_kv) append(slo, shi);
+    if (spec_.dv_split > 1)  // this CTA's slice of V's columns (after the append's whole rows)
+      vr_.base = e_.index(vr_.base, dv_slice_index(e_, spec_),
+                          dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
     if (fp8_) {
       const bool e5m2 = spec_.kv_fp8 == KvFp8::E5M2;
       k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, mma_);
@@ -450,6 +453,13 @@ class DecodeTcGen {
       b_.bind(done);
     }
     b_.bar_sync();
+  }
+
+  // The split of this CTA: %ctaid.x, over dv_split when O is in slices.
+  Reg this_split() {
+    Reg x = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    if (spec_.dv_split > 1) b_.op(Op::Div, Type::U32, x, x, imm(spec_.dv_split));
+    return x;
   }
 
   // The fp32 descale of (batch, KV head) at the pointer parameter `param`
@@ -659,7 +669,7 @@ class DecodeTcGen {
     Reg ob = e_.op(Op::MadLo, Type::U32, warp_, imm(mo), smem_);
     Reg lb = e_.op(Op::MadLo, Type::U32, warp_, imm(ml), smem_);
     b_.op(Op::Add, Type::U32, lb, lb, imm(W_ * mo));
-    const int dv = spec_.head_dim_v;
+    const int dv = dv_slice(spec_);  // this CTA's columns of O
     for (int h = 0; h < 2; ++h) {
       Reg row = e_.op(Op::Add, Type::U32, ln_.g, imm(8 * h));
       Reg ra = e_.op(Op::MadLo, Type::U32, row, imm(lay_.merge_pitch), ob);
@@ -675,7 +685,7 @@ class DecodeTcGen {
     // Rows: r = m0 + row -> token t = r / G, head kvh G + r % G; partial
     // rows ((split*batch + b)*sq + t)*hq + qh (O) and
     // ((split*batch + b)*hq + qh)*sq + t (LSE), in 64 bits.
-    Reg split = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg split = this_split();
     Reg batch = e_.param(Type::S32, offsetof(P, batch));
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
     Reg sb = e_.wide_mad(split, batch, e_.s64(bz_));
@@ -730,11 +740,15 @@ class DecodeTcGen {
       Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
       Reg orow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_)), e_.s64(t));
       b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(qh));
-      Reg ga = e_.index64(opart, orow, dv * 4);
+      Reg ga = e_.index64(opart, orow, spec_.head_dim_v * 4);
+      if (spec_.dv_split > 1) ga = e_.index(ga, dv_slice_index(e_, spec_), dv * 4);
       ga = e_.index(ga, col, 16);
       b_.st_v(Space::Global, Type::F32, at(ga), {acc[0], acc[1], acc[2], acc[3]});
       // LSE = M + ln(sum), by the thread of column 0.
       Reg c0 = e_.setp(Cmp::Eq, Type::U32, col, imm(0));
+      if (spec_.dv_split > 1)  // one writer: slice 0
+        b_.op(Op::And, Type::Pred, c0, c0,
+              e_.setp(Cmp::Eq, Type::U32, dv_slice_index(e_, spec_), imm(0)));
       b_.unless(c0).bra(skip);
       b_.op(Op::Lg2, Type::F32, x, sum);
       b_.op(Op::Fma, Type::F32, x, x, fimm(kLn2), m);

@@ -38,8 +38,8 @@ Layout layout(const KernelSpec &s) {
   Layout l;
   l.q = tile::smem_tile(0, s.block_m, s.head_dim);
   l.k = tile::smem_tile(l.q.bytes(), s.block_n, s.head_dim);
-  l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, s.head_dim_v);
-  l.o = tile::smem_tile(0, s.block_m, s.head_dim_v);
+  l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, dv_slice(s));
+  l.o = tile::smem_tile(0, s.block_m, dv_slice(s));
   l.total = std::max(l.v.offset + l.v.bytes(), l.o.bytes());
   return l;
 }
@@ -114,6 +114,7 @@ class ForwardTcGen {
     Reg wr = e_.param(Type::S32, offsetof(P, window_right));
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
     Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    if (spec_.dv_split > 1) b_.op(Op::Div, Type::U32, mblk, mblk, imm(spec_.dv_split));
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
@@ -122,7 +123,12 @@ class ForwardTcGen {
     k_ptr_ = e_.global_param(offsetof(P, k));
     v_ptr_ = e_.global_param(offsetof(P, v));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    const ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_);
+    ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_);
+    if (spec_.dv_split > 1) {
+      // This CTA's slice of V's columns (KernelSpec::dv_split).
+      fb.vr.base = e_.index(fb.vr.base, dv_slice_index(e_, spec_), dv_slice(spec_) * kv_bytes());
+      fb.v_bh = fb.vr.base;
+    }
     sq_ = fb.sq;
     sk_ = fb.sk;
 
@@ -504,7 +510,7 @@ class ForwardTcGen {
     for (int mi = 0; mi < MT_; ++mi)
       for (int hh = 0; hh < 2; ++hh)
         for (int j = 0; j < nO_; ++j) {
-          if (8 * j >= spec_.head_dim_v) break;  // head-dim padding
+          if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
           const Frag4 &f = o_[mi].f[j];
           b_.cvt_pack(half_, hv, f[2 * hh + 1], f[2 * hh]);
           b_.st(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 8 * j)), hv);
@@ -513,9 +519,9 @@ class ForwardTcGen {
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg sq = seqlen(false);
-    const ForwardOut out = forward_out(e_, spec_, bz, h, sq);
+    const ForwardOut out = slice_out(forward_out(e_, spec_, bz, h, sq));
     // Chunk c = lane + 32k of the warp's 16 m_tiles rows x C 16-byte chunks.
-    const int C = spec_.head_dim_v / 8, rows = 16 * MT_, total = rows * C;
+    const int C = dv_slice(spec_) / 8, rows = 16 * MT_, total = rows * C;
     Reg v[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
     for (int k = 0; k * 32 < total; ++k) {
       Reg c = e_.op(Op::Add, Type::U32, ln.lane, imm(32 * k));
@@ -545,7 +551,7 @@ class ForwardTcGen {
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg sq = seqlen(false);
-    const ForwardOut out = forward_out(e_, spec_, bz, h, sq);
+    const ForwardOut out = slice_out(forward_out(e_, spec_, bz, h, sq));
     Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);
     for (int mi = 0; mi < MT_; ++mi)
       for (int hh = 0; hh < 2; ++hh) {
@@ -554,7 +560,7 @@ class ForwardTcGen {
         Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
         Reg ga = e_.index(e_.index(out.o_bh, i, out.o_row), ln.q, 8);
         for (int j = 0; j < nO_; ++j) {
-          if (8 * j >= spec_.head_dim_v) break;  // head-dim padding
+          if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
           const Frag4 &f = o_[mi].f[j];
           b_.when(ok).st_v(Space::Global, Type::F32, at(ga, 32 * j), {f[2 * hh], f[2 * hh + 1]});
         }
@@ -562,11 +568,25 @@ class ForwardTcGen {
     store_lse(cd, out, sq, lse);
   }
 
+  // This CTA's slice of O's columns (KernelSpec::dv_split).
+  ForwardOut slice_out(ForwardOut out) {
+    if (spec_.dv_split > 1)
+      out.o_bh =
+          e_.index(out.o_bh, dv_slice_index(e_, spec_), dv_slice(spec_) * elem_bytes(spec_.dtype));
+    return out;
+  }
+
+  // Bytes of a K or V element in global memory.
+  int kv_bytes() const { return elem_bytes(spec_.dtype); }
+
   // LSE of the thread's rows, by quad lane 0 (when the caller asked for it).
   void store_lse(const Coords &cd, const ForwardOut &out, Reg sq, const std::vector<Reg> &lse) {
     const tile::Lanes &ln = cd.ln;
     Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln.q, imm(0));
     b_.op(Op::And, Type::Pred, q0, q0, out.has_lse);
+    if (spec_.dv_split > 1)  // one writer of the LSE: slice 0
+      b_.op(Op::And, Type::Pred, q0, q0,
+            e_.setp(Cmp::Eq, Type::U32, dv_slice_index(e_, spec_), imm(0)));
     Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);  // the row of r = 0 within the tile
     for (int r = 0; r < 2 * MT_; ++r) {
       Reg rt = e_.op(Op::Add, Type::S32, wrel, imm(16 * (r / 2) + 8 * (r % 2)));

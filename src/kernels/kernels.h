@@ -27,6 +27,8 @@ enum class KvFp8 : uint8_t { None = 0, E4M3 = 4, E5M2 = 5 };
 // Bumped whenever any generator's output can change: it is part of every
 // cache key, so stale kernels are never reused.
 constexpr uint32_t kGeneratorVersion = 9;
+// Head dims the tensor-core kernels take (FA_MAX_HEAD_DIM, FA_MAX_HEAD_DIM_V).
+constexpr int kMaxHeadDim = 576, kMaxHeadDimV = 512;
 
 // "Unbounded" for a resolved window edge.
 constexpr int32_t kUnboundedWindow = 1 << 30;
@@ -124,12 +126,21 @@ struct KernelSpec {
   bool append_kv = false;
   int rotary = 0;
   bool rotary_half_table = false;
+  // mma Forward and Decode with head_dim_v above 256: O's columns are cut
+  // into dv_split slices of head_dim_v / dv_split (<= 256, a multiple of 8),
+  // one CTA per slice (grid x times dv_split, the slice fastest); each slice
+  // recomputes S = Q K^T over the whole head_dim and slice 0 writes the LSE
+  // (dv_slice()). 1: the PTX and serialize() are those of a spec without it.
+  int dv_split = 1;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
   // Human-readable, e.g. "forward f16 sm80 d128 dv128 g1 bm4 bn32 w4".
   std::string describe() const;
 };
+
+// O columns one CTA computes: head_dim_v / dv_split.
+inline int dv_slice(const KernelSpec &s) { return s.head_dim_v / s.dv_split; }
 
 // Chooses the spec (tiles included) for `kind` of cfg on a device with
 // these limits (docs/kernels.md, "Tile choice").

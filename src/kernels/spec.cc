@@ -6,6 +6,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
+#include <vector>
 
 #include "kernels/codegen.h"
 
@@ -114,10 +115,22 @@ bool spec_valid(const KernelSpec &s) {
       !(s.kind == KernelKind::Reduce || (s.kind != KernelKind::Reduce && s.mma && !s.wgmma &&
                                          s.kv_fp8 == KvFp8::None && !s.append_kv)))
     return false;
-  bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % 8 == 0;
+  // (The fp32 forward's loads spill past head_dim 384 on some tiles.)
+  if (s.dtype == Dtype::F32 && s.kind == KernelKind::Forward && s.head_dim > 384) return false;
+  // Head dims: the mma.sync forward and decode take head_dim up to 576 and
+  // head_dim_v up to 512 (in dv_split slices of at most 256 columns), the
+  // combine head_dim_v up to 512, the others 256.
+  const bool big = s.mma && !s.wgmma;
+  const int max_d = big ? kMaxHeadDim : 256;
+  const int max_dv = big || s.kind == KernelKind::Reduce ? kMaxHeadDimV : 256;
+  if (s.dv_split < 1 || (s.dv_split > 1 && !big) || s.head_dim_v % (8 * s.dv_split) != 0 ||
+      (s.kind != KernelKind::Reduce && dv_slice(s) > 256) ||
+      (s.kind == KernelKind::Reduce && s.dv_split != 1))
+    return false;
+  bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= max_dv && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
-  bool d_ok = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % 8 == 0;
+  bool d_ok = s.head_dim >= 8 && s.head_dim <= max_d && s.head_dim % 8 == 0;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -135,6 +148,16 @@ bool spec_valid(const KernelSpec &s) {
            s.min_ctas >= 1 && s.min_ctas <= 32;
   return d_ok && dv_ok && w_ok && s.block_n == 32 && s.group_size >= 1 &&
          s.block_m % s.num_warps == 0 && s.block_m > 0;
+}
+
+// O's column slices for head_dim_v (KernelSpec::dv_split): none up to
+// 256, else the fewest slices of equal width (a multiple of 8) of at most
+// 256 columns: 2 for 264..512 when that splits evenly (288, 320, 384, 512).
+int choose_dv_split(int dv) {
+  if (dv <= 256) return 1;
+  for (int n = 2; 8 * n <= dv; ++n)
+    if (dv % (8 * n) == 0 && dv / n <= 256) return n;
+  return dv / 8;
 }
 
 // Registers per thread a forward mma tile needs, estimated: f32
@@ -155,7 +178,7 @@ int forward_regs(int dpad, int dvpad, int m_tiles, int block_n, bool q_in_regs) 
 // registers. Chosen: the most resident warps per SM up to 8 (FlashAttention-2's
 // occupancy), then the earliest candidate.
 void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
-  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
+  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (dv_slice(*s) + 15) / 16 * 16;
   struct Cand {
     int m_tiles, warps, block_n;
     bool q_in_regs;
@@ -163,9 +186,14 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   // Q stays in registers only for head dims up to 64: larger sets of Q
   // fragments crowd the accumulators into spills.
   const bool qr = dpad <= 64;
-  const Cand cands[] = {{2, 4, 64, qr},    {2, 4, 64, false}, {1, 4, 64, qr},
-                        {1, 4, 64, false}, {1, 8, 64, false}, {1, 4, 32, false}};
-  int best_score = -1;
+  // Past 256 one more, smallest: 2 warps (32 rows) x 32 keys, so that Q,
+  // K and V at 576 fit the 99 KB of sm_86/89/120 (4 warps x 32 keys: 126 KB).
+  const Cand base[] = {{2, 4, 64, qr},    {2, 4, 64, false}, {1, 4, 64, qr},   {1, 4, 64, false},
+                       {1, 8, 64, false}, {1, 4, 32, false}, {1, 2, 32, false}};
+  const std::vector<Cand> cands(
+      base, base + (dpad > 256 || s->dv_split > 1 ? std::size(base) : std::size(base) - 1));
+  int best_score = -1, fallback_regs = 1 << 30;
+  bool have_fallback = false;
   // A device that reports no limits (a driver mock) gets its SM's published
   // ones; and some tile is always chosen: the last, smallest candidate, which
   // the backend's load then accepts or refuses by the device's own limit.
@@ -184,10 +212,10 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     const int chunks = (c.block_n * std::max(dpad, dvpad) / 8 + 32 * c.warps - 1) / (32 * c.warps);
     const int regs = forward_regs(dpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) +
                      (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0);
-    // (The last, smallest candidate stays: an estimate past 255 is then
-    // only a margin, and ptxas caps the registers at 255.)
-    const bool last = &c == &cands[std::size(cands) - 1];
-    if (regs > 255 && !last) continue;
+    // An estimate past 255 is only a fallback: when no candidate fits
+    // within 255, the one with the fewest estimated registers among those
+    // that fit shared memory (then ptxas caps the registers at 255).
+    const bool last = &c == &cands.back();
     KernelSpec t = *s;
     t.m_tiles = c.m_tiles;
     t.num_warps = c.warps;
@@ -201,14 +229,24 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
                               lim.threads_per_sm / threads, 32u});
     if (smem + 16 > lim.smem_per_block_optin) ctas = 0;  // + static: varlen's sequence lengths
     if (ctas == 0) {
-      if (best_score < 0 && last) {
+      if (best_score < 0 && !have_fallback && last) {
         t.min_ctas = 1;  // nothing fits: the smallest tile, for the backend to judge
+        *s = t;
+      }
+      continue;
+    }
+    if (regs > 255) {
+      if (best_score < 0 && regs < fallback_regs) {
+        fallback_regs = regs;
+        have_fallback = true;
+        t.min_ctas = static_cast<int>(ctas);
         *s = t;
       }
       continue;
     }
     const int score = std::min<int>(static_cast<int>(ctas) * c.warps, 8);
     if (score > best_score) {
+      have_fallback = false;
       best_score = score;
       t.min_ctas = static_cast<int>(ctas);
       *s = t;
@@ -259,7 +297,7 @@ void choose_decode_tile(const DeviceLimits &dev, KernelSpec *s) {
     if (!published_limits(dev.sm, &lim)) published_limits(80, &lim);
   }
   if (lim.smem_per_block_optin == 0) lim.smem_per_block_optin = lim.smem_per_sm - 1024;
-  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (s->head_dim_v + 15) / 16 * 16;
+  const int dpad = (s->head_dim + 15) / 16 * 16, dvpad = (dv_slice(*s) + 15) / 16 * 16;
   s->block_m = 16;
   s->q_in_regs = dpad <= 128;
   // fp32 K/V: 8 loaded values per chunk in flight, 16 more.
@@ -318,6 +356,10 @@ std::string KernelSpec::serialize() const {
     o.push_back(static_cast<char>(rotary));
     o.push_back(rotary_half_table ? 1 : 0);
   }
+  if (dv_split != 1) {  // absent for head_dim_v <= 256: older keys stay valid
+    o.push_back('V');
+    put32(o, dv_split);
+  }
   return o;
 }
 
@@ -341,7 +383,8 @@ std::string KernelSpec::describe() const {
          (rotary == 1   ? " rope_neox"
           : rotary == 2 ? " rope_interleaved"
                         : "") +
-         (rotary_half_table ? " rope_table16" : "");
+         (rotary_half_table ? " rope_table16" : "") +
+         (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -377,8 +420,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.block_n = 32;
   // The sm_90a forward reads 16-bit tiles by TMA: fp32 inputs (converted
   // on their way into shared memory) take the mma.sync forward there too.
+  // head_dim_v past 256: O in slices (KernelSpec::dv_split), on mma.sync.
+  const bool big = s.head_dim > 256 || s.head_dim_v > 256;
   if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled() && cfg.dtype != Dtype::F32) {
+      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big) {
     // TMA where it can address Q, K and V as boxes; else the producer
     // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
     s.varlen = varlen;
@@ -391,6 +436,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.varlen = varlen;
     s.mma = true;
     s.stages = 1;
+    s.dv_split = choose_dv_split(s.head_dim_v);
     choose_forward_tile(dev, &s);
   } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
@@ -401,6 +447,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.group_size = g < 1 ? 1 : g;
     s.mma = true;
     s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
+    s.dv_split = choose_dv_split(s.head_dim_v);
     choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
@@ -481,7 +528,8 @@ std::string entry_name(const KernelSpec &s) {
          (s.rotary == 1   ? "_ropeneox"
           : s.rotary == 2 ? "_ropeint"
                           : "") +
-         (s.rotary_half_table ? "16" : "");
+         (s.rotary_half_table ? "16" : "") +
+         (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
@@ -495,7 +543,7 @@ std::string generate_ptx(const KernelSpec &spec) {
 
 LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) {
   LaunchGeometry g;
-  g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m));
+  g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split);
   g.grid[1] = grid_dim(p.num_heads_q);
   g.grid[2] = grid_dim(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
@@ -505,7 +553,7 @@ LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) 
 
 LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
   LaunchGeometry g;
-  g.grid[0] = grid_dim(p.num_splits);
+  g.grid[0] = grid_dim(int64_t(p.num_splits) * spec.dv_split);
   g.grid[1] = grid_dim(int64_t(p.num_heads_kv) *
                        ceil_div(int64_t(spec.group_size) * p.seqlen_q, spec.block_m));
   g.grid[2] = grid_dim(p.batch);

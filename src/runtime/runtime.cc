@@ -103,12 +103,30 @@ fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec) {
   return FA_SUCCESS;
 }
 
+fa_status check_head_dims(const AttentionConfig &cfg, const KernelSpec &spec) {
+  if ((cfg.head_dim > 256 && spec.kind != KernelKind::Reduce) || cfg.head_dim_v > 256) {
+    if (spec.kind != KernelKind::Reduce && !spec.mma)
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "head_dim %d / head_dim_v %d (past 256) need the tensor-core kernels (sm_80+, "
+                  "not FLASHATTN_SCALAR_FORWARD=1 or FLASHATTN_SCALAR_DECODE=1); the device is "
+                  "sm_%d",
+                  cfg.head_dim, cfg.head_dim_v, spec.sm);
+  }
+  return FA_SUCCESS;
+}
+
 fa_status check_fp32(const AttentionConfig &cfg, const KernelSpec &spec) {
   if (cfg.dtype != Dtype::F32 || spec.kind == KernelKind::Reduce) return FA_SUCCESS;
   if (spec.kind == KernelKind::Decode && spec.append_kv) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "a KV append (k_new) with fp32 Q/K/V (dtype FA_DTYPE_FP32) is not supported yet; "
                 "write the new keys into the cache first");
+  }
+  if (spec.kind == KernelKind::Forward && cfg.head_dim > 384) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "fp32 Q/K/V/O (dtype FA_DTYPE_FP32) take head_dim up to 384 in fa_launch "
+                "(the forward's fp32 loads spill past it), got %d",
+                cfg.head_dim);
   }
   if (!spec.mma || spec.wgmma) {
     return fail(FA_ERROR_UNSUPPORTED,
@@ -367,6 +385,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
+  if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
   WgmmaParams wp;
   std::memset(&wp, 0, sizeof wp);
   if (spec.wgmma && !spec.gather) {
@@ -482,6 +501,7 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
 
 fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream) {
   if (fa_status st = check_fp32(cfg, decode_spec(cfg, a)); st != FA_SUCCESS) return st;
+  if (fa_status st = check_head_dims(cfg, decode_spec(cfg, a)); st != FA_SUCCESS) return st;
   const DecodePlan plan = plan_decode(cfg, a);
   if (plan.too_large) return decode_too_large();
   if (a.workspace_size < plan.workspace_bytes) {

@@ -52,6 +52,9 @@ fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec);
 // reason for any other kernel (the scalar ones), FA_SUCCESS otherwise (and
 // for 16-bit dtypes).
 fa_status check_fp32(const AttentionConfig &cfg, const KernelSpec &spec);
+// UNSUPPORTED when a head dim past 256 (FA_MAX_HEAD_DIM) met a kernel that
+// takes 256 at most: the scalar fallbacks (below sm_80, or forced).
+fa_status check_head_dims(const AttentionConfig &cfg, const KernelSpec &spec);
 
 class Runtime {
  public:

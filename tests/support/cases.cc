@@ -526,6 +526,128 @@ std::vector<DecodeCase> feature_decode_cases(bool gpu) {
   return v;
 }
 
+std::vector<ForwardCase> large_head_forward_cases(bool gpu) {
+  std::vector<ForwardCase> v;
+  const int m = gpu ? 8 : 1;
+  ForwardCase c;
+  c = {};  // Gemma-class: head_dim 512, GQA, causal, softcap, bf16
+  c.batch = 2;
+  c.seqlen_q = 70 * m;
+  c.seqlen_k = 90 * m;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 512;
+  c.bf16 = true;
+  c.causal = true;
+  c.softcap = 50;
+  c.seed = 501;
+  v.push_back(c);
+  c = {};  // MLA-shaped (576 / 512) over one KV head, sliding window, strided views
+  c.batch = 1;
+  c.seqlen_q = 33 * m;
+  c.seqlen_k = 60 * m;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.head_dim = 576;
+  c.head_dim_v = 512;
+  c.causal = true;
+  c.window_left = 40 * m;
+  c.window_right = 0;
+  c.padded_strides = true;
+  c.seed = 502;
+  v.push_back(c);
+  c = {};  // head_dim 264: a K tile padded to 272 columns, O in three slices of 88
+  c.batch = 2;
+  c.seqlen_q = 17;
+  c.seqlen_k = 50 * m;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 264;
+  c.seed = 503;
+  v.push_back(c);
+  c = {};  // varlen, head_dim 384 with ALiBi and sinks
+  c.batch = 2;
+  c.varlen = true;
+  c.seqlens_q = {25 * m, 9};
+  c.seqlens_k = {31 * m, 40};
+  c.seqlen_q = 25 * m;
+  c.seqlen_k = 40 * m;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.head_dim = 384;
+  c.bf16 = true;
+  c.alibi = {0.25f, 0.0625f};
+  c.sinks = {1.0f, -2.0f};
+  c.seed = 504;
+  v.push_back(c);
+  return v;
+}
+
+std::vector<DecodeCase> large_head_decode_cases(bool gpu) {
+  std::vector<DecodeCase> v;
+  const int m = gpu ? 8 : 1;
+  DecodeCase c;
+  c = {};  // MLA decode: 16 query heads over one latent KV head, 576 / 512, pages of 64
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 200 * m;
+  c.cache_seqlens = {200 * m, 77};
+  c.heads_q = 16;
+  c.heads_kv = 1;
+  c.head_dim = 576;
+  c.head_dim_v = 512;
+  c.bf16 = true;
+  c.causal = true;
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 64;
+  c.num_splits = 3;
+  c.seed = 601;
+  v.push_back(c);
+  c = {};  // MLA with two speculative tokens (32 packed rows: two m-blocks)
+  c.batch = 1;
+  c.seqlen_q = 2;
+  c.seqlen_k_max = 90 * m;
+  c.cache_seqlens = {90 * m};
+  c.heads_q = 16;
+  c.heads_kv = 1;
+  c.head_dim = 576;
+  c.head_dim_v = 512;
+  c.causal = true;
+  c.seed = 602;
+  v.push_back(c);
+  c = {};  // Gemma-class decode step: append one token with NeoX RoPE, head_dim 512
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 64 * m;
+  c.cache_seqlens = {63 * m, 20};
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 512;
+  c.causal = true;
+  c.seqlen_new = 1;
+  c.rotary_dim = 256;
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 16;
+  c.seed = 603;
+  v.push_back(c);
+  c = {};  // head_dim 320 with ALiBi and softcap, pointer arrays
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 100 * m;
+  c.cache_seqlens = {100 * m, 33};
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = 320;
+  c.bf16 = true;
+  c.softcap = 30;
+  c.alibi = {0.125f, 0.5f};
+  c.kv.layout = FA_KV_PTR_ARRAY;
+  c.num_splits = 2;
+  c.seed = 604;
+  v.push_back(c);
+  return v;
+}
+
 fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm) {
   fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
   o.backend = backend;

@@ -116,6 +116,9 @@ std::vector<DecodeCase> decode_cases(bool gpu);
 // Each feature (sinks, ALiBi, append + RoPE, tree mask, prefill, layouts) once.
 std::vector<ForwardCase> feature_forward_cases(bool gpu);
 std::vector<DecodeCase> feature_decode_cases(bool gpu);
+// Head dims past 256 (Gemma's 512, MLA's 576 / 512, O in slices) once each.
+std::vector<ForwardCase> large_head_forward_cases(bool gpu);
+std::vector<DecodeCase> large_head_decode_cases(bool gpu);
 
 // Loads tests/data/<name>/<file>.npy as float32; false if absent.
 bool load_fixture(const std::string &name, const std::string &file, std::vector<float> *out,

@@ -177,6 +177,20 @@ void test_features(void **state) {
   report(failures);
 }
 
+void test_large_heads(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  for (const ForwardCase &c : large_head_forward_cases(s->gpu)) {
+    const std::string e = run_forward(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  for (const DecodeCase &c : large_head_decode_cases(s->gpu)) {
+    const std::string e = run_decode(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
 void test_reduce(void **state) {
   SuiteState *s = need_runtime(state);
   std::string failures;
@@ -184,6 +198,7 @@ void test_reduce(void **state) {
   failures += run_reduce(s->rt, 1, 1, 2, 2, 128, true, 2);
   failures += run_reduce(s->rt, 17, 1, 1, 8, 256, false, 3);
   failures += run_reduce(s->rt, 3, 3, 5, 1, 8, true, 4);
+  failures += run_reduce(s->rt, 4, 2, 1, 3, 512, true, 5);  // MLA's head_dim_v
   report(failures);
 }
 
@@ -197,6 +212,7 @@ int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, i
       cmocka_unit_test(test_forward_random), cmocka_unit_test(test_forward_fixtures),
       cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
       cmocka_unit_test(test_reduce),         cmocka_unit_test(test_features),
+      cmocka_unit_test(test_large_heads),
   };
   return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
                                  suite_teardown);

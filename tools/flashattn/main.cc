@@ -125,7 +125,8 @@ int run_main(int argc, char **argv) {
       ->required()
       ->check(CLI::IsMember({"forward", "decode", "reduce"}));
   add_attention_options(g, &gen.attn, true);
-  g->add_option("--head-dim", gen.head_dim, "head_dim of Q and K (multiple of 8, 8..256)")
+  g->add_option("--head-dim", gen.head_dim,
+                "head_dim of Q and K (multiple of 8, 8..576; past 256 on sm_80+)")
       ->required();
   g->add_option("--head-dim-v", gen.head_dim_v, "head_dim of V and O; 0 = head_dim")
       ->capture_default_str();

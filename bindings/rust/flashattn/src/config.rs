@@ -109,7 +109,8 @@ impl ConfigBuilder {
         self.dtype = dtype;
         self
     }
-    /// head_dim (multiple of 8 in 8..256); head_dim_v defaults to it.
+    /// head_dim (multiple of 8 in 8..576, past 256 on sm_80+ tensor-core
+    /// kernels only); head_dim_v (8..512) defaults to it.
     pub fn head_dim(mut self, d: i32) -> Self {
         self.head_dim = d;
         self

@@ -187,7 +187,7 @@ fn config_accessors_and_errors() {
     expect_err(
         Config::builder().head_dim(12).heads(1, 1).build(),
         Status::Unsupported,
-        "head_dim must be a multiple of 8 in 8..256, got 12",
+        "head_dim must be a multiple of 8 in 8..576, got 12",
     );
     expect_err(
         Config::builder().head_dim(32).heads(1, 1).softmax_scale(-1.0).build(),
