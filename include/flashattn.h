@@ -556,7 +556,13 @@ typedef struct fa_decode_args {
   fa_tensor q;            /* [batch, seqlen_q, num_heads_q, head_dim] */
   fa_tensor k_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim], or
                              as kv.layout says */
-  fa_tensor v_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim_v] */
+  fa_tensor v_cache;      /* [batch, seqlen_k_max, num_heads_kv, head_dim_v].
+                             The same data and strides as k_cache (and,
+                             PTR_ARRAY, the same v_ptrs as k_ptrs), with
+                             head_dim_v <= head_dim and no k_new: V is K's
+                             first head_dim_v columns (MLA's latent cache),
+                             and the kernel copies K only, reading V from
+                             the K tile (since 0.5) */
   uint64_t cache_seqlens; /* int32 [batch], each in [0, seqlen_k_max]: keys
                              0..cache_seqlens[b]-1 are valid; the queries are the
                              last seqlen_q positions (causal alignment) */

@@ -284,7 +284,8 @@ std::vector<KernelSpec> grid() {
   // every target family (dtypes and softcap alternating, varlen, a paged
   // cache, ALiBi and sinks), the decode at MLA's 576 / 512 (GQA groups 1, 16,
   // 128, every KV layout, tree masks, fp8 on sm_89+) and at 320..512 (softcap,
-  // ALiBi, append with RoPE), fp32 inputs, and the combine at 512.
+  // ALiBi, append with RoPE), fp32 inputs, and the combine at 512; the
+  // decode with V read from the K tile (v_in_k) alongside each 576 / 512 one.
   for (int sm : {80, 86, 89, 90, 100, 120}) {
     const DeviceLimits lim = limits_of(sm);
     int i = 0;
@@ -312,6 +313,8 @@ std::vector<KernelSpec> grid() {
         shape.page_size = lay == 1 ? (g == 16 ? 64 : 1) : 0;
         shape.tree_mask = g == 16 && lay == 2;
         AttentionConfig cfg = config(g == 1 ? Dtype::F16 : Dtype::BF16, 576, 512, g, 1, false);
+        out.push_back(make_spec(cfg, KernelKind::Decode, lim, shape));
+        shape.v_in_k = true;  // MLA's latent cache: V read from the K tile
         out.push_back(make_spec(cfg, KernelKind::Decode, lim, shape));
         if (sm >= 89 && lay == 1) {
           cfg.kv_fp8 = g == 128 ? KvFp8::E5M2 : KvFp8::E4M3;

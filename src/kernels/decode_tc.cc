@@ -64,17 +64,24 @@ Layout layout(const KernelSpec &s) {
   l.k = tile::smem_tile(0, kWarpKeys, s.head_dim);
   l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, dv_slice(s));
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
+  // spec.v_in_k: no V tile; V is a view of the K tile's first columns
+  // (its pitch; the CTA's slice chooses the columns at run time).
+  const uint32_t v_bytes = s.v_in_k ? 0 : l.v.bytes();
   if (s.kv_fp8 != KvFp8::None) {
     l.k8 = tile::byte_tile(0, kWarpKeys, s.head_dim);
     l.v8 = tile::byte_tile(l.k8.bytes(), kWarpKeys, dv_slice(s));
-    l.stage_bytes = l.k8.bytes() + l.v8.bytes();
+    l.stage_bytes = l.k8.bytes() + (s.v_in_k ? 0 : l.v8.bytes());
     const uint32_t ring = static_cast<uint32_t>(s.stages) * l.stage_bytes;
     l.k.offset += ring;
     l.v.offset += ring;
-    l.warp_bytes = ring + l.k.bytes() + l.v.bytes();
+    l.warp_bytes = ring + l.k.bytes() + v_bytes;
   } else {
-    l.stage_bytes = l.k.bytes() + l.v.bytes();
+    l.stage_bytes = l.k.bytes() + v_bytes;
     l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
+  }
+  if (s.v_in_k) {
+    l.v.offset = l.k.offset;
+    l.v.pitch = l.k.pitch;
   }
   // +32 bytes: the 4 rows of a half-warp's 8-byte stores start 8 banks
   // apart (conflict-free; +16 would overlap them by half).
@@ -323,11 +330,12 @@ class DecodeTcGen {
       vt.offset += s * lay_.stage_bytes;
       k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr, Reg(),
                             f32_);
-      v_plans_.emplace_back(e_, lane_, 32, vt, wsmem_, vr_.row,
-                            s ? &v_plans_[0] : (vt.cols == kt.cols ? &k_plans_[0] : nullptr), Reg(),
-                            f32_);
+      if (!spec_.v_in_k)  // else V is read from the K tile
+        v_plans_.emplace_back(e_, lane_, 32, vt, wsmem_, vr_.row,
+                              s ? &v_plans_[0] : (vt.cols == kt.cols ? &k_plans_[0] : nullptr),
+                              Reg(), f32_);
       k_plans_.back().zero_padding();
-      v_plans_.back().zero_padding();
+      if (!spec_.v_in_k) v_plans_.back().zero_padding();
     }
     if (spec_.append_kv) append(slo, shi);
     if (spec_.dv_split > 1)  // this CTA's slice of V's columns (after the append's whole rows)
@@ -336,10 +344,13 @@ class DecodeTcGen {
     if (fp8_) {
       const bool e5m2 = spec_.kv_fp8 == KvFp8::E5M2;
       k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, mma_);
-      v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, mma_);
+      if (!spec_.v_in_k) v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, mma_);
     }
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
+    if (spec_.v_in_k && spec_.dv_split > 1)  // this CTA's columns of the K tile
+      b_.op(Op::MadLo, Type::U32, v_lm_, dv_slice_index(e_, spec_), imm(2 * dv_slice(spec_)),
+            v_lm_);
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
   }
 
@@ -489,7 +500,7 @@ class DecodeTcGen {
   // sequence are zero-filled, never read.
   void copy_tile(int s, Reg n) {
     Reg left = e_.op(Op::Sub, Type::S32, sk_, n);
-    for (int kv = 0; kv < 2; ++kv) {
+    for (int kv = 0; kv < (spec_.v_in_k ? 1 : 2); ++kv) {
       const CopyPlan &plan = kv ? v_plans_[s] : k_plans_[s];
       const KvRows &kr = kv ? vr_ : kr_;
       if (kr.paged() && !spec_.page_tiles) {
@@ -564,7 +575,7 @@ class DecodeTcGen {
       if (fp8_) {
         b_.comment("fp8 K and V of stage " + std::to_string(s) + " to the warp's 16-bit tiles");
         k_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
-        v_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
+        if (!spec_.v_in_k) v_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
         b_.bar_warp_sync(0xffffffffu);  // every lane's values are in
       }
       body(fp8_ ? 0 : s, tile_key(i_));

@@ -132,6 +132,12 @@ struct KernelSpec {
   // recomputes S = Q K^T over the whole head_dim and slice 0 writes the LSE
   // (dv_slice()). 1: the PTX and serialize() are those of a spec without it.
   int dv_split = 1;
+  // Decode: V's rows are the first head_dim_v columns of K's rows (fa_decode
+  // given the same cache, strides and page table for both: MLA's latent
+  // cache, as FlashMLA reads it), so the loop copies K only and reads V from
+  // the K tile in shared memory. Off: the PTX and serialize() are those of a
+  // spec without it.
+  bool v_in_k = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -164,6 +170,8 @@ struct LaunchShape {
   bool append_kv = false;
   int rotary = 0;
   bool rotary_half_table = false;
+  // Decode: V is K's first head_dim_v columns (KernelSpec::v_in_k).
+  bool v_in_k = false;
 };
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);

@@ -109,6 +109,11 @@ bool spec_valid(const KernelSpec &s) {
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
   if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
+  // V read from the K tile: the tensor-core decode, no append (it would
+  // write the same rows twice), V no wider than K.
+  if (s.v_in_k &&
+      !(s.kind == KernelKind::Decode && s.mma && !s.append_kv && s.head_dim_v <= s.head_dim))
+    return false;
   // fp32 Q/K/V/O: the mma.sync forward and decode (rounding to bf16 on
   // load; no KV append) and the combine (writing fp32 O) only.
   if (s.dtype == Dtype::F32 &&
@@ -360,6 +365,7 @@ std::string KernelSpec::serialize() const {
     o.push_back('V');
     put32(o, dv_split);
   }
+  if (v_in_k) o.push_back('K');  // only when on
   return o;
 }
 
@@ -384,7 +390,7 @@ std::string KernelSpec::describe() const {
           : rotary == 2 ? " rope_interleaved"
                         : "") +
          (rotary_half_table ? " rope_table16" : "") +
-         (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "");
+         (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -448,6 +454,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.mma = true;
     s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
     s.dv_split = choose_dv_split(s.head_dim_v);
+    s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
     choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
@@ -529,7 +536,7 @@ std::string entry_name(const KernelSpec &s) {
           : s.rotary == 2 ? "_ropeint"
                           : "") +
          (s.rotary_half_table ? "16" : "") +
-         (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "");
+         (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

@@ -339,6 +339,11 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   shape.append_kv = a.k_new.data != 0;
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
+  // V the first head_dim_v columns of K (MLA's latent cache): the same
+  // memory, strides and, for pointer arrays, the same pointer array.
+  shape.v_in_k = a.v_cache.data == a.k_cache.data &&
+                 std::equal(a.v_cache.stride, a.v_cache.stride + 4, a.k_cache.stride) &&
+                 (a.kv.layout != FA_KV_PTR_ARRAY || a.kv.v_ptrs == a.kv.k_ptrs);
   return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape);
 }
 

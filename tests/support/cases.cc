@@ -603,6 +603,24 @@ std::vector<DecodeCase> large_head_decode_cases(bool gpu) {
   c.num_splits = 3;
   c.seed = 601;
   v.push_back(c);
+  c.v_in_k = true;  // the same, V read from the latent K tile
+  c.seed = 605;
+  v.push_back(c);
+  c = {};  // MLA with V in K on pages of 5 (rows gathered one by one), no slices of O
+  c.batch = 2;
+  c.seqlen_q = 1;
+  c.seqlen_k_max = 70 * m;
+  c.cache_seqlens = {70 * m, 41};
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.bf16 = true;
+  c.v_in_k = true;
+  c.kv.layout = FA_KV_PAGED;
+  c.kv.page_size = 5;
+  c.seed = 606;
+  v.push_back(c);
   c = {};  // MLA with two speculative tokens (32 packed rows: two m-blocks)
   c.batch = 1;
   c.seqlen_q = 2;

@@ -346,6 +346,7 @@ std::string DecodeCase::describe() const {
   if (!sinks.empty()) d += " sinks";
   if (!alibi.empty()) d += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
   if (seqlen_new) d += " append" + std::to_string(seqlen_new);
+  if (v_in_k) d += " v_in_k";
   if (rotary_dim)
     d += std::string(" rope") + (rotary_interleaved ? "-gptj" : "-neox") +
          std::to_string(rotary_dim) + (rotary_half_table ? " table16" : "") +
@@ -825,6 +826,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   std::vector<float> vh =
       c.v ? *c.v
           : random_normal(size_t(c.batch) * c.seqlen_k_max * c.heads_kv * dv, c.seed + 2, 1.0f);
+  if (c.v_in_k) {  // V = K's first dv columns (the reference reads this copy)
+    for (size_t r = 0; r < size_t(c.batch) * c.seqlen_k_max * c.heads_kv; ++r)
+      std::copy_n(kh.begin() + r * c.head_dim, dv, vh.begin() + r * dv);
+  }
   // Cache rows past cache_seqlens[b] hold NaN, as uninitialised caches can:
   // the kernels must never read them (0 * NaN would leak into O).
   for (int b = 0; b < c.batch; ++b) {
@@ -872,6 +877,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     place_kv(ctx, vh, c.batch, c.seqlen_k_max, c.heads_kv, dv, c.bf16, kc, pg, &a.v_cache,
              &a.kv.v_ptrs);
     set_kv_args(ctx, kc, pg, c.batch, &a.kv);
+  }
+  if (c.v_in_k) {  // the kernel is handed K's memory for V
+    a.v_cache = a.k_cache;
+    a.kv.v_ptrs = a.kv.k_ptrs;
   }
   a.cache_seqlens = ctx.alloc(size_t(c.batch) * 4);
   std::vector<int32_t> lens(c.cache_seqlens.begin(), c.cache_seqlens.end());

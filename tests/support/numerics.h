@@ -89,6 +89,10 @@ struct DecodeCase {
   int seqlen_new = 0;
   int rotary_dim = 0;
   bool rotary_interleaved = false, rotary_half_table = false, rotary_positions = false;
+  // MLA's latent cache: V is the first head_dim_v columns of K's rows, passed
+  // as the same memory, strides and page table (fa_decode reads V from the K
+  // tile: KernelSpec::v_in_k). head_dim_v <= head_dim, no append.
+  bool v_in_k = false;
   std::string describe() const;
 };
 // Packs a bool [rows][seqlen_q] tree mask into rows of `row_words` 32-bit
