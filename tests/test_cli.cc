@@ -500,6 +500,17 @@ void test_decode_empty_sequence(void **) {
   for (size_t i = 0; i < ov.size() / 2; ++i) assert_true(ov[i] == 0.0f);  // batch 0: O = 0
 }
 
+// DeepSeek MLA's decode shape (head dims past 256, 0.5): Q/K 576 over one KV
+// head, V/O 512, 16 query heads, bf16, two splits.
+void test_decode_mla_head_dims(void **) {
+  skip_without_cli();
+  Case c;
+  c.b = 2, c.sq = 1, c.sk = 200, c.hq = 16, c.hkv = 1, c.d = 576, c.dv = 512;
+  c.bf16 = true;
+  c.seqlens = {200, 77};
+  run_case(c, true, 24, 2);
+}
+
 void test_cache_commands(void **) {
   skip_without_cli();
   const std::string dir = path_of("cache_cmd");
@@ -852,6 +863,7 @@ int main() {
       cmocka_unit_test(test_run_ref_file),
       cmocka_unit_test(test_decode_splits),
       cmocka_unit_test(test_decode_empty_sequence),
+      cmocka_unit_test(test_decode_mla_head_dims),
       cmocka_unit_test(test_cache_commands),
       cmocka_unit_test(test_cache_stats_no_home),
       cmocka_unit_test(test_cache_stats_full_disk),

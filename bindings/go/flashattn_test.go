@@ -400,6 +400,10 @@ func TestConfigErrors(t *testing.T) {
 	wantErr(t, err, StatusInvalidArgument, "num_heads_q (6) must be a multiple of num_heads_kv (4)")
 	_, err = NewConfig(ConfigDesc{HeadDim: 12, NumHeadsQ: 2})
 	wantErr(t, err, StatusUnsupported, "head_dim must be a multiple of 8")
+	_, err = NewConfig(ConfigDesc{HeadDim: 584, NumHeadsQ: 16, NumHeadsKV: 1})
+	wantErr(t, err, StatusUnsupported, "fa_config_create: head_dim must be a multiple of 8 in 8..576, got 584")
+	_, err = NewConfig(ConfigDesc{HeadDim: 576, HeadDimV: 520, NumHeadsQ: 16, NumHeadsKV: 1})
+	wantErr(t, err, StatusUnsupported, "fa_config_create: head_dim_v must be a multiple of 8 in 8..512, got 520")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, Window: &Window{-3, 0}})
 	wantErr(t, err, StatusInvalidArgument, "window_left")
 	_, err = NewConfig(ConfigDesc{HeadDim: 32, NumHeadsQ: 2, DType: FP8E4M3})
@@ -684,6 +688,9 @@ func TestDecode(t *testing.T) {
 			problem{batch: 3, sq: 2, skMax: 96, hq: 2, hkv: 1, d: 64, dv: 64, causal: true, kvLen: []int{1, 0, 70}}, 2},
 		{ConfigDesc{HeadDim: 128, NumHeadsQ: 8, NumHeadsKV: 2},
 			problem{batch: 2, sq: 1, skMax: 1000, hq: 8, hkv: 2, d: 128, dv: 128, kvLen: []int{1000, 613}}, 0},
+		// DeepSeek MLA's shape (0.5): Q/K 576 over one KV head, V/O 512 (two column slices).
+		{ConfigDesc{HeadDim: 576, HeadDimV: 512, NumHeadsQ: 16, NumHeadsKV: 1},
+			problem{batch: 2, sq: 1, skMax: 200, hq: 16, hkv: 1, d: 576, dv: 512, kvLen: []int{200, 77}}, 2},
 	}
 	for i, c := range cases {
 		c := c

@@ -95,6 +95,24 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
     return o, lse
 
 
+def to_pages(g, k, v, page_size, spare=3):
+    """A contiguous cache k/v [batch, skmax, heads, d(_v)] as shuffled pages
+    [num_pages, page_size, heads, d(_v)] (float32): every sequence owns
+    ceil(skmax / page_size) pages in a random order, spare pages hold NaN.
+    Returns (k_pages, v_pages, block_table int32 [batch, pages])."""
+    batch, skmax = k.shape[:2]
+    m = -(-skmax // page_size)
+    pages = batch * m + spare
+    table = g.permutation(pages)[:batch * m].reshape(batch, m).astype(np.int32)
+    kp = np.full((pages, page_size) + k.shape[2:], np.nan, np.float32)
+    vp = np.full((pages, page_size) + v.shape[2:], np.nan, np.float32)
+    for b in range(batch):
+        for j in range(skmax):
+            kp[table[b, j // page_size], j % page_size] = k[b, j]
+            vp[table[b, j // page_size], j % page_size] = v[b, j]
+    return kp, vp, table
+
+
 def tol(dtype):
     return 4e-3 if dtype == "fp16" else 2.5e-2
 

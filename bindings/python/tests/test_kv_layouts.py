@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import FakeCAI, as_float, nan_out, ref_attention, rng, round_to
+from conftest import FakeCAI, as_float, nan_out, ref_attention, rng, round_to, to_pages
 import flashattn as fa
 from flashattn import _lib
 
@@ -23,23 +23,6 @@ def _cache(g, batch, skmax, lens, dtype, d=D):
     for b, n in enumerate(lens):
         v[b, n:] = np.nan
     return k, v
-
-
-def _paged(g, k, v, page_size, spare=3):
-    """The same cache as shuffled pages [num_pages, page_size, HK, d]: every
-    sequence owns ceil(skmax / page_size) pages in a random order, spare pages
-    hold NaN. Returns (k_pages, v_pages, block_table int32 [batch, pages])."""
-    batch, skmax = k.shape[:2]
-    m = -(-skmax // page_size)
-    pages = batch * m + spare
-    table = g.permutation(pages)[:batch * m].reshape(batch, m).astype(np.int32)
-    kp = np.full((pages, page_size) + k.shape[2:], np.nan, np.float32)
-    vp = kp.copy()
-    for b in range(batch):
-        for j in range(skmax):
-            kp[table[b, j // page_size], j % page_size] = k[b, j]
-            vp[table[b, j // page_size], j % page_size] = v[b, j]
-    return kp, vp, table
 
 
 def _host(x, dtype):
@@ -75,7 +58,7 @@ def test_paged_decode_matches_contiguous(rt, page_size, dtype, causal, sq):
     q = g.standard_normal((B, sq, HQ, D)).astype(np.float32)
     k, v = _cache(g, B, skmax, lens, dtype)
     o_ref, lse_ref = fa.decode(rt, cfg, q, _host(k, dtype), _host(v, dtype), lens)
-    kp, vp, table = _paged(g, k, v, page_size)
+    kp, vp, table = to_pages(g, k, v, page_size)
     dk, dv = rt.upload(_host(kp, dtype), dtype), rt.upload(_host(vp, dtype), dtype)
     o, lse = nan_out(rt, (B, sq, HQ, D), dtype), nan_out(rt, (B, HQ, sq), "fp32")
     o2, lse2 = fa.decode(rt, cfg, q, dk, dv, lens, block_table=table, out=o, lse=lse)
@@ -99,7 +82,7 @@ def test_paged_decode_hnd_pages_and_strided_table(rt):
     q = g.standard_normal((B, 1, HQ, D)).astype(np.float16)
     k, v = _cache(g, B, skmax, lens, "fp16")
     o_ref, lse_ref = fa.decode(rt, cfg, q, k.astype(np.float16), v.astype(np.float16), lens)
-    kp, vp, table = _paged(g, k, v, ps)
+    kp, vp, table = to_pages(g, k, v, ps)
     P, M = kp.shape[0], table.shape[1]
     hnd_k = rt.upload(np.ascontiguousarray(kp.transpose(0, 2, 1, 3)).astype(np.float16))
     hnd_v = rt.upload(np.ascontiguousarray(vp.transpose(0, 2, 1, 3)).astype(np.float16))
@@ -168,7 +151,7 @@ def test_batch_invariant_bits_alone_and_in_a_batch(rt, splits_seen):
     vs = g.standard_normal((1, L, HK, D)).astype(np.float16)
 
     def run(batch_q, k, v, lens):
-        kp, vp, table = _paged(g, k.astype(np.float32), v.astype(np.float32), ps)
+        kp, vp, table = to_pages(g, k.astype(np.float32), v.astype(np.float32), ps)
         o, lse = fa.decode(rt, cfg, batch_q, kp.astype(np.float16), vp.astype(np.float16), lens,
                            block_table=table, batch_invariant=True)
         assert np.isfinite(o).all() and np.isfinite(lse).all()
@@ -207,7 +190,7 @@ def test_chunked_prefill_matches_contiguous(rt, layout):
         vc = [v16[b, :n] for b, n in enumerate(used)]
         table = None
     else:
-        kp, vp, table = _paged(g, k, v, int(layout[5:]))
+        kp, vp, table = to_pages(g, k, v, int(layout[5:]))
         kc, vc = kp.astype(np.float16), vp.astype(np.float16)
     o = nan_out(rt, (B, sq, HQ, D), "fp16")
     _, lse = fa.forward(rt, cfg, q, kc, vc, block_table=table, seqused_k=used, out=o,
@@ -225,7 +208,7 @@ def test_chunked_prefill_packed_queries(rt):
     cfg = fa.Config(head_dim=D, num_heads_q=HQ, num_heads_kv=HK, causal=True)
     q = g.standard_normal((int(cq[-1]), HQ, D)).astype(np.float16)
     k, v = _cache(g, B, 50, used, "fp16")
-    kp, vp, table = _paged(g, k, v, 8)
+    kp, vp, table = to_pages(g, k, v, 8)
     o = fa.forward(rt, cfg, q, kp.astype(np.float16), vp.astype(np.float16), cu_seqlens_q=cq,
                    block_table=table, seqused_k=used)
     assert o.shape == q.shape

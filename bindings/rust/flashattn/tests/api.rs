@@ -190,6 +190,16 @@ fn config_accessors_and_errors() {
         "head_dim must be a multiple of 8 in 8..576, got 12",
     );
     expect_err(
+        Config::builder().head_dim(584).heads(16, 1).build(),
+        Status::Unsupported,
+        "fa_config_create: head_dim must be a multiple of 8 in 8..576, got 584",
+    );
+    expect_err(
+        Config::builder().head_dim(576).head_dim_v(520).heads(16, 1).build(),
+        Status::Unsupported,
+        "fa_config_create: head_dim_v must be a multiple of 8 in 8..512, got 520",
+    );
+    expect_err(
         Config::builder().head_dim(32).heads(1, 1).softmax_scale(-1.0).build(),
         Status::InvalidArgument,
         "softmax_scale must be finite",

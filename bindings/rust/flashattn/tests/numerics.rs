@@ -1,7 +1,8 @@
 //! Numerics on the emulator against an f64 reference: forward (MHA, GQA,
-//! causal, rows with no key, head_dim_v != head_dim), decode (cache_seqlens
-//! including 0, automatic and fixed splits), decode without combine followed
-//! by decode_reduce, and the reduce formula on host-made partial states.
+//! causal, rows with no key, head_dim_v != head_dim, head dims 576 / 512),
+//! decode (cache_seqlens including 0, automatic and fixed splits), decode
+//! without combine followed by decode_reduce, and the reduce formula on
+//! host-made partial states.
 mod common;
 
 use common::{emulator, max_abs_err, reference, Problem, Rng};
@@ -186,6 +187,28 @@ fn forward_causal_rows_without_keys() {
             scale: 0.25,
         },
         3,
+    );
+}
+
+#[test]
+fn forward_mla_head_dims_576_512() {
+    // Past 256 (0.5): Q/K 576 and V/O 512 (DeepSeek MLA's shape), four query
+    // heads over one KV head, O computed in two column slices of 256.
+    let rt = emulator();
+    forward_case(
+        &rt,
+        Problem {
+            batch: 1,
+            seqlen_q: 33,
+            seqlen_k: 60,
+            hq: 4,
+            hkv: 1,
+            d: 576,
+            dv: 512,
+            causal: true,
+            scale: 1.0 / 576f64.sqrt(),
+        },
+        4,
     );
 }
 
