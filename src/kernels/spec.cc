@@ -108,7 +108,6 @@ bool spec_valid(const KernelSpec &s) {
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
-  if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
   // fp32 Q/K/V/O: the mma.sync forward and decode (rounding to bf16 on
   // load; no KV append) and the combine (writing fp32 O) only.
   if (s.dtype == Dtype::F32 &&
