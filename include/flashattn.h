@@ -287,7 +287,8 @@ typedef struct fa_config_desc {
                        bf16 Q is scaled per row by a power of two into
                        f16's range first, exact but for elements below
                        2^-10 of their row's largest). fa_decode only (sm_89+:
-                       UNSUPPORTED below it and from fa_launch); head_dim and
+                       UNSUPPORTED below it and from fa_launch; a KV append
+                       quantises the new rows, see k_new); head_dim and
                        head_dim_v multiples of 16 (else UNSUPPORTED). 64-bit
                        so that 0.4's struct, padding included, ends where it
                        begins (as fa_generate_options.sinks) */
@@ -645,7 +646,11 @@ typedef struct fa_decode_args {
    * of sequence b is at p = cache_seqlens[b] + j, query t at
    * cache_seqlens[b] + t when causal or windowed, else at
    * cache_seqlens[b] (FlashAttention's rule); rotary_positions overrides
-   * both. Needs the tensor-core decode (sm_80+). */
+   * both. Needs the tensor-core decode (sm_80+). Into an fp8 cache
+   * (kv_dtype): k_new/v_new stay cfg dtype and each element x (K's after
+   * the rotation) is written as the byte cvt.rn.satfinite(div.rn.f32(x,
+   * descale)) with the (b, h_kv) descale (beyond the largest finite: it;
+   * NaN: NaN; a descale of 0 saturates, docs/api.md); sm_89+. */
   fa_tensor k_new;                 /* [batch, seqlen_new, num_heads_kv, head_dim] cfg dtype,
                                       or data 0 = no append (every field below 0) */
   fa_tensor v_new;                 /* [batch, seqlen_new, num_heads_kv, head_dim_v] */

@@ -4,14 +4,17 @@
 // or amax / 57344 (e5m2) per (batch, KV head) or per tensor; each run is
 // checked against an fp64 reference over the values those bytes hold,
 // quantised here (the same rule, over the valid rows), over a paged and a
-// contiguous cache; a bad --kv-dtype is a usage error that writes nothing,
-// and sm_80 is refused (UNSUPPORTED).
+// contiguous cache; --k-new/--v-new (with NeoX RoPE) appended into the fp8
+// cache, the new rows quantised with the cache's descales (K after RoPE,
+// rounded to fp16 first); a bad --kv-dtype is a usage error that writes
+// nothing, and sm_80 is refused (UNSUPPORTED).
 
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,23 +31,30 @@ using namespace fa::test::cli;
 
 constexpr int kB = 2, kSq = 3, kSk = 70, kHq = 4, kHkv = 2, kD = 64;
 const std::vector<int32_t> kLens = {70, 29};
+const std::vector<int32_t> kLensAppend = {60, 29};  // before appending kSq tokens
 
 // The fp8 values of a cache read back from its .npy, quantised per the
-// CLI's rule (descale = amax / fp8 max over each group's valid rows).
-std::vector<double> quantized(const char *file, bool e5m2, bool per_head) {
+// CLI's rule (descale = amax / fp8 max over each group's valid rows, the
+// first valid[b] of sequence b; *descales: them, [batch][kv head] or [1]).
+std::vector<double> quantized(const char *file, bool e5m2, bool per_head,
+                              const std::vector<int32_t> &valid = kLens,
+                              std::vector<double> *descales = nullptr) {
   const std::vector<float> x = read_npy(file).to_f32();
   auto at = [&](int b, int j, int h) { return ((size_t(b) * kSk + j) * kHkv + h) * kD; };
   std::vector<double> amax(per_head ? kB * kHkv : 1, 0.0);
   for (int b = 0; b < kB; ++b)
-    for (int j = 0; j < kLens[b]; ++j)
+    for (int j = 0; j < valid[b]; ++j)
       for (int h = 0; h < kHkv; ++h)
         for (int e = 0; e < kD; ++e) {
           double &m = amax[per_head ? b * kHkv + h : 0];
           m = std::max(m, std::fabs(double(x[at(b, j, h) + e])));
         }
   std::vector<double> out(x.size(), 0.0);
+  if (descales)
+    for (double m : amax)
+      descales->push_back(double(float(m > 0 ? m / fa::ref::fp8_max(e5m2) : 1.0)));
   for (int b = 0; b < kB; ++b)
-    for (int j = 0; j < kLens[b]; ++j)
+    for (int j = 0; j < valid[b]; ++j)
       for (int h = 0; h < kHkv; ++h) {
         const double m = amax[per_head ? b * kHkv + h : 0];
         const double ds = double(float(m > 0 ? m / fa::ref::fp8_max(e5m2) : 1.0));
@@ -127,6 +137,85 @@ void test_decode_fp8(void **) {
   }
 }
 
+// Append kSq new tokens (fp16 .npy values) into the e4m3 cache with NeoX
+// RoPE over 32 of 64 dims, per-(batch, kv head) descales of the old rows.
+void test_decode_fp8_append(void **) {
+  skip_without_cli();
+  constexpr int kRd = 32;
+  QkvInputs in = write_qkv(33, kB, kSq, kSk, kHq, kHkv, kD, &kLensAppend);
+  std::vector<double> kds, vds;
+  std::vector<double> k = quantized("k.npy", false, true, kLensAppend, &kds);
+  std::vector<double> v = quantized("v.npy", false, true, kLensAppend, &vds);
+  std::mt19937 rng(34);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> kn(size_t(kB) * kSq * kHkv * kD), vn(kn.size());
+  for (float &x : kn) x = fa::ref::round_to(1.5f * nd(rng), false);  // some past amax: clamped
+  for (float &x : vn) x = fa::ref::round_to(nd(rng), false);
+  write_npy("k_new.npy", fa::npy::from_f32({kB, kSq, kHkv, kD}, kn.data()));
+  write_npy("v_new.npy", fa::npy::from_f32({kB, kSq, kHkv, kD}, vn.data()));
+  std::vector<float> cs(size_t(kSk) * kRd / 2), sn(cs.size());
+  for (int p = 0; p < kSk; ++p)
+    for (int i = 0; i < kRd / 2; ++i) {
+      const double th = p * std::pow(10000.0, -2.0 * i / kRd);
+      cs[size_t(p) * kRd / 2 + i] = float(std::cos(th));
+      sn[size_t(p) * kRd / 2 + i] = float(std::sin(th));
+    }
+  write_npy("cos.npy", fa::npy::from_f32({kSk, kRd / 2}, cs.data()));
+  write_npy("sin.npy", fa::npy::from_f32({kSk, kRd / 2}, sn.data()));
+  std::vector<int32_t> lens = kLensAppend;
+  std::vector<float> row(kD);
+  for (int b = 0; b < kB; ++b) {
+    for (int t = 0; t < kSq; ++t) {
+      const int pos = lens[b] + t;
+      for (int h = 0; h < kHq; ++h) {
+        double *qr = &in.q[((size_t(b) * kSq + t) * kHq + h) * kD];
+        std::copy(qr, qr + kD, row.begin());
+        fa::ref::rope_row(row.data(), kRd, false, &cs[size_t(pos) * kRd / 2],
+                          &sn[size_t(pos) * kRd / 2], false);
+        std::copy(row.begin(), row.end(), qr);
+      }
+      for (int h = 0; h < kHkv; ++h) {
+        const size_t dst = ((size_t(b) * kSk + pos) * kHkv + h) * kD;
+        const size_t src = ((size_t(b) * kSq + t) * kHkv + h) * kD;
+        for (int kv = 0; kv < 2; ++kv) {
+          std::copy_n(&(kv ? vn : kn)[src], kD, row.begin());
+          if (!kv)
+            fa::ref::rope_row(row.data(), kRd, false, &cs[size_t(pos) * kRd / 2],
+                              &sn[size_t(pos) * kRd / 2], false);
+          const float ds = float((kv ? vds : kds)[size_t(b) * kHkv + h]);
+          for (int e = 0; e < kD; ++e)
+            (kv ? v : k)[dst + e] =
+                fa::ref::fp8_to_double(fa::ref::fp8_from_double(row[e] / ds, false), false) * ds;
+        }
+      }
+    }
+    lens[b] += kSq;
+  }
+  fa::ref::Problem p;
+  p.batch = kB;
+  p.seqlen_q = kSq;
+  p.seqlen_k = kSk;
+  p.num_heads_q = kHq;
+  p.num_heads_kv = kHkv;
+  p.head_dim = p.head_dim_v = kD;
+  p.causal = true;
+  std::vector<double> o_ref(size_t(kB) * kSq * kHq * kD), lse_ref(size_t(kB) * kHq * kSq);
+  fa::ref::attention(p, in.q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
+  std::remove(path_of("o.npy").c_str());
+  std::vector<std::string> args = cli_args("e4m3", "head", true, "89");
+  args.insert(args.end(), {"--k-new", path_of("k_new.npy"), "--v-new", path_of("v_new.npy"),
+                           "--rotary-cos", path_of("cos.npy"), "--rotary-sin", path_of("sin.npy")});
+  const Result r = run_cli(args);
+  expect(r.exited && r.code == 0, args, r, "exit status is not 0");
+  expect(contains(r.out, "\nPASS"), args, r, "no PASS line");
+  expect(contains(r.out, "kv append:"), args, r, "no kv append line");
+  const std::vector<float> o = read_npy("o.npy").to_f32();
+  const fa::ref::ErrorStats e = fa::ref::compare(o.data(), o_ref.data(), o.size());
+  std::printf("  e4m3 append + NeoX: O max_abs %.3g (max|ref| %.3g)\n", e.max_abs, e.max_ref);
+  if (e.nonfinite || e.max_abs > 4e-3 * std::max(1.0, e.max_ref) || e.rel_l2 >= 1e-2)
+    expect(false, args, r, "O outside tolerance of the fp8 reference");
+}
+
 void test_fp8_refused(void **) {
   skip_without_cli();
   write_qkv(32, kB, kSq, kSk, kHq, kHkv, kD, &kLens);
@@ -150,6 +239,7 @@ int main() {
   setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_fp8),
+      cmocka_unit_test(test_decode_fp8_append),
       cmocka_unit_test(test_fp8_refused),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -84,18 +84,27 @@ struct Case {
   // Sequence b's descales (K and V, every KV head) are +inf: its cache must
   // be empty (lens[b] = 0), whose rows get O = 0 and LSE = -inf regardless.
   int inf_descale_seq = -1;
+  // KV append (fa_decode_args.k_new): seqlen_new 16-bit tokens quantised
+  // into the cache by the kernel (lens: the lengths before it); rotary 1
+  // NeoX, 2 GPT-J over rotary_dim (0 = d) of K and Q; new_scale: the new
+  // values' spread (past e4m3's 448: satfinite).
+  int seqlen_new = 0, rotary = 0, rotary_dim = 0;
+  double new_scale = 1.0;
+  // Descales of sequence 1 K 0 / V +inf, of sequence 2 K NaN / V < 0 (with
+  // descale 2): only the cache bytes are checked (O holds NaN).
+  bool odd_descales = false;
   uint32_t seed = 1;
   std::string describe() const {
-    char buf[300];
+    char buf[400];
     static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
     std::snprintf(buf, sizeof buf,
                   "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
-                  "descale%d%s%s%s%s",
+                  "descale%d%s%s%s%s new%d rope%d/%d x%g",
                   e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "");
+                  direct ? " direct" : "", seqlen_new, rotary, rotary_dim, new_scale);
     return buf;
   }
 };
@@ -134,11 +143,13 @@ double from16(uint16_t h, bool bf16) {
 
 constexpr uint8_t kNanCode = 0x7f;  // NaN in both formats
 
-// fp8 codes of one cache [b, skmax, h, d] in a layout: *t and (pointer
-// arrays) *ptrs set; gaps and rows past a sequence hold NaN bytes.
-void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
-           const std::vector<int32_t> &table, int max_pages, int num_pages, fa_tensor *t,
-           uint64_t *ptrs) {
+// The device images of one cache [b, skmax, h, d] of fp8 codes in a
+// layout (one per allocation: pointer arrays one per sequence) and its
+// strides in *t; gaps and rows past a sequence hold NaN bytes.
+std::vector<std::vector<uint8_t>> images(const Case &c, const std::vector<uint8_t> &codes, int d,
+                                         const std::vector<int32_t> &table, int max_pages,
+                                         int num_pages, fa_tensor *t) {
+  std::vector<std::vector<uint8_t>> out;
   const int h = c.hkv, sk = c.skmax;
   auto code = [&](int b, int s, int ih, int id) {
     return codes[((size_t(b) * sk + s) * h + ih) * d + id];
@@ -151,7 +162,6 @@ void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
     v.stride[1] = int64_t(h) * v.stride[2] + (gaps ? 32 : 0);
     v.stride[0] = int64_t(sk) * v.stride[1] + (gaps ? 16 : 0);
     const int nb = c.layout == kContig ? c.batch : 1;
-    std::vector<uint64_t> p(c.batch);
     for (int part = 0; part < (c.layout == kContig ? 1 : c.batch); ++part) {
       std::vector<uint8_t> dev(size_t(nb) * v.stride[0], kNanCode);
       for (int ib = 0; ib < nb; ++ib)
@@ -160,16 +170,10 @@ void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
             for (int id = 0; id < d; ++id)
               dev[ib * v.stride[0] + s * v.stride[1] + ih * v.stride[2] + id] =
                   code(c.layout == kContig ? ib : part, s, ih, id);
-      p[part] = dv.put(dev.data(), dev.size());
-    }
-    if (c.layout == kContig) {
-      v.data = p[0];
-    } else {
-      v.data = 0;
-      *ptrs = dv.put(p.data(), p.size() * 8);
+      out.push_back(std::move(dev));
     }
     *t = v;
-    return;
+    return out;
   }
   const int ps = c.page_size;
   if (c.layout == kPagedHnd) {
@@ -190,8 +194,25 @@ void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
           dev[page * v.stride[0] + (s % ps) * v.stride[1] + ih * v.stride[2] + id] =
               code(ib, s, ih, id);
     }
-  v.data = dv.put(dev.data(), dev.size());
+  out.push_back(std::move(dev));
   *t = v;
+  return out;
+}
+
+// images() uploaded: *t and (pointer arrays) *ptrs set; *allocs: the
+// allocations, in images() order.
+void place(Dev &dv, const Case &c, const std::vector<uint8_t> &codes, int d,
+           const std::vector<int32_t> &table, int max_pages, int num_pages, fa_tensor *t,
+           uint64_t *ptrs, std::vector<uint64_t> *allocs) {
+  const std::vector<std::vector<uint8_t>> im = images(c, codes, d, table, max_pages, num_pages, t);
+  allocs->clear();
+  for (const std::vector<uint8_t> &x : im) allocs->push_back(dv.put(x.data(), x.size()));
+  if (c.layout == kPtrs) {
+    t->data = 0;
+    *ptrs = dv.put(allocs->data(), allocs->size() * 8);
+  } else {
+    t->data = (*allocs)[0];
+  }
 }
 
 // The same attention at a framework's low precision (S in fp32, P rounded to
@@ -293,6 +314,13 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
     for (double &x : kd) x = 4.0 / fmax * uf(gen);
     for (double &x : vd) x = 4.0 / fmax * uf(gen);
   }
+  if (c.odd_descales)
+    for (int h = 0; h < hkv; ++h) {
+      kd[size_t(1) * hkv + h] = 0.0;
+      vd[size_t(1) * hkv + h] = INFINITY;
+      kd[size_t(2) * hkv + h] = NAN;
+      vd[size_t(2) * hkv + h] = -vd[size_t(2) * hkv + h];
+    }
   const int inf_b = c.inf_descale_seq;
   auto make_cache = [&](int d, const std::vector<double> &ds, std::vector<uint8_t> *codes,
                         std::vector<double> *vals) {
@@ -343,8 +371,9 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   } else if (c.layout == kPtrs) {
     a.kv.layout = FA_KV_PTR_ARRAY;
   }
-  place(dev, c, kc, c.d, table, max_pages, num_pages, &a.k_cache, &a.kv.k_ptrs);
-  place(dev, c, vc, dv, table, max_pages, num_pages, &a.v_cache, &a.kv.v_ptrs);
+  std::vector<uint64_t> k_allocs, v_allocs;
+  place(dev, c, kc, c.d, table, max_pages, num_pages, &a.k_cache, &a.kv.k_ptrs, &k_allocs);
+  place(dev, c, vc, dv, table, max_pages, num_pages, &a.v_cache, &a.kv.v_ptrs, &v_allocs);
   std::vector<int32_t> lens(c.lens.begin(), c.lens.end());
   a.cache_seqlens = dev.put(lens.data(), lens.size() * 4);
   // Descale arrays.
@@ -370,6 +399,78 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   // Descales as the kernel sees them: fp32.
   for (double &x : kd) x = double(float(x));
   for (double &x : vd) x = double(float(x));
+  // KV append: new 16-bit K/V rows (padded strides); the expected cache
+  // rows lens[b] + t are fp8(rn_f32(x / descale)), x the 16-bit value (K
+  // after RoPE, rounded to 16 bits: ref::rope_row), as the kernel writes
+  // them; Q rotated the same way for the reference.
+  const int sn = c.seqlen_new;
+  std::vector<int32_t> lens_ref(c.lens.begin(), c.lens.end());
+  if (sn > 0) {
+    const int rd = c.rotary ? (c.rotary_dim ? c.rotary_dim : c.d) : 0;
+    std::vector<float> cosv, sinv;
+    if (rd) {
+      for (int pos = 0; pos < sk; ++pos)
+        for (int i = 0; i < rd / 2; ++i) {
+          const double ang = pos * std::pow(10000.0, -2.0 * i / rd);
+          cosv.push_back(float(std::cos(ang)));
+          sinv.push_back(float(std::sin(ang)));
+        }
+      a.rotary_dim = rd;
+      a.rotary_cos = dev.put(cosv.data(), cosv.size() * 4);
+      a.rotary_sin = dev.put(sinv.data(), sinv.size() * 4);
+      a.seqlen_ro = sk;
+      a.rotary_interleaved = c.rotary == 2;
+      // Q: position lens[b] + i when causal or windowed, else lens[b].
+      std::vector<float> row(static_cast<size_t>(c.d));
+      for (int b = 0; b < c.batch; ++b)
+        for (int i = 0; i < sq; ++i)
+          for (int h = 0; h < hq; ++h) {
+            const size_t o = ((size_t(b) * sq + i) * hq + h) * c.d;
+            const int pos = c.lens[b] + (c.causal || c.window_left >= 0 ? i : 0);
+            for (int x = 0; x < c.d; ++x) row[x] = float(q[o + x]);
+            fa::ref::rope_row(row.data(), rd, c.rotary == 2, &cosv[size_t(pos) * (rd / 2)],
+                              &sinv[size_t(pos) * (rd / 2)], c.bf16);
+            for (int x = 0; x < c.d; ++x) q[o + x] = row[x];
+          }
+    }
+    for (int kv = 0; kv < 2; ++kv) {
+      const int w = kv ? dv : c.d;
+      fa_tensor t{};
+      t.stride[3] = 1;
+      t.stride[2] = w + 8;
+      t.stride[1] = int64_t(hkv) * t.stride[2];
+      t.stride[0] = int64_t(sn) * t.stride[1] + 8;
+      std::vector<uint16_t> bits(size_t(c.batch) * t.stride[0], 0x7fff);  // NaN gaps
+      std::vector<float> row(static_cast<size_t>(w));
+      std::vector<uint8_t> &codes = kv ? vc : kc;
+      std::vector<double> &vals = kv ? v : k;
+      const std::vector<double> &ds = kv ? vd : kd;
+      for (int b = 0; b < c.batch; ++b)
+        for (int tk = 0; tk < sn; ++tk)
+          for (int h = 0; h < hkv; ++h) {
+            uint16_t *src = &bits[b * t.stride[0] + tk * t.stride[1] + h * t.stride[2]];
+            for (int x = 0; x < w; ++x) {
+              src[x] = to16(nd(gen) * (0.5 + h) * c.new_scale, c.bf16);
+              row[x] = float(from16(src[x], c.bf16));
+            }
+            const int pos = c.lens[b] + tk;
+            if (!kv && rd)
+              fa::ref::rope_row(row.data(), rd, c.rotary == 2, &cosv[size_t(pos) * (rd / 2)],
+                                &sinv[size_t(pos) * (rd / 2)], c.bf16);
+            const float scale = float(ds[size_t(b) * hkv + h]);
+            for (int x = 0; x < w; ++x) {
+              const size_t i = ((size_t(b) * sk + pos) * hkv + h) * w + x;
+              const float y = row[x] / scale;  // rn f32, as div.rn.f32
+              codes[i] = fa::ref::fp8_from_double(double(y), c.e5m2);
+              vals[i] = fa::ref::fp8_to_double(codes[i], c.e5m2) * double(scale);
+            }
+          }
+      t.data = dev.put(bits.data(), bits.size() * 2);
+      (kv ? a.v_new : a.k_new) = t;
+    }
+    a.seqlen_new = sn;
+    for (int b = 0; b < c.batch; ++b) lens_ref[b] += sn;
+  }
   std::vector<uint8_t> tree;
   if (c.tree) {
     tree.resize(size_t(c.batch) * sq * sq);
@@ -455,6 +556,31 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   }
   dev.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!dev.err.empty()) return err + dev.err;
+  if (sn > 0) {
+    // Every byte of both caches: the appended rows bit for bit, the rest
+    // (old rows, rows past the new length, gaps, spare pages) unchanged.
+    for (int kv = 0; kv < 2; ++kv) {
+      fa_tensor t{};
+      const std::vector<std::vector<uint8_t>> want =
+          images(c, kv ? vc : kc, kv ? dv : c.d, table, max_pages, num_pages, &t);
+      const std::vector<uint64_t> &al = kv ? v_allocs : k_allocs;
+      long long bad = 0, first = -1;
+      for (size_t i = 0; i < want.size(); ++i) {
+        std::vector<uint8_t> got(want[i].size());
+        dev.check(fa_memcpy_dtoh(rt, got.data(), al[i], got.size()), "download cache");
+        for (size_t j = 0; j < got.size(); ++j)
+          if (got[j] != want[i][j]) {
+            if (first < 0) first = (long long)j;
+            ++bad;
+          }
+      }
+      if (bad)
+        err += std::string(kv ? "V" : "K") + " cache: " + std::to_string(bad) +
+               " bytes differ from the host quantisation / the old contents (first at " +
+               std::to_string(first) + ")\n";
+    }
+    if (c.odd_descales) return err + dev.err;
+  }
   std::vector<uint16_t> ob(on);
   std::vector<float> lg(ln), og(on);
   dev.check(fa_memcpy_dtoh(rt, ob.data(), o.data, on * 2), "download O");
@@ -477,8 +603,9 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   // Rows past a sequence's length are NaN in the reference's inputs too
   // (zeros here: the reference never reads them, lens bound it).
   std::vector<double> o_ref(on), lse_ref(ln);
-  fa::ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
-  const std::vector<double> o_low = lowp(p, q, k, v, c.bf16, lens.data());
+  fa::ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(),
+                     lens_ref.data());
+  const std::vector<double> o_low = lowp(p, q, k, v, c.bf16, lens_ref.data());
   const fa::ref::ErrorStats e = fa::ref::compare(og.data(), o_ref.data(), on);
   std::vector<float> lowf(o_low.begin(), o_low.end());
   const fa::ref::ErrorStats base = fa::ref::compare(lowf.data(), o_ref.data(), on);
@@ -792,6 +919,93 @@ void test_statuses(void **) {
   fa_free(g_rt89, buf);
 }
 
+// KV append into the fp8 cache (k_new/v_new 16-bit, quantised by the
+// kernel with the descales; K after RoPE): the cache bytes bit for bit
+// against the host quantisation, everything else unchanged, then attention
+// over the decoded cache. lens: before the append.
+Case app(int b, int sq, int sk, int hq, int hkv, int d, int sn, uint32_t seed) {
+  Case c = base(b, sq, sk, hq, hkv, d, seed);
+  c.seqlen_new = sn;
+  for (int &l : c.lens) l = std::min(l, sk - sn) - (seed % 3);
+  c.lens.back() = 0;  // an empty cache
+  if (b > 1) c.lens[0] = sk - sn;
+  return c;
+}
+
+void test_append(void **) {
+  need_runtime();
+  std::vector<Case> cases;
+  uint32_t seed = 90;
+  // e4m3 fp16, contiguous, per (batch, KV head), no RoPE, decode step.
+  Case c = app(3, 1, 70, 8, 2, 64, 1, seed++);
+  c.causal = true;
+  cases.push_back(c);
+  // e5m2 bf16, paged 16, per tensor, NeoX.
+  c = app(3, 1, 70, 8, 2, 64, 1, seed++);
+  c.e5m2 = c.bf16 = c.causal = true;
+  c.layout = kPagedNhd;
+  c.page_size = 16;
+  c.descale = 1;
+  c.rotary = 1;
+  cases.push_back(c);
+  // e4m3 bf16, paged 5 (HND), per (b, h) transposed, GPT-J, 3 splits.
+  c = app(2, 1, 60, 4, 2, 64, 1, seed++);
+  c.bf16 = c.causal = true;
+  c.layout = kPagedHnd;
+  c.page_size = 5;
+  c.descale_transposed = true;
+  c.rotary = 2;
+  c.splits = 3;
+  cases.push_back(c);
+  // e5m2 fp16, pointer arrays, no descales, NeoX on 32 of 128, 4 new tokens.
+  c = app(2, 4, 50, 4, 1, 128, 4, seed++);
+  c.e5m2 = c.causal = true;
+  c.layout = kPtrs;
+  c.descale = 0;
+  c.rotary = 1;
+  c.rotary_dim = 32;
+  cases.push_back(c);
+  run_all(g_rt89, cases);
+  cases.clear();
+  // sm_90: chunked prefill (40 new tokens, causal, GQA 2: three m-blocks),
+  // paged 16, GPT-J, splits cutting the new tokens; and fp16 paged 5.
+  c = app(2, 40, 110, 4, 2, 64, 40, seed++);
+  c.causal = true;
+  c.layout = kPagedNhd;
+  c.page_size = 16;
+  c.rotary = 2;
+  c.splits = 4;
+  cases.push_back(c);
+  c = app(2, 3, 40, 2, 2, 64, 3, seed++);
+  c.e5m2 = c.bf16 = c.causal = true;
+  c.layout = kPagedNhd;
+  c.page_size = 5;
+  c.rotary = 1;
+  cases.push_back(c);
+  // O in column slices (dv 320: two CTAs write the same whole rows), direct.
+  c = app(1, 1, 40, 2, 1, 64, 2, seed++);
+  c.dv = 320;
+  c.direct = true;
+  cases.push_back(c);
+  // Beyond e4m3's range: |x / descale| up to ~10^4, satfinite clamps to
+  // +-448 (the host quantisation does the same).
+  c = app(2, 2, 40, 2, 1, 64, 2, seed++);
+  c.descale = 0;
+  c.new_scale = 2000;
+  c.causal = true;
+  cases.push_back(c);
+  // Descales 0 (+-448 / +-57344), +inf (+-0), NaN (NaN) and
+  // negative (the sign flipped): the bytes only.
+  for (int e5 = 0; e5 < 2; ++e5) {
+    c = app(3, 1, 40, 2, 2, 64, 2, seed++);
+    c.e5m2 = e5;
+    c.odd_descales = true;
+    c.lens = {0, 0, 0};  // old rows would be quantised with these descales too
+    cases.push_back(c);
+  }
+  run_all(g_rt90, cases);
+}
+
 // The 16-bit decode PTX is the same for a 0.4-sized desc's config and a
 // current one's (kv_dtype 0), and holds no fp8 conversion.
 void test_old_sizes(void **) {
@@ -827,6 +1041,7 @@ int main() {
       cmocka_unit_test(test_formats),  cmocka_unit_test(test_layouts),
       cmocka_unit_test(test_features), cmocka_unit_test(test_sectors_halved),
       cmocka_unit_test(test_statuses), cmocka_unit_test(test_old_sizes),
+      cmocka_unit_test(test_append),
   };
   return cmocka_run_group_tests_name("fp8_kv", tests, setup, teardown);
 }

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -208,6 +209,32 @@ std::vector<KernelSpec> grid() {
         cfg.kv_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
         KernelSpec s = make_spec(cfg, KernelKind::Decode, lim, shape);
         assert_true(s.mma && s.kv_fp8 == cfg.kv_fp8);
+        out.push_back(s);
+      }
+  }
+  // KV append into the fp8 cache (the quantising store), sm_89 and sm_90:
+  // head dims 64, 128, 256 and MLA's 576 / 512 (O in slices), both formats
+  // and dtypes, RoPE off, NeoX and GPT-J, every KV layout (pages of 16 and
+  // 5), GQA, tree masks.
+  for (int sm : {89, 90}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (const auto &dd : {std::pair<int, int>{64, 64}, {128, 128}, {256, 256}, {576, 512}})
+      for (int r = 0; r < 3; ++r, ++i) {
+        LaunchShape shape;
+        shape.append_kv = true;
+        shape.rotary = r;
+        shape.kv_layout = i % 4 == 0   ? KvLayout::Contiguous
+                          : i % 4 == 3 ? KvLayout::PtrArray
+                                       : KvLayout::Paged;
+        shape.page_size = i % 4 == 1 ? 16 : i % 4 == 2 ? 5 : 0;
+        shape.tree_mask = i % 5 == 0;
+        const bool mla = dd.first > 256;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, dd.first, dd.second,
+                                     mla ? 16 : 8, mla ? 1 : 2, i % 3 == 0);
+        cfg.kv_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
+        KernelSpec s = make_spec(cfg, KernelKind::Decode, lim, shape);
+        assert_true(s.mma && s.append_kv && s.rotary == r && s.kv_fp8 == cfg.kv_fp8);
         out.push_back(s);
       }
   }

@@ -735,11 +735,6 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
   FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
   FA_CHECK(fa::check_fp32(cfg->cfg, spec));
   FA_CHECK(fa::check_head_dims(cfg->cfg, spec));
-  if (spec.append_kv && spec.kv_fp8 != fa::KvFp8::None) {
-    return fail(FA_ERROR_UNSUPPORTED,
-                "a KV append into an fp8 KV cache is not supported yet (the new keys would need "
-                "quantising with the descales)");
-  }
   const std::string ptx = fa::generate_ptx(spec);
   if (ptx.empty()) {  // a spec no generator takes: never an empty module
     return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());

@@ -424,7 +424,10 @@ class DecodeTcGen {
   // into the cache rows the loop then reads, 16 bytes per thread and step;
   // every CTA of the KV head writes the same bytes (FlashAttention's
   // kvcache kernel does the same). A CTA barrier orders the stores before
-  // the loop's cp.async reads of them.
+  // the loop's cp.async reads of them. An fp8 cache: each 16-byte chunk
+  // (K after its RoPE, rounded to 16 bits as without fp8) is quantised
+  // with the (batch, KV head)'s descale into 8 bytes (st.global.v2.b32 at
+  // byte 8 col of the row).
   void append(Reg lo, Reg hi) {
     b_.comment("KV append (and RoPE of the new keys)");
     if (spec_.rotary) rope_setup();
@@ -435,6 +438,7 @@ class DecodeTcGen {
       const size_t st = kv ? offsetof(P, v_new_stride) : offsetof(P, k_new_stride);
       const KvRows &rows = kv ? vr_ : kr_;
       const int C = (kv ? spec_.head_dim_v : spec_.head_dim) / 8;
+      Reg ds = fp8_ ? descale(kv ? offsetof(P, v_descale) : offsetof(P, k_descale)) : Reg();
       Reg base = e_.global_param(src);
       base = e_.index(base, bz_, e_.stride_bytes(st, 2));
       base = e_.index(base, kvh_, e_.stride_bytes(st + 16, 2));
@@ -457,8 +461,14 @@ class DecodeTcGen {
       if (!kv && spec_.rotary)
         tile::rope_chunk(e_, rope_, row, e_.op(Op::Shl, Type::B32, col, imm(3)), position(t, false),
                          x);
-      b_.st_v(Space::Global, Type::B32, at(e_.index(rows.at(e_, j), col, 16)),
-              {x[0], x[1], x[2], x[3]});
+      if (fp8_) {
+        const std::array<Reg, 2> q8 =
+            tile::quantise_fp8_chunk(e_, half_, x, ds, spec_.kv_fp8 == KvFp8::E5M2);
+        b_.st_v(Space::Global, Type::B32, at(e_.index(rows.at(e_, j), col, 8)), {q8[0], q8[1]});
+      } else {
+        b_.st_v(Space::Global, Type::B32, at(e_.index(rows.at(e_, j), col, 16)),
+                {x[0], x[1], x[2], x[3]});
+      }
       b_.op(Op::Add, Type::S64, idx, idx, imm(32 * W_));
       b_.bra(top);
       b_.bind(done);

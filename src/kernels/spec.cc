@@ -108,7 +108,6 @@ bool spec_valid(const KernelSpec &s) {
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
   if (s.rotary_half_table && !s.rotary) return false;
-  if (s.append_kv && s.kv_fp8 != KvFp8::None) return false;  // not yet: needs quantising
   // V read from the K tile: the tensor-core decode, no append (it would
   // write the same rows twice), V no wider than K.
   if (s.v_in_k &&

@@ -521,11 +521,6 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 "KV append (k_new) needs the tensor-core decode kernel (sm_80+, not "
                 "FLASHATTN_SCALAR_DECODE=1)");
   }
-  if (spec.append_kv && spec.kv_fp8 != KvFp8::None) {
-    return fail(FA_ERROR_UNSUPPORTED,
-                "KV append (k_new) into an fp8 KV cache is not supported yet (the new keys "
-                "would need quantising with the descales)");
-  }
   fa_status st = check_fp8_kv(cfg, spec);
   if (st != FA_SUCCESS) return st;
   Kernel *kernel = nullptr;

@@ -566,13 +566,29 @@ int cmd_decode(const RunOptions &opts) {
   // The reference's inputs after the append (the device's stay as loaded).
   Rounded q_ref = qr, k_ref = kr, v_ref = vr;
   std::vector<int32_t> lens_ref = seqlens;
-  if (fp8 && !opts.k_new.empty())
-    throw Failure(kExitUsage,
-                  "--k-new with --kv-dtype: appending into an fp8 cache is not "
-                  "supported yet");
   const Append app = load_append(opts, rt, d, dtype,
                                  desc.causal || desc.window_left >= 0 || desc.window_right >= 0,
                                  &q_ref, &k_ref, &v_ref, &lens_ref);
+  if (fp8 && app.seqlen_new > 0) {
+    // The kernel quantises the appended rows (K after RoPE) with the cache's
+    // descales, fp8(rn_f32(x / descale)); the reference reads them the same.
+    for (int kv = 0; kv < 2; ++kv) {
+      const int dim = kv ? d.head_dim_v : d.head_dim;
+      const std::vector<float> &ds = kv ? v8.descale : k8.descale;
+      std::vector<double> &val = kv ? v_ref.values : k_ref.values;
+      for (int b = 0; b < d.batch; ++b)
+        for (int t = 0; t < app.seqlen_new; ++t)
+          for (int hh = 0; hh < d.heads_kv; ++hh) {
+            const float s = ds[per_head ? size_t(b) * d.heads_kv + hh : 0];
+            const size_t j = size_t(b) * d.seqlen_k + seqlens[size_t(b)] + t;
+            for (int e = 0; e < dim; ++e) {
+              double &x = val[(j * d.heads_kv + hh) * dim + e];
+              const float y = float(x) / s;
+              x = fa::ref::fp8_to_double(fa::ref::fp8_from_double(y, e5m2), e5m2) * double(s);
+            }
+          }
+    }
+  }
   for (int32_t &l : lens_ref) l += app.seqlen_new;
   std::printf("kv cache:    %s%s\n", cache.description().c_str(),
               fp8 ? " (pairs of fp8 bytes)" : "");

@@ -1281,8 +1281,10 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     cache at cache_seqlens[b] (then the length BEFORE the append; the cache
     needs room for them) and attended to in the same launch; the cache is
     updated in place (a NumPy cache must then be a writable C-contiguous
-    array of the storage dtype: float16, or uint16 bits for bf16; the
-    binding copies it back). rotary_cos/rotary_sin [seqlen_ro, rotary_dim /
+    array of the storage dtype: float16, uint16 bits for bf16, uint8 for
+    an fp8 kv_dtype; the binding copies it back). Into an fp8 cache k_new
+    and v_new stay dtype and the kernel writes fp8(float32(x) / descale)
+    (K after RoPE; round to nearest even, saturating). rotary_cos/rotary_sin [seqlen_ro, rotary_dim /
     2] (fp32, or the config's dtype) rotate Q and the new keys first (RoPE;
     rotary_dim a multiple of 16, <= head_dim): GPT-NeoX pairs (i, i +
     rotary_dim / 2), or GPT-J pairs (2i, 2i + 1) with
@@ -1502,7 +1504,7 @@ def _write_back(call, caches):
                 if v.host is not obj or not obj.flags.writeable:
                     raise invalid("decode: with k_new a NumPy KV cache is updated in place: it "
                                   "must be a writable C-contiguous array of the storage dtype "
-                                  "(float16, or uint16 bits for bf16), got %s" % obj.dtype)
+                                  "(float16, uint16 bits for bf16, uint8 for fp8), got %s" % obj.dtype)
                 call.copy_back.append((v.ptr, obj))
                 break
 

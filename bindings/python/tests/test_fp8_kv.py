@@ -129,3 +129,56 @@ def test_fp8_dlpack_codes(rt89, code, kv, ok):
     got = do.numpy().astype(np.float32)
     assert np.isfinite(got).all()
     assert np.abs(got - ref_o).max() <= tol("fp16") * max(1.0, np.abs(ref_o).max())
+
+
+def quantize_even(x, e5m2):
+    """quantize() with ties to the even code (cvt.rn.satfinite)."""
+    vals = fp8_values(e5m2)
+    finite = np.flatnonzero(np.isfinite(vals))
+    d = np.abs(x.reshape(-1, 1).astype(np.float64) - vals[finite][None, :])
+    best = d.min(axis=1, keepdims=True)
+    tie_odd = (d == best) & (finite[None, :] % 2 == 1)
+    d = np.where(tie_odd & ((d == best).sum(axis=1, keepdims=True) > 1), np.inf, d)
+    return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kv", ["e4m3", "e5m2"])
+def test_decode_fp8_append(rt89, kv):
+    """k_new/v_new (fp16) appended into a uint8 fp8 cache updated in place:
+    the new rows are fp8(float32(x) / descale) bit for bit, every other
+    byte unchanged, and O attends over them."""
+    B, Sq, H, Hk, D, Sk = 2, 3, 4, 2, 64, 40
+    e5 = kv == "e5m2"
+    cfg = fa.Config(head_dim=D, num_heads_q=H, num_heads_kv=Hk, causal=True, kv_dtype=kv)
+    g = rng(61)
+    fmax = 57344.0 if e5 else 448.0
+    kd = (4.0 / fmax * g.uniform(0.5, 2.0, (B, Hk))).astype(np.float32)
+    vd = (4.0 / fmax * g.uniform(0.5, 2.0, (B, Hk))).astype(np.float32)
+    kd_b, vd_b = kd.reshape(B, 1, Hk, 1), vd.reshape(B, 1, Hk, 1)
+    lens = np.array([30, 0], np.int32)  # before the append
+    kc = np.full((B, Sk, Hk, D), 0x7F, np.uint8)
+    vc = kc.copy()
+    kc[0, :30] = quantize(g.standard_normal((30, Hk, D)) / kd_b[0], e5)
+    vc[0, :30] = quantize(g.standard_normal((30, Hk, D)) / vd_b[0], e5)
+    k_old, v_old = kc.copy(), vc.copy()
+    q = g.standard_normal((B, Sq, H, D)).astype(np.float16)
+    kn = g.standard_normal((B, Sq, Hk, D)).astype(np.float16)
+    vn = g.standard_normal((B, Sq, Hk, D)).astype(np.float16)
+    out, lse = fa.decode(rt89, cfg, q, kc, vc, lens, k_descale=kd, v_descale=vd,
+                         k_new=kn, v_new=vn)
+    want_k, want_v = k_old.copy(), v_old.copy()
+    for b in range(B):
+        rows = slice(lens[b], lens[b] + Sq)
+        want_k[b, rows] = quantize_even(kn[b].astype(np.float32) / kd_b[b], e5)
+        want_v[b, rows] = quantize_even(vn[b].astype(np.float32) / vd_b[b], e5)
+    assert np.array_equal(kc, want_k)
+    assert np.array_equal(vc, want_v)
+    k = np.where(np.arange(Sk)[None, :, None, None] < (lens + Sq)[:, None, None, None],
+                 fp8_values(e5)[kc] * kd_b, 0.0)
+    v = np.where(np.arange(Sk)[None, :, None, None] < (lens + Sq)[:, None, None, None],
+                 fp8_values(e5)[vc] * vd_b, 0.0)
+    ref_o, _ = ref_attention(q.astype(np.float64), k, v, 1.0 / np.sqrt(D), causal=True,
+                             seqlens_k=lens + Sq)
+    got = as_float(out.numpy() if hasattr(out, "numpy") else out, "fp16")
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref_o).max() <= tol("fp16") * max(1.0, np.abs(ref_o).max())

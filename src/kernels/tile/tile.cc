@@ -741,4 +741,27 @@ void rope_chunk(Emitter &e, const RopeTable &t, Reg row, Reg col8, Reg pos,
   b.bind(skip);
 }
 
+std::array<Reg, 2> quantise_fp8_chunk(Emitter &e, Type half, const std::array<Reg, 4> &x,
+                                      Reg descale, bool e5m2) {
+  ptx::Builder &b = e.b;
+  b.comment("fp8 quantisation of a 16-byte chunk");
+  std::array<Reg, 2> out;
+  for (int w = 0; w < 2; ++w) {
+    Reg pair[2];  // bytes 4w, 4w + 1 and 4w + 2, 4w + 3
+    for (int i = 0; i < 2; ++i) {
+      Reg lo = half_to_f32(e, half, x[2 * w + i], false);
+      Reg hi = half_to_f32(e, half, x[2 * w + i], true);
+      b.op(Op::DivRn, Type::F32, lo, lo, descale);
+      b.op(Op::DivRn, Type::F32, hi, hi, descale);
+      pair[i] = b.b16();
+      b.cvt_f8x2_f32(e5m2, pair[i], hi, lo);
+    }
+    Reg a = b.b32(), c = b.b32();
+    b.cvt(Type::U32, Type::U16, ptx::Round::None, a, pair[0]);
+    b.cvt(Type::U32, Type::U16, ptx::Round::None, c, pair[1]);
+    out[w] = e.op(Op::Or, Type::B32, a, e.op(Op::Shl, Type::B32, c, imm(16)));
+  }
+  return out;
+}
+
 }  // namespace fa::kgen::tile

@@ -319,4 +319,12 @@ struct RopeTable {
 void rope_chunk(Emitter &e, const RopeTable &t, Reg row, Reg col8, Reg pos,
                 const std::array<Reg, 4> &x);
 
+// fp8 quantisation of a 16-byte chunk x (four b32: eight `half` values,
+// F16 or BF16): each value to f32 (exact), divided by the f32 `descale`
+// (div.rn.f32), rounded by cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (nearest
+// even; beyond the largest finite: it; NaN: NaN). Returns the 8 bytes in
+// column order as two b32 (sm_89+: the KV append into an fp8 cache).
+std::array<Reg, 2> quantise_fp8_chunk(Emitter &e, Type half, const std::array<Reg, 4> &x,
+                                      Reg descale, bool e5m2);
+
 }  // namespace fa::kgen::tile
