@@ -354,6 +354,11 @@ typedef struct fa_generate_options {
                            pairs, 2 = GPT-J (interleaved) pairs */
   int32_t rotary_dtype; /* fa_dtype of rotary_cos/sin: FP32 (or 0) or the
                            cfg dtype */
+  /* Since 0.5.1 (FA_GENERATE_OPTIONS_SIZE_0_5 ends before it; zero = as 0.5). */
+  int32_t v_in_k; /* decode: 1 = v_cache is k_cache's memory with its strides
+                     (and page table or pointer array): V is K's first
+                     head_dim_v columns, read from the K tile (MLA's latent
+                     cache; fa_decode_args.v_cache) */
 } fa_generate_options;
 
 /* struct_size of fa_generate_options in flashattn 0.3 (before tree_mask). */
@@ -362,12 +367,15 @@ typedef struct fa_generate_options {
 #define FA_GENERATE_OPTIONS_SIZE_0_4 (offsetof(fa_generate_options, sinks))
 /* struct_size of fa_generate_options in flashattn 0.4.1 (before alibi). */
 #define FA_GENERATE_OPTIONS_SIZE_0_4_1 (offsetof(fa_generate_options, alibi))
+/* struct_size of fa_generate_options in flashattn 0.5 (before v_in_k). */
+#define FA_GENERATE_OPTIONS_SIZE_0_5 (offsetof(fa_generate_options, v_in_k))
 
 #define FA_GENERATE_OPTIONS_INIT \
-  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* fa_generate for the launch shape in *opts (NULL = fa_generate). struct_size
- * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_4_1,
+ * may be sizeof(fa_generate_options), FA_GENERATE_OPTIONS_SIZE_0_5,
+ * FA_GENERATE_OPTIONS_SIZE_0_4_1,
  * FA_GENERATE_OPTIONS_SIZE_0_4 or FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
  * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
  * page_size < 1 with PAGED, page_size with another layout, varlen or
@@ -377,7 +385,8 @@ typedef struct fa_generate_options {
  * kernel never reads the sinks, its combine does; alibi not 0 or 1 or with
  * kind REDUCE; append_kv not 0 or 1 or with kind != DECODE, rotary not
  * 0..2 or without append_kv, rotary_dtype neither 0, FP32 nor the cfg
- * dtype). */
+ * dtype; v_in_k not 0 or 1, or with kind != DECODE, append_kv, or
+ * head_dim_v > head_dim). */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);

@@ -763,71 +763,83 @@ void test_generate_table(void **state) {
       {"size",
        "struct_size",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options) - 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options) - 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"layout",
        "kv_layout",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"page 0",
        "page_size",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"page contiguous",
        "page_size",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"varlen decode",
        "varlen",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"reduce layout",
        "REDUCE",
        FA_KERNEL_REDUCE,
-       {sizeof(fa_generate_options), 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"tree 2",
        "tree_mask",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"tree forward",
        "tree_mask",
        FA_KERNEL_FORWARD,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
       {"lse format 2",
        "lse_format",
        FA_KERNEL_REDUCE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0}},
       {"lse format decode",
        "FA_KERNEL_REDUCE",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}},
       {"sinks 2",
        "sinks",
        FA_KERNEL_FORWARD,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0}},
       {"sinks decode",
        "FA_KERNEL_REDUCE",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0}},
       {"append forward",
        "append_kv",
        FA_KERNEL_FORWARD,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}},
       {"append 2",
        "append_kv",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0}},
       {"rotary without append",
        "rotary",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0}},
       {"rotary 3",
        "rotary",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3, 0}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3, 0, 0}},
       {"rotary dtype",
        "rotary_dtype",
        FA_KERNEL_DECODE,
-       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, FA_DTYPE_BF16}},
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, FA_DTYPE_BF16, 0}},
+      {"v_in_k 2",
+       "v_in_k",
+       FA_KERNEL_DECODE,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}},
+      {"v_in_k forward",
+       "v_in_k is for FA_KERNEL_DECODE",
+       FA_KERNEL_FORWARD,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}},
+      {"v_in_k append",
+       "without append_kv",
+       FA_KERNEL_DECODE,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1}},
   };
   for (const Bad &b : bad) {
     expect_rejected(nullptr, b.what, fa_generate_for(s->cfg, b.kind, 80, &b.o, nullptr, 0, &n),
@@ -879,6 +891,21 @@ void test_large_head_dims(void **) {
   assert_non_null(std::strstr(dec.c_str(), "fa_decode_mma_bf16_d576_dv512_g16"));
   assert_non_null(std::strstr(dec.c_str(), "_dvs2"));
   assert_non_null(std::strstr(ptx(mla, FA_KERNEL_REDUCE, 90).c_str(), "fa_reduce_bf16_dv512"));
+  // V read from the latent K tile (v_in_k); 0.5's options struct ends before it.
+  auto ptx_for = [](const fa_config *cfg, const fa_generate_options &o) {
+    size_t len = 0;
+    assert_int_equal(fa_generate_for(cfg, FA_KERNEL_DECODE, 90, &o, nullptr, 0, &len), FA_SUCCESS);
+    std::string t(len + 1, 'x');
+    assert_int_equal(fa_generate_for(cfg, FA_KERNEL_DECODE, 90, &o, &t[0], t.size(), &len),
+                     FA_SUCCESS);
+    t.resize(len);
+    return t;
+  };
+  fa_generate_options go = FA_GENERATE_OPTIONS_INIT;
+  go.v_in_k = 1;
+  assert_non_null(std::strstr(ptx_for(mla, go).c_str(), "_dvs2_vink("));
+  go.struct_size = FA_GENERATE_OPTIONS_SIZE_0_5;
+  assert_true(ptx_for(mla, go) == dec);
   fa_config *gemma = make(FA_DTYPE_FP16, 512, 0, 8, 4);
   const std::string fwd = ptx(gemma, FA_KERNEL_FORWARD, 90);
   assert_non_null(std::strstr(fwd.c_str(), "fa_forward_mma_f16_d512_dv512"));

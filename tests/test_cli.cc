@@ -322,6 +322,7 @@ void test_bad_arguments(void **) {
       {gen("forward", "fp16", "sixty", "1", "80", {}), 2, "head-dim"},
       {gen("forward", "fp16", "12", "1", "80", {}), 2, "head_dim"},
       {gen("forward", "fp16", "584", "1", "80", {}), 2, "head_dim"},
+      {gen("forward", "fp16", "64", "1", "80", {"--v-in-k"}), 2, "v_in_k is for FA_KERNEL_DECODE"},
       {gen("backward", "fp16", "64", "1", "80", {}), 2, "backward"},
       {gen("forward", "fp8", "64", "1", "80", {}), 2, "fp8"},
       {gen("forward", "fp16", "64", "1", "70", {}), 2, "70"},

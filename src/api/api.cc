@@ -763,6 +763,7 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
     fa::LaunchShape shape;
     if (opts != nullptr) {
       FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_5 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4_1 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
                      opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
@@ -799,6 +800,13 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
       FA_REQUIRE(o.alibi == 0 || o.alibi == 1, "opts->alibi must be 0 or 1, got %d", o.alibi);
       FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
                  "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
+      FA_REQUIRE(o.v_in_k == 0 || o.v_in_k == 1, "opts->v_in_k must be 0 or 1, got %d", o.v_in_k);
+      FA_REQUIRE(!o.v_in_k || (raw_kind == FA_KERNEL_DECODE && !o.append_kv &&
+                               cfg->cfg.head_dim_v <= cfg->cfg.head_dim),
+                 "opts->v_in_k is for FA_KERNEL_DECODE without append_kv, with head_dim_v (%d) "
+                 "<= head_dim (%d)",
+                 cfg->cfg.head_dim_v, cfg->cfg.head_dim);
+      shape.v_in_k = o.v_in_k != 0;
       shape.tree_mask = o.tree_mask != 0;
       shape.sinks = o.sinks != 0;
       shape.alibi = o.alibi != 0;

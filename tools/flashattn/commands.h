@@ -47,6 +47,7 @@ struct GenerateOptions {
   bool sinks = false;                          // forward, reduce: the attention-sink variant
   bool alibi = false;                          // forward, decode: the ALiBi variant
   bool append_kv = false;                      // decode: the KV-append variant
+  bool v_in_k = false;                         // decode: V read from the K tile (MLA)
   std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)
   bool rotary_table16 = false;                 // decode: rotary tables in the dtype, not fp32
   std::string kv_dtype;                        // decode: "" | e4m3 | e5m2 (an fp8 KV cache)

@@ -83,6 +83,7 @@ int cmd_generate(const GenerateOptions &o) {
   go.sinks = o.sinks ? 1 : 0;
   go.alibi = o.alibi ? 1 : 0;
   go.append_kv = o.append_kv || !o.rotary.empty() ? 1 : 0;
+  go.v_in_k = o.v_in_k ? 1 : 0;
   go.rotary = o.rotary == "neox" ? 1 : o.rotary == "gptj" ? 2 : 0;
   go.rotary_dtype = o.rotary_table16 ? desc.dtype : 0;
   go.lse_partial_format = in2 ? FA_LSE_BASE2 : FA_LSE_NATURAL;

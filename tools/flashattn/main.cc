@@ -153,6 +153,9 @@ int run_main(int argc, char **argv) {
   g->add_flag("--alibi", gen.alibi, "Forward, decode: the kernel adds ALiBi's linear bias");
   g->add_flag("--append-kv", gen.append_kv,
               "Decode: the kernel appends k_new/v_new to the cache in the same launch");
+  g->add_flag("--v-in-k", gen.v_in_k,
+              "Decode: V is K's first head_dim_v columns (the same cache: MLA's latent cache), "
+              "read from the K tile");
   g->add_option("--rotary", gen.rotary,
                 "Decode: ... and rotates Q and the new keys first (RoPE): neox or gptj pairs "
                 "(implies --append-kv)")

@@ -121,6 +121,7 @@ class fa_generate_options(ctypes.Structure):
         ("append_kv", c_int32),  # since 0.5
         ("rotary", c_int32),
         ("rotary_dtype", c_int32),
+        ("v_in_k", c_int32),  # since 0.5.1
     ]
 
 

@@ -249,6 +249,9 @@ pub struct fa_generate_options {
     pub rotary: i32,
     /// Since 0.5: fa_dtype of rotary_cos/sin (FP32 or 0, or the cfg dtype).
     pub rotary_dtype: i32,
+    /// Since 0.5.1: decode with V read from the K tile (v_cache is k_cache's
+    /// memory and strides: MLA's latent cache; 0 or 1).
+    pub v_in_k: i32,
 }
 
 /// struct_size of fa_generate_options in flashattn 0.3 (ends before `tree_mask`).
@@ -258,6 +261,8 @@ pub const FA_GENERATE_OPTIONS_SIZE_0_3: usize =
 pub const FA_GENERATE_OPTIONS_SIZE_0_4: usize = core::mem::offset_of!(fa_generate_options, sinks);
 /// struct_size of fa_generate_options in flashattn 0.4.1 (ends before `alibi`).
 pub const FA_GENERATE_OPTIONS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_generate_options, alibi);
+/// struct_size of fa_generate_options in flashattn 0.5 (ends before `v_in_k`).
+pub const FA_GENERATE_OPTIONS_SIZE_0_5: usize = core::mem::offset_of!(fa_generate_options, v_in_k);
 
 impl Default for fa_generate_options {
     fn default() -> Self {
@@ -275,6 +280,7 @@ impl Default for fa_generate_options {
             append_kv: 0,
             rotary: 0,
             rotary_dtype: 0,
+            v_in_k: 0,
         }
     }
 }

@@ -69,7 +69,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             alibi,
             append_kv,
             rotary,
-            rotary_dtype
+            rotary_dtype,
+            v_in_k
         }
     );
     layout!(
@@ -298,6 +299,7 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_FORWARD_ARGS_SIZE_0_4_1,
         FA_DECODE_ARGS_SIZE_0_4_1,
         FA_GENERATE_OPTIONS_SIZE_0_4_1,
+        FA_GENERATE_OPTIONS_SIZE_0_5,
         FA_DTYPE_FP8_E4M3,
         FA_DTYPE_FP8_E5M2,
         FA_LSE_NATURAL,
@@ -405,6 +407,8 @@ fn defaults_match_init_macros() {
         (f.alibi_slopes, f.alibi_slopes_stride, d.alibi_slopes, d.alibi_slopes_stride, g.alibi),
         (0, 0, 0, 0, 0)
     );
+    // 0.5.1's field defaults to "as 0.5": V read as its own tensor.
+    assert_eq!(g.v_in_k, 0);
     // 0.5's fields default to "as 0.4.1": a 16-bit cache, no descales.
     assert_eq!(fa_config_desc::default().kv_dtype, 0);
     assert_eq!((d.k_descale, d.v_descale, d.descale_stride), (0, 0, [0, 0]));
