@@ -126,7 +126,8 @@ class ForwardTcGen {
     ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_);
     if (spec_.dv_split > 1) {
       // This CTA's slice of V's columns (KernelSpec::dv_split).
-      fb.vr.base = e_.index(fb.vr.base, dv_slice_index(e_, spec_), dv_slice(spec_) * kv_bytes());
+      fb.vr.base = e_.index(fb.vr.base, dv_slice_index(e_, spec_),
+                            dv_slice(spec_) * elem_bytes(spec_.dtype));
       fb.v_bh = fb.vr.base;
     }
     sq_ = fb.sq;
@@ -575,9 +576,6 @@ class ForwardTcGen {
           e_.index(out.o_bh, dv_slice_index(e_, spec_), dv_slice(spec_) * elem_bytes(spec_.dtype));
     return out;
   }
-
-  // Bytes of a K or V element in global memory.
-  int kv_bytes() const { return elem_bytes(spec_.dtype); }
 
   // LSE of the thread's rows, by quad lane 0 (when the caller asked for it).
   void store_lse(const Coords &cd, const ForwardOut &out, Reg sq, const std::vector<Reg> &lse) {

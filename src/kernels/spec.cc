@@ -156,7 +156,7 @@ bool spec_valid(const KernelSpec &s) {
 
 // O's column slices for head_dim_v (KernelSpec::dv_split): none up to
 // 256, else the fewest slices of equal width (a multiple of 8) of at most
-// 256 columns: 2 for 264..512 when that splits evenly (288, 320, 384, 512).
+// 256 columns: 2 for 272, 288, .., 512; 3 for 264 (88 each).
 int choose_dv_split(int dv) {
   if (dv <= 256) return 1;
   for (int n = 2; 8 * n <= dv; ++n)

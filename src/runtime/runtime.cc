@@ -104,14 +104,12 @@ fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec) {
 }
 
 fa_status check_head_dims(const AttentionConfig &cfg, const KernelSpec &spec) {
-  if ((cfg.head_dim > 256 && spec.kind != KernelKind::Reduce) || cfg.head_dim_v > 256) {
-    if (spec.kind != KernelKind::Reduce && !spec.mma)
-      return fail(FA_ERROR_UNSUPPORTED,
-                  "head_dim %d / head_dim_v %d (past 256) need the tensor-core kernels (sm_80+, "
-                  "not FLASHATTN_SCALAR_FORWARD=1 or FLASHATTN_SCALAR_DECODE=1); the device is "
-                  "sm_%d",
-                  cfg.head_dim, cfg.head_dim_v, spec.sm);
-  }
+  if (spec.kind != KernelKind::Reduce && !spec.mma && (cfg.head_dim > 256 || cfg.head_dim_v > 256))
+    return fail(FA_ERROR_UNSUPPORTED,
+                "head_dim %d / head_dim_v %d (past 256) need the tensor-core kernels (sm_80+, "
+                "not FLASHATTN_SCALAR_FORWARD=1 or FLASHATTN_SCALAR_DECODE=1); the device is "
+                "sm_%d",
+                cfg.head_dim, cfg.head_dim_v, spec.sm);
   return FA_SUCCESS;
 }
 
@@ -459,8 +457,9 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   const int64_t block_m = std::max(spec.block_m, 1);
   const int64_t sk = a.seqlen_k_max;
   const int64_t rows = int64_t(spec.group_size) * a.seqlen_q;
-  const long long ctas =
-      static_cast<long long>(a.batch) * cfg.num_heads_kv * ((rows + block_m - 1) / block_m);
+  const long long ctas = static_cast<long long>(a.batch) * cfg.num_heads_kv *
+                         ((rows + block_m - 1) / block_m) *
+                         spec.dv_split;  // O's column slices are CTAs too
   int64_t splits = a.num_splits;
   if (a.batch_invariant) {
     // Splits of FA_DECODE_INVARIANT_SPLIT keys whatever the batch: a
