@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """flashattn decode (fa_decode, paged KV cache) vs PyTorch SDPA, FlashAttention-2 and FlashInfer.
 
-    python3 bench/bench_decode.py [--quick] [--time-budget S] [--out-dir bench/results]
+    python3 bench/bench_decode.py [--quick] [--mla] [--time-budget S] [--out-dir bench/results]
 
 One new token per sequence (seqlen_q = 1), bf16, head_dim 128, GQA 32/8, every
 sequence of the batch `context` keys long. Grid: batch {1, 8, 64, 256} x
@@ -41,6 +41,30 @@ Contenders: flashattn (paged and contiguous, fa_decode with k_new/v_new) and
 fa2; SDPA and FlashInfer have no fused append (n/a). Bytes add the new
 rows' read and write.
 
+--mla: DeepSeek MLA decode (results ...-decode-mla.*): seqlen_q 1,
+num_heads_q in --mla-heads (16, 128) over ONE KV head, head_dim 576 (Q, K),
+head_dim_v 512, V = the first 512 columns of each latent K row; batch {1, 8,
+64, 128} x context {512, 4096, 32768}, pages of 64 keys (FlashMLA's) plus
+the contiguous cache [batch, context, 1, 576]:
+
+  flashattn_mla      fa_decode on the page pool, v_cache a view of the K
+                     pages (kp[..., :512]: same memory and strides, the
+                     library's V-in-K path: each K tile read once)
+  flashattn_mla_sepv the same with V a separate copy of K's first 512
+                     columns in its own pages (what V in K saves)
+  sdpa               SDPA on the contiguous cache, the H query heads as H
+                     query rows of the one head: q [b, 1, H, 576], k [b, 1,
+                     ctx, 576], v [b, 1, ctx, 512] (a view of k); the
+                     backend torch picks is recorded (sdpa_backend)
+  flash_mla          flash_mla.flash_mla_with_kvcache on the same K pages
+                     when `import flash_mla` works (else n/a)
+
+Every contender is charged the bytes MLA must read at least: K once (batch *
+context * 576 * 2; V is inside it) + Q (batch * H * 576 * 2) + O (batch * H
+* 512 * 2); FLOPs = 2 * H * context * (576 + 512) per sequence. GB/s, % of
+copy and TFLOP/s are reported; flashattn_mla is judged against SDPA and
+FlashMLA as above.
+
 Everything above the "GPU part" marker needs only the standard library (the
 tests in bench/tests import it without torch).
 """
@@ -77,6 +101,18 @@ MAX_SETS = 64
 REL_ERR_LIMIT = common.REL_ERR_LIMIT
 ERR_FACTOR = common.ERR_FACTOR
 
+# --mla: DeepSeek MLA decode. One latent KV head of 576 (512 "nope" + 64 rope)
+# shared by every query head; V is the first 512 columns of each K row.
+MLA_HEADS = (16, 128)
+MLA_BATCHES = (1, 8, 64, 128)
+MLA_PAGE_SIZES = (64,)  # FlashMLA's page size
+MLA_HEAD_DIM, MLA_HEAD_DIM_V = 576, 512
+MLA_IMPLS = ("flashattn_mla", "flashattn_mla_sepv", "sdpa", "flash_mla")
+MLA_LABELS = {"flashattn_mla": "flashattn paged (V in K)",
+              "flashattn_mla_sepv": "flashattn paged (separate V)",
+              "sdpa": "SDPA (contiguous)", "flash_mla": "FlashMLA paged"}
+MLA_MAX_SETS = 128  # b1 ctx512 holds 0.6 MB of K: 128 sets exceed a 50 MB L2
+
 
 # ---- configs and arithmetic --------------------------------------------------
 
@@ -86,7 +122,7 @@ class DecodeConfig:
 
     def __init__(self, batch, context, page_size, heads_q=HEADS_Q, heads_kv=HEADS_KV,
                  head_dim=HEAD_DIM, head_dim_v=None, seqlen_q=1, dtype=DTYPE, lens=None,
-                 append=False):
+                 append=False, v_in_k=False):
         if heads_q % heads_kv:
             raise ValueError("heads_q %d is not a multiple of heads_kv %d" % (heads_q, heads_kv))
         if page_size < 1 or batch < 1 or context < 1:
@@ -96,15 +132,27 @@ class DecodeConfig:
         self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
         self.seqlen_q, self.dtype = seqlen_q, dtype
         self.append = append  # the last key of each sequence is appended in the call
+        # MLA: V is K's first head_dim_v columns (the contiguous cache holds K
+        # only; the page pool also gets a separate V copy for the _sepv run).
+        self.v_in_k = v_in_k
+        if v_in_k and (append or self.head_dim_v > head_dim):
+            raise ValueError("v_in_k needs head_dim_v <= head_dim and no append")
         self.fp8 = False  # the GPU part also builds an e4m3 copy of the page pool
         self.lens = list(lens) if lens is not None else [context] * batch
         if len(self.lens) != batch or any(not 0 <= n <= context for n in self.lens):
             raise ValueError("lens must be %d values in [0, %d]" % (batch, context))
 
     @property
+    def kv_width(self):
+        """Elements per key and KV head the cache holds: K + V, or with V in
+        K (MLA) K's head_dim alone."""
+        return self.head_dim + (0 if self.v_in_k else self.head_dim_v)
+
+    @property
     def kv_bytes(self):
-        """K and V bytes of the valid keys: each read once."""
-        return sum(self.lens) * self.heads_kv * (self.head_dim + self.head_dim_v) * ELEM_BYTES
+        """K and V bytes of the valid keys: each read once (V in K: the K
+        rows once, V being part of them)."""
+        return sum(self.lens) * self.heads_kv * self.kv_width * ELEM_BYTES
 
     @property
     def fp8_bytes_moved(self):
@@ -140,15 +188,16 @@ class DecodeConfig:
         return 2 * self.seqlen_q * self.heads_q * sum(self.lens) * (self.head_dim + self.head_dim_v)
 
     def contiguous_bytes(self):
-        """K + V of the contiguous cache [batch, context, heads_kv, d]."""
-        return self.batch * self.context * self.heads_kv * (self.head_dim + self.head_dim_v) * \
-            ELEM_BYTES
+        """K + V of the contiguous cache [batch, context, heads_kv, d] (V in
+        K: K alone, V being a view of it)."""
+        return self.batch * self.context * self.heads_kv * self.kv_width * ELEM_BYTES
 
     def pool_pages(self):
         return self.batch * pages_per_seq(self.context, self.page_size) + SPARE_PAGES
 
     def pool_bytes(self):
-        """K + V of the page pool [num_pages, page_size, heads_kv, d]."""
+        """K + V of the page pool [num_pages, page_size, heads_kv, d] (V in
+        K: V is the separate copy the _sepv contender reads)."""
         return self.pool_pages() * self.page_size * self.heads_kv * \
             (self.head_dim + self.head_dim_v) * ELEM_BYTES
 
@@ -159,16 +208,26 @@ class DecodeConfig:
                 self.new_kv_bytes + (self.pool_bytes() // ELEM_BYTES if self.fp8 else 0))
 
     def describe(self):
-        return "b%d ctx%d ps%d%s" % (self.batch, self.context, self.page_size,
-                                     " append" if self.append else "")
+        return "b%d ctx%d ps%d%s%s" % (self.batch, self.context, self.page_size,
+                                       " append" if self.append else "",
+                                       " h%d" % self.heads_q if self.v_in_k else "")
 
 
-def decode_grid(batches=BATCHES, contexts=CONTEXTS, page_sizes=PAGE_SIZES, append=False):
+def decode_grid(batches=BATCHES, contexts=CONTEXTS, page_sizes=PAGE_SIZES, append=False,
+                heads=(HEADS_Q,), **shape):
     """Every grid point, the smallest caches first (a time budget cuts the
-    largest), the page sizes of one (batch, context) next to each other."""
-    out = [DecodeConfig(b, c, p, append=append) for c in contexts for b in batches
-           for p in page_sizes]
-    return sorted(out, key=lambda x: (x.batch * x.context, x.context, x.page_size))
+    largest), the page sizes (then head counts) of one (batch, context) next
+    to each other. shape: more DecodeConfig arguments (mla_grid)."""
+    out = [DecodeConfig(b, c, p, heads_q=h, append=append, **shape) for c in contexts
+           for b in batches for p in page_sizes for h in heads]
+    return sorted(out, key=lambda x: (x.batch * x.context, x.context, x.page_size, x.heads_q))
+
+
+def mla_grid(batches=MLA_BATCHES, contexts=CONTEXTS, heads=MLA_HEADS, page_sizes=MLA_PAGE_SIZES):
+    """--mla: DeepSeek MLA decode points (one KV head of 576, V = its first
+    512 columns), the query-head counts of one (batch, context) adjacent."""
+    return decode_grid(batches, contexts, page_sizes, heads=heads, heads_kv=1,
+                       head_dim=MLA_HEAD_DIM, head_dim_v=MLA_HEAD_DIM_V, v_in_k=True)
 
 
 def gbps(nbytes, ms):
@@ -256,19 +315,23 @@ def flashinfer_csr(block_table, lens, page_size):
 # ---- tolerance -----------------------------------------------------------------
 
 BASELINE_IMPLS = ("sdpa", "fa2", "flashinfer")  # the others' errors set the bar
+MLA_BASELINE_IMPLS = ("sdpa", "flash_mla")
 
 
-def judge(errs):
-    """(ok, note) for flashattn, paged and contiguous, against the fp32
-    reference: bench_sdpa's rule (relative error < 1e-2, max error at most
-    2x the best of SDPA / FA2 / FlashInfer, never NaN). errs maps impl ->
-    (max_abs, rel). ok is None when flashattn paged produced no output."""
-    base = {i: errs[i] for i in BASELINE_IMPLS if i in errs}
-    ok, note = common.judge_tolerance(errs.get("flashattn"), base)
+def judge(errs, mla=False):
+    """(ok, note) for flashattn, paged and contiguous (--mla: V in K and
+    separate V), against the fp32 reference: bench_sdpa's rule (relative
+    error < 1e-2, max error at most 2x the best of SDPA / FA2 / FlashInfer
+    (--mla: SDPA / FlashMLA), never NaN). errs maps impl -> (max_abs, rel).
+    ok is None when flashattn paged produced no output."""
+    first, second, label = (("flashattn_mla", "flashattn_mla_sepv", "separate V") if mla else
+                            ("flashattn", "flashattn_contig", "contiguous"))
+    base = {i: errs[i] for i in (MLA_BASELINE_IMPLS if mla else BASELINE_IMPLS) if i in errs}
+    ok, note = common.judge_tolerance(errs.get(first), base)
     if ok is None:
         return None, note
-    ok2, note2 = common.judge_tolerance(errs.get("flashattn_contig"), base)
-    notes = [n for n in (note, ("contiguous: " + note2) if ok2 is False else "") if n]
+    ok2, note2 = common.judge_tolerance(errs.get(second), base)
+    notes = [n for n in (note, ("%s: %s" % (label, note2)) if ok2 is False else "") if n]
     # fp8: against the reference on the same fp8 values, relative error only
     # (no other library here reads the same e4m3 cache).
     ok3 = True
@@ -288,11 +351,18 @@ IMPL_FIELDS = ["status", "note", "median_ms", "min_ms", "max_ms", "reps", "gbps"
 TAIL_FIELDS = ["copy_gbps", "ratio_vs_flashinfer", "ratio_vs_fa2", "ratio_vs_sdpa",
                "fp8_speedup", "fp8_bytes", "tol_ok", "tol_note"]
 FIELDS = CONFIG_FIELDS + ["%s_%s" % (i, f) for i in IMPLS for f in IMPL_FIELDS] + TAIL_FIELDS
+# --mla: its own contenders, head_dim_v, TFLOP/s beside GB/s, SDPA's backend.
+MLA_CONFIG_FIELDS = CONFIG_FIELDS[:7] + ["head_dim_v"] + CONFIG_FIELDS[7:]
+MLA_TAIL_FIELDS = ["copy_gbps", "sdpa_backend", "ratio_vs_sepv", "ratio_vs_sdpa",
+                   "ratio_vs_flash_mla", "tol_ok", "tol_note"]
+MLA_FIELDS = MLA_CONFIG_FIELDS + ["%s_%s" % (i, f) for i in MLA_IMPLS
+                                  for f in IMPL_FIELDS + ["tflops"]] + MLA_TAIL_FIELDS
 _INT_FIELDS = {"batch", "context", "page_size", "heads_q", "heads_kv", "head_dim", "seqlen_q",
-               "num_pages", "bytes", "kv_bytes", "flops", "n_sets", "fp8_bytes"} | \
-    {"%s_reps" % i for i in IMPLS}
+               "num_pages", "bytes", "kv_bytes", "flops", "n_sets", "fp8_bytes", "head_dim_v"} | \
+    {"%s_reps" % i for i in IMPLS + MLA_IMPLS}
 _FLOAT_SUFFIXES = ("_ms", "gbps", "pct_copy", "_err", "ratio_vs_flashinfer", "ratio_vs_fa2",
-                   "ratio_vs_sdpa", "fp8_speedup")
+                   "ratio_vs_sdpa", "fp8_speedup", "_tflops", "ratio_vs_sepv",
+                   "ratio_vs_flash_mla")
 
 
 def config_row(cfg, n_sets):
@@ -303,13 +373,38 @@ def config_row(cfg, n_sets):
             "n_sets": n_sets, "fp8_bytes": cfg.fp8_bytes_moved}
 
 
-def finish_row(row, copy_bw):
-    """Fills GB/s, % of copy and the ratios from the medians and bytes."""
+def mla_config_row(cfg, n_sets):
+    row = config_row(cfg, n_sets)
+    del row["fp8_bytes"]
+    row["head_dim_v"] = cfg.head_dim_v
+    return row
+
+
+def _fill_rates(row, impls, copy_bw):
+    """Each impl's GB/s and % of copy from its median and the row's bytes."""
     row["copy_gbps"] = copy_bw
-    for i in IMPLS:
+    for i in impls:
         nbytes = row.get("fp8_bytes") if i in FP8_IMPLS else row["bytes"]
         row[i + "_gbps"] = gbps(nbytes, row.get(i + "_median_ms"))
         row[i + "_pct_copy"] = pct(row[i + "_gbps"], copy_bw)
+
+
+def finish_mla_row(row, copy_bw):
+    """finish_row for --mla: GB/s (the same bytes for every contender: K
+    read once, Q, O), % of copy, TFLOP/s, and flashattn V-in-K's ratios."""
+    _fill_rates(row, MLA_IMPLS, copy_bw)
+    for i in MLA_IMPLS:
+        row[i + "_tflops"] = common.tflops(row["flops"], row.get(i + "_median_ms"))
+    for other, key in (("flashattn_mla_sepv", "sepv"), ("sdpa", "sdpa"),
+                       ("flash_mla", "flash_mla")):
+        row["ratio_vs_" + key] = common.ratio(row.get("flashattn_mla_gbps"),
+                                              row.get(other + "_gbps"))
+    return row
+
+
+def finish_row(row, copy_bw):
+    """Fills GB/s, % of copy and the ratios from the medians and bytes."""
+    _fill_rates(row, IMPLS, copy_bw)
     for other in ("flashinfer", "fa2", "sdpa"):
         row["ratio_vs_" + other] = common.ratio(row.get("flashattn_gbps"), row.get(other + "_gbps"))
     # bf16 paged time / fp8 paged time: 2 would be the halved bytes in full.
@@ -318,9 +413,10 @@ def finish_row(row, copy_bw):
     return row
 
 
-def write_csv(path, rows, meta):
-    """rows: dicts keyed by FIELDS (missing = empty); meta first as '# key: value'."""
-    common.write_csv(path, rows, meta, FIELDS)
+def write_csv(path, rows, meta, fields=FIELDS):
+    """rows: dicts keyed by fields (FIELDS, or MLA_FIELDS; missing = empty);
+    meta first as '# key: value'."""
+    common.write_csv(path, rows, meta, fields)
 
 
 def _parse(field, text):
@@ -351,14 +447,23 @@ def impl_cell(row, impl):
     return "%s (%s)" % (st, note[:60]) if note else st
 
 
+def _tol_cell(r):
+    tol = {True: "ok", False: "**FAIL**", None: "-"}[r.get("tol_ok")]
+    if r.get("tol_note"):
+        tol += " " + r["tol_note"].replace("|", "/")
+    return tol
+
+
+def _head_lines(head):
+    return [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+
+
 def markdown_table(rows):
-    head = ("| batch | context | page | MB moved | " + " | ".join(LABELS[i] for i in IMPLS) +
-            " | fa/FlashInfer | fa/FA2 | fa/SDPA | fp8/bf16 speed | fa err max / rel | tol |")
-    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines = _head_lines(
+        "| batch | context | page | MB moved | " + " | ".join(LABELS[i] for i in IMPLS) +
+        " | fa/FlashInfer | fa/FA2 | fa/SDPA | fp8/bf16 speed | fa err max / rel | tol |")
     for r in rows:
-        tol = {True: "ok", False: "**FAIL**", None: "-"}[r.get("tol_ok")]
-        if r.get("tol_note"):
-            tol += " " + r["tol_note"].replace("|", "/")
+        tol = _tol_cell(r)
         lines.append("| %d | %d | %d | %.1f | %s | %s | %s | %s | %s | %s / %s | %s |" % (
             r["batch"], r["context"], r["page_size"], r["bytes"] / 1e6,
             " | ".join(impl_cell(r, i) for i in IMPLS),
@@ -369,29 +474,71 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
+def mla_impl_cell(row, impl):
+    """'GB/s (% of copy), TFLOP/s', or the status and its reason."""
+    cell = impl_cell(row, impl)
+    t = row.get(impl + "_tflops")
+    return cell if t is None else "%s, %.1f TF" % (cell, t)
+
+
+def mla_markdown_table(rows):
+    lines = _head_lines(
+        "| heads | batch | context | page | MB moved | GFLOP | " +
+        " | ".join(MLA_LABELS[i] for i in MLA_IMPLS) +
+        " | SDPA backend | fa/sepV | fa/SDPA | fa/FlashMLA | fa err max / rel | tol |")
+    for r in rows:
+        lines.append("| %d | %d | %d | %d | %.1f | %.2f | %s | %s | %s | %s / %s | %s |" % (
+            r["heads_q"], r["batch"], r["context"], r["page_size"], r["bytes"] / 1e6,
+            r["flops"] / 1e9, " | ".join(mla_impl_cell(r, i) for i in MLA_IMPLS),
+            r.get("sdpa_backend") or "-",
+            " | ".join(common._f(r.get("ratio_vs_" + k), "%.3f")
+                       for k in ("sepv", "sdpa", "flash_mla")),
+            common._f(r.get("flashattn_mla_max_err"), "%.2e"),
+            common._f(r.get("flashattn_mla_rel_err"), "%.2e"), _tol_cell(r)))
+    return "\n".join(lines)
+
+
+MLA_ABOUT = (
+    "DeepSeek MLA decode: one query token, num_heads_q = `heads` over ONE KV head, head_dim 576 "
+    "(Q, K), head_dim_v 512, V = the first 512 columns of each K row, pages of `page` keys. "
+    "Bytes (every contender, what MLA must read at least) = batch * context * 576 * 2 (K read "
+    "once, V in it) + Q (batch * heads * 576 * 2) + O (batch * heads * 512 * 2); FLOPs = "
+    "2 * heads * context * (576 + 512) per sequence. Cells: GB/s (%% of the measured "
+    "device-to-device copy bandwidth), TFLOP/s. flashattn V in K: V passed as a view of the K "
+    "pages (one K read per tile); separate V: a copy of K's first 512 columns in its own pages. "
+    "SDPA: the heads as query rows of one head on the contiguous cache, the backend torch picks. "
+    "Ratios are flashattn V in K / the other's GB/s. Errors vs an fp32 reference on the first "
+    "and last sequence; tol fails when flashattn's max error exceeds %gx the best of SDPA / "
+    "FlashMLA or its relative error exceeds %g." % (ERR_FACTOR, REL_ERR_LIMIT))
+
+
 META_KEYS = ("commit", "gpu", "sm", "driver", "torch", "cuda", "flash_attn", "flashinfer",
-             "flashattn_library", "flashattn_version", "date", "copy_gbps", "copy", "n_sets",
-             "min_reps", "grid", "timing")
+             "flash_mla", "flashattn_library", "flashattn_version", "date", "copy_gbps", "copy",
+             "n_sets", "min_reps", "grid", "timing")
 
 
-def write_markdown(path, meta, rows, extra_sections=()):
-    out = ["# flashattn decode vs SDPA / FA2 / FlashInfer: %s, %s" % (
+def write_markdown(path, meta, rows, extra_sections=(), mla=False):
+    out = ["# flashattn %s vs SDPA / %s: %s, %s" % (
+        "MLA decode" if mla else "decode", "FlashMLA" if mla else "FA2 / FlashInfer",
         meta.get("gpu", "?"), meta.get("date", "?")), ""]
     out += ["- %s: %s" % (k, meta[k]) for k in META_KEYS if k in meta]
-    out += ["",
-            meta.get("dtype", DTYPE) + ", head_dim 128, GQA 32/8, one query token, every "
-            "sequence `context` keys. Cells: "
-            "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time (fp8 KV: its "
-            "K/V bytes are one per element; fp8/bf16 speed = flashattn paged bf16 time / fp8 time, "
-            "2 being the halved bytes in full), and that as %% "
-            "of the measured device-to-device copy bandwidth. Ratios are flashattn paged / the "
-            "other's GB/s (same bytes, so inverse time ratios). Errors are vs an fp32 reference on "
-            "a subset of sequences; tol fails when flashattn's max error exceeds %gx the best "
-            "other implementation's or its relative error exceeds %g." % (ERR_FACTOR, REL_ERR_LIMIT),
-            "", markdown_table(rows), ""]
+    about = (". " + MLA_ABOUT if mla else
+             ", head_dim 128, GQA 32/8, one query token, every "
+             "sequence `context` keys. Cells: "
+             "GB/s = (K/V bytes of the valid keys + Q + O) / median CUDA-event time (fp8 KV: its "
+             "K/V bytes are one per element; fp8/bf16 speed = flashattn paged bf16 time / fp8 "
+             "time, 2 being the halved bytes in full), and that as %% "
+             "of the measured device-to-device copy bandwidth. Ratios are flashattn paged / the "
+             "other's GB/s (same bytes, so inverse time ratios). Errors are vs an fp32 reference "
+             "on a subset of sequences; tol fails when flashattn's max error exceeds %gx the best "
+             "other implementation's or its relative error exceeds %g." % (ERR_FACTOR,
+                                                                           REL_ERR_LIMIT))
+    out += ["", meta.get("dtype", DTYPE) + about, "",
+            (mla_markdown_table if mla else markdown_table)(rows), ""]
     fails = [r for r in rows if r.get("tol_ok") is False]
     out.append("Out of tolerance: %s" % (", ".join(
-        "b%d ctx%d ps%d" % (r["batch"], r["context"], r["page_size"]) for r in fails)
+        "b%d ctx%d ps%d%s" % (r["batch"], r["context"], r["page_size"],
+                              " h%d" % r["heads_q"] if mla else "") for r in fails)
         if fails else "none"))
     out.append("")
     for title, body in extra_sections:
@@ -400,9 +547,10 @@ def write_markdown(path, meta, rows, extra_sections=()):
         f.write("\n".join(out))
 
 
-def result_base(date, gpu_name, append=False, dtype=DTYPE):
-    return "%s-%s-decode%s%s" % (date, common.slug(gpu_name), "-append" if append else "",
-                                 "" if dtype == DTYPE else "-" + dtype)
+def result_base(date, gpu_name, append=False, dtype=DTYPE, mla=False):
+    return "%s-%s-decode%s%s%s" % (date, common.slug(gpu_name), "-mla" if mla else "",
+                                   "-append" if append else "",
+                                   "" if dtype == DTYPE else "-" + dtype)
 
 
 # ======================================================================================
@@ -439,6 +587,13 @@ class DecodeBench:
             self.fi_workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
         except Exception as ex:
             self.flashinfer, self.flashinfer_why = None, common._reason(ex, [])
+        if getattr(args, "mla", False):
+            try:
+                import flash_mla
+                self.flash_mla, self.flash_mla_why = flash_mla, None
+            except Exception as ex:
+                self.flash_mla, self.flash_mla_why = None, common._reason(ex, [])
+        self.mla_cfgs = {}  # num_heads_q -> the MLA fa.Config
 
     def copy_bandwidth(self, nbytes):
         """Device-to-device copy of nbytes (torch copy_), median of 20 after
@@ -469,24 +624,30 @@ class DecodeBench:
         values scattered to the shuffled pages, NaN elsewhere), O buffers."""
         torch = self.torch
         bf = self.tdt
-        B, L, H, D = cfg.batch, cfg.context, cfg.heads_kv, cfg.head_dim
+        B, L, H, D, Dv = cfg.batch, cfg.context, cfg.heads_kv, cfg.head_dim, cfg.head_dim_v
         q = torch.randn((B, 1, cfg.heads_q, D), device="cuda", dtype=bf, generator=gen)
         k = torch.randn((B, L, H, D), device="cuda", dtype=bf, generator=gen)
-        v = torch.randn((B, L, H, D), device="cuda", dtype=bf, generator=gen)
+        if cfg.v_in_k:  # MLA: V is a view of K's first Dv columns (same memory and strides)
+            v = k[..., :Dv]
+        else:
+            v = torch.randn((B, L, H, Dv), device="cuda", dtype=bf, generator=gen)
         P, ps = cfg.pool_pages(), cfg.page_size
         # Row of key j of sequence b in the pool seen as [P * ps, H, D]
         # (token_rows() above); every sequence here has all L keys.
         j = torch.arange(L, device="cuda")
         rows = (table[:, j // ps].long() * ps + (j % ps)).reshape(-1)
         kp = torch.full((P, ps, H, D), float("nan"), device="cuda", dtype=bf)
-        vp = torch.full((P, ps, H, D), float("nan"), device="cuda", dtype=bf)
         kp.view(P * ps, H, D)[rows] = k.reshape(B * L, H, D)
-        vp.view(P * ps, H, D)[rows] = v.reshape(B * L, H, D)
+        if cfg.v_in_k:  # the separate V pages (_sepv): a copy of K's columns, NaN pages too
+            vp = kp[..., :Dv].clone()
+        else:
+            vp = torch.full((P, ps, H, Dv), float("nan"), device="cuda", dtype=bf)
+            vp.view(P * ps, H, Dv)[rows] = v.reshape(B * L, H, Dv)
         # flashattn writes into these (poisoned before its checked run); the
         # others return fresh tensors, taken as they are (no extra copy kernel
         # in the timed region).
-        o = {i: torch.empty((B, 1, cfg.heads_q, D), device="cuda", dtype=bf)
-             for i in ("flashattn", "flashattn_contig")}
+        o = {i: torch.empty((B, 1, cfg.heads_q, Dv), device="cuda", dtype=bf)
+             for i in (MLA_IMPLS[:2] if cfg.v_in_k else ("flashattn", "flashattn_contig"))}
         out = {"q": q, "k": k, "v": v, "kp": kp, "vp": vp, "o": o}
         if cfg.fp8:  # e4m3(2 x) pools, the same pages, NaN spare pages
             out["kp8"], out["vp8"] = self.to_fp8(kp), self.to_fp8(vp)
@@ -544,9 +705,9 @@ class DecodeBench:
             v[:, -1:] = s["v_new"].index_select(0, idx).float()
         q = q.view(len(seqs), cfg.heads_kv, g, cfg.head_dim)
         k = k.transpose(1, 2)  # [n, Hkv, L, D]
-        v = v.transpose(1, 2)
+        v = v.transpose(1, 2)  # [n, Hkv, L, Dv]
         p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(cfg.head_dim), dim=-1)
-        return torch.matmul(p, v).reshape(len(seqs), 1, cfg.heads_q, cfg.head_dim)
+        return torch.matmul(p, v).reshape(len(seqs), 1, cfg.heads_q, cfg.head_dim_v)
 
     # ---- contenders ------------------------------------------------------------------
 
@@ -554,10 +715,14 @@ class DecodeBench:
         """A function run(i) that launches impl on input set i and returns O."""
         torch, F = self.torch, self.F
         stream = torch.cuda.current_stream()
-        B, Hq, Hk, D = cfg.batch, cfg.heads_q, cfg.heads_kv, cfg.head_dim
-        if impl in ("flashattn", "flashattn_contig"):
-            decode, rt, fcfg = self.fa.decode, self.rt, self.cfg
-            paged = impl == "flashattn"
+        B, Hq, Hk, D, Dv = cfg.batch, cfg.heads_q, cfg.heads_kv, cfg.head_dim, cfg.head_dim_v
+        if impl in ("flashattn", "flashattn_contig") + MLA_IMPLS[:2]:
+            decode, rt = self.fa.decode, self.rt
+            fcfg = self.mla_config(cfg) if cfg.v_in_k else self.cfg
+            paged = impl != "flashattn_contig"
+            # flashattn_mla: V as a view of the K pages (same memory and
+            # strides: the library's V-in-K path); the others their own V.
+            vps = [s["kp"][..., :Dv] if impl == "flashattn_mla" else s["vp"] for s in sets]
             lse = [torch.empty((B, Hq, 1), device="cuda", dtype=torch.float32) for _ in sets]
 
             def run(i):
@@ -567,7 +732,7 @@ class DecodeBench:
                     kw = dict(k_new=s["k_new"], v_new=s["v_new"], rotary_cos=meta["cos"],
                               rotary_sin=meta["sin"])
                 if paged:
-                    decode(rt, fcfg, s["q"], s["kp"], s["vp"], meta["seqlens"],
+                    decode(rt, fcfg, s["q"], s["kp"], vps[i], meta["seqlens"],
                            block_table=meta["table"], out=s["o"][impl], lse=lse[i], stream=stream,
                            **kw)
                 else:
@@ -602,10 +767,15 @@ class DecodeBench:
             views = [(s["q"].view(B, Hk, g, D), s["k"].transpose(1, 2), s["v"].transpose(1, 2))
                      for s in sets]
 
+            if cfg.v_in_k:  # --mla: the H query heads as H query rows of the one KV head
+                meta["sdpa_backend"] = self.sdpa_choice(*views[0])
+
             def run(i):
                 q, k, v = views[i]
-                return F.scaled_dot_product_attention(q, k, v).view(B, 1, Hq, D)
+                return F.scaled_dot_product_attention(q, k, v).view(B, 1, Hq, Dv)
             return run
+        if impl == "flash_mla":
+            return self.flash_mla_call(cfg, sets, meta)
         if impl == "fa2":
             if self.fa2 is None:
                 raise RuntimeError("flash_attn not importable: " + self.fa2_why)
@@ -639,6 +809,47 @@ class DecodeBench:
                 return fwd(qs[i], (s["kp"], s["vp"])).view(B, 1, Hq, D)
             return run
         raise ValueError(impl)
+
+    def mla_config(self, cfg):
+        if cfg.heads_q not in self.mla_cfgs:
+            self.mla_cfgs[cfg.heads_q] = self.fa.Config(
+                dtype=self.dtype, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
+                num_heads_q=cfg.heads_q, num_heads_kv=cfg.heads_kv)
+        return self.mla_cfgs[cfg.heads_q]
+
+    def sdpa_choice(self, q, k, v):
+        """The SDPA backend torch picks for these inputs (its own dispatch,
+        torch._fused_sdp_choice), by name."""
+        torch = self.torch
+        try:
+            choice = int(torch._fused_sdp_choice(q, k, v))
+            try:
+                from torch.nn.attention import SDPBackend
+            except ImportError:  # torch < 2.3
+                from torch.backends.cuda import SDPBackend
+            names = {int(getattr(m, "value", m)): n for n, m in SDPBackend.__members__.items()}
+            return names.get(choice, str(choice)).lower()
+        except Exception as ex:
+            return "unknown (%s)" % common._reason(ex, [])[:80]
+
+    def flash_mla_call(self, cfg, sets, meta):
+        """FlashMLA (deepseek-ai/FlashMLA) on the same K pages; V is K's
+        first head_dim_v columns by design. get_mla_metadata as its README:
+        older releases plan the tile schedule here, newer ones return an empty
+        schedule filled by the first call (the checked run, before timing)."""
+        if self.flash_mla is None:
+            raise RuntimeError("flash_mla not importable: " + self.flash_mla_why)
+        if cfg.page_size != 64:
+            raise RuntimeError("FlashMLA's pages hold 64 keys, not %d" % cfg.page_size)
+        fm = self.flash_mla
+        sched, splits = fm.get_mla_metadata(meta["seqlens"], cfg.seqlen_q * cfg.heads_q //
+                                            cfg.heads_kv, cfg.heads_kv)
+
+        def run(i):
+            s = sets[i]
+            return fm.flash_mla_with_kvcache(s["q"], s["kp"], meta["table"], meta["seqlens"],
+                                             cfg.head_dim_v, sched, splits, causal=True)[0]
+        return run
 
     # ---- timing ------------------------------------------------------------------------
 
@@ -690,7 +901,8 @@ class DecodeBench:
         torch = self.torch
         if cfg.lens != [cfg.context] * cfg.batch:
             raise ValueError("the GPU part fills every sequence to the context length")
-        row = config_row(cfg, n_sets)
+        mla = cfg.v_in_k
+        row = (mla_config_row if mla else config_row)(cfg, n_sets)
         gen = torch.Generator(device="cuda").manual_seed(
             1000003 * cfg.batch + 1009 * cfg.context + cfg.page_size)
         _, table = plan_pages(cfg.lens, cfg.page_size, seed=cfg.batch * 31 + cfg.context)
@@ -708,7 +920,7 @@ class DecodeBench:
         ref8 = self.reference(cfg, sets[0], seqs, fp8=True) if cfg.fp8 else None
         idx = torch.tensor(seqs, device="cuda")
         errs = {}
-        for impl in IMPLS:
+        for impl in MLA_IMPLS if mla else IMPLS:
             ref = ref8 if impl in FP8_IMPLS else ref16
             p = impl + "_"
             try:
@@ -740,14 +952,17 @@ class DecodeBench:
             row[p + "max_ms"], row[p + "reps"] = sm["max_ms"], sm["reps"]
             if not rot.balanced():
                 row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation"
-        row["tol_ok"], row["tol_note"] = judge(errs)
+        row["tol_ok"], row["tol_note"] = judge(errs, mla)
+        if mla:
+            row["sdpa_backend"] = meta.get("sdpa_backend")
         del sets, ref16, ref8
-        return finish_row(row, copy_bw)
+        return (finish_mla_row if mla else finish_row)(row, copy_bw)
 
 
-def versions(torch):
+def versions(torch, mla=False):
     out = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    for mod, key in (("flash_attn", "flash_attn"), ("flashinfer", "flashinfer")):
+    for mod, key in (("flash_attn", "flash_attn"), ("flashinfer", "flashinfer")) + (
+            (("flash_mla", "flash_mla"),) if mla else ()):
         try:
             m = __import__(mod)
             out[key] = getattr(m, "__version__", "?")
@@ -774,7 +989,11 @@ def run_bench(args):
     meta = {"commit": common.git_commit(), "gpu": gpu, "sm": info.sm, "num_sms": info.num_sms,
             "driver": smi_driver or "cuDriverGetVersion %d (no nvidia-smi)" % info.driver_version,
             "cuda_driver_api": info.driver_version}
-    meta.update(versions(torch))
+    mla = args.mla
+    impls, finish, new_row = ((MLA_IMPLS, finish_mla_row, mla_config_row) if mla else
+                              (IMPLS, finish_row, config_row))
+    max_sets = MLA_MAX_SETS if mla else MAX_SETS
+    meta.update(versions(torch, mla))
     meta.update({"flashattn_library": os.path.realpath(fa.library_path()),
                  "flashattn_version": fa.version(),
                  "date": date.strftime("%Y-%m-%d %H:%M:%S UTC"), "min_reps": args.min_reps,
@@ -785,18 +1004,21 @@ def run_bench(args):
     meta["copy_gbps"] = "%.1f" % copy_bw
     meta["copy"] = "torch copy_ of %d MiB, median %.3f ms, (read + write) / time%s" % (
         args.copy_mib, copy_ms, "" if copy_ok else " (COPY CHECK FAILED)")
-    grid = decode_grid(tuple(int(x) for x in args.batches.split(",")),
-                       tuple(int(x) for x in args.contexts.split(",")),
-                       tuple(int(x) for x in args.page_sizes.split(",")), append=args.append)
-    meta["grid"] = "batch %s x context %s x page size %s: %d configs" % (
-        args.batches, args.contexts, args.page_sizes, len(grid))
-    meta["n_sets"] = "enough for %d MiB of K/V, at most %d" % (ROTATE_BYTES >> 20, MAX_SETS)
+    axes = [int_list(a) for a in (args.batches, args.contexts, args.page_sizes)]
+    if mla:
+        grid = mla_grid(axes[0], axes[1], int_list(args.mla_heads), axes[2])
+    else:
+        grid = decode_grid(*axes, append=args.append)
+    meta["grid"] = "%sbatch %s x context %s x page size %s: %d configs" % (
+        "heads %s x " % args.mla_heads if mla else "", args.batches, args.contexts,
+        args.page_sizes, len(grid))
+    meta["n_sets"] = "enough for %d MiB of K/V, at most %d" % (ROTATE_BYTES >> 20, max_sets)
     os.makedirs(args.out_dir, exist_ok=True)
     for cfg in grid:
         cfg.dtype = args.dtype
     meta["dtype"] = args.dtype
     base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu, args.append,
-                                                  args.dtype))
+                                                  args.dtype, mla))
     print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
         gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
     rows = []
@@ -806,47 +1028,56 @@ def run_bench(args):
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info()
         budget = int(free * 0.9) - (256 << 20)
-        cfg.fp8 = bench.fp8 and not cfg.append
-        n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget)
+        cfg.fp8 = bench.fp8 and not cfg.append and not mla
+        n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget, max_sets=max_sets)
         if n_sets == 0 and cfg.fp8:  # the bf16 contenders without the fp8 pool
             cfg.fp8 = False
-            n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget)
+            n_sets = n_sets_for(cfg.kv_bytes, cfg.set_bytes(), budget, max_sets=max_sets)
         if time.time() > deadline or n_sets == 0:
-            row = config_row(cfg, n_sets)
+            row = new_row(cfg, n_sets)
             why = "time budget" if time.time() > deadline else mem_reason(cfg, budget)
-            for i in IMPLS:
+            for i in impls:
                 row[i + "_status"], row[i + "_note"] = "skipped", why
-            row = finish_row(row, copy_bw)
+            row = finish(row, copy_bw)
             print("[%2d/%d] %-20s skipped: %s" % (n + 1, len(grid), cfg.describe(), why), flush=True)
         else:
             try:
                 row = bench.run_config(cfg, n_sets, copy_bw)
             except Exception as ex:  # e.g. out of memory while building the sets
-                row = finish_row(config_row(cfg, n_sets), copy_bw)
-                for i in IMPLS:
+                row = finish(new_row(cfg, n_sets), copy_bw)
+                for i in impls:
                     row[i + "_status"], row[i + "_note"] = "error", common._reason(ex, [])
             print("[%2d/%d] %-20s %s  tol %s (%d sets, %.1fs)" % (
                 n + 1, len(grid), cfg.describe(),
-                "  ".join("%s %s" % (i, common._f(row.get(i + "_gbps"), "%.0f")) for i in IMPLS),
+                "  ".join("%s %s" % (i, common._f(row.get(i + "_gbps"), "%.0f")) for i in impls),
                 {True: "ok", False: "FAIL", None: "-"}[row.get("tol_ok")] +
                 (" (" + row["tol_note"] + ")" if row.get("tol_note") else ""),
                 n_sets, time.time() - t0), flush=True)
         rows.append(row)
     meta["wall_s"] = "%.0f" % (time.time() - t_start)
-    write_csv(base + ".csv", rows, meta)
+    write_csv(base + ".csv", rows, meta, MLA_FIELDS if mla else FIELDS)
     with open(base + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
     extra = []
     if args.tests_summary and os.path.exists(args.tests_summary):
         with open(args.tests_summary) as f:
             extra.append(("GPU tests (bench/run_gpu.sh)", f.read()))
-    write_markdown(base + ".md", meta, rows, extra)
-    print("\n" + markdown_table(rows))
+    write_markdown(base + ".md", meta, rows, extra, mla)
+    print("\n" + (mla_markdown_table if mla else markdown_table)(rows))
     print("\nwrote %s.{csv,json,md} in %.0f s" % (base, time.time() - t_start))
     return 3 if any(r.get("tol_ok") is False for r in rows) else 0
 
 
-def print_base_name():
+def _csv(values):
+    return ",".join(map(str, values))
+
+
+def int_list(text):
+    """'1,8,64' -> (1, 8, 64)."""
+    return tuple(int(x) for x in text.split(","))
+
+
+def print_base_name(mla=False):
     name, _ = common.nvidia_smi()
     if name is None:
         try:
@@ -854,15 +1085,18 @@ def print_base_name():
             name = torch.cuda.get_device_name(0)
         except Exception:
             name = "unknown-gpu"
-    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name))
+    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name,
+                      mla=mla))
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
-    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    p.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
+    p.add_argument("--batches", default=None, help="default %s (--mla: %s)" % (
+        _csv(BATCHES), _csv(MLA_BATCHES)))
+    p.add_argument("--contexts", default=_csv(CONTEXTS))
+    p.add_argument("--page-sizes", default=None, help="default %s (--mla: %s)" % (
+        _csv(PAGE_SIZES), _csv(MLA_PAGE_SIZES)))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--min-reps", type=int, default=20)
     p.add_argument("--max-reps", type=int, default=200)
@@ -878,14 +1112,24 @@ def parse_args(argv):
                    help="Q/O (and the 16-bit caches') dtype; results named ...-decode-fp16")
     p.add_argument("--append", action="store_true",
                    help="the decode step with the new token's K/V appended and RoPE (see above)")
+    p.add_argument("--mla", action="store_true",
+                   help="DeepSeek MLA decode (576/512, one KV head, V in K; see above), results "
+                        "named ...-decode-mla")
+    p.add_argument("--mla-heads", default=_csv(MLA_HEADS), help="--mla: query head counts")
     a = p.parse_args(argv)
+    if a.mla and a.append:
+        p.error("--mla has no --append (V in K excludes the append)")
+    if a.batches is None:
+        a.batches = _csv(MLA_BATCHES if a.mla else BATCHES)
+    if a.page_sizes is None:
+        a.page_sizes = _csv(MLA_PAGE_SIZES if a.mla else PAGE_SIZES)
     if a.quick:
         a.batches, a.contexts = "1,64", "512,4096"
     if a.min_reps < 20:
         p.error("--min-reps must be >= 20 (the method asks for a median of at least 20 runs)")
-    for name in ("batches", "contexts", "page_sizes"):
+    for name in ("batches", "contexts", "page_sizes", "mla_heads"):
         try:
-            vals = [int(x) for x in getattr(a, name).split(",")]
+            vals = int_list(getattr(a, name))
         except ValueError:
             p.error("--%s: comma-separated integers" % name.replace("_", "-"))
         if not vals or min(vals) < 1:
@@ -896,7 +1140,7 @@ def parse_args(argv):
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.print_base_name:
-        print_base_name()
+        print_base_name(a.mla)
         return 0
     return run_bench(a)
 

@@ -24,13 +24,17 @@
 #   decode16  the same with fp16 Q/O (fp8 KV converts straight to fp16 there)
 #   decodebase  decode with the library in build-gpu/baseline/
 #   append    bench_decode.py --append, batch 64/256 x context 4k
+#   mla       bench_decode.py --mla: DeepSeek MLA decode (head_dim 576 / 512,
+#             one KV head, V in K), heads 16/128 x batch 1/64/128 x context
+#             4k/32k, pages of 64: flashattn V-in-K and separate V, SDPA,
+#             FlashMLA when importable
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,coldstart,decode,decode16,decodebase,append"
+only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,coldstart,decode,decode16,decodebase,append,mla"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -129,6 +133,8 @@ if [ -e "$build/baseline/libflashattn.so.0" ]; then
 fi
 stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 64,256 \
   --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
+stage mla 120 "$py" bench/bench_decode.py --out-dir "$res" --mla --batches 1,64,128 \
+  --contexts 4096,32768 --time-budget "$(budget 100)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart; do

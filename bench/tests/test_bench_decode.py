@@ -1,11 +1,13 @@
 """Torch-free parts of bench/bench_decode.py: grid, byte and FLOP counts,
 GB/s and % of copy, input-set rotation under a memory budget, the page
 re-layout (block table, pool rows, FlashInfer's CSR table), CSV and
-markdown; and, when NumPy and a built library are there, the page re-layout
+markdown, the --mla mode (grid, bytes and FLOPs, rows, names, options, its
+gpu_lease.sh stage); and, when NumPy and a built library are there, the page re-layout
 fed through the Python binding on the emulator against the contiguous cache."""
 
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -163,17 +165,20 @@ def test_judge_uses_the_other_libraries_as_baseline():
     assert b.judge({"sdpa": (1e-3, 1e-3)})[0] is None
 
 
-def _row(cfg, ms, copy_bw=3000.0):
-    r = b.config_row(cfg, 4)
-    for i, t in zip(b.IMPLS, ms):
+def _row(cfg, ms, copy_bw=3000.0, mla=False):
+    r = (b.mla_config_row if mla else b.config_row)(cfg, 4)
+    for i, t in zip(b.MLA_IMPLS if mla else b.IMPLS, ms):
         if t is None:
-            r[i + "_status"], r[i + "_note"] = "n/a", "RuntimeError: flash_attn not importable: x"
+            r[i + "_status"], r[i + "_note"] = "n/a", "RuntimeError: %s not importable: x" % (
+                "flash_mla" if mla else "flash_attn")
         else:
             r[i + "_status"], r[i + "_median_ms"], r[i + "_min_ms"] = "ok", t, t * 0.9
             r[i + "_max_ms"], r[i + "_reps"] = t * 1.2, 40
             r[i + "_max_err"], r[i + "_rel_err"] = 2e-3, 3e-3
+    if mla:
+        r["sdpa_backend"] = "efficient_attention"
     r["tol_ok"], r["tol_note"] = True, ""
-    return b.finish_row(r, copy_bw)
+    return (b.finish_mla_row if mla else b.finish_row)(r, copy_bw)
 
 
 def test_finish_row_ratios():
@@ -325,3 +330,152 @@ def test_fp16_result_name():
     assert b.result_base("2026-11-26", "NVIDIA H200", dtype="fp16") == "2026-11-26-h200-decode-fp16"
     assert b.result_base("2026-11-26", "NVIDIA H200", True, "fp16") == \
         "2026-11-26-h200-decode-append-fp16"
+
+
+# ---- --mla: DeepSeek MLA decode (576 / 512, one KV head, V in K) -------------------
+
+def test_mla_grid():
+    g = b.mla_grid()
+    assert len(g) == 2 * 4 * 3
+    assert {(c.heads_q, c.batch, c.context) for c in g} == {
+        (h, x, y) for h in (16, 128) for x in (1, 8, 64, 128) for y in (512, 4096, 32768)}
+    for c in g:
+        assert (c.heads_kv, c.head_dim, c.head_dim_v, c.page_size, c.seqlen_q, c.dtype) == (
+            1, 576, 512, 64, 1, "bf16")
+        assert c.v_in_k and not c.append
+    sizes = [c.batch * c.context for c in g]
+    assert sizes == sorted(sizes)  # a time budget cuts the largest caches
+    for i in range(0, len(g), 2):  # the two head counts of one (batch, context) adjacent
+        assert (g[i].batch, g[i].context) == (g[i + 1].batch, g[i + 1].context)
+        assert (g[i].heads_q, g[i + 1].heads_q) == (16, 128)
+    assert g[1].describe() == "b1 ctx512 ps64 h128"
+    assert [c.heads_q for c in b.mla_grid((8,), (4096,), (64,))] == [64]
+    with pytest.raises(ValueError):  # V in K: head_dim_v <= head_dim, no append
+        b.DecodeConfig(1, 64, 64, heads_kv=1, head_dim=256, head_dim_v=512, v_in_k=True)
+    with pytest.raises(ValueError):
+        b.DecodeConfig(1, 64, 64, heads_kv=1, head_dim=576, head_dim_v=512, v_in_k=True,
+                       append=True)
+
+
+def test_mla_bytes_and_flops():
+    """Every contender is charged what MLA must read at least: the K rows
+    once (V is inside them), Q and O; FLOPs count Q K^T (576) and P V (512)."""
+    c = [x for x in b.mla_grid((8,), (4096,)) if x.heads_q == 128][0]
+    k = 8 * 4096 * 576 * 2
+    assert c.kv_bytes == k == 37748736
+    assert c.q_bytes == 8 * 128 * 576 * 2 and c.o_bytes == 8 * 128 * 512 * 2
+    assert c.bytes_moved == k + 8 * 128 * (576 + 512) * 2 == 39976960
+    assert c.flops == 8 * 2 * 128 * 4096 * (576 + 512) == 9126805504
+    # separate V would read 512 more columns per key: 1.89x the K bytes
+    sep = b.DecodeConfig(8, 4096, 64, heads_q=128, heads_kv=1, head_dim=576, head_dim_v=512)
+    assert sep.kv_bytes == 8 * 4096 * (576 + 512) * 2 and sep.flops == c.flops
+    # memory of one set: contiguous K only (V a view), K pages + the separate V pages
+    assert c.contiguous_bytes() == k
+    assert c.pool_pages() == 8 * 64 + b.SPARE_PAGES
+    assert c.pool_bytes() == c.pool_pages() * 64 * (576 + 512) * 2
+    assert c.set_bytes() == k + c.pool_bytes() + c.q_bytes + c.o_bytes
+    big = b.mla_grid((128,), (32768,), (128,))[0]
+    assert big.set_bytes() < 15 * (1 << 30)  # fits an 80 GB card with room to spare
+    # rotation: the smallest point needs more than 64 sets to exceed a 50 MB L2
+    small = b.mla_grid((1,), (512,), (16,))[0]
+    n = b.n_sets_for(small.kv_bytes, small.set_bytes(), 70 << 30, max_sets=b.MLA_MAX_SETS)
+    assert n == b.MLA_MAX_SETS and n * small.kv_bytes > 50e6
+
+
+def test_mla_row_rates_and_ratios():
+    cfg = b.mla_grid((64,), (4096,), (128,))[0]
+    r = _row(cfg, [0.2, 0.3, 0.8, None], mla=True)
+    assert "fp8_bytes" not in r and r["head_dim_v"] == 512
+    for i, t in (("flashattn_mla", 0.2), ("flashattn_mla_sepv", 0.3), ("sdpa", 0.8)):
+        assert r[i + "_gbps"] == pytest.approx(cfg.bytes_moved / (t * 1e-3) / 1e9)
+        assert r[i + "_pct_copy"] == pytest.approx(100 * r[i + "_gbps"] / 3000.0)
+        assert r[i + "_tflops"] == pytest.approx(cfg.flops / (t * 1e-3) / 1e12)
+    assert r["ratio_vs_sepv"] == pytest.approx(1.5)
+    assert r["ratio_vs_sdpa"] == pytest.approx(4.0)
+    assert r["ratio_vs_flash_mla"] is None and r["flash_mla_tflops"] is None
+
+
+def test_mla_judge():
+    ok, note = b.judge({"flashattn_mla": (3e-3, 4e-3), "flashattn_mla_sepv": (3e-3, 4e-3),
+                        "sdpa": (2e-3, 3e-3), "flash_mla": (4e-3, 4e-3)}, mla=True)
+    assert ok is True and note == ""
+    ok, note = b.judge({"flashattn_mla": (1e-3, 4e-3), "flashattn_mla_sepv": (5e-3, 4e-3),
+                        "sdpa": (2e-3, 3e-3)}, mla=True)
+    assert ok is False and note.startswith("separate V: max err")
+    ok, note = b.judge({"flashattn_mla": (1e-3, 2e-2), "flashattn_mla_sepv": (1e-3, 3e-3)},
+                       mla=True)  # SDPA and FlashMLA n/a: relative error alone
+    assert ok is False and "rel err" in note
+    assert b.judge({"sdpa": (1e-3, 1e-3)}, mla=True)[0] is None
+    # the GQA mode's names are no baseline here, nor the other way round
+    assert b.judge({"flashattn_mla": (1e-2, 3e-3), "fa2": (1e-4, 1e-4)}, mla=True)[0] is True
+    assert b.judge({"flashattn": (1e-2, 3e-3), "flash_mla": (1e-4, 1e-4)})[0] is True
+
+
+def test_mla_csv_round_trip_and_markdown(tmp_path):
+    rows = [_row(c, [0.1 + i, 0.2, 0.5, None], mla=True) for i, c in enumerate(b.mla_grid()[:4])]
+    rows[3]["tol_ok"], rows[3]["tol_note"] = False, "rel err 0.02 > 1e-02"
+    meta = {"commit": "abc", "gpu": "NVIDIA H200", "flash_mla": "not importable (x)",
+            "date": "2026-12-01", "copy_gbps": "4000.0"}
+    p = tmp_path / "m.csv"
+    b.write_csv(str(p), rows, meta, b.MLA_FIELDS)
+    m2, r2 = b.read_csv(str(p))
+    assert m2 == meta and len(r2) == len(rows)
+    for a, c in zip(rows, r2):
+        for k in b.MLA_FIELDS:
+            va = a.get(k)
+            assert c[k] == (None if va == "" else va), k
+    assert r2[0]["flashattn_mla_reps"] == 40 and r2[0]["head_dim_v"] == 512
+    with pytest.raises(ValueError):  # the GQA mode's fields are not MLA's
+        b.write_csv(str(tmp_path / "e.csv"), [b.config_row(b.DecodeConfig(1, 16, 16), 1)], {},
+                    b.MLA_FIELDS)
+    md = tmp_path / "m.md"
+    b.write_markdown(str(md), meta, rows, [("GPU tests", "ok")], mla=True)
+    t = md.read_text()
+    assert t.startswith("# flashattn MLA decode vs SDPA / FlashMLA: NVIDIA H200, 2026-12-01")
+    r = rows[1]
+    assert "| 128 | 1 | 512 | 64 | %.1f | %.2f | %.0f (%.0f%%), %.1f TF |" % (
+        r["bytes"] / 1e6, r["flops"] / 1e9, r["flashattn_mla_gbps"], r["flashattn_mla_pct_copy"],
+        r["flashattn_mla_tflops"]) in t
+    assert "n/a (RuntimeError: flash_mla not importable: x)" in t
+    assert "| efficient_attention | 2.000 | 5.000 | n/a |" in t
+    assert "Out of tolerance: b8 ctx512 ps64 h128" in t and "- flash_mla: not importable" in t
+    assert "576 * 2" in t and "2 * heads * context * (576 + 512)" in t
+    for label in b.MLA_LABELS.values():
+        assert label in t
+
+
+def test_mla_args_and_result_name():
+    a = b.parse_args(["--mla"])
+    assert a.mla and (a.batches, a.contexts, a.page_sizes, a.mla_heads) == (
+        "1,8,64,128", "512,4096,32768", "64", "16,128")
+    a = b.parse_args(["--mla", "--quick", "--mla-heads", "128", "--time-budget", "100"])
+    assert (a.batches, a.contexts, a.page_sizes, a.mla_heads, a.time_budget) == (
+        "1,64", "512,4096", "64", "128", 100.0)
+    assert b.parse_args(["--mla", "--page-sizes", "16,64"]).page_sizes == "16,64"
+    a = b.parse_args([])  # the GQA mode's defaults stay
+    assert not a.mla and (a.batches, a.page_sizes) == ("1,8,64,256", "1,16")
+    for bad in (["--mla", "--append"], ["--mla", "--mla-heads", "0"],
+                ["--mla", "--mla-heads", "x"]):
+        with pytest.raises(SystemExit):
+            b.parse_args(bad)
+    assert b.int_list("16,128") == (16, 128)
+    assert b.result_base("2026-12-01", "NVIDIA H200", mla=True) == "2026-12-01-h200-decode-mla"
+    assert b.result_base("2026-12-01", "NVIDIA H200", dtype="fp16", mla=True) == \
+        "2026-12-01-h200-decode-mla-fp16"
+
+
+def test_mla_lease_stage():
+    """gpu_lease.sh runs --mla as its own stage (in the default list), with
+    options this parser takes and a budget under the stage's limit."""
+    text = open(os.path.join(os.path.dirname(HERE), "gpu_lease.sh")).read()
+    only = [x for x in text.splitlines() if x.startswith("only=")][0]
+    assert ",mla\"" in only
+    i = text.index("stage mla ")
+    line = text[i:text.index("\n", text.index("\\\n", i) + 2)].replace("\\\n", " ")
+    limit = int(line.split()[2])
+    assert 90 <= limit <= 150
+    budget = float(re.search(r'--time-budget "\$\(budget (\d+)\)"', line).group(1))
+    args = line.split("bench/bench_decode.py")[1].split("--time-budget")[0]
+    a = b.parse_args(args.replace('--out-dir "$res"', "").split() + ["--time-budget", str(budget)])
+    assert a.mla and a.page_sizes == "64" and budget < limit
+    assert len(b.mla_grid(b.int_list(a.batches), b.int_list(a.contexts))) >= 8
