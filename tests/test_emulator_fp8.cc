@@ -254,13 +254,191 @@ void test_fp8_builder(void **) {
   assert_int_equal(g_be->compile(ptx, &bin, &log), FA_SUCCESS);
 }
 
+// ------------------------------------------------------------ fp8 mma ---
+//
+// mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32 (PTX ISA
+// "Warp-level matrix multiply-accumulate instructions: mma", "Matrix
+// Fragments for mma.m16n8k32"; sm_89 and PTX ISA 8.4) with fragments built
+// on the host from the ISA's figures, written out here independently of the
+// emulator. With g = lane / 4, q = lane % 4 and byte j of a register its
+// j-th element:
+//   A a_i (i = 0..15, register i / 4): row g + 8 ((i / 4) % 2), col 4q + i % 4 + 16 (i / 8)
+//   B b_i (i = 0..7, register i / 4): row (k) 4q + i % 4 + 16 (i / 4), col (n) g
+//   C/D c_i (i = 0..3): row g + 8 (i / 2), col 2q + i % 2
+
+// One warp per CTA; CTA c reads its lanes' fragments at [32 c + lane].
+std::string mma8_kernel(bool a5, bool b5, int version = 84, int sm = 89) {
+  char head[64];
+  std::snprintf(head, sizeof head, ".version %d.%d\n.target sm_%d\n", version / 10, version % 10,
+                sm);
+  return std::string(head) + ".address_size 64\n" +
+         R"(.visible .entry k_mma8(.param .align 8 .b8 k_mma8_param[32])
+{
+  .reg .b32 %r<12>;
+  .reg .f32 %f<8>;
+  .reg .b64 %rd<12>;
+  ld.param.u64 %rd1, [k_mma8_param+0];
+  ld.param.u64 %rd2, [k_mma8_param+8];
+  ld.param.u64 %rd3, [k_mma8_param+16];
+  ld.param.u64 %rd4, [k_mma8_param+24];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, %ctaid.x;
+  mad.lo.u32 %r1, %r2, 32, %r1;
+  mul.wide.u32 %rd5, %r1, 16;
+  add.s64 %rd6, %rd1, %rd5;
+  ld.global.v4.u32 {%r4, %r5, %r6, %r7}, [%rd6];
+  mul.wide.u32 %rd7, %r1, 8;
+  add.s64 %rd8, %rd2, %rd7;
+  ld.global.v2.u32 {%r8, %r9}, [%rd8];
+  add.s64 %rd9, %rd3, %rd5;
+  ld.global.v4.f32 {%f0, %f1, %f2, %f3}, [%rd9];
+  mma.sync.aligned.m16n8k32.row.col.f32.)" +
+         (a5 ? "e5m2" : "e4m3") + (b5 ? ".e5m2" : ".e4m3") +
+         R"(.f32 {%f4, %f5, %f6, %f7}, {%r4, %r5, %r6, %r7}, {%r8, %r9}, {%f0, %f1, %f2, %f3};
+  add.s64 %rd10, %rd4, %rd5;
+  st.global.v4.f32 [%rd10], {%f4, %f5, %f6, %f7};
+  ret;
+}
+)";
+}
+
+// One warp's operands as matrices: A[m][k] and B[k][n] fp8 codes, C[m][n].
+struct Mma8Case {
+  uint8_t a[16][32], b[32][8];
+  float c[16][8];
+};
+
+// Runs the cases (one CTA each) and returns D[case][m][n].
+std::vector<float> run_mma8(const std::vector<Mma8Case> &cases, bool a5, bool b5) {
+  const size_t n = cases.size();
+  std::vector<uint32_t> wa(n * 32 * 4, 0), wb(n * 32 * 2, 0);
+  std::vector<float> wc(n * 32 * 4);
+  for (size_t t = 0; t < n; ++t)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, q = lane % 4;
+      const size_t l = t * 32 + lane;
+      for (int i = 0; i < 16; ++i)
+        wa[l * 4 + i / 4] |=
+            uint32_t(cases[t].a[g + 8 * ((i / 4) % 2)][4 * q + i % 4 + 16 * (i / 8)])
+            << (8 * (i % 4));
+      for (int i = 0; i < 8; ++i)
+        wb[l * 2 + i / 4] |= uint32_t(cases[t].b[4 * q + i % 4 + 16 * (i / 4)][g]) << (8 * (i % 4));
+      for (int i = 0; i < 4; ++i) wc[l * 4 + i] = cases[t].c[g + 8 * (i / 2)][2 * q + i % 2];
+    }
+  DevBuf da(wa.size() * 4), db(wb.size() * 4), dc(wc.size() * 4), dd(wc.size() * 4);
+  da.put(wa);
+  db.put(wb);
+  dc.put(wc);
+  struct {
+    uint64_t a, b, c, d;
+  } prm = {da.ptr, db.ptr, dc.ptr, dd.ptr};
+  assert_int_equal(
+      run_ptx(mma8_kernel(a5, b5), "k_mma8", geom(static_cast<uint32_t>(n), 32), &prm, sizeof prm),
+      FA_SUCCESS);
+  const std::vector<float> wd = dd.get<float>();
+  std::vector<float> d(n * 16 * 8);
+  for (size_t t = 0; t < n; ++t)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, q = lane % 4;
+      for (int i = 0; i < 4; ++i)
+        d[(t * 16 + g + 8 * (i / 2)) * 8 + 2 * q + i % 2] = wd[(t * 32 + lane) * 4 + i];
+    }
+  return d;
+}
+
+// The codes of both signs whose values lie in [1/8, 8]: products of two of
+// them and their sums with the C below are exact in f32.
+std::vector<uint8_t> moderate_codes(bool e5m2) {
+  std::vector<uint8_t> v;
+  for (int c = 0; c < 256; ++c) {
+    const double x = std::fabs(decode_ref(c, e5m2));
+    if (x >= 0.125 && x <= 8) v.push_back(static_cast<uint8_t>(c));
+  }
+  return v;
+}
+
+// Each element of D as a function of the A and B indices the ISA names, so
+// that no layout error can cancel out: 64 cases per type pair. Case k0 < 32:
+// A is zero but for column k0 (A[m][k0] distinct over m), B full (B[k][n]
+// distinct over k for each n and over n for each k); case 32 + k0: B zero but
+// for row k0 (distinct over n), A full (distinct over m and over k). C[m][n]
+// distinct. Then D[m][n] must be C[m][n] + A[m][k0] B[k0][n] exactly: a
+// wrong row or column of A, B, C or D, or an A position paired with the
+// wrong B position, lands another (distinct) value there. (A permutation of
+// k applied alike to A and B leaves every product sum as it is: no test of D
+// can see it; the pairing is what matters, and the figures' k order is the
+// one the sums run in.)
+void test_fp8_mma_layout(void **) {
+  for (int pair = 0; pair < 4; ++pair) {
+    const bool a5 = pair & 2, b5 = pair & 1;
+    const std::vector<uint8_t> va = moderate_codes(a5), vb = moderate_codes(b5);
+    assert_true(va.size() >= 48 && vb.size() >= 48);
+    std::vector<Mma8Case> cases(64);
+    for (int t = 0; t < 64; ++t) {
+      Mma8Case &cs = cases[size_t(t)];
+      const int k0 = t % 32;
+      const bool a_hot = t < 32;
+      for (int m = 0; m < 16; ++m)
+        for (int k = 0; k < 32; ++k) {
+          const uint8_t full = va[size_t(m + 3 * k) % va.size()];
+          cs.a[m][k] = a_hot ? (k == k0 ? va[size_t(3 * m + k0) % va.size()] : 0) : full;
+        }
+      for (int k = 0; k < 32; ++k)
+        for (int n = 0; n < 8; ++n) {
+          const uint8_t full = vb[size_t(k + 5 * n) % vb.size()];
+          cs.b[k][n] = a_hot ? full : (k == k0 ? vb[size_t(7 * n + k0) % vb.size()] : 0);
+        }
+      for (int m = 0; m < 16; ++m)
+        for (int n = 0; n < 8; ++n) cs.c[m][n] = float(8 * m + n + 1) / 1024;
+    }
+    const std::vector<float> d = run_mma8(cases, a5, b5);
+    int bad = 0;
+    for (int t = 0; t < 64; ++t) {
+      const int k0 = t % 32;
+      const Mma8Case &cs = cases[size_t(t)];
+      for (int m = 0; m < 16; ++m)
+        for (int n = 0; n < 8; ++n) {
+          const double want =
+              double(cs.c[m][n]) + decode_ref(cs.a[m][k0], a5) * decode_ref(cs.b[k0][n], b5);
+          const float got = d[(size_t(t) * 16 + m) * 8 + n];
+          if (double(got) != want && bad++ < 10)
+            std::fprintf(stderr, "fp8 mma %s.%s case %d: D[%d][%d] = %.9g, want %.9g\n",
+                         a5 ? "e5m2" : "e4m3", b5 ? "e5m2" : "e4m3", t, m, n, double(got), want);
+        }
+    }
+    assert_int_equal(bad, 0);
+  }
+}
+
+// Misuse: the fp8 mma needs sm_89 and PTX ISA 8.4 (ptxas 13 alike); only
+// m16n8k32 with f32 C/D is implemented.
+void test_fp8_mma_errors(void **) {
+  auto compile = [](const std::string &ptx) {
+    std::vector<uint8_t> bin;
+    std::string log;
+    return g_be->compile(ptx, &bin, &log);
+  };
+  assert_int_equal(compile(mma8_kernel(false, true)), FA_SUCCESS);
+  assert_int_equal(compile(mma8_kernel(true, false, 85, 89)), FA_SUCCESS);
+  assert_int_not_equal(compile(mma8_kernel(false, false, 84, 86)), FA_SUCCESS);
+  expect_error("sm_89");
+  assert_int_not_equal(compile(mma8_kernel(false, false, 83, 89)), FA_SUCCESS);
+  expect_error("8.4");
+  std::string k16 = mma8_kernel(false, false);
+  k16.replace(k16.find("m16n8k32"), 8, "m16n8k16");
+  assert_int_not_equal(compile(k16), FA_SUCCESS);
+  std::string mixed = mma8_kernel(false, false);
+  mixed.replace(mixed.find("e4m3.e4m3"), 9, "e4m3.f16");
+  assert_int_not_equal(compile(mixed), FA_SUCCESS);
+}
+
 }  // namespace
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fp8_conversions),
-      cmocka_unit_test(test_fp8_errors),
-      cmocka_unit_test(test_fp8_builder),
+      cmocka_unit_test(test_fp8_conversions), cmocka_unit_test(test_fp8_errors),
+      cmocka_unit_test(test_fp8_builder),     cmocka_unit_test(test_fp8_mma_layout),
+      cmocka_unit_test(test_fp8_mma_errors),
   };
   return cmocka_run_group_tests_name("emulator_fp8", tests, fp8_setup, emu_teardown);
 }

@@ -307,6 +307,55 @@ void test_tensor_core_type_checks_abort(void **) {
   }));
 }
 
+// The fp8 mma (PTX ISA "mma", m16n8k32 with .e4m3 / .e5m2): the four forms
+// print as ptxas reads them; the builder records sm_89 and PTX ISA 8.4 and
+// emit() aborts for an older target or version (a generator bug, like any
+// misuse) instead of printing PTX that ptxas would reject.
+void test_fp8_mma_forms(void **) {
+  auto build = [](Builder &b) {
+    Reg d[4] = {b.f32(), b.f32(), b.f32(), b.f32()};
+    Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+    b.mma_m16n8k32_f8(Fp8::E4M3, Fp8::E4M3, d, a, a + 2, d);
+    b.mma_m16n8k32_f8(Fp8::E4M3, Fp8::E5M2, d, a, a, d);
+    b.mma_m16n8k32_f8(Fp8::E5M2, Fp8::E4M3, d, a, a, d);
+    b.mma_m16n8k32_f8(Fp8::E5M2, Fp8::E5M2, d, a, a, d);
+  };
+  Builder b("k", 8);
+  assert_int_equal(b.min_sm(), 0);
+  assert_int_equal(b.min_isa_version(), 0);
+  build(b);
+  assert_int_equal(b.min_sm(), 89);
+  assert_int_equal(b.min_isa_version(), 84);
+  const std::string t = b.emit(84, 89, 32);
+  assert_true(contains(t, ".version 8.4\n.target sm_89\n"));
+  assert_true(
+      contains(t,
+               "\tmma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f0, %f1, %f2, %f3}, "
+               "{%r0, %r1, %r2, %r3}, {%r2, %r3}, {%f0, %f1, %f2, %f3};\n"));
+  assert_true(contains(t, "\tmma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32 {%f0,"));
+  assert_true(contains(t, "\tmma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%f0,"));
+  assert_true(contains(t, "\tmma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32 {%f0,"));
+  assert_false(aborts([&] { (void)b.emit(88, 90, 32); }));
+  assert_true(aborts([&] { (void)b.emit(84, 80, 32); }));  // sm_80: no fp8 mma
+  assert_true(aborts([&] { (void)b.emit(87, 86, 32); }));  // sm_86 neither
+  assert_true(aborts([&] { (void)b.emit(83, 89, 32); }));  // PTX ISA 8.3: too old
+  assert_true(aborts([&] {
+    Builder c("k", 8);
+    build(c);
+    (void)std::move(c).emit(81, 89, 32);
+  }));
+  assert_true(aborts([] {
+    Builder c("k", 8);
+    Reg d[4] = {c.f32(), c.f32(), c.f32(), c.f32()};
+    c.mma_m16n8k32_f8(Fp8::E4M3, Fp8::E4M3, d, d, d, d);  // f32 registers as A / B
+  }));
+  assert_true(aborts([] {
+    Builder c("k", 8);
+    Reg a[4] = {c.b32(), c.b32(), c.b32(), c.b32()};
+    c.mma_m16n8k32_f8(Fp8::E5M2, Fp8::E4M3, a, a, a, a);  // b32 accumulators
+  }));
+}
+
 // The sm_90a instructions (PTX ISA 8.0): target, parameter alignment and
 // address, mbarriers, TMA, wgmma, setmaxnreg, named barriers.
 void test_hopper_forms(void **) {
@@ -705,6 +754,7 @@ int main(void) {
       cmocka_unit_test(test_type_checks_abort),
       cmocka_unit_test(test_tensor_core_forms),
       cmocka_unit_test(test_tensor_core_type_checks_abort),
+      cmocka_unit_test(test_fp8_mma_forms),
       cmocka_unit_test(test_hopper_forms),
       cmocka_unit_test(test_stmatrix_elect_forms),
       cmocka_unit_test(test_generation_is_deterministic),

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/tile/tile.h"
 #include "ptx/ptx.h"
 #include "support/cmocka.hh"  // last: its macros clash with <ios>
 
@@ -605,6 +606,72 @@ void test_ptxas_hopper_forms(void **) {
               std::string::npos);
 }
 
+// The fp8 mma (mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}
+// .f32: sm_89+, PTX ISA 8.4) as tests/test_tile.cc's test_fp8_mma uses it:
+// A (16 x 64 bytes) through ldmatrix .x4 (tile::ldsm Role::A), B (8 x 64)
+// through .x2, two k32 steps of tile::mma_fp8, for each of the four type
+// pairs; ptxas -arch=sm_89 and sm_90 accept it without local memory. (The
+// builder refuses to emit it for sm_80 or PTX ISA < 8.4: test_ptx_builder.)
+void test_ptxas_fp8_mma_forms(void **) {
+  const char *ptxas = FA_PTXAS_PATH;
+  if (!ptxas[0] || access(ptxas, X_OK) != 0) {
+    std::printf("SKIP: ptxas not available (FA_PTXAS_PATH=\"%s\")\n", ptxas);
+    skip();
+  }
+  namespace tile = kgen::tile;
+  using namespace fa::ptx;
+  for (int sm : {89, 90}) {
+    Builder b("fp8_mma_forms", 8);
+    kgen::Emitter e(b);
+    Reg out = e.global_param(0);
+    Reg tid = e.mov(Type::U32, sreg(Special::TidX));
+    Reg smem = e.mov(Type::U32, sym(b.extern_shared("smem", 16)));
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    const tile::SmemTile ta = tile::smem_tile(0, 16, 32), tb = tile::smem_tile(ta.bytes(), 8, 32);
+    Reg la = tile::ldsm_base(e, ln, ta, tile::Role::A, smem, Reg());
+    Reg lb = e.op(Op::MadLo, Type::U32, ln.l8, imm(tb.pitch), smem);
+    lb = e.op(Op::MadLo, Type::U32, ln.h1, imm(16), lb);
+    tile::Frag4 fa = tile::frag4(b);
+    Reg fb[2] = {b.b32(), b.b32()};
+    tile::AccTile d = tile::acc_tile(b, 4);
+    tile::zero(b, d);
+    for (int pair = 0; pair < 4; ++pair)
+      for (int ks = 0; ks < 2; ++ks) {
+        tile::ldsm(b, tile::Role::A, fa, la, ta.at(0, 16 * ks));
+        b.ldmatrix(false, fb, 2, at(lb, static_cast<int>(tb.offset) + 32 * ks));
+        tile::mma_fp8(b, pair & 2 ? Fp8::E5M2 : Fp8::E4M3, pair & 1 ? Fp8::E5M2 : Fp8::E4M3, d,
+                      pair, fa, fb);
+      }
+    Reg o = e.index(out, tid, 64);
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) b.st(Space::Global, Type::F32, at(o, 16 * j + 4 * i), d.f[j][i]);
+    b.exit();
+    assert_int_equal(b.min_sm(), 89);
+    assert_int_equal(b.min_isa_version(), 84);
+    const std::string ptx = std::move(b).emit(84, sm, 32);
+    for (const char *form :
+         {"f32.e4m3.e4m3.f32", "f32.e4m3.e5m2.f32", "f32.e5m2.e4m3.f32", "f32.e5m2.e5m2.f32"})
+      assert_true(ptx.find(std::string("mma.sync.aligned.m16n8k32.row.col.") + form) !=
+                  std::string::npos);
+    char dir_template[] = "/tmp/fa_ptxas_f8_XXXXXX";
+    const char *dir = mkdtemp(dir_template);
+    assert_non_null(dir);
+    const std::string path = std::string(dir) + "/fp8.ptx", log = std::string(dir) + "/log";
+    std::ofstream(path) << ptx;
+    const std::string cmd = std::string(ptxas) + " -arch=sm_" + std::to_string(sm) +
+                            " -v -o /dev/null " + path + " > " + log + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    const std::string out_log = read_file(log);
+    std::printf("sm_%d: %s", sm, out_log.c_str());
+    std::remove(path.c_str());
+    std::remove(log.c_str());
+    rmdir(dir);
+    assert_int_equal(rc, 0);
+    assert_true(out_log.find("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads") !=
+                std::string::npos);
+  }
+}
+
 void test_ptxas_assembles_grid(void **) {
   const char *ptxas = FA_PTXAS_PATH;
   if (!ptxas[0] || access(ptxas, X_OK) != 0) {
@@ -678,6 +745,7 @@ void test_ptxas_assembles_grid(void **) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ptxas_hopper_forms),
+      cmocka_unit_test(test_ptxas_fp8_mma_forms),
       cmocka_unit_test(test_ptxas_assembles_grid),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

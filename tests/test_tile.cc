@@ -13,6 +13,11 @@
 //  - rows_bf16_to_f16: a 16-row bf16 tile over 60 binades (zero rows, NaN,
 //    infinities, values f16 cannot hold) rewritten as row-scaled f16 by 1, 2
 //    and 4 warps, every element and every lane's 2^-k against the rule;
+//  - mma_fp8 (sm_89): a 16 x 64 fp8 A and an 8 x 64 fp8 B tile read with
+//    ldmatrix (.x4 via ldsm Role::A, .x2) into two m16n8k32 steps, all four
+//    e4m3/e5m2 pairs, random codes with subnormals and the largest finite,
+//    against the emulator's f32 summation model exactly and within gamma_64
+//    of the exact sum;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
 //    rescale threshold, against one softmax over all tiles in fp64.
@@ -333,6 +338,137 @@ void test_fp8_convert(void **) {
   g_be = sm80;
 }
 
+// ------------------------------------------------------------ fp8 mma ---
+
+// One warp: a 16 x K fp8 A tile and an 8 x K fp8 B tile ([n][k], the "col"
+// operand, as K is in S = Q K^T) copied plainly into padded shared rows
+// (pitch K + 16 bytes), read with the non-transposed ldmatrix (.x4 for A
+// through tile::ldsm Role::A, .x2 for B) and multiplied with tile::mma_fp8
+// per k32 step into one AccTile, stored in its C layout.
+//
+// Why ldmatrix gives the m16n8k32 fp8 fragments: ldmatrix .b16 hands lane
+// (g, q) = (lane / 4, lane % 4) elements 2q, 2q + 1 of row g of each 8 x 8
+// matrix, i.e. bytes 4q .. 4q + 3 of that 16-byte row, lowest byte in the
+// register's lowest byte. The ISA's m16n8k32 fp8 A fragment gives register
+// j of lane (g, q) the elements row g + 8 (j % 2), k = 16 (j / 2) + 4q + 0..3
+// (lowest byte first): the bytes 4q .. 4q + 3 of row g of the matrix whose
+// rows are A rows 8 (j % 2) .. + 7 at bytes 16 (j / 2) .. + 15, which is the
+// matrix Role::A addresses for register j (row l8 + 8 h1, chunk h2: a 16 x 32
+// byte block is one 16 x 16 block of 16-bit columns). B register j holds
+// n = g, k = 16 j + 4q + 0..3: row g of the matrix of B rows 0..7 at bytes
+// 16 j .. + 15, so .x2 with lane l (< 16) addressing row l % 8, chunk l / 8.
+void check_fp8_mma(bool a5, bool b5, int variant) {
+  using fa::ptx::Fp8;
+  const int M = 16, N = 8, K = 64;
+  const tile::SmemTile ta = tile::smem_tile(0, M, K / 2),
+                       tb = tile::smem_tile(ta.bytes(), N, K / 2);
+  const uint32_t smem_bytes = tb.offset + tb.bytes();
+  // Random codes, no NaN and no infinity (e5m2 0x7c: inf - inf would be NaN);
+  // variant 1 favours subnormals and zeros, variant 2 the largest finite.
+  std::mt19937 gen(1000 * variant + 10 * a5 + b5);
+  auto draw = [&](bool e5m2) {
+    std::uniform_int_distribution<int> byte(0, 255), pick(0, 7);
+    for (;;) {
+      uint8_t c = static_cast<uint8_t>(byte(gen));
+      if (variant == 1 && pick(gen) < 5) c &= e5m2 ? 0x83 : 0x87;                // exponent 0
+      if (variant == 2 && pick(gen) < 2) c = (c & 0x80) | (e5m2 ? 0x7b : 0x7e);  // max
+      if (std::isfinite(fa::ref::fp8_to_double(c, e5m2))) return c;
+    }
+  };
+  std::vector<uint8_t> a(M * K), bt(N * K);
+  for (auto &x : a) x = draw(a5);
+  for (auto &x : bt) x = draw(b5);
+  // Every run holds both signs of the largest finite and of a subnormal.
+  a[0] = a5 ? 0x7b : 0x7e, a[1] = a5 ? 0xfb : 0xfe, a[2] = 0x01, a[3] = 0x81;
+  bt[0] = b5 ? 0x7b : 0x7e, bt[K + 1] = b5 ? 0xfb : 0xfe, bt[2] = 0x01, bt[K + 3] = 0x81;
+  const Fp8 fa8 = a5 ? Fp8::E5M2 : Fp8::E4M3, fb8 = b5 ? Fp8::E5M2 : Fp8::E4M3;
+  const std::string ptx = kernel(
+      32,
+      [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+        Builder &b = e.b;
+        const tile::Lanes ln = tile::make_lanes(e, tid);
+        // Lane r < rows copies row r of a [rows][K] byte matrix into its tile.
+        auto fill = [&](const tile::SmemTile &t, Reg src) {
+          Reg w = b.b32();
+          Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, tid, imm(t.rows));
+          Reg row = e.index(src, tid, K);
+          Reg sa = e.op(Op::MadLo, Type::U32, tid, imm(t.pitch), smem);
+          for (int c = 0; c < K / 4; ++c) {
+            b.when(ok).ld(Space::Global, Type::U32, w, at(row, 4 * c));
+            b.when(ok).st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + 4 * c), w);
+          }
+        };
+        fill(ta, g[0]);
+        fill(tb, g[1]);
+        b.bar_sync();
+        Reg la = tile::ldsm_base(e, ln, ta, tile::Role::A, smem, Reg());
+        // B (.x2): lane l addresses row l8, chunk h1 (lanes 16..31 unused).
+        Reg lb = e.op(Op::MadLo, Type::U32, ln.l8, imm(tb.pitch), smem);
+        lb = e.op(Op::MadLo, Type::U32, ln.h1, imm(16), lb);
+        tile::Frag4 fa = tile::frag4(b);
+        Reg fb[2] = {b.b32(), b.b32()};
+        tile::AccTile d = tile::acc_tile(b, 1);
+        tile::zero(b, d);
+        for (int ks = 0; ks < K / 32; ++ks) {
+          tile::ldsm(b, tile::Role::A, fa, la, ta.at(0, 16 * ks));
+          b.ldmatrix(false, fb, 2, at(lb, static_cast<int>(tb.offset) + 32 * ks));
+          tile::mma_fp8(b, fa8, fb8, d, 0, fa, fb);
+        }
+        store_acc(e, ln, d, 0, g[2], N);
+      },
+      84, 89);
+  DevBuf da(a.size()), db(bt.size()), dd(M * N * 4);
+  da.put(a);
+  db.put(bt);
+  Ptrs p = {{da.ptr, db.ptr, dd.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, smem_bytes, p), FA_SUCCESS);
+  const std::vector<float> d = dd.get<float>();
+  int bad = 0;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      // The emulator's model (docs/emulator.md): exact products, summed in
+      // f32 in k order from C = 0, each sum rounded to nearest even; and the
+      // exact sum, which a sequential f32 sum of 64 exact products is within
+      // gamma_64 = 64 u / (1 - 64 u) < 65 u (u = 2^-24) of relative to the
+      // sum of |products| (Higham, Accuracy and Stability, 3.1).
+      // The exact sum in integers: every fp8 value times 2^16 is an integer
+      // below 2^32 (the smallest subnormals are 2^-9 and 2^-16), so each
+      // product times 2^32 is one below 2^64 and 64 of them fit in 128 bits.
+      __extension__ typedef __int128 i128;
+      float model = 0;
+      i128 sum = 0;
+      double mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double pa = fa::ref::fp8_to_double(a[m * K + k], a5);
+        const double pb = fa::ref::fp8_to_double(bt[n * K + k], b5);
+        volatile float prod = float(pa) * float(pb);
+        model = model + prod;
+        sum += i128(int64_t(std::ldexp(pa, 16))) * int64_t(std::ldexp(pb, 16));
+        mag += std::fabs(pa * pb);
+      }
+      const double exact = std::ldexp(double(sum), -32);  // one rounding, 2^-53 relative
+      const float got = d[m * N + n];
+      const bool ok = got == model && std::fabs(double(got) - exact) <= 65 * 0x1p-24 * mag;
+      if (!ok && bad++ < 5)
+        std::fprintf(stderr,
+                     "fp8 mma %s.%s variant %d: D[%d][%d] = %.9g, model %.9g, exact %.17g\n",
+                     a5 ? "e5m2" : "e4m3", b5 ? "e5m2" : "e4m3", variant, m, n, double(got),
+                     double(model), exact);
+    }
+  assert_int_equal(bad, 0);
+}
+
+void test_fp8_mma(void **) {
+  // The fp8 mma needs sm_89: this test's own emulated device.
+  std::unique_ptr<fa::Backend> be89;
+  assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be89.get();
+  for (int pair = 0; pair < 4; ++pair)
+    for (int variant = 0; variant < 3; ++variant) check_fp8_mma(pair & 2, pair & 1, variant);
+  g_be = sm80;
+}
+
 // ------------------------------------------------- row-scaled f16 rows ---
 
 // W warps: a 16 x cols bf16 tile copied into shared memory, rewritten by
@@ -648,7 +784,7 @@ int main(void) {
       cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
       cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
-      cmocka_unit_test(test_online_softmax),
+      cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

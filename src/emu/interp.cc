@@ -2,6 +2,7 @@
 
 #include <time.h>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
@@ -599,6 +600,7 @@ class CtaRunner {
   // for k = 0, 1, ..., K-1, each sum rounded to nearest even in f32. All
   // inputs of all lanes are read before any D register is written.
   bool run_mma(const Inst &in, uint32_t base) {
+    if (in.sub >= kMmaF8K32) return run_mma_f8(in, base);
     const uint32_t *s = e_.operand_slots.data() + in.imm;
     const bool k16 = in.sub == kMmaF16K16 || in.sub == kMmaBF16K16;
     const bool bf = in.sub == kMmaBF16K16 || in.sub == kMmaBF16K8;
@@ -622,6 +624,59 @@ class CtaRunner {
     }
     for (int m = 0; m < 16; ++m)
       for (int n = 0; n < 8; ++n) acc[m][n] = mma_dot_f32(acc[m][n], a[m], &b[0][n], kk, 8);
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      uint64_t *r = regs_of(base + lane);
+      const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);
+      for (int i = 0; i < 4; ++i) r[s[i]] = FB(acc[g + 8 * (i >> 1)][2 * q + (i & 1)]);
+    }
+    return true;
+  }
+
+  // mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32 for the
+  // warp at base (PTX ISA "Matrix Fragments for mma.m16n8k32" with .e4m3 /
+  // .e5m2, the same figures as .s8 / .u8). With g = lane >> 2, q = lane % 4,
+  // byte j of a register its j-th element (lowest byte first):
+  //   A element i (0..15; register i / 4): row g + 8 * ((i >> 2) & 1),
+  //     col (k) 4q + (i & 3) + 16 * (i >> 3)
+  //   B element i (0..7; register i / 4): row (k) 4q + (i & 3) + 16 * (i >> 2),
+  //     col (n) g
+  //   C/D element i: row g + 8 * (i >> 1), col 2q + (i & 1) (as m16n8k16)
+  // Arithmetic as the f16 forms (mma_dot_f32): each byte decoded exactly
+  // (fp8_to_f32); every product is exact in f32 (at most 4 x 4 significand
+  // bits, magnitudes 2^-32 .. 57344^2, inside f32's normal range); D = C, then
+  // D += A[m][k] * B[k][n] for k = 0, 1, ..., 31, each sum rounded to nearest
+  // even in f32. NaN and infinite inputs (e4m3 S.1111.111, e5m2 exponent 31)
+  // take part as those f32 values. All inputs are read before D is written.
+  bool run_mma_f8(const Inst &in, uint32_t base) {
+    static const auto tables = [] {
+      std::array<std::array<float, 256>, 2> t{};
+      for (int x = 0; x < 256; ++x) {
+        t[0][x] = fp8_to_f32(static_cast<uint8_t>(x), kE4M3);
+        t[1][x] = fp8_to_f32(static_cast<uint8_t>(x), kE5M2);
+      }
+      return t;
+    }();
+    const uint32_t *s = e_.operand_slots.data() + in.imm;
+    const int kind = in.sub - kMmaF8K32;
+    const std::array<float, 256> &ta = tables[kind >> 1], &tb = tables[kind & 1];
+    float a[16][32], b[32][8], acc[16][8];
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      const uint64_t *r = regs_of(base + lane);
+      const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t x =
+            static_cast<uint8_t>(static_cast<uint32_t>(r[s[4 + i / 4]]) >> (8 * (i & 3)));
+        a[g + 8 * ((i >> 2) & 1)][4 * q + (i & 3) + 16 * (i >> 3)] = ta[x];
+      }
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t x =
+            static_cast<uint8_t>(static_cast<uint32_t>(r[s[8 + i / 4]]) >> (8 * (i & 3)));
+        b[4 * q + (i & 3) + 16 * (i >> 2)][g] = tb[x];
+      }
+      for (int i = 0; i < 4; ++i) acc[g + 8 * (i >> 1)][2 * q + (i & 1)] = F(r[s[10 + i]]);
+    }
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 8; ++n) acc[m][n] = mma_dot_f32(acc[m][n], a[m], &b[0][n], 32, 8);
     for (uint32_t lane = 0; lane < 32; ++lane) {
       uint64_t *r = regs_of(base + lane);
       const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3);

@@ -943,22 +943,37 @@ class Parser {
   }
 
   // mma.sync.aligned.{m16n8k16,m16n8k8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32
-  // (PTX ISA "Warp Level Matrix Multiply-Accumulate Instructions: mma").
+  // and mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32
+  // (PTX ISA "Warp Level Matrix Multiply-Accumulate Instructions: mma"; fp8:
+  // .target sm_89 or higher and PTX ISA 8.4, its Target ISA and PTX ISA notes,
+  // as ptxas 13 applies them).
   void decode_mma(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
-    if (p.size() != 10 || p[1] != "sync" || p[2] != "aligned" || p[4] != "row" || p[5] != "col" ||
-        p[6] != "f32" || p[9] != "f32" || p[7] != p[8] || (p[7] != "f16" && p[7] != "bf16") ||
-        (p[3] != "m16n8k16" && p[3] != "m16n8k8"))
-      bad("only mma.sync.aligned.{m16n8k16,m16n8k8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32 is "
-          "supported");
+    auto f8 = [](const std::string &t) { return t == "e4m3" || t == "e5m2"; };
+    const bool head = p.size() == 10 && p[1] == "sync" && p[2] == "aligned" && p[4] == "row" &&
+                      p[5] == "col" && p[6] == "f32" && p[9] == "f32";
+    const bool half = head && p[7] == p[8] && (p[7] == "f16" || p[7] == "bf16") &&
+                      (p[3] == "m16n8k16" || p[3] == "m16n8k8");
+    const bool fp8 = head && p[3] == "m16n8k32" && f8(p[7]) && f8(p[8]);
+    if (!half && !fp8)
+      bad("only mma.sync.aligned.{m16n8k16,m16n8k8}.row.col.f32.{f16,bf16}.{f16,bf16}.f32 and "
+          "mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32 are supported");
     const bool k16 = p[3] == "m16n8k16", bf = p[7] == "bf16";
-    in.sub = k16 ? (bf ? kMmaBF16K16 : kMmaF16K16) : (bf ? kMmaBF16K8 : kMmaF16K8);
+    if (fp8) {
+      if (mod_->target_sm < 89)
+        bad("mma with fp8 operands requires .target sm_89 or higher (the module targets sm_" +
+            std::to_string(mod_->target_sm) + ")");
+      if (mod_->version < 84) bad("mma with fp8 operands requires .version 8.4 or higher");
+      in.sub = static_cast<uint8_t>(kMmaF8K32 + 2 * (p[7] == "e5m2") + (p[8] == "e5m2"));
+    } else {
+      in.sub = k16 ? (bf ? kMmaBF16K16 : kMmaF16K16) : (bf ? kMmaBF16K8 : kMmaF16K8);
+    }
     want_count(ops, 4);
     uint32_t s[14];
     std::fill(s, s + 14, kNoSlot);
     reg_vector(ops[0], 4, true, "D", s);
-    reg_vector(ops[1], k16 ? 4 : 2, false, "A", s + 4);
-    reg_vector(ops[2], k16 ? 2 : 1, false, "B", s + 8);
+    reg_vector(ops[1], k16 || fp8 ? 4 : 2, false, "A", s + 4);
+    reg_vector(ops[2], k16 || fp8 ? 2 : 1, false, "B", s + 8);
     reg_vector(ops[3], 4, false, "C", s + 10);
     in.op = Op::kMma;
     in.imm = static_cast<int64_t>(e_->operand_slots.size());

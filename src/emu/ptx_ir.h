@@ -205,8 +205,10 @@ inline bool is_warpgroup_collective(Op op) { return op >= Op::kWgmmaFence; }
 enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
 enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
 enum Round : uint8_t { kRzi, kRni, kRmi, kRpi };
-// mma.sync.aligned shapes and input types (all .row.col, f32 accumulators).
-enum MmaKind : uint8_t { kMmaF16K16, kMmaBF16K16, kMmaF16K8, kMmaBF16K8 };
+// mma.sync.aligned shapes and input types (all .row.col, f32 accumulators):
+// m16n8k16 and m16n8k8 with f16 or bf16, m16n8k32 with fp8 A and B
+// (kMmaF8K32 + 2 * (A is e5m2) + (B is e5m2)).
+enum MmaKind : uint8_t { kMmaF16K16, kMmaBF16K16, kMmaF16K8, kMmaBF16K8, kMmaF8K32 };
 
 // (4 is taken: cvt's signed destination.)
 enum InstFlags : uint8_t { kFtz = 1, kSigned = 2, kTrans = 8 };

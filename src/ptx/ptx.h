@@ -85,6 +85,9 @@ enum class Space : uint8_t { Global, Shared };
 enum class Cmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge, Equ, Neu, Ltu, Leu, Gtu, Geu, Num, Nan };
 enum class Shfl : uint8_t { Bfly, Idx, Up, Down };
 enum class Round : uint8_t { None, Rn, Rzi, Rni };
+// The fp8 formats of mma's A and B operands (PTX ISA "Alternate
+// Floating-Point Data Formats").
+enum class Fp8 : uint8_t { E4M3, E5M2 };
 
 // Arithmetic and logic operations, each "name.type d, a[, b[, c]]".
 enum class Op : uint8_t {
@@ -190,6 +193,15 @@ class Builder {
   // "Warp Level Matrix Multiply-Accumulate Instructions: mma", fragments in
   // "Matrix Fragments for mma.m16n8k16 with floating point type").
   void mma_m16n8k16(Type ab, const Reg *d, const Reg *a, const Reg *b, const Reg *c);
+  // mma.sync.aligned.m16n8k32.row.col.f32.A.B.f32 {d}, {a}, {b}, {c} with A,
+  // B each .e4m3 or .e5m2 (fp8): d, c four f32 registers, a four b32 (four
+  // fp8 each, lowest byte first), b two b32 (PTX ISA "Warp-level matrix
+  // multiply-accumulate instructions: mma", "Matrix Fragments for
+  // mma.m16n8k32"). Needs .target sm_89 or higher and PTX ISA 8.4: emit()
+  // aborts on an older target or version instead of printing PTX that ptxas
+  // rejects.
+  void mma_m16n8k32_f8(Fp8 a_type, Fp8 b_type, const Reg *d, const Reg *a, const Reg *b,
+                       const Reg *c);
   // ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 {d}, [a]: N = d's
   // count (1, 2 or 4) b32 registers (PTX ISA "Warp-level matrix load
   // instruction: ldmatrix").
@@ -284,11 +296,20 @@ class Builder {
     if (bytes > text_.capacity()) text_.reserve(bytes);
   }
 
+  // The oldest .target and PTX ISA version (times 10) the instructions
+  // built so far accept; 0 when no instruction built records one (only the
+  // fp8 mma does for now: sm_89, 8.4).
+  int min_sm() const { return need_sm_; }
+  int min_isa_version() const { return need_isa_; }
+
   // Instructions (labels and comments excluded) built so far.
   uint32_t num_instrs() const { return num_instrs_; }
 
   // The module text: `.version`, `.target sm_<sm>`, `.address_size 64`, the
   // entry with `.maxntid maxntid, 1, 1` (0: none), declarations and body.
+  // Aborts (a generator bug, as every misuse) when an instruction built
+  // needs a newer target or PTX ISA version than the ones given (see
+  // min_sm() / min_isa_version()).
   std::string emit(int isa_version_x10, int sm, uint32_t maxntid) const &;
   // The same text, built in place in the body's buffer (no copy of the
   // body); the builder is left empty. Use as std::move(b).emit(...).
@@ -328,6 +349,10 @@ class Builder {
   size_t text_len_ = 0;
   uint32_t num_instrs_ = 0;
   uint32_t min_ctas_ = 0;
+  // The newest target and PTX ISA version an instruction built so far needs
+  // (0: none beyond what every target has); checked by emit().
+  int need_sm_ = 0, need_isa_ = 0;
+  const char *need_what_ = nullptr;  // the instruction that set them
   bool arch_specific_ = false;
   uint32_t param_align_ = 8;
   Reg guard_;

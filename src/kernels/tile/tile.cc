@@ -33,6 +33,11 @@ void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, co
   b.mma_m16n8k16(half, d.f[j].data(), a.data(), b2, c ? c->data() : d.f[j].data());
 }
 
+void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j, const Frag4 &a,
+             const Reg *b2, const Frag4 *c) {
+  b.mma_m16n8k32_f8(ta, tb, d.f[j].data(), a.data(), b2, c ? c->data() : d.f[j].data());
+}
+
 void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a) {
   // a0 = row g, columns 2q, 2q+1 of block j; a1 = row g+8; a2, a3 the same
   // of block j + 1 (the higher column lands in the upper 16 bits).

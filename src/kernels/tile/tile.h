@@ -45,6 +45,18 @@ void zero(ptx::Builder &b, const AccTile &t);
 void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, const Reg *b2,
          const Frag4 *c = nullptr);
 
+// The fp8 form (sm_89+, PTX ISA 8.4): d[j] = a x (b0, b1) + c with
+// mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32. a is an
+// m16 x k32 block of fp8 bytes, b2 one k32 x n8 block; the C/D layout is
+// AccTile's. The non-transposed ldmatrix of a [m][k] (or [n][k]) byte tile
+// gives these fragments with the 16-bit addressing: an A (ldsm Role::A)
+// block of 16 x 16 16-bit columns is 16 x 32 bytes, one k32 step (PTX ISA
+// "Matrix Fragments for mma.m16n8k32": lane (g, q) holds bytes 4q .. 4q + 3
+// of its rows, which is what ldmatrix gives it); tests/test_tile.cc reads B
+// with .x2 (B_NK .x4 for two n-tiles should work alike: not tested yet).
+void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j, const Frag4 &a,
+             const Reg *b2, const Frag4 *c = nullptr);
+
 // Packs the f32 C fragments j, j+1 of t (16 rows x 16 columns) into the A
 // fragment of the same 16x16 block (P in O += P V: the C layout of an m16n8
 // pair is the A layout of m16k16, PTX ISA fragment figures).
