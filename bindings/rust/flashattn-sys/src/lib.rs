@@ -18,7 +18,7 @@ use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
 pub const FLASHATTN_VERSION_MINOR: u32 = 5;
-pub const FLASHATTN_VERSION_PATCH: u32 = 0;
+pub const FLASHATTN_VERSION_PATCH: u32 = 1;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
     FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
