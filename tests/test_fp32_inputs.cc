@@ -375,13 +375,20 @@ std::string run_case(fa_runtime *rt, const Case &c) {
   return err + t.verdict(c.describe());
 }
 
-void run_all(fa_runtime *rt, const std::vector<Case> &cases) {
+// Runs every case through `run` (run_case, run_decode_case); fails the
+// test with their reports when any failed.
+template <typename C, typename Run>
+void run_cases(fa_runtime *rt, const std::vector<C> &cases, Run run, const char *what) {
   std::string all;
-  for (const Case &c : cases) all += run_case(rt, c);
+  for (const C &c : cases) all += run(rt, c);
   if (!all.empty()) {
     std::printf("%s", all.c_str());
-    fail_msg("fp32 forward cases failed");
+    fail_msg("fp32 %s cases failed", what);
   }
+}
+
+void run_all(fa_runtime *rt, const std::vector<Case> &cases) {
+  run_cases(rt, cases, run_case, "forward");
 }
 
 std::vector<Case> base_cases() {
@@ -618,12 +625,7 @@ std::string run_decode_case(fa_runtime *rt, const DCase &c) {
 }
 
 void run_decode_all(fa_runtime *rt, const std::vector<DCase> &cases) {
-  std::string all;
-  for (const DCase &c : cases) all += run_decode_case(rt, c);
-  if (!all.empty()) {
-    std::printf("%s", all.c_str());
-    fail_msg("fp32 decode cases failed");
-  }
+  run_cases(rt, cases, run_decode_case, "decode");
 }
 
 // Every KV layout, GQA packing, chunked prefill (seqlen_q > 1, causal),
