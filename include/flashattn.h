@@ -45,8 +45,8 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 5
-#define FLASHATTN_VERSION_PATCH 1
+#define FLASHATTN_VERSION_MINOR 6
+#define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
   (FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH)
@@ -291,14 +291,33 @@ typedef struct fa_config_desc {
                        quantises the new rows, see k_new); head_dim and
                        head_dim_v multiples of 16 (else UNSUPPORTED). 64-bit
                        so that 0.4's struct, padding included, ends where it
-                       begins (as fa_generate_options.sinks) */
+                       begins (as fa_generate_options.sinks). With q_dtype
+                       fp8: fa_launch (the fp8 forward) */
+  /* Since 0.6 (FA_CONFIG_DESC_SIZE_0_5 ends before it; zero = as 0.5). */
+  int64_t q_dtype; /* 0 = dtype; FA_DTYPE_FP8_E4M3 or FA_DTYPE_FP8_E5M2: Q is
+                      fp8 bytes too, with an fp8 kv_dtype (else
+                      INVALID_ARGUMENT): the fp8 forward of
+                      FlashAttention-3, fa_launch only (fa_decode:
+                      UNSUPPORTED), sm_89+ (else UNSUPPORTED). A Q element's
+                      value is fp8(byte) * q_descale (fa_forward_args).
+                      S = Q K^T and O = P V run on fp8 tensor cores
+                      (mma.sync m16n8k32, f32 accumulation; PTX ISA
+                      "Matrix Fragments for mma.m16n8k32"), P rounded to e4m3
+                      (round to nearest even: a relative error of at most
+                      2^-4 per probability, none for the row sums, which
+                      stay f32); O written in dtype (FA_DTYPE_FP16 or
+                      FA_DTYPE_BF16), LSE in fp32. head_dim and head_dim_v
+                      multiples of 16; q/k/v data 16-byte aligned, strides
+                      multiples of 16 elements */
 } fa_config_desc;
 
 /* struct_size of fa_config_desc in flashattn 0.4 (before kv_dtype). */
 #define FA_CONFIG_DESC_SIZE_0_4 (offsetof(fa_config_desc, kv_dtype))
+/* struct_size of fa_config_desc in flashattn 0.5 (before q_dtype). */
+#define FA_CONFIG_DESC_SIZE_0_5 (offsetof(fa_config_desc, q_dtype))
 
 #define FA_CONFIG_DESC_INIT \
-  { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f, 0 }
+  { sizeof(fa_config_desc), FA_DTYPE_FP16, 0, 0, 0, 0, 0, -1, -1, 0.0f, 0.0f, 0, 0 }
 
 /* Validates desc and creates a config. Errors: INVALID_ARGUMENT (null,
  * struct_size, dtype, heads not divisible, negative window other than -1,
@@ -501,7 +520,7 @@ typedef struct fa_forward_args {
                                     num_heads_q), or 0 = one [num_heads_q] row
                                     for the whole batch; 0 when alibi_slopes is
                                     0 */
-  uint64_t k_descale, v_descale; /* fp8 KV (fa_config_desc.kv_dtype) only:
+  uint64_t k_descale, v_descale; /* fp8 K/V (fa_config_desc.kv_dtype) only:
                                     fp32, 4-byte aligned, or 0 = 1.0: descale
                                     of (b, h_kv) at k_descale[b *
                                     descale_stride[0] + h_kv *
@@ -509,6 +528,11 @@ typedef struct fa_forward_args {
   int64_t descale_stride[2];     /* elements, >= 0; {0, 0} = one value per
                                     tensor (FA3's [batch, num_heads_kv]
                                     descales: {num_heads_kv, 1}) */
+  /* Since 0.6 (FA_FORWARD_ARGS_SIZE_0_5 ends before it; zero = as 0.5). */
+  uint64_t q_descale; /* fp8 Q (fa_config_desc.q_dtype) only: as k_descale
+                         (the same descale_stride; FA3's q_descale [batch,
+                         num_heads_kv]: every query head of a KV head's
+                         group shares it), or 0 = 1.0 */
 } fa_forward_args;
 
 /* struct_size of fa_forward_args in flashattn 0.2 (before kv). */
@@ -517,6 +541,8 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_SIZE_0_4 (offsetof(fa_forward_args, sinks))
 /* struct_size of fa_forward_args in flashattn 0.4.1 (before alibi_slopes). */
 #define FA_FORWARD_ARGS_SIZE_0_4_1 (offsetof(fa_forward_args, alibi_slopes))
+/* struct_size of fa_forward_args in flashattn 0.5 (before q_descale). */
+#define FA_FORWARD_ARGS_SIZE_0_5 (offsetof(fa_forward_args, q_descale))
 
 #define FA_TENSOR_INIT \
   {                    \
@@ -527,16 +553,15 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, 0, 0, {         \
-      0, 0                                                                            \
-    }                                                                                 \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, 0, 0, {0, 0}, 0 \
   }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
  * config generates, compiles and caches its kernel. struct_size may be
- * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_4_1 (no ALiBi),
- * FA_FORWARD_ARGS_SIZE_0_4 (no sinks) or FA_FORWARD_ARGS_SIZE_0_2. With
+ * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_5 (no q_descale),
+ * FA_FORWARD_ARGS_SIZE_0_4_1 (no ALiBi), FA_FORWARD_ARGS_SIZE_0_4 (no
+ * sinks) or FA_FORWARD_ARGS_SIZE_0_2. With
  * sinks, the gpt-oss softmax (see fa_forward_args.sinks; openai/gpt-oss
  * gpt_oss/torch/model.py sdpa, FlashAttention-3's learnable sink), in every
  * forward kernel. With alibi_slopes, ALiBi's linear bias (see

@@ -281,6 +281,25 @@ fa_status validate_descales(const fa::AttentionConfig &c, uint64_t kd, uint64_t 
   return FA_SUCCESS;
 }
 
+// The fp8 forward's Q (since 0.6): q_descale only with an fp8 q_dtype,
+// 4-byte aligned; q in whole 16-byte chunks (16 elements), as K and V.
+fa_status validate_q_fp8(const fa::AttentionConfig &c, const fa_forward_args &a) {
+  if (c.q_fp8 == fa::KvFp8::None) {
+    FA_REQUIRE(a.q_descale == 0,
+               "q_descale is for an fp8 Q (the config's q_dtype FA_DTYPE_FP8_E4M3 or "
+               "FA_DTYPE_FP8_E5M2); set it to 0");
+    return FA_SUCCESS;
+  }
+  FA_CHECK(check_fp32_ptr("q_descale", a.q_descale, false));
+  for (int i = 0; i < 3; ++i) {
+    FA_REQUIRE(a.q.stride[i] % 16 == 0,
+               "q.stride[%d] must be a multiple of 16 elements with an fp8 Q (16-byte rows of "
+               "fp8 bytes), got %lld",
+               i, static_cast<long long>(a.q.stride[i]));
+  }
+  return FA_SUCCESS;
+}
+
 // The rows of a GQA group (group * seqlen_q), which the decode kernel
 // indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
 // A rotary table's fa_dtype: 0 or FP32 (f32), or the config's 16-bit dtype.
@@ -437,11 +456,13 @@ fa_status validate_reduce(const fa_reduce_args *a) {
 
 fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
   FA_REQUIRE(desc != nullptr, "desc is NULL");
-  // A 0.4-sized desc (before kv_dtype) reads as kv_dtype 0.
+  // A 0.4-sized desc (before kv_dtype) reads as kv_dtype 0, a 0.5-sized one
+  // (before q_dtype) as q_dtype 0.
   fa_config_desc wide;
-  if (desc->struct_size == FA_CONFIG_DESC_SIZE_0_4) {
+  if (desc->struct_size == FA_CONFIG_DESC_SIZE_0_4 ||
+      desc->struct_size == FA_CONFIG_DESC_SIZE_0_5) {
     std::memset(&wide, 0, sizeof wide);
-    std::memcpy(&wide, desc, FA_CONFIG_DESC_SIZE_0_4);
+    std::memcpy(&wide, desc, desc->struct_size);
     wide.struct_size = sizeof wide;
     desc = &wide;
   }
@@ -521,6 +542,18 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
                   static_cast<int>(d->kv_dtype), d->head_dim, dv);
     }
     c->kv_fp8 = static_cast<fa::KvFp8>(d->kv_dtype);
+  }
+  FA_REQUIRE(
+      d->q_dtype == 0 || d->q_dtype == FA_DTYPE_FP8_E4M3 || d->q_dtype == FA_DTYPE_FP8_E5M2,
+      "q_dtype must be 0 (= dtype), FA_DTYPE_FP8_E4M3 (4) or FA_DTYPE_FP8_E5M2 (5), got %lld",
+      static_cast<long long>(d->q_dtype));
+  if (d->q_dtype != 0) {
+    // The fp8 forward: Q, K and V all fp8 (FlashAttention-3's fp8 forward).
+    FA_REQUIRE(d->kv_dtype != 0,
+               "an fp8 Q (q_dtype %d) needs an fp8 K and V too: set kv_dtype to "
+               "FA_DTYPE_FP8_E4M3 or FA_DTYPE_FP8_E5M2",
+               static_cast<int>(d->q_dtype));
+    c->q_fp8 = static_cast<fa::KvFp8>(d->q_dtype);
   }
   return FA_SUCCESS;
 }
@@ -858,11 +891,13 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(
-        args, {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4, FA_FORWARD_ARGS_SIZE_0_4_1},
-        &a));
+    FA_CHECK(widen_args(args,
+                        {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4,
+                         FA_FORWARD_ARGS_SIZE_0_4_1, FA_FORWARD_ARGS_SIZE_0_5},
+                        &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
     FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k, a.v));
+    FA_CHECK(validate_q_fp8(cfg->cfg, a));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
 }

@@ -798,15 +798,32 @@ void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v,
   }
 }
 
+Reg load_descale(Emitter &e, size_t ptr_param, size_t stride_param, Reg bz, Reg kvh) {
+  ptx::Builder &b = e.b;
+  Reg raw = e.param(Type::U64, ptr_param);
+  Reg set = e.setp(Cmp::Ne, Type::U64, raw, imm(0));
+  Reg p = b.b64();
+  b.cvta_to_global(p, raw);
+  Reg i = e.op(Op::MulLo, Type::S64, e.s64(bz), e.param(Type::S64, stride_param));
+  b.op(Op::MadLo, Type::S64, i, e.s64(kvh), e.param(Type::S64, stride_param + 8), i);
+  Reg a = e.index64(p, i, 4);
+  Reg d = e.mov(Type::F32, fimm(1.0f));
+  b.when(set).ld(Space::Global, Type::F32, d, at(a), true);
+  return d;
+}
+
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0) {
   using P = ForwardParams;
   ptx::Builder &b = e.b;
   Reg qs[3], ks[3], vs[3];
+  // fp8 Q, K, V (the fp8 forward): one byte per element.
+  const int qb = spec.q_fp8 != KvFp8::None ? 1 : elem_bytes(spec.dtype);
+  const int kvb = spec.kv_fp8 != KvFp8::None ? 1 : elem_bytes(spec.dtype);
   for (int i = 0; i < 3; ++i) {
-    qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, elem_bytes(spec.dtype));
-    ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, elem_bytes(spec.dtype));
-    vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, elem_bytes(spec.dtype));
+    qs[i] = e.stride_bytes(offsetof(P, q_stride) + 8 * i, qb);
+    ks[i] = e.stride_bytes(offsetof(P, k_stride) + 8 * i, kvb);
+    vs[i] = e.stride_bytes(offsetof(P, v_stride) + 8 * i, kvb);
   }
   ForwardBases fb;
   fb.q_row = qs[1];

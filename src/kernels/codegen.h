@@ -210,6 +210,11 @@ struct ForwardBases {
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0);
 
+// The fp32 descale of (batch bz, KV head kvh) from a descale pointer
+// parameter at `ptr_param` (0 = 1.0) and the {int64, int64} descale_stride
+// at `stride_param` (elements): ptr[bz stride[0] + kvh stride[1]], one load.
+Reg load_descale(Emitter &e, size_t ptr_param, size_t stride_param, Reg bz, Reg kvh);
+
 // Head h's attention sink (spec.sinks) in the log2 domain: sinks[h] *
 // log2(e), read from ForwardParams::sinks at params_base +
 // offsetof(ForwardParams, sinks) (params_base: where ForwardParams sits in

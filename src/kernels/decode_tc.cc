@@ -486,18 +486,7 @@ class DecodeTcGen {
   // The fp32 descale of (batch, KV head) at the pointer parameter `param`
   // (DecodeParams::k_descale / v_descale), or 1 when it is 0.
   Reg descale(size_t param) {
-    Reg raw = e_.param(Type::U64, param);
-    Reg set = e_.setp(Cmp::Ne, Type::U64, raw, imm(0));
-    Reg p = b_.b64();
-    b_.cvta_to_global(p, raw);
-    Reg i =
-        e_.op(Op::MulLo, Type::S64, e_.s64(bz_), e_.param(Type::S64, offsetof(P, descale_stride)));
-    b_.op(Op::MadLo, Type::S64, i, e_.s64(kvh_),
-          e_.param(Type::S64, offsetof(P, descale_stride) + 8), i);
-    Reg a = e_.index64(p, i, 4);
-    Reg d = e_.mov(Type::F32, fimm(1.0f));
-    b_.when(set).ld(Space::Global, Type::F32, d, at(a), true);
-    return d;
+    return load_descale(e_, param, offsetof(P, descale_stride), bz_, kvh_);
   }
 
   // Warp tile i of this warp starts at key n0 + (warp + i W) 16.

@@ -630,7 +630,7 @@ void forward_steps(const KernelSpec &spec, ForwardParams *p) {
   if (spec.kind != KernelKind::Forward || !spec.mma) return;
   const Layout l = layout(spec);
   const int threads = 32 * spec.num_warps;
-  const int eb = elem_bytes(spec.dtype);
+  const int eb = spec.kv_fp8 != KvFp8::None ? 1 : elem_bytes(spec.dtype);  // fp8 K/V: bytes
   p->k_tile_bytes = int64_t(spec.block_n) * p->k_stride[1] * eb;
   p->v_tile_bytes = int64_t(spec.block_n) * p->v_stride[1] * eb;
   p->k_round_bytes = int64_t(CopyPlan::round_rows(threads, l.k)) * p->k_stride[1] * eb;

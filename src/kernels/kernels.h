@@ -46,6 +46,7 @@ struct AttentionConfig {
   float softmax_scale = 0;     // resolved (> 0)
   float softcap = 0;           // 0 = off
   KvFp8 kv_fp8 = KvFp8::None;  // K and V (the KV cache) hold fp8 bytes
+  KvFp8 q_fp8 = KvFp8::None;   // Q holds fp8 bytes too: the fp8 forward (with kv_fp8)
 };
 
 // A config of the given shape, no masking (tests and benchmarks).
@@ -138,6 +139,12 @@ struct KernelSpec {
   // the K tile in shared memory. Off: the PTX and serialize() are those of a
   // spec without it.
   bool v_in_k = false;
+  // Forward: the fp8 forward (FlashAttention-3's): Q (q_fp8) and K, V
+  // (kv_fp8) hold fp8 bytes and both products run on fp8 tensor cores
+  // (mma.sync m16n8k32, sm_89+), P rounded to e4m3; O in dtype. Descales in
+  // Fp8ForwardParams. None: the PTX and serialize() are those of a spec
+  // without the field.
+  KvFp8 q_fp8 = KvFp8::None;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -233,6 +240,15 @@ struct ForwardParams {
   int64_t alibi_slopes_stride;
 };
 
+// The fp8 forward's parameter block (spec.q_fp8): ForwardParams, then the
+// fp32 descales of Q, K and V (0 = 1.0), the one of (b, h_kv) at element
+// b descale_stride[0] + h_kv descale_stride[1], 4-byte aligned.
+struct Fp8ForwardParams {
+  ForwardParams f;
+  uint64_t q_descale, k_descale, v_descale;
+  int64_t descale_stride[2];
+};
+
 // The sm_90a forward's parameter block: ForwardParams, then the TMA
 // descriptors of Q, K and V (128 bytes each, 64-byte aligned; the driver's
 // CUtensorMap on a GPU, emu::TensorMap on the emulator), read by
@@ -316,12 +332,14 @@ inline size_t decode_params_size(const KernelSpec &spec) {
   return spec.tree_mask ? offsetof(DecodeParams, alibi_slopes) : offsetof(DecodeParams, tree_mask);
 }
 
-// The parameter block a forward kernel declares: ForwardParams with ALiBi;
+// The parameter block a forward kernel declares: Fp8ForwardParams for the
+// fp8 forward; ForwardParams with ALiBi;
 // else with sinks its fields before alibi_slopes, without them those
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (spec.wgmma) return sizeof(WgmmaParams);
+  if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);
   return spec.sinks ? offsetof(ForwardParams, alibi_slopes) : offsetof(ForwardParams, sinks);
 }

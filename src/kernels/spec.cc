@@ -100,9 +100,15 @@ bool spec_valid(const KernelSpec &s) {
   if (s.alibi && s.kind == KernelKind::Reduce) return false;
   // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
   // whole 16-byte chunks of fp8 bytes.
+  // The fp8 forward (q_fp8, with kv_fp8): the mma.sync forward on sm_89+.
+  const bool fp8_fwd = s.q_fp8 != KvFp8::None;
   if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
-                                  !(s.kind == KernelKind::Decode && s.mma && s.sm >= 89 &&
-                                    s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
+                                  !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
+                                    s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
+    return false;
+  if (fp8_fwd &&
+      ((s.q_fp8 != KvFp8::E4M3 && s.q_fp8 != KvFp8::E5M2) || s.kind != KernelKind::Forward ||
+       s.kv_fp8 == KvFp8::None || s.wgmma || s.dtype == Dtype::F32 || s.block_n % 32 != 0))
     return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
@@ -189,7 +195,10 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   };
   // Q stays in registers only for head dims up to 64: larger sets of Q
   // fragments crowd the accumulators into spills.
-  const bool qr = dpad <= 64;
+  // An fp8 Q row of d bytes is held as d / 2 16-bit columns: its fragments
+  // take half the registers.
+  const int qpad = s->q_fp8 != KvFp8::None ? dpad / 2 : dpad;
+  const bool qr = qpad <= 64;
   // Past 256 one more, smallest: 2 warps (32 rows) x 32 keys, so that Q,
   // K and V at 576 fit the 99 KB of sm_86/89/120 (4 warps x 32 keys: 126 KB).
   const Cand base[] = {{2, 4, 64, qr},    {2, 4, 64, false}, {1, 4, 64, qr},   {1, 4, 64, false},
@@ -214,7 +223,7 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     // (the margin that keeps every fp32 head dim of tests/test_ptxas free of
     // spills; d 112 and 216 spilled with 16 alone).
     const int chunks = (c.block_n * std::max(dpad, dvpad) / 8 + 32 * c.warps - 1) / (32 * c.warps);
-    const int regs = forward_regs(dpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) +
+    const int regs = forward_regs(qpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) +
                      (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0);
     // An estimate past 255 is only a fallback: when no candidate fits
     // within 255, the one with the fewest estimated registers among those
@@ -365,6 +374,10 @@ std::string KernelSpec::serialize() const {
     put32(o, dv_split);
   }
   if (v_in_k) o.push_back('K');  // only when on
+  if (q_fp8 != KvFp8::None) {    // only when on
+    o.push_back('Q');
+    o.push_back(static_cast<char>(q_fp8));
+  }
   return o;
 }
 
@@ -389,7 +402,8 @@ std::string KernelSpec::describe() const {
           : rotary == 2 ? " rope_interleaved"
                         : "") +
          (rotary_half_table ? " rope_table16" : "") +
-         (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "");
+         (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
+         (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -427,8 +441,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   // on their way into shared memory) take the mma.sync forward there too.
   // head_dim_v past 256: O in slices (KernelSpec::dv_split), on mma.sync.
   const bool big = s.head_dim > 256 || s.head_dim_v > 256;
+  // The fp8 forward runs on mma.sync (m16n8k32) on every SM, sm_90 included.
+  const bool fp8_fwd = kind == KernelKind::Forward && cfg.q_fp8 != KvFp8::None;
   if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big) {
+      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big && !fp8_fwd) {
     // TMA where it can address Q, K and V as boxes; else the producer
     // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
     s.varlen = varlen;
@@ -442,6 +458,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.mma = true;
     s.stages = 1;
     s.dv_split = choose_dv_split(s.head_dim_v);
+    if (fp8_fwd) {  // its shared-memory layout differs: before the tile choice
+      s.q_fp8 = cfg.q_fp8;
+      s.kv_fp8 = cfg.kv_fp8;
+    }
     choose_forward_tile(dev, &s);
   } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
@@ -497,6 +517,9 @@ int ptx_isa_version(const KernelSpec &spec) {
   if (spec.sm <= 87) return 74;
   // The fp8 cvt (cvt.rn.f16x2.{e4m3x2,e5m2x2}): PTX ISA 8.1 on sm_89, 7.8 on
   // sm_90 (as ptxas 13 applies them).
+  // The fp8 mma (mma.sync.aligned.m16n8k32 with e4m3/e5m2): PTX ISA 8.4 on
+  // sm_89 and sm_90 (as ptxas 13 applies it).
+  if (spec.q_fp8 != KvFp8::None && spec.sm <= 90) return 84;
   if (spec.sm == 89 && spec.kv_fp8 != KvFp8::None) return 81;
   if (spec.sm <= 90) return 78;
   if (spec.sm == 100) return 86;
@@ -535,11 +558,13 @@ std::string entry_name(const KernelSpec &s) {
           : s.rotary == 2 ? "_ropeint"
                           : "") +
          (s.rotary_half_table ? "16" : "") +
-         (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "");
+         (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
+         (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
+  if (spec.q_fp8 != KvFp8::None) return {};  // the fp8 forward's generator: next commit
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
   if (spec.wgmma) return kgen::generate_forward_wgmma(spec);

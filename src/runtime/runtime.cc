@@ -84,10 +84,27 @@ fa_status decode_too_large() {
 
 fa_status check_fp8_kv(const AttentionConfig &cfg, const KernelSpec &spec) {
   if (cfg.kv_fp8 == KvFp8::None || spec.kind == KernelKind::Reduce) return FA_SUCCESS;
-  if (spec.kind == KernelKind::Forward) {
+  if (cfg.q_fp8 != KvFp8::None && spec.kind == KernelKind::Decode) {
     return fail(FA_ERROR_UNSUPPORTED,
-                "an fp8 KV cache (kv_dtype) runs in fa_decode only in this version (chunked "
-                "prefill over an fp8 cache: fa_decode with seqlen_q > 1); fa_launch refuses it");
+                "an fp8 Q (q_dtype) is for fa_launch (the fp8 forward); fa_decode takes a "
+                "16-bit Q over an fp8 KV cache (a config with q_dtype 0)");
+  }
+  if (spec.kind == KernelKind::Forward && cfg.q_fp8 == KvFp8::None) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "an fp8 KV cache (kv_dtype) with a 16-bit Q runs in fa_decode only (chunked "
+                "prefill over an fp8 cache: fa_decode with seqlen_q > 1); fa_launch takes fp8 "
+                "K/V with an fp8 Q (q_dtype, the fp8 forward)");
+  }
+  if (spec.kind == KernelKind::Forward && spec.sm < 89) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the fp8 forward (q_dtype) needs sm_89 or newer (mma.sync m16n8k32 with "
+                "e4m3/e5m2), the device is sm_%d",
+                spec.sm);
+  }
+  if (spec.kind == KernelKind::Forward && spec.q_fp8 != cfg.q_fp8) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the fp8 forward (q_dtype) runs in the tensor-core forward kernel only, not "
+                "the scalar one (FLASHATTN_SCALAR_FORWARD)");
   }
   if (spec.sm < 89) {
     return fail(FA_ERROR_UNSUPPORTED,
@@ -442,6 +459,17 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
+  if (spec.q_fp8 != KvFp8::None) {
+    Fp8ForwardParams fp;
+    std::memset(&fp, 0, sizeof fp);
+    fp.f = p;
+    fp.q_descale = a.q_descale;
+    fp.k_descale = a.k_descale;
+    fp.v_descale = a.v_descale;
+    fp.descale_stride[0] = a.descale_stride[0];
+    fp.descale_stride[1] = a.descale_stride[1];
+    return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &fp, sizeof fp, stream);
+  }
   if (spec.wgmma) {
     wp.f = p;
     return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &wp, sizeof wp, stream);
