@@ -1688,10 +1688,10 @@ class Parser {
   void decode_arith(const std::string &b, const Mods &m, const std::vector<Operand> &ops, Inst in,
                     const std::string &text) {
     static const std::map<std::string, int> nsrc = {
-        {"add", 2},  {"sub", 2},   {"mul", 2}, {"mad", 3}, {"fma", 3}, {"div", 2},
-        {"rem", 2},  {"min", 2},   {"max", 2}, {"neg", 1}, {"abs", 1}, {"and", 2},
-        {"or", 2},   {"xor", 2},   {"not", 1}, {"shl", 2}, {"shr", 2}, {"rcp", 1},
-        {"sqrt", 1}, {"rsqrt", 1}, {"ex2", 1}, {"lg2", 1}, {"tanh", 1}};
+        {"add", 2},  {"sub", 2},   {"mul", 2}, {"mad", 3}, {"fma", 3},  {"div", 2},
+        {"rem", 2},  {"min", 2},   {"max", 2}, {"neg", 1}, {"abs", 1},  {"and", 2},
+        {"or", 2},   {"xor", 2},   {"not", 1}, {"shl", 2}, {"shr", 2},  {"rcp", 1},
+        {"sqrt", 1}, {"rsqrt", 1}, {"ex2", 1}, {"lg2", 1}, {"tanh", 1}, {"prmt", 3}};
     auto it = nsrc.find(b);
     if (it == nsrc.end()) error_at(line_, "unknown instruction '" + text + "'");
     no_other(m);
@@ -1762,6 +1762,15 @@ class Parser {
     }
     if (w != 32 && w != 64) bad("only 32- and 64-bit integer types are supported");
     const bool w32 = w == 32;
+    if (b == "prmt") {  // the default mode only (a mode is an `other` modifier: refused above)
+      if (!w32 || ti.kind != 'b') bad("prmt needs .b32");
+      in.op = Op::kPrmt;
+      in.d = dst(ops[0], 32);
+      in.a = src(ops[1], 32, false);
+      in.b = src(ops[2], 32, false);
+      in.c = src(ops[3], 32, false);
+      return emit(in, text);
+    }
     int dbits = w, abits = w, bbits = w, cbits = w;
     if (b == "add")
       in.op = w32 ? (s ? Op::kAddS32 : Op::kAdd32) : Op::kAdd64;

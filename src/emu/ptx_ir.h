@@ -185,6 +185,7 @@ enum class Op : uint16_t {
                  // (ss), b = B descriptor, c = scale-d (slot, nonzero = accumulate);
                  // operand_slots[imm..]: N/2 D slots, then 4 A slots (rs)
   kSetmaxnreg,   // setmaxnreg.{inc (sub 1), dec (sub 0)} imm
+  kPrmt,         // prmt.b32 d, a, b, c (default mode: byte selectors in c's nibbles)
   kNumOps
 };
 

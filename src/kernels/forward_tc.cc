@@ -36,9 +36,11 @@ struct Layout {
 
 Layout layout(const KernelSpec &s) {
   Layout l;
-  l.q = tile::smem_tile(0, s.block_m, s.head_dim);
-  l.k = tile::smem_tile(l.q.bytes(), s.block_n, s.head_dim);
-  l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, dv_slice(s));
+  // The fp8 forward: rows of fp8 bytes, as 16-bit columns of two bytes.
+  const int u = s.q_fp8 != KvFp8::None ? 2 : 1;
+  l.q = tile::smem_tile(0, s.block_m, s.head_dim / u);
+  l.k = tile::smem_tile(l.q.bytes(), s.block_n, s.head_dim / u);
+  l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, dv_slice(s) / u);
   l.o = tile::smem_tile(0, s.block_m, dv_slice(s));
   l.total = std::max(l.v.offset + l.v.bytes(), l.o.bytes());
   return l;
@@ -52,14 +54,17 @@ class ForwardTcGen {
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),  // fp32: rounded to bf16
-        f32_(spec.dtype == Dtype::F32) {
+        f32_(spec.dtype == Dtype::F32),
+        fp8_(spec.q_fp8 != KvFp8::None),
+        q8_(spec.q_fp8 == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3),
+        kv8_(spec.kv_fp8 == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3) {
     W_ = spec.num_warps;
     T_ = 32 * W_;
     MT_ = spec.m_tiles;
     nS_ = spec.block_n / 8;
-    kD_ = lay_.k.cols_pad / 16;
-    nO_ = lay_.v.cols_pad / 8;
-    kP_ = spec.block_n / 16;
+    kD_ = lay_.k.cols_pad / 16;  // k16 steps, or k32 of fp8 bytes
+    nO_ = fp8_ ? lay_.v.cols_pad / 4 : lay_.v.cols_pad / 8;
+    kP_ = spec.block_n / (fp8_ ? 32 : 16);
   }
 
   std::string run() {
@@ -119,6 +124,17 @@ class ForwardTcGen {
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
     Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
+    if (fp8_) {
+      // Q's and K's descales of (batch, KV head) scale every score of the
+      // CTA (with softcap the scale lives in its -2 log2(e) constant).
+      using F = Fp8ForwardParams;
+      Reg qk =
+          e_.op(Op::Mul, Type::F32,
+                load_descale(e_, offsetof(F, q_descale), offsetof(F, descale_stride), bz, kvh),
+                load_descale(e_, offsetof(F, k_descale), offsetof(F, descale_stride), bz, kvh));
+      Reg &sc = spec_.softcap ? cap_.neg2 : score_scale_;
+      b_.op(Op::Mul, Type::F32, sc, sc, qk);
+    }
     q_ptr_ = e_.global_param(offsetof(P, q));
     k_ptr_ = e_.global_param(offsetof(P, k));
     v_ptr_ = e_.global_param(offsetof(P, v));
@@ -127,7 +143,7 @@ class ForwardTcGen {
     if (spec_.dv_split > 1) {
       // This CTA's slice of V's columns (KernelSpec::dv_split).
       fb.vr.base = e_.index(fb.vr.base, dv_slice_index(e_, spec_),
-                            dv_slice(spec_) * elem_bytes(spec_.dtype));
+                            dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
       fb.v_bh = fb.vr.base;
     }
     sq_ = fb.sq;
@@ -192,7 +208,7 @@ class ForwardTcGen {
 
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, wrow_);
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, smem_, Reg());
-    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, smem_, Reg());
+    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, fp8_ ? Role::B_KN_T8 : Role::B_KN_T, smem_, Reg());
   }
 
   // ALiBi: the CTA's coefficient (tile::alibi_coef) and each of the
@@ -344,6 +360,8 @@ class ForwardTcGen {
     }
     kb_ = tile::frag4(b_);
     vb_ = kb_;
+    if (fp8_)
+      for (int i = 0; i < 2; ++i) ve_[i] = b_.b32(), vo_[i] = b_.b32();
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     for (int mi = 0; mi < MT_; ++mi) pa_.push_back(tile::frag4(b_));
     n_ = e_.mov(Type::S32, top_);
@@ -420,6 +438,11 @@ class ForwardTcGen {
         tile::ldsm(b_, Role::B_NK, kb_, k_lm_, lay_.k.at(16 * jp, 16 * ks));
         for (int mi = 0; mi < MT_; ++mi) {
           const Frag4 &a = qf_[mi][spec_.q_in_regs ? ks : 0];
+          if (fp8_) {  // k32 steps of fp8 bytes
+            tile::mma_fp8(b_, q8_, kv8_, s_[mi], 2 * jp, a, &kb_[0], c);
+            tile::mma_fp8(b_, q8_, kv8_, s_[mi], 2 * jp + 1, a, &kb_[2], c);
+            continue;
+          }
           tile::mma(b_, half_, s_[mi], 2 * jp, a, &kb_[0], c);
           tile::mma(b_, half_, s_[mi], 2 * jp + 1, a, &kb_[2], c);
         }
@@ -472,6 +495,7 @@ class ForwardTcGen {
 
   // O += P V_n: P's A fragments are the packed S fragments (tile::pack_a).
   void accumulate_pv() {
+    if (fp8_) return accumulate_pv_fp8();
     b_.comment("O += P V");
     for (int t = 0; t < kP_; ++t) {
       for (int mi = 0; mi < MT_; ++mi) tile::pack_a(b_, half_, s_[mi], 2 * t, pa_[mi]);
@@ -480,6 +504,25 @@ class ForwardTcGen {
         for (int mi = 0; mi < MT_; ++mi) {
           tile::mma(b_, half_, o_[mi], 2 * jp, pa_[mi], &vb_[0]);
           tile::mma(b_, half_, o_[mi], 2 * jp + 1, pa_[mi], &vb_[2]);
+        }
+      }
+    }
+  }
+
+  // The fp8 forward's O += P V_n, per k32 step (32 keys): P rounded to e4m3
+  // in the key order of tile::pack_a_fp8; per 16-byte column chunk c of V
+  // one ldmatrix .trans and tile::v_frags_fp8 give the even and the odd
+  // columns of the chunk: O blocks 2c and 2c + 1 (epilogue_fp8's layout).
+  void accumulate_pv_fp8() {
+    b_.comment("O += P V (fp8)");
+    for (int t = 0; t < kP_; ++t) {
+      for (int mi = 0; mi < MT_; ++mi) tile::pack_a_fp8(b_, s_[mi], 4 * t, pa_[mi]);
+      for (int c = 0; c < nO_ / 2; ++c) {
+        tile::ldsm(b_, Role::B_KN_T8, vb_, v_lm_, lay_.v.at(32 * t, 8 * c));
+        tile::v_frags_fp8(b_, vb_, ve_, vo_);
+        for (int mi = 0; mi < MT_; ++mi) {
+          tile::mma_fp8(b_, ptx::Fp8::E4M3, kv8_, o_[mi], 2 * c, pa_[mi], ve_);
+          tile::mma_fp8(b_, ptx::Fp8::E4M3, kv8_, o_[mi], 2 * c + 1, pa_[mi], vo_);
         }
       }
     }
@@ -501,21 +544,25 @@ class ForwardTcGen {
       store_o_f32(cd, lse);
       return;
     }
-    // Stage: row wrow + 16 mi + g + 8 hh, columns 8j + 2q, 2q+1 (4 bytes).
     const tile::Lanes &ln = cd.ln;
     Reg smem = e_.mov(Type::U32, ptx::sym(smem_sym_));
-    Reg st = e_.op(Op::Add, Type::U32, cd.wrow, ln.g);
-    b_.op(Op::MadLo, Type::U32, st, st, imm(lay_.o.pitch), smem);
-    b_.op(Op::MadLo, Type::U32, st, ln.q, imm(4), st);
-    Reg hv = b_.b32();
-    for (int mi = 0; mi < MT_; ++mi)
-      for (int hh = 0; hh < 2; ++hh)
-        for (int j = 0; j < nO_; ++j) {
-          if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
-          const Frag4 &f = o_[mi].f[j];
-          b_.cvt_pack(half_, hv, f[2 * hh + 1], f[2 * hh]);
-          b_.st(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 8 * j)), hv);
-        }
+    if (fp8_) {
+      stage_o_fp8(cd, smem);
+    } else {
+      // Stage: row wrow + 16 mi + g + 8 hh, columns 8j + 2q, 2q+1 (4 bytes).
+      Reg st = e_.op(Op::Add, Type::U32, cd.wrow, ln.g);
+      b_.op(Op::MadLo, Type::U32, st, st, imm(lay_.o.pitch), smem);
+      b_.op(Op::MadLo, Type::U32, st, ln.q, imm(4), st);
+      Reg hv = b_.b32();
+      for (int mi = 0; mi < MT_; ++mi)
+        for (int hh = 0; hh < 2; ++hh)
+          for (int j = 0; j < nO_; ++j) {
+            if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
+            const Frag4 &f = o_[mi].f[j];
+            b_.cvt_pack(half_, hv, f[2 * hh + 1], f[2 * hh]);
+            b_.st(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 8 * j)), hv);
+          }
+    }
     b_.bar_warp_sync(0xffffffffu);  // the warp reads back only its own rows
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
@@ -542,6 +589,43 @@ class ForwardTcGen {
       b_.when(ok).st_v(Space::Global, Type::B32, at(ga), {v[0], v[1], v[2], v[3]});
     }
     store_lse(cd, out, sq, lse);
+  }
+
+  // The fp8 forward's O staging: V's descale of (batch, KV head) first, then
+  // per 16-column chunk c the lane's columns 16c + 4q .. + 3 of rows
+  // wrow + 16 mi + g + 8 hh (blocks 2c: even columns, 2c + 1: odd;
+  // tile::v_frags_fp8) as one st.shared.v2.b32.
+  void stage_o_fp8(const Coords &cd, Reg smem) {
+    using P = ForwardParams;
+    using F = Fp8ForwardParams;
+    const tile::Lanes &ln = cd.ln;
+    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg kvh = e_.op(Op::Div, Type::S32, h,
+                    e_.op(Op::Div, Type::S32, e_.param(Type::S32, offsetof(P, num_heads_q)),
+                          e_.param(Type::S32, offsetof(P, num_heads_kv))));
+    Reg vd = load_descale(e_, offsetof(F, v_descale), offsetof(F, descale_stride), bz, kvh);
+    for (const AccTile &o : o_)
+      for (const Frag4 &f : o.f)
+        for (Reg x : f) b_.op(Op::Mul, Type::F32, x, x, vd);
+    Reg st = e_.op(Op::Add, Type::U32, cd.wrow, ln.g);
+    b_.op(Op::MadLo, Type::U32, st, st, imm(lay_.o.pitch), smem);
+    b_.op(Op::MadLo, Type::U32, st, ln.q, imm(8), st);
+    const int dv = dv_slice(spec_);
+    Reg w[2] = {b_.b32(), b_.b32()};
+    for (int c = 0; 16 * c < dv; ++c) {
+      Reg ok;  // a chunk past the slice's last column: lanes up to it only
+      if (16 * c + 16 > dv) ok = e_.setp(Cmp::Lt, Type::U32, ln.q, imm((dv - 16 * c) / 4));
+      for (int mi = 0; mi < MT_; ++mi)
+        for (int hh = 0; hh < 2; ++hh) {
+          const Frag4 &ev = o_[mi].f[2 * c], &od = o_[mi].f[2 * c + 1];
+          b_.cvt_pack(half_, w[0], od[2 * hh], ev[2 * hh]);
+          b_.cvt_pack(half_, w[1], od[2 * hh + 1], ev[2 * hh + 1]);
+          auto &s = ok.valid() ? b_.when(ok) : b_;
+          s.st_v(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 16 * c)),
+                 {w[0], w[1]});
+        }
+    }
   }
 
   // fp32 O (FA_DTYPE_FP32): no rounding and no staging; each lane stores
@@ -601,6 +685,9 @@ class ForwardTcGen {
   Emitter e_;
   Type half_;
   bool f32_ = false;  // fp32 Q/K/V/O: converted to bf16 on load, O stored as fp32
+  bool fp8_ = false;  // the fp8 forward: Q, K, V fp8 bytes, mma m16n8k32
+  ptx::Fp8 q8_, kv8_;
+  Reg ve_[2], vo_[2];  // fp8: V's B fragments of a chunk's even and odd columns
   int W_ = 0, T_ = 0, MT_ = 1, nS_ = 0, kD_ = 0, nO_ = 0, kP_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_, cta_sym_;

@@ -106,9 +106,9 @@ bool spec_valid(const KernelSpec &s) {
                                   !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
                                     s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
     return false;
-  if (fp8_fwd &&
-      ((s.q_fp8 != KvFp8::E4M3 && s.q_fp8 != KvFp8::E5M2) || s.kind != KernelKind::Forward ||
-       s.kv_fp8 == KvFp8::None || s.wgmma || s.dtype == Dtype::F32 || s.block_n % 32 != 0))
+  if (fp8_fwd && ((s.q_fp8 != KvFp8::E4M3 && s.q_fp8 != KvFp8::E5M2) ||
+                  s.kind != KernelKind::Forward || s.kv_fp8 == KvFp8::None || s.wgmma ||
+                  s.dtype == Dtype::F32 || s.block_n % 32 != 0 || dv_slice(s) % 16 != 0))
     return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
@@ -161,13 +161,14 @@ bool spec_valid(const KernelSpec &s) {
 }
 
 // O's column slices for head_dim_v (KernelSpec::dv_split): none up to
-// 256, else the fewest slices of equal width (a multiple of 8) of at most
-// 256 columns: 2 for 272, 288, .., 512; 3 for 264 (88 each).
-int choose_dv_split(int dv) {
+// 256, else the fewest slices of equal width (a multiple of `unit`) of at
+// most 256 columns: 2 for 272, 288, .., 512; 3 for 264 (88 each). The fp8
+// forward's slices are whole 16-byte chunks (unit 16): 17 for 272.
+int choose_dv_split(int dv, int unit = 8) {
   if (dv <= 256) return 1;
-  for (int n = 2; 8 * n <= dv; ++n)
-    if (dv % (8 * n) == 0 && dv / n <= 256) return n;
-  return dv / 8;
+  for (int n = 2; unit * n <= dv; ++n)
+    if (dv % (unit * n) == 0 && dv / n <= 256) return n;
+  return dv / unit;
 }
 
 // Registers per thread a forward mma tile needs, estimated: f32
@@ -457,7 +458,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.varlen = varlen;
     s.mma = true;
     s.stages = 1;
-    s.dv_split = choose_dv_split(s.head_dim_v);
+    s.dv_split = choose_dv_split(s.head_dim_v, fp8_fwd ? 16 : 8);
     if (fp8_fwd) {  // its shared-memory layout differs: before the tile choice
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
@@ -564,7 +565,6 @@ std::string entry_name(const KernelSpec &s) {
 
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
-  if (spec.q_fp8 != KvFp8::None) return {};  // the fp8 forward's generator: next commit
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
   if (spec.wgmma) return kgen::generate_forward_wgmma(spec);

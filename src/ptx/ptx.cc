@@ -27,6 +27,7 @@ constexpr uint32_t kLogic = (1u << static_cast<int>(Type::B32)) |
                             (1u << static_cast<int>(Type::Pred));
 constexpr uint32_t kShl = (1u << static_cast<int>(Type::B32)) | (1u << static_cast<int>(Type::B64));
 constexpr uint32_t kShr = kShl | kInt;
+constexpr uint32_t kPrmt = 1u << static_cast<int>(Type::B32);
 constexpr uint32_t kS32F =
     (1u << static_cast<int>(Type::S32)) | (1u << static_cast<int>(Type::F32));
 
@@ -81,6 +82,7 @@ constexpr OpInfo kOps[] = {
     {"ex2.approx.ftz", kF, 1},
     {"lg2.approx.ftz", kF, 1},
     {"tanh.approx", kF, 1},
+    {"prmt", kPrmt, 3},
 };
 
 constexpr Piece kCmpNames[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "equ",
@@ -907,6 +909,14 @@ void Builder::unpack_b32(Reg lo, Reg hi, Reg a) {
   check_reg(in, hi, Type::B16, "destinations must be b16 registers");
   check_reg(in, a, Type::B32, "source must be a b32 register");
   Line(*this, in).vec({lo, hi}).reg(a).done();
+}
+
+void Builder::pack_b32(Reg d, Reg lo, Reg hi) {
+  Opcode in("mov.b32");
+  check_reg(in, d, Type::B32, "destination must be a b32 register");
+  check_reg(in, lo, Type::B16, "sources must be b16 registers");
+  check_reg(in, hi, Type::B16, "sources must be b16 registers");
+  Line(*this, in).reg(d).vec({lo, hi}).done();
 }
 
 void Builder::param_address(Reg d) {

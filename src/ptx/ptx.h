@@ -120,7 +120,11 @@ enum class Op : uint8_t {
   Sqrt,
   Ex2,
   Lg2,
-  Tanh  // f32 only
+  Tanh,  // f32 only
+  // prmt.b32 d, a, b, c (default mode): byte i of d is byte c[4i+2:4i] of
+  // the eight bytes {b, a} (a's bytes 0..3, b's 4..7), or that byte's sign
+  // replicated when c[4i+3] is set (PTX ISA "prmt"). b32 only.
+  Prmt
 };
 
 class Builder {
@@ -228,6 +232,9 @@ class Builder {
   // mov.b32 {lo, hi}, a: the b32 a's low and high halves to two b16
   // registers (PTX ISA "mov", vector unpack).
   void unpack_b32(Reg lo, Reg hi, Reg a);
+  // mov.b32 d, {lo, hi}: two b16 registers into the b32 d, lo in the low
+  // half (PTX ISA "mov", vector pack).
+  void pack_b32(Reg d, Reg lo, Reg hi);
 
   // ---- Hopper: sm_90a (PTX ISA 8.0) ----
   // `.target sm_90a` instead of `sm_<sm>` (wgmma and setmaxnreg need the

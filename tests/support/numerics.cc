@@ -97,12 +97,87 @@ std::vector<double> upload(Ctx &ctx, const std::vector<float> &host, int b, int 
   return rounded;
 }
 
+// The fp8 forward's inputs: host values [b, s, h, d] divided by the descale
+// of their (sequence, KV head), rounded to the nearest fp8 (saturating, as
+// cvt.rn.satfinite) into a new device tensor of bytes with view *t (padded:
+// gaps of whole 16-byte granules at every level); returns the dequantised
+// values fp8(byte) * descale, which the references take. seq (varlen: the
+// sequence of each packed row, else empty: the batch index); group: heads
+// per descale (the GQA group for Q, 1 for K and V); ds [sequence][hkv].
+std::vector<double> upload_fp8(Ctx &ctx, const std::vector<float> &host, int b, int s, int h, int d,
+                               bool e5m2, bool padded, const std::vector<double> &ds, int hkv,
+                               int group, const std::vector<int> &seq, fa_tensor *t) {
+  fa_tensor v;
+  v.data = 0;
+  v.stride[3] = 1;
+  v.stride[2] = padded ? d + 16 : d;
+  v.stride[1] = int64_t(h) * v.stride[2] + (padded ? 32 : 0);
+  v.stride[0] = int64_t(s) * v.stride[1] + (padded ? 48 : 0);
+  const size_t n = view_elems(v, b);
+  std::vector<uint8_t> dev(n, ref::fp8_from_double(7.0, e5m2));  // gaps: a finite filler
+  std::vector<double> rounded(host.size());
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < s; ++is)
+      for (int ih = 0; ih < h; ++ih) {
+        const double dsc = ds[size_t(seq.empty() ? ib : seq[is]) * hkv + ih / group];
+        for (int id = 0; id < d; ++id) {
+          const size_t src = ((size_t(ib) * s + is) * h + ih) * d + id;
+          const uint8_t byte = ref::fp8_from_double(host[src] / dsc, e5m2);
+          dev[offset(v, ib, is, ih, id)] = byte;
+          rounded[src] = ref::fp8_to_double(byte, e5m2) * dsc;
+        }
+      }
+  v.data = ctx.alloc(n);
+  if (v.data) ctx.check(fa_memcpy_htod(ctx.rt, v.data, dev.data(), n), "upload fp8");
+  *t = v;
+  return rounded;
+}
+
+// The fp8 forward's descales: fills (*ds)[which] [batch][hkv] (Q, K, V) and
+// sets a's pointers and descale_stride per ForwardCase::descale.
+void fp8_descales(Ctx &ctx, const ForwardCase &c, std::vector<double> ds[3], fa_forward_args *a) {
+  std::mt19937 gen(c.seed + 77);
+  std::uniform_real_distribution<double> uf(0.5, 2.0);
+  const int nb = c.batch, hkv = c.heads_kv;
+  uint64_t *ptr[3] = {&a->q_descale, &a->k_descale, &a->v_descale};
+  for (int w = 0; w < 3; ++w) {
+    const bool e5m2 = (w == 0 ? c.q_fp8 : c.kv_fp8) == FA_DTYPE_FP8_E5M2;
+    // Values of magnitude up to ~4 (N(0, 1) inputs) land near 448 / 57344.
+    const double unit = 4.0 / ref::fp8_max(e5m2);
+    ds[w].assign(size_t(nb) * hkv, 1.0);
+    if (c.descale == 0) continue;
+    if (c.descale == 1)
+      std::fill(ds[w].begin(), ds[w].end(), unit * uf(gen));
+    else
+      for (double &x : ds[w]) x = unit * uf(gen);
+    std::vector<float> dev;
+    if (c.descale == 1) {
+      dev = {float(ds[w][0])};
+    } else if (c.descale == 2) {  // [batch][hkv + 1]: a gap after each row
+      dev.assign(size_t(nb) * (hkv + 1), NAN);
+      for (int b = 0; b < nb; ++b)
+        for (int h = 0; h < hkv; ++h)
+          dev[size_t(b) * (hkv + 1) + h] = float(ds[w][size_t(b) * hkv + h]);
+    } else {  // [hkv][batch]
+      dev.assign(size_t(nb) * hkv, NAN);
+      for (int b = 0; b < nb; ++b)
+        for (int h = 0; h < hkv; ++h) dev[size_t(h) * nb + b] = float(ds[w][size_t(b) * hkv + h]);
+    }
+    for (size_t i = 0; i < ds[w].size(); ++i) ds[w][i] = double(float(ds[w][i]));  // as stored
+    if (c.descale == 1) ds[w].assign(ds[w].size(), double(dev[0]));
+    *ptr[w] = ctx.alloc(dev.size() * 4);
+    ctx.check(fa_memcpy_htod(ctx.rt, *ptr[w], dev.data(), dev.size() * 4), "descale");
+  }
+  a->descale_stride[0] = c.descale == 2 ? hkv + 1 : c.descale == 3 ? 1 : 0;
+  a->descale_stride[1] = c.descale == 2 ? 1 : c.descale == 3 ? nb : 0;
+}
+
 // The same attention computed the way a framework does it at low precision:
 // S in fp32, P rounded to dtype, O accumulated in fp32 and rounded to dtype.
 // Its error against fp64 is the yardstick (FlashAttention's test rule).
 std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
                                    const std::vector<double> &k, const std::vector<double> &v,
-                                   bool bf16, const int32_t *seqlens_k) {
+                                   bool bf16, const int32_t *seqlens_k, bool p_e4m3 = false) {
   const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int group = p.num_heads_q / p.num_heads_kv;
   const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
@@ -145,7 +220,13 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
         for (int c = 0; c < dv; ++c) {
           float acc = 0;
           for (long long j = lo; j <= hi; ++j) {
-            const float pj = ref::round_to(s[size_t(j)] / l, bf16);
+            // The fp8 forward rounds the unnormalised p to e4m3 (and divides
+            // the sum by the f32 l last).
+            const float pj =
+                p_e4m3
+                    ? float(ref::fp8_to_double(ref::fp8_from_double(s[size_t(j)], false), false)) /
+                          l
+                    : ref::round_to(s[size_t(j)] / l, bf16);
             acc +=
                 pj * float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + c]);
           }
@@ -158,9 +239,12 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
 
 // Compares a downloaded O [rows, dv] (float) and LSE with the references;
 // appends problems to err.
+// fp8 (the fp8 forward): the relative L2 bound is twice the framework's
+// (P in e4m3 carries up to 2^-4 relative error per element) when that is
+// above 1e-2.
 void judge(const char *what, const std::vector<float> &o, const std::vector<double> &o_ref,
            const std::vector<double> &o_lowp, const std::vector<float> &lse,
-           const std::vector<double> &lse_ref, std::string *err) {
+           const std::vector<double> &lse_ref, std::string *err, bool fp8 = false) {
   const ref::ErrorStats e = ref::compare(o.data(), o_ref.data(), o.size());
   std::vector<float> lowp_f(o_lowp.begin(), o_lowp.end());
   const ref::ErrorStats base = ref::compare(lowp_f.data(), o_ref.data(), o.size());
@@ -190,7 +274,9 @@ void judge(const char *what, const std::vector<float> &o, const std::vector<doub
     *err += std::string(buf) +
             " | non-finite or unwritten O elements: " + std::to_string(e.nonfinite) + "\n";
   if (e.max_abs > tol) *err += std::string(buf) + " | max_abs over tolerance\n";
-  if (e.rel_l2 >= 1e-2) *err += std::string(buf) + " | rel_l2 >= 1e-2\n";
+  const double rel_max = fp8 ? std::max(1e-2, 2.0 * base.rel_l2) : 1e-2;
+  if (e.rel_l2 >= rel_max)
+    *err += std::string(buf) + " | rel_l2 >= " + std::to_string(rel_max) + "\n";
   if (lse_bad)
     *err += std::string(buf) + " | LSE wrong -inf or unwritten: " + std::to_string(lse_bad) + "\n";
   if (lse_err > 2e-3) *err += std::string(buf) + " | LSE error over 2e-3\n";
@@ -288,8 +374,10 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
 
 // Creates the config for a case; false (with ctx.err set) on failure.
 bool create_config(Ctx &ctx, bool bf16, int d, int dv, int hq, int hkv, bool causal, int wl, int wr,
-                   float softcap, float scale, fa_config **cfg) {
+                   float softcap, float scale, fa_config **cfg, int q_fp8 = 0, int kv_fp8 = 0) {
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.q_dtype = q_fp8;
+  desc.kv_dtype = kv_fp8;
   desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
   desc.head_dim = d;
   desc.head_dim_v = dv;
@@ -316,6 +404,9 @@ std::string ForwardCase::describe() const {
   if (varlen && varlen_first_row) out += " first_row" + std::to_string(varlen_first_row);
   if (!sinks.empty()) out += " sinks";
   if (!alibi.empty()) out += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
+  if (q_fp8 || kv_fp8)
+    out += std::string(" q_") + (q_fp8 == FA_DTYPE_FP8_E5M2 ? "e5m2" : "e4m3") + " kv_" +
+           (kv_fp8 == FA_DTYPE_FP8_E5M2 ? "e5m2" : "e4m3") + " descale" + std::to_string(descale);
   return out;
 }
 
@@ -467,9 +558,10 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
   fa_config *&cfg = ctx.cfg;
   if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
-                     c.window_right, c.softcap, c.softmax_scale, &cfg)) {
+                     c.window_right, c.softcap, c.softmax_scale, &cfg, c.q_fp8, c.kv_fp8)) {
     return ctx.err;
   }
+  const bool fp8 = c.q_fp8 != 0;
 
   // Varlen packs all sequences as batch 1 along dim 1.
   int tq = c.seqlen_q, tk = c.seqlen_k, nb = c.batch;
@@ -494,12 +586,28 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   a.batch = c.batch;
   a.seqlen_q = c.seqlen_q;
   a.seqlen_k = c.seqlen_k;
-  const std::vector<double> q =
-      upload(ctx, qh, nb, tq, c.heads_q, c.head_dim, c.bf16, c.padded_strides, &a.q);
-  const std::vector<double> k =
-      upload(ctx, kh, nb, tk, c.heads_kv, c.head_dim, c.bf16, c.padded_strides, &a.k);
-  const std::vector<double> v =
-      upload(ctx, vh, nb, tk, c.heads_kv, dv, c.bf16, c.padded_strides, &a.v);
+  std::vector<double> q, k, v;
+  if (fp8) {
+    std::vector<double> ds[3];
+    fp8_descales(ctx, c, ds, &a);
+    std::vector<int> seq_q, seq_k;  // varlen: each packed row's sequence
+    for (int b = 0; c.varlen && b < c.batch; ++b) {
+      seq_q.insert(seq_q.end(), size_t(c.seqlens_q[b]), b);
+      seq_k.insert(seq_k.end(), size_t(c.seqlens_k[b]), b);
+    }
+    const bool q5 = c.q_fp8 == FA_DTYPE_FP8_E5M2, kv5 = c.kv_fp8 == FA_DTYPE_FP8_E5M2;
+    const int group = c.heads_q / c.heads_kv;
+    q = upload_fp8(ctx, qh, nb, tq, c.heads_q, c.head_dim, q5, c.padded_strides, ds[0], c.heads_kv,
+                   group, seq_q, &a.q);
+    k = upload_fp8(ctx, kh, nb, tk, c.heads_kv, c.head_dim, kv5, c.padded_strides, ds[1],
+                   c.heads_kv, 1, seq_k, &a.k);
+    v = upload_fp8(ctx, vh, nb, tk, c.heads_kv, dv, kv5, c.padded_strides, ds[2], c.heads_kv, 1,
+                   seq_k, &a.v);
+  } else {
+    q = upload(ctx, qh, nb, tq, c.heads_q, c.head_dim, c.bf16, c.padded_strides, &a.q);
+    k = upload(ctx, kh, nb, tk, c.heads_kv, c.head_dim, c.bf16, c.padded_strides, &a.k);
+    v = upload(ctx, vh, nb, tk, c.heads_kv, dv, c.bf16, c.padded_strides, &a.v);
+  }
   a.o = make_view(0, tq, c.heads_q, dv, c.padded_strides);
   const size_t o_elems = view_elems(a.o, nb);
   a.o.data = ctx.alloc(o_elems * 2);
@@ -536,7 +644,8 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
               "poison LSE");
   }
   fa_forward_args la = a;  // views moved back by `first` rows (never touched)
-  for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o}) t->data -= uint64_t(first * t->stride[1] * 2);
+  for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o})
+    t->data -= uint64_t(first * t->stride[1] * (fp8 && t != &la.o ? 1 : 2));
   ctx.check(fa_launch(rt, cfg, &la, nullptr), "fa_launch");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
@@ -571,7 +680,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     p.seqlen_q = c.seqlen_q;
     p.seqlen_k = c.seqlen_k;
     ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
-    o_lowp = lowp_attention(p, q, k, v, c.bf16, nullptr);
+    o_lowp = lowp_attention(p, q, k, v, c.bf16, nullptr, fp8);
   } else {
     // Sequence by sequence; LSE of varlen is [heads, total_q].
     o_lowp.resize(o.size());
@@ -590,7 +699,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
       const std::vector<double> vb(v.begin() + ko * dv,
                                    v.begin() + (ko + size_t(p.seqlen_k) * c.heads_kv) * dv);
       ref::attention(p, qb.data(), kb.data(), vb.data(), ob.data(), lb.data());
-      const std::vector<double> lp = lowp_attention(p, qb, kb, vb, c.bf16, nullptr);
+      const std::vector<double> lp = lowp_attention(p, qb, kb, vb, c.bf16, nullptr, fp8);
       std::copy(ob.begin(), ob.end(), o_ref.begin() + qo * dv);
       std::copy(lp.begin(), lp.end(), o_lowp.begin() + qo * dv);
       for (int h = 0; h < c.heads_q; ++h)
@@ -598,7 +707,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
           lse_ref[size_t(h) * tq + cu_q[b] + i] = lb[size_t(h) * p.seqlen_q + i];
     }
   }
-  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err, fp8);
   return err + ctx.err;
 }
 

@@ -35,6 +35,15 @@ struct ForwardCase {
   // [batch][alibi_stride], or empty = none.
   std::vector<float> alibi;
   int alibi_stride = 0;
+  // The fp8 forward (fa_config_desc.q_dtype / kv_dtype): FA_DTYPE_FP8_E4M3
+  // or _E5M2 for Q (q_fp8) and for K, V (kv_fp8), both or neither; O stays
+  // bf16 / fp16. The inputs are quantised on the host (value / descale,
+  // rounded to the nearest fp8) and the reference runs on the dequantised
+  // values. descale: 0 none (1.0), 1 one per tensor, 2 per (batch, KV head)
+  // ([batch, heads_kv] rows with a gap), 3 per (batch, KV head) transposed
+  // (strides {1, batch}).
+  int q_fp8 = 0, kv_fp8 = 0;
+  int descale = 2;
   std::string describe() const;
 };
 

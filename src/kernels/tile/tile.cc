@@ -47,6 +47,29 @@ void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a)
   b.cvt_pack(half, a[3], t.f[j + 1][3], t.f[j + 1][2]);
 }
 
+void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a) {
+  // Register r: row g + 8 (r % 2), keys of blocks j + 2 (r / 2) and the next
+  // (two each: 2q, 2q + 1), lowest byte first.
+  for (int r = 0; r < 4; ++r) {
+    const Frag4 &lo = t.f[j + 2 * (r / 2)], &hi = t.f[j + 2 * (r / 2) + 1];
+    const int e = 2 * (r % 2);
+    Reg h0 = b.b16(), h1 = b.b16();
+    b.cvt_f8x2_f32(false, h0, lo[e + 1], lo[e]);
+    b.cvt_f8x2_f32(false, h1, hi[e + 1], hi[e]);
+    b.pack_b32(a[r], h0, h1);
+  }
+}
+
+void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2]) {
+  // r[i] of lane (g, q): bytes 2g, 2g + 1 of key 8i + 2q, then of key
+  // 8i + 2q + 1. Register h of a B fragment: the column's bytes of keys
+  // 16h + {2q, 2q + 1, 8 + 2q, 9 + 2q}, from r[2h] and r[2h + 1].
+  for (int h = 0; h < 2; ++h) {
+    b.op(Op::Prmt, Type::B32, even[h], r[2 * h], r[2 * h + 1], imm(0x6420));
+    b.op(Op::Prmt, Type::B32, odd[h], r[2 * h], r[2 * h + 1], imm(0x7531));
+  }
+}
+
 SmemTile smem_tile(uint32_t offset, int rows, int cols) {
   SmemTile t;
   t.offset = offset;
@@ -59,6 +82,13 @@ SmemTile smem_tile(uint32_t offset, int rows, int cols) {
 
 Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0) {
   ptx::Builder &b = e.b;
+  if (role == Role::B_KN_T8) {  // row = lane, chunk 0
+    Reg a =
+        e.op(Op::MadLo, Type::U32, row0.valid() ? e.op(Op::Add, Type::U32, l.lane, row0) : l.lane,
+             imm(t.pitch), smem_base);
+    if (t.offset) b.op(Op::Add, Type::U32, a, a, imm(t.offset));
+    return a;
+  }
   const Reg hi_row = role == Role::B_NK ? l.h2 : l.h1;
   const Reg chunk = role == Role::B_NK ? l.h1 : l.h2;
   Reg row = e.op(Op::MadLo, Type::U32, hi_row, imm(8), l.l8);
@@ -70,7 +100,7 @@ Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem
 }
 
 void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset) {
-  b.ldmatrix(role == Role::B_KN_T, d.data(), 4, at(base, offset));
+  b.ldmatrix(role == Role::B_KN_T || role == Role::B_KN_T8, d.data(), 4, at(base, offset));
 }
 
 // ---------------------------------------------------------------- copies ---

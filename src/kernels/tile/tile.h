@@ -62,6 +62,25 @@ void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j,
 // pair is the A layout of m16k16, PTX ISA fragment figures).
 void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a);
 
+// O += P V in fp8 (the fp8 forward). An m16n8k32 fp8 fragment holds four
+// consecutive k per register (PTX ISA "Matrix Fragments for
+// mma.m16n8k32"), but a C fragment of P gives a lane two consecutive keys
+// of each 8-key block, and ldmatrix .trans moves 16-bit pairs, not bytes.
+// Both fit one permutation of the 32 keys of a k32 step (a sum over keys
+// does not depend on their order): k = 4q + j (and 16 + 4q + j) stands for
+// key 2q + j when j < 2, else 8 + 2q + j - 2 (plus 16).
+// pack_a_fp8: the C fragments j .. j + 3 of t (16 rows x 32 keys) rounded
+// to e4m3 (cvt.rn.satfinite.e4m3x2.f32, mov.b32 {lo, hi}) as the A fragment
+// of that order.
+void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a);
+// v_frags_fp8: from a Role::B_KN_T8 read of one 16-byte column chunk, the
+// B fragments (k32 x n8, keys in that order) of two n8 blocks: `even` holds
+// the chunk's columns 0, 2, .., 14 (n = g: column 2g), `odd` 1, 3, .., 15
+// (prmt.b32, selectors 0x6420 and 0x7531). Their accumulators then hold,
+// in element i, chunk column 4q + 2 (i & 1) (even) and 4q + 2 (i & 1) + 1
+// (odd), rows g + 8 (i / 2): a lane's four consecutive columns.
+void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2]);
+
 // Masks row half h (rows g + 8h) of an accumulator tile: element (j, x)
 // holds the column c = 8j + 2q + x relative to the lane's own first column
 // (c0 + 2q), and becomes -inf unless lo <= c < hi, with lo and hi given
@@ -114,8 +133,13 @@ SmemTile smem_tile(uint32_t offset, int rows, int cols);
 //          row l8 + 8 h2, chunk h1; registers 0, 1 are block n0, 2, 3 n0 + 8
 //  B_KN_T  two k16 x n8 blocks of a [k][n] tile, .trans (V in O += P V):
 //          row l8 + 8 h1, chunk h2; registers 0, 1 are n0, 2, 3 n0 + 8
+//  B_KN_T8 four k8 x 16-byte blocks of a [k][n] tile of fp8 bytes, .trans
+//          (V in the fp8 forward): row l (keys 0..31 of a k32 step),
+//          chunk 0; register i holds keys 8i .. 8i + 7, lane (g, q) the
+//          bytes 2g, 2g + 1 of keys 8i + 2q and 8i + 2q + 1 (v_frags_fp8
+//          makes them B fragments)
 // A and B_KN_T address alike, so tiles of one pitch can share a base.
-enum class Role { A, B_NK, B_KN_T };
+enum class Role { A, B_NK, B_KN_T, B_KN_T8 };
 // The lane's address of block (0, 0) from tile row `row0` (a u32 register,
 // or invalid for 0); a block at (row, col) is then this + t.at(row, col).
 Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0);
