@@ -1205,7 +1205,9 @@ def run_bench(args):
     return 3 if fails else 0
 
 
-def print_base_name():
+def gpu_name():
+    """nvidia-smi's name of GPU 0, else torch's, else 'unknown-gpu' (for
+    --print-base-name, before the run)."""
     name, _ = nvidia_smi()
     if name is None:
         try:
@@ -1213,7 +1215,17 @@ def print_base_name():
             name = torch.cuda.get_device_name(0)
         except Exception:
             name = "unknown-gpu"
-    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name))
+    return name
+
+
+def today():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def print_base_name(args):
+    """The base name the run with the same options writes (run_gpu.sh copies
+    those files to $OUT)."""
+    print(run_base(args, today(), gpu_name()))
 
 
 def parse_args(argv):
@@ -1233,7 +1245,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="seqlens 512,2048 and head_dim 64,128")
     p.add_argument("--no-coldstart", action="store_true")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
-    p.add_argument("--print-base-name", action="store_true")
+    p.add_argument("--print-base-name", action="store_true",
+                   help="print the result files' base name for these options and exit")
     p.add_argument("--fp8", action="store_true",
                    help="the fp8 forward (bench_fp8.py): e4m3 Q/K/V with per-(batch, KV head) "
                         "descales, bf16 O, against flashattn bf16, FlashAttention-3 fp8 and SDPA "
@@ -1261,7 +1274,7 @@ def main(argv=None):
         coldstart_child(a.coldstart_child, a.cache_dir, a.cache_mode)
         return 0
     if a.print_base_name:
-        print_base_name()
+        print_base_name(a)
         return 0
     if a.fp8:
         if HERE not in sys.path:
