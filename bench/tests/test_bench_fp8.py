@@ -1,9 +1,10 @@
 """Torch-free parts of bench/bench_fp8.py (bench_sdpa.py --fp8): grid, FLOPs
 and bytes, the descales' exactness, the error rule, the Config it asks
-for, rows, CSV, markdown and options."""
+for, rows, CSV, markdown, options and the lease stage."""
 
 import math
 import os
+import re
 import struct
 import sys
 
@@ -190,3 +191,24 @@ def test_fp8_option_and_result_name():
     assert s.run_base(a, "2026-12-01", "NVIDIA H200") == "2026-12-01-h200-sdpa-fp8"
     assert s.run_base(s.parse_args([]), "2026-12-01", "NVIDIA H200") == "2026-12-01-h200-sdpa"
 
+
+def test_fp8_lease_stage():
+    """gpu_lease.sh runs the fp8 forward as stage fp8fwd (in the default
+    list and the header), with options bench_sdpa.py takes, head_dim 128
+    first, seqlen 1k..8k, and a budget under the stage's limit."""
+    text = open(os.path.join(os.path.dirname(HERE), "gpu_lease.sh")).read()
+    only = [x for x in text.splitlines() if x.startswith("only=")][0]
+    assert ",fp8fwd," in only
+    assert re.search(r"^#   fp8fwd ", text, re.M)
+    i = text.index("stage fp8fwd ")
+    line = text[i:text.index("\n", text.index("\\\n", i) + 2)].replace("\\\n", " ")
+    limit = int(line.split()[2])
+    assert 60 <= limit <= 120
+    budget = float(re.search(r'--time-budget "\$\(budget (\d+)\)"', line).group(1))
+    args = line.split("bench/bench_sdpa.py")[1].split("--time-budget")[0]
+    a = s.parse_args(args.replace('--out-dir "$res"', "").split() + ["--time-budget", str(budget)])
+    assert a.fp8 and budget < limit
+    assert a.head_dims.split(",")[0] == "128" and a.seqlens == "1024,2048,4096,8192"
+    grid = b.fp8_grid(tuple(map(int, a.head_dims.split(","))), tuple(map(int, a.seqlens.split(","))))
+    assert {(c.causal, c.seqlen) for c in grid if c.head_dim == 128} == {
+        (cz, sl) for cz in (False, True) for sl in (1024, 2048, 4096, 8192)}
