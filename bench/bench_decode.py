@@ -553,6 +553,12 @@ def result_base(date, gpu_name, append=False, dtype=DTYPE, mla=False):
                                    "" if dtype == DTYPE else "-" + dtype)
 
 
+def run_base(args, date, gpu_name):
+    """The base name a run with these options writes (the run and
+    --print-base-name both take it from here)."""
+    return result_base(date, gpu_name, args.append, args.dtype, args.mla)
+
+
 # ======================================================================================
 # GPU part: everything below needs torch.
 # ======================================================================================
@@ -1017,8 +1023,7 @@ def run_bench(args):
     for cfg in grid:
         cfg.dtype = args.dtype
     meta["dtype"] = args.dtype
-    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu, args.append,
-                                                  args.dtype, mla))
+    base = os.path.join(args.out_dir, run_base(args, date.strftime("%Y-%m-%d"), gpu))
     print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
         gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
     rows = []
@@ -1077,16 +1082,10 @@ def int_list(text):
     return tuple(int(x) for x in text.split(","))
 
 
-def print_base_name(mla=False):
-    name, _ = common.nvidia_smi()
-    if name is None:
-        try:
-            import torch
-            name = torch.cuda.get_device_name(0)
-        except Exception:
-            name = "unknown-gpu"
-    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name,
-                      mla=mla))
+def print_base_name(args):
+    """The base name the run with the same options writes (run_gpu.sh copies
+    those files to $OUT)."""
+    print(run_base(args, common.today(), common.gpu_name()))
 
 
 def parse_args(argv):
@@ -1140,7 +1139,7 @@ def parse_args(argv):
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.print_base_name:
-        print_base_name(a.mla)
+        print_base_name(a)
         return 0
     return run_bench(a)
 

@@ -14,6 +14,10 @@ timing (warm-up, median of >= 20 runs, inputs rotated over several sets).
 Also cold-start figures (PTX generation, driver JIT, warm disk cache,
 in-process hit). Writes CSV, JSON sidecar, PNG and markdown under --out-dir.
 
+--fp8: the fp8 forward (e4m3 Q/K/V, bf16 O) on the same shapes, in
+bench_fp8.py (which shares this file's timing and correctness parts);
+results named ...-sdpa-fp8.
+
 Everything above the "GPU part" marker needs only the standard library (the
 tests in bench/tests import it without torch); torch is imported in main().
 """
@@ -178,14 +182,15 @@ def choose_reps(est_ms, target_ms, min_reps=20, max_reps=100):
 
 
 def judge_tolerance(fa_err, sdpa_errs, rel_limit=REL_ERR_LIMIT, factor=ERR_FACTOR,
-                    baseline_err=None):
+                    baseline_err=None, baseline_name="SDPA"):
     """(ok, note) for flashattn's error against the fp32 reference.
 
     fa_err and each sdpa_errs value are (max_abs, rel) or None. The baseline
     is the smallest max_abs among the SDPA backends that ran (else
     baseline_err, PyTorch's same-dtype math on the subset). Fails on NaN,
     max_abs > factor * baseline, or rel > rel_limit. ok is None when
-    flashattn produced no output."""
+    flashattn produced no output. baseline_name names sdpa_errs' source in
+    the note (--fp8: FlashAttention-3's fp8)."""
     if fa_err is None:
         return None, "no flashattn output"
     fa_abs, fa_rel = fa_err
@@ -195,7 +200,7 @@ def judge_tolerance(fa_err, sdpa_errs, rel_limit=REL_ERR_LIMIT, factor=ERR_FACTO
     base = [e[0] for e in sdpa_errs.values() if e is not None and e[0] is not None
             and math.isfinite(e[0])]
     if base:
-        ref_abs, src = min(base), "SDPA"
+        ref_abs, src = min(base), baseline_name
     elif baseline_err is not None:
         ref_abs, src = baseline_err, "torch math"
     else:
@@ -230,8 +235,15 @@ def slug(text):
     return s or "unknown-gpu"
 
 
-def result_base(date, gpu_name):
-    return "%s-%s-sdpa" % (date, slug(gpu_name))
+def result_base(date, gpu_name, fp8=False):
+    """The result files' base name; --fp8 runs are ...-sdpa-fp8."""
+    return "%s-%s-sdpa%s" % (date, slug(gpu_name), "-fp8" if fp8 else "")
+
+
+def run_base(args, date, gpu_name):
+    """The base name a run with these options writes (the run and
+    --print-base-name both take it from here)."""
+    return result_base(date, gpu_name, args.fp8)
 
 
 # ---- CSV -----------------------------------------------------------------------
@@ -959,6 +971,61 @@ class GpuBench:
             rot.record(i, es.elapsed_time(ee))
         return rot
 
+    @staticmethod
+    def pick(o, idx):
+        """The reference subset (reference()'s idx) of an output [b, s, h, d]."""
+        bs, hs, rows = idx
+        return o.index_select(0, bs).index_select(1, rows).index_select(2, hs)
+
+    def measure(self, row, impl, make_run, poison, ref, idx, flops, budget_left_s):
+        """Correctness first, then timing, of one implementation, into row's
+        impl_* columns. make_run() returns run(i) (launch on input set i,
+        return O [b, s, h, d]); poison (the tensor run(0) writes, or None)
+        is filled with NaN first, so every element must be written. An
+        exception in make_run or the checked run is n/a with the reason;
+        one over budget_left_s is skipped. Returns (max_abs, rel) against
+        ref on idx (NaNs when the output is not finite), or None when it
+        did not run."""
+        torch, a = self.torch, self.args
+        p = impl + "_"
+        try:
+            with _Warnings() as w:
+                run = make_run()
+                if poison is not None:
+                    poison.fill_(float("nan"))  # poison: every element must be written
+                o = run(0)
+                torch.cuda.synchronize()
+        except Exception as ex:  # unavailable for this config: n/a with the reason
+            row[p + "status"] = "n/a"
+            row[p + "note"] = _reason(ex, w.messages)
+            return None
+        finite = bool(torch.isfinite(o).all().item())
+        err = self.error(self.pick(o, idx), ref, None)
+        row[p + "max_err"], row[p + "rel_err"] = err
+        if not finite:
+            row[p + "note"] = "non-finite output (unwritten or NaN)"
+            err = (float("nan"), float("nan"))
+        del o
+        try:
+            est = self.one_run_ms(run, 1 % a.sets)
+            if est * (a.min_reps + a.warmup) / 1e3 > budget_left_s:
+                row[p + "status"] = "skipped"
+                row[p + "note"] = "time budget (one run %.1f ms)" % est
+                return err
+            rot = self.time_impl(run, a.sets, est)
+        except Exception as ex:
+            row[p + "status"] = "error"
+            row[p + "note"] = _reason(ex, [])
+            return err
+        sm = rot.summary()
+        row[p + "status"] = "ok"
+        row[p + "median_ms"], row[p + "min_ms"] = sm["median_ms"], sm["min_ms"]
+        row[p + "max_ms"], row[p + "reps"] = sm["max_ms"], sm["reps"]
+        row[p + "tflops"] = tflops(flops, sm["median_ms"])
+        if not rot.balanced():
+            row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation %s" % rot.counts()
+        return err
+
     def run_config(self, c, budget_left_s, predicted_ms):
         """One CSV row for config c."""
         torch, a = self.torch, self.args
@@ -972,10 +1039,6 @@ class GpuBench:
         outs = [torch.empty(shape, device="cuda", dtype=tdt) for _ in range(a.sets)]
         subset = reference_subset(c.batch, c.num_heads, c.seqlen)
         ref, idx = self.reference(c, *sets[0], subset)
-        bs, hs, rows = idx
-
-        def pick(o):
-            return o.index_select(0, bs).index_select(1, rows).index_select(2, hs)
 
         errs = {}
         for impl in IMPLS:
@@ -985,42 +1048,11 @@ class GpuBench:
                 row[p + "status"] = "skipped"
                 row[p + "note"] = "time budget (predicted %.0f ms/run)" % predicted_ms
                 continue
-            try:
-                with _Warnings() as w:
-                    run = self.make_call(impl, c, sets, outs)
-                    if impl == "flashattn":
-                        outs[0].fill_(float("nan"))  # poison: every element must be written
-                    o = run(0)
-                    torch.cuda.synchronize()
-            except Exception as ex:  # unavailable for this config: n/a with the reason
-                row[p + "status"] = "n/a"
-                row[p + "note"] = _reason(ex, w.messages)
-                continue
-            finite = bool(torch.isfinite(o).all().item())
-            errs[impl] = self.error(pick(o), ref, None)
-            row[p + "max_err"], row[p + "rel_err"] = errs[impl]
-            if not finite:
-                row[p + "note"] = "non-finite output (unwritten or NaN)"
-                errs[impl] = (float("nan"), float("nan"))
-            del o
-            try:
-                est = self.one_run_ms(run, 1 % a.sets)
-                if est * (a.min_reps + a.warmup) / 1e3 > budget_left_s:
-                    row[p + "status"] = "skipped"
-                    row[p + "note"] = "time budget (one run %.1f ms)" % est
-                    continue
-                rot = self.time_impl(run, a.sets, est)
-            except Exception as ex:
-                row[p + "status"] = "error"
-                row[p + "note"] = _reason(ex, [])
-                continue
-            sm = rot.summary()
-            row[p + "status"] = "ok"
-            row[p + "median_ms"], row[p + "min_ms"] = sm["median_ms"], sm["min_ms"]
-            row[p + "max_ms"], row[p + "reps"] = sm["max_ms"], sm["reps"]
-            row[p + "tflops"] = tflops(c.flops, sm["median_ms"])
-            if not rot.balanced():
-                row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation %s" % rot.counts()
+            err = self.measure(row, impl, lambda: self.make_call(impl, c, sets, outs),
+                               outs[0] if impl == "flashattn" else None, ref, idx, c.flops,
+                               budget_left_s)
+            if err is not None:
+                errs[impl] = err
         base = None
         if not any(i in errs for i in SDPA_IMPLS) and "flashattn" in errs:
             try:
@@ -1064,19 +1096,10 @@ def _reason(ex, warn_msgs):
     return re.sub(r"\s+", " ", text)[:300]
 
 
-def run_bench(args):
-    try:
-        import torch
-    except ImportError as ex:
-        raise SystemExit("bench_sdpa: needs PyTorch (%s)" % ex)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_sdpa: torch sees no CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    fa = import_flashattn()
-    t_start = time.time()
-    bench = GpuBench(torch, fa, args)
-    smi_name, smi_driver = nvidia_smi()
+def run_meta(torch, fa, bench, args):
+    """(GPU name, runtime info, UTC date, the metadata dict) of a run: the
+    CSV's '# key: value' header (both modes)."""
+    _, smi_driver = nvidia_smi()
     gpu = torch.cuda.get_device_name(0)
     info = bench.rt.info
     date = datetime.datetime.now(datetime.timezone.utc)
@@ -1090,6 +1113,22 @@ def run_bench(args):
         "min_reps": args.min_reps, "python": sys.version.split()[0],
         "sleep_hold": "torch.cuda._sleep" if bench.cycles_per_ms else "none",
     }
+    return gpu, info, date, meta
+
+
+def run_bench(args):
+    try:
+        import torch
+    except ImportError as ex:
+        raise SystemExit("bench_sdpa: needs PyTorch (%s)" % ex)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_sdpa: torch sees no CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    fa = import_flashattn()
+    t_start = time.time()
+    bench = GpuBench(torch, fa, args)
+    gpu, info, date, meta = run_meta(torch, fa, bench, args)
     seqlens = tuple(int(s) for s in args.seqlens.split(","))
     head_dims = tuple(int(d) for d in args.head_dims.split(","))
     dtypes = tuple(args.dtypes.split(","))
@@ -1097,7 +1136,7 @@ def run_bench(args):
     meta["grid"] = "dtypes %s, head_dims %s, seqlens %s, causal/not: %d configs" % (
         ",".join(dtypes), ",".join(map(str, head_dims)), ",".join(map(str, seqlens)), len(grid))
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, result_base(date.strftime("%Y-%m-%d"), gpu))
+    base = os.path.join(args.out_dir, run_base(args, date.strftime("%Y-%m-%d"), gpu))
     print("bench_sdpa: %s (sm_%d, %d SMs), torch %s, CUDA %s, driver %s, %d configs -> %s.*"
           % (gpu, info.sm, info.num_sms, torch.__version__, torch.version.cuda, meta["driver"],
              len(grid), base), flush=True)
@@ -1166,7 +1205,9 @@ def run_bench(args):
     return 3 if fails else 0
 
 
-def print_base_name():
+def gpu_name():
+    """nvidia-smi's name of GPU 0, else torch's, else 'unknown-gpu' (for
+    --print-base-name, before the run)."""
     name, _ = nvidia_smi()
     if name is None:
         try:
@@ -1174,13 +1215,23 @@ def print_base_name():
             name = torch.cuda.get_device_name(0)
         except Exception:
             name = "unknown-gpu"
-    print(result_base(datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), name))
+    return name
+
+
+def today():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def print_base_name(args):
+    """The base name the run with the same options writes (run_gpu.sh copies
+    those files to $OUT)."""
+    print(run_base(args, today(), gpu_name()))
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
-    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--dtypes", default=None, help="default %s (not with --fp8)" % ",".join(DTYPES))
     p.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     p.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     p.add_argument("--sets", type=int, default=4, help="input sets rotated over")
@@ -1194,11 +1245,22 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="seqlens 512,2048 and head_dim 64,128")
     p.add_argument("--no-coldstart", action="store_true")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
-    p.add_argument("--print-base-name", action="store_true")
+    p.add_argument("--print-base-name", action="store_true",
+                   help="print the result files' base name for these options and exit")
+    p.add_argument("--fp8", action="store_true",
+                   help="the fp8 forward (bench_fp8.py): e4m3 Q/K/V with per-(batch, KV head) "
+                        "descales, bf16 O, against flashattn bf16, FlashAttention-3 fp8 and SDPA "
+                        "flash on the dequantised values; results named ...-sdpa-fp8")
     p.add_argument("--coldstart-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-mode", default="disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.fp8 and a.dtypes is not None:
+        p.error("--fp8 runs e4m3 Q/K/V (bf16 O); --dtypes does not apply")
+    if a.dtypes is None:
+        a.dtypes = ",".join(DTYPES)
+    if a.fp8:
+        a.no_coldstart = True  # the cold-start figures are the 16-bit kernels'
     if a.quick:
         a.seqlens, a.head_dims = "512,2048", "64,128"
     if a.min_reps < 20:
@@ -1212,8 +1274,13 @@ def main(argv=None):
         coldstart_child(a.coldstart_child, a.cache_dir, a.cache_mode)
         return 0
     if a.print_base_name:
-        print_base_name()
+        print_base_name(a)
         return 0
+    if a.fp8:
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
+        import bench_fp8  # beside this file (it imports this module for the shared parts)
+        return bench_fp8.run_bench(a)
     return run_bench(a)
 
 

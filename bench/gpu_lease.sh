@@ -18,6 +18,10 @@
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpabase  bench_sdpa.py, head_dim 128, with the library in
 #             build-gpu/baseline/ (a before/after pair on one machine)
+#   fp8fwd    bench_sdpa.py --fp8 (bench_fp8.py): the fp8 forward (e4m3 Q/K/V,
+#             per-(batch, KV head) descales, bf16 O) against flashattn bf16,
+#             FlashAttention-3 fp8 (when importable) and SDPA flash on the
+#             dequantised values; head_dim 128 then 64, causal/not, seqlen 1k..8k
 #   coldstart bench_sdpa.py's cold-start figures (generation, JIT, caches), d128
 #   decode    bench_decode.py, batch 1/64/256 x context 4k/32k, pages of 16,
 #             bf16 and fp8 (e4m3) KV
@@ -34,7 +38,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,coldstart,decode,decode16,decodebase,append,mla"
+only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -120,6 +124,8 @@ if [ -e "$build/baseline/libflashattn.so.0" ]; then
     bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 128 \
     --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 fi
+stage fp8fwd 90 "$py" bench/bench_sdpa.py --fp8 --out-dir "$res" --head-dims 128,64 \
+  --seqlens 1024,2048,4096,8192 --time-budget "$(budget 75)"
 stage coldstart 90 "$py" bench/bench_sdpa.py --out-dir "$logs/cold" --dtypes bf16 --head-dims 128 \
   --seqlens 4096 --time-budget "$(budget 20)"
 stage decode 100 "$py" bench/bench_decode.py --out-dir "$res" --batches 1,64,256 \

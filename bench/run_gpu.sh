@@ -10,8 +10,9 @@
 # time budgets (150 s and 120 s) so one device call stays under 10 minutes;
 # the other options then go to bench_sdpa.py and $FA_DECODE_ARGS to
 # bench_decode.py. --bench sdpa or decode runs one, with its own default
-# budget and the other options. Everything goes to bench/results/; when $OUT
-# is set (the device tool), the new files are copied there too.
+# budget and the other options (e.g. --bench sdpa --fp8: the fp8 forward,
+# bench_fp8.py). Everything goes to bench/results/; when $OUT is set (the
+# device tool), the result files of the options given are copied there too.
 #
 # The whole build/ is too big to carry (>64 MiB); on the development machine
 #     bash bench/run_gpu.sh --pack [BUILD_DIR]      # default build
@@ -88,8 +89,12 @@ fi
 
 results=bench/results
 mkdir -p "$results"
-base=$("$py" bench/bench_sdpa.py --print-base-name) || base="$(date -u +%F)-unknown-gpu-sdpa"
-dbase=$("$py" bench/bench_decode.py --print-base-name) || dbase="$(date -u +%F)-unknown-gpu-decode"
+# The result files' names depend on the mode options (--fp8, --mla, --append,
+# --dtype fp16): ask each script with the options its run gets.
+base=$("$py" bench/bench_sdpa.py ${sdpa_args[@]+"${sdpa_args[@]}"} --print-base-name) ||
+  base="$(date -u +%F)-unknown-gpu-sdpa"
+dbase=$("$py" bench/bench_decode.py ${decode_args[@]+"${decode_args[@]}"} --print-base-name) ||
+  dbase="$(date -u +%F)-unknown-gpu-decode"
 if [ "$which" = decode ]; then
   tests_log="$results/$dbase-gputests.log"
 else

@@ -1,0 +1,214 @@
+"""Torch-free parts of bench/bench_fp8.py (bench_sdpa.py --fp8): grid, FLOPs
+and bytes, the descales' exactness, the error rule, the Config it asks
+for, rows, CSV, markdown, options and the lease stage."""
+
+import math
+import os
+import re
+import struct
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_fp8 as b  # noqa: E402
+import bench_sdpa as s  # noqa: E402
+
+
+def test_module_does_not_import_torch():
+    assert "torch" not in sys.modules
+
+
+def test_grid_is_bench_sdpa_shapes_in_e4m3():
+    g = b.fp8_grid()
+    assert len(g) == 3 * 2 * 6
+    assert {c.dtype for c in g} == {"e4m3"}
+    want = [(c.head_dim, c.causal, c.seqlen, c.batch, c.num_heads)
+            for c in s.config_grid(dtypes=("bf16",))]
+    assert [(c.head_dim, c.causal, c.seqlen, c.batch, c.num_heads) for c in g] == want
+    t = b.bf16_twin(g[5])
+    assert t.dtype == "bf16" and t.key == ("bf16", g[5].head_dim, g[5].causal)
+    assert t.flops == g[5].flops
+
+
+def test_flops_and_bytes():
+    c = s.BenchConfig("e4m3", 128, False, 4096, 4, 16)
+    r = b.config_row(c, 4)
+    assert r["flops"] == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert b.config_row(s.BenchConfig("e4m3", 128, True, 4096, 4, 16), 4)["flops"] * 2 == r["flops"]
+    n = 4 * 4096 * 16 * 128  # elements of each of Q, K, V, O
+    assert r["bytes_fp8"] == 3 * n + 2 * n  # Q, K, V 1 byte, O bf16
+    assert r["bytes_bf16"] == 3 * 2 * n + 2 * n
+    assert r["num_heads_kv"] == 16 and r["n_sets"] == 4
+    # GQA and seqlen_q != seqlen_k: K/V count their own heads and keys
+    assert b.io_bytes(2, 3, 5, 8, 2, 64, 1) == 2 * 3 * 8 * 64 + 2 * 2 * 5 * 2 * 64 + 2 * 2 * 3 * 8 * 64
+
+
+def test_e4m3_decoder():
+    assert b.e4m3_value(0x7E) == 448.0 and b.e4m3_value(0xFE) == -448.0
+    assert b.e4m3_value(0x38) == 1.0 and b.e4m3_value(0x08) == 2.0 ** -6
+    assert b.e4m3_value(0x01) == 2.0 ** -9 and b.e4m3_value(0x00) == 0.0
+    assert math.isnan(b.e4m3_value(0x7F)) and math.isnan(b.e4m3_value(0xFF))
+    finite = [b.e4m3_value(x) for x in range(256) if not math.isnan(b.e4m3_value(x))]
+    assert len(finite) == 254 and len(set(finite)) == 253  # +0 and -0
+
+
+def _bf16_exact(x):
+    """x is a float32 whose low 16 bits are zero (a bf16 value)."""
+    f = struct.unpack("<f", struct.pack("<f", x))[0]
+    return f == x and struct.unpack("<I", struct.pack("<f", x))[0] & 0xFFFF == 0
+
+
+def test_descales_dequantise_exactly_in_bf16():
+    """Every contender reads the same values: code x descale is exact in
+    bf16 for every finite e4m3 code and every descale drawn."""
+    assert min(b.DESCALES) == 0.5 and max(b.DESCALES) == 2.0 and len(b.DESCALES) == 17
+    assert list(b.DESCALES) == sorted(set(b.DESCALES))
+    for d in b.DESCALES:
+        m, _ = math.frexp(d)
+        assert (m * 16).is_integer()  # at most 4 significant bits
+    codes = [b.e4m3_value(x) for x in range(256) if not math.isnan(b.e4m3_value(x))]
+    for d in b.DESCALES:
+        for v in codes:
+            assert _bf16_exact(v * d), (v, d)
+    assert not _bf16_exact(b.e4m3_value(0x3F) * 1.9375)  # a 5-bit descale would not be
+
+
+def test_error_rule():
+    # no FA3: a fixed rel-L2 bound of 5e-2
+    ok, note, bound = b.judge_fp8((0.2, 0.03), None)
+    assert ok is True and note == "" and "5e-02" not in bound and "0.05" in bound
+    ok, note, _ = b.judge_fp8((0.2, 0.06), None)
+    assert ok is False and "rel err" in note
+    # FA3 ran: 2x its max and its rel error
+    ok, note, bound = b.judge_fp8((0.1, 0.03), (0.06, 0.025))
+    assert ok is True and "FA3" in bound
+    ok, note, _ = b.judge_fp8((0.13, 0.03), (0.06, 0.025))
+    assert ok is False and "FA3 fp8's" in note
+    ok, note, _ = b.judge_fp8((0.1, 0.055), (0.06, 0.025))
+    assert ok is False and "rel err" in note
+    # a NaN FA3 error is no baseline: the fixed bound applies
+    ok, _, bound = b.judge_fp8((0.5, 0.04), (float("nan"), float("nan")))
+    assert ok is True and "no FA3" in bound
+    # flashattn's NaN fails; no output is no verdict
+    assert b.judge_fp8((float("nan"), float("nan")), (0.06, 0.025))[0] is False
+    ok, note, _ = b.judge_fp8(None, (0.06, 0.025))
+    assert ok is None and "no flashattn fp8 output" in note
+    assert b.FP8_REL_LIMIT == 5e-2 and b.FP8_ERR_FACTOR == 2.0
+
+
+def test_fp8_config_asks_for_the_lead_s_keywords():
+    seen = {}
+
+    class FakeFa:
+        @staticmethod
+        def Config(**kw):
+            seen.update(kw)
+            return "cfg"
+
+    c = s.BenchConfig("e4m3", 256, True, 2048, 8, 8)
+    assert b.fp8_config(FakeFa, c) == "cfg"
+    assert seen == {"dtype": "bf16", "head_dim": 256, "num_heads_q": 8, "num_heads_kv": 8,
+                    "causal": True, "kv_dtype": "e4m3", "q_dtype": "e4m3"}
+
+    class OldFa:  # today's binding: q_dtype is an unknown keyword
+        @staticmethod
+        def Config(*, head_dim, num_heads_q, num_heads_kv=None, dtype="fp16", causal=False,
+                   kv_dtype=None):
+            return "cfg"
+
+    with pytest.raises(TypeError, match="q_dtype"):
+        b.fp8_config(OldFa, c)
+
+
+def _row(c, ms):
+    r = b.config_row(c, 4)
+    for i, t in zip(b.IMPLS, ms):
+        if t is None:
+            r[i + "_status"] = "n/a"
+            r[i + "_note"] = ("TypeError: Config.__init__() got an unexpected keyword argument "
+                              "'q_dtype'" if i == "flashattn_fp8" else "RuntimeError: x | y")
+            continue
+        r.update({i + "_status": "ok", i + "_median_ms": t, i + "_min_ms": t * 0.9,
+                  i + "_max_ms": t * 1.2, i + "_reps": 20, i + "_tflops": s.tflops(c.flops, t),
+                  i + "_max_err": 0.05, i + "_rel_err": 0.025})
+    r["tol_ok"], r["tol_note"], r["err_bound"] = b.judge_fp8(
+        (r.get("flashattn_fp8_max_err"), r.get("flashattn_fp8_rel_err"))
+        if r.get("flashattn_fp8_max_err") is not None else None,
+        (r["fa3_fp8_max_err"], r["fa3_fp8_rel_err"]) if r.get("fa3_fp8_max_err") else None)
+    return b.finish_row(r)
+
+
+def test_ratios_are_fp8_over_each_other():
+    c = s.BenchConfig("e4m3", 128, False, 4096, 4, 16)
+    r = _row(c, (1.0, 2.0, 1.25, 4.0))
+    assert r["ratio_vs_flashattn_bf16"] == pytest.approx(2.0)
+    assert r["ratio_vs_fa3_fp8"] == pytest.approx(1.25)
+    assert r["ratio_vs_sdpa_flash"] == pytest.approx(4.0)
+    r = _row(c, (None, 2.0, None, 4.0))
+    assert r["ratio_vs_flashattn_bf16"] is None and r["ratio_vs_fa3_fp8"] is None
+    assert r["tol_ok"] is None
+
+
+def test_csv_round_trip_and_markdown(tmp_path):
+    g = b.fp8_grid(head_dims=(64, 128), seqlens=(1024,))
+    rows = [_row(c, (1.0 + i, 2.0, 1.5, 3.0)) for i, c in enumerate(g)]
+    rows[1] = _row(g[1], (None, 2.0, None, 3.0))  # the binding without q_dtype, no FA3
+    rows[2]["tol_ok"], rows[2]["tol_note"] = False, "rel err 0.06 > 5e-02"
+    meta = {"commit": "abc", "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-01",
+            "fa3": "not importable (ModuleNotFoundError: x)"}
+    p = tmp_path / "r.csv"
+    b.write_csv(str(p), rows, meta)
+    m2, r2 = b.read_csv(str(p))
+    assert m2 == meta and len(r2) == len(rows)
+    for a, c in zip(rows, r2):
+        for k in b.FIELDS:
+            va = a.get(k)
+            assert c[k] == (None if va == "" else va), (k, va, c[k])  # "" reads back as None
+    md = tmp_path / "r.md"
+    b.write_markdown(str(md), meta, rows, [("GPU tests", "test_gpu: Passed")])
+    t = md.read_text()
+    assert "| 64 | no | 1024 | 16 x 32 |" in t
+    assert "n/a (TypeError: Config.__init__() got an unexpected keyword argu" in t
+    assert "n/a (RuntimeError: x / y)" in t  # '|' in a note cannot break the table
+    assert "**FAIL**" in t and "Out of tolerance: fp8 d128 full s1024" in t
+    assert "| 2.000 | 1.500 | 3.000 |" in t  # fp8/bf16, fp8/FA3, fp8/SDPA of row 0
+    mb = b.config_row(g[0], 4)
+    assert "| %.0f / %.0f |" % (mb["bytes_fp8"] / 1e6, mb["bytes_bf16"] / 1e6) in t
+    assert "- fa3: not importable" in t and "test_gpu: Passed" in t
+    for label in b.LABELS.values():
+        assert label in t
+
+
+def test_fp8_option_and_result_name():
+    a = s.parse_args(["--fp8", "--quick"])
+    assert a.fp8 and a.no_coldstart and (a.seqlens, a.head_dims) == ("512,2048", "64,128")
+    assert s.parse_args([]).dtypes == "fp16,bf16" and not s.parse_args([]).fp8
+    with pytest.raises(SystemExit):
+        s.parse_args(["--fp8", "--dtypes", "bf16"])
+    assert s.result_base("2026-12-01", "NVIDIA H200", fp8=True) == "2026-12-01-h200-sdpa-fp8"
+    assert s.run_base(a, "2026-12-01", "NVIDIA H200") == "2026-12-01-h200-sdpa-fp8"
+    assert s.run_base(s.parse_args([]), "2026-12-01", "NVIDIA H200") == "2026-12-01-h200-sdpa"
+
+
+def test_fp8_lease_stage():
+    """gpu_lease.sh runs the fp8 forward as stage fp8fwd (in the default
+    list and the header), with options bench_sdpa.py takes, head_dim 128
+    first, seqlen 1k..8k, and a budget under the stage's limit."""
+    text = open(os.path.join(os.path.dirname(HERE), "gpu_lease.sh")).read()
+    only = [x for x in text.splitlines() if x.startswith("only=")][0]
+    assert ",fp8fwd," in only
+    assert re.search(r"^#   fp8fwd ", text, re.M)
+    i = text.index("stage fp8fwd ")
+    line = text[i:text.index("\n", text.index("\\\n", i) + 2)].replace("\\\n", " ")
+    limit = int(line.split()[2])
+    assert 60 <= limit <= 120
+    budget = float(re.search(r'--time-budget "\$\(budget (\d+)\)"', line).group(1))
+    args = line.split("bench/bench_sdpa.py")[1].split("--time-budget")[0]
+    a = s.parse_args(args.replace('--out-dir "$res"', "").split() + ["--time-budget", str(budget)])
+    assert a.fp8 and budget < limit
+    assert a.head_dims.split(",")[0] == "128" and a.seqlens == "1024,2048,4096,8192"
+    grid = b.fp8_grid(tuple(map(int, a.head_dims.split(","))), tuple(map(int, a.seqlens.split(","))))
+    assert {(c.causal, c.seqlen) for c in grid if c.head_dim == 128} == {
+        (cz, sl) for cz in (False, True) for sl in (1024, 2048, 4096, 8192)}
