@@ -35,6 +35,10 @@ type ConfigDesc struct {
 	// hold fp8 bytes, scaled by DecodeArgs.KDescale/VDescale (Decode only,
 	// sm_89+, head dims multiples of 16).
 	KVDType DType
+	// Since 0.6: 0 = DType, or FP8E4M3 / FP8E5M2 with an fp8 KVDType: Q is
+	// fp8 bytes too, the fp8 forward (Forward only, sm_89+), scaled by
+	// ForwardArgs.QDescale; O stays DType (FP16 or BF16).
+	QDType DType
 }
 
 // Config is a validated, immutable attention config, shareable by
@@ -70,6 +74,7 @@ func NewConfig(desc ConfigDesc) (*Config, error) {
 	d.softmax_scale = C.float(desc.SoftmaxScale)
 	d.softcap = C.float(desc.Softcap)
 	d.kv_dtype = C.int64_t(desc.KVDType)
+	d.q_dtype = C.int64_t(desc.QDType)
 	var e C.fago_err
 	var p *C.fa_config
 	if err := check(C.fago_config_create(&d, &p, &e), &e); err != nil {

@@ -131,7 +131,8 @@ const (
 	FP16 DType = C.FA_DTYPE_FP16
 	BF16 DType = C.FA_DTYPE_BF16
 	FP32 DType = C.FA_DTYPE_FP32
-	// Since 0.5: fp8 formats, only as ConfigDesc.KVDType (an fp8 KV cache).
+	// Since 0.5: fp8 formats, only as ConfigDesc.KVDType (an fp8 KV cache)
+	// and, since 0.6, ConfigDesc.QDType (the fp8 forward).
 	FP8E4M3 DType = C.FA_DTYPE_FP8_E4M3
 	FP8E5M2 DType = C.FA_DTYPE_FP8_E5M2
 )

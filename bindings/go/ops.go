@@ -136,7 +136,15 @@ type ForwardArgs struct {
 	// softcap, per sequence), causal or not; the sink is not biased.
 	AlibiSlopes       uint64
 	AlibiSlopesStride int64
-	Stream            uintptr
+	// Since 0.6, the fp8 forward (ConfigDesc.QDType and KVDType fp8; Q, K
+	// and V hold fp8 bytes, O is the config's DType): fp32 descales, 4-byte
+	// aligned, or 0 = 1.0; an element of (b, h_kv) is fp8(byte) *
+	// Descale[b*DescaleStride[0] + h_kv*DescaleStride[1]] ({0, 0}: one value
+	// per tensor; FlashAttention-3's [batch, num_heads_kv]: {num_heads_kv,
+	// 1}); a query head uses its KV head's QDescale.
+	QDescale, KDescale, VDescale uint64
+	DescaleStride                [2]int64
+	Stream                       uintptr
 }
 
 // Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
@@ -170,6 +178,11 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	ca.sinks = C.uint64_t(a.Sinks)
 	ca.alibi_slopes = C.uint64_t(a.AlibiSlopes)
 	ca.alibi_slopes_stride = C.int64_t(a.AlibiSlopesStride)
+	ca.q_descale = C.uint64_t(a.QDescale)
+	ca.k_descale = C.uint64_t(a.KDescale)
+	ca.v_descale = C.uint64_t(a.VDescale)
+	ca.descale_stride[0] = C.int64_t(a.DescaleStride[0])
+	ca.descale_stride[1] = C.int64_t(a.DescaleStride[1])
 	var e C.fago_err
 	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
 }

@@ -206,38 +206,39 @@ struct DeviceIo {
   }
 };
 
-// decode --kv-dtype: a cache [batch, seqlen_k, heads, dim] quantised to fp8
-// bytes with descales (per (batch, head), or one: per_head false) = amax /
-// fp8_max over the valid rows (1 where they are all 0). bits: the bytes in
+// decode --kv-dtype, run --q-dtype: a tensor [batch, seqlen, heads, dim]
+// quantised to fp8 bytes with descales (per (batch, head / group), or one:
+// per_head false) = amax / fp8_max over the valid rows (1 where they are all
+// 0); group > 1 for Q, whose descale is its KV head's. bits: the bytes in
 // pairs (little-endian), so that DeviceKv lays them out as dim / 2 16-bit
 // elements; values: what the bytes hold times their descale, for the
-// reference; descale: [batch, heads] (per_head) or [1].
+// reference; descale: [batch, heads / group] (per_head) or [1].
 struct Fp8Cache {
   Rounded r;
   std::vector<float> descale;
 };
 
-Fp8Cache quantize_fp8(const npy::Array &a, bool e5m2, bool per_head, const Dims &d, int dim,
-                      const std::vector<int32_t> &lens) {
+Fp8Cache quantize_fp8(const npy::Array &a, bool e5m2, bool per_head, int batch, int seqlen, int h,
+                      int group, int dim, const std::vector<int32_t> &lens) {
   const std::vector<double> x = a.to_f64();
-  const int h = d.heads_kv;
-  auto at = [&](int b, int j, int hh) { return (size_t(b) * d.seqlen_k + j) * h * dim + hh * dim; };
+  auto at = [&](int b, int j, int hh) { return (size_t(b) * seqlen + j) * h * dim + hh * dim; };
+  auto slot = [&](int b, int hh) { return per_head ? size_t(b) * (h / group) + hh / group : 0; };
   Fp8Cache c;
-  std::vector<double> amax(per_head ? size_t(d.batch) * h : 1, 0.0);
-  for (int b = 0; b < d.batch; ++b)
+  std::vector<double> amax(per_head ? size_t(batch) * (h / group) : 1, 0.0);
+  for (int b = 0; b < batch; ++b)
     for (int j = 0; j < lens[size_t(b)]; ++j)
       for (int hh = 0; hh < h; ++hh)
         for (int e = 0; e < dim; ++e) {
-          double &m = amax[per_head ? size_t(b) * h + hh : 0];
+          double &m = amax[slot(b, hh)];
           m = std::max(m, std::fabs(x[at(b, j, hh) + e]));
         }
   for (double m : amax) c.descale.push_back(m > 0 ? float(m / fa::ref::fp8_max(e5m2)) : 1.0f);
   std::vector<uint8_t> bytes(x.size(), 0xff);  // NaN past a sequence
   c.r.values.assign(x.size(), 0.0);
-  for (int b = 0; b < d.batch; ++b)
+  for (int b = 0; b < batch; ++b)
     for (int j = 0; j < lens[size_t(b)]; ++j)
       for (int hh = 0; hh < h; ++hh) {
-        const double ds = c.descale[per_head ? size_t(b) * h + hh : 0];
+        const double ds = c.descale[slot(b, hh)];
         for (int e = 0; e < dim; ++e) {
           const size_t i = at(b, j, hh) + e;
           bytes[i] = fa::ref::fp8_from_double(x[i] / ds, e5m2);
@@ -332,18 +333,52 @@ int cmd_run(const RunOptions &opts) {
   r.dtype = dtype;
   r.o_shape = {d.batch, d.seqlen_q, d.heads_q, d.head_dim_v};
   r.ref_file = load_reference(opts.ref, r.o_shape);
-  const fa_config_desc desc = make_desc(opts.attn, dtype, d);
+  fa_config_desc desc = make_desc(opts.attn, dtype, d);
+  // --q-dtype: the fp8 forward, K/V in --kv-dtype (default: Q's format).
+  const bool fp8 = !opts.q_dtype.empty(), q_e5m2 = opts.q_dtype == "e5m2";
+  if (!fp8 && !opts.kv_dtype.empty())
+    throw Failure(kExitUsage,
+                  "run --kv-dtype needs --q-dtype (the fp8 forward: Q, K and V fp8); "
+                  "an fp8 KV cache with a 16-bit Q runs in decode");
+  const bool kv_e5m2 = opts.kv_dtype.empty() ? q_e5m2 : opts.kv_dtype == "e5m2";
+  const bool per_head = opts.kv_scale != "tensor";
+  if (fp8) {
+    desc.q_dtype = q_e5m2 ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
+    desc.kv_dtype = kv_e5m2 ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
+    r.fp8_forward = true;
+  }
   const Config cfg(desc);
   const Runtime rt(parse_backend(opts.backend), nullptr, opts.emulator_sm);
   print_device(rt);
   print_problem("forward", desc, d, kv, opts.page_size, false);
 
-  const Rounded qr = round_input(q, dtype), kr = round_input(k, dtype), vr = round_input(v, dtype);
+  Fp8Cache q8, k8, v8;
+  if (fp8) {
+    const std::vector<int32_t> all_q(size_t(d.batch), d.seqlen_q);
+    q8 = quantize_fp8(q, q_e5m2, per_head, d.batch, d.seqlen_q, d.heads_q, d.heads_q / d.heads_kv,
+                      d.head_dim, all_q);
+    k8 = quantize_fp8(k, kv_e5m2, per_head, d.batch, d.seqlen_k, d.heads_kv, 1, d.head_dim, lens);
+    v8 = quantize_fp8(v, kv_e5m2, per_head, d.batch, d.seqlen_k, d.heads_kv, 1, d.head_dim_v, lens);
+  }
+  const Rounded qr = fp8 ? q8.r : round_input(q, dtype), kr = fp8 ? k8.r : round_input(k, dtype),
+                vr = fp8 ? v8.r : round_input(v, dtype);
+  const int div = fp8 ? 2 : 1;  // fp8 bytes travel as pairs
   DeviceIo io(rt, d, qr);
-  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim, d.head_dim_v, kr.bits,
-                       vr.bits, lens, opts.page_size, opts.seed);
-  std::printf("kv cache:    %s%s\n", cache.description().c_str(),
-              opts.seqused_k.empty() ? "" : ", keys per sequence from --seqused-k");
+  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim / div,
+                       d.head_dim_v / div, kr.bits, vr.bits, lens, opts.page_size, opts.seed);
+  std::printf("kv cache:    %s%s%s\n", cache.description().c_str(),
+              opts.seqused_k.empty() ? "" : ", keys per sequence from --seqused-k",
+              fp8 ? " (pairs of fp8 bytes)" : "");
+  DeviceBuffer descales(rt, 3 * std::max<size_t>(q8.descale.size(), 1) * 4, "descales");
+  if (fp8) {
+    std::vector<float> qkv = q8.descale;  // [3][batch, heads_kv] or [3][1]
+    qkv.insert(qkv.end(), k8.descale.begin(), k8.descale.end());
+    qkv.insert(qkv.end(), v8.descale.begin(), v8.descale.end());
+    descales.upload(qkv.data(), qkv.size() * 4);
+    std::printf("fp8:         Q %s, K/V %s bytes, descale per %s = amax / fp8 max\n",
+                opts.q_dtype.c_str(), kv_e5m2 ? "e5m2" : "e4m3",
+                per_head ? "(batch, kv head)" : "tensor");
+  }
   DeviceBuffer used(rt, lens.size() * 4, "seqused_k");
   used.upload(lens.data(), used.bytes());
   const std::vector<float> sinks = load_sinks(opts.sinks, d.heads_q);
@@ -372,9 +407,16 @@ int cmd_run(const RunOptions &opts) {
   args.sinks = sinks.empty() ? 0 : sink_buf.ptr();
   args.alibi_slopes = alibi.empty() ? 0 : alibi_buf.ptr();
   args.alibi_slopes_stride = alibi_stride;
+  if (fp8) {
+    const uint64_t n = q8.descale.size();
+    args.q_descale = descales.ptr();
+    args.k_descale = descales.ptr() + 4 * n;
+    args.v_descale = descales.ptr() + 8 * n;
+    if (per_head) args.descale_stride[0] = d.heads_kv, args.descale_stride[1] = 1;
+  }
   auto use = [&](const DeviceKv &c) {
-    args.k = c.k();
-    args.v = c.v();
+    args.k = fp8 ? bytes_view(c.k()) : c.k();
+    args.v = fp8 ? bytes_view(c.v()) : c.v();
     args.kv = c.layout();
   };
   auto launch = [&] { check(fa_launch(rt.get(), cfg.get(), &args, nullptr), "fa_launch"); };
@@ -393,7 +435,7 @@ int cmd_run(const RunOptions &opts) {
           launch();
           check(fa_synchronize(rt.get(), nullptr), "fa_synchronize");
         },
-        &r);
+        &r, div);
   }
 
   r.o_ref.resize(r.o.size());
@@ -555,8 +597,8 @@ int cmd_decode(const RunOptions &opts) {
   const Rounded qr = round_input(q, dtype);
   Fp8Cache k8, v8;
   if (fp8) {
-    k8 = quantize_fp8(k, e5m2, per_head, d, d.head_dim, seqlens);
-    v8 = quantize_fp8(v, e5m2, per_head, d, d.head_dim_v, seqlens);
+    k8 = quantize_fp8(k, e5m2, per_head, d.batch, d.seqlen_k, d.heads_kv, 1, d.head_dim, seqlens);
+    v8 = quantize_fp8(v, e5m2, per_head, d.batch, d.seqlen_k, d.heads_kv, 1, d.head_dim_v, seqlens);
   }
   const Rounded kr = fp8 ? k8.r : round_input(k, dtype), vr = fp8 ? v8.r : round_input(v, dtype);
   const int div = fp8 ? 2 : 1;  // fp8 bytes travel as pairs

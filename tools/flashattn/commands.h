@@ -51,6 +51,7 @@ struct GenerateOptions {
   std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)
   bool rotary_table16 = false;                 // decode: rotary tables in the dtype, not fp32
   std::string kv_dtype;                        // decode: "" | e4m3 | e5m2 (an fp8 KV cache)
+  std::string q_dtype;                         // forward: "" | e4m3 | e5m2 (the fp8 forward)
   std::string lse_partial_format = "natural";  // reduce: natural | base2
   std::string lse_format = "natural";          // reduce: natural | base2
   std::string output;                          // "" = stdout
@@ -80,8 +81,11 @@ struct RunOptions {
   // decode only: "" (the cache in dtype) | e4m3 | e5m2: the K/V .npy values
   // quantised to fp8 bytes with descales per kv_scale ("head": per (batch,
   // KV head), "tensor": one per cache) = amax / 448 (e4m3) or amax / 57344.
+  // run: "" | e4m3 | e5m2 (kv_dtype defaults to it): the fp8 forward, the
+  // Q .npy values quantised as K/V (Q's descale group: a KV head's queries).
   std::string kv_dtype;
   std::string kv_scale = "head";
+  std::string q_dtype;
   std::string out;
   std::string lse_out;
   std::string ref;  // optional reference O .npy
@@ -101,6 +105,8 @@ int cmd_cache(const CacheOptions &o);
 // with atol = 1e-2 (fp16) or 2e-2 (bf16), rel_l2 < 1e-2, no non-finite value.
 constexpr double kAtolFp16 = 1e-2;
 constexpr double kAtolBf16 = 2e-2;
+// run --q-dtype (the fp8 forward, P rounded to e4m3): atol and rel_l2 3e-2.
+constexpr double kAtolFp8 = 3e-2;
 constexpr double kRelL2Max = 1e-2;
 
 }  // namespace fa::cli

@@ -66,11 +66,17 @@ int cmd_generate(const GenerateOptions &o) {
   desc.window_right = o.attn.window_right;
   desc.softmax_scale = float(o.attn.softmax_scale);
   desc.softcap = float(o.attn.softcap);
-  if (!o.kv_dtype.empty()) {
-    if (kind != FA_KERNEL_DECODE)
-      throw Failure(kExitUsage, "--kv-dtype is for --kind decode (an fp8 KV cache)");
-    desc.kv_dtype = o.kv_dtype == "e5m2" ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
-  }
+  if (!o.q_dtype.empty() && kind != FA_KERNEL_FORWARD)
+    throw Failure(kExitUsage, "--q-dtype is for --kind forward (the fp8 forward)");
+  if (!o.kv_dtype.empty() && kind != FA_KERNEL_DECODE && o.q_dtype.empty())
+    throw Failure(kExitUsage,
+                  "--kv-dtype is for --kind decode (an fp8 KV cache), or --kind forward with "
+                  "--q-dtype");
+  // The fp8 forward's K/V default to Q's format.
+  const std::string kv_fmt = o.kv_dtype.empty() ? o.q_dtype : o.kv_dtype;
+  if (!kv_fmt.empty()) desc.kv_dtype = kv_fmt == "e5m2" ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
+  if (!o.q_dtype.empty())
+    desc.q_dtype = o.q_dtype == "e5m2" ? FA_DTYPE_FP8_E5M2 : FA_DTYPE_FP8_E4M3;
   const Config cfg(desc);
 
   fa_generate_options go = FA_GENERATE_OPTIONS_INIT;

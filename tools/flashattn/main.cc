@@ -163,7 +163,13 @@ int run_main(int argc, char **argv) {
   g->add_flag("--rotary-table16", gen.rotary_table16,
               "Decode with --rotary: cos/sin tables in the config's dtype instead of fp32");
   g->add_option("--kv-dtype", gen.kv_dtype,
-                "Decode: the kernel for an fp8 KV cache (fa_config_desc.kv_dtype; sm_89 and up)")
+                "Decode: the kernel for an fp8 KV cache (fa_config_desc.kv_dtype; sm_89 and up); "
+                "forward with --q-dtype: K/V's fp8 format (default: --q-dtype's)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
+  g->add_option("--q-dtype", gen.q_dtype,
+                "Forward: the fp8 forward's kernel, Q, K and V fp8 (fa_config_desc.q_dtype; sm_89 "
+                "and up)")
       ->check(CLI::IsMember({"e4m3", "e5m2"}))
       ->type_name("e4m3|e5m2");
   g->add_option("--lse-partial-format", gen.lse_partial_format,
@@ -205,6 +211,22 @@ int run_main(int argc, char **argv) {
   r->add_flag("--alibi", run.alibi,
               "ALiBi with the standard slopes 2^(-8(h+1)/heads_q) (BLOOM's rule when heads_q is "
               "not a power of two)");
+  r->add_option("--q-dtype", run.q_dtype,
+                "The fp8 forward (sm_89+): quantise the Q, K and V .npy values to e4m3 or e5m2 "
+                "bytes (round to nearest even, saturating) with descales amax / 448 (e4m3) or "
+                "amax / 57344 (e5m2) per --kv-scale group (Q's: the queries of a KV head); O in "
+                "--dtype; the reference uses the values the bytes hold; tolerance 3e-2 (P is "
+                "rounded to e4m3)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
+  r->add_option("--kv-dtype", run.kv_dtype, "With --q-dtype: K/V's fp8 format (default: Q's)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}))
+      ->type_name("e4m3|e5m2");
+  r->add_option("--kv-scale", run.kv_scale,
+                "With --q-dtype: one descale per (batch, kv head) (head, the default) or per "
+                "tensor (tensor)")
+      ->check(CLI::IsMember({"head", "tensor"}))
+      ->type_name("head|tensor");
   add_kv_options(r, &run);
   add_attention_options(r, &run.attn, false);
   add_backend_option(r, &run.backend);

@@ -227,10 +227,11 @@ int report(const RunOptions &opts, const Runtime &rt, const Outcome &r) {
               ", compiles %" PRIu64 " (%s)\n",
               cs.memory_hits, cs.disk_hits, cs.misses, cs.compiles, where.c_str());
 
-  const double atol = r.dtype == FA_DTYPE_BF16 ? kAtolBf16 : kAtolFp16;
+  const double atol = r.fp8_forward ? kAtolFp8 : r.dtype == FA_DTYPE_BF16 ? kAtolBf16 : kAtolFp16;
+  const double rel_l2_max = r.fp8_forward ? kAtolFp8 : kRelL2Max;
   const fa::ref::ErrorStats e = fa::ref::compare(r.o.data(), r.o_ref.data(), r.o.size());
   const double o_tol = atol * std::max(1.0, e.max_ref);
-  bool pass = e.nonfinite == 0 && e.max_abs <= o_tol && e.rel_l2 < kRelL2Max;
+  bool pass = e.nonfinite == 0 && e.max_abs <= o_tol && e.rel_l2 < rel_l2_max;
   std::printf("error O:     max_abs %.3e, max|ref| %.3e, rel_l2 %.3e, non-finite %lld\n", e.max_abs,
               e.max_ref, e.rel_l2, e.nonfinite);
 
@@ -259,7 +260,7 @@ int report(const RunOptions &opts, const Runtime &rt, const Outcome &r) {
   std::printf(
       "%s (tolerance: max_abs <= %.0e * max(1, max|ref|) = %.3e, rel_l2 < %.0e, "
       "no non-finite)\n",
-      pass ? "PASS" : "FAIL", atol, o_tol, kRelL2Max);
+      pass ? "PASS" : "FAIL", atol, o_tol, rel_l2_max);
   std::fflush(stdout);
   return pass ? kExitOk : kExitFail;
 }

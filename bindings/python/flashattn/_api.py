@@ -550,11 +550,14 @@ class Config:
     1/sqrt(head_dim); softcap 0 = off. kv_dtype (since 0.5) None = dtype, or
     'e4m3' | 'e5m2': the KV cache holds fp8 bytes (uint8 arrays) for
     decode(), whose k_descale/v_descale scale them; Q and O stay dtype (sm_89+,
-    head dims multiples of 16)."""
+    head dims multiples of 16). q_dtype (since 0.6) None = dtype, or 'e4m3' |
+    'e5m2' with an fp8 kv_dtype: the fp8 forward (forward() only): Q, K and V
+    are fp8 bytes scaled by q_descale/k_descale/v_descale, O is dtype (fp16
+    or bf16)."""
 
     def __init__(self, *, head_dim, num_heads_q, num_heads_kv=None, dtype="fp16",
                  head_dim_v=0, causal=False, window=(-1, -1), softmax_scale=0.0,
-                 softcap=0.0, kv_dtype=None):
+                 softcap=0.0, kv_dtype=None, q_dtype=None):
         self._guard = _Handle(None, "Config")  # closed until created
         lib = _lib.lib()
         self._lib = lib
@@ -582,6 +585,12 @@ class Config:
         if kv_dtype not in _KV_DTYPES:
             raise invalid("Config: kv_dtype must be None, 'e4m3' or 'e5m2', got %r" % (kv_dtype,))
         d.kv_dtype = _KV_DTYPES[kv_dtype]
+        if q_dtype not in _KV_DTYPES:
+            raise invalid("Config: q_dtype must be None, 'e4m3' or 'e5m2', got %r" % (q_dtype,))
+        if q_dtype is not None and kv_dtype is None:
+            raise invalid("Config: q_dtype %r (an fp8 Q, the fp8 forward) needs an fp8 K and V "
+                          "too: kv_dtype must be 'e4m3' or 'e5m2'" % (q_dtype,))
+        d.q_dtype = _KV_DTYPES[q_dtype]
         handle = ctypes.c_void_p()
         check(lib.fa_config_create(ctypes.byref(d), ctypes.byref(handle)))
         self._guard = _Handle(handle.value, "Config")
@@ -595,11 +604,17 @@ class Config:
         self.softmax_scale = float(softmax_scale) or 1.0 / math.sqrt(self.head_dim)
         self.softcap = float(softcap)
         self.kv_dtype = kv_dtype
+        self.q_dtype = q_dtype
 
     @property
     def _kv_elem(self):
         """The element type of K/V tensors: the dtype, or 'fp8' (bytes)."""
         return "fp8" if self.kv_dtype else self.dtype
+
+    @property
+    def _q_elem(self):
+        """The element type of Q in forward(): the dtype, or 'fp8' (bytes)."""
+        return "fp8" if self.q_dtype else self.dtype
 
     def _h(self):
         h = self._guard._handle
@@ -1013,7 +1028,8 @@ def _lengths(view, label, what, limit, limit_name):
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            block_table=None, seqused_k=None, sinks=None, alibi_slopes=None, stream=None):
+            block_table=None, seqused_k=None, sinks=None, alibi_slopes=None, q_descale=None,
+            k_descale=None, v_descale=None, stream=None):
     """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
 
     Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
@@ -1046,6 +1062,16 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     logit of query i, key j loses slope * |i + seqlen_k - seqlen_q - j|
     (after softcap; bottom-right aligned, per sequence with varlen or
     seqused_k), causal or not. The sink is not biased.
+
+    The fp8 forward (since 0.6; FlashAttention-3's): with a Config of
+    q_dtype and kv_dtype 'e4m3' | 'e5m2', q, k and v hold fp8 bytes (NumPy
+    or torch uint8, or torch.float8_e4m3fn / float8_e5m2, whose DLPack
+    format must match the Config's); an element's value is fp8(byte) *
+    descale, with q_descale / k_descale / v_descale fp32, a scalar or
+    [batch, num_heads_kv] (any strides, the same for all three; a query
+    head uses its KV head's q_descale), or None = 1, as decode()'s
+    descales. O (and out=) is the Config's dtype. S and P V run on fp8
+    tensor cores with f32 accumulation, P rounded to e4m3 (sm_89+).
 
     Host cu_seqlens (NumPy, list, CPU DLPack) are validated before anything
     runs: 1-D integers of length batch + 1 that fit int32, starting at 0,
@@ -1080,7 +1106,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         if varlen and not cache and (cu_seqlens_q is None or cu_seqlens_k is None):
             raise invalid("forward: cu_seqlens_q and cu_seqlens_k go together")
-        qv = call.input(q, "q", dt, first=True)
+        qv = call.input(q, "q", cfg._q_elem, first=True)
         H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
         a = _lib.new(_lib.fa_forward_args)
         want_lse = return_lse or lse is not None
@@ -1130,16 +1156,16 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             kt, vt = kvc.k, kvc.v
             a.kv = kvc.layout
         elif not varlen:
-            kv = call.input(k, "k", dt)
-            vv = call.input(v, "v", dt)
+            kv = call.input(k, "k", cfg._kv_elem)
+            vv = call.input(v, "v", cfg._kv_elem)
             _, Sk, _, _ = _expect(kv, "forward: k", (B, None, Hk, D),
                                   ("batch", "seqlen_k", "num_heads_kv", "head_dim"))
             _expect(vv, "forward: v", (B, Sk, Hk, Dv),
                     ("batch", "seqlen_k", "num_heads_kv", "head_dim_v"))
             kt, vt = _ft(kv), _ft(vv)
         else:
-            kv = call.input(k, "k", dt)
-            vv = call.input(v, "v", dt)
+            kv = call.input(k, "k", cfg._kv_elem)
+            vv = call.input(v, "v", cfg._kv_elem)
             Tk = packed(kv, "forward: k", Hk, D, ("total_k", "num_heads_kv", "head_dim"))
             if packed(vv, "forward: v", Hk, Dv, ("total_k", "num_heads_kv", "head_dim_v")) != Tk:
                 raise invalid("forward: v has %d rows, k has %d" % (vv.shape[-3], Tk))
@@ -1170,6 +1196,9 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             a.seqused_k = suv.ptr
         a.sinks = _sinks(call, sinks, H, "forward")
         a.alibi_slopes, a.alibi_slopes_stride = _alibi(call, alibi_slopes, B, H, "forward")
+        _descales(call, a, B, Hk, q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale)
+        _check_fp8_formats(call, qv)
         if kvc is not None and lengths is not None:
             _check_cache_lengths(kvc, "forward", lengths,
                                  "seqused_k" if seqused_k is not None else "seqlen_k", ("k", "v"))
@@ -1213,6 +1242,60 @@ def _alibi(call, slopes, B, H, what):
         raise invalid("%s: alibi_slopes: the last dim must be contiguous and rows must not "
                       "overlap, strides %r (elements)" % (what, sv.strides))
     return sv.ptr, (sv.strides[0] if B > 1 else H)
+
+
+def _descales(call, a, B, Hk, **descales):
+    """Fills a's fp8 descales (q_descale, k_descale, v_descale, the given
+    ones) and descale_stride: fp32 scalars (one value per tensor) or [B, Hk]
+    tensors, all of one shape and strides; None = 1.0. k/v descales need an
+    fp8 kv_dtype, q_descale an fp8 q_dtype."""
+    cfg, what = call.cfg, call.name
+    given = [(n, x) for n, x in descales.items() if x is not None]
+    if not given:
+        return
+    for name, x in given:
+        fmt = cfg.q_dtype if name == "q_descale" else cfg.kv_dtype
+        if not fmt:
+            raise invalid("%s: %s is for an fp8 %s (Config %s 'e4m3' or 'e5m2')"
+                          % (what, name, "Q" if name == "q_descale" else "KV cache",
+                             "q_dtype" if name == "q_descale" else "kv_dtype"))
+    strides = set()
+    for name, x in given:
+        if isinstance(x, (int, float)) or type(x).__module__ == "numpy" and \
+                not is_ndarray(x):  # a Python or NumPy scalar
+            import numpy as np
+            x = np.asarray(x, dtype=np.float32)
+        dv_ = call.input(x, name, "fp32")
+        if dv_.shape in ((), (1,)):
+            strides.add((0, 0))
+        elif dv_.shape == (B, Hk):
+            strides.add(tuple(dv_.strides))
+        else:
+            raise invalid("%s: %s: shape %r, expected a scalar or [%d, %d] (batch, num_heads_kv)"
+                          % (what, name, dv_.shape, B, Hk))
+        setattr(a, name, dv_.ptr)
+    if len(strides) != 1:
+        raise invalid("%s: %s must have the same shape and strides (one descale_stride)"
+                      % (what, " and ".join(n for n, _ in given)))
+    a.descale_stride[0], a.descale_stride[1] = strides.pop()
+
+
+def _check_fp8_formats(call, qv):
+    """A DLPack fp8 format (torch.float8_e4m3fn / float8_e5m2) must be the
+    Config's: q_dtype for the view qv (None: no fp8 Q), kv_dtype for the
+    others (e.g. a torch.float8_e5m2 cache with kv_dtype 'e4m3' is an error,
+    not a reinterpretation)."""
+    cfg = call.cfg
+    for v in call.views:
+        if v.fp8_format is None:
+            continue
+        if v is qv:
+            if v.fp8_format != cfg.q_dtype:
+                raise invalid("%s: q holds %s values (its DLPack dtype) but the Config's q_dtype "
+                              "is %r" % (call.name, v.fp8_format, cfg.q_dtype))
+        elif v.fp8_format != cfg.kv_dtype:
+            raise invalid("%s: the KV cache holds %s values (its DLPack dtype) but the Config's "
+                          "kv_dtype is %r" % (call.name, v.fp8_format, cfg.kv_dtype))
 
 
 def _pack_tree_mask(mask, B, Sq):
@@ -1380,37 +1463,10 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
             a.tree_mask_stride[0] = 0 if tv.shape[0] == 1 else tv.strides[0] * 4
             a.tree_mask_stride[1] = tv.strides[1] * 4
         a.sinks = _sinks(call, sinks, cfg.num_heads_q, "decode")
-        if k_descale is not None or v_descale is not None:
-            if not cfg.kv_dtype:
-                raise invalid("decode: k_descale/v_descale are for an fp8 KV cache (Config "
-                              "kv_dtype 'e4m3' or 'e5m2')")
-            strides = set()
-            for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
-                if x is None:
-                    continue
-                if isinstance(x, (int, float)) or type(x).__module__ == "numpy" and \
-                        not is_ndarray(x):  # a Python or NumPy scalar
-                    import numpy as np
-                    x = np.asarray(x, dtype=np.float32)
-                dv_ = call.input(x, name, "fp32")
-                if dv_.shape in ((), (1,)):
-                    strides.add((0, 0))
-                elif dv_.shape == (B, Hk):
-                    strides.add(tuple(dv_.strides))
-                else:
-                    raise invalid("decode: %s: shape %r, expected a scalar or [%d, %d] "
-                                  "(batch, num_heads_kv)" % (name, dv_.shape, B, Hk))
-                setattr(a, name, dv_.ptr)
-            if len(strides) != 1:
-                raise invalid("decode: k_descale and v_descale must have the same shape and "
-                              "strides (one descale_stride)")
-            a.descale_stride[0], a.descale_stride[1] = strides.pop()
+        _descales(call, a, B, Hk, k_descale=k_descale, v_descale=v_descale)
         a.alibi_slopes, a.alibi_slopes_stride = _alibi(call, alibi_slopes, B, cfg.num_heads_q,
                                                        "decode")
-        for v in call.views:  # e.g. a torch.float8_e5m2 cache with kv_dtype 'e4m3'
-            if v.fp8_format is not None and v.fp8_format != cfg.kv_dtype:
-                raise invalid("decode: the KV cache holds %s values (its DLPack dtype) but the "
-                              "Config's kv_dtype is %r" % (v.fp8_format, cfg.kv_dtype))
+        _check_fp8_formats(call, None)
         lib = _lib.lib()
         nbytes, splits = ctypes.c_size_t(), ctypes.c_int32()
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),

@@ -86,6 +86,7 @@ class fa_config_desc(ctypes.Structure):
         ("softmax_scale", c_float),
         ("softcap", c_float),
         ("kv_dtype", c_int64),  # since 0.5
+        ("q_dtype", c_int64),  # since 0.6
     ]
 
 
@@ -146,6 +147,7 @@ class fa_forward_args(ctypes.Structure):
         ("k_descale", c_uint64),  # since 0.5
         ("v_descale", c_uint64),
         ("descale_stride", c_int64 * 2),
+        ("q_descale", c_uint64),  # since 0.6
     ]
 
 

@@ -22,7 +22,7 @@ import sys
 
 from ._errors import invalid
 
-# "fp8": the bytes of an fp8 KV cache (e4m3 or e5m2 as the Config says),
+# "fp8": the bytes of an fp8 KV cache or Q (e4m3 or e5m2 as the Config says),
 # uint8 on the host.
 ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "int32": 4, "fp8": 1}
 _TYPESTR = {"f2": "fp16", "f4": "fp32", "i4": "int32", "u1": "fp8"}
@@ -152,8 +152,8 @@ def host_storage(arr, dtype, what):
         return np.ascontiguousarray(arr, dtype=np.float32)
     if dtype == "fp8":
         if arr.dtype != np.uint8:
-            raise invalid("%s: a NumPy array for an fp8 KV cache must be uint8 (the fp8 "
-                          "bytes), got %s" % (what, arr.dtype))
+            raise invalid("%s: a NumPy array of fp8 values (an fp8 kv_dtype / q_dtype) must be "
+                          "uint8 (the fp8 bytes), got %s" % (what, arr.dtype))
         return np.ascontiguousarray(arr)
     if dtype == "int32":
         if kind not in "iu":

@@ -117,6 +117,30 @@ def tol(dtype):
     return 4e-3 if dtype == "fp16" else 2.5e-2
 
 
+def fp8_values(e5m2):
+    """The value of every fp8 code (NaN for the NaN codes, +-inf for e5m2's)."""
+    codes = np.arange(256)
+    mb, bias = (2, 15) if e5m2 else (3, 7)
+    e = (codes & 0x7F) >> mb
+    m = codes & ((1 << mb) - 1)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    val = np.where(e == 0, m * 2.0 ** (1 - bias - mb), (2 ** mb + m) * 2.0 ** (e - bias - mb))
+    val = sign * val
+    if e5m2:
+        val = np.where(e == 31, np.where(m == 0, sign * np.inf, np.nan), val)
+    else:
+        val = np.where((e == 15) & (m == 7), np.nan, val)
+    return val
+
+
+def quantize(x, e5m2):
+    """The nearest finite fp8 code of each value (saturating)."""
+    vals = fp8_values(e5m2)
+    finite = np.flatnonzero(np.isfinite(vals))
+    d = np.abs(x.reshape(-1, 1) - vals[finite][None, :])
+    return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
+
+
 class FakeCAI:
     """A minimal __cuda_array_interface__ v3 exporter (device pointer, shape,
     byte strides, typestr, stream): on the emulator, device pointers are

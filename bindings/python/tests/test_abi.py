@@ -39,6 +39,9 @@ def test_struct_layout_matches_c(tmp_path):
                          % (name, field, name, field))
             expect.append("%s.%s %d" % (name, field, getattr(s, field).offset))
     consts = {"FA_FORWARD_ARGS_SIZE_0_2": _lib.fa_forward_args.kv.offset,
+              "FA_FORWARD_ARGS_SIZE_0_5": _lib.fa_forward_args.q_descale.offset,
+              "FA_CONFIG_DESC_SIZE_0_4": _lib.fa_config_desc.kv_dtype.offset,
+              "FA_CONFIG_DESC_SIZE_0_5": _lib.fa_config_desc.q_dtype.offset,
               "FA_DECODE_ARGS_SIZE_0_2": _lib.fa_decode_args.kv.offset,
               "FA_DECODE_INVARIANT_SPLIT": _lib.DECODE_INVARIANT_SPLIT,
               "FA_KV_CONTIGUOUS": _lib.KV_CONTIGUOUS, "FA_KV_PAGED": _lib.KV_PAGED,
@@ -73,3 +76,20 @@ def test_version_and_library():
     env = os.environ.get("FLASHATTN_LIBRARY")
     if env:
         assert fa.library_path() == env
+
+
+def test_0_5_sized_config_desc_is_accepted():
+    """A caller built against 0.5 passes FA_CONFIG_DESC_SIZE_0_5: q_dtype, past
+    its struct_size, is not read (0.5 has no fp8 Q)."""
+    import ctypes
+    lib = _lib.lib()
+    d = _lib.new(_lib.fa_config_desc)
+    d.dtype, d.head_dim, d.num_heads_q, d.num_heads_kv = _lib.DTYPE_FP16, 64, 2, 2
+    d.window_left = d.window_right = -1
+    d.q_dtype = 99  # garbage past a 0.5 struct
+    d.struct_size = _lib.fa_config_desc.q_dtype.offset
+    h = ctypes.c_void_p()
+    assert lib.fa_config_create(ctypes.byref(d), ctypes.byref(h)) == _lib.SUCCESS
+    lib.fa_config_destroy(h)
+    d.struct_size = ctypes.sizeof(d)  # the whole 0.6 struct: q_dtype 99 is read and refused
+    assert lib.fa_config_create(ctypes.byref(d), ctypes.byref(h)) != _lib.SUCCESS

@@ -7,32 +7,8 @@ arguments."""
 import numpy as np
 import pytest
 
-from conftest import as_float, ref_attention, rng, round_to, tol
+from conftest import as_float, fp8_values, quantize, ref_attention, rng, round_to, tol
 import flashattn as fa
-
-
-def fp8_values(e5m2):
-    """The value of every fp8 code (NaN for the NaN codes, +-inf for e5m2's)."""
-    codes = np.arange(256)
-    mb, bias = (2, 15) if e5m2 else (3, 7)
-    e = (codes & 0x7F) >> mb
-    m = codes & ((1 << mb) - 1)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    val = np.where(e == 0, m * 2.0 ** (1 - bias - mb), (2 ** mb + m) * 2.0 ** (e - bias - mb))
-    val = sign * val
-    if e5m2:
-        val = np.where(e == 31, np.where(m == 0, sign * np.inf, np.nan), val)
-    else:
-        val = np.where((e == 15) & (m == 7), np.nan, val)
-    return val
-
-
-def quantize(x, e5m2):
-    """The nearest finite fp8 code of each value (saturating)."""
-    vals = fp8_values(e5m2)
-    finite = np.flatnonzero(np.isfinite(vals))
-    d = np.abs(x.reshape(-1, 1) - vals[finite][None, :])
-    return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 5;
-pub const FLASHATTN_VERSION_PATCH: u32 = 1;
+pub const FLASHATTN_VERSION_MINOR: u32 = 6;
+pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
     FLASHATTN_VERSION_MAJOR * 10000 + FLASHATTN_VERSION_MINOR * 100 + FLASHATTN_VERSION_PATCH;
@@ -53,9 +53,9 @@ pub type fa_dtype = c_int;
 pub const FA_DTYPE_FP16: fa_dtype = 1;
 pub const FA_DTYPE_BF16: fa_dtype = 2;
 pub const FA_DTYPE_FP32: fa_dtype = 3;
-/// Since 0.5: fp8 e4m3 (only as fa_config_desc.kv_dtype).
+/// Since 0.5: fp8 e4m3 (only as fa_config_desc.kv_dtype and, since 0.6, q_dtype).
 pub const FA_DTYPE_FP8_E4M3: fa_dtype = 4;
-/// Since 0.5: fp8 e5m2 (only as fa_config_desc.kv_dtype).
+/// Since 0.5: fp8 e5m2 (only as fa_config_desc.kv_dtype and, since 0.6, q_dtype).
 pub const FA_DTYPE_FP8_E5M2: fa_dtype = 5;
 
 pub type fa_backend = c_int;
@@ -171,10 +171,16 @@ pub struct fa_config_desc {
     /// KV cache holds fp8 bytes (fa_decode only, sm_89+). 64-bit so that
     /// 0.4's struct, padding included, ends where it begins.
     pub kv_dtype: i64,
+    /// Since 0.6: 0 = dtype, or FA_DTYPE_FP8_E4M3 / FA_DTYPE_FP8_E5M2 with an
+    /// fp8 kv_dtype: Q is fp8 bytes too, the fp8 forward (fa_launch only,
+    /// sm_89+; O in dtype, fp16 or bf16).
+    pub q_dtype: i64,
 }
 
 /// struct_size of fa_config_desc in flashattn 0.4 (ends before `kv_dtype`).
 pub const FA_CONFIG_DESC_SIZE_0_4: usize = core::mem::offset_of!(fa_config_desc, kv_dtype);
+/// struct_size of fa_config_desc in flashattn 0.5 (ends before `q_dtype`).
+pub const FA_CONFIG_DESC_SIZE_0_5: usize = core::mem::offset_of!(fa_config_desc, q_dtype);
 
 impl Default for fa_config_desc {
     fn default() -> Self {
@@ -191,6 +197,7 @@ impl Default for fa_config_desc {
             softmax_scale: 0.0,
             softcap: 0.0,
             kv_dtype: 0,
+            q_dtype: 0,
         }
     }
 }
@@ -358,10 +365,14 @@ pub struct fa_forward_args {
     /// Elements between sequences' slopes (>= num_heads_q), or 0 = one row.
     pub alibi_slopes_stride: i64,
     /// Since 0.5: fp8 KV descales (fp32, or 0 = 1.0), (b, h_kv) at
-    /// b * descale_stride[0] + h_kv * descale_stride[1].
+    /// b * descale_stride[0] + h_kv * descale_stride[1]; used by the fp8
+    /// forward (fa_config_desc.q_dtype) since 0.6.
     pub k_descale: u64,
     pub v_descale: u64,
     pub descale_stride: [i64; 2],
+    /// Since 0.6: the fp8 Q's descale (fa_config_desc.q_dtype), as k_descale
+    /// (the same descale_stride; a query head uses its KV head's), or 0 = 1.0.
+    pub q_descale: u64,
 }
 
 /// struct_size of fa_forward_args in flashattn 0.2 (ends before `kv`).
@@ -370,6 +381,8 @@ pub const FA_FORWARD_ARGS_SIZE_0_2: usize = core::mem::offset_of!(fa_forward_arg
 pub const FA_FORWARD_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_forward_args, sinks);
 /// struct_size of fa_forward_args in flashattn 0.4.1 (ends before `alibi_slopes`).
 pub const FA_FORWARD_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_forward_args, alibi_slopes);
+/// struct_size of fa_forward_args in flashattn 0.5 (ends before `q_descale`).
+pub const FA_FORWARD_ARGS_SIZE_0_5: usize = core::mem::offset_of!(fa_forward_args, q_descale);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -393,6 +406,7 @@ impl Default for fa_forward_args {
             k_descale: 0,
             v_descale: 0,
             descale_stride: [0; 2],
+            q_descale: 0,
         }
     }
 }

@@ -50,7 +50,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             window_right,
             softmax_scale,
             softcap,
-            kv_dtype
+            kv_dtype,
+            q_dtype
         }
     );
     layout!(rows, fa_tensor { data, stride });
@@ -137,7 +138,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             alibi_slopes_stride,
             k_descale,
             v_descale,
-            descale_stride
+            descale_stride,
+            q_descale
         }
     );
     layout!(
@@ -300,6 +302,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_DECODE_ARGS_SIZE_0_4_1,
         FA_GENERATE_OPTIONS_SIZE_0_4_1,
         FA_GENERATE_OPTIONS_SIZE_0_5,
+        FA_CONFIG_DESC_SIZE_0_5,
+        FA_FORWARD_ARGS_SIZE_0_5,
         FA_DTYPE_FP8_E4M3,
         FA_DTYPE_FP8_E5M2,
         FA_LSE_NATURAL,
@@ -421,6 +425,8 @@ fn defaults_match_init_macros() {
     );
     assert_eq!(d.rotary_positions_stride, 0);
     assert_eq!((g.append_kv, g.rotary, g.rotary_dtype), (0, 0, 0));
+    // 0.6's fields default to "as 0.5": a Q of dtype, no Q descale.
+    assert_eq!((fa_config_desc::default().q_dtype, f.q_descale), (0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
 }
 

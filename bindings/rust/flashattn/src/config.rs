@@ -28,8 +28,10 @@ impl Dtype {
 }
 
 /// The KV cache's element type (fa_config_desc.kv_dtype, since 0.5): the
-/// config's dtype, or fp8 bytes (fa_decode only, sm_89+, head dims
-/// multiples of 16) whose values the descales of `Descales` scale.
+/// config's dtype, or fp8 bytes (sm_89+, head dims multiples of 16) whose
+/// values the descales of `Descales` scale: fa_decode, and fa_launch with an
+/// fp8 Q. Also Q's element type (fa_config_desc.q_dtype, since 0.6, with an
+/// fp8 kv_dtype: the fp8 forward, `Runtime::forward_fp8`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvDtype {
     #[default]
@@ -84,6 +86,7 @@ pub struct ConfigBuilder {
     softmax_scale: f32,
     softcap: f32,
     kv_dtype: KvDtype,
+    q_dtype: KvDtype,
 }
 
 impl Default for ConfigBuilder {
@@ -100,6 +103,7 @@ impl Default for ConfigBuilder {
             softmax_scale: 0.0,
             softcap: 0.0,
             kv_dtype: KvDtype::Same,
+            q_dtype: KvDtype::Same,
         }
     }
 }
@@ -150,6 +154,13 @@ impl ConfigBuilder {
         self.kv_dtype = kv;
         self
     }
+    /// Q's element type (since 0.6); `KvDtype::Same` = dtype. E4M3 / E5M2
+    /// need an fp8 `kv_dtype` (else InvalidArgument): the fp8 forward
+    /// (`Runtime::forward_fp8` only), O stays dtype (F16 or BF16).
+    pub fn q_dtype(mut self, q: KvDtype) -> Self {
+        self.q_dtype = q;
+        self
+    }
 
     /// Validates and creates the config (fa_config_create).
     pub fn build(self) -> Result<Config> {
@@ -169,6 +180,7 @@ impl ConfigBuilder {
             softmax_scale: self.softmax_scale,
             softcap: self.softcap,
             kv_dtype: self.kv_dtype.to_sys(),
+            q_dtype: self.q_dtype.to_sys(),
             ..Default::default()
         };
         let mut cfg = std::ptr::null_mut();
@@ -180,6 +192,7 @@ impl ConfigBuilder {
             raw,
             dtype: self.dtype,
             kv_dtype: self.kv_dtype,
+            q_dtype: self.q_dtype,
             head_dim: self.head_dim,
             head_dim_v: if self.head_dim_v == 0 { self.head_dim } else { self.head_dim_v },
             num_heads_q: self.num_heads_q,
@@ -228,6 +241,7 @@ pub struct Config {
     raw: NonNull<sys::fa_config>,
     dtype: Dtype,
     kv_dtype: KvDtype,
+    q_dtype: KvDtype,
     head_dim: i32,
     head_dim_v: i32,
     num_heads_q: i32,
@@ -262,6 +276,18 @@ impl Config {
     /// The KV cache's element type (since 0.5).
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
+    }
+    /// Q's element type (since 0.6).
+    pub fn q_dtype(&self) -> KvDtype {
+        self.q_dtype
+    }
+    /// Bytes per Q element: 1 for an fp8 Q, else the dtype's.
+    pub fn q_elem_size(&self) -> usize {
+        if self.q_dtype == KvDtype::Same {
+            self.dtype.size()
+        } else {
+            1
+        }
     }
     /// Bytes per K/V element: 1 for an fp8 cache, else the dtype's.
     pub fn kv_elem_size(&self) -> usize {

@@ -117,6 +117,15 @@ pub struct RawForwardArgs {
     pub alibi_slopes: u64,
     /// Elements between sequences' slopes (>= num_heads_q), or 0 = one row.
     pub alibi_slopes_stride: i64,
+    /// Since 0.5 (used since 0.6, by the fp8 forward): fp8 K/V descales, fp32
+    /// (0 = 1.0); (b, h_kv) at b * descale_strides[0] + h_kv *
+    /// descale_strides[1] elements.
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub descale_strides: [i64; 2],
+    /// Since 0.6: the fp8 Q's descale, as k_descale (a query head uses its
+    /// KV head's), or 0 = 1.0.
+    pub q_descale: u64,
 }
 
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
@@ -183,12 +192,36 @@ pub struct RawDecodeArgs {
 
 /// The descales of an fp8 KV cache (since 0.5): fp32 buffers, K's value is
 /// fp8(byte) * k[b * strides[0] + h_kv * strides[1]] (V's likewise); None =
-/// 1.0; strides [0, 0] = one value per tensor.
+/// 1.0; strides [0, 0] = one value per tensor. The fp8 forward's Q descale
+/// (since 0.6, `Runtime::forward_fp8`) uses the same strides.
 #[derive(Debug, Clone, Copy)]
 pub struct Descales<'a> {
     pub k: Option<&'a DeviceBuffer>,
     pub v: Option<&'a DeviceBuffer>,
     pub strides: [i64; 2],
+}
+
+impl Descales<'_> {
+    /// (k_descale, v_descale, q_descale) device addresses (0 = none), each
+    /// buffer checked to hold [batch, num_heads_kv] with `strides`.
+    fn checked(
+        &self,
+        rt: &Runtime,
+        cfg: &Config,
+        batch: usize,
+        q: Option<&DeviceBuffer>,
+    ) -> Result<[u64; 3]> {
+        let dims = [batch, cfg.num_heads_kv()];
+        let mut ptrs = [0u64; 3];
+        for (i, (name, buf)) in
+            [("k_descale", self.k), ("v_descale", self.v), ("q_descale", q)].into_iter().enumerate()
+        {
+            if let Some(buf) = buf {
+                ptrs[i] = checked_ptr(rt, name, buf, 0, &self.strides, &dims, 4)?;
+            }
+        }
+        Ok(ptrs)
+    }
 }
 
 impl RawDecodeArgs {
@@ -896,6 +929,10 @@ impl Runtime {
             sinks: args.sinks,
             alibi_slopes: args.alibi_slopes,
             alibi_slopes_stride: args.alibi_slopes_stride,
+            k_descale: args.k_descale,
+            v_descale: args.v_descale,
+            descale_stride: args.descale_strides,
+            q_descale: args.q_descale,
             ..Default::default()
         };
         check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &a, stream))
@@ -931,7 +968,27 @@ impl Runtime {
     /// the library's (sizes, strides, alignment, page fields), then as
     /// `forward_raw`.
     pub fn forward_kv(&self, cfg: &Config, args: ForwardKvArgs<'_>) -> Result<()> {
-        self.forward_kv_impl(cfg, args, None, None)
+        self.forward_kv_impl(cfg, args, None, None, None)
+    }
+
+    /// The fp8 forward (since 0.6; FlashAttention-3's): `forward_kv` with a
+    /// Config whose `q_dtype` and `kv_dtype` are E4M3 / E5M2. q, k and v hold
+    /// fp8 bytes; an element's value is fp8(byte) * descale, `q_descale`
+    /// and `descales.k` / `descales.v` fp32 [batch, num_heads_kv] with
+    /// `descales.strides` (shared; [0, 0] = one value per tensor), None =
+    /// 1.0; a query head uses its KV head's q_descale. o is the Config's
+    /// dtype (F16 or BF16). S = Q K^T and P V run on fp8 tensor cores with
+    /// f32 accumulation, P rounded to e4m3. Errors: as `forward_kv`, plus
+    /// InvalidArgument when a descale buffer is too short or memory of
+    /// another runtime; Unsupported below sm_89.
+    pub fn forward_fp8(
+        &self,
+        cfg: &Config,
+        args: ForwardKvArgs<'_>,
+        q_descale: Option<&DeviceBuffer>,
+        descales: Descales<'_>,
+    ) -> Result<()> {
+        self.forward_kv_impl(cfg, args, None, None, Some((q_descale, descales)))
     }
 
     /// `forward_kv` with attention sinks (since 0.4.1; gpt-oss): `sinks` holds
@@ -948,7 +1005,7 @@ impl Runtime {
         args: ForwardKvArgs<'_>,
         sinks: &DeviceBuffer,
     ) -> Result<()> {
-        self.forward_kv_impl(cfg, args, Some(sinks), None)
+        self.forward_kv_impl(cfg, args, Some(sinks), None, None)
     }
 
     /// `forward_kv` (with attention sinks when `sinks` is given) and ALiBi
@@ -964,7 +1021,7 @@ impl Runtime {
         sinks: Option<&DeviceBuffer>,
         alibi: Alibi<'_>,
     ) -> Result<()> {
-        self.forward_kv_impl(cfg, args, sinks, Some(alibi))
+        self.forward_kv_impl(cfg, args, sinks, Some(alibi), None)
     }
 
     fn forward_kv_impl(
@@ -973,11 +1030,12 @@ impl Runtime {
         args: ForwardKvArgs<'_>,
         sinks: Option<&DeviceBuffer>,
         alibi: Option<Alibi<'_>>,
+        fp8: Option<(Option<&DeviceBuffer>, Descales<'_>)>,
     ) -> Result<()> {
         let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k);
         let (hq, d, dv) = (cfg.num_heads_q(), cfg.head_dim(), cfg.head_dim_v());
         let e = cfg.dtype().size();
-        let q = tensor(self, "q", &args.q, [b, sq, hq, d], e)?;
+        let q = tensor(self, "q", &args.q, [b, sq, hq, d], cfg.q_elem_size())?;
         let kv = resolve_kv(self, cfg, &args.kv, ["k", "v"], (b, sk), || match args.seqused_k {
             Some(buf) => read_lengths(self, "seqused_k", buf, b, sk),
             None => Ok(vec![sk; b]),
@@ -1002,12 +1060,15 @@ impl Runtime {
                 Some(buf) => checked_ptr(self, "sinks", buf, 0, &[1], &[hq], 4)?,
                 None => 0,
             },
-            alibi_slopes: 0,
-            alibi_slopes_stride: 0,
+            ..Default::default()
         };
         let mut raw = raw;
         if let Some(a) = alibi {
             (raw.alibi_slopes, raw.alibi_slopes_stride) = a.checked(self, b, hq)?;
+        }
+        if let Some((q_descale, ds)) = fp8 {
+            raw.descale_strides = ds.strides;
+            [raw.k_descale, raw.v_descale, raw.q_descale] = ds.checked(self, cfg, b, q_descale)?;
         }
         // SAFETY: every extent lies in a live buffer of this runtime, and the
         // pages and pointers the kernel follows were checked above; outputs
@@ -1209,14 +1270,8 @@ impl Runtime {
             (raw.alibi_slopes, raw.alibi_slopes_stride) = a.checked(self, b, hq)?;
         }
         if let Some(ds) = descales {
-            let dims = [b, cfg.num_heads_kv()];
             raw.descale_strides = ds.strides;
-            if let Some(k) = ds.k {
-                raw.k_descale = checked_ptr(self, "k_descale", k, 0, &ds.strides, &dims, 4)?;
-            }
-            if let Some(v) = ds.v {
-                raw.v_descale = checked_ptr(self, "v_descale", v, 0, &ds.strides, &dims, 4)?;
-            }
+            [raw.k_descale, raw.v_descale, _] = ds.checked(self, cfg, b, None)?;
         }
         if let Some(a) = &append {
             let hkv = cfg.num_heads_kv();

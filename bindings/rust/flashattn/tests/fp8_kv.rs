@@ -5,7 +5,7 @@
 //! first; Unsupported on sm_80; a too-short descale buffer rejected.
 mod common;
 
-use common::{max_abs_err, reference, Problem, Rng};
+use common::{fp8_value, max_abs_err, quantize, reference, Problem, Rng};
 use flashattn::{
     Backend, CacheMode, Config, DecodeKvArgs, Descales, DeviceBuffer, KvCache, KvDtype, Runtime,
     Status, Tensor, TensorMut,
@@ -25,34 +25,6 @@ fn runtime(sm: i32) -> Runtime {
         .emulator_sm(sm)
         .build()
         .unwrap()
-}
-
-/// The value of an fp8 code (OCP formats: e4m3 bias 7, e5m2 bias 15).
-fn fp8_value(code: u8, e5m2: bool) -> f64 {
-    let (mb, bias) = if e5m2 { (2, 15) } else { (3, 7) };
-    let e = ((code & 0x7f) >> mb) as i32;
-    let m = (code & ((1 << mb) - 1)) as f64;
-    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
-    if (e5m2 && e == 31) || (!e5m2 && e == 15 && m == 7.0) {
-        return f64::NAN;
-    }
-    if e == 0 {
-        sign * m * 2f64.powi(1 - bias - mb)
-    } else {
-        sign * ((1 << mb) as f64 + m) * 2f64.powi(e - bias - mb)
-    }
-}
-
-/// The finite code nearest to x.
-fn quantize(x: f64, e5m2: bool) -> u8 {
-    let mut best = (0u8, f64::INFINITY);
-    for c in 0..=255u8 {
-        let v = fp8_value(c, e5m2);
-        if v.is_finite() && (v - x).abs() < best.1 {
-            best = (c, (v - x).abs());
-        }
-    }
-    best.0
 }
 
 /// Contiguous decode arguments over q, k, v and cache_seqlens (`b`).
