@@ -327,7 +327,9 @@ class ForwardTcGen {
       o_.push_back(tile::acc_tile(b_, nO_));
       tile::zero(b_, o_.back());
     }
-    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, MT_, spec_.softcap ? Reg() : score_scale_);
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(
+        e_, MT_, spec_.softcap ? Reg() : score_scale_,
+        fp8_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
     done_ = b_.label();
 
     b_.comment("prologue: padding columns, Q tile, K of the last tile");

@@ -58,11 +58,12 @@ def visible_mask(sq, sk_valid, sk_cap, causal, window):
 
 
 def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, seqlens_k=None,
-                  alibi=None):
+                  alibi=None, p_fp8=False):
     """fp64 attention. q [B,Sq,H,D], k/v [B,Sk,Hk,D(v)]; seqlens_k[b] valid
     keys (default Sk); alibi: ALiBi slopes [H] or [B,H] (the logit of query
     i, key j loses slope * |i + L - Sq - j|). Returns O [B,Sq,H,Dv] and LSE
-    [B,H,Sq] (-inf, O=0 for rows that see no key)."""
+    [B,H,Sq] (-inf, O=0 for rows that see no key). p_fp8: the fp8 forward's
+    rounding, each 2^8 e^(s - max) to e4m3 in P V (the row sums unrounded)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -89,7 +90,8 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
         l = p.sum(axis=-1, keepdims=True)
         vb = vv[b].copy()
         vb[L:] = 0  # keys past seqlens_k[b] are never read (they may hold NaN)
-        ob = np.einsum("hqk,khd->qhd", p / np.where(seen, l, 1), vb)
+        pv = fp8_values(False)[quantize(256 * p, False)] / 256 if p_fp8 else p
+        ob = np.einsum("hqk,khd->qhd", pv / np.where(seen, l, 1), vb)
         o[b] = ob
         lse[b] = np.where(seen[..., 0], m[..., 0] + np.log(np.where(seen, l, 1)[..., 0]), -np.inf)
     return o, lse

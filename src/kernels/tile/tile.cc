@@ -477,8 +477,8 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
 
 // --------------------------------------------------------- online softmax --
 
-OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2)
-    : e_(e), rows_(2 * m_tiles), c_(scale_log2) {
+OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form)
+    : e_(e), rows_(2 * m_tiles), c_(scale_log2), form_(form) {
   for (int r = 0; r < rows_; ++r) {
     m_.push_back(e.mov(Type::F32, fimm(kNegInf)));
     l_.push_back(e.mov(Type::F32, fimm(0.0f)));
@@ -562,7 +562,7 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
     mnew[r] = mx;
     Reg d = e_.op(Op::Sub, Type::F32, mx, m_[r]);  // +inf for a first key, NaN for none yet
     if (c_.valid()) b.op(Op::Mul, Type::F32, d, d, c_);
-    b.setp(Cmp::Gt, Type::F32, r == 0 ? need : grew, d, fimm(kRescaleLog2));
+    b.setp(Cmp::Gt, Type::F32, r == 0 ? need : grew, d, fimm(form_.rescale_log2));
     if (r > 0) b.op(Op::Or, Type::Pred, need, need, grew);
   }
   // 2. Only when some row of the warp grew that much (a warp-uniform branch):
@@ -593,6 +593,8 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
     const AccTile &sr = s[r / 2];
     const int h = r % 2;
     Reg noff = neg_offset(m_[r]);
+    if (form_.p_offset_log2 != 0.0f)
+      b.op(Op::Add, Type::F32, noff, noff, fimm(form_.p_offset_log2));
     Reg sum = b.f32();
     bool first = true;
     for (const Frag4 &f : sr.f) {
@@ -642,6 +644,7 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
     Reg lg = e_.op(Op::Lg2, Type::F32, l_[r]);
     Reg v = c_.valid() ? e_.op(Op::Fma, Type::F32, m_[r], c_, lg)
                        : e_.op(Op::Add, Type::F32, m_[r], lg);
+    if (form_.p_offset_log2 != 0.0f) b.op(Op::Sub, Type::F32, v, v, fimm(form_.p_offset_log2));
     b.op(Op::Mul, Type::F32, v, v, fimm(kLn2));
     b.selp(Type::F32, v, v, fimm(kNegInf), pos);
     lse->push_back(v);
@@ -682,6 +685,8 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse,
     }
     // The exponentials' offset m c (-inf for a row with no key: l = 0).
     Reg m2 = c_.valid() ? e_.op(Op::Mul, Type::F32, m_[r], c_) : m_[r];
+    if (form_.p_offset_log2 != 0.0f)
+      m2 = e_.op(Op::Sub, Type::F32, m2, fimm(form_.p_offset_log2));  // -inf stays -inf
     const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2);
     lse->push_back(sr.lse);
     for (const Frag4 &f : o[r / 2].f) {

@@ -298,11 +298,26 @@ SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2);
 // every tile (the conditional rescaling of FlashAttention-4); the final
 // O / l and LSE = (m c + log2 l) ln 2 are exact either way. -inf - -inf
 // never reaches an exponential: an empty row uses the offset 0.
+// OnlineSoftmax's form: when it rescales (the maximum grew by more than
+// rescale_log2) and the offset p_offset_log2 of its exponentials.
+struct SoftmaxForm {
+  float rescale_log2 = 8.0f;
+  float p_offset_log2 = 0.0f;
+};
+
 class OnlineSoftmax {
  public:
+  using Form = SoftmaxForm;
   static constexpr float kRescaleLog2 = 8.0f;
+  // The fp8 forward's form (P rounded to e4m3 for the mma): the maximum the
+  // exponentials use is always the row's own (rescale_log2 0: O and l move
+  // whenever it grows), and p = 2^(s c - m c + p_offset_log2) with offset 8
+  // (FlashAttention-3's fp8 max offset): p <= 256, a power of two (exact in
+  // e4m3) at the row's largest score, and e4m3's subnormals start 2^8 lower
+  // in p. l sums the same p; finish takes the offset back out of O and LSE.
+  static Form fp8_form() { return Form{0.0f, 8.0f}; }
   // scale_log2: f32 register, or invalid when scores are already log2-domain.
-  OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2);
+  OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form = Form());
   // One K/V tile: s becomes p (f32, in place); o and l rescaled when needed.
   void step(const std::vector<AccTile> &s, const std::vector<AccTile> &o);
   // step() in two halves, for a kernel whose O is still being written by an
@@ -328,6 +343,7 @@ class OnlineSoftmax {
   Emitter &e_;
   int rows_;
   Reg c_;
+  Form form_;
   std::vector<Reg> m_, l_;
   Reg any_;                 // step_scores: some row of the warp moved its maximum
   std::vector<Reg> alpha_;  // step_scores: each row's pending factor for O
