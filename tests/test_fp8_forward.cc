@@ -12,8 +12,9 @@
 //   of O still poisoned; O within twice the error of the same attention at
 //   the kernel's precision (P rounded to e4m3, f32 sums: the yardstick of
 //   support/numerics.cc), LSE within 2e-3 (the row sums stay f32);
-// - the generated module runs mma.sync m16n8k32 .e4m3/.e5m2 for both
-//   products;
+// - where the fp8 mma is native (sm_89, sm_120) the module runs mma.sync
+//   m16n8k32 .e4m3/.e5m2 for both products; on sm_90 (ptxas expands that
+//   mma there) the same cases run with Q, K, V converted to f16 on load;
 // - UNSUPPORTED below sm_89, from fa_decode and from the scalar forward;
 //   INVALID_ARGUMENT for q_dtype without an fp8 kv_dtype, a q_descale
 //   without an fp8 Q, fp8 strides that are not whole 16-byte granules; a
@@ -84,8 +85,7 @@ void run_all(fa_runtime *rt, const std::vector<ForwardCase> &cases) {
 }
 
 // Formats, dtypes, descales, masks and layouts at the common head dims.
-void test_fp8_forward_sm89(void **) {
-  need_runtime();
+std::vector<ForwardCase> common_cases() {
   std::vector<ForwardCase> cs;
   {
     ForwardCase c = fp8_case(2, 70, 100, 4, 2, 128, 128, true);  // GQA, causal, tails
@@ -144,7 +144,20 @@ void test_fp8_forward_sm89(void **) {
     c.seed = 8;
     cs.push_back(c);
   }
-  run_all(g_rt89, cs);
+  return cs;
+}
+
+// sm_89: the fp8 mma (QMMA) with P in e4m3.
+void test_fp8_forward_sm89(void **) {
+  need_runtime();
+  run_all(g_rt89, common_cases());
+}
+
+// sm_90: fp8 converted to f16 on load, the 16-bit mma.sync kernel in f16
+// (fp8_forward_mma: the fp8 mma.sync is not native there).
+void test_fp8_forward_sm90(void **) {
+  need_runtime();
+  run_all(g_rt90, common_cases());
 }
 
 // The largest dims: 256, and past it O in slices of whole 16-byte chunks
@@ -172,16 +185,17 @@ void test_fp8_forward_large_heads(void **) {
   run_all(g_rt89, cs);
 }
 
-// sm_90 (the fp8 forward runs on mma.sync there, not the wgmma kernel) and
-// sm_120 (its smaller shared memory picks other tiles).
+// sm_120 (the fp8 mma; its smaller shared memory picks other tiles) and
+// sm_90 past head dim 256 (converted on load, O in slices).
 void test_fp8_forward_other_sms(void **) {
   need_runtime();
-  ForwardCase c = fp8_case(2, 50, 80, 4, 2, 128, 128, true);
-  c.seed = 21;
-  run_all(g_rt90, {c});
-  c.head_dim = c.head_dim_v = 256;
+  ForwardCase c = fp8_case(2, 50, 80, 4, 2, 256, 256, true);
   c.seed = 22;
   run_all(g_rt120, {c});
+  c = fp8_case(1, 17, 40, 2, 1, 576, 512, true);
+  c.q_fp8 = FA_DTYPE_FP8_E5M2;
+  c.seed = 23;
+  run_all(g_rt90, {c});
 }
 
 fa_config *make_config(int q_dtype, int kv_dtype, int d) {
@@ -225,6 +239,12 @@ void test_fp8_forward_ptx(void **) {
   assert_true(count(ptx, "cvt.rn.satfinite.e4m3x2.f32") > 0);  // P
   assert_true(count(ptx, "prmt.b32") > 0);                     // V's byte order
   assert_true(count(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") > 0);
+  // sm_90: converted to f16 on load (exact), the 16-bit mma in f16.
+  const std::string ptx90 = generate(cfg, FA_KERNEL_FORWARD, 90, &st);
+  assert_int_equal(st, FA_SUCCESS);
+  assert_int_equal(count(ptx90, "m16n8k32"), 0);
+  assert_true(count(ptx90, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
+  assert_true(count(ptx90, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx90, "cvt.rn.f16x2.e5m2x2") > 0);
   // Every SM from 89 up generates it; below, UNSUPPORTED with the reason.
   for (int sm : {89, 90, 100, 120})
     generate(cfg, FA_KERNEL_FORWARD, sm, &st), assert_int_equal(st, FA_SUCCESS);
@@ -339,7 +359,8 @@ void test_fp8_forward_refusals(void **) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp8_forward_ptx),         cmocka_unit_test(test_fp8_forward_refusals),
-      cmocka_unit_test(test_fp8_forward_sm89),        cmocka_unit_test(test_fp8_forward_other_sms),
+      cmocka_unit_test(test_fp8_forward_sm89),
+      cmocka_unit_test(test_fp8_forward_sm90),        cmocka_unit_test(test_fp8_forward_other_sms),
       cmocka_unit_test(test_fp8_forward_large_heads),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -213,6 +213,36 @@ std::vector<KernelSpec> grid() {
         out.push_back(s);
       }
   }
+  // The fp8 forward (Q, K, V fp8 on mma.sync m16n8k32) on every SM family
+  // from sm_89: the head dims it takes (multiples of 16) up to 256 and past
+  // it (O in slices of whole 16-byte chunks: 304 / 272 in 17, 512, 576 /
+  // 512), both formats and O dtypes, softcap, varlen, every KV layout,
+  // seqused_k, sinks, ALiBi.
+  for (int sm : {89, 90, 100, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (const auto &dd : {std::pair<int, int>{16, 16}, {32, 32}, {64, 64}, {80, 80}, {96, 64},
+                           {128, 128}, {192, 192}, {256, 256}, {304, 272}, {512, 512},
+                           {576, 512}})
+      for (int f = 0; f < 2; ++f, ++i) {
+        LaunchShape shape;
+        shape.varlen = i % 5 == 1;
+        shape.kv_layout = i % 5 == 2   ? KvLayout::Paged
+                          : i % 5 == 3 ? KvLayout::PtrArray
+                                       : KvLayout::Contiguous;
+        shape.page_size = i % 5 == 2 ? (i % 2 ? 64 : 5) : 0;
+        shape.seqused_k = i % 5 == 2 || i % 5 == 3;
+        shape.sinks = i % 3 == 1;
+        shape.alibi = i % 4 == 2;
+        AttentionConfig cfg =
+            config(f ? Dtype::BF16 : Dtype::F16, dd.first, dd.second, 8, i % 4 ? 2 : 8, i % 3 == 0);
+        cfg.kv_fp8 = i % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
+        cfg.q_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
+        KernelSpec s = make_spec(cfg, KernelKind::Forward, lim, shape);
+        assert_true(s.mma && !s.wgmma && s.q_fp8 == cfg.q_fp8 && s.kv_fp8 == cfg.kv_fp8);
+        out.push_back(s);
+      }
+  }
   // KV append into the fp8 cache (the quantising store), sm_89 and sm_90:
   // head dims 64, 128, 256 and MLA's 576 / 512 (O in slices), both formats
   // and dtypes, RoPE off, NeoX and GPT-J, every KV layout (pages of 16 and

@@ -36,8 +36,9 @@ struct Layout {
 
 Layout layout(const KernelSpec &s) {
   Layout l;
-  // The fp8 forward: rows of fp8 bytes, as 16-bit columns of two bytes.
-  const int u = s.q_fp8 != KvFp8::None ? 2 : 1;
+  // The fp8 forward on fp8 mma: rows of fp8 bytes, as 16-bit columns of two
+  // bytes (else converted to f16 on load: 16-bit tiles).
+  const int u = fp8_forward_mma(s) ? 2 : 1;
   l.q = tile::smem_tile(0, s.block_m, s.head_dim / u);
   l.k = tile::smem_tile(l.q.bytes(), s.block_n, s.head_dim / u);
   l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, dv_slice(s) / u);
@@ -53,9 +54,12 @@ class ForwardTcGen {
         lay_(layout(spec)),
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),  // fp32: rounded to bf16
+        // fp32: rounded to bf16; fp8 converted on load: f16 (exact)
+        half_(spec.dtype == Dtype::F16 || spec.q_fp8 != KvFp8::None ? Type::F16 : Type::BF16),
+        out_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),
         f32_(spec.dtype == Dtype::F32),
-        fp8_(spec.q_fp8 != KvFp8::None),
+        fp8_(fp8_forward_mma(spec)),
+        fp8_cvt_(spec.q_fp8 != KvFp8::None && !fp8_),
         q8_(spec.q_fp8 == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3),
         kv8_(spec.kv_fp8 == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3) {
     W_ = spec.num_warps;
@@ -124,7 +128,7 @@ class ForwardTcGen {
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
     Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
-    if (fp8_) {
+    if (spec_.q_fp8 != KvFp8::None) {
       // Q's and K's descales of (batch, KV head) scale every score of the
       // CTA (with softcap the scale lives in its -2 log2(e) constant).
       using F = Fp8ForwardParams;
@@ -142,8 +146,9 @@ class ForwardTcGen {
     ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_);
     if (spec_.dv_split > 1) {
       // This CTA's slice of V's columns (KernelSpec::dv_split).
-      fb.vr.base = e_.index(fb.vr.base, dv_slice_index(e_, spec_),
-                            dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
+      fb.vr.base =
+          e_.index(fb.vr.base, dv_slice_index(e_, spec_),
+                   dv_slice(spec_) * (spec_.kv_fp8 != KvFp8::None ? 1 : elem_bytes(spec_.dtype)));
       fb.v_bh = fb.vr.base;
     }
     sq_ = fb.sq;
@@ -184,11 +189,14 @@ class ForwardTcGen {
     for (int i = 0; i < kCtaScalars; ++i)
       b_.when(t0).st(Space::Shared, Type::B32, at(cta_sym_, 4 * i), vals[i]);
 
-    q_plan_ = CopyPlan(e_, tid_, T_, lay_.q, smem_, fb.q_row, nullptr, Reg(), f32_);
+    // fp8 converted on load: 1 e4m3, 2 e5m2 (CopyPlan's src_fp8).
+    const int q8 = !fp8_cvt_ ? 0 : spec_.q_fp8 == KvFp8::E5M2 ? 2 : 1;
+    const int kv8 = !fp8_cvt_ ? 0 : spec_.kv_fp8 == KvFp8::E5M2 ? 2 : 1;
+    q_plan_ = CopyPlan(e_, tid_, T_, lay_.q, smem_, fb.q_row, nullptr, Reg(), f32_, q8);
     k_plan_ = CopyPlan(e_, tid_, T_, lay_.k, smem_, fb.k_row, nullptr,
-                       e_.param(Type::S64, offsetof(P, k_round_bytes)), f32_);
+                       e_.param(Type::S64, offsetof(P, k_round_bytes)), f32_, kv8);
     v_plan_ = CopyPlan(e_, tid_, T_, lay_.v, smem_, fb.v_row, &k_plan_,
-                       e_.param(Type::S64, offsetof(P, v_round_bytes)), f32_);
+                       e_.param(Type::S64, offsetof(P, v_round_bytes)), f32_, kv8);
     kr_ = fb.kr;
     vr_ = fb.vr;
     if (spec_.kv_layout != KvLayout::Contiguous) k_ptr_ = v_ptr_ = fb.kr.base;  // safe rows
@@ -548,6 +556,7 @@ class ForwardTcGen {
     }
     const tile::Lanes &ln = cd.ln;
     Reg smem = e_.mov(Type::U32, ptx::sym(smem_sym_));
+    if (spec_.q_fp8 != KvFp8::None) apply_v_descale();
     if (fp8_) {
       stage_o_fp8(cd, smem);
     } else {
@@ -561,7 +570,7 @@ class ForwardTcGen {
           for (int j = 0; j < nO_; ++j) {
             if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
             const Frag4 &f = o_[mi].f[j];
-            b_.cvt_pack(half_, hv, f[2 * hh + 1], f[2 * hh]);
+            b_.cvt_pack(out_, hv, f[2 * hh + 1], f[2 * hh]);
             b_.st(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 8 * j)), hv);
           }
     }
@@ -593,14 +602,10 @@ class ForwardTcGen {
     store_lse(cd, out, sq, lse);
   }
 
-  // The fp8 forward's O staging: V's descale of (batch, KV head) first, then
-  // per 16-column chunk c the lane's columns 16c + 4q .. + 3 of rows
-  // wrow + 16 mi + g + 8 hh (blocks 2c: even columns, 2c + 1: odd;
-  // tile::v_frags_fp8) as one st.shared.v2.b32.
-  void stage_o_fp8(const Coords &cd, Reg smem) {
+  // The fp8 forward: O times V's descale of (batch, KV head).
+  void apply_v_descale() {
     using P = ForwardParams;
     using F = Fp8ForwardParams;
-    const tile::Lanes &ln = cd.ln;
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg kvh = e_.op(Op::Div, Type::S32, h,
@@ -610,6 +615,13 @@ class ForwardTcGen {
     for (const AccTile &o : o_)
       for (const Frag4 &f : o.f)
         for (Reg x : f) b_.op(Op::Mul, Type::F32, x, x, vd);
+  }
+
+  // The fp8 mma forward's O staging: per 16-column chunk c the lane's
+  // columns 16c + 4q .. + 3 of rows wrow + 16 mi + g + 8 hh (blocks 2c: even
+  // columns, 2c + 1: odd; tile::v_frags_fp8) as one st.shared.v2.b32.
+  void stage_o_fp8(const Coords &cd, Reg smem) {
+    const tile::Lanes &ln = cd.ln;
     Reg st = e_.op(Op::Add, Type::U32, cd.wrow, ln.g);
     b_.op(Op::MadLo, Type::U32, st, st, imm(lay_.o.pitch), smem);
     b_.op(Op::MadLo, Type::U32, st, ln.q, imm(8), st);
@@ -621,8 +633,8 @@ class ForwardTcGen {
       for (int mi = 0; mi < MT_; ++mi)
         for (int hh = 0; hh < 2; ++hh) {
           const Frag4 &ev = o_[mi].f[2 * c], &od = o_[mi].f[2 * c + 1];
-          b_.cvt_pack(half_, w[0], od[2 * hh], ev[2 * hh]);
-          b_.cvt_pack(half_, w[1], od[2 * hh + 1], ev[2 * hh + 1]);
+          b_.cvt_pack(out_, w[0], od[2 * hh], ev[2 * hh]);
+          b_.cvt_pack(out_, w[1], od[2 * hh + 1], ev[2 * hh + 1]);
           auto &s = ok.valid() ? b_.when(ok) : b_;
           s.st_v(Space::Shared, Type::B32, at(st, lay_.o.at(16 * mi + 8 * hh, 16 * c)),
                  {w[0], w[1]});
@@ -685,9 +697,11 @@ class ForwardTcGen {
   Layout lay_;
   ptx::Builder b_;
   Emitter e_;
-  Type half_;
-  bool f32_ = false;  // fp32 Q/K/V/O: converted to bf16 on load, O stored as fp32
-  bool fp8_ = false;  // the fp8 forward: Q, K, V fp8 bytes, mma m16n8k32
+  Type half_;             // the mma's 16-bit type
+  Type out_;              // O's type (FA_DTYPE_FP16 / BF16; fp32 O: store_o_f32)
+  bool f32_ = false;      // fp32 Q/K/V/O: converted to bf16 on load, O stored as fp32
+  bool fp8_ = false;      // the fp8 forward on the fp8 mma: Q, K, V fp8 bytes, m16n8k32
+  bool fp8_cvt_ = false;  // the fp8 forward converted to f16 on load (fp8_forward_mma)
   ptx::Fp8 q8_, kv8_;
   Reg ve_[2], vo_[2];  // fp8: V's B fragments of a chunk's even and odd columns
   int W_ = 0, T_ = 0, MT_ = 1, nS_ = 0, kD_ = 0, nO_ = 0, kP_ = 0;

@@ -152,6 +152,17 @@ struct KernelSpec {
   std::string describe() const;
 };
 
+// The fp8 forward's two forms (KernelSpec::q_fp8). Where the fp8 mma is
+// native (sm_89, sm_120/121: QMMA) both products run on mma.sync m16n8k32
+// with P in e4m3. On sm_90 .. sm_110 ptxas expands that mma into two f16
+// HMMA with the operands unpacked on every use (and runs out of
+// registers), so there Q, K and V are converted exactly to f16 on their way
+// into shared memory and the 16-bit kernel runs in f16 (P in f16).
+inline bool fp8_mma_native(int sm) { return sm == 89 || sm >= 120; }
+inline bool fp8_forward_mma(const KernelSpec &s) {
+  return s.q_fp8 != KvFp8::None && fp8_mma_native(s.sm);
+}
+
 // O columns one CTA computes: head_dim_v / dv_split.
 inline int dv_slice(const KernelSpec &s) { return s.head_dim_v / s.dv_split; }
 

@@ -197,8 +197,11 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
   // Q stays in registers only for head dims up to 64: larger sets of Q
   // fragments crowd the accumulators into spills.
   // An fp8 Q row of d bytes is held as d / 2 16-bit columns: its fragments
-  // take half the registers.
-  const int qpad = s->q_fp8 != KvFp8::None ? dpad / 2 : dpad;
+  // take half the registers where the fp8 mma runs (fp8_forward_mma); else
+  // Q is converted to f16 on load.
+  const bool fp8 = s->q_fp8 != KvFp8::None;
+  const bool fp8_native = fp8_mma_native(s->sm);
+  const int qpad = fp8 && fp8_native ? dpad / 2 : dpad;
   const bool qr = qpad <= 64;
   // Past 256 one more, smallest: 2 warps (32 rows) x 32 keys, so that Q,
   // K and V at 576 fit the 99 KB of sm_86/89/120 (4 warps x 32 keys: 126 KB).
@@ -224,7 +227,10 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     // (the margin that keeps every fp32 head dim of tests/test_ptxas free of
     // spills; d 112 and 216 spilled with 16 alone).
     const int chunks = (c.block_n * std::max(dpad, dvpad) / 8 + 32 * c.warps - 1) / (32 * c.warps);
-    const int regs = forward_regs(qpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) +
+    // The fp8 mma forward: 8 more (V's permuted fragments, P's halves); fp8
+    // converted on load: 8 plus 2 per chunk (the loaded bytes).
+    const int fp8_regs = !fp8 ? 0 : fp8_native ? 8 : 8 + 2 * chunks;
+    const int regs = forward_regs(qpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) + fp8_regs +
                      (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0);
     // An estimate past 255 is only a fallback: when no candidate fits
     // within 255, the one with the fewest estimated registers among those

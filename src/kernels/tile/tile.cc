@@ -120,14 +120,18 @@ int CopyPlan::round_rows(int threads, const SmemTile &dst) {
 }
 
 CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
-                   const CopyPlan *share, Reg round_bytes, bool src_f32)
+                   const CopyPlan *share, Reg round_bytes, bool src_f32, int src_fp8)
     : e_(&e),
       dst_(dst),
       threads_(threads),
       tid_(tid),
       smem_(smem_base),
       stride_(stride),
-      f32_(src_f32) {
+      f32_(src_f32 || src_fp8 != 0),
+      fp8_(src_fp8),
+      src_chunk_(src_f32   ? 32
+                 : src_fp8 ? 8
+                           : 16) {
   ptx::Builder &b = e.b;
   const int C = dst.cols_pad / 8, valid = dst.cols / 8;
   L_ = lanes_per_row(threads, C);
@@ -141,12 +145,17 @@ CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg sm
   ok_ = b.pred();
   rl_ = b.b32();
   if (f32_) {
-    for (Reg &r : x_) r = b.f32();
+    if (fp8_) {
+      for (Reg &r : y_) r = b.b32();
+      for (Reg &r : h_) r = b.b16();
+    } else {
+      for (Reg &r : x_) r = b.f32();
+    }
     for (Reg &r : w_) r = b.b32();
     lp_ = b.pred();
   }
   const bool shared = share && share->L_ == L_ && share->J_ == J_ && share->pad_ == pad_ &&
-                      share->f32_ == f32_ && share->threads_ == threads &&
+                      share->f32_ == f32_ && share->fp8_ == fp8_ && share->threads_ == threads &&
                       share->dst_.rows == dst.rows && share->dst_.pitch == dst.pitch;
   Reg col = e.op(Op::And, Type::B32, tid, imm(L_ - 1));  // first chunk; then + L, + 2L, ...
   if (shared) {
@@ -162,7 +171,7 @@ CopyPlan::CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg sm
   }
   goff0_ = e.op(Op::MulLo, Type::S64, e.s64(row0_), stride);
   Reg cb = b.b64();
-  b.mul_wide(Type::U32, cb, col, imm(f32_ ? 32 : 16));
+  b.mul_wide(Type::U32, cb, col, imm(src_chunk_));
   b.op(Op::Add, Type::S64, goff0_, goff0_, cb);
   step_bytes_ = round_bytes.valid() ? round_bytes : e.op(Op::MulLo, Type::S64, stride, imm(step_));
   if (shared) {
@@ -206,7 +215,7 @@ void CopyPlan::f32_rows(int k, int j, Reg ga, bool rows_checked) const {
       lp = lp_;
     }
   }
-  f32_chunk(ga, 32 * L_ * j, soff(k, j), lp, g, rows_checked);
+  f32_chunk(ga, src_chunk_ * L_ * j, soff(k, j), lp, g, rows_checked);
   // A warp's own plan copies many chunks per lane (a 16-row tile): a
   // bar.warp.sync after every kF32Batch of them keeps the assembler from
   // hoisting all the loads at once (which spilled at head dims >= 216).
@@ -217,6 +226,20 @@ void CopyPlan::f32_rows(int k, int j, Reg ga, bool rows_checked) const {
 
 void CopyPlan::f32_chunk(Reg ga, int goff, int soff, Reg lp, Reg g, bool zero) const {
   ptx::Builder &b = e_->b;
+  if (fp8_) {  // 8 fp8 bytes -> 8 f16 (exact)
+    if (zero)
+      for (Reg y : y_) b.mov(Type::B32, y, imm(0));
+    if (lp.valid()) b.when(lp);
+    b.ld_v(Space::Global, Type::B32, {y_[0], y_[1]}, at(ga, goff));
+    for (int i = 0; i < 2; ++i) {
+      b.unpack_b32(h_[0], h_[1], y_[i]);
+      b.cvt_f16x2_f8x2(fp8_ == 2, w_[2 * i], h_[0]);
+      b.cvt_f16x2_f8x2(fp8_ == 2, w_[2 * i + 1], h_[1]);
+    }
+    if (g.valid()) b.when(g);
+    b.st_v(Space::Shared, Type::B32, at(saddr0_, soff), {w_[0], w_[1], w_[2], w_[3]});
+    return;
+  }
   if (zero)
     for (Reg x : x_) b.mov(Type::F32, x, fimm(0.0f));  // a row past the end reads as zeros
   for (int h = 0; h < 2; ++h) {
@@ -277,7 +300,7 @@ void CopyPlan::gather(const std::function<Reg(Reg)> &row_addr, Reg rows_left, Re
   Reg tid = thread_index();
   Reg row0 = e_->op(Op::Shr, Type::U32, tid, imm(__builtin_ctz(static_cast<unsigned>(L_))));
   Reg coff = b.b64();
-  b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(f32_ ? 32 : 16));
+  b.mul_wide(Type::U32, coff, e_->op(Op::And, Type::B32, tid, imm(L_ - 1)), imm(src_chunk_));
   for (int k = 0; k < rounds_; ++k) {
     Reg r = k ? e_->op(Op::Add, Type::S32, row0, imm(k * step_)) : row0;
     b.op(Op::Add, Type::S64, ga_, row_addr(r), coff);

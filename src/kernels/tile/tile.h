@@ -171,8 +171,13 @@ class CopyPlan {
   // st.shared.v4 (convert-on-load, FA_DTYPE_FP32; dst holds bf16). The
   // copies are then synchronous: ordering them needs only the barriers a
   // cp.async plan's reader already has (wait_group then bar.sync).
+  // `src_fp8` (1 e4m3, 2 e5m2; 0 none): the global rows hold fp8 bytes, 8 per
+  // 16-byte chunk of dst, read by one ld.global.v2.b32 and converted
+  // exactly to f16 (cvt.rn.f16x2.{e4m3x2,e5m2x2}, sm_89+) into one
+  // st.shared.v4: synchronous likewise (dst holds f16).
   CopyPlan(Emitter &e, Reg tid, int threads, const SmemTile &dst, Reg smem_base, Reg stride,
-           const CopyPlan *share = nullptr, Reg round_bytes = Reg(), bool src_f32 = false);
+           const CopyPlan *share = nullptr, Reg round_bytes = Reg(), bool src_f32 = false,
+           int src_fp8 = 0);
   // Rows one round covers, for a caller's round_bytes.
   static int round_rows(int threads, const SmemTile &dst);
   // The thread's byte offset from the tile's first row: callers keep
@@ -211,10 +216,14 @@ class CopyPlan {
   Reg tid_, smem_, stride_, row0_, saddr0_, goff0_, step_bytes_, ga_, src_, size_, ok_, rl_;
   Reg last_ok_, rows_ok_;
   static constexpr int kF32Batch = 4;  // src_f32, a warp's plan: chunks between warp syncs
-  bool f32_ = false;
-  std::array<Reg, 8> x_;  // src_f32: one chunk's fp32 values
-  std::array<Reg, 4> w_;  // src_f32: the same as bf16 pairs
-  Reg lp_;                // src_f32: row present and chunk not padding
+  bool f32_ = false;                   // a converting (synchronous) copy: src_f32 or src_fp8
+  int fp8_ = 0;                        // src_fp8
+  int src_chunk_ = 16;                 // source bytes per 16-byte chunk of dst
+  std::array<Reg, 2> y_;               // src_fp8: one chunk's fp8 bytes
+  std::array<Reg, 2> h_;               // src_fp8: their b16 halves
+  std::array<Reg, 8> x_;               // src_f32: one chunk's fp32 values
+  std::array<Reg, 4> w_;               // src_f32: the same as bf16 pairs
+  Reg lp_;                             // src_f32: row present and chunk not padding
 };
 
 // A rows x bytes tile of raw bytes (an fp8 K or V tile on its way in) in
