@@ -18,6 +18,13 @@
 //    e4m3/e5m2 pairs, random codes with subnormals and the largest finite,
 //    against the emulator's f32 summation model exactly and within gamma_64
 //    of the exact sum;
+//  - the fp8 P V (sm_89): an f32 P of 16 x 32 / 64 keys (hand-rounded
+//    values: ties, zeros, 256, e4m3 subnormals, saturation) packed by
+//    pack_a_fp8, an fp8 V of one and two 16-byte chunks read by ldsm
+//    Role::B_KN_T8 and split by v_frags_fp8 (prmt), mma_fp8 (V e4m3 and
+//    e5m2): every O element at the column tile.h gives it, exact against
+//    the emulator's f32 model in the permuted key order and within gamma_64
+//    of the exact sum;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
 //    rescale threshold, against one softmax over all tiles in fp64.
@@ -469,6 +476,178 @@ void test_fp8_mma(void **) {
   g_be = sm80;
 }
 
+// ------------------------------------------------------------ fp8 P V ---
+
+// The fp8 forward's O += P V (tile.h, pack_a_fp8 / Role::B_KN_T8 /
+// v_frags_fp8), one warp on sm_89: an f32 tile P of 16 rows x 32 ks keys set
+// from host values, rounded to e4m3 by pack_a_fp8 (k32 step s: C fragments
+// 4s .. 4s + 3); V, 32 ks keys x 16 nc bytes of fp8 codes (e4m3 or e5m2) in
+// a SmemTile of 8 nc 16-bit columns, read by ldsm Role::B_KN_T8 (chunk c of
+// step s at t.at(32 s, 8 c)) and split by v_frags_fp8 into the B fragments
+// of accumulator blocks 2c (the chunk's even columns) and 2c + 1 (its odd
+// ones); mma_fp8 with A e4m3. Checked element by element against the layout
+// tile.h states: element i of block 2c is row g + 8 (i / 2), column
+// 16c + 4q + 2 (i & 1), of block 2c + 1 that column + 1; the value exactly
+// the emulator's f32 model (products summed in the mma's k order, which
+// stands for key 2q + j (j < 2) or 8 + 2q + j - 2 at k = 4q + j, plus 16 in
+// the upper half) and within gamma_64 of the exact sum of P rounded to e4m3
+// times V. P holds values whose e4m3 rounding is worked out here by hand
+// (exact ones, ties to even, values that round up and down, zeros, 256,
+// e4m3 subnormals and their ties, values past 448 that saturate), each also
+// checked against reference.cc's rounding, and random values over 2^-12 ..
+// 2^9 of both signs.
+void check_fp8_pv(int ks, int nc, bool v5) {
+  using fa::ptx::Fp8;
+  const int M = 16, K = 32 * ks, NB = 16 * nc;
+  const tile::SmemTile tv = tile::smem_tile(0, K, NB / 2);
+  // Hand-rounded P values: {x, its e4m3 value}.
+  const double s9 = std::ldexp(1.0, -9);  // e4m3's smallest subnormal
+  const struct {
+    float x;
+    double want;
+  } kRounds[] = {
+      // clang-format off
+      {1.0f, 1.0}, {256.0f, 256.0}, {448.0f, 448.0}, {28.0f, 28.0},       // exact
+      {0.0f, 0.0}, {-0.0f, 0.0}, {1e-30f, 0.0},                           // zeros
+      {1.0625f, 1.0}, {1.1875f, 1.25}, {248.0f, 256.0}, {232.0f, 224.0},  // ties to even
+      {1.07f, 1.125}, {-1.05f, -1.0}, {250.0f, 256.0}, {244.0f, 240.0},   // nearest
+      {3.3f, 3.25}, {-6.9f, -7.0},                                        // nearest
+      {500.0f, 448.0}, {-1000.0f, -448.0},                                // saturated
+      {0.015625f, 0.015625}, {0.01953125f, 0.01953125},                   // smallest normals
+      {float(s9), s9}, {float(3 * s9), 3 * s9},                           // subnormals
+      {float(s9 / 2), 0.0}, {float(1.5 * s9), 2 * s9},                    // subnormal ties
+      {float(2.5 * s9), 2 * s9}, {float(7.5 * s9), 8 * s9},               // (7.5: to 2^-6)
+      {float(0.75 * s9), s9}, {float(0.25 * s9), 0.0}, {float(-6.6 * s9), -7 * s9},
+      // clang-format on
+  };
+  const int nr = static_cast<int>(sizeof kRounds / sizeof kRounds[0]);
+  std::mt19937 gen(100 * ks + 10 * nc + v5);
+  std::uniform_real_distribution<float> ex(-12.0f, 9.0f);
+  std::uniform_int_distribution<int> coin(0, 1), byte(0, 255), pick(0, 7);
+  std::vector<float> p(size_t(M) * K);
+  std::vector<double> pr(p.size());  // P rounded to e4m3
+  for (size_t i = 0; i < p.size(); ++i) {
+    const int t = static_cast<int>((i * 7) % size_t(2 * nr));
+    if (t < nr) {  // half the elements from the table, spread over rows and keys
+      p[i] = kRounds[t].x;
+      pr[i] = kRounds[t].want;
+    } else {
+      p[i] = (coin(gen) ? -1.0f : 1.0f) * std::exp2(ex(gen));
+      pr[i] = fa::ref::fp8_to_double(fa::ref::fp8_from_double(p[i], false), false);
+    }
+  }
+  for (const auto &r : kRounds)  // the hand rounding is cvt.rn.satfinite's
+    assert_true(fa::ref::fp8_to_double(fa::ref::fp8_from_double(r.x, false), false) == r.want);
+  std::vector<uint8_t> v(size_t(K) * NB);
+  for (auto &x : v) {
+    for (;;) {
+      uint8_t c = static_cast<uint8_t>(byte(gen));
+      if (pick(gen) < 2) c &= v5 ? 0x83 : 0x87;                // a subnormal or zero
+      if (pick(gen) < 1) c = (c & 0x80) | (v5 ? 0x7b : 0x7e);  // the largest finite
+      if (std::isfinite(fa::ref::fp8_to_double(c, v5))) {
+        x = c;
+        break;
+      }
+    }
+  }
+  const Fp8 fv8 = v5 ? Fp8::E5M2 : Fp8::E4M3;
+  const std::string ptx = kernel(
+      32,
+      [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+        Builder &b = e.b;
+        const tile::Lanes ln = tile::make_lanes(e, tid);
+        // Lane r copies V rows r, r + 32, .. into the tile.
+        Reg w = b.b32();
+        for (int r0 = 0; r0 < K; r0 += 32) {
+          Reg row = e.op(Op::Add, Type::U32, tid, imm(r0));
+          Reg src = e.index(g[1], row, NB);
+          Reg sa = e.op(Op::MadLo, Type::U32, row, imm(tv.pitch), smem);
+          for (int c = 0; c < NB / 4; ++c) {
+            b.ld(Space::Global, Type::U32, w, at(src, 4 * c));
+            b.st(Space::Shared, Type::B32, at(sa, static_cast<int>(tv.offset) + 4 * c), w);
+          }
+        }
+        b.bar_sync();
+        // P's fragments: element (j, i) is row g + 8 (i / 2), key 8j + 2q + (i & 1).
+        const tile::AccTile pt = tile::acc_tile(b, K / 8);
+        for (int j = 0; j < K / 8; ++j)
+          for (int i = 0; i < 4; ++i) {
+            Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * (i / 2)));
+            Reg key = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+            Reg idx = e.op(Op::MadLo, Type::U32, row, imm(K), key);
+            b.ld(Space::Global, Type::F32, pt.f[j][i], at(e.index(g[0], idx, 4)));
+          }
+        Reg lv = tile::ldsm_base(e, ln, tv, tile::Role::B_KN_T8, smem, Reg());
+        tile::Frag4 pa = tile::frag4(b), r = tile::frag4(b);
+        Reg even[2] = {b.b32(), b.b32()}, odd[2] = {b.b32(), b.b32()};
+        tile::AccTile o = tile::acc_tile(b, 2 * nc);
+        tile::zero(b, o);
+        for (int s = 0; s < ks; ++s) {
+          tile::pack_a_fp8(b, pt, 4 * s, pa);
+          for (int c = 0; c < nc; ++c) {
+            tile::ldsm(b, tile::Role::B_KN_T8, r, lv, tv.at(32 * s, 8 * c));
+            tile::v_frags_fp8(b, r, even, odd);
+            tile::mma_fp8(b, Fp8::E4M3, fv8, o, 2 * c, pa, even);
+            tile::mma_fp8(b, Fp8::E4M3, fv8, o, 2 * c + 1, pa, odd);
+          }
+        }
+        store_acc(e, ln, o, 0, g[2], NB);  // AccTile's own layout; mapped below
+      },
+      84, 89);
+  DevBuf dp(p.size() * 4), dv(v.size()), dd(size_t(M) * NB * 4);
+  dp.put(p);
+  dv.put(v);
+  Ptrs prm = {{dp.ptr, dv.ptr, dd.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, tv.bytes(), prm), FA_SUCCESS);
+  const std::vector<float> d = dd.get<float>();
+  // The key at k of a k32 step (tile.h, pack_a_fp8).
+  auto key_of = [](int k) {
+    const int q = (k % 16) / 4, j = k % 4;
+    return 16 * (k / 16) + (j < 2 ? 2 * q + j : 8 + 2 * q + j - 2);
+  };
+  int bad = 0;
+  for (int m = 0; m < M; ++m)
+    for (int raw = 0; raw < NB; ++raw) {
+      // Accumulator column raw = 8 blk + 2q + x holds V column n.
+      const int blk = raw / 8, q = raw % 8 / 2, x = raw % 2;
+      const int n = 16 * (blk / 2) + 4 * q + 2 * x + blk % 2;
+      __extension__ typedef __int128 i128;
+      float model = 0;
+      i128 sum = 0;
+      double mag = 0;
+      for (int s = 0; s < ks; ++s)
+        for (int k = 0; k < 32; ++k) {
+          const int key = 32 * s + key_of(k);
+          const double pa = pr[size_t(m) * K + key];
+          const double pb = fa::ref::fp8_to_double(v[size_t(key) * NB + n], v5);
+          volatile float prod = float(pa) * float(pb);
+          model = model + prod;
+          sum += i128(int64_t(std::ldexp(pa, 16))) * int64_t(std::ldexp(pb, 16));
+          mag += std::fabs(pa * pb);
+        }
+      const double exact = std::ldexp(double(sum), -32);
+      const float got = d[size_t(m) * NB + raw];
+      const bool ok = got == model && std::fabs(double(got) - exact) <= 65 * 0x1p-24 * mag;
+      if (!ok && bad++ < 5)
+        std::fprintf(stderr,
+                     "fp8 P V (%d keys, %d chunks, V %s): O[%d][%d] (block %d) = %.9g, model "
+                     "%.9g, exact %.17g\n",
+                     K, nc, v5 ? "e5m2" : "e4m3", m, n, blk, double(got), double(model), exact);
+    }
+  assert_int_equal(bad, 0);
+}
+
+void test_fp8_pv(void **) {
+  std::unique_ptr<fa::Backend> be89;
+  assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be89.get();
+  for (int ks = 1; ks <= 2; ++ks)
+    for (int nc = 1; nc <= 2; ++nc)
+      for (bool v5 : {false, true}) check_fp8_pv(ks, nc, v5);
+  g_be = sm80;
+}
+
 // ------------------------------------------------- row-scaled f16 rows ---
 
 // W warps: a 16 x cols bf16 tile copied into shared memory, rewritten by
@@ -785,6 +964,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
+      cmocka_unit_test(test_fp8_pv),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }
