@@ -27,7 +27,11 @@
 //    of the exact sum;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
-//    rescale threshold, against one softmax over all tiles in fp64.
+//    rescale threshold, against one softmax over all tiles in fp64; its
+//    fp8_form(): every p after each step against 2^((s - m) c + 8) with the
+//    running maximum, at most 256 and 256 at the maximum once in e4m3, and
+//    O and LSE (with and without a sink, and of an empty row) those of the
+//    default form and of fp64.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -956,6 +960,186 @@ void test_online_softmax(void **) {
   assert_int_equal(bad, 0);
 }
 
+// OnlineSoftmax in a given form over `tiles` tiles of [32 rows][bn keys]
+// scores (one warp, two m-tiles, c = scale log2 e), O += P with V the
+// identity (O's column k sums key k's p over the tiles), then finish, with
+// the sink (log2 domain) when sink2 is not NaN. Returns O [32][bn], LSE
+// [32] and, after each step, P [tiles][32][bn].
+struct SoftmaxRun {
+  std::vector<float> o, lse, p;
+};
+SoftmaxRun run_softmax(const std::vector<float> &s, int tiles, int bn, float scale,
+                       tile::SoftmaxForm form, float sink2) {
+  const int rows = 32;
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    Reg c = e.mov(Type::F32, fimm(scale * 1.4426950408889634f));
+    tile::OnlineSoftmax sm(e, 2, c, form);
+    std::vector<tile::AccTile> st, o;
+    for (int mi = 0; mi < 2; ++mi) {
+      st.push_back(tile::acc_tile(b, bn / 8));
+      o.push_back(tile::acc_tile(b, bn / 8));
+      tile::zero(b, o[mi]);
+    }
+    for (int t = 0; t < tiles; ++t) {
+      std::vector<Reg> idx;  // element (mi, j, i) of the tile in [rows][bn]
+      for (int mi = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i) {
+            Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * mi + 8 * (i / 2)));
+            Reg key = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+            Reg x = e.op(Op::MadLo, Type::U32, row, imm(bn), key);
+            b.op(Op::Add, Type::U32, x, x, imm(t * rows * bn));
+            b.ld(Space::Global, Type::F32, st[mi].f[j][i], at(e.index(g[0], x, 4)));
+            idx.push_back(x);
+          }
+      sm.step(st, o);
+      for (int mi = 0, n = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i, ++n) {
+            b.st(Space::Global, Type::F32, at(e.index(g[3], idx[size_t(n)], 4)), st[mi].f[j][i]);
+            b.op(Op::Add, Type::F32, o[mi].f[j][i], o[mi].f[j][i], st[mi].f[j][i]);
+          }
+    }
+    std::vector<Reg> lse;
+    if (std::isnan(sink2))
+      sm.finish(o, &lse);
+    else
+      sm.finish(o, &lse, e.mov(Type::F32, fimm(sink2)));
+    for (int mi = 0; mi < 2; ++mi) store_acc(e, ln, o[mi], mi, g[1], bn);
+    Reg q0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, ln.q, imm(0));
+    for (int r = 0; r < 4; ++r) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * (r / 2) + 8 * (r % 2)));
+      Reg a = e.index(g[2], row, 4);  // before when(): the guard is the next instruction's
+      b.when(q0).st(Space::Global, Type::F32, at(a), lse[r]);
+    }
+  });
+  DevBuf ds(s.size() * 4), dout(size_t(rows) * bn * 4), dlse(rows * 4), dp(s.size() * 4);
+  ds.put(s);
+  Ptrs p = {{ds.ptr, dout.ptr, dlse.ptr, dp.ptr, 0, 0}};
+  SoftmaxRun r;
+  if (launch(ptx, 32, 0, p) != FA_SUCCESS) return r;
+  r.o = dout.get<float>();
+  r.lse = dlse.get<float>();
+  r.p = dp.get<float>();
+  return r;
+}
+
+// OnlineSoftmax::fp8_form() (the fp8 forward's): after each step every p is
+// 2^((s - m) c + 8) with m the row's maximum so far (O and l rescaled on
+// every growth, however small: row 8 grows by 2^0.18 a tile), within f32's
+// rounding of m c and of the fma (2^-14 relative here, for |m c| up to 45);
+// rounded to e4m3 as pack_a_fp8 does, no p exceeds 256 and the row's
+// largest score so far, when in the tile, gets exactly 256. (In f32 that p
+// is 256 only within a few ulps: fl(fl(8 - fl(m c)) + s c) at s = m is not
+// 8 in general; here rows 6, 11 and 13 get 255.999908, 256.000336 and
+// 255.999908.)
+// finish takes the offset back out: O and LSE those of the default form
+// within f32 rounding (2^-20 and 2^-18 absolute) and of one softmax in
+// fp64, without and with a sink (finish's overload), for rows that grow by
+// less and by far more than the default form's threshold, rows with m c
+// near -27 and 16, a row that never sees a key (O = 0, LSE = -inf, or the
+// sink's logit with one) and a row whose keys all come in the last tile.
+void test_online_softmax_fp8(void **) {
+  const int rows = 32, bn = 16, tiles = 4;
+  const float scale = 0.5f;
+  const double c = scale * 1.4426950408889634;
+  std::vector<float> s(size_t(tiles) * rows * bn);
+  std::mt19937 gen(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int t = 0; t < tiles; ++t)
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < bn; ++k) {
+        float x = nd(gen);
+        if (r == 3 && t == 2) x += 60;  // grows by 2^43 at tile 2
+        if (r == 7) x += 2.0f * t;      // by about 2^1.4 each tile
+        if (r == 8) x += 0.25f * t;     // by much less than the default threshold
+        if (r == 11) x -= 40;           // m c about -27
+        if (r == 13) x += 20;           // m c about 16
+        if (r == 5 || (r == 9 && t < 3) || (k + r + t) % 7 == 0) x = -INFINITY;  // masked
+        s[(size_t(t) * rows + r) * bn + k] = x;
+      }
+  const float nan = std::nanf("");
+  const float sink2 = 1.5f;  // the sink's logit, log2 domain
+  const SoftmaxRun d0 = run_softmax(s, tiles, bn, scale, tile::SoftmaxForm(), nan);
+  const SoftmaxRun f0 = run_softmax(s, tiles, bn, scale, tile::OnlineSoftmax::fp8_form(), nan);
+  const SoftmaxRun d1 = run_softmax(s, tiles, bn, scale, tile::SoftmaxForm(), sink2);
+  const SoftmaxRun f1 = run_softmax(s, tiles, bn, scale, tile::OnlineSoftmax::fp8_form(), sink2);
+  assert_false(d0.o.empty() || f0.o.empty() || d1.o.empty() || f1.o.empty());
+  int bad = 0;
+  auto e4m3 = [](float x) {
+    return fa::ref::fp8_to_double(fa::ref::fp8_from_double(x, false), false);
+  };
+  double pd = 0, od = 0, ld = 0;  // the largest deviations seen, for the log
+  for (int r = 0; r < rows; ++r) {
+    // p after each step against 2^((s - m) c + 8) in fp64, m the maximum so
+    // far (f32's rounding of m c and of the fma: a few ulps of the exponent).
+    double m = -INFINITY;
+    for (int t = 0; t < tiles; ++t) {
+      for (int k = 0; k < bn; ++k) m = std::max(m, double(s[(size_t(t) * rows + r) * bn + k]));
+      for (int k = 0; k < bn; ++k) {
+        const size_t i = (size_t(t) * rows + r) * bn + k;
+        const double x = s[i], want = std::isinf(x) ? 0.0 : std::exp2((x - m) * c + 8);
+        const float got = f0.p[i];
+        const double dev = want > 0 ? std::fabs(got - want) / want : std::fabs(got);
+        pd = std::max(pd, dev);
+        const bool ok = dev <= 0x1p-14 &&
+                        (std::isfinite(x) && x == m ? e4m3(got) == 256 : e4m3(got) <= 256) &&
+                        f1.p[i] == got;
+        if (!ok && bad++ < 8)
+          std::fprintf(stderr, "row %d tile %d key %d: p %.9g, want %.9g (m c %g)\n", r, t, k,
+                       double(got), want, m * c);
+      }
+    }
+    // finish: O and LSE against the default form's and fp64's, without and
+    // with the sink.
+    std::vector<double> sum(bn, 0.0);
+    double l = 0;
+    for (int t = 0; t < tiles; ++t)
+      for (int k = 0; k < bn; ++k) {
+        const double x = s[(size_t(t) * rows + r) * bn + k];
+        if (std::isinf(x)) continue;
+        l += std::exp((x - m) * scale);
+        sum[size_t(k)] += std::exp((x - m) * scale);
+      }
+    for (int sk = 0; sk < 2; ++sk) {
+      const SoftmaxRun &f = sk ? f1 : f0, &d = sk ? d1 : d0;
+      // The denominator e^M L: e^(m scale) l, plus e^sink (natural log).
+      const double sink = sk ? sink2 * 0.6931471805599453 : -INFINITY;
+      const double M = std::max(m * scale, sink);
+      const double a = std::isinf(m) ? 0.0 : std::exp(m * scale - M);
+      const double L = l * a + (sk ? std::exp(sink - M) : 0.0);
+      const double want_lse = L > 0 ? M + std::log(L) : -INFINITY;
+      const float lf = f.lse[size_t(r)], ldf = d.lse[size_t(r)];
+      bool ok = std::isinf(want_lse) ? std::isinf(lf) && lf < 0 && std::isinf(ldf) && ldf < 0
+                                     : std::fabs(lf - want_lse) <= 1e-4 &&
+                                           std::fabs(double(lf) - double(ldf)) <= 0x1p-18;
+      if (std::isfinite(want_lse)) ld = std::max(ld, std::fabs(double(lf) - double(ldf)));
+      if (l == 0 && sk) ok = ok && lf == sink2 * float(0.6931471805599453);  // no key: the sink
+      if (!ok && bad++ < 8)
+        std::fprintf(stderr, "row %d sink %d: lse %.9g (default form %.9g), want %.9g\n", r, sk,
+                     double(lf), double(ldf), want_lse);
+      for (int k = 0; k < bn; ++k) {
+        const double want = L > 0 ? sum[size_t(k)] * a / L : 0.0;
+        const float g8 = f.o[size_t(r) * bn + k], g = d.o[size_t(r) * bn + k];
+        od = std::max(od, std::fabs(double(g8) - g));
+        const bool ok_o =
+            l == 0 ? g8 == 0.0f && g == 0.0f
+                   : std::fabs(g8 - want) <= 1e-5 && std::fabs(double(g8) - g) <= 0x1p-20;
+        if (!ok_o && bad++ < 8)
+          std::fprintf(stderr, "row %d key %d sink %d: o %.9g (default form %.9g), want %.9g\n", r,
+                       k, sk, double(g8), double(g), want);
+      }
+    }
+  }
+  std::printf(
+      "  fp8 form: p within %.3g (relative) of 2^((s - m) c + 8); O within %.3g and LSE %.3g of "
+      "the default form\n",
+      pd, od, ld);
+  assert_int_equal(bad, 0);
+}
+
 }  // namespace
 
 int main(void) {
@@ -964,7 +1148,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
-      cmocka_unit_test(test_fp8_pv),
+      cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }
