@@ -236,9 +236,9 @@ void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, b
     for (uint32_t o = 0; o < smem_bytes; o += 4u * threads) {
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(smem_bytes));
-      Reg sa = e.op(Op::Add, Type::U32, smem, off);
+      Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
       b.when(in).ld(Space::Shared, Type::U32, w, at(sa));
-      b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+      b.when(in).st(Space::Global, Type::B32, at(ga), w);
     }
   });
   DevBuf ds(src.size() * 2), dout(smem_bytes);
@@ -311,9 +311,9 @@ void check_fp8_convert(int bytes, bool e5m2, bool bf16) {
         for (uint32_t o = 0; o < dst.bytes(); o += 4u * 32) {
           Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
           Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(dst.bytes()));
-          Reg sa = e.op(Op::Add, Type::U32, smem, off);
+          Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
           b.when(in).ld(Space::Shared, Type::U32, w, at(sa, static_cast<int>(dst.offset)));
-          b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+          b.when(in).st(Space::Global, Type::B32, at(ga), w);
         }
       },
       81, 89);
@@ -679,8 +679,9 @@ void check_rows_to_f16(int cols, int warps) {
     for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {  // the tile in, plainly
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      b.when(ok).ld(Space::Global, Type::B32, w, at(e.index(g[0], off, 1)));
-      b.when(ok).st(Space::Shared, Type::B32, at(e.op(Op::Add, Type::U32, smem, off), q.offset), w);
+      Reg ga = e.index(g[0], off, 1), sa = e.op(Op::Add, Type::U32, smem, off);
+      b.when(ok).ld(Space::Global, Type::B32, w, at(ga));
+      b.when(ok).st(Space::Shared, Type::B32, at(sa, q.offset), w);
     }
     b.bar_sync();
     Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
@@ -690,8 +691,9 @@ void check_rows_to_f16(int cols, int warps) {
     for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      b.when(ok).ld(Space::Shared, Type::B32, w, at(e.op(Op::Add, Type::U32, smem, off), q.offset));
-      b.when(ok).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+      Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
+      b.when(ok).ld(Space::Shared, Type::B32, w, at(sa, q.offset));
+      b.when(ok).st(Space::Global, Type::B32, at(ga), w);
     }
     for (int h = 0; h < 2; ++h)
       b.st(Space::Global, Type::F32,
