@@ -1,5 +1,5 @@
 // Tests of the PTX emulator backend through the Backend interface, with
-// hand-written PTX: instruction semantics (integer wrap, shifts, f16/bf16
+// hand-written PTX: instruction semantics (integer wrap, shifts, prmt, f16/bf16
 // rounding, unordered compares, ...), memory spaces, collectives, and the
 // faults it must report (out of bounds, misalignment, deadlock, divergent
 // shfl.sync, runaway loops, parse errors) instead of crashing or hanging.
@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
+#include "ptx/ptx.h"
 
 // clang-format off
 #include <setjmp.h>
@@ -1164,6 +1165,173 @@ void test_parse_errors(void **) {
   expect_error("no entry 'not_there'");
 }
 
+// ---------------------------------------------------------------- prmt ----
+
+// prmt.b32 d, a, b, c in its default mode, modelled from the PTX ISA's
+// description ("prmt"), not from the emulator: the eight bytes {b, a} are
+// numbered 0 (a's lowest) to 7 (b's highest); byte i of d is chosen by
+// nibble i of c: its low three bits pick the source byte, its top bit
+// replaces the byte by its sign bit copied into all eight bits. c's bits 16
+// and up play no part.
+uint32_t prmt_ref(uint32_t a, uint32_t b, uint32_t c) {
+  uint8_t src[8];
+  for (int j = 0; j < 4; ++j) {
+    src[j] = static_cast<uint8_t>(a >> (8 * j));
+    src[4 + j] = static_cast<uint8_t>(b >> (8 * j));
+  }
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned sel = (c >> (4 * i)) & 0xfu;
+    uint8_t byte = src[sel & 7u];
+    if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0x00u;
+    d |= uint32_t(byte) << (8 * i);
+  }
+  return d;
+}
+
+// Every 16-bit selector (so every nibble 0..15, sign-replicating ones
+// included, in every byte position, with every combination of the other
+// three) on random a and b (each byte's sign bit random) and random bits
+// 16..31 of c, as a register; the v_frags_fp8 selectors 0x6420 / 0x7531 as
+// immediates; a destination that is also the a source.
+void test_prmt(void **) {
+  // The host model against the ISA's own examples of the form.
+  assert_int_equal(prmt_ref(0x03020100u, 0x07060504u, 0x7531u), 0x07050301u);
+  assert_int_equal(prmt_ref(0x03020100u, 0x07060504u, 0x6420u), 0x06040200u);
+  assert_int_equal(prmt_ref(0x00000080u, 0, 0x0008u), 0x808080ffu);
+  const std::string p = std::string(kHeader) + R"(
+.visible .entry k_prmt(.param .align 8 .b8 k_prmt_param[16])
+{
+  .reg .b32 %r<12>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [k_prmt_param+0];
+  ld.param.u64 %rd2, [k_prmt_param+8];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, %ctaid.x;
+  mad.lo.u32 %r1, %r2, 256, %r1;
+  mul.wide.u32 %rd3, %r1, 12;
+  add.s64 %rd3, %rd1, %rd3;
+  ld.global.u32 %r3, [%rd3];
+  ld.global.u32 %r4, [%rd3+4];
+  ld.global.u32 %r5, [%rd3+8];
+  prmt.b32 %r6, %r3, %r4, %r5;
+  prmt.b32 %r7, %r3, %r4, 0x6420;
+  prmt.b32 %r8, %r3, %r4, 0x7531;
+  mov.b32 %r9, %r3;
+  prmt.b32 %r9, %r9, %r4, %r5;
+  mul.wide.u32 %rd4, %r1, 16;
+  add.s64 %rd4, %rd2, %rd4;
+  st.global.v4.b32 [%rd4], {%r6, %r7, %r8, %r9};
+}
+)";
+  const uint32_t n = 65536;
+  std::vector<uint32_t> in(3 * size_t(n));
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {  // splitmix64
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<uint32_t>(z ^ (z >> 31));
+  };
+  for (uint32_t t = 0; t < n; ++t) {
+    in[3 * t] = next();
+    in[3 * t + 1] = next();
+    in[3 * t + 2] = (next() & 0xffff0000u) | t;
+  }
+  DevBuf din(in.size() * 4), dout(size_t(n) * 16);
+  din.put(in);
+  TwoBuf prm = {din.ptr, dout.ptr};
+  assert_int_equal(run_ptx(p, "k_prmt", geom(n / 256, 256), &prm, sizeof prm), FA_SUCCESS);
+  const std::vector<uint32_t> out = dout.get<uint32_t>();
+  int bad = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    const uint32_t a = in[3 * t], b = in[3 * t + 1], c = in[3 * t + 2];
+    const uint32_t want[4] = {prmt_ref(a, b, c), prmt_ref(a, b, 0x6420u), prmt_ref(a, b, 0x7531u),
+                              prmt_ref(a, b, c)};
+    for (int i = 0; i < 4; ++i)
+      if (out[4 * size_t(t) + i] != want[i] && bad++ < 10)
+        std::fprintf(stderr, "prmt #%d a %08x b %08x c %08x: %08x, want %08x\n", i, a, b, c,
+                     out[4 * size_t(t) + i], want[i]);
+  }
+  assert_int_equal(bad, 0);
+}
+
+// prmt's other modes (.f4e, .b4e, .rc8, .ecl, .ecr, .rc16) are not
+// emulated: the parser refuses them by name; a type other than .b32 too.
+void test_prmt_errors(void **) {
+  const std::string base =
+      std::string(kHeader) + ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<2>;\n";
+  for (const char *mode : {"f4e", "b4e", "rc8", "ecl", "ecr", "rc16"})
+    expect_compile_error(base + "  prmt.b32." + mode + " %r1, %r2, %r3, %r0;\n}\n", 8,
+                         (std::string("unsupported modifier '.") + mode + "'").c_str());
+  expect_compile_error(base + "  prmt.u32 %r1, %r2, %r3, %r0;\n}\n", 8, "prmt needs .b32");
+  expect_compile_error(base + "  prmt.b64 %rd1, %rd0, %rd0, %rd0;\n}\n", 8, "prmt needs .b32");
+  expect_compile_error(base + "  prmt.b32 %r1, %r2, %r3;\n}\n", 8, "expected 4 operands, got 3");
+  // Control: the default mode compiles.
+  std::vector<uint8_t> bin;
+  std::string log;
+  assert_int_equal(g_be->compile(base + "  prmt.b32 %r1, %r2, %r3, 0x3210;\n}\n", &bin, &log),
+                   FA_SUCCESS);
+}
+
+// The builder's prmt (Op::Prmt, register and immediate selectors) and
+// pack_b32 (mov.b32 d, {lo, hi}: lo the low half) as they print and as the
+// emulator runs them, one thread on values read from memory.
+void test_prmt_pack_builder(void **) {
+  using fa::ptx::at;
+  using fa::ptx::Builder;
+  using fa::ptx::imm;
+  using fa::ptx::Op;
+  using fa::ptx::Reg;
+  using fa::ptx::Space;
+  using fa::ptx::Type;
+  Builder b("k_pb", 16);
+  Reg raw = b.b64(), in = b.b64(), out = b.b64();
+  b.ld_param(Type::U64, raw, 0);
+  b.cvta_to_global(in, raw);
+  b.ld_param(Type::U64, raw, 8);
+  b.cvta_to_global(out, raw);
+  Reg ra = b.b32(), rb = b.b32(), rc = b.b32(), lo = b.b16(), hi = b.b16();
+  b.ld(Space::Global, Type::B32, ra, at(in, 0));
+  b.ld(Space::Global, Type::B32, rb, at(in, 4));
+  b.ld(Space::Global, Type::B32, rc, at(in, 8));
+  b.ld(Space::Global, Type::B16, lo, at(in, 12));
+  b.ld(Space::Global, Type::B16, hi, at(in, 14));
+  Reg d[5] = {b.b32(), b.b32(), b.b32(), b.b32(), b.b32()};
+  b.op(Op::Prmt, Type::B32, d[0], ra, rb, rc);
+  b.op(Op::Prmt, Type::B32, d[1], ra, rb, imm(0x6420));
+  b.op(Op::Prmt, Type::B32, d[2], ra, rb, imm(0x7531));
+  b.pack_b32(d[3], lo, hi);
+  b.pack_b32(d[4], hi, lo);
+  for (int i = 0; i < 5; ++i) b.st(Space::Global, Type::B32, at(out, 4 * i), d[i]);
+  b.exit();
+  const std::string ptx = std::move(b).emit(70, 80, 1);
+  auto has = [&](const char *s) {
+    if (ptx.find(s) == std::string::npos) {
+      std::fprintf(stderr, "no \"%s\" in\n%s", s, ptx.c_str());
+      fail();
+    }
+  };
+  // Registers in allocation order: %r0..%r2 = a, b, c, %r3.. the results.
+  has("\tprmt.b32 %r3, %r0, %r1, %r2;\n");
+  has("\tprmt.b32 %r4, %r0, %r1, 25632;\n");  // 0x6420
+  has("\tprmt.b32 %r5, %r0, %r1, 30001;\n");  // 0x7531
+  has("\tmov.b32 %r6, {%h0, %h1};\n");
+  has("\tmov.b32 %r7, {%h1, %h0};\n");
+  const uint32_t a = 0x8c7f01f3u, bb = 0x4a90e655u, c = 0xbeef9ac5u;
+  const std::vector<uint32_t> vin = {a, bb, c, 0x1234abcdu};  // lo 0xabcd, hi 0x1234
+  DevBuf din(16), dout(20);
+  din.put(vin);
+  TwoBuf prm = {din.ptr, dout.ptr};
+  assert_int_equal(run_ptx(ptx, "k_pb", geom(1, 1), &prm, sizeof prm), FA_SUCCESS);
+  const std::vector<uint32_t> got = dout.get<uint32_t>();
+  assert_int_equal(got[0], prmt_ref(a, bb, c));
+  assert_int_equal(got[1], prmt_ref(a, bb, 0x6420u));
+  assert_int_equal(got[2], prmt_ref(a, bb, 0x7531u));
+  assert_int_equal(got[3], 0x1234abcdu);
+  assert_int_equal(got[4], 0xabcd1234u);
+}
+
 // --------------------------------------------------------- memory API ----
 
 void test_memory_api(void **) {
@@ -1409,6 +1577,9 @@ int main(void) {
       cmocka_unit_test(test_shfl_half_warp),
       cmocka_unit_test(test_step_budget),
       cmocka_unit_test(test_parse_errors),
+      cmocka_unit_test(test_prmt),
+      cmocka_unit_test(test_prmt_errors),
+      cmocka_unit_test(test_prmt_pack_builder),
       cmocka_unit_test(test_memory_api),
       cmocka_unit_test(test_signed_overflow),
       cmocka_unit_test(test_lazy_allocation),

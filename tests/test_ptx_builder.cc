@@ -189,6 +189,49 @@ void test_type_checks_abort(void **) {
   }));
 }
 
+// prmt (Op::Prmt) has only the .b32 form, with three sources; pack_b32 takes
+// a b32 destination and two b16 halves (their printed forms and what the
+// emulator makes of them: test_emulator's test_prmt_pack_builder).
+void test_prmt_pack_checks_abort(void **) {
+  for (Type t : {Type::U32, Type::S32, Type::B64, Type::F32}) {
+    assert_true(aborts([t] {
+      Builder b("k", 8);
+      Reg r = t == Type::B64 ? b.b64() : t == Type::F32 ? b.f32() : b.b32();
+      b.op(Op::Prmt, t, r, r, r, r);
+    }));
+  }
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.op(Op::Prmt, Type::B32, r, r, r);  // no selector
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32(), rd = b.b64();
+    b.op(Op::Prmt, Type::B32, r, r, rd, imm(0x3210));  // a 64-bit source
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg r = b.b32();
+    b.pack_b32(r, r, r);  // b32 halves
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg h = b.b16();
+    b.pack_b32(h, h, h);  // a b16 destination
+  }));
+  // Control: the well-formed ones do not abort, and print as PTX writes them.
+  Builder b("k", 8);
+  Reg r = b.b32(), h = b.b16();
+  b.op(Op::Prmt, Type::B32, r, r, r, imm(0x5140));
+  b.op(Op::Prmt, Type::B32, r, r, r, r);
+  b.pack_b32(r, h, h);
+  const std::string s = b.emit(70, 80, 32);
+  assert_true(contains(s, "\tprmt.b32 %r0, %r0, %r0, 20800;\n"));
+  assert_true(contains(s, "\tprmt.b32 %r0, %r0, %r0, %r0;\n"));
+  assert_true(contains(s, "\tmov.b32 %r0, {%h0, %h0};\n"));
+}
+
 // The tensor-core instructions print in the form the emulator and ptxas
 // read (PTX ISA mma, ldmatrix, cp.async, cvt), dynamic shared memory is
 // declared at module scope, and .minnctapersm follows .maxntid.
@@ -752,6 +795,7 @@ int main(void) {
       cmocka_unit_test(test_guards_labels_and_branches),
       cmocka_unit_test(test_float_immediates_and_memory_forms),
       cmocka_unit_test(test_type_checks_abort),
+      cmocka_unit_test(test_prmt_pack_checks_abort),
       cmocka_unit_test(test_tensor_core_forms),
       cmocka_unit_test(test_tensor_core_type_checks_abort),
       cmocka_unit_test(test_fp8_mma_forms),

@@ -18,9 +18,20 @@
 //    e4m3/e5m2 pairs, random codes with subnormals and the largest finite,
 //    against the emulator's f32 summation model exactly and within gamma_64
 //    of the exact sum;
+//  - the fp8 P V (sm_89): an f32 P of 16 x 32 / 64 keys (hand-rounded
+//    values: ties, zeros, 256, e4m3 subnormals, saturation) packed by
+//    pack_a_fp8, an fp8 V of one and two 16-byte chunks read by ldsm
+//    Role::B_KN_T8 and split by v_frags_fp8 (prmt), mma_fp8 (V e4m3 and
+//    e5m2): every O element at the column tile.h gives it, exact against
+//    the emulator's f32 model in the permuted key order and within gamma_64
+//    of the exact sum;
 //  - OnlineSoftmax: tiles of scores with masked (-inf) keys, a row that
 //    never sees a key, and maxima growing by more and by less than the
-//    rescale threshold, against one softmax over all tiles in fp64.
+//    rescale threshold, against one softmax over all tiles in fp64; its
+//    fp8_form(): every p after each step against 2^((s - m) c + 8) with the
+//    running maximum, at most 256 and 256 at the maximum once in e4m3, and
+//    O and LSE (with and without a sink, and of an empty row) those of the
+//    default form and of fp64.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -225,9 +236,9 @@ void check_copy(int rows, int cols, int threads, bool boundary, int rows_left, b
     for (uint32_t o = 0; o < smem_bytes; o += 4u * threads) {
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(smem_bytes));
-      Reg sa = e.op(Op::Add, Type::U32, smem, off);
+      Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
       b.when(in).ld(Space::Shared, Type::U32, w, at(sa));
-      b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+      b.when(in).st(Space::Global, Type::B32, at(ga), w);
     }
   });
   DevBuf ds(src.size() * 2), dout(smem_bytes);
@@ -300,9 +311,9 @@ void check_fp8_convert(int bytes, bool e5m2, bool bf16) {
         for (uint32_t o = 0; o < dst.bytes(); o += 4u * 32) {
           Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
           Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(dst.bytes()));
-          Reg sa = e.op(Op::Add, Type::U32, smem, off);
+          Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
           b.when(in).ld(Space::Shared, Type::U32, w, at(sa, static_cast<int>(dst.offset)));
-          b.when(in).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+          b.when(in).st(Space::Global, Type::B32, at(ga), w);
         }
       },
       81, 89);
@@ -469,6 +480,178 @@ void test_fp8_mma(void **) {
   g_be = sm80;
 }
 
+// ------------------------------------------------------------ fp8 P V ---
+
+// The fp8 forward's O += P V (tile.h, pack_a_fp8 / Role::B_KN_T8 /
+// v_frags_fp8), one warp on sm_89: an f32 tile P of 16 rows x 32 ks keys set
+// from host values, rounded to e4m3 by pack_a_fp8 (k32 step s: C fragments
+// 4s .. 4s + 3); V, 32 ks keys x 16 nc bytes of fp8 codes (e4m3 or e5m2) in
+// a SmemTile of 8 nc 16-bit columns, read by ldsm Role::B_KN_T8 (chunk c of
+// step s at t.at(32 s, 8 c)) and split by v_frags_fp8 into the B fragments
+// of accumulator blocks 2c (the chunk's even columns) and 2c + 1 (its odd
+// ones); mma_fp8 with A e4m3. Checked element by element against the layout
+// tile.h states: element i of block 2c is row g + 8 (i / 2), column
+// 16c + 4q + 2 (i & 1), of block 2c + 1 that column + 1; the value exactly
+// the emulator's f32 model (products summed in the mma's k order, which
+// stands for key 2q + j (j < 2) or 8 + 2q + j - 2 at k = 4q + j, plus 16 in
+// the upper half) and within gamma_64 of the exact sum of P rounded to e4m3
+// times V. P holds values whose e4m3 rounding is worked out here by hand
+// (exact ones, ties to even, values that round up and down, zeros, 256,
+// e4m3 subnormals and their ties, values past 448 that saturate), each also
+// checked against reference.cc's rounding, and random values over 2^-12 ..
+// 2^9 of both signs.
+void check_fp8_pv(int ks, int nc, bool v5) {
+  using fa::ptx::Fp8;
+  const int M = 16, K = 32 * ks, NB = 16 * nc;
+  const tile::SmemTile tv = tile::smem_tile(0, K, NB / 2);
+  // Hand-rounded P values: {x, its e4m3 value}.
+  const double s9 = std::ldexp(1.0, -9);  // e4m3's smallest subnormal
+  const struct {
+    float x;
+    double want;
+  } kRounds[] = {
+      // clang-format off
+      {1.0f, 1.0}, {256.0f, 256.0}, {448.0f, 448.0}, {28.0f, 28.0},       // exact
+      {0.0f, 0.0}, {-0.0f, 0.0}, {1e-30f, 0.0},                           // zeros
+      {1.0625f, 1.0}, {1.1875f, 1.25}, {248.0f, 256.0}, {232.0f, 224.0},  // ties to even
+      {1.07f, 1.125}, {-1.05f, -1.0}, {250.0f, 256.0}, {244.0f, 240.0},   // nearest
+      {3.3f, 3.25}, {-6.9f, -7.0},                                        // nearest
+      {500.0f, 448.0}, {-1000.0f, -448.0},                                // saturated
+      {0.015625f, 0.015625}, {0.01953125f, 0.01953125},                   // smallest normals
+      {float(s9), s9}, {float(3 * s9), 3 * s9},                           // subnormals
+      {float(s9 / 2), 0.0}, {float(1.5 * s9), 2 * s9},                    // subnormal ties
+      {float(2.5 * s9), 2 * s9}, {float(7.5 * s9), 8 * s9},               // (7.5: to 2^-6)
+      {float(0.75 * s9), s9}, {float(0.25 * s9), 0.0}, {float(-6.6 * s9), -7 * s9},
+      // clang-format on
+  };
+  const int nr = static_cast<int>(sizeof kRounds / sizeof kRounds[0]);
+  std::mt19937 gen(100 * ks + 10 * nc + v5);
+  std::uniform_real_distribution<float> ex(-12.0f, 9.0f);
+  std::uniform_int_distribution<int> coin(0, 1), byte(0, 255), pick(0, 7);
+  std::vector<float> p(size_t(M) * K);
+  std::vector<double> pr(p.size());  // P rounded to e4m3
+  for (size_t i = 0; i < p.size(); ++i) {
+    const int t = static_cast<int>((i * 7) % size_t(2 * nr));
+    if (t < nr) {  // half the elements from the table, spread over rows and keys
+      p[i] = kRounds[t].x;
+      pr[i] = kRounds[t].want;
+    } else {
+      p[i] = (coin(gen) ? -1.0f : 1.0f) * std::exp2(ex(gen));
+      pr[i] = fa::ref::fp8_to_double(fa::ref::fp8_from_double(p[i], false), false);
+    }
+  }
+  for (const auto &r : kRounds)  // the hand rounding is cvt.rn.satfinite's
+    assert_true(fa::ref::fp8_to_double(fa::ref::fp8_from_double(r.x, false), false) == r.want);
+  std::vector<uint8_t> v(size_t(K) * NB);
+  for (auto &x : v) {
+    for (;;) {
+      uint8_t c = static_cast<uint8_t>(byte(gen));
+      if (pick(gen) < 2) c &= v5 ? 0x83 : 0x87;                // a subnormal or zero
+      if (pick(gen) < 1) c = (c & 0x80) | (v5 ? 0x7b : 0x7e);  // the largest finite
+      if (std::isfinite(fa::ref::fp8_to_double(c, v5))) {
+        x = c;
+        break;
+      }
+    }
+  }
+  const Fp8 fv8 = v5 ? Fp8::E5M2 : Fp8::E4M3;
+  const std::string ptx = kernel(
+      32,
+      [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+        Builder &b = e.b;
+        const tile::Lanes ln = tile::make_lanes(e, tid);
+        // Lane r copies V rows r, r + 32, .. into the tile.
+        Reg w = b.b32();
+        for (int r0 = 0; r0 < K; r0 += 32) {
+          Reg row = e.op(Op::Add, Type::U32, tid, imm(r0));
+          Reg src = e.index(g[1], row, NB);
+          Reg sa = e.op(Op::MadLo, Type::U32, row, imm(tv.pitch), smem);
+          for (int c = 0; c < NB / 4; ++c) {
+            b.ld(Space::Global, Type::U32, w, at(src, 4 * c));
+            b.st(Space::Shared, Type::B32, at(sa, static_cast<int>(tv.offset) + 4 * c), w);
+          }
+        }
+        b.bar_sync();
+        // P's fragments: element (j, i) is row g + 8 (i / 2), key 8j + 2q + (i & 1).
+        const tile::AccTile pt = tile::acc_tile(b, K / 8);
+        for (int j = 0; j < K / 8; ++j)
+          for (int i = 0; i < 4; ++i) {
+            Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * (i / 2)));
+            Reg key = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+            Reg idx = e.op(Op::MadLo, Type::U32, row, imm(K), key);
+            b.ld(Space::Global, Type::F32, pt.f[j][i], at(e.index(g[0], idx, 4)));
+          }
+        Reg lv = tile::ldsm_base(e, ln, tv, tile::Role::B_KN_T8, smem, Reg());
+        tile::Frag4 pa = tile::frag4(b), r = tile::frag4(b);
+        Reg even[2] = {b.b32(), b.b32()}, odd[2] = {b.b32(), b.b32()};
+        tile::AccTile o = tile::acc_tile(b, 2 * nc);
+        tile::zero(b, o);
+        for (int s = 0; s < ks; ++s) {
+          tile::pack_a_fp8(b, pt, 4 * s, pa);
+          for (int c = 0; c < nc; ++c) {
+            tile::ldsm(b, tile::Role::B_KN_T8, r, lv, tv.at(32 * s, 8 * c));
+            tile::v_frags_fp8(b, r, even, odd);
+            tile::mma_fp8(b, Fp8::E4M3, fv8, o, 2 * c, pa, even);
+            tile::mma_fp8(b, Fp8::E4M3, fv8, o, 2 * c + 1, pa, odd);
+          }
+        }
+        store_acc(e, ln, o, 0, g[2], NB);  // AccTile's own layout; mapped below
+      },
+      84, 89);
+  DevBuf dp(p.size() * 4), dv(v.size()), dd(size_t(M) * NB * 4);
+  dp.put(p);
+  dv.put(v);
+  Ptrs prm = {{dp.ptr, dv.ptr, dd.ptr, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, tv.bytes(), prm), FA_SUCCESS);
+  const std::vector<float> d = dd.get<float>();
+  // The key at k of a k32 step (tile.h, pack_a_fp8).
+  auto key_of = [](int k) {
+    const int q = (k % 16) / 4, j = k % 4;
+    return 16 * (k / 16) + (j < 2 ? 2 * q + j : 8 + 2 * q + j - 2);
+  };
+  int bad = 0;
+  for (int m = 0; m < M; ++m)
+    for (int raw = 0; raw < NB; ++raw) {
+      // Accumulator column raw = 8 blk + 2q + x holds V column n.
+      const int blk = raw / 8, q = raw % 8 / 2, x = raw % 2;
+      const int n = 16 * (blk / 2) + 4 * q + 2 * x + blk % 2;
+      __extension__ typedef __int128 i128;
+      float model = 0;
+      i128 sum = 0;
+      double mag = 0;
+      for (int s = 0; s < ks; ++s)
+        for (int k = 0; k < 32; ++k) {
+          const int key = 32 * s + key_of(k);
+          const double pa = pr[size_t(m) * K + key];
+          const double pb = fa::ref::fp8_to_double(v[size_t(key) * NB + n], v5);
+          volatile float prod = float(pa) * float(pb);
+          model = model + prod;
+          sum += i128(int64_t(std::ldexp(pa, 16))) * int64_t(std::ldexp(pb, 16));
+          mag += std::fabs(pa * pb);
+        }
+      const double exact = std::ldexp(double(sum), -32);
+      const float got = d[size_t(m) * NB + raw];
+      const bool ok = got == model && std::fabs(double(got) - exact) <= 65 * 0x1p-24 * mag;
+      if (!ok && bad++ < 5)
+        std::fprintf(stderr,
+                     "fp8 P V (%d keys, %d chunks, V %s): O[%d][%d] (block %d) = %.9g, model "
+                     "%.9g, exact %.17g\n",
+                     K, nc, v5 ? "e5m2" : "e4m3", m, n, blk, double(got), double(model), exact);
+    }
+  assert_int_equal(bad, 0);
+}
+
+void test_fp8_pv(void **) {
+  std::unique_ptr<fa::Backend> be89;
+  assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be89.get();
+  for (int ks = 1; ks <= 2; ++ks)
+    for (int nc = 1; nc <= 2; ++nc)
+      for (bool v5 : {false, true}) check_fp8_pv(ks, nc, v5);
+  g_be = sm80;
+}
+
 // ------------------------------------------------- row-scaled f16 rows ---
 
 // W warps: a 16 x cols bf16 tile copied into shared memory, rewritten by
@@ -496,8 +679,9 @@ void check_rows_to_f16(int cols, int warps) {
     for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {  // the tile in, plainly
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      b.when(ok).ld(Space::Global, Type::B32, w, at(e.index(g[0], off, 1)));
-      b.when(ok).st(Space::Shared, Type::B32, at(e.op(Op::Add, Type::U32, smem, off), q.offset), w);
+      Reg ga = e.index(g[0], off, 1), sa = e.op(Op::Add, Type::U32, smem, off);
+      b.when(ok).ld(Space::Global, Type::B32, w, at(ga));
+      b.when(ok).st(Space::Shared, Type::B32, at(sa, q.offset), w);
     }
     b.bar_sync();
     Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
@@ -507,8 +691,9 @@ void check_rows_to_f16(int cols, int warps) {
     for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {
       Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
       Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      b.when(ok).ld(Space::Shared, Type::B32, w, at(e.op(Op::Add, Type::U32, smem, off), q.offset));
-      b.when(ok).st(Space::Global, Type::B32, at(e.index(g[1], off, 1)), w);
+      Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
+      b.when(ok).ld(Space::Shared, Type::B32, w, at(sa, q.offset));
+      b.when(ok).st(Space::Global, Type::B32, at(ga), w);
     }
     for (int h = 0; h < 2; ++h)
       b.st(Space::Global, Type::F32,
@@ -777,6 +962,186 @@ void test_online_softmax(void **) {
   assert_int_equal(bad, 0);
 }
 
+// OnlineSoftmax in a given form over `tiles` tiles of [32 rows][bn keys]
+// scores (one warp, two m-tiles, c = scale log2 e), O += P with V the
+// identity (O's column k sums key k's p over the tiles), then finish, with
+// the sink (log2 domain) when sink2 is not NaN. Returns O [32][bn], LSE
+// [32] and, after each step, P [tiles][32][bn].
+struct SoftmaxRun {
+  std::vector<float> o, lse, p;
+};
+SoftmaxRun run_softmax(const std::vector<float> &s, int tiles, int bn, float scale,
+                       tile::SoftmaxForm form, float sink2) {
+  const int rows = 32;
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    Reg c = e.mov(Type::F32, fimm(scale * 1.4426950408889634f));
+    tile::OnlineSoftmax sm(e, 2, c, form);
+    std::vector<tile::AccTile> st, o;
+    for (int mi = 0; mi < 2; ++mi) {
+      st.push_back(tile::acc_tile(b, bn / 8));
+      o.push_back(tile::acc_tile(b, bn / 8));
+      tile::zero(b, o[mi]);
+    }
+    for (int t = 0; t < tiles; ++t) {
+      std::vector<Reg> idx;  // element (mi, j, i) of the tile in [rows][bn]
+      for (int mi = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i) {
+            Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * mi + 8 * (i / 2)));
+            Reg key = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+            Reg x = e.op(Op::MadLo, Type::U32, row, imm(bn), key);
+            b.op(Op::Add, Type::U32, x, x, imm(t * rows * bn));
+            b.ld(Space::Global, Type::F32, st[mi].f[j][i], at(e.index(g[0], x, 4)));
+            idx.push_back(x);
+          }
+      sm.step(st, o);
+      for (int mi = 0, n = 0; mi < 2; ++mi)
+        for (int j = 0; j < bn / 8; ++j)
+          for (int i = 0; i < 4; ++i, ++n) {
+            b.st(Space::Global, Type::F32, at(e.index(g[3], idx[size_t(n)], 4)), st[mi].f[j][i]);
+            b.op(Op::Add, Type::F32, o[mi].f[j][i], o[mi].f[j][i], st[mi].f[j][i]);
+          }
+    }
+    std::vector<Reg> lse;
+    if (std::isnan(sink2))
+      sm.finish(o, &lse);
+    else
+      sm.finish(o, &lse, e.mov(Type::F32, fimm(sink2)));
+    for (int mi = 0; mi < 2; ++mi) store_acc(e, ln, o[mi], mi, g[1], bn);
+    Reg q0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, ln.q, imm(0));
+    for (int r = 0; r < 4; ++r) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(16 * (r / 2) + 8 * (r % 2)));
+      Reg a = e.index(g[2], row, 4);  // before when(): the guard is the next instruction's
+      b.when(q0).st(Space::Global, Type::F32, at(a), lse[r]);
+    }
+  });
+  DevBuf ds(s.size() * 4), dout(size_t(rows) * bn * 4), dlse(rows * 4), dp(s.size() * 4);
+  ds.put(s);
+  Ptrs p = {{ds.ptr, dout.ptr, dlse.ptr, dp.ptr, 0, 0}};
+  SoftmaxRun r;
+  if (launch(ptx, 32, 0, p) != FA_SUCCESS) return r;
+  r.o = dout.get<float>();
+  r.lse = dlse.get<float>();
+  r.p = dp.get<float>();
+  return r;
+}
+
+// OnlineSoftmax::fp8_form() (the fp8 forward's): after each step every p is
+// 2^((s - m) c + 8) with m the row's maximum so far (O and l rescaled on
+// every growth, however small: row 8 grows by 2^0.18 a tile), within f32's
+// rounding of m c and of the fma (2^-14 relative here, for |m c| up to 45);
+// rounded to e4m3 as pack_a_fp8 does, no p exceeds 256 and the row's
+// largest score so far, when in the tile, gets exactly 256. (In f32 that p
+// is 256 only within a few ulps: fl(fl(8 - fl(m c)) + s c) at s = m is not
+// 8 in general; here rows 6, 11 and 13 get 255.999908, 256.000336 and
+// 255.999908.)
+// finish takes the offset back out: O and LSE those of the default form
+// within f32 rounding (2^-20 and 2^-18 absolute) and of one softmax in
+// fp64, without and with a sink (finish's overload), for rows that grow by
+// less and by far more than the default form's threshold, rows with m c
+// near -27 and 16, a row that never sees a key (O = 0, LSE = -inf, or the
+// sink's logit with one) and a row whose keys all come in the last tile.
+void test_online_softmax_fp8(void **) {
+  const int rows = 32, bn = 16, tiles = 4;
+  const float scale = 0.5f;
+  const double c = scale * 1.4426950408889634;
+  std::vector<float> s(size_t(tiles) * rows * bn);
+  std::mt19937 gen(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int t = 0; t < tiles; ++t)
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < bn; ++k) {
+        float x = nd(gen);
+        if (r == 3 && t == 2) x += 60;  // grows by 2^43 at tile 2
+        if (r == 7) x += 2.0f * t;      // by about 2^1.4 each tile
+        if (r == 8) x += 0.25f * t;     // by much less than the default threshold
+        if (r == 11) x -= 40;           // m c about -27
+        if (r == 13) x += 20;           // m c about 16
+        if (r == 5 || (r == 9 && t < 3) || (k + r + t) % 7 == 0) x = -INFINITY;  // masked
+        s[(size_t(t) * rows + r) * bn + k] = x;
+      }
+  const float nan = std::nanf("");
+  const float sink2 = 1.5f;  // the sink's logit, log2 domain
+  const SoftmaxRun d0 = run_softmax(s, tiles, bn, scale, tile::SoftmaxForm(), nan);
+  const SoftmaxRun f0 = run_softmax(s, tiles, bn, scale, tile::OnlineSoftmax::fp8_form(), nan);
+  const SoftmaxRun d1 = run_softmax(s, tiles, bn, scale, tile::SoftmaxForm(), sink2);
+  const SoftmaxRun f1 = run_softmax(s, tiles, bn, scale, tile::OnlineSoftmax::fp8_form(), sink2);
+  assert_false(d0.o.empty() || f0.o.empty() || d1.o.empty() || f1.o.empty());
+  int bad = 0;
+  auto e4m3 = [](float x) {
+    return fa::ref::fp8_to_double(fa::ref::fp8_from_double(x, false), false);
+  };
+  double pd = 0, od = 0, ld = 0;  // the largest deviations seen, for the log
+  for (int r = 0; r < rows; ++r) {
+    // p after each step against 2^((s - m) c + 8) in fp64, m the maximum so
+    // far (f32's rounding of m c and of the fma: a few ulps of the exponent).
+    double m = -INFINITY;
+    for (int t = 0; t < tiles; ++t) {
+      for (int k = 0; k < bn; ++k) m = std::max(m, double(s[(size_t(t) * rows + r) * bn + k]));
+      for (int k = 0; k < bn; ++k) {
+        const size_t i = (size_t(t) * rows + r) * bn + k;
+        const double x = s[i], want = std::isinf(x) ? 0.0 : std::exp2((x - m) * c + 8);
+        const float got = f0.p[i];
+        const double dev = want > 0 ? std::fabs(got - want) / want : std::fabs(got);
+        pd = std::max(pd, dev);
+        const bool ok = dev <= 0x1p-14 &&
+                        (std::isfinite(x) && x == m ? e4m3(got) == 256 : e4m3(got) <= 256) &&
+                        f1.p[i] == got;
+        if (!ok && bad++ < 8)
+          std::fprintf(stderr, "row %d tile %d key %d: p %.9g, want %.9g (m c %g)\n", r, t, k,
+                       double(got), want, m * c);
+      }
+    }
+    // finish: O and LSE against the default form's and fp64's, without and
+    // with the sink.
+    std::vector<double> sum(bn, 0.0);
+    double l = 0;
+    for (int t = 0; t < tiles; ++t)
+      for (int k = 0; k < bn; ++k) {
+        const double x = s[(size_t(t) * rows + r) * bn + k];
+        if (std::isinf(x)) continue;
+        l += std::exp((x - m) * scale);
+        sum[size_t(k)] += std::exp((x - m) * scale);
+      }
+    for (int sk = 0; sk < 2; ++sk) {
+      const SoftmaxRun &f = sk ? f1 : f0, &d = sk ? d1 : d0;
+      // The denominator e^M L: e^(m scale) l, plus e^sink (natural log).
+      const double sink = sk ? sink2 * 0.6931471805599453 : -INFINITY;
+      const double M = std::max(m * scale, sink);
+      const double a = std::isinf(m) ? 0.0 : std::exp(m * scale - M);
+      const double L = l * a + (sk ? std::exp(sink - M) : 0.0);
+      const double want_lse = L > 0 ? M + std::log(L) : -INFINITY;
+      const float lf = f.lse[size_t(r)], ldf = d.lse[size_t(r)];
+      bool ok = std::isinf(want_lse) ? std::isinf(lf) && lf < 0 && std::isinf(ldf) && ldf < 0
+                                     : std::fabs(lf - want_lse) <= 1e-4 &&
+                                           std::fabs(double(lf) - double(ldf)) <= 0x1p-18;
+      if (std::isfinite(want_lse)) ld = std::max(ld, std::fabs(double(lf) - double(ldf)));
+      if (l == 0 && sk) ok = ok && lf == sink2 * float(0.6931471805599453);  // no key: the sink
+      if (!ok && bad++ < 8)
+        std::fprintf(stderr, "row %d sink %d: lse %.9g (default form %.9g), want %.9g\n", r, sk,
+                     double(lf), double(ldf), want_lse);
+      for (int k = 0; k < bn; ++k) {
+        const double want = L > 0 ? sum[size_t(k)] * a / L : 0.0;
+        const float g8 = f.o[size_t(r) * bn + k], g = d.o[size_t(r) * bn + k];
+        od = std::max(od, std::fabs(double(g8) - g));
+        const bool ok_o =
+            l == 0 ? g8 == 0.0f && g == 0.0f
+                   : std::fabs(g8 - want) <= 1e-5 && std::fabs(double(g8) - g) <= 0x1p-20;
+        if (!ok_o && bad++ < 8)
+          std::fprintf(stderr, "row %d key %d sink %d: o %.9g (default form %.9g), want %.9g\n", r,
+                       k, sk, double(g8), double(g), want);
+      }
+    }
+  }
+  std::printf(
+      "  fp8 form: p within %.3g (relative) of 2^((s - m) c + 8); O within %.3g and LSE %.3g of "
+      "the default form\n",
+      pd, od, ld);
+  assert_int_equal(bad, 0);
+}
+
 }  // namespace
 
 int main(void) {
@@ -785,6 +1150,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
+      cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

@@ -126,6 +126,10 @@ type problem struct {
 	// alibi: ALiBi slopes, slope of (b, h) at alibi[b*alibiStride+h]; nil = none.
 	alibi       []float32
 	alibiStride int
+	// pFP8: P as the fp8 forward rounds it (each 2^8 e^(s - rowmax) to e4m3,
+	// divided by 2^8 and by the unrounded row sum): the yardstick of its
+	// tolerance (twice this attention's error).
+	pFP8 bool
 }
 
 // reference computes O [b, sq, hq, dv] and LSE [b, hq, sq] in float64 from
@@ -194,6 +198,9 @@ func reference(p problem, q, k, v []float32) ([]float64, []float64) {
 						continue
 					}
 					w := math.Exp(s[j]-m) / sum
+					if p.pFP8 {
+						w = fp8Value(fp8Quantize(256*math.Exp(s[j]-m), false), false) / 256 / sum
+					}
 					for c := 0; c < p.dv; c++ {
 						o[((b*p.sq+i)*p.hq+h)*p.dv+c] += w * float64(v[((b*p.skMax+j)*p.hkv+hk)*p.dv+c])
 					}

@@ -172,12 +172,12 @@ void fp8_descales(Ctx &ctx, const ForwardCase &c, std::vector<double> ds[3], fa_
   a->descale_stride[1] = c.descale == 2 ? 1 : c.descale == 3 ? nb : 0;
 }
 
-// The same attention computed the way a framework does it at low precision:
-// S in fp32, P rounded to dtype, O accumulated in fp32 and rounded to dtype.
-// Its error against fp64 is the yardstick (FlashAttention's test rule).
+}  // namespace
+
+// numerics.h
 std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
                                    const std::vector<double> &k, const std::vector<double> &v,
-                                   bool bf16, const int32_t *seqlens_k, bool p_e4m3 = false) {
+                                   bool bf16, const int32_t *seqlens_k, bool p_e4m3) {
   const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int group = p.num_heads_q / p.num_heads_kv;
   const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
@@ -236,6 +236,8 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
   }
   return o;
 }
+
+namespace {
 
 // Compares a downloaded O [rows, dv] (float) and LSE with the references;
 // appends problems to err.

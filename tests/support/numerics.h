@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashattn.h"
+#include "reference.h"
 
 namespace fa::test {
 
@@ -143,6 +144,17 @@ fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm =
 }  // namespace fa::test
 
 namespace fa::test {
+// The same attention computed the way a framework does it at low precision:
+// S in fp32, P rounded to dtype (bf16, else fp16), O accumulated in fp32 and
+// rounded to dtype. Its error against fp64 is the yardstick (FlashAttention's
+// test rule: twice it). p_e4m3: P as the fp8 forward rounds it instead (each
+// 2^8 e^(s - rowmax) to e4m3, divided by 2^8 and by the unrounded row sum).
+// q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv] as p gives them;
+// seqlens_k: valid keys per sequence, or null for p.seqlen_k.
+std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
+                                   const std::vector<double> &k, const std::vector<double> &v,
+                                   bool bf16, const int32_t *seqlens_k, bool p_e4m3 = false);
+
 // Runs the numerics suite (random cases, fixtures, decode, reduce) as a
 // CMocka group on `backend` (emulating `emulator_sm`, 0 = 80); every test skips with the reason
 // when the backend cannot be created. Returns the CMocka exit status.

@@ -108,6 +108,30 @@ pub fn reference(
     v: &[f32],
     valid_k: &[usize],
 ) -> (Vec<f64>, Vec<f64>) {
+    reference_p(p, q, k, v, valid_k, false)
+}
+
+/// `reference` with P as the fp8 forward rounds it (each 2^8 e^(s - rowmax)
+/// to e4m3, divided by 2^8 and by the unrounded row sum): the yardstick of
+/// the fp8 forward's tolerance (twice this attention's error).
+pub fn reference_p_fp8(
+    p: &Problem,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    valid_k: &[usize],
+) -> (Vec<f64>, Vec<f64>) {
+    reference_p(p, q, k, v, valid_k, true)
+}
+
+fn reference_p(
+    p: &Problem,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    valid_k: &[usize],
+    p_fp8: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let mut o = vec![0f64; p.batch * p.seqlen_q * p.hq * p.dv];
     let mut lse = vec![f64::NEG_INFINITY; p.batch * p.hq * p.seqlen_q];
     let group = p.hq / p.hkv;
@@ -134,7 +158,12 @@ pub fn reference(
                 lse[(b * p.hq + h) * p.seqlen_q + i] = m + denom.ln();
                 let orow = &mut o[((b * p.seqlen_q + i) * p.hq + h) * p.dv..][..p.dv];
                 for &(j, sj) in &s {
-                    let w = (sj - m).exp() / denom;
+                    let e = (sj - m).exp();
+                    let w = if p_fp8 {
+                        fp8_value(quantize(256.0 * e, false), false) / 256.0
+                    } else {
+                        e
+                    } / denom;
                     let vrow = &v[((b * p.seqlen_k + j) * p.hkv + kh) * p.dv..][..p.dv];
                     for (x, &y) in orow.iter_mut().zip(vrow) {
                         *x += w * y as f64;
