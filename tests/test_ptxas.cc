@@ -221,8 +221,16 @@ std::vector<KernelSpec> grid() {
   for (int sm : {89, 90, 100, 120}) {
     const DeviceLimits lim = limits_of(sm);
     int i = 0;
-    for (const auto &dd : {std::pair<int, int>{16, 16}, {32, 32}, {64, 64}, {80, 80}, {96, 64},
-                           {128, 128}, {192, 192}, {256, 256}, {304, 272}, {512, 512},
+    for (const auto &dd : {std::pair<int, int>{16, 16},
+                           {32, 32},
+                           {64, 64},
+                           {80, 80},
+                           {96, 64},
+                           {128, 128},
+                           {192, 192},
+                           {256, 256},
+                           {304, 272},
+                           {512, 512},
                            {576, 512}})
       for (int f = 0; f < 2; ++f, ++i) {
         LaunchShape shape;

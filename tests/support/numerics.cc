@@ -222,11 +222,11 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
           for (long long j = lo; j <= hi; ++j) {
             // The fp8 forward rounds 2^8 times the unnormalised p to e4m3
             // (tile::OnlineSoftmax::fp8_form) and divides by the f32 l last.
-            const float pj =
-                p_e4m3 ? float(ref::fp8_to_double(
-                             ref::fp8_from_double(256.0 * s[size_t(j)], false), false)) /
-                             (256.0f * l)
-                       : ref::round_to(s[size_t(j)] / l, bf16);
+            const float pj = p_e4m3
+                                 ? float(ref::fp8_to_double(
+                                       ref::fp8_from_double(256.0 * s[size_t(j)], false), false)) /
+                                       (256.0f * l)
+                                 : ref::round_to(s[size_t(j)] / l, bf16);
             acc +=
                 pj * float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + c]);
           }

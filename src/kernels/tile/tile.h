@@ -323,7 +323,8 @@ class OnlineSoftmax {
   // whenever it grows), and p = 2^(s c - m c + p_offset_log2) with offset 8
   // (FlashAttention-3's fp8 max offset): p <= 256 up to f32 rounding (the
   // offset and the FMA round; a few ulp), 256 exactly once rounded to e4m3
-  // at the row's largest score, and e4m3's subnormals start 2^8 lower in p. l sums the same p; finish takes the offset back out of O and LSE.
+  // at the row's largest score, and e4m3's subnormals start 2^8 lower in p. l sums the same p;
+  // finish takes the offset back out of O and LSE.
   static Form fp8_form() { return Form{0.0f, 8.0f}; }
   // scale_log2: f32 register, or invalid when scores are already log2-domain.
   OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form = Form());
