@@ -13,8 +13,9 @@
 //   the kernel's precision (P rounded to e4m3, f32 sums: the yardstick of
 //   support/numerics.cc), LSE within 2e-3 (the row sums stay f32);
 // - where the fp8 mma is native (sm_89, sm_120) the module runs mma.sync
-//   m16n8k32 .e4m3/.e5m2 for both products; on sm_90 (ptxas expands that
-//   mma there) the same cases run with Q, K, V converted to f16 on load;
+//   m16n8k32 .e4m3/.e5m2 for both products; on sm_90 (the wgmma kernel) and
+//   sm_100 (mma.sync), where ptxas would expand that mma, the same cases run
+//   with Q, K, V converted to f16 on load;
 // - UNSUPPORTED below sm_89, from fa_decode and from the scalar forward;
 //   INVALID_ARGUMENT for q_dtype without an fp8 kv_dtype, a q_descale
 //   without an fp8 Q, fp8 strides that are not whole 16-byte granules; a
@@ -36,7 +37,8 @@ namespace {
 
 using fa::test::ForwardCase;
 
-fa_runtime *g_rt89 = nullptr, *g_rt90 = nullptr, *g_rt120 = nullptr, *g_rt80 = nullptr;
+fa_runtime *g_rt89 = nullptr, *g_rt90 = nullptr, *g_rt120 = nullptr, *g_rt80 = nullptr,
+           *g_rt100 = nullptr;
 std::string g_why;
 
 int setup(void **) {
@@ -44,14 +46,15 @@ int setup(void **) {
   g_rt90 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 90);
   g_rt120 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 120);
   g_rt80 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 80);
+  g_rt100 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 100);
   return 0;
 }
 int teardown(void **) {
-  for (fa_runtime *rt : {g_rt89, g_rt90, g_rt120, g_rt80}) fa_runtime_destroy(rt);
+  for (fa_runtime *rt : {g_rt89, g_rt90, g_rt120, g_rt80, g_rt100}) fa_runtime_destroy(rt);
   return 0;
 }
 void need_runtime() {
-  if (!g_rt89 || !g_rt90 || !g_rt120 || !g_rt80) {
+  if (!g_rt89 || !g_rt90 || !g_rt120 || !g_rt80 || !g_rt100) {
     std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
     skip();
   }
@@ -153,11 +156,16 @@ void test_fp8_forward_sm89(void **) {
   run_all(g_rt89, common_cases());
 }
 
-// sm_90: fp8 converted to f16 on load, the 16-bit mma.sync kernel in f16
-// (fp8_forward_mma: the fp8 mma.sync is not native there).
+// sm_90: the wgmma kernel, its gather producer converting fp8 to f16;
+// sm_100: the mma.sync kernel, its copy plans converting (fp8_forward_mma:
+// the fp8 mma.sync is not native on either). P in f16 on both.
 void test_fp8_forward_sm90(void **) {
   need_runtime();
   run_all(g_rt90, common_cases());
+}
+void test_fp8_forward_sm100(void **) {
+  need_runtime();
+  run_all(g_rt100, common_cases());
 }
 
 // The largest dims: 256, and past it O in slices of whole 16-byte chunks
@@ -239,12 +247,19 @@ void test_fp8_forward_ptx(void **) {
   assert_true(count(ptx, "cvt.rn.satfinite.e4m3x2.f32") > 0);  // P
   assert_true(count(ptx, "prmt.b32") > 0);                     // V's byte order
   assert_true(count(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") > 0);
-  // sm_90: converted to f16 on load (exact), the 16-bit mma in f16.
+  // sm_90: the wgmma kernel, its gather producer converting to f16 (exact);
+  // sm_100: the mma.sync copy plans converting, the 16-bit mma in f16.
   const std::string ptx90 = generate(cfg, FA_KERNEL_FORWARD, 90, &st);
   assert_int_equal(st, FA_SUCCESS);
   assert_int_equal(count(ptx90, "m16n8k32"), 0);
-  assert_true(count(ptx90, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
+  assert_true(count(ptx90, "wgmma.mma_async.sync.aligned.m64n") > 0);
+  assert_true(count(ptx90, ".f32.f16.f16") > 0);
   assert_true(count(ptx90, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx90, "cvt.rn.f16x2.e5m2x2") > 0);
+  const std::string ptx100 = generate(cfg, FA_KERNEL_FORWARD, 100, &st);
+  assert_int_equal(st, FA_SUCCESS);
+  assert_int_equal(count(ptx100, "m16n8k32"), 0);
+  assert_true(count(ptx100, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
+  assert_true(count(ptx100, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx100, "cvt.rn.f16x2.e5m2x2") > 0);
   // Every SM from 89 up generates it; below, UNSUPPORTED with the reason.
   for (int sm : {89, 90, 100, 120})
     generate(cfg, FA_KERNEL_FORWARD, sm, &st), assert_int_equal(st, FA_SUCCESS);
@@ -358,9 +373,10 @@ void test_fp8_forward_refusals(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fp8_forward_ptx),       cmocka_unit_test(test_fp8_forward_refusals),
-      cmocka_unit_test(test_fp8_forward_sm89),      cmocka_unit_test(test_fp8_forward_sm90),
-      cmocka_unit_test(test_fp8_forward_other_sms), cmocka_unit_test(test_fp8_forward_large_heads),
+      cmocka_unit_test(test_fp8_forward_ptx),         cmocka_unit_test(test_fp8_forward_refusals),
+      cmocka_unit_test(test_fp8_forward_sm89),        cmocka_unit_test(test_fp8_forward_sm90),
+      cmocka_unit_test(test_fp8_forward_sm100),       cmocka_unit_test(test_fp8_forward_other_sms),
+      cmocka_unit_test(test_fp8_forward_large_heads),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

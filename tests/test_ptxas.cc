@@ -213,10 +213,11 @@ std::vector<KernelSpec> grid() {
         out.push_back(s);
       }
   }
-  // The fp8 forward (Q, K, V fp8 on mma.sync m16n8k32) on every SM family
-  // from sm_89: the head dims it takes (multiples of 16) up to 256 and past
-  // it (O in slices of whole 16-byte chunks: 304 / 272 in 17, 512, 576 /
-  // 512), both formats and O dtypes, softcap, varlen, every KV layout,
+  // The fp8 forward on every SM family from sm_89 (the fp8 mma on sm_89 and
+  // sm_120; converted on load by the wgmma kernel's producer on sm_90 and by
+  // the mma.sync copy plans on sm_100 and past 256): the head dims it takes
+  // (multiples of 16) up to 256 and past it (O in slices: 304 / 272, 512,
+  // 576 / 512), both formats and O dtypes, softcap, varlen, every KV layout,
   // seqused_k, sinks, ALiBi.
   for (int sm : {89, 90, 100, 120}) {
     const DeviceLimits lim = limits_of(sm);
@@ -247,7 +248,9 @@ std::vector<KernelSpec> grid() {
         cfg.kv_fp8 = i % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
         cfg.q_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
         KernelSpec s = make_spec(cfg, KernelKind::Forward, lim, shape);
-        assert_true(s.mma && !s.wgmma && s.q_fp8 == cfg.q_fp8 && s.kv_fp8 == cfg.kv_fp8);
+        // sm_90 up to 256: the wgmma kernel's gather variant (converted on load).
+        assert_true(s.mma && s.wgmma == (sm == 90 && dd.second <= 256 && dd.first <= 256) &&
+                    s.q_fp8 == cfg.q_fp8 && s.kv_fp8 == cfg.kv_fp8);
         out.push_back(s);
       }
   }

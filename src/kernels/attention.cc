@@ -812,6 +812,17 @@ Reg load_descale(Emitter &e, size_t ptr_param, size_t stride_param, Reg bz, Reg 
   return d;
 }
 
+Reg fp8_descale(Emitter &e, const KernelSpec &spec, size_t member, Reg bz, Reg kvh) {
+  const size_t d = fp8_descales_offset(spec);
+  return load_descale(e, d + member, d + offsetof(Fp8Descales, descale_stride), bz, kvh);
+}
+
+void fp8_scale_scores(Emitter &e, const KernelSpec &spec, Reg bz, Reg kvh, Reg scale) {
+  Reg qk = e.op(Op::Mul, Type::F32, fp8_descale(e, spec, offsetof(Fp8Descales, q_descale), bz, kvh),
+                fp8_descale(e, spec, offsetof(Fp8Descales, k_descale), bz, kvh));
+  e.b.op(Op::Mul, Type::F32, scale, scale, qk);
+}
+
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
                            Reg kvh, Reg m0) {
   using P = ForwardParams;

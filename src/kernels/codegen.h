@@ -214,6 +214,13 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
 // parameter at `ptr_param` (0 = 1.0) and the {int64, int64} descale_stride
 // at `stride_param` (elements): ptr[bz stride[0] + kvh stride[1]], one load.
 Reg load_descale(Emitter &e, size_t ptr_param, size_t stride_param, Reg bz, Reg kvh);
+// The fp8 forward's descale at `member` (offsetof(Fp8Descales, ...)) of
+// (bz, kvh), from the spec's parameter block (fp8_descales_offset).
+Reg fp8_descale(Emitter &e, const KernelSpec &spec, size_t member, Reg bz, Reg kvh);
+// The fp8 forward: scale (the f32 register every score is multiplied by:
+// score_scale, or with softcap its -2 log2(e) constant) times Q's and K's
+// descales of (bz, kvh).
+void fp8_scale_scores(Emitter &e, const KernelSpec &spec, Reg bz, Reg kvh, Reg scale);
 
 // Head h's attention sink (spec.sinks) in the log2 domain: sinks[h] *
 // log2(e), read from ForwardParams::sinks at params_base +

@@ -128,17 +128,8 @@ class ForwardTcGen {
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
     Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
-    if (spec_.q_fp8 != KvFp8::None) {
-      // Q's and K's descales of (batch, KV head) scale every score of the
-      // CTA (with softcap the scale lives in its -2 log2(e) constant).
-      using F = Fp8ForwardParams;
-      Reg qk =
-          e_.op(Op::Mul, Type::F32,
-                load_descale(e_, offsetof(F, q_descale), offsetof(F, descale_stride), bz, kvh),
-                load_descale(e_, offsetof(F, k_descale), offsetof(F, descale_stride), bz, kvh));
-      Reg &sc = spec_.softcap ? cap_.neg2 : score_scale_;
-      b_.op(Op::Mul, Type::F32, sc, sc, qk);
-    }
+    if (spec_.q_fp8 != KvFp8::None)
+      fp8_scale_scores(e_, spec_, bz, kvh, spec_.softcap ? cap_.neg2 : score_scale_);
     q_ptr_ = e_.global_param(offsetof(P, q));
     k_ptr_ = e_.global_param(offsetof(P, k));
     v_ptr_ = e_.global_param(offsetof(P, v));
@@ -605,13 +596,12 @@ class ForwardTcGen {
   // The fp8 forward: O times V's descale of (batch, KV head).
   void apply_v_descale() {
     using P = ForwardParams;
-    using F = Fp8ForwardParams;
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg kvh = e_.op(Op::Div, Type::S32, h,
                     e_.op(Op::Div, Type::S32, e_.param(Type::S32, offsetof(P, num_heads_q)),
                           e_.param(Type::S32, offsetof(P, num_heads_kv))));
-    Reg vd = load_descale(e_, offsetof(F, v_descale), offsetof(F, descale_stride), bz, kvh);
+    Reg vd = fp8_descale(e_, spec_, offsetof(Fp8Descales, v_descale), bz, kvh);
     for (const AccTile &o : o_)
       for (const Frag4 &f : o.f)
         for (Reg x : f) b_.op(Op::Mul, Type::F32, x, x, vd);

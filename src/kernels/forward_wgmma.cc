@@ -39,6 +39,9 @@ constexpr int kAtomCols = 64;
 // producer computes row addresses.
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
+// The gather producer converting fp8 to f16 holds each chunk's bytes and
+// halves: 16 more (56 spilled at head_dim 128 and 256).
+constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
 // Named barriers: 0 the CTA's, 1 the gather producer's, 2 and 3 ping-pong,
 // 4 and 5 each consumer warpgroup's epilogue.
 constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
@@ -100,7 +103,15 @@ class ForwardWgmmaGen {
         lay_(layout(spec)),
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+        // fp8 inputs (spec.q_fp8): converted to f16 by the gather producer
+        half_(spec.dtype == Dtype::BF16 && spec.q_fp8 == KvFp8::None ? Type::BF16 : Type::F16),
+        out_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
+        q8_(spec.q_fp8 == KvFp8::None   ? 0
+            : spec.q_fp8 == KvFp8::E5M2 ? 2
+                                        : 1),
+        kv8_(spec.kv_fp8 == KvFp8::None   ? 0
+             : spec.kv_fp8 == KvFp8::E5M2 ? 2
+                                          : 1) {
     S_ = spec.stages;
     nS_ = spec.block_n / 8;
     kD_ = (spec.head_dim + 15) / 16;
@@ -239,7 +250,9 @@ class ForwardWgmmaGen {
 
   // ---- warpgroup 0: one thread issues every TMA copy ----
   void producer() {
-    b_.setmaxnreg(false, spec_.gather ? kGatherProducerRegs : kProducerRegs);
+    b_.setmaxnreg(false, spec_.q_fp8 != KvFp8::None ? kFp8ProducerRegs
+                         : spec_.gather             ? kGatherProducerRegs
+                                                    : kProducerRegs);
     if (spec_.gather) return producer_gather();
     ptx::Label out = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(out);
@@ -298,7 +311,7 @@ class ForwardWgmmaGen {
     using RowAddr = std::function<Reg(Reg)>;
     b_.comment("Q rows (zeros past seqlen_q)");
     RowAddr q_row = [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); };
-    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, spec_.head_dim / 8, m0_, sq_, q_row);
+    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, spec_.head_dim / 8, m0_, sq_, q_row, q8_);
     b_.cp_async_commit();
     ptx::Label out = b_.label(), only_q = b_.label();
     b_.when(empty_).bra(only_q);
@@ -374,13 +387,16 @@ class ForwardWgmmaGen {
   void kv_tile(Reg dst, uint32_t base, int chunks, int data, Reg n, const KvRows &kv, int half) {
     b_.op(Op::Add, Type::U32, dst, dst, smem_);
     if (row_table(spec_)) {
-      gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_, [&](Reg j) {
-        Reg slot = e_.op(Op::Sub, Type::S32, j, n);
-        b_.op(Op::MadLo, Type::U32, slot, slot, imm(8), smem_);
-        Reg a = b_.b64();
-        b_.ld(Space::Shared, Type::U64, a, at(slot, lay_.rows + half));
-        return a;
-      });
+      gather(
+          dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+          [&](Reg j) {
+            Reg slot = e_.op(Op::Sub, Type::S32, j, n);
+            b_.op(Op::MadLo, Type::U32, slot, slot, imm(8), smem_);
+            Reg a = b_.b64();
+            b_.ld(Space::Shared, Type::U64, a, at(slot, lay_.rows + half));
+            return a;
+          },
+          kv8_);
       return;
     }
     if (spec_.page_tiles) {
@@ -390,17 +406,19 @@ class ForwardWgmmaGen {
       b_.ld(Space::Global, Type::S32, pg, at(e_.index(kv.table, pi, 4)), true);
       Reg row0 = e_.index(e_.index(kv.base, pg, kv.page), off, kv.row);
       // Rows past seqlen_k are not read (zeros), so the page's rows suffice.
-      gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-             [&](Reg j) { return e_.index(row0, e_.op(Op::Sub, Type::S32, j, n), kv.row); });
+      gather(
+          dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+          [&](Reg j) { return e_.index(row0, e_.op(Op::Sub, Type::S32, j, n), kv.row); }, kv8_);
       return;
     }
-    gather(dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-           [&](Reg j) { return kv.at(e_, j); });
+    gather(
+        dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+        [&](Reg j) { return kv.at(e_, j); }, kv8_);
   }
 
   void gather(uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data, Reg first,
-              Reg limit, const std::function<Reg(Reg)> &row_addr) {
-    gather(smem_, base, atom_bytes, rows, chunks, data, first, limit, row_addr);
+              Reg limit, const std::function<Reg(Reg)> &row_addr, int fp8) {
+    gather(smem_, base, atom_bytes, rows, chunks, data, first, limit, row_addr, fp8);
   }
 
   // Rows first .. first + rows - 1 of `chunks` 16-byte chunks (the first
@@ -408,9 +426,13 @@ class ForwardWgmmaGen {
   // into 128-byte-swizzled atoms of [rows][128 B] at dst + base, atom_bytes
   // apart: chunk c of row r lands at atom c / 8, byte 128 r + 16 ((c % 8) ^
   // (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
-  // T = chunks rounded up to a power of two.
+  // T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
+  // hold fp8 bytes, 8 per chunk, loaded (ld.global.v2.b32, zeros where
+  // cp.async would zero-fill) and converted exactly to f16
+  // (cvt.rn.f16x2.{e4m3x2,e5m2x2}) into the chunk by st.shared.v4: generic
+  // writes like cp.async's, fenced by the same fence.proxy.async.
   void gather(Reg dst, uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data,
-              Reg first, Reg limit, const std::function<Reg(Reg)> &row_addr) {
+              Reg first, Reg limit, const std::function<Reg(Reg)> &row_addr, int fp8 = 0) {
     int lg = 0;
     while ((1 << lg) < chunks) ++lg;
     const int T = 1 << lg, R = 128 / T;
@@ -428,8 +450,14 @@ class ForwardWgmmaGen {
     b_.op(Op::MadLo, Type::U32, d0, sw, imm(16), d0);
     Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(64)) : Reg();
     Reg coff = b_.b64();
-    b_.mul_wide(Type::U32, coff, c, imm(16));
+    b_.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
     Reg last = e_.op(Op::Sub, Type::S32, limit, imm(1));
+    Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the f16 pairs
+    if (fp8) {
+      for (Reg &x : y) x = b_.b32();
+      for (Reg &x : hw) x = b_.b16();
+      for (Reg &x : w) x = b_.b32();
+    }
     Reg j0 = e_.op(Op::Add, Type::S32, first, r);
     Reg ok = b_.pred(), in = b_.pred();
     // Pass p copies row r + p R. Up to 4 passes are unrolled; more run as a
@@ -445,7 +473,6 @@ class ForwardWgmmaGen {
       if (real.valid()) b_.op(Op::And, Type::Pred, ok, ok, real);
       Reg src = row_addr(e_.op(Op::Min, Type::S32, j, last));
       b_.op(Op::Add, Type::S64, src, src, coff);
-      Reg size = e_.selp(Type::U32, imm(16), imm(0), ok);
       const bool odd = R == 4 && (p & 1);
       ptx::Addr at_d = at(odd ? db1 : db0, static_cast<int64_t>(base) + int64_t(p) * R * 128);
       Reg guard;
@@ -455,6 +482,19 @@ class ForwardWgmmaGen {
         if (guard.valid()) b_.op(Op::And, Type::Pred, in, in, guard);
         guard = in;
       }
+      if (fp8) {
+        for (Reg x : y) b_.mov(Type::B32, x, imm(0));
+        b_.when(ok).ld_v(Space::Global, Type::B32, {y[0], y[1]}, at(src));
+        for (int i = 0; i < 2; ++i) {
+          b_.unpack_b32(hw[0], hw[1], y[i]);
+          b_.cvt_f16x2_f8x2(fp8 == 2, w[2 * i], hw[0]);
+          b_.cvt_f16x2_f8x2(fp8 == 2, w[2 * i + 1], hw[1]);
+        }
+        if (guard.valid()) b_.when(guard);
+        b_.st_v(Space::Shared, Type::B32, at_d, {w[0], w[1], w[2], w[3]});
+        return;
+      }
+      Reg size = e_.selp(Type::U32, imm(16), imm(0), ok);
       if (guard.valid())
         b_.when(guard).cp_async_cg16(at_d, at(src), size);
       else
@@ -475,9 +515,20 @@ class ForwardWgmmaGen {
     b_.when(e_.setp(Cmp::Ne, Type::U32, left, imm(0))).bra(top);
   }
 
+  // The KV head, re-derived where the consumers need it (the fp8
+  // descales): kvh_ kept live from the prologue into them spilled.
+  Reg kv_head() {
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg g = e_.op(Op::Div, Type::S32, e_.param(Type::S32, f + offsetof(P, num_heads_q)),
+                  e_.param(Type::S32, f + offsetof(P, num_heads_kv)));
+    return e_.op(Op::Div, Type::S32, h_, g);
+  }
+
   // ---- warpgroups 1 and 2: 64 rows each ----
   void consumers() {
-    b_.setmaxnreg(true, spec_.gather ? kGatherConsumerRegs : kConsumerRegs);
+    b_.setmaxnreg(true, spec_.q_fp8 != KvFp8::None ? kFp8ConsumerRegs
+                        : spec_.gather             ? kGatherConsumerRegs
+                                                   : kConsumerRegs);
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     ln_ = tile::make_lanes(e_, lane);
     // wg = warp / 4 - 1: rows 64 wg .. 64 wg + 63 of the CTA; this warp's
@@ -507,6 +558,8 @@ class ForwardWgmmaGen {
     if (spec_.softcap)
       cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
                             e_.param(Type::F32, f + offsetof(P, softcap_log2)));
+    if (spec_.q_fp8 != KvFp8::None)
+      fp8_scale_scores(e_, spec_, bz_, kv_head(), spec_.softcap ? cap_.neg2 : score_scale_);
     softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
     if (spec_.alibi) {
       // ALiBi: the CTA's coefficient and each row half's distance from its
@@ -758,6 +811,10 @@ class ForwardWgmmaGen {
       softmax_->finish({o_}, &lse, sink_log2(e_, h_, offsetof(WgmmaParams, f)));
     else
       softmax_->finish({o_}, &lse);
+    if (spec_.q_fp8 != KvFp8::None) {  // O times V's descale
+      Reg vd = fp8_descale(e_, spec_, offsetof(Fp8Descales, v_descale), bz_, kv_head());
+      for (Reg x : o_flat_) b_.op(Op::Mul, Type::F32, x, x, vd);
+    }
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     // Row (lane & 7) + 8 ((lane >> 3) & 1) of the warp's 16 and chunk
     // (lane >> 4) of each 16-column pair: the stmatrix .x4 addresses.
@@ -777,7 +834,7 @@ class ForwardWgmmaGen {
       const int n = j + 1 < nO_ ? 4 : 2;  // the last 8 columns alone: .x2
       for (int m = 0; m < n; ++m) {
         const Frag4 &fr = o_.f[j + m / 2];
-        b_.cvt_pack(half_, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
+        b_.cvt_pack(out_, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
       }
       // Chunk j + (lane >> 4) of the row: atom j / 8, slot ((j % 8) | hi) ^ (row % 8).
       Reg a = e_.op(Op::Xor, Type::B32, hsx, imm((j % 8) * 16));
@@ -841,7 +898,9 @@ class ForwardWgmmaGen {
   Layout lay_;
   ptx::Builder b_;
   Emitter e_;
-  Type half_;
+  Type half_;     // the wgmma's 16-bit type
+  Type out_;      // O's
+  int q8_, kv8_;  // fp8 Q, K/V converted on load by the producer: 1 e4m3, 2 e5m2 (0: none)
   int S_ = 2, nS_ = 0, kD_ = 0, nv_ = 0, nO_ = 0, kP_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;

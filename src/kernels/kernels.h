@@ -251,13 +251,17 @@ struct ForwardParams {
   int64_t alibi_slopes_stride;
 };
 
-// The fp8 forward's parameter block (spec.q_fp8): ForwardParams, then the
-// fp32 descales of Q, K and V (0 = 1.0), the one of (b, h_kv) at element
-// b descale_stride[0] + h_kv descale_stride[1], 4-byte aligned.
-struct Fp8ForwardParams {
-  ForwardParams f;
+// The fp8 forward's descales (spec.q_fp8): fp32 descales of Q, K and V (0 =
+// 1.0), the one of (b, h_kv) at element b descale_stride[0] + h_kv
+// descale_stride[1], 4-byte aligned. They follow the kernel's usual block
+// (Fp8ForwardParams, WgmmaFp8Params; fp8_descales_offset).
+struct Fp8Descales {
   uint64_t q_descale, k_descale, v_descale;
   int64_t descale_stride[2];
+};
+struct Fp8ForwardParams {
+  ForwardParams f;
+  Fp8Descales d;
 };
 
 // The sm_90a forward's parameter block: ForwardParams, then the TMA
@@ -332,6 +336,13 @@ struct ReduceParams {
 // ForwardParams::sinks (its PTX reads them at these offsets).
 static_assert(offsetof(WgmmaParams, tmap_q) == 320, "WgmmaParams layout changed");
 
+// The sm_90a forward's block for fp8 inputs (converted to f16 by its gather
+// producer): WgmmaParams, then the descales.
+struct WgmmaFp8Params {
+  WgmmaParams w;
+  Fp8Descales d;
+};
+
 // The parameter block a decode kernel declares: DecodeParams up to its last
 // feature's fields, in their order (tree mask, ALiBi, fp8 descales, append),
 // so a kernel's PTX is unchanged by the features it does not use; a launch
@@ -349,11 +360,16 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
-  if (spec.wgmma) return sizeof(WgmmaParams);
+  if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);
   return spec.sinks ? offsetof(ForwardParams, alibi_slopes) : offsetof(ForwardParams, sinks);
 }
+// Where an fp8 forward's Fp8Descales sit in its parameter block.
+inline size_t fp8_descales_offset(const KernelSpec &spec) {
+  return spec.wgmma ? offsetof(WgmmaFp8Params, d) : offsetof(Fp8ForwardParams, d);
+}
+
 // The parameter block a reduce kernel declares: without sinks only the
 // fields of ReduceParams before sinks.
 inline size_t reduce_params_size(const KernelSpec &spec) {

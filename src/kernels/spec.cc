@@ -106,9 +106,12 @@ bool spec_valid(const KernelSpec &s) {
                                   !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
                                     s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
     return false;
-  if (fp8_fwd && ((s.q_fp8 != KvFp8::E4M3 && s.q_fp8 != KvFp8::E5M2) ||
-                  s.kind != KernelKind::Forward || s.kv_fp8 == KvFp8::None || s.wgmma ||
-                  s.dtype == Dtype::F32 || s.block_n % 32 != 0 || dv_slice(s) % 16 != 0))
+  // On the fp8 mma its P V steps are k32 and O's slices whole 16-byte chunks;
+  // on sm_90a the wgmma kernel's gather variant converts on load.
+  if (fp8_fwd &&
+      ((s.q_fp8 != KvFp8::E4M3 && s.q_fp8 != KvFp8::E5M2) || s.kind != KernelKind::Forward ||
+       s.kv_fp8 == KvFp8::None || (s.wgmma && !s.gather) || s.dtype == Dtype::F32 ||
+       (fp8_forward_mma(s) && (s.block_n % 32 != 0 || dv_slice(s) % 16 != 0))))
     return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
@@ -291,7 +294,12 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   // The gather producer keeps 56 registers, leaving the consumers 224, 8 of
   // them held back; with softcap block_n stays below 128 there (d 96 spilled
   // at 128): the margins that keep every head dim free of spills.
-  const int budget = s->gather ? 216 : 232, max_bn = s->gather && s->softcap ? 112 : 128;
+  // fp8 inputs (the gather producer converts them) leave the consumers 216:
+  // 208 of them.
+  const int budget = s->q_fp8 != KvFp8::None ? 208
+                     : s->gather             ? 216
+                                             : 232,
+            max_bn = s->gather && s->softcap ? 112 : 128;
   s->block_n = 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
     if (bn <= max_bn && bn / 2 + dv8 / 2 + bn / 4 + 48 + (s->softcap ? 16 : 0) <= budget) {
@@ -448,23 +456,29 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   // on their way into shared memory) take the mma.sync forward there too.
   // head_dim_v past 256: O in slices (KernelSpec::dv_split), on mma.sync.
   const bool big = s.head_dim > 256 || s.head_dim_v > 256;
-  // The fp8 forward runs on mma.sync (m16n8k32) on every SM, sm_90 included.
+  // The fp8 forward: on sm_90a the wgmma kernel's gather variant, whose
+  // producer converts the bytes to f16 (fp8_forward_mma: the fp8 mma.sync is
+  // not native there); elsewhere the mma.sync forward.
   const bool fp8_fwd = kind == KernelKind::Forward && cfg.q_fp8 != KvFp8::None;
   if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big && !fp8_fwd) {
+      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big) {
     // TMA where it can address Q, K and V as boxes; else the producer
     // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
     s.varlen = varlen;
     s.mma = true;
     s.wgmma = true;
-    s.gather =
-        varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous || !shape.tma_ok;
+    s.gather = varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous ||
+               !shape.tma_ok || fp8_fwd;
+    if (fp8_fwd) {
+      s.q_fp8 = cfg.q_fp8;
+      s.kv_fp8 = cfg.kv_fp8;
+    }
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
     s.varlen = varlen;
     s.mma = true;
     s.stages = 1;
-    s.dv_split = choose_dv_split(s.head_dim_v, fp8_fwd ? 16 : 8);
+    s.dv_split = choose_dv_split(s.head_dim_v, fp8_fwd && fp8_mma_native(dev.sm) ? 16 : 8);
     if (fp8_fwd) {  // its shared-memory layout differs: before the tile choice
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;

@@ -459,19 +459,28 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
   set_forward_steps(spec, &p);
-  if (spec.q_fp8 != KvFp8::None) {
+  Fp8Descales ds;  // the fp8 forward's (spec.q_fp8)
+  ds.q_descale = a.q_descale;
+  ds.k_descale = a.k_descale;
+  ds.v_descale = a.v_descale;
+  ds.descale_stride[0] = a.descale_stride[0];
+  ds.descale_stride[1] = a.descale_stride[1];
+  if (spec.q_fp8 != KvFp8::None && !spec.wgmma) {
     Fp8ForwardParams fp;
     std::memset(&fp, 0, sizeof fp);
     fp.f = p;
-    fp.q_descale = a.q_descale;
-    fp.k_descale = a.k_descale;
-    fp.v_descale = a.v_descale;
-    fp.descale_stride[0] = a.descale_stride[0];
-    fp.descale_stride[1] = a.descale_stride[1];
+    fp.d = ds;
     return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &fp, sizeof fp, stream);
   }
   if (spec.wgmma) {
     wp.f = p;
+    if (spec.q_fp8 != KvFp8::None) {  // the gather variant (fp8 converted on load)
+      WgmmaFp8Params fw;
+      std::memset(&fw, 0, sizeof fw);
+      fw.w = wp;
+      fw.d = ds;
+      return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &fw, sizeof fw, stream);
+    }
     return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &wp, sizeof wp, stream);
   }
   return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
