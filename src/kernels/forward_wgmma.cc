@@ -473,6 +473,7 @@ class ForwardWgmmaGen {
       if (real.valid()) b_.op(Op::And, Type::Pred, ok, ok, real);
       Reg src = row_addr(e_.op(Op::Min, Type::S32, j, last));
       b_.op(Op::Add, Type::S64, src, src, coff);
+      const Reg size = fp8 ? Reg() : e_.selp(Type::U32, imm(16), imm(0), ok);
       const bool odd = R == 4 && (p & 1);
       ptx::Addr at_d = at(odd ? db1 : db0, static_cast<int64_t>(base) + int64_t(p) * R * 128);
       Reg guard;
@@ -494,7 +495,6 @@ class ForwardWgmmaGen {
         b_.st_v(Space::Shared, Type::B32, at_d, {w[0], w[1], w[2], w[3]});
         return;
       }
-      Reg size = e_.selp(Type::U32, imm(16), imm(0), ok);
       if (guard.valid())
         b_.when(guard).cp_async_cg16(at_d, at(src), size);
       else
