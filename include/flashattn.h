@@ -300,13 +300,16 @@ typedef struct fa_config_desc {
                       FlashAttention-3, fa_launch only (fa_decode:
                       UNSUPPORTED), sm_89+ (else UNSUPPORTED). A Q element's
                       value is fp8(byte) * q_descale (fa_forward_args).
-                      S = Q K^T and O = P V run on fp8 tensor cores
-                      (mma.sync m16n8k32, f32 accumulation; PTX ISA
-                      "Matrix Fragments for mma.m16n8k32"), P rounded to e4m3
-                      (round to nearest even: a relative error of at most
-                      2^-4 per probability, none for the row sums, which
-                      stay f32); O written in dtype (FA_DTYPE_FP16 or
-                      FA_DTYPE_BF16), LSE in fp32. head_dim and head_dim_v
+                      On sm_89 and sm_120/121 S = Q K^T and O = P V run on
+                      fp8 tensor cores (mma.sync m16n8k32, f32
+                      accumulation; PTX ISA "Matrix Fragments for
+                      mma.m16n8k32"), P rounded to e4m3 (round to nearest
+                      even: a relative error of at most 2^-4 per
+                      probability, none for the row sums, which stay f32);
+                      on sm_90 .. sm_110 the bytes are converted exactly to
+                      f16 on load and the f16 kernels run (P in f16). O
+                      written in dtype (FA_DTYPE_FP16 or FA_DTYPE_BF16), LSE
+                      in fp32. head_dim and head_dim_v
                       multiples of 16; q/k/v data 16-byte aligned, strides
                       multiples of 16 elements */
 } fa_config_desc;
