@@ -174,16 +174,7 @@ def finish_row(row):
     return row
 
 
-def _parse(field, text):
-    if text == "":
-        return None
-    if field in ("causal", "tol_ok"):
-        return text == "1"
-    if field in _INT_FIELDS:
-        return int(text)
-    if field.endswith(_FLOAT_SUFFIXES):
-        return float(text)
-    return text
+_parse = common.csv_parser(_INT_FIELDS, _FLOAT_SUFFIXES)
 
 
 def write_csv(path, rows, meta):

@@ -300,16 +300,23 @@ def write_csv(path, rows, meta, fields=None):
             w.writerow({k: _fmt(r.get(k)) for k in fields})
 
 
-def _parse(field, text):
-    if text == "":
-        return None
-    if field in ("causal", "tol_ok"):
-        return text == "1"
-    if field in _INT_FIELDS:
-        return int(text)
-    if field.endswith(_FLOAT_SUFFIXES):
-        return float(text)
-    return text
+def csv_parser(int_fields, float_suffixes):
+    """A CSV cell parser: "" -> None, causal/tol_ok -> bool, int_fields ->
+    int, fields ending in float_suffixes -> float, else the text."""
+    def parse(field, text):
+        if text == "":
+            return None
+        if field in ("causal", "tol_ok"):
+            return text == "1"
+        if field in int_fields:
+            return int(text)
+        if field.endswith(float_suffixes):
+            return float(text)
+        return text
+    return parse
+
+
+_parse = csv_parser(_INT_FIELDS, _FLOAT_SUFFIXES)
 
 
 def read_csv(path, parse=None):

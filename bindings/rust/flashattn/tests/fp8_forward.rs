@@ -9,8 +9,8 @@ mod common;
 
 use common::{fp8_value, quantize, reference, reference_p_fp8, Problem, Rng};
 use flashattn::{
-    Backend, CacheMode, Config, Descales, DeviceBuffer, Dtype, ForwardKvArgs, KvCache, KvDtype,
-    Runtime, Status, Tensor, TensorMut,
+    Config, Descales, DeviceBuffer, Dtype, ForwardKvArgs, KvCache, KvDtype, Runtime, Status,
+    Tensor, TensorMut,
 };
 
 const B: usize = 2;
@@ -21,12 +21,7 @@ const HKV: usize = 2;
 const D: usize = 64;
 
 fn runtime(sm: i32) -> Runtime {
-    Runtime::builder()
-        .backend(Backend::Emulator)
-        .cache_mode(CacheMode::Memory)
-        .emulator_sm(sm)
-        .build()
-        .unwrap()
+    common::emulator_sm(sm)
 }
 
 /// fp8 codes of N(0, 1)-like data scaled by 1 / descale(index), and the

@@ -7,8 +7,8 @@ mod common;
 
 use common::{fp8_value, max_abs_err, quantize, reference, Problem, Rng};
 use flashattn::{
-    Backend, CacheMode, Config, DecodeKvArgs, Descales, DeviceBuffer, KvCache, KvDtype, Runtime,
-    Status, Tensor, TensorMut,
+    Config, DecodeKvArgs, Descales, DeviceBuffer, KvCache, KvDtype, Runtime, Status, Tensor,
+    TensorMut,
 };
 
 const B: usize = 2;
@@ -19,12 +19,7 @@ const HKV: usize = 2;
 const D: usize = 64;
 
 fn runtime(sm: i32) -> Runtime {
-    Runtime::builder()
-        .backend(Backend::Emulator)
-        .cache_mode(CacheMode::Memory)
-        .emulator_sm(sm)
-        .build()
-        .unwrap()
+    common::emulator_sm(sm)
 }
 
 /// Contiguous decode arguments over q, k, v and cache_seqlens (`b`).

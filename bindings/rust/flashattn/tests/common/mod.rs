@@ -26,6 +26,16 @@ pub fn emulator() -> Runtime {
     Runtime::builder().backend(Backend::Emulator).cache_mode(CacheMode::Memory).build().unwrap()
 }
 
+/// The same for an emulated SM (the fp8 kernels need sm_89 and up).
+pub fn emulator_sm(sm: i32) -> Runtime {
+    Runtime::builder()
+        .backend(Backend::Emulator)
+        .cache_mode(CacheMode::Memory)
+        .emulator_sm(sm)
+        .build()
+        .unwrap()
+}
+
 /// SplitMix64: a tiny deterministic generator.
 pub struct Rng(u64);
 
