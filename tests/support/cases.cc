@@ -526,6 +526,67 @@ std::vector<DecodeCase> feature_decode_cases(bool gpu) {
   return v;
 }
 
+std::vector<ForwardCase> fp8_forward_cases(bool gpu) {
+  std::vector<ForwardCase> v;
+  ForwardCase c;  // e4m3, GQA, causal, per-(batch, KV head) descales, bf16 O
+  c.batch = 2;
+  c.seqlen_q = gpu ? 700 : 40;
+  c.seqlen_k = gpu ? 900 : 70;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = gpu ? 128 : 64;
+  c.bf16 = true;
+  c.causal = true;
+  c.q_fp8 = c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+  c.descale = 2;
+  c.seed = 801;
+  v.push_back(c);
+  if (!gpu) return v;
+  c = {};  // e5m2, one descale per tensor, fp16 O, head_dim 64, softcap, strided
+  c.batch = 1;
+  c.seqlen_q = c.seqlen_k = 1000;
+  c.heads_q = c.heads_kv = 8;
+  c.head_dim = 64;
+  c.softcap = 30;
+  c.padded_strides = true;
+  c.q_fp8 = c.kv_fp8 = FA_DTYPE_FP8_E5M2;
+  c.descale = 1;
+  c.seed = 802;
+  v.push_back(c);
+  c = {};  // varlen, transposed descales, head_dim 256 with a window, sinks
+  c.batch = 3;
+  c.varlen = true;
+  c.seqlens_q = {300, 1, 517};
+  c.seqlens_k = {640, 200, 517};
+  c.seqlen_q = 517;
+  c.seqlen_k = 640;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.head_dim = 256;
+  c.bf16 = true;
+  c.window_left = 256;
+  c.window_right = 0;
+  c.sinks = {0.5f, -1.0f, 1.5f, 0.0f, -2.0f, 1.0f, 0.25f, -0.5f};
+  c.q_fp8 = c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+  c.descale = 3;
+  c.seed = 803;
+  v.push_back(c);
+  c = {};  // MLA-shaped 576 / 512 (O in slices), Q e5m2 over e4m3 K/V
+  c.batch = 1;
+  c.seqlen_q = 200;
+  c.seqlen_k = 400;
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = 576;
+  c.head_dim_v = 512;
+  c.bf16 = true;
+  c.q_fp8 = FA_DTYPE_FP8_E5M2;
+  c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+  c.seed = 804;
+  v.push_back(c);
+  return v;
+}
+
 std::vector<ForwardCase> large_head_forward_cases(bool gpu) {
   std::vector<ForwardCase> v;
   const int m = gpu ? 8 : 1;

@@ -132,6 +132,9 @@ std::vector<ForwardCase> feature_forward_cases(bool gpu);
 std::vector<DecodeCase> feature_decode_cases(bool gpu);
 // Head dims past 256 (Gemma's 512, MLA's 576 / 512, O in slices) once each.
 std::vector<ForwardCase> large_head_forward_cases(bool gpu);
+// The fp8 forward (q_dtype + kv_dtype): one small case on the emulator (the
+// full grid is tests/test_fp8_forward), larger ones on a GPU.
+std::vector<ForwardCase> fp8_forward_cases(bool gpu);
 std::vector<DecodeCase> large_head_decode_cases(bool gpu);
 
 // Loads tests/data/<name>/<file>.npy as float32; false if absent.

@@ -228,6 +228,27 @@ void test_large_heads(void **state) {
   report(failures);
 }
 
+// The fp8 forward where the device has it (sm_89+: every form, by SM); below
+// sm_89, UNSUPPORTED with the reason.
+void test_fp8_forward(void **state) {
+  SuiteState *s = need_runtime(state);
+  fa_runtime_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  assert_int_equal(fa_runtime_get_info(s->rt, &info), FA_SUCCESS);
+  std::string failures;
+  for (const ForwardCase &c : fp8_forward_cases(s->gpu)) {
+    const std::string e = run_forward(s->rt, c);
+    if (info.sm < 89) {
+      if (e.find("sm_89") == std::string::npos)
+        failures += c.describe() + ": expected UNSUPPORTED (sm_89), got: " + e + "\n";
+      continue;
+    }
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
 void test_reduce(void **state) {
   SuiteState *s = need_runtime(state);
   std::string failures;
@@ -249,7 +270,7 @@ int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, i
       cmocka_unit_test(test_forward_random), cmocka_unit_test(test_forward_fixtures),
       cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
       cmocka_unit_test(test_reduce),         cmocka_unit_test(test_features),
-      cmocka_unit_test(test_large_heads),
+      cmocka_unit_test(test_large_heads),    cmocka_unit_test(test_fp8_forward),
   };
   return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
                                  suite_teardown);
