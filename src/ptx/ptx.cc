@@ -1036,6 +1036,10 @@ void Builder::wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, O
 void Builder::check_wgmma(const Opcode &in, Type ab, int n, const Reg *d,
                           const Operand &scale_d) const {
   if (ab != Type::F16 && ab != Type::BF16) misuse(in, "wgmma operands must be f16 or bf16");
+  check_wgmma_d(in, n, d, scale_d);
+}
+
+void Builder::check_wgmma_d(const Opcode &in, int n, const Reg *d, const Operand &scale_d) const {
   if (n < 8 || n > 256 || n % 8) misuse(in, "N must be a multiple of 8 in 8..256");
   for (int i = 0; i < n / 2; ++i) check_reg(in, d[i], Type::F32, "D must be f32 registers");
   if (scale_d.kind == Operand::Kind::Imm) {
@@ -1043,6 +1047,49 @@ void Builder::check_wgmma(const Opcode &in, Type ab, int n, const Reg *d,
   } else if (scale_d.kind != Operand::Kind::Reg || scale_d.reg.cls != RegClass::Pred) {
     misuse(in, "scale-d is an immediate or a predicate");
   }
+}
+
+namespace {
+// "wgmma.mma_async.sync.aligned.m64nNk32.f32.A.B", A and B e4m3 / e5m2
+std::string wgmma_fp8_opcode(Fp8 a, Fp8 b, int n) {
+  auto t = [](Fp8 f) { return f == Fp8::E5M2 ? ".e5m2" : ".e4m3"; };
+  return "wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k32.f32" + t(a) + t(b);
+}
+}  // namespace
+
+void Builder::wgmma_ss_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, Reg desc_a, Reg desc_b,
+                           Operand scale_d) {
+  Opcode in(wgmma_fp8_opcode(a_type, b_type, n));
+  check_wgmma_d(in, n, d, scale_d);
+  check_reg(in, desc_a, Type::B64, "descriptors are b64 registers");
+  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
+  Line(*this, in, 10 * static_cast<size_t>(n))
+      .vec(d, static_cast<size_t>(n / 2))
+      .reg(desc_a)
+      .reg(desc_b)
+      .operand(scale_d)
+      .imm(1)
+      .imm(1)
+      .done();
+}
+
+void Builder::wgmma_rs_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, const Reg *a, Reg desc_b,
+                           Operand scale_d) {
+  Opcode in(wgmma_fp8_opcode(a_type, b_type, n));
+  check_wgmma_d(in, n, d, scale_d);
+  for (int i = 0; i < 4; ++i) {
+    if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
+    check_reg(in, a[i], Type::B32, "A must be b32 registers");
+  }
+  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
+  Line(*this, in, 10 * static_cast<size_t>(n))
+      .vec(d, static_cast<size_t>(n / 2))
+      .vec(a, 4)
+      .reg(desc_b)
+      .operand(scale_d)
+      .imm(1)
+      .imm(1)
+      .done();
 }
 
 void Builder::elect_sync(Reg pred, uint32_t membermask) {

@@ -276,6 +276,16 @@ class Builder {
   // The same with A in registers (four b32, the m64nNk16 A fragment).
   void wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, Operand scale_d,
                 bool trans_b);
+  // wgmma.mma_async.sync.aligned.m64nNk32.f32.A.B with A, B each .e4m3 or
+  // .e5m2: both operands K-major (fp8 has no transposed forms); A from a
+  // descriptor, or (wgmma_rs_fp8) four b32 of four fp8 each, lowest byte
+  // first: thread (warp w, lane) holds row 16 w + lane / 4 + 8 (i / 4 % 2),
+  // column 4 (lane % 4) + i % 4 + 16 (i / 8) in byte i (PTX ISA "Register
+  // Fragments", m64nNk32).
+  void wgmma_ss_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, Reg desc_a, Reg desc_b,
+                    Operand scale_d);
+  void wgmma_rs_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, const Reg *a, Reg desc_b,
+                    Operand scale_d);
   // stmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 [a], {r}: N = r's
   // count (1, 2 or 4) b32 registers, the inverse of ldmatrix (PTX ISA
   // "Warp-level matrix store instruction: stmatrix"; PTX ISA 7.8, sm_90).
@@ -333,6 +343,7 @@ class Builder {
   void matrix_m8n8(Opcode &in, bool trans, const Reg *r, int count, Addr a, const char *bad_count,
                    const char *bad_reg) const;
   void check_wgmma(const Opcode &in, Type ab, int n, const Reg *d, const Operand &scale_d) const;
+  void check_wgmma_d(const Opcode &in, int n, const Reg *d, const Operand &scale_d) const;
   // At least n writable bytes at the end of the body text.
   char *room(size_t n);
   // Everything emit() prints before the body.
