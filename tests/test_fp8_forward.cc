@@ -13,9 +13,11 @@
 //   the kernel's precision (P rounded to e4m3, f32 sums: the yardstick of
 //   support/numerics.cc), LSE within 2e-3 (the row sums stay f32);
 // - where the fp8 mma is native (sm_89, sm_120) the module runs mma.sync
-//   m16n8k32 .e4m3/.e5m2 for both products; on sm_90 (the wgmma kernel) and
-//   sm_100 (mma.sync), where ptxas would expand that mma, the same cases run
-//   with Q, K, V converted to f16 on load;
+//   m16n8k32 .e4m3/.e5m2 for both products; on sm_90 the wgmma kernel runs
+//   wgmma m64nNk32 .e4m3/.e5m2 for both (V transposed by its producer), and
+//   the same cases run on its form converting Q, K, V to f16 on load
+//   (FLASHATTN_SM90_FP8_F16=1); on sm_100 (mma.sync), where ptxas would
+//   expand the fp8 mma, converted to f16 on load;
 // - UNSUPPORTED below sm_89, from fa_decode and from the scalar forward;
 //   INVALID_ARGUMENT for q_dtype without an fp8 kv_dtype, a q_descale
 //   without an fp8 Q, fp8 strides that are not whole 16-byte granules; a
@@ -162,12 +164,22 @@ void test_fp8_forward_sm89(void **) {
   run_all(g_rt89, common_cases());
 }
 
-// sm_90: the wgmma kernel, its gather producer converting fp8 to f16;
-// sm_100: the mma.sync kernel, its copy plans converting (fp8_forward_mma:
-// the fp8 mma.sync is not native on either). P in f16 on both.
+// sm_90: the wgmma kernel on fp8 wgmma (P in e4m3, V transposed by the
+// producer), and its form converting fp8 to f16 on load
+// (FLASHATTN_SM90_FP8_F16=1, P in f16); sm_100: the mma.sync kernel, its
+// copy plans converting (fp8_forward_mma: the fp8 mma.sync is not native
+// there), P in f16.
 void test_fp8_forward_sm90(void **) {
   need_runtime();
   run_all(g_rt90, common_cases());
+}
+void test_fp8_forward_sm90_f16(void **) {
+  need_runtime();
+  std::vector<ForwardCase> cs = common_cases();
+  if (quick()) cs.resize(3);
+  setenv("FLASHATTN_SM90_FP8_F16", "1", 1);
+  run_all(g_rt90, cs);
+  unsetenv("FLASHATTN_SM90_FP8_F16");
 }
 void test_fp8_forward_sm100(void **) {
   need_runtime();
@@ -256,14 +268,28 @@ void test_fp8_forward_ptx(void **) {
   assert_true(count(ptx, "cvt.rn.satfinite.e4m3x2.f32") > 0);  // P
   assert_true(count(ptx, "prmt.b32") > 0);                     // V's byte order
   assert_true(count(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") > 0);
-  // sm_90: the wgmma kernel, its gather producer converting to f16 (exact);
-  // sm_100: the mma.sync copy plans converting, the 16-bit mma in f16.
+  // sm_90: the wgmma kernel on fp8 wgmma: S on the bytes of Q and K, P V
+  // on e4m3 P and V's bytes (transposed by prmt.b32), nothing converted to
+  // f16; with FLASHATTN_SM90_FP8_F16=1 its producer converts to f16 (exact)
+  // and the 16-bit wgmma runs. sm_100: the mma.sync copy plans converting,
+  // the 16-bit mma in f16.
   const std::string ptx90 = generate(cfg, FA_KERNEL_FORWARD, 90, &st);
   assert_int_equal(st, FA_SUCCESS);
   assert_int_equal(count(ptx90, "m16n8k32"), 0);
-  assert_true(count(ptx90, "wgmma.mma_async.sync.aligned.m64n") > 0);
-  assert_true(count(ptx90, ".f32.f16.f16") > 0);
-  assert_true(count(ptx90, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx90, "cvt.rn.f16x2.e5m2x2") > 0);
+  assert_true(count(ptx90, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2") > 0);  // S
+  assert_true(count(ptx90, "k32.f32.e4m3.e5m2 {") > 0);
+  assert_int_equal(count(ptx90, ".f16.f16"), 0);
+  assert_true(count(ptx90, "cvt.rn.satfinite.e4m3x2.f32") > 0);  // P
+  assert_true(count(ptx90, "prmt.b32") > 0);                     // V transposed
+  assert_int_equal(count(ptx90, "cvt.rn.f16x2"), 0);
+  setenv("FLASHATTN_SM90_FP8_F16", "1", 1);
+  const std::string ptx90h = generate(cfg, FA_KERNEL_FORWARD, 90, &st);
+  unsetenv("FLASHATTN_SM90_FP8_F16");
+  assert_int_equal(st, FA_SUCCESS);
+  assert_int_equal(count(ptx90h, "k32"), 0);
+  assert_true(count(ptx90h, "wgmma.mma_async.sync.aligned.m64n") > 0);
+  assert_true(count(ptx90h, ".f32.f16.f16") > 0);
+  assert_true(count(ptx90h, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx90h, "cvt.rn.f16x2.e5m2x2") > 0);
   const std::string ptx100 = generate(cfg, FA_KERNEL_FORWARD, 100, &st);
   assert_int_equal(st, FA_SUCCESS);
   assert_int_equal(count(ptx100, "m16n8k32"), 0);
@@ -384,6 +410,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp8_forward_ptx),         cmocka_unit_test(test_fp8_forward_refusals),
       cmocka_unit_test(test_fp8_forward_sm89),        cmocka_unit_test(test_fp8_forward_sm90),
+      cmocka_unit_test(test_fp8_forward_sm90_f16),
       cmocka_unit_test(test_fp8_forward_sm100),       cmocka_unit_test(test_fp8_forward_other_sms),
       cmocka_unit_test(test_fp8_forward_large_heads),
   };

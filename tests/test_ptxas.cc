@@ -214,8 +214,8 @@ std::vector<KernelSpec> grid() {
       }
   }
   // The fp8 forward on every SM family from sm_89 (the fp8 mma on sm_89 and
-  // sm_120; converted on load by the wgmma kernel's producer on sm_90 and by
-  // the mma.sync copy plans on sm_100 and past 256): the head dims it takes
+  // sm_120; the fp8 wgmma on sm_90, and its form converting to f16 on load;
+  // converted by the mma.sync copy plans on sm_100 and past 256): the head dims it takes
   // (multiples of 16) up to 256 and past it (O in slices: 304 / 272, 512,
   // 576 / 512), both formats and O dtypes, softcap, varlen, every KV layout,
   // seqused_k, sinks, ALiBi.
@@ -248,10 +248,16 @@ std::vector<KernelSpec> grid() {
         cfg.kv_fp8 = i % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
         cfg.q_fp8 = (i / 2) % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
         KernelSpec s = make_spec(cfg, KernelKind::Forward, lim, shape);
-        // sm_90 up to 256: the wgmma kernel's gather variant (converted on load).
+        // sm_90 up to 256: the wgmma kernel's gather variant.
         assert_true(s.mma && s.wgmma == (sm == 90 && dd.second <= 256 && dd.first <= 256) &&
                     s.q_fp8 == cfg.q_fp8 && s.kv_fp8 == cfg.kv_fp8);
         out.push_back(s);
+        if (s.wgmma) {  // and the form converting to f16 (FLASHATTN_SM90_FP8_F16)
+          setenv("FLASHATTN_SM90_FP8_F16", "1", 1);
+          out.push_back(make_spec(cfg, KernelKind::Forward, lim, shape));
+          unsetenv("FLASHATTN_SM90_FP8_F16");
+          assert_true(out.back().fp8_f16 && !s.fp8_f16);
+        }
       }
   }
   // KV append into the fp8 cache (the quantising store), sm_89 and sm_90:

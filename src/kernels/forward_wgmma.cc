@@ -54,7 +54,7 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 // k_empty[s], v_full[s], v_empty[s] (8 bytes each); then, for the gather
 // producer's per-row page lookups, K and V row addresses (8 bytes each).
 struct Layout {
-  int qa = 0, va = 0;  // 64-column atoms of head_dim and head_dim_v
+  int qa = 0, va = 0;  // 128-byte column atoms of Q/K rows and of V (O staged: max(qa, va))
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
   uint32_t bars = 0, rows = 0, total = 0;  // rows: gather, paged by row: K, V row addresses
   uint32_t q_full() const { return bars; }
@@ -70,15 +70,20 @@ bool row_table(const KernelSpec &s) {
   return s.gather && s.kv_layout == KvLayout::Paged && !s.page_tiles;
 }
 
+// The fp8 wgmma (wgmma_fp8): Q and K rows of bytes, 128 per atom; V
+// transposed, one atom of [head_dim_v rows][128 B] (block_n keys used) per
+// stage; O is staged in 16-bit atoms (va of them).
 Layout layout(const KernelSpec &s) {
   Layout l;
-  l.qa = (s.head_dim + kAtomCols - 1) / kAtomCols;
+  const bool f8 = wgmma_fp8(s);
+  l.qa = (s.head_dim + (f8 ? kAtomBytes : kAtomCols) - 1) / (f8 ? kAtomBytes : kAtomCols);
   l.va = (s.head_dim_v + kAtomCols - 1) / kAtomCols;
   l.q_atom = static_cast<uint32_t>(s.block_m) * kAtomBytes;
   l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
   l.q = 0;
   l.k_stage = static_cast<uint32_t>(l.qa) * l.kv_atom;
-  l.v_stage = static_cast<uint32_t>(l.va) * l.kv_atom;
+  l.v_stage = f8 ? static_cast<uint32_t>((s.head_dim_v + 7) / 8 * 8) * kAtomBytes
+                 : static_cast<uint32_t>(l.va) * l.kv_atom;
   // Q's buffer also stages O in the epilogue: max(qa, va) atoms.
   l.k = l.q + static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
   l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
@@ -103,21 +108,24 @@ class ForwardWgmmaGen {
         lay_(layout(spec)),
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
-        // fp8 inputs (spec.q_fp8): converted to f16 by the gather producer
+        // fp8 inputs (spec.q_fp8) with fp8_f16: converted to f16 by the
+        // gather producer
         half_(spec.dtype == Dtype::BF16 && spec.q_fp8 == KvFp8::None ? Type::BF16 : Type::F16),
         out_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
-        q8_(spec.q_fp8 == KvFp8::None   ? 0
-            : spec.q_fp8 == KvFp8::E5M2 ? 2
-                                        : 1),
-        kv8_(spec.kv_fp8 == KvFp8::None   ? 0
-             : spec.kv_fp8 == KvFp8::E5M2 ? 2
-                                          : 1) {
+        f8_(wgmma_fp8(spec)),
+        q8_(spec.q_fp8 == KvFp8::None || f8_ ? 0
+            : spec.q_fp8 == KvFp8::E5M2      ? 2
+                                             : 1),
+        kv8_(spec.kv_fp8 == KvFp8::None || f8_ ? 0
+             : spec.kv_fp8 == KvFp8::E5M2      ? 2
+                                               : 1) {
     S_ = spec.stages;
     nS_ = spec.block_n / 8;
-    kD_ = (spec.head_dim + 15) / 16;
+    const int kstep = f8_ ? 32 : 16;  // wgmma K
+    kD_ = (spec.head_dim + kstep - 1) / kstep;
     nv_ = (spec.head_dim_v + 7) / 8 * 8;  // wgmma N of O += P V
     nO_ = nv_ / 8;
-    kP_ = spec.block_n / 16;
+    kP_ = spec.block_n / kstep;
   }
 
   std::string run() {
@@ -311,7 +319,9 @@ class ForwardWgmmaGen {
     using RowAddr = std::function<Reg(Reg)>;
     b_.comment("Q rows (zeros past seqlen_q)");
     RowAddr q_row = [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); };
-    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, spec_.head_dim / 8, m0_, sq_, q_row, q8_);
+    // 16-byte chunks of a row: 2 per wgmma K step; fp8_f16 loads 8 bytes per chunk.
+    const int qk_data = spec_.head_dim / (f8_ ? 16 : 8);
+    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, qk_data, m0_, sq_, q_row, q8_);
     b_.cp_async_commit();
     ptx::Label out = b_.label(), only_q = b_.label();
     b_.when(empty_).bra(only_q);
@@ -327,7 +337,7 @@ class ForwardWgmmaGen {
     wait(bar, static_cast<int>(lay_.k_empty(0, S_)), free_ph);
     if (row_table(spec_)) page_rows(n);
     Reg kdst = e_.op(Op::MulLo, Type::U32, s, imm(lay_.k_stage));
-    kv_tile(kdst, lay_.k, 2 * kD_, spec_.head_dim / 8, n, fb_.kr, 0);
+    kv_tile(kdst, lay_.k, 2 * kD_, qk_data, n, fb_.kr, 0);
     b_.cp_async_commit();
     b_.cp_async_wait(1);  // Q (first tile) or the previous tile's K and V
     b_.fence_proxy_async();
@@ -337,7 +347,11 @@ class ForwardWgmmaGen {
     b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
     wait(bar, static_cast<int>(lay_.v_empty(0, S_)), free_ph);
     Reg vdst = e_.op(Op::MulLo, Type::U32, s, imm(lay_.v_stage));
-    kv_tile(vdst, lay_.v, spec_.head_dim_v / 8, spec_.head_dim_v / 8, n, fb_.vr, 8 * spec_.block_n);
+    if (f8_)
+      v_tile_t(vdst, n, fb_.vr, 8 * spec_.block_n);
+    else
+      kv_tile(vdst, lay_.v, spec_.head_dim_v / 8, spec_.head_dim_v / 8, n, fb_.vr,
+              8 * spec_.block_n);
     b_.cp_async_commit();
     b_.mov(Type::U32, pbar, bar);
     b_.op(Op::Add, Type::U32, it, it, imm(1));
@@ -414,6 +428,115 @@ class ForwardWgmmaGen {
     gather(
         dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
         [&](Reg j) { return kv.at(e_, j); }, kv8_);
+  }
+
+  // The fp8 wgmma's V tile (keys n .. n + block_n - 1), transposed into the
+  // stage at smem + lay_.v + dst, since fp8 wgmma reads B K-major only: row
+  // c of the atom holds V's column c, its byte 16 G + 4 q + i key
+  // 16 G + 2 q + i % 2 + 8 (i / 2) (the key order in which tile::pack_a_fp8
+  // leaves P, so P needs no shuffle), 16-byte chunk G of row c at chunk
+  // G ^ (c % 8) (the 128-byte swizzle). Keys at or past seqlen_k are zeros.
+  // `half`: V's offset in the row-address table (row_table).
+  // A unit is 16 keys (chunk G) x 4 columns (quad dq): 16 ld.global.b32,
+  // four 4 x 4 byte transposes (8 prmt.b32 each), 4 st.shared.v4. Unit u's
+  // lowest bit is dq's, its next log2(g) G's (g = min(4, block_n / 16)):
+  // the 8 threads of a v4 store phase write 8 distinct chunk positions (g
+  // = 4; two-way conflicts at g = 2), and a warp's load reads 4 key rows of
+  // 32 bytes (whole sectors).
+  void v_tile_t(Reg dst, Reg n, const KvRows &kv, int half) {
+    const int NG = spec_.block_n / 16, DQ = spec_.head_dim_v / 4, g = std::min(4, NG);
+    const int units = NG * DQ, passes = (units + 127) / 128, lg2 = g == 4 ? 3 : 2;
+    b_.comment("V transposed: [head_dim_v][keys], keys in pack_a_fp8's order");
+    b_.op(Op::Add, Type::U32, dst, dst, smem_);
+    Reg rem = e_.op(Op::Sub, Type::S32, sk_, n);  // keys of the tile in range
+    Reg row0;                                     // page_tiles: the tile's first row
+    if (spec_.page_tiles) {
+      Reg pi = e_.op(Op::Div, Type::U32, n, kv.page_size);
+      Reg off = e_.op(Op::Rem, Type::U32, n, kv.page_size);
+      Reg pg = b_.b32();
+      b_.ld(Space::Global, Type::S32, pg, at(e_.index(kv.table, pi, 4)), true);
+      row0 = e_.index(e_.index(kv.base, pg, kv.page), off, kv.row);
+    }
+    Reg w[16], t[4], o[4][4];
+    for (Reg &x : w) x = b_.b32();
+    for (Reg &x : t) x = b_.b32();
+    for (auto &q : o)
+      for (Reg &x : q) x = b_.b32();
+    Reg ok = b_.pred(), full = e_.setp(Cmp::Ge, Type::S32, rem, imm(spec_.block_n));
+    for (int p = 0; p < passes; ++p) {
+      ptx::Label skip = b_.label();
+      Reg u = e_.op(Op::Add, Type::U32, tid_, imm(128 * p));
+      if ((p + 1) * 128 > units) b_.when(e_.setp(Cmp::Ge, Type::U32, u, imm(units))).bra(skip);
+      Reg hi = e_.op(Op::Shr, Type::U32, u, imm(lg2));
+      Reg dq = e_.op(Op::Rem, Type::U32, hi, imm(DQ / 2));
+      b_.op(Op::Shl, Type::B32, dq, dq, imm(1));
+      Reg odd = e_.op(Op::And, Type::B32, u, imm(1));
+      b_.op(Op::Add, Type::U32, dq, dq, odd);
+      Reg G = e_.op(Op::Div, Type::U32, hi, imm(DQ / 2));
+      b_.op(Op::MulLo, Type::U32, G, G, imm(g));
+      b_.op(Op::Add, Type::U32, G, G,
+            e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, u, imm(1)), imm(g - 1)));
+      Reg k0 = e_.op(Op::MulLo, Type::U32, G, imm(16));  // the unit's first key in the tile
+      // Key k's address: from the row table, or row k0 + k of a linear run.
+      Reg slot, a, col4 = b_.b64();  // col4: the quad's byte offset in a row
+      b_.mul_wide(Type::U32, col4, dq, imm(4));
+      if (row_table(spec_)) {
+        slot = e_.op(Op::MadLo, Type::U32, k0, imm(8), smem_);
+      } else {
+        a = spec_.page_tiles ? e_.index(row0, k0, kv.row)
+                             : kv.at(e_, e_.op(Op::Add, Type::S32, n, k0));
+        b_.op(Op::Add, Type::S64, a, a, col4);
+      }
+      auto key_addr = [&](int k) {
+        if (!row_table(spec_)) {
+          if (k) b_.op(Op::Add, Type::S64, a, a, kv.row);
+          return a;
+        }
+        Reg r = b_.b64();
+        b_.ld(Space::Shared, Type::U64, r, at(slot, lay_.rows + half + 8 * k));
+        b_.op(Op::Add, Type::S64, r, r, col4);
+        return r;
+      };
+      // A tile wholly before seqlen_k (all but the first) loads unpredicated.
+      ptx::Label part = b_.label(), loaded = b_.label();
+      b_.unless(full).bra(part);
+      for (int k = 0; k < 16; ++k) b_.ld(Space::Global, Type::B32, w[k], at(key_addr(k)));
+      b_.bra(loaded);
+      b_.bind(part);
+      Reg left = e_.op(Op::Sub, Type::S32, rem, k0);
+      for (int k = 0; k < 16; ++k) {
+        Reg ak = key_addr(k);
+        b_.mov(Type::B32, w[k], imm(0));
+        b_.setp(Cmp::Gt, Type::S32, ok, left, imm(k));
+        b_.when(ok).ld(Space::Global, Type::B32, w[k], at(ak));
+      }
+      b_.bind(loaded);
+      // Logical keys 4q .. 4q + 3 of the chunk: keys 2q, 2q + 1, 2q + 8,
+      // 2q + 9; o[q][x] their bytes of column 4 dq + x.
+      for (int q = 0; q < 4; ++q) {
+        b_.op(Op::Prmt, Type::B32, t[0], w[2 * q], w[2 * q + 1], imm(0x5140));
+        b_.op(Op::Prmt, Type::B32, t[1], w[2 * q], w[2 * q + 1], imm(0x7362));
+        b_.op(Op::Prmt, Type::B32, t[2], w[2 * q + 8], w[2 * q + 9], imm(0x5140));
+        b_.op(Op::Prmt, Type::B32, t[3], w[2 * q + 8], w[2 * q + 9], imm(0x7362));
+        b_.op(Op::Prmt, Type::B32, o[q][0], t[0], t[2], imm(0x5410));
+        b_.op(Op::Prmt, Type::B32, o[q][1], t[0], t[2], imm(0x7632));
+        b_.op(Op::Prmt, Type::B32, o[q][2], t[1], t[3], imm(0x5410));
+        b_.op(Op::Prmt, Type::B32, o[q][3], t[1], t[3], imm(0x7632));
+      }
+      // Row c = 4 dq + x: chunk G ^ (c % 8) = (G ^ 4 (dq & 1)) ^ x.
+      Reg sw = e_.op(Op::Shl, Type::B32, odd, imm(2));
+      b_.op(Op::Xor, Type::B32, sw, sw, G);
+      b_.op(Op::Shl, Type::B32, sw, sw, imm(4));
+      Reg rowa = e_.op(Op::MadLo, Type::U32, dq, imm(4 * kAtomBytes), dst);
+      Reg sa = b_.b32();
+      for (int x = 0; x < 4; ++x) {
+        b_.op(Op::Xor, Type::B32, sa, sw, imm(16 * x));
+        b_.op(Op::Add, Type::U32, sa, sa, rowa);
+        b_.st_v(Space::Shared, Type::B32, at(sa, lay_.v + static_cast<uint32_t>(x * kAtomBytes)),
+                {o[0][x], o[1][x], o[2][x], o[3][x]});
+      }
+      b_.bind(skip);
+    }
   }
 
   void gather(uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data, Reg first,
@@ -543,7 +666,8 @@ class ForwardWgmmaGen {
     Reg qaddr = e_.op(Op::MadLo, Type::U32, wg, imm(64 * kAtomBytes), smem_);
     qdesc_ = desc(qaddr, lay_.q, desc_bits(16, 1024));
     kdesc0_ = desc(smem_, lay_.k, desc_bits(16, 1024));
-    vdesc0_ = desc(smem_, lay_.v, desc_bits(lay_.kv_atom, 1024));
+    // fp8 wgmma: V transposed, K-major like K.
+    vdesc0_ = desc(smem_, lay_.v, f8_ ? desc_bits(16, 1024) : desc_bits(lay_.kv_atom, 1024));
 
     s_ = tile::acc_tile(b_, nS_);
     o_ = tile::acc_tile(b_, nO_);
@@ -560,7 +684,9 @@ class ForwardWgmmaGen {
                             e_.param(Type::F32, f + offsetof(P, softcap_log2)));
     if (spec_.q_fp8 != KvFp8::None)
       fp8_scale_scores(e_, spec_, bz_, kv_head(), spec_.softcap ? cap_.neg2 : score_scale_);
-    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(
+        e_, 1, spec_.softcap ? Reg() : score_scale_,
+        f8_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
     if (spec_.alibi) {
       // ALiBi: the CTA's coefficient and each row half's distance from its
       // diagonal to the lane's first key column 2q, as f32.
@@ -644,17 +770,29 @@ class ForwardWgmmaGen {
   // Issues S = Q K^T on stage s (no commit).
   void issue_s(Reg kdesc) {
     for (int kk = 0; kk < kD_; ++kk) {
-      // k16 slice kk: atom kk / 4, 32 bytes per slice within it.
+      // K slice kk (k16, or k32 of fp8): atom kk / 4, 32 bytes per slice within it.
       const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
       const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
       Reg qd = e_.op(Op::Add, Type::S64, qdesc_, imm(qoff));
       Reg kdd = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
-      b_.wgmma_ss(half_, spec_.block_n, s_flat_.data(), qd, kdd, imm(kk == 0 ? 0 : 1), false);
+      if (f8_)
+        b_.wgmma_ss_fp8(fp8_type(spec_.q_fp8), fp8_type(spec_.kv_fp8), spec_.block_n,
+                        s_flat_.data(), qd, kdd, imm(kk == 0 ? 0 : 1));
+      else
+        b_.wgmma_ss(half_, spec_.block_n, s_flat_.data(), qd, kdd, imm(kk == 0 ? 0 : 1), false);
     }
   }
 
   // Issues O += P V with P in pa_ and V in the stage of vdesc (no commit).
   void issue_pv(Reg vdesc) {
+    if (f8_) {  // keys 32 t .. 32 t + 31: 32 bytes further in V's transposed rows
+      for (int t = 0; t < kP_; ++t) {
+        Reg vdd = e_.op(Op::Add, Type::S64, vdesc, imm(int64_t(t) * 32 >> 4));
+        b_.wgmma_rs_fp8(ptx::Fp8::E4M3, fp8_type(spec_.kv_fp8), nv_, o_flat_.data(), pa_[t].data(),
+                        vdd, imm(1));
+      }
+      return;
+    }
     for (int t = 0; t < kP_; ++t) {
       // Keys 16 t .. 16 t + 15: 16 rows of 128 B further in each V atom.
       Reg vdd = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(t) * 16 * kAtomBytes) >> 4));
@@ -680,6 +818,18 @@ class ForwardWgmmaGen {
     }
     if (masked) mask();
   }
+
+  // P as wgmma's A operand: 16-bit, or e4m3 in pack_a_fp8's key order.
+  void pack_p() {
+    for (int t = 0; t < kP_; ++t) {
+      if (f8_)
+        tile::pack_a_fp8(b_, s_, 4 * t, pa_[t]);
+      else
+        tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    }
+  }
+
+  static ptx::Fp8 fp8_type(KvFp8 f) { return f == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3; }
 
   // Moves to the next tile: the current stage becomes the previous one;
   // the stage index wraps at S, flipping the parity.
@@ -713,7 +863,7 @@ class ForwardWgmmaGen {
     b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
     scores_ready(true);
     softmax_->step({s_}, {o_});
-    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    pack_p();
     next_tile();
   }
 
@@ -741,7 +891,7 @@ class ForwardWgmmaGen {
     b_.wgmma_wait(0);  // P V done: O and the previous V stage are free
     b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_empty(0, S_))));
     softmax_->rescale({o_});
-    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+    pack_p();
     next_tile();
   }
 
@@ -900,6 +1050,7 @@ class ForwardWgmmaGen {
   Emitter e_;
   Type half_;     // the wgmma's 16-bit type
   Type out_;      // O's
+  bool f8_;       // the fp8 wgmma (wgmma_fp8)
   int q8_, kv8_;  // fp8 Q, K/V converted on load by the producer: 1 e4m3, 2 e5m2 (0: none)
   int S_ = 2, nS_ = 0, kD_ = 0, nv_ = 0, nO_ = 0, kP_ = 0;
   tile::Lanes ln_;

@@ -145,6 +145,11 @@ struct KernelSpec {
   // Fp8ForwardParams. None: the PTX and serialize() are those of a spec
   // without the field.
   KvFp8 q_fp8 = KvFp8::None;
+  // wgmma with q_fp8: the producer converts Q, K and V to f16 and the
+  // 16-bit wgmma runs (FLASHATTN_SM90_FP8_F16=1, for comparison) instead of
+  // the fp8 wgmma on the bytes (V transposed by the producer). Off: the PTX
+  // and serialize() are those of a spec without the field.
+  bool fp8_f16 = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;
@@ -161,6 +166,13 @@ struct KernelSpec {
 inline bool fp8_mma_native(int sm) { return sm == 89 || sm >= 120; }
 inline bool fp8_forward_mma(const KernelSpec &s) {
   return s.q_fp8 != KvFp8::None && fp8_mma_native(s.sm);
+}
+
+// The sm_90a fp8 forward on fp8 wgmma (m64nNk32 e4m3/e5m2): Q and K tiles
+// of bytes, V transposed into [head_dim_v][keys] by the producer (fp8 wgmma
+// reads B K-major only), P in e4m3.
+inline bool wgmma_fp8(const KernelSpec &s) {
+  return s.wgmma && s.q_fp8 != KvFp8::None && !s.fp8_f16;
 }
 
 // O columns one CTA computes: head_dim_v / dv_split.

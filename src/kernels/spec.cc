@@ -86,6 +86,14 @@ bool wgmma_forward_enabled() {
   return kWgmmaForwardDefault;
 }
 
+// FLASHATTN_SM90_FP8_F16=1: the sm_90a fp8 forward converts Q, K and V to
+// f16 and runs the 16-bit wgmma (KernelSpec::fp8_f16) instead of the fp8
+// wgmma, for comparison.
+bool wgmma_fp8_f16() {
+  const char *v = std::getenv("FLASHATTN_SM90_FP8_F16");
+  return v && v[0] == '1';
+}
+
 // FLASHATTN_SCALAR_DECODE=1 selects the scalar fp32 decode kernel (for
 // comparison and debugging).
 bool tc_decode_enabled() {
@@ -113,6 +121,10 @@ bool spec_valid(const KernelSpec &s) {
        s.kv_fp8 == KvFp8::None || (s.wgmma && !s.gather) || s.dtype == Dtype::F32 ||
        (fp8_forward_mma(s) && (s.block_n % 32 != 0 || dv_slice(s) % 16 != 0))))
     return false;
+  // The fp8 wgmma's P V steps are k32 and its V transpose takes key tiles of
+  // 32, 64 or 128; fp8_f16 only selects between the two sm_90a fp8 forms.
+  if (s.fp8_f16 && !(s.wgmma && fp8_fwd)) return false;
+  if (wgmma_fp8(s) && s.block_n != 32 && s.block_n != 64 && s.block_n != 128) return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
   if (s.rotary < 0 || s.rotary > 2 || (s.rotary && !s.append_kv)) return false;
@@ -296,13 +308,17 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   // at 128): the margins that keep every head dim free of spills.
   // fp8 inputs (the gather producer converts them) leave the consumers 216:
   // 208 of them.
+  // The fp8 wgmma (kgen::wgmma_fp8) holds P in e4m3 (block_n / 8) and
+  // takes key tiles of 128, 64 or 32.
   const int budget = s->q_fp8 != KvFp8::None ? 208
                      : s->gather             ? 216
                                              : 232,
             max_bn = s->gather && s->softcap ? 112 : 128;
-  s->block_n = 16;
+  const bool f8 = wgmma_fp8(*s);
+  s->block_n = f8 ? 32 : 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
-    if (bn <= max_bn && bn / 2 + dv8 / 2 + bn / 4 + 48 + (s->softcap ? 16 : 0) <= budget) {
+    if (f8 && bn != 128 && bn != 64 && bn != 32) continue;
+    if (bn <= max_bn && bn / 2 + dv8 / 2 + bn / (f8 ? 8 : 4) + 48 + (s->softcap ? 16 : 0) <= budget) {
       s->block_n = bn;
       break;
     }
@@ -312,7 +328,8 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
     if (kgen::wgmma_smem(*s) <= lim.smem_per_block_optin) return;
   }
   // Nothing fits with two stages: smaller key tiles.
-  while (s->block_n > 16 && kgen::wgmma_smem(*s) > lim.smem_per_block_optin) s->block_n -= 16;
+  while (s->block_n > (f8 ? 32 : 16) && kgen::wgmma_smem(*s) > lim.smem_per_block_optin)
+    s->block_n = f8 ? s->block_n / 2 : s->block_n - 16;
 }
 
 // The tensor-core decode tile (docs/kernels.md, "Decode on tensor cores"):
@@ -393,6 +410,7 @@ std::string KernelSpec::serialize() const {
     o.push_back('Q');
     o.push_back(static_cast<char>(q_fp8));
   }
+  if (fp8_f16) o.push_back('F');  // only when on
   return o;
 }
 
@@ -418,7 +436,8 @@ std::string KernelSpec::describe() const {
                         : "") +
          (rotary_half_table ? " rope_table16" : "") +
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
-         (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "");
+         (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
+         (fp8_f16 ? " fp8_f16" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -472,6 +491,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     if (fp8_fwd) {
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
+      s.fp8_f16 = wgmma_fp8_f16();
     }
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
@@ -580,7 +600,8 @@ std::string entry_name(const KernelSpec &s) {
                           : "") +
          (s.rotary_half_table ? "16" : "") +
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
-         (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "");
+         (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
+         (s.fp8_f16 ? "_f16" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

@@ -564,13 +564,23 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     return ctx.err;
   }
   const bool fp8 = c.q_fp8 != 0;
-  // P in e4m3 where the fp8 mma runs (sm_89, sm_120/121); elsewhere the fp8
-  // inputs are converted to f16 on load and P is f16: the 16-bit yardstick.
+  // P in e4m3 where fp8 tensor cores run both products (the mma on sm_89
+  // and sm_120/121, wgmma on sm_90a): the module rounds P with cvt to e4m3.
+  // Where the inputs are converted to f16 on load, P is f16: the 16-bit
+  // yardstick.
   fa_runtime_info info;
   std::memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;
   ctx.check(fa_runtime_get_info(rt, &info), "fa_runtime_get_info");
-  const bool p_e4m3 = fp8 && (info.sm == 89 || info.sm >= 120);
+  bool p_e4m3 = false;
+  if (fp8) {
+    size_t n = 0;
+    if (fa_generate(cfg, FA_KERNEL_FORWARD, info.sm, nullptr, 0, &n) == FA_SUCCESS) {
+      std::string ptx(n + 1, '\0');
+      if (fa_generate(cfg, FA_KERNEL_FORWARD, info.sm, ptx.data(), ptx.size(), &n) == FA_SUCCESS)
+        p_e4m3 = ptx.find("cvt.rn.satfinite.e4m3x2.f32") != std::string::npos;
+    }
+  }
 
   // Varlen packs all sequences as batch 1 along dim 1.
   int tq = c.seqlen_q, tk = c.seqlen_k, nb = c.batch;
