@@ -2053,6 +2053,55 @@ void test_builder_forms(void **) {
   for (int i = 128 * 8; i < 128 * 8 + 128; ++i) assert_int_equal(w[i], 0x3c003c00u);
 }
 
+// The builder's fp8 wgmma forms run here: e4m3 ones (0x38) in shared memory
+// and in A's registers, e5m2 ones (0x3c) for B of the second: D = 32 (ss,
+// scale-d 0) + 32 (rs, scale-d a true predicate) + 32 (ss).
+void test_builder_fp8_forms(void **) {
+  Builder b("k_f8", 8);
+  b.set_arch_specific(true);
+  fa::ptx::Symbol dyn = b.extern_shared("smem", 1024);
+  Reg sm = b.b32(), tid = b.b32(), da = b.b64(), db = b.b64(), out = b.b64();
+  b.mov(Type::U32, sm, fa::ptx::sym(dyn));
+  b.mov(Type::U32, tid, fa::ptx::sreg(fa::ptx::Special::TidX));
+  b.ld_param(Type::U64, out, 0);
+  // Bytes 0..2047: e4m3 ones; 2048..4095: e5m2 ones.
+  Reg e4 = b.b32(), e5 = b.b32(), addr = b.b32();
+  b.mov(Type::U32, e4, imm(0x38383838));
+  b.mov(Type::U32, e5, imm(0x3c3c3c3c));
+  b.op(Op::MadLo, Type::U32, addr, tid, imm(16), sm);
+  b.st_v(Space::Shared, Type::B32, at(addr), {e4, e4, e4, e4});
+  b.st_v(Space::Shared, Type::B32, at(addr, 2048), {e5, e5, e5, e5});
+  b.fence_proxy_async();
+  b.bar_sync(0, 128);
+  std::vector<Reg> d(8);
+  for (Reg &r : d) r = b.f32();
+  Reg a[4] = {e4, e4, e4, e4};
+  // No swizzle, LBO 128, SBO 256: A (64 rows) in bytes 0..2047, B (16 rows)
+  // at 0 (e4m3) or 2048 (e5m2).
+  b.mov(Type::U64, da, imm((int64_t{8} << 16) | (int64_t{16} << 32)));
+  b.mov(Type::U64, db, imm(128 | (int64_t{8} << 16) | (int64_t{16} << 32)));
+  Reg t = b.pred();
+  b.setp(fa::ptx::Cmp::Eq, Type::U32, t, tid, tid);  // true
+  b.wgmma_fence();
+  b.wgmma_ss_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E5M2, 16, d.data(), da, db, imm(0));
+  b.wgmma_rs_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E5M2, 16, d.data(), a, db, t);
+  b.wgmma_ss_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E4M3, 16, d.data(), da, da, imm(1));
+  b.wgmma_commit();
+  b.wgmma_wait(0);
+  Reg o = b.b64();
+  b.mul_wide(Type::U32, o, tid, imm(32));
+  b.op(Op::Add, Type::U64, o, o, out);
+  for (int i = 0; i < 8; ++i) b.st(Space::Global, Type::F32, at(o, 4 * i), d[i]);
+  b.exit();
+  const std::string ptx = std::move(b).emit(80, 90, 128);
+  expect_assembles(ptx);
+  DevBuf dout(128 * 32);
+  OneOut prm{dout.ptr};
+  expect_ok(run(ptx, "k_f8", 128, 4096, &prm, sizeof prm));
+  std::vector<uint32_t> w = dout.get<uint32_t>();
+  for (int i = 0; i < 128 * 8; ++i) assert_true(bitsf(w[i]) == 96.0f);
+}
+
 // ====================================================== stmatrix ====
 // PTX ISA "stmatrix" (the ldmatrix fragment layout): lane 8j + r gives the
 // address of row r of matrix j; lane l's register j holds row l / 4,
@@ -2497,20 +2546,35 @@ void test_parse_errors(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_wgmma_ss),          cmocka_unit_test(test_wgmma_layouts),
-      cmocka_unit_test(test_wgmma_rs),          cmocka_unit_test(test_wgmma_markers),
-      cmocka_unit_test(test_wgmma_fp8_ss),      cmocka_unit_test(test_wgmma_fp8_layouts),
-      cmocka_unit_test(test_wgmma_fp8_rs),      cmocka_unit_test(test_wgmma_fp8_fragment),
-      cmocka_unit_test(test_wgmma_fp8_checks),  cmocka_unit_test(test_wgmma_fp8_parse),
-      cmocka_unit_test(test_wgmma_async_rules), cmocka_unit_test(test_setmaxnreg),
-      cmocka_unit_test(test_mbarrier_phases),   cmocka_unit_test(test_tma_boxes),
-      cmocka_unit_test(test_tma_visibility),    cmocka_unit_test(test_tma_faults),
-      cmocka_unit_test(test_tma_tx_mismatch),   cmocka_unit_test(test_named_barriers),
-      cmocka_unit_test(test_generic_addresses), cmocka_unit_test(test_targets),
-      cmocka_unit_test(test_producer_consumer), cmocka_unit_test(test_builder_forms),
-      cmocka_unit_test(test_parse_errors),      cmocka_unit_test(test_stmatrix),
-      cmocka_unit_test(test_elect_sync),        cmocka_unit_test(test_proxy_fence),
-      cmocka_unit_test(test_profile_tma_wgmma), cmocka_unit_test(test_builder_stmatrix_elect),
+      cmocka_unit_test(test_wgmma_ss),
+      cmocka_unit_test(test_wgmma_layouts),
+      cmocka_unit_test(test_wgmma_rs),
+      cmocka_unit_test(test_wgmma_markers),
+      cmocka_unit_test(test_wgmma_fp8_ss),
+      cmocka_unit_test(test_wgmma_fp8_layouts),
+      cmocka_unit_test(test_wgmma_fp8_rs),
+      cmocka_unit_test(test_wgmma_fp8_fragment),
+      cmocka_unit_test(test_wgmma_fp8_checks),
+      cmocka_unit_test(test_wgmma_fp8_parse),
+      cmocka_unit_test(test_wgmma_async_rules),
+      cmocka_unit_test(test_setmaxnreg),
+      cmocka_unit_test(test_mbarrier_phases),
+      cmocka_unit_test(test_tma_boxes),
+      cmocka_unit_test(test_tma_visibility),
+      cmocka_unit_test(test_tma_faults),
+      cmocka_unit_test(test_tma_tx_mismatch),
+      cmocka_unit_test(test_named_barriers),
+      cmocka_unit_test(test_generic_addresses),
+      cmocka_unit_test(test_targets),
+      cmocka_unit_test(test_producer_consumer),
+      cmocka_unit_test(test_builder_forms),
+      cmocka_unit_test(test_builder_fp8_forms),
+      cmocka_unit_test(test_parse_errors),
+      cmocka_unit_test(test_stmatrix),
+      cmocka_unit_test(test_elect_sync),
+      cmocka_unit_test(test_proxy_fence),
+      cmocka_unit_test(test_profile_tma_wgmma),
+      cmocka_unit_test(test_builder_stmatrix_elect),
   };
   return cmocka_run_group_tests(tests, hopper_setup, emu_teardown);
 }
