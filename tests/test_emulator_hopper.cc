@@ -20,9 +20,12 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "backend/backend.h"
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
 #include "emu/numeric.h"
+#include "emu/ptx_ir.h"
 #include "emu/tensor_map.h"
 #include "ptx/ptx.h"
 #include "support/cmocka.hh"
@@ -67,6 +70,31 @@ void expect_ok(fa_status st) {
   assert_int_equal(st, FA_SUCCESS);
 }
 
+// Whether ptxas -arch=sm_90a accepts the PTX: 1 / 0, -1 without a CUDA
+// toolkit.
+int ptxas_accepts(const std::string &ptx) {
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) return -1;
+  char path[] = "/tmp/fa_hopper_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_true(write(fd, ptx.data(), ptx.size()) == static_cast<ssize_t>(ptx.size()));
+  close(fd);
+  const std::string cubin = std::string(path) + ".cubin";
+  const std::string cmd =
+      "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + cubin + "' 2>/dev/null";
+  const int rc = std::system(cmd.c_str());
+  unlink(path);
+  unlink(cubin.c_str());
+  return rc == 0 ? 1 : 0;
+}
+void expect_assembles(const std::string &ptx) {
+  if (ptxas_accepts(ptx) == 0) {
+    std::fprintf(stderr, "ptxas rejects:\n%s", ptx.c_str());
+    fail();
+  }
+}
+
 // ============================================ wgmma: the ISA's layouts ====
 // Written here from the PTX ISA ("Shared Memory Matrix Layout: Canonical
 // Layouts", "Matrix Descriptor Format", "Register Fragments"),
@@ -105,12 +133,13 @@ uint32_t cute_swizzle(uint32_t addr, int b) {
 int desc_mode(int w) { return w == 128 ? 1 : w == 64 ? 2 : w == 32 ? 3 : 0; }
 int swz_b(int w) { return w == 128 ? 3 : w == 64 ? 2 : w == 32 ? 1 : 0; }
 
-// The canonical layout table, 16-bit elements (T = 8), one instruction's
-// view (K = 16: "2k" = 2 column repeats K-major, k = 2 MN-major). lbo/sbo
-// in bytes. Returns the byte address of element (mn, k) given the matrix
-// start address.
-uint32_t canonical_addr(Major major, int w, uint32_t start, int lbo, int sbo, int mn, int k) {
-  const int64_t T = 8, L = lbo / 2, S = sbo / 2;
+// The canonical layout table, elements of esz bytes (T = 16 / esz: 8 for
+// 16-bit, 16 for fp8), one instruction's view (K = 2T: "2k" = 2 column
+// repeats K-major, k = 2 MN-major). lbo/sbo in bytes. Returns the byte
+// address of element (mn, k) given the matrix start address.
+uint32_t canonical_addr(Major major, int w, uint32_t start, int lbo, int sbo, int mn, int k,
+                        int esz = 2) {
+  const int64_t T = 16 / esz, L = lbo / esz, S = sbo / esz;
   Mode mnm, km;
   if (major == Major::K) {
     if (w == 0) {  // ((8,m),(T,2k)):((1T,SBO),(1,LBO))
@@ -130,7 +159,7 @@ uint32_t canonical_addr(Major major, int w, uint32_t start, int lbo, int sbo, in
     }
   }
   const int64_t elems = eval_mode(mnm, mn) + eval_mode(km, k);
-  const uint32_t a = start + static_cast<uint32_t>(2 * elems);
+  const uint32_t a = start + static_cast<uint32_t>(esz * elems);
   return w ? cute_swizzle(a, swz_b(w)) : a;
 }
 
@@ -193,17 +222,23 @@ SmemOperand plan_operand(Major major, int w, uint32_t base, int rows, int nk, bo
   return o;
 }
 
-// Writes M[mn][k] (rows x 16 nk, row-major by mn) into the image per the
-// plan; every byte written once.
+// Writes M[mn][k] (rows x kk nk, row-major by mn; kk = 32 / esz elements of
+// esz bytes per k-block, an fp8 byte in the low byte of its uint16_t) into
+// the image per the plan; every byte written once.
 void place(std::vector<uint8_t> *img, const SmemOperand &o, const std::vector<uint16_t> &m,
-           int rows, int nk, std::set<uint32_t> *used) {
+           int rows, int nk, std::set<uint32_t> *used, int esz = 2) {
+  const int kk = 32 / esz;
   for (int kb = 0; kb < nk; ++kb)
     for (int mn = 0; mn < rows; ++mn)
-      for (int k = 0; k < 16; ++k) {
-        const uint32_t a = canonical_addr(o.major, o.w, o.start[kb], o.lbo, o.sbo, mn, k);
-        assert_true(a + 2 <= img->size());
+      for (int k = 0; k < kk; ++k) {
+        const uint32_t a = canonical_addr(o.major, o.w, o.start[kb], o.lbo, o.sbo, mn, k, esz);
+        assert_true(a + esz <= img->size());
         assert_true(used->insert(a).second);  // the plan is a bijection
-        std::memcpy(img->data() + a, &m[static_cast<size_t>(mn) * 16 * nk + 16 * kb + k], 2);
+        const uint16_t v = m[static_cast<size_t>(mn) * kk * nk + kk * kb + k];
+        if (esz == 2)
+          std::memcpy(img->data() + a, &v, 2);
+        else
+          (*img)[a] = static_cast<uint8_t>(v);
       }
 }
 
@@ -222,24 +257,67 @@ void a_pos(int t, int e, int *row, int *col) {
   *col = 2 * (lane % 4) + e % 2 + 8 * (e / 4);
 }
 
+// fp8 A register fragment (m64nNk32, the mma.m16n8k32 A fragment per warp):
+// byte i (0..15; register i / 4, lowest byte first) of thread t.
+void a_pos_fp8(int t, int i, int *row, int *col) {
+  const int w = t / 32, lane = t % 32;
+  *row = 16 * w + lane / 4 + 8 * ((i >> 2) & 1);
+  *col = 4 * (lane % 4) + (i & 3) + 16 * (i >> 3);
+}
+
+// fp8 bits -> value, written from the PTX ISA "Alternate Floating-Point Data
+// Formats" (e4m3: bias 7, 3 mantissa bits, S.1111.111 NaN; e5m2: bias 15, 2
+// mantissa bits, exponent 31 inf/NaN), independently of the emulator.
+double fp8_value(uint8_t x, bool e5m2) {
+  const int mb = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  const int e = (x & 0x7f) >> mb, m = x & ((1 << mb) - 1);
+  if (e5m2 && e == 31) return m ? NAN : (x & 0x80 ? -INFINITY : INFINITY);
+  if (!e5m2 && e == 15 && m == 7) return NAN;
+  const double v = e == 0 ? std::ldexp(m, 1 - bias - mb) : std::ldexp((1 << mb) + m, e - bias - mb);
+  return (x & 0x80) ? -v : v;
+}
+bool fp8_finite(uint8_t x, bool e5m2) { return e5m2 ? (x & 0x7c) != 0x7c : (x & 0x7f) != 0x7f; }
+// The fp8 bits of an exactly representable value v (searched).
+uint8_t fp8_of(double v, bool e5m2) {
+  for (int x = 0; x < 256; ++x)
+    if (fp8_value(static_cast<uint8_t>(x), e5m2) == v && !(v == 0 && x))
+      return static_cast<uint8_t>(x);
+  fail_msg("%g is not an %s value", v, e5m2 ? "e5m2" : "e4m3");
+  return 0;
+}
+
 struct WgCase {
   int n = 64;
   bool bf16 = false;
+  bool fp8 = false;  // m64nNk32 .e4m3/.e5m2 (K-major only)
+  bool a_e5m2 = false, b_e5m2 = false;
   bool rs = false;  // A from registers
   Major a_major = Major::K, b_major = Major::K;
   int wa = 128, wb = 128;  // swizzle bytes
   bool alt = false;        // the other no-swizzle LBO/SBO choice
-  int nk = 1;              // k-blocks of 16 (wgmmas chained on D)
+  int nk = 1;              // k-blocks of K (16, fp8 32: wgmmas chained on D)
   int scale_d = 1;         // first wgmma: 0, 1 (immediates) or 2 (a true predicate)
   bool neg_a = false, neg_b = false;
+  int esz() const { return fp8 ? 1 : 2; }   // element bytes
+  int kk() const { return fp8 ? 32 : 16; }  // K per instruction
+  // The PTX types: "f16.f16", "e4m3.e5m2", ...
+  std::string types() const {
+    if (!fp8) return bf16 ? "bf16.bf16" : "f16.f16";
+    return std::string(a_e5m2 ? "e5m2" : "e4m3") + (b_e5m2 ? ".e5m2" : ".e4m3");
+  }
   std::string name() const {
     char b[160];
     std::snprintf(b, sizeof b,
-                  "m64n%dk16 %s %s A %s-major/%dB B %s-major/%dB%s nk %d scale-d %d%s%s", n,
-                  bf16 ? "bf16" : "f16", rs ? "rs" : "ss", a_major == Major::K ? "K" : "M", wa,
+                  "m64n%dk%d %s %s A %s-major/%dB B %s-major/%dB%s nk %d scale-d %d%s%s", n, kk(),
+                  types().c_str(), rs ? "rs" : "ss", a_major == Major::K ? "K" : "M", wa,
                   b_major == Major::K ? "K" : "N", wb, alt ? " alt" : "", nk, scale_d,
                   neg_a ? " -A" : "", neg_b ? " -B" : "");
     return b;
+  }
+  // Value of an A (is_a) or B element's bits.
+  double value(bool is_a, uint16_t x) const {
+    if (fp8) return fp8_value(static_cast<uint8_t>(x), is_a ? a_e5m2 : b_e5m2);
+    return from_half(bf16, x);
   }
 };
 
@@ -253,11 +331,11 @@ struct WgParams {
 // fragments), runs nk chained wgmmas, one commit, wait_group 0, stores D.
 std::string wgmma_kernel(const WgCase &c) {
   const int nd = c.n / 2;
-  const std::string t = c.bf16 ? "bf16" : "f16";
-  std::string p = std::string(kHopper) + ".visible .entry k_wg(.param .align 8 .b8 k_wg_param[" +
+  std::string p = std::string(kHopper) + ".extern .shared .align 1024 .b8 smem[];\n" +
+                  ".visible .entry k_wg(.param .align 8 .b8 k_wg_param[" +
                   std::to_string(sizeof(WgParams)) + "])\n.maxntid 128, 1, 1\n{\n";
   p += "  .reg .pred %p<4>;\n  .reg .b32 %r<32>;\n  .reg .b64 %rd<40>;\n  .reg .f32 %acc<" +
-       std::to_string(nd) + ">;\n  .reg .b32 %fa<16>;\n  .extern .shared .align 1024 .b8 smem[];\n";
+       std::to_string(nd) + ">;\n  .reg .b32 %fa<16>;\n";
   p += "  ld.param.u64 %rd1, [k_wg_param+0];\n  ld.param.u64 %rd2, [k_wg_param+8];\n"
        "  ld.param.u64 %rd3, [k_wg_param+16];\n  ld.param.u64 %rd4, [k_wg_param+24];\n";
   for (int kb = 0; kb < c.nk; ++kb) {
@@ -303,17 +381,18 @@ $L_copied:
   const std::string sa = c.neg_a ? "-1" : "1", sb = c.neg_b ? "-1" : "1";
   for (int kb = 0; kb < c.nk; ++kb) {
     std::string scale = kb > 0 ? "1" : c.scale_d == 2 ? "%p2" : std::to_string(c.scale_d);
-    p += "  wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.n) + "k16.f32." + t + "." + t +
-         " " + dv + ", ";
+    p += "  wgmma.mma_async.sync.aligned.m64n" + std::to_string(c.n) + "k" +
+         std::to_string(c.kk()) + ".f32." + c.types() + " " + dv + ", ";
+    // fp8: no imm-trans operands (K-major only).
+    const std::string ta = c.fp8 ? "" : c.a_major == Major::MN ? ", 1" : ", 0";
+    const std::string tb = c.fp8 ? "" : c.b_major == Major::MN ? ", 1" : ", 0";
     if (c.rs) {
       p += "{%fa" + std::to_string(4 * kb) + ", %fa" + std::to_string(4 * kb + 1) + ", %fa" +
            std::to_string(4 * kb + 2) + ", %fa" + std::to_string(4 * kb + 3) + "}, %rd" +
-           std::to_string(20 + kb) + ", " + scale + ", " + sa + ", " + sb + ", " +
-           (c.b_major == Major::MN ? "1" : "0") + ";\n";
+           std::to_string(20 + kb) + ", " + scale + ", " + sa + ", " + sb + tb + ";\n";
     } else {
       p += "%rd" + std::to_string(10 + kb) + ", %rd" + std::to_string(20 + kb) + ", " + scale +
-           ", " + sa + ", " + sb + ", " + (c.a_major == Major::MN ? "1" : "0") + ", " +
-           (c.b_major == Major::MN ? "1" : "0") + ";\n";
+           ", " + sa + ", " + sb + ta + tb + ";\n";
     }
   }
   p += "  wgmma.commit_group.sync.aligned;\n  wgmma.wait_group.sync.aligned 0;\n";
@@ -324,14 +403,15 @@ $L_copied:
   return p;
 }
 
-// Runs one case with A (64 x 16nk), B (16nk x N), C (64 x N); returns D.
+// Runs one case with A (64 x K), B (K x N), C (64 x N), K = kk nk (fp8:
+// the byte in each element's low byte); returns D.
 // `edit` rewrites the kernel first; a launch expected to fail (`want`)
 // returns no D (`ptx_out`: the kernel run).
 std::vector<float> run_wgmma(const WgCase &c, const std::vector<uint16_t> &A,
                              const std::vector<uint16_t> &B, const std::vector<float> &C,
                              const std::function<std::string(const std::string &)> &edit = nullptr,
                              fa_status want = FA_SUCCESS, std::string *ptx_out = nullptr) {
-  const int n = c.n, nd = n / 2, K = 16 * c.nk;
+  const int n = c.n, nd = n / 2, K = c.kk() * c.nk;
   // B as an N x K operand (row mn = column of B).
   std::vector<uint16_t> bt(static_cast<size_t>(n) * K);
   for (int k = 0; k < K; ++k)
@@ -345,17 +425,21 @@ std::vector<float> run_wgmma(const WgCase &c, const std::vector<uint16_t> &A,
   const uint32_t img_bytes = (b_base + ob.bytes + 1023) / 1024 * 1024;
   std::vector<uint8_t> img(img_bytes, 0xEE);
   std::set<uint32_t> used;
-  if (!c.rs) place(&img, oa, A, 64, c.nk, &used);
-  place(&img, ob, bt, n, c.nk, &used);
-  // A fragments per thread (rs): 4 registers per k-block.
+  if (!c.rs) place(&img, oa, A, 64, c.nk, &used, c.esz());
+  place(&img, ob, bt, n, c.nk, &used, c.esz());
+  // A fragments per thread (rs): 4 registers per k-block (8 halves or 16
+  // fp8 bytes).
   std::vector<uint32_t> afrag(128 * 4 * c.nk, 0);
   for (int t = 0; t < 128; ++t)
     for (int kb = 0; kb < c.nk; ++kb)
-      for (int e = 0; e < 8; ++e) {
+      for (int e = 0; e < 16 / c.esz(); ++e) {
         int row, col;
-        a_pos(t, e, &row, &col);
-        afrag[(t * c.nk + kb) * 4 + e / 2] |=
-            uint32_t{A[static_cast<size_t>(row) * K + 16 * kb + col]} << (16 * (e % 2));
+        if (c.fp8)
+          a_pos_fp8(t, e, &row, &col);
+        else
+          a_pos(t, e, &row, &col);
+        const uint32_t v = A[static_cast<size_t>(row) * K + c.kk() * kb + col];
+        afrag[(t * c.nk + kb) * 4 + e * c.esz() / 4] |= v << (8 * c.esz() * (e % (4 / c.esz())));
       }
   std::vector<float> cfrag(128 * nd);
   for (int t = 0; t < 128; ++t)
@@ -403,14 +487,24 @@ std::vector<float> run_wgmma(const WgCase &c, const std::vector<uint16_t> &A,
 // sequential f32 chain (k = 0, 1, ...) that mma.sync uses.
 void check_wgmma(const WgCase &c, uint32_t seed) {
   std::mt19937 rng(seed);
-  const int n = c.n, K = 16 * c.nk;
+  const int n = c.n, K = c.kk() * c.nk;
+  if (c.fp8) expect_assembles(wgmma_kernel(c));
   for (int pass = 0; pass < 2; ++pass) {
-    std::uniform_int_distribution<int> small(-8, 8);
+    std::uniform_int_distribution<int> small(-8, 8), byte(0, 255);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     std::vector<uint16_t> A(64 * K), B(static_cast<size_t>(K) * n);
     std::vector<float> C(64 * n);
-    for (auto &x : A) x = to_half(c.bf16, pass == 0 ? small(rng) / 4.0f : u(rng));
-    for (auto &x : B) x = to_half(c.bf16, pass == 0 ? small(rng) / 4.0f : u(rng));
+    // fp8: k/4 exactly (pass 0), then random bytes but NaN / inf (pass 1).
+    auto gen = [&](bool e5m2) -> uint16_t {
+      if (!c.fp8) return to_half(c.bf16, pass == 0 ? small(rng) / 4.0f : u(rng));
+      if (pass == 0) return fp8_of(small(rng) / 4.0, e5m2);
+      for (;;) {
+        const uint8_t x = static_cast<uint8_t>(byte(rng));
+        if (fp8_finite(x, e5m2)) return x;
+      }
+    };
+    for (auto &x : A) x = gen(c.a_e5m2);
+    for (auto &x : B) x = gen(c.b_e5m2);
     for (auto &x : C) x = pass == 0 ? small(rng) : u(rng) * 8;
     const std::vector<float> D = run_wgmma(c, A, B, C);
     const double sa = c.neg_a ? -1 : 1, sb = c.neg_b ? -1 : 1;
@@ -420,8 +514,8 @@ void check_wgmma(const WgCase &c, uint32_t seed) {
         double ref = acc ? C[m * n + j] : 0.0, mag = std::fabs(ref);
         float seq = acc ? C[m * n + j] : 0.0f;
         for (int k = 0; k < K; ++k) {
-          const double pr = sa * from_half(c.bf16, A[m * K + k]) * sb *
-                            from_half(c.bf16, B[static_cast<size_t>(k) * n + j]);
+          const double pr = sa * c.value(true, A[m * K + k]) * sb *
+                            c.value(false, B[static_cast<size_t>(k) * n + j]);
           ref += pr;
           mag += std::fabs(pr);
           seq = seq + static_cast<float>(pr);
@@ -518,6 +612,278 @@ void test_wgmma_rs(void **) {
   c.neg_a = true;
   c.wb = 0;
   check_wgmma(c, seed++);
+}
+
+// 3. fp8 (m64nNk32 .e4m3/.e5m2, K-major only) ss: every N of the brief's
+// list with all four type pairs, 128B swizzle and no swizzle; each kernel
+// also assembles with ptxas.
+void test_wgmma_fp8_ss(void **) {
+  uint32_t seed = 500;
+  for (int n : {8, 32, 64, 128, 256})
+    for (int ty = 0; ty < 4; ++ty) {
+      WgCase c;
+      c.fp8 = true;
+      c.n = n;
+      c.a_e5m2 = (ty & 1) != 0;
+      c.b_e5m2 = (ty & 2) != 0;
+      check_wgmma(c, seed++);
+      if (ty == 1 || ty == 2) {
+        c.wa = c.wb = 0;
+        check_wgmma(c, seed++);
+      }
+    }
+}
+
+// fp8 in every swizzle mode, 4 k-blocks chained (descriptors advanced by
+// 32 bytes inside the swizzle atom), the other no-swizzle LBO/SBO choice,
+// mixed swizzles, scale-d 0 and as a predicate, negated A and B.
+void test_wgmma_fp8_layouts(void **) {
+  uint32_t seed = 600;
+  for (int w : {0, 32, 64, 128}) {
+    WgCase c;
+    c.fp8 = true;
+    c.n = 32;
+    c.wa = c.wb = w;
+    c.nk = 4;
+    c.a_e5m2 = (seed & 1) != 0;
+    c.b_e5m2 = (seed & 2) != 0;
+    check_wgmma(c, seed++);
+  }
+  WgCase c;
+  c.fp8 = true;
+  c.n = 16;
+  c.wa = c.wb = 0;
+  c.alt = true;
+  c.nk = 2;
+  check_wgmma(c, seed++);
+  c = WgCase();
+  c.fp8 = true;
+  c.n = 48;
+  c.scale_d = 0;
+  check_wgmma(c, seed++);
+  c.scale_d = 2;
+  c.neg_a = true;
+  c.a_e5m2 = true;
+  check_wgmma(c, seed++);
+  c.neg_a = false;
+  c.neg_b = true;
+  c.wa = 64;
+  c.wb = 32;
+  c.nk = 2;
+  check_wgmma(c, seed++);
+  c.neg_a = true;
+  c.b_e5m2 = true;
+  check_wgmma(c, seed++);
+}
+
+// fp8 rs: A from four registers of four bytes (the mma.m16n8k32 A fragment
+// per warp).
+void test_wgmma_fp8_rs(void **) {
+  uint32_t seed = 700;
+  for (int n : {8, 32, 64, 128, 256})
+    for (int ty = 0; ty < 4; ++ty) {
+      if (n >= 128 && ty % 3) continue;
+      WgCase c;
+      c.fp8 = true;
+      c.rs = true;
+      c.n = n;
+      c.nk = 2;
+      c.a_e5m2 = (ty & 1) != 0;
+      c.b_e5m2 = (ty & 2) != 0;
+      check_wgmma(c, seed++);
+    }
+  WgCase c;
+  c.fp8 = true;
+  c.rs = true;
+  c.n = 24;
+  c.scale_d = 0;
+  c.neg_a = true;
+  c.wb = 0;
+  check_wgmma(c, seed++);
+  c.scale_d = 2;
+  c.neg_a = false;
+  c.neg_b = true;
+  c.wb = 32;
+  c.nk = 3;
+  check_wgmma(c, seed++);
+}
+
+// The fp8 A fragment, byte by byte: B = the 32 x 32 identity, so D = A.
+// For each byte i (0..15), every thread holds a distinct nonzero code in
+// byte i of its fragment and zeros elsewhere; D must be those codes at the
+// ISA's (row, column) of (thread, i) and zero everywhere else. The same A
+// from shared memory (ss) checks the descriptor path the same way.
+void test_wgmma_fp8_fragment(void **) {
+  auto code = [](int t) { return static_cast<uint8_t>(t < 126 ? t + 1 : 0x80 | (t - 125)); };
+  for (bool rs : {true, false})
+    for (int i = 0; i < 16; ++i) {
+      WgCase c;
+      c.fp8 = true;
+      c.rs = rs;
+      c.n = 32;
+      c.scale_d = 0;
+      std::vector<uint16_t> A(64 * 32, 0), B(32 * 32, 0);
+      for (int k = 0; k < 32; ++k) B[k * 32 + k] = 0x38;  // e4m3 1.0
+      std::vector<int> owner(64 * 32, -1);
+      for (int t = 0; t < 128; ++t) {
+        int row, col;
+        a_pos_fp8(t, i, &row, &col);
+        A[row * 32 + col] = code(t);
+        owner[row * 32 + col] = t;
+      }
+      const std::vector<float> D = run_wgmma(c, A, B, std::vector<float>(64 * 32, 0.0f));
+      for (int m = 0; m < 64; ++m)
+        for (int j = 0; j < 32; ++j) {
+          const double want = owner[m * 32 + j] < 0 ? 0.0 : fp8_value(A[m * 32 + j], false);
+          if (D[m * 32 + j] != want) {
+            std::fprintf(stderr, "%s byte %d: D[%d][%d] = %g, want %g (thread %d)\n",
+                         rs ? "rs" : "ss", i, m, j, D[m * 32 + j], want, owner[m * 32 + j]);
+            fail();
+          }
+        }
+    }
+}
+
+// fp8 forms under the checks of the 16-bit ones: unfenced generic writes,
+// descriptors that differ across the warpgroup, operands outside shared
+// memory, A registers of an in-flight wgmma (rs), an accumulator shared
+// with an in-flight wgmma of another shape; and the profile's bytes (1 per
+// element).
+void test_wgmma_fp8_checks(void **) {
+  WgCase c;
+  c.fp8 = true;
+  c.n = 16;
+  c.wa = c.wb = 0;
+  c.a_e5m2 = true;
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::vector<uint16_t> A(64 * 32), B(32 * 16);
+  std::vector<float> C(64 * 16, 0.0f);
+  for (auto &x : A) x = fp8_of(small(rng) / 4.0, true);
+  for (auto &x : B) x = fp8_of(small(rng) / 4.0, false);
+  auto edit = [](const char *find, const std::string &with, bool after = false) {
+    return [=](const std::string &p) {
+      std::string q = p;
+      const size_t at = q.find(find);
+      assert_true(at != std::string::npos);
+      q.insert(after ? q.find('\n', at) + 1 : at, with);
+      return q;
+    };
+  };
+  std::string ptx;
+  // No fence.proxy.async after the shared stores.
+  run_wgmma(
+      c, A, B, C,
+      [](const std::string &p) {
+        std::string q = p;
+        const char *fence = "  fence.proxy.async.shared::cta;\n";
+        q.replace(q.find(fence), std::strlen(fence), "");
+        return q;
+      },
+      FA_ERROR_LAUNCH, &ptx);
+  expect_error("wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e4m3 " +
+               at_line(ptx, "wgmma.mma_async"));
+  expect_error("its generic-proxy write by st.shared.v4.u32 " + at_line(ptx, "st.shared.v4"));
+  // A descriptor that depends on the thread.
+  run_wgmma(c, A, B, C,
+            edit("  wgmma.fence", "  cvt.u64.u32 %rd37, %r1;\n  add.s64 %rd20, %rd20, %rd37;\n"),
+            FA_ERROR_LAUNCH, &ptx);
+  expect_error(at_line(ptx, "wgmma.mma_async") +
+               ": the matrix descriptors differ across the warpgroup");
+  // B's start 64 KiB further: outside the block's shared memory.
+  run_wgmma(c, A, B, C, edit("  wgmma.fence", "  add.s64 %rd20, %rd20, 4096;\n"), FA_ERROR_LAUNCH,
+            &ptx);
+  expect_error(at_line(ptx, "wgmma.mma_async") + ": B element (0, 0) at shared 0x");
+  expect_error("lies outside the block's");
+  // rs: an A register written while the wgmma is in flight.
+  WgCase r = c;
+  r.rs = true;
+  run_wgmma(r, A, B, C, edit("  wgmma.commit_group", "  mov.b32 %fa2, 0; // clobber\n"),
+            FA_ERROR_LAUNCH, &ptx);
+  expect_error("mov.b32 " + at_line(ptx, "// clobber") + ": register %fa2");
+  expect_error("belongs to the wgmma.mma_async " + at_line(ptx, "wgmma.mma_async"));
+  // The same accumulators by an in-flight m64n16k16 f16 wgmma: another shape.
+  run_wgmma(r, A, B, C,
+            edit("wgmma.mma_async",
+                 "  wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%acc0, %acc1, %acc2, "
+                 "%acc3, %acc4, %acc5, %acc6, %acc7}, {%fa0, %fa1, %fa2, %fa3}, %rd20, 1, 1, 1, "
+                 "0; // other\n",
+                 true),
+            FA_ERROR_LAUNCH, &ptx);
+  expect_error(at_line(ptx, "// other") + ": register %acc0 is an accumulator of the wgmma");
+  // Profile: m64n16k32 from dense no-swizzle tiles: A 2048 + B 512 bytes
+  // (one per element), 16 + 4 lines of 128 bytes.
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  run_wgmma(c, A, B, C);
+  fa::emu::LaunchProfile prof;
+  assert_int_equal(g_be->last_profile(&prof), FA_SUCCESS);
+  assert_int_equal(prof.total.wgmma_requests, 1);
+  assert_int_equal(prof.total.wgmma_shared_bytes, 2048 + 512);
+  assert_int_equal(prof.total.wgmma_shared_wavefronts, 16 + 4);
+  unsetenv("FLASHATTN_EMU_PROFILE");
+}
+
+// The parser takes exactly the fp8 forms ptxas takes: m64nNk32 only, no
+// imm-trans operands, imm-scale +-1; each rejection names what is
+// supported, and ptxas rejects the same text.
+void test_wgmma_fp8_parse(void **) {
+  const std::string d8 = "{%f0, %f1, %f2, %f3}";
+  const char *shapes =
+      "only wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} "
+      "and .m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} are supported";
+  const char *trans = "fp8 wgmma has no imm-trans operands (K-major only)";
+  std::string d32 = "{%f0";
+  for (int i = 1; i < 32; ++i) d32 += ", %f" + std::to_string(i);
+  d32 += "}";
+  struct Bad {
+    std::string text;
+    const char *msg;
+  } bad[] = {
+      {"wgmma.mma_async.sync.aligned.m64n64k16.f32.e4m3.e4m3 " + d32 + ", %rd1, %rd2, 1, 1, 1;",
+       shapes},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.f16.f16 " + d8 + ", %rd1, %rd2, 1, 1, 1, 0, 0;",
+       shapes},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.f16.f16 " + d8 + ", %rd1, %rd2, 1, 1, 1;",
+       shapes},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.f16 " + d8 + ", %rd1, %rd2, 1, 1, 1;",
+       shapes},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e5m2 " + d8 + ", %rd1, %rd2, 1, 1, 1, 0, 0;",
+       trans},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e5m2 " + d8 +
+           ", {%r0, %r1, %r2, %r3}, %rd2, 1, 1, 1, 0;",
+       trans},
+      {"wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2 " + d8 + ", %rd1, %rd2, 1, 2, 1;",
+       "imm-scale-a must be 1 or -1"},
+  };
+  auto kernel = [](const std::string &body) {
+    return std::string(kHopper) +
+           ".visible .entry k_bad()\n{\n  .reg .pred %p<4>;\n  .reg .b32 %r<4>;\n"
+           "  .reg .f32 %f<32>;\n  .reg .b64 %rd<4>;\n  mov.b64 %rd1, 0;\n  mov.b64 %rd2, 0;\n" +
+           "  mov.b32 %r0, 0;\n  mov.b32 %r1, 0;\n  mov.b32 %r2, 0;\n  mov.b32 %r3, 0;\n" +
+           "  wgmma.fence.sync.aligned;\n  " + body +
+           "\n  wgmma.commit_group.sync.aligned;\n  wgmma.wait_group.sync.aligned 0;\n}\n";
+  };
+  for (const Bad &b : bad) {
+    const std::string p = kernel(b.text);
+    fa_status st = run(p, "k_bad", 128, 0, nullptr, 0);
+    if (st != FA_ERROR_COMPILE) std::fprintf(stderr, "accepted: %s\n", b.text.c_str());
+    assert_int_equal(st, FA_ERROR_COMPILE);
+    expect_error("line " + std::to_string(line_of(p, "mma_async")) + ": ");
+    expect_error(b.msg);
+    assert_int_not_equal(ptxas_accepts(p), 1);
+  }
+  // And the forms ptxas takes parse (here: not run; the operands are zero).
+  for (const std::string &ok :
+       {"wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e5m2 " + d8 + ", %rd1, %rd2, 1, -1, -1;",
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e4m3 " + d8 +
+            ", {%r0, %r1, %r2, %r3}, %rd2, %p1, 1, -1;"}) {
+    const std::string p = kernel(ok);
+    assert_int_not_equal(ptxas_accepts(p), 0);
+    std::string err;
+    const bool parsed = fa::emu::parse_module(p, &err) != nullptr;
+    if (!parsed) std::fprintf(stderr, "%s\n", err.c_str());
+    assert_true(parsed);
+  }
 }
 
 // The markers test: A one-hot in k (A[m][k0] = m + 1), B[k][j] = 32 k + j + 1:
@@ -1687,6 +2053,55 @@ void test_builder_forms(void **) {
   for (int i = 128 * 8; i < 128 * 8 + 128; ++i) assert_int_equal(w[i], 0x3c003c00u);
 }
 
+// The builder's fp8 wgmma forms run here: e4m3 ones (0x38) in shared memory
+// and in A's registers, e5m2 ones (0x3c) for B of the second: D = 32 (ss,
+// scale-d 0) + 32 (rs, scale-d a true predicate) + 32 (ss).
+void test_builder_fp8_forms(void **) {
+  Builder b("k_f8", 8);
+  b.set_arch_specific(true);
+  fa::ptx::Symbol dyn = b.extern_shared("smem", 1024);
+  Reg sm = b.b32(), tid = b.b32(), da = b.b64(), db = b.b64(), out = b.b64();
+  b.mov(Type::U32, sm, fa::ptx::sym(dyn));
+  b.mov(Type::U32, tid, fa::ptx::sreg(fa::ptx::Special::TidX));
+  b.ld_param(Type::U64, out, 0);
+  // Bytes 0..2047: e4m3 ones; 2048..4095: e5m2 ones.
+  Reg e4 = b.b32(), e5 = b.b32(), addr = b.b32();
+  b.mov(Type::U32, e4, imm(0x38383838));
+  b.mov(Type::U32, e5, imm(0x3c3c3c3c));
+  b.op(Op::MadLo, Type::U32, addr, tid, imm(16), sm);
+  b.st_v(Space::Shared, Type::B32, at(addr), {e4, e4, e4, e4});
+  b.st_v(Space::Shared, Type::B32, at(addr, 2048), {e5, e5, e5, e5});
+  b.fence_proxy_async();
+  b.bar_sync(0, 128);
+  std::vector<Reg> d(8);
+  for (Reg &r : d) r = b.f32();
+  Reg a[4] = {e4, e4, e4, e4};
+  // No swizzle, LBO 128, SBO 256: A (64 rows) in bytes 0..2047, B (16 rows)
+  // at 0 (e4m3) or 2048 (e5m2).
+  b.mov(Type::U64, da, imm((int64_t{8} << 16) | (int64_t{16} << 32)));
+  b.mov(Type::U64, db, imm(128 | (int64_t{8} << 16) | (int64_t{16} << 32)));
+  Reg t = b.pred();
+  b.setp(fa::ptx::Cmp::Eq, Type::U32, t, tid, tid);  // true
+  b.wgmma_fence();
+  b.wgmma_ss_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E5M2, 16, d.data(), da, db, imm(0));
+  b.wgmma_rs_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E5M2, 16, d.data(), a, db, t);
+  b.wgmma_ss_fp8(fa::ptx::Fp8::E4M3, fa::ptx::Fp8::E4M3, 16, d.data(), da, da, imm(1));
+  b.wgmma_commit();
+  b.wgmma_wait(0);
+  Reg o = b.b64();
+  b.mul_wide(Type::U32, o, tid, imm(32));
+  b.op(Op::Add, Type::U64, o, o, out);
+  for (int i = 0; i < 8; ++i) b.st(Space::Global, Type::F32, at(o, 4 * i), d[i]);
+  b.exit();
+  const std::string ptx = std::move(b).emit(80, 90, 128);
+  expect_assembles(ptx);
+  DevBuf dout(128 * 32);
+  OneOut prm{dout.ptr};
+  expect_ok(run(ptx, "k_f8", 128, 4096, &prm, sizeof prm));
+  std::vector<uint32_t> w = dout.get<uint32_t>();
+  for (int i = 0; i < 128 * 8; ++i) assert_true(bitsf(w[i]) == 96.0f);
+}
+
 // ====================================================== stmatrix ====
 // PTX ISA "stmatrix" (the ldmatrix fragment layout): lane 8j + r gives the
 // address of row r of matrix j; lane l's register j holds row l / 4,
@@ -2131,17 +2546,35 @@ void test_parse_errors(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_wgmma_ss),          cmocka_unit_test(test_wgmma_layouts),
-      cmocka_unit_test(test_wgmma_rs),          cmocka_unit_test(test_wgmma_markers),
-      cmocka_unit_test(test_wgmma_async_rules), cmocka_unit_test(test_setmaxnreg),
-      cmocka_unit_test(test_mbarrier_phases),   cmocka_unit_test(test_tma_boxes),
-      cmocka_unit_test(test_tma_visibility),    cmocka_unit_test(test_tma_faults),
-      cmocka_unit_test(test_tma_tx_mismatch),   cmocka_unit_test(test_named_barriers),
-      cmocka_unit_test(test_generic_addresses), cmocka_unit_test(test_targets),
-      cmocka_unit_test(test_producer_consumer), cmocka_unit_test(test_builder_forms),
-      cmocka_unit_test(test_parse_errors),      cmocka_unit_test(test_stmatrix),
-      cmocka_unit_test(test_elect_sync),        cmocka_unit_test(test_proxy_fence),
-      cmocka_unit_test(test_profile_tma_wgmma), cmocka_unit_test(test_builder_stmatrix_elect),
+      cmocka_unit_test(test_wgmma_ss),
+      cmocka_unit_test(test_wgmma_layouts),
+      cmocka_unit_test(test_wgmma_rs),
+      cmocka_unit_test(test_wgmma_markers),
+      cmocka_unit_test(test_wgmma_fp8_ss),
+      cmocka_unit_test(test_wgmma_fp8_layouts),
+      cmocka_unit_test(test_wgmma_fp8_rs),
+      cmocka_unit_test(test_wgmma_fp8_fragment),
+      cmocka_unit_test(test_wgmma_fp8_checks),
+      cmocka_unit_test(test_wgmma_fp8_parse),
+      cmocka_unit_test(test_wgmma_async_rules),
+      cmocka_unit_test(test_setmaxnreg),
+      cmocka_unit_test(test_mbarrier_phases),
+      cmocka_unit_test(test_tma_boxes),
+      cmocka_unit_test(test_tma_visibility),
+      cmocka_unit_test(test_tma_faults),
+      cmocka_unit_test(test_tma_tx_mismatch),
+      cmocka_unit_test(test_named_barriers),
+      cmocka_unit_test(test_generic_addresses),
+      cmocka_unit_test(test_targets),
+      cmocka_unit_test(test_producer_consumer),
+      cmocka_unit_test(test_builder_forms),
+      cmocka_unit_test(test_builder_fp8_forms),
+      cmocka_unit_test(test_parse_errors),
+      cmocka_unit_test(test_stmatrix),
+      cmocka_unit_test(test_elect_sync),
+      cmocka_unit_test(test_proxy_fence),
+      cmocka_unit_test(test_profile_tma_wgmma),
+      cmocka_unit_test(test_builder_stmatrix_elect),
   };
   return cmocka_run_group_tests(tests, hopper_setup, emu_teardown);
 }

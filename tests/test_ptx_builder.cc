@@ -510,6 +510,79 @@ void test_hopper_forms(void **) {
   }));
 }
 
+// wgmma_ss_fp8 / wgmma_rs_fp8: m64nNk32 with .e4m3 / .e5m2 A and B, no
+// imm-trans operands (fp8 is K-major only), imm-scale 1; misuse aborts; a
+// small sm_90a kernel with both assembles with ptxas.
+void test_wgmma_fp8_forms(void **) {
+  Builder b("k_w8", 8);
+  b.set_arch_specific(true);
+  Reg da = b.b64(), db = b.b64(), g = b.b64();
+  Reg p = b.pred();
+  std::vector<Reg> d(128);
+  for (Reg &r : d) r = b.f32();
+  Reg a[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  b.mov(Type::U64, da, imm(0));
+  b.mov(Type::U64, db, imm(0));
+  for (Reg x : a) b.mov(Type::B32, x, imm(0x38383838));
+  b.ld_param(Type::U64, g, 0);
+  b.setp(fa::ptx::Cmp::Ne, Type::U64, p, g, imm(0));
+  b.wgmma_fence();
+  b.wgmma_ss_fp8(Fp8::E4M3, Fp8::E5M2, 256, d.data(), da, db, imm(0));
+  b.wgmma_rs_fp8(Fp8::E5M2, Fp8::E4M3, 8, d.data(), a, db, p);
+  b.wgmma_ss_fp8(Fp8::E5M2, Fp8::E5M2, 8, d.data(), da, db, imm(1));
+  b.wgmma_commit();
+  b.wgmma_wait(0);
+  for (int i = 0; i < 4; ++i) b.st(fa::ptx::Space::Global, Type::F32, at(g, 4 * i), d[i]);
+  b.exit();
+  const std::string t = b.emit(80, 90, 32);
+  assert_true(contains(t, "\twgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e5m2 {%f0, %f1, "));
+  assert_true(contains(t, "%f126, %f127}, %rd0, %rd1, 0, 1, 1;\n"));
+  assert_true(
+      contains(t,
+               "\twgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e4m3 {%f0, %f1, %f2, %f3}, "
+               "{%r0, %r1, %r2, %r3}, %rd1, %p0, 1, 1;\n"));
+  assert_true(
+      contains(t,
+               "\twgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e5m2 {%f0, %f1, %f2, %f3}, "
+               "%rd0, %rd1, 1, 1, 1;\n"));
+  // Misuse aborts.
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> q(6);
+    for (Reg &r : q) r = x.f32();
+    x.wgmma_ss_fp8(Fp8::E4M3, Fp8::E4M3, 12, q.data(), x.b64(), x.b64(), imm(1));  // N % 8
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> q(4);
+    for (Reg &r : q) r = x.f32();
+    Reg f[4] = {x.f32(), x.f32(), x.f32(), x.f32()};
+    x.wgmma_rs_fp8(Fp8::E4M3, Fp8::E4M3, 8, q.data(), f, x.b64(), imm(1));  // A not b32
+  }));
+  assert_true(aborts([] {
+    Builder x("k", 8);
+    std::vector<Reg> q(4);
+    for (Reg &r : q) r = x.f32();
+    x.wgmma_ss_fp8(Fp8::E4M3, Fp8::E4M3, 8, q.data(), x.b32(), x.b64(), imm(1));  // b32 desc
+  }));
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
+    std::printf("no ptxas: not assembled\n");
+    return;
+  }
+  char path[] = "/tmp/fa_builder_w8_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_true(write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size()));
+  close(fd);
+  const std::string cmd = "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + path + ".cubin'";
+  const int rc = std::system(cmd.c_str());
+  unlink(path);
+  unlink((std::string(path) + ".cubin").c_str());
+  if (rc != 0) std::fprintf(stderr, "%s", t.c_str());
+  assert_int_equal(rc, 0);
+}
+
 AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap);
 }
@@ -801,6 +874,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_mma_forms),
       cmocka_unit_test(test_hopper_forms),
       cmocka_unit_test(test_stmatrix_elect_forms),
+      cmocka_unit_test(test_wgmma_fp8_forms),
       cmocka_unit_test(test_generation_is_deterministic),
       cmocka_unit_test(test_specs_differ),
       cmocka_unit_test(test_spec_choices),

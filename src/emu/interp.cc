@@ -172,6 +172,20 @@ inline float mma_dot_f32(float d, const float *a, const float *b, int kk, int bs
   return d;
 }
 
+// fp8 bits -> f32 (fp8_to_f32, exact) as a table per format, for the fp8
+// tensor-core forms (mma.sync m16n8k32, wgmma m64nNk32).
+const float *fp8_table(bool e5m2) {
+  static const auto tables = [] {
+    std::array<std::array<float, 256>, 2> t{};
+    for (int x = 0; x < 256; ++x) {
+      t[0][x] = fp8_to_f32(static_cast<uint8_t>(x), kE4M3);
+      t[1][x] = fp8_to_f32(static_cast<uint8_t>(x), kE5M2);
+    }
+    return t;
+  }();
+  return tables[e5m2 ? 1 : 0].data();
+}
+
 // "3, 5, 16-31" from a lane mask.
 std::string lane_list(uint32_t mask) {
   std::string s;
@@ -648,17 +662,9 @@ class CtaRunner {
   // even in f32. NaN and infinite inputs (e4m3 S.1111.111, e5m2 exponent 31)
   // take part as those f32 values. All inputs are read before D is written.
   bool run_mma_f8(const Inst &in, uint32_t base) {
-    static const auto tables = [] {
-      std::array<std::array<float, 256>, 2> t{};
-      for (int x = 0; x < 256; ++x) {
-        t[0][x] = fp8_to_f32(static_cast<uint8_t>(x), kE4M3);
-        t[1][x] = fp8_to_f32(static_cast<uint8_t>(x), kE5M2);
-      }
-      return t;
-    }();
     const uint32_t *s = e_.operand_slots.data() + in.imm;
     const int kind = in.sub - kMmaF8K32;
-    const std::array<float, 256> &ta = tables[kind >> 1], &tb = tables[kind & 1];
+    const float *ta = fp8_table(kind >> 1), *tb = fp8_table(kind & 1);
     float a[16][32], b[32][8], acc[16][8];
     for (uint32_t lane = 0; lane < 32; ++lane) {
       const uint64_t *r = regs_of(base + lane);

@@ -1299,8 +1299,11 @@ class Parser {
   // wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}
   //   d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b;
   //   d, {a0..a3}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b;
+  // wgmma.mma_async.sync.aligned.m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}
+  //   d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b;
+  //   d, {a0..a3}, b-desc, scale-d, imm-scale-a, imm-scale-b;
   // (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
-  // Instructions").
+  // Instructions": fp8 operands are K-major only, no imm-trans operands).
   void decode_wgmma(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
     need_sm90(true);
@@ -1318,15 +1321,23 @@ class Parser {
       in.imm = static_cast<int64_t>(ops[0].ival);
       return emit(in, text);
     }
-    int n = 0;
+    int n = 0, k = 0;
     const bool shape_ok = p.size() == 8 && sa && p[1] == "mma_async" &&
-                          std::sscanf(p[4].c_str(), "m64n%dk16", &n) == 1 &&
-                          p[4] == "m64n" + std::to_string(n) + "k16";
-    if (!shape_ok || p[5] != "f32" || p[6] != p[7] || (p[6] != "f16" && p[6] != "bf16"))
-      bad("only wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} is supported");
+                          std::sscanf(p[4].c_str(), "m64n%dk%d", &n, &k) == 2 &&
+                          p[4] == "m64n" + std::to_string(n) + "k" + std::to_string(k);
+    auto is_fp8 = [](const std::string &t) { return t == "e4m3" || t == "e5m2"; };
+    const bool f16_ok = shape_ok && k == 16 && p[6] == p[7] && (p[6] == "f16" || p[6] == "bf16");
+    const bool fp8 = shape_ok && k == 32 && is_fp8(p[6]) && is_fp8(p[7]);
+    if (!shape_ok || p[5] != "f32" || !(f16_ok || fp8))
+      bad("only wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} and "
+          ".m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2} are supported");
     if (n < 8 || n > 256 || n % 8) bad("N must be a multiple of 8 in 8..256");
-    const bool rs = ops.size() == 7 && ops[1].kind == Operand::kVec;
-    if (!rs && ops.size() != 8)
+    const bool rs = ops.size() == (fp8 ? 6u : 7u) && ops[1].kind == Operand::kVec;
+    if (fp8 && !rs && ops.size() != 6)
+      bad("expected d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b (or d, {a}, b-desc, "
+          "scale-d, imm-scale-a, imm-scale-b): fp8 wgmma has no imm-trans operands (K-major "
+          "only)");
+    if (!fp8 && !rs && ops.size() != 8)
       bad("expected d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, "
           "imm-trans-b (or d, {a}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b)");
     std::vector<uint32_t> s(static_cast<size_t>(n / 2 + (rs ? 4 : 0)), kNoSlot);
@@ -1355,9 +1366,14 @@ class Parser {
     };
     if (imm_of(ops[4], "imm-scale-a", true) < 0) in.sub |= kWgNegA;
     if (imm_of(ops[5], "imm-scale-b", true) < 0) in.sub |= kWgNegB;
-    if (!rs && imm_of(ops[6], "imm-trans-a", false)) in.sub |= kWgTransA;
-    if (imm_of(ops[rs ? 6 : 7], "imm-trans-b", false)) in.sub |= kWgTransB;
-    if (p[6] == "bf16") in.sub |= kWgBF16;
+    if (fp8) {
+      in.flags = static_cast<uint8_t>(kWgFp8 | (p[6] == "e5m2" ? kWgE5M2A : 0) |
+                                      (p[7] == "e5m2" ? kWgE5M2B : 0));
+    } else {
+      if (!rs && imm_of(ops[6], "imm-trans-a", false)) in.sub |= kWgTransA;
+      if (imm_of(ops[rs ? 6 : 7], "imm-trans-b", false)) in.sub |= kWgTransB;
+      if (p[6] == "bf16") in.sub |= kWgBF16;
+    }
     in.vec = static_cast<uint8_t>(n / 8);
     in.op = Op::kWgmma;
     in.imm = static_cast<int64_t>(e_->operand_slots.size());

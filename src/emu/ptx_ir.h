@@ -181,7 +181,8 @@ enum class Op : uint16_t {
   kWgmmaFence,   // wgmma.fence
   kWgmmaCommit,  // wgmma.commit_group
   kWgmmaWait,    // wgmma.wait_group imm
-  kWgmma,        // wgmma.mma_async.m64nNk16: N = 8 * vec, sub = WgmmaFlags, a = A descriptor
+  kWgmma,        // wgmma.mma_async.m64nNk16 (16-bit inputs) or .m64nNk32 (fp8 inputs,
+                 // flags = WgmmaFp8): N = 8 * vec, sub = WgmmaFlags, a = A descriptor
                  // (ss), b = B descriptor, c = scale-d (slot, nonzero = accumulate);
                  // operand_slots[imm..]: N/2 D slots, then 4 A slots (rs)
   kSetmaxnreg,   // setmaxnreg.{inc (sub 1), dec (sub 0)} imm
@@ -221,6 +222,14 @@ enum WgmmaFlags : uint8_t {
   kWgTransB = 8,  // imm-trans-b = 1: B is N-major
   kWgNegA = 16,   // imm-scale-a = -1
   kWgNegB = 32    // imm-scale-b = -1
+};
+// wgmma.mma_async input types (Inst::flags of kWgmma): 0 = 16-bit
+// (m64nNk16, kWgBF16 picks the type); kWgFp8 = m64nNk32 with .e4m3 / .e5m2
+// A and B (K-major only: never kWgTransA / kWgTransB).
+enum WgmmaFp8 : uint8_t {
+  kWgFp8 = 1,    // fp8 inputs, K = 32, 1 byte per element
+  kWgE5M2A = 2,  // A is .e5m2 (else .e4m3)
+  kWgE5M2B = 4   // B is .e5m2 (else .e4m3)
 };
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
