@@ -12,7 +12,17 @@ reads is e4m3 code x descale. In one process, on the same values:
 
   flashattn_fp8   flashattn.forward with Config(dtype='bf16', kv_dtype='e4m3',
                   q_dtype='e4m3') and q/k/v_descale [batch, num_heads_kv]
-                  (n/a with the reason until the binding takes q_dtype)
+                  (n/a with the reason until the binding takes q_dtype); on
+                  sm_90 the fp8 wgmma on the bytes (FLASHATTN_SM90_FP8_F16
+                  is removed from the environment while it is measured)
+  flashattn_fp8_f16  the same call with FLASHATTN_SM90_FP8_F16=1 set for
+                  the whole of its measurement (warm-up, checked run,
+                  timing; the previous value or absence restored after,
+                  exceptions too): on sm_90 the producer converts Q, K, V to
+                  f16 and the 16-bit wgmma runs (the previous form), so
+                  ratio_vs_flashattn_fp8_f16 is native / f16-form. Elsewhere
+                  the variable has no effect (the same kernel as
+                  flashattn_fp8): skipped with that note, not measured
   flashattn_bf16  flashattn.forward, bf16, on the dequantised tensors
   fa3_fp8         flash_attn_interface.flash_attn_func(q, k, v, causal=...,
                   q_descale=..., k_descale=..., v_descale=...) (FlashAttention-3)
@@ -33,6 +43,7 @@ markdown named <date>-<gpu>-sdpa-fp8.* under --out-dir.
 Everything above the "GPU part" marker needs only the standard library.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -44,12 +55,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_sdpa as common  # noqa: E402  (grid, timing, correctness and CSV helpers)
 
-IMPLS = ("flashattn_fp8", "flashattn_bf16", "fa3_fp8", "sdpa_flash")
+IMPLS = ("flashattn_fp8", "flashattn_fp8_f16", "flashattn_bf16", "fa3_fp8", "sdpa_flash")
 OTHERS = IMPLS[1:]  # what flashattn_fp8's ratios are taken against
-FP8_IMPLS = ("flashattn_fp8", "fa3_fp8")  # read the e4m3 tensors (the others: bf16)
-LABELS = {"flashattn_fp8": "flashattn fp8", "flashattn_bf16": "flashattn bf16",
-          "fa3_fp8": "FA3 fp8", "sdpa_flash": "SDPA flash bf16"}
+FP8_IMPLS = ("flashattn_fp8", "flashattn_fp8_f16", "fa3_fp8")  # read the e4m3 tensors
+LABELS = {"flashattn_fp8": "flashattn fp8", "flashattn_fp8_f16": "flashattn fp8 (f16 form)",
+          "flashattn_bf16": "flashattn bf16", "fa3_fp8": "FA3 fp8", "sdpa_flash": "SDPA flash bf16"}
 IN_DTYPE = "e4m3"
+
+# The library reads this whenever it chooses a kernel (per launch): "1" on
+# sm_90 selects the fp8 forward's f16 form; each form's spec has its own
+# cache entry. ENV_FORMS: its value while each flashattn fp8 contender is
+# measured (None: removed).
+F16_FORM_ENV = "FLASHATTN_SM90_FP8_F16"
+ENV_FORMS = {"flashattn_fp8": None, "flashattn_fp8_f16": "1"}
+F16_FORM_SKIP = "not sm_90: %s has no effect (the flashattn fp8 kernel)" % F16_FORM_ENV
 
 # Error rule for the fp8 forward. The reference is fp32 attention on the
 # dequantised values (e4m3 code x descale, exactly what every contender reads;
@@ -68,11 +87,36 @@ IN_DTYPE = "e4m3"
 # - else a fixed rel-L2 bound of 5e-2 (twice the simulated figure, over the
 #   uniform-rounding rms); an ignored or misapplied descale (a factor of 0.5
 #   to 2 on a (batch, head)) or P rounded coarser lands well above it.
-# NaN fails. The 16-bit contenders' errors are reported beside it, unjudged.
+# NaN fails. The other contenders' errors (the f16 form's too) are reported
+# beside it, unjudged.
 FP8_REL_LIMIT = 5e-2
 FP8_ERR_FACTOR = common.ERR_FACTOR
 
 # ---- values and arithmetic ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def env_var(name, value):
+    """os.environ[name] = value (None: removed) inside the block; its
+    previous value or absence restored on the way out, exceptions too."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def f16_form_applies(sm):
+    """Whether FLASHATTN_SM90_FP8_F16 picks another kernel on this SM
+    (sm_90 only: elsewhere flashattn_fp8_f16 is skipped)."""
+    return sm == 90
 
 
 def e4m3_value(code):
@@ -191,9 +235,10 @@ def _err_cell(r, impl):
 
 
 def markdown_table(rows):
-    head = ("| d | causal | seqlen | batch x heads | GFLOP | MB fp8 / bf16 | %s | fp8/bf16 | "
-            "fp8/FA3 | fp8/SDPA | fa fp8 err max / rel | FA3 fp8 err max / rel | "
-            "fa bf16 / SDPA rel err | tol |" % " | ".join(LABELS[i] for i in IMPLS))
+    head = ("| d | causal | seqlen | batch x heads | GFLOP | MB fp8 / bf16 | %s | "
+            "fp8/f16 form | fp8/bf16 | fp8/FA3 | fp8/SDPA | fa fp8 err max / rel | "
+            "FA3 fp8 err max / rel | fa bf16 / SDPA rel err | tol |"
+            % " | ".join(LABELS[i] for i in IMPLS))
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         tol = {True: "ok", False: "**FAIL**", None: "-"}[r.get("tol_ok")]
@@ -214,7 +259,7 @@ def markdown_table(rows):
 def write_markdown(path, meta, rows, extra_sections=()):
     out = ["# flashattn fp8 forward: %s, %s" % (meta.get("gpu", "?"), meta.get("date", "?")), ""]
     for k in ("commit", "gpu", "sm", "driver", "torch", "cuda", "fa3", "flashattn_library",
-              "flashattn_version", "date", "n_sets", "min_reps", "grid", "descales"):
+              "flashattn_version", "date", "n_sets", "min_reps", "grid", "descales", "f16_form"):
         if k in meta:
             out.append("- %s: %s" % (k, meta[k]))
     out += ["",
@@ -223,12 +268,15 @@ def write_markdown(path, meta, rows, extra_sections=()):
             "seqlen_q * seqlen_k * head_dim, halved for causal; batch * seqlen = %d, heads * "
             "head_dim = %d. MB = Q, K, V read once (fp8: 1 byte, bf16: 2) + O written once "
             "(2 bytes). Figures are TFLOP/s from the median of CUDA-event times (warm-up first; "
-            "inputs rotated over several sets); ratios are flashattn fp8 / the other. Errors are "
-            "vs an fp32 reference on the dequantised values on a subset of batches/heads/rows. "
+            "inputs rotated over several sets); ratios are flashattn fp8 / the other. "
+            "flashattn fp8 (f16 form): the same call with %s=1 (sm_90: Q, K, V converted to "
+            "f16 for the 16-bit wgmma; elsewhere skipped, no effect), so fp8/f16 form is the "
+            "native fp8 wgmma's speed-up over it. Errors are vs an fp32 reference on the "
+            "dequantised values on a subset of batches/heads/rows. "
             "tol: flashattn fp8's max and relative error at most %gx FA3 fp8's on the same "
             "subset, else (no FA3) relative error at most %g (P is rounded to e4m3 in the "
             "kernel: up to 2^-4 relative per element; bench_fp8.py says why)." % (
-                common.TOKENS, common.HIDDEN, FP8_ERR_FACTOR, FP8_REL_LIMIT),
+                common.TOKENS, common.HIDDEN, F16_FORM_ENV, FP8_ERR_FACTOR, FP8_REL_LIMIT),
             "", markdown_table(rows), ""]
     fails = [r for r in rows if r.get("tol_ok") is False]
     out.append("Out of tolerance: %s" % (", ".join(
@@ -304,9 +352,11 @@ class Fp8Bench(common.GpuBench):
         return sets8, sets16
 
     def make_fp8_call(self, impl, c, sets8, outs):
-        """run(i) for flashattn_fp8 or fa3_fp8 on fp8 input set i."""
+        """run(i) for flashattn_fp8, flashattn_fp8_f16 (the same call: the
+        form is the environment's, see run_config) or fa3_fp8 on fp8 input
+        set i."""
         stream = self.torch.cuda.current_stream()
-        if impl == "flashattn_fp8":
+        if impl in ENV_FORMS:
             if c.key not in self.fp8_configs:
                 self.fp8_configs[c.key] = fp8_config(self.fa, c)
             cfg, fwd, rt = self.fp8_configs[c.key], self.fa.forward, self.rt
@@ -338,14 +388,25 @@ class Fp8Bench(common.GpuBench):
             c.batch, c.num_heads, c.seqlen))
         cb = bf16_twin(c)
         makers = {"flashattn_fp8": lambda: self.make_fp8_call("flashattn_fp8", c, sets8, outs),
+                  "flashattn_fp8_f16": lambda: self.make_fp8_call("flashattn_fp8_f16", c, sets8,
+                                                                  outs),
                   "flashattn_bf16": lambda: self.make_call("flashattn", cb, sets16, outs),
                   "fa3_fp8": lambda: self.make_fp8_call("fa3_fp8", c, sets8, outs),
                   "sdpa_flash": lambda: self.make_call("sdpa_flash", cb, sets16, outs)}
         errs = {}
         for impl in IMPLS:
+            if impl == "flashattn_fp8_f16" and not f16_form_applies(self.sm):
+                row[impl + "_status"], row[impl + "_note"] = "skipped", F16_FORM_SKIP
+                errs[impl] = None
+                continue
             poison = outs[0] if impl.startswith("flashattn") else None
-            errs[impl] = self.measure(row, impl, makers[impl], poison, ref, idx, c.flops,
-                                      budget_left_s)
+            # the form is chosen per launch from the environment: set for the
+            # whole measurement (warm-up, checked run, timing), not in run(i)
+            form = (env_var(F16_FORM_ENV, ENV_FORMS[impl]) if impl in ENV_FORMS
+                    else contextlib.nullcontext())
+            with form:
+                errs[impl] = self.measure(row, impl, makers[impl], poison, ref, idx, c.flops,
+                                          budget_left_s)
         row["tol_ok"], row["tol_note"], row["err_bound"] = judge_fp8(
             errs["flashattn_fp8"], errs["fa3_fp8"])
         del sets8, sets16, outs, ref
@@ -375,6 +436,9 @@ def run_bench(args):
         ",".join(map(str, head_dims)), ",".join(map(str, seqlens)), len(grid))
     meta["descales"] = ("q/k/v fp32 [batch, num_heads_kv], each drawn from %d values in [0.5, 2] "
                         "with 4 significant bits" % len(DESCALES))
+    meta["f16_form"] = ("flashattn_fp8_f16: %s=1 while measured%s" % (
+        F16_FORM_ENV, "" if f16_form_applies(info.sm) else
+        "; skipped (sm_%d: no effect)" % info.sm))
     meta["error_rule"] = "max and rel <= %gx FA3 fp8's, else rel <= %g" % (
         FP8_ERR_FACTOR, FP8_REL_LIMIT)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -400,9 +464,10 @@ def run_bench(args):
                 for i in IMPLS:
                     row[i + "_status"], row[i + "_note"] = "error", common._reason(ex, [])
         rows.append(row)
-        print("[%2d/%d] %-30s %s TFLOP/s  fp8/FA3 %s  err %s  tol %s (%.1fs)" % (
+        print("[%2d/%d] %-30s %s TFLOP/s  fp8/f16form %s  fp8/FA3 %s  err %s  tol %s (%.1fs)" % (
             n + 1, len(grid), c.describe(),
             "  ".join("%s %s" % (i, common._f(row.get(i + "_tflops"))) for i in IMPLS),
+            common._f(row.get("ratio_vs_flashattn_fp8_f16"), "%.3f"),
             common._f(row.get("ratio_vs_fa3_fp8"), "%.3f"),
             common._f(row.get("flashattn_fp8_rel_err"), "%.1e"),
             {True: "ok", False: "FAIL", None: "-"}[row.get("tol_ok")] +

@@ -19,7 +19,8 @@
 #   sdpabase  bench_sdpa.py, head_dim 128, with the library in
 #             build-gpu/baseline/ (a before/after pair on one machine)
 #   fp8fwd    bench_sdpa.py --fp8 (bench_fp8.py): the fp8 forward (e4m3 Q/K/V,
-#             per-(batch, KV head) descales, bf16 O) against flashattn bf16,
+#             per-(batch, KV head) descales, bf16 O) against its f16 form
+#             (FLASHATTN_SM90_FP8_F16=1, sm_90), flashattn bf16,
 #             FlashAttention-3 fp8 (when importable) and SDPA flash on the
 #             dequantised values; head_dim 128 then 64, causal/not, seqlen 1k..8k
 #   coldstart bench_sdpa.py's cold-start figures (generation, JIT, caches), d128

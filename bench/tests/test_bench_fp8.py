@@ -142,19 +142,167 @@ def _row(c, ms):
 
 def test_ratios_are_fp8_over_each_other():
     c = s.BenchConfig("e4m3", 128, False, 4096, 4, 16)
-    r = _row(c, (1.0, 2.0, 1.25, 4.0))
+    r = _row(c, (1.0, 1.5, 2.0, 1.25, 4.0))
+    assert r["ratio_vs_flashattn_fp8_f16"] == pytest.approx(1.5)  # native / f16 form
     assert r["ratio_vs_flashattn_bf16"] == pytest.approx(2.0)
     assert r["ratio_vs_fa3_fp8"] == pytest.approx(1.25)
     assert r["ratio_vs_sdpa_flash"] == pytest.approx(4.0)
-    r = _row(c, (None, 2.0, None, 4.0))
+    r = _row(c, (None, 1.5, 2.0, None, 4.0))
     assert r["ratio_vs_flashattn_bf16"] is None and r["ratio_vs_fa3_fp8"] is None
+    assert r["ratio_vs_flashattn_fp8_f16"] is None
     assert r["tol_ok"] is None
+    r = _row(c, (1.0, None, 2.0, 1.25, 4.0))  # f16 form skipped (not sm_90)
+    assert r["ratio_vs_flashattn_fp8_f16"] is None and r["ratio_vs_fa3_fp8"] == pytest.approx(1.25)
+
+
+def test_contenders_and_columns():
+    """The f16 form right after flashattn_fp8, the others in their old
+    order; flashattn_fp8's ratios are taken against all of them."""
+    assert b.IMPLS == ("flashattn_fp8", "flashattn_fp8_f16", "flashattn_bf16", "fa3_fp8",
+                       "sdpa_flash")
+    assert b.OTHERS == b.IMPLS[1:]
+    assert "flashattn_fp8_f16" in b.FP8_IMPLS
+    assert b.LABELS["flashattn_fp8_f16"] == "flashattn fp8 (f16 form)"
+    assert set(b.LABELS) == set(b.IMPLS)
+    f = b.FIELDS
+    assert f.index("flashattn_fp8_f16_status") > f.index("flashattn_fp8_status")
+    assert f.index("flashattn_fp8_f16_tflops") < f.index("flashattn_bf16_status")
+    assert f[-8:] == ["ratio_vs_flashattn_fp8_f16", "ratio_vs_flashattn_bf16", "ratio_vs_fa3_fp8",
+                      "ratio_vs_sdpa_flash", "err_bound", "tol_ok", "tol_note", "n_sets"]
+    assert "flashattn_fp8_f16_reps" in b._INT_FIELDS
+    assert "ratio_vs_flashattn_fp8_f16" in b._FLOAT_SUFFIXES
+    assert b.f16_form_applies(90)
+    assert not any(b.f16_form_applies(sm) for sm in (80, 89, 100, 120))
+
+
+def test_env_var_sets_and_restores(monkeypatch):
+    name = b.F16_FORM_ENV
+    monkeypatch.delenv(name, raising=False)
+    with b.env_var(name, "1"):
+        assert os.environ[name] == "1"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "0")
+    with pytest.raises(RuntimeError):
+        with b.env_var(name, "1"):
+            assert os.environ[name] == "1"
+            raise RuntimeError("boom")
+    assert os.environ[name] == "0"
+    with b.env_var(name, None):  # removed, then put back
+        assert name not in os.environ
+    assert os.environ[name] == "0"
+
+
+class _FakeTorch:
+    class cuda:
+        @staticmethod
+        def current_stream():
+            return "stream"
+
+    @staticmethod
+    def empty_like(x):
+        return "out"
+
+
+class _FakeFa:
+    """Config and forward; forward records the form variable it saw."""
+
+    def __init__(self):
+        self.seen = []
+
+    @staticmethod
+    def Config(**kw):
+        return dict(kw)
+
+    def forward(self, rt, cfg, q, k, v, out=None, stream=None, q_descale=None, k_descale=None,
+                v_descale=None):
+        self.seen.append(os.environ.get(b.F16_FORM_ENV))
+        return out
+
+
+def _fake_bench(sm, measure):
+    """An Fp8Bench without torch or a GPU: fake sets, reference and
+    16-bit calls; measure(bench, row, impl, make_run) stands in for
+    GpuBench.measure."""
+    class A:
+        sets = 2
+
+    fb = object.__new__(b.Fp8Bench)
+    fb.torch, fb.fa, fb.args, fb.rt, fb.sm = _FakeTorch, _FakeFa(), A, "rt", sm
+    fb.fp8_configs, fb.fa3, fb.fa3_why = {}, None, "no FA3 here"
+    sets8 = [("q8", "k8", "v8", "qd", "kd", "vd")] * 2
+    fb.make_sets = lambda c: (sets8, [("q", "k", "v")] * 2)
+    fb.reference = lambda c, q, k, v, subset: ("ref", "idx")
+    fb.make_call = lambda impl, c, sets, outs: (lambda i: outs[i])
+    fb.measure = lambda row, impl, make_run, poison, ref, idx, flops, budget: measure(
+        fb, row, impl, make_run)
+    return fb
+
+
+def test_f16_form_is_measured_with_the_variable_set(monkeypatch):
+    """On sm_90 FLASHATTN_SM90_FP8_F16=1 holds for the whole of
+    flashattn_fp8_f16's measurement (making run(i) and every launch) and
+    for nothing else; run(i) does not set it; the caller's value is back
+    after, and flashattn_fp8 runs without it (the native form)."""
+    monkeypatch.setenv(b.F16_FORM_ENV, "caller's")
+    log = []
+
+    def measure(fb, row, impl, make_run):
+        env = os.environ.get(b.F16_FORM_ENV)
+        try:
+            run = make_run()
+            for i in (0, 1, 0):  # checked run, then timing
+                run(i)
+        except RuntimeError as ex:  # fa3_fp8: n/a, as GpuBench.measure has it
+            assert impl == "fa3_fp8" and "no FA3" in str(ex)
+        log.append((impl, env, os.environ.get(b.F16_FORM_ENV)))
+        if impl in ("flashattn_fp8", "flashattn_fp8_f16"):
+            return (0.01, 0.02)
+        return None
+
+    fb = _fake_bench(90, measure)
+    c = s.BenchConfig("e4m3", 128, False, 1024, 16, 16)
+    row = fb.run_config(c, 100.0)
+    assert [x[0] for x in log] == list(b.IMPLS)
+    want = {"flashattn_fp8": None, "flashattn_fp8_f16": "1"}
+    for impl, before, after in log:
+        assert before == after == want.get(impl, "caller's"), impl
+    assert fb.fa.seen == [None] * 3 + ["1"] * 3  # the same call, the form from the environment
+    assert os.environ[b.F16_FORM_ENV] == "caller's"
+    assert row["tol_ok"] is True and "flashattn_fp8_f16_status" not in row  # measure's job
+    # the same Config for both forms (the spec, not the Config, differs)
+    assert list(fb.fp8_configs) == [c.key]
+
+
+def test_f16_form_restores_the_variable_on_an_exception(monkeypatch):
+    monkeypatch.delenv(b.F16_FORM_ENV, raising=False)
+
+    def measure(fb, row, impl, make_run):
+        if impl == "flashattn_fp8_f16":
+            assert os.environ[b.F16_FORM_ENV] == "1"
+            raise KeyboardInterrupt
+        return None
+
+    fb = _fake_bench(90, measure)
+    with pytest.raises(KeyboardInterrupt):
+        fb.run_config(s.BenchConfig("e4m3", 64, True, 512, 32, 32), 100.0)
+    assert b.F16_FORM_ENV not in os.environ
+
+
+def test_f16_form_skipped_off_sm90(monkeypatch):
+    monkeypatch.delenv(b.F16_FORM_ENV, raising=False)
+    measured = []
+    fb = _fake_bench(89, lambda fb, row, impl, make_run: measured.append(impl))
+    row = fb.run_config(s.BenchConfig("e4m3", 128, True, 2048, 8, 16), 100.0)
+    assert measured == [i for i in b.IMPLS if i != "flashattn_fp8_f16"]
+    assert row["flashattn_fp8_f16_status"] == "skipped"
+    assert "not sm_90" in row["flashattn_fp8_f16_note"]
+    assert row["ratio_vs_flashattn_fp8_f16"] is None
 
 
 def test_csv_round_trip_and_markdown(tmp_path):
     g = b.fp8_grid(head_dims=(64, 128), seqlens=(1024,))
-    rows = [_row(c, (1.0 + i, 2.0, 1.5, 3.0)) for i, c in enumerate(g)]
-    rows[1] = _row(g[1], (None, 2.0, None, 3.0))  # the binding without q_dtype, no FA3
+    rows = [_row(c, (1.0 + i, 1.25, 2.0, 1.5, 3.0)) for i, c in enumerate(g)]
+    rows[1] = _row(g[1], (None, None, 2.0, None, 3.0))  # the binding without q_dtype, no FA3
     rows[2]["tol_ok"], rows[2]["tol_note"] = False, "rel err 0.06 > 5e-02"
     meta = {"commit": "abc", "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-01",
             "fa3": "not importable (ModuleNotFoundError: x)"}
@@ -173,7 +321,10 @@ def test_csv_round_trip_and_markdown(tmp_path):
     assert "n/a (TypeError: Config.__init__() got an unexpected keyword argu" in t
     assert "n/a (RuntimeError: x / y)" in t  # '|' in a note cannot break the table
     assert "**FAIL**" in t and "Out of tolerance: fp8 d128 full s1024" in t
-    assert "| 2.000 | 1.500 | 3.000 |" in t  # fp8/bf16, fp8/FA3, fp8/SDPA of row 0
+    # fp8/f16 form, fp8/bf16, fp8/FA3, fp8/SDPA of row 0
+    assert "| 1.250 | 2.000 | 1.500 | 3.000 |" in t
+    assert "| fp8/f16 form | fp8/bf16 | fp8/FA3 | fp8/SDPA |" in t
+    assert "FLASHATTN_SM90_FP8_F16=1" in t
     mb = b.config_row(g[0], 4)
     assert "| %.0f / %.0f |" % (mb["bytes_fp8"] / 1e6, mb["bytes_bf16"] / 1e6) in t
     assert "- fa3: not importable" in t and "test_gpu: Passed" in t
