@@ -306,8 +306,9 @@ typedef struct fa_config_desc {
                       mma.m16n8k32"), P rounded to e4m3 (round to nearest
                       even: a relative error of at most 2^-4 per
                       probability, none for the row sums, which stay f32);
-                      on sm_90 .. sm_110 the bytes are converted exactly to
-                      f16 on load and the f16 kernels run (P in f16). O
+                      on sm_90a the same on wgmma m64nNk32 .e4m3/.e5m2;
+                      on sm_100 .. sm_110 the bytes are converted exactly
+                      to f16 on load and the f16 kernels run (P in f16). O
                       written in dtype (FA_DTYPE_FP16 or FA_DTYPE_BF16), LSE
                       in fp32. head_dim and head_dim_v
                       multiples of 16; q/k/v data 16-byte aligned, strides

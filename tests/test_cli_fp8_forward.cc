@@ -1,6 +1,6 @@
 // `flashattn run --q-dtype e4m3|e5m2 [--kv-dtype ...] [--kv-scale
 // head|tensor]` (the fp8 forward, C API 0.6; FA_CLI_PATH), run as a child
-// process on an sm_89 emulator: the program quantises the Q, K and V .npy
+// process on the sm_89 and sm_90 emulators: the program quantises the Q, K and V .npy
 // values to fp8 bytes with descales amax / 448 (e4m3) or amax / 57344 (e5m2)
 // per (batch, KV head) (Q's group: the KV head's queries) or per tensor; each
 // run is checked against an fp64 reference over the values those bytes hold,
@@ -30,7 +30,7 @@ namespace {
 
 using namespace fa::test::cli;
 
-constexpr int kB = 2, kSq = 24, kSk = 70, kHq = 4, kHkv = 2, kD = 64;
+constexpr int kB = 2, kSq = 24, kSk = 200, kHq = 4, kHkv = 2, kD = 64;
 
 // The fp8 values of a [kB, s, h, kD] .npy read back, quantised per the CLI's
 // rule: descale = float(amax / fp8 max) over each (batch, h / group) group
@@ -75,11 +75,15 @@ void test_run_fp8(void **) {
   skip_without_cli();
   write_qkv(41, kB, kSq, kSk, kHq, kHkv, kD, nullptr);
   const struct {
-    const char *q, *kv, *scale, *dtype;
-    bool paged, causal;
-  } kCases[] = {{"e4m3", "e4m3", "head", "fp16", true, true},
-                {"e5m2", "e5m2", "tensor", "bf16", false, false},
-                {"e4m3", "e5m2", "head", "bf16", false, true}};
+    const char *q, *kv, *scale, *dtype, *page_size, *sm;
+    bool causal;
+  } kCases[] = {{"e4m3", "e4m3", "head", "fp16", "16", "89", true},
+                {"e5m2", "e5m2", "tensor", "bf16", nullptr, "89", false},
+                {"e4m3", "e5m2", "head", "bf16", nullptr, "89", true},
+                // sm_90's fp8 wgmma: its producer transposes V from pages
+                // looked up per row (16) and per tile (128)
+                {"e4m3", "e5m2", "head", "bf16", "16", "90", true},
+                {"e5m2", "e4m3", "head", "fp16", "128", "90", false}};
   for (const auto &c : kCases) {
     const bool qe5 = std::string(c.q) == "e5m2", kve5 = std::string(c.kv) == "e5m2";
     const bool per_head = std::string(c.scale) == "head";
@@ -99,9 +103,10 @@ void test_run_fp8(void **) {
     std::remove(path_of("o.npy").c_str());
     std::vector<std::string> extra = {"--q-dtype",  c.q,     "--kv-dtype", c.kv,
                                       "--kv-scale", c.scale, "--dtype",    c.dtype};
-    if (c.paged) extra.insert(extra.end(), {"--kv-layout", "paged", "--page-size", "16"});
+    if (c.page_size)
+      extra.insert(extra.end(), {"--kv-layout", "paged", "--page-size", c.page_size});
     if (c.causal) extra.push_back("--causal");
-    const std::vector<std::string> args = run_args("89", extra);
+    const std::vector<std::string> args = run_args(c.sm, extra);
     const Result r = run_cli(args);
     expect(r.exited && r.code == 0, args, r, "exit status is not 0");
     expect(contains(r.out, "\nPASS"), args, r, "no PASS line");
@@ -114,8 +119,9 @@ void test_run_fp8(void **) {
     const std::vector<float> yard_f(yard.begin(), yard.end());
     const fa::ref::ErrorStats base = fa::ref::compare(yard_f.data(), o_ref.data(), o.size());
     const double tol = 2 * base.max_abs + 1e-5, rel_max = std::max(1e-2, 2 * base.rel_l2);
-    std::printf("  Q %s K/V %s %s %s: O max_abs %.3g (tol %.3g), rel_l2 %.3g (max %.3g)\n", c.q,
-                c.kv, c.scale, c.paged ? "paged" : "contiguous", e.max_abs, tol, e.rel_l2, rel_max);
+    std::printf("  sm_%s Q %s K/V %s %s %s%s: O max_abs %.3g (tol %.3g), rel_l2 %.3g (max %.3g)\n",
+                c.sm, c.q, c.kv, c.scale, c.page_size ? "paged " : "contiguous",
+                c.page_size ? c.page_size : "", e.max_abs, tol, e.rel_l2, rel_max);
     if (e.nonfinite || e.max_abs > tol || e.rel_l2 >= rel_max)
       expect(false, args, r, "O outside twice the error of P rounded to e4m3");
   }

@@ -408,11 +408,10 @@ void test_fp8_forward_refusals(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fp8_forward_ptx),         cmocka_unit_test(test_fp8_forward_refusals),
-      cmocka_unit_test(test_fp8_forward_sm89),        cmocka_unit_test(test_fp8_forward_sm90),
-      cmocka_unit_test(test_fp8_forward_sm90_f16),
-      cmocka_unit_test(test_fp8_forward_sm100),       cmocka_unit_test(test_fp8_forward_other_sms),
-      cmocka_unit_test(test_fp8_forward_large_heads),
+      cmocka_unit_test(test_fp8_forward_ptx),       cmocka_unit_test(test_fp8_forward_refusals),
+      cmocka_unit_test(test_fp8_forward_sm89),      cmocka_unit_test(test_fp8_forward_sm90),
+      cmocka_unit_test(test_fp8_forward_sm90_f16),  cmocka_unit_test(test_fp8_forward_sm100),
+      cmocka_unit_test(test_fp8_forward_other_sms), cmocka_unit_test(test_fp8_forward_large_heads),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -318,7 +318,8 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   s->block_n = f8 ? 32 : 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
     if (f8 && bn != 128 && bn != 64 && bn != 32) continue;
-    if (bn <= max_bn && bn / 2 + dv8 / 2 + bn / (f8 ? 8 : 4) + 48 + (s->softcap ? 16 : 0) <= budget) {
+    if (bn <= max_bn &&
+        bn / 2 + dv8 / 2 + bn / (f8 ? 8 : 4) + 48 + (s->softcap ? 16 : 0) <= budget) {
       s->block_n = bn;
       break;
     }
