@@ -214,13 +214,21 @@ void test_fp8_forward_large_heads(void **) {
   run_all(g_rt89, cs);
 }
 
-// sm_120 (the fp8 mma; its smaller shared memory picks other tiles) and
-// sm_90 past head dim 256 (converted on load, O in slices).
+// sm_120 (the fp8 mma; its smaller shared memory picks other tiles), sm_90
+// at head dim 256 (the fp8 wgmma with 64-key tiles, 32 with softcap) and
+// past it (converted on load, O in slices).
 void test_fp8_forward_other_sms(void **) {
   need_runtime();
   ForwardCase c = fp8_case(2, 50, 80, 4, 2, 256, 256, true);
   c.seed = 22;
   run_all(g_rt120, {c});
+  c = fp8_case(1, 40, 150, 2, 1, 256, 256, true);
+  c.seed = 24;
+  ForwardCase capped = fp8_case(1, 20, 70, 2, 2, 192, 256, false);
+  capped.softcap = 25.0f;
+  capped.kv_fp8 = FA_DTYPE_FP8_E5M2;
+  capped.seed = 25;
+  run_all(g_rt90, {c, capped});
   c = fp8_case(1, 17, 40, 2, 1, 576, 512, true);
   c.q_fp8 = FA_DTYPE_FP8_E5M2;
   c.seed = 23;

@@ -40,7 +40,8 @@ constexpr int kAtomCols = 64;
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kGatherProducerRegs = 56, kGatherConsumerRegs = 224;
 // The gather producer converting fp8 to f16 holds each chunk's bytes and
-// halves: 16 more (56 spilled at head_dim 128 and 256).
+// halves: 16 more (56 spilled at head_dim 128 and 256). The fp8 wgmma's
+// producer (V's transpose: 16 words a unit) fits the gather's 56.
 constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
 // Named barriers: 0 the CTA's, 1 the gather producer's, 2 and 3 ping-pong,
 // 4 and 5 each consumer warpgroup's epilogue.
@@ -258,9 +259,10 @@ class ForwardWgmmaGen {
 
   // ---- warpgroup 0: one thread issues every TMA copy ----
   void producer() {
-    b_.setmaxnreg(false, spec_.q_fp8 != KvFp8::None ? kFp8ProducerRegs
-                         : spec_.gather             ? kGatherProducerRegs
-                                                    : kProducerRegs);
+    b_.setmaxnreg(false, f8_                          ? kGatherProducerRegs
+                         : spec_.q_fp8 != KvFp8::None ? kFp8ProducerRegs
+                         : spec_.gather               ? kGatherProducerRegs
+                                                      : kProducerRegs);
     if (spec_.gather) return producer_gather();
     ptx::Label out = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(out);
@@ -649,9 +651,10 @@ class ForwardWgmmaGen {
 
   // ---- warpgroups 1 and 2: 64 rows each ----
   void consumers() {
-    b_.setmaxnreg(true, spec_.q_fp8 != KvFp8::None ? kFp8ConsumerRegs
-                        : spec_.gather             ? kGatherConsumerRegs
-                                                   : kConsumerRegs);
+    b_.setmaxnreg(true, f8_                          ? kGatherConsumerRegs
+                        : spec_.q_fp8 != KvFp8::None ? kFp8ConsumerRegs
+                        : spec_.gather               ? kGatherConsumerRegs
+                                                     : kConsumerRegs);
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     ln_ = tile::make_lanes(e_, lane);
     // wg = warp / 4 - 1: rows 64 wg .. 64 wg + 63 of the CTA; this warp's

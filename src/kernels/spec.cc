@@ -308,13 +308,15 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   // at 128): the margins that keep every head dim free of spills.
   // fp8 inputs (the gather producer converts them) leave the consumers 216:
   // 208 of them.
-  // The fp8 wgmma (kgen::wgmma_fp8) holds P in e4m3 (block_n / 8) and
-  // takes key tiles of 128, 64 or 32.
-  const int budget = s->q_fp8 != KvFp8::None ? 208
-                     : s->gather             ? 216
-                                             : 232,
-            max_bn = s->gather && s->softcap ? 112 : 128;
+  // The fp8 wgmma (wgmma_fp8) holds P in e4m3 (block_n / 8), takes key
+  // tiles of 128, 64 or 32 and has the gather producer's 56 registers
+  // (consumers 224, within 216; softcap too: no spill up to 128 keys).
   const bool f8 = wgmma_fp8(*s);
+  const int budget = f8                        ? 216
+                     : s->q_fp8 != KvFp8::None ? 208
+                     : s->gather               ? 216
+                                               : 232,
+            max_bn = s->gather && s->softcap && !f8 ? 112 : 128;
   s->block_n = f8 ? 32 : 16;
   for (int bn : {128, 112, 96, 80, 64, 48, 32, 16}) {
     if (f8 && bn != 128 && bn != 64 && bn != 32) continue;
