@@ -510,6 +510,26 @@ void test_hopper_forms(void **) {
   }));
 }
 
+// ptxas assembles module text t for sm_90a (skipped without a CUDA toolkit).
+void assemble_sm90a(const std::string &t) {
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
+    std::printf("no ptxas: not assembled\n");
+    return;
+  }
+  char path[] = "/tmp/fa_builder_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_true(write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size()));
+  close(fd);
+  const std::string cmd = "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + path + ".cubin'";
+  const int rc = std::system(cmd.c_str());
+  unlink(path);
+  unlink((std::string(path) + ".cubin").c_str());
+  if (rc != 0) std::fprintf(stderr, "%s", t.c_str());
+  assert_int_equal(rc, 0);
+}
+
 // wgmma_ss_fp8 / wgmma_rs_fp8: m64nNk32 with .e4m3 / .e5m2 A and B, no
 // imm-trans operands (fp8 is K-major only), imm-scale 1; misuse aborts; a
 // small sm_90a kernel with both assembles with ptxas.
@@ -565,22 +585,7 @@ void test_wgmma_fp8_forms(void **) {
     for (Reg &r : q) r = x.f32();
     x.wgmma_ss_fp8(Fp8::E4M3, Fp8::E4M3, 8, q.data(), x.b32(), x.b64(), imm(1));  // b32 desc
   }));
-  const std::string ptxas = FA_PTXAS_PATH;
-  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
-    std::printf("no ptxas: not assembled\n");
-    return;
-  }
-  char path[] = "/tmp/fa_builder_w8_XXXXXX";
-  const int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  assert_true(write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size()));
-  close(fd);
-  const std::string cmd = "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + path + ".cubin'";
-  const int rc = std::system(cmd.c_str());
-  unlink(path);
-  unlink((std::string(path) + ".cubin").c_str());
-  if (rc != 0) std::fprintf(stderr, "%s", t.c_str());
-  assert_int_equal(rc, 0);
+  assemble_sm90a(t);
 }
 
 AttentionConfig config(int d, int dv, int hq, int hkv, Dtype dt, float softcap) {
@@ -643,22 +648,7 @@ void test_stmatrix_elect_forms(void **) {
     x.elect_sync(x.b32(), x.b32(), 0xffffffffu);  // second not a predicate
   }));
   // ptxas assembles it for sm_90a (skipped without a CUDA toolkit).
-  const std::string ptxas = FA_PTXAS_PATH;
-  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) {
-    std::printf("no ptxas: not assembled\n");
-    return;
-  }
-  char path[] = "/tmp/fa_builder_se_XXXXXX";
-  const int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  assert_true(write(fd, t.data(), t.size()) == static_cast<ssize_t>(t.size()));
-  close(fd);
-  const std::string cmd = "'" + ptxas + "' -arch=sm_90a '" + path + "' -o '" + path + ".cubin'";
-  const int rc = std::system(cmd.c_str());
-  unlink(path);
-  unlink((std::string(path) + ".cubin").c_str());
-  if (rc != 0) std::fprintf(stderr, "%s", t.c_str());
-  assert_int_equal(rc, 0);
+  assemble_sm90a(t);
 }
 
 void test_generation_is_deterministic(void **) {

@@ -998,55 +998,17 @@ std::string wgmma_opcode(Type ab, int n) {
 void Builder::wgmma_ss(Type ab, int n, const Reg *d, Reg desc_a, Reg desc_b, Operand scale_d,
                        bool trans_b) {
   Opcode in(wgmma_opcode(ab, n));
-  check_wgmma(in, ab, n, d, scale_d);
-  check_reg(in, desc_a, Type::B64, "descriptors are b64 registers");
-  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
-  Line(*this, in, 10 * static_cast<size_t>(n))
-      .vec(d, static_cast<size_t>(n / 2))
-      .reg(desc_a)
-      .reg(desc_b)
-      .operand(scale_d)
-      .imm(1)
-      .imm(1)
-      .imm(0)
-      .imm(trans_b ? 1 : 0)
-      .done();
+  if (ab != Type::F16 && ab != Type::BF16) misuse(in, "wgmma operands must be f16 or bf16");
+  const int trans[2] = {0, trans_b ? 1 : 0};
+  wgmma_line(in, n, d, nullptr, desc_a, desc_b, scale_d, trans, 2);
 }
 
 void Builder::wgmma_rs(Type ab, int n, const Reg *d, const Reg *a, Reg desc_b, Operand scale_d,
                        bool trans_b) {
   Opcode in(wgmma_opcode(ab, n));
-  check_wgmma(in, ab, n, d, scale_d);
-  for (int i = 0; i < 4; ++i) {
-    if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
-    check_reg(in, a[i], Type::B32, "A must be b32 registers");
-  }
-  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
-  Line(*this, in, 10 * static_cast<size_t>(n))
-      .vec(d, static_cast<size_t>(n / 2))
-      .vec(a, 4)
-      .reg(desc_b)
-      .operand(scale_d)
-      .imm(1)
-      .imm(1)
-      .imm(trans_b ? 1 : 0)
-      .done();
-}
-
-void Builder::check_wgmma(const Opcode &in, Type ab, int n, const Reg *d,
-                          const Operand &scale_d) const {
   if (ab != Type::F16 && ab != Type::BF16) misuse(in, "wgmma operands must be f16 or bf16");
-  check_wgmma_d(in, n, d, scale_d);
-}
-
-void Builder::check_wgmma_d(const Opcode &in, int n, const Reg *d, const Operand &scale_d) const {
-  if (n < 8 || n > 256 || n % 8) misuse(in, "N must be a multiple of 8 in 8..256");
-  for (int i = 0; i < n / 2; ++i) check_reg(in, d[i], Type::F32, "D must be f32 registers");
-  if (scale_d.kind == Operand::Kind::Imm) {
-    if (scale_d.imm != 0 && scale_d.imm != 1) misuse(in, "scale-d is 0 or 1");
-  } else if (scale_d.kind != Operand::Kind::Reg || scale_d.reg.cls != RegClass::Pred) {
-    misuse(in, "scale-d is an immediate or a predicate");
-  }
+  const int trans[1] = {trans_b ? 1 : 0};
+  wgmma_line(in, n, d, a, Reg(), desc_b, scale_d, trans, 1);
 }
 
 namespace {
@@ -1059,37 +1021,45 @@ std::string wgmma_fp8_opcode(Fp8 a, Fp8 b, int n) {
 
 void Builder::wgmma_ss_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, Reg desc_a, Reg desc_b,
                            Operand scale_d) {
-  Opcode in(wgmma_fp8_opcode(a_type, b_type, n));
-  check_wgmma_d(in, n, d, scale_d);
-  check_reg(in, desc_a, Type::B64, "descriptors are b64 registers");
-  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
-  Line(*this, in, 10 * static_cast<size_t>(n))
-      .vec(d, static_cast<size_t>(n / 2))
-      .reg(desc_a)
-      .reg(desc_b)
-      .operand(scale_d)
-      .imm(1)
-      .imm(1)
-      .done();
+  wgmma_line(Opcode(wgmma_fp8_opcode(a_type, b_type, n)), n, d, nullptr, desc_a, desc_b, scale_d,
+             nullptr, 0);
 }
 
 void Builder::wgmma_rs_fp8(Fp8 a_type, Fp8 b_type, int n, const Reg *d, const Reg *a, Reg desc_b,
                            Operand scale_d) {
-  Opcode in(wgmma_fp8_opcode(a_type, b_type, n));
-  check_wgmma_d(in, n, d, scale_d);
-  for (int i = 0; i < 4; ++i) {
-    if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
-    check_reg(in, a[i], Type::B32, "A must be b32 registers");
+  wgmma_line(Opcode(wgmma_fp8_opcode(a_type, b_type, n)), n, d, a, Reg(), desc_b, scale_d, nullptr,
+             0);
+}
+
+// d, then {a} (a set) or desc_a, desc_b, scale-d, imm-scale-a/b = 1 and the
+// imm-trans operands.
+void Builder::wgmma_line(const Opcode &in, int n, const Reg *d, const Reg *a, Reg desc_a,
+                         Reg desc_b, const Operand &scale_d, const int *trans, int ntrans) {
+  if (n < 8 || n > 256 || n % 8) misuse(in, "N must be a multiple of 8 in 8..256");
+  for (int i = 0; i < n / 2; ++i) check_reg(in, d[i], Type::F32, "D must be f32 registers");
+  if (scale_d.kind == Operand::Kind::Imm) {
+    if (scale_d.imm != 0 && scale_d.imm != 1) misuse(in, "scale-d is 0 or 1");
+  } else if (scale_d.kind != Operand::Kind::Reg || scale_d.reg.cls != RegClass::Pred) {
+    misuse(in, "scale-d is an immediate or a predicate");
+  }
+  if (a) {
+    for (int i = 0; i < 4; ++i) {
+      if (a[i].cls != RegClass::B32) misuse(in, "A must be b32 registers");
+      check_reg(in, a[i], Type::B32, "A must be b32 registers");
+    }
+  } else {
+    check_reg(in, desc_a, Type::B64, "descriptors are b64 registers");
   }
   check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
-  Line(*this, in, 10 * static_cast<size_t>(n))
-      .vec(d, static_cast<size_t>(n / 2))
-      .vec(a, 4)
-      .reg(desc_b)
-      .operand(scale_d)
-      .imm(1)
-      .imm(1)
-      .done();
+  Line l(*this, in, 10 * static_cast<size_t>(n));
+  l.vec(d, static_cast<size_t>(n / 2));
+  if (a)
+    l.vec(a, 4);
+  else
+    l.reg(desc_a);
+  l.reg(desc_b).operand(scale_d).imm(1).imm(1);
+  for (int i = 0; i < ntrans; ++i) l.imm(trans[i]);
+  l.done();
 }
 
 void Builder::elect_sync(Reg pred, uint32_t membermask) {

@@ -342,8 +342,8 @@ class Builder {
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
   void matrix_m8n8(Opcode &in, bool trans, const Reg *r, int count, Addr a, const char *bad_count,
                    const char *bad_reg) const;
-  void check_wgmma(const Opcode &in, Type ab, int n, const Reg *d, const Operand &scale_d) const;
-  void check_wgmma_d(const Opcode &in, int n, const Reg *d, const Operand &scale_d) const;
+  void wgmma_line(const Opcode &in, int n, const Reg *d, const Reg *a, Reg desc_a, Reg desc_b,
+                  const Operand &scale_d, const int *trans, int ntrans);
   // At least n writable bytes at the end of the body text.
   char *room(size_t n);
   // Everything emit() prints before the body.
