@@ -64,7 +64,7 @@ void run_all(const std::vector<DecodeCase> &cases) {
 void test_decode_paged(void **) {
   need_runtime();
   std::vector<DecodeCase> cases;
-  const int page_sizes[] = {1, 3, 16, 64, 256};
+  const int page_sizes[] = {1, 3, 8, 16, 64, 256};
   const int groups[] = {1, 4, 8};
   const int sqs[] = {1, 2, 5};
   const int dims[] = {64, 128, 256};
@@ -93,6 +93,55 @@ void test_decode_paged(void **) {
       ++i;
     }
   run_all(cases);
+}
+
+// The page lookup's three forms, by page size: one per key tile (a
+// multiple of the tile), per row by shift and mask (a power of two, from
+// KvPages::page_shift), per row by div / rem (any other).
+void test_page_lookup_forms(void **) {
+  fa_config_desc desc = FA_CONFIG_DESC_INIT;
+  desc.dtype = FA_DTYPE_BF16;
+  desc.head_dim = 128;
+  desc.num_heads_q = 8;
+  desc.num_heads_kv = 2;
+  fa_config *cfg = nullptr;
+  assert_int_equal(fa_config_create(&desc, &cfg), FA_SUCCESS);
+  auto ptx_of = [&](fa_kernel_kind kind, int sm, int page_size) {
+    fa_generate_options o;
+    std::memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    o.kv_layout = FA_KV_PAGED;
+    o.page_size = page_size;
+    size_t n = 0;
+    assert_int_equal(fa_generate_for(cfg, kind, sm, &o, nullptr, 0, &n), FA_SUCCESS);
+    std::string t(n + 1, '\0');
+    assert_int_equal(fa_generate_for(cfg, kind, sm, &o, t.data(), t.size(), &n), FA_SUCCESS);
+    t.resize(n);
+    return t;
+  };
+  // A div or rem by a register (the page size parameter), not a constant.
+  auto divides_by_register = [](const std::string &t) {
+    for (const char *op : {"div.u32", "rem.u32"})
+      for (size_t at = t.find(op); at != std::string::npos; at = t.find(op, at + 1)) {
+        const size_t end = t.find(';', at);
+        const size_t comma = t.rfind(',', end);
+        if (t.compare(comma + 1, 3, " %r") == 0) return true;
+      }
+    return false;
+  };
+  for (int sm : {80, 90}) {
+    for (fa_kernel_kind kind : {FA_KERNEL_FORWARD, FA_KERNEL_DECODE}) {
+      const std::string pow2 = ptx_of(kind, sm, kind == FA_KERNEL_DECODE ? 8 : 16);
+      const std::string odd = ptx_of(kind, sm, kind == FA_KERNEL_DECODE ? 12 : 24);
+      const std::string tiles = ptx_of(kind, sm, 256);
+      assert_non_null(std::strstr(pow2.c_str(), " paged rows pow2"));
+      assert_false(divides_by_register(pow2));
+      assert_non_null(std::strstr(odd.c_str(), " paged rows\n"));
+      assert_true(divides_by_register(odd));
+      assert_non_null(std::strstr(tiles.c_str(), " paged tiles"));
+    }
+  }
+  fa_config_destroy(cfg);
 }
 
 void test_decode_ptrs_and_features(void **) {
@@ -407,8 +456,11 @@ void test_bad_args(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decode_paged),    cmocka_unit_test(test_decode_ptrs_and_features),
-      cmocka_unit_test(test_prefill_layouts), cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_decode_paged),
+      cmocka_unit_test(test_page_lookup_forms),
+      cmocka_unit_test(test_decode_ptrs_and_features),
+      cmocka_unit_test(test_prefill_layouts),
+      cmocka_unit_test(test_batch_invariant),
       cmocka_unit_test(test_bad_args),
   };
   return cmocka_run_group_tests(tests, fa::test::emu_runtime_setup, fa::test::emu_runtime_teardown);

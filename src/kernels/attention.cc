@@ -751,12 +751,22 @@ Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len) {
 Reg KvRows::at(Emitter &e, Reg j) const {
   if (!paged()) return e.index(base, j, row);
   ptx::Builder &b = e.b;
-  // Page entry j / page_size (u32: 0 <= j), token j % page_size within it.
-  Reg pi = e.op(Op::Div, Type::U32, j, page_size);
-  Reg off = e.op(Op::Rem, Type::U32, j, page_size);
+  Reg pi, off;
+  page_of(e, j, &pi, &off);
   Reg pg = b.b32();
   b.ld(Space::Global, Type::S32, pg, ptx::at(e.index(table, pi, 4)), true);
   return e.index(e.index(base, pg, page), off, row);
+}
+
+void KvRows::page_of(Emitter &e, Reg j, Reg *pi, Reg *off) const {
+  // Page entry j / page_size (u32: 0 <= j), token j % page_size within it.
+  if (page_shift.valid()) {
+    *pi = e.op(Op::Shr, Type::U32, j, page_shift);
+    *off = e.op(Op::And, Type::B32, j, page_mask);
+    return;
+  }
+  *pi = e.op(Op::Div, Type::U32, j, page_size);
+  *off = e.op(Op::Rem, Type::U32, j, page_size);
 }
 
 void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v, const Reg ks[3],
@@ -793,6 +803,11 @@ void kv_rows(Emitter &e, const KernelSpec &spec, size_t params_kv, Reg k, Reg v,
       Reg bts = e.stride_bytes(params_kv + offsetof(KvPages, block_table_stride), 4);
       kr->table = vr->table = e.index(bt, bz, bts);
       kr->page_size = vr->page_size = e.param(Type::S32, params_kv + offsetof(KvPages, page_size));
+      if (spec.page_pow2) {
+        kr->page_shift = vr->page_shift =
+            e.param(Type::U32, params_kv + offsetof(KvPages, page_shift));
+        kr->page_mask = vr->page_mask = e.op(Op::Sub, Type::S32, kr->page_size, imm(1));
+      }
       break;
     }
   }

@@ -178,12 +178,16 @@ class Emitter {
 // with base the KV head's row 0 of page 0.
 struct KvRows {
   KvLayout layout = KvLayout::Contiguous;
-  Reg base;       // row 0 (paged: of page 0) of this (batch, KV head)
-  Reg row;        // bytes between tokens (stride[1])
-  Reg page;       // paged: bytes between pages (stride[0])
-  Reg table;      // paged: &block_table[b][0], global
-  Reg page_size;  // paged: s32
+  Reg base;                   // row 0 (paged: of page 0) of this (batch, KV head)
+  Reg row;                    // bytes between tokens (stride[1])
+  Reg page;                   // paged: bytes between pages (stride[0])
+  Reg table;                  // paged: &block_table[b][0], global
+  Reg page_size;              // paged: s32
+  Reg page_shift, page_mask;  // spec.page_pow2: log2(page_size), page_size - 1
   bool paged() const { return layout == KvLayout::Paged; }
+  // Key j's page entry *pi = j / page_size and slot *off = j % page_size
+  // (shift and mask with page_pow2).
+  void page_of(Emitter &e, Reg j, Reg *pi, Reg *off) const;
   // The address of key j's row (j an s32 register, 0 <= j < the sequence's
   // keys: its page entry is then in the table).
   Reg at(Emitter &e, Reg j) const;

@@ -383,8 +383,8 @@ class ForwardWgmmaGen {
       b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(spec_.block_n))).bra(skip);
     Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, tid_),
                   e_.op(Op::Sub, Type::S32, sk_, imm(1)));
-    Reg pi = e_.op(Op::Div, Type::U32, j, fb_.kr.page_size);
-    Reg off = e_.op(Op::Rem, Type::U32, j, fb_.kr.page_size);
+    Reg pi, off;
+    fb_.kr.page_of(e_, j, &pi, &off);
     Reg pg = b_.b32();
     b_.ld(Space::Global, Type::S32, pg, at(e_.index(fb_.kr.table, pi, 4)), true);
     Reg slot = e_.op(Op::MadLo, Type::U32, tid_, imm(8), smem_);

@@ -86,6 +86,11 @@ struct KernelSpec {
   // Paged with page_size a multiple of block_n: one block_table lookup per
   // K/V tile (else one per row).
   bool page_tiles = false;
+  // Paged, looked up per row (not page_tiles), with a power-of-two
+  // page_size: a key's page and slot by shift and mask (KvPages::page_shift)
+  // instead of div / rem. Off: the PTX and serialize() are those of a spec
+  // without it.
+  bool page_pow2 = false;
   bool seqused_k = false;  // Forward: per-sequence key counts (ForwardParams::seqused_k)
   // Forward on sm_90a (FlashAttention-3's structure): wgmma, TMA into a
   // stages-deep K/V ring guarded by mbarriers, a producer warpgroup and two
@@ -232,7 +237,9 @@ struct KvPages {
   uint64_t k_ptrs, v_ptrs;     // uint64 [batch]
   int64_t block_table_stride;  // elements
   int32_t page_size;
-  int32_t pad_;
+  // log2(page_size) when it is a power of two, else 0 (read by the
+  // spec.page_pow2 kernels only).
+  int32_t page_shift;
 };
 
 struct ForwardParams {

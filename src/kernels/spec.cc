@@ -36,7 +36,7 @@ const char *kv_fp8_name(KvFp8 f) { return f == KvFp8::E5M2 ? "e5m2" : "e4m3"; }
 const char *kv_text(const KernelSpec &s) {
   switch (s.kv_layout) {
     case KvLayout::Paged:
-      return s.page_tiles ? " paged tiles" : " paged rows";
+      return s.page_tiles ? " paged tiles" : s.page_pow2 ? " paged rows pow2" : " paged rows";
     case KvLayout::PtrArray:
       return " ptrs";
     default:
@@ -413,7 +413,8 @@ std::string KernelSpec::serialize() const {
     o.push_back('Q');
     o.push_back(static_cast<char>(q_fp8));
   }
-  if (fp8_f16) o.push_back('F');  // only when on
+  if (fp8_f16) o.push_back('F');    // only when on
+  if (page_pow2) o.push_back('P');  // only when on
   return o;
 }
 
@@ -531,6 +532,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   const int tile_keys = kind == KernelKind::Decode ? 16 : s.block_n;  // a warp's tile in decode
   s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && shape.page_size > 0 &&
                  shape.page_size % tile_keys == 0;
+  s.page_pow2 = s.kv_layout == KvLayout::Paged && !s.page_tiles && shape.page_size > 0 &&
+                (shape.page_size & (shape.page_size - 1)) == 0;
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.sinks = kind == KernelKind::Forward && shape.sinks;

@@ -340,6 +340,8 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
     p.block_table = kv.block_table;
     p.block_table_stride = kv.block_table_stride;
     p.page_size = kv.page_size;
+    while ((int64_t(1) << p.page_shift) < kv.page_size) ++p.page_shift;
+    if ((int64_t(1) << p.page_shift) != kv.page_size) p.page_shift = 0;
   } else if (kv.layout == FA_KV_PTR_ARRAY) {
     p.k_ptrs = kv.k_ptrs;
     p.v_ptrs = kv.v_ptrs;
