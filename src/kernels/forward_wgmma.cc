@@ -439,15 +439,18 @@ class ForwardWgmmaGen {
   // leaves P, so P needs no shuffle), 16-byte chunk G of row c at chunk
   // G ^ (c % 8) (the 128-byte swizzle). Keys at or past seqlen_k are zeros.
   // `half`: V's offset in the row-address table (row_table).
-  // A unit is 16 keys (chunk G) x 4 columns (quad dq): 16 ld.global.b32,
-  // four 4 x 4 byte transposes (8 prmt.b32 each), 4 st.shared.v4. Unit u's
-  // lowest bit is dq's, its next log2(g) G's (g = min(4, block_n / 16)):
-  // the 8 threads of a v4 store phase write 8 distinct chunk positions (g
-  // = 4; two-way conflicts at g = 2), and a warp's load reads 4 key rows of
-  // 32 bytes (whole sectors).
+  // A unit is 16 keys (chunk G) x `cols` columns (group cg): 16 loads of
+  // cols bytes, cols / 4 x four 4 x 4 byte transposes (8 prmt.b32 each),
+  // cols st.shared.v4. With block_n 128, cols = 8 (ld.global.v2) and G =
+  // u % 8: the 8 threads of a v4 store phase write the 8 chunk positions of
+  // their rows, and a warp's load reads 8 key rows of 32 bytes (whole
+  // sectors). Else cols = 4, unit u's lowest bit is cg's, its next log2(g)
+  // G's (g = min(4, block_n / 16)): distinct positions at g = 4, two-way
+  // conflicts at g = 2; a warp's load reads 4 key rows of 32 bytes.
   void v_tile_t(Reg dst, Reg n, const KvRows &kv, int half) {
-    const int NG = spec_.block_n / 16, DQ = spec_.head_dim_v / 4, g = std::min(4, NG);
-    const int units = NG * DQ, passes = (units + 127) / 128, lg2 = g == 4 ? 3 : 2;
+    const int NG = spec_.block_n / 16, W = NG == 8 ? 2 : 1, cols = 4 * W;
+    const int NC = spec_.head_dim_v / cols, g = std::min(4, NG);
+    const int units = NG * NC, passes = (units + 127) / 128, lg2 = g == 4 ? 3 : 2;
     b_.comment("V transposed: [head_dim_v][keys], keys in pack_a_fp8's order");
     b_.op(Op::Add, Type::U32, dst, dst, smem_);
     Reg rem = e_.op(Op::Sub, Type::S32, sk_, n);  // keys of the tile in range
@@ -459,35 +462,54 @@ class ForwardWgmmaGen {
       b_.ld(Space::Global, Type::S32, pg, at(e_.index(kv.table, pi, 4)), true);
       row0 = e_.index(e_.index(kv.base, pg, kv.page), off, kv.row);
     }
-    Reg w[16], t[4], o[4][4];
-    for (Reg &x : w) x = b_.b32();
+    Reg w[16][2], t[4], o[2][4][4];  // words [key][h], transposes [h][q][x]
+    for (auto &k : w)
+      for (int h = 0; h < W; ++h) k[h] = b_.b32();
     for (Reg &x : t) x = b_.b32();
-    for (auto &q : o)
-      for (Reg &x : q) x = b_.b32();
+    for (int h = 0; h < W; ++h)
+      for (auto &q : o[h])
+        for (Reg &x : q) x = b_.b32();
     Reg ok = b_.pred(), full = e_.setp(Cmp::Ge, Type::S32, rem, imm(spec_.block_n));
+    auto load = [&](Reg a, int k) {
+      if (W == 2)
+        b_.ld_v(Space::Global, Type::B32, {w[k][0], w[k][1]}, at(a));
+      else
+        b_.ld(Space::Global, Type::B32, w[k][0], at(a));
+    };
     for (int p = 0; p < passes; ++p) {
       ptx::Label skip = b_.label();
       Reg u = e_.op(Op::Add, Type::U32, tid_, imm(128 * p));
       if ((p + 1) * 128 > units) b_.when(e_.setp(Cmp::Ge, Type::U32, u, imm(units))).bra(skip);
-      Reg hi = e_.op(Op::Shr, Type::U32, u, imm(lg2));
-      Reg dq = e_.op(Op::Rem, Type::U32, hi, imm(DQ / 2));
-      b_.op(Op::Shl, Type::B32, dq, dq, imm(1));
-      Reg odd = e_.op(Op::And, Type::B32, u, imm(1));
-      b_.op(Op::Add, Type::U32, dq, dq, odd);
-      Reg G = e_.op(Op::Div, Type::U32, hi, imm(DQ / 2));
-      b_.op(Op::MulLo, Type::U32, G, G, imm(g));
-      b_.op(Op::Add, Type::U32, G, G,
-            e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, u, imm(1)), imm(g - 1)));
+      Reg cg, G, sw;  // sw: G ^ (c % 8) for x = h = 0, times 16
+      if (W == 2) {
+        G = e_.op(Op::And, Type::B32, u, imm(7));
+        cg = e_.op(Op::Shr, Type::U32, u, imm(3));
+        sw = e_.op(Op::Shl, Type::B32, G, imm(4));
+      } else {
+        Reg hi = e_.op(Op::Shr, Type::U32, u, imm(lg2));
+        cg = e_.op(Op::Rem, Type::U32, hi, imm(NC / 2));
+        b_.op(Op::Shl, Type::B32, cg, cg, imm(1));
+        Reg odd = e_.op(Op::And, Type::B32, u, imm(1));
+        b_.op(Op::Add, Type::U32, cg, cg, odd);
+        G = e_.op(Op::Div, Type::U32, hi, imm(NC / 2));
+        b_.op(Op::MulLo, Type::U32, G, G, imm(g));
+        b_.op(Op::Add, Type::U32, G, G,
+              e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, u, imm(1)), imm(g - 1)));
+        // Row c = 4 cg + x: chunk G ^ (c % 8) = (G ^ 4 (cg & 1)) ^ x.
+        sw = e_.op(Op::Shl, Type::B32, odd, imm(2));
+        b_.op(Op::Xor, Type::B32, sw, sw, G);
+        b_.op(Op::Shl, Type::B32, sw, sw, imm(4));
+      }
       Reg k0 = e_.op(Op::MulLo, Type::U32, G, imm(16));  // the unit's first key in the tile
       // Key k's address: from the row table, or row k0 + k of a linear run.
-      Reg slot, a, col4 = b_.b64();  // col4: the quad's byte offset in a row
-      b_.mul_wide(Type::U32, col4, dq, imm(4));
+      Reg slot, a, colb = b_.b64();  // colb: the group's byte offset in a row
+      b_.mul_wide(Type::U32, colb, cg, imm(cols));
       if (row_table(spec_)) {
         slot = e_.op(Op::MadLo, Type::U32, k0, imm(8), smem_);
       } else {
         a = spec_.page_tiles ? e_.index(row0, k0, kv.row)
                              : kv.at(e_, e_.op(Op::Add, Type::S32, n, k0));
-        b_.op(Op::Add, Type::S64, a, a, col4);
+        b_.op(Op::Add, Type::S64, a, a, colb);
       }
       auto key_addr = [&](int k) {
         if (!row_table(spec_)) {
@@ -496,46 +518,50 @@ class ForwardWgmmaGen {
         }
         Reg r = b_.b64();
         b_.ld(Space::Shared, Type::U64, r, at(slot, lay_.rows + half + 8 * k));
-        b_.op(Op::Add, Type::S64, r, r, col4);
+        b_.op(Op::Add, Type::S64, r, r, colb);
         return r;
       };
       // A tile wholly before seqlen_k (all but the first) loads unpredicated.
       ptx::Label part = b_.label(), loaded = b_.label();
       b_.unless(full).bra(part);
-      for (int k = 0; k < 16; ++k) b_.ld(Space::Global, Type::B32, w[k], at(key_addr(k)));
+      for (int k = 0; k < 16; ++k) load(key_addr(k), k);
       b_.bra(loaded);
       b_.bind(part);
       Reg left = e_.op(Op::Sub, Type::S32, rem, k0);
       for (int k = 0; k < 16; ++k) {
         Reg ak = key_addr(k);
-        b_.mov(Type::B32, w[k], imm(0));
+        for (int h = 0; h < W; ++h) b_.mov(Type::B32, w[k][h], imm(0));
         b_.setp(Cmp::Gt, Type::S32, ok, left, imm(k));
-        b_.when(ok).ld(Space::Global, Type::B32, w[k], at(ak));
+        b_.when(ok);
+        load(ak, k);
       }
       b_.bind(loaded);
       // Logical keys 4q .. 4q + 3 of the chunk: keys 2q, 2q + 1, 2q + 8,
-      // 2q + 9; o[q][x] their bytes of column 4 dq + x.
-      for (int q = 0; q < 4; ++q) {
-        b_.op(Op::Prmt, Type::B32, t[0], w[2 * q], w[2 * q + 1], imm(0x5140));
-        b_.op(Op::Prmt, Type::B32, t[1], w[2 * q], w[2 * q + 1], imm(0x7362));
-        b_.op(Op::Prmt, Type::B32, t[2], w[2 * q + 8], w[2 * q + 9], imm(0x5140));
-        b_.op(Op::Prmt, Type::B32, t[3], w[2 * q + 8], w[2 * q + 9], imm(0x7362));
-        b_.op(Op::Prmt, Type::B32, o[q][0], t[0], t[2], imm(0x5410));
-        b_.op(Op::Prmt, Type::B32, o[q][1], t[0], t[2], imm(0x7632));
-        b_.op(Op::Prmt, Type::B32, o[q][2], t[1], t[3], imm(0x5410));
-        b_.op(Op::Prmt, Type::B32, o[q][3], t[1], t[3], imm(0x7632));
+      // 2q + 9; o[h][q][x] their bytes of column cols cg + 4 h + x.
+      for (int h = 0; h < W; ++h) {
+        for (int q = 0; q < 4; ++q) {
+          Reg a0 = w[2 * q][h], a1 = w[2 * q + 1][h], b0 = w[2 * q + 8][h], b1 = w[2 * q + 9][h];
+          b_.op(Op::Prmt, Type::B32, t[0], a0, a1, imm(0x5140));
+          b_.op(Op::Prmt, Type::B32, t[1], a0, a1, imm(0x7362));
+          b_.op(Op::Prmt, Type::B32, t[2], b0, b1, imm(0x5140));
+          b_.op(Op::Prmt, Type::B32, t[3], b0, b1, imm(0x7362));
+          b_.op(Op::Prmt, Type::B32, o[h][q][0], t[0], t[2], imm(0x5410));
+          b_.op(Op::Prmt, Type::B32, o[h][q][1], t[0], t[2], imm(0x7632));
+          b_.op(Op::Prmt, Type::B32, o[h][q][2], t[1], t[3], imm(0x5410));
+          b_.op(Op::Prmt, Type::B32, o[h][q][3], t[1], t[3], imm(0x7632));
+        }
       }
-      // Row c = 4 dq + x: chunk G ^ (c % 8) = (G ^ 4 (dq & 1)) ^ x.
-      Reg sw = e_.op(Op::Shl, Type::B32, odd, imm(2));
-      b_.op(Op::Xor, Type::B32, sw, sw, G);
-      b_.op(Op::Shl, Type::B32, sw, sw, imm(4));
-      Reg rowa = e_.op(Op::MadLo, Type::U32, dq, imm(4 * kAtomBytes), dst);
+      // Row c = cols cg + 4 h + x, at chunk (sw / 16) ^ (4 h + x) of its row.
+      Reg rowa = e_.op(Op::MadLo, Type::U32, cg, imm(cols * kAtomBytes), dst);
       Reg sa = b_.b32();
-      for (int x = 0; x < 4; ++x) {
-        b_.op(Op::Xor, Type::B32, sa, sw, imm(16 * x));
-        b_.op(Op::Add, Type::U32, sa, sa, rowa);
-        b_.st_v(Space::Shared, Type::B32, at(sa, lay_.v + static_cast<uint32_t>(x * kAtomBytes)),
-                {o[0][x], o[1][x], o[2][x], o[3][x]});
+      for (int h = 0; h < W; ++h) {
+        for (int x = 0; x < 4; ++x) {
+          const int r = 4 * h + x;
+          b_.op(Op::Xor, Type::B32, sa, sw, imm(16 * r));
+          b_.op(Op::Add, Type::U32, sa, sa, rowa);
+          b_.st_v(Space::Shared, Type::B32, at(sa, lay_.v + static_cast<uint32_t>(r * kAtomBytes)),
+                  {o[h][0][x], o[h][1][x], o[h][2][x], o[h][3][x]});
+        }
       }
       b_.bind(skip);
     }
