@@ -849,10 +849,6 @@ int clear_cache(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_work";
-  mkdir(g_dir.c_str(), 0755);
-  // Keep the children's cache away from the user's (ctest also sets one).
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache_default").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_version),
@@ -874,5 +870,5 @@ int main() {
       cmocka_unit_test(test_input_longer_than_header),
       cmocka_unit_test(test_emulator_sm),
   };
-  return cmocka_run_group_tests(tests, clear_cache, nullptr);
+  return run_cli_suite("test_cli", tests, clear_cache, "cache_default");
 }

@@ -195,13 +195,10 @@ void test_generate_alibi(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_alibi_work";
-  mkdir(g_dir.c_str(), 0755);
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run_and_decode_alibi),
       cmocka_unit_test(test_bad_alibi),
       cmocka_unit_test(test_generate_alibi),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_alibi", tests);
 }

@@ -174,5 +174,5 @@ int main() {
       cmocka_unit_test(test_decode_append),
       cmocka_unit_test(test_bad_append),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_append", tests);
 }

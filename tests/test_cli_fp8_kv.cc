@@ -234,13 +234,10 @@ void test_fp8_refused(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_fp8_kv_work";
-  mkdir(g_dir.c_str(), 0755);
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_fp8),
       cmocka_unit_test(test_decode_fp8_append),
       cmocka_unit_test(test_fp8_refused),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_fp8_kv", tests);
 }

@@ -199,8 +199,10 @@ void test_generate_layouts(void **) {
   } kLayouts[] = {
       {{"--kv-layout", "paged", "--page-size", "16"}, "_paged_tiles("},
       {{"--page-size", "32"}, "_paged_tiles("},
-      {{"--page-size", "1"}, "_paged_rows("},
+      {{"--page-size", "1"}, "_paged_rows_pow2("},
+      {{"--page-size", "8"}, "_paged_rows_pow2("},
       {{"--page-size", "24"}, "_paged_rows("},
+      {{"--page-size", "40"}, "_paged_rows("},
       {{"--kv-layout", "ptrs"}, "_ptrs("},
   };
   std::vector<std::string> seen;
@@ -216,8 +218,10 @@ void test_generate_layouts(void **) {
     expect(f.code == 0 && read_text(path_of("k.ptx")) == r.out, to_file, f, "-o file differs");
     seen.push_back(r.out);
   }
-  expect(seen[0] == seen[1] && seen[2] == seen[3] && seen[0] != seen[2] && seen[0] != seen[4], base,
-         plain, "page sizes of one lookup kind should share a kernel, the kinds differ");
+  // Per tile, per row by shift and mask (powers of two), per row by div / rem.
+  expect(seen[0] == seen[1] && seen[2] == seen[3] && seen[4] == seen[5] && seen[0] != seen[2] &&
+             seen[2] != seen[4] && seen[0] != seen[4] && seen[0] != seen[6],
+         base, plain, "page sizes of one lookup kind should share a kernel, the kinds differ");
   // Forward: per-tile lookups at multiples of its key tile, and seqused_k.
   const std::vector<std::string> fwd = {
       "generate",  "--kind", "forward",    "--dtype", "fp16", "--head-dim", "128",
@@ -451,10 +455,6 @@ void test_fixture_paged_decode(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_kv_layouts_work";
-  mkdir(g_dir.c_str(), 0755);
-  // Keep the children's kernels away from the user's cache (ctest also sets one).
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_generate_layouts),
@@ -464,5 +464,5 @@ int main() {
       cmocka_unit_test(test_run_chunked_prefill),
       cmocka_unit_test(test_fixture_paged_decode),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_kv_layouts", tests);
 }

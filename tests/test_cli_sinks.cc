@@ -176,13 +176,10 @@ void test_generate_sinks(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_sinks_work";
-  mkdir(g_dir.c_str(), 0755);
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run_and_decode_sinks),
       cmocka_unit_test(test_bad_sinks),
       cmocka_unit_test(test_generate_sinks),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_sinks", tests);
 }

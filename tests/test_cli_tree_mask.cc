@@ -221,13 +221,10 @@ void test_generate_options(void **) {
 }  // namespace
 
 int main() {
-  g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_tree_mask_work";
-  mkdir(g_dir.c_str(), 0755);
-  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decode_tree_mask),
       cmocka_unit_test(test_bad_tree_mask),
       cmocka_unit_test(test_generate_options),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return run_cli_suite("test_cli_tree_mask", tests);
 }

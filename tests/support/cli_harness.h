@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,6 +148,18 @@ inline QkvInputs write_qkv(uint32_t seed, int b, int sq, int sk, int hq, int hkv
   one("v.npy", sk, hkv, &in.v);
   if (lens) write_npy("lens.npy", fa::npy::from_i32({b}, lens->data()));
   return in;
+}
+
+// A CLI test's main: its scratch directory FA_TEST_BINARY_DIR/<name>_work
+// (g_dir), the children's kernel cache in g_dir/<cache> (away from the
+// user's), then the tests with the group setup.
+template <size_t N>
+int run_cli_suite(const char *name, const CMUnitTest (&tests)[N], CMFixtureFunction setup = nullptr,
+                  const char *cache = "cache") {
+  g_dir = std::string(FA_TEST_BINARY_DIR) + "/" + name + "_work";
+  mkdir(g_dir.c_str(), 0755);
+  setenv("FLASHATTN_CACHE_DIR", (g_dir + "/" + cache).c_str(), 1);
+  return _cmocka_run_group_tests(name, tests, N, setup, nullptr);
 }
 
 }  // namespace fa::test::cli
