@@ -14,7 +14,10 @@
 // registers as wgmma's register A operand and V read N-major (trans-b).
 // setmaxnreg moves registers from the producer to the consumers. K/V tiles
 // are visited from the last to the first, as in the mma.sync forward.
-// Layouts and descriptors: docs/kernels.md, "Forward on sm_90a".
+// The fp8 forward (wgmma_fp8) runs both products on wgmma k32 e4m3/e5m2 on
+// the bytes, with V transposed by the gather producer (v_tile_t) since fp8
+// wgmma reads B K-major only, and P in e4m3.
+// Layouts and descriptors: docs/kernels.md, "Forward on sm_90a", "fp8 forward".
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
