@@ -418,19 +418,7 @@ void test_run_ref_file(void **) {
   write_inputs(&c, 14);
   std::vector<float> ref(c.o_ref.begin(), c.o_ref.end());
   write_npy("o_ref.npy", fa::npy::from_f32({c.b, c.sq, c.hq, c.dv}, ref.data()));
-  std::vector<std::string> args = {"run",
-                                   "--q",
-                                   path_of("q.npy"),
-                                   "--k",
-                                   path_of("k.npy"),
-                                   "--v",
-                                   path_of("v.npy"),
-                                   "--backend",
-                                   "emulator",
-                                   "--out",
-                                   path_of("o.npy"),
-                                   "--ref",
-                                   path_of("o_ref.npy")};
+  std::vector<std::string> args = emulator_run_args({"--ref", path_of("o_ref.npy")});
   Result r = run_cli(args);
   expect(r.code == 0 && contains(r.out, "\nPASS") && contains(r.out, "error --ref:"), args, r,
          "--ref with the right reference");
@@ -450,19 +438,7 @@ void test_emulator_sm(void **) {
   Case c;
   c.b = 1, c.sq = 8, c.sk = 24, c.hq = 2, c.hkv = 1, c.d = 64, c.dv = 64;
   write_inputs(&c, 15);
-  std::vector<std::string> args = {"run",
-                                   "--q",
-                                   path_of("q.npy"),
-                                   "--k",
-                                   path_of("k.npy"),
-                                   "--v",
-                                   path_of("v.npy"),
-                                   "--backend",
-                                   "emulator",
-                                   "--out",
-                                   path_of("o.npy"),
-                                   "--emulator-sm",
-                                   "90"};
+  std::vector<std::string> args = emulator_run_args({"--emulator-sm", "90"});
   Result r = run_cli(args);
   expect(r.code == 0 && contains(r.out, "(sm_90,") && contains(r.out, "\nPASS"), args, r,
          "--emulator-sm 90");
@@ -533,17 +509,7 @@ void test_cache_commands(void **) {
   Case c;
   c.b = 1, c.sq = 4, c.sk = 8, c.hq = 2, c.hkv = 2, c.d = 32, c.dv = 32;
   write_inputs(&c, 31);
-  const std::vector<std::string> args = {"run",
-                                         "--q",
-                                         path_of("q.npy"),
-                                         "--k",
-                                         path_of("k.npy"),
-                                         "--v",
-                                         path_of("v.npy"),
-                                         "--backend",
-                                         "emulator",
-                                         "--out",
-                                         path_of("o.npy")};
+  const std::vector<std::string> args = emulator_run_args();
   r = run_cli(args);
   expect(r.exited && contains(r.out, "misses 1"), args, r, "cold run: one miss");
   r = run_cli(args);

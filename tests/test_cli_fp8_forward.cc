@@ -54,21 +54,8 @@ std::vector<double> quantized(const char *file, int s, int h, int group, bool e5
 }
 
 std::vector<std::string> run_args(const char *sm, std::vector<std::string> extra) {
-  std::vector<std::string> a = {"run",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k",
-                                path_of("k.npy"),
-                                "--v",
-                                path_of("v.npy"),
-                                "--backend",
-                                "emulator",
-                                "--emulator-sm",
-                                sm,
-                                "--out",
-                                path_of("o.npy")};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  extra.insert(extra.begin(), {"--emulator-sm", sm});
+  return emulator_run_args(extra);
 }
 
 void test_run_fp8(void **) {

@@ -107,21 +107,8 @@ std::vector<std::string> decode_args(const Case &c) {
 }
 
 std::vector<std::string> run_args(const Case &c) {
-  std::vector<std::string> a = {"run",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k",
-                                path_of("k.npy"),
-                                "--v",
-                                path_of("v.npy"),
-                                "--backend",
-                                "emulator",
-                                "--dtype",
-                                c.bf16 ? "bf16" : "fp16",
-                                "--out",
-                                path_of("o.npy"),
-                                "--lse-out",
-                                path_of("lse.npy")};
+  std::vector<std::string> a =
+      emulator_run_args({"--dtype", c.bf16 ? "bf16" : "fp16", "--lse-out", path_of("lse.npy")});
   if (c.causal) a.push_back("--causal");
   if (!c.lens.empty()) a.insert(a.end(), {"--seqused-k", path_of("lens.npy")});
   return a;

@@ -150,6 +150,24 @@ inline QkvInputs write_qkv(uint32_t seed, int b, int sq, int sk, int hq, int hkv
   return in;
 }
 
+// `run` on the emulator with the scratch directory's q/k/v.npy, O to o.npy,
+// then `extra`.
+inline std::vector<std::string> emulator_run_args(std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"run",
+                                "--q",
+                                path_of("q.npy"),
+                                "--k",
+                                path_of("k.npy"),
+                                "--v",
+                                path_of("v.npy"),
+                                "--backend",
+                                "emulator",
+                                "--out",
+                                path_of("o.npy")};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 // A CLI test's main: its scratch directory FA_TEST_BINARY_DIR/<name>_work
 // (g_dir), the children's kernel cache in g_dir/<cache> (away from the
 // user's), then the tests with the group setup.
