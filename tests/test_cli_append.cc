@@ -82,7 +82,10 @@ std::vector<double> write_case(bool rope, bool interleaved) {
   return o;
 }
 
-std::vector<std::string> cli_args(bool rope, bool interleaved) {
+// The decode command line; `layout` is a --kv-layout ("paged" with pages of
+// 16 tokens).
+std::vector<std::string> cli_args(bool rope, bool interleaved,
+                                  const std::string &layout = "paged") {
   std::vector<std::string> a = {"decode",
                                 "--q",
                                 path_of("q.npy"),
@@ -99,27 +102,31 @@ std::vector<std::string> cli_args(bool rope, bool interleaved) {
                                 "--num-splits",
                                 "3",
                                 "--kv-layout",
-                                "paged",
-                                "--page-size",
-                                "16",
+                                layout,
                                 "--backend",
                                 "emulator",
                                 "--causal",
                                 "--out",
                                 path_of("o.npy")};
+  if (layout == "paged") a.insert(a.end(), {"--page-size", "16"});
   if (rope)
     a.insert(a.end(), {"--rotary-cos", path_of("cos.npy"), "--rotary-sin", path_of("sin.npy")});
   if (interleaved) a.push_back("--rotary-interleaved");
   return a;
 }
 
+// Paged: no rotary, NeoX, GPT-J; then NeoX on one allocation per sequence
+// (ptrs, each holding its valid keys and the appended rows, no more: a
+// write past them is an out-of-bounds store on the emulator) and on the
+// contiguous cache.
 void test_decode_append(void **) {
   skip_without_cli();
   std::vector<float> plain;
-  for (int mode = 0; mode < 3; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     const bool rope = mode > 0, interleaved = mode == 2;
+    const char *layout = mode == 3 ? "ptrs" : mode == 4 ? "contiguous" : "paged";
     const std::vector<double> o_ref = write_case(rope, interleaved);
-    const std::vector<std::string> args = cli_args(rope, interleaved);
+    const std::vector<std::string> args = cli_args(rope, interleaved, layout);
     std::remove(path_of("o.npy").c_str());
     const Result r = run_cli(args);
     expect(r.exited && r.code == 0, args, r, "exit status is not 0");

@@ -248,6 +248,15 @@ void test_bad_kv_arguments(void **) {
       {with(dec, {"--kv-layout", "blocks"}), "blocks"},
       {with(dec, {"--page-size", "-1"}), "page-size"},
       {with(dec, {"--page-size", "x"}), "page-size"},
+      // Pages past the power of two at or above seqlen_k_max (8) only add NaN
+      // rows: refused, not a pool sized from the option (300000 was 886 MiB).
+      {with(dec, {"--page-size", "16"}), "--page-size 16 is larger than the cache needs"},
+      {with(dec, {"--page-size", "300000"}), "at most 8"},
+      {with(run, {"--page-size", "3000000"}), "--page-size"},
+      {with(dec, {"--kv-layout", "paged", "--page-size", "99999999999"}), "--page-size"},
+      // --kv-scale means nothing without an fp8 cache (decode) or forward (run).
+      {with(dec, {"--kv-scale", "tensor"}), "--kv-dtype"},
+      {with(run, {"--kv-scale", "head"}), "--q-dtype"},
       {with(dec, {"--seed", "-3"}), "seed"},
       {with(dec, {"--batch-invariant", "--num-splits", "2"}), "--num-splits"},
       {with(run, {"--kv-layout", "paged"}), "--page-size"},

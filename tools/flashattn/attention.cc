@@ -603,14 +603,15 @@ int cmd_decode(const RunOptions &opts) {
   const Rounded kr = fp8 ? k8.r : round_input(k, dtype), vr = fp8 ? v8.r : round_input(v, dtype);
   const int div = fp8 ? 2 : 1;  // fp8 bytes travel as pairs
   DeviceIo io(rt, d, qr);
-  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim / div,
-                       d.head_dim_v / div, kr.bits, vr.bits, seqlens, opts.page_size, opts.seed);
   // The reference's inputs after the append (the device's stay as loaded).
   Rounded q_ref = qr, k_ref = kr, v_ref = vr;
   std::vector<int32_t> lens_ref = seqlens;
   const Append app = load_append(opts, rt, d, dtype,
                                  desc.causal || desc.window_left >= 0 || desc.window_right >= 0,
                                  &q_ref, &k_ref, &v_ref, &lens_ref);
+  const DeviceKv cache(rt, kv, d.batch, d.seqlen_k, d.heads_kv, d.head_dim / div,
+                       d.head_dim_v / div, kr.bits, vr.bits, seqlens, opts.page_size, opts.seed,
+                       app.seqlen_new);
   if (fp8 && app.seqlen_new > 0) {
     // The kernel quantises the appended rows (K after RoPE) with the cache's
     // descales, fp8(rn_f32(x / descale)); the reference reads them the same.

@@ -40,8 +40,21 @@ const char *kv_kind_name(KvKind k) {
   }
 }
 
+int max_page_size(int seqlen_k_max) {
+  int p = 1;
+  while (p < seqlen_k_max) p *= 2;
+  return p;
+}
+
 PagePlan plan_pages(int batch, int seqlen_k_max, const std::vector<int32_t> &lens, int page_size,
                     uint32_t seed) {
+  if (page_size > max_page_size(seqlen_k_max)) {
+    throw Failure(kExitUsage, "--page-size " + std::to_string(page_size) +
+                                  " is larger than the cache needs: at most " +
+                                  std::to_string(max_page_size(seqlen_k_max)) +
+                                  " (the power of two at or above seqlen_k_max " +
+                                  std::to_string(seqlen_k_max) + ")");
+  }
   PagePlan p;
   p.page_size = page_size;
   p.max_pages = (seqlen_k_max + page_size - 1) / page_size;
@@ -90,7 +103,7 @@ std::string shape4(int64_t a, int64_t b, int64_t c, int64_t d) {
 DeviceKv::DeviceKv(const Runtime &rt, KvKind kind, int batch, int seqlen_k_max, int heads_kv,
                    int head_dim, int head_dim_v, const std::vector<uint16_t> &k,
                    const std::vector<uint16_t> &v, const std::vector<int32_t> &lens, int page_size,
-                   uint32_t seed) {
+                   uint32_t seed, int append_rows) {
   auto upload_bytes = [&](const void *data, size_t bytes, const char *name) {
     buffers_.push_back(std::make_unique<DeviceBuffer>(rt, bytes, name));
     buffers_.back()->upload(data, bytes);
@@ -130,21 +143,22 @@ DeviceKv::DeviceKv(const Runtime &rt, KvKind kind, int batch, int seqlen_k_max, 
     return;
   }
   // One allocation per sequence and cache, exactly as long as its valid keys
-  // (at least one row, NaN): the emulator's bounds check then catches a
-  // read past a sequence's end.
+  // plus the rows the launch appends (at least one row; rows past the valid
+  // keys are NaN): the emulator's bounds check then catches a read or write
+  // past a sequence's end.
   std::vector<uint64_t> kp(static_cast<size_t>(batch)), vp(static_cast<size_t>(batch));
   const size_t krow = size_t(heads_kv) * head_dim, vrow = size_t(heads_kv) * head_dim_v;
   std::string rows;
   for (int b = 0; b < batch; ++b) {
-    const size_t n = size_t(lens[size_t(b)]);
+    const size_t n = size_t(lens[size_t(b)]), rows_b = n + size_t(append_rows);
     auto slice = [&](const std::vector<uint16_t> &bits, size_t r) {
-      std::vector<uint16_t> s(std::max<size_t>(n, 1) * r, kNanBits);
+      std::vector<uint16_t> s(std::max<size_t>(rows_b, 1) * r, kNanBits);
       std::copy_n(bits.begin() + size_t(b) * seqlen_k_max * r, n * r, s.begin());
       return s;
     };
     kp[size_t(b)] = upload(slice(k, krow), "k sequence");
     vp[size_t(b)] = upload(slice(v, vrow), "v sequence");
-    rows += (b ? ", " : "") + std::to_string(n);
+    rows += (b ? ", " : "") + std::to_string(rows_b);
   }
   layout_.k_ptrs = upload_bytes(kp.data(), kp.size() * 8, "k_ptrs");
   layout_.v_ptrs = upload_bytes(vp.data(), vp.size() * 8, "v_ptrs");
@@ -152,7 +166,8 @@ DeviceKv::DeviceKv(const Runtime &rt, KvKind kind, int batch, int seqlen_k_max, 
   v_ = contiguous(0, seqlen_k_max, heads_kv, head_dim_v);
   k_.stride[0] = v_.stride[0] = 0;  // ignored
   description_ =
-      "ptrs: one allocation per sequence for K and for V, rows [" + rows + "] (the valid keys)";
+      "ptrs: one allocation per sequence for K and for V, rows [" + rows + "] (the valid keys" +
+      (append_rows ? " and " + std::to_string(append_rows) + " appended)" : ")");
 }
 
 }  // namespace fa::cli

@@ -27,7 +27,10 @@ const char *kv_kind_name(KvKind k);
 // (keys i*page_size .. (i+1)*page_size-1) is pool page table[b * max_pages + i].
 // Every sequence gets max_pages = ceil(seqlen_k_max / page_size) pages (a
 // cache sized for the longest sequence) and the pool has `kSparePages` more
-// that no sequence uses; the pool order is a seeded shuffle.
+// that no sequence uses; the pool order is a seeded shuffle. page_size is
+// bounded by the data: at most max_page_size(seqlen_k_max) (a usage error
+// naming --page-size past it), so the pool stays within a few times the
+// cache however large the option.
 struct PagePlan {
   int page_size = 0;
   int max_pages = 0;           // pages per sequence (block_table columns)
@@ -37,6 +40,9 @@ struct PagePlan {
 };
 constexpr int kSparePages = 2;
 
+// The power of two at or above seqlen_k_max (at least 1): one page of it holds
+// the longest sequence, so a larger page only adds NaN rows.
+int max_page_size(int seqlen_k_max);
 PagePlan plan_pages(int batch, int seqlen_k_max, const std::vector<int32_t> &lens, int page_size,
                     uint32_t seed);
 
@@ -54,10 +60,13 @@ constexpr uint16_t kNanBits = 0xFFFF;
 class DeviceKv {
  public:
   // k, v: the rounded caches [batch, seqlen_k_max, heads_kv, head_dim(_v)];
-  // lens: valid keys per sequence (page_size and seed only for Paged).
+  // lens: valid keys per sequence (page_size and seed only for Paged);
+  // append_rows: rows the launch appends after each sequence's valid keys
+  // (fa_decode_args.seqlen_new), which a Ptrs allocation must also hold
+  // (lens[b] + append_rows <= seqlen_k_max, checked by the caller).
   DeviceKv(const Runtime &rt, KvKind kind, int batch, int seqlen_k_max, int heads_kv, int head_dim,
            int head_dim_v, const std::vector<uint16_t> &k, const std::vector<uint16_t> &v,
-           const std::vector<int32_t> &lens, int page_size, uint32_t seed);
+           const std::vector<int32_t> &lens, int page_size, uint32_t seed, int append_rows = 0);
   fa_tensor k() const { return k_; }
   fa_tensor v() const { return v_; }
   const fa_kv_cache_layout &layout() const { return layout_; }

@@ -59,7 +59,8 @@ void add_kv_options(CLI::App *app, fa::cli::RunOptions *o) {
                   "contiguous cache")
       ->check(CLI::IsMember({"contiguous", "paged", "ptrs"}));
   app->add_option("--page-size", o->page_size,
-                  "Tokens per page of the paged layout (>= 1; 0 = not paged)")
+                  "Tokens per page of the paged layout (>= 1; 0 = not paged; at most the power "
+                  "of two at or above seqlen_k_max)")
       ->check(CLI::Range(0, INT_MAX))
       ->capture_default_str();
   app->add_option("--seed", o->seed, "Seed of the paged layout's page shuffle")
@@ -211,7 +212,7 @@ int run_main(int argc, char **argv) {
   r->add_flag("--alibi", run.alibi,
               "ALiBi with the standard slopes 2^(-8(h+1)/heads_q) (BLOOM's rule when heads_q is "
               "not a power of two)");
-  r->add_option("--q-dtype", run.q_dtype,
+  CLI::Option *run_q_dtype = r->add_option("--q-dtype", run.q_dtype,
                 "The fp8 forward (sm_89+): quantise the Q, K and V .npy values to e4m3 or e5m2 "
                 "bytes (round to nearest even, saturating) with descales amax / 448 (e4m3) or "
                 "amax / 57344 (e5m2) per --kv-scale group (Q's: the queries of a KV head); O in "
@@ -225,6 +226,7 @@ int run_main(int argc, char **argv) {
   r->add_option("--kv-scale", run.kv_scale,
                 "With --q-dtype: one descale per (batch, kv head) (head, the default) or per "
                 "tensor (tensor)")
+      ->needs(run_q_dtype)
       ->check(CLI::IsMember({"head", "tensor"}))
       ->type_name("head|tensor");
   add_kv_options(r, &run);
@@ -302,7 +304,7 @@ int run_main(int argc, char **argv) {
                 "Rotary position of each query / new token: integer [batch, n], n >= seqlen_q "
                 "and seqlen_new (default: cache_seqlens + t)")
       ->type_name("POS.npy");
-  d->add_option("--kv-dtype", dec.kv_dtype,
+  CLI::Option *dec_kv_dtype = d->add_option("--kv-dtype", dec.kv_dtype,
                 "fp8 KV cache (sm_89+): quantise the K/V .npy values to e4m3 or e5m2 bytes "
                 "(round to nearest even, saturating) with descales amax / 448 (e4m3) or amax / "
                 "57344 (e5m2) over each --kv-scale group of valid rows; the reference uses the "
@@ -312,6 +314,7 @@ int run_main(int argc, char **argv) {
   d->add_option("--kv-scale", dec.kv_scale,
                 "With --kv-dtype: one descale per (batch, kv head) (head, the default) or per "
                 "cache tensor (tensor)")
+      ->needs(dec_kv_dtype)
       ->check(CLI::IsMember({"head", "tensor"}))
       ->type_name("head|tensor");
   add_kv_options(d, &dec);
