@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds and runs the two C consumer examples against an installed prefix:
+# Builds and runs the C consumer examples against an installed prefix:
 #   bash bindings/c/test.sh PREFIX
 # pkgconfig_example links with only `pkg-config --cflags --libs flashattn`;
-# dlopen_example is compiled with the header alone and dlopens the library.
+# dlopen_example is compiled with the header alone and dlopens the library;
+# paged_decode_example is docs/api.md's paged fa_decode call, checked in fp64.
 set -euo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: $0 PREFIX" >&2
@@ -39,6 +40,13 @@ run "build pkgconfig_example" "$cc" "${cflags[@]}" -I"$here" "$here/pkgconfig_ex
   $pc_flags -o "$work/pkgconfig_example"
 run "pkgconfig_example" env LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$work/pkgconfig_example" "$fixture"
+
+# The paged decode of docs/api.md, linked the same way.
+# shellcheck disable=SC2086
+run "build paged_decode_example" "$cc" "${cflags[@]}" -I"$here" "$here/paged_decode_example.c" \
+  $pc_flags -lm -o "$work/paged_decode_example"
+run "paged_decode_example" env LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$work/paged_decode_example"
 
 # 2. dlopen: the header only, no -lflashattn; the binary must not need it.
 run "build dlopen_example" "$cc" "${cflags[@]}" -I"$prefix/include" -I"$here" \
