@@ -22,6 +22,9 @@ _KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
           "reduce": _lib.KERNEL_REDUCE}
 _INT32 = (-2**31, 2**31 - 1)
+# The most bytes (or elements) one buffer may have: fa_malloc takes a size_t,
+# and fa_tensor strides and the emulator's offsets are int64, so 2^63 - 1.
+MAX_BYTES = 2**63 - 1
 
 
 def _int32(value, what):
@@ -32,6 +35,19 @@ def _int32(value, what):
             raise invalid("%s must be an int, got %r" % (what, value)) from None
     if not _INT32[0] <= value <= _INT32[1]:
         raise invalid("%s = %d does not fit int32" % (what, value))
+    return int(value)
+
+
+def _size(value, what, limit=MAX_BYTES):
+    """A count (bytes or elements) as an int in [0, limit]: an int or an
+    object with __index__, never wrapped to size_t the way ctypes would."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()
+        except AttributeError:
+            raise invalid("%s must be an int, got %r" % (what, value)) from None
+    if not 0 <= value <= limit:
+        raise invalid("%s = %d is outside [0, %d]" % (what, value, limit))
     return int(value)
 
 
@@ -336,6 +352,7 @@ class Runtime:
     def malloc(self, nbytes):
         """fa_malloc: device memory (256-byte aligned) as an int pointer. The
         runtime frees it at close() unless free() is called first."""
+        nbytes = _size(nbytes, "malloc: nbytes")
         ptr = ctypes.c_uint64()
         with self._use() as h, self._lock:
             check(self._lib.fa_malloc(h, nbytes, ctypes.byref(ptr)))
@@ -365,7 +382,7 @@ class Runtime:
     def memcpy_htod(self, dst, src, nbytes=None):
         """Copies a host buffer (bytes-like or C-contiguous NumPy array) to dst."""
         addr, size, keep = _buffer(src, False, "memcpy_htod")
-        n = size if nbytes is None else nbytes
+        n = size if nbytes is None else _size(nbytes, "memcpy_htod: nbytes")
         if n > size:
             raise invalid("memcpy_htod: nbytes %d exceeds the source's %d" % (n, size))
         with self._use() as h:
@@ -375,7 +392,7 @@ class Runtime:
     def memcpy_dtoh(self, dst, src, nbytes=None):
         """Copies device memory at src into a writable host buffer."""
         addr, size, keep = _buffer(dst, True, "memcpy_dtoh")
-        n = size if nbytes is None else nbytes
+        n = size if nbytes is None else _size(nbytes, "memcpy_dtoh: nbytes")
         if n > size:
             raise invalid("memcpy_dtoh: nbytes %d exceeds the destination's %d" % (n, size))
         with self._use() as h:
@@ -384,7 +401,7 @@ class Runtime:
 
     def memset(self, dst, value, nbytes):
         with self._use() as h:
-            check(self._lib.fa_memset(h, dst, value, nbytes))
+            check(self._lib.fa_memset(h, dst, value, _size(nbytes, "memset: nbytes")))
 
     def synchronize(self, stream=None):
         s = _stream_handle(stream)
@@ -392,7 +409,12 @@ class Runtime:
             check(self._lib.fa_synchronize(h, s or None))
 
     def empty(self, shape, dtype):
-        """An uninitialised DeviceArray of `dtype` ('fp16','bf16','fp32','int32')."""
+        """An uninitialised DeviceArray of `dtype` ('fp16', 'bf16', 'fp32',
+        'int32', 'fp8') and `shape` (a sequence of ints >= 0). Raises
+        InvalidArgumentError naming the shape when a dimension is negative or
+        not an int, or when the element or byte count exceeds MAX_BYTES
+        (2^63 - 1: fa_malloc's size_t, int64 strides), instead of letting the
+        byte count wrap."""
         return DeviceArray(self, shape, dtype)
 
     def upload(self, array, dtype=None):
@@ -486,11 +508,19 @@ class DeviceArray:
     def __init__(self, runtime, shape, dtype):
         if dtype not in ITEMSIZE:
             raise invalid("DeviceArray: dtype must be one of %s, got %r" % (sorted(ITEMSIZE), dtype))
-        self.shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in self.shape):
-            raise invalid("DeviceArray: negative dimension in %r" % (self.shape,))
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise invalid("DeviceArray: shape must be a sequence of ints, got %r"
+                          % (shape,)) from None
+        self.shape = tuple(_size(n, "DeviceArray: shape[%d]" % i) for i, n in enumerate(dims))
+        count = math.prod(self.shape)
+        if count * ITEMSIZE[dtype] > MAX_BYTES:
+            raise invalid("DeviceArray: shape %r holds %d %s elements = %d bytes, more than "
+                          "one buffer can hold (%d bytes: fa_malloc's size_t, int64 strides)"
+                          % (self.shape, count, dtype, count * ITEMSIZE[dtype], MAX_BYTES))
         self.dtype = dtype
-        self.nbytes = math.prod(self.shape) * ITEMSIZE[dtype]
+        self.nbytes = count * ITEMSIZE[dtype]
         self.runtime = runtime
         self.ptr = 0
         self.ptr = runtime.malloc(max(self.nbytes, 16))
