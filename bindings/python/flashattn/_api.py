@@ -1,5 +1,6 @@
 """Runtime, Config, DeviceArray and the attention calls."""
 
+import array
 import ctypes
 import math
 import numbers
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from . import _lib
 from ._errors import Error, check, invalid
-from ._tensors import (ITEMSIZE, contiguous_strides, host_dtype, host_storage,
+from ._tensors import (ITEMSIZE, HostList, contiguous_strides, host_dtype, host_storage,
                        is_ndarray, resolve)
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA,
@@ -67,6 +68,8 @@ def _stream_handle(stream):
 
 def _buffer(buf, writable, what):
     """(address, nbytes, keepalive) of a C-contiguous host buffer."""
+    if isinstance(buf, HostList):
+        buf = buf.data
     if is_ndarray(buf):
         if not buf.flags.c_contiguous:
             raise invalid("%s: the array must be C-contiguous" % what)
@@ -785,13 +788,13 @@ class _Call:
         return ptr
 
     def stage_host(self, values, ctype):
-        """Stages a host array of `values` (a NumPy dtype name, e.g. 'uint64')
-        for this call; returns its device address."""
-        import numpy as np
-        host = np.ascontiguousarray(values, dtype=ctype)
-        ptr = self.rt.malloc(max(host.nbytes, 16))
+        """Stages `values` as a host array of array.array type code `ctype`
+        (e.g. 'Q': uint64) for this call; returns its device address."""
+        host = array.array(ctype, values)
+        nbytes = len(host) * host.itemsize
+        ptr = self.rt.malloc(max(nbytes, 16))
         self.staged.append(ptr)
-        if host.nbytes:
+        if nbytes:
             self.rt.memcpy_htod(ptr, host)
         return ptr
 
@@ -883,26 +886,26 @@ def _host_cu_seqlens(view, name, total, total_name, max_seqlen, max_name):
     call stages) against the packed tensor's `total` rows and returns
     max_seqlen (the longest sequence when None). Device cu_seqlens are not
     read (that would need a synchronisation): see forward()'s docstring."""
-    cu = view.host.astype("int64").ravel()
+    cu = view.host.tolist()
     label = "forward: " + name
     if cu[0] != 0:
         raise invalid("%s[0] must be 0, got %d" % (label, cu[0]))
-    lengths = cu[1:] - cu[:-1]
-    if (lengths < 0).any():
-        b = int((lengths < 0).argmax())
+    lengths = [b - a for a, b in zip(cu, cu[1:])]
+    if min(lengths) < 0:
+        b = min(i for i, n in enumerate(lengths) if n < 0)
         raise invalid("%s must be non-decreasing: %s[%d] = %d > %s[%d] = %d"
                       % (label, name, b, cu[b], name, b + 1, cu[b + 1]))
     if cu[-1] > total:
         raise invalid("%s[%d] = %d exceeds %s = %d (the packed tensor's rows)"
                       % (label, len(cu) - 1, cu[-1], total_name, total))
-    longest = int(lengths.max())
+    longest = max(lengths)
     if max_seqlen is None:
         if longest == 0:
             raise invalid("%s: every sequence is empty" % label)
         return longest
     max_seqlen = _int32(max_seqlen, "forward: " + max_name)
     if max_seqlen < longest:
-        b = int(lengths.argmax())
+        b = lengths.index(longest)
         raise invalid("forward: %s = %d is smaller than sequence %d's length %d (%s[%d] - %s[%d])"
                       % (max_name, max_seqlen, b, longest, name, b + 1, name, b))
     return max_seqlen
@@ -996,7 +999,7 @@ def _kv_cache(call, k, v, block_table, batch, dims, names):
         for b, x in enumerate(views):
             if x.ptr % 16:
                 raise invalid("%s: %s[%d] at 0x%x is not 16-byte aligned" % (label, what, b, x.ptr))
-        ptrs.append(call.stage_host([x.ptr for x in views], "uint64"))
+        ptrs.append(call.stage_host([x.ptr for x in views], "Q"))
     c.layout.layout = _lib.KV_PTR_ARRAY
     c.layout.k_ptrs, c.layout.v_ptrs = ptrs
     c.k = _ft(None, (0,) + _seq_strides(kvs, label, kname))
@@ -1010,11 +1013,12 @@ def _check_cache_lengths(c, label, lengths, what, names):
     """Host checks of a cache against host per-sequence key counts: every
     block_table entry a sequence reads lies in [0, num_pages), every
     per-sequence tensor holds its keys."""
+    table = None if c.table is None else c.table.tolist()
     for b, n in enumerate(int(x) for x in lengths):
-        if c.table is not None:
+        if table is not None:
             pages = -(-n // c.page_size)
-            row = c.table[b, :pages]
-            bad = [j for j, p in enumerate(row.tolist()) if not 0 <= p < c.num_pages]
+            row = table[b][:pages]
+            bad = [j for j, p in enumerate(row) if not 0 <= p < c.num_pages]
             if bad:
                 raise invalid("%s: block_table[%d, %d] = %d is outside [0, num_pages=%d) "
                               "(sequence %d has %d keys in pages 0..%d)"
@@ -1048,12 +1052,14 @@ def _raw_device_memory(obj, label):
 
 
 def _lengths(view, label, what, limit, limit_name):
-    """Checks a host int32 [batch] of key counts against [0, limit]."""
-    bad = [i for i, n in enumerate(view.host.tolist()) if not 0 <= n <= limit]
+    """Checks a host int32 [batch] of key counts against [0, limit]; returns
+    them as a list."""
+    counts = view.host.tolist()
+    bad = [i for i, n in enumerate(counts) if not 0 <= n <= limit]
     if bad:
         raise invalid("%s: %s[%d] = %d is outside [0, %s=%d]"
-                      % (label, what, bad[0], view.host[bad[0]], limit_name, limit))
-    return view.host
+                      % (label, what, bad[0], counts[bad[0]], limit_name, limit))
+    return counts
 
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
@@ -1156,10 +1162,11 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             if cqv.host is not None:
                 Sq = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q", max_seqlen_q,
                                       "max_seqlen_q")
-                if want_lse and cqv.host[-1] != Tq:
+                last = cqv.host.tolist()[-1]
+                if want_lse and last != Tq:
                     raise invalid("forward: with an LSE, cu_seqlens_q[%d] (%d) must equal total_q "
                                   "(%d): the LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
-                                  % (B, cqv.host[-1], Tq))
+                                  % (B, last, Tq))
             elif Sq is None:
                 raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
             a.cu_seqlens_q = cqv.ptr
@@ -1292,9 +1299,8 @@ def _descales(call, a, B, Hk, **descales):
     strides = set()
     for name, x in given:
         if isinstance(x, (int, float)) or type(x).__module__ == "numpy" and \
-                not is_ndarray(x):  # a Python or NumPy scalar
-            import numpy as np
-            x = np.asarray(x, dtype=np.float32)
+                not is_ndarray(x):  # a Python or NumPy scalar: one value
+            x = [float(x)]
         dv_ = call.input(x, name, "fp32")
         if dv_.shape in ((), (1,)):
             strides.add((0, 0))
@@ -1458,10 +1464,10 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         _expect(csv, "decode: cache_seqlens", (B,), ("batch",))
         _need_contiguous(csv, "decode: cache_seqlens")
         if csv.host is not None:  # values on the device are the caller's to check
-            _lengths(csv, "decode", "cache_seqlens", Skmax - Sn,
-                     "seqlen_k_max - seqlen_new" if Sn else "seqlen_k_max")
+            counts = _lengths(csv, "decode", "cache_seqlens", Skmax - Sn,
+                              "seqlen_k_max - seqlen_new" if Sn else "seqlen_k_max")
             if kvc is not None:
-                _check_cache_lengths(kvc, "decode", csv.host + Sn, "cache_seqlens",
+                _check_cache_lengths(kvc, "decode", [n + Sn for n in counts], "cache_seqlens",
                                      ("k_cache", "v_cache"))
         if Sn:
             caches = [k_cache, v_cache] if kvc is None or block_table is not None \
