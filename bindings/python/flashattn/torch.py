@@ -29,6 +29,7 @@ PyTorch >= 2.4 (torch.library.custom_op) is needed.
 """
 
 import threading
+import warnings
 from typing import List, Optional, Tuple
 
 try:
@@ -66,8 +67,11 @@ _configs = {}
 def runtime(device):
     """The flashattn.Runtime the functions use for a torch device: the cuda
     backend on CUDA device N, the emulator for 'cpu'. Made at first use and
-    kept for the life of the process (kernel cache statistics:
-    runtime(q.device).cache_stats())."""
+    kept for the life of the process. runtime(q.device).info says which
+    backend runs (backend 'cuda' or 'emulator', sm, device_name);
+    .cache_stats() the kernel cache (its .path: where kernels are stored).
+    The first call of a function on CPU tensors issues one RuntimeWarning
+    (per process): they run on flashattn's CPU emulator, which is slow."""
     device = torch.device(device)
     if device.type == "cuda":
         key = ("cuda", device.index if device.index is not None else torch.cuda.current_device())
@@ -85,6 +89,22 @@ def runtime(device):
                 rt = _api.Runtime(backend="emulator")
             _runtimes[key] = rt
     return rt
+
+
+_emulator_warned = False
+
+
+def _warn_if_emulated(q, stacklevel):
+    """One RuntimeWarning per process, the first time a function gets CPU
+    tensors (the emulator runs them), pointing at the caller's line."""
+    global _emulator_warned
+    if q.device.type == "cpu" and not _emulator_warned:
+        _emulator_warned = True
+        warnings.warn("flashattn.torch: CPU tensors run on flashattn's CPU emulator (it runs "
+                      "the PTX kernels on the host: correct but slow, meant for tests); move "
+                      "the tensors to a CUDA device for the GPU kernels. "
+                      "flashattn.torch.runtime(device).info says which backend runs.",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _config(dtype, head_dim, head_dim_v, heads_q, heads_kv, causal, wl, wr, scale, softcap):
@@ -415,6 +435,7 @@ def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                block_table=None):
     _unsupported(fn, dropout_p)
     _check_dtypes(fn, q, _kv_names(fn, k, v))
+    _warn_if_emulated(q, 3)  # the caller of flash_attn_*_func
     alibi_slopes = _slopes(fn, alibi_slopes, q.device)
     for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table)):
@@ -543,6 +564,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError("flashattn.torch.%s: cache_leftpad is not supported" % fn)
     _check_dtypes(fn, q, (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)),
                   (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)))
+    _warn_if_emulated(q, 2)
     alibi_slopes = _slopes(fn, alibi_slopes, q.device)
     for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         _check_device(name, t, q.device)

@@ -544,3 +544,30 @@ def test_torch_compile_fullgraph(fat):
         torch._dynamo.reset()
         got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(got, want)
+
+
+def test_emulator_fallback_warns_once(fat):
+    """The first call on CPU tensors says (one RuntimeWarning per process)
+    that the emulator runs them; runtime(device).info names the backend.
+    In a child process, so that no earlier test has made the CPU runtime."""
+    code = """if True:
+        import warnings, torch
+        warnings.simplefilter("always")
+        import flashattn.torch as fat
+        q = torch.randn(1, 8, 2, 32).half()
+        with warnings.catch_warnings(record=True) as w:
+            fat.flash_attn_func(q, q, q)
+            fat.flash_attn_with_kvcache(q[:, :1], q, q)
+            fat.flash_attn_func(q, q, q, causal=True)
+        emu = [x for x in w if issubclass(x.category, RuntimeWarning)
+               and "emulator" in str(x.message)]
+        assert len(emu) == 1, [str(x.message) for x in w]
+        assert emu[0].filename == "<string>" and emu[0].lineno == 7, (emu[0].filename,
+                                                                      emu[0].lineno)
+        assert fat.runtime("cpu").info.backend == "emulator"
+        print("ok")
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
