@@ -3,7 +3,10 @@
 # the examples:
 #   bash bindings/python/test.sh PREFIX
 # Uses Debian's /usr/bin/python3 with python3-numpy and python3-pytest
-# (tools/setup.sh), the emulator backend and a scratch kernel cache.
+# (tools/setup.sh), the emulator backend and a scratch kernel cache; then the
+# torch and transformers suites with $FA_TORCH_PYTHON, else
+# ${XDG_CACHE_HOME:-$HOME/.cache}/flashattn-torch-venv/bin/python
+# (tools/setup_torch.sh makes it), else they are reported skipped.
 set -euo pipefail
 if [ $# -ne 1 ]; then
   echo "usage: $0 PREFIX" >&2
@@ -28,3 +31,17 @@ cd "$here"
 "$py" -m pytest -p no:cacheprovider -q -rs tests
 "$py" examples/fixture_forward.py
 "$py" examples/paged_decode.py
+
+# flashattn.torch and the transformers integration need a Python with torch
+# and transformers: $FA_TORCH_PYTHON, else the venv tools/setup_torch.sh
+# makes; without either they are skipped, and this says so.
+torch_py=${FA_TORCH_PYTHON:-${XDG_CACHE_HOME:-$HOME/.cache}/flashattn-torch-venv/bin/python}
+if [ -x "$torch_py" ] && "$torch_py" -c "import torch, transformers, numpy, pytest" 2>/dev/null; then
+  echo "== flashattn.torch and transformers integration suites with $torch_py"
+  start=$SECONDS
+  "$torch_py" -m pytest -p no:cacheprovider -q -rs tests/test_torch.py tests/test_transformers.py
+  echo "torch/transformers suites: $((SECONDS - start)) s"
+else
+  echo "skipped: no torch/transformers (tests/test_torch.py with torch, tests/test_transformers.py):" \
+       "no usable Python at $torch_py; set FA_TORCH_PYTHON or run tools/setup_torch.sh"
+fi

@@ -15,8 +15,8 @@ FlashAttention's functions (flash_attn_func, flash_attn_varlen_func,
 flash_attn_with_kvcache, ...) as torch custom ops on these kernels.
 """
 
-from ._api import (CacheEntry, CacheStats, Config, DeviceArray, Runtime, RuntimeInfo,
-                   decode, decode_reduce, forward, generate, launch)
+from ._api import (MAX_BYTES, CacheEntry, CacheStats, Config, DeviceArray, Runtime,
+                   RuntimeInfo, decode, decode_reduce, forward, generate, launch)
 from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, Error,
                       InternalError, InvalidArgumentError, LaunchError, NoDeviceError,
                       NoDriverError, OutOfMemoryError, RuntimePoisonedError, UnsupportedError)
@@ -36,7 +36,7 @@ __all__ = [
     "Runtime", "RuntimeInfo", "Config", "DeviceArray", "CacheStats", "CacheEntry",
     "forward", "launch", "decode", "decode_reduce", "generate", "version",
     "Tensor", "as_tensor", "float32_to_bf16_bits", "bf16_bits_to_float32",
-    "load_library", "library_path", "DECODE_INVARIANT_SPLIT",
+    "load_library", "library_path", "DECODE_INVARIANT_SPLIT", "MAX_BYTES",
     "Error", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "NoDriverError",
     "NoDeviceError", "CudaError", "CompileError", "LaunchError", "RuntimePoisonedError",
     "BufferTooSmallError", "InternalError", "CacheError",

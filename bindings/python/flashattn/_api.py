@@ -1,5 +1,6 @@
 """Runtime, Config, DeviceArray and the attention calls."""
 
+import array
 import ctypes
 import math
 import numbers
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from . import _lib
 from ._errors import Error, check, invalid
-from ._tensors import (ITEMSIZE, contiguous_strides, host_dtype, host_storage,
+from ._tensors import (ITEMSIZE, HostList, contiguous_strides, host_dtype, host_storage,
                        is_ndarray, resolve)
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA,
@@ -22,6 +23,9 @@ _KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
           "reduce": _lib.KERNEL_REDUCE}
 _INT32 = (-2**31, 2**31 - 1)
+# The most bytes (or elements) one buffer may have: fa_malloc takes a size_t,
+# and fa_tensor strides and the emulator's offsets are int64, so 2^63 - 1.
+MAX_BYTES = 2**63 - 1
 
 
 def _int32(value, what):
@@ -32,6 +36,19 @@ def _int32(value, what):
             raise invalid("%s must be an int, got %r" % (what, value)) from None
     if not _INT32[0] <= value <= _INT32[1]:
         raise invalid("%s = %d does not fit int32" % (what, value))
+    return int(value)
+
+
+def _size(value, what, limit=MAX_BYTES):
+    """A count (bytes or elements) as an int in [0, limit]: an int or an
+    object with __index__, never wrapped to size_t the way ctypes would."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()
+        except AttributeError:
+            raise invalid("%s must be an int, got %r" % (what, value)) from None
+    if not 0 <= value <= limit:
+        raise invalid("%s = %d is outside [0, %d]" % (what, value, limit))
     return int(value)
 
 
@@ -51,6 +68,8 @@ def _stream_handle(stream):
 
 def _buffer(buf, writable, what):
     """(address, nbytes, keepalive) of a C-contiguous host buffer."""
+    if isinstance(buf, HostList):
+        buf = buf.data
     if is_ndarray(buf):
         if not buf.flags.c_contiguous:
             raise invalid("%s: the array must be C-contiguous" % what)
@@ -336,6 +355,7 @@ class Runtime:
     def malloc(self, nbytes):
         """fa_malloc: device memory (256-byte aligned) as an int pointer. The
         runtime frees it at close() unless free() is called first."""
+        nbytes = _size(nbytes, "malloc: nbytes")
         ptr = ctypes.c_uint64()
         with self._use() as h, self._lock:
             check(self._lib.fa_malloc(h, nbytes, ctypes.byref(ptr)))
@@ -365,7 +385,7 @@ class Runtime:
     def memcpy_htod(self, dst, src, nbytes=None):
         """Copies a host buffer (bytes-like or C-contiguous NumPy array) to dst."""
         addr, size, keep = _buffer(src, False, "memcpy_htod")
-        n = size if nbytes is None else nbytes
+        n = size if nbytes is None else _size(nbytes, "memcpy_htod: nbytes")
         if n > size:
             raise invalid("memcpy_htod: nbytes %d exceeds the source's %d" % (n, size))
         with self._use() as h:
@@ -375,7 +395,7 @@ class Runtime:
     def memcpy_dtoh(self, dst, src, nbytes=None):
         """Copies device memory at src into a writable host buffer."""
         addr, size, keep = _buffer(dst, True, "memcpy_dtoh")
-        n = size if nbytes is None else nbytes
+        n = size if nbytes is None else _size(nbytes, "memcpy_dtoh: nbytes")
         if n > size:
             raise invalid("memcpy_dtoh: nbytes %d exceeds the destination's %d" % (n, size))
         with self._use() as h:
@@ -384,7 +404,7 @@ class Runtime:
 
     def memset(self, dst, value, nbytes):
         with self._use() as h:
-            check(self._lib.fa_memset(h, dst, value, nbytes))
+            check(self._lib.fa_memset(h, dst, value, _size(nbytes, "memset: nbytes")))
 
     def synchronize(self, stream=None):
         s = _stream_handle(stream)
@@ -392,7 +412,12 @@ class Runtime:
             check(self._lib.fa_synchronize(h, s or None))
 
     def empty(self, shape, dtype):
-        """An uninitialised DeviceArray of `dtype` ('fp16','bf16','fp32','int32')."""
+        """An uninitialised DeviceArray of `dtype` ('fp16', 'bf16', 'fp32',
+        'int32', 'fp8') and `shape` (a sequence of ints >= 0). Raises
+        InvalidArgumentError naming the shape when a dimension is negative or
+        not an int, or when the element or byte count exceeds MAX_BYTES
+        (2^63 - 1: fa_malloc's size_t, int64 strides), instead of letting the
+        byte count wrap."""
         return DeviceArray(self, shape, dtype)
 
     def upload(self, array, dtype=None):
@@ -486,11 +511,19 @@ class DeviceArray:
     def __init__(self, runtime, shape, dtype):
         if dtype not in ITEMSIZE:
             raise invalid("DeviceArray: dtype must be one of %s, got %r" % (sorted(ITEMSIZE), dtype))
-        self.shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in self.shape):
-            raise invalid("DeviceArray: negative dimension in %r" % (self.shape,))
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise invalid("DeviceArray: shape must be a sequence of ints, got %r"
+                          % (shape,)) from None
+        self.shape = tuple(_size(n, "DeviceArray: shape[%d]" % i) for i, n in enumerate(dims))
+        count = math.prod(self.shape)
+        if count * ITEMSIZE[dtype] > MAX_BYTES:
+            raise invalid("DeviceArray: shape %r holds %d %s elements = %d bytes, more than "
+                          "one buffer can hold (%d bytes: fa_malloc's size_t, int64 strides)"
+                          % (self.shape, count, dtype, count * ITEMSIZE[dtype], MAX_BYTES))
         self.dtype = dtype
-        self.nbytes = math.prod(self.shape) * ITEMSIZE[dtype]
+        self.nbytes = count * ITEMSIZE[dtype]
         self.runtime = runtime
         self.ptr = 0
         self.ptr = runtime.malloc(max(self.nbytes, 16))
@@ -755,13 +788,13 @@ class _Call:
         return ptr
 
     def stage_host(self, values, ctype):
-        """Stages a host array of `values` (a NumPy dtype name, e.g. 'uint64')
-        for this call; returns its device address."""
-        import numpy as np
-        host = np.ascontiguousarray(values, dtype=ctype)
-        ptr = self.rt.malloc(max(host.nbytes, 16))
+        """Stages `values` as a host array of array.array type code `ctype`
+        (e.g. 'Q': uint64) for this call; returns its device address."""
+        host = array.array(ctype, values)
+        nbytes = len(host) * host.itemsize
+        ptr = self.rt.malloc(max(nbytes, 16))
         self.staged.append(ptr)
-        if host.nbytes:
+        if nbytes:
             self.rt.memcpy_htod(ptr, host)
         return ptr
 
@@ -853,26 +886,26 @@ def _host_cu_seqlens(view, name, total, total_name, max_seqlen, max_name):
     call stages) against the packed tensor's `total` rows and returns
     max_seqlen (the longest sequence when None). Device cu_seqlens are not
     read (that would need a synchronisation): see forward()'s docstring."""
-    cu = view.host.astype("int64").ravel()
+    cu = view.host.tolist()
     label = "forward: " + name
     if cu[0] != 0:
         raise invalid("%s[0] must be 0, got %d" % (label, cu[0]))
-    lengths = cu[1:] - cu[:-1]
-    if (lengths < 0).any():
-        b = int((lengths < 0).argmax())
+    lengths = [b - a for a, b in zip(cu, cu[1:])]
+    if min(lengths) < 0:
+        b = min(i for i, n in enumerate(lengths) if n < 0)
         raise invalid("%s must be non-decreasing: %s[%d] = %d > %s[%d] = %d"
                       % (label, name, b, cu[b], name, b + 1, cu[b + 1]))
     if cu[-1] > total:
         raise invalid("%s[%d] = %d exceeds %s = %d (the packed tensor's rows)"
                       % (label, len(cu) - 1, cu[-1], total_name, total))
-    longest = int(lengths.max())
+    longest = max(lengths)
     if max_seqlen is None:
         if longest == 0:
             raise invalid("%s: every sequence is empty" % label)
         return longest
     max_seqlen = _int32(max_seqlen, "forward: " + max_name)
     if max_seqlen < longest:
-        b = int(lengths.argmax())
+        b = lengths.index(longest)
         raise invalid("forward: %s = %d is smaller than sequence %d's length %d (%s[%d] - %s[%d])"
                       % (max_name, max_seqlen, b, longest, name, b + 1, name, b))
     return max_seqlen
@@ -966,7 +999,7 @@ def _kv_cache(call, k, v, block_table, batch, dims, names):
         for b, x in enumerate(views):
             if x.ptr % 16:
                 raise invalid("%s: %s[%d] at 0x%x is not 16-byte aligned" % (label, what, b, x.ptr))
-        ptrs.append(call.stage_host([x.ptr for x in views], "uint64"))
+        ptrs.append(call.stage_host([x.ptr for x in views], "Q"))
     c.layout.layout = _lib.KV_PTR_ARRAY
     c.layout.k_ptrs, c.layout.v_ptrs = ptrs
     c.k = _ft(None, (0,) + _seq_strides(kvs, label, kname))
@@ -980,11 +1013,12 @@ def _check_cache_lengths(c, label, lengths, what, names):
     """Host checks of a cache against host per-sequence key counts: every
     block_table entry a sequence reads lies in [0, num_pages), every
     per-sequence tensor holds its keys."""
+    table = None if c.table is None else c.table.tolist()
     for b, n in enumerate(int(x) for x in lengths):
-        if c.table is not None:
+        if table is not None:
             pages = -(-n // c.page_size)
-            row = c.table[b, :pages]
-            bad = [j for j, p in enumerate(row.tolist()) if not 0 <= p < c.num_pages]
+            row = table[b][:pages]
+            bad = [j for j, p in enumerate(row) if not 0 <= p < c.num_pages]
             if bad:
                 raise invalid("%s: block_table[%d, %d] = %d is outside [0, num_pages=%d) "
                               "(sequence %d has %d keys in pages 0..%d)"
@@ -1018,12 +1052,14 @@ def _raw_device_memory(obj, label):
 
 
 def _lengths(view, label, what, limit, limit_name):
-    """Checks a host int32 [batch] of key counts against [0, limit]."""
-    bad = [i for i, n in enumerate(view.host.tolist()) if not 0 <= n <= limit]
+    """Checks a host int32 [batch] of key counts against [0, limit]; returns
+    them as a list."""
+    counts = view.host.tolist()
+    bad = [i for i, n in enumerate(counts) if not 0 <= n <= limit]
     if bad:
         raise invalid("%s: %s[%d] = %d is outside [0, %s=%d]"
-                      % (label, what, bad[0], view.host[bad[0]], limit_name, limit))
-    return view.host
+                      % (label, what, bad[0], counts[bad[0]], limit_name, limit))
+    return counts
 
 
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
@@ -1126,10 +1162,11 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             if cqv.host is not None:
                 Sq = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q", max_seqlen_q,
                                       "max_seqlen_q")
-                if want_lse and cqv.host[-1] != Tq:
+                last = cqv.host.tolist()[-1]
+                if want_lse and last != Tq:
                     raise invalid("forward: with an LSE, cu_seqlens_q[%d] (%d) must equal total_q "
                                   "(%d): the LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
-                                  % (B, cqv.host[-1], Tq))
+                                  % (B, last, Tq))
             elif Sq is None:
                 raise invalid("forward: max_seqlen_q is needed with device cu_seqlens_q")
             a.cu_seqlens_q = cqv.ptr
@@ -1262,9 +1299,8 @@ def _descales(call, a, B, Hk, **descales):
     strides = set()
     for name, x in given:
         if isinstance(x, (int, float)) or type(x).__module__ == "numpy" and \
-                not is_ndarray(x):  # a Python or NumPy scalar
-            import numpy as np
-            x = np.asarray(x, dtype=np.float32)
+                not is_ndarray(x):  # a Python or NumPy scalar: one value
+            x = [float(x)]
         dv_ = call.input(x, name, "fp32")
         if dv_.shape in ((), (1,)):
             strides.add((0, 0))
@@ -1428,10 +1464,10 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         _expect(csv, "decode: cache_seqlens", (B,), ("batch",))
         _need_contiguous(csv, "decode: cache_seqlens")
         if csv.host is not None:  # values on the device are the caller's to check
-            _lengths(csv, "decode", "cache_seqlens", Skmax - Sn,
-                     "seqlen_k_max - seqlen_new" if Sn else "seqlen_k_max")
+            counts = _lengths(csv, "decode", "cache_seqlens", Skmax - Sn,
+                              "seqlen_k_max - seqlen_new" if Sn else "seqlen_k_max")
             if kvc is not None:
-                _check_cache_lengths(kvc, "decode", csv.host + Sn, "cache_seqlens",
+                _check_cache_lengths(kvc, "decode", [n + Sn for n in counts], "cache_seqlens",
                                      ("k_cache", "v_cache"))
         if Sn:
             caches = [k_cache, v_cache] if kvc is None or block_table is not None \

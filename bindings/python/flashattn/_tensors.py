@@ -17,6 +17,7 @@ Accepted inputs, tried in this order:
      call no longer needs the memory.
 """
 
+import array
 import ctypes
 import sys
 
@@ -92,6 +93,78 @@ def _numpy():
     return sys.modules.get("numpy")
 
 
+def _numpy_or_none():
+    """NumPy, imported if it is installed, else None (the stdlib-only wheel)."""
+    np = _numpy()
+    if np is None:
+        try:
+            import numpy as np
+        except ImportError:
+            return None
+    return np
+
+
+class HostList:
+    """A nested list or tuple of numbers as a C-order host array, for callers
+    without NumPy (the stdlib-only wheel): what a list argument becomes when
+    NumPy cannot be imported. Holds int32 or fp32 values in an array.array
+    (the buffer staged into fa_malloc'd memory); the checks read tolist()."""
+
+    __slots__ = ("shape", "values", "data")
+
+    _CODES = {"int32": "i", "fp32": "f"}
+
+    def __init__(self, obj, what):
+        shape, x = [], obj
+        while isinstance(x, (list, tuple)):  # the shape, along the first elements
+            shape.append(len(x))
+            x = x[0] if x else None
+        flat = []
+
+        def walk(x, depth):
+            if depth < len(shape):
+                if not isinstance(x, (list, tuple)) or len(x) != shape[depth]:
+                    raise invalid("%s: a ragged nested list (shape %r)" % (what, tuple(shape)))
+                for e in x:
+                    walk(e, depth + 1)
+            elif isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise invalid("%s: list elements must be ints or floats, got %s"
+                              % (what, type(x).__name__))
+            else:
+                flat.append(x)
+
+        walk(obj, 0)
+        self.shape = tuple(shape)
+        self.values = flat
+        self.data = None
+
+    @property
+    def nbytes(self):
+        return 0 if self.data is None else len(self.data) * self.data.itemsize
+
+    def tolist(self):
+        def nest(flat, dims):
+            if not dims:
+                return flat[0]
+            step = len(flat) // dims[0] if dims[0] else 0
+            return [nest(flat[i * step:(i + 1) * step], dims[1:]) for i in range(dims[0])]
+        return nest(self.values, self.shape) if self.shape else self.values[0]
+
+    def storage(self, dtype, what):
+        """Itself, its values converted to dtype's C type in self.data."""
+        code = self._CODES.get(dtype)
+        if code is None:
+            raise invalid("%s: a list of %s values needs NumPy (not installed): pass a NumPy "
+                          "array, a DeviceArray or a device tensor" % (what, dtype))
+        if code == "i":
+            if any(isinstance(x, float) for x in self.values):
+                raise invalid("%s: must be integers, got a float in the list" % what)
+            if any(not -2**31 <= x < 2**31 for x in self.values):
+                raise invalid("%s: values do not fit int32" % what)
+        self.data = array.array(code, self.values)
+        return self
+
+
 def is_ndarray(obj):
     np = _numpy()
     return np is not None and isinstance(obj, np.ndarray)
@@ -133,6 +206,8 @@ def host_storage(arr, dtype, what):
     """A C-contiguous NumPy array holding arr in flashattn's storage type:
     fp16 -> float16 (floats are cast), bf16 -> uint16 bit patterns (uint16
     taken as bits, floats rounded), fp32 -> float32, int32 -> int32."""
+    if isinstance(arr, HostList):
+        return arr.storage(dtype, what)
     np = _numpy()
     kind = arr.dtype.kind
     if dtype == "fp16":
@@ -352,10 +427,8 @@ def resolve(obj, what, dtype=None, stream=None):
         return View(0, host.shape, contiguous_strides(host.shape), override, host=host,
                     source=obj)
     if isinstance(obj, (list, tuple)):
-        np = _numpy()
-        if np is None:
-            import numpy as np  # noqa: F811
-        arr = np.asarray(obj)
+        np = _numpy_or_none()
+        arr = HostList(obj, what) if np is None else np.asarray(obj)
         return View(0, arr.shape, contiguous_strides(arr.shape), override, host=arr, source=obj)
     raise invalid("%s: expected a NumPy array, an object with __cuda_array_interface__ or "
                   "__dlpack__, or a flashattn.DeviceArray; got %s" % (what, type(obj).__name__))

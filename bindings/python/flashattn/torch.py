@@ -29,6 +29,7 @@ PyTorch >= 2.4 (torch.library.custom_op) is needed.
 """
 
 import threading
+import warnings
 from typing import List, Optional, Tuple
 
 try:
@@ -66,8 +67,11 @@ _configs = {}
 def runtime(device):
     """The flashattn.Runtime the functions use for a torch device: the cuda
     backend on CUDA device N, the emulator for 'cpu'. Made at first use and
-    kept for the life of the process (kernel cache statistics:
-    runtime(q.device).cache_stats())."""
+    kept for the life of the process. runtime(q.device).info says which
+    backend runs (backend 'cuda' or 'emulator', sm, device_name);
+    .cache_stats() the kernel cache (its .path: where kernels are stored).
+    The first call of a function on CPU tensors issues one RuntimeWarning
+    (per process): they run on flashattn's CPU emulator, which is slow."""
     device = torch.device(device)
     if device.type == "cuda":
         key = ("cuda", device.index if device.index is not None else torch.cuda.current_device())
@@ -85,6 +89,22 @@ def runtime(device):
                 rt = _api.Runtime(backend="emulator")
             _runtimes[key] = rt
     return rt
+
+
+_emulator_warned = False
+
+
+def _warn_if_emulated(q, stacklevel):
+    """One RuntimeWarning per process, the first time a function gets CPU
+    tensors (the emulator runs them), pointing at the caller's line."""
+    global _emulator_warned
+    if q.device.type == "cpu" and not _emulator_warned:
+        _emulator_warned = True
+        warnings.warn("flashattn.torch: CPU tensors run on flashattn's CPU emulator (it runs "
+                      "the PTX kernels on the host: correct but slow, meant for tests); move "
+                      "the tensors to a CUDA device for the GPU kernels. "
+                      "flashattn.torch.runtime(device).info says which backend runs.",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _config(dtype, head_dim, head_dim_v, heads_q, heads_kv, causal, wl, wr, scale, softcap):
@@ -369,10 +389,25 @@ def _slopes(fn, alibi_slopes, device):
     return alibi_slopes
 
 
-def _check_dtype(fn, q):
+def _check_dtypes(fn, q, same=(), rotary=()):
+    """Before anything is dispatched, on every device: q is float16 or
+    bfloat16, each tensor of `same` ((name, tensor or None) pairs: k, v,
+    the caches, the new k/v) has q's dtype, as FlashAttention requires
+    ("query and key must have the same dtype"), and each of `rotary` is
+    float32 or q's dtype. Raises TypeError naming the function and the
+    argument."""
     if q.dtype not in _DTYPES:
         raise TypeError("flashattn.torch.%s: q must be float16 or bfloat16, got %s"
                         % (fn, q.dtype))
+    for name, t in same:
+        if t is not None and t.dtype != q.dtype:
+            raise TypeError("flashattn.torch.%s: %s is %s but q is %s: q, k and v (and the "
+                            "caches) must have the same dtype, float16 or bfloat16"
+                            % (fn, name, t.dtype, q.dtype))
+    for name, t in rotary:
+        if t is not None and t.dtype not in (torch.float32, q.dtype):
+            raise TypeError("flashattn.torch.%s: %s must be float32 or q's dtype (%s), got %s"
+                            % (fn, name, q.dtype, t.dtype))
 
 
 def _window(window_size):
@@ -388,11 +423,19 @@ def _pad8(x):
     return x if d % 8 == 0 else torch.nn.functional.pad(x, [0, 8 - d % 8])
 
 
+def _kv_names(fn, k, v):
+    """(name, tensor) of k and v as the caller passed them: slices of qkv or
+    kv in the packed functions."""
+    name = "qkv" if "qkvpacked" in fn else "kv" if "kvpacked" in fn else None
+    return ((name or "k", k), (name or "v", v))
+
+
 def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                block_table=None):
     _unsupported(fn, dropout_p)
-    _check_dtype(fn, q)
+    _check_dtypes(fn, q, _kv_names(fn, k, v))
+    _warn_if_emulated(q, 3)  # the caller of flash_attn_*_func
     alibi_slopes = _slopes(fn, alibi_slopes, q.device)
     for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k), ("block_table", block_table)):
@@ -519,7 +562,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          "the append) is required" % fn)
     if cache_leftpad is not None:
         raise NotImplementedError("flashattn.torch.%s: cache_leftpad is not supported" % fn)
-    _check_dtype(fn, q)
+    _check_dtypes(fn, q, (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)),
+                  (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)))
+    _warn_if_emulated(q, 2)
     alibi_slopes = _slopes(fn, alibi_slopes, q.device)
     for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         _check_device(name, t, q.device)

@@ -91,6 +91,45 @@ def test_memory_helpers(rt):
     assert e.value.status == 1
 
 
+@pytest.mark.parametrize("shape,dtype,name", [
+    ((2**63 + 8,), "fp16", r"shape\[0\]"),              # the issue's: bytes wrap past 2^64
+    ((2**62 + 4,), "fp16", "more than one buffer"),      # 2^63 + 8 bytes
+    ((2**62, 2), "fp32", "more than one buffer"),        # the byte count, not the count
+    ((2**32, 2**32), "fp8", "more than one buffer"),     # elements alone: 2^64
+    ((2**64 + 1,), "fp8", r"shape\[0\]"),              # one dimension past size_t
+    ((4, -1), "fp16", r"shape\[1\]"),
+    ((4, 2.5), "fp16", r"shape\[1\]"),
+    (16, "fp16", "shape must be a sequence"),
+])
+def test_empty_refuses_sizes_that_overflow(rt, shape, dtype, name):
+    """No wrapped byte count reaches fa_malloc: a shape whose elements or
+    bytes do not fit is refused, naming the shape, and nothing is allocated."""
+    before = dict(rt._allocs)
+    with pytest.raises(fa.InvalidArgumentError, match=name) as e:
+        rt.empty(shape, dtype)
+    assert "DeviceArray" in e.value.message
+    assert rt._allocs == before
+
+
+def test_empty_largest_lazy_buffer_is_exact(rt):
+    """A big (lazily committed) buffer keeps its exact byte count."""
+    d = rt.empty((2**30 + 8,), "fp16")
+    assert d.nbytes == 2 * (2**30 + 8) and rt._allocs[d.ptr] == d.nbytes
+    d.free()
+
+
+@pytest.mark.parametrize("call", [
+    lambda rt: rt.malloc(2**64 + 16),
+    lambda rt: rt.malloc(-16),
+    lambda rt: rt.memset(0, 0, 2**64 + 1),
+    lambda rt: rt.memcpy_dtoh(bytearray(8), 0, -1),
+    lambda rt: rt.memcpy_htod(0, b"12345678", 2**64),
+])
+def test_memory_helpers_refuse_sizes_ctypes_would_wrap(rt, call):
+    with pytest.raises(fa.InvalidArgumentError, match="nbytes"):
+        call(rt)
+
+
 def test_device_array_roundtrip(rt):
     x = rng(1).standard_normal((3, 5)).astype(np.float32)
     d = rt.upload(x)

@@ -322,6 +322,73 @@ def test_unsupported_arguments_are_named(fat):
             call()
 
 
+def _mixed_dtype_calls(fat, torch, device):
+    """(function name, the argument that differs, call) for every public
+    function, each with one tensor whose dtype is not q's."""
+    f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
+
+    def t(*shape, dtype=f16):
+        return torch.zeros(*shape, dtype=dtype, device=device)
+
+    q = t(2, 8, 4, 32)
+    qb = q.to(b16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32, device=device)
+    flat = t(16, 4, 32)
+    lens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    kc = t(2, 16, 4, 32)
+    return [
+        ("flash_attn_func", "k", lambda: fat.flash_attn_func(qb, q, q)),  # the issue's
+        ("flash_attn_func", "k", lambda: fat.flash_attn_func(q, q.float(), q.float())),
+        ("flash_attn_func", "v", lambda: fat.flash_attn_func(q, q, qb)),
+        ("flash_attn_kvpacked_func", "kv", lambda: fat.flash_attn_kvpacked_func(
+            qb, t(2, 8, 2, 4, 32))),
+        ("flash_attn_varlen_func", "k", lambda: fat.flash_attn_varlen_func(
+            flat, flat.float(), flat, cu, cu, 8, 8)),
+        ("flash_attn_varlen_func", "v", lambda: fat.flash_attn_varlen_func(
+            flat, flat, flat.to(b16), cu, cu, 8, 8)),
+        ("flash_attn_varlen_kvpacked_func", "kv", lambda: fat.flash_attn_varlen_kvpacked_func(
+            flat.to(b16), t(16, 2, 4, 32), cu, cu, 8, 8)),
+        ("flash_attn_with_kvcache", "k_cache", lambda: fat.flash_attn_with_kvcache(
+            qb[:, :1], kc, kc.to(b16), cache_seqlens=lens)),   # an fp16 cache, bf16 q
+        ("flash_attn_with_kvcache", "v_cache", lambda: fat.flash_attn_with_kvcache(
+            q[:, :1], kc, kc.float(), cache_seqlens=lens)),
+        ("flash_attn_with_kvcache", "k", lambda: fat.flash_attn_with_kvcache(
+            q[:, :1], kc, kc, k=t(2, 1, 4, 32, dtype=b16), v=t(2, 1, 4, 32),
+            cache_seqlens=lens)),
+        ("flash_attn_with_kvcache", "v", lambda: fat.flash_attn_with_kvcache(
+            q[:, :1], kc, kc, k=t(2, 1, 4, 32), v=t(2, 1, 4, 32, dtype=f32),
+            cache_seqlens=lens)),
+        ("flash_attn_with_kvcache", "rotary_cos", lambda: fat.flash_attn_with_kvcache(
+            qb[:, :1], kc.to(b16), kc.to(b16), k=t(2, 1, 4, 32, dtype=b16),
+            v=t(2, 1, 4, 32, dtype=b16), rotary_cos=t(16, 8), rotary_sin=t(16, 8),
+            cache_seqlens=lens)),
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_mixed_dtypes_raise_before_dispatch(fat, device, monkeypatch):
+    """Every function checks k/v (and the caches, the new k/v, the rotary
+    tables) against q's dtype and raises TypeError naming the function and
+    the argument before any op is dispatched, on every device: the CPU path
+    no longer converts them silently (FlashAttention: "query and key must
+    have the same dtype")."""
+    import torch
+    dispatched = []
+    for op in ("fwd", "decode", "decode_append"):
+        monkeypatch.setattr(torch.ops.flashattn_rt, op,
+                            lambda *a, _op=op, **k: dispatched.append(_op))
+    calls = _mixed_dtype_calls(fat, torch, device)
+    assert {c[0] for c in calls} | {"flash_attn_qkvpacked_func",
+                                    "flash_attn_varlen_qkvpacked_func"} == set(FA_SIGNATURES)
+    for fn, arg, call in calls:
+        with pytest.raises(TypeError) as e:
+            call()
+        msg = str(e.value)
+        assert msg.startswith("flashattn.torch.%s: %s " % (fn, arg)), msg
+        assert "dtype" in msg, msg
+    assert dispatched == []
+
+
 @pytest.mark.parametrize("causal,per_seq", [(True, False), (False, True)])
 def test_alibi_vs_reference(fat, causal, per_seq):
     """alibi_slopes (FlashAttention's: fp32 (nheads,) or (batch, nheads)) in
@@ -477,3 +544,30 @@ def test_torch_compile_fullgraph(fat):
         torch._dynamo.reset()
         got = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(got, want)
+
+
+def test_emulator_fallback_warns_once(fat):
+    """The first call on CPU tensors says (one RuntimeWarning per process)
+    that the emulator runs them; runtime(device).info names the backend.
+    In a child process, so that no earlier test has made the CPU runtime."""
+    code = """if True:
+        import warnings, torch
+        warnings.simplefilter("always")
+        import flashattn.torch as fat
+        q = torch.randn(1, 8, 2, 32).half()
+        with warnings.catch_warnings(record=True) as w:
+            fat.flash_attn_func(q, q, q)
+            fat.flash_attn_with_kvcache(q[:, :1], q, q)
+            fat.flash_attn_func(q, q, q, causal=True)
+        emu = [x for x in w if issubclass(x.category, RuntimeWarning)
+               and "emulator" in str(x.message)]
+        assert len(emu) == 1, [str(x.message) for x in w]
+        assert emu[0].filename == "<string>" and emu[0].lineno == 7, (emu[0].filename,
+                                                                      emu[0].lineno)
+        assert fat.runtime("cpu").info.backend == "emulator"
+        print("ok")
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
