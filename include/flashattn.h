@@ -178,17 +178,19 @@ typedef struct fa_runtime_options {
   int32_t emulator_sm;   /* SM the emulator targets, with that SM's shared
                             memory and register limits (80, 86, 87, 89, 90,
                             100, 103, 110, 120, 121); 0 = $FLASHATTN_EMU_SM
-                            if set, else 80 */
+                            if set (the whole value a decimal number: "90",
+                            not "90a" or " 90"), else 80 */
 } fa_runtime_options;
 
 #define FA_RUNTIME_OPTIONS_INIT \
   { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0 }
 
 /* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
- * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum),
+ * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum,
+ * emulator_sm 0 with a FLASHATTN_EMU_SM that is not a decimal number),
  * FA_ERROR_NO_DRIVER / FA_ERROR_NO_DEVICE (backend cuda only; auto falls back
  * to the emulator), FA_ERROR_UNSUPPORTED (a device of compute capability
- * below 8.0, or an emulator_sm not listed), FA_ERROR_CUDA,
+ * below 8.0, or an emulator_sm or FLASHATTN_EMU_SM not listed), FA_ERROR_CUDA,
  * FA_ERROR_OUT_OF_MEMORY. A cache that cannot
  * be opened never fails creation: it degrades to memory with a warning (see
  * fa_cache_stats). */

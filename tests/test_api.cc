@@ -4,12 +4,16 @@
 #include "support/cmocka.hh"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "flashattn.h"
+#include "reference.h"
 
 namespace {
 
@@ -596,6 +600,31 @@ void test_runtime_table(void **) {
   o.emulator_sm = 75;
   expect_rejected(nullptr, "emulator_sm 75", fa_runtime_create(&o, &rt), FA_ERROR_UNSUPPORTED,
                   "fa_runtime_create", "emulator_sm");
+  // FLASHATTN_EMU_SM (emulator_sm 0): a whole decimal SM number, nothing
+  // else ("90abc" was read as 90); a number not listed is UNSUPPORTED.
+  o.emulator_sm = 0;
+  for (const char *bad : {"90abc", "90a", "sm_90", " 90", "90 ", "+90", "-90", "8.6", "0x50"}) {
+    setenv("FLASHATTN_EMU_SM", bad, 1);
+    const std::string needle = std::string("FLASHATTN_EMU_SM=") + bad + " is not a decimal";
+    expect_rejected(nullptr, bad, fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                    "fa_runtime_create", needle.c_str());
+    assert_null(rt);
+  }
+  for (const char *unlisted : {"75", "0", "99999999999999999999"}) {
+    setenv("FLASHATTN_EMU_SM", unlisted, 1);
+    const std::string needle = std::string("FLASHATTN_EMU_SM=") + unlisted + " is not a supported";
+    expect_rejected(nullptr, unlisted, fa_runtime_create(&o, &rt), FA_ERROR_UNSUPPORTED,
+                    "fa_runtime_create", needle.c_str());
+  }
+  for (const char *good : {"90", "086", ""}) {
+    setenv("FLASHATTN_EMU_SM", good, 1);
+    assert_int_equal(fa_runtime_create(&o, &rt), FA_SUCCESS);
+    fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+    assert_int_equal(fa_runtime_get_info(rt, &info), FA_SUCCESS);
+    assert_int_equal(info.sm, good[0] ? std::atoi(good) : 80);
+    fa_runtime_destroy(rt);
+  }
+  unsetenv("FLASHATTN_EMU_SM");
 
   // Calls on a NULL runtime.
   uint64_t p = 0;
