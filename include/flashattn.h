@@ -24,7 +24,14 @@
  *  num_heads_kv, head_dim], O [batch, seqlen_q, num_heads_q, head_dim_v].
  *  Strides are in elements; the last dimension must be contiguous (stride 1);
  *  the other strides must be multiples of 8 elements and data pointers 16-byte
- *  aligned. LSE is fp32 [batch, num_heads_q, seqlen_q] (contiguous), natural
+ *  aligned. Every array a call reads or writes (tensors, LSE, tables,
+ *  slopes, descales, masks, partial states) must end less than 2^63 bytes
+ *  past its start and below 2^64: the offset of its last byte,
+ *  sum_i stride_i (extent_i - 1) esize + esize - 1 (esize: element bytes,
+ *  computed exactly), is at most 2^63 - 1 and the data pointer plus it does
+ *  not wrap; else INVALID_ARGUMENT naming the stride or pointer. A stride
+ *  times a zero index (stride[0] with batch 1) may be any valid value.
+ *  LSE is fp32 [batch, num_heads_q, seqlen_q] (contiguous), natural
  *  logarithm of the softmax denominator (scaled scores), -inf for a row that
  *  sees no key.
  *
@@ -577,7 +584,10 @@ typedef struct fa_forward_args {
  * runs (on sm_90 too).
  * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment,
  * sinks or alibi_slopes not 4-byte aligned, alibi_slopes_stride < 0, set
- * without alibi_slopes or between 1 and num_heads_q - 1),
+ * without alibi_slopes or between 1 and num_heads_q - 1, an array past 2^63
+ * bytes or 2^64 (see Tensors above): "k.stride[0] * (batch - 1) overflows a
+ * 64-bit byte offset ..."; with cu_seqlens, q/o/lse (k/v) are checked over
+ * seqlen_q (seqlen_k) rows, the rest being device data),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
@@ -765,7 +775,7 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * workspace that is too small, a tree_mask not 4-byte aligned, a
  * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
  * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
- * tree_mask 0. */
+ * tree_mask 0; a workspace whose end passes 2^64. */
 FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
                            void *stream);
 
