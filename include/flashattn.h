@@ -748,7 +748,12 @@ typedef struct fa_decode_args {
  * device) and the number of splits it will use. The workspace holds
  * O_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v] then,
  * 256-byte aligned, LSE_partial fp32 [num_splits, batch, num_heads_q,
- * seqlen_q]. Errors: INVALID_ARGUMENT. Thread safety: any thread. */
+ * seqlen_q]. Errors: INVALID_ARGUMENT; UNSUPPORTED for a workspace past
+ * 2^64 bytes and for launch grids past CUDA's limits, with fa_decode's
+ * message: batch > 65535 (one grid z index per sequence), num_heads_kv *
+ * ceil((num_heads_q / num_heads_kv) * seqlen_q / block_m) > 65535 (grid y),
+ * and, with o.data != 0, batch * seqlen_q * num_heads_q rows needing 2^31 or
+ * more combine blocks. Thread safety: any thread. */
 FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                           const fa_decode_args *args, size_t *bytes,
                                           int32_t *num_splits);
@@ -775,7 +780,8 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * workspace that is too small, a tree_mask not 4-byte aligned, a
  * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
  * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
- * tree_mask 0; a workspace whose end passes 2^64. */
+ * tree_mask 0; a workspace whose end passes 2^64; UNSUPPORTED for the
+ * grid limits of fa_decode_workspace_size (checked before any launch). */
 FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
                            void *stream);
 

@@ -870,6 +870,60 @@ void test_huge_valid_strides(void **state) {
   fill_device(s, s->v, nk * 4, 3);
 }
 
+// CUDA's grid limits bound the decode launch: y and z (num_heads_kv times
+// the query-row blocks of a group, and batch) at most 65535, and the
+// combine's blocks (batch * seqlen_q * num_heads_q rows) below 2^31.
+// fa_decode_workspace_size refuses what fa_decode would, with the same
+// message naming the sizes, before anything runs.
+void test_decode_grid_limits(void **state) {
+  auto *s = static_cast<State *>(*state);
+  struct Grid {
+    const char *name;
+    int32_t batch, seqlen_q;
+    bool with_o;
+    const char *needle;
+  };
+  const Grid rows[] = {
+      {"batch 65536", 65536, 1, true, "batch is 65536, more than 65535"},
+      {"batch 100000 without o", 100000, 1, false, "batch is 100000, more than 65535"},
+      {"group rows past grid y", 1, 1 << 29, false, "num_heads_kv"},
+      {"combine rows past 2^31 blocks", 65535, 1 << 17, true, "batch * seqlen_q * num_heads_q"},
+  };
+  for (const Grid &g : rows) {
+    fa_decode_args a = valid_decode(s);
+    a.batch = g.batch;
+    a.seqlen_q = g.seqlen_q;
+    if (!g.with_o) a.o.data = a.lse = 0;
+    size_t bytes = 12345;
+    int32_t splits = -7;
+    fa_status st = fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits);
+    const std::string size_msg = fa_last_error();
+    expect_rejected(nullptr, g.name, st, FA_ERROR_UNSUPPORTED, "fa_decode_workspace_size",
+                    g.needle);
+    assert_int_equal(bytes, 12345);
+    assert_int_equal(splits, -7);
+    poison_outputs(s);
+    st = fa_decode(s->rt, s->cfg, &a, nullptr);
+    const std::string msg = fa_last_error();
+    expect_rejected(s, g.name, st, FA_ERROR_UNSUPPORTED, "fa_decode", g.needle);
+    // The same reason after each API's name.
+    assert_string_equal(msg.substr(msg.find(':')).c_str(),
+                        size_msg.substr(size_msg.find(':')).c_str());
+  }
+  // The combine's limit only binds with o: the same shape without it is sized.
+  fa_decode_args a = valid_decode(s);
+  a.batch = 65535;
+  a.seqlen_q = 1 << 17;
+  a.o.data = a.lse = 0;
+  size_t bytes = 0;
+  assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, nullptr), FA_SUCCESS);
+  assert_true(bytes > 0);
+  // The largest batch is sized (and would run).
+  a = valid_decode(s);
+  a.batch = 65535;
+  assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, nullptr), FA_SUCCESS);
+}
+
 // ------------------------------------------------- runtime, memory, cache --
 
 void test_runtime_table(void **) {
@@ -1269,6 +1323,7 @@ int main(void) {
       cmocka_unit_test(test_reduce_table),        cmocka_unit_test(test_large_head_dims),
       cmocka_unit_test(test_forward_spans),       cmocka_unit_test(test_decode_spans),
       cmocka_unit_test(test_reduce_spans),        cmocka_unit_test(test_huge_valid_strides),
+      cmocka_unit_test(test_decode_grid_limits),
   };
   return cmocka_run_group_tests_name("api_validation", tests, setup, teardown);
 }

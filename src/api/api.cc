@@ -589,8 +589,8 @@ fa_status validate_append(const fa::AttentionConfig &c, const fa_decode_args *a)
   return FA_SUCCESS;
 }
 
-// fa_decode's arrays (validated fields) but the workspace (fa_decode, once
-// its size is known): the byte span rule (check_span).
+// fa_decode's arrays (validated fields) but the workspace (check_decode_plan):
+// the byte span rule (check_span).
 fa_status check_decode_spans(const fa::AttentionConfig &c, const fa_decode_args &a) {
   const ElemBytes e = elem_bytes(c);
   FA_CHECK(check_tensor_span("q", a.q, e.q, {a.batch, a.seqlen_q, c.num_heads_q, c.head_dim},
@@ -633,6 +633,65 @@ fa_status check_decode_spans(const fa::AttentionConfig &c, const fa_decode_args 
   return check_rows_span("rotary_positions", a.rotary_positions, "rotary_positions_stride",
                          a.rotary_positions_stride, a.batch, std::max(a.seqlen_q, a.seqlen_new),
                          "max(seqlen_q, seqlen_new)");
+}
+
+// The plan fa_decode will run for a (into *plan) and its launch grids
+// against CUDA's limits (runtime.cc geometry_ok): the decode kernel's y and
+// z (num_heads_kv times a group's row blocks, and batch) at most 65535, and
+// with o the combine's x (batch * seqlen_q * num_heads_q rows, num_warps
+// per block) below 2^31. fa_decode_workspace_size and fa_decode both call
+// it, so the size query refuses what the launch would, with the same
+// message, and fa_decode refuses before its first launch. Supporting
+// larger grids would need the kernels to loop over blocks.
+fa_status check_decode_plan(const fa::Runtime &rt, const fa::AttentionConfig &c,
+                            const fa_decode_args &a, fa::DecodePlan *plan) {
+  *plan = rt.plan_decode(c, a);
+  if (plan->too_large) return fa::decode_too_large();
+  const fa::KernelSpec spec = rt.decode_spec(c, a);
+  fa::DecodeParams p;
+  std::memset(&p, 0, sizeof p);
+  p.batch = a.batch;
+  p.seqlen_q = a.seqlen_q;
+  p.num_heads_q = c.num_heads_q;
+  p.num_heads_kv = c.num_heads_kv;
+  p.num_splits = plan->num_splits;
+  const fa::LaunchGeometry g = fa::decode_geometry(spec, p);
+  if (g.grid[2] > 65535) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "batch is %d, more than 65535: the decode grid has one z index per sequence "
+                "(CUDA's grid z limit); split the batch across calls",
+                a.batch);
+  }
+  if (g.grid[1] > 65535) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "num_heads_kv (%d) * ceil((num_heads_q / num_heads_kv) * seqlen_q / %d) blocks "
+                "is more than 65535 (the decode grid's y limit): fewer query rows per call "
+                "(seqlen_q %d)",
+                c.num_heads_kv, spec.block_m, a.seqlen_q);
+  }
+  if (g.grid[0] > uint32_t(INT32_MAX)) {  // num_splits * O slices: not reachable today
+    return fail(FA_ERROR_UNSUPPORTED, "the decode grid's x dimension (%u) is past 2^31 - 1",
+                g.grid[0]);
+  }
+  if (a.o.data == 0) return FA_SUCCESS;
+  fa::LaunchShape rshape;
+  rshape.sinks = a.sinks != 0;
+  const fa::KernelSpec rspec =
+      fa::make_spec(c, fa::KernelKind::Reduce, rt.backend().info().limits, rshape);
+  fa::ReduceParams r;
+  std::memset(&r, 0, sizeof r);
+  r.batch = a.batch;
+  r.seqlen_q = a.seqlen_q;
+  r.num_heads_q = c.num_heads_q;
+  r.num_splits = plan->num_splits;
+  if (fa::reduce_geometry(rspec, r).grid[0] > uint32_t(INT32_MAX)) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "batch * seqlen_q * num_heads_q = %d * %d * %d rows need more than 2^31 - 1 "
+                "blocks of %d rows in the combine (CUDA's grid x limit): split the batch, or pass "
+                "o.data = 0 and combine the partial states with fa_decode_reduce in parts",
+                a.batch, a.seqlen_q, c.num_heads_q, rspec.num_warps);
+  }
+  return FA_SUCCESS;
 }
 
 fa_status validate_decode_workspace(const fa_decode_args *a) {
@@ -1156,8 +1215,8 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
                         &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
-    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
-    if (plan.too_large) return fa::decode_too_large();
+    fa::DecodePlan plan;
+    FA_CHECK(check_decode_plan(*rt->impl, cfg->cfg, a, &plan));
     *bytes = plan.workspace_bytes;
     if (num_splits) *num_splits = plan.num_splits;
     return FA_SUCCESS;
@@ -1182,8 +1241,8 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(validate_append(cfg->cfg, &a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
-    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
-    if (plan.too_large) return fa::decode_too_large();
+    fa::DecodePlan plan;
+    FA_CHECK(check_decode_plan(*rt->impl, cfg->cfg, a, &plan));
     FA_CHECK(check_decode_spans(cfg->cfg, a));
     FA_CHECK(check_span("workspace", false, a.workspace, 1,
                         {{1, int64_t(plan.workspace_bytes), "1", "its bytes"}}));
