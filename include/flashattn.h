@@ -24,7 +24,14 @@
  *  num_heads_kv, head_dim], O [batch, seqlen_q, num_heads_q, head_dim_v].
  *  Strides are in elements; the last dimension must be contiguous (stride 1);
  *  the other strides must be multiples of 8 elements and data pointers 16-byte
- *  aligned. LSE is fp32 [batch, num_heads_q, seqlen_q] (contiguous), natural
+ *  aligned. Every array a call reads or writes (tensors, LSE, tables,
+ *  slopes, descales, masks, partial states) must end less than 2^63 bytes
+ *  past its start and below 2^64: the offset of its last byte,
+ *  sum_i stride_i (extent_i - 1) esize + esize - 1 (esize: element bytes,
+ *  computed exactly), is at most 2^63 - 1 and the data pointer plus it does
+ *  not wrap; else INVALID_ARGUMENT naming the stride or pointer. A stride
+ *  times a zero index (stride[0] with batch 1) may be any valid value.
+ *  LSE is fp32 [batch, num_heads_q, seqlen_q] (contiguous), natural
  *  logarithm of the softmax denominator (scaled scores), -inf for a row that
  *  sees no key.
  *
@@ -178,17 +185,19 @@ typedef struct fa_runtime_options {
   int32_t emulator_sm;   /* SM the emulator targets, with that SM's shared
                             memory and register limits (80, 86, 87, 89, 90,
                             100, 103, 110, 120, 121); 0 = $FLASHATTN_EMU_SM
-                            if set, else 80 */
+                            if set (the whole value a decimal number: "90",
+                            not "90a" or " 90"), else 80 */
 } fa_runtime_options;
 
 #define FA_RUNTIME_OPTIONS_INIT \
   { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0 }
 
 /* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
- * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum),
+ * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum,
+ * emulator_sm 0 with a FLASHATTN_EMU_SM that is not a decimal number),
  * FA_ERROR_NO_DRIVER / FA_ERROR_NO_DEVICE (backend cuda only; auto falls back
  * to the emulator), FA_ERROR_UNSUPPORTED (a device of compute capability
- * below 8.0, or an emulator_sm not listed), FA_ERROR_CUDA,
+ * below 8.0, or an emulator_sm or FLASHATTN_EMU_SM not listed), FA_ERROR_CUDA,
  * FA_ERROR_OUT_OF_MEMORY. A cache that cannot
  * be opened never fails creation: it degrades to memory with a warning (see
  * fa_cache_stats). */
@@ -575,7 +584,10 @@ typedef struct fa_forward_args {
  * runs (on sm_90 too).
  * Errors: INVALID_ARGUMENT (null, struct_size, sizes, strides, alignment,
  * sinks or alibi_slopes not 4-byte aligned, alibi_slopes_stride < 0, set
- * without alibi_slopes or between 1 and num_heads_q - 1),
+ * without alibi_slopes or between 1 and num_heads_q - 1, an array past 2^63
+ * bytes or 2^64 (see Tensors above): "k.stride[0] * (batch - 1) overflows a
+ * 64-bit byte offset ..."; with cu_seqlens, q/o/lse (k/v) are checked over
+ * seqlen_q (seqlen_k) rows, the rest being device data),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
@@ -736,7 +748,12 @@ typedef struct fa_decode_args {
  * device) and the number of splits it will use. The workspace holds
  * O_partial fp32 [num_splits, batch, seqlen_q, num_heads_q, head_dim_v] then,
  * 256-byte aligned, LSE_partial fp32 [num_splits, batch, num_heads_q,
- * seqlen_q]. Errors: INVALID_ARGUMENT. Thread safety: any thread. */
+ * seqlen_q]. Errors: INVALID_ARGUMENT; UNSUPPORTED for a workspace past
+ * 2^64 bytes and for launch grids past CUDA's limits, with fa_decode's
+ * message: batch > 65535 (one grid z index per sequence), num_heads_kv *
+ * ceil((num_heads_q / num_heads_kv) * seqlen_q / block_m) > 65535 (grid y),
+ * and, with o.data != 0, batch * seqlen_q * num_heads_q rows needing 2^31 or
+ * more combine blocks. Thread safety: any thread. */
 FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                           const fa_decode_args *args, size_t *bytes,
                                           int32_t *num_splits);
@@ -763,7 +780,8 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * workspace that is too small, a tree_mask not 4-byte aligned, a
  * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
  * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
- * tree_mask 0. */
+ * tree_mask 0; a workspace whose end passes 2^64; UNSUPPORTED for the
+ * grid limits of fa_decode_workspace_size (checked before any launch). */
 FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
                            void *stream);
 

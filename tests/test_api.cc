@@ -4,12 +4,16 @@
 #include "support/cmocka.hh"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "flashattn.h"
+#include "reference.h"
 
 namespace {
 
@@ -31,9 +35,13 @@ const StatusStringInt status_string_int = reinterpret_cast<StatusStringInt>(&fa_
 
 struct State {
   fa_runtime *rt = nullptr;
-  fa_config *cfg = nullptr;  // fp16, d 64, 4 q heads, 2 kv heads
-  // Device buffers (emulator), large enough for every valid call below.
+  fa_config *cfg = nullptr;    // fp16, d 64, 4 q heads, 2 kv heads
+  fa_config *cfg32 = nullptr;  // the same with fp32 Q/K/V/O
+  // Device buffers (emulator), large enough for every valid call below
+  // (q/k/v/o: fp32-sized; aux: int32 block table {0, 1}, then at +64 fp32
+  // ALiBi slopes [B][HQ]).
   uint64_t q = 0, k = 0, v = 0, o = 0, lse = 0, seqlens = 0, ws = 0, opart = 0, lsepart = 0;
+  uint64_t aux = 0;
   size_t o_bytes = 0, lse_bytes = 0, ws_bytes = 0;
 };
 
@@ -75,24 +83,32 @@ int setup(void **state) {
   d.num_heads_q = HQ;
   d.num_heads_kv = HKV;
   if (fa_config_create(&d, &s->cfg) != FA_SUCCESS) return -1;
+  d.dtype = FA_DTYPE_FP32;
+  if (fa_config_create(&d, &s->cfg32) != FA_SUCCESS) return -1;
+  // fp16 sizes; every allocation holds the fp32 tensors too (twice that).
   const size_t qb = size_t(B) * SQ * HQ * D * 2, kb = size_t(B) * SK * HKV * D * 2;
   s->o_bytes = qb;
   s->lse_bytes = size_t(B) * HQ * SQ * 4;
   s->ws_bytes = size_t(1) << 20;
-  fa_malloc(s->rt, qb, &s->q);
-  fa_malloc(s->rt, kb, &s->k);
-  fa_malloc(s->rt, kb, &s->v);
-  fa_malloc(s->rt, qb, &s->o);
+  fa_malloc(s->rt, 2 * qb, &s->q);
+  fa_malloc(s->rt, 2 * kb, &s->k);
+  fa_malloc(s->rt, 2 * kb, &s->v);
+  fa_malloc(s->rt, 2 * qb, &s->o);
+  fa_malloc(s->rt, 256, &s->aux);
   fa_malloc(s->rt, s->lse_bytes, &s->lse);
   fa_malloc(s->rt, B * 4, &s->seqlens);
   fa_malloc(s->rt, s->ws_bytes, &s->ws);
   fa_malloc(s->rt, 3 * qb * 2, &s->opart);
   fa_malloc(s->rt, 3 * s->lse_bytes, &s->lsepart);
-  fill_device(s, s->q, qb, 1);
-  fill_device(s, s->k, kb, 2);
-  fill_device(s, s->v, kb, 3);
+  fill_device(s, s->q, 2 * qb, 1);
+  fill_device(s, s->k, 2 * kb, 2);
+  fill_device(s, s->v, 2 * kb, 3);
   const int32_t lens[B] = {SK, 3};
   fa_memcpy_htod(s->rt, s->seqlens, lens, sizeof lens);
+  const int32_t pages[B] = {0, 1};
+  fa_memcpy_htod(s->rt, s->aux, pages, sizeof pages);
+  const float slopes[B * HQ] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.75f, 0.375f, 0.1875f, 0.09375f};
+  fa_memcpy_htod(s->rt, s->aux + 64, slopes, sizeof slopes);
   std::vector<float> part(3 * size_t(B) * SQ * HQ * D, 0.25f), lpart(3 * size_t(B) * HQ * SQ, 1.5f);
   fa_memcpy_htod(s->rt, s->opart, part.data(), part.size() * 4);
   fa_memcpy_htod(s->rt, s->lsepart, lpart.data(), lpart.size() * 4);
@@ -102,23 +118,26 @@ int setup(void **state) {
 
 int teardown(void **state) {
   auto *s = static_cast<State *>(*state);
-  for (uint64_t p : {s->q, s->k, s->v, s->o, s->lse, s->seqlens, s->ws, s->opart, s->lsepart}) {
+  for (uint64_t p :
+       {s->q, s->k, s->v, s->o, s->lse, s->seqlens, s->ws, s->opart, s->lsepart, s->aux}) {
     fa_free(s->rt, p);
   }
   fa_config_destroy(s->cfg);
+  fa_config_destroy(s->cfg32);
   fa_runtime_destroy(s->rt);
   delete s;
   return 0;
 }
 
+// O's whole allocation (fp32-sized) and LSE.
 void poison_outputs(State *s) {
-  assert_int_equal(fa_memset(s->rt, s->o, kPoison, s->o_bytes), FA_SUCCESS);
+  assert_int_equal(fa_memset(s->rt, s->o, kPoison, 2 * s->o_bytes), FA_SUCCESS);
   assert_int_equal(fa_memset(s->rt, s->lse, kPoison, s->lse_bytes), FA_SUCCESS);
 }
 
 // True when every output byte still holds the poison.
 bool outputs_untouched(State *s) {
-  std::vector<uint8_t> o(s->o_bytes), l(s->lse_bytes);
+  std::vector<uint8_t> o(2 * s->o_bytes), l(s->lse_bytes);
   fa_memcpy_dtoh(s->rt, o.data(), s->o, o.size());
   fa_memcpy_dtoh(s->rt, l.data(), s->lse, l.size());
   for (uint8_t b : o) {
@@ -143,6 +162,18 @@ void expect_rejected(State *s, const char *row, fa_status got, fa_status want, c
   if (s && !outputs_untouched(s)) {
     print_error("row '%s': output written although the call was rejected\n", row);
     fail();
+  }
+}
+
+// Runs a table of rejected calls: each row breaks a copy of `valid`, and
+// call(args) must return the row's status and message and write nothing.
+template <typename Row, size_t N, typename Args, typename Call>
+void run_table(State *s, const Row (&rows)[N], const Args &valid, const char *api, Call call) {
+  for (const Row &r : rows) {
+    Args a = valid;
+    r.mutate(a);
+    poison_outputs(s);
+    expect_rejected(s, r.name, call(a), r.want, api, r.needle);
   }
 }
 
@@ -326,13 +357,8 @@ void test_forward_table(void **state) {
       {"cu_seqlens_k alone", [](fa_forward_args &a) { a.cu_seqlens_k = a.lse; },
        FA_ERROR_INVALID_ARGUMENT, "cu_seqlens"},
   };
-  for (const ForwardRow &r : rows) {
-    fa_forward_args a = valid_forward(s);
-    r.mutate(a);
-    poison_outputs(s);
-    expect_rejected(s, r.name, fa_launch(s->rt, s->cfg, &a, nullptr), r.want, "fa_launch",
-                    r.needle);
-  }
+  run_table(s, rows, valid_forward(s), "fa_launch",
+            [&](const fa_forward_args &a) { return fa_launch(s->rt, s->cfg, &a, nullptr); });
   fa_forward_args a = valid_forward(s);
   poison_outputs(s);
   expect_rejected(s, "rt NULL", fa_launch(nullptr, s->cfg, &a, nullptr), FA_ERROR_INVALID_ARGUMENT,
@@ -372,6 +398,17 @@ fa_decode_args valid_decode(State *s) {
   a.o = contiguous(s->o, 1, HQ, D);
   a.lse = s->lse;
   return a;
+}
+
+// A KV append of one token per sequence (k_new, v_new: the first rows of q
+// and k) with RoPE over a one-row fp32 table (the LSE buffer).
+void with_append(fa_decode_args &a) {
+  a.k_new = a.k_cache;
+  a.v_new = a.v_cache;
+  a.seqlen_new = 1;
+  a.rotary_dim = 16;
+  a.rotary_cos = a.rotary_sin = a.lse;
+  a.seqlen_ro = 1;
 }
 
 void test_decode_table(void **state) {
@@ -420,14 +457,31 @@ void test_decode_table(void **state) {
       {"lse without o", [](fa_decode_args &a) { a.o.data = 0; }, FA_ERROR_INVALID_ARGUMENT,
        "lse is set"},
       {"lse misaligned", [](fa_decode_args &a) { a.lse += 1; }, FA_ERROR_INVALID_ARGUMENT, "lse"},
+      // Byte spans (fp16 here; the fp32 rows are in test_decode_spans): the
+      // KV append's arrays.
+      {"k_new.stride[0] 2^62: 2^63 bytes",
+       [](fa_decode_args &a) {
+         with_append(a);
+         a.k_new.stride[0] = int64_t(1) << 62;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "k_new.stride[0] * (batch - 1) overflows a 64-bit byte offset"},
+      {"rotary_positions_stride 2^62 wraps",
+       [](fa_decode_args &a) {
+         with_append(a);
+         a.rotary_positions = a.lse;
+         a.rotary_positions_stride = int64_t(1) << 62;
+       },
+       FA_ERROR_INVALID_ARGUMENT,
+       "rotary_positions_stride * (batch - 1) overflows a 64-bit byte offset"},
+      {"rotary_cos past 2^64",
+       [](fa_decode_args &a) {
+         with_append(a);
+         a.rotary_cos = ~uint64_t(3);
+       },
+       FA_ERROR_INVALID_ARGUMENT, "rotary_cos 0xfffffffffffffffc"},
   };
-  for (const DecodeRow &r : rows) {
-    fa_decode_args a = valid_decode(s);
-    r.mutate(a);
-    poison_outputs(s);
-    expect_rejected(s, r.name, fa_decode(s->rt, s->cfg, &a, nullptr), r.want, "fa_decode",
-                    r.needle);
-  }
+  run_table(s, rows, valid_decode(s), "fa_decode",
+            [&](const fa_decode_args &a) { return fa_decode(s->rt, s->cfg, &a, nullptr); });
   fa_decode_args a = valid_decode(s);
   size_t bytes = 0;
   int32_t splits = 0;
@@ -546,16 +600,19 @@ void test_reduce_table(void **state) {
        [](fa_reduce_args &a) {
          a.batch = INT32_MAX;
          a.seqlen_q = INT32_MAX;
+         a.lse = 0;  // [batch, heads, seqlen_q] would pass 2^63 bytes (next row)
        },
        FA_ERROR_UNSUPPORTED, "exceeds the device limits"},
+      {"lse past 2^63 bytes",
+       [](fa_reduce_args &a) {
+         a.batch = INT32_MAX;
+         a.seqlen_q = INT32_MAX;
+       },
+       FA_ERROR_INVALID_ARGUMENT,
+       "num_heads_q * seqlen_q * (batch - 1) overflows a 64-bit byte offset in lse"},
   };
-  for (const ReduceRow &r : rows) {
-    fa_reduce_args a = valid_reduce(s);
-    r.mutate(a);
-    poison_outputs(s);
-    expect_rejected(s, r.name, fa_decode_reduce(s->rt, s->cfg, &a, nullptr), r.want,
-                    "fa_decode_reduce", r.needle);
-  }
+  run_table(s, rows, valid_reduce(s), "fa_decode_reduce",
+            [&](const fa_reduce_args &a) { return fa_decode_reduce(s->rt, s->cfg, &a, nullptr); });
   fa_reduce_args a = valid_reduce(s);
   poison_outputs(s);
   assert_int_equal(fa_decode_reduce(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
@@ -566,6 +623,305 @@ void test_reduce_table(void **state) {
   fa_memcpy_dtoh(s->rt, lse.data(), s->lse, lse.size() * 4);
   for (uint16_t h : o) assert_int_equal(h, 0x3400);  // 0.25 in fp16
   for (float l : lse) assert_true(std::fabs(l - (1.5f + std::log(3.0f))) < 1e-5f);
+}
+
+// ------------------------------------------------------------- byte spans --
+//
+// Every array a kernel indexes must end less than 2^63 bytes past its start
+// (offsets are signed 64-bit) and below 2^64 (issue 24: an fp32
+// k.stride[0] of 2^62 over a batch of 2 put sequence 1 at k.data + 2^64 =
+// k.data, and fa_launch returned FA_SUCCESS). The fp32 config makes a stride
+// of 2^62 elements wrap exactly.
+
+constexpr int64_t k2e62 = int64_t(1) << 62;
+constexpr uint64_t kTop = ~uint64_t(0xff);  // 256-byte aligned, 256 bytes below 2^64
+
+// Sequence b's K/V is page b (kv.block_table = aux = {0, 1}).
+void paged(State *s, fa_kv_cache_layout &kv, int64_t table_stride) {
+  kv.layout = FA_KV_PAGED;
+  kv.page_size = SK;
+  kv.num_pages = B;
+  kv.max_pages_per_seq = 1;
+  kv.block_table = s->aux;
+  kv.block_table_stride = table_stride;
+}
+
+// Pointer arrays: k_ptrs = v_ptrs = aux + 128 (never read: refused first).
+void ptr_array(State *s, fa_kv_cache_layout &kv, fa_tensor &k, fa_tensor &v) {
+  kv.layout = FA_KV_PTR_ARRAY;
+  kv.k_ptrs = kv.v_ptrs = s->aux + 128;
+  k.data = v.data = 0;
+}
+
+// ALiBi slopes (aux + 64, fp32 [B][HQ]) `stride` elements apart.
+void slopes(State *s, uint64_t &p, int64_t &p_stride, int64_t stride) {
+  p = s->aux + 64;
+  p_stride = stride;
+}
+
+void test_forward_spans(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const ForwardRow rows[] = {
+      {"k.stride[0] 2^62 wraps to 0", [](fa_forward_args &a) { a.k.stride[0] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT, "k.stride[0] * (batch - 1) overflows a 64-bit byte offset"},
+      {"q.stride[0] 2^61: 2^63 bytes", [](fa_forward_args &a) { a.q.stride[0] = k2e62 / 2; },
+       FA_ERROR_INVALID_ARGUMENT, "q.stride[0] * (batch - 1) overflows"},
+      {"v.stride[1] 2^60", [](fa_forward_args &a) { a.v.stride[1] = k2e62 / 4; },
+       FA_ERROR_INVALID_ARGUMENT, "v.stride[1] * (seqlen_k - 1) overflows"},
+      {"o.stride[2] 2^61", [](fa_forward_args &a) { a.o.stride[2] = k2e62 / 2; },
+       FA_ERROR_INVALID_ARGUMENT, "o.stride[2] * (num_heads_q - 1) overflows"},
+      // 2^61 + 6 * 2^60 bytes: each term fits, their sum is 2^63.
+      {"k's terms add past 2^63",
+       [](fa_forward_args &a) {
+         a.k.stride[0] = k2e62 / 8;
+         a.k.stride[1] = k2e62 / 16;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "k: the byte offset of its last element overflows"},
+      {"kv.block_table_stride 2^62 wraps", [s](fa_forward_args &a) { paged(s, a.kv, k2e62); },
+       FA_ERROR_INVALID_ARGUMENT,
+       "kv.block_table_stride * (batch - 1) overflows a 64-bit byte offset"},
+      {"paged k.stride[0] 2^62 over the pages",
+       [s](fa_forward_args &a) {
+         paged(s, a.kv, 1);
+         a.k.stride[0] = k2e62;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "k.stride[0] * (kv.num_pages - 1) overflows"},
+      {"pointer-array v.stride[1] 2^61",
+       [s](fa_forward_args &a) { ptr_array(s, a.kv, a.k, a.v), a.v.stride[1] = k2e62 / 2; },
+       FA_ERROR_INVALID_ARGUMENT, "v.stride[1] * (seqlen_k - 1) overflows"},
+      {"kv.k_ptrs past 2^64",
+       [s](fa_forward_args &a) {
+         ptr_array(s, a.kv, a.k, a.v);
+         a.kv.k_ptrs = ~uint64_t(7);
+       },
+       FA_ERROR_INVALID_ARGUMENT, "kv.k_ptrs 0xfffffffffffffff8"},
+      {"alibi_slopes_stride 2^62 wraps",
+       [s](fa_forward_args &a) { slopes(s, a.alibi_slopes, a.alibi_slopes_stride, k2e62); },
+       FA_ERROR_INVALID_ARGUMENT,
+       "alibi_slopes_stride * (batch - 1) overflows a 64-bit byte offset"},
+      {"q.data past 2^64", [](fa_forward_args &a) { a.q.data = kTop; }, FA_ERROR_INVALID_ARGUMENT,
+       "q.data 0xffffffffffffff00"},
+      // LSE's 160 bytes from 64 bytes below 2^64.
+      {"lse past 2^64", [](fa_forward_args &a) { a.lse = ~uint64_t(0x3f); },
+       FA_ERROR_INVALID_ARGUMENT, "lse 0xffffffffffffffc0 plus the 160 bytes"},
+      {"sinks past 2^64", [](fa_forward_args &a) { a.sinks = ~uint64_t(3); },
+       FA_ERROR_INVALID_ARGUMENT, "sinks 0xfffffffffffffffc"},
+      {"cu_seqlens_q past 2^64",
+       [](fa_forward_args &a) {
+         a.cu_seqlens_q = ~uint64_t(7);
+         a.cu_seqlens_k = a.lse;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "cu_seqlens_q 0xfffffffffffffff8"},
+  };
+  run_table(s, rows, valid_forward(s), "fa_launch",
+            [&](const fa_forward_args &a) { return fa_launch(s->rt, s->cfg32, &a, nullptr); });
+  // The same arguments unbroken (contiguous, paged, ALiBi) run.
+  fa_forward_args a = valid_forward(s);
+  assert_int_equal(fa_launch(s->rt, s->cfg32, &a, nullptr), FA_SUCCESS);
+  paged(s, a.kv, 1);
+  slopes(s, a.alibi_slopes, a.alibi_slopes_stride, HQ);
+  assert_int_equal(fa_launch(s->rt, s->cfg32, &a, nullptr), FA_SUCCESS);
+}
+
+void test_decode_spans(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const DecodeRow rows[] = {
+      {"k_cache.stride[0] 2^62 wraps", [](fa_decode_args &a) { a.k_cache.stride[0] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT, "k_cache.stride[0] * (batch - 1) overflows a 64-bit byte offset"},
+      {"q.stride[0] 2^62 wraps", [](fa_decode_args &a) { a.q.stride[0] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT, "q.stride[0] * (batch - 1) overflows"},
+      {"o.stride[2] 2^61", [](fa_decode_args &a) { a.o.stride[2] = k2e62 / 2; },
+       FA_ERROR_INVALID_ARGUMENT, "o.stride[2] * (num_heads_q - 1) overflows"},
+      {"kv.block_table_stride 2^62 wraps", [s](fa_decode_args &a) { paged(s, a.kv, k2e62); },
+       FA_ERROR_INVALID_ARGUMENT, "kv.block_table_stride * (batch - 1) overflows"},
+      {"pointer-array k_cache.stride[1] 2^61",
+       [s](fa_decode_args &a) {
+         ptr_array(s, a.kv, a.k_cache, a.v_cache), a.k_cache.stride[1] = k2e62 / 2;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "k_cache.stride[1] * (seqlen_k_max - 1) overflows"},
+      {"alibi_slopes_stride 2^62 wraps",
+       [s](fa_decode_args &a) { slopes(s, a.alibi_slopes, a.alibi_slopes_stride, k2e62); },
+       FA_ERROR_INVALID_ARGUMENT, "alibi_slopes_stride * (batch - 1) overflows"},
+      {"tree_mask + tree_mask_stride[0] past 2^64",
+       [](fa_decode_args &a) {
+         a.tree_mask = uint64_t(3) << 62;
+         a.tree_mask_stride[0] = k2e62;
+         a.tree_mask_stride[1] = 4;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "tree_mask 0xc000000000000000"},
+      {"cache_seqlens past 2^64", [](fa_decode_args &a) { a.cache_seqlens = ~uint64_t(3); },
+       FA_ERROR_INVALID_ARGUMENT, "cache_seqlens 0xfffffffffffffffc"},
+      {"workspace past 2^64", [](fa_decode_args &a) { a.workspace = kTop; },
+       FA_ERROR_INVALID_ARGUMENT, "workspace 0xffffffffffffff00"},
+  };
+  run_table(s, rows, valid_decode(s), "fa_decode",
+            [&](const fa_decode_args &a) { return fa_decode(s->rt, s->cfg32, &a, nullptr); });
+  fa_decode_args a = valid_decode(s);
+  assert_int_equal(fa_decode(s->rt, s->cfg32, &a, nullptr), FA_SUCCESS);
+}
+
+void test_reduce_spans(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const ReduceRow rows[] = {
+      {"o_partial_stride[1] 2^62 wraps", [](fa_reduce_args &a) { a.o_partial_stride[1] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT,
+       "o_partial_stride[1] * (batch - 1) overflows a 64-bit byte offset"},
+      {"lse_partial_stride[0] 2^62", [](fa_reduce_args &a) { a.lse_partial_stride[0] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT, "lse_partial_stride[0] * (num_splits - 1) overflows"},
+      {"o.stride[0] 2^62 wraps", [](fa_reduce_args &a) { a.o.stride[0] = k2e62; },
+       FA_ERROR_INVALID_ARGUMENT, "o.stride[0] * (batch - 1) overflows"},
+      {"o_partial past 2^64", [](fa_reduce_args &a) { a.o_partial = kTop; },
+       FA_ERROR_INVALID_ARGUMENT, "o_partial 0xffffffffffffff00"},
+  };
+  run_table(s, rows, valid_reduce(s), "fa_decode_reduce", [&](const fa_reduce_args &a) {
+    return fa_decode_reduce(s->rt, s->cfg32, &a, nullptr);
+  });
+  fa_reduce_args a = valid_reduce(s);
+  assert_int_equal(fa_decode_reduce(s->rt, s->cfg32, &a, nullptr), FA_SUCCESS);
+}
+
+// fp32 [n] from N(0, 1) (fresh each run; the seed is printed on failure).
+std::vector<float> random_f32(size_t n, std::mt19937 &gen) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float &v : x) v = dist(gen);
+  return x;
+}
+
+// One fp32 forward of args a on cfg32 with O and LSE poisoned first: O's
+// bits [batch, SQ, HQ, D] and LSE [batch, HQ, SQ].
+std::vector<float> run_forward32(State *s, const fa_forward_args &a) {
+  poison_outputs(s);
+  assert_int_equal(fa_launch(s->rt, s->cfg32, &a, nullptr), FA_SUCCESS);
+  const size_t no = size_t(a.batch) * SQ * HQ * D, nl = size_t(a.batch) * HQ * SQ;
+  std::vector<float> out(no + nl);
+  fa_memcpy_dtoh(s->rt, out.data(), s->o, no * 4);
+  fa_memcpy_dtoh(s->rt, out.data() + no, s->lse, nl * 4);
+  for (float x : out) assert_true(std::isfinite(x));  // every element written
+  return out;
+}
+
+// Huge strides that keep every offset below 2^63 are valid and run: K
+// sequences 2^38 bytes apart in one lazily reserved allocation (fp32, batch
+// 2), and stride[0] = 2^63 - 8 on every tensor with a batch of 1 (never
+// multiplied by a nonzero index), with the ALiBi stride as large. Each O
+// and LSE equals, bit for bit, the same launch on contiguous memory, which
+// matches the fp64 reference on the bf16-rounded inputs.
+void test_huge_valid_strides(void **state) {
+  auto *s = static_cast<State *>(*state);
+  const unsigned seed = std::random_device{}();
+  std::printf("huge strides: seed %u\n", seed);
+  std::mt19937 gen(seed);
+  const size_t nq = size_t(B) * SQ * HQ * D, nk = size_t(B) * SK * HKV * D;
+  const std::vector<float> q = random_f32(nq, gen), k = random_f32(nk, gen),
+                           v = random_f32(nk, gen);
+  fa_memcpy_htod(s->rt, s->q, q.data(), nq * 4);
+  fa_memcpy_htod(s->rt, s->k, k.data(), nk * 4);
+  fa_memcpy_htod(s->rt, s->v, v.data(), nk * 4);
+  const fa_forward_args plain = valid_forward(s);
+  const std::vector<float> want = run_forward32(s, plain);
+
+  // The fp64 reference on the inputs as the kernel rounds them (bf16).
+  fa::ref::Problem p;
+  p.batch = B, p.seqlen_q = SQ, p.seqlen_k = SK, p.num_heads_q = HQ, p.num_heads_kv = HKV;
+  p.head_dim = p.head_dim_v = D;
+  auto rounded = [](const std::vector<float> &x) {
+    std::vector<double> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = fa::ref::round_to(x[i], true);
+    return r;
+  };
+  std::vector<double> ro(nq), rl(size_t(B) * HQ * SQ);
+  fa::ref::attention(p, rounded(q).data(), rounded(k).data(), rounded(v).data(), ro.data(),
+                     rl.data());
+  const fa::ref::ErrorStats eo = fa::ref::compare(want.data(), ro.data(), nq);
+  const fa::ref::ErrorStats el = fa::ref::compare(want.data() + nq, rl.data(), rl.size());
+  assert_true(eo.rel_l2 < 1e-2 && eo.nonfinite == 0);
+  assert_true(el.max_abs < 2e-3 && el.nonfinite == 0);
+
+  // K's sequences 2^38 bytes apart.
+  const int64_t gap = int64_t(1) << 36;  // elements
+  const size_t seq_k = size_t(SK) * HKV * D;
+  uint64_t big = 0;
+  assert_int_equal(fa_malloc(s->rt, size_t(gap) * 4 + seq_k * 4, &big), FA_SUCCESS);
+  for (int b = 0; b < B; ++b) {
+    assert_int_equal(
+        fa_memcpy_htod(s->rt, big + uint64_t(b) * gap * 4, k.data() + b * seq_k, seq_k * 4),
+        FA_SUCCESS);
+  }
+  fa_forward_args a = plain;
+  a.k.data = big;
+  a.k.stride[0] = gap;
+  assert_true(run_forward32(s, a) == want);
+  fa_free(s->rt, big);
+
+  // Batch 1: stride[0] = 2^63 - 8 everywhere, ALiBi rows 2^63 - 8 apart,
+  // against the same sequence with contiguous views and one slope row.
+  a = plain;
+  a.batch = 1;
+  a.alibi_slopes = s->aux + 64;
+  const std::vector<float> want1 = run_forward32(s, a);
+  const int64_t huge = INT64_MAX - 7;
+  for (fa_tensor *t : {&a.q, &a.k, &a.v, &a.o}) t->stride[0] = huge;
+  a.alibi_slopes_stride = huge;
+  assert_true(run_forward32(s, a) == want1);
+  // Back to the fp16 inputs the other tests expect.
+  fill_device(s, s->q, 2 * s->o_bytes, 1);
+  fill_device(s, s->k, nk * 4, 2);
+  fill_device(s, s->v, nk * 4, 3);
+}
+
+// CUDA's grid limits bound the decode launch: y and z (num_heads_kv times
+// the query-row blocks of a group, and batch) at most 65535, and the
+// combine's blocks (batch * seqlen_q * num_heads_q rows) below 2^31.
+// fa_decode_workspace_size refuses what fa_decode would, with the same
+// message naming the sizes, before anything runs.
+void test_decode_grid_limits(void **state) {
+  auto *s = static_cast<State *>(*state);
+  struct Grid {
+    const char *name;
+    int32_t batch, seqlen_q;
+    bool with_o;
+    const char *needle;
+  };
+  const Grid rows[] = {
+      {"batch 65536", 65536, 1, true, "batch is 65536, more than 65535"},
+      {"batch 100000 without o", 100000, 1, false, "batch is 100000, more than 65535"},
+      {"group rows past grid y", 1, 1 << 29, false, "num_heads_kv"},
+      {"combine rows past 2^31 blocks", 65535, 1 << 17, true, "batch * seqlen_q * num_heads_q"},
+  };
+  for (const Grid &g : rows) {
+    fa_decode_args a = valid_decode(s);
+    a.batch = g.batch;
+    a.seqlen_q = g.seqlen_q;
+    if (!g.with_o) a.o.data = a.lse = 0;
+    size_t bytes = 12345;
+    int32_t splits = -7;
+    fa_status st = fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, &splits);
+    const std::string size_msg = fa_last_error();
+    expect_rejected(nullptr, g.name, st, FA_ERROR_UNSUPPORTED, "fa_decode_workspace_size",
+                    g.needle);
+    assert_int_equal(bytes, 12345);
+    assert_int_equal(splits, -7);
+    poison_outputs(s);
+    st = fa_decode(s->rt, s->cfg, &a, nullptr);
+    const std::string msg = fa_last_error();
+    expect_rejected(s, g.name, st, FA_ERROR_UNSUPPORTED, "fa_decode", g.needle);
+    // The same reason after each API's name.
+    assert_string_equal(msg.substr(msg.find(':')).c_str(),
+                        size_msg.substr(size_msg.find(':')).c_str());
+  }
+  // The combine's limit only binds with o: the same shape without it is sized.
+  fa_decode_args a = valid_decode(s);
+  a.batch = 65535;
+  a.seqlen_q = 1 << 17;
+  a.o.data = a.lse = 0;
+  size_t bytes = 0;
+  assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, nullptr), FA_SUCCESS);
+  assert_true(bytes > 0);
+  // The largest batch is sized (and would run).
+  a = valid_decode(s);
+  a.batch = 65535;
+  assert_int_equal(fa_decode_workspace_size(s->rt, s->cfg, &a, &bytes, nullptr), FA_SUCCESS);
 }
 
 // ------------------------------------------------- runtime, memory, cache --
@@ -596,6 +952,31 @@ void test_runtime_table(void **) {
   o.emulator_sm = 75;
   expect_rejected(nullptr, "emulator_sm 75", fa_runtime_create(&o, &rt), FA_ERROR_UNSUPPORTED,
                   "fa_runtime_create", "emulator_sm");
+  // FLASHATTN_EMU_SM (emulator_sm 0): a whole decimal SM number, nothing
+  // else ("90abc" was read as 90); a number not listed is UNSUPPORTED.
+  o.emulator_sm = 0;
+  for (const char *bad : {"90abc", "90a", "sm_90", " 90", "90 ", "+90", "-90", "8.6", "0x50"}) {
+    setenv("FLASHATTN_EMU_SM", bad, 1);
+    const std::string needle = std::string("FLASHATTN_EMU_SM=") + bad + " is not a decimal";
+    expect_rejected(nullptr, bad, fa_runtime_create(&o, &rt), FA_ERROR_INVALID_ARGUMENT,
+                    "fa_runtime_create", needle.c_str());
+    assert_null(rt);
+  }
+  for (const char *unlisted : {"75", "0", "99999999999999999999"}) {
+    setenv("FLASHATTN_EMU_SM", unlisted, 1);
+    const std::string needle = std::string("FLASHATTN_EMU_SM=") + unlisted + " is not a supported";
+    expect_rejected(nullptr, unlisted, fa_runtime_create(&o, &rt), FA_ERROR_UNSUPPORTED,
+                    "fa_runtime_create", needle.c_str());
+  }
+  for (const char *good : {"90", "086", ""}) {
+    setenv("FLASHATTN_EMU_SM", good, 1);
+    assert_int_equal(fa_runtime_create(&o, &rt), FA_SUCCESS);
+    fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+    assert_int_equal(fa_runtime_get_info(rt, &info), FA_SUCCESS);
+    assert_int_equal(info.sm, good[0] ? std::atoi(good) : 80);
+    fa_runtime_destroy(rt);
+  }
+  unsetenv("FLASHATTN_EMU_SM");
 
   // Calls on a NULL runtime.
   uint64_t p = 0;
@@ -940,6 +1321,9 @@ int main(void) {
       cmocka_unit_test(test_info_and_cache_args), cmocka_unit_test(test_generate_table),
       cmocka_unit_test(test_forward_table),       cmocka_unit_test(test_decode_table),
       cmocka_unit_test(test_reduce_table),        cmocka_unit_test(test_large_head_dims),
+      cmocka_unit_test(test_forward_spans),       cmocka_unit_test(test_decode_spans),
+      cmocka_unit_test(test_reduce_spans),        cmocka_unit_test(test_huge_valid_strides),
+      cmocka_unit_test(test_decode_grid_limits),
   };
   return cmocka_run_group_tests_name("api_validation", tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 // The C entry points: argument validation, error capture, and the guarantee
 // that no C++ exception crosses the ABI. Everything below works on validated
 // arguments.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -130,6 +131,154 @@ fa_status widen_args(const T *in, std::initializer_list<size_t> old_sizes, T *ou
   std::memcpy(out, in, in->struct_size);
   out->struct_size = sizeof(T);
   return FA_SUCCESS;
+}
+
+// One dimension of an array a kernel indexes: `extent` positions `stride`
+// elements apart. The names are for the message: stride_name "stride[0]"
+// (of tensor "k") or "alibi_slopes_stride", extent_name "batch".
+struct Dim {
+  int64_t stride;
+  int64_t extent;
+  const char *stride_name;
+  const char *extent_name;
+};
+
+// The byte span rule, for every array a kernel indexes (one place, issue
+// 24). The offset of the array's last byte from its base,
+//   sum_i |stride_i| (extent_i - 1) elem_bytes + elem_bytes - 1,
+// computed exactly (every product and sum overflow-checked), must be at
+// most INT64_MAX: the kernels form offsets from int64 strides in signed
+// 64-bit arithmetic, so past it an offset would turn negative, and past
+// 2^64 it wraps (an fp32 stride of 2^62 put sequence 1 onto sequence 0).
+// And base + that offset must not pass 2^64 - 1. No device maps 2^63 bytes,
+// so the rule refuses nothing a kernel could address. `tensor`: the strides
+// are fields of `name` ("k.stride[0]") and the base is "k.data"; base 0: the
+// kernel takes the base from device data (pointer-array K/V), only the
+// offset is checked.
+fa_status check_span(const char *name, bool tensor, uint64_t base, uint64_t elem_bytes,
+                     std::initializer_list<Dim> dims) {
+  constexpr uint64_t kMaxOffset = uint64_t(INT64_MAX);
+  const char *dot = tensor ? "." : "";
+  const char *owner = tensor ? name : "";
+  uint64_t off = elem_bytes - 1;
+  for (const Dim &d : dims) {
+    if (d.extent <= 1) continue;
+    const uint64_t stride = d.stride < 0 ? 0 - uint64_t(d.stride) : uint64_t(d.stride);
+    uint64_t term = 0;
+    if (__builtin_mul_overflow(stride, uint64_t(d.extent - 1), &term) ||
+        __builtin_mul_overflow(term, elem_bytes, &term) || term > kMaxOffset) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "%s%s%s * (%s - 1) overflows a 64-bit byte offset in %s (%lld * %lld elements "
+                  "of %llu bytes; an array must end less than 2^63 bytes past its start)",
+                  owner, dot, d.stride_name, d.extent_name, name, static_cast<long long>(d.stride),
+                  static_cast<long long>(d.extent - 1),
+                  static_cast<unsigned long long>(elem_bytes));
+    }
+    if (__builtin_add_overflow(off, term, &off) || off > kMaxOffset) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "%s: the byte offset of its last element overflows 64 bits (the stride * "
+                  "(extent - 1) terms up to %s%s%s * (%s - 1) add up past 2^63 - 1)",
+                  name, owner, dot, d.stride_name, d.extent_name);
+    }
+  }
+  uint64_t last = 0;
+  if (base != 0 && __builtin_add_overflow(base, off, &last)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "%s%s 0x%llx plus the %llu bytes up to its last element wraps past 2^64", name,
+                tensor ? ".data" : "", static_cast<unsigned long long>(base),
+                static_cast<unsigned long long>(off) + 1);
+  }
+  return FA_SUCCESS;
+}
+
+// A 4-D tensor view of extents n (named names) and elements of eb bytes.
+fa_status check_tensor_span(const char *name, const fa_tensor &t, uint64_t eb,
+                            const int64_t (&n)[4], const char *const (&names)[4]) {
+  return check_span(name, true, t.data, eb,
+                    {{t.stride[0], n[0], "stride[0]", names[0]},
+                     {t.stride[1], n[1], "stride[1]", names[1]},
+                     {t.stride[2], n[2], "stride[2]", names[2]},
+                     {t.stride[3], n[3], "stride[3]", names[3]}});
+}
+
+// A contiguous array of n elements of eb bytes at p (0 = not set).
+fa_status check_array_span(const char *name, uint64_t p, uint64_t eb, int64_t n,
+                           const char *n_name) {
+  return p == 0 ? FA_SUCCESS : check_span(name, false, p, eb, {{1, n, "1", n_name}});
+}
+
+// LSE: fp32 [batch, num_heads_q, seqlen_q], contiguous (varlen: [heads,
+// total_q], total_q device data: pass batch 1).
+fa_status check_lse_span(const char *name, uint64_t p, int64_t batch, int64_t heads,
+                         int64_t seqlen_q) {
+  if (p == 0) return FA_SUCCESS;
+  return check_span(name, false, p, 4,
+                    {{heads * seqlen_q, batch, "num_heads_q * seqlen_q", "batch"},
+                     {seqlen_q, heads, "seqlen_q", "num_heads_q"},
+                     {1, seqlen_q, "1", "seqlen_q"}});
+}
+
+// [batch, n] 4-byte elements, rows `stride` apart (stride 0: one row for
+// the batch): ALiBi slopes, the block table, rotary positions.
+fa_status check_rows_span(const char *name, uint64_t p, const char *stride_name, int64_t stride,
+                          int64_t batch, int64_t n, const char *n_name) {
+  if (p == 0) return FA_SUCCESS;
+  return check_span(name, false, p, 4,
+                    {{stride, batch, stride_name, "batch"}, {1, n, "1", n_name}});
+}
+
+// An fp8 descale (fp32, element b descale_stride[0] + h_kv descale_stride[1]).
+fa_status check_descale_span(const char *name, uint64_t p, const int64_t stride[2], int64_t batch,
+                             int64_t heads_kv) {
+  if (p == 0) return FA_SUCCESS;
+  return check_span(name, false, p, 4,
+                    {{stride[0], batch, "descale_stride[0]", "batch"},
+                     {stride[1], heads_kv, "descale_stride[1]", "num_heads_kv"}});
+}
+
+// The ALiBi slopes and K/V descales of fa_forward_args or fa_decode_args.
+template <typename Args>
+fa_status check_slope_descale_spans(const fa::AttentionConfig &c, const Args &a, int64_t batch) {
+  FA_CHECK(check_rows_span("alibi_slopes", a.alibi_slopes, "alibi_slopes_stride",
+                           a.alibi_slopes_stride, batch, c.num_heads_q, "num_heads_q"));
+  FA_CHECK(check_descale_span("k_descale", a.k_descale, a.descale_stride, batch, c.num_heads_kv));
+  return check_descale_span("v_descale", a.v_descale, a.descale_stride, batch, c.num_heads_kv);
+}
+
+// Bytes of a Q, K/V and O element under config c (fp8 Q and K/V: 1).
+struct ElemBytes {
+  uint64_t q, kv, o;
+};
+ElemBytes elem_bytes(const fa::AttentionConfig &c) {
+  const uint64_t io = c.dtype == fa::Dtype::F32 ? 4 : 2;
+  return {c.q_fp8 != fa::KvFp8::None ? 1 : io, c.kv_fp8 != fa::KvFp8::None ? 1 : io, io};
+}
+
+// K and V as kv.layout reads them, and the page table or pointer arrays.
+// batch_k: the contiguous layout's dim 0 (1 when packed with cu_seqlens_k);
+// seqlen_k: the keys a sequence may have.
+fa_status check_kv_spans(const fa::AttentionConfig &c, const fa_kv_cache_layout &kv,
+                         const char *k_name, const fa_tensor &k, const char *v_name,
+                         const fa_tensor &v, int64_t batch, int64_t batch_k,
+                         const char *seqlen_name, int64_t seqlen_k) {
+  const uint64_t eb = elem_bytes(c).kv;
+  int64_t n0 = batch_k, n1 = seqlen_k;
+  const char *name0 = "batch", *name1 = seqlen_name;
+  if (kv.layout == FA_KV_PAGED) {
+    n0 = kv.num_pages, n1 = kv.page_size;
+    name0 = "kv.num_pages", name1 = "kv.page_size";
+    FA_CHECK(check_rows_span("kv.block_table", kv.block_table, "kv.block_table_stride",
+                             kv.block_table_stride, batch, kv.max_pages_per_seq,
+                             "kv.max_pages_per_seq"));
+  } else if (kv.layout == FA_KV_PTR_ARRAY) {
+    n0 = 1;  // stride[0] is ignored; each sequence's base is device data
+    FA_CHECK(check_array_span("kv.k_ptrs", kv.k_ptrs, 8, batch, "batch"));
+    FA_CHECK(check_array_span("kv.v_ptrs", kv.v_ptrs, 8, batch, "batch"));
+  }
+  FA_CHECK(check_tensor_span(k_name, k, eb, {n0, n1, c.num_heads_kv, c.head_dim},
+                             {name0, name1, "num_heads_kv", "head_dim"}));
+  return check_tensor_span(v_name, v, eb, {n0, n1, c.num_heads_kv, c.head_dim_v},
+                           {name0, name1, "num_heads_kv", "head_dim_v"});
 }
 
 fa_status check_fp32_ptr(const char *name, uint64_t p, bool required) {
@@ -300,6 +449,28 @@ fa_status validate_q_fp8(const fa::AttentionConfig &c, const fa_forward_args &a)
   return FA_SUCCESS;
 }
 
+// fa_launch's arrays (validated fields): the byte span rule (check_span).
+// With cu_seqlens_q (or _k) the packed q/o (k/v) have no batch dimension
+// and LSE is [num_heads_q, total_q]; total_q and each sequence's rows are
+// device data, so their dimension is checked over seqlen_q (seqlen_k)
+// rows, the most a sequence takes.
+fa_status check_forward_spans(const fa::AttentionConfig &c, const fa_forward_args &a) {
+  const ElemBytes e = elem_bytes(c);
+  const int64_t bq = a.cu_seqlens_q ? 1 : a.batch, bk = a.cu_seqlens_k ? 1 : a.batch;
+  FA_CHECK(check_tensor_span("q", a.q, e.q, {bq, a.seqlen_q, c.num_heads_q, c.head_dim},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim"}));
+  FA_CHECK(check_kv_spans(c, a.kv, "k", a.k, "v", a.v, a.batch, bk, "seqlen_k", a.seqlen_k));
+  FA_CHECK(check_tensor_span("o", a.o, e.o, {bq, a.seqlen_q, c.num_heads_q, c.head_dim_v},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim_v"}));
+  FA_CHECK(check_lse_span("lse", a.lse, bq, c.num_heads_q, a.seqlen_q));
+  FA_CHECK(check_array_span("cu_seqlens_q", a.cu_seqlens_q, 4, int64_t(a.batch) + 1, "batch + 1"));
+  FA_CHECK(check_array_span("cu_seqlens_k", a.cu_seqlens_k, 4, int64_t(a.batch) + 1, "batch + 1"));
+  FA_CHECK(check_array_span("seqused_k", a.seqused_k, 4, a.batch, "batch"));
+  FA_CHECK(check_array_span("sinks", a.sinks, 4, c.num_heads_q, "num_heads_q"));
+  FA_CHECK(check_descale_span("q_descale", a.q_descale, a.descale_stride, a.batch, c.num_heads_kv));
+  return check_slope_descale_spans(c, a, a.batch);
+}
+
 // The rows of a GQA group (group * seqlen_q), which the decode kernel
 // indexes with 32-bit integers (seqlen_k_max is bounded by check_seqlen).
 // A rotary table's fa_dtype: 0 or FP32 (f32), or the config's 16-bit dtype.
@@ -418,6 +589,111 @@ fa_status validate_append(const fa::AttentionConfig &c, const fa_decode_args *a)
   return FA_SUCCESS;
 }
 
+// fa_decode's arrays (validated fields) but the workspace (check_decode_plan):
+// the byte span rule (check_span).
+fa_status check_decode_spans(const fa::AttentionConfig &c, const fa_decode_args &a) {
+  const ElemBytes e = elem_bytes(c);
+  FA_CHECK(check_tensor_span("q", a.q, e.q, {a.batch, a.seqlen_q, c.num_heads_q, c.head_dim},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim"}));
+  FA_CHECK(check_kv_spans(c, a.kv, "k_cache", a.k_cache, "v_cache", a.v_cache, a.batch, a.batch,
+                          "seqlen_k_max", a.seqlen_k_max));
+  FA_CHECK(check_array_span("cache_seqlens", a.cache_seqlens, 4, a.batch, "batch"));
+  if (a.o.data != 0) {
+    FA_CHECK(check_tensor_span("o", a.o, e.o, {a.batch, a.seqlen_q, c.num_heads_q, c.head_dim_v},
+                               {"batch", "seqlen_q", "num_heads_q", "head_dim_v"}));
+  }
+  FA_CHECK(check_lse_span("lse", a.lse, a.batch, c.num_heads_q, a.seqlen_q));
+  FA_CHECK(check_array_span("sinks", a.sinks, 4, c.num_heads_q, "num_heads_q"));
+  if (a.tree_mask != 0) {  // bytes: rows of whole 32-bit words
+    FA_CHECK(
+        check_span("tree_mask", false, a.tree_mask, 1,
+                   {{a.tree_mask_stride[0], a.batch, "tree_mask_stride[0]", "batch"},
+                    {a.tree_mask_stride[1], a.seqlen_q, "tree_mask_stride[1]", "seqlen_q"},
+                    {1, (int64_t(a.seqlen_q) + 31) / 32 * 4, "1", "4 * ceil(seqlen_q / 32)"}}));
+  }
+  FA_CHECK(check_slope_descale_spans(c, a, a.batch));
+  if (a.k_new.data == 0) return FA_SUCCESS;
+  // The new rows stay in the config's dtype (an fp8 cache quantises them).
+  FA_CHECK(check_tensor_span("k_new", a.k_new, e.o,
+                             {a.batch, a.seqlen_new, c.num_heads_kv, c.head_dim},
+                             {"batch", "seqlen_new", "num_heads_kv", "head_dim"}));
+  FA_CHECK(check_tensor_span("v_new", a.v_new, e.o,
+                             {a.batch, a.seqlen_new, c.num_heads_kv, c.head_dim_v},
+                             {"batch", "seqlen_new", "num_heads_kv", "head_dim_v"}));
+  if (a.rotary_dim == 0) return FA_SUCCESS;
+  const uint64_t eb = a.rotary_dtype == 0 || a.rotary_dtype == FA_DTYPE_FP32 ? 4 : 2;
+  const int64_t half = a.rotary_dim / 2;
+  auto table = [&](const char *name, uint64_t p) {
+    return check_span(
+        name, false, p, eb,
+        {{half, a.seqlen_ro, "rotary_dim / 2", "seqlen_ro"}, {1, half, "1", "rotary_dim / 2"}});
+  };
+  FA_CHECK(table("rotary_cos", a.rotary_cos));
+  FA_CHECK(table("rotary_sin", a.rotary_sin));
+  return check_rows_span("rotary_positions", a.rotary_positions, "rotary_positions_stride",
+                         a.rotary_positions_stride, a.batch, std::max(a.seqlen_q, a.seqlen_new),
+                         "max(seqlen_q, seqlen_new)");
+}
+
+// The plan fa_decode will run for a (into *plan) and its launch grids
+// against CUDA's limits (runtime.cc geometry_ok): the decode kernel's y and
+// z (num_heads_kv times a group's row blocks, and batch) at most 65535, and
+// with o the combine's x (batch * seqlen_q * num_heads_q rows, num_warps
+// per block) below 2^31. fa_decode_workspace_size and fa_decode both call
+// it, so the size query refuses what the launch would, with the same
+// message, and fa_decode refuses before its first launch. Supporting
+// larger grids would need the kernels to loop over blocks.
+fa_status check_decode_plan(const fa::Runtime &rt, const fa::AttentionConfig &c,
+                            const fa_decode_args &a, fa::DecodePlan *plan) {
+  *plan = rt.plan_decode(c, a);
+  if (plan->too_large) return fa::decode_too_large();
+  const fa::KernelSpec spec = rt.decode_spec(c, a);
+  fa::DecodeParams p;
+  std::memset(&p, 0, sizeof p);
+  p.batch = a.batch;
+  p.seqlen_q = a.seqlen_q;
+  p.num_heads_q = c.num_heads_q;
+  p.num_heads_kv = c.num_heads_kv;
+  p.num_splits = plan->num_splits;
+  const fa::LaunchGeometry g = fa::decode_geometry(spec, p);
+  if (g.grid[2] > 65535) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "batch is %d, more than 65535: the decode grid has one z index per sequence "
+                "(CUDA's grid z limit); split the batch across calls",
+                a.batch);
+  }
+  if (g.grid[1] > 65535) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "num_heads_kv (%d) * ceil((num_heads_q / num_heads_kv) * seqlen_q / %d) blocks "
+                "is more than 65535 (the decode grid's y limit): fewer query rows per call "
+                "(seqlen_q %d)",
+                c.num_heads_kv, spec.block_m, a.seqlen_q);
+  }
+  if (g.grid[0] > uint32_t(INT32_MAX)) {  // num_splits * O slices: not reachable today
+    return fail(FA_ERROR_UNSUPPORTED, "the decode grid's x dimension (%u) is past 2^31 - 1",
+                g.grid[0]);
+  }
+  if (a.o.data == 0) return FA_SUCCESS;
+  fa::LaunchShape rshape;
+  rshape.sinks = a.sinks != 0;
+  const fa::KernelSpec rspec =
+      fa::make_spec(c, fa::KernelKind::Reduce, rt.backend().info().limits, rshape);
+  fa::ReduceParams r;
+  std::memset(&r, 0, sizeof r);
+  r.batch = a.batch;
+  r.seqlen_q = a.seqlen_q;
+  r.num_heads_q = c.num_heads_q;
+  r.num_splits = plan->num_splits;
+  if (fa::reduce_geometry(rspec, r).grid[0] > uint32_t(INT32_MAX)) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "batch * seqlen_q * num_heads_q = %d * %d * %d rows need more than 2^31 - 1 "
+                "blocks of %d rows in the combine (CUDA's grid x limit): split the batch, or pass "
+                "o.data = 0 and combine the partial states with fa_decode_reduce in parts",
+                a.batch, a.seqlen_q, c.num_heads_q, rspec.num_warps);
+  }
+  return FA_SUCCESS;
+}
+
 fa_status validate_decode_workspace(const fa_decode_args *a) {
   FA_REQUIRE(a->workspace != 0, "workspace is 0 (size it with fa_decode_workspace_size)");
   FA_REQUIRE(a->workspace % 256 == 0, "workspace 0x%llx is not 256-byte aligned",
@@ -452,6 +728,27 @@ fa_status validate_reduce(const fa_reduce_args *a) {
   FA_CHECK(check_tensor("o", a->o));
   FA_CHECK(check_fp32_ptr("lse", a->lse, false));
   return FA_SUCCESS;
+}
+
+// fa_decode_reduce's arrays (validated fields): the byte span rule.
+fa_status check_reduce_spans(const fa::AttentionConfig &c, const fa_reduce_args &a) {
+  const int64_t *os = a.o_partial_stride, *ls = a.lse_partial_stride;
+  FA_CHECK(check_span("o_partial", false, a.o_partial, 4,
+                      {{os[0], a.num_splits, "o_partial_stride[0]", "num_splits"},
+                       {os[1], a.batch, "o_partial_stride[1]", "batch"},
+                       {os[2], a.seqlen_q, "o_partial_stride[2]", "seqlen_q"},
+                       {os[3], c.num_heads_q, "o_partial_stride[3]", "num_heads_q"},
+                       {os[4], c.head_dim_v, "o_partial_stride[4]", "head_dim_v"}}));
+  FA_CHECK(check_span("lse_partial", false, a.lse_partial, 4,
+                      {{ls[0], a.num_splits, "lse_partial_stride[0]", "num_splits"},
+                       {ls[1], a.batch, "lse_partial_stride[1]", "batch"},
+                       {ls[2], c.num_heads_q, "lse_partial_stride[2]", "num_heads_q"},
+                       {ls[3], a.seqlen_q, "lse_partial_stride[3]", "seqlen_q"}}));
+  FA_CHECK(check_tensor_span("o", a.o, elem_bytes(c).o,
+                             {a.batch, a.seqlen_q, c.num_heads_q, c.head_dim_v},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim_v"}));
+  FA_CHECK(check_lse_span("lse", a.lse, a.batch, c.num_heads_q, a.seqlen_q));
+  return check_array_span("sinks", a.sinks, 4, c.num_heads_q, "num_heads_q");
 }
 
 fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
@@ -898,6 +1195,7 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(validate_forward(cfg->cfg, &a));
     FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k, a.v));
     FA_CHECK(validate_q_fp8(cfg->cfg, a));
+    FA_CHECK(check_forward_spans(cfg->cfg, a));
     return rt->impl->forward(cfg->cfg, a, stream);
   });
 }
@@ -917,8 +1215,8 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
                         &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
-    const fa::DecodePlan plan = rt->impl->plan_decode(cfg->cfg, a);
-    if (plan.too_large) return fa::decode_too_large();
+    fa::DecodePlan plan;
+    FA_CHECK(check_decode_plan(*rt->impl, cfg->cfg, a, &plan));
     *bytes = plan.workspace_bytes;
     if (num_splits) *num_splits = plan.num_splits;
     return FA_SUCCESS;
@@ -943,6 +1241,11 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(validate_append(cfg->cfg, &a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
     FA_CHECK(validate_decode_workspace(&a));
+    fa::DecodePlan plan;
+    FA_CHECK(check_decode_plan(*rt->impl, cfg->cfg, a, &plan));
+    FA_CHECK(check_decode_spans(cfg->cfg, a));
+    FA_CHECK(check_span("workspace", false, a.workspace, 1,
+                        {{1, int64_t(plan.workspace_bytes), "1", "its bytes"}}));
     return rt->impl->decode(cfg->cfg, a, stream);
   });
 }
@@ -956,6 +1259,7 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa
     fa_reduce_args a;
     FA_CHECK(widen_args(args, {FA_REDUCE_ARGS_SIZE_0_3, FA_REDUCE_ARGS_SIZE_0_4}, &a));
     FA_CHECK(validate_reduce(&a));
+    FA_CHECK(check_reduce_spans(cfg->cfg, a));
     return rt->impl->reduce(cfg->cfg, a, stream);
   });
 }

@@ -202,12 +202,26 @@ fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Run
     if (env && std::strcmp(env, "cuda") == 0) which = FA_BACKEND_CUDA;
     if (env && std::strcmp(env, "emulator") == 0) which = FA_BACKEND_EMULATOR;
   }
-  // FLASHATTN_EMU_SM picks the emulator's SM when the options leave it 0.
+  // FLASHATTN_EMU_SM picks the emulator's SM when the options leave it 0:
+  // the whole value a decimal number, one of the SMs published_limits
+  // knows. A sign, space or suffix is refused, not read past ("90abc" and
+  // "90a" are not 90; sm 90 already runs the sm_90a kernels).
   int emu_sm = options.emulator_sm ? options.emulator_sm : 80;
   if (options.emulator_sm == 0) {
     if (const char *env = std::getenv("FLASHATTN_EMU_SM"); env && env[0]) {
+      int sm = 0;
+      bool decimal = true;
+      for (const char *c = env; *c && decimal; ++c) {
+        decimal = *c >= '0' && *c <= '9';
+        sm = std::min(sm * 10 + (*c - '0'), 1000000);  // saturates: no SM, no overflow
+      }
+      if (!decimal) {
+        return fail(FA_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_EMU_SM=%s is not a decimal SM number (80, 86, 87, 89, 90, 100, "
+                    "103, 110, 120 or 121; 90 runs the sm_90a kernels)",
+                    env);
+      }
       DeviceLimits lim;
-      const int sm = std::atoi(env);
       if (!published_limits(sm, &lim))
         return fail(FA_ERROR_UNSUPPORTED, "FLASHATTN_EMU_SM=%s is not a supported SM", env);
       emu_sm = sm;
