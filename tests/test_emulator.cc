@@ -950,6 +950,47 @@ void test_global_oob(void **) {
   assert_int_equal(st, FA_ERROR_LAUNCH);
 }
 
+// An address within an access's size of 2^64 (device data such as a k_ptrs
+// entry can hold one) is out of bounds, also right after an access to a
+// live buffer (the allocation the checker last hit): addr + size wraps to a
+// small number there, which once read as inside that buffer and
+// dereferenced the address.
+void test_global_wrap(void **) {
+  std::string p = std::string(kHeader) + R"(
+.visible .entry k_wrap(.param .align 8 .b8 k_wrap_param[16])
+{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  .shared .align 16 .b8 buf[16];
+  ld.param.u64 %rd1, [k_wrap_param+0];
+  ld.param.u64 %rd2, [k_wrap_param+8];
+  ld.global.u32 %r1, [%rd1];
+  ld.global.u32 %r2, [%rd2];
+  st.global.u32 [%rd1], %r2;
+}
+.visible .entry k_wrap_async(.param .align 8 .b8 k_wrap_async_param[16])
+{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  .shared .align 16 .b8 buf[16];
+  ld.param.u64 %rd1, [k_wrap_async_param+0];
+  ld.param.u64 %rd2, [k_wrap_async_param+8];
+  ld.global.u32 %r1, [%rd1];
+  mov.u32 %r2, buf;
+  cp.async.ca.shared.global [%r2], [%rd2], 4;
+  cp.async.wait_all;
+}
+)";
+  DevBuf in(64);
+  for (const char *kernel : {"k_wrap", "k_wrap_async"}) {
+    for (uint64_t bad : {~uint64_t(0) - 3, ~uint64_t(0) - 15}) {
+      TwoBuf prm = {in.ptr, bad};
+      assert_int_equal(run_ptx(p, kernel, geom(1, 1), &prm, sizeof prm), FA_ERROR_LAUNCH);
+      expect_error("out-of-bounds");
+    }
+  }
+}
+
 void test_misaligned(void **) {
   std::string p = std::string(kHeader) + R"(
 .visible .entry k_mis(.param .align 8 .b8 k_mis_param[8])
@@ -1570,6 +1611,7 @@ int main(void) {
       cmocka_unit_test(test_vote),
       cmocka_unit_test(test_dynamic_shared),
       cmocka_unit_test(test_global_oob),
+      cmocka_unit_test(test_global_wrap),
       cmocka_unit_test(test_misaligned),
       cmocka_unit_test(test_shared_oob),
       cmocka_unit_test(test_barrier_deadlock_exit),

@@ -812,14 +812,9 @@ class CtaRunner {
       fault_global(t, pc, src, size, true);
       return false;
     }
-    if (src_size && !(src >= hit_base_ && src + src_size <= hit_end_)) {
-      uint64_t b, e;
-      if (!sh_.mem->find_locked(src, src_size, &b, &e)) {
-        fault_global(t, pc, src, static_cast<uint32_t>(src_size), false);
-        return false;
-      }
-      hit_base_ = b;
-      hit_end_ = e;
+    if (src_size && !in_allocation(src, src_size)) {
+      fault_global(t, pc, src, static_cast<uint32_t>(src_size), false);
+      return false;
     }
     if (async_.empty()) async_.resize(nthreads_);
     async_used_ = true;
@@ -981,20 +976,29 @@ class CtaRunner {
     error_ = buf;
   }
 
+  // Whether one live allocation holds [addr, addr + size), the last one hit
+  // first (then it becomes the one hit). Written without addr + size, which
+  // wraps for an address within size of 2^64 (device data such as a k_ptrs
+  // entry can hold one).
+  inline bool in_allocation(uint64_t addr, uint64_t size) {
+    if (addr >= hit_base_ && addr <= hit_end_ && size <= hit_end_ - addr) return true;
+    uint64_t b, e;
+    if (!sh_.mem->find_locked(addr, size, &b, &e)) return false;
+    hit_base_ = b;
+    hit_end_ = e;
+    return true;
+  }
+
   // Global address check: one live allocation holds [addr, addr+size).
   inline uint8_t *global_ptr(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
     if (addr & (size - 1)) {
       fault_global(t, pc, addr, size, true);
       return nullptr;
     }
-    if (addr >= hit_base_ && addr + size <= hit_end_) return reinterpret_cast<uint8_t *>(addr);
-    uint64_t b, e;
-    if (!sh_.mem->find_locked(addr, size, &b, &e)) {
+    if (!in_allocation(addr, size)) {
       fault_global(t, pc, addr, size, false);
       return nullptr;
     }
-    hit_base_ = b;
-    hit_end_ = e;
     return reinterpret_cast<uint8_t *>(addr);
   }
 
