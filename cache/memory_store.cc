@@ -59,6 +59,7 @@ std::vector<RowInfo> MemoryStore::list() {
     r.sm = rec.sm;
     r.generator_version = rec.generator_version;
     r.driver_version = rec.driver_version;
+    r.compiler = rec.compiler;
     r.ptx_bytes = rec.ptx.size();
     r.cubin_bytes = rec.cubin.size();
     r.hits = kv.second.hits;

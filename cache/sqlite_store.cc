@@ -42,7 +42,11 @@
 namespace fa::cache {
 namespace {
 
-constexpr int kSchemaVersion = 2;      // PRAGMA user_version; bump on any schema change
+constexpr int kSchemaVersion = 3;      // PRAGMA user_version; bump on any schema change
+// Version 2 (flashattn 0.2 to 0.5) lacks kernels.compiler; it is migrated in
+// place (ALTER TABLE ... ADD COLUMN, the rows kept, compiler ''), and a
+// read-only version 2 cache is read with compiler ''.
+constexpr int kSchemaVersionNoCompiler = 2;
 constexpr int kBusyTimeoutMs = 10000;  // longest wait for a lock whose holders progress
 // A lock wait ends after kStuckMs in which neither the database nor its
 // journal changed: the holder is not letting go (a stopped process, a
@@ -68,6 +72,7 @@ constexpr const char *kCreateTables =
     " sm INTEGER NOT NULL,"
     " generator_version INTEGER NOT NULL,"
     " driver_version INTEGER NOT NULL,"
+    " compiler TEXT NOT NULL DEFAULT '',"
     " created_ms INTEGER NOT NULL,"
     " last_used_ms INTEGER NOT NULL,"
     " hits INTEGER NOT NULL DEFAULT 0,"
@@ -301,6 +306,9 @@ class SqliteStore final : public Store {
   std::string path_;
   SqliteSettings settings_;
   FileId file_id_;       // the file db_ opened
+  // How queries read kernels.compiler: the column, or '' in a read-only
+  // version 2 cache (which cannot be migrated).
+  const char *compiler_col_ = "compiler";
   std::string refusal_;  // why the last SQLITE_CANTOPEN of ours (not SQLite's) was returned
   // Lock waits (on_busy): the longest wait now, when the current one began,
   // when the files last changed and how they looked, and until when waits
@@ -426,6 +434,10 @@ int SqliteStore::setup_schema() {
     const int rc = schema_state(&version, &has_tables);
     if (rc != SQLITE_OK) return rc;
     if (version == kSchemaVersion && has_tables) return SQLITE_OK;
+    if (version == kSchemaVersionNoCompiler && has_tables) {
+      compiler_col_ = "''";
+      return SQLITE_OK;
+    }
     refusal_ = "read-only cache has schema version " + std::to_string(version) + ", not " +
                std::to_string(kSchemaVersion);
     return SQLITE_CANTOPEN;
@@ -446,7 +458,13 @@ int SqliteStore::setup_schema() {
   if ((rc = exec("BEGIN IMMEDIATE")) != SQLITE_OK) return rc;
   rc = schema_state(&version, &has_table);
   if (rc == SQLITE_OK && !(version == kSchemaVersion && has_table)) {
-    if (version != kSchemaVersion) rc = exec(kDropTables);
+    if (version == kSchemaVersionNoCompiler && has_table) {
+      // The rows stay: they are driver-JIT rows (or older cuLink cubins,
+      // which the runtime rebuilds), recorded with compiler ''.
+      rc = exec("ALTER TABLE kernels ADD COLUMN compiler TEXT NOT NULL DEFAULT ''");
+    } else if (version != kSchemaVersion) {
+      rc = exec(kDropTables);
+    }
     if (rc == SQLITE_OK) rc = exec(kCreateTables);
     if (rc == SQLITE_OK) {
       char sql[64];
@@ -607,9 +625,11 @@ bool SqliteStore::get(const Key &key, const std::string &key_material, Record *o
 bool SqliteStore::get_locked(const Key &key, const std::string &key_material, Record *out) {
   uint8_t kb[16];
   key_to_bytes(key, kb);
-  Stmt q(db_,
-         "SELECT spec, sm, generator_version, ptx, ptx_hash, cubin, cubin_hash, driver_version,"
-         " key_material FROM kernels WHERE key = ?1");
+  const std::string sql =
+      std::string("SELECT spec, sm, generator_version, ptx, ptx_hash, cubin, cubin_hash,"
+                  " driver_version, key_material, ") +
+      compiler_col_ + " FROM kernels WHERE key = ?1";
+  Stmt q(db_, sql.c_str());
   q.blob(1, kb, 16);
   int rc = q.step();
   if (rc != SQLITE_ROW) {
@@ -640,6 +660,7 @@ bool SqliteStore::get_locked(const Key &key, const std::string &key_material, Re
   rec.cubin.assign(q.col_blob(5), q.col_blob(5) + q.col_size(5));
   rec.driver_version = static_cast<int>(q.col_int(7));
   rec.key_material = q.col_text(8);
+  rec.compiler = q.col_text(9);
   const Hash ph = hash_bytes(rec.ptx.data(), rec.ptx.size());
   const Hash ch = hash_bytes(rec.cubin.data(), rec.cubin.size());
   const bool ok = q.col_size(4) == 16 && !std::memcmp(q.col_blob(4), ph.b, 16) &&
@@ -797,8 +818,8 @@ int SqliteStore::write_row(const Key &key, const Record &r, const Hash &ph, cons
   {
     Stmt s(db_,
            "INSERT OR REPLACE INTO kernels (key, key_material, spec, sm, generator_version,"
-           " driver_version, created_ms, last_used_ms, hits, ptx_hash, cubin_hash, ptx, cubin)"
-           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 0, ?8, ?9, ?10, ?11)");
+           " driver_version, created_ms, last_used_ms, hits, ptx_hash, cubin_hash, ptx, cubin,"
+           " compiler) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, 0, ?8, ?9, ?10, ?11, ?12)");
     s.blob(1, kb, 16);
     s.blob(2, r.key_material.data(), r.key_material.size());
     s.text(3, r.spec_text);
@@ -810,6 +831,7 @@ int SqliteStore::write_row(const Key &key, const Record &r, const Hash &ph, cons
     s.blob(9, ch.b, 16);
     s.blob(10, r.ptx.data(), r.ptx.size());
     s.blob(11, r.cubin.data(), r.cubin.size());
+    s.text(12, r.compiler);
     rc = s.step();
     if (rc != SQLITE_DONE) return rc;
   }
@@ -1044,9 +1066,11 @@ std::vector<RowInfo> SqliteStore::list() {
   flush_touches(kTouchTimeoutMs);
   if (!usable()) return mem_->list();
   std::vector<RowInfo> rows;
-  Stmt q(db_,
-         "SELECT key, spec, sm, generator_version, driver_version, length(ptx), length(cubin),"
-         " hits, created_ms / 1000, last_used_ms / 1000 FROM kernels ORDER BY created_ms, key");
+  const std::string sql =
+      std::string("SELECT key, spec, sm, generator_version, driver_version, length(ptx),"
+                  " length(cubin), hits, created_ms / 1000, last_used_ms / 1000, ") +
+      compiler_col_ + " FROM kernels ORDER BY created_ms, key";
+  Stmt q(db_, sql.c_str());
   int rc;
   while ((rc = q.step()) == SQLITE_ROW) {
     RowInfo r;
@@ -1060,6 +1084,7 @@ std::vector<RowInfo> SqliteStore::list() {
     r.hits = static_cast<uint64_t>(q.col_int(7));
     r.created = q.col_int(8);
     r.last_used = q.col_int(9);
+    r.compiler = q.col_text(10);
     rows.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) {

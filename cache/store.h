@@ -21,7 +21,11 @@ struct Key {
 struct Record {
   std::string ptx;
   std::vector<uint8_t> cubin;  // empty when no binary was built (emulator)
-  int driver_version = 0;      // driver the cubin was built with; 0 if none
+  int driver_version = 0;      // driver the cubin was built (or last loaded) with; 0 if none
+  // What built `cubin` (fa_cache_entry.compiler): the PTX compiler plugin's
+  // version (a cubin), "driver-jit" (the PTX and a NUL), "driver-jit (cubin
+  // of <version> refused)", or "" (none, or a row of schema version 2).
+  std::string compiler;
   std::string spec_text;       // KernelSpec::describe()
   uint32_t generator_version = 0;
   int sm = 0;
@@ -36,6 +40,7 @@ struct RowInfo {
   int sm = 0;
   uint32_t generator_version = 0;
   int driver_version = 0;
+  std::string compiler;  // Record::compiler
   uint64_t ptx_bytes = 0, cubin_bytes = 0, hits = 0;
   int64_t created = 0, last_used = 0;  // Unix seconds
 };

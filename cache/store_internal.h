@@ -109,6 +109,17 @@ struct FileId {
 // opens the path and before a reset in place writes to it.
 std::string check_db_file(const std::string &path, bool read_only, FileId *id);
 
+// Checks a shared library before it is loaded (the PTX compiler plugin:
+// code this process will run, under the same rules as the cache): `path`
+// itself never a symbolic link, a regular file owned by this user or root
+// and writable by no one else; its directory (links resolved) owned by this
+// user or root and writable by no one else; every directory above that as
+// for a cache. On success opens the file (O_RDONLY | O_NOFOLLOW) and stores
+// the descriptor in *fd, so the caller loads the very file checked (dlopen
+// of /proc/self/fd/N), and *real gets the path with the directory's links
+// resolved. *fd is -1 on failure.
+std::string open_trusted_code_file(const std::string &path, int *fd, std::string *real);
+
 // Opens (creating if needed) the SQLite store at `path`. Returns null and sets
 // *why when the file cannot be used at all; the caller falls back to memory.
 std::unique_ptr<Store> open_sqlite_store(const std::string &path, const SqliteSettings &settings,

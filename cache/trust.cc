@@ -307,4 +307,40 @@ std::string check_db_file(const std::string &path, bool read_only, FileId *id) {
   return check_sidecars(path);
 }
 
+std::string open_trusted_code_file(const std::string &path, int *fd, std::string *real) {
+  *fd = -1;
+  if (path.empty() || path[0] != '/') return "not an absolute path: '" + path + "'";
+  const size_t slash = path.find_last_of('/');
+  const std::string name = path.substr(slash + 1);
+  std::string dir;
+  if (std::string why = real_path(slash == 0 ? "/" : path.substr(0, slash), &dir); !why.empty())
+    return why;
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) return errno_text("cannot stat", dir);
+  std::string why = foreign_owner(st);
+  if (why.empty()) why = others_may_write(st);
+  if (!why.empty()) return "the directory of the library is " + why + ": " + dir;
+  if (why = check_ancestors(dir); !why.empty()) return why;
+  *real = dir == "/" ? "/" + name : dir + "/" + name;
+  // O_NOFOLLOW: a link at the path itself is refused (ELOOP), never followed.
+  const int f = open(real->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (f < 0) {
+    if (errno == ELOOP) return "a symbolic link (never followed): " + *real;
+    return errno_text("cannot open", *real);
+  }
+  if (fstat(f, &st) != 0) {
+    why = errno_text("cannot stat", *real);
+  } else if (!S_ISREG(st.st_mode)) {
+    why = "not a regular file: " + *real;
+  } else if (!(why = foreign_owner(st)).empty() || !(why = others_may_write(st)).empty()) {
+    why += ": " + *real;
+  }
+  if (!why.empty()) {
+    close(f);
+    return why;
+  }
+  *fd = f;
+  return "";
+}
+
 }  // namespace fa::cache

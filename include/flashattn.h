@@ -187,10 +187,26 @@ typedef struct fa_runtime_options {
                             100, 103, 110, 120, 121); 0 = $FLASHATTN_EMU_SM
                             if set (the whole value a decimal number: "90",
                             not "90a" or " 90"), else 80 */
+  /* Since 0.6 (FA_RUNTIME_OPTIONS_SIZE_0_5 ends before it; zero = as 0.5).
+   * fa_ptx_compiler: FA_PTX_COMPILER_AUTO compiles each new kernel to a
+   * cubin with the PTX compiler plugin (libflashattn_ptxc.so next to
+   * libflashattn, or $FLASHATTN_PTX_COMPILER; "off" there turns it off for
+   * the process) when it is present and trusted, else leaves the PTX to
+   * the driver's JIT; FA_PTX_COMPILER_OFF always uses the driver's JIT
+   * (cuda backend only; fa_cache_stats.compiler_mode says which is used). */
+  int64_t ptx_compiler;
 } fa_runtime_options;
 
+typedef enum fa_ptx_compiler {
+  FA_PTX_COMPILER_AUTO = 0, /* the plugin when present and trusted */
+  FA_PTX_COMPILER_OFF = 1   /* never the plugin: the driver's JIT */
+} fa_ptx_compiler;
+
+/* struct_size of fa_runtime_options in flashattn 0.1 to 0.5 (before ptx_compiler). */
+#define FA_RUNTIME_OPTIONS_SIZE_0_5 (offsetof(fa_runtime_options, ptx_compiler))
+
 #define FA_RUNTIME_OPTIONS_INIT \
-  { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0 }
+  { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0, 0 }
 
 /* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
  * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum,
@@ -848,7 +864,9 @@ typedef struct fa_cache_stats {
   uint64_t memory_hits; /* launches served by the in-process kernel map */
   uint64_t disk_hits;   /* kernels loaded from the on-disk store */
   uint64_t misses;      /* kernels generated */
-  uint64_t compiles;    /* PTX -> binary compilations (cuda) */
+  uint64_t compiles;    /* PTX compilations: cuda, the plugin's or the
+                           driver's JIT of a new or stale kernel; emulator,
+                           the parse check of a new kernel. 0 on a warm run */
   uint64_t discarded;   /* stored blobs whose hash did not verify */
   uint64_t entries;     /* rows in the store */
   uint64_t bytes;       /* PTX + binary bytes in the store */
@@ -865,17 +883,41 @@ typedef struct fa_cache_stats {
   uint64_t lease_waits;      /* kernels another process built while we waited */
   uint64_t lease_timeouts;   /* waits that ran out (the kernel was built here) */
   uint64_t max_bytes;        /* size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none */
+  /* Since 0.6 (FA_CACHE_STATS_SIZE_0_5 ends before them). */
+  int32_t compiler_mode;   /* fa_compiler_mode of this runtime */
+  char compiler[128];      /* FA_COMPILER_PLUGIN: the plugin's compiler version
+                              (what cache rows record, see fa_cache_entry);
+                              FA_COMPILER_DRIVER_JIT: "driver-jit"; else "" */
+  char compiler_note[256]; /* why the plugin is not used; "" when it is */
+  uint64_t cubin_refusals; /* cubins the driver refused (too new, wrong SM,
+                              damaged): their PTX was JIT-compiled and the row
+                              rewritten */
 } fa_cache_stats;
+
+/* How a runtime turns PTX into machine code. */
+typedef enum fa_compiler_mode {
+  FA_COMPILER_NONE = 0,       /* emulator: runs the PTX itself */
+  FA_COMPILER_DRIVER_JIT = 1, /* the driver JIT-compiles the stored PTX when a
+                                 kernel is loaded (its compute cache may keep
+                                 the machine code) */
+  FA_COMPILER_PLUGIN = 2      /* the PTX compiler plugin builds a cubin on a
+                                 miss; hits load the stored cubin, no JIT */
+} fa_compiler_mode;
 
 /* struct_size of fa_cache_stats in flashattn 0.1 (no counters after note). */
 #define FA_CACHE_STATS_SIZE_0_1 (offsetof(fa_cache_stats, collisions))
+/* struct_size of fa_cache_stats in flashattn 0.2 to 0.5 (before compiler_mode). */
+#define FA_CACHE_STATS_SIZE_0_5 (offsetof(fa_cache_stats, compiler_mode))
 
-#define FA_CACHE_STATS_INIT \
-  { sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define FA_CACHE_STATS_INIT                                                                      \
+  {                                                                                              \
+    sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, \
+        0                                                                                        \
+  }
 
-/* Fills *stats. struct_size may be sizeof(fa_cache_stats) or
- * FA_CACHE_STATS_SIZE_0_1 (a caller built against 0.1: only its fields are
- * written). Errors: INVALID_ARGUMENT. */
+/* Fills *stats. struct_size may be sizeof(fa_cache_stats),
+ * FA_CACHE_STATS_SIZE_0_5 or FA_CACHE_STATS_SIZE_0_1 (a caller built against
+ * an older version: only its fields are written). Errors: INVALID_ARGUMENT. */
 FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats);
 
 typedef struct fa_cache_entry {
@@ -885,10 +927,17 @@ typedef struct fa_cache_entry {
   int32_t sm;
   uint32_t generator_version;
   uint64_t ptx_bytes;
-  uint64_t cubin_bytes; /* the driver's binary: since 0.5 the PTX it JITs whole-program */
+  uint64_t cubin_bytes; /* the binary: a cubin (see compiler), or the PTX the
+                           driver JITs whole-program (0.5 rows: always) */
   uint64_t hits;
   int64_t created;   /* unix seconds */
   int64_t last_used; /* unix seconds */
+  /* Since 0.6: what built the binary: the PTX compiler plugin's version (the
+   * binary is a cubin), "driver-jit" (the binary is the PTX, JIT-compiled
+   * when loaded), "driver-jit (cubin of <version> refused)" (the driver
+   * refused that plugin's cubin), or "" (no binary, or a row written before
+   * 0.6). Valid during the call only. */
+  const char *compiler;
 } fa_cache_entry;
 
 /* Calls fn once per stored kernel (entry valid during the call only); a

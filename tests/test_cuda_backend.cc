@@ -17,6 +17,7 @@
 // Our headers first: cmocka.h defines a fail() macro that would clash with
 // fa::fail in common/error.h.
 #include "backend/backend.h"
+#include "backend/ptx_compiler.h"
 #include "common/error.h"
 #include "flashattn.h"
 
@@ -39,6 +40,7 @@ extern "C" {
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -237,6 +239,10 @@ EXPORT int mock_attention_launches(void) { return attention_launches; }
 static int links, accelerated_loads;
 EXPORT int mock_links(void) { return links; }
 EXPORT int mock_accelerated_loads(void) { return accelerated_loads; }
+// Module loads of a cubin (ELF: no JIT) and of PTX (a JIT), refused ones included.
+static int cubin_loads, ptx_loads;
+EXPORT int mock_cubin_loads(void) { return cubin_loads; }
+EXPORT int mock_ptx_loads(void) { return ptx_loads; }
 EXPORT int mock_depth(void) { return depth; }
 // Stream-capture mode (what CUDA graphs require of a captured call): no
 // allocation, copy, memset, synchronisation or module load. While it is on,
@@ -254,7 +260,9 @@ static CUresult error_name(CUresult r, const char **s) {
     case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
     case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
     case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
+    case 209: *s = "CUDA_ERROR_NO_BINARY_FOR_GPU"; return 0;
     case 218: *s = "CUDA_ERROR_INVALID_PTX"; return 0;
+    case 222: *s = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; return 0;
     case 500: *s = "CUDA_ERROR_NOT_FOUND"; return 0;
     case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
     default: *s = 0; return 1;
@@ -361,9 +369,21 @@ static CUresult module_load(void **mod, const void *image, unsigned n, int *opt,
     if (opt[i] == 9 && (uintptr_t)val[i] == 0x10000 + 90) __sync_fetch_and_add(&accelerated_loads, 1);
   }
   const char *text;
-  if (memcmp(image, "\x7f" "ELF", 4) == 0) text = (const char *)image + 4;
-  else if (strstr(image, ".version")) text = image;
-  else return 200;
+  if (memcmp(image, "\x7f" "ELF", 4) == 0) {
+    __sync_fetch_and_add(&cubin_loads, 1);
+    // A driver refusing a cubin: too new (222), another SM (209), damaged (200).
+    const char *refuse = getenv("MOCK_CUDA_REFUSE_CUBIN");
+    if (refuse && atoi(refuse)) {
+      if (logs.err) snprintf(logs.err, logs.err_size, "mock: cubin refused");
+      return atoi(refuse);
+    }
+    text = (const char *)image + 4;
+  } else if (strstr(image, ".version")) {
+    __sync_fetch_and_add(&ptx_loads, 1);
+    text = image;
+  } else {
+    return 200;
+  }
   if (logs.info) snprintf(logs.info, logs.info_size, "ptxas info    : Used 8 registers (mock load)");
   if (strstr(text, "%nosuchreg")) {
     if (logs.err) snprintf(logs.err, logs.err_size, "mock JIT: Unknown symbol '%%nosuchreg'");
@@ -513,6 +533,46 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
   return 500;
 }
 )MOCK";
+
+// A stand-in for the PTX compiler plugin (src/ptxc/fa_ptxc.h): its "cubin"
+// is an ELF magic, the PTX and a line naming the target, which the mock
+// driver loads without a JIT. PTX holding %nosuchreg is rejected with a
+// log. FAKE_PTXC_VERSION overrides its compiler version; -DFAKE_ABI=2
+// builds one of a foreign ABI.
+const char kFakePluginSource[] = R"FAKE(#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define EXPORT __attribute__((visibility("default")))
+#ifndef FAKE_ABI
+#define FAKE_ABI 1
+#endif
+EXPORT int fa_ptxc_abi_version(void) { return FAKE_ABI; }
+EXPORT const char *fa_ptxc_compiler_version(void) {
+  const char *v = getenv("FAKE_PTXC_VERSION");
+  return v ? v : "fake-ptxc 1.0";
+}
+EXPORT int fa_ptxc_compile(const char *ptx, size_t n, const char *target, void **cubin,
+                           size_t *size, char **log) {
+  *cubin = 0; *size = 0;
+  while (n > 0 && ptx[n - 1] == 0) --n;
+  *log = malloc(256);
+  if (memmem(ptx, n, "%nosuchreg", 10)) {
+    snprintf(*log, 256, "ptxas fatal   : Unknown symbol '%%nosuchreg' (fake, %s)", target);
+    return 1;
+  }
+  snprintf(*log, 256, "ptxas info    : Function properties for 'sm' (%s)", target);
+  char tail[64];
+  snprintf(tail, sizeof tail, "\n// fake-ptxc target %s\n", target);
+  char *c = malloc(4 + n + strlen(tail) + 1);
+  memcpy(c, "\x7f" "ELF", 4);
+  memcpy(c + 4, ptx, n);
+  strcpy(c + 4 + n, tail);
+  *cubin = c; *size = 4 + n + strlen(tail) + 1;
+  return 0;
+}
+EXPORT void fa_ptxc_free(void *p) { free(p); }
+)FAKE";
 
 struct VecAddParams {
   uint64_t a, b, c;
@@ -889,8 +949,10 @@ int probe_threads() {
 void emit_mock_counters() {
   void *mock = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (mock == nullptr) return;
-  for (const char *name : {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules",
-                           "mock_attention_launches", "mock_links", "mock_accelerated_loads"}) {
+  for (const char *name :
+       {"mock_violations", "mock_depth", "mock_refcount", "mock_live_modules",
+        "mock_attention_launches", "mock_links", "mock_accelerated_loads", "mock_cubin_loads",
+        "mock_ptx_loads"}) {
     auto fn = reinterpret_cast<int (*)()>(dlsym(mock, name));
     if (fn != nullptr) emit(name, std::to_string(fn()));
   }
@@ -959,18 +1021,14 @@ const DriverStep kDriverSteps[] = {
     {"12090", 0, 1, 1},   // driver update: rebuilt from the stored PTX
     {"12090", 0, 1, 0}};  // the rewritten row is used as is
 
-int probe_driver_change(const char *cache_dir, int step) {
-  if (step < 0 || step >= int(std::size(kDriverSteps))) return kExitFail;
-  const DriverStep &st = kDriverSteps[step];
-  setenv("MOCK_CUDA_DRIVER_VERSION", st.version, 1);
-  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
-  o.backend = FA_BACKEND_CUDA;
-  o.cache_dir = cache_dir;
+// One small fp16 forward (d64, 2 heads, 16 tokens) on a cuda runtime made
+// with `o`, then its cache statistics; the runtime is destroyed again.
+fa_cache_stats run_small_forward(const fa_runtime_options &o, int want_driver) {
   fa_runtime *rt = nullptr;
   PROBE_STATUS(FA_SUCCESS, fa_runtime_create(&o, &rt));
   fa_runtime_info info = FA_RUNTIME_INFO_INIT;
   PROBE_STATUS(FA_SUCCESS, fa_runtime_get_info(rt, &info));
-  PROBE_CHECK(info.driver_version == std::atoi(st.version), "driver %d", info.driver_version);
+  PROBE_CHECK(info.driver_version == want_driver, "driver %d", info.driver_version);
   fa_config_desc d = FA_CONFIG_DESC_INIT;
   d.head_dim = 64;
   d.num_heads_q = d.num_heads_kv = 2;
@@ -994,34 +1052,201 @@ int probe_driver_change(const char *cache_dir, int step) {
   PROBE_STATUS(FA_SUCCESS, fa_synchronize(rt, nullptr));
   fa_cache_stats cs = FA_CACHE_STATS_INIT;
   PROBE_STATUS(FA_SUCCESS, fa_cache_stats_get(rt, &cs));
-  std::printf("driver %s: misses %llu, disk hits %llu, compiles %llu, persistent %d\n", st.version,
-              (unsigned long long)cs.misses, (unsigned long long)cs.disk_hits,
-              (unsigned long long)cs.compiles, cs.persistent);
-  PROBE_CHECK(cs.persistent == 1, "cache not on disk: %s", cs.note);
-  PROBE_CHECK(cs.misses == st.misses && cs.disk_hits == st.disk_hits && cs.compiles == st.compiles,
-              "driver %s: want misses %llu, disk hits %llu, compiles %llu", st.version,
-              (unsigned long long)st.misses, (unsigned long long)st.disk_hits,
-              (unsigned long long)st.compiles);
+  PROBE_CHECK(cs.persistent == 1 || o.cache_mode == FA_CACHE_MEMORY, "cache not on disk: %s",
+              cs.note);
   for (uint64_t b : buf) PROBE_STATUS(FA_SUCCESS, fa_free(rt, b));
   fa_config_destroy(cfg);
   fa_runtime_destroy(rt);
-  // One row, recording the driver that built its cubin.
+  return cs;
+}
+
+// The one row of the cache in `cache_dir`: its driver_version, compiler and
+// binary (the probe fails unless there is exactly one).
+struct OneRow {
+  int driver_version = 0;
+  std::string compiler, cubin, ptx;
+};
+OneRow read_one_row(const char *cache_dir) {
   sqlite3 *db = nullptr;
   sqlite3_stmt *q = nullptr;
   const std::string path = std::string(cache_dir) + "/kernels.sqlite3";
   PROBE_CHECK(sqlite3_open(path.c_str(), &db) == SQLITE_OK, "open %s", path.c_str());
   PROBE_CHECK(sqlite3_prepare_v2(db,
-                                 "SELECT count(*), max(driver_version), min(length(cubin))"
-                                 " FROM kernels",
+                                 "SELECT (SELECT count(*) FROM kernels), driver_version, compiler,"
+                                 " cubin, ptx FROM kernels",
                                  -1, &q, nullptr) == SQLITE_OK &&
                   sqlite3_step(q) == SQLITE_ROW,
               "query: %s", sqlite3_errmsg(db));
-  const int rows = sqlite3_column_int(q, 0), version = sqlite3_column_int(q, 1),
-            cubin = sqlite3_column_int(q, 2);
+  OneRow r;
+  const int rows = sqlite3_column_int(q, 0);
+  r.driver_version = sqlite3_column_int(q, 1);
+  r.compiler = reinterpret_cast<const char *>(sqlite3_column_text(q, 2));
+  r.cubin.assign(static_cast<const char *>(sqlite3_column_blob(q, 3)),
+                 size_t(sqlite3_column_bytes(q, 3)));
+  r.ptx.assign(static_cast<const char *>(sqlite3_column_blob(q, 4)),
+               size_t(sqlite3_column_bytes(q, 4)));
   sqlite3_finalize(q);
   sqlite3_close(db);
-  PROBE_CHECK(rows == 1 && version == std::atoi(st.version) && cubin > 0,
-              "rows %d, driver_version %d, cubin %d bytes", rows, version, cubin);
+  PROBE_CHECK(rows == 1 && !r.cubin.empty(), "rows %d, cubin %zu bytes", rows, r.cubin.size());
+  return r;
+}
+
+int probe_driver_change(const char *cache_dir, int step) {
+  if (step < 0 || step >= int(std::size(kDriverSteps))) return kExitFail;
+  const DriverStep &st = kDriverSteps[step];
+  setenv("MOCK_CUDA_DRIVER_VERSION", st.version, 1);
+  setenv("FLASHATTN_PTX_COMPILER", "off", 1);  // the driver-JIT path
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_CUDA;
+  o.cache_dir = cache_dir;
+  const fa_cache_stats cs = run_small_forward(o, std::atoi(st.version));
+  std::printf("driver %s: misses %llu, disk hits %llu, compiles %llu, persistent %d\n", st.version,
+              (unsigned long long)cs.misses, (unsigned long long)cs.disk_hits,
+              (unsigned long long)cs.compiles, cs.persistent);
+  PROBE_CHECK(cs.misses == st.misses && cs.disk_hits == st.disk_hits && cs.compiles == st.compiles,
+              "driver %s: want misses %llu, disk hits %llu, compiles %llu", st.version,
+              (unsigned long long)st.misses, (unsigned long long)st.disk_hits,
+              (unsigned long long)st.compiles);
+  PROBE_CHECK(cs.compiler_mode == FA_COMPILER_DRIVER_JIT, "compiler mode %d", cs.compiler_mode);
+  // One row, recording the driver that built its binary.
+  const OneRow row = read_one_row(cache_dir);
+  PROBE_CHECK(row.driver_version == std::atoi(st.version) && row.compiler == "driver-jit",
+              "driver_version %d, compiler '%s'", row.driver_version, row.compiler.c_str());
+  return kExitPass;
+}
+
+// The PTX compiler plugin across processes sharing one cache (issue 25), on
+// the mock driver with a fake plugin whose "cubin" is an ELF header and the
+// PTX (the mock loads that without a JIT). Each step is its own process:
+// the plugin choice, the driver version and what the driver refuses
+// change between them. mock_cubin_loads / mock_ptx_loads count module loads
+// (refused ones too); a PTX load is a JIT.
+struct PtxcStep {
+  const char *plugin;  // "fake", "fake2" (another compiler version), "off" (env), "option"
+  const char *driver;  // MOCK_CUDA_DRIVER_VERSION
+  const char *refuse;  // MOCK_CUDA_REFUSE_CUBIN: "0", or the CUresult for every cubin
+  uint64_t misses, disk_hits, compiles, refusals;
+  int mode;  // fa_compiler_mode
+  int cubin_loads, ptx_loads;
+  const char *row_compiler;
+  bool row_is_cubin;
+};
+constexpr int kPlugin = FA_COMPILER_PLUGIN, kJit = FA_COMPILER_DRIVER_JIT;
+const PtxcStep kPtxcSteps[] = {
+    // cold miss: one compile, one module load (the cubin), no JIT
+    {"fake", "12080", "0", 1, 0, 1, 0, kPlugin, 1, 0, "fake-ptxc 1.0", true},
+    // warm: no compile, the stored cubin loaded, no JIT
+    {"fake", "12080", "0", 0, 1, 0, 0, kPlugin, 1, 0, "fake-ptxc 1.0", true},
+    // without the plugin (env or option) the stored cubin is still loaded as it is
+    {"off", "12080", "0", 0, 1, 0, 0, kJit, 1, 0, "fake-ptxc 1.0", true},
+    {"option", "12080", "0", 0, 1, 0, 0, kJit, 1, 0, "fake-ptxc 1.0", true},
+    // the driver refuses it (another SM): the PTX is JIT-compiled, the row rewritten
+    {"fake", "12080", "209", 0, 1, 1, 1, kPlugin, 1, 1,
+     "driver-jit (cubin of fake-ptxc 1.0 refused)", false},
+    // that row on the same driver: the PTX as it is, no compile, no cubin offered
+    {"fake", "12080", "209", 0, 1, 0, 0, kPlugin, 0, 1,
+     "driver-jit (cubin of fake-ptxc 1.0 refused)", false},
+    // a driver update: the plugin's cubin again
+    {"fake", "12090", "0", 0, 1, 1, 0, kPlugin, 1, 0, "fake-ptxc 1.0", true},
+    // another compiler version: rebuilt
+    {"fake2", "12090", "0", 0, 1, 1, 0, kPlugin, 1, 0, "fake-ptxc 2.0", true},
+    // the cubin too new for the driver
+    {"fake2", "12090", "222", 0, 1, 1, 1, kPlugin, 1, 1,
+     "driver-jit (cubin of fake-ptxc 2.0 refused)", false},
+    {"fake", "12090", "0", 0, 1, 1, 0, kPlugin, 1, 0, "fake-ptxc 1.0", true},
+    // a damaged cubin, without the plugin: JIT, the row becomes a driver-JIT row
+    {"off", "12090", "200", 0, 1, 1, 1, kJit, 1, 1, "driver-jit", false},
+    {"off", "12090", "0", 0, 1, 0, 0, kJit, 0, 1, "driver-jit", false},
+    // the plugin back: the driver-JIT row is rebuilt as a cubin
+    {"fake", "12090", "0", 0, 1, 1, 0, kPlugin, 1, 0, "fake-ptxc 1.0", true},
+};
+
+int probe_ptxc_step(const char *cache_dir, const char *plugin_path, int step) {
+  if (step < 0 || step >= int(std::size(kPtxcSteps))) return kExitFail;
+  const PtxcStep &st = kPtxcSteps[step];
+  const std::string plugin = st.plugin;
+  setenv("MOCK_CUDA_DRIVER_VERSION", st.driver, 1);
+  setenv("MOCK_CUDA_REFUSE_CUBIN", st.refuse, 1);
+  setenv("FLASHATTN_PTX_COMPILER", plugin == "off" ? "off" : plugin_path, 1);
+  if (plugin == "fake2") setenv("FAKE_PTXC_VERSION", "fake-ptxc 2.0", 1);
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_CUDA;
+  o.cache_dir = cache_dir;
+  if (plugin == "option") o.ptx_compiler = FA_PTX_COMPILER_OFF;
+  const fa_cache_stats cs = run_small_forward(o, std::atoi(st.driver));
+  std::printf("step %d (%s, driver %s, refuse %s): misses %llu, disk hits %llu, compiles %llu, "
+              "refusals %llu, mode %d '%s' (%s)\n",
+              step, st.plugin, st.driver, st.refuse, (unsigned long long)cs.misses,
+              (unsigned long long)cs.disk_hits, (unsigned long long)cs.compiles,
+              (unsigned long long)cs.cubin_refusals, cs.compiler_mode, cs.compiler,
+              cs.compiler_note);
+  PROBE_CHECK(cs.misses == st.misses && cs.disk_hits == st.disk_hits &&
+                  cs.compiles == st.compiles && cs.cubin_refusals == st.refusals,
+              "want misses %llu, disk hits %llu, compiles %llu, refusals %llu",
+              (unsigned long long)st.misses, (unsigned long long)st.disk_hits,
+              (unsigned long long)st.compiles, (unsigned long long)st.refusals);
+  PROBE_CHECK(cs.compiler_mode == st.mode, "compiler mode %d, want %d", cs.compiler_mode, st.mode);
+  if (st.mode == kPlugin) {
+    PROBE_CHECK(std::strcmp(cs.compiler, plugin == "fake2" ? "fake-ptxc 2.0" : "fake-ptxc 1.0") ==
+                        0 &&
+                    cs.compiler_note[0] == '\0',
+                "compiler '%s', note '%s'", cs.compiler, cs.compiler_note);
+  } else {
+    PROBE_CHECK(std::strcmp(cs.compiler, "driver-jit") == 0 &&
+                    std::strstr(cs.compiler_note, "turned off") != nullptr,
+                "compiler '%s', note '%s'", cs.compiler, cs.compiler_note);
+  }
+  const OneRow row = read_one_row(cache_dir);
+  const bool elf = row.cubin.compare(0, 4, "\x7f" "ELF") == 0;
+  PROBE_CHECK(row.compiler == st.row_compiler && elf == st.row_is_cubin,
+              "row compiler '%s' (want '%s'), cubin %d", row.compiler.c_str(), st.row_compiler,
+              int(elf));
+  if (elf) {
+    // The generated sm_90 forward is arch-specific PTX: compiled for sm_90a.
+    PROBE_CHECK(contains(row.cubin, "// fake-ptxc target sm_90a"), "not built for sm_90a");
+  } else {
+    PROBE_CHECK(row.cubin == row.ptx + std::string(1, '\0'), "the binary is not the PTX and a NUL");
+  }
+  return kExitPass;
+}
+
+// FLASHATTN_PTX_COMPILER=`value`: the plugin is not used (a warning, and the
+// note contains `why`); kernels still build through the driver's JIT.
+int probe_ptxc_refused(const char *value, const char *why) {
+  setenv("FLASHATTN_PTX_COMPILER", value, 1);
+  fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+  o.backend = FA_BACKEND_CUDA;
+  o.cache_mode = FA_CACHE_MEMORY;
+  const fa_cache_stats cs = run_small_forward(o, 12080);
+  emit("compiler_note", cs.compiler_note);
+  PROBE_CHECK(cs.compiler_mode == FA_COMPILER_DRIVER_JIT && cs.compiles == 1,
+              "mode %d, compiles %llu", cs.compiler_mode, (unsigned long long)cs.compiles);
+  PROBE_CHECK(contains(cs.compiler_note, why), "note '%s' lacks '%s'", cs.compiler_note, why);
+  return kExitPass;
+}
+
+// A PTX the plugin rejects is FA_ERROR_COMPILE with its log, in the message
+// and in *log; the driver is not asked to JIT it.
+int probe_ptxc_compile_error(const char *plugin_path) {
+  setenv("FLASHATTN_PTX_COMPILER", plugin_path, 1);
+  auto b = gpu_backend();
+  PROBE_CHECK(b->compiler().mode == FA_COMPILER_PLUGIN, "no plugin: %s", b->compiler().note.c_str());
+  std::string bad = kVecAddPtx;
+  bad.replace(bad.find("%r1"), 3, "%nosuchreg");
+  std::vector<uint8_t> binary;
+  std::string log;
+  PROBE_STATUS(FA_ERROR_COMPILE, b->compile(bad, &binary, &log));
+  emit("compile_error", fa::last_error());
+  PROBE_CHECK(contains(fa::last_error(), "Unknown symbol '%nosuchreg'") && contains(log, "nosuchreg"),
+              "message '%s', log '%s'", fa::last_error(), log.c_str());
+  PROBE_CHECK(binary.empty(), "a binary after a failed compile");
+  // The good PTX: a cubin for the device's own SM (sm_90: the mock's).
+  PROBE_STATUS(FA_SUCCESS, b->compile(kVecAddPtx, &binary, &log));
+  const std::string text(binary.begin(), binary.end());
+  PROBE_CHECK(text.compare(0, 4, "\x7f" "ELF") == 0 && contains(text, "target sm_90\n"),
+              "cubin of %zu bytes", binary.size());
+  std::unique_ptr<fa::Kernel> kernel;
+  PROBE_STATUS(FA_SUCCESS, b->load(kVecAddPtx, binary, "vec_add", 0, &kernel));
   return kExitPass;
 }
 
@@ -1199,6 +1424,67 @@ int probe_graph_safe() {
   return kExitPass;
 }
 
+// The real PTX compiler plugin (libflashattn_ptxc.so built here), no GPU
+// and no driver: the generated fp16 d128 forward for sm_80, sm_90 (sm_90a
+// wgmma PTX) and sm_100 compiles whole-program into a cubin for exactly
+// that SM, with no spills and no advisory (C7504 setmaxnreg ignored, C7509
+// wgmma serialized: what relocatable code gets). Prints the compile time.
+int probe_ptxc_real(const char *plugin_path) {
+  setenv("FLASHATTN_PTX_COMPILER", plugin_path, 1);
+  const fa::ptxc::PluginState &ps = fa::ptxc::plugin_state();
+  PROBE_CHECK(ps.plugin != nullptr, "plugin not loaded: %s", ps.note.c_str());
+  emit("version", ps.version);
+  PROBE_CHECK(contains(ps.version, "nvPTXCompiler"), "version '%s'", ps.version.c_str());
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = 128;
+  d.num_heads_q = d.num_heads_kv = 8;
+  fa_config *cfg = nullptr;
+  PROBE_STATUS(FA_SUCCESS, fa_config_create(&d, &cfg));
+  for (int sm : {80, 90, 100}) {
+    size_t size = 0;
+    PROBE_STATUS(FA_SUCCESS, fa_generate(cfg, FA_KERNEL_FORWARD, sm, nullptr, 0, &size));
+    std::string ptx(size + 1, '\0');
+    PROBE_STATUS(FA_SUCCESS, fa_generate(cfg, FA_KERNEL_FORWARD, sm, &ptx[0], ptx.size(), &size));
+    ptx.resize(std::strlen(ptx.c_str()));
+    const std::string target = fa::ptxc::cubin_target(ptx, sm);
+    PROBE_CHECK(target == (sm == 90 ? "sm_90a" : "sm_" + std::to_string(sm)), "target %s",
+                target.c_str());
+    std::vector<uint8_t> cubin;
+    std::string log;
+    const auto t0 = std::chrono::steady_clock::now();
+    PROBE_STATUS(FA_SUCCESS, fa::ptxc::compile_cubin(ps.plugin, ptx, target, &cubin, &log));
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s: %zu bytes of PTX -> %zu-byte cubin in %.0f ms\n%s\n", target.c_str(),
+                ptx.size(), cubin.size(), ms, log.c_str());
+    // ELF64, EM_CUDA (190), the SM in bits 8..15 of e_flags (CUDA's ELF ABI v8).
+    PROBE_CHECK(cubin.size() > 64 && fa::ptxc::is_cubin(cubin) && cubin[4] == 2, "not ELF64");
+    uint16_t machine = 0;
+    uint32_t flags = 0;
+    std::memcpy(&machine, &cubin[18], 2);
+    std::memcpy(&flags, &cubin[48], 4);
+    PROBE_CHECK(machine == 190 && int((flags >> 8) & 0xff) == sm, "e_machine %u, e_flags 0x%x",
+                machine, flags);
+    PROBE_CHECK(contains(log, ("for '" + target + "'").c_str()), "log names no target %s",
+                target.c_str());
+    PROBE_CHECK(contains(log, " 0 bytes spill stores, 0 bytes spill loads") &&
+                    !contains(log, "advisory") && !contains(log, "warning"),
+                "spills or advisories:\n%s", log.c_str());
+  }
+  // A rejected PTX is FA_ERROR_COMPILE with ptxas's message; an SM the
+  // compiler does not know is UNSUPPORTED (the backend then JITs).
+  std::vector<uint8_t> cubin;
+  std::string log;
+  std::string bad = kVecAddPtx;
+  bad.replace(bad.find("%r1"), 3, "%nosuchreg");
+  PROBE_STATUS(FA_ERROR_COMPILE, fa::ptxc::compile_cubin(ps.plugin, bad, "sm_80", &cubin, &log));
+  PROBE_CHECK(contains(log, "nosuchreg"), "log: %s", log.c_str());
+  PROBE_STATUS(FA_ERROR_UNSUPPORTED,
+               fa::ptxc::compile_cubin(ps.plugin, kVecAddPtx, "sm_999", &cubin, &log));
+  fa_config_destroy(cfg);
+  return kExitPass;
+}
+
 int probe_main(int argc, char **argv) {
   alarm(300);  // a hung driver call ends the child, and the parent reports it
   const std::string name = argv[2];
@@ -1223,6 +1509,14 @@ int probe_main(int argc, char **argv) {
     rc = probe_graph_safe();
   } else if (name == "driver_change" && argc > 4) {
     rc = probe_driver_change(argv[3], std::atoi(argv[4]));
+  } else if (name == "ptxc_step" && argc > 5) {
+    rc = probe_ptxc_step(argv[3], argv[4], std::atoi(argv[5]));
+  } else if (name == "ptxc_refused" && argc > 4) {
+    rc = probe_ptxc_refused(argv[3], argv[4]);
+  } else if (name == "ptxc_compile_error" && argc > 3) {
+    rc = probe_ptxc_compile_error(argv[3]);
+  } else if (name == "ptxc_real" && argc > 3) {
+    rc = probe_ptxc_real(argv[3]);
   } else {
     std::printf("unknown probe %s\n", name.c_str());
   }
@@ -1671,10 +1965,120 @@ void test_mock_driver_change_rebuilds_cubin(void **state) {
     const ProbeResult r = run_on_mock(state, {"driver_change", dir, std::to_string(step)}, true);
     std::printf("%s", r.output.c_str());
     assert_string_equal(r.get("mock_attention_launches").c_str(), "1");
+    // One JIT per process: a compile's module is the one load() uses.
+    assert_string_equal(r.get("mock_ptx_loads").c_str(), "1");
+    assert_string_equal(r.get("mock_cubin_loads").c_str(), "0");
   }
 }
 
 void test_mock_kernel_outlives_backend(void **state) { run_on_mock(state, {"lifetime"}, true); }
+
+// Builds the fake plugin as `name` (mode 0755) in its own directory (0755)
+// under the test binary directory; returns its path.
+std::string fake_plugin(const char *name, const char *cflags = "") {
+  const std::string d = std::string(FA_TEST_BINARY_DIR) + "/fake_ptxc";
+  mkdir(d.c_str(), 0755);
+  chmod(d.c_str(), 0755);
+  const std::string src = d + "/fake_ptxc.c", so = d + "/" + name;
+  FILE *f = std::fopen(src.c_str(), "w");
+  assert_non_null(f);
+  std::fputs(kFakePluginSource, f);
+  std::fclose(f);
+  const std::string cmd = std::string("cc -shared -fPIC ") + cflags + " -o '" + so + "' '" + src + "'";
+  assert_int_equal(std::system(cmd.c_str()), 0);
+  assert_int_equal(chmod(so.c_str(), 0755), 0);
+  return so;
+}
+
+// Issue 25 on the mock driver: a cold miss compiles once and loads once (no
+// JIT), a warm process compiles nothing and loads the stored cubin, and a
+// cubin the driver refuses (209 another SM, 222 too new, 200 damaged) falls
+// back to the PTX with the row rewritten (kPtxcSteps).
+void test_mock_ptx_compiler_plugin_cache(void **state) {
+  const std::string plugin = fake_plugin("libfake_ptxc.so");
+  const std::string dir = std::string(FA_TEST_BINARY_DIR) + "/cuda_ptxc_cache";
+  std::system(("rm -rf '" + dir + "'").c_str());
+  mkdir(dir.c_str(), 0700);
+  for (size_t step = 0; step < std::size(kPtxcSteps); ++step) {
+    const PtxcStep &st = kPtxcSteps[step];
+    const ProbeResult r = run_on_mock(state, {"ptxc_step", dir, plugin, std::to_string(step)}, true);
+    std::printf("%s", r.output.c_str());
+    assert_string_equal(r.get("mock_attention_launches").c_str(), "1");
+    assert_int_equal(std::atoi(r.get("mock_cubin_loads").c_str()), st.cubin_loads);
+    assert_int_equal(std::atoi(r.get("mock_ptx_loads").c_str()), st.ptx_loads);
+    assert_string_equal(r.get("mock_links").c_str(), "0");
+  }
+}
+
+// A plugin that the trust rules or its ABI refuse gives a warning and the
+// driver-JIT path, never a failed launch.
+void test_mock_ptx_compiler_plugin_refused(void **state) {
+  const std::string good = fake_plugin("libfake_ptxc.so");
+  const std::string d = std::string(FA_TEST_BINARY_DIR) + "/fake_ptxc";
+  struct Case {
+    std::string value, why;
+  };
+  std::vector<Case> cases = {
+      {"off", "turned off by FLASHATTN_PTX_COMPILER=off"},
+      {"0", "turned off by FLASHATTN_PTX_COMPILER=0"},
+      {"fake_ptxc/libfake_ptxc.so", "not an absolute path"},
+      {d + "/missing.so", "cannot open"},
+      {fake_plugin("libfake_abi2.so", "-DFAKE_ABI=2"), "has ABI version 2"},
+  };
+  const std::string world = fake_plugin("libfake_world.so");
+  assert_int_equal(chmod(world.c_str(), 0757), 0);
+  cases.push_back({world, "writable by others (mode 0757)"});
+  const std::string link = d + "/libfake_link.so";
+  unlink(link.c_str());
+  assert_int_equal(symlink(good.c_str(), link.c_str()), 0);
+  cases.push_back({link, "a symbolic link (never followed)"});
+  // A directory others may write (someone could swap the file).
+  const std::string open_dir = std::string(FA_TEST_BINARY_DIR) + "/fake_ptxc_open";
+  mkdir(open_dir.c_str(), 0777);
+  assert_int_equal(chmod(open_dir.c_str(), 0777), 0);
+  const std::string in_open = open_dir + "/libfake_ptxc.so";
+  std::system(("cp '" + good + "' '" + in_open + "'").c_str());
+  cases.push_back({in_open, "the directory of the library is writable by others"});
+  if (geteuid() == 0) {
+    // Another owner (only root can make one) and a foreign group's write bit.
+    const std::string other = fake_plugin("libfake_other.so");
+    assert_int_equal(chown(other.c_str(), 1, 1), 0);
+    cases.push_back({other, "owned by uid 1"});
+    const std::string group = fake_plugin("libfake_group.so");
+    assert_int_equal(chown(group.c_str(), 0, 1), 0);
+    assert_int_equal(chmod(group.c_str(), 0775), 0);
+    cases.push_back({group, "writable by group 1"});
+  }
+  for (const Case &c : cases) {
+    const ProbeResult r = run_on_mock(state, {"ptxc_refused", c.value, c.why}, true);
+    std::printf("%s: %s\n", c.value.c_str(), r.get("compiler_note").c_str());
+    // The compile of the one kernel was the driver's JIT, its module reused.
+    assert_string_equal(r.get("mock_ptx_loads").c_str(), "1");
+    assert_string_equal(r.get("mock_cubin_loads").c_str(), "0");
+  }
+}
+
+void test_mock_ptx_compiler_plugin_compile_error(void **state) {
+  const ProbeResult r =
+      run_on_mock(state, {"ptxc_compile_error", fake_plugin("libfake_ptxc.so")}, true);
+  std::printf("%s\n", r.get("compile_error").c_str());
+  // The rejected PTX never reached the driver; the good one loaded as a cubin.
+  assert_string_equal(r.get("mock_ptx_loads").c_str(), "0");
+  assert_string_equal(r.get("mock_cubin_loads").c_str(), "1");
+}
+
+// The real plugin, when this build made one (FA_BUILD_PTXC).
+void test_real_ptx_compiler_plugin(void **) {
+  const std::string plugin = FA_PTXC_PLUGIN_PATH;
+  struct stat st;
+  if (plugin.empty() || stat(plugin.c_str(), &st) != 0) {
+    std::printf("no PTX compiler plugin in this build (tools/setup.sh fetches its library)\n");
+    skip();
+  }
+  const ProbeResult r = run_probe({"ptxc_real", plugin}, nullptr);
+  std::printf("%s", r.output.c_str());
+  expect_probe_passed(r);
+}
 
 void test_mock_whole_program_sm90a(void **state) {
   const ProbeResult r = run_on_mock(state, {"whole_program"}, true);
@@ -1751,6 +2155,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mock_driver_change_rebuilds_cubin),
       cmocka_unit_test(test_mock_launch_path_is_graph_safe),
       cmocka_unit_test(test_mock_whole_program_sm90a),
+      cmocka_unit_test(test_mock_ptx_compiler_plugin_cache),
+      cmocka_unit_test(test_mock_ptx_compiler_plugin_refused),
+      cmocka_unit_test(test_mock_ptx_compiler_plugin_compile_error),
+      cmocka_unit_test(test_real_ptx_compiler_plugin),
       cmocka_unit_test(test_gpu_vec_add),
       cmocka_unit_test(test_gpu_whole_program_sm90a),
       cmocka_unit_test(test_gpu_dynamic_smem_above_48k),

@@ -16,3 +16,45 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# NVIDIA's PTX compiler library (nvidia-nvptxcompiler on PyPI: the static
+# libnvptxcompiler_static.a and nvPTXCompiler.h, redistributable under the
+# CUDA EULA's Attachment A), unpacked into .deps/ of this checkout for the
+# optional PTX compiler plugin libflashattn_ptxc.so (src/ptxc/README.md).
+# No root needed; a failed download only leaves the plugin out (the library
+# then leaves PTX to the driver's JIT). FA_NVPTXCOMPILER_WHEEL=/path/to.whl
+# uses a wheel already on disk; FA_SKIP_PTXC=1 skips this step.
+ptxc_version=13.5.37
+ptxc_sha256_x86_64=d5cd17d43e4e6370c16b7d998f1bb92988f94b5bd1bf774c60fda5acb9253213
+ptxc_dir="$(cd "$(dirname "$0")/.." && pwd)/.deps/nvptxcompiler-$ptxc_version"
+if [ "${FA_SKIP_PTXC:-0}" != "1" ] && [ ! -f "$ptxc_dir/lib/libnvptxcompiler_static.a" ]; then
+  if [ "$(uname -m)" != "x86_64" ]; then
+    echo "setup: the PTX compiler plugin is fetched for x86_64 only; skipped on $(uname -m)" >&2
+  elif ! (
+    set -e
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    if [ -n "${FA_NVPTXCOMPILER_WHEEL:-}" ]; then
+      cp "$FA_NVPTXCOMPILER_WHEEL" "$tmp/"
+    else
+      python3 -m pip download -q --no-deps --only-binary=:all: --dest "$tmp" \
+        --platform manylinux2014_x86_64 "nvidia-nvptxcompiler==$ptxc_version"
+    fi
+    whl="$(ls "$tmp"/nvidia_nvptxcompiler-"$ptxc_version"-*.whl)"
+    echo "$ptxc_sha256_x86_64  $whl" | sha256sum -c --quiet -
+    python3 - "$whl" "$tmp/x" <<'PY'
+import sys, zipfile
+zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
+PY
+    mkdir -p "$ptxc_dir.tmp/include" "$ptxc_dir.tmp/lib"
+    cp "$tmp"/x/nvidia/cu13/include/nvPTXCompiler.h "$ptxc_dir.tmp/include/"
+    cp "$tmp"/x/nvidia/cu13/lib/libnvptxcompiler_static.a "$ptxc_dir.tmp/lib/"
+    cp "$tmp"/x/nvidia_nvptxcompiler-"$ptxc_version".dist-info/licenses/License.txt "$ptxc_dir.tmp/"
+    echo "$ptxc_version" > "$ptxc_dir.tmp/VERSION"
+    rm -rf "$ptxc_dir"
+    mv "$ptxc_dir.tmp" "$ptxc_dir"
+  ); then
+    rm -rf "$ptxc_dir.tmp"
+    echo "setup: could not fetch nvidia-nvptxcompiler $ptxc_version; building without the PTX compiler plugin" >&2
+  fi
+fi

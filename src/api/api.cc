@@ -930,14 +930,19 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
     *out = nullptr;
     fa_runtime_options opts = FA_RUNTIME_OPTIONS_INIT;
     if (options) {
-      FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
-      opts = *options;
+      // A 0.1 to 0.5 caller's struct ends before ptx_compiler (zero: auto).
+      if (options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_5)
+        FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
+      FA_CHECK(widen_args(options, {FA_RUNTIME_OPTIONS_SIZE_0_5}, &opts));
     }
     const int backend = raw_enum(opts.backend), cache_mode = raw_enum(opts.cache_mode);
     FA_REQUIRE(
         backend == FA_BACKEND_AUTO || backend == FA_BACKEND_CUDA || backend == FA_BACKEND_EMULATOR,
         "backend must be FA_BACKEND_AUTO, _CUDA or _EMULATOR, got %d", backend);
     FA_REQUIRE(opts.device >= 0, "device must be >= 0, got %d", opts.device);
+    FA_REQUIRE(opts.ptx_compiler == FA_PTX_COMPILER_AUTO || opts.ptx_compiler == FA_PTX_COMPILER_OFF,
+               "ptx_compiler must be FA_PTX_COMPILER_AUTO or _OFF, got %lld",
+               static_cast<long long>(opts.ptx_compiler));
     FA_REQUIRE(cache_mode == FA_CACHE_DEFAULT || cache_mode == FA_CACHE_DISK ||
                    cache_mode == FA_CACHE_MEMORY,
                "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d", cache_mode);
@@ -1270,7 +1275,9 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
     FA_REQUIRE(stats != nullptr, "stats is NULL");
     // Output struct: a 0.1 caller's shorter struct gets only its fields.
     const bool v0_1 = stats->struct_size == FA_CACHE_STATS_SIZE_0_1;
-    if (!v0_1) FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
+    const bool v0_5 = stats->struct_size == FA_CACHE_STATS_SIZE_0_5;
+    if (!v0_1 && !v0_5)
+      FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
     const fa::Runtime::Counters &c = rt->impl->counters();
     const fa::cache::Stats s = rt->impl->store().stats();
     stats->memory_hits = c.memory_hits;
@@ -1292,6 +1299,12 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
     stats->lease_waits = s.lease_found;
     stats->lease_timeouts = s.lease_timeouts;
     stats->max_bytes = s.max_bytes;
+    if (v0_5) return FA_SUCCESS;
+    const fa::CompilerInfo ci = rt->impl->backend().compiler();
+    stats->compiler_mode = ci.mode;
+    copy_cstr(stats->compiler, sizeof stats->compiler, ci.version);
+    copy_cstr(stats->compiler_note, sizeof stats->compiler_note, ci.note);
+    stats->cubin_refusals = c.cubin_refusals;
     return FA_SUCCESS;
   });
 }
@@ -1313,6 +1326,7 @@ FA_API fa_status fa_cache_list(fa_runtime *rt, fa_cache_entry_fn fn, void *user)
       e.hits = row.hits;
       e.created = row.created;
       e.last_used = row.last_used;
+      e.compiler = row.compiler.c_str();
       if (fn(&e, user) != 0) break;
     }
     return FA_SUCCESS;

@@ -66,25 +66,53 @@ class Kernel {
   virtual ~Kernel() = default;
 };
 
+// How a backend turns PTX into machine code (fa_cache_stats.compiler_mode).
+struct CompilerInfo {
+  fa_compiler_mode mode = FA_COMPILER_NONE;
+  // What cache rows record as their compiler: the plugin's version
+  // (FA_COMPILER_PLUGIN), ptxc::kDriverJit (FA_COMPILER_DRIVER_JIT), "" (none).
+  std::string version;
+  std::string note;  // why the PTX compiler plugin is not used ("" when it is)
+};
+
+// Which compiler compile() uses: the backend's best (the plugin when it has
+// one), or the driver's JIT (after the driver refused a cubin).
+enum class CompileWith { kBest, kDriverJit };
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
   virtual fa_backend kind() const = 0;
   virtual const DeviceInfo &info() const = 0;
+  virtual CompilerInfo compiler() const { return CompilerInfo(); }
 
-  // Turns PTX text into the binary that load() accepts and the cache stores
-  // (cuda: the PTX itself and a NUL, after the driver compiled it
-  // whole-program; emulator: nothing, *binary left empty). *log receives the JIT info log (ptxas warnings).
-  // Errors: FA_ERROR_COMPILE with the JIT error log in the message.
+  // Turns PTX text into the binary that load() accepts and the cache stores.
+  // cuda with the PTX compiler plugin (kBest): a cubin for the device's exact
+  // SM (sm_NNa for arch-specific PTX), compiled in-process whole-program;
+  // cuda otherwise: the PTX itself and a NUL, after the driver compiled it
+  // whole-program (that module is kept for the load() of the same PTX that
+  // follows: one JIT per miss); emulator: nothing, *binary left empty.
+  // *log receives the compiler's info log (registers, spills, advisories).
+  // *used (may be null) gets the compiler that built *binary, as
+  // compiler().version names it, or ptxc::kDriverJit when the plugin does
+  // not support the target (a GPU newer than the plugin) and the driver
+  // compiled instead. Errors: FA_ERROR_COMPILE with the error log in the
+  // message, FA_ERROR_CUDA, FA_ERROR_INTERNAL.
   virtual fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
-                            std::string *log) = 0;
+                            std::string *log, CompileWith with, std::string *used) = 0;
+  fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary, std::string *log) {
+    return compile(ptx, binary, log, CompileWith::kBest, nullptr);
+  }
 
   // Loads entry point `entry` from `binary` when non-empty, else from `ptx`.
-  // `dynamic_smem_bytes` is the largest dynamic shared memory it will be
-  // launched with (cuda sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-  // above 48 KB). Errors: FA_ERROR_COMPILE, FA_ERROR_CUDA, FA_ERROR_UNSUPPORTED
-  // (more shared memory than the device allows).
+  // A cubin (ELF) is loaded as it is, with no JIT. `dynamic_smem_bytes` is
+  // the largest dynamic shared memory it will be launched with (cuda sets
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KB).
+  // Errors: FA_ERROR_COMPILE (the driver refused the image: for a cubin,
+  // too new, another SM or damaged; the caller may fall back to the PTX),
+  // FA_ERROR_CUDA, FA_ERROR_UNSUPPORTED (more shared memory than the device
+  // allows).
   virtual fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
                          const std::string &entry, uint32_t dynamic_smem_bytes,
                          std::unique_ptr<Kernel> *out) = 0;
@@ -124,10 +152,14 @@ class Backend {
   }
 };
 
-// cuda backend on `device` (primary context). Errors: FA_ERROR_NO_DRIVER
-// (libcuda.so.1 absent or older than the pinned API), FA_ERROR_NO_DEVICE,
-// FA_ERROR_CUDA.
-fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out);
+// cuda backend on `device` (primary context); with `ptx_compiler` the PTX
+// compiler plugin when ptxc::plugin_state() has one. Errors:
+// FA_ERROR_NO_DRIVER (libcuda.so.1 absent or older than the pinned API),
+// FA_ERROR_NO_DEVICE, FA_ERROR_CUDA.
+fa_status create_cuda_backend(int device, bool ptx_compiler, std::unique_ptr<Backend> *out);
+inline fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
+  return create_cuda_backend(device, true, out);
+}
 
 // emulator backend pretending to be SM `sm` (one published_limits knows), with its limits.
 fa_status create_emulator_backend(int sm, std::unique_ptr<Backend> *out);

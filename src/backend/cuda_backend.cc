@@ -10,6 +10,7 @@
 // FA_ERROR_RUNTIME_POISONED.
 #include "backend/backend.h"
 #include "backend/cuda_driver.h"
+#include "backend/ptx_compiler.h"
 #include "backend/tensor_map.h"
 #include "common/error.h"
 
@@ -128,15 +129,22 @@ int ptx_target(const std::string &ptx, bool *accelerated) {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(std::shared_ptr<Context> context, DeviceInfo info)
-      : context_(std::move(context)), cu_(*context_->cu), info_(std::move(info)) {}
+  CudaBackend(std::shared_ptr<Context> context, DeviceInfo info, const ptxc::Plugin *plugin,
+              CompilerInfo compiler)
+      : context_(std::move(context)),
+        cu_(*context_->cu),
+        info_(std::move(info)),
+        plugin_(plugin),
+        compiler_(std::move(compiler)) {}
   ~CudaBackend() override { keep_compiled("", nullptr); }
 
   fa_backend kind() const override { return FA_BACKEND_CUDA; }
   const DeviceInfo &info() const override { return info_; }
+  CompilerInfo compiler() const override { return compiler_; }
 
-  fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
-                    std::string *log) override;
+  using Backend::compile;
+  fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary, std::string *log,
+                    CompileWith with, std::string *used) override;
   fa_status load(const std::string &ptx, const std::vector<uint8_t> &binary,
                  const std::string &entry, uint32_t dynamic_smem_bytes,
                  std::unique_ptr<Kernel> *out) override;
@@ -159,9 +167,14 @@ class CudaBackend : public Backend {
   // sticky error. CUDA_SUCCESS -> FA_SUCCESS.
   fa_status check(CUresult r, const char *call);
 
+  // The driver's whole-program JIT of `ptx` (compile() without the plugin).
+  fa_status jit_compile(const std::string &ptx, std::vector<uint8_t> *binary, std::string *log);
+
   std::shared_ptr<Context> context_;
   const Driver &cu_;
   DeviceInfo info_;
+  const ptxc::Plugin *plugin_;  // the PTX compiler plugin, or null
+  CompilerInfo compiler_;
 
   std::atomic<bool> poisoned_{false};
   mutable std::mutex poison_mu_;
@@ -248,12 +261,8 @@ fa_status CudaBackend::check(CUresult r, const char *call) {
 // compute cache (~/.nv/ComputeCache unless CUDA_CACHE_DISABLE=1) makes that
 // JIT a lookup.
 // *log is ptxas's info log (registers, spills, advisories).
-fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *binary,
-                               std::string *log) {
-  if (binary == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: binary is null");
-  binary->clear();
-  if (log != nullptr) log->clear();
-  if (ptx.empty()) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: empty PTX");
+fa_status CudaBackend::jit_compile(const std::string &ptx, std::vector<uint8_t> *binary,
+                                   std::string *log) {
   ScopedContext scope(*context_);
   if (fa_status s = enter(scope); s != FA_SUCCESS) return s;
 
@@ -303,6 +312,32 @@ fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *bin
                 error_text.empty() ? "(no JIT error log)" : clip(error_text).c_str());
   }
   return check(r, "cuModuleLoadDataEx");
+}
+
+// PTX -> binary: with the plugin a cubin for the device's exact SM (no
+// driver call: the load() that follows is the only module load), else the
+// driver's JIT (jit_compile). A target the plugin does not know (a GPU newer
+// than the plugin) falls back to the JIT with a warning.
+fa_status CudaBackend::compile(const std::string &ptx, std::vector<uint8_t> *binary,
+                               std::string *log, CompileWith with, std::string *used) {
+  if (binary == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: binary is null");
+  binary->clear();
+  if (log != nullptr) log->clear();
+  if (used != nullptr) used->clear();
+  if (ptx.empty()) return fail(FA_ERROR_INVALID_ARGUMENT, "compile: empty PTX");
+  if (fa_status s = check_poisoned(); s != FA_SUCCESS) return s;
+  if (plugin_ != nullptr && with == CompileWith::kBest) {
+    const std::string target = ptxc::cubin_target(ptx, info_.sm);
+    const fa_status s = ptxc::compile_cubin(plugin_, ptx, target, binary, log);
+    if (s == FA_SUCCESS && used != nullptr) *used = compiler_.version;
+    if (s != FA_ERROR_UNSUPPORTED) return s;
+    warn(std::string("the PTX compiler plugin cannot build ") + target + " (" + last_error() +
+         "); the driver JIT-compiles instead");
+    clear_error();
+  }
+  const fa_status s = jit_compile(ptx, binary, log);
+  if (s == FA_SUCCESS && used != nullptr) *used = ptxc::kDriverJit;
+  return s;
 }
 
 // Loads a module (cubin, else PTX JIT'ed by the driver) and resolves `entry`;
@@ -568,7 +603,7 @@ fa_status create_fail(const Driver &cu, CUresult r, const char *call) {
 
 }  // namespace
 
-fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
+fa_status create_cuda_backend(int device, bool ptx_compiler, std::unique_ptr<Backend> *out) {
   if (out == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "create_cuda_backend: out is null");
   out->reset();
   const Driver *cu = nullptr;
@@ -635,7 +670,20 @@ fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
   if (r != CUDA_SUCCESS) return create_fail(*cu, r, "cuDevicePrimaryCtxRetain");
   context->ctx = ctx;
 
-  *out = std::make_unique<CudaBackend>(std::move(context), std::move(info));
+  CompilerInfo compiler;
+  const ptxc::Plugin *plugin = nullptr;
+  if (!ptx_compiler) {
+    compiler.note = "turned off (fa_runtime_options.ptx_compiler = FA_PTX_COMPILER_OFF)";
+  } else {
+    const ptxc::PluginState &ps = ptxc::plugin_state();
+    plugin = ps.plugin;
+    compiler.note = ps.note;
+    if (plugin != nullptr) compiler.version = ps.version;
+  }
+  compiler.mode = plugin != nullptr ? FA_COMPILER_PLUGIN : FA_COMPILER_DRIVER_JIT;
+  if (plugin == nullptr) compiler.version = ptxc::kDriverJit;
+  *out = std::make_unique<CudaBackend>(std::move(context), std::move(info), plugin,
+                                       std::move(compiler));
   return FA_SUCCESS;
 }
 
@@ -644,7 +692,7 @@ fa_status create_cuda_backend(int device, std::unique_ptr<Backend> *out) {
 #else  // !FA_CUDA_BACKEND
 
 namespace fa {
-fa_status create_cuda_backend(int, std::unique_ptr<Backend> *out) {
+fa_status create_cuda_backend(int, bool, std::unique_ptr<Backend> *out) {
   if (out != nullptr) out->reset();
   return fail(FA_ERROR_NO_DRIVER,
               "built without cuda.h: this flashattn was compiled without the CUDA 12+ driver "

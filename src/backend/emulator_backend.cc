@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "backend/backend.h"
+#include "backend/ptx_compiler.h"
 #include "backend/tensor_map.h"
 #include "common/error.h"
 #include "emu/interp.h"
@@ -52,15 +53,30 @@ class EmulatorBackend : public Backend {
   }
 
   fa_backend kind() const override { return FA_BACKEND_EMULATOR; }
+  // No compiler: the emulator runs the PTX. The note says what a cuda
+  // runtime of this process would use (the cache is shared by both).
+  CompilerInfo compiler() const override {
+    CompilerInfo ci;
+    const ptxc::PluginState &ps = ptxc::plugin_state();
+    ci.note = ps.plugin != nullptr
+                  ? "the emulator runs the PTX; cuda runtimes here use the PTX compiler plugin " +
+                        ps.path
+                  : "the emulator runs the PTX; cuda runtimes here use the driver's JIT (" +
+                        ps.note + ")";
+    return ci;
+  }
   const DeviceInfo &info() const override { return info_; }
 
-  fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary,
-                    std::string *log) override {
+  using Backend::compile;
+  // A parse check: the emulator runs the PTX itself (no binary, no compiler).
+  fa_status compile(const std::string &ptx, std::vector<uint8_t> *binary, std::string *log,
+                    CompileWith, std::string *used) override {
     std::shared_ptr<const emu::Module> mod;
     fa_status st = get_module(ptx, &mod);
     if (st != FA_SUCCESS) return st;
     if (binary) binary->clear();
     if (log) log->clear();
+    if (used) used->clear();
     return FA_SUCCESS;
   }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/ptx_compiler.h"
 #include "common/error.h"
 
 #ifndef FA_GENERATOR_HASH
@@ -193,6 +194,55 @@ static void surface_jit_log(const std::string &spec_text, const std::string &log
 
 cache::Key kernel_key(const KernelSpec &spec) { return key_of_material(kernel_key_material(spec)); }
 
+std::string refused_by_driver(const std::string &plugin_version) {
+  return std::string(ptxc::kDriverJit) + " (cubin of " + plugin_version + " refused)";
+}
+
+bool binary_current(const cache::Record &rec, const CompilerInfo &compiler, int driver) {
+  const bool cubin = ptxc::is_cubin(rec.cubin);
+  const bool own_ptx = rec.cubin.size() == rec.ptx.size() + 1 && rec.cubin.back() == 0 &&
+                       std::memcmp(rec.cubin.data(), rec.ptx.data(), rec.ptx.size()) == 0;
+  if (compiler.mode == FA_COMPILER_PLUGIN) {
+    // This plugin's cubin; or the PTX, for this driver, after the driver
+    // refused this plugin's cubin (a newer driver gets the cubin again).
+    return (cubin && rec.compiler == compiler.version) ||
+           (own_ptx && rec.driver_version == driver &&
+            rec.compiler == refused_by_driver(compiler.version));
+  }
+  // Driver JIT: the PTX the driver compiles whole-program, for this driver
+  // (a binary is valid only for the driver that built it); or a cubin some
+  // plugin built (machine code: no JIT; a refusal falls back to the PTX).
+  // An ELF row without a plugin's name is an older library's cuLink cubin
+  // (relocatable code, slower): rebuilt.
+  const bool plugin_cubin = cubin && !rec.compiler.empty() &&
+                            rec.compiler.compare(0, std::strlen(ptxc::kDriverJit),
+                                                 ptxc::kDriverJit) != 0;
+  return plugin_cubin || (own_ptx && rec.driver_version == driver);
+}
+
+void Runtime::note_compile(const std::string &spec_text, const std::string &log) {
+  surface_jit_log(spec_text, log);
+  jit_logs_[spec_text] = log;
+}
+
+fa_status Runtime::ensure_binary(const KernelSpec &spec, cache::Record *rec, bool *dirty) {
+  const CompilerInfo compiler = backend_->compiler();
+  const int driver = backend_->info().driver_version;
+  if (binary_current(*rec, compiler, driver)) return FA_SUCCESS;
+  std::string log, used;
+  std::vector<uint8_t> binary;
+  fa_status st = backend_->compile(rec->ptx, &binary, &log, CompileWith::kBest, &used);
+  if (st != FA_SUCCESS) return st;
+  counters_.compiles++;
+  note_compile(rec->spec_text, log);
+  rec->cubin = std::move(binary);
+  rec->compiler = used;
+  rec->driver_version = driver;
+  rec->key_material = kernel_key_material(spec);
+  *dirty = true;
+  return FA_SUCCESS;
+}
+
 fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out) {
   auto rt = std::make_unique<Runtime>();
   fa_backend which = options.backend;
@@ -227,13 +277,14 @@ fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Run
       emu_sm = sm;
     }
   }
+  const bool ptx_compiler = options.ptx_compiler != FA_PTX_COMPILER_OFF;
   fa_status st;
   if (which == FA_BACKEND_CUDA) {
-    st = create_cuda_backend(options.device, &rt->backend_);
+    st = create_cuda_backend(options.device, ptx_compiler, &rt->backend_);
   } else if (which == FA_BACKEND_EMULATOR) {
     st = create_emulator_backend(emu_sm, &rt->backend_);
   } else {
-    st = create_cuda_backend(options.device, &rt->backend_);
+    st = create_cuda_backend(options.device, ptx_compiler, &rt->backend_);
     if (st == FA_ERROR_NO_DRIVER || st == FA_ERROR_NO_DEVICE) {
       st = create_emulator_backend(emu_sm, &rt->backend_);
     }
@@ -261,7 +312,6 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
   }
 
   const bool wants_binary = backend_->kind() == FA_BACKEND_CUDA;
-  const int driver = backend_->info().driver_version;
   // The key material already pins SM and generator version; the field checks
   // only guard against a row forged with matching material.
   auto usable = [&](const cache::Record &r) {
@@ -303,33 +353,41 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     rec.key_material = material;
     dirty = true;
   }
-  // A binary is valid only for the driver that built it: rebuild it from the
-  // stored PTX after a driver change. A row holding anything but the PTX the
-  // cuda backend now compiles whole-program (an older library's cuLink
-  // cubin: relocatable code, slower) is rebuilt too.
-  const bool own_ptx = rec.cubin.size() == rec.ptx.size() + 1 && rec.cubin.back() == 0 &&
-                       std::memcmp(rec.cubin.data(), rec.ptx.data(), rec.ptx.size()) == 0;
-  if (wants_binary && (!own_ptx || rec.driver_version != driver)) {
-    std::string log;
-    std::vector<uint8_t> binary;
-    fa_status st = backend_->compile(rec.ptx, &binary, &log);
-    if (st != FA_SUCCESS) return st;
-    counters_.compiles++;
-    surface_jit_log(rec.spec_text, log);
-    jit_logs_[rec.spec_text] = log;
-    rec.cubin = std::move(binary);
-    rec.driver_version = driver;
-    rec.key_material = material;
-    dirty = true;
-  } else if (!wants_binary && dirty) {
+  if (wants_binary) {
+    if (fa_status st = ensure_binary(spec, &rec, &dirty); st != FA_SUCCESS) return st;
+  } else if (dirty) {
     std::vector<uint8_t> none;
     std::string log;
     fa_status st = backend_->compile(rec.ptx, &none, &log);  // emulator: parse check
     if (st != FA_SUCCESS) return st;
+    counters_.compiles++;
   }
   std::unique_ptr<Kernel> kernel;
   fa_status st = backend_->load(rec.ptx, wants_binary ? rec.cubin : std::vector<uint8_t>(),
                                 entry_name(spec), max_dynamic_smem(spec), &kernel);
+  if (st == FA_ERROR_COMPILE && ptxc::is_cubin(rec.cubin)) {
+    // The driver refused the cubin (too new for it, another SM, damaged):
+    // the PTX is JIT-compiled instead and the row rewritten, so that this
+    // driver is not handed that cubin again.
+    counters_.cubin_refusals++;
+    warn("the driver refused the cubin of " + rec.spec_text + " (built by " +
+         (rec.compiler.empty() ? std::string("an older flashattn") : rec.compiler) +
+         "): " + last_error() + "; JIT-compiling its PTX and rewriting the row");
+    clear_error();
+    std::string log;
+    std::vector<uint8_t> binary;
+    st = backend_->compile(rec.ptx, &binary, &log, CompileWith::kDriverJit, nullptr);
+    if (st != FA_SUCCESS) return st;
+    counters_.compiles++;
+    note_compile(rec.spec_text, log);
+    const CompilerInfo ci = backend_->compiler();
+    rec.compiler = ci.mode == FA_COMPILER_PLUGIN ? refused_by_driver(ci.version) : ptxc::kDriverJit;
+    rec.cubin = std::move(binary);
+    rec.driver_version = backend_->info().driver_version;
+    rec.key_material = material;
+    dirty = true;
+    st = backend_->load(rec.ptx, rec.cubin, entry_name(spec), max_dynamic_smem(spec), &kernel);
+  }
   if (st != FA_SUCCESS) return st;
   // The emulator never replaces a row that may hold another process's cubin.
   // put() also drops the lease, in the same transaction as the row.

@@ -29,6 +29,15 @@ cache::Key key_of_material(const std::string &material);
 // key_of_material(kernel_key_material(spec)).
 cache::Key kernel_key(const KernelSpec &spec);
 
+// The compiler a row records after the driver refused the cubin of the PTX
+// compiler plugin `plugin_version` and JIT-compiled its PTX instead.
+std::string refused_by_driver(const std::string &plugin_version);
+
+// Whether a cache row's binary can be loaded as it is by a cuda backend that
+// compiles with `compiler` on driver version `driver`; else it is rebuilt
+// (docs: cache/README.md, "Binaries and compilers").
+bool binary_current(const cache::Record &rec, const CompilerInfo &compiler, int driver);
+
 // Resolved decode plan: number of splits and keys per split.
 struct DecodePlan {
   int num_splits = 1;
@@ -60,6 +69,7 @@ class Runtime {
  public:
   struct Counters {
     std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0};
+    std::atomic<uint64_t> cubin_refusals{0};  // cubins the driver refused (PTX JIT instead)
   };
 
   static fa_status create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out);
@@ -92,6 +102,12 @@ class Runtime {
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
  private:
+  // Rebuilds rec's binary unless binary_current(); sets *dirty when it did.
+  // Errors: those of Backend::compile.
+  fa_status ensure_binary(const KernelSpec &spec, cache::Record *rec, bool *dirty);
+  // Warns about what the compile log flags and keeps it for jit_log().
+  void note_compile(const std::string &spec_text, const std::string &log);
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<cache::Store> store_;
   std::mutex mu_;  // guards kernels_ and kernel building

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "util.h"
@@ -22,7 +24,25 @@ std::string format_time(int64_t unix_seconds) {
   return buf;
 }
 
-void print_stats(const fa_cache_stats &s) {
+// Rows per compiler (fa_cache_entry.compiler), in first-seen order.
+struct CompilerCounts {
+  std::vector<std::pair<std::string, uint64_t>> rows;
+};
+
+int count_compiler(const fa_cache_entry *e, void *user) {
+  auto *c = static_cast<CompilerCounts *>(user);
+  const std::string name = e->compiler && e->compiler[0] ? e->compiler : "(none: emulator or pre-0.6 row)";
+  for (auto &r : c->rows) {
+    if (r.first == name) {
+      ++r.second;
+      return 0;
+    }
+  }
+  c->rows.emplace_back(name, 1);
+  return 0;
+}
+
+void print_stats(const fa_cache_stats &s, const CompilerCounts &counts) {
   std::printf("path:        %s\n", s.path[0] ? s.path : "(none)");
   std::printf("storage:     %s\n", s.persistent ? "persistent (on disk)" : "memory only");
   if (s.note[0]) std::printf("note:        %s\n", s.note);
@@ -36,6 +56,15 @@ void print_stats(const fa_cache_stats &s) {
   std::printf("counters:    memory hits %" PRIu64 ", disk hits %" PRIu64 ", misses %" PRIu64
               ", compiles %" PRIu64 ", discarded %" PRIu64 ", resets %" PRIu64 " (this process)\n",
               s.memory_hits, s.disk_hits, s.misses, s.compiles, s.discarded, s.resets);
+  const char *mode = s.compiler_mode == FA_COMPILER_PLUGIN       ? "PTX compiler plugin"
+                     : s.compiler_mode == FA_COMPILER_DRIVER_JIT ? "driver JIT"
+                                                                 : "none (emulator)";
+  std::printf("compiler:    %s%s%s\n", mode, s.compiler[0] ? ": " : "", s.compiler);
+  if (s.compiler_note[0]) std::printf("             %s\n", s.compiler_note);
+  std::printf("rows by compiler:%s\n", counts.rows.empty() ? " none" : "");
+  for (const auto &r : counts.rows) {
+    std::printf("  %" PRIu64 "  %s\n", r.second, r.first.c_str());
+  }
 }
 
 struct ListState {
@@ -50,9 +79,10 @@ int print_entry(const fa_cache_entry *e, void *user) {
   char key[sizeof(e->key) + 1] = {0};
   std::snprintf(key, sizeof(key), "%.32s", e->key);
   std::printf("%s  %s  sm_%d  ptx %" PRIu64 " B, cubin %" PRIu64 " B  hits %" PRIu64
-              "  last used %s\n",
+              "  last used %s  compiler %s\n",
               key, spec.c_str(), e->sm, e->ptx_bytes, e->cubin_bytes, e->hits,
-              format_time(e->last_used).c_str());
+              format_time(e->last_used).c_str(),
+              e->compiler && e->compiler[0] ? e->compiler : "(none)");
   ++static_cast<ListState *>(user)->count;
   return 0;
 }
@@ -62,7 +92,9 @@ int print_entry(const fa_cache_entry *e, void *user) {
 int cmd_cache(const CacheOptions &o) {
   const Runtime rt(FA_BACKEND_EMULATOR, o.cache_dir.empty() ? nullptr : o.cache_dir.c_str());
   if (o.action == "stats") {
-    print_stats(rt.cache_stats());
+    CompilerCounts counts;
+    check(fa_cache_list(rt.get(), count_compiler, &counts), "fa_cache_list");
+    print_stats(rt.cache_stats(), counts);
     return kExitOk;
   }
   if (o.action == "list") {
