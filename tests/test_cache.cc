@@ -70,6 +70,7 @@ void assert_same_record(const Record &got, const Record &want) {
     assert_memory_equal(got.cubin.data(), want.cubin.data(), want.cubin.size());
   }
   assert_int_equal(got.driver_version, want.driver_version);
+  assert_string_equal(got.compiler.c_str(), want.compiler.c_str());
   assert_string_equal(got.spec_text.c_str(), want.spec_text.c_str());
   assert_int_equal(got.generator_version, want.generator_version);
   assert_int_equal(got.sm, want.sm);
@@ -288,7 +289,7 @@ void test_round_trip(void **) {
 
   // The row on disk: 16-byte key, blobs, XXH3-128 hashes, schema version, journal mode.
   RawDb raw(db_file(dir));
-  assert_int_equal(raw.scalar("PRAGMA user_version"), 2);
+  assert_int_equal(raw.scalar("PRAGMA user_version"), 3);
   assert_string_equal(raw.text("PRAGMA journal_mode").c_str(), "delete");
   assert_int_equal(raw.scalar("SELECT count(*) FROM kernels WHERE length(key) = 16"), 3);
   const std::vector<uint8_t> ptx = raw.blob(key_for(1), "ptx");
@@ -857,6 +858,37 @@ void test_clear_and_list(void **) {
   rm_rf(dir);
 }
 
+// A version 2 database (flashattn 0.2 to 0.5: no compiler column) is
+// migrated in place: its rows stay and read with compiler "", new rows
+// record theirs.
+void test_schema_2_migrated(void **) {
+  const std::string dir = temp_dir("schema2");
+  Record old = record_for(110);
+  old.compiler.clear();
+  open_dir(dir)->put(key_for(110), old);
+  {
+    RawDb raw(db_file(dir));
+    raw.exec("ALTER TABLE kernels DROP COLUMN compiler");
+    raw.exec("PRAGMA user_version = 2");
+  }
+  auto store = open_dir(dir);
+  assert_true(store->stats().persistent);
+  assert_int_equal(store->stats().entries, 1);
+  Record got;
+  assert_true(store->get(key_for(110), &got));
+  assert_same_record(got, old);
+  store->put(key_for(111), record_for(111));
+  assert_true(store->get(key_for(111), &got));
+  assert_same_record(got, record_for(111));
+  const std::vector<RowInfo> rows = store->list();
+  assert_int_equal(rows.size(), 2);
+  assert_string_equal(rows[1].compiler.c_str(), record_for(111).compiler.c_str());
+  RawDb raw(db_file(dir));
+  assert_int_equal(raw.scalar("PRAGMA user_version"), 3);
+  store.reset();
+  rm_rf(dir);
+}
+
 void test_schema_version_change(void **) {
   const std::string dir = temp_dir("schema");
   open_dir(dir)->put(key_for(100), record_for(100));
@@ -869,7 +901,7 @@ void test_schema_version_change(void **) {
   assert_true(store->stats().persistent);
   assert_int_equal(store->stats().entries, 0);  // table recreated
   RawDb raw(db_file(dir));
-  assert_int_equal(raw.scalar("PRAGMA user_version"), 2);
+  assert_int_equal(raw.scalar("PRAGMA user_version"), 3);
   assert_string_equal(raw.text("PRAGMA journal_mode").c_str(), "delete");  // WAL switched off
   store->put(key_for(101), record_for(101));
   Record got;
@@ -949,6 +981,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_env_resolution),
       cmocka_unit_test(test_clear_and_list),
       cmocka_unit_test(test_schema_version_change),
+      cmocka_unit_test(test_schema_2_migrated),
       cmocka_unit_test(test_busy_database),
       cmocka_unit_test(test_degrade_while_open),
   };

@@ -535,7 +535,7 @@ void test_key_material_collision_store(void **) {
   }
   {
     RawDb raw(db_file(dir));
-    assert_int_equal(raw.scalar("PRAGMA user_version"), 2);
+    assert_int_equal(raw.scalar("PRAGMA user_version"), 3);
     assert_string_equal(raw.text("SELECT key_material FROM kernels").c_str(), "A material");
   }
   disk.reset();

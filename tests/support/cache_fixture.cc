@@ -39,6 +39,7 @@ cache::Record record_for(uint64_t seed, bool empty_cubin, size_t extra_bytes) {
     for (auto &b : r.cubin) b = static_cast<uint8_t>(rng());
   }
   r.driver_version = empty_cubin ? 0 : 12000 + static_cast<int>(seed % 1000);
+  if (!empty_cubin) r.compiler = "compiler " + std::to_string(seed % 7);
   r.spec_text =
       "spec seed=" + std::to_string(seed) + " head_dim=" + std::to_string(64 + seed % 3 * 32);
   r.generator_version = static_cast<uint32_t>(seed * 7 + 3);
@@ -54,6 +55,7 @@ uint64_t seed_of(const cache::Record &r) {
 
 bool same_record(const cache::Record &a, const cache::Record &b) {
   return a.ptx == b.ptx && a.cubin == b.cubin && a.driver_version == b.driver_version &&
+         a.compiler == b.compiler &&
          a.spec_text == b.spec_text && a.generator_version == b.generator_version && a.sm == b.sm;
 }
 
