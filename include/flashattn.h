@@ -284,7 +284,18 @@ typedef struct fa_config_desc {
                            INT32_MAX) that covers the sequence acts as -1 */
   int32_t window_right; /* >= 0, or -1 = unbounded (causal forces 0) */
   float softmax_scale;  /* > 0, finite, and softmax_scale * log2(e) finite;
-                           0 = 1/sqrt(head_dim) */
+                           0 = 1/sqrt(head_dim). Any such scale and any
+                           finite score work: each exponent is formed as
+                           (s - rowmax) * scale (not s * scale - rowmax *
+                           scale, which cancels past ~2^24), so O is the
+                           softmax of the fp32 scores s = q.k however large
+                           (e.g. scale 1e10, or fp16 q, k near 30000).
+                           Outside the range: a q.k that overflows fp32
+                           (bf16 / fp32 inputs of about 1e18 and more:
+                           NaN out); LSE (fp32) is +-inf where
+                           |scale * rowmax| passes FLT_MAX; scores closer
+                           than their fp32 rounding are not told apart
+                           (docs/kernels.md, "Large scores") */
   float softcap;        /* >= 0 and finite, softcap * log2(e) and
                            softmax_scale / softcap finite; 0 = off */
   /* Since 0.5 (FA_CONFIG_DESC_SIZE_0_4 ends before it; zero = as 0.4). */

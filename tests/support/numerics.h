@@ -66,6 +66,7 @@ struct DecodeCase {
   int window_left = -1, window_right = -1;
   float softcap = 0;
   int num_splits = 0;
+  float softmax_scale = 0;     // fa_config_desc.softmax_scale (0: 1 / sqrt(head_dim))
   bool partials_only = false;  // o.data = 0: only the workspace's partial states
   uint32_t seed = 1;
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;  // fixture inputs
