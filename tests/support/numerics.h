@@ -118,8 +118,12 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // Random partial states (some splits -inf, some rows all -inf) through
 // fa_decode_reduce against fa::ref::merge_states.
 // sinks: fp32 [heads] (fa_reduce_args.sinks), or null = none.
+// nonfinite: rows with +inf and NaN states too (splits >= 2).
+// lse_formats: bit 0 = the partial states' LSE in base 2
+// (lse_partial_format FA_LSE_BASE2), bit 1 = the LSE written in base 2.
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
-                       bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr);
+                       bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr,
+                       bool nonfinite = false, int lse_formats = 0);
 
 }  // namespace fa::test
 

@@ -679,7 +679,7 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
   }
 }
 
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2) {
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0) {
   ptx::Builder &b = e.b;
   Reg mx = e.op(Op::Max, Type::F32, m2, s2);
   Reg none = e.setp(Cmp::Eq, Type::F32, mx, fimm(kNegInf));
@@ -687,20 +687,27 @@ SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2) {
   Reg alpha = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, m2, mx));
   Reg beta = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, s2, mx));
   Reg sum = e.op(Op::Fma, Type::F32, l, alpha, beta);
+  // Not > 0: no key and no sink (0), or a sink of +inf or NaN (NaN).
   Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
   SinkRow r;
   r.inv = e.op(Op::RcpRn, Type::F32, sum);
   b.op(Op::Mul, Type::F32, r.inv, r.inv, alpha);
-  b.selp(Type::F32, r.inv, r.inv, fimm(0.0f), pos);
+  b.selp(Type::F32, r.inv, r.inv, nan0, pos);
   r.lse = e.op(Op::Add, Type::F32, mx, e.op(Op::Lg2, Type::F32, sum));
+  b.selp(Type::F32, r.lse, r.lse, s2, pos);  // then -inf, +inf or NaN
   b.op(Op::Mul, Type::F32, r.lse, r.lse, fimm(kLn2));
-  b.selp(Type::F32, r.lse, r.lse, fimm(kNegInf), pos);
   return r;
+}
+
+Reg sink_nan0(Emitter &e, Reg s2) {
+  Reg nan = e.setp(Cmp::Nan, Type::F32, s2, s2);
+  return e.selp(Type::F32, s2, fimm(0.0f), nan);
 }
 
 void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2) {
   ptx::Builder &b = e_.b;
   Reg t = b.f32();
+  Reg nan0 = sink_nan0(e_, sink_log2);
   for (int r = 0; r < rows_; ++r) {
     const int h = r % 2;
     for (int off = 1; off <= 2; off <<= 1) {
@@ -711,7 +718,7 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse,
     Reg m2 = c_.valid() ? e_.op(Op::Mul, Type::F32, m_[r], c_) : m_[r];
     if (form_.p_offset_log2 != 0.0f)
       m2 = e_.op(Op::Sub, Type::F32, m2, fimm(form_.p_offset_log2));  // -inf stays -inf
-    const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2);
+    const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2, nan0);
     lse->push_back(sr.lse);
     for (const Frag4 &f : o[r / 2].f) {
       b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], sr.inv);

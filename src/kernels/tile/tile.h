@@ -285,14 +285,22 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
 // -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2
 // (log2 domain) joins the denominator once and contributes no value:
 //   M = max(m2, s2) (0 when both are -inf), L = l 2^(m2 - M) + 2^(s2 - M),
-//   O = acc * inv with inv = 2^(m2 - M) / L (0 when L = 0),
-//   LSE = (M + log2 L) ln 2 (-inf when L = 0).
-// Every exponent is <= 0, so no sink value overflows; a row with no key gets
-// O = 0 and LSE = sink, and a sink of -inf changes nothing.
+//   O = acc * inv with inv = 2^(m2 - M) / L, LSE = (M + log2 L) ln 2;
+// when L is not > 0, inv = nan0 and LSE = s2 ln 2 instead.
+// Every exponent is <= 0, so no finite sink overflows; a row with no key gets
+// O = 0 and LSE = sink, and a sink of -inf changes nothing. A non-finite
+// sink follows flashattn.h's formula: L is not > 0 exactly when the sink is
+// -inf on a row with no key (L = 0: O = 0, LSE = -inf), +inf (L = NaN from
+// inf - inf: O = 0, LSE = +inf) or NaN (O = NaN, LSE = NaN), with nan0 =
+// sink_nan0(s2). These are the same instructions per row as without them:
+// only the selects' second operands are registers.
 struct SinkRow {
   Reg inv, lse;
 };
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2);
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0);
+// NaN when the sink s2 is NaN, else 0 (f32): sink_row's factor of O in a row
+// whose denominator is not > 0. Once per thread (2 instructions).
+Reg sink_nan0(Emitter &e, Reg s2);
 
 // The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
 // thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
@@ -349,7 +357,7 @@ class OnlineSoftmax {
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse);
   // finish() with an attention sink (gpt-oss): sink_log2 (f32, the logit in
   // the log2 domain, the same for every row) joins each row's denominator
-  // and contributes no value (see sink_row).
+  // and contributes no value (see sink_row; -inf, +inf and NaN included).
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2);
 
  private:
