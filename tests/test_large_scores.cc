@@ -94,7 +94,7 @@ std::vector<ForwardCase> forward_cases() {
   add(97, 97, 1, 1, 256, false, true, true);    // d256
   add(70, 133, 4, 2, 64, false, true, false);   // softmax_scale 1e10, GQA, causal
   add(64, 200, 2, 1, 128, true, false, false);  // bf16
-  return cases;
+  return fa::test::maybe_quick(cases, 3);         // sanitizers: one of each kind
 }
 
 // Decode case c (batch, seqlen_q, cache lengths, heads set) with q = +-30000
@@ -139,9 +139,10 @@ std::vector<DecodeCase> decode_cases() {
   add(1, 8, 2, 128, false, 3, false, true);  // fp16 +-30000, GQA 4, 3 splits
   add(2, 4, 4, 64, true, 0, false, true);    // bf16, automatic splits
   add(1, 8, 2, 64, false, 4, true, true);    // the partial states alone
-  add(2, 8, 2, 128, true, 3, false, false);  // softmax_scale 1e10
-  add(1, 4, 2, 64, false, 2, true, false);   // its partial states
-  return cases;
+  add(1, 4, 2, 64, false, 2, true, false);   // softmax_scale 1e10: partial states
+  add(2, 8, 2, 128, true, 3, false, false);  // and combined
+  // The sanitizers: cases 0 and 3 (+-30000 combined, 1e10's partial states).
+  return fa::test::maybe_quick(cases, 3);
 }
 
 void run_decode_cases(fa_runtime *rt, const char *kernel, std::string *failures) {

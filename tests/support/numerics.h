@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,17 @@
 #include "reference.h"
 
 namespace fa::test {
+
+// FA_TEST_QUICK=1 (the sanitizer pass) keeps every `every`-th case: the
+// emulator is several times slower under ASan.
+template <typename T>
+std::vector<T> maybe_quick(std::vector<T> v, size_t every) {
+  const char *q = std::getenv("FA_TEST_QUICK");
+  if (!q || q[0] != '1') return v;
+  std::vector<T> out;
+  for (size_t i = 0; i < v.size(); i += every) out.push_back(v[i]);
+  return out;
+}
 
 struct ForwardCase {
   int batch = 1, seqlen_q = 1, seqlen_k = 1;
