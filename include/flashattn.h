@@ -300,7 +300,18 @@ typedef struct fa_config_desc {
                            INT32_MAX) that covers the sequence acts as -1 */
   int32_t window_right; /* >= 0, or -1 = unbounded (causal forces 0) */
   float softmax_scale;  /* > 0, finite, and softmax_scale * log2(e) finite;
-                           0 = 1/sqrt(head_dim) */
+                           0 = 1/sqrt(head_dim). Any such scale and any
+                           finite score work: each exponent is formed as
+                           (s - rowmax) * scale (not s * scale - rowmax *
+                           scale, which cancels past ~2^24), so O is the
+                           softmax of the fp32 scores s = q.k however large
+                           (e.g. scale 1e10, or fp16 q, k near 30000).
+                           Outside the range: a q.k that overflows fp32
+                           (bf16 / fp32 inputs of about 1e18 and more:
+                           NaN out); LSE (fp32) is +-inf where
+                           |scale * rowmax| passes FLT_MAX; scores closer
+                           than their fp32 rounding are not told apart
+                           (docs/kernels.md, "Large scores") */
   float softcap;        /* >= 0 and finite, softcap * log2(e) and
                            softmax_scale / softcap finite; 0 = off */
   /* Since 0.5 (FA_CONFIG_DESC_SIZE_0_4 ends before it; zero = as 0.4). */
@@ -530,7 +541,10 @@ typedef struct fa_forward_args {
                      softmax_scale, not softcapped) and is outside every
                      mask and window. LSE includes it:
                      log(sum_j e^s_j + e^sinks[h]); a row with no visible
-                     key gets O = 0 and LSE = sinks[h]. -inf = no sink */
+                     key gets O = 0 and LSE = sinks[h]. -inf = no sink;
+                     +inf: O = 0, LSE = +inf, and NaN: O = NaN, LSE = NaN,
+                     on every row of head h (those with no visible key
+                     too), as the formula gives */
   /* Since 0.5 (FA_FORWARD_ARGS_SIZE_0_4_1 ends before them; zero = as 0.4.1). */
   uint64_t alibi_slopes;         /* ALiBi (Press et al. 2022), or 0 = none: fp32
                                     device data, 4-byte aligned; the slope of
@@ -824,7 +838,8 @@ typedef struct fa_reduce_args {
                      (fa_forward_args.sinks), 4-byte aligned, or 0: sinks[h]
                      joins each row's denominator once, as one more state
                      with LSE = sinks[h] and O = 0 (in the partial states'
-                     base: times log2 e for FA_LSE_BASE2) */
+                     base: times log2 e for FA_LSE_BASE2), +inf and NaN
+                     included (see fa_decode_reduce) */
 } fa_reduce_args;
 
 /* struct_size of fa_reduce_args in flashattn 0.3 (before lse_partial_format). */
@@ -840,15 +855,19 @@ typedef struct fa_reduce_args {
 
 /* Combines partial attention states: m = max_s LSE_s, w_s = exp(LSE_s - m),
  * O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); states with
- * LSE_s = -inf weigh nothing, and all -inf gives O = 0, LSE = -inf. Also
+ * LSE_s = -inf weigh nothing, and all -inf gives O = 0, LSE = -inf. States
+ * with LSE_s = +inf take all the weight, shared equally (w_s = 1 for them,
+ * 0 for the others: O = their mean, LSE = +inf); a NaN LSE_s gives O = NaN,
+ * LSE = NaN (NaN before +inf). Also
  * merges states computed over separate KV segments, by flashattn or by
  * another library: lse_partial_format and lse_format say whether each LSE
  * is a natural or a base-2 logarithm (the kernel converts on load and on
  * store, working in base 2: w_s = 2^(LSE2_s - m2); as FlashInfer's
  * merge_states). The o_partial and lse_partial pointers must be 4-byte
  * aligned. With sinks, m and sum_s w_s also take the term of sinks[h] (an
- * extra state with O = 0): the gpt-oss sink joins the denominator once
- * however many states are merged. struct_size may be sizeof(fa_reduce_args),
+ * extra state with O = 0, under the same rules: a sink of +inf is a +inf
+ * state with O = 0, one of NaN a NaN state): the gpt-oss sink joins the
+ * denominator once however many states are merged. struct_size may be sizeof(fa_reduce_args),
  * FA_REDUCE_ARGS_SIZE_0_4 (no sinks) or FA_REDUCE_ARGS_SIZE_0_3 (natural
  * logs). Errors: as fa_launch, plus INVALID_ARGUMENT for a format that is not
  * an fa_lse_format or sinks not 4-byte aligned. */

@@ -15,6 +15,14 @@
 //   the host), and chunked prefill over a paged cache; fa_decode_reduce with
 //   sinks over random partial states, and with base-2 partial states and
 //   outputs (the same merge as natural logs);
+// - non-finite sinks, as flashattn.h's formula defines them, next to finite
+//   ones in the same launch (the heads cycle finite, +inf, NaN, -inf): +inf
+//   gives O = 0, LSE = +inf and NaN gives O = NaN, LSE = NaN on every row of
+//   the head, rows with no key included, in every forward kernel (sm_80 and
+//   emulated sm_90), in decode (the combine) with splits and in
+//   fa_decode_reduce, which also merges +inf and NaN partial states (+inf
+//   states share the weight, NaN gives NaN) in both LSE formats; a finite
+//   poison then tells a written NaN from an unwritten one;
 // - sinks of -inf give the output bits of no sinks (forward);
 // - the host checks (misaligned pointers, sinks without a combine), 0.4-sized
 //   args that ignore the field; a kernel without sinks is fa_generate's PTX
@@ -79,6 +87,24 @@ std::vector<float> random_sinks(int heads, uint32_t seed) {
   return s;
 }
 
+// Sinks for `heads` heads that cycle finite (random, as random_sinks), +inf,
+// NaN, -inf (head 3 only; later heads of that slot finite): every kind of
+// sink in one launch.
+std::vector<float> nonfinite_sinks(int heads, uint32_t seed) {
+  std::vector<float> s = random_sinks(heads, seed);
+  for (int h = 0; h < heads; ++h) {
+    if (h % 4 == 1) s[size_t(h)] = INFINITY;
+    if (h % 4 == 2) s[size_t(h)] = NAN;
+    if (h == 3) s[size_t(h)] = -INFINITY;
+  }
+  return s;
+}
+
+// The sinks of a case: random_sinks, or nonfinite_sinks.
+std::vector<float> case_sinks(bool nonfinite, int heads, uint32_t seed) {
+  return nonfinite ? nonfinite_sinks(heads, seed) : random_sinks(heads, seed);
+}
+
 // The kernel the runtime's last launch ran contains `want` and "_sinks".
 void expect_kernel(fa_runtime *rt, const char *want, const std::string &what,
                    std::string *failures) {
@@ -87,8 +113,9 @@ void expect_kernel(fa_runtime *rt, const char *want, const std::string &what,
 
 void report(const std::string &failures) { fa::test::report_failures(failures); }
 
-// The forward cases every forward kernel runs.
-std::vector<ForwardCase> forward_cases() {
+// The forward cases every forward kernel runs (with nonfinite_sinks when
+// nonfinite).
+std::vector<ForwardCase> forward_cases(bool nonfinite) {
   std::vector<ForwardCase> cases;
   auto add = [&](int b, int sq, int sk, int hq, int hkv, int d, int dv, bool bf16, bool causal,
                  int wl, int wr, float cap) {
@@ -97,7 +124,7 @@ std::vector<ForwardCase> forward_cases() {
     c.head_dim = d, c.head_dim_v = dv, c.bf16 = bf16, c.causal = causal;
     c.window_left = wl, c.window_right = wr, c.softcap = cap;
     c.seed = static_cast<uint32_t>(300 + cases.size());
-    c.sinks = random_sinks(hq, c.seed + 77);
+    c.sinks = case_sinks(nonfinite, hq, c.seed + 77);
     cases.push_back(c);
   };
   add(2, 70, 133, 4, 2, 64, 64, false, true, -1, -1, 0);   // GQA, causal (gpt-oss full layer)
@@ -107,57 +134,70 @@ std::vector<ForwardCase> forward_cases() {
   ForwardCase v;  // varlen with an empty query and an empty key sequence
   v.batch = 3, v.varlen = true, v.seqlens_q = {33, 0, 17}, v.seqlens_k = {80, 9, 0};
   v.seqlen_q = 33, v.seqlen_k = 80, v.heads_q = 4, v.heads_kv = 2, v.head_dim = 64;
-  v.causal = true, v.seed = 390, v.sinks = random_sinks(4, 391);
+  v.causal = true, v.seed = 390, v.sinks = case_sinks(nonfinite, 4, 391);
   cases.push_back(v);
   return cases;
 }
 
-void run_forward_cases(bool scalar) {
+// Every forward kernel on forward_cases(nonfinite): the mma.sync one and the
+// scalar one on sm_80, the sm_90a TMA and gather variants on an emulated
+// sm_90 (plus the gather variant on a paged cache: chunked prefill).
+// Returns the failures.
+std::string run_forward_kernel(fa::test::ForwardKernel kernel, bool nonfinite) {
+  using fa::test::ForwardKernel;
+  const char *env = kernel == ForwardKernel::Scalar  ? "FLASHATTN_SCALAR_FORWARD"
+                    : kernel == ForwardKernel::Wgmma ? "FLASHATTN_SM90_WGMMA"
+                                                     : nullptr;
+  if (env) setenv(env, "1", 1);
+  fa_runtime *rt = kernel == ForwardKernel::Wgmma ? g_rt90 : g_rt;
   std::string failures;
-  fa::test::run_forward_feature(
-      g_rt, forward_cases(),
-      scalar ? fa::test::ForwardKernel::Scalar : fa::test::ForwardKernel::Mma, "_sinks", &failures);
-  report(failures);
+  fa::test::run_forward_feature(rt, forward_cases(nonfinite), kernel, "_sinks", &failures);
+  if (kernel == ForwardKernel::Wgmma) {
+    DecodeCase p;
+    p.prefill = true, p.batch = 2, p.seqlen_q = 40, p.seqlen_k_max = 200;
+    p.cache_seqlens = {200, 47}, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 64, p.causal = true;
+    p.window_left = 60, p.kv.layout = FA_KV_PAGED, p.kv.page_size = 16, p.seed = 395;
+    p.sinks = case_sinks(nonfinite, 4, 396);
+    const std::string e = fa::test::run_decode(rt, p);
+    if (!e.empty()) failures += p.describe() + ":\n" + e;
+    expect_kernel(rt, "fa_forward_wgmma_gather_", p.describe(), &failures);
+  }
+  if (env) unsetenv(env);
+  return failures;
 }
 
 void test_forward_mma(void **) {
   need_runtime();
-  run_forward_cases(false);
+  report(run_forward_kernel(fa::test::ForwardKernel::Mma, false));
 }
 
 void test_forward_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
-  run_forward_cases(true);
-  unsetenv("FLASHATTN_SCALAR_FORWARD");
+  report(run_forward_kernel(fa::test::ForwardKernel::Scalar, false));
 }
 
 void test_forward_wgmma(void **) {
   need_runtime();
-  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  report(run_forward_kernel(fa::test::ForwardKernel::Wgmma, false));
+}
+
+void test_forward_nonfinite(void **) {
+  need_runtime();
   std::string failures;
-  fa::test::run_forward_feature(g_rt90, forward_cases(), fa::test::ForwardKernel::Wgmma, "_sinks",
-                                &failures);
-  // The gather variant on a paged cache (chunked prefill).
-  DecodeCase p;
-  p.prefill = true, p.batch = 2, p.seqlen_q = 40, p.seqlen_k_max = 200;
-  p.cache_seqlens = {200, 47}, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 64, p.causal = true;
-  p.window_left = 60, p.kv.layout = FA_KV_PAGED, p.kv.page_size = 16, p.seed = 395;
-  p.sinks = random_sinks(4, 396);
-  const std::string e = fa::test::run_decode(g_rt90, p);
-  if (!e.empty()) failures += p.describe() + ":\n" + e;
-  expect_kernel(g_rt90, "fa_forward_wgmma_gather_", p.describe(), &failures);
-  unsetenv("FLASHATTN_SM90_WGMMA");
+  for (auto k : {fa::test::ForwardKernel::Mma, fa::test::ForwardKernel::Scalar,
+                 fa::test::ForwardKernel::Wgmma})
+    failures += run_forward_kernel(k, true);
   report(failures);
 }
 
-// The decode cases both decode kernels run (sinks join in the combine).
-std::vector<DecodeCase> decode_cases() {
+// The decode cases both decode kernels run (sinks join in the combine; with
+// nonfinite, nonfinite_sinks).
+std::vector<DecodeCase> decode_cases(bool nonfinite) {
   std::vector<DecodeCase> cases;
   DecodeCase c;
   c.batch = 3, c.seqlen_q = 1, c.seqlen_k_max = 300, c.cache_seqlens = {300, 9, 0};
   c.heads_q = 8, c.heads_kv = 2, c.head_dim = 64, c.num_splits = 3, c.causal = true;
-  c.seed = 400, c.sinks = random_sinks(8, 401);
+  c.seed = 400, c.sinks = case_sinks(nonfinite, 8, 401);
   cases.push_back(c);  // forced splits, an empty sequence (O = 0, LSE = sink)
   c.num_splits = 0, c.seqlen_q = 4, c.window_left = 50, c.bf16 = true, c.seed = 402;
   c.cache_seqlens = {300, 120, 2};
@@ -176,9 +216,10 @@ std::vector<DecodeCase> decode_cases() {
   return cases;
 }
 
-void run_decode_cases(const char *kernel) {
+// Returns the failures.
+std::string run_decode_cases(const char *kernel, bool nonfinite = false) {
   std::string failures;
-  for (const DecodeCase &c : decode_cases()) {
+  for (const DecodeCase &c : decode_cases(nonfinite)) {
     const std::string e = fa::test::run_decode(g_rt, c);
     if (!e.empty()) failures += c.describe() + ":\n" + e;
     if (!c.partials_only) {
@@ -191,7 +232,7 @@ void run_decode_cases(const char *kernel) {
     }
   }
   // The decode kernel itself (o.data = 0 profiles it): never the sinks.
-  DecodeCase c = decode_cases()[0];
+  DecodeCase c = decode_cases(nonfinite)[0];
   c.partials_only = true;
   const std::string e = fa::test::run_decode(g_rt, c);
   if (!e.empty()) failures += c.describe() + ":\n" + e;
@@ -199,19 +240,46 @@ void run_decode_cases(const char *kernel) {
   if (fa_emulator_profile(g_rt, &prof) != FA_SUCCESS ||
       std::strstr(prof.kernel, kernel) == nullptr || std::strstr(prof.kernel, "_sinks") != nullptr)
     failures += std::string("decode kernel: ran ") + prof.kernel + ", not " + kernel + "\n";
-  report(failures);
+  return failures;
 }
 
 void test_decode_tc(void **) {
   need_runtime();
-  run_decode_cases("fa_decode_mma_");
+  report(run_decode_cases("fa_decode_mma_"));
 }
 
 void test_decode_scalar(void **) {
   need_runtime();
   setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
-  run_decode_cases("fa_decode_f16_");
+  const std::string failures = run_decode_cases("fa_decode_f16_");
   unsetenv("FLASHATTN_SCALAR_DECODE");
+  report(failures);
+}
+
+void test_decode_nonfinite(void **) {
+  need_runtime();
+  std::string failures = run_decode_cases("fa_decode_mma_", true);
+  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  failures += run_decode_cases("fa_decode_f16_", true);
+  unsetenv("FLASHATTN_SCALAR_DECODE");
+  report(failures);
+}
+
+// fa_decode_reduce with +inf and NaN partial states (rows with one +inf,
+// two, a NaN, +inf and NaN, +inf among -inf), without sinks and with
+// nonfinite_sinks, in each pair of LSE formats.
+void test_reduce_nonfinite(void **) {
+  need_runtime();
+  std::string failures;
+  const std::vector<float> s = nonfinite_sinks(5, 440);
+  for (int formats = 0; formats < 4; ++formats)
+    for (int with_sinks = 0; with_sinks < 2; ++with_sinks) {
+      const std::string e =
+          fa::test::run_reduce(g_rt, 4, 2, 3, 5, 40, formats % 2 != 0, 450 + formats,
+                               with_sinks ? &s : nullptr, true, formats);
+      if (!e.empty()) failures += "reduce, non-finite states:\n" + e;
+    }
+  report(failures);
 }
 
 void test_prefill_and_reduce(void **) {
@@ -455,6 +523,8 @@ int main() {
       cmocka_unit_test(test_decode_scalar),      cmocka_unit_test(test_prefill_and_reduce),
       cmocka_unit_test(test_reduce_sinks_base2), cmocka_unit_test(test_neg_inf_sinks_are_none),
       cmocka_unit_test(test_bad_args),           cmocka_unit_test(test_sinks_ptx),
+      cmocka_unit_test(test_forward_nonfinite),  cmocka_unit_test(test_decode_nonfinite),
+      cmocka_unit_test(test_reduce_nonfinite),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

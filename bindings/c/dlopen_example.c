@@ -43,14 +43,7 @@ static int resolve(void *lib, const char *name, void *slot) {
   return 0;
 }
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    fa_status st_ = (call);                                                                  \
-    if (st_ != FA_SUCCESS) {                                                                 \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, fa.status_string(st_), fa.last_error()); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
+#define CHECK(call) FIXTURE_CHECK(call, fa.status_string, fa.last_error)
 
 int main(int argc, char **argv) {
   const char *names[4] = {"q", "k", "v", "out"};

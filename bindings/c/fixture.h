@@ -12,6 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Prints the failed call's status and detailed message, then exits 1.
+ * status_string and last_error are the library's fa_status_string and
+ * fa_last_error, linked or resolved with dlsym. */
+#define FIXTURE_CHECK(call, status_string, last_error)                                    \
+  do {                                                                                    \
+    fa_status st_ = (call);                                                               \
+    if (st_ != FA_SUCCESS) {                                                              \
+      fprintf(stderr, "%s failed: %s: %s\n", #call, status_string(st_), last_error());   \
+      exit(1);                                                                            \
+    }                                                                                     \
+  } while (0)
+
 /* Reads a little-endian float32, C-order .npy file of at most 4 dimensions
  * into *data (malloc'd; the caller frees). shape[] receives the dimensions,
  * *ndim their count. Returns 0, or -1 after printing why. */

@@ -15,14 +15,7 @@
 
 #include "fixture.h"
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    fa_status st_ = (call);                                                                  \
-    if (st_ != FA_SUCCESS) {                                                                 \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, fa_status_string(st_), fa_last_error()); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
+#define CHECK(call) FIXTURE_CHECK(call, fa_status_string, fa_last_error)
 
 enum { B = 3, HQ = 8, HKV = 2, D = 64, PAGE = 16, MAX_PAGES = 5, NUM_PAGES = B * MAX_PAGES + 1 };
 

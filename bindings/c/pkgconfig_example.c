@@ -9,15 +9,7 @@
 
 #include "fixture.h"
 
-/* Prints the failed call's status and detailed message, then exits 1. */
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    fa_status st_ = (call);                                                                  \
-    if (st_ != FA_SUCCESS) {                                                                 \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, fa_status_string(st_), fa_last_error()); \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
+#define CHECK(call) FIXTURE_CHECK(call, fa_status_string, fa_last_error)
 
 int main(int argc, char **argv) {
   const char *names[4] = {"q", "k", "v", "out"};

@@ -71,6 +71,7 @@ from flashattn import _lib
 lib = fa.library_path()
 assert lib == _lib.bundled_library(), (lib, _lib.bundled_library())
 assert lib.startswith(sys.prefix + os.sep), (lib, sys.prefix)
+print(f"bundled library: {os.path.basename(lib)} ({os.path.getsize(lib)} bytes unpacked)")
 assert "numpy" not in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
 try:
     import flashattn.torch  # noqa: F401

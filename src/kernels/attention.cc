@@ -596,14 +596,16 @@ class AttentionGen {
     b_.comment("finalize");
     // Forward with sinks (gpt-oss): the head's sink joins each row's
     // denominator (tile::sink_row); decode kernels never take them.
-    Reg sink;
-    if (spec_.sinks && !decode_)
+    Reg sink, nan0;
+    if (spec_.sinks && !decode_) {
       sink = sink_log2(e_, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY)));
+      nan0 = tile::sink_nan0(e_, sink);
+    }
     for (int r = 0; r < R_; ++r) {
       e_.warp_reduce(Op::Add, l_[r]);
       if (sink.valid()) {
         // m_ is the exponentials' offset (-inf for a row with no key).
-        const tile::SinkRow sr = tile::sink_row(e_, m_[r], l_[r], sink);
+        const tile::SinkRow sr = tile::sink_row(e_, m_[r], l_[r], sink, nan0);
         for (Reg a : acc_[r]) b_.op(Op::Mul, Type::F32, a, a, sr.inv);
         lse_.push_back(sr.lse);
         continue;

@@ -725,8 +725,7 @@ class DecodeTcGen {
         b_.op(Op::Max, Type::F32, m, m, lw[w]);
       }
       Reg empty = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
-      Reg off = e_.op(Op::Mul, Type::F32, m, fimm(-kLog2e));
-      b_.selp(Type::F32, off, fimm(0.0f), off, empty);
+      Reg off = e_.selp(Type::F32, fimm(0.0f), m, empty);
       Reg acc[4];
       for (Reg &a : acc) a = e_.mov(Type::F32, fimm(0.0f));
       b_.mov(Type::F32, sum, fimm(0.0f));
@@ -734,8 +733,11 @@ class DecodeTcGen {
       b_.op(Op::MadLo, Type::U32, oa, col, imm(16), oa);
       Reg ov[4] = {b_.f32(), b_.f32(), b_.f32(), b_.f32()};
       for (int w = 0; w < W_; ++w) {
-        b_.op(Op::Fma, Type::F32, wgt, lw[w], fimm(kLog2e), off);  // (LSE_w - M) log2 e
-        b_.op(Op::Ex2, Type::F32, wgt, wgt);                       // 0 for LSE_w = -inf
+        // (LSE_w - M) log2 e, subtracted first: LSE_w log2 e - M log2 e
+        // cancels when the LSE is large (tile::OnlineSoftmax).
+        b_.op(Op::Sub, Type::F32, wgt, lw[w], off);
+        b_.op(Op::Mul, Type::F32, wgt, wgt, fimm(kLog2e));
+        b_.op(Op::Ex2, Type::F32, wgt, wgt);  // 0 for LSE_w = -inf
         b_.op(Op::Add, Type::F32, sum, sum, wgt);
         b_.ld_v(Space::Shared, Type::F32, {ov[0], ov[1], ov[2], ov[3]},
                 at(oa, w * static_cast<int>(mo)));

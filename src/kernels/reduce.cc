@@ -6,6 +6,9 @@
 //   m = max_s LSE_s, w_s = exp(LSE_s - m), O = sum_s w_s O_s / sum_s w_s,
 //   LSE = m + log(sum_s w_s);
 // splits with LSE_s = -inf weigh nothing; no finite LSE_s: O = 0, LSE = -inf.
+// Non-finite LSE_s as flashattn.h's fa_decode_reduce: a NaN one gives O =
+// NaN, LSE = NaN; +inf ones take all the weight, shared equally (O = their
+// mean, LSE = +inf).
 // With spec.sinks, sinks[h] is one more term of m and of sum_s w_s (with O
 // = 0): the attention sink joins the denominator once per row.
 // One warp per (batch, token, head) row, lane j owns dims j, j+32, ...
@@ -97,46 +100,65 @@ std::string generate_reduce(const KernelSpec &spec) {
   }
 
   // Pass 2: w_s = 2^((LSE_s - m) log2 e), sums of w_s and w_s O_s. With no
-  // finite LSE_s the offset is 0 and every w_s is 0.
+  // finite LSE_s the offset is 0 and every w_s is 0. m = +inf (a state or
+  // the sink of +inf; the warp's row, so a uniform branch) takes the loop at
+  // `inf_row`, where the +inf states weigh 1 each (the sink as a state with O
+  // = 0) and the others 0: inf - inf would be NaN. A NaN LSE_s or sink (max
+  // skips it) makes its w_s, so sum, NaN.
   b.comment("O = sum_s w_s O_s / sum_s w_s");
   Reg none = e.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
   Reg off = e.selp(Type::F32, fimm(0.0f), m, none);
-  Reg sum = e.mov(Type::F32, fimm(0.0f));
+  Reg sum = b.f32();
   std::vector<Reg> acc;
-  for (int i = 0; i < nv; ++i) acc.push_back(e.mov(Type::F32, fimm(0.0f)));
+  for (int i = 0; i < nv; ++i) acc.push_back(b.f32());
   Reg w = b.f32(), v = b.f32();
-  b.mov(Type::S32, s, imm(0));
-  b.mov(Type::U64, lp, l0);
-  b.mov(Type::U64, op, o0);
-  ptx::Label loop2 = b.label();
-  b.bind(loop2);
-  b.ld(Space::Global, Type::F32, x, at(lp));
-  b.op(Op::Sub, Type::F32, w, x, off);
-  if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));  // to base 2
-  b.op(Op::Ex2, Type::F32, w, w);
-  b.op(Op::Add, Type::F32, sum, sum, w);
-  for (int i = 0; i < nv; ++i) {
-    if (pdim.valid() && i == nv - 1) b.when(pdim);
-    b.ld(Space::Global, Type::F32, v, at(op, 128 * i));
-    b.op(Op::Fma, Type::F32, acc[i], w, v, acc[i]);
-  }
-  b.op(Op::Add, Type::S64, lp, lp, lps[0]);
-  b.op(Op::Add, Type::S64, op, op, ops[0]);
-  b.op(Op::Add, Type::S32, s, s, imm(1));
-  b.setp(Cmp::Lt, Type::S32, more, s, ns);
-  b.when(more).bra(loop2);
-
-  if (spec.sinks) {
-    b.op(Op::Sub, Type::F32, w, sink, off);
-    if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));
+  Reg is_inf = b.pred();
+  // w = 2^(l - off) (l a state's LSE in the input's base; -inf - off weighs
+  // 0), or on the +inf row 1 where l = +inf; sum += w.
+  auto weight = [&](Reg l, bool inf_row) {
+    b.op(Op::Sub, Type::F32, w, l, off);
+    if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));  // to base 2
     b.op(Op::Ex2, Type::F32, w, w);
+    if (inf_row) {
+      b.setp(Cmp::Eq, Type::F32, is_inf, l, fimm(-kNegInf));
+      b.selp(Type::F32, w, fimm(1.0f), w, is_inf);
+    }
     b.op(Op::Add, Type::F32, sum, sum, w);
-  }
+  };
+  auto pass2 = [&](bool inf_row) {
+    b.mov(Type::F32, sum, fimm(0.0f));
+    for (Reg a : acc) b.mov(Type::F32, a, fimm(0.0f));
+    b.mov(Type::S32, s, imm(0));
+    b.mov(Type::U64, lp, l0);
+    b.mov(Type::U64, op, o0);
+    ptx::Label loop2 = b.label();
+    b.bind(loop2);
+    b.ld(Space::Global, Type::F32, x, at(lp));
+    weight(x, inf_row);
+    for (int i = 0; i < nv; ++i) {
+      if (pdim.valid() && i == nv - 1) b.when(pdim);
+      b.ld(Space::Global, Type::F32, v, at(op, 128 * i));
+      b.op(Op::Fma, Type::F32, acc[i], w, v, acc[i]);
+    }
+    b.op(Op::Add, Type::S64, lp, lp, lps[0]);
+    b.op(Op::Add, Type::S64, op, op, ops[0]);
+    b.op(Op::Add, Type::S32, s, s, imm(1));
+    b.setp(Cmp::Lt, Type::S32, more, s, ns);
+    b.when(more).bra(loop2);
+    if (spec.sinks) weight(sink, inf_row);
+  };
+  ptx::Label inf_row = b.label(), store = b.label();
+  b.setp(Cmp::Eq, Type::F32, is_inf, m, fimm(-kNegInf));
+  b.when(is_inf).bra(inf_row);
+  pass2(false);
 
+  b.bind(store);
   b.comment("store O, LSE");
+  // sum is not > 0 when no state weighs anything (0: O = 0, and LSE = -inf
+  // from lg2 0 = -inf) or when a state is NaN (NaN: O = NaN, LSE = NaN).
   Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
   Reg inv = e.op(Op::RcpRn, Type::F32, sum);
-  b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+  b.selp(Type::F32, inv, inv, sum, pos);
   // LSE = off + log(sum) in the input's base, converted to the output's:
   // base 2 = natural * log2(e) (flashattn.h, fa_lse_format).
   Reg lse;
@@ -150,7 +172,6 @@ std::string generate_reduce(const KernelSpec &spec) {
     lse = e.op(Op::Add, Type::F32, e.op(Op::Lg2, Type::F32, sum), off);
     if (!spec.lse_out_base2) b.op(Op::Mul, Type::F32, lse, lse, fimm(kLn2));
   }
-  b.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
   const int eb = elem_bytes(spec.dtype);  // fp32 O: stored unrounded
   Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, eb);
   Reg hv = eb == 2 ? b.b16() : Reg();
@@ -171,6 +192,10 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg la = e.index64(lse_out, lrow, 4);
   b.when(lane0).st(Space::Global, Type::F32, at(la), lse);
   b.exit();
+  // m = +inf: the +inf states share the weight (LSE = +inf + log(count)).
+  b.bind(inf_row);
+  pass2(true);
+  b.bra(store);
   return std::move(b).emit(ptx_isa_version(spec), spec.sm, static_cast<uint32_t>(32 * W));
 }
 

@@ -10,17 +10,6 @@
 namespace fa::test {
 namespace {
 
-// FA_TEST_QUICK=1 (the sanitizer pass) keeps every `every`-th case: the
-// emulator is several times slower under ASan.
-template <typename T>
-std::vector<T> maybe_quick(std::vector<T> v, size_t every) {
-  const char *q = std::getenv("FA_TEST_QUICK");
-  if (!q || q[0] != '1') return v;
-  std::vector<T> out;
-  for (size_t i = 0; i < v.size(); i += every) out.push_back(v[i]);
-  return out;
-}
-
 }  // namespace
 
 std::vector<ForwardCase> forward_cases(bool gpu) {

@@ -15,6 +15,39 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The byte O and LSE are filled with before a launch: 0xFF, NaN in fp16,
+// bf16 and fp32 (an unwritten element reads as non-finite), unless a result
+// may be NaN (a NaN sink or partial state: flashattn.h's formula gives O =
+// NaN, LSE = NaN), where a NaN poison would pass for a written NaN: then
+// 0x7B, finite (61280 in fp16, about 1.3e36 in bf16 and fp32) and far from
+// every result.
+uint8_t poison_byte(bool nan_results) { return nan_results ? 0x7B : 0xFF; }
+bool any_nan(const std::vector<float> &x) {
+  return std::any_of(x.begin(), x.end(), [](float f) { return std::isnan(f); });
+}
+
+// got matches a reference value that is not finite: NaN for NaN, the same
+// infinity for an infinity.
+bool same_nonfinite(double got, double want) {
+  return std::isnan(want) ? std::isnan(got) : got == want;
+}
+
+// Reference elements that are not finite (the rows of a NaN sink) must be
+// matched by got (same_nonfinite); they are then set to 0 in got, ref and
+// (when given) lowp, so that the error statistics cover the finite ones.
+// Returns the number of mismatches.
+long long take_nonfinite(std::vector<float> *got, std::vector<double> *ref,
+                         std::vector<double> *lowp) {
+  long long bad = 0;
+  for (size_t i = 0; i < ref->size(); ++i) {
+    if (std::isfinite((*ref)[i])) continue;
+    if (!same_nonfinite((*got)[i], (*ref)[i])) ++bad;
+    (*got)[i] = 0, (*ref)[i] = 0;
+    if (lowp) (*lowp)[i] = 0;
+  }
+  return bad;
+}
+
 // A device tensor [b, s, h, d] of 16-bit elements with optional gaps, plus
 // its host copy as rounded doubles in contiguous order.
 struct DevTensor {
@@ -192,8 +225,13 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
         if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
         if (p.causal) hi = std::min(hi, diag);
         if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
-        if (lo > hi) continue;  // O = 0 (a sink has no value)
         const float sink = p.sinks ? p.sinks[h] : -INFINITY;
+        double *orow = &o[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv];
+        if (std::isnan(sink) || sink == INFINITY) {  // O = NaN or 0, as ref::attention
+          std::fill(orow, orow + dv, std::isnan(sink) ? double(NAN) : 0.0);
+          continue;
+        }
+        if (lo > hi) continue;  // O = 0 (a sink has no value)
         float m = sink;
         for (long long j = lo; j <= hi; ++j) {
           if (!ref::tree_visible(p, b, i, j, sk)) {
@@ -216,7 +254,6 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
           s[size_t(j)] = std::exp(s[size_t(j)] - m);
           l += s[size_t(j)];
         }
-        double *orow = &o[((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv];
         for (int c = 0; c < dv; ++c) {
           float acc = 0;
           for (long long j = lo; j <= hi; ++j) {
@@ -240,13 +277,15 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
 namespace {
 
 // Compares a downloaded O [rows, dv] (float) and LSE with the references;
-// appends problems to err.
+// appends problems to err. Where a reference is not finite (NaN O and LSE,
+// LSE of +-inf) the result must be the same (same_nonfinite).
 // fp8 (the fp8 forward): the relative L2 bound is twice the framework's
 // (P in e4m3 carries up to 2^-4 relative error per element) when that is
 // above 1e-2.
-void judge(const char *what, const std::vector<float> &o, const std::vector<double> &o_ref,
-           const std::vector<double> &o_lowp, const std::vector<float> &lse,
+void judge(const char *what, std::vector<float> o, std::vector<double> o_ref,
+           std::vector<double> o_lowp, const std::vector<float> &lse,
            const std::vector<double> &lse_ref, std::string *err, bool fp8 = false) {
+  const long long o_nonfinite_bad = take_nonfinite(&o, &o_ref, &o_lowp);
   const ref::ErrorStats e = ref::compare(o.data(), o_ref.data(), o.size());
   std::vector<float> lowp_f(o_lowp.begin(), o_lowp.end());
   const ref::ErrorStats base = ref::compare(lowp_f.data(), o_ref.data(), o.size());
@@ -255,8 +294,8 @@ void judge(const char *what, const std::vector<float> &o, const std::vector<doub
   double lse_err = 0;
   long long lse_bad = 0;
   for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(lse_ref[i])) {
-      if (!(std::isinf(lse[i]) && lse[i] < 0)) ++lse_bad;
+    if (!std::isfinite(lse_ref[i])) {
+      if (!same_nonfinite(lse[i], lse_ref[i])) ++lse_bad;
       continue;
     }
     if (!std::isfinite(lse[i])) {
@@ -275,19 +314,23 @@ void judge(const char *what, const std::vector<float> &o, const std::vector<doub
   if (e.nonfinite)
     *err += std::string(buf) +
             " | non-finite or unwritten O elements: " + std::to_string(e.nonfinite) + "\n";
+  if (o_nonfinite_bad)
+    *err += std::string(buf) + " | O elements not the reference's NaN or infinity: " +
+            std::to_string(o_nonfinite_bad) + "\n";
   if (e.max_abs > tol) *err += std::string(buf) + " | max_abs over tolerance\n";
   const double rel_max = fp8 ? std::max(1e-2, 2.0 * base.rel_l2) : 1e-2;
   if (e.rel_l2 >= rel_max)
     *err += std::string(buf) + " | rel_l2 >= " + std::to_string(rel_max) + "\n";
   if (lse_bad)
-    *err += std::string(buf) + " | LSE wrong -inf or unwritten: " + std::to_string(lse_bad) + "\n";
+    *err += std::string(buf) +
+            " | LSE wrong non-finite value or unwritten: " + std::to_string(lse_bad) + "\n";
   if (lse_err > 2e-3) *err += std::string(buf) + " | LSE error over 2e-3\n";
 }
 
 // Downloads O [b, s, h, dv] from view t as floats (contiguous order) and
-// checks that every gap byte still holds the 0xFF poison.
+// checks that every gap byte still holds the poison byte.
 std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h, int dv, bool bf16,
-                              std::string *err) {
+                              std::string *err, uint8_t poison = 0xFF) {
   const size_t n = view_elems(t, b);
   std::vector<uint16_t> dev(n);
   ctx.check(fa_memcpy_dtoh(ctx.rt, dev.data(), t.data, n * 2), "download O");
@@ -303,7 +346,7 @@ std::vector<float> download_o(Ctx &ctx, const fa_tensor &t, int b, int s, int h,
         }
   size_t clobbered = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (!inside[i] && dev[i] != 0xFFFF) ++clobbered;
+    if (!inside[i] && dev[i] != poison * 0x101u) ++clobbered;
   }
   if (clobbered) *err += "O written outside its view: " + std::to_string(clobbered) + " elements\n";
   return out;
@@ -354,21 +397,26 @@ void check_partials(Ctx &ctx, uint64_t ws, int splits, int batch, int sq, int hq
   ref::merge_states(splits, int(rows), dv, opd.data(), lpd.data(), om.data(), lm.data(),
                     sinks.empty() ? nullptr : row_sinks.data());
   std::vector<float> omf(om.begin(), om.end());
-  const ref::ErrorStats e = ref::compare(omf.data(), o_ref.data(), omf.size());
+  std::vector<double> oref = o_ref;  // NaN rows (a NaN sink) must merge to NaN
+  const long long o_nonfinite_bad = take_nonfinite(&omf, &oref, nullptr);
+  const ref::ErrorStats e = ref::compare(omf.data(), oref.data(), omf.size());
   double lse_err = 0;
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < hq; ++h)
       for (int i = 0; i < sq; ++i) {
         const double want = lse_ref[(size_t(b) * hq + h) * sq + i];
         const double got = lm[(size_t(b) * sq + i) * hq + h];
-        if (std::isinf(want) != std::isinf(got)) lse_err = INFINITY;
-        if (!std::isinf(want)) lse_err = std::max(lse_err, std::fabs(got - want));
+        if (!std::isfinite(want) || !std::isfinite(got))
+          lse_err = same_nonfinite(got, want) ? lse_err : INFINITY;
+        else  // past the 1e-4 below, a few f32 ulp of a large LSE (scores of
+              // 1e9 and more: the partial LSE is an f32)
+          lse_err = std::max(lse_err, std::fabs(got - want) - std::fabs(want) * 0x1p-20);
       }
   std::printf("    partial states: %lld empty split rows, merged max_abs %.3g, lse err %.3g\n",
               empty, e.max_abs, lse_err);
   if (unwritten) *err += "partial states unwritten: " + std::to_string(unwritten) + where + "\n";
   const double o_tol = (bf16 ? 4e-3 : 5e-4) * std::max(1.0, e.max_ref);
-  if (e.nonfinite || e.max_abs > o_tol) {
+  if (e.nonfinite || o_nonfinite_bad || e.max_abs > o_tol) {
     *err += "merged partial O off: max_abs " + std::to_string(e.max_abs) + "\n";
   }
   if (lse_err > 1e-4) *err += "merged partial LSE off: " + std::to_string(lse_err) + "\n";
@@ -395,6 +443,15 @@ bool create_config(Ctx &ctx, bool bf16, int d, int dv, int hq, int hkv, bool cau
 
 }  // namespace
 
+namespace {
+// " scale<x>" for a case's explicit softmax_scale.
+std::string scale_note(float scale) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, " scale%g", double(scale));
+  return buf;
+}
+}  // namespace
+
 std::string ForwardCase::describe() const {
   char buf[256];
   std::snprintf(buf, sizeof buf,
@@ -406,6 +463,7 @@ std::string ForwardCase::describe() const {
   if (varlen && varlen_first_row) out += " first_row" + std::to_string(varlen_first_row);
   if (!sinks.empty()) out += " sinks";
   if (!alibi.empty()) out += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
+  if (softmax_scale != 0) out += scale_note(softmax_scale);
   if (q_fp8 || kv_fp8)
     out += std::string(" q_") + (q_fp8 == FA_DTYPE_FP8_E5M2 ? "e5m2" : "e4m3") + " kv_" +
            (kv_fp8 == FA_DTYPE_FP8_E5M2 ? "e5m2" : "e4m3") + " descale" + std::to_string(descale);
@@ -438,6 +496,7 @@ std::string DecodeCase::describe() const {
   }
   if (!sinks.empty()) d += " sinks";
   if (!alibi.empty()) d += " alibi" + (alibi_stride ? "/" + std::to_string(alibi_stride) : "");
+  if (softmax_scale != 0) d += scale_note(softmax_scale);
   if (seqlen_new) d += " append" + std::to_string(seqlen_new);
   if (v_in_k) d += " v_in_k";
   if (rotary_dim)
@@ -656,10 +715,10 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     ctx.check(fa_memcpy_htod(rt, a.alibi_slopes, c.alibi.data(), c.alibi.size() * 4), "alibi");
   }
   if (!ctx.err.empty()) return ctx.err;
-  // Poison: 0xFF bytes are NaN in fp16, bf16 and fp32.
-  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
+  const uint8_t poison = poison_byte(any_nan(c.sinks));
+  ctx.check(fa_memset(rt, a.o.data, poison, o_elems * 2), "poison O");
   for (int h = 0; h < c.heads_q; ++h) {
-    ctx.check(fa_memset(rt, a.lse + (h * lse_stride + first) * 4, 0xFF, lse_n / c.heads_q * 4),
+    ctx.check(fa_memset(rt, a.lse + (h * lse_stride + first) * 4, poison, lse_n / c.heads_q * 4),
               "poison LSE");
   }
   fa_forward_args la = a;  // views moved back by `first` rows (never touched)
@@ -670,7 +729,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   if (!ctx.err.empty()) return ctx.err;
 
   std::string err;
-  const std::vector<float> o = download_o(ctx, a.o, nb, tq, c.heads_q, dv, c.bf16, &err);
+  const std::vector<float> o = download_o(ctx, a.o, nb, tq, c.heads_q, dv, c.bf16, &err, poison);
   std::vector<float> lse(lse_n);
   for (int h = 0; h < c.heads_q; ++h) {
     const size_t n = lse_n / c.heads_q;
@@ -757,8 +816,9 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.o.data = ctx.alloc(o_elems * 2);
   a.lse = ctx.alloc(lse_n * 4);
   if (!ctx.err.empty()) return ctx.err;
-  ctx.check(fa_memset(ctx.rt, a.o.data, 0xFF, o_elems * 2), "poison O");
-  ctx.check(fa_memset(ctx.rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  const uint8_t poison = poison_byte(any_nan(c.sinks));
+  ctx.check(fa_memset(ctx.rt, a.o.data, poison, o_elems * 2), "poison O");
+  ctx.check(fa_memset(ctx.rt, a.lse, poison, lse_n * 4), "poison LSE");
   ctx.check(fa_launch(ctx.rt, ctx.cfg, &a, nullptr), "fa_launch");
   ctx.check(fa_synchronize(ctx.rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
@@ -774,6 +834,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.softcap = c.softcap;
+  p.softmax_scale = c.softmax_scale;
   if (!c.sinks.empty()) p.sinks = c.sinks.data();
   if (!c.alibi.empty()) {
     p.alibi_slopes = c.alibi.data();
@@ -782,7 +843,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
   const std::vector<float> o =
-      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
+      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err, poison);
   std::vector<float> lse(lse_n);
   ctx.check(fa_memcpy_dtoh(ctx.rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
@@ -941,7 +1002,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
   fa_config *&cfg = ctx.cfg;
   if (!create_config(ctx, c.bf16, c.head_dim, dv, c.heads_q, c.heads_kv, c.causal, c.window_left,
-                     -1, c.softcap, 0.0f, &cfg)) {
+                     -1, c.softcap, c.softmax_scale, &cfg)) {
     return ctx.err;
   }
   const std::vector<float> qh =
@@ -1056,9 +1117,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   a.workspace_size = ws;
   if (!ctx.err.empty()) return ctx.err;
   std::printf("    splits %d, workspace %zu bytes\n", splits, ws);
+  const uint8_t poison = poison_byte(any_nan(c.sinks));
   if (!c.partials_only) {
-    ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
-    ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+    ctx.check(fa_memset(rt, a.o.data, poison, o_elems * 2), "poison O");
+    ctx.check(fa_memset(rt, a.lse, poison, lse_n * 4), "poison LSE");
   }
   ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
   ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
@@ -1076,6 +1138,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.softcap = c.softcap;
+  p.softmax_scale = c.softmax_scale;
   if (!tree_all.empty()) p.tree_mask = tree_all.data();
   if (!c.sinks.empty()) p.sinks = c.sinks.data();
   if (!c.alibi.empty()) {
@@ -1094,7 +1157,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     return err + ctx.err;
   }
   const std::vector<float> o =
-      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err);
+      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err, poison);
   std::vector<float> lse(lse_n);
   ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
@@ -1107,10 +1170,12 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
 }
 
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
-                       bool bf16, uint32_t seed, const std::vector<float> *sinks) {
+                       bool bf16, uint32_t seed, const std::vector<float> *sinks, bool nonfinite,
+                       int lse_formats) {
   Ctx ctx(rt);
-  std::printf("  reduce %s splits%d b%d sq%d h%d dv%d%s\n", bf16 ? "bf16" : "fp16", splits, batch,
-              seqlen_q, heads, dv, sinks ? " sinks" : "");
+  std::printf("  reduce %s splits%d b%d sq%d h%d dv%d%s%s lse_formats%d\n", bf16 ? "bf16" : "fp16",
+              splits, batch, seqlen_q, heads, dv, sinks ? " sinks" : "",
+              nonfinite ? " nonfinite" : "", lse_formats);
   fa_config_desc desc = FA_CONFIG_DESC_INIT;
   desc.dtype = bf16 ? FA_DTYPE_BF16 : FA_DTYPE_FP16;
   desc.head_dim = dv;
@@ -1130,6 +1195,32 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   for (int r = 0; r < rows; r += 7) {
     for (int s = 0; s < splits; ++s) lp[size_t(s) * rows + r] = -kInf;  // fully empty rows
   }
+  // Non-finite states by row: one +inf, two +inf (O = their mean), a NaN,
+  // +inf and NaN (NaN), one +inf among -inf.
+  for (int r = 0; nonfinite && r < rows; ++r) {
+    auto at = [&](int k) -> double & { return lp[size_t((r + k) % splits) * rows + r]; };
+    switch (r % 6) {
+      case 1:
+        at(0) = kInf;
+        break;
+      case 2:
+        at(0) = at(1) = kInf;
+        break;
+      case 3:
+        at(1) = NAN;
+        break;
+      case 4:
+        at(0) = kInf, at(1) = NAN;
+        break;
+      case 5:
+        for (int k = 0; k < splits; ++k) at(k) = k ? -kInf : kInf;
+        break;
+      default:
+        break;
+    }
+  }
+  const double in_scale = (lse_formats & 1) ? M_LOG2E : 1.0;   // lse_partial_format
+  const double out_scale = (lse_formats & 2) ? M_LOG2E : 1.0;  // lse_format
   // Device layout with padded strides: O_part [S, B, SQ, H, DV+8], LSE_part
   // [S, B, H, SQ+4].
   fa_reduce_args a = FA_REDUCE_ARGS_INIT;
@@ -1156,7 +1247,7 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
             dop[s * a.o_partial_stride[0] + b * a.o_partial_stride[1] + i * a.o_partial_stride[2] +
                 h * a.o_partial_stride[3] + c] = float(op[(size_t(s) * rows + r) * dv + c]);
           dlp[s * a.lse_partial_stride[0] + b * a.lse_partial_stride[1] +
-              h * a.lse_partial_stride[2] + i] = float(lp[size_t(s) * rows + r]);
+              h * a.lse_partial_stride[2] + i] = float(lp[size_t(s) * rows + r] * in_scale);
         }
   a.o_partial = ctx.alloc(dop.size() * 4);
   a.lse_partial = ctx.alloc(dlp.size() * 4);
@@ -1171,14 +1262,18 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
     a.sinks = ctx.alloc(sinks->size() * 4);
     ctx.check(fa_memcpy_htod(rt, a.sinks, sinks->data(), sinks->size() * 4), "sinks");
   }
+  a.lse_partial_format = (lse_formats & 1) ? FA_LSE_BASE2 : FA_LSE_NATURAL;
+  a.lse_format = (lse_formats & 2) ? FA_LSE_BASE2 : FA_LSE_NATURAL;
   if (!ctx.err.empty()) return ctx.err;
-  ctx.check(fa_memset(rt, a.o.data, 0xFF, o_elems * 2), "poison O");
-  ctx.check(fa_memset(rt, a.lse, 0xFF, lse_n * 4), "poison LSE");
+  const uint8_t poison =
+      poison_byte(nonfinite || (sinks && any_nan(*sinks)));  // nonfinite: NaN states
+  ctx.check(fa_memset(rt, a.o.data, poison, o_elems * 2), "poison O");
+  ctx.check(fa_memset(rt, a.lse, poison, lse_n * 4), "poison LSE");
   ctx.check(fa_decode_reduce(rt, cfg, &a, nullptr), "fa_decode_reduce");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
   std::string err;
-  const std::vector<float> o = download_o(ctx, a.o, batch, seqlen_q, heads, dv, bf16, &err);
+  const std::vector<float> o = download_o(ctx, a.o, batch, seqlen_q, heads, dv, bf16, &err, poison);
   std::vector<float> lse_dev(lse_n);
   ctx.check(fa_memcpy_dtoh(rt, lse_dev.data(), a.lse, lse_n * 4), "download LSE");
   std::vector<double> o_ref(size_t(rows) * dv), lse_ref(rows);
@@ -1196,11 +1291,14 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
         const int r = (b * seqlen_q + i) * heads + h;
         for (int c = 0; c < dv; ++c) {
           const double want = o_ref[size_t(r) * dv + c], got = o[size_t(r) * dv + c];
-          if (!(std::fabs(got - want) <= ulp * std::max(1.0, std::fabs(want)))) ++bad;
+          if (std::isfinite(want) ? !(std::fabs(got - want) <= ulp * std::max(1.0, std::fabs(want)))
+                                  : !same_nonfinite(got, want))
+            ++bad;
         }
-        const double lw = lse_ref[r], lg = lse_dev[(size_t(b) * heads + h) * seqlen_q + i];
-        if (std::isinf(lw) ? !(std::isinf(lg) && lg < 0)
-                           : !(std::fabs(lg - lw) <= 1e-4 * std::max(1.0, std::fabs(lw))))
+        const double lw = lse_ref[r] * out_scale;
+        const double lg = lse_dev[(size_t(b) * heads + h) * seqlen_q + i];
+        if (std::isfinite(lw) ? !(std::fabs(lg - lw) <= 1e-4 * std::max(1.0, std::fabs(lw)))
+                              : !same_nonfinite(lg, lw))
           ++lse_bad;
       }
   std::printf("    O mismatches %lld, LSE mismatches %lld of %d rows\n", bad, lse_bad, rows);

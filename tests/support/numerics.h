@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,17 @@
 #include "reference.h"
 
 namespace fa::test {
+
+// FA_TEST_QUICK=1 (the sanitizer pass) keeps every `every`-th case: the
+// emulator is several times slower under ASan.
+template <typename T>
+std::vector<T> maybe_quick(std::vector<T> v, size_t every) {
+  const char *q = std::getenv("FA_TEST_QUICK");
+  if (!q || q[0] != '1') return v;
+  std::vector<T> out;
+  for (size_t i = 0; i < v.size(); i += every) out.push_back(v[i]);
+  return out;
+}
 
 struct ForwardCase {
   int batch = 1, seqlen_q = 1, seqlen_k = 1;
@@ -66,6 +78,7 @@ struct DecodeCase {
   int window_left = -1, window_right = -1;
   float softcap = 0;
   int num_splits = 0;
+  float softmax_scale = 0;     // fa_config_desc.softmax_scale (0: 1 / sqrt(head_dim))
   bool partials_only = false;  // o.data = 0: only the workspace's partial states
   uint32_t seed = 1;
   const std::vector<float> *q = nullptr, *k = nullptr, *v = nullptr;  // fixture inputs
@@ -117,8 +130,12 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // Random partial states (some splits -inf, some rows all -inf) through
 // fa_decode_reduce against fa::ref::merge_states.
 // sinks: fp32 [heads] (fa_reduce_args.sinks), or null = none.
+// nonfinite: rows with +inf and NaN states too (splits >= 2).
+// lse_formats: bit 0 = the partial states' LSE in base 2
+// (lse_partial_format FA_LSE_BASE2), bit 1 = the LSE written in base 2.
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
-                       bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr);
+                       bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr,
+                       bool nonfinite = false, int lse_formats = 0);
 
 }  // namespace fa::test
 

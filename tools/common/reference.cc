@@ -142,6 +142,14 @@ void attention(const Problem &p, const double *q, const double *k, const double 
         m = std::max(m, sink);
         double *oi = o + ((size_t(b) * p.seqlen_q + i) * p.num_heads_q + h) * dv;
         for (int c = 0; c < dv; ++c) oi[c] = 0;
+        if (std::isnan(sink) || (std::isinf(sink) && sink > 0)) {
+          // e^sink is NaN or +inf, so is the denominator: LSE = sink, O =
+          // NaN or (a finite sum over +inf) 0, whatever keys the row sees.
+          if (std::isnan(sink))
+            for (int c = 0; c < dv; ++c) oi[c] = sink;
+          if (lse) lse[(size_t(b) * p.num_heads_q + h) * p.seqlen_q + i] = sink;
+          continue;
+        }
         double l = sink == ninf ? 0 : std::exp(sink - m);
         for (long long j = lo; j <= hi; ++j) {
           if (s[size_t(j)] == ninf) continue;  // masked by the tree
@@ -175,21 +183,32 @@ void merge_states(int splits, int rows, int dv, const double *o_part, const doub
                   double *o, double *lse, const double *row_sinks) {
   const double ninf = -std::numeric_limits<double>::infinity();
   for (int r = 0; r < rows; ++r) {
-    const double sink = row_sinks ? row_sinks[r] : ninf;
-    double m = sink;
-    for (int s = 0; s < splits; ++s) m = std::max(m, lse_part[size_t(s) * rows + r]);
+    // State s of this row (s == splits: the sink, LSE = row_sinks[r], O = 0).
+    const int states = splits + (row_sinks ? 1 : 0);
+    auto lse_of = [&](int s) { return s < splits ? lse_part[size_t(s) * rows + r] : row_sinks[r]; };
+    auto o_of = [&](int s, int c) {
+      return s < splits ? o_part[(size_t(s) * rows + r) * dv + c] : 0.0;
+    };
+    double m = ninf;
+    bool nan = false;
+    for (int s = 0; s < states; ++s) {
+      nan = nan || std::isnan(lse_of(s));
+      m = std::max(m, lse_of(s));
+    }
     double *orow = o + size_t(r) * dv;
-    for (int c = 0; c < dv; ++c) orow[c] = 0;
-    if (m == ninf) {
-      lse[r] = ninf;
+    for (int c = 0; c < dv; ++c) orow[c] = nan ? NAN : 0.0;
+    if (nan || m == ninf) {  // NaN in: NaN out; no state: O = 0, LSE = -inf
+      lse[r] = nan ? NAN : ninf;
       continue;
     }
-    double sum = sink == ninf ? 0 : std::exp(sink - m);
-    for (int s = 0; s < splits; ++s) {
-      const double w = std::exp(lse_part[size_t(s) * rows + r] - m);
+    // w_s = e^(LSE_s - m); with m = +inf the +inf states weigh 1 each (the
+    // weights' limit as equal LSEs grow) and the others 0: O = their mean.
+    const bool inf = std::isinf(m);  // +inf (m > -inf here)
+    double sum = 0;
+    for (int s = 0; s < states; ++s) {
+      const double w = inf ? (lse_of(s) == m ? 1.0 : 0.0) : std::exp(lse_of(s) - m);
       sum += w;
-      const double *op = o_part + (size_t(s) * rows + r) * dv;
-      for (int c = 0; c < dv; ++c) orow[c] += w * op[c];
+      for (int c = 0; c < dv; ++c) orow[c] += w * o_of(s, c);
     }
     for (int c = 0; c < dv; ++c) orow[c] /= sum;
     lse[r] = m + std::log(sum);

@@ -78,7 +78,9 @@ inline bool tree_visible(const Problem &p, int b, int i, long long j, long long 
 // q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim],
 // v [batch, seqlen_k, heads_kv, head_dim_v], contiguous. Writes o [batch,
 // seqlen_q, heads_q, head_dim_v] and lse [batch, heads_q, seqlen_q] (natural
-// log; -inf and o = 0 for a row that sees no key, LSE = sinks[h] with sinks). seqlens_k, if given,
+// log; -inf and o = 0 for a row that sees no key, LSE = sinks[h] with sinks; a
+// sink of +inf: o = 0, LSE = +inf, of NaN: o = NaN, LSE = NaN, on every row of
+// its head, as flashattn.h's formula gives). seqlens_k, if given,
 // holds the valid key count per batch (decode: cache_seqlens); keys past it are invisible and the
 // causal alignment uses it as seqlen_k. lse may be null.
 void attention(const Problem &p, const double *q, const double *k, const double *v, double *o,
@@ -87,7 +89,9 @@ void attention(const Problem &p, const double *q, const double *k, const double 
 // Merges partial states: o_part [splits, rows, dv], lse_part [splits, rows]
 // -> o [rows, dv], lse [rows], per the formula in fa_decode_reduce;
 // row_sinks [rows] (natural log), if given, is one more state per row with
-// o = 0 (fa_reduce_args.sinks).
+// o = 0 (fa_reduce_args.sinks). Non-finite LSEs as fa_decode_reduce: any NaN
+// gives o = NaN, lse = NaN; else +inf states share all the weight (o = their
+// mean, lse = +inf); -inf states weigh nothing (all -inf: o = 0, lse = -inf).
 void merge_states(int splits, int rows, int dv, const double *o_part, const double *lse_part,
                   double *o, double *lse, const double *row_sinks = nullptr);
 

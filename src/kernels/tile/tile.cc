@@ -597,7 +597,7 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
   std::vector<Reg> alpha(rows_);
   for (int r = 0; r < rows_; ++r) {
     alpha[r] = b.f32();
-    to_log2(alpha[r], m_[r], neg_offset(mnew[r]));
+    to_log2(alpha[r], m_[r], row_offset(mnew[r], 0.0f), 0.0f);
     b.op(Op::Ex2, Type::F32, alpha[r], alpha[r]);
     b.mov(Type::F32, m_[r], mnew[r]);
     b.op(Op::Mul, Type::F32, l_[r], l_[r], alpha[r]);
@@ -611,19 +611,17 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
     alpha_ = alpha;
   }
   b.bind(keep);
-  // 3. p = 2^(s c - m c) <= 2^kRescaleLog2; l += sum p (this lane's part).
+  // 3. p = 2^((s - m) c) <= 2^kRescaleLog2; l += sum p (this lane's part).
   for (int r = 0; r < rows_; ++r) {
     const AccTile &sr = s[r / 2];
     const int h = r % 2;
-    Reg noff = neg_offset(m_[r]);
-    if (form_.p_offset_log2 != 0.0f)
-      b.op(Op::Add, Type::F32, noff, noff, fimm(form_.p_offset_log2));
+    Reg off = row_offset(m_[r], form_.p_offset_log2);
     Reg sum = b.f32();
     bool first = true;
     for (const Frag4 &f : sr.f) {
       for (int x = 0; x < 2; ++x) {
         Reg p = f[2 * h + x];
-        to_log2(p, p, noff);
+        to_log2(p, p, off, form_.p_offset_log2);
         b.op(Op::Ex2, Type::F32, p, p);
         if (first)
           b.mov(Type::F32, sum, p);
@@ -636,20 +634,23 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
   }
 }
 
-Reg OnlineSoftmax::neg_offset(Reg m) {
-  ptx::Builder &b = e_.b;
+Reg OnlineSoftmax::row_offset(Reg m, float add) {
   Reg none = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
-  Reg noff = c_.valid() ? e_.op(Op::Mul, Type::F32, m, c_) : e_.mov(Type::F32, m);
-  b.op(Op::Neg, Type::F32, noff, noff);
-  b.selp(Type::F32, noff, fimm(0.0f), noff, none);
-  return noff;
+  Reg off = e_.selp(Type::F32, fimm(0.0f), m, none);
+  if (!c_.valid() && add != 0.0f) e_.b.op(Op::Sub, Type::F32, off, off, fimm(add));
+  return off;
 }
 
-void OnlineSoftmax::to_log2(Reg d, Reg x, Reg noff) {
-  if (c_.valid())
-    e_.b.op(Op::Fma, Type::F32, d, x, c_, noff);
+// (x - m) c, not x c - m c (see the class comment): one FP32 instruction per
+// score more than the FFMA, the fp8 form's add riding in an FFMA.
+void OnlineSoftmax::to_log2(Reg d, Reg x, Reg off, float add) {
+  ptx::Builder &b = e_.b;
+  b.op(Op::Sub, Type::F32, d, x, off);
+  if (!c_.valid()) return;
+  if (add != 0.0f)
+    b.op(Op::Fma, Type::F32, d, d, c_, fimm(add));
   else
-    e_.b.op(Op::Add, Type::F32, d, x, noff);
+    b.op(Op::Mul, Type::F32, d, d, c_);
 }
 
 void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse) {
@@ -678,7 +679,7 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
   }
 }
 
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2) {
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0) {
   ptx::Builder &b = e.b;
   Reg mx = e.op(Op::Max, Type::F32, m2, s2);
   Reg none = e.setp(Cmp::Eq, Type::F32, mx, fimm(kNegInf));
@@ -686,20 +687,27 @@ SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2) {
   Reg alpha = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, m2, mx));
   Reg beta = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, s2, mx));
   Reg sum = e.op(Op::Fma, Type::F32, l, alpha, beta);
+  // Not > 0: no key and no sink (0), or a sink of +inf or NaN (NaN).
   Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
   SinkRow r;
   r.inv = e.op(Op::RcpRn, Type::F32, sum);
   b.op(Op::Mul, Type::F32, r.inv, r.inv, alpha);
-  b.selp(Type::F32, r.inv, r.inv, fimm(0.0f), pos);
+  b.selp(Type::F32, r.inv, r.inv, nan0, pos);
   r.lse = e.op(Op::Add, Type::F32, mx, e.op(Op::Lg2, Type::F32, sum));
+  b.selp(Type::F32, r.lse, r.lse, s2, pos);  // then -inf, +inf or NaN
   b.op(Op::Mul, Type::F32, r.lse, r.lse, fimm(kLn2));
-  b.selp(Type::F32, r.lse, r.lse, fimm(kNegInf), pos);
   return r;
+}
+
+Reg sink_nan0(Emitter &e, Reg s2) {
+  Reg nan = e.setp(Cmp::Nan, Type::F32, s2, s2);
+  return e.selp(Type::F32, s2, fimm(0.0f), nan);
 }
 
 void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2) {
   ptx::Builder &b = e_.b;
   Reg t = b.f32();
+  Reg nan0 = sink_nan0(e_, sink_log2);
   for (int r = 0; r < rows_; ++r) {
     const int h = r % 2;
     for (int off = 1; off <= 2; off <<= 1) {
@@ -710,7 +718,7 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse,
     Reg m2 = c_.valid() ? e_.op(Op::Mul, Type::F32, m_[r], c_) : m_[r];
     if (form_.p_offset_log2 != 0.0f)
       m2 = e_.op(Op::Sub, Type::F32, m2, fimm(form_.p_offset_log2));  // -inf stays -inf
-    const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2);
+    const SinkRow sr = sink_row(e_, m2, l_[r], sink_log2, nan0);
     lse->push_back(sr.lse);
     for (const Frag4 &f : o[r / 2].f) {
       b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], sr.inv);

@@ -285,14 +285,22 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
 // -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2
 // (log2 domain) joins the denominator once and contributes no value:
 //   M = max(m2, s2) (0 when both are -inf), L = l 2^(m2 - M) + 2^(s2 - M),
-//   O = acc * inv with inv = 2^(m2 - M) / L (0 when L = 0),
-//   LSE = (M + log2 L) ln 2 (-inf when L = 0).
-// Every exponent is <= 0, so no sink value overflows; a row with no key gets
-// O = 0 and LSE = sink, and a sink of -inf changes nothing.
+//   O = acc * inv with inv = 2^(m2 - M) / L, LSE = (M + log2 L) ln 2;
+// when L is not > 0, inv = nan0 and LSE = s2 ln 2 instead.
+// Every exponent is <= 0, so no finite sink overflows; a row with no key gets
+// O = 0 and LSE = sink, and a sink of -inf changes nothing. A non-finite
+// sink follows flashattn.h's formula: L is not > 0 exactly when the sink is
+// -inf on a row with no key (L = 0: O = 0, LSE = -inf), +inf (L = NaN from
+// inf - inf: O = 0, LSE = +inf) or NaN (O = NaN, LSE = NaN), with nan0 =
+// sink_nan0(s2). These are the same instructions per row as without them:
+// only the selects' second operands are registers.
 struct SinkRow {
   Reg inv, lse;
 };
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2);
+SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0);
+// NaN when the sink s2 is NaN, else 0 (f32): sink_row's factor of O in a row
+// whose denominator is not > 0. Once per thread (2 instructions).
+Reg sink_nan0(Emitter &e, Reg s2);
 
 // The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
 // thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
@@ -301,12 +309,19 @@ SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2);
 //   m' = max(m, max_j s_j)
 //   if (m' - m) c > kRescaleLog2 in any row of the warp (a uniform branch):
 //     alpha = 2^((m - m') c); O *= alpha; l *= alpha; m = m'   (every row)
-//   p_j = 2^(s_j c - m c) <= 2^kRescaleLog2;  l += sum_j p_j (per lane)
+//   p_j = 2^((s_j - m) c) <= 2^kRescaleLog2;  l += sum_j p_j (per lane)
 // The exponentials use a maximum at most kRescaleLog2 below the true one, so
 // O and l are rescaled only when the maximum grows by a factor 2^8, not on
 // every tile (the conditional rescaling of FlashAttention-4); the final
 // O / l and LSE = (m c + log2 l) ln 2 are exact either way. -inf - -inf
 // never reaches an exponential: an empty row uses the offset 0.
+// Each exponent is formed as (s - m) c (FADD, FMUL), not as FlashAttention-2's
+// one FFMA s c - m c: that cancels at large scores (|m c| past 2^24: an
+// error of up to ulp(m c) / 2 in every exponent, 2^9 at 1e10; p over- or
+// underflows), while s - m is exact near the maximum, so p = 1 there at any
+// finite magnitude. Scores, maxima and LSE stay f32: scores differing by
+// less than their f32 rounding are not told apart (docs/kernels.md,
+// "Large scores").
 // OnlineSoftmax's form: when it rescales (the maximum grew by more than
 // rescale_log2) and the offset p_offset_log2 of its exponentials.
 struct SoftmaxForm {
@@ -320,11 +335,11 @@ class OnlineSoftmax {
   static constexpr float kRescaleLog2 = 8.0f;
   // The fp8 forward's form (P rounded to e4m3 for the mma): the maximum the
   // exponentials use is always the row's own (rescale_log2 0: O and l move
-  // whenever it grows), and p = 2^(s c - m c + p_offset_log2) with offset 8
-  // (FlashAttention-3's fp8 max offset): p <= 256 up to f32 rounding (the
-  // offset and the FMA round; a few ulp), 256 exactly once rounded to e4m3
-  // at the row's largest score, and e4m3's subnormals start 2^8 lower in p. l sums the same p;
-  // finish takes the offset back out of O and LSE.
+  // whenever it grows), and p = 2^((s - m) c + p_offset_log2) with offset 8
+  // (FlashAttention-3's fp8 max offset; the add rides in the FFMA): p <= 256
+  // up to the exp2's rounding, 256 at the row's largest score, and e4m3's
+  // subnormals start 2^8 lower in p. l sums the same p; finish takes the
+  // offset back out of O and LSE.
   static Form fp8_form() { return Form{0.0f, 8.0f}; }
   // scale_log2: f32 register, or invalid when scores are already log2-domain.
   OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form = Form());
@@ -342,12 +357,16 @@ class OnlineSoftmax {
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse);
   // finish() with an attention sink (gpt-oss): sink_log2 (f32, the logit in
   // the log2 domain, the same for every row) joins each row's denominator
-  // and contributes no value (see sink_row).
+  // and contributes no value (see sink_row; -inf, +inf and NaN included).
   void finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2);
 
  private:
-  Reg neg_offset(Reg m);                 // -m c, or 0 when m = -inf
-  void to_log2(Reg d, Reg x, Reg noff);  // d = x c + noff
+  // The offset to_log2 subtracts for a row of maximum m: m, or 0 when m =
+  // -inf (no key yet: no -inf - -inf); for log2-domain scores less `add`.
+  Reg row_offset(Reg m, float add);
+  // d = (x - off) c + add, or x - off for log2-domain scores (add is in
+  // off): the exponent of p (x a score) or of alpha (x the old maximum).
+  void to_log2(Reg d, Reg x, Reg off, float add);
   // step's body; with `o` null the rescale of O is left to rescale().
   void step_impl(const std::vector<AccTile> &s, const std::vector<AccTile> *o);
   Emitter &e_;
