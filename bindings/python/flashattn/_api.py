@@ -18,6 +18,9 @@ _BACKENDS = {"auto": _lib.BACKEND_AUTO, "cuda": _lib.BACKEND_CUDA,
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 _CACHE_MODES = {"default": _lib.CACHE_DEFAULT, "disk": _lib.CACHE_DISK,
                 "memory": _lib.CACHE_MEMORY}
+_PTX_COMPILERS = {"auto": _lib.PTX_COMPILER_AUTO, "off": _lib.PTX_COMPILER_OFF}
+_COMPILER_MODE_NAMES = {_lib.COMPILER_NONE: "none", _lib.COMPILER_DRIVER_JIT: "driver-jit",
+                        _lib.COMPILER_PLUGIN: "plugin"}
 _DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
 _KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
@@ -120,6 +123,10 @@ class CacheStats:
     lease_waits: int
     lease_timeouts: int
     max_bytes: int
+    compiler_mode: str  # since 0.6: "none" (emulator), "driver-jit" or "plugin"
+    compiler: str  # the plugin's compiler version, "driver-jit", or ""
+    compiler_note: str  # why the PTX compiler plugin is not used; "" when it is
+    cubin_refusals: int  # cubins the driver refused (their PTX was JIT-compiled)
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,7 @@ class CacheEntry:
     hits: int
     created: int
     last_used: int
+    compiler: str  # since 0.6: what built the binary ("" for older rows)
 
 
 # ---- handle lifetime -----------------------------------------------------------
@@ -242,7 +250,9 @@ class _Use:
 class Runtime:
     """A device binding (fa_runtime): backend 'auto' | 'cuda' | 'emulator',
     CUDA device ordinal, kernel cache 'default' | 'disk' | 'memory' with an
-    optional cache_dir, and the SM the emulator targets (0 = 80).
+    optional cache_dir, the SM the emulator targets (0 = 80), and ptx_compiler
+    'auto' (the PTX compiler plugin when present and trusted, cuda only) |
+    'off' (always the driver's JIT).
 
     Use it as a context manager, or call close() (idempotent). close() frees
     every fa_malloc'd buffer still owned by the binding (DeviceArrays,
@@ -254,7 +264,7 @@ class Runtime:
     began raise InvalidArgumentError("the Runtime is closed")."""
 
     def __init__(self, backend="auto", device=0, cache="default", cache_dir=None,
-                 emulator_sm=0):
+                 emulator_sm=0, ptx_compiler="auto"):
         self._guard = _Handle(None, "Runtime")  # closed until created
         lib = _lib.lib()
         self._lib = lib  # kept for __del__ during interpreter teardown
@@ -262,6 +272,9 @@ class Runtime:
             raise invalid("Runtime: backend must be one of %s, got %r" % (sorted(_BACKENDS), backend))
         if cache not in _CACHE_MODES:
             raise invalid("Runtime: cache must be one of %s, got %r" % (sorted(_CACHE_MODES), cache))
+        if ptx_compiler not in _PTX_COMPILERS:
+            raise invalid("Runtime: ptx_compiler must be one of %s, got %r"
+                          % (sorted(_PTX_COMPILERS), ptx_compiler))
         opts = _lib.new(_lib.fa_runtime_options)
         opts.backend = _BACKENDS[backend]
         opts.device = _int32(device, "Runtime: device")
@@ -269,6 +282,7 @@ class Runtime:
         self._cache_dir = None if cache_dir is None else str(cache_dir).encode()
         opts.cache_dir = self._cache_dir
         opts.emulator_sm = _int32(emulator_sm, "Runtime: emulator_sm")
+        opts.ptx_compiler = _PTX_COMPILERS[ptx_compiler]
         handle = ctypes.c_void_p()
         check(lib.fa_runtime_create(ctypes.byref(opts), ctypes.byref(handle)))
         self._lock = threading.RLock()
@@ -445,7 +459,10 @@ class Runtime:
                           s.entries, s.bytes, bool(s.persistent),
                           s.path.decode("utf-8", "replace"), s.note.decode("utf-8", "replace"),
                           s.collisions, s.evicted, s.resets, s.leases, s.leases_reclaimed,
-                          s.lease_waits, s.lease_timeouts, s.max_bytes)
+                          s.lease_waits, s.lease_timeouts, s.max_bytes,
+                          _COMPILER_MODE_NAMES.get(s.compiler_mode, str(s.compiler_mode)),
+                          s.compiler.decode("utf-8", "replace"),
+                          s.compiler_note.decode("utf-8", "replace"), s.cubin_refusals)
 
     def cache_list(self):
         """Every stored kernel as a CacheEntry (copied during the walk)."""
@@ -457,7 +474,8 @@ class Runtime:
                 entries.append(CacheEntry(
                     e.key.decode("ascii", "replace"),
                     (e.spec or b"").decode("utf-8", "replace"), e.sm, e.generator_version,
-                    e.ptx_bytes, e.cubin_bytes, e.hits, e.created, e.last_used))
+                    e.ptx_bytes, e.cubin_bytes, e.hits, e.created, e.last_used,
+                    (e.compiler or b"").decode("utf-8", "replace")))
                 return 0
             except BaseException as exc:  # never unwind through C
                 failure.append(exc)

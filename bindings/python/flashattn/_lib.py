@@ -47,6 +47,8 @@ KERNEL_FORWARD, KERNEL_DECODE, KERNEL_REDUCE = 0, 1, 2
 CACHE_DEFAULT, CACHE_DISK, CACHE_MEMORY = 0, 1, 2
 KV_CONTIGUOUS, KV_PAGED, KV_PTR_ARRAY = 0, 1, 2  # fa_kv_layout (0.3)
 LSE_NATURAL, LSE_BASE2 = 0, 1  # fa_lse_format (0.4)
+PTX_COMPILER_AUTO, PTX_COMPILER_OFF = 0, 1  # fa_ptx_compiler (0.6)
+COMPILER_NONE, COMPILER_DRIVER_JIT, COMPILER_PLUGIN = 0, 1, 2  # fa_compiler_mode (0.6)
 DECODE_INVARIANT_SPLIT = 2048  # FA_DECODE_INVARIANT_SPLIT: keys per split, batch_invariant
 
 
@@ -58,6 +60,7 @@ class fa_runtime_options(ctypes.Structure):
         ("cache_mode", c_int),
         ("cache_dir", c_char_p),
         ("emulator_sm", c_int32),
+        ("ptx_compiler", c_int64),  # since 0.6: fa_ptx_compiler
     ]
 
 
@@ -230,6 +233,10 @@ class fa_cache_stats(ctypes.Structure):
         ("lease_waits", c_uint64),
         ("lease_timeouts", c_uint64),
         ("max_bytes", c_uint64),
+        ("compiler_mode", c_int32),  # since 0.6: fa_compiler_mode
+        ("compiler", ctypes.c_char * 128),
+        ("compiler_note", ctypes.c_char * 256),
+        ("cubin_refusals", c_uint64),
     ]
 
 
@@ -245,6 +252,7 @@ class fa_cache_entry(ctypes.Structure):
         ("hits", c_uint64),
         ("created", c_int64),
         ("last_used", c_int64),
+        ("compiler", c_char_p),  # since 0.6
     ]
 
 

@@ -24,12 +24,22 @@ def test_emulator_sm_option(tmp_path):
         assert r.info.sm == 89
 
 
+def test_ptx_compiler_option():
+    # "off" reaches the C struct (an emulator runtime accepts it and compiles nothing)
+    for mode in ("auto", "off"):
+        with fa.Runtime(backend="emulator", cache="memory", ptx_compiler=mode) as r:
+            assert r.cache_stats().compiler_mode == "none"
+
+
 def test_bad_options_raise():
     with pytest.raises(fa.InvalidArgumentError) as e:
         fa.Runtime(backend="tpu")
     assert e.value.status == 1 and "backend" in e.value.message
     with pytest.raises(fa.InvalidArgumentError):
         fa.Runtime(cache="cloud")
+    with pytest.raises(fa.InvalidArgumentError) as e:
+        fa.Runtime(backend="emulator", ptx_compiler="nvcc")
+    assert "ptx_compiler" in e.value.message
     with pytest.raises(fa.Error) as e:
         fa.Runtime(backend="emulator", emulator_sm=75)
     assert e.value.status in (1, 2) and "75" in e.value.message
@@ -179,6 +189,9 @@ def test_cache_disk_stats_list_clear(tmp_path):
         # the cold kernel was built under a compile lease; the default cap is on
         assert s1.leases == 1 and s1.lease_waits == 0 and s1.max_bytes > 0
         assert s1.collisions == 0 and s1.resets == 0 and s1.evicted == 0
+        # 0.6: the emulator compiles nothing; its note names what cuda would use
+        assert s1.compiler_mode == "none" and s1.compiler == "" and s1.cubin_refusals == 0
+        assert s1.compiler_note.startswith("the emulator runs the PTX")
         _run_small_forward(r, seed=1)
         assert r.cache_stats().memory_hits >= 1
         entries = r.cache_list()
@@ -186,7 +199,7 @@ def test_cache_disk_stats_list_clear(tmp_path):
         e = entries[0]
         assert len(e.key) == 32 and int(e.key, 16) >= 0
         assert "forward" in e.spec and e.sm == 80 and e.ptx_bytes > 0 and e.cubin_bytes == 0
-        assert e.created > 0 and e.last_used >= e.created
+        assert e.created > 0 and e.last_used >= e.created and e.compiler == ""
     with fa.Runtime(backend="emulator", cache="disk", cache_dir=str(cache_dir)) as r:
         _run_small_forward(r)
         s = r.cache_stats()
