@@ -114,7 +114,17 @@ pub struct fa_runtime_options {
     pub cache_mode: fa_cache_mode,
     pub cache_dir: *const c_char,
     pub emulator_sm: i32,
+    /// Since 0.6: an `fa_ptx_compiler` (`FA_PTX_COMPILER_AUTO` / `_OFF`).
+    pub ptx_compiler: i64,
 }
+
+/// `fa_ptx_compiler`: the PTX compiler plugin when present and trusted, or never.
+pub const FA_PTX_COMPILER_AUTO: i64 = 0;
+pub const FA_PTX_COMPILER_OFF: i64 = 1;
+
+/// struct_size of fa_runtime_options in flashattn 0.1 to 0.5 (before `ptx_compiler`).
+pub const FA_RUNTIME_OPTIONS_SIZE_0_5: usize =
+    core::mem::offset_of!(fa_runtime_options, ptx_compiler);
 
 impl Default for fa_runtime_options {
     fn default() -> Self {
@@ -125,6 +135,7 @@ impl Default for fa_runtime_options {
             cache_mode: FA_CACHE_DEFAULT,
             cache_dir: core::ptr::null(),
             emulator_sm: 0,
+            ptx_compiler: FA_PTX_COMPILER_AUTO,
         }
     }
 }
@@ -597,7 +608,21 @@ pub struct fa_cache_stats {
     pub lease_waits: u64,
     pub lease_timeouts: u64,
     pub max_bytes: u64,
+    /// Since 0.6: an `fa_compiler_mode`.
+    pub compiler_mode: i32,
+    pub compiler: [c_char; 128],
+    pub compiler_note: [c_char; 256],
+    pub cubin_refusals: u64,
 }
+
+/// `fa_compiler_mode`: how a runtime turns PTX into machine code.
+pub type fa_compiler_mode = c_int;
+pub const FA_COMPILER_NONE: fa_compiler_mode = 0;
+pub const FA_COMPILER_DRIVER_JIT: fa_compiler_mode = 1;
+pub const FA_COMPILER_PLUGIN: fa_compiler_mode = 2;
+
+/// struct_size of fa_cache_stats in flashattn 0.2 to 0.5 (ends before `compiler_mode`).
+pub const FA_CACHE_STATS_SIZE_0_5: usize = core::mem::offset_of!(fa_cache_stats, compiler_mode);
 
 /// struct_size of fa_cache_stats in flashattn 0.1 (ends before `collisions`).
 pub const FA_CACHE_STATS_SIZE_0_1: usize = 840;
@@ -624,6 +649,10 @@ impl Default for fa_cache_stats {
             lease_waits: 0,
             lease_timeouts: 0,
             max_bytes: 0,
+            compiler_mode: FA_COMPILER_NONE,
+            compiler: [0; 128],
+            compiler_note: [0; 256],
+            cubin_refusals: 0,
         }
     }
 }
@@ -641,6 +670,8 @@ pub struct fa_cache_entry {
     pub hits: u64,
     pub created: i64,
     pub last_used: i64,
+    /// Since 0.6: what built the binary (valid during the callback only).
+    pub compiler: *const c_char,
 }
 
 /// Called once per stored kernel by `fa_cache_list`; non-zero stops the walk.

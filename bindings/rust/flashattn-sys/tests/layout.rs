@@ -30,7 +30,15 @@ fn rust_rows() -> Vec<(String, String, i64)> {
     let mut rows = Vec::new();
     layout!(
         rows,
-        fa_runtime_options { struct_size, backend, device, cache_mode, cache_dir, emulator_sm }
+        fa_runtime_options {
+            struct_size,
+            backend,
+            device,
+            cache_mode,
+            cache_dir,
+            emulator_sm,
+            ptx_compiler
+        }
     );
     layout!(
         rows,
@@ -221,7 +229,11 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             leases_reclaimed,
             lease_waits,
             lease_timeouts,
-            max_bytes
+            max_bytes,
+            compiler_mode,
+            compiler,
+            compiler_note,
+            cubin_refusals
         }
     );
     layout!(
@@ -236,7 +248,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             cubin_bytes,
             hits,
             created,
-            last_used
+            last_used,
+            compiler
         }
     );
     rows.push(("fa_status".into(), "sizeof(fa_status)".into(), size_of::<fa_status>() as i64));
@@ -310,6 +323,13 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_LSE_BASE2,
         FA_DECODE_INVARIANT_SPLIT,
         FA_CACHE_STATS_SIZE_0_1,
+        FA_CACHE_STATS_SIZE_0_5,
+        FA_RUNTIME_OPTIONS_SIZE_0_5,
+        FA_PTX_COMPILER_AUTO,
+        FA_PTX_COMPILER_OFF,
+        FA_COMPILER_NONE,
+        FA_COMPILER_DRIVER_JIT,
+        FA_COMPILER_PLUGIN,
         FA_MAX_SEQLEN,
         FLASHATTN_VERSION_MAJOR,
         FLASHATTN_VERSION_MINOR,

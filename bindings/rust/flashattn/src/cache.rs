@@ -45,6 +45,39 @@ pub struct CacheStats {
     pub lease_timeouts: u64,
     /// Size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none.
     pub max_bytes: u64,
+    /// Since 0.6: how this runtime turns PTX into machine code.
+    pub compiler_mode: CompilerMode,
+    /// The PTX compiler plugin's version, "driver-jit", or "" (emulator).
+    pub compiler: String,
+    /// Why the PTX compiler plugin is not used; "" when it is.
+    pub compiler_note: String,
+    /// Cubins the driver refused (their PTX was JIT-compiled, the row rewritten).
+    pub cubin_refusals: u64,
+}
+
+/// fa_compiler_mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompilerMode {
+    /// The emulator runs the PTX itself.
+    #[default]
+    None,
+    /// The driver JIT-compiles the stored PTX when a kernel is loaded.
+    DriverJit,
+    /// The PTX compiler plugin builds a cubin on a miss; hits load it.
+    Plugin,
+    /// A value this binding does not know (a newer library).
+    Other(i32),
+}
+
+impl CompilerMode {
+    fn from_raw(v: sys::fa_compiler_mode) -> Self {
+        match v {
+            sys::FA_COMPILER_NONE => CompilerMode::None,
+            sys::FA_COMPILER_DRIVER_JIT => CompilerMode::DriverJit,
+            sys::FA_COMPILER_PLUGIN => CompilerMode::Plugin,
+            other => CompilerMode::Other(other),
+        }
+    }
 }
 
 /// One stored kernel (fa_cache_entry).
@@ -62,6 +95,8 @@ pub struct CacheEntry {
     /// Unix seconds.
     pub created: i64,
     pub last_used: i64,
+    /// Since 0.6: what built the binary (plugin version, "driver-jit", ...); "" for older rows.
+    pub compiler: String,
 }
 
 /// fa_cache_list callback: copies the entry into the Vec behind `user`.
@@ -69,14 +104,16 @@ unsafe extern "C" fn collect(entry: *const sys::fa_cache_entry, user: *mut c_voi
     // SAFETY: user is the &mut Vec passed by cache_list; entry is valid during the call.
     let out = &mut *(user as *mut Vec<CacheEntry>);
     let e = &*entry;
-    let spec = if e.spec.is_null() {
-        String::new()
-    } else {
-        CStr::from_ptr(e.spec).to_string_lossy().into_owned()
+    let owned = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
     };
     out.push(CacheEntry {
         key: c_chars(&e.key),
-        spec,
+        spec: owned(e.spec),
         sm: e.sm,
         generator_version: e.generator_version,
         ptx_bytes: e.ptx_bytes,
@@ -84,6 +121,7 @@ unsafe extern "C" fn collect(entry: *const sys::fa_cache_entry, user: *mut c_voi
         hits: e.hits,
         created: e.created,
         last_used: e.last_used,
+        compiler: owned(e.compiler),
     });
     0
 }
@@ -113,6 +151,10 @@ impl Runtime {
             lease_waits: s.lease_waits,
             lease_timeouts: s.lease_timeouts,
             max_bytes: s.max_bytes,
+            compiler_mode: CompilerMode::from_raw(s.compiler_mode),
+            compiler: c_chars(&s.compiler),
+            compiler_note: c_chars(&s.compiler_note),
+            cubin_refusals: s.cubin_refusals,
         })
     }
 

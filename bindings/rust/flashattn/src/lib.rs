@@ -34,7 +34,7 @@ mod runtime;
 
 pub use flashattn_sys as sys;
 
-pub use cache::{CacheEntry, CacheStats};
+pub use cache::{CacheEntry, CacheStats, CompilerMode};
 pub use config::{generate, Config, ConfigBuilder, Dtype, KernelKind, KvDtype};
 pub use error::{Error, Result, Status};
 pub use half::{
@@ -48,8 +48,8 @@ pub use ops::{
     TensorMut, TreeMask, View, ViewMut,
 };
 pub use runtime::{
-    version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, Runtime,
-    RuntimeBuilder, RuntimeInfo,
+    version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, PtxCompiler,
+    Runtime, RuntimeBuilder, RuntimeInfo,
 };
 
 #[cfg(test)]

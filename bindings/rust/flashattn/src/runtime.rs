@@ -53,6 +53,16 @@ impl CacheMode {
     }
 }
 
+/// fa_ptx_compiler: whether a cuda runtime may use the PTX compiler plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PtxCompiler {
+    /// The plugin when present and trusted, else the driver's JIT.
+    #[default]
+    Auto,
+    /// Always the driver's JIT.
+    Off,
+}
+
 /// Options of `Runtime::builder()`; defaults as FA_RUNTIME_OPTIONS_INIT.
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeBuilder {
@@ -61,6 +71,7 @@ pub struct RuntimeBuilder {
     cache_mode: CacheMode,
     cache_dir: Option<PathBuf>,
     emulator_sm: i32,
+    ptx_compiler: PtxCompiler,
 }
 
 impl RuntimeBuilder {
@@ -88,6 +99,11 @@ impl RuntimeBuilder {
         self.emulator_sm = sm;
         self
     }
+    /// PTX -> machine code on the cuda backend (since 0.6); default Auto.
+    pub fn ptx_compiler(mut self, mode: PtxCompiler) -> Self {
+        self.ptx_compiler = mode;
+        self
+    }
 
     /// Creates the runtime (fa_runtime_create).
     pub fn build(self) -> Result<Runtime> {
@@ -105,6 +121,10 @@ impl RuntimeBuilder {
             cache_mode: self.cache_mode.to_raw(),
             cache_dir: dir.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
             emulator_sm: self.emulator_sm,
+            ptx_compiler: match self.ptx_compiler {
+                PtxCompiler::Auto => sys::FA_PTX_COMPILER_AUTO,
+                PtxCompiler::Off => sys::FA_PTX_COMPILER_OFF,
+            },
             ..Default::default()
         };
         let mut rt = std::ptr::null_mut();

@@ -461,6 +461,10 @@ fn cache_on_disk_stats_list_clear() {
         // The cold kernel was built under a compile lease; the default cap is on.
         assert_eq!((s.leases, s.lease_waits, s.collisions, s.resets), (1, 0, 0, 0));
         assert!(s.max_bytes > 0);
+        // 0.6: the emulator compiles nothing; its note names what cuda would use.
+        assert_eq!(s.compiler_mode, flashattn::CompilerMode::None);
+        assert_eq!((s.compiler.as_str(), s.cubin_refusals), ("", 0));
+        assert!(s.compiler_note.starts_with("the emulator runs the PTX"), "{}", s.compiler_note);
         let list = rt.cache_list().unwrap();
         assert_eq!(list.len() as u64, s.entries);
         for e in &list {
@@ -469,6 +473,7 @@ fn cache_on_disk_stats_list_clear() {
             assert!(!e.spec.is_empty());
             assert_eq!(e.sm, 80);
             assert!(e.ptx_bytes > 0 && e.created > 0 && e.last_used >= e.created);
+            assert_eq!(e.compiler, "");
         }
     }
     let rt = make();
@@ -483,6 +488,13 @@ fn cache_on_disk_stats_list_clear() {
     drop(b);
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
+    let off = Runtime::builder()
+        .backend(Backend::Emulator)
+        .cache_mode(CacheMode::Memory)
+        .ptx_compiler(flashattn::PtxCompiler::Off)
+        .build()
+        .unwrap();
+    assert_eq!(off.cache_stats().unwrap().compiler_mode, flashattn::CompilerMode::None);
     let mem = emulator().cache_stats().unwrap();
     assert!(!mem.persistent);
     assert_eq!(mem.path, "");
