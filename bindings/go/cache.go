@@ -14,18 +14,31 @@ import (
 type CacheStats struct {
 	MemoryHits, DiskHits, Misses, Compiles, Discarded uint64
 	Entries, Bytes                                    uint64
-	Persistent                                        bool   // on disk
-	Path                                              string // "" when memory only
-	Note                                              string // why memory only, or the last warning
-	Collisions                                        uint64 // rows with this key but another kernel's key material
-	Evicted                                           uint64 // rows deleted to stay under MaxBytes
-	Resets                                            uint64 // damaged database files emptied in place
-	Leases                                            uint64 // compile leases taken...
-	LeasesReclaimed                                   uint64 // ...of which from a dead or expired holder
-	LeaseWaits                                        uint64 // kernels another process built while this one waited
-	LeaseTimeouts                                     uint64 // waits that ran out (the kernel was built here)
-	MaxBytes                                          uint64 // size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none
+	Persistent                                        bool         // on disk
+	Path                                              string       // "" when memory only
+	Note                                              string       // why memory only, or the last warning
+	Collisions                                        uint64       // rows with this key but another kernel's key material
+	Evicted                                           uint64       // rows deleted to stay under MaxBytes
+	Resets                                            uint64       // damaged database files emptied in place
+	Leases                                            uint64       // compile leases taken...
+	LeasesReclaimed                                   uint64       // ...of which from a dead or expired holder
+	LeaseWaits                                        uint64       // kernels another process built while this one waited
+	LeaseTimeouts                                     uint64       // waits that ran out (the kernel was built here)
+	MaxBytes                                          uint64       // size cap in force (FLASHATTN_CACHE_MAX_BYTES); 0 = none
+	CompilerMode                                      CompilerMode // since 0.6: how PTX becomes machine code
+	Compiler                                          string       // the PTX compiler plugin's version, "driver-jit", or ""
+	CompilerNote                                      string       // why the plugin is not used; "" when it is
+	CubinRefusals                                     uint64       // cubins the driver refused (their PTX was JIT-compiled)
 }
+
+// CompilerMode is fa_compiler_mode.
+type CompilerMode int32
+
+const (
+	CompilerNone      CompilerMode = C.FA_COMPILER_NONE       // the emulator runs the PTX
+	CompilerDriverJIT CompilerMode = C.FA_COMPILER_DRIVER_JIT // the driver JIT-compiles the PTX on load
+	CompilerPlugin    CompilerMode = C.FA_COMPILER_PLUGIN     // the PTX compiler plugin builds a cubin on a miss
+)
 
 // CacheStats returns the cache counters of rt.
 func (rt *Runtime) CacheStats() (CacheStats, error) {
@@ -59,6 +72,10 @@ func (rt *Runtime) CacheStats() (CacheStats, error) {
 		LeaseWaits:      uint64(s.lease_waits),
 		LeaseTimeouts:   uint64(s.lease_timeouts),
 		MaxBytes:        uint64(s.max_bytes),
+		CompilerMode:    CompilerMode(s.compiler_mode),
+		Compiler:        C.GoString(&s.compiler[0]),
+		CompilerNote:    C.GoString(&s.compiler_note[0]),
+		CubinRefusals:   uint64(s.cubin_refusals),
 	}, nil
 }
 
@@ -73,6 +90,7 @@ type CacheEntry struct {
 	Hits             uint64
 	Created          time.Time
 	LastUsed         time.Time
+	Compiler         string // since 0.6: what built the binary; "" for older rows
 }
 
 // CacheList returns every stored kernel.
@@ -105,6 +123,7 @@ func (rt *Runtime) CacheList() ([]CacheEntry, error) {
 			Hits:             uint64(it.hits),
 			Created:          time.Unix(int64(it.created), 0),
 			LastUsed:         time.Unix(int64(it.last_used), 0),
+			Compiler:         C.GoString(it.compiler),
 		})
 	}
 	return out, nil

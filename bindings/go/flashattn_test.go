@@ -327,6 +327,10 @@ func TestRuntimeInfo(t *testing.T) {
 	if err := rt.Synchronize(0); err != nil {
 		t.Fatal(err)
 	}
+	if _, err = NewRuntime(&RuntimeOptions{Backend: BackendEmulator, CacheMode: CacheMemory, PTXCompiler: PTXCompiler(5)}); err == nil ||
+		!strings.Contains(err.Error(), "ptx_compiler") {
+		t.Fatalf("bad PTXCompiler: %v", err)
+	}
 	_, err = NewRuntime(&RuntimeOptions{Backend: Backend(7)})
 	wantErr(t, err, StatusInvalidArgument, "fa_runtime_create")
 }
@@ -863,13 +867,18 @@ func TestCache(t *testing.T) {
 	if st.Leases != st.Misses || st.LeaseWaits != 0 || st.Collisions != 0 || st.Resets != 0 || st.MaxBytes == 0 {
 		t.Fatalf("lease and cap counters after first launch %+v", st)
 	}
+	// 0.6: the emulator compiles nothing; its note names what cuda would use.
+	if st.CompilerMode != CompilerNone || st.Compiler != "" || st.CubinRefusals != 0 ||
+		!strings.HasPrefix(st.CompilerNote, "the emulator runs the PTX") {
+		t.Fatalf("compiler fields %+v", st)
+	}
 	list, err := rt.CacheList()
 	if err != nil || len(list) != int(st.Entries) {
 		t.Fatalf("CacheList: %d entries (stats say %d), %v", len(list), st.Entries, err)
 	}
 	hex := regexp.MustCompile(`^[0-9a-f]{32}$`)
 	for _, e := range list {
-		if !hex.MatchString(e.Key) || e.Spec == "" || e.SM != 80 || e.PTXBytes == 0 || e.Created.IsZero() {
+		if !hex.MatchString(e.Key) || e.Spec == "" || e.SM != 80 || e.PTXBytes == 0 || e.Created.IsZero() || e.Compiler != "" {
 			t.Fatalf("entry %+v", e)
 		}
 	}

@@ -20,7 +20,18 @@ type RuntimeOptions struct {
 	CacheMode  CacheMode // CacheDefault, CacheDisk or CacheMemory
 	CacheDir   string    // "": $FLASHATTN_CACHE_DIR, $XDG_CACHE_HOME/flashattn, ~/.cache/flashattn
 	EmulatorSM int32     // SM the emulator targets (80, 86, 87, 89, 90, 100, 103, 110, 120, 121); 0 = 80
+	// PTXCompiler (since 0.6): PTXCompilerAuto uses the PTX compiler plugin
+	// when present and trusted (cuda backend), PTXCompilerOff the driver's JIT.
+	PTXCompiler PTXCompiler
 }
+
+// PTXCompiler is fa_ptx_compiler.
+type PTXCompiler int64
+
+const (
+	PTXCompilerAuto PTXCompiler = C.FA_PTX_COMPILER_AUTO
+	PTXCompilerOff  PTXCompiler = C.FA_PTX_COMPILER_OFF
+)
 
 // Runtime is a device binding (a CUDA context or the emulator) with its
 // loaded kernels and kernel cache. Its methods may be called from any
@@ -44,6 +55,7 @@ func NewRuntime(opts *RuntimeOptions) (*Runtime, error) {
 		o.device = C.int32_t(opts.Device)
 		o.cache_mode = C.fa_cache_mode(opts.CacheMode)
 		o.emulator_sm = C.int32_t(opts.EmulatorSM)
+		o.ptx_compiler = C.int64_t(opts.PTXCompiler)
 		if opts.CacheDir != "" {
 			dir := C.CString(opts.CacheDir)
 			defer C.free(unsafe.Pointer(dir))

@@ -113,7 +113,10 @@ static int collect(const fa_cache_entry *en, void *user) {
   memcpy(d->key, en->key, sizeof d->key);
   d->key[sizeof d->key - 1] = '\0';
   d->spec = strdup(en->spec ? en->spec : "");
-  if (d->spec == NULL) {
+  d->compiler = strdup(en->compiler ? en->compiler : "");
+  if (d->spec == NULL || d->compiler == NULL) {
+    free(d->spec);
+    free(d->compiler);
     l->oom = 1;
     return 1;
   }
@@ -141,7 +144,10 @@ fa_status fago_cache_list(fa_runtime *rt, fago_list *l, fago_err *e) {
 }
 
 void fago_list_free(fago_list *l) {
-  for (size_t i = 0; i < l->len; ++i) free(l->items[i].spec);
+  for (size_t i = 0; i < l->len; ++i) {
+    free(l->items[i].spec);
+    free(l->items[i].compiler);
+  }
   free(l->items);
   memset(l, 0, sizeof *l);
 }

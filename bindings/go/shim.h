@@ -13,7 +13,7 @@ typedef struct fago_err {
   char msg[1024];
 } fago_err;
 
-/* One kernel-cache row, with spec copied into malloc'd memory. */
+/* One kernel-cache row, with spec and compiler copied into malloc'd memory. */
 typedef struct fago_entry {
   char key[33];
   char *spec;
@@ -24,6 +24,7 @@ typedef struct fago_entry {
   uint64_t hits;
   int64_t created;
   int64_t last_used;
+  char *compiler; /* since 0.6 */
 } fago_entry;
 
 typedef struct fago_list {
