@@ -30,7 +30,8 @@ namespace {
 // directory resolved later by the trust check. dladdr names the file as it
 // was loaded: libflashattn.so.0 through its SONAME link is fine, only the
 // plugin's own path may not be a link.
-std::string own_directory() {
+std::string own_directory(bool *is_program) {
+  *is_program = false;
   Dl_info info;
   std::memset(&info, 0, sizeof info);
   if (dladdr(reinterpret_cast<void *>(&own_directory), &info) == 0 || info.dli_fname == nullptr ||
@@ -51,8 +52,27 @@ std::string own_directory() {
     file = real;
     std::free(real);
   }
+  char *real = realpath(file.c_str(), nullptr);
+  char *exe = realpath("/proc/self/exe", nullptr);
+  *is_program = real != nullptr && exe != nullptr && std::strcmp(real, exe) == 0;
+  std::free(real);
+  std::free(exe);
   const size_t slash = file.find_last_of('/');
   return slash == 0 ? "/" : file.substr(0, slash);
+}
+
+// Where the plugin is looked for when FLASHATTN_PTX_COMPILER is unset, first
+// found first: next to libflashattn; for a program linking the static
+// library (the flashattn CLI in PREFIX/bin), also PREFIX/lib and
+// PREFIX/lib64. Not a build tree's directory above: test programs there
+// would pick up the real plugin. The file found still passes the trust check.
+std::vector<std::string> plugin_candidates(const std::string &dir, bool is_program) {
+  const std::string base = dir == "/" ? "" : dir;
+  std::vector<std::string> out = {base + "/" + kPluginName};
+  if (is_program) {
+    for (const char *rel : {"/../lib/", "/../lib64/"}) out.push_back(base + rel + kPluginName);
+  }
+  return out;
 }
 
 bool turned_off(const char *v) {
@@ -76,14 +96,24 @@ void load(PluginState *st, Plugin *plugin) {
     }
     st->path = env;
   } else {
-    const std::string dir = own_directory();
+    bool is_program = false;
+    const std::string dir = own_directory(&is_program);
     if (dir.empty()) {
       st->note = "cannot tell which directory libflashattn was loaded from";
       return;
     }
-    st->path = (dir == "/" ? "" : dir) + "/" + kPluginName;
-    if (access(st->path.c_str(), F_OK) != 0) {
-      st->note = "no PTX compiler plugin at " + st->path;
+    const std::vector<std::string> candidates = plugin_candidates(dir, is_program);
+    for (const std::string &c : candidates) {
+      if (access(c.c_str(), F_OK) == 0) {
+        st->path = c;
+        break;
+      }
+    }
+    if (st->path.empty()) {
+      st->path = candidates.front();
+      st->note = "no PTX compiler plugin at " + candidates.front();
+      for (size_t i = 1; i < candidates.size(); ++i)
+        st->note += (i + 1 == candidates.size() ? " or " : ", ") + candidates[i];
       return;
     }
   }
@@ -167,7 +197,10 @@ std::string cubin_target(const std::string &ptx, int device_sm) {
 }
 
 bool is_cubin(const std::vector<uint8_t> &binary) {
-  return binary.size() >= 4 && std::memcmp(binary.data(), "\x7f" "ELF", 4) == 0;
+  return binary.size() >= 4 && std::memcmp(binary.data(),
+                                           "\x7f"
+                                           "ELF",
+                                           4) == 0;
 }
 
 fa_status compile_cubin(const Plugin *plugin, const std::string &ptx, const std::string &target,

@@ -35,7 +35,9 @@ struct PluginState {
 // state. Where: FLASHATTN_PTX_COMPILER, when set and not empty: "off", "0",
 // "false" or "no" turn the plugin off; otherwise an absolute path to the
 // plugin. Unset or empty: libflashattn_ptxc.so in the directory of the
-// library (or program) libflashattn is linked into. The file must pass
+// library (or program) libflashattn is linked into; for a program linking
+// the static library (the CLI in PREFIX/bin) then also in <dir>/../lib and
+// <dir>/../lib64. The file must pass
 // cache::open_trusted_code_file (never a symbolic link; this user's or
 // root's; writable by no one else; the same for its directory and the
 // directories above) and export fa_ptxc_abi_version() == FA_PTXC_ABI_VERSION.
