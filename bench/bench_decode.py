@@ -513,7 +513,8 @@ MLA_ABOUT = (
 
 
 META_KEYS = ("commit", "gpu", "sm", "driver", "torch", "cuda", "flash_attn", "flashinfer",
-             "flash_mla", "flashattn_library", "flashattn_version", "date", "copy_gbps", "copy",
+             "flash_mla", "flashattn_library", "flashattn_version", "ptx_compiler", "date", "copy_gbps",
+             "copy",
              "n_sets", "min_reps", "grid", "timing")
 
 
@@ -1002,6 +1003,7 @@ def run_bench(args):
     meta.update(versions(torch, mla))
     meta.update({"flashattn_library": os.path.realpath(fa.library_path()),
                  "flashattn_version": fa.version(),
+                 "ptx_compiler": common.ptx_compiler_meta(bench.rt),
                  "date": date.strftime("%Y-%m-%d %H:%M:%S UTC"), "min_reps": args.min_reps,
                  "python": sys.version.split()[0],
                  "timing": "CUDA events per call, median; %s while queuing" % (

@@ -613,20 +613,22 @@ def coldstart_table(entries):
             "warm launch ms | cold - warm ms | cold first launch ms (memory cache, no store "
             "write) | driver JIT ~ that - warm - gen ms | warm-disk first launch ms (new "
             "process, driver JIT cache off) | disk-hit overhead ms | warm-disk first launch ms "
-            "(driver JIT cache on, warmed) | in-process hit first launch ms | note |")
+            "(driver JIT cache on, warmed) | warm-disk first launch ms, PTX compiler plugin off "
+            "(driver JIT cache off) | in-process hit first launch ms | compiler | note |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for e in entries:
-        cold, warm, disk, mem, cmem, ddc = (e.get(k) for k in (
+        cold, warm, disk, mem, cmem, ddc, djit = (e.get(k) for k in (
             "cold_first_ms", "warm_ms", "disk_first_ms", "inproc_first_ms", "cold_mem_first_ms",
-            "disk_drvcache_first_ms"))
+            "disk_drvcache_first_ms", "disk_jit_first_ms"))
         gen_us = e.get("gen_us")
         d = None if cold is None or warm is None else cold - warm
         jit = None if cmem is None or warm is None or gen_us is None else cmem - warm - gen_us / 1000
         dd = None if disk is None or warm is None else disk - warm
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             e["kernel"], _f(gen_us), _f(cold, "%.2f"), _f(warm, "%.3f"), _f(d, "%.2f"),
             _f(cmem, "%.2f"), _f(jit, "%.2f"), _f(disk, "%.2f"), _f(dd, "%.2f"), _f(ddc, "%.2f"),
-            _f(mem, "%.3f"),
+            _f(djit, "%.2f"), _f(mem, "%.3f"),
+            ("%s %s" % (e.get("compiler_mode", ""), e.get("compiler", ""))).strip().replace("|", "/"),
             (e.get("note") or "").replace("|", "/")))
     return "\n".join(lines)
 
@@ -635,7 +637,7 @@ def write_markdown(path, meta, rows, coldstart, extra_sections=()):
     out = ["# flashattn forward vs PyTorch SDPA: %s, %s" % (meta.get("gpu", "?"), meta.get("date", "?")),
            ""]
     for k in ("commit", "gpu", "sm", "driver", "torch", "cuda", "cudnn", "flashattn_library",
-              "flashattn_version", "date", "n_sets", "min_reps", "grid", "chart"):
+              "flashattn_version", "ptx_compiler", "date", "n_sets", "min_reps", "grid", "chart"):
         if k in meta:
             out.append("- %s: %s" % (k, meta[k]))
     out += ["",
@@ -763,13 +765,19 @@ def coldstart_child(spec, cache_dir, mode="disk"):
                                for k2 in ("memory_hits", "disk_hits", "misses", "compiles")}
         res["persistent"] = s2.persistent
         res["sm"] = rt.info.sm
+        res["compiler_mode"] = s2.compiler_mode
+        res["compiler"] = s2.compiler
+        res["cubin_refusals"] = s2.cubin_refusals
     print("COLDSTART " + json.dumps(res))
 
 
-def _child(spec, cache_dir, mode="disk", driver_cache=None):
+def _child(spec, cache_dir, mode="disk", driver_cache=None, ptx_compiler=None):
     """One cold-start child; the driver's JIT cache is off unless
-    driver_cache names a directory for it (CUDA_CACHE_PATH)."""
+    driver_cache names a directory for it (CUDA_CACHE_PATH). ptx_compiler
+    sets FLASHATTN_PTX_COMPILER ("off": the driver-JIT path)."""
     env = dict(os.environ, CUDA_CACHE_DISABLE="1", FLASHATTN_CACHE_DIR=cache_dir)
+    if ptx_compiler is not None:
+        env["FLASHATTN_PTX_COMPILER"] = ptx_compiler
     if driver_cache:
         env.update(CUDA_CACHE_DISABLE="0", CUDA_CACHE_PATH=driver_cache)
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--coldstart-child", spec,
@@ -813,13 +821,24 @@ def measure_coldstart(fa, sm, specs=("fp16:64:0", "fp16:128:0", "bf16:128:1", "f
             warm_dc, _ = _child(spec, tmp, driver_cache=os.path.join(tmp, "nv"))
         with tempfile.TemporaryDirectory(prefix="fa-coldstart-") as tmp:
             mem, err3 = _child(spec, tmp, "memory")
+        # A cold and a warm-disk child with the PTX compiler plugin off (rows
+        # hold PTX only: every first launch in a process is a driver JIT).
+        with tempfile.TemporaryDirectory(prefix="fa-coldstart-") as tmp:
+            _child(spec, tmp, ptx_compiler="off")
+            warm_jit, _ = _child(spec, tmp, ptx_compiler="off")
         if warm_dc is not None:
             e["disk_drvcache_first_ms"] = warm_dc["first_ms"]
+        if warm_jit is not None:
+            e["disk_jit_first_ms"] = warm_jit["first_ms"]
+        e["compiler_mode"] = cold.get("compiler_mode", "?")
+        e["compiler"] = cold.get("compiler", "")
         e["cold_first_ms"] = cold["first_ms"]
         e["warm_ms"] = cold["warm_ms"]
         e["inproc_first_ms"] = cold["inproc_first_ms"]
         e["runtime_create_ms"] = cold["runtime_create_ms"]
         notes = ["runtime create %.0f ms" % cold["runtime_create_ms"]]
+        if warm is not None and warm.get("cubin_refusals"):
+            notes.append("the driver refused %d cubin(s)" % warm["cubin_refusals"])
         if cold["first_stats"].get("compiles", 0) < 1:
             notes.append("cold launch did not compile?")
         if cold["inproc_stats"].get("memory_hits", 0) < 1:
@@ -1120,7 +1139,18 @@ def run_meta(torch, fa, bench, args):
         "min_reps": args.min_reps, "python": sys.version.split()[0],
         "sleep_hold": "torch.cuda._sleep" if bench.cycles_per_ms else "none",
     }
+    meta["ptx_compiler"] = ptx_compiler_meta(bench.rt)
     return gpu, info, date, meta
+
+
+def ptx_compiler_meta(rt):
+    """Which compiler fills the cache's rows: the mode, the compiler's
+    version and why the plugin is not used (libflashattn 0.6+)."""
+    try:
+        st = rt.cache_stats()
+        return " ".join(x for x in (st.compiler_mode, st.compiler, st.compiler_note) if x)
+    except Exception as ex:  # an older library: no such fields
+        return "unknown (%s)" % type(ex).__name__
 
 
 def run_bench(args):

@@ -13,11 +13,16 @@
 #             sm_90 forward as shipped
 #   tests80   test_gpu again with FLASHATTN_FORCE_SM80_FORWARD=1 (the
 #             mma.sync forward on the same GPU)
+#   testsjit  test_gpu again with the PTX compiler plugin off (the driver
+#             JIT-compiles every kernel's PTX)
 #   pytest    bindings/python/tests/test_gpu.py
 #   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 1k/4k/16k
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
-#   sdpabase  bench_sdpa.py, head_dim 128, with the library in
-#             build-gpu/baseline/ (a before/after pair on one machine)
+#   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
+#             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
+#             JIT instead of the plugin's cubins, the same PTX)
+#   sdpabase  bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the library
+#             in build-gpu/baseline/ (a before/after pair on one machine)
 #   fp8fwd    bench_sdpa.py --fp8 (bench_fp8.py): the fp8 forward (e4m3 Q/K/V,
 #             per-(batch, KV head) descales, bf16 O) against its f16 form
 #             (FLASHATTN_SM90_FP8_F16=1, sm_90), flashattn bf16,
@@ -39,7 +44,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,pytest,sdpa,sdpa80,sdpabase,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
+only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -51,6 +56,9 @@ done
 build=${FA_BUILD_DIR:-build-gpu}
 [ -e "$build/libflashattn.so.0" ] || { echo "gpu_lease.sh: no $build/libflashattn.so.0 (carry build-gpu)" >&2; exit 2; }
 export FLASHATTN_LIBRARY=$root/$build/libflashattn.so.0
+# The PTX compiler plugin when packed: named explicitly, since test_gpu and
+# test_cuda_backend link the static library and look next to themselves.
+[ -e "$build/libflashattn_ptxc.so" ] && export FLASHATTN_PTX_COMPILER=$root/$build/libflashattn_ptxc.so
 [ -d "$build/runtime-libs" ] && export LD_LIBRARY_PATH="$root/$build/runtime-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 CMOCKA_MESSAGE_OUTPUT=stdout
 # The commit the build was packed from (the device's copy of .git can lag).
@@ -111,19 +119,25 @@ export FLASHATTN_CACHE_DIR=$logs/cache
 # directory it was configured in.
 bdir=$(grep -aoE '/[[:alnum:]_./-]+/build/tests' "$build/tests/test_cuda_backend" 2>/dev/null | head -1)
 [ -n "$bdir" ] && mkdir -p "$bdir" 2>/dev/null
-[ -x "$build/tests/test_cuda_backend" ] && stage backend 60 "$build/tests/test_cuda_backend"
+# Its GPU probes test the driver's JIT (the plugin unset) and, through
+# FA_TEST_PTXC_PLUGIN, the plugin's cubins on this driver.
+[ -x "$build/tests/test_cuda_backend" ] && stage backend 60 env -u FLASHATTN_PTX_COMPILER \
+  FA_TEST_PTXC_PLUGIN="${FLASHATTN_PTX_COMPILER:-}" "$build/tests/test_cuda_backend"
 stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
+FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
   bindings/python/tests/test_gpu.py
 stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
   --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
+FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
+  --dtypes bf16 --head-dims 64,128 --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
 if [ -e "$build/baseline/libflashattn.so.0" ]; then
   FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
-    bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 128 \
-    --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
+    bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 64,128 \
+    --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
 fi
 stage fp8fwd 90 "$py" bench/bench_sdpa.py --fp8 --out-dir "$res" --head-dims 128,64 \
   --seqlens 1024,2048,4096,8192 --time-budget "$(budget 75)"
@@ -144,7 +158,7 @@ stage mla 120 "$py" bench/bench_decode.py --out-dir "$res" --mla --batches 1,64,
   --contexts 4096,32768 --time-budget "$(budget 100)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
-for d in sm80:force-sm80-forward base:baseline-library cold:coldstart; do
+for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done

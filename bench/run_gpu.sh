@@ -16,7 +16,7 @@
 #
 # The whole build/ is too big to carry (>64 MiB); on the development machine
 #     bash bench/run_gpu.sh --pack [BUILD_DIR]      # default build
-# copies what this script needs (library, test_gpu, test_cuda_backend, bench_generate and the
+# copies what this script needs (library, PTX compiler plugin, test_gpu, test_cuda_backend, bench_generate and the
 # non-system shared libraries they load, e.g. libsqlite3/libcmocka) into
 # build-gpu/ (ignored by git), to carry as the single path "build-gpu".
 set -uo pipefail
@@ -29,6 +29,8 @@ if [ "${1:-}" = "--pack" ]; then
   [ -e "$src/libflashattn.so.0" ] || { echo "run_gpu.sh: no $src/libflashattn.so.0" >&2; exit 2; }
   rm -rf "$dst" && mkdir -p "$dst/tests" "$dst/bench" "$dst/runtime-libs"
   cp -L "$src/libflashattn.so.0" "$dst/"
+  # The PTX compiler plugin, next to the library where it looks first.
+  [ -e "$src/libflashattn_ptxc.so" ] && cp -L "$src/libflashattn_ptxc.so" "$dst/"
   [ -x "$src/tests/test_gpu" ] && cp "$src/tests/test_gpu" "$dst/tests/"
   [ -x "$src/tests/test_cuda_backend" ] && cp "$src/tests/test_cuda_backend" "$dst/tests/"
   [ -x "$src/bench/bench_generate" ] && cp "$src/bench/bench_generate" "$dst/bench/"
@@ -40,7 +42,7 @@ if [ "${1:-}" = "--pack" ]; then
   # The commit packed, for the results (the device's copy of .git can lag).
   echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo ' (+ uncommitted changes)')" >"$dst/COMMIT"
   # Debug info is most of a RelWithDebInfo build; the carry limit is 64 MiB.
-  strip --strip-debug "$dst/libflashattn.so.0" "$dst"/tests/* "$dst"/bench/* 2>/dev/null || true
+  strip --strip-debug "$dst"/libflashattn*.so* "$dst"/tests/* "$dst"/bench/* 2>/dev/null || true
   du -sh "$dst"; find "$dst" -type f | sort
   echo "carry [\"$dst\"] and run: bash bench/run_gpu.sh"
   exit 0

@@ -1250,6 +1250,42 @@ int probe_ptxc_compile_error(const char *plugin_path) {
   return kExitPass;
 }
 
+// The real PTX compiler plugin on a real GPU (issue 25): the cubins it
+// builds for the device's exact SM (vec_add, and on sm_90 the sm_90a
+// whole-program form) are ELF images the installed driver loads as they are
+// and that compute the right answer.
+int probe_gpu_ptxc(const char *plugin_path) {
+  setenv("FLASHATTN_PTX_COMPILER", plugin_path, 1);
+  auto b = gpu_backend();
+  PROBE_CHECK(b->compiler().mode == FA_COMPILER_PLUGIN, "no plugin: %s", b->compiler().note.c_str());
+  emit("compiler", b->compiler().version);
+  std::vector<std::string> ptxs = {kVecAddPtx};
+  if (b->info().sm == 90) {
+    std::string ptx = kVecAddPtx;
+    const std::string from = ".version 7.0\n.target sm_52", to = ".version 8.0\n.target sm_90a";
+    PROBE_CHECK(ptx.compare(0, from.size(), from) == 0, "unexpected vec_add header");
+    ptxs.push_back(ptx.replace(0, from.size(), to));
+  }
+  for (const std::string &ptx : ptxs) {
+    std::vector<uint8_t> binary;
+    std::string log, used;
+    PROBE_STATUS(FA_SUCCESS, b->compile(ptx, &binary, &log, fa::CompileWith::kBest, &used));
+    PROBE_CHECK(used == b->compiler().version, "compiled by '%s'", used.c_str());
+    PROBE_CHECK(fa::ptxc::is_cubin(binary), "not a cubin (%zu bytes)", binary.size());
+    uint32_t flags = 0;
+    std::memcpy(&flags, &binary[48], 4);
+    PROBE_CHECK(int((flags >> 8) & 0xff) == b->info().sm, "cubin for sm_%u on sm_%d",
+                (flags >> 8) & 0xff, b->info().sm);
+    std::unique_ptr<fa::Kernel> kernel;
+    PROBE_STATUS(FA_SUCCESS, b->load(ptx, binary, "vec_add", 0, &kernel));
+    for (uint32_t n : {1u, 1000u, 65537u}) {
+      const std::string e = run_vec_add(*b, *kernel, n, 0.5f);
+      PROBE_CHECK(e.empty(), "plugin cubin vec_add: %s", e.c_str());
+    }
+  }
+  return kExitPass;
+}
+
 // CUDA-graph safety (issue 11; docs/api.md): once a shape's kernels are
 // loaded, fa_decode, fa_decode_reduce and fa_launch make no allocation, copy,
 // memset, synchronisation or module load, and never read device data on the
@@ -1513,6 +1549,8 @@ int probe_main(int argc, char **argv) {
     rc = probe_ptxc_step(argv[3], argv[4], std::atoi(argv[5]));
   } else if (name == "ptxc_refused" && argc > 4) {
     rc = probe_ptxc_refused(argv[3], argv[4]);
+  } else if (name == "gpu_ptxc" && argc > 3) {
+    rc = probe_gpu_ptxc(argv[3]);
   } else if (name == "ptxc_compile_error" && argc > 3) {
     rc = probe_ptxc_compile_error(argv[3]);
   } else if (name == "ptxc_real" && argc > 3) {
@@ -2067,9 +2105,15 @@ void test_mock_ptx_compiler_plugin_compile_error(void **state) {
   assert_string_equal(r.get("mock_cubin_loads").c_str(), "1");
 }
 
-// The real plugin, when this build made one (FA_BUILD_PTXC).
+// The real plugin: $FA_TEST_PTXC_PLUGIN (a packed build on the GPU
+// machine), else the one this build made (FA_BUILD_PTXC), else "".
+std::string real_plugin_path() {
+  const char *env = std::getenv("FA_TEST_PTXC_PLUGIN");
+  return env != nullptr && env[0] != '\0' ? env : FA_PTXC_PLUGIN_PATH;
+}
+
 void test_real_ptx_compiler_plugin(void **) {
-  const std::string plugin = FA_PTXC_PLUGIN_PATH;
+  const std::string plugin = real_plugin_path();
   struct stat st;
   if (plugin.empty() || stat(plugin.c_str(), &st) != 0) {
     std::printf("no PTX compiler plugin in this build (tools/setup.sh fetches its library)\n");
@@ -2105,6 +2149,19 @@ void test_gpu_whole_program_sm90a(void **state) {
   const ProbeResult r = run_probe({"whole_program"}, nullptr);
   expect_probe_passed(r);
   std::printf("%s\n", r.get("whole_program_jit_log").c_str());
+}
+
+void test_gpu_ptx_compiler_plugin(void **state) {
+  require_gpu(state);
+  const std::string plugin = real_plugin_path();
+  struct stat st;
+  if (plugin.empty() || stat(plugin.c_str(), &st) != 0) {
+    std::printf("no PTX compiler plugin (set FA_TEST_PTXC_PLUGIN)\n");
+    skip();
+  }
+  const ProbeResult r = run_probe({"gpu_ptxc", plugin}, nullptr);
+  std::printf("%s\n", r.get("compiler").c_str());
+  expect_probe_passed(r);
 }
 
 void test_gpu_dynamic_smem_above_48k(void **state) {
@@ -2161,6 +2218,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_real_ptx_compiler_plugin),
       cmocka_unit_test(test_gpu_vec_add),
       cmocka_unit_test(test_gpu_whole_program_sm90a),
+      cmocka_unit_test(test_gpu_ptx_compiler_plugin),
       cmocka_unit_test(test_gpu_dynamic_smem_above_48k),
       cmocka_unit_test(test_gpu_fault_poisons_backend),
       cmocka_unit_test(test_gpu_error_paths_and_memory),

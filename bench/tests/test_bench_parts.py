@@ -243,14 +243,16 @@ def test_markdown(tmp_path):
     b.write_markdown(str(p), {"gpu": "G", "date": "D", "commit": "C"}, rows,
                      [{"kernel": "k", "gen_us": 90.0, "cold_first_ms": 40.0, "warm_ms": 0.1,
                        "disk_first_ms": 2.0, "inproc_first_ms": 0.12, "cold_mem_first_ms": 20.0,
-                       "disk_drvcache_first_ms": 0.5}],
+                       "disk_drvcache_first_ms": 0.5, "disk_jit_first_ms": 300.0,
+                       "compiler_mode": "plugin", "compiler": "nvPTXCompiler 13.5"}],
                      [("GPU tests", "test_gpu: Passed")])
     t = p.read_text()
     assert "| bf16 | 128 | no | 512 | 32 x 16 |" in t
     assert "**FAIL**" in t and "Out of tolerance: bf16 d128 causal s512" in t
     assert "0.500" in t  # fa/flash ratio
     assert "n/a (RuntimeError: No available kernel, x)" in t
-    assert "| k | 90.0 | 40.00 | 0.100 | 39.90 | 20.00 | 19.81 | 2.00 | 1.90 | 0.50 | 0.120 |" in t
+    assert ("| k | 90.0 | 40.00 | 0.100 | 39.90 | 20.00 | 19.81 | 2.00 | 1.90 | 0.50 | 300.00 | "
+            "0.120 | plugin nvPTXCompiler 13.5 |") in t
     assert "test_gpu: Passed" in t
 
 
