@@ -705,13 +705,14 @@ def library_path():
 
 
 def import_flashattn():
-    """The Python binding from bindings/python, loading FLASHATTN_LIBRARY or
-    build/libflashattn.so.0."""
+    """The Python binding from bindings/python (or $FLASHATTN_PYTHON_DIR),
+    loading FLASHATTN_LIBRARY or build/libflashattn.so.0."""
     lib = library_path()
     if lib is None:
         raise SystemExit("bench_sdpa: no library: set FLASHATTN_LIBRARY or build build/libflashattn.so.0")
     os.environ["FLASHATTN_LIBRARY"] = lib
-    sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+    # FLASHATTN_PYTHON_DIR: another version's binding, for its library.
+    sys.path.insert(0, os.environ.get("FLASHATTN_PYTHON_DIR") or os.path.join(ROOT, "bindings", "python"))
     import flashattn as fa
     fa.load_library()
     return fa

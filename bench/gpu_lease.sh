@@ -22,7 +22,10 @@
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
 #             JIT instead of the plugin's cubins, the same PTX)
 #   sdpabase  bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the library
-#             in build-gpu/baseline/ (a before/after pair on one machine)
+#             in build-gpu/baseline/ (a before/after pair on one machine;
+#             that version's bindings/python/flashattn in build-gpu/baseline/python/)
+#   ab        bench_compiler_ab.py: the plugin's cubins against the driver's
+#             JIT of the same PTX, one process, bf16 d64/128 s1k/4k
 #   fp8fwd    bench_sdpa.py --fp8 (bench_fp8.py): the fp8 forward (e4m3 Q/K/V,
 #             per-(batch, KV head) descales, bf16 O) against its f16 form
 #             (FLASHATTN_SM90_FP8_F16=1, sm_90), flashattn bf16,
@@ -44,7 +47,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
+only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -112,6 +115,9 @@ snapshot() {
   cp "$summary" "$OUT/summary.txt"
   tar -C / -czf "$OUT/lease.tgz" "${root#/}/$res" "${logs#/}" --exclude=cache 2>/dev/null
 }
+# The baseline's own Python binding when packed with it (its structs).
+basepy=""
+[ -d "$build/baseline/python" ] && basepy=$root/$build/baseline/python
 budget() { awk -v a="$1" -v s="$scale" 'BEGIN { printf "%d", a * s }'; }
 
 export FLASHATTN_CACHE_DIR=$logs/cache
@@ -135,10 +141,11 @@ FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-d
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
   --dtypes bf16 --head-dims 64,128 --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
 if [ -e "$build/baseline/libflashattn.so.0" ]; then
-  FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
+  FLASHATTN_PYTHON_DIR=$basepy FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
     bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 64,128 \
     --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
 fi
+stage ab 60 "$py" bench/bench_compiler_ab.py --out-dir "$res"
 stage fp8fwd 90 "$py" bench/bench_sdpa.py --fp8 --out-dir "$res" --head-dims 128,64 \
   --seqlens 1024,2048,4096,8192 --time-budget "$(budget 75)"
 stage coldstart 90 "$py" bench/bench_sdpa.py --out-dir "$logs/cold" --dtypes bf16 --head-dims 128 \
@@ -148,7 +155,7 @@ stage decode 100 "$py" bench/bench_decode.py --out-dir "$res" --batches 1,64,256
 stage decode16 100 "$py" bench/bench_decode.py --out-dir "$res" --dtype fp16 --batches 1,64,256 \
   --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 85)"
 if [ -e "$build/baseline/libflashattn.so.0" ]; then
-  FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage decodebase 100 "$py" \
+  FLASHATTN_PYTHON_DIR=$basepy FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage decodebase 100 "$py" \
     bench/bench_decode.py --out-dir "$logs/base" --batches 1,64,256 --contexts 4096,32768 \
     --page-sizes 16 --time-budget "$(budget 85)"
 fi
