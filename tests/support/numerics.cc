@@ -254,19 +254,19 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
           s[size_t(j)] = std::exp(s[size_t(j)] - m);
           l += s[size_t(j)];
         }
+        // The fp8 forward rounds 2^8 times the unnormalised p to e4m3
+        // (tile::OnlineSoftmax::fp8_form) and divides by the f32 l last.
+        for (long long j = lo; j <= hi; ++j) {
+          s[size_t(j)] = p_e4m3 ? float(ref::fp8_to_double(
+                                      ref::fp8_from_double(256.0 * s[size_t(j)], false), false)) /
+                                      (256.0f * l)
+                                : ref::round_to(s[size_t(j)] / l, bf16);
+        }
         for (int c = 0; c < dv; ++c) {
           float acc = 0;
-          for (long long j = lo; j <= hi; ++j) {
-            // The fp8 forward rounds 2^8 times the unnormalised p to e4m3
-            // (tile::OnlineSoftmax::fp8_form) and divides by the f32 l last.
-            const float pj = p_e4m3
-                                 ? float(ref::fp8_to_double(
-                                       ref::fp8_from_double(256.0 * s[size_t(j)], false), false)) /
-                                       (256.0f * l)
-                                 : ref::round_to(s[size_t(j)] / l, bf16);
-            acc +=
-                pj * float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + c]);
-          }
+          for (long long j = lo; j <= hi; ++j)
+            acc += s[size_t(j)] *
+                   float(v[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * dv + c]);
           orow[c] = ref::round_to(acc, bf16);
         }
       }

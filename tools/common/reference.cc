@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace fa::ref {
 
@@ -83,17 +84,27 @@ double fp8_to_double(uint8_t code, bool e5m2) {
 
 uint8_t fp8_from_double(double x, bool e5m2) {
   if (std::isnan(x)) return 0x7f;
-  const double mx = fp8_max(e5m2);
+  // The finite codes 0..max of one sign, ordered by value (one table per
+  // format, built once): the nearest by binary search, ties to the even code.
+  struct Table {
+    std::vector<double> v;
+    explicit Table(bool f) {
+      for (int c = 0; c < 0x80; ++c) {
+        const double x = fp8_to_double(static_cast<uint8_t>(c), f);
+        if (!std::isfinite(x)) break;
+        v.push_back(x);
+      }
+    }
+  };
+  static const Table e4m3(false), e5m2_table(true);
+  const std::vector<double> &t = e5m2 ? e5m2_table.v : e4m3.v;
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  const double a = std::min(std::fabs(x), mx);
-  // Codes 0..max of one sign are ordered by value: the nearest by search.
-  int best = 0;
-  double best_d = INFINITY;
-  for (int c = 0; c < 0x80; ++c) {
-    const double v = fp8_to_double(static_cast<uint8_t>(c), e5m2);
-    if (!std::isfinite(v)) break;
-    const double d = std::fabs(v - a);
-    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  const double a = std::min(std::fabs(x), t.back());
+  const size_t hi = size_t(std::lower_bound(t.begin(), t.end(), a) - t.begin());
+  size_t best = hi;
+  if (hi > 0) {
+    const double dl = a - t[hi - 1], dh = t[hi] - a;
+    if (dl < dh || (dl == dh && ((hi - 1) & 1) == 0)) best = hi - 1;
   }
   return static_cast<uint8_t>(sign | best);
 }
