@@ -7,7 +7,9 @@
 // wgmma serialized). Modules are assembled whole-program, as the cuda
 // backend has the driver compile them (src/backend/README.md: relocatable
 // code, what cuLink* makes, spills and serializes). Skipped when ptxas is
-// not available. Up to one ptxas per online CPU (at least 2). Under
+// not available. Modules whose answer tests/data/ptxas_results.tsv records
+// for this ptxas are not assembled again, bar a sample that must agree
+// (test_ptxas_assembles_grid). Up to one ptxas per online CPU (at least 2). Under
 // FA_TEST_QUICK=1 (the sanitizer pass) the grid is generated whole, so ASan
 // and UBSan see every generator path, but not assembled: ptxas is not what
 // the sanitizers check, and the normal pass assembles the same bytes.
@@ -16,11 +18,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL  // header-only, as the library uses it
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -556,32 +562,6 @@ bool spawn_ptxas(const char *ptxas, Job &job) {
 // "Used 94 registers" and "N bytes spill stores" from a ptxas -v log;
 // counts a module with local memory in *spilling, and a forward one also in
 // *forward_bad (as one that uses more than 255 registers).
-void summarize(const Job &job, const std::string &log, int *spilling, int *forward_bad) {
-  int regs = -1, stack = 0, spill_st = 0, spill_ld = 0;
-  const char *p = std::strstr(log.c_str(), "Used ");
-  if (p) regs = std::atoi(p + 5);
-  p = std::strstr(log.c_str(), "bytes stack frame");
-  if (p) {
-    while (p > log.c_str() && p[-1] != '\n') --p;  // start of that line
-    std::sscanf(p, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &stack,
-                &spill_st, &spill_ld);
-  }
-  bool spills = stack || spill_st || spill_ld;
-  if (spills) ++*spilling;
-  // Forward kernels, and the decode variants of the features since 0.4
-  // (tree masks, sinks, ALiBi, fp8, append, head dims past 256: held to the
-  // same rule), must not touch local memory.
-  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
-                      job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
-                      job.spec.append_kv || job.spec.head_dim > 256 || job.spec.head_dim_v > 256;
-  const bool advisory = log.find("Potential Performance Loss") != std::string::npos;
-  if (strict && (spills || regs < 0 || regs > 255 || advisory)) ++*forward_bad;
-  std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s%s\n", job.spec.describe().c_str(),
-              regs, stack, spill_st, spill_ld, spills ? "  <- local memory" : "",
-              advisory ? "  <- performance advisory" : "");
-  if (advisory) std::printf("%s\n", log.c_str());
-}
-
 // ptxas -arch=sm_90a accepts the builder's sm_90a instructions (a kernel
 // with no meaning of its own: every form once, with live results so none is
 // dropped) without local memory.
@@ -722,6 +702,107 @@ void test_ptxas_fp8_mma_forms(void **) {
   }
 }
 
+// ptxas's answer for a module is a function of (ptxas version, target,
+// PTX bytes). tests/data/ptxas_results.tsv records it for the grid's
+// modules, written by this test (build/tests/ptxas_results.tsv) after a run
+// with the same ptxas: a module whose PTX is in it is not assembled again,
+// except every kRecheckEvery-th one, which is, and must give the recorded
+// answer (a stale or edited table fails). FA_PTXAS_ALL=1 assembles every
+// module. A kernel change leaves its new modules out of the table: they are
+// assembled, and the test says how to record them.
+constexpr size_t kRecheckEvery = 25;
+
+struct PtxasResult {
+  int regs = -1, stack = 0, spill_st = 0, spill_ld = 0, advisory = 0;
+  bool operator==(const PtxasResult &o) const {
+    return regs == o.regs && stack == o.stack && spill_st == o.spill_st &&
+           spill_ld == o.spill_ld && advisory == o.advisory;
+  }
+};
+
+PtxasResult parse_log(const std::string &log) {
+  PtxasResult r;
+  const char *p = std::strstr(log.c_str(), "Used ");
+  if (p) r.regs = std::atoi(p + 5);
+  p = std::strstr(log.c_str(), "bytes stack frame");
+  if (p) {
+    while (p > log.c_str() && p[-1] != '\n') --p;  // start of that line
+    std::sscanf(p, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &r.stack,
+                &r.spill_st, &r.spill_ld);
+  }
+  r.advisory = log.find("Potential Performance Loss") != std::string::npos;
+  return r;
+}
+
+std::string arch_of(const KernelSpec &s) {
+  return "sm_" + std::to_string(s.sm) + (s.wgmma ? "a" : "");
+}
+
+// "<arch> <XXH3-128 of the PTX, hex>": the table's key.
+std::string module_key(const KernelSpec &s, const std::string &ptx) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(ptx.data(), ptx.size()));
+  std::string hex;
+  char b[3];
+  for (unsigned char x : c.digest) {
+    std::snprintf(b, sizeof b, "%02x", x);
+    hex += b;
+  }
+  return arch_of(s) + " " + hex;
+}
+
+// The last line of `ptxas --version` ("Build cuda_13.0.r13.0/compiler..."),
+// or "" when it cannot be run.
+std::string ptxas_version(const char *ptxas) {
+  const std::string cmd = std::string("'") + ptxas + "' --version 2>/dev/null";
+  FILE *f = popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out, line;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, f)) {
+    line = buf;
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    if (!line.empty()) out = line;
+  }
+  return pclose(f) == 0 ? out : "";
+}
+
+const char *kTableHeader = "# ptxas ";
+
+// Reads `path` when its header names `version`: key -> result.
+std::map<std::string, PtxasResult> read_table(const std::string &path, const std::string &version) {
+  std::map<std::string, PtxasResult> t;
+  std::ifstream f(path);
+  std::string line;
+  if (!std::getline(f, line) || line != kTableHeader + version) return t;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    char arch[16], hex[40];
+    PtxasResult r;
+    if (std::sscanf(line.c_str(), "%15s %39s %d %d %d %d %d", arch, hex, &r.regs, &r.stack,
+                    &r.spill_st, &r.spill_ld, &r.advisory) == 7)
+      t[std::string(arch) + " " + hex] = r;
+  }
+  return t;
+}
+
+void summarize(const Job &job, const PtxasResult &r, const std::string &log, int *spilling,
+               int *forward_bad) {
+  const bool spills = r.stack || r.spill_st || r.spill_ld;
+  if (spills) ++*spilling;
+  // Forward kernels, and the decode variants of the features since 0.4
+  // (tree masks, sinks, ALiBi, fp8, append, head dims past 256: held to the
+  // same rule), must not touch local memory.
+  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
+                      job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
+                      job.spec.append_kv || job.spec.head_dim > 256 || job.spec.head_dim_v > 256;
+  if (strict && (spills || r.regs < 0 || r.regs > 255 || r.advisory)) ++*forward_bad;
+  std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s%s\n", job.spec.describe().c_str(),
+              r.regs, r.stack, r.spill_st, r.spill_ld, spills ? "  <- local memory" : "",
+              r.advisory ? "  <- performance advisory" : "");
+  if (r.advisory && !log.empty()) std::printf("%s\n", log.c_str());
+}
+
 void test_ptxas_assembles_grid(void **) {
   const char *ptxas = FA_PTXAS_PATH;
   if (!ptxas[0] || access(ptxas, X_OK) != 0) {
@@ -731,7 +812,16 @@ void test_ptxas_assembles_grid(void **) {
   char dir_template[] = "/tmp/fa_ptxas_XXXXXX";
   char *dir = mkdtemp(dir_template);
   assert_non_null(dir);
+  const std::string version = ptxas_version(ptxas);
+  const char *all = std::getenv("FA_PTXAS_ALL");
+  const std::string table_path = std::string(FA_TEST_DATA_DIR) + "/ptxas_results.tsv";
+  const std::map<std::string, PtxasResult> table =
+      version.empty() || (all && all[0] == '1') ? std::map<std::string, PtxasResult>()
+                                                : read_table(table_path, version);
   std::vector<Job> jobs;
+  std::vector<std::string> keys;
+  std::vector<bool> assemble;
+  size_t hits = 0;
   for (const KernelSpec &s : grid()) {
     Job j;
     j.spec = s;
@@ -742,6 +832,10 @@ void test_ptxas_assembles_grid(void **) {
     j.ptx_path = base + ".ptx";
     j.log_path = base + ".log";
     std::ofstream(j.ptx_path) << ptx;
+    keys.push_back(module_key(s, ptx));
+    const bool known = table.count(keys.back()) != 0;
+    hits += known;
+    assemble.push_back(!known || hits % kRecheckEvery == 0);
     jobs.push_back(j);
   }
   if (const char *q = std::getenv("FA_TEST_QUICK"); q && q[0] == '1') {
@@ -752,12 +846,15 @@ void test_ptxas_assembles_grid(void **) {
   }
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const size_t kParallel = cpus > 2 ? size_t(cpus) : 2;
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (assemble[i]) todo.push_back(i);
   size_t next = 0, done = 0;
   std::vector<size_t> running;
-  while (done < jobs.size()) {
-    while (running.size() < kParallel && next < jobs.size()) {
-      assert_true(spawn_ptxas(ptxas, jobs[next]));
-      running.push_back(next++);
+  while (done < todo.size()) {
+    while (running.size() < kParallel && next < todo.size()) {
+      assert_true(spawn_ptxas(ptxas, jobs[todo[next]]));
+      running.push_back(todo[next++]);
     }
     int status = 0;
     pid_t pid = wait(&status);
@@ -770,21 +867,52 @@ void test_ptxas_assembles_grid(void **) {
       break;
     }
   }
-  int failed = 0, spilling = 0, forward_bad = 0;
-  std::printf("ptxas -v over %zu modules:\n", jobs.size());
-  for (const Job &j : jobs) {
-    std::string log = read_file(j.log_path);
-    bool ok = WIFEXITED(j.status) && WEXITSTATUS(j.status) == 0;
-    if (!ok) {
-      ++failed;
-      std::printf("FAILED: %s (sm_%d), %s\n%s\n", j.spec.describe().c_str(), j.spec.sm,
-                  j.ptx_path.c_str(), log.c_str());
-      continue;
+  int failed = 0, spilling = 0, forward_bad = 0, stale = 0;
+  std::printf("ptxas -v over %zu modules (%s):\n", jobs.size(), version.c_str());
+  std::map<std::string, PtxasResult> record;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job &j = jobs[i];
+    const auto known = table.find(keys[i]);
+    std::string log;
+    PtxasResult r;
+    if (assemble[i]) {
+      log = read_file(j.log_path);
+      if (!WIFEXITED(j.status) || WEXITSTATUS(j.status) != 0) {
+        ++failed;
+        std::printf("FAILED: %s (sm_%d), %s\n%s\n", j.spec.describe().c_str(), j.spec.sm,
+                    j.ptx_path.c_str(), log.c_str());
+        continue;
+      }
+      r = parse_log(log);
+      if (known != table.end() && !(known->second == r)) {
+        ++stale;
+        std::printf("STALE: %s: %s records regs %d stack %d spills %d/%d advisory %d\n",
+                    j.spec.describe().c_str(), table_path.c_str(), known->second.regs,
+                    known->second.stack, known->second.spill_st, known->second.spill_ld,
+                    known->second.advisory);
+      }
+    } else {
+      r = known->second;
     }
-    summarize(j, log, &spilling, &forward_bad);
+    record[keys[i]] = r;
+    summarize(j, r, log, &spilling, &forward_bad);
   }
-  std::printf("%zu modules, %d failed, %d with local memory, %d forward with local memory\n",
-              jobs.size(), failed, spilling, forward_bad);
+  std::printf("%zu modules (%zu assembled, %zu from %s), %d failed, %d with local memory, "
+              "%d forward with local memory, %d recorded results contradicted\n",
+              jobs.size(), todo.size(), jobs.size() - todo.size(), table_path.c_str(), failed,
+              spilling, forward_bad, stale);
+  // This run's table, for tests/data when the grid or its kernels changed.
+  if (failed == 0 && !version.empty()) {
+    const std::string out = std::string(FA_TEST_BINARY_DIR) + "/ptxas_results.tsv";
+    std::ofstream f(out);
+    f << kTableHeader << version << "\n# target XXH3-128(PTX) regs stack spill_st spill_ld advisory\n";
+    for (const auto &[k, r] : record)
+      f << k << " " << r.regs << " " << r.stack << " " << r.spill_st << " " << r.spill_ld << " "
+        << r.advisory << "\n";
+    if (record.size() != table.size() || hits != jobs.size())
+      std::printf("%zu modules not in %s: to record them, cp %s %s\n", jobs.size() - hits,
+                  table_path.c_str(), out.c_str(), table_path.c_str());
+  }
   if (failed == 0) {
     for (const Job &j : jobs) {
       std::remove(j.ptx_path.c_str());
@@ -794,6 +922,7 @@ void test_ptxas_assembles_grid(void **) {
   }
   assert_int_equal(failed, 0);
   assert_int_equal(forward_bad, 0);
+  assert_int_equal(stale, 0);
 }
 
 }  // namespace
