@@ -24,8 +24,12 @@ fi
 # No root needed; a failed download only leaves the plugin out (the library
 # then leaves PTX to the driver's JIT). FA_NVPTXCOMPILER_WHEEL=/path/to.whl
 # uses a wheel already on disk; FA_SKIP_PTXC=1 skips this step.
-ptxc_version=13.5.37
-ptxc_sha256_x86_64=d5cd17d43e4e6370c16b7d998f1bb92988f94b5bd1bf774c60fda5acb9253213
+# 13.0.88: the compiler of CUDA 13.0's ptxas (what test_ptxas checks) and of
+# the oldest CUDA 13 driver's JIT. 13.5.37 wrapped parts of the sm_90a consumer
+# in two more BSSY/BSYNC regions and ran the d64 forward 1-2.4% slower on an
+# H200 (bench/results/2026-11-28-h200-ptx-compiler-ab.md).
+ptxc_version=13.0.88
+ptxc_sha256_x86_64=7579fc2d9928030ee45626694a9062e02a691594c481bf2bbd46cdd090b33fa3
 ptxc_dir="$(cd "$(dirname "$0")/.." && pwd)/.deps/nvptxcompiler-$ptxc_version"
 if [ "${FA_SKIP_PTXC:-0}" != "1" ] && [ ! -f "$ptxc_dir/lib/libnvptxcompiler_static.a" ]; then
   if [ "$(uname -m)" != "x86_64" ]; then
@@ -53,6 +57,8 @@ PY
     echo "$ptxc_version" > "$ptxc_dir.tmp/VERSION"
     rm -rf "$ptxc_dir"
     mv "$ptxc_dir.tmp" "$ptxc_dir"
+    # Other versions' directories: CMake takes the one left.
+    for d in "${ptxc_dir%-*}"-*; do [ "$d" = "$ptxc_dir" ] || rm -rf "$d"; done
   ); then
     rm -rf "$ptxc_dir.tmp"
     echo "setup: could not fetch nvidia-nvptxcompiler $ptxc_version; building without the PTX compiler plugin" >&2

@@ -29,7 +29,7 @@ int fa_ptxc_abi_version(void);
 
 /* What a cubin's bytes depend on, as a static NUL-terminated string naming
  * the compiler library and its version and the options every compile uses,
- * e.g. "nvPTXCompiler 13.5 (nvidia-nvptxcompiler 13.5.37) -O3". Two
+ * e.g. "nvPTXCompiler 13.0 (nvidia-nvptxcompiler 13.0.88) -O3". Two
  * compiles of the same PTX for the same target by plugins with the same
  * string give the same cubin. */
 const char *fa_ptxc_compiler_version(void);

@@ -50,8 +50,13 @@ static int valid_target(const char *t) {
   return *p == '\0';
 }
 
-/* Whether this compiler knows SM `sm` (nvPTXCompilerGetSupportedArchs). */
+/* Whether this compiler knows SM `sm` (nvPTXCompilerGetSupportedArchs,
+ * since CUDA 13.1; with an older library the compile itself says). */
 static int supported_sm(int sm) {
+#ifndef FA_PTXC_HAVE_SUPPORTED_ARCHS
+  (void)sm;
+  return 1;
+#else
   int n = 0;
   if (nvPTXCompilerGetNumSupportedArchs(&n) != NVPTXCOMPILE_SUCCESS || n <= 0 || n > 4096) return 1;
   int *archs = malloc(sizeof(int) * (size_t)n);
@@ -64,6 +69,7 @@ static int supported_sm(int sm) {
   }
   free(archs);
   return found;
+#endif
 }
 
 /* The error log, then the info log, as one malloc'ed string (NULL if both
@@ -126,7 +132,11 @@ EXPORT int fa_ptxc_compile(const char *ptx, size_t ptx_size, const char *target,
       *cubin_size = size;
     }
   } else if (r == NVPTXCOMPILE_ERROR_COMPILATION_FAILURE) {
-    status = FA_PTXC_ERROR_COMPILE;
+    /* A library without nvPTXCompilerGetSupportedArchs names an unknown
+     * target only in its log: "Value 'sm_NNN' is not defined for option
+     * 'gpu-name'". */
+    status = *log && strstr(*log, "is not defined for option 'gpu-name'") ? FA_PTXC_ERROR_UNSUPPORTED
+                                                                           : FA_PTXC_ERROR_COMPILE;
   } else if (r == NVPTXCOMPILE_ERROR_UNSUPPORTED_PTX_VERSION) {
     status = FA_PTXC_ERROR_UNSUPPORTED;
   } else if (r == NVPTXCOMPILE_ERROR_INVALID_INPUT) {
