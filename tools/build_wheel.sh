@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Python wheel with libflashattn.so inside and tags it manylinux:
 #   tools/build_wheel.sh [OUT_DIR]        (default: build/wheel/dist)
-# The last line printed is the path of the repaired wheel.
+# The last line printed is the path of the repaired wheel. With NVIDIA's PTX
+# compiler library in .deps/ (tools/setup.sh) it also builds flashattn-ptxc
+# (bindings/python-ptxc: the plugin, for `pip install flashattn[cubin]`) into OUT_DIR.
 #
 # Needs what tools/setup.sh installs (compiler, cmake, pkg-config, SQLite's
 # static library and headers, xxhash.h, CLI11) and cuda.h (CUDA_HOME or
@@ -68,4 +70,29 @@ esac
 t3=$(date +%s)
 echo "build_wheel.sh: venv+backend $((t1 - t0)) s, compile+package $((t2 - t1)) s," \
      "auditwheel $((t3 - t2)) s; $(stat -c %s "$fixed") bytes" >&2
+
+# The PTX compiler plugin's wheel (bindings/python-ptxc, `flashattn[cubin]`),
+# when tools/setup.sh fetched NVIDIA's PTX compiler library into .deps/ (no
+# second download: the build environment's nvidia-nvptxcompiler is what an
+# isolated `pip wheel bindings/python-ptxc` uses instead).
+rm -f "$out"/flashattn_ptxc-*.whl
+ptxc=$(ls -d "$root"/.deps/nvptxcompiler-* 2>/dev/null | head -n 1 || true)
+if [ -n "$ptxc" ] && [ -f "$ptxc/lib/libnvptxcompiler_static.a" ]; then
+  rm -rf "$raw" && mkdir -p "$raw"
+  "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps -w "$raw" \
+    --config-settings=build-dir="$work/cmake-ptxc" \
+    --config-settings=cmake.define.FA_NVPTXCOMPILER_DIR="$ptxc" \
+    --config-settings=cmake.define.FA_NVPTXCOMPILER_VERSION="$(cat "$ptxc/VERSION")" \
+    --config-settings=cmake.define.FA_NVPTXCOMPILER_LICENSE="$ptxc/License.txt" \
+    bindings/python-ptxc
+  "$venv/bin/auditwheel" repair -w "$out" "$(ls "$raw"/flashattn_ptxc-*.whl)" >"$work/auditwheel-ptxc.log" 2>&1 || {
+    cat "$work/auditwheel-ptxc.log" >&2
+    exit 1
+  }
+  t4=$(date +%s)
+  p=$(ls "$out"/flashattn_ptxc-*.whl)
+  echo "build_wheel.sh: flashattn-ptxc in $((t4 - t3)) s; $(stat -c %s "$p") bytes: $p" >&2
+else
+  echo "build_wheel.sh: no .deps/nvptxcompiler-* (tools/setup.sh): flashattn-ptxc not built" >&2
+fi
 echo "$fixed"

@@ -10,7 +10,10 @@
 #      standard library alone (examples/fixture_forward_stdlib.py);
 #   2. a virtual environment with NumPy alone (a NumPy wheel fetched into
 #      build/wheel/wheelhouse beforehand, once) and the wheel: the NumPy
-#      examples (fixture_forward.py, paged_decode.py).
+#      examples (fixture_forward.py, paged_decode.py);
+#   3. `pip install flashattn[cubin]` from the wheels' folder, when
+#      tools/build_wheel.sh built flashattn-ptxc beside it: the plugin is
+#      found through its package and named to the library.
 # The examples are copied out of the checkout so that nothing but the
 # installed package can be imported. FLASHATTN_LIBRARY, PYTHONPATH and
 # LD_LIBRARY_PATH are cleared.
@@ -103,4 +106,37 @@ print("numpy venv: %s" % ", ".join(extra))
 assert extra == ["flashattn", "numpy"], extra'
 "$scratch/np/bin/python" fixture_forward.py "$data"
 "$scratch/np/bin/python" paged_decode.py
+
+# 3. flashattn[cubin]: the extra resolves offline to the flashattn-ptxc wheel
+# built beside the main one, and `import flashattn` names its plugin to the
+# library (an emulator runtime's compiler_note says cuda runtimes would use
+# it; FLASHATTN_PTX_COMPILER=off still wins).
+ptxc=$(ls "$(dirname "$wheel")"/flashattn_ptxc-*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$ptxc" ]; then
+  "$py" -m venv "$scratch/cubin"
+  "$scratch/cubin/bin/python" -m pip install -q --no-index --find-links "$(dirname "$wheel")" \
+    "flashattn[cubin]"
+  "$scratch/cubin/bin/python" - <<'EOF'
+import os
+import sys
+
+import flashattn as fa
+import flashattn_ptxc
+
+plugin = flashattn_ptxc.plugin_path()
+assert plugin and plugin.startswith(sys.prefix + os.sep), plugin
+with fa.Runtime(backend="emulator") as rt:
+    note = rt.cache_stats().compiler_note
+assert os.environ.get("FLASHATTN_PTX_COMPILER") == plugin, os.environ.get("FLASHATTN_PTX_COMPILER")
+assert "use the PTX compiler plugin " + plugin in note, note
+print("cubin venv: %s (%d bytes): %s" % (os.path.relpath(plugin, sys.prefix), os.path.getsize(plugin), note))
+EOF
+  FLASHATTN_PTX_COMPILER=off "$scratch/cubin/bin/python" -c '
+import flashattn as fa
+with fa.Runtime(backend="emulator") as rt:
+    note = rt.cache_stats().compiler_note
+assert "turned off by FLASHATTN_PTX_COMPILER=off" in note, note'
+else
+  echo "no flashattn_ptxc wheel beside $(basename "$wheel"): flashattn[cubin] not tested"
+fi
 echo "test_wheel.sh: every check passed"

@@ -346,6 +346,28 @@ def _candidates():
     return names
 
 
+def _use_ptxc_package():
+    """When the flashattn-ptxc wheel is installed (pip install flashattn[cubin])
+    and FLASHATTN_PTX_COMPILER is unset, names its libflashattn_ptxc.so to
+    libflashattn through that variable (read at the first cuda runtime; the
+    library checks the file as it checks any plugin). Returns the path set,
+    or None."""
+    if os.environ.get("FLASHATTN_PTX_COMPILER"):
+        return None
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("flashattn_ptxc")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    plugin = os.path.join(os.path.dirname(os.path.abspath(spec.origin)), "libflashattn_ptxc.so")
+    if not os.path.isfile(plugin):
+        return None
+    os.environ["FLASHATTN_PTX_COMPILER"] = plugin
+    return plugin
+
+
 def load(path=None):
     """Loads the library once and returns it: FLASHATTN_LIBRARY (a full path)
     when set, else the library bundled in the package (a wheel), else
@@ -356,6 +378,7 @@ def load(path=None):
         if _lib is not None and path is None:
             return _lib
         errors = []
+        _use_ptxc_package()
         for cand in [path] if path else _candidates():
             try:
                 lib = ctypes.CDLL(cand)
