@@ -3,17 +3,20 @@
 // rounding, unordered compares, ...), memory spaces, collectives, and the
 // faults it must report (out of bounds, misalignment, deadlock, divergent
 // shfl.sync, runaway loops, parse errors) instead of crashing or hanging.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
+#include "emu/ptx_ir.h"
 #include "ptx/ptx.h"
 
 // clang-format off
@@ -1590,9 +1593,36 @@ $L_top:
 
 }  // namespace
 
+// The op table (emu/ops.def) classifies every op by its scope, never by its
+// place in the enum: exactly these ops are warpgroup collectives, exactly
+// these warp collectives, and everything else that stops a thread is
+// bar.sync or mbarrier.try_wait. (kPrmt, appended after the warpgroup ops,
+// was a "warpgroup collective" while the classifiers compared ordinals.)
+void test_op_table(void **) {
+  using fa::emu::Op;
+  const Op wg[] = {Op::kWgmmaFence, Op::kWgmmaCommit, Op::kWgmmaWait, Op::kWgmma,
+                   Op::kSetmaxnreg};
+  const Op warp[] = {Op::kBarWarpSync, Op::kShfl, Op::kMma,    Op::kLdmatrix,
+                     Op::kVote,        Op::kStmatrix, Op::kElect};
+  const Op other_stops[] = {Op::kBarSync, Op::kMbarTryWait};
+  auto in = [](Op op, const Op *b, const Op *e) { return std::find(b, e, op) != e; };
+  for (int i = 0; i < static_cast<int>(Op::kNumOps); ++i) {
+    const Op op = static_cast<Op>(i);
+    const bool is_wg = in(op, std::begin(wg), std::end(wg));
+    const bool is_warp = in(op, std::begin(warp), std::end(warp));
+    const bool stops = is_wg || is_warp || in(op, std::begin(other_stops), std::end(other_stops));
+    assert_int_equal(fa::emu::is_warpgroup_collective(op), is_wg);
+    assert_int_equal(fa::emu::is_warp_collective(op), is_warp);
+    assert_int_equal(fa::emu::is_collective(op), stops);
+  }
+  assert_false(fa::emu::is_collective(Op::kPrmt));
+  assert_false(fa::emu::is_warpgroup_collective(Op::kPrmt));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_info),
+      cmocka_unit_test(test_op_table),
       cmocka_unit_test(test_integer_semantics),
       cmocka_unit_test(test_half_conversions),
       cmocka_unit_test(test_float_semantics),

@@ -38,171 +38,32 @@ enum SpecialSlot : uint32_t {
   kNumSpecialSlots
 };
 
+// How an op runs (emu/ops.def).
+enum class OpScope : uint8_t { kThread, kBlocking, kCta, kWarp, kWarpgroup };
+
 enum class Op : uint16_t {
-  // Data movement.
-  kMov,     // d = a (whole slot)
-  kPack32,  // d.b32 = {v0.b16 (low), v1.b16}
-  kPack64,  // d.b64 = {v0.b32 (low), v1.b32}
-  kUnpack32,
-  kUnpack64,
-  kLdParam,  // d = param[imm], sub = bytes, flags kSigned
-  kLdGlobal,
-  kStGlobal,
-  kLdShared,
-  kStShared,
-  // Integer (32/64 suffix = operand width).
-  kAdd32,
-  kAdd64,
-  kSub32,
-  kSub64,
-  kMulLo32,
-  kMulLo64,
-  kMulHiS32,
-  kMulHiU32,
-  kMadLo32,
-  kMadLo64,
-  kMulWideS32,
-  kMulWideU32,
-  kMadWideS32,
-  kMadWideU32,
-  kDivS32,
-  kDivU32,
-  kDivS64,
-  kDivU64,
-  kRemS32,
-  kRemU32,
-  kRemS64,
-  kRemU64,
-  kMinS32,
-  kMinU32,
-  kMinS64,
-  kMinU64,
-  kMaxS32,
-  kMaxU32,
-  kMaxS64,
-  kMaxU64,
-  kNeg32,
-  kNeg64,
-  kAbs32,
-  kAbs64,
-  kAnd,  // whole-slot bitwise ops (valid for b32, b64 and pred)
-  kOr,
-  kXor,
-  kNot,
-  kNotPred,
-  kShl32,
-  kShl64,
-  kShrU32,
-  kShrS32,
-  kShrU64,
-  kShrS64,
-  // f32 (flags kFtz).
-  kAddF,
-  kSubF,
-  kMulF,
-  kFmaF,
-  kDivF,
-  kRcpF,
-  kSqrtF,
-  kRsqrtF,
-  kNegF,
-  kAbsF,
-  kMinF,
-  kMaxF,
-  kEx2F,
-  kLg2F,
-  kTanhF,
-  // Comparison and selection (sub = Cmp).
-  kSetpS32,
-  kSetpU32,
-  kSetpS64,
-  kSetpU64,
-  kSetpF32,
-  kSelp,
-  // Conversions.
-  kCvtF32F16,
-  kCvtF32BF16,
-  kCvtF16F32,     // .rn
-  kCvtBF16F32,    // .rn
-  kCvtF16x2F32,   // .rn, d = {a -> high half, b -> low half}
-  kCvtBF16x2F32,  // .rn
-  kCvtF8x2F32,    // .rn.satfinite, d (16 bits) = {a -> high byte, b -> low byte}; sub 1 = e5m2
-  kCvtF16x2F8x2,  // .rn, d = {a's high byte -> high half, low byte -> low half}; sub 1 = e5m2
-  kCvtF32S32,     // .rn
-  kCvtF32U32,     // .rn
-  kCvtS32F32,     // sub = Round (rzi/rni/rmi/rpi), saturating
-  kCvtU32F32,
-  kCvtInt,  // integer width change: sub = source bits, flags kSigned extends
-  // Asynchronous copies (PTX ISA "Data Movement: cp.async"), per thread.
-  kCpAsync,        // [a + imm] (shared) <- [b + c] (global); sub = cp-size, e = src-size
-                   // slot or kNoSlot, v[0] = ignore-src predicate or kNoSlot
-  kCpAsyncCommit,  // cp.async.commit_group
-  kCpAsyncWait,    // cp.async.wait_group imm; imm = -1: cp.async.wait_all
-  // Control.
-  kBra,  // imm = target pc
-  kExit,
-  // Collectives (the thread stops and the CTA scheduler runs them).
-  kBarSync,      // imm = barrier id, b = thread count slot or kNoSlot (all threads)
-  kBarWarpSync,  // a = membermask
-  kShfl,         // d[, v0 = pred or kNoSlot] = a, b, c, e = membermask; sub = ShflMode
-  // Warp-wide (.aligned) collectives: e = a constant slot holding 0xffffffff,
-  // so the scheduler treats them like a full-membermask shfl.sync.
-  kMma,       // Entry::operand_slots[imm..]: d[4], a[4], b[2], c[4]; sub = MmaKind
-  kLdmatrix,  // v[0..sub) = m8n8 .b16 fragments from rows at [a + imm]; flags kTrans
-  // add/sub/mul.lo/mad.lo .s32: as the 32-bit ops, but a result outside
-  // int32 is a fault. No flashattn kernel relies on signed wrap-around, so
-  // one is an index overflow (docs/kernels.md, "Index arithmetic").
-  kAddS32,
-  kSubS32,
-  kMulLoS32,
-  kMadLoS32,
-  kVote,  // d = any (sub 0) / all (sub 1) of pred a over membermask e (collective)
-  // --- sm_90 (docs/emulator.md, "Hopper"). Per-thread, run inline:
-  kLdGeneric,     // as kLdGlobal, address generic (param block, shared window or global)
-  kStGeneric,     // as kStGlobal, address generic (shared window or global)
-  kCvtaParam,     // d = generic address of kernel-parameter address a (cvta.param)
-  kCvtaShared,    // d = generic address of shared address a (cvta.shared)
-  kCvtaToShared,  // d = shared address of generic address a (cvta.to.shared)
-  kBarArrive,     // bar.arrive imm, count b: arrives on named barrier imm, does not wait
-  kMbarInit,      // mbarrier.init [a + imm], count b
-  kMbarInval,     // mbarrier.inval [a + imm]
-  kMbarArrive,    // d (state or kNoSlot) = mbarrier.arrive [a + imm]{, count b};
-                  // c = expect_tx bytes or kNoSlot; sub 1: expect_tx only (no arrive)
-  kMbarTryWait,   // d = mbarrier.try_wait.parity [a + imm], parity b (blocks while incomplete)
-  kBulkTensor,    // cp.async.bulk.tensor: dst [a + imm], tensor map generic address b,
-                  // operand_slots[c..]: sub coords, mbarrier base slot, mbarrier offset slot
-  // fence.proxy.async: this thread's generic shared writes reach the async proxy.
-  kFenceProxyAsync,
-  // Warp-wide collectives of sm_90 (e = membermask slot, as kShfl):
-  kStmatrix,  // stmatrix: m8n8 .b16 fragments v[0..sub) to rows at [a + imm]; flags kTrans
-  kElect,     // elect.sync d|v[0] (either kNoSlot for '_'), membermask e
-  // Warpgroup-wide (.sync.aligned) collectives: the 128 threads of warps
-  // 4k..4k+3 stop at the same pc and the scheduler runs them once.
-  kWgmmaFence,   // wgmma.fence
-  kWgmmaCommit,  // wgmma.commit_group
-  kWgmmaWait,    // wgmma.wait_group imm
-  kWgmma,        // wgmma.mma_async.m64nNk16 (16-bit inputs) or .m64nNk32 (fp8 inputs,
-                 // flags = WgmmaFp8): N = 8 * vec, sub = WgmmaFlags, a = A descriptor
-                 // (ss), b = B descriptor, c = scale-d (slot, nonzero = accumulate);
-                 // operand_slots[imm..]: N/2 D slots, then 4 A slots (rs)
-  kSetmaxnreg,   // setmaxnreg.{inc (sub 1), dec (sub 0)} imm
-  kPrmt,         // prmt.b32 d, a, b, c (default mode: byte selectors in c's nibbles)
+#define OP(name, scope) name,
+#include "emu/ops.def"
+#undef OP
   kNumOps
 };
 
-// Op is a collective (the thread stops at it and the scheduler runs it).
-inline bool is_collective(Op op) {
-  return (op >= Op::kBarSync && op <= Op::kLdmatrix) || op == Op::kVote || op >= Op::kStmatrix ||
-         op == Op::kMbarTryWait;
-}
+inline constexpr OpScope kOpScope[] = {
+#define OP(name, scope) OpScope::scope,
+#include "emu/ops.def"
+#undef OP
+};
+static_assert(sizeof(kOpScope) / sizeof(kOpScope[0]) == static_cast<size_t>(Op::kNumOps), "ops.def");
+inline constexpr OpScope op_scope(Op op) { return kOpScope[static_cast<size_t>(op)]; }
+
+// Op is a collective or may block (the thread stops at it and the
+// scheduler runs or resumes it).
+inline constexpr bool is_collective(Op op) { return op_scope(op) != OpScope::kThread; }
 // Warp-wide collectives: resolved per warp over a membermask.
-inline bool is_warp_collective(Op op) {
-  return op == Op::kBarWarpSync || op == Op::kShfl || op == Op::kMma || op == Op::kLdmatrix ||
-         op == Op::kVote || op == Op::kStmatrix || op == Op::kElect;
-}
+inline constexpr bool is_warp_collective(Op op) { return op_scope(op) == OpScope::kWarp; }
 // Warpgroup-wide collectives (PTX ISA "Warpgroup": four contiguous warps,
 // the first one's rank a multiple of 4).
-inline bool is_warpgroup_collective(Op op) { return op >= Op::kWgmmaFence; }
+inline constexpr bool is_warpgroup_collective(Op op) { return op_scope(op) == OpScope::kWarpgroup; }
 
 enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
 enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
