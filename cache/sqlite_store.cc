@@ -1054,6 +1054,7 @@ Stats SqliteStore::stats() {
     s.bytes = m.bytes;
   } else {
     s.persistent = true;
+    s.read_only = settings_.read_only;
     s.path = path_;
   }
   s.note = note_;

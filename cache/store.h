@@ -58,6 +58,7 @@ struct Stats {
   uint64_t entries = 0, bytes = 0;  // rows; PTX + cubin bytes in them
   uint64_t max_bytes = 0;           // size cap in force; 0 = none
   bool persistent = false;
+  bool read_only = false;  // a root-owned file this user may only read: put() keeps rows in memory
   std::string path;  // database file; "" when memory only
   std::string note;  // why memory only / last warning
 };

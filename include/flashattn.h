@@ -52,7 +52,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 6
+#define FLASHATTN_VERSION_MINOR 7
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
@@ -967,6 +967,92 @@ FA_API fa_status fa_cache_list(fa_runtime *rt, fa_cache_entry_fn fn, void *user)
 /* Deletes every stored kernel (kernels already loaded stay usable).
  * Errors: INVALID_ARGUMENT, CACHE. */
 FA_API fa_status fa_cache_clear(fa_runtime *rt);
+
+/* ------------------------------------------------------------------------ */
+/* Offline cache warming (since 0.7)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Counts of an fa_cache_warm call, so far (progress) or in all (result). */
+typedef struct fa_cache_warm_progress {
+  size_t struct_size;
+  uint64_t total;   /* distinct kernels asked for: (spec line, SM) pairs
+                       that SM runs, duplicates counted once */
+  uint64_t done;    /* of which finished: built + present + failed */
+  uint64_t built;   /* rows written */
+  uint64_t present; /* rows already there with this compiler's binary */
+  uint64_t failed;  /* kernels the compiler rejected (fa_last_error names
+                       the first after the call) */
+  uint64_t skipped; /* (spec line, SM) pairs that SM cannot run (an fp8 KV
+                       cache below sm_89, ...): not counted in total */
+  uint64_t bytes;   /* PTX + binary bytes of the rows written */
+  double seconds;   /* wall time since the call began */
+  const char *spec; /* progress: the kernel just finished, as
+                       fa_cache_entry.spec; result: NULL. Valid during the
+                       call only */
+  int32_t sm;       /* progress: its SM; result: 0 */
+  char compiler[128]; /* what built the binaries: the PTX compiler plugin's
+                         version, or "" (PTX rows, JIT-compiled by the
+                         device's driver on first use) */
+} fa_cache_warm_progress;
+
+/* Called on the calling thread after each kernel (never concurrently). */
+typedef void (*fa_cache_warm_progress_fn)(const fa_cache_warm_progress *progress, void *user);
+
+typedef struct fa_cache_warm_options {
+  size_t struct_size;
+  const char *cache_dir; /* the cache to fill, as fa_runtime_options.cache_dir
+                            (NULL: the default directory); it must pass the
+                            same trust checks and be writable */
+  const int32_t *sms;    /* the targets: 80, 86, 87, 89, 90 (sm_90a kernels
+                            where the kernel takes them), 100, 103, 110, 120,
+                            121; num_sms >= 1 of them */
+  int32_t num_sms;
+  int32_t jobs;         /* kernels compiled at once; 0 = the online CPUs */
+  const char *presets;  /* comma-separated preset names
+                           (fa_cache_warm_presets), or NULL */
+  const char *specs;    /* kernel spec lines (cache/README.md, "Warming"), or
+                           NULL; at least one of presets and specs */
+  int64_t ptx_compiler; /* fa_ptx_compiler: AUTO builds cubins with the PTX
+                           compiler plugin (fa_runtime_options.ptx_compiler
+                           explains where it is looked for) and writes PTX
+                           rows when there is none; OFF writes PTX rows */
+  fa_cache_warm_progress_fn progress; /* or NULL */
+  void *user;                         /* passed to progress */
+} fa_cache_warm_options;
+
+#define FA_CACHE_WARM_OPTIONS_INIT \
+  { sizeof(fa_cache_warm_options), NULL, NULL, 0, 0, NULL, NULL, 0, NULL, NULL }
+
+/* Fills a kernel cache, on a machine without a GPU or driver, with the rows a
+ * runtime on each target SM would build for the kernels the presets and spec
+ * lines name: the same keys, the generated PTX and, with the PTX compiler
+ * plugin, a whole-program cubin for the exact target (sm_90a for the sm_90
+ * wgmma forward, else sm_NN). A runtime on such a GPU then loads them with 0
+ * compiles (fa_cache_stats.compiles); with the same plugin version, or with
+ * none (the driver JIT mode loads any plugin's cubin as it is). Rows already
+ * current are left alone; kernels a target cannot run are skipped and
+ * counted. The kernel choice follows this process's environment, as a
+ * runtime's does (FLASHATTN_SCALAR_FORWARD and the like): warm with the
+ * serving processes' settings. *result (struct_size set by the caller) gets
+ * the counts; it may be NULL. Errors: INVALID_ARGUMENT (struct_size, no sms,
+ * jobs < 0, an unknown preset, a spec line that does not parse or that
+ * fa_config_create / fa_generate_for refuse: the message names the line and
+ * the key), UNSUPPORTED (an sm not listed), CACHE (the directory or file
+ * cannot be used, or is read-only: nothing written), COMPILE (some kernels
+ * failed to compile: the others are written, result.failed counts them and
+ * the message names the first). Thread safety: any thread; several
+ * processes may warm one cache at once. */
+FA_API fa_status fa_cache_warm(const fa_cache_warm_options *options,
+                               fa_cache_warm_progress *result);
+
+/* The built-in presets, one per line: "<name>: <description>" (models people
+ * serve: Llama 3, Qwen, Mistral, Gemma 2 / 3, gpt-oss, DeepSeek MLA). Static
+ * text; never NULL. */
+FA_API const char *fa_cache_warm_presets(void);
+
+/* The spec lines of preset `name` (static text), or NULL with
+ * fa_last_error naming the presets when there is no such preset. */
+FA_API const char *fa_cache_warm_preset(const char *name);
 
 /* ------------------------------------------------------------------------ */
 /* Emulator memory profile (since 0.3)                                      */

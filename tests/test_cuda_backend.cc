@@ -497,6 +497,20 @@ static CUresult stream_sync(void *stream) {
   return bound();
 }
 
+/* Host-only, as the real one: a zeroed 128-byte map (the mock launches
+   nothing that reads it). */
+static CUresult tensor_map_encode(void *map, int dtype, unsigned rank, void *addr,
+                                  const unsigned long long *dims,
+                                  const unsigned long long *strides, const unsigned *box,
+                                  const unsigned *estrides, int interleave, int swizzle, int l2,
+                                  int oob) {
+  (void)dtype; (void)addr; (void)dims; (void)strides; (void)box; (void)estrides;
+  (void)interleave; (void)swizzle; (void)l2; (void)oob;
+  if (rank < 1 || rank > 5) return 1;
+  memset(map, 0, 128);
+  return 0;
+}
+
 static const struct { const char *name; void *fn; } table[] = {
   {"cuGetErrorName", (void *)error_name}, {"cuGetErrorString", (void *)error_string},
   {"cuInit", (void *)init}, {"cuDriverGetVersion", (void *)driver_version},
@@ -514,6 +528,7 @@ static const struct { const char *name; void *fn; } table[] = {
   {"cuMemAlloc", (void *)mem_alloc}, {"cuMemFree", (void *)mem_free},
   {"cuMemcpyHtoD", (void *)htod}, {"cuMemcpyDtoH", (void *)dtoh},
   {"cuMemsetD8", (void *)memset_d8}, {"cuStreamSynchronize", (void *)stream_sync},
+  {"cuTensorMapEncodeTiled", (void *)tensor_map_encode},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
@@ -1210,6 +1225,46 @@ int probe_ptxc_step(const char *cache_dir, const char *plugin_path, int step) {
   return kExitPass;
 }
 
+// Offline warming (fa_cache_warm, issue 25 item 3) with the fake plugin:
+// "warm" fills `cache_dir` for sm_90 with run_small_forward's kernel, no
+// driver call made (the mock counts none); "run_fake" / "run_off" then run
+// that forward on the mock sm_90 with the plugin or without it: 0 misses,
+// 0 compiles, the warmed cubin loaded as it is.
+int probe_ptxc_warm(const char *cache_dir, const char *plugin_path, const std::string &step) {
+  setenv("MOCK_CUDA_DRIVER_VERSION", "12080", 1);
+  setenv("FLASHATTN_PTX_COMPILER", step == "run_off" ? "off" : plugin_path, 1);
+  if (step == "warm") {
+    fa_cache_warm_options w = FA_CACHE_WARM_OPTIONS_INIT;
+    const int32_t sms[] = {90};
+    w.cache_dir = cache_dir;
+    w.sms = sms;
+    w.num_sms = 1;
+    w.specs = "forward dtype=fp16 head_dim=64 num_heads_q=2 num_heads_kv=2";
+    fa_cache_warm_progress r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    PROBE_STATUS(FA_SUCCESS, fa_cache_warm(&w, &r));
+    PROBE_CHECK(r.total == 1 && r.built == 1 && std::strcmp(r.compiler, "fake-ptxc 1.0") == 0,
+                "total %llu, built %llu, compiler '%s'", (unsigned long long)r.total,
+                (unsigned long long)r.built, r.compiler);
+  } else {
+    fa_runtime_options o = FA_RUNTIME_OPTIONS_INIT;
+    o.backend = FA_BACKEND_CUDA;
+    o.cache_dir = cache_dir;
+    const fa_cache_stats cs = run_small_forward(o, 12080);
+    PROBE_CHECK(cs.misses == 0 && cs.disk_hits == 1 && cs.compiles == 0,
+                "misses %llu, disk hits %llu, compiles %llu", (unsigned long long)cs.misses,
+                (unsigned long long)cs.disk_hits, (unsigned long long)cs.compiles);
+    PROBE_CHECK(cs.compiler_mode == (step == "run_off" ? kJit : kPlugin), "mode %d",
+                cs.compiler_mode);
+  }
+  const OneRow row = read_one_row(cache_dir);
+  PROBE_CHECK(row.compiler == "fake-ptxc 1.0" && row.driver_version == 0 &&
+                  contains(row.cubin, "// fake-ptxc target sm_90a"),
+              "row compiler '%s', driver %d", row.compiler.c_str(), row.driver_version);
+  return kExitPass;
+}
+
 // FLASHATTN_PTX_COMPILER=`value`: the plugin is not used (a warning, and the
 // note contains `why`); kernels still build through the driver's JIT.
 int probe_ptxc_refused(const char *value, const char *why) {
@@ -1547,6 +1602,8 @@ int probe_main(int argc, char **argv) {
     rc = probe_driver_change(argv[3], std::atoi(argv[4]));
   } else if (name == "ptxc_step" && argc > 5) {
     rc = probe_ptxc_step(argv[3], argv[4], std::atoi(argv[5]));
+  } else if (name == "ptxc_warm" && argc > 5) {
+    rc = probe_ptxc_warm(argv[3], argv[4], argv[5]);
   } else if (name == "ptxc_refused" && argc > 4) {
     rc = probe_ptxc_refused(argv[3], argv[4]);
   } else if (name == "gpu_ptxc" && argc > 3) {
@@ -2048,6 +2105,27 @@ void test_mock_ptx_compiler_plugin_cache(void **state) {
   }
 }
 
+// A cache warmed offline with the plugin (fa_cache_warm, no GPU) serves a
+// process on the GPU with 0 compiles and no JIT, with the plugin and
+// without it (driver-JIT mode loads plugin cubins as they are).
+void test_mock_ptx_compiler_plugin_warm(void **state) {
+  const std::string plugin = fake_plugin("libfake_ptxc.so");
+  const std::string dir = std::string(FA_TEST_BINARY_DIR) + "/cuda_ptxc_warm";
+  std::system(("rm -rf '" + dir + "'").c_str());
+  mkdir(dir.c_str(), 0700);
+  // Warming loads no driver: none is on the library path.
+  const ProbeResult w = run_probe({"ptxc_warm", dir, plugin, "warm"}, nullptr);
+  std::printf("warm: %s", w.output.c_str());
+  expect_probe_passed(w);
+  for (const char *step : {"run_fake", "run_off"}) {
+    const ProbeResult r = run_on_mock(state, {"ptxc_warm", dir, plugin, step}, true);
+    std::printf("%s: %s", step, r.output.c_str());
+    assert_string_equal(r.get("mock_attention_launches").c_str(), "1");
+    assert_string_equal(r.get("mock_cubin_loads").c_str(), "1");
+    assert_string_equal(r.get("mock_ptx_loads").c_str(), "0");
+  }
+}
+
 // A plugin that the trust rules or its ABI refuse gives a warning and the
 // driver-JIT path, never a failed launch.
 void test_mock_ptx_compiler_plugin_refused(void **state) {
@@ -2213,6 +2291,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mock_launch_path_is_graph_safe),
       cmocka_unit_test(test_mock_whole_program_sm90a),
       cmocka_unit_test(test_mock_ptx_compiler_plugin_cache),
+      cmocka_unit_test(test_mock_ptx_compiler_plugin_warm),
       cmocka_unit_test(test_mock_ptx_compiler_plugin_refused),
       cmocka_unit_test(test_mock_ptx_compiler_plugin_compile_error),
       cmocka_unit_test(test_real_ptx_compiler_plugin),

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "flashattn.h"
 #include "kernels/kernels.h"
+#include "api/api_internal.h"
 #include "runtime/runtime.h"
 
 struct fa_runtime {
@@ -27,61 +28,7 @@ struct fa_config {
 namespace {
 
 using fa::fail;
-
-// The SMs fa_generate and the emulator accept (fa::published_limits).
-constexpr const char *kSupportedSms = "80, 86, 87, 89, 90, 100, 103, 110, 120, 121";
-
-// Runs body with the thread's error cleared, converts exceptions to statuses
-// and prefixes a failure's message with the API name.
-template <typename F>
-fa_status guarded(const char *api, F &&body) {
-  fa::clear_error();
-  fa_status st;
-  try {
-    st = body();
-  } catch (const std::bad_alloc &) {
-    st = fail(FA_ERROR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const std::exception &e) {
-    st = fail(FA_ERROR_INTERNAL, "internal error: %s", e.what());
-  } catch (...) {
-    st = fail(FA_ERROR_INTERNAL, "internal error: unknown exception");
-  }
-  if (st != FA_SUCCESS) fa::prefix_error(api);
-  return st;
-}
-
-// struct_size must cover every field this library reads and must not claim
-// fields it does not know (a newer header).
-fa_status check_struct_size(const char *name, size_t given, size_t expected) {
-  if (given != expected) {
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                "%s.struct_size is %zu, expected %zu (use the FA_*_INIT initializer; a "
-                "different size means a header from another flashattn version)",
-                name, given, expected);
-  }
-  return FA_SUCCESS;
-}
-
-#define FA_CHECK(expr)                 \
-  do {                                 \
-    fa_status st_ = (expr);            \
-    if (st_ != FA_SUCCESS) return st_; \
-  } while (0)
-
-#define FA_REQUIRE(cond, ...)                                         \
-  do {                                                                \
-    if (!(cond)) return fail(FA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
-  } while (0)
-
-// The value of an enum field as the caller stored it. A C caller may store
-// any int; reading an out-of-range value as the C++ enum type is undefined.
-template <typename E>
-int raw_enum(const E &e) {
-  static_assert(sizeof(E) == sizeof(int), "fa_ enums are int-sized");
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
+using namespace fa::api;
 
 fa_status check_runtime(const fa_runtime *rt) {
   FA_REQUIRE(rt != nullptr && rt->impl, "rt is NULL");
@@ -751,7 +698,9 @@ fa_status check_reduce_spans(const fa::AttentionConfig &c, const fa_reduce_args 
   return check_array_span("sinks", a.sinks, 4, c.num_heads_q, "num_heads_q");
 }
 
-fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
+}  // namespace
+
+fa_status fa::api::config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
   FA_REQUIRE(desc != nullptr, "desc is NULL");
   // A 0.4-sized desc (before kv_dtype) reads as kv_dtype 0, a 0.5-sized one
   // (before q_dtype) as q_dtype 0.
@@ -854,6 +803,8 @@ fa_status config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
   }
   return FA_SUCCESS;
 }
+
+namespace {
 
 void copy_cstr(char *dst, size_t cap, const std::string &src) {
   std::snprintf(dst, cap, "%s", src.c_str());
@@ -1050,26 +1001,112 @@ FA_API void fa_config_destroy(fa_config *cfg) {
   delete cfg;
 }
 
-namespace {
+}  // extern "C"
 
-// fa_generate and fa_generate_for: the module for `kind` of cfg on `sm` with
-// launch shape `shape`.
-fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
-                        const fa::LaunchShape &shape, char *buf, size_t buf_size,
-                        size_t *ptx_size) {
-  FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
-  FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
+fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind, int32_t sm,
+                                   const fa_generate_options *opts, fa::KernelSpec *spec) {
+  FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
+                 raw_kind == FA_KERNEL_REDUCE,
+             "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
+  fa::LaunchShape shape;
+  if (opts != nullptr) {
+    FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
+                   opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_5 ||
+                   opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4_1 ||
+                   opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
+                   opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
+               "opts->struct_size is %zu, expected %zu", opts->struct_size,
+               sizeof(fa_generate_options));
+    fa_generate_options o;
+    std::memset(&o, 0, sizeof o);
+    std::memcpy(&o, opts, opts->struct_size);
+    FA_REQUIRE(o.tree_mask == 0 || o.tree_mask == 1, "opts->tree_mask must be 0 or 1, got %d",
+               o.tree_mask);
+    FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.tree_mask,
+               "opts->tree_mask is for FA_KERNEL_DECODE");
+    FA_CHECK(check_lse_format("opts->lse_partial_format", o.lse_partial_format));
+    FA_CHECK(check_lse_format("opts->lse_format", o.lse_format));
+    FA_REQUIRE(raw_kind == FA_KERNEL_REDUCE || (!o.lse_partial_format && !o.lse_format),
+               "opts->lse_partial_format and opts->lse_format are for FA_KERNEL_REDUCE");
+    FA_REQUIRE(o.sinks == 0 || o.sinks == 1, "opts->sinks must be 0 or 1, got %lld",
+               static_cast<long long>(o.sinks));
+    FA_REQUIRE(raw_kind != FA_KERNEL_DECODE || !o.sinks,
+               "opts->sinks is for FA_KERNEL_FORWARD and FA_KERNEL_REDUCE (a decode kernel "
+               "never reads the sinks; its combine does)");
+    FA_REQUIRE(o.append_kv == 0 || o.append_kv == 1, "opts->append_kv must be 0 or 1, got %d",
+               o.append_kv);
+    FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.append_kv,
+               "opts->append_kv is for FA_KERNEL_DECODE");
+    FA_REQUIRE(o.rotary >= 0 && o.rotary <= 2 && (o.append_kv || !o.rotary),
+               "opts->rotary must be 0, 1 (NeoX) or 2 (interleaved), and needs append_kv; "
+               "got %d",
+               o.rotary);
+    FA_CHECK(check_rotary_dtype("opts->rotary_dtype", cfg, o.rotary_dtype));
+    shape.append_kv = o.append_kv != 0;
+    shape.rotary = o.rotary;
+    shape.rotary_half_table = o.rotary && o.rotary_dtype != 0 && o.rotary_dtype != FA_DTYPE_FP32;
+    FA_REQUIRE(o.alibi == 0 || o.alibi == 1, "opts->alibi must be 0 or 1, got %d", o.alibi);
+    FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
+               "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
+    FA_REQUIRE(o.v_in_k == 0 || o.v_in_k == 1, "opts->v_in_k must be 0 or 1, got %d", o.v_in_k);
+    FA_REQUIRE(!o.v_in_k || (raw_kind == FA_KERNEL_DECODE && !o.append_kv &&
+                             cfg.head_dim_v <= cfg.head_dim),
+               "opts->v_in_k is for FA_KERNEL_DECODE without append_kv, with head_dim_v (%d) "
+               "<= head_dim (%d)",
+               cfg.head_dim_v, cfg.head_dim);
+    shape.v_in_k = o.v_in_k != 0;
+    shape.tree_mask = o.tree_mask != 0;
+    shape.sinks = o.sinks != 0;
+    shape.alibi = o.alibi != 0;
+    shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
+    shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
+    FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
+                   opts->kv_layout == FA_KV_PTR_ARRAY,
+               "opts->kv_layout must be an fa_kv_layout, got %d", opts->kv_layout);
+    if (opts->kv_layout == FA_KV_PAGED) {
+      FA_REQUIRE(opts->page_size >= 1, "opts->page_size must be >= 1 with FA_KV_PAGED, got %d",
+                 opts->page_size);
+    } else {
+      FA_REQUIRE(opts->page_size == 0, "opts->page_size is for FA_KV_PAGED only, got %d",
+                 opts->page_size);
+    }
+    FA_REQUIRE(opts->varlen == 0 || opts->varlen == 1, "opts->varlen must be 0 or 1");
+    FA_REQUIRE(opts->seqused_k == 0 || opts->seqused_k == 1, "opts->seqused_k must be 0 or 1");
+    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || (!opts->varlen && !opts->seqused_k),
+               "opts->varlen and opts->seqused_k are for FA_KERNEL_FORWARD");
+    FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || opts->kv_layout == FA_KV_CONTIGUOUS,
+               "FA_KERNEL_REDUCE reads no K/V cache: opts->kv_layout must be 0");
+    shape.varlen = opts->varlen != 0;
+    shape.seqused_k = opts->seqused_k != 0;
+    shape.kv_layout = static_cast<fa::KvLayout>(opts->kv_layout);
+    shape.page_size = opts->page_size;
+  }
   fa::DeviceLimits lim;
   if (!fa::published_limits(sm, &lim)) {
     return fail(FA_ERROR_UNSUPPORTED, "sm must be one of %s, got %d", kSupportedSms, sm);
   }
-  const fa::KernelKind k = kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
-                           : kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
-                                                      : fa::KernelKind::Reduce;
-  const fa::KernelSpec spec = fa::make_spec(cfg->cfg, k, lim, shape);
-  FA_CHECK(fa::check_fp8_kv(cfg->cfg, spec));
-  FA_CHECK(fa::check_fp32(cfg->cfg, spec));
-  FA_CHECK(fa::check_head_dims(cfg->cfg, spec));
+  const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
+                           : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
+                                                          : fa::KernelKind::Reduce;
+  *spec = fa::make_spec(cfg, k, lim, shape);
+  FA_CHECK(fa::check_fp8_kv(cfg, *spec));
+  FA_CHECK(fa::check_fp32(cfg, *spec));
+  FA_CHECK(fa::check_head_dims(cfg, *spec));
+  return FA_SUCCESS;
+}
+
+namespace {
+
+// fa_generate and fa_generate_for: the module fa::api::kernel_spec_for
+// selects, into buf.
+fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
+                        const fa_generate_options *opts, char *buf, size_t buf_size,
+                        size_t *ptx_size) {
+  FA_CHECK(check_config(cfg));
+  FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
+  FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
+  fa::KernelSpec spec;
+  FA_CHECK(kernel_spec_for(cfg->cfg, raw_enum(kind), sm, opts, &spec));
   const std::string ptx = fa::generate_ptx(spec);
   if (ptx.empty()) {  // a spec no generator takes: never an empty module
     return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());
@@ -1086,103 +1123,20 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
 
 }  // namespace
 
+extern "C" {
+
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size) {
   return guarded("fa_generate_for", [&]() -> fa_status {
-    FA_CHECK(check_config(cfg));
-    const int raw_kind = raw_enum(kind);
-    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
-                   raw_kind == FA_KERNEL_REDUCE,
-               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
-    fa::LaunchShape shape;
-    if (opts != nullptr) {
-      FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
-                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_5 ||
-                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4_1 ||
-                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_4 ||
-                     opts->struct_size == FA_GENERATE_OPTIONS_SIZE_0_3,
-                 "opts->struct_size is %zu, expected %zu", opts->struct_size,
-                 sizeof(fa_generate_options));
-      fa_generate_options o;
-      std::memset(&o, 0, sizeof o);
-      std::memcpy(&o, opts, opts->struct_size);
-      FA_REQUIRE(o.tree_mask == 0 || o.tree_mask == 1, "opts->tree_mask must be 0 or 1, got %d",
-                 o.tree_mask);
-      FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.tree_mask,
-                 "opts->tree_mask is for FA_KERNEL_DECODE");
-      FA_CHECK(check_lse_format("opts->lse_partial_format", o.lse_partial_format));
-      FA_CHECK(check_lse_format("opts->lse_format", o.lse_format));
-      FA_REQUIRE(raw_kind == FA_KERNEL_REDUCE || (!o.lse_partial_format && !o.lse_format),
-                 "opts->lse_partial_format and opts->lse_format are for FA_KERNEL_REDUCE");
-      FA_REQUIRE(o.sinks == 0 || o.sinks == 1, "opts->sinks must be 0 or 1, got %lld",
-                 static_cast<long long>(o.sinks));
-      FA_REQUIRE(raw_kind != FA_KERNEL_DECODE || !o.sinks,
-                 "opts->sinks is for FA_KERNEL_FORWARD and FA_KERNEL_REDUCE (a decode kernel "
-                 "never reads the sinks; its combine does)");
-      FA_REQUIRE(o.append_kv == 0 || o.append_kv == 1, "opts->append_kv must be 0 or 1, got %d",
-                 o.append_kv);
-      FA_REQUIRE(raw_kind == FA_KERNEL_DECODE || !o.append_kv,
-                 "opts->append_kv is for FA_KERNEL_DECODE");
-      FA_REQUIRE(o.rotary >= 0 && o.rotary <= 2 && (o.append_kv || !o.rotary),
-                 "opts->rotary must be 0, 1 (NeoX) or 2 (interleaved), and needs append_kv; "
-                 "got %d",
-                 o.rotary);
-      FA_CHECK(check_rotary_dtype("opts->rotary_dtype", cfg->cfg, o.rotary_dtype));
-      shape.append_kv = o.append_kv != 0;
-      shape.rotary = o.rotary;
-      shape.rotary_half_table = o.rotary && o.rotary_dtype != 0 && o.rotary_dtype != FA_DTYPE_FP32;
-      FA_REQUIRE(o.alibi == 0 || o.alibi == 1, "opts->alibi must be 0 or 1, got %d", o.alibi);
-      FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
-                 "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
-      FA_REQUIRE(o.v_in_k == 0 || o.v_in_k == 1, "opts->v_in_k must be 0 or 1, got %d", o.v_in_k);
-      FA_REQUIRE(!o.v_in_k || (raw_kind == FA_KERNEL_DECODE && !o.append_kv &&
-                               cfg->cfg.head_dim_v <= cfg->cfg.head_dim),
-                 "opts->v_in_k is for FA_KERNEL_DECODE without append_kv, with head_dim_v (%d) "
-                 "<= head_dim (%d)",
-                 cfg->cfg.head_dim_v, cfg->cfg.head_dim);
-      shape.v_in_k = o.v_in_k != 0;
-      shape.tree_mask = o.tree_mask != 0;
-      shape.sinks = o.sinks != 0;
-      shape.alibi = o.alibi != 0;
-      shape.lse_in_base2 = o.lse_partial_format == FA_LSE_BASE2;
-      shape.lse_out_base2 = o.lse_format == FA_LSE_BASE2;
-      FA_REQUIRE(opts->kv_layout == FA_KV_CONTIGUOUS || opts->kv_layout == FA_KV_PAGED ||
-                     opts->kv_layout == FA_KV_PTR_ARRAY,
-                 "opts->kv_layout must be an fa_kv_layout, got %d", opts->kv_layout);
-      if (opts->kv_layout == FA_KV_PAGED) {
-        FA_REQUIRE(opts->page_size >= 1, "opts->page_size must be >= 1 with FA_KV_PAGED, got %d",
-                   opts->page_size);
-      } else {
-        FA_REQUIRE(opts->page_size == 0, "opts->page_size is for FA_KV_PAGED only, got %d",
-                   opts->page_size);
-      }
-      FA_REQUIRE(opts->varlen == 0 || opts->varlen == 1, "opts->varlen must be 0 or 1");
-      FA_REQUIRE(opts->seqused_k == 0 || opts->seqused_k == 1, "opts->seqused_k must be 0 or 1");
-      FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || (!opts->varlen && !opts->seqused_k),
-                 "opts->varlen and opts->seqused_k are for FA_KERNEL_FORWARD");
-      FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || opts->kv_layout == FA_KV_CONTIGUOUS,
-                 "FA_KERNEL_REDUCE reads no K/V cache: opts->kv_layout must be 0");
-      shape.varlen = opts->varlen != 0;
-      shape.seqused_k = opts->seqused_k != 0;
-      shape.kv_layout = static_cast<fa::KvLayout>(opts->kv_layout);
-      shape.page_size = opts->page_size;
-    }
-    return generate_into(cfg, kind, sm, shape, buf, buf_size, ptx_size);
+    return generate_into(cfg, kind, sm, opts, buf, buf_size, ptx_size);
   });
 }
 
 FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
                              size_t buf_size, size_t *ptx_size) {
   return guarded("fa_generate", [&]() -> fa_status {
-    FA_CHECK(check_config(cfg));
-    FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
-    FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
-    const int raw_kind = raw_enum(kind);
-    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
-                   raw_kind == FA_KERNEL_REDUCE,
-               "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
-    return generate_into(cfg, kind, sm, fa::LaunchShape(), buf, buf_size, ptx_size);
+    return generate_into(cfg, kind, sm, nullptr, buf, buf_size, ptx_size);
   });
 }
 

@@ -192,6 +192,16 @@ static void surface_jit_log(const std::string &spec_text, const std::string &log
   }
 }
 
+cache::Record new_record(const KernelSpec &spec, const std::string &material) {
+  cache::Record rec;
+  rec.ptx = generate_ptx(spec);
+  rec.spec_text = spec.describe();
+  rec.generator_version = kGeneratorVersion;
+  rec.sm = spec.sm;
+  rec.key_material = material;
+  return rec;
+}
+
 cache::Key kernel_key(const KernelSpec &spec) { return key_of_material(kernel_key_material(spec)); }
 
 std::string refused_by_driver(const std::string &plugin_version) {
@@ -342,15 +352,10 @@ fa_status Runtime::get_kernel(const KernelSpec &spec, Kernel **out) {
     counters_.disk_hits++;
   } else {
     counters_.misses++;
-    rec = cache::Record();
-    rec.ptx = generate_ptx(spec);
+    rec = new_record(spec, material);
     if (rec.ptx.empty()) {
       return fail(FA_ERROR_INTERNAL, "generator produced no PTX for %s", spec.describe().c_str());
     }
-    rec.spec_text = spec.describe();
-    rec.generator_version = kGeneratorVersion;
-    rec.sm = spec.sm;
-    rec.key_material = material;
     dirty = true;
   }
   if (wants_binary) {

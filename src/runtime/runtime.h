@@ -29,6 +29,11 @@ cache::Key key_of_material(const std::string &material);
 // key_of_material(kernel_key_material(spec)).
 cache::Key kernel_key(const KernelSpec &spec);
 
+// A new row for spec (whose kernel_key_material is `material`): its
+// generated PTX, no binary yet. The PTX is empty when no generator takes
+// the spec.
+cache::Record new_record(const KernelSpec &spec, const std::string &material);
+
 // The compiler a row records after the driver refused the cubin of the PTX
 // compiler plugin `plugin_version` and JIT-compiled its PTX instead.
 std::string refused_by_driver(const std::string &plugin_version);

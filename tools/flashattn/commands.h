@@ -92,8 +92,16 @@ struct RunOptions {
 };
 
 struct CacheOptions {
-  std::string action;     // stats | list | clear
+  std::string action;     // stats | list | clear | warm | presets
   std::string cache_dir;  // "" = the default location
+  // warm
+  std::string sms;        // "80,86,89,90a,100a,120"
+  std::string presets;    // comma-separated preset names
+  std::string spec_file;  // spec lines (cache/README.md, "Warming")
+  int jobs = 0;           // 0 = the online CPUs
+  bool ptx_only = false;  // no cubins even with the plugin
+  // presets
+  std::string preset;  // print this preset's spec lines ("" = list them)
 };
 
 int cmd_generate(const GenerateOptions &o);

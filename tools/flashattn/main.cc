@@ -342,7 +342,10 @@ int run_main(int argc, char **argv) {
       {"stats",
        "Print the cache path, whether it is on disk (or why not), entries, bytes, counters"},
       {"list", "Print one line per stored kernel: key, spec, sm, sizes, hits, last used"},
-      {"clear", "Delete every stored kernel"}};
+      {"clear", "Delete every stored kernel"},
+      {"warm",
+       "Fill the cache for GPUs this machine need not have (no GPU, no driver): the kernels of "
+       "presets or spec lines, for each --sm, as PTX and (with the PTX compiler plugin) cubins"}};
   for (const auto &a : kCacheActions) {
     CLI::App *s = c->add_subcommand(a.name, a.help);
     s->add_option("--cache-dir", cache.cache_dir,
@@ -350,7 +353,27 @@ int run_main(int argc, char **argv) {
                   "~/.cache/flashattn)")
         ->type_name("DIR");
     s->callback([&cache, s] { cache.action = s->get_name(); });
+    if (std::string(a.name) != "warm") continue;
+    s->add_option("--sm", cache.sms,
+                  "Target SMs, comma-separated: 80, 86, 87, 89, 90 (or 90a), 100 (100a), 103, "
+                  "110, 120, 121")
+        ->required()
+        ->type_name("LIST");
+    s->add_option("--preset", cache.presets,
+                  "Presets, comma-separated ('flashattn cache presets' lists them)")
+        ->type_name("NAMES");
+    s->add_option("--spec", cache.spec_file,
+                  "A file of kernel spec lines ('flashattn cache presets NAME' prints examples)")
+        ->type_name("FILE");
+    s->add_option("--jobs,-j", cache.jobs, "Kernels compiled at once (default: the CPUs)")
+        ->check(CLI::NonNegativeNumber);
+    s->add_flag("--ptx-only", cache.ptx_only,
+                "Store PTX only, no cubins (the GPU's driver JIT-compiles them on first use)");
   }
+  CLI::App *cp = c->add_subcommand(
+      "presets", "List the warm presets, or print one preset's spec lines");
+  cp->add_option("name", cache.preset, "A preset to print")->type_name("NAME");
+  cp->callback([&cache] { cache.action = "presets"; });
 
   // CLI11 reports an unknown subcommand as a missing one; name it instead.
   if (argc > 1 && argv[1][0] != '-' && !has_subcommand(&app, argv[1])) {
@@ -371,7 +394,7 @@ int run_main(int argc, char **argv) {
   if (argc > 2 && std::string(argv[1]) == "cache" && argv[2][0] != '-' &&
       !has_subcommand(c, argv[2])) {
     std::fprintf(stderr,
-                 "flashattn cache: error: unknown action '%s' (stats, list or clear; see "
+                 "flashattn cache: error: unknown action '%s' (stats, list, clear, warm or presets; see "
                  "'flashattn cache --help')\n",
                  argv[2]);
     return fa::cli::kExitUsage;

@@ -23,7 +23,7 @@ from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, 
 from ._lib import DECODE_INVARIANT_SPLIT, load as load_library, library_path
 from ._tensors import Tensor, as_tensor, bf16_bits_to_float32, float32_to_bf16_bits
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 
 def version():
