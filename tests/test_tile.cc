@@ -31,7 +31,14 @@
 //    fp8_form(): every p after each step against 2^((s - m) c + 8) with the
 //    running maximum, at most 256 and 256 at the maximum once in e4m3, and
 //    O and LSE (with and without a sink, and of an empty row) those of the
-//    default form and of fp64.
+//    default form and of fp64;
+//  - the key-range schedule (key_range, lean_hi, key_loop) and row_range:
+//    random CTAs with and without causal masking and windows, block_n a
+//    power of two and not, every visited tile and its masked/lean kind and
+//    every row's range against the definitions;
+//  - Ring (sm_90 mbarriers): a producer and a consumer warp pass tiles
+//    through 2 and 3 stages, wrapping, every tile whole and in order.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -43,6 +50,9 @@
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
 #include "emu/numeric.h"
 #include "kernels/codegen.h"
+#include "kernels/tile/key_range.h"
+#include "kernels/tile/ring.h"
+#include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
 #include "reference.h"
 #include "support/cmocka.hh"
@@ -795,6 +805,218 @@ void test_mask_row_half(void **) {
   assert_int_equal(bad, 0);
 }
 
+// The key-range schedule (key_range, lean_hi, key_loop) and row_range,
+// one case per thread: random CTAs (m0, seqlen_q, seqlen_k; no window,
+// causal, a left window, a window both ways) for block_n a power of two and
+// not. Each thread runs key_loop with a body that records (n, masked) and
+// steps n down. Against the definitions, row by row: no tile when (and
+// only when) no row sees a key; else the tiles visited are top, top -
+// block_n, ..., n_begin, n_begin a multiple of block_n, and they cover
+// every key any row sees; a tile run lean holds only keys every row sees,
+// and every tile holding only such keys is run lean (masked tiles are the
+// ones that need a mask); row_range of each of the first rows is exactly
+// its visible keys.
+void test_key_range(void **) {
+  constexpr int kCases = 64, kMaxTiles = 16, kRows = 8;
+  constexpr int kWords = 4 + 2 * kMaxTiles + 2 * kRows;  // per case
+  int cases = 0, lean_tiles = 0, masked_tiles = 0, empty_ctas = 0;
+  for (const int block_n : {64, 48}) {
+    const int block_m = 64;
+    std::mt19937 rng(7 + block_n);
+    std::vector<int32_t> in;  // m0, sq, sk, wl, wr per case
+    for (int c = 0; c < kCases; ++c) {
+      const int sq = 1 + int(rng() % 300), sk = int(rng() % (block_n * kMaxTiles - block_n));
+      const int m0 = block_m * int(rng() % ((sq + block_m - 1) / block_m));
+      const int kind = int(rng() % 4);  // none, causal, left window, both ways
+      // The resolved edges (set_masking_and_scale): "unbounded" is
+      // seqlen_k - 1 / seqlen_q - 1; causal makes wr 0.
+      int wl = std::max(sk - 1, 0), wr = std::max(sq - 1, 0);
+      if (kind == 1) wr = 0;
+      if (kind >= 2) wl = std::min(int(rng() % 100), wl), wr = kind == 2 ? 0 : int(rng() % 40);
+      in.insert(in.end(), {m0, sq, sk, wl, wr});
+    }
+    const std::string ptx = kernel(kCases, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+      Builder &b = e.b;
+      Reg v[5];
+      for (int i = 0; i < 5; ++i) {
+        v[i] = b.b32();
+        Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(5), imm(i));
+        b.ld(Space::Global, Type::S32, v[i], at(e.index(g[0], idx, 4)));
+      }
+      const Reg m0 = v[0], sq = v[1], sk = v[2], wl = v[3], wr = v[4];
+      Reg shift = e.op(Op::Sub, Type::S32, sk, sq);
+      const tile::KeyRange kr = tile::key_range(e, m0, shift, sq, sk, wl, wr, block_m, block_n);
+      Reg hi = tile::lean_hi(e, kr.dfirst, wr, sk, block_n);
+      Reg out = e.index(g[1], tid, 4 * kWords);
+      b.st(Space::Global, Type::B32, at(out), e.selp(Type::S32, imm(1), imm(0), kr.empty));
+      b.st(Space::Global, Type::B32, at(out, 4), kr.n_begin);
+      b.st(Space::Global, Type::B32, at(out, 8), kr.top);
+      Reg count = e.mov(Type::S32, imm(0));
+      tile::KeyLoop loop;
+      loop.n = e.mov(Type::S32, kr.top);
+      loop.n_begin = kr.n_begin;
+      loop.lean_lo = kr.lean_lo;
+      loop.lean_hi = [hi] { return hi; };
+      loop.masked = b.label();
+      loop.lean = b.label();
+      loop.exit = b.label();
+      loop.p = b.pred();
+      loop.t = b.pred();
+      b.when(kr.empty).bra(loop.exit);
+      tile::key_loop(b, loop, [&](bool masked) {
+        Reg a = e.index(out, count, 8);
+        b.st(Space::Global, Type::B32, at(a, 16), loop.n);
+        b.st(Space::Global, Type::B32, at(a, 20), e.mov(Type::B32, imm(masked ? 1 : 0)));
+        b.op(Op::Add, Type::S32, count, count, imm(1));
+        b.op(Op::Sub, Type::S32, loop.n, loop.n, imm(block_n));
+      });
+      b.bind(loop.exit);
+      b.st(Space::Global, Type::B32, at(out, 12), count);
+      for (int r = 0; r < kRows; ++r) {
+        Reg diag = e.op(Op::Add, Type::S32, e.op(Op::Add, Type::S32, m0, imm(r)), shift);
+        const tile::RowRange rr = tile::row_range(e, diag, wl, wr, imm(0), sk);
+        b.st(Space::Global, Type::B32, at(out, 16 + 8 * kMaxTiles + 8 * r), rr.lo);
+        b.st(Space::Global, Type::B32, at(out, 20 + 8 * kMaxTiles + 8 * r), rr.hi);
+      }
+    });
+    DevBuf din(in.size() * 4), dout(size_t(kCases) * kWords * 4);
+    din.put(in);
+    Ptrs pt = {{din.ptr, dout.ptr, 0, 0, 0, 0}};
+    assert_int_equal(launch(ptx, kCases, 0, pt), FA_SUCCESS);
+    const std::vector<int32_t> got = dout.get<int32_t>();
+    for (int c = 0; c < kCases; ++c) {
+      const int32_t *x = &in[5 * c], *o = &got[size_t(c) * kWords];
+      const int m0 = x[0], sq = x[1], sk = x[2], wl = x[3], wr = x[4];
+      const int rows_end = std::min(m0 + block_m, sq);
+      auto lo_of = [&](int i) { return std::max(i + sk - sq - wl, 0); };
+      auto hi_of = [&](int i) { return std::min(i + sk - sq + wr + 1, sk); };
+      bool any = false;
+      for (int i = m0; i < rows_end; ++i) any = any || lo_of(i) < hi_of(i);
+      const bool empty = o[0] != 0;
+      const int n_begin = o[1], count = o[3];
+      auto where = [&]() {
+        std::fprintf(stderr, "block_n %d case %d: m0 %d sq %d sk %d wl %d wr %d: empty %d "
+                     "n_begin %d top %d tiles %d\n", block_n, c, m0, sq, sk, wl, wr, o[0], o[1],
+                     o[2], o[3]);
+      };
+      ++cases;
+      if (empty != !any || (empty && count != 0)) where(), fail();
+      if (empty) {
+        ++empty_ctas;
+      } else {
+        if (count < 1 || count > kMaxTiles || n_begin % block_n != 0) where(), fail();
+        std::vector<char> covered(size_t(sk), 0);
+        for (int k = 0; k < count; ++k) {
+          const int n = o[4 + 2 * k], masked = o[5 + 2 * k];
+          if (n != o[2] - k * block_n) where(), fail();  // last tile first, block_n apart
+          if (k == count - 1 && n != n_begin) where(), fail();
+          bool all = true;  // every key of the tile seen by every row
+          for (int j = n; j < n + block_n; ++j) {
+            for (int i = m0; i < rows_end; ++i) {
+              const bool sees = j < sk && j >= lo_of(i) && j < hi_of(i);
+              all = all && sees;
+              if (sees) covered[size_t(j)] = 1;
+            }
+          }
+          if (masked == all) where(), fail();  // lean exactly when no mask is needed
+          ++(masked ? masked_tiles : lean_tiles);
+        }
+        for (int i = m0; i < rows_end; ++i)
+          for (int j = lo_of(i); j < hi_of(i); ++j)
+            if (!covered[size_t(j)]) where(), fail();
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const int lo = o[4 + 2 * kMaxTiles + 2 * r], hi = o[5 + 2 * kMaxTiles + 2 * r];
+        if (lo != lo_of(m0 + r) || hi != hi_of(m0 + r)) where(), fail();
+      }
+    }
+  }
+  std::printf("  %d CTAs (%d empty): %d lean and %d masked tiles as defined\n", cases, empty_ctas,
+              lean_tiles, masked_tiles);
+  assert_true(lean_tiles > 50 && masked_tiles > 50 && empty_ctas > 0);
+}
+
+// Ring (sm_90 mbarriers): a producer warp and a consumer warp pass 9
+// tiles through 2 and 3 stages (the ring wraps, flipping parities). The
+// producer waits for a stage to be free (Slot, free_parity), writes 32
+// words and arrives on "full"; the consumer waits on "full" with its
+// Cursor, copies the words out, arrives on "empty" and advances. Every tile
+// must arrive whole and in order; a wrong stage or parity deadlocks (the
+// emulator reports it) or reads another tile's words.
+void test_ring(void **) {
+  constexpr int kTiles = 9;
+  // An sm_90 emulator for this test (mbarriers): g_be, restored after.
+  std::unique_ptr<fa::Backend> sm90;
+  assert_int_equal(fa::create_emulator_backend(90, &sm90), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = sm90.get();
+  for (const int stages : {2, 3}) {
+    const uint32_t full = 0, empty = 8 * stages, data = 16 * stages;
+    const std::string ptx = kernel(64, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+      Builder &b = e.b;
+      const tile::Ring ring(e, smem, stages);
+      Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
+      Reg t0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, imm(0));
+      for (int st = 0; st < stages; ++st) {
+        b.when(t0).mbarrier_init(at(smem, full + 8 * st), imm(32));
+        b.when(t0).mbarrier_init(at(smem, empty + 8 * st), imm(32));
+      }
+      b.bar_sync();
+      Reg it = e.mov(Type::U32, imm(0));
+      fa::ptx::Label consumer = b.label(), loop_p = b.label(), loop_c = b.label(),
+                     done = b.label();
+      b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, tid, imm(32))).bra(consumer);
+      b.bind(loop_p);
+      {
+        const tile::Ring::Slot slot = ring.slot(it);
+        Reg bars = ring.bars(slot.stage);
+        ring.wait(bars, static_cast<int>(empty), ring.free_parity(slot.parity));
+        Reg v = e.op(Op::MadLo, Type::U32, it, imm(100), lane);
+        Reg a = e.op(Op::MadLo, Type::U32, slot.stage, imm(128), smem);
+        a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
+        b.st(Space::Shared, Type::B32, at(a, data), v);
+        b.mbarrier_arrive(at(bars, full));
+        b.op(Op::Add, Type::U32, it, it, imm(1));
+        b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_p);
+        b.bra(done);
+      }
+      b.bind(consumer);
+      const tile::Ring::Cursor cur = ring.begin();
+      b.bind(loop_c);
+      {
+        Reg bars = ring.bars(cur.stage);
+        ring.wait(bars, static_cast<int>(full), cur.parity);
+        Reg a = e.op(Op::MadLo, Type::U32, cur.stage, imm(128), smem);
+        a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
+        Reg v = b.b32();
+        b.ld(Space::Shared, Type::B32, v, at(a, data));
+        Reg idx = e.op(Op::MadLo, Type::U32, it, imm(32), lane);
+        b.st(Space::Global, Type::B32, at(e.index(g[0], idx, 4)), v);
+        b.mbarrier_arrive(at(bars, empty));
+        ring.advance(cur);
+        b.op(Op::Add, Type::U32, it, it, imm(1));
+        b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_c);
+      }
+      b.bind(done);
+    }, 80, 90);
+    DevBuf out(kTiles * 32 * 4);
+    Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
+    const fa_status st = launch(ptx, 64, data + 128 * stages, pt);
+    if (st != FA_SUCCESS) g_be = sm80;
+    assert_int_equal(st, FA_SUCCESS);
+    const std::vector<uint32_t> got = out.get<uint32_t>();
+    for (int i = 0; i < kTiles; ++i)
+      for (int l = 0; l < 32; ++l)
+        if (got[size_t(i) * 32 + l] != uint32_t(100 * i + l)) {
+          std::fprintf(stderr, "stages %d tile %d lane %d: %u\n", stages, i, l,
+                       got[size_t(i) * 32 + l]);
+          g_be = sm80;
+          fail();
+        }
+  }
+  g_be = sm80;
+}
+
 // alibi_row_half on a 16 x 32 tile of ones (row 5 all -inf): row r's
 // diagonal is at column diag_r (given per row, made relative to each lane's
 // first column 2q as the kernels do, as f32), its coefficient coef_r;
@@ -1151,6 +1373,7 @@ int main(void) {
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
+      cmocka_unit_test(test_key_range),      cmocka_unit_test(test_ring),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

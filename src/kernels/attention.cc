@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/merge.h"
+#include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {

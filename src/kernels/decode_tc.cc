@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/merge.h"
+#include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {
@@ -212,11 +214,10 @@ class DecodeTcGen {
     Reg wr = e_.param(Type::S32, offsetof(P, window_right));
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
     auto range = [&](Reg t, Reg *lo, Reg *hi) {
-      Reg diag = e_.op(Op::Add, Type::S32, t, shift);
-      *lo = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, diag, wl), slo);
-      *hi = e_.op(Op::Add, Type::S32, diag, wr);
-      b_.op(Op::Add, Type::S32, *hi, *hi, imm(1));
-      b_.op(Op::Min, Type::S32, *hi, *hi, shi);
+      const tile::RowRange r =
+          tile::row_range(e_, e_.op(Op::Add, Type::S32, t, shift), wl, wr, slo, shi);
+      *lo = r.lo;
+      *hi = r.hi;
     };
     if (spec_.tree_mask) {
       // Tree mask: the first new token's key, and the mask row (bytes) of
@@ -724,8 +725,8 @@ class DecodeTcGen {
         b_.ld(Space::Shared, Type::F32, lw[w], at(la, w * static_cast<int>(ml)));
         b_.op(Op::Max, Type::F32, m, m, lw[w]);
       }
-      Reg empty = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
-      Reg off = e_.selp(Type::F32, fimm(0.0f), m, empty);
+      const tile::MergeOffset moff = tile::merge_offset(e_, m);
+      Reg empty = moff.none, off = moff.off;
       Reg acc[4];
       for (Reg &a : acc) a = e_.mov(Type::F32, fimm(0.0f));
       b_.mov(Type::F32, sum, fimm(0.0f));
@@ -735,9 +736,7 @@ class DecodeTcGen {
       for (int w = 0; w < W_; ++w) {
         // (LSE_w - M) log2 e, subtracted first: LSE_w log2 e - M log2 e
         // cancels when the LSE is large (tile::OnlineSoftmax).
-        b_.op(Op::Sub, Type::F32, wgt, lw[w], off);
-        b_.op(Op::Mul, Type::F32, wgt, wgt, fimm(kLog2e));
-        b_.op(Op::Ex2, Type::F32, wgt, wgt);  // 0 for LSE_w = -inf
+        tile::merge_weight(b_, wgt, lw[w], off, false);  // 0 for LSE_w = -inf
         b_.op(Op::Add, Type::F32, sum, sum, wgt);
         b_.ld_v(Space::Shared, Type::F32, {ov[0], ov[1], ov[2], ov[3]},
                 at(oa, w * static_cast<int>(mo)));

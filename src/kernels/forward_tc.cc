@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/key_range.h"
+#include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {
@@ -153,22 +155,12 @@ class ForwardTcGen {
     // The CTA's keys: the union of its rows' ranges (lo and hi grow with the
     // row), first tile rounded down to block_n. A tile inside [lo(last valid
     // row), hi(first row)) needs no mask: lean when lean_lo <= n <= lean_hi.
-    Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0_, imm(spec_.block_m)), sq_);
-    b_.op(Op::Sub, Type::S32, last, last, imm(1));
-    Reg dfirst = e_.op(Op::Add, Type::S32, m0_, shift);
-    Reg dlast = e_.op(Op::Add, Type::S32, last, shift);
-    n_begin_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dfirst, wl), imm(0));
-    b_.op(Op::And, Type::B32, n_begin_, n_begin_, imm(-spec_.block_n));
-    Reg n_end = e_.op(Op::Add, Type::S32, dlast, wr);
-    b_.op(Op::Add, Type::S32, n_end, n_end, imm(1));
-    b_.op(Op::Min, Type::S32, n_end, n_end, sk_);
-    empty_ = e_.setp(Cmp::Ge, Type::S32, n_begin_, n_end);
-    // Last tile: n_begin + floor((n_end - 1 - n_begin) / block_n) block_n.
-    top_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, n_end, imm(1)), n_begin_);
-    b_.op(Op::Max, Type::S32, top_, top_, imm(0));
-    b_.op(Op::And, Type::B32, top_, top_, imm(-spec_.block_n));
-    b_.op(Op::Add, Type::S32, top_, top_, n_begin_);
-    lean_lo_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dlast, wl), n_begin_);
+    const tile::KeyRange kr =
+        tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    n_begin_ = kr.n_begin;
+    empty_ = kr.empty;
+    top_ = kr.top;
+    lean_lo_ = kr.lean_lo;
     Reg lean_lo = lean_lo_;
     // Per-CTA scalars the loops and the epilogue read back from shared
     // memory where they need them (published by the prologue's barrier), so
@@ -260,18 +252,14 @@ class ForwardTcGen {
     return v;
   }
 
-  // The last tile start with no key past the first row's range:
-  // min(m0 + sk - sq + wr + 1, sk) - block_n. Re-derived at each use (the
-  // masked loop's exit) rather than held in a register across the loops.
+  // tile::lean_hi of the first row's diagonal m0 + sk - sq, re-derived at
+  // each use (the masked loop's exit) rather than held in a register across
+  // the loops.
   Reg lean_hi() {
     Reg wr = e_.param(Type::S32, offsetof(ForwardParams, window_right));
     Reg sk = seqlen(true);
-    Reg h = e_.op(Op::Add, Type::S32, e_.op(Op::Sub, Type::S32, sk, seqlen(false)), m0_);
-    b_.op(Op::Add, Type::S32, h, h, wr);
-    b_.op(Op::Add, Type::S32, h, h, imm(1));
-    b_.op(Op::Min, Type::S32, h, h, sk);
-    b_.op(Op::Sub, Type::S32, h, h, imm(spec_.block_n));
-    return h;
+    Reg dfirst = e_.op(Op::Add, Type::S32, e_.op(Op::Sub, Type::S32, sk, seqlen(false)), m0_);
+    return tile::lean_hi(e_, dfirst, wr, sk, spec_.block_n);
   }
 
   // base + n * stride + the plan's per-thread offset.
@@ -368,32 +356,18 @@ class ForwardTcGen {
     n_ = e_.mov(Type::S32, top_);
     b_.when(empty_).bra(done_, true);
 
-    ptx::Label masked = b_.label(), lean = b_.label();
-    Reg p = b_.pred(), t = b_.pred();
-    auto is_lean = [&]() {  // p = lean_lo <= n <= lean_hi
-      b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
-      b_.setp(Cmp::Le, Type::S32, t, n_, lean_hi());
-      b_.op(Op::And, Type::Pred, p, p, t);
-    };
-    // Enter where the last tile belongs; each loop hands over to the other
-    // when the tiles change kind (masked tiles sit at either end).
-    is_lean();
-    b_.when(p).bra(lean, true);
-    b_.bind(masked);
-    b_.comment("masked K/V tile (diagonal, window edge or seqlen_k tail)");
-    body(true);
-    b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
-    b_.when(p).bra(done_, true);
-    is_lean();
-    b_.unless(p).bra(masked, true);
-
-    b_.bind(lean);
-    b_.comment("lean K/V tile: every key visible to every row");
-    body(false);
-    b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
-    b_.when(p).bra(lean, true);
-    b_.setp(Cmp::Ge, Type::S32, p, n_, n_begin_);
-    b_.when(p).bra(masked, true);
+    tile::KeyLoop loop;
+    loop.masked = b_.label();
+    loop.lean = b_.label();
+    loop.p = b_.pred();
+    loop.t = b_.pred();
+    loop.n = n_;
+    loop.n_begin = n_begin_;
+    loop.lean_lo = lean_lo_;
+    loop.lean_hi = [this] { return lean_hi(); };
+    loop.exit = done_;
+    loop.uniform = true;
+    tile::key_loop(b_, loop, [this](bool masked) { body(masked); });
     b_.bind(done_);
   }
 
@@ -472,13 +446,7 @@ class ForwardTcGen {
     Reg p = b_.pred(), t = b_.pred();
     for (int r = 0; r < 2 * MT_; ++r) {
       Reg diag = e_.op(Op::Add, Type::S32, diag0, imm(16 * (r / 2) + 8 * (r % 2)));
-      Reg lo = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, diag, wl), imm(0));
-      Reg hi = e_.op(Op::Add, Type::S32, diag, wr);
-      b_.op(Op::Add, Type::S32, hi, hi, imm(1));
-      b_.op(Op::Min, Type::S32, hi, hi, sk);
-      b_.op(Op::Sub, Type::S32, lo, lo, kq);
-      b_.op(Op::Sub, Type::S32, hi, hi, kq);
-      tile::mask_row_half(b_, s_[r / 2], r % 2, lo, hi, p, t);
+      tile::mask_row(b_, s_[r / 2], r % 2, tile::row_range(e_, diag, wl, wr, imm(0), sk), kq, p, t);
     }
   }
 

@@ -26,6 +26,9 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/key_range.h"
+#include "kernels/tile/ring.h"
+#include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {
@@ -195,26 +198,13 @@ class ForwardWgmmaGen {
     // the CTA's keys are the union over its rows, from a block_n-aligned
     // start; a tile in [lean_lo, lean_hi] is visible to every row.
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
-    Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0_, imm(spec_.block_m)), sq_);
-    b_.op(Op::Sub, Type::S32, last, last, imm(1));
-    Reg dfirst = e_.op(Op::Add, Type::S32, m0_, shift);
-    Reg dlast = e_.op(Op::Add, Type::S32, last, shift);
-    n_begin_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dfirst, wl), imm(0));
-    round_down(n_begin_);
-    Reg n_end = e_.op(Op::Add, Type::S32, dlast, wr);
-    b_.op(Op::Add, Type::S32, n_end, n_end, imm(1));
-    b_.op(Op::Min, Type::S32, n_end, n_end, sk_);
-    empty_ = e_.setp(Cmp::Ge, Type::S32, n_begin_, n_end);
-    top_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, n_end, imm(1)), n_begin_);
-    b_.op(Op::Max, Type::S32, top_, top_, imm(0));
-    round_down(top_);
-    b_.op(Op::Add, Type::S32, top_, top_, n_begin_);
-    lean_lo_ = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, dlast, wl), n_begin_);
-    // lean_hi = min(m0 + sk - sq + wr + 1, sk) - block_n
-    lean_hi_ = e_.op(Op::Add, Type::S32, dfirst, wr);
-    b_.op(Op::Add, Type::S32, lean_hi_, lean_hi_, imm(1));
-    b_.op(Op::Min, Type::S32, lean_hi_, lean_hi_, sk_);
-    b_.op(Op::Sub, Type::S32, lean_hi_, lean_hi_, imm(spec_.block_n));
+    const tile::KeyRange kr =
+        tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    n_begin_ = kr.n_begin;
+    empty_ = kr.empty;
+    top_ = kr.top;
+    lean_lo_ = kr.lean_lo;
+    lean_hi_ = tile::lean_hi(e_, kr.dfirst, wr, sk_, spec_.block_n);
 
     b_.comment(spec_.gather
                    ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
@@ -233,32 +223,9 @@ class ForwardWgmmaGen {
     b_.bar_sync();
   }
 
-  // x (>= 0) rounded down to a multiple of block_n (not always a power of two).
-  void round_down(Reg x) {
-    const int bn = spec_.block_n;
-    if ((bn & (bn - 1)) == 0) {
-      b_.op(Op::And, Type::B32, x, x, imm(-bn));
-      return;
-    }
-    b_.op(Op::Div, Type::U32, x, x, imm(bn));
-    b_.op(Op::MulLo, Type::U32, x, x, imm(bn));
-  }
-
-  // Spins until the mbarrier at smem + off (plus a register offset) has
-  // completed the phase of this parity.
-  void wait(Reg addr, int off, Reg parity) {
-    ptx::Label spin = b_.label();
-    Reg p = b_.pred();
-    b_.bind(spin);
-    b_.mbarrier_try_wait_parity(p, at(addr, off), parity);
-    b_.unless(p).bra(spin);
-  }
-
-  // Stage of tile number `it`: s = it % S, parity (it / S) & 1.
-  void stage_of(Reg it, Reg *s, Reg *parity) {
-    *s = e_.op(Op::Rem, Type::U32, it, imm(S_));
-    *parity = e_.op(Op::And, Type::B32, e_.op(Op::Div, Type::U32, it, imm(S_)), imm(1));
-  }
+  // The K/V ring: S_ stages, barriers at smem + 8 stage (tile::Ring).
+  tile::Ring ring() { return tile::Ring(e_, smem_, S_); }
+  void wait(Reg bars, int off, Reg parity) { ring().wait(bars, off, parity); }
 
   // ---- warpgroup 0: one thread issues every TMA copy ----
   void producer() {
@@ -290,10 +257,10 @@ class ForwardWgmmaGen {
     Reg n = e_.mov(Type::S32, top_), it = e_.mov(Type::U32, imm(0));
     ptx::Label top = b_.label();
     b_.bind(top);
-    Reg s, ph;
-    stage_of(it, &s, &ph);
-    Reg free_ph = e_.op(Op::Xor, Type::B32, ph, imm(1));  // a fresh buffer counts as freed
-    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    const tile::Ring::Slot slot = ring().slot(it);
+    const Reg s = slot.stage;
+    Reg free_ph = ring().free_parity(slot.parity);  // a fresh buffer counts as freed
+    Reg bar = ring().bars(s);
     for (int kv = 0; kv < 2; ++kv) {
       const int atoms = kv ? lay_.va : lay_.qa;
       const uint32_t stage_bytes = kv ? lay_.v_stage : lay_.k_stage;
@@ -335,10 +302,10 @@ class ForwardWgmmaGen {
     Reg pbar = e_.mov(Type::U32, smem_);  // the previous tile's barriers (stage base)
     ptx::Label top = b_.label();
     b_.bind(top);
-    Reg s, ph;
-    stage_of(it, &s, &ph);
-    Reg free_ph = e_.op(Op::Xor, Type::B32, ph, imm(1));
-    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    const tile::Ring::Slot slot = ring().slot(it);
+    const Reg s = slot.stage;
+    Reg free_ph = ring().free_parity(slot.parity);
+    Reg bar = ring().bars(s);
     wait(bar, static_cast<int>(lay_.k_empty(0, S_)), free_ph);
     if (row_table(spec_)) page_rows(n);
     Reg kdst = e_.op(Op::MulLo, Type::U32, s, imm(lay_.k_stage));
@@ -750,27 +717,17 @@ class ForwardWgmmaGen {
     first_tile();
     b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
     b_.when(p).bra(tail);
-    auto is_lean = [&]() {  // p = lean_lo <= n <= lean_hi
-      b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
-      b_.setp(Cmp::Le, Type::S32, t, n_, lean_hi_);
-      b_.op(Op::And, Type::Pred, p, p, t);
-    };
-    is_lean();
-    b_.when(p).bra(lean);
-    b_.bind(masked);
-    b_.comment("masked K/V tile (diagonal, window edge or seqlen_k tail)");
-    body(true);
-    b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
-    b_.when(p).bra(tail);
-    is_lean();
-    b_.unless(p).bra(masked);
-    b_.bind(lean);
-    b_.comment("lean K/V tile: every key visible to every row");
-    body(false);
-    b_.setp(Cmp::Ge, Type::S32, p, n_, lean_lo_);
-    b_.when(p).bra(lean);
-    b_.setp(Cmp::Ge, Type::S32, p, n_, n_begin_);
-    b_.when(p).bra(masked);
+    tile::KeyLoop loop;
+    loop.n = n_;
+    loop.n_begin = n_begin_;
+    loop.lean_lo = lean_lo_;
+    loop.lean_hi = [this] { return lean_hi_; };
+    loop.masked = masked;
+    loop.lean = lean;
+    loop.exit = tail;
+    loop.p = p;
+    loop.t = t;
+    tile::key_loop(b_, loop, [this](bool m) { body(m); });
     b_.bind(tail);
     last_pv();
     // Warpgroup 2 arrived once more than warpgroup 1 waited: balance it.
@@ -863,28 +820,19 @@ class ForwardWgmmaGen {
 
   static ptx::Fp8 fp8_type(KvFp8 f) { return f == KvFp8::E5M2 ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3; }
 
-  // Moves to the next tile: the current stage becomes the previous one;
-  // the stage index wraps at S, flipping the parity.
+  // Moves to the next tile: the ring's cursor (the current stage becomes
+  // the previous one) and the key.
   void next_tile() {
-    b_.mov(Type::U32, ps_, cs_);
-    b_.mov(Type::U32, pp_, cp_);
-    b_.op(Op::Add, Type::U32, cs_, cs_, imm(1));
-    Reg wrap = e_.setp(Cmp::Eq, Type::U32, cs_, imm(S_));
-    b_.selp(Type::U32, cs_, imm(0), cs_, wrap);
-    Reg flipped = e_.op(Op::Xor, Type::B32, cp_, imm(1));
-    b_.selp(Type::U32, cp_, flipped, cp_, wrap);
+    ring().advance(cur_);
     b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
   }
 
   // The first tile (the last in key order; masked: it may hold the tail).
   void first_tile() {
     b_.comment("first K/V tile: S, softmax, P (its P V runs with the next S)");
-    cs_ = e_.mov(Type::U32, imm(0));
-    cp_ = e_.mov(Type::U32, imm(0));
-    ps_ = b_.b32();
-    pp_ = b_.b32();
-    Reg s = cs_, ph = cp_;
-    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
+    cur_ = ring().begin();
+    Reg s = cur_.stage, ph = cur_.parity;
+    Reg bar = ring().bars(s);
     wait(bar, static_cast<int>(lay_.k_full(0)), ph);
     sched_sync();
     b_.wgmma_fence();
@@ -902,9 +850,9 @@ class ForwardWgmmaGen {
   // Tile it: S_it = Q K_it^T and O += P_{it-1} V_{it-1} in flight together;
   // the softmax of S_it while the P V runs; O rescaled once it is done.
   void body(bool masked) {
-    Reg s = cs_, ph = cp_, sp = ps_, pp = pp_;
-    Reg bar = e_.op(Op::MadLo, Type::U32, s, imm(8), smem_);
-    Reg pbar = e_.op(Op::MadLo, Type::U32, sp, imm(8), smem_);
+    Reg s = cur_.stage, ph = cur_.parity, sp = cur_.prev_stage, pp = cur_.prev_parity;
+    Reg bar = ring().bars(s);
+    Reg pbar = ring().bars(sp);
     wait(bar, static_cast<int>(lay_.k_full(0)), ph);
     wait(pbar, static_cast<int>(lay_.v_full(0, S_)), pp);
     sched_sync();
@@ -947,8 +895,8 @@ class ForwardWgmmaGen {
   // O += P V of the last tile.
   void last_pv() {
     b_.comment("O += P V of the last tile");
-    Reg sp = ps_, pp = pp_;
-    Reg pbar = e_.op(Op::MadLo, Type::U32, sp, imm(8), smem_);
+    Reg sp = cur_.prev_stage, pp = cur_.prev_parity;
+    Reg pbar = ring().bars(sp);
     wait(pbar, static_cast<int>(lay_.v_full(0, S_)), pp);
     b_.wgmma_fence();
     issue_pv(stage_desc(sp, vdesc0_, lay_.v_stage));
@@ -970,13 +918,7 @@ class ForwardWgmmaGen {
     Reg p = b_.pred(), t = b_.pred();
     for (int h = 0; h < 2; ++h) {
       Reg diag = e_.op(Op::Add, Type::S32, diag0, imm(8 * h));
-      Reg lo = e_.op(Op::Max, Type::S32, e_.op(Op::Sub, Type::S32, diag, wl), imm(0));
-      Reg hi = e_.op(Op::Add, Type::S32, diag, wr);
-      b_.op(Op::Add, Type::S32, hi, hi, imm(1));
-      b_.op(Op::Min, Type::S32, hi, hi, sk_);
-      b_.op(Op::Sub, Type::S32, lo, lo, kq);
-      b_.op(Op::Sub, Type::S32, hi, hi, kq);
-      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
+      tile::mask_row(b_, s_, h, tile::row_range(e_, diag, wl, wr, imm(0), sk_), kq, p, t);
     }
   }
 
@@ -1091,7 +1033,7 @@ class ForwardWgmmaGen {
   Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_;
   ForwardBases fb_;        // gather: row addresses
   Reg wg_, wg1_;           // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
-  Reg cs_, cp_, ps_, pp_;  // consumers: stage and parity of this tile and of the previous
+  tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
   Reg score_scale_;
   Softcap cap_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/merge.h"
 
 namespace fa {
 namespace kgen {
@@ -106,8 +107,7 @@ std::string generate_reduce(const KernelSpec &spec) {
   // = 0) and the others 0: inf - inf would be NaN. A NaN LSE_s or sink (max
   // skips it) makes its w_s, so sum, NaN.
   b.comment("O = sum_s w_s O_s / sum_s w_s");
-  Reg none = e.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
-  Reg off = e.selp(Type::F32, fimm(0.0f), m, none);
+  Reg off = tile::merge_offset(e, m).off;
   Reg sum = b.f32();
   std::vector<Reg> acc;
   for (int i = 0; i < nv; ++i) acc.push_back(b.f32());
@@ -116,9 +116,7 @@ std::string generate_reduce(const KernelSpec &spec) {
   // w = 2^(l - off) (l a state's LSE in the input's base; -inf - off weighs
   // 0), or on the +inf row 1 where l = +inf; sum += w.
   auto weight = [&](Reg l, bool inf_row) {
-    b.op(Op::Sub, Type::F32, w, l, off);
-    if (!spec.lse_in_base2) b.op(Op::Mul, Type::F32, w, w, fimm(kLog2e));  // to base 2
-    b.op(Op::Ex2, Type::F32, w, w);
+    tile::merge_weight(b, w, l, off, spec.lse_in_base2);
     if (inf_row) {
       b.setp(Cmp::Eq, Type::F32, is_inf, l, fimm(-kNegInf));
       b.selp(Type::F32, w, fimm(1.0f), w, is_inf);

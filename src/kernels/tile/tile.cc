@@ -2,6 +2,8 @@
 // docs/kernels.md ("Tile primitives").
 #include "kernels/tile/tile.h"
 
+#include "kernels/tile/merge.h"
+
 namespace fa::kgen::tile {
 
 Lanes make_lanes(Emitter &e, Reg lane) {
@@ -508,44 +510,6 @@ OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form)
   }
 }
 
-void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t) {
-  for (int j = 0; j < s.n(); ++j)
-    for (int x = 0; x < 2; ++x) {
-      Reg v = s.f[j][2 * h + x];
-      b.setp(Cmp::Le, Type::S32, p, lo, imm(8 * j + x));
-      b.setp(Cmp::Gt, Type::S32, t, hi, imm(8 * j + x));
-      b.op(Op::And, Type::Pred, p, p, t);
-      b.selp(Type::F32, v, v, fimm(kNegInf), p);
-    }
-}
-
-Reg alibi_coef(Emitter &e, size_t slopes_param, Reg bz, Reg h, Reg score_scale) {
-  Reg slopes = e.global_param(slopes_param);
-  Reg stride = e.stride_bytes(slopes_param + 8, 4);  // 0: one row for the batch
-  Reg row = e.index(slopes, bz, stride);
-  Reg c = e.new_reg(Type::F32);
-  e.b.ld(Space::Global, Type::F32, c, ptx::at(e.index(row, h, 4)), true);
-  e.b.op(Op::Mul, Type::F32, c, c, fimm(-kLog2e));
-  // Raw scores: OnlineSoftmax multiplies by score_scale = softmax_scale log2 e.
-  if (score_scale.valid()) e.b.op(Op::DivRn, Type::F32, c, c, score_scale);
-  return c;
-}
-
-void alibi_bias(ptx::Builder &b, Reg x, Reg dist, int k, Reg coef, Reg t) {
-  if (k == 0) {
-    b.op(Op::Abs, Type::F32, t, dist);
-  } else {
-    b.op(Op::Sub, Type::F32, t, dist, fimm(static_cast<float>(k)));
-    b.op(Op::Abs, Type::F32, t, t);
-  }
-  b.op(Op::Fma, Type::F32, x, t, coef, x);
-}
-
-void alibi_row_half(ptx::Builder &b, const AccTile &s, int h, Reg dist, Reg coef, Reg t) {
-  for (int j = 0; j < s.n(); ++j)
-    for (int x = 0; x < 2; ++x) alibi_bias(b, s.f[j][2 * h + x], dist, 8 * j + x, coef, t);
-}
-
 void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
   step_impl(s, &o);
 }
@@ -635,8 +599,7 @@ void OnlineSoftmax::step_impl(const std::vector<AccTile> &s, const std::vector<A
 }
 
 Reg OnlineSoftmax::row_offset(Reg m, float add) {
-  Reg none = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
-  Reg off = e_.selp(Type::F32, fimm(0.0f), m, none);
+  Reg off = merge_offset(e_, m).off;
   if (!c_.valid() && add != 0.0f) e_.b.op(Op::Sub, Type::F32, off, off, fimm(add));
   return off;
 }
@@ -677,31 +640,6 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
       b.op(Op::Mul, Type::F32, f[2 * h + 1], f[2 * h + 1], inv);
     }
   }
-}
-
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0) {
-  ptx::Builder &b = e.b;
-  Reg mx = e.op(Op::Max, Type::F32, m2, s2);
-  Reg none = e.setp(Cmp::Eq, Type::F32, mx, fimm(kNegInf));
-  b.selp(Type::F32, mx, fimm(0.0f), mx, none);
-  Reg alpha = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, m2, mx));
-  Reg beta = e.op(Op::Ex2, Type::F32, e.op(Op::Sub, Type::F32, s2, mx));
-  Reg sum = e.op(Op::Fma, Type::F32, l, alpha, beta);
-  // Not > 0: no key and no sink (0), or a sink of +inf or NaN (NaN).
-  Reg pos = e.setp(Cmp::Gt, Type::F32, sum, fimm(0.0f));
-  SinkRow r;
-  r.inv = e.op(Op::RcpRn, Type::F32, sum);
-  b.op(Op::Mul, Type::F32, r.inv, r.inv, alpha);
-  b.selp(Type::F32, r.inv, r.inv, nan0, pos);
-  r.lse = e.op(Op::Add, Type::F32, mx, e.op(Op::Lg2, Type::F32, sum));
-  b.selp(Type::F32, r.lse, r.lse, s2, pos);  // then -inf, +inf or NaN
-  b.op(Op::Mul, Type::F32, r.lse, r.lse, fimm(kLn2));
-  return r;
-}
-
-Reg sink_nan0(Emitter &e, Reg s2) {
-  Reg nan = e.setp(Cmp::Nan, Type::F32, s2, s2);
-  return e.selp(Type::F32, s2, fimm(0.0f), nan);
 }
 
 void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2) {

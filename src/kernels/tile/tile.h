@@ -81,35 +81,6 @@ void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a);
 // (odd), rows g + 8 (i / 2): a lane's four consecutive columns.
 void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2]);
 
-// Masks row half h (rows g + 8h) of an accumulator tile: element (j, x)
-// holds the column c = 8j + 2q + x relative to the lane's own first column
-// (c0 + 2q), and becomes -inf unless lo <= c < hi, with lo and hi given
-// relative to that column (s32 registers). p and t are scratch predicates.
-void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t);
-
-// ALiBi (Press et al. 2022; FlashAttention-2's alibi_slopes): the logit of
-// query i, key j loses slope |i + seqlen_k - seqlen_q - j|. The bias is
-// added where the scores are, before the online softmax scales them: a
-// kernel without softcap keeps raw q.k scores that OnlineSoftmax multiplies
-// by c = softmax_scale log2(e), so the bias there is -slope / softmax_scale
-// per key (FlashAttention-2's fold); with softcap the scores are already in
-// the log2 domain and the bias is -slope log2(e). Either way one coefficient
-// per row, formed once (alibi_coef), and per score
-//   x += coef |dist - k|
-// (sub, abs, fma in f32: the distance is an integer, exact below 2^24).
-// The coefficient of (sequence bz, query head h): slopes_param is the byte
-// offset of the {uint64 alibi_slopes, int64 alibi_slopes_stride} pair in
-// the parameter block; score_scale the f32 register OnlineSoftmax scales by
-// (softmax_scale log2 e), or invalid with softcap.
-Reg alibi_coef(Emitter &e, size_t slopes_param, Reg bz, Reg h, Reg score_scale);
-// x += coef |dist - k| for one score (dist, coef f32 registers; k a key
-// offset in the tile; t f32 scratch). The one place the bias is formed.
-void alibi_bias(ptx::Builder &b, Reg x, Reg dist, int k, Reg coef, Reg t);
-// Row half h of an accumulator tile (as mask_row_half): element (j, x) holds
-// the key at 8j + x from the lane's own first column, whose distance from
-// the row's diagonal is dist (f32: diagonal - that key).
-void alibi_row_half(ptx::Builder &b, const AccTile &s, int h, Reg dist, Reg coef, Reg t);
-
 // A row-major matrix of 16-bit values in shared memory, each row padded by 16
 // bytes so the eight rows of an ldmatrix phase start on distinct 16-byte
 // bank groups (conflict-free) and cp.async writes of a row stay 16-byte
@@ -279,28 +250,6 @@ class Fp8Convert {
 // it returns). PTX ISA: cvt.rn.f16x2.f32, shfl.sync.bfly, bar.sync.
 std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
                                     const SmemTile &q, Reg smem_base);
-
-// The end of a softmax row with an attention sink (gpt-oss, FlashAttention-3's
-// learnable sink): the row's exponentials used the offset m2 (log2 domain;
-// -inf for a row that saw no key, l = 0) and sum to l; the sink logit s2
-// (log2 domain) joins the denominator once and contributes no value:
-//   M = max(m2, s2) (0 when both are -inf), L = l 2^(m2 - M) + 2^(s2 - M),
-//   O = acc * inv with inv = 2^(m2 - M) / L, LSE = (M + log2 L) ln 2;
-// when L is not > 0, inv = nan0 and LSE = s2 ln 2 instead.
-// Every exponent is <= 0, so no finite sink overflows; a row with no key gets
-// O = 0 and LSE = sink, and a sink of -inf changes nothing. A non-finite
-// sink follows flashattn.h's formula: L is not > 0 exactly when the sink is
-// -inf on a row with no key (L = 0: O = 0, LSE = -inf), +inf (L = NaN from
-// inf - inf: O = 0, LSE = +inf) or NaN (O = NaN, LSE = NaN), with nan0 =
-// sink_nan0(s2). These are the same instructions per row as without them:
-// only the selects' second operands are registers.
-struct SinkRow {
-  Reg inv, lse;
-};
-SinkRow sink_row(Emitter &e, Reg m2, Reg l, Reg s2, Reg nan0);
-// NaN when the sink s2 is NaN, else 0 (f32): sink_row's factor of O in a row
-// whose denominator is not > 0. Once per thread (2 instructions).
-Reg sink_nan0(Emitter &e, Reg s2);
 
 // The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
 // thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
