@@ -684,6 +684,33 @@ func newDecode(t *testing.T, rt *Runtime, p problem, seed int64) *decodeSetup {
 	}}
 }
 
+// decodeChecked runs Decode on s with splits (the workspace allocated by
+// Decode, O and LSE poisoned first) and checks O and LSE against the
+// reference; it returns the arguments used and O.
+func decodeChecked(t *testing.T, rt *Runtime, cfg *Config, s *decodeSetup, splits int32) (DecodeArgs, *DeviceMemory) {
+	t.Helper()
+	o := poisoned(t, rt, uint64(len(s.want))*2)
+	lse := poisoned(t, rt, uint64(len(s.wantLSE))*4)
+	a := s.args
+	a.NumSplits = splits
+	a.O = Contiguous(o.Ptr(), int64(s.p.sq), int64(s.p.hq), int64(s.p.dv))
+	a.LSE = lse.Ptr()
+	if err := rt.Decode(cfg, &a); err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	got := make([]uint16, len(s.want))
+	gotLSE := make([]float32, len(s.wantLSE))
+	if err := o.DownloadUint16(got); err != nil {
+		t.Fatal(err)
+	}
+	if err := lse.DownloadFloat32(gotLSE); err != nil {
+		t.Fatal(err)
+	}
+	compareO(t, "decode O", got, s.want, 3e-3)
+	compareLSE(t, "decode LSE", gotLSE, s.wantLSE)
+	return a, o
+}
+
 func TestDecode(t *testing.T) {
 	rt := newRT(t)
 	cases := []struct {
@@ -709,25 +736,8 @@ func TestDecode(t *testing.T) {
 			cfg := newCfg(t, c.desc)
 			c.p.scale = 1 / math.Sqrt(float64(c.p.d))
 			s := newDecode(t, rt, c.p, int64(i+20))
-			o := poisoned(t, rt, uint64(len(s.want))*2)
-			lse := poisoned(t, rt, uint64(len(s.wantLSE))*4)
-			a := s.args
-			a.NumSplits = c.splits
-			a.O = Contiguous(o.Ptr(), int64(c.p.sq), int64(c.p.hq), int64(c.p.dv))
-			a.LSE = lse.Ptr()
-			if err := rt.Decode(cfg, &a); err != nil { // workspace allocated by Decode
-				t.Fatalf("Decode: %v", err)
-			}
+			a, o := decodeChecked(t, rt, cfg, s, c.splits)
 			got := make([]uint16, len(s.want))
-			gotLSE := make([]float32, len(s.wantLSE))
-			if err := o.DownloadUint16(got); err != nil {
-				t.Fatal(err)
-			}
-			if err := lse.DownloadFloat32(gotLSE); err != nil {
-				t.Fatal(err)
-			}
-			compareO(t, "decode O", got, s.want, 3e-3)
-			compareLSE(t, "decode LSE", gotLSE, s.wantLSE)
 
 			// Partial states only (O.Data 0), merged by DecodeReduce, agree too.
 			a.O, a.LSE = Tensor{}, 0

@@ -1,5 +1,7 @@
 #include "shim.h"
 
+#include "_cgo_export.h" /* fagoWarmProgress (warm.go) */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,3 +155,23 @@ void fago_list_free(fago_list *l) {
 }
 
 fa_status fago_cache_clear(fa_runtime *rt, fago_err *e) { return take(fa_cache_clear(rt), e); }
+
+/* fa_cache_warm_progress_fn: hands each report to Go with the handle. */
+static void warm_progress(const fa_cache_warm_progress *p, void *user) {
+  fagoWarmProgress((fa_cache_warm_progress *)p, (uintptr_t)user);
+}
+
+fa_status fago_cache_warm(fa_cache_warm_options *o, uintptr_t handle, fa_cache_warm_progress *r,
+                          fago_err *e) {
+  if (handle != 0) {
+    o->progress = warm_progress;
+    o->user = (void *)handle;
+  }
+  return take(fa_cache_warm(o, r), e);
+}
+
+const char *fago_cache_warm_preset(const char *name, fago_err *e) {
+  const char *text = fa_cache_warm_preset(name);
+  take(text != NULL ? FA_SUCCESS : FA_ERROR_INVALID_ARGUMENT, e);
+  return text;
+}

@@ -61,5 +61,11 @@ fa_status fago_cache_stats(fa_runtime *rt, fa_cache_stats *s, fago_err *e);
 fa_status fago_cache_list(fa_runtime *rt, fago_list *l, fago_err *e);
 void fago_list_free(fago_list *l);
 fa_status fago_cache_clear(fa_runtime *rt, fago_err *e);
+/* fa_cache_warm; with handle != 0 (a runtime/cgo.Handle), progress goes to
+ * the Go function fagoWarmProgress(progress, handle). */
+fa_status fago_cache_warm(fa_cache_warm_options *o, uintptr_t handle, fa_cache_warm_progress *r,
+                          fago_err *e);
+/* fa_cache_warm_preset; NULL with the message in *e when there is none. */
+const char *fago_cache_warm_preset(const char *name, fago_err *e);
 
 #endif

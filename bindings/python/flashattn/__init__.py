@@ -7,6 +7,7 @@ flashattn C API (include/flashattn.h).
         o = fa.forward(rt, cfg, q, k, v)      # NumPy in, NumPy out
         o, lse = fa.decode(rt, cfg, q1, k_pages, v_pages, lens,
                            block_table=table)  # a paged KV cache
+    fa.cache_warm(["80", "90a"], presets="llama-3-8b")  # fill the kernel cache, no GPU
 
 See README.md for the tensor types accepted and how errors look.
 
@@ -22,6 +23,7 @@ from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, 
                       NoDriverError, OutOfMemoryError, RuntimePoisonedError, UnsupportedError)
 from ._lib import DECODE_INVARIANT_SPLIT, load as load_library, library_path
 from ._tensors import Tensor, as_tensor, bf16_bits_to_float32, float32_to_bf16_bits
+from ._warm import WarmCounts, cache_warm, cache_warm_preset, cache_warm_presets
 
 __version__ = "0.7.0"
 
@@ -40,4 +42,5 @@ __all__ = [
     "Error", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "NoDriverError",
     "NoDeviceError", "CudaError", "CompileError", "LaunchError", "RuntimePoisonedError",
     "BufferTooSmallError", "InternalError", "CacheError",
+    "cache_warm", "cache_warm_presets", "cache_warm_preset", "WarmCounts",
 ]

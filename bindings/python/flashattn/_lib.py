@@ -24,6 +24,8 @@ ABI_MAJOR = 0  # FLASHATTN_VERSION_MAJOR this binding was written against
 
 # fa_status
 SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_COMPILE = 7
 STATUS_NAMES = {
     0: "FA_SUCCESS",
     1: "FA_ERROR_INVALID_ARGUMENT",
@@ -256,6 +258,42 @@ class fa_cache_entry(ctypes.Structure):
     ]
 
 
+class fa_cache_warm_progress(ctypes.Structure):  # since 0.7
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("total", c_uint64),
+        ("done", c_uint64),
+        ("built", c_uint64),
+        ("present", c_uint64),
+        ("failed", c_uint64),
+        ("skipped", c_uint64),
+        ("bytes", c_uint64),
+        ("seconds", ctypes.c_double),
+        ("spec", c_char_p),
+        ("sm", c_int32),
+        ("compiler", ctypes.c_char * 128),
+    ]
+
+
+fa_cache_warm_progress_fn = ctypes.CFUNCTYPE(None, ctypes.POINTER(fa_cache_warm_progress),
+                                             c_void_p)
+
+
+class fa_cache_warm_options(ctypes.Structure):  # since 0.7
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("cache_dir", c_char_p),
+        ("sms", ctypes.POINTER(c_int32)),
+        ("num_sms", c_int32),
+        ("jobs", c_int32),
+        ("presets", c_char_p),
+        ("specs", c_char_p),
+        ("ptx_compiler", c_int64),  # fa_ptx_compiler
+        ("progress", fa_cache_warm_progress_fn),
+        ("user", c_void_p),
+    ]
+
+
 STRUCTS = (
     fa_runtime_options,
     fa_runtime_info,
@@ -268,6 +306,8 @@ STRUCTS = (
     fa_reduce_args,
     fa_cache_stats,
     fa_cache_entry,
+    fa_cache_warm_progress,
+    fa_cache_warm_options,
 )
 
 
@@ -320,6 +360,9 @@ def _declare(lib):
     fn("fa_cache_stats_get", c_int, c_void_p, _P(fa_cache_stats))
     fn("fa_cache_list", c_int, c_void_p, fa_cache_entry_fn, c_void_p)
     fn("fa_cache_clear", c_int, c_void_p)
+    fn("fa_cache_warm", c_int, _P(fa_cache_warm_options), _P(fa_cache_warm_progress))
+    fn("fa_cache_warm_presets", c_char_p)
+    fn("fa_cache_warm_preset", c_char_p, c_char_p)
 
 
 BUNDLED_NAME = "libflashattn.so.0"

@@ -1,5 +1,5 @@
 //! Raw declarations of the flashattn C API, written by hand from
-//! `include/flashattn.h` (version 0.3). Every function and struct of the header
+//! `include/flashattn.h` (version 0.7). Every function and struct of the header
 //! is here, with the same names.
 //!
 //! - Opaque handles are zero-sized `#[repr(C)]` structs used behind pointers.
@@ -17,7 +17,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 6;
+pub const FLASHATTN_VERSION_MINOR: u32 = 7;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
@@ -679,6 +679,101 @@ pub type fa_cache_entry_fn =
     Option<unsafe extern "C" fn(entry: *const fa_cache_entry, user: *mut c_void) -> c_int>;
 
 // ---------------------------------------------------------------------------
+// Offline cache warming (since 0.7)
+
+/// Counts of an `fa_cache_warm` call, so far (progress) or in all (result).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_cache_warm_progress {
+    pub struct_size: usize,
+    /// Distinct kernels asked for: (spec line, SM) pairs that SM runs.
+    pub total: u64,
+    /// Of which finished: built + present + failed.
+    pub done: u64,
+    /// Rows written.
+    pub built: u64,
+    /// Rows already there with this compiler's binary.
+    pub present: u64,
+    /// Kernels the compiler rejected (fa_last_error names the first).
+    pub failed: u64,
+    /// (spec line, SM) pairs that SM cannot run: not counted in total.
+    pub skipped: u64,
+    /// PTX + binary bytes of the rows written.
+    pub bytes: u64,
+    /// Wall time since the call began.
+    pub seconds: f64,
+    /// Progress: the kernel just finished (valid during the callback only); result: NULL.
+    pub spec: *const c_char,
+    /// Progress: its SM; result: 0.
+    pub sm: i32,
+    /// The PTX compiler plugin's version, or "" (PTX rows).
+    pub compiler: [c_char; 128],
+}
+
+impl Default for fa_cache_warm_progress {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            total: 0,
+            done: 0,
+            built: 0,
+            present: 0,
+            failed: 0,
+            skipped: 0,
+            bytes: 0,
+            seconds: 0.0,
+            spec: core::ptr::null(),
+            sm: 0,
+            compiler: [0; 128],
+        }
+    }
+}
+
+/// Called by `fa_cache_warm` on the calling thread after each kernel (never concurrently).
+pub type fa_cache_warm_progress_fn =
+    Option<unsafe extern "C" fn(progress: *const fa_cache_warm_progress, user: *mut c_void)>;
+
+/// Options of `fa_cache_warm`; `Default` is FA_CACHE_WARM_OPTIONS_INIT.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_cache_warm_options {
+    pub struct_size: usize,
+    /// The cache to fill, as fa_runtime_options.cache_dir (NULL: the default).
+    pub cache_dir: *const c_char,
+    /// The target SMs (80, 86, 87, 89, 90, 100, 103, 110, 120, 121).
+    pub sms: *const i32,
+    pub num_sms: i32,
+    /// Kernels compiled at once; 0 = the online CPUs.
+    pub jobs: i32,
+    /// Comma-separated preset names, or NULL.
+    pub presets: *const c_char,
+    /// Kernel spec lines, or NULL; at least one of presets and specs.
+    pub specs: *const c_char,
+    /// An `fa_ptx_compiler`: AUTO builds cubins with the plugin when there is one; OFF writes PTX.
+    pub ptx_compiler: i64,
+    pub progress: fa_cache_warm_progress_fn,
+    /// Passed to progress.
+    pub user: *mut c_void,
+}
+
+impl Default for fa_cache_warm_options {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            cache_dir: core::ptr::null(),
+            sms: core::ptr::null(),
+            num_sms: 0,
+            jobs: 0,
+            presets: core::ptr::null(),
+            specs: core::ptr::null(),
+            ptx_compiler: FA_PTX_COMPILER_AUTO,
+            progress: None,
+            user: core::ptr::null_mut(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Functions
 
 extern "C" {
@@ -766,4 +861,11 @@ extern "C" {
     pub fn fa_cache_list(rt: *mut fa_runtime, f: fa_cache_entry_fn, user: *mut c_void)
         -> fa_status;
     pub fn fa_cache_clear(rt: *mut fa_runtime) -> fa_status;
+
+    pub fn fa_cache_warm(
+        options: *const fa_cache_warm_options,
+        result: *mut fa_cache_warm_progress,
+    ) -> fa_status;
+    pub fn fa_cache_warm_presets() -> *const c_char;
+    pub fn fa_cache_warm_preset(name: *const c_char) -> *const c_char;
 }

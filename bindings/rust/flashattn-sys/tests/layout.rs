@@ -252,6 +252,38 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             compiler
         }
     );
+    layout!(
+        rows,
+        fa_cache_warm_progress {
+            struct_size,
+            total,
+            done,
+            built,
+            present,
+            failed,
+            skipped,
+            bytes,
+            seconds,
+            spec,
+            sm,
+            compiler
+        }
+    );
+    layout!(
+        rows,
+        fa_cache_warm_options {
+            struct_size,
+            cache_dir,
+            sms,
+            num_sms,
+            jobs,
+            presets,
+            specs,
+            ptx_compiler,
+            progress,
+            user
+        }
+    );
     rows.push(("fa_status".into(), "sizeof(fa_status)".into(), size_of::<fa_status>() as i64));
     rows.push(("fa_dtype".into(), "sizeof(fa_dtype)".into(), size_of::<fa_dtype>() as i64));
     rows.push(("fa_backend".into(), "sizeof(fa_backend)".into(), size_of::<fa_backend>() as i64));
@@ -448,6 +480,13 @@ fn defaults_match_init_macros() {
     // 0.6's fields default to "as 0.5": a Q of dtype, no Q descale.
     assert_eq!((fa_config_desc::default().q_dtype, f.q_descale), (0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
+    // FA_CACHE_WARM_OPTIONS_INIT: struct_size, everything else 0 / NULL (AUTO is 0).
+    let w = fa_cache_warm_options::default();
+    assert_eq!(w.struct_size, size_of::<fa_cache_warm_options>());
+    assert!(w.cache_dir.is_null() && w.sms.is_null() && w.presets.is_null() && w.specs.is_null());
+    assert_eq!((w.num_sms, w.jobs, w.ptx_compiler), (0, 0, FA_PTX_COMPILER_AUTO));
+    assert!(w.progress.is_none() && w.user.is_null());
+    assert_eq!(fa_cache_warm_progress::default().struct_size, size_of::<fa_cache_warm_progress>());
 }
 
 #[test]

@@ -24,6 +24,8 @@
 //! `*_raw` unsafe calls take device pointers as `u64` for other allocators.
 //! [`Runtime::decode_kv`] and [`Runtime::forward_kv`] read paged and
 //! pointer-array KV caches ([`KvCache`]; see examples/paged_decode.rs).
+//! [`cache_warm`] fills a kernel cache with no GPU for the SMs a fleet runs
+//! (since 0.7).
 
 mod cache;
 mod config;
@@ -31,6 +33,7 @@ mod error;
 mod half;
 mod ops;
 mod runtime;
+mod warm;
 
 pub use flashattn_sys as sys;
 
@@ -50,6 +53,10 @@ pub use ops::{
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, PtxCompiler,
     Runtime, RuntimeBuilder, RuntimeInfo,
+};
+pub use warm::{
+    cache_warm, cache_warm_preset, cache_warm_presets, cache_warm_with_progress, parse_sms,
+    WarmCounts, WarmOptions, WarmProgress,
 };
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! PRNG, fp16 test data and an f64 reference attention.
 #![allow(dead_code)]
 
-use flashattn::{Backend, CacheMode, Runtime};
+use flashattn::{
+    Backend, CacheMode, Config, DecodeArgs, DeviceBuffer, ForwardArgs, Runtime, Tensor, TensorMut,
+};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -204,4 +206,125 @@ pub fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
             }
         })
         .fold(0.0, f64::max)
+}
+
+pub const F16_TOL: f64 = 1e-3; // outputs are averages of values in [-1, 1]; observed ~2.5e-4
+pub const LSE_TOL: f64 = 1e-5; // fp32; observed ~6e-7
+
+/// Checks LSE values: -inf exactly where expected, else within tolerance.
+pub fn check_lse(got: &[f32], want: &[f64]) {
+    let err = max_abs_err(got, want);
+    eprintln!("lse err {err}");
+    assert!(err <= LSE_TOL, "lse max abs error {err}");
+}
+
+/// Forward on contiguous [b, s, h, d] tensors of problem p: O (o_bytes per
+/// element) and LSE, both poisoned with 0xff bytes (NaN) first.
+pub fn forward_contiguous(
+    rt: &Runtime,
+    cfg: &Config,
+    p: &Problem,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    o_bytes: usize,
+) -> (DeviceBuffer, DeviceBuffer) {
+    let mut o = rt.alloc(o_bytes * p.batch * p.seqlen_q * p.hq * p.dv).unwrap();
+    let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
+    o.fill_bytes(0xff).unwrap();
+    lse.fill_bytes(0xff).unwrap();
+    rt.forward(
+        cfg,
+        ForwardArgs {
+            batch: p.batch,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            q: Tensor::contiguous(q, [p.batch, p.seqlen_q, p.hq, p.d]),
+            k: Tensor::contiguous(k, [p.batch, p.seqlen_k, p.hkv, p.d]),
+            v: Tensor::contiguous(v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
+            o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
+            lse: Some(&mut lse),
+        },
+    )
+    .unwrap();
+    (o, lse)
+}
+
+pub fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let (qb, qf) = rng.f16_tensor(p.batch * p.seqlen_q * p.hq * p.d);
+    let (kb, kf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.d);
+    let (vb, vf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.dv);
+    let cfg = Config::builder()
+        .head_dim(p.d as i32)
+        .head_dim_v(p.dv as i32)
+        .heads(p.hq as i32, p.hkv as i32)
+        .causal(p.causal)
+        .softmax_scale(p.scale as f32)
+        .build()
+        .unwrap();
+    let (q, k, v) =
+        (rt.alloc_from(&qb).unwrap(), rt.alloc_from(&kb).unwrap(), rt.alloc_from(&vb).unwrap());
+    let (o, lse) = forward_contiguous(rt, &cfg, &p, &q, &k, &v, 2);
+    let (want_o, want_lse) = reference(&p, &qf, &kf, &vf, &vec![p.seqlen_k; p.batch]);
+    let got_o = flashattn::f16_slice_to_f32(&o.to_vec::<u16>().unwrap());
+    let err = max_abs_err(&got_o, &want_o);
+    eprintln!("forward {p:?}: o err {err}");
+    assert!(err <= F16_TOL, "{p:?}: o max abs error {err}");
+    check_lse(&lse.to_vec::<f32>().unwrap(), &want_lse);
+}
+
+/// Uploads a KV cache and queries, runs decode and compares with the reference.
+pub fn decode_case(
+    rt: &Runtime,
+    p: Problem,
+    seqlens: &[i32],
+    num_splits: usize,
+    seed: u64,
+) -> flashattn::DecodePlan {
+    let mut rng = Rng::new(seed);
+    let (qb, qf) = rng.f16_tensor(p.batch * p.seqlen_q * p.hq * p.d);
+    let (kb, kf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.d);
+    let (vb, vf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.dv);
+    let cfg = Config::builder()
+        .head_dim(p.d as i32)
+        .heads(p.hq as i32, p.hkv as i32)
+        .causal(p.causal)
+        .softmax_scale(p.scale as f32)
+        .build()
+        .unwrap();
+    let (q, k, v) =
+        (rt.alloc_from(&qb).unwrap(), rt.alloc_from(&kb).unwrap(), rt.alloc_from(&vb).unwrap());
+    let lens = rt.alloc_from(seqlens).unwrap();
+    let mut o = rt.alloc(2 * p.batch * p.seqlen_q * p.hq * p.dv).unwrap();
+    let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
+    o.fill_bytes(0xff).unwrap();
+    lse.fill_bytes(0xff).unwrap();
+    let plan = rt
+        .decode(
+            &cfg,
+            DecodeArgs {
+                batch: p.batch,
+                seqlen_q: p.seqlen_q,
+                seqlen_k_max: p.seqlen_k,
+                q: Tensor::contiguous(&q, [p.batch, p.seqlen_q, p.hq, p.d]),
+                k_cache: Tensor::contiguous(&k, [p.batch, p.seqlen_k, p.hkv, p.d]),
+                v_cache: Tensor::contiguous(&v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
+                cache_seqlens: &lens,
+                num_splits,
+                workspace: None,
+                o: Some(TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv])),
+                lse: Some(&mut lse),
+            },
+        )
+        .unwrap();
+    assert!(plan.num_splits >= 1 && plan.workspace_bytes > 0);
+    let valid: Vec<usize> = seqlens.iter().map(|&s| s as usize).collect();
+    let (want_o, want_lse) = reference(&p, &qf, &kf, &vf, &valid);
+    let got_o = flashattn::f16_slice_to_f32(&o.to_vec::<u16>().unwrap());
+    let err = max_abs_err(&got_o, &want_o);
+    eprintln!("decode splits {num_splits} used {}: o err {err}", plan.num_splits);
+    assert!(err <= F16_TOL, "{p:?} splits {num_splits}: o max abs error {err}");
+    check_lse(&lse.to_vec::<f32>().unwrap(), &want_lse);
+    plan
 }
