@@ -1051,4 +1051,12 @@ uint32_t wgmma_smem(const KernelSpec &spec) { return layout(spec).total; }
 std::string generate_forward_wgmma(const KernelSpec &spec) { return ForwardWgmmaGen(spec).run(); }
 
 }  // namespace kgen
+
+TmaBox wgmma_tma_box(const KernelSpec &spec, TmaOperand which) {
+  TmaBox box;
+  box.box_cols = kgen::kAtomCols;  // one 128-byte swizzle atom per box row
+  box.box_rows = static_cast<uint32_t>(which == TmaOperand::Q ? spec.block_m : spec.block_n);
+  box.swizzle_128b = true;
+  return box;
+}
 }  // namespace fa

@@ -294,6 +294,19 @@ struct WgmmaParams {
   alignas(64) uint8_t tmap_v[128];
 };
 
+// The box one TMA copy of the sm_90a forward moves (the runtime encodes the
+// tensor maps of Q, K and V with it; the kernel's shared layout assumes it):
+// box_rows rows of [batch, seq, heads, dim] x box_cols 16-bit columns, with
+// the 128-byte swizzle (CU_TENSOR_MAP_SWIZZLE_128B) its wgmma descriptors
+// read. Q's rows are the CTA's block_m queries, K's and V's a tile's block_n
+// keys; a head dim wider than box_cols takes several boxes.
+enum class TmaOperand { Q, K, V };
+struct TmaBox {
+  uint32_t box_cols = 0, box_rows = 0;
+  bool swizzle_128b = true;
+};
+TmaBox wgmma_tma_box(const KernelSpec &spec, TmaOperand which);
+
 struct DecodeParams {
   uint64_t q, k, v;        // q [b, sq, hq, d], k/v cache [b, sk_max, hkv, d]
   uint64_t cache_seqlens;  // int32 [batch]

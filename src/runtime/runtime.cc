@@ -452,10 +452,10 @@ static bool tma_addressable(const fa_tensor &t) {
   return true;
 }
 
-// The tensor map of a [batch, rows, heads, cols] tensor, boxes of `box_rows`
-// rows x 64 columns, 128-byte swizzle (the sm_90a forward's tiles).
+// The tensor map of a [batch, rows, heads, cols] tensor of 16-bit values in
+// the boxes the sm_90a forward reads (wgmma_tma_box).
 static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads, int cols,
-                              int batch, int box_rows) {
+                              int batch, const TmaBox &box) {
   TensorMapDesc d;
   d.rank = 4;
   d.elem_bytes = 2;
@@ -464,13 +464,13 @@ static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads
   const uint64_t dims[4] = {uint64_t(cols), uint64_t(rows), uint64_t(heads), uint64_t(batch)};
   const uint64_t strides[4] = {2, uint64_t(t.stride[1]) * 2, uint64_t(t.stride[2]) * 2,
                                uint64_t(t.stride[0]) * 2};
-  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  const uint32_t boxes[4] = {box.box_cols, box.box_rows, 1, 1};
   for (int i = 0; i < 4; ++i) {
     d.dims[i] = dims[i];
     d.strides[i] = strides[i];
-    d.box[i] = box[i];
+    d.box[i] = boxes[i];
   }
-  d.swizzle = 3;
+  d.swizzle = box.swizzle_128b ? 3 : 0;
   return d;
 }
 
@@ -493,16 +493,19 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     // without it) sends the launch to the gather variant instead.
     const bool bf16 = cfg.dtype == Dtype::BF16;
     const fa_status s1 = backend_->encode_tensor_map(
-        tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, a.batch, spec.block_m),
+        tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, a.batch,
+                 wgmma_tma_box(spec, TmaOperand::Q)),
         wp.tmap_q);
     const fa_status s2 = s1 == FA_SUCCESS ? backend_->encode_tensor_map(
                                                 tile_map(a.k, bf16, a.seqlen_k, cfg.num_heads_kv,
-                                                         cfg.head_dim, a.batch, spec.block_n),
+                                                         cfg.head_dim, a.batch,
+                                                         wgmma_tma_box(spec, TmaOperand::K)),
                                                 wp.tmap_k)
                                           : s1;
     const fa_status s3 = s2 == FA_SUCCESS ? backend_->encode_tensor_map(
                                                 tile_map(a.v, bf16, a.seqlen_k, cfg.num_heads_kv,
-                                                         cfg.head_dim_v, a.batch, spec.block_n),
+                                                         cfg.head_dim_v, a.batch,
+                                                         wgmma_tma_box(spec, TmaOperand::V)),
                                                 wp.tmap_v)
                                           : s2;
     if (s3 != FA_SUCCESS) {
