@@ -975,21 +975,21 @@ FA_API fa_status fa_cache_clear(fa_runtime *rt);
 /* Counts of an fa_cache_warm call, so far (progress) or in all (result). */
 typedef struct fa_cache_warm_progress {
   size_t struct_size;
-  uint64_t total;   /* distinct kernels asked for: (spec line, SM) pairs
-                       that SM runs, duplicates counted once */
-  uint64_t done;    /* of which finished: built + present + failed */
-  uint64_t built;   /* rows written */
-  uint64_t present; /* rows already there with this compiler's binary */
-  uint64_t failed;  /* kernels the compiler rejected (fa_last_error names
-                       the first after the call) */
-  uint64_t skipped; /* (spec line, SM) pairs that SM cannot run (an fp8 KV
-                       cache below sm_89, ...): not counted in total */
-  uint64_t bytes;   /* PTX + binary bytes of the rows written */
-  double seconds;   /* wall time since the call began */
-  const char *spec; /* progress: the kernel just finished, as
-                       fa_cache_entry.spec; result: NULL. Valid during the
-                       call only */
-  int32_t sm;       /* progress: its SM; result: 0 */
+  uint64_t total;     /* distinct kernels asked for: (spec line, SM) pairs
+                         that SM runs, duplicates counted once */
+  uint64_t done;      /* of which finished: built + present + failed */
+  uint64_t built;     /* rows written */
+  uint64_t present;   /* rows already there with this compiler's binary */
+  uint64_t failed;    /* kernels the compiler rejected (fa_last_error names
+                         the first after the call) */
+  uint64_t skipped;   /* (spec line, SM) pairs that SM cannot run (an fp8 KV
+                         cache below sm_89, ...): not counted in total */
+  uint64_t bytes;     /* PTX + binary bytes of the rows written */
+  double seconds;     /* wall time since the call began */
+  const char *spec;   /* progress: the kernel just finished, as
+                         fa_cache_entry.spec; result: NULL. Valid during the
+                         call only */
+  int32_t sm;         /* progress: its SM; result: 0 */
   char compiler[128]; /* what built the binaries: the PTX compiler plugin's
                          version, or "" (PTX rows, JIT-compiled by the
                          device's driver on first use) */
@@ -1007,15 +1007,15 @@ typedef struct fa_cache_warm_options {
                             where the kernel takes them), 100, 103, 110, 120,
                             121; num_sms >= 1 of them */
   int32_t num_sms;
-  int32_t jobs;         /* kernels compiled at once; 0 = the online CPUs */
-  const char *presets;  /* comma-separated preset names
-                           (fa_cache_warm_presets), or NULL */
-  const char *specs;    /* kernel spec lines (cache/README.md, "Warming"), or
-                           NULL; at least one of presets and specs */
-  int64_t ptx_compiler; /* fa_ptx_compiler: AUTO builds cubins with the PTX
-                           compiler plugin (fa_runtime_options.ptx_compiler
-                           explains where it is looked for) and writes PTX
-                           rows when there is none; OFF writes PTX rows */
+  int32_t jobs;                       /* kernels compiled at once; 0 = the online CPUs */
+  const char *presets;                /* comma-separated preset names
+                                         (fa_cache_warm_presets), or NULL */
+  const char *specs;                  /* kernel spec lines (cache/README.md, "Warming"), or
+                                         NULL; at least one of presets and specs */
+  int64_t ptx_compiler;               /* fa_ptx_compiler: AUTO builds cubins with the PTX
+                                         compiler plugin (fa_runtime_options.ptx_compiler
+                                         explains where it is looked for) and writes PTX
+                                         rows when there is none; OFF writes PTX rows */
   fa_cache_warm_progress_fn progress; /* or NULL */
   void *user;                         /* passed to progress */
 } fa_cache_warm_options;

@@ -104,7 +104,8 @@ void test_bad_options(void **) {
       {"forward dtype=fp16 head_dim=64 head_dim=128", {"'head_dim' given twice"}},
       {"forward dtype=fp16 head_dim=64 num_heads_q=0", {"specs line 1", "num_heads_q"}},
       {"decode dtype=fp16 head_dim=64 num_heads_q=3 num_heads_kv=2", {"specs line 1", "num_heads"}},
-      {"decode dtype=fp16 head_dim=64 page_size=16", {"specs line 1", "page_size is for FA_KV_PAGED"}},
+      {"decode dtype=fp16 head_dim=64 page_size=16",
+       {"specs line 1", "page_size is for FA_KV_PAGED"}},
       {"reduce dtype=fp16 head_dim=64 varlen=1", {"specs line 1", "varlen"}},
       {"decode dtype=fp16 head_dim=64 sinks=1", {"specs line 1", "sinks is for"}},
   };
@@ -283,14 +284,16 @@ void test_cli_warm_other_machine(void **) {
   {
     FILE *f = std::fopen(path_of("specs.txt").c_str(), "w");
     assert_non_null(f);
-    std::fputs("forward dtype=fp16 head_dim=64 num_heads_q=4 num_heads_kv=2\n"
-               "decode dtype=fp16 head_dim=64 num_heads_q=4 num_heads_kv=2 kv_layout=paged "
-               "page_size=16\nreduce dtype=fp16 head_dim=64\n",
-               f);
+    std::fputs(
+        "forward dtype=fp16 head_dim=64 num_heads_q=4 num_heads_kv=2\n"
+        "decode dtype=fp16 head_dim=64 num_heads_q=4 num_heads_kv=2 kv_layout=paged "
+        "page_size=16\nreduce dtype=fp16 head_dim=64\n",
+        f);
     std::fclose(f);
   }
-  const std::vector<std::string> w = {"cache", "warm", "--sm", "80,sm_90a", "--spec",
-                                      path_of("specs.txt"), "--cache-dir", cache, "-j", "2"};
+  const std::vector<std::string> w = {
+      "cache",       "warm", "--sm", "80,sm_90a", "--spec", path_of("specs.txt"),
+      "--cache-dir", cache,  "-j",   "2"};
   Result r = run_cli(w);
   expect(r.exited && r.code == 0 && contains(r.out, "warmed 6 kernels") &&
              contains(r.out, "built 6") && contains(r.err, "[6/6]"),
@@ -314,8 +317,11 @@ void test_cli_warm_other_machine(void **) {
       {"cache", "warm", "--sm", "75", "--preset", "gpt-oss", "--cache-dir", cache},
       {"cache", "warm", "--sm", "80", "--cache-dir", cache},
       {"cache", "presets", "llama-9"}};
-  const char *const why[] = {"specs line 2: unknown key 'heads'", "unknown preset 'llama-9'",
-                             "'9x' is not an SM", "sms[0] must be one of", "--preset, --spec",
+  const char *const why[] = {"specs line 2: unknown key 'heads'",
+                             "unknown preset 'llama-9'",
+                             "'9x' is not an SM",
+                             "sms[0] must be one of",
+                             "--preset, --spec",
                              "unknown preset 'llama-9'"};
   for (size_t i = 0; i < bad.size(); ++i) {
     r = run_cli(bad[i]);
@@ -350,11 +356,25 @@ void test_cli_warm_other_machine(void **) {
     expect(r.exited && r.code == 0 && contains(r.out, "PASS") &&
                contains(r.out, "misses 0, compiles 0"),
            run, r, "run on the warmed cache");
-    const std::vector<std::string> dec = {
-        "decode", "--q", path_of("q.npy"), "--k-cache", path_of("k.npy"), "--v-cache",
-        path_of("v.npy"), "--cache-seqlens", path_of("lens.npy"), "--kv-layout", "paged",
-        "--page-size", "16", "--num-splits", "2", "--backend", "emulator",
-        "--out", path_of("o.npy")};
+    const std::vector<std::string> dec = {"decode",
+                                          "--q",
+                                          path_of("q.npy"),
+                                          "--k-cache",
+                                          path_of("k.npy"),
+                                          "--v-cache",
+                                          path_of("v.npy"),
+                                          "--cache-seqlens",
+                                          path_of("lens.npy"),
+                                          "--kv-layout",
+                                          "paged",
+                                          "--page-size",
+                                          "16",
+                                          "--num-splits",
+                                          "2",
+                                          "--backend",
+                                          "emulator",
+                                          "--out",
+                                          path_of("o.npy")};
     r = run_cli(dec);
     expect(r.exited && r.code == 0 && contains(r.out, "PASS") &&
                contains(r.out, "misses 0, compiles 0"),
@@ -368,12 +388,9 @@ void test_cli_warm_other_machine(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bad_options),
-      cmocka_unit_test(test_untrusted_dir),
-      cmocka_unit_test(test_presets),
-      cmocka_unit_test(test_warm_then_run),
-      cmocka_unit_test(test_progress),
-      cmocka_unit_test(test_cli_warm_other_machine),
+      cmocka_unit_test(test_bad_options), cmocka_unit_test(test_untrusted_dir),
+      cmocka_unit_test(test_presets),     cmocka_unit_test(test_warm_then_run),
+      cmocka_unit_test(test_progress),    cmocka_unit_test(test_cli_warm_other_machine),
   };
   return run_cli_suite("test_cache_warm", tests);
 }

@@ -895,9 +895,10 @@ void test_key_range(void **) {
       const bool empty = o[0] != 0;
       const int n_begin = o[1], count = o[3];
       auto where = [&]() {
-        std::fprintf(stderr, "block_n %d case %d: m0 %d sq %d sk %d wl %d wr %d: empty %d "
-                     "n_begin %d top %d tiles %d\n", block_n, c, m0, sq, sk, wl, wr, o[0], o[1],
-                     o[2], o[3]);
+        std::fprintf(stderr,
+                     "block_n %d case %d: m0 %d sq %d sk %d wl %d wr %d: empty %d "
+                     "n_begin %d top %d tiles %d\n",
+                     block_n, c, m0, sq, sk, wl, wr, o[0], o[1], o[2], o[3]);
       };
       ++cases;
       if (empty != !any || (empty && count != 0)) where(), fail();
@@ -952,53 +953,56 @@ void test_ring(void **) {
   g_be = sm90.get();
   for (const int stages : {2, 3}) {
     const uint32_t full = 0, empty = 8 * stages, data = 16 * stages;
-    const std::string ptx = kernel(64, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
-      Builder &b = e.b;
-      const tile::Ring ring(e, smem, stages);
-      Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
-      Reg t0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, imm(0));
-      for (int st = 0; st < stages; ++st) {
-        b.when(t0).mbarrier_init(at(smem, full + 8 * st), imm(32));
-        b.when(t0).mbarrier_init(at(smem, empty + 8 * st), imm(32));
-      }
-      b.bar_sync();
-      Reg it = e.mov(Type::U32, imm(0));
-      fa::ptx::Label consumer = b.label(), loop_p = b.label(), loop_c = b.label(),
-                     done = b.label();
-      b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, tid, imm(32))).bra(consumer);
-      b.bind(loop_p);
-      {
-        const tile::Ring::Slot slot = ring.slot(it);
-        Reg bars = ring.bars(slot.stage);
-        ring.wait(bars, static_cast<int>(empty), ring.free_parity(slot.parity));
-        Reg v = e.op(Op::MadLo, Type::U32, it, imm(100), lane);
-        Reg a = e.op(Op::MadLo, Type::U32, slot.stage, imm(128), smem);
-        a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
-        b.st(Space::Shared, Type::B32, at(a, data), v);
-        b.mbarrier_arrive(at(bars, full));
-        b.op(Op::Add, Type::U32, it, it, imm(1));
-        b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_p);
-        b.bra(done);
-      }
-      b.bind(consumer);
-      const tile::Ring::Cursor cur = ring.begin();
-      b.bind(loop_c);
-      {
-        Reg bars = ring.bars(cur.stage);
-        ring.wait(bars, static_cast<int>(full), cur.parity);
-        Reg a = e.op(Op::MadLo, Type::U32, cur.stage, imm(128), smem);
-        a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
-        Reg v = b.b32();
-        b.ld(Space::Shared, Type::B32, v, at(a, data));
-        Reg idx = e.op(Op::MadLo, Type::U32, it, imm(32), lane);
-        b.st(Space::Global, Type::B32, at(e.index(g[0], idx, 4)), v);
-        b.mbarrier_arrive(at(bars, empty));
-        ring.advance(cur);
-        b.op(Op::Add, Type::U32, it, it, imm(1));
-        b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_c);
-      }
-      b.bind(done);
-    }, 80, 90);
+    const std::string ptx = kernel(
+        64,
+        [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+          Builder &b = e.b;
+          const tile::Ring ring(e, smem, stages);
+          Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
+          Reg t0 = e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, imm(0));
+          for (int st = 0; st < stages; ++st) {
+            b.when(t0).mbarrier_init(at(smem, full + 8 * st), imm(32));
+            b.when(t0).mbarrier_init(at(smem, empty + 8 * st), imm(32));
+          }
+          b.bar_sync();
+          Reg it = e.mov(Type::U32, imm(0));
+          fa::ptx::Label consumer = b.label(), loop_p = b.label(), loop_c = b.label(),
+                         done = b.label();
+          b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, tid, imm(32))).bra(consumer);
+          b.bind(loop_p);
+          {
+            const tile::Ring::Slot slot = ring.slot(it);
+            Reg bars = ring.bars(slot.stage);
+            ring.wait(bars, static_cast<int>(empty), ring.free_parity(slot.parity));
+            Reg v = e.op(Op::MadLo, Type::U32, it, imm(100), lane);
+            Reg a = e.op(Op::MadLo, Type::U32, slot.stage, imm(128), smem);
+            a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
+            b.st(Space::Shared, Type::B32, at(a, data), v);
+            b.mbarrier_arrive(at(bars, full));
+            b.op(Op::Add, Type::U32, it, it, imm(1));
+            b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_p);
+            b.bra(done);
+          }
+          b.bind(consumer);
+          const tile::Ring::Cursor cur = ring.begin();
+          b.bind(loop_c);
+          {
+            Reg bars = ring.bars(cur.stage);
+            ring.wait(bars, static_cast<int>(full), cur.parity);
+            Reg a = e.op(Op::MadLo, Type::U32, cur.stage, imm(128), smem);
+            a = e.op(Op::MadLo, Type::U32, lane, imm(4), a);
+            Reg v = b.b32();
+            b.ld(Space::Shared, Type::B32, v, at(a, data));
+            Reg idx = e.op(Op::MadLo, Type::U32, it, imm(32), lane);
+            b.st(Space::Global, Type::B32, at(e.index(g[0], idx, 4)), v);
+            b.mbarrier_arrive(at(bars, empty));
+            ring.advance(cur);
+            b.op(Op::Add, Type::U32, it, it, imm(1));
+            b.when(e.setp(fa::ptx::Cmp::Lt, Type::U32, it, imm(kTiles))).bra(loop_c);
+          }
+          b.bind(done);
+        },
+        80, 90);
     DevBuf out(kTiles * 32 * 4);
     Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
     const fa_status st = launch(ptx, 64, data + 128 * stages, pt);

@@ -11,10 +11,10 @@
 #include <new>
 #include <string>
 
+#include "api/api_internal.h"
 #include "common/error.h"
 #include "flashattn.h"
 #include "kernels/kernels.h"
-#include "api/api_internal.h"
 #include "runtime/runtime.h"
 
 struct fa_runtime {
@@ -624,7 +624,7 @@ fa_status check_decode_plan(const fa::Runtime &rt, const fa::AttentionConfig &c,
   fa::LaunchShape rshape;
   rshape.sinks = a.sinks != 0;
   const fa::KernelSpec rspec =
-      fa::make_spec(c, fa::KernelKind::Reduce, rt.backend().info().limits, rshape);
+      fa::make_spec(c, fa::KernelKind::Reduce, rt.backend().info().limits, rshape, rt.policy());
   fa::ReduceParams r;
   std::memset(&r, 0, sizeof r);
   r.batch = a.batch;
@@ -1004,10 +1004,11 @@ FA_API void fa_config_destroy(fa_config *cfg) {
 }  // extern "C"
 
 fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind, int32_t sm,
-                                   const fa_generate_options *opts, fa::KernelSpec *spec) {
-  FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
-                 raw_kind == FA_KERNEL_REDUCE,
-             "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
+                                   const fa_generate_options *opts, const fa::KernelPolicy &policy,
+                                   fa::KernelSpec *spec) {
+  FA_REQUIRE(
+      raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE || raw_kind == FA_KERNEL_REDUCE,
+      "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
   fa::LaunchShape shape;
   if (opts != nullptr) {
     FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
@@ -1049,8 +1050,8 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
     FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
                "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
     FA_REQUIRE(o.v_in_k == 0 || o.v_in_k == 1, "opts->v_in_k must be 0 or 1, got %d", o.v_in_k);
-    FA_REQUIRE(!o.v_in_k || (raw_kind == FA_KERNEL_DECODE && !o.append_kv &&
-                             cfg.head_dim_v <= cfg.head_dim),
+    FA_REQUIRE(!o.v_in_k ||
+                   (raw_kind == FA_KERNEL_DECODE && !o.append_kv && cfg.head_dim_v <= cfg.head_dim),
                "opts->v_in_k is for FA_KERNEL_DECODE without append_kv, with head_dim_v (%d) "
                "<= head_dim (%d)",
                cfg.head_dim_v, cfg.head_dim);
@@ -1088,7 +1089,7 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
   const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
                            : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
                                                           : fa::KernelKind::Reduce;
-  *spec = fa::make_spec(cfg, k, lim, shape);
+  *spec = fa::make_spec(cfg, k, lim, shape, policy);
   FA_CHECK(fa::check_fp8_kv(cfg, *spec));
   FA_CHECK(fa::check_fp32(cfg, *spec));
   FA_CHECK(fa::check_head_dims(cfg, *spec));
@@ -1106,7 +1107,8 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
   FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
   FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
   fa::KernelSpec spec;
-  FA_CHECK(kernel_spec_for(cfg->cfg, raw_enum(kind), sm, opts, &spec));
+  FA_CHECK(
+      kernel_spec_for(cfg->cfg, raw_enum(kind), sm, opts, fa::KernelPolicy::from_env(), &spec));
   const std::string ptx = fa::generate_ptx(spec);
   if (ptx.empty()) {  // a spec no generator takes: never an empty module
     return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());

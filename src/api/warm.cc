@@ -47,17 +47,19 @@ const Model kModels[] = {
      128, 128, 64, 8, "", false},
     {"qwen2.5-7b", "Qwen2.5 7B: 28 query heads, 4 KV heads, head_dim 128", "bf16", 128, 128, 28, 4,
      "", false},
-    {"qwen3-32b", "Qwen3 32B: 64 query heads, 8 KV heads, head_dim 128", "bf16", 128, 128, 64, 8, "",
-     false},
-    {"mistral-7b", "Mistral 7B: 32 query heads, 8 KV heads, head_dim 128 (sliding window: a launch value)",
+    {"qwen3-32b", "Qwen3 32B: 64 query heads, 8 KV heads, head_dim 128", "bf16", 128, 128, 64, 8,
+     "", false},
+    {"mistral-7b",
+     "Mistral 7B: 32 query heads, 8 KV heads, head_dim 128 (sliding window: a launch value)",
      "bf16", 128, 128, 32, 8, "", false},
     {"gemma-2-9b", "Gemma 2 9B: 16 query heads, 8 KV heads, head_dim 256, softcap 50", "bf16", 256,
      256, 16, 8, "50", false},
-    {"gemma-3-12b", "Gemma 3 12B: 16 query heads, 8 KV heads, head_dim 256", "bf16", 256, 256, 16, 8,
-     "", false},
+    {"gemma-3-12b", "Gemma 3 12B: 16 query heads, 8 KV heads, head_dim 256", "bf16", 256, 256, 16,
+     8, "", false},
     {"gpt-oss", "gpt-oss 20B / 120B: 64 query heads, 8 KV heads, head_dim 64, attention sinks",
      "bf16", 64, 64, 64, 8, "", true},
-    {"deepseek-v3", "DeepSeek V3 / R1 MLA: prefill head_dim 192 / 128 over 128 heads; decode on "
+    {"deepseek-v3",
+     "DeepSeek V3 / R1 MLA: prefill head_dim 192 / 128 over 128 heads; decode on "
      "the latent cache (576 / 512, one KV head; 16 or 128 query heads per GPU)",
      "bf16", 192, 128, 128, 128, "", false, 576, 512, "16,128"},
 };
@@ -69,8 +71,9 @@ const Model kModels[] = {
 std::string preset_text(const Model &m) {
   std::ostringstream s;
   char head[160];
-  std::snprintf(head, sizeof head, "dtype=%s head_dim=%d head_dim_v=%d num_heads_q=%d num_heads_kv=%d",
-                m.dtype, m.head_dim, m.head_dim_v, m.num_heads_q, m.num_heads_kv);
+  std::snprintf(head, sizeof head,
+                "dtype=%s head_dim=%d head_dim_v=%d num_heads_q=%d num_heads_kv=%d", m.dtype,
+                m.head_dim, m.head_dim_v, m.num_heads_q, m.num_heads_kv);
   std::string extra;
   if (m.softcap[0]) extra += std::string(" softcap=") + m.softcap;
   const std::string sinks = m.sinks ? " sinks=1" : "";
@@ -81,7 +84,8 @@ std::string preset_text(const Model &m) {
   int page = 16;
   if (m.mla_dim) {
     char mla[160];
-    std::snprintf(mla, sizeof mla, "dtype=%s head_dim=%d head_dim_v=%d num_heads_q=%s num_heads_kv=1 v_in_k=1",
+    std::snprintf(mla, sizeof mla,
+                  "dtype=%s head_dim=%d head_dim_v=%d num_heads_q=%s num_heads_kv=1 v_in_k=1",
                   m.dtype, m.mla_dim, m.mla_dim_v, m.mla_heads_q);
     dec = mla;
     page = 64;
@@ -123,8 +127,11 @@ struct Field {
   void (*set)(Setting *s, double v);
 };
 
-#define FA_FIELD(NAME, KIND, TARGET) \
-  {#NAME, Kind::KIND, [](Setting *s, double v) { s->TARGET = static_cast<decltype(s->TARGET)>(v); }}
+#define FA_FIELD(NAME, KIND, TARGET)                                                   \
+  {                                                                                    \
+#NAME, Kind::KIND,                                                                 \
+        [](Setting * s, double v) { s->TARGET = static_cast<decltype(s->TARGET)>(v); } \
+  }
 const Field kFields[] = {
     FA_FIELD(dtype, kDtype, desc.dtype),
     FA_FIELD(head_dim, kInt, desc.head_dim),
@@ -157,12 +164,18 @@ struct Name {
   int value;
 };
 const Name kNames[] = {
-    {Kind::kDtype, "fp16", FA_DTYPE_FP16},         {Kind::kDtype, "bf16", FA_DTYPE_BF16},
-    {Kind::kDtype, "fp32", FA_DTYPE_FP32},         {Kind::kFp8, "e4m3", FA_DTYPE_FP8_E4M3},
-    {Kind::kFp8, "e5m2", FA_DTYPE_FP8_E5M2},       {Kind::kLayout, "contiguous", FA_KV_CONTIGUOUS},
-    {Kind::kLayout, "paged", FA_KV_PAGED},         {Kind::kLayout, "ptr_array", FA_KV_PTR_ARRAY},
-    {Kind::kRotary, "neox", 1},                    {Kind::kRotary, "gptj", 2},
-    {Kind::kLse, "natural", FA_LSE_NATURAL},       {Kind::kLse, "base2", FA_LSE_BASE2},
+    {Kind::kDtype, "fp16", FA_DTYPE_FP16},
+    {Kind::kDtype, "bf16", FA_DTYPE_BF16},
+    {Kind::kDtype, "fp32", FA_DTYPE_FP32},
+    {Kind::kFp8, "e4m3", FA_DTYPE_FP8_E4M3},
+    {Kind::kFp8, "e5m2", FA_DTYPE_FP8_E5M2},
+    {Kind::kLayout, "contiguous", FA_KV_CONTIGUOUS},
+    {Kind::kLayout, "paged", FA_KV_PAGED},
+    {Kind::kLayout, "ptr_array", FA_KV_PTR_ARRAY},
+    {Kind::kRotary, "neox", 1},
+    {Kind::kRotary, "gptj", 2},
+    {Kind::kLse, "natural", FA_LSE_NATURAL},
+    {Kind::kLse, "base2", FA_LSE_BASE2},
 };
 
 // *v from text: a name of the field's kind, else a number (an integer for
@@ -238,8 +251,8 @@ fa_status parse_line(const std::string &line, const std::string &where, std::vec
     std::vector<double> values;
     for (const std::string &text : split(word.substr(eq + 1), ',')) {
       double v = 0;
-      FA_REQUIRE(parse_value(field->kind, text, &v), "%s: '%s' is not a value of %s",
-                 where.c_str(), text.c_str(), key.c_str());
+      FA_REQUIRE(parse_value(field->kind, text, &v), "%s: '%s' is not a value of %s", where.c_str(),
+                 text.c_str(), key.c_str());
       values.push_back(v);
     }
     keys.emplace_back(field, std::move(values));
@@ -319,12 +332,15 @@ fa_status warm(const fa_cache_warm_options *options, fa_cache_warm_progress *res
   }
   if (o.specs != nullptr) FA_CHECK(parse_text(o.specs, "specs", &items));
 
+  // One kernel policy for the whole warm, the environment's as a runtime's.
+  const fa::KernelPolicy policy = fa::KernelPolicy::from_env();
   std::vector<fa::KernelSpec> specs;
   uint64_t skipped = 0;
   for (int i = 0; i < o.num_sms; ++i) {
     for (const Item &item : items) {
       fa::KernelSpec spec;
-      const fa_status st = kernel_spec_for(item.cfg, item.kind, o.sms[i], &item.opts, &spec);
+      const fa_status st =
+          kernel_spec_for(item.cfg, item.kind, o.sms[i], &item.opts, policy, &spec);
       if (st == FA_ERROR_UNSUPPORTED) {  // this SM cannot run it: not an error
         fa::clear_error();
         ++skipped;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/backend.h"  // LaunchGeometry
+#include "kernels/policy.h"
 
 namespace fa {
 
@@ -184,7 +185,8 @@ inline bool wgmma_fp8(const KernelSpec &s) {
 inline int dv_slice(const KernelSpec &s) { return s.head_dim_v / s.dv_split; }
 
 // Chooses the spec (tiles included) for `kind` of cfg on a device with
-// these limits (docs/kernels.md, "Tile choice").
+// these limits (docs/kernels.md, "Tile choice"), with the environment's
+// KernelPolicy.
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      bool varlen);
 // What a launch's arguments add to the spec (beyond the config).
@@ -208,6 +210,12 @@ struct LaunchShape {
   // Decode: V is K's first head_dim_v columns (KernelSpec::v_in_k).
   bool v_in_k = false;
 };
+// The spec is a function of its arguments alone: `policy` picks the kernel
+// family (kernels/policy.h).
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     const LaunchShape &shape, const KernelPolicy &policy);
+// The same with the environment's policy (KernelPolicy::from_env(); tests
+// and tools).
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape);
 // The same with the published limits of `sm` (sm_80's for an unknown SM).

@@ -13,12 +13,6 @@
 namespace fa {
 namespace {
 
-// Whether sm_90 devices run the wgmma forward by default (the environment
-// overrides it, wgmma_forward_enabled). Its numerics pass on the emulator's
-// sm_90a model (test_numerics_sm90, test_numerics_sm90a); no GPU has run it
-// yet (docs/kernels.md, "Forward on sm_90a").
-constexpr bool kWgmmaForwardDefault = true;
-
 const char *kind_name(KernelKind k) {
   switch (k) {
     case KernelKind::Forward:
@@ -66,39 +60,6 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
     if (kgen::attention_layout(s).total() <= kgen::kStaticSmemLimit) return r;
   }
   return 1;
-}
-
-// FLASHATTN_SCALAR_FORWARD=1 selects the scalar fp32 forward kernel (a
-// fallback for debugging the tensor-core path).
-bool tc_forward_enabled() {
-  const char *v = std::getenv("FLASHATTN_SCALAR_FORWARD");
-  return !(v && v[0] == '1');
-}
-
-// The sm_90a forward (wgmma, TMA) on sm_90 devices. FLASHATTN_FORCE_SM80_FORWARD=1
-// keeps the mma.sync kernel there (for comparison); FLASHATTN_SM90_WGMMA=0
-// also does (see wgmma_forward_default).
-bool wgmma_forward_enabled() {
-  const char *f = std::getenv("FLASHATTN_FORCE_SM80_FORWARD");
-  if (f && f[0] == '1') return false;
-  const char *w = std::getenv("FLASHATTN_SM90_WGMMA");
-  if (w) return w[0] == '1';
-  return kWgmmaForwardDefault;
-}
-
-// FLASHATTN_SM90_FP8_F16=1: the sm_90a fp8 forward converts Q, K and V to
-// f16 and runs the 16-bit wgmma (KernelSpec::fp8_f16) instead of the fp8
-// wgmma, for comparison.
-bool wgmma_fp8_f16() {
-  const char *v = std::getenv("FLASHATTN_SM90_FP8_F16");
-  return v && v[0] == '1';
-}
-
-// FLASHATTN_SCALAR_DECODE=1 selects the scalar fp32 decode kernel (for
-// comparison and debugging).
-bool tc_decode_enabled() {
-  const char *v = std::getenv("FLASHATTN_SCALAR_DECODE");
-  return !(v && v[0] == '1');
 }
 
 bool spec_valid(const KernelSpec &s) {
@@ -458,6 +419,11 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
 
 KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
                      const LaunchShape &shape) {
+  return make_spec(cfg, kind, dev, shape, KernelPolicy::from_env());
+}
+
+KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                     const LaunchShape &shape, const KernelPolicy &policy) {
   const bool varlen = shape.varlen;
   KernelSpec s;
   s.kind = kind;
@@ -483,8 +449,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   // producer converts the bytes to f16 (fp8_forward_mma: the fp8 mma.sync is
   // not native there); elsewhere the mma.sync forward.
   const bool fp8_fwd = kind == KernelKind::Forward && cfg.q_fp8 != KvFp8::None;
-  if (kind == KernelKind::Forward && dev.sm == 90 && tc_forward_enabled() &&
-      wgmma_forward_enabled() && cfg.dtype != Dtype::F32 && !big) {
+  if (kind == KernelKind::Forward && dev.sm == 90 && !policy.scalar_forward && policy.sm90_wgmma &&
+      cfg.dtype != Dtype::F32 && !big) {
     // TMA where it can address Q, K and V as boxes; else the producer
     // gathers rows with cp.async (FlashAttention-3 does so for paged KV).
     s.varlen = varlen;
@@ -495,10 +461,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     if (fp8_fwd) {
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
-      s.fp8_f16 = wgmma_fp8_f16();
+      s.fp8_f16 = policy.sm90_fp8_f16;
     }
     choose_wgmma_tile(dev, &s);
-  } else if (kind == KernelKind::Forward && dev.sm >= 80 && tc_forward_enabled()) {
+  } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;
     s.mma = true;
     s.stages = 1;
@@ -512,7 +478,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.varlen = varlen;
     s.num_warps = 4;
     s.block_m = s.num_warps * fit_rows_per_warp(s, 4);
-  } else if (dev.sm >= 80 && tc_decode_enabled()) {
+  } else if (dev.sm >= 80 && !policy.scalar_decode) {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
     s.group_size = g < 1 ? 1 : g;
     s.mma = true;

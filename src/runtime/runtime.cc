@@ -438,7 +438,7 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   shape.v_in_k = a.v_cache.data == a.k_cache.data &&
                  std::equal(a.v_cache.stride, a.v_cache.stride + 4, a.k_cache.stride) &&
                  (a.kv.layout != FA_KV_PTR_ARRAY || a.kv.v_ptrs == a.kv.k_ptrs);
-  return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape);
+  return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape, policy());
 }
 
 // Whether TMA can address a [batch, seq, heads, d] tensor of 16-bit
@@ -481,7 +481,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   shape.sinks = a.sinks != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
-  KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+  KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, policy());
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
@@ -492,26 +492,26 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
     // without it) sends the launch to the gather variant instead.
     const bool bf16 = cfg.dtype == Dtype::BF16;
-    const fa_status s1 = backend_->encode_tensor_map(
-        tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, a.batch,
-                 wgmma_tma_box(spec, TmaOperand::Q)),
-        wp.tmap_q);
-    const fa_status s2 = s1 == FA_SUCCESS ? backend_->encode_tensor_map(
-                                                tile_map(a.k, bf16, a.seqlen_k, cfg.num_heads_kv,
-                                                         cfg.head_dim, a.batch,
-                                                         wgmma_tma_box(spec, TmaOperand::K)),
-                                                wp.tmap_k)
-                                          : s1;
-    const fa_status s3 = s2 == FA_SUCCESS ? backend_->encode_tensor_map(
-                                                tile_map(a.v, bf16, a.seqlen_k, cfg.num_heads_kv,
-                                                         cfg.head_dim_v, a.batch,
-                                                         wgmma_tma_box(spec, TmaOperand::V)),
-                                                wp.tmap_v)
-                                          : s2;
+    const fa_status s1 =
+        backend_->encode_tensor_map(tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim,
+                                             a.batch, wgmma_tma_box(spec, TmaOperand::Q)),
+                                    wp.tmap_q);
+    const fa_status s2 = s1 == FA_SUCCESS
+                             ? backend_->encode_tensor_map(
+                                   tile_map(a.k, bf16, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim,
+                                            a.batch, wgmma_tma_box(spec, TmaOperand::K)),
+                                   wp.tmap_k)
+                             : s1;
+    const fa_status s3 = s2 == FA_SUCCESS
+                             ? backend_->encode_tensor_map(
+                                   tile_map(a.v, bf16, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v,
+                                            a.batch, wgmma_tma_box(spec, TmaOperand::V)),
+                                   wp.tmap_v)
+                             : s2;
     if (s3 != FA_SUCCESS) {
       clear_error();
       shape.tma_ok = false;
-      spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape);
+      spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, policy());
     }
   }
   Kernel *kernel = nullptr;
@@ -650,7 +650,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
     // Attention sinks join each row's denominator once, in the combine.
     LaunchShape rshape;
     rshape.sinks = a.sinks != 0;
-    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape);
+    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape, policy());
     st = get_kernel(rspec, &reduce_kernel);
     if (st != FA_SUCCESS) return st;
   }
@@ -731,7 +731,8 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
   shape.lse_in_base2 = a.lse_partial_format == FA_LSE_BASE2;
   shape.lse_out_base2 = a.lse_format == FA_LSE_BASE2;
   shape.sinks = a.sinks != 0;
-  const KernelSpec spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, shape);
+  const KernelSpec spec =
+      make_spec(cfg, KernelKind::Reduce, backend_->info().limits, shape, policy());
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;

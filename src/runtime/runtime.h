@@ -99,6 +99,10 @@ class Runtime {
     return it == jit_logs_.end() ? std::string() : it->second;
   }
 
+  // The kernel policy of a launch: KernelPolicy::from_env(), read at each
+  // launch (tests and benchmarks flip the variables between launches).
+  KernelPolicy policy() const { return KernelPolicy::from_env(); }
+
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
   // The decode kernel's spec for args' KV layout on this device.

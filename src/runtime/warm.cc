@@ -108,7 +108,8 @@ void warm_store(cache::Store &store, const std::vector<KernelSpec> &specs,
     }
   };
   std::vector<std::thread> threads;
-  const int n = static_cast<int>(std::min<size_t>(std::max(jobs, 1), std::max<size_t>(todo.size(), 1)));
+  const int n =
+      static_cast<int>(std::min<size_t>(std::max(jobs, 1), std::max<size_t>(todo.size(), 1)));
   for (int t = 0; t < n; ++t) threads.emplace_back(worker);
   for (uint64_t reported = 0; reported < c.total; ++reported) {
     Finished f;

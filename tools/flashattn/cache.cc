@@ -122,14 +122,16 @@ void print_progress(const fa_cache_warm_progress *p, void *user) {
   auto *r = static_cast<WarmReport *>(user);
   const double rate = p->seconds > 0 ? double(p->done) / p->seconds : 0;
   if (r->tty) {
-    std::fprintf(stderr, "\r[%" PRIu64 "/%" PRIu64 "] %.1f kernels/s, built %" PRIu64
-                 ", present %" PRIu64 "  sm_%d %.60s\033[K",
+    std::fprintf(stderr,
+                 "\r[%" PRIu64 "/%" PRIu64 "] %.1f kernels/s, built %" PRIu64 ", present %" PRIu64
+                 "  sm_%d %.60s\033[K",
                  p->done, p->total, rate, p->built, p->present, p->sm, p->spec);
     if (p->done == p->total) std::fprintf(stderr, "\n");
   } else if (p->done * 10 >= r->next_tenth * p->total) {
     while (p->done * 10 >= r->next_tenth * p->total) ++r->next_tenth;
-    std::fprintf(stderr, "[%" PRIu64 "/%" PRIu64 "] %.1f kernels/s, built %" PRIu64
-                 ", present %" PRIu64 "\n",
+    std::fprintf(stderr,
+                 "[%" PRIu64 "/%" PRIu64 "] %.1f kernels/s, built %" PRIu64 ", present %" PRIu64
+                 "\n",
                  p->done, p->total, rate, p->built, p->present);
   }
 }
@@ -167,8 +169,8 @@ int cmd_warm(const CacheOptions &o) {
   }
   if (st != FA_SUCCESS && st != FA_ERROR_COMPILE) check(st, "fa_cache_warm");
   std::printf("warmed %" PRIu64 " kernel%s in %.1f s: built %" PRIu64 " (%" PRIu64
-              " bytes), already present %" PRIu64 ", failed %" PRIu64
-              ", skipped %" PRIu64 " (not for that SM)\n",
+              " bytes), already present %" PRIu64 ", failed %" PRIu64 ", skipped %" PRIu64
+              " (not for that SM)\n",
               r.total, r.total == 1 ? "" : "s", r.seconds, r.built, r.bytes, r.present, r.failed,
               r.skipped);
   std::printf("binaries: %s\n",
@@ -216,7 +218,8 @@ int cmd_cache(const CacheOptions &o) {
                 before.bytes - after.bytes, before.path[0] ? before.path : "the memory cache");
     return kExitOk;
   }
-  throw Failure(kExitUsage, "unknown cache action '" + o.action + "' (stats, list, clear, warm or presets)");
+  throw Failure(kExitUsage,
+                "unknown cache action '" + o.action + "' (stats, list, clear, warm or presets)");
 }
 
 }  // namespace fa::cli

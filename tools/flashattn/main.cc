@@ -370,8 +370,8 @@ int run_main(int argc, char **argv) {
     s->add_flag("--ptx-only", cache.ptx_only,
                 "Store PTX only, no cubins (the GPU's driver JIT-compiles them on first use)");
   }
-  CLI::App *cp = c->add_subcommand(
-      "presets", "List the warm presets, or print one preset's spec lines");
+  CLI::App *cp =
+      c->add_subcommand("presets", "List the warm presets, or print one preset's spec lines");
   cp->add_option("name", cache.preset, "A preset to print")->type_name("NAME");
   cp->callback([&cache] { cache.action = "presets"; });
 
@@ -393,10 +393,11 @@ int run_main(int argc, char **argv) {
   }
   if (argc > 2 && std::string(argv[1]) == "cache" && argv[2][0] != '-' &&
       !has_subcommand(c, argv[2])) {
-    std::fprintf(stderr,
-                 "flashattn cache: error: unknown action '%s' (stats, list, clear, warm or presets; see "
-                 "'flashattn cache --help')\n",
-                 argv[2]);
+    std::fprintf(
+        stderr,
+        "flashattn cache: error: unknown action '%s' (stats, list, clear, warm or presets; see "
+        "'flashattn cache --help')\n",
+        argv[2]);
     return fa::cli::kExitUsage;
   }
   try {

@@ -1,0 +1,25 @@
+#include "kernels/policy.h"
+
+#include <cstdlib>
+
+namespace fa {
+namespace {
+
+bool env_on(const char *name) {
+  const char *v = std::getenv(name);
+  return v && v[0] == '1';
+}
+
+}  // namespace
+
+KernelPolicy KernelPolicy::from_env() {
+  KernelPolicy p;
+  p.scalar_forward = env_on("FLASHATTN_SCALAR_FORWARD");
+  p.scalar_decode = env_on("FLASHATTN_SCALAR_DECODE");
+  if (const char *w = std::getenv("FLASHATTN_SM90_WGMMA")) p.sm90_wgmma = w[0] == '1';
+  if (env_on("FLASHATTN_FORCE_SM80_FORWARD")) p.sm90_wgmma = false;
+  p.sm90_fp8_f16 = env_on("FLASHATTN_SM90_FP8_F16");
+  return p;
+}
+
+}  // namespace fa

@@ -1,0 +1,28 @@
+// Which kernel family runs where, as a value (issue 26): the tensor-core
+// kernels unless told otherwise. make_spec takes it, so a spec depends only
+// on its arguments; the environment is read in one place, from_env().
+#pragma once
+
+namespace fa {
+
+struct KernelPolicy {
+  // The scalar (CUDA-core, fp32) forward / decode kernels instead of the
+  // tensor-core ones (debugging and comparison; FLASHATTN_SCALAR_FORWARD=1,
+  // FLASHATTN_SCALAR_DECODE=1).
+  bool scalar_forward = false;
+  bool scalar_decode = false;
+  // sm_90 runs the sm_90a forward (wgmma, TMA; FlashAttention-3's
+  // structure); false keeps the mma.sync one there
+  // (FLASHATTN_FORCE_SM80_FORWARD=1 or FLASHATTN_SM90_WGMMA=0).
+  bool sm90_wgmma = true;
+  // The sm_90a fp8 forward converts Q, K, V to f16 and runs the 16-bit
+  // wgmma instead of the fp8 one (comparison; FLASHATTN_SM90_FP8_F16=1).
+  bool sm90_fp8_f16 = false;
+
+  // The defaults above with the environment's overrides: each variable
+  // counts when its first character is '1' (FLASHATTN_SM90_WGMMA: '1' on,
+  // anything else off; FLASHATTN_FORCE_SM80_FORWARD wins over it).
+  static KernelPolicy from_env();
+};
+
+}  // namespace fa
