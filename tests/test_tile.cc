@@ -37,7 +37,9 @@
 //    power of two and not, every visited tile and its masked/lean kind and
 //    every row's range against the definitions;
 //  - Ring (sm_90 mbarriers): a producer and a consumer warp pass tiles
-//    through 2 and 3 stages, wrapping, every tile whole and in order.
+//    through 2 and 3 stages, wrapping, every tile whole and in order;
+//  - Swizzle128: the 128-byte swizzle's addresses against its formula, a
+//    permutation of each atom row, the rows-4-apart XOR.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +55,7 @@
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
+#include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
 #include "reference.h"
 #include "support/cmocka.hh"
@@ -1021,6 +1024,39 @@ void test_ring(void **) {
   g_be = sm80;
 }
 
+// Swizzle128: addr() in a kernel, for 16 rows x 24 chunks (three atoms),
+// against offset() and against the layout's statement: within a row the 8
+// chunks of an atom are a permutation of its 8 slots; rows r and r + 4
+// differ by kFlip4 in the swizzle (XOR) and 4 rows in the row term.
+void test_swizzle128(void **) {
+  constexpr int kRowsN = 16, kChunks = 24;
+  const tile::Swizzle128 sw{2048};
+  const std::string ptx = kernel(kRowsN * kChunks, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+    Reg row = e.op(Op::Div, Type::U32, tid, imm(kChunks));
+    Reg chunk = e.op(Op::Rem, Type::U32, tid, imm(kChunks));
+    Reg base = e.mov(Type::U32, imm(4096));
+    Reg a = sw.addr(e, base, row, chunk);
+    e.b.st(Space::Global, Type::B32, at(e.index(g[0], tid, 4)), a);
+  });
+  DevBuf out(kRowsN * kChunks * 4);
+  Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
+  assert_int_equal(launch(ptx, kRowsN * kChunks, 0, pt), FA_SUCCESS);
+  const std::vector<uint32_t> got = out.get<uint32_t>();
+  for (uint32_t r = 0; r < kRowsN; ++r) {
+    uint32_t seen[3] = {0, 0, 0};
+    for (uint32_t c = 0; c < kChunks; ++c) {
+      const uint32_t a = got[r * kChunks + c];
+      assert_int_equal(a, 4096 + sw.offset(r, c));
+      const uint32_t in_row = a - 4096 - c / 8 * 2048 - r * 128;
+      assert_true(in_row < 128 && in_row % 16 == 0);
+      seen[c / 8] |= 1u << (in_row / 16);
+      if (r + 4 < kRowsN)
+        assert_int_equal(sw.offset(r + 4, c), (sw.offset(r, c) ^ tile::Swizzle128::kFlip4) + 512);
+    }
+    for (uint32_t m : seen) assert_int_equal(m, 0xffu);
+  }
+}
+
 // alibi_row_half on a 16 x 32 tile of ones (row 5 all -inf): row r's
 // diagonal is at column diag_r (given per row, made relative to each lane's
 // first column 2q as the kernels do, as f32), its coefficient coef_r;
@@ -1378,6 +1414,7 @@ int main(void) {
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
       cmocka_unit_test(test_key_range),      cmocka_unit_test(test_ring),
+      cmocka_unit_test(test_swizzle128),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

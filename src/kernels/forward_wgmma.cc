@@ -29,6 +29,7 @@
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
+#include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {
@@ -561,15 +562,11 @@ class ForwardWgmmaGen {
     Reg r = e_.op(Op::Shr, Type::U32, tid_, imm(lg));
     Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
     Reg real = data < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(data)) : Reg();
-    // Smem address of (row r, chunk c): the row's swizzle is r % 8, and rows
-    // 8 apart share it; with R = 4 alternate passes flip bit 2 of it.
-    Reg sw = e_.op(Op::Xor, Type::B32, e_.op(Op::And, Type::B32, c, imm(7)), r);
-    b_.op(Op::And, Type::B32, sw, sw, imm(7));
-    Reg d0 = e_.op(Op::Shr, Type::U32, c, imm(3));
-    b_.op(Op::MadLo, Type::U32, d0, d0, imm(atom_bytes), dst);
-    b_.op(Op::MadLo, Type::U32, d0, r, imm(128), d0);
-    b_.op(Op::MadLo, Type::U32, d0, sw, imm(16), d0);
-    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(64)) : Reg();
+    // Smem address of (row r, chunk c); rows 8 apart share the swizzle, and
+    // with R = 4 alternate passes flip bit 2 of it.
+    const tile::Swizzle128 sw{atom_bytes};
+    Reg d0 = sw.addr(e_, dst, r, c);
+    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(tile::Swizzle128::kFlip4)) : Reg();
     Reg coff = b_.b64();
     b_.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
     Reg last = e_.op(Op::Sub, Type::S32, limit, imm(1));
@@ -977,12 +974,7 @@ class ForwardWgmmaGen {
     Reg c = e_.op(Op::And, Type::B32, wt, imm(T - 1));
     Reg row = e_.op(Op::Shr, Type::U32, wt, imm(lg));
     Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
-    Reg sw = e_.op(Op::Xor, Type::B32, e_.op(Op::And, Type::B32, c, imm(7)), row);
-    b_.op(Op::And, Type::B32, sw, sw, imm(7));
-    Reg sa = e_.op(Op::Shr, Type::U32, c, imm(3));
-    b_.op(Op::MadLo, Type::U32, sa, sa, imm(lay_.q_atom), wg_base);
-    b_.op(Op::MadLo, Type::U32, sa, row, imm(kAtomBytes), sa);
-    b_.op(Op::MadLo, Type::U32, sa, sw, imm(16), sa);
+    Reg sa = tile::Swizzle128{lay_.q_atom}.addr(e_, wg_base, row, c);
     Reg i0 = e_.op(Op::MadLo, Type::S32, wg_, imm(64), m0_);
     b_.op(Op::Add, Type::S32, i0, i0, row);
     Reg ga = e_.index(e_.index(out.o_bh, i0, out.o_row), c, 16);
@@ -1000,7 +992,7 @@ class ForwardWgmmaGen {
       // With R = 4 alternate passes flip bit 2 of the row's swizzle.
       const uint32_t off = static_cast<uint32_t>(p * R * kAtomBytes);
       Reg s_at = sa;
-      if (R == 4 && (p & 1)) s_at = e_.op(Op::Xor, Type::B32, sa, imm(64));
+      if (R == 4 && (p & 1)) s_at = e_.op(Op::Xor, Type::B32, sa, imm(tile::Swizzle128::kFlip4));
       b_.ld_v(Space::Shared, Type::B32, {v[0], v[1], v[2], v[3]}, at(s_at, off));
       b_.when(ok).st_v(Space::Global, Type::B32, at(ga), {v[0], v[1], v[2], v[3]});
       if ((p + 1) * R < 64) b_.op(Op::Add, Type::S64, ga, ga, step);

@@ -1,0 +1,34 @@
+// The 128-byte swizzled shared-memory layout of the sm_90a kernels (TMA's
+// CU_TENSOR_MAP_SWIZZLE_128B; wgmma's and stmatrix's 128B swizzle mode,
+// PTX ISA "Shared Memory Matrix Layout"): rows of 128 bytes, eight 16-byte
+// chunks, a row's chunks permuted by its index mod 8; a matrix wider than 8
+// chunks is a run of such atoms, atom_bytes apart. Chunk c of row r is at
+//   atom c / 8, byte 128 r + 16 ((c % 8) ^ (r % 8)).
+// Copies into it (the gather producer), stores out of it (the epilogue)
+// and the TMA box and wgmma descriptors all assume this one layout.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/codegen.h"
+
+namespace fa::kgen::tile {
+
+struct Swizzle128 {
+  static constexpr uint32_t kRowBytes = 128, kChunkBytes = 16;
+  // Rows r and r + 4 (mod 8) differ only in bit 2 of the swizzle: a row's
+  // address XOR this is the address of the same chunk 4 rows on, less
+  // 4 * 128 bytes.
+  static constexpr uint32_t kFlip4 = 4 * kChunkBytes;
+
+  uint32_t atom_bytes = 0;  // bytes from one 8-chunk atom to the next
+
+  // The byte offset of (row, chunk) (host side: tests and layouts).
+  uint32_t offset(uint32_t row, uint32_t chunk) const {
+    return chunk / 8 * atom_bytes + row * kRowBytes + kChunkBytes * ((chunk % 8) ^ (row % 8));
+  }
+  // base + offset(row, chunk), all u32 registers (a new register).
+  Reg addr(Emitter &e, Reg base, Reg row, Reg chunk) const;
+};
+
+}  // namespace fa::kgen::tile
