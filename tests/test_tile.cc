@@ -1055,6 +1055,15 @@ void test_swizzle128(void **) {
     }
     for (uint32_t m : seen) assert_int_equal(m, 0xffu);
   }
+  // Its wgmma descriptor bits (PTX ISA "Matrix Descriptor Format"): LBO
+  // >> 4 in bits 16-29, SBO = 1024 >> 4 in bits 32-45, swizzle mode 1
+  // (128 bytes) in bits 62-63, nothing else.
+  const uint64_t d = tile::Swizzle128::desc_bits(8192);
+  assert_int_equal((d >> 16) & 0x3fff, 8192 >> 4);
+  assert_int_equal((d >> 32) & 0x3fff, 1024 >> 4);
+  assert_int_equal(d >> 62, 1);
+  assert_int_equal(d & ~((uint64_t(0x3fff) << 16) | (uint64_t(0x3fff) << 32) | (uint64_t(3) << 62)),
+                   0);
 }
 
 // alibi_row_half on a 16 x 32 tile of ones (row 5 all -inf): row r's

@@ -102,13 +102,6 @@ Layout layout(const KernelSpec &s) {
   return l;
 }
 
-// A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format")
-// without its start address: LBO and SBO encoded >> 4, 128-byte swizzle
-// (mode 1 in bits 62-63), base offset 0 (every tile starts on 1024 bytes).
-uint64_t desc_bits(uint32_t lbo, uint32_t sbo) {
-  return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
-}
-
 class ForwardWgmmaGen {
  public:
   explicit ForwardWgmmaGen(const KernelSpec &spec)
@@ -660,10 +653,12 @@ class ForwardWgmmaGen {
     // warpgroup's 64 rows), K K-major, V N-major; SBO = 8 rows of 128 B,
     // V's LBO = the next 64-column atom.
     Reg qaddr = e_.op(Op::MadLo, Type::U32, wg, imm(64 * kAtomBytes), smem_);
-    qdesc_ = desc(qaddr, lay_.q, desc_bits(16, 1024));
-    kdesc0_ = desc(smem_, lay_.k, desc_bits(16, 1024));
+    using tile::Swizzle128;
+    qdesc_ = desc(qaddr, lay_.q, Swizzle128::desc_bits(16));
+    kdesc0_ = desc(smem_, lay_.k, Swizzle128::desc_bits(16));
     // fp8 wgmma: V transposed, K-major like K.
-    vdesc0_ = desc(smem_, lay_.v, f8_ ? desc_bits(16, 1024) : desc_bits(lay_.kv_atom, 1024));
+    vdesc0_ = desc(smem_, lay_.v,
+                   f8_ ? Swizzle128::desc_bits(16) : Swizzle128::desc_bits(lay_.kv_atom));
 
     s_ = tile::acc_tile(b_, nS_);
     o_ = tile::acc_tile(b_, nO_);
@@ -733,15 +728,9 @@ class ForwardWgmmaGen {
     epilogue();
   }
 
-  // (addr + off) >> 4 in bits 0-13, or'ed with the layout bits.
+  // The descriptor of the swizzled matrix at addr + off (tile::Swizzle128).
   Reg desc(Reg addr, uint32_t off, uint64_t bits) {
-    Reg a = e_.op(Op::Add, Type::U32, addr, imm(off));
-    b_.op(Op::Shr, Type::U32, a, a, imm(4));
-    b_.op(Op::And, Type::B32, a, a, imm(0x3fff));
-    Reg d = b_.b64();
-    b_.cvt(Type::U64, Type::U32, ptx::Round::None, d, a);
-    b_.op(Op::Or, Type::B64, d, d, imm(static_cast<int64_t>(bits)));
-    return d;
+    return tile::Swizzle128::descriptor(e_, addr, off, bits);
   }
 
   // Descriptor of stage s's K (or V) tile: stage_bytes >> 4 further per stage.

@@ -13,4 +13,15 @@ Reg Swizzle128::addr(Emitter &e, Reg base, Reg row, Reg chunk) const {
   return a;
 }
 
+Reg Swizzle128::descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits) {
+  ptx::Builder &b = e.b;
+  Reg a = e.op(Op::Add, Type::U32, addr, imm(off));
+  b.op(Op::Shr, Type::U32, a, a, imm(4));
+  b.op(Op::And, Type::B32, a, a, imm(0x3fff));
+  Reg d = b.b64();
+  b.cvt(Type::U64, Type::U32, ptx::Round::None, d, a);
+  b.op(Op::Or, Type::B64, d, d, imm(static_cast<int64_t>(bits)));
+  return d;
+}
+
 }  // namespace fa::kgen::tile

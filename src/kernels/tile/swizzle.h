@@ -29,6 +29,19 @@ struct Swizzle128 {
   }
   // base + offset(row, chunk), all u32 registers (a new register).
   Reg addr(Emitter &e, Reg base, Reg row, Reg chunk) const;
+
+  // A wgmma shared-memory matrix descriptor of this layout (PTX ISA
+  // "Matrix Descriptor Format") without its start address: the leading
+  // dimension byte offset lbo and the stride byte offset 1024 (8 rows of
+  // 128 bytes: the swizzle's period) encoded >> 4, the 128-byte swizzle
+  // (mode 1 in bits 62-63), base offset 0 (every tile starts on 1024 bytes).
+  static uint64_t desc_bits(uint32_t lbo) {
+    constexpr uint32_t sbo = 8 * kRowBytes;
+    return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+  }
+  // The descriptor of the matrix at shared address addr + off (u32): its
+  // start address >> 4 in bits 0-13, or'ed with `bits` (a new b64).
+  static Reg descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits);
 };
 
 }  // namespace fa::kgen::tile
