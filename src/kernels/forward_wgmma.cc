@@ -926,31 +926,14 @@ class ForwardWgmmaGen {
       for (Reg x : o_flat_) b_.op(Op::Mul, Type::F32, x, x, vd);
     }
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
-    // Row (lane & 7) + 8 ((lane >> 3) & 1) of the warp's 16 and chunk
-    // (lane >> 4) of each 16-column pair: the stmatrix .x4 addresses.
+    // The warp's 16 rows of O into its warpgroup's 64 rows of Q's buffer
+    // (tile::store_acc; lanes re-derived here rather than held across the
+    // loops).
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     Reg wgrow = e_.op(Op::And, Type::B32, wrow_, imm(63));  // the warp's first row in its warpgroup
     Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), smem_);
-    Reg srow = e_.op(Op::And, Type::B32, lane, imm(7));
-    Reg half8 = e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, lane, imm(3)), imm(1));
-    b_.op(Op::MadLo, Type::U32, srow, half8, imm(8), srow);
-    b_.op(Op::Add, Type::U32, srow, srow, wgrow);
-    Reg hsx = e_.op(Op::Xor, Type::B32, e_.op(Op::Shr, Type::U32, lane, imm(4)),
-                    e_.op(Op::And, Type::B32, srow, imm(7)));
-    b_.op(Op::Shl, Type::B32, hsx, hsx, imm(4));
-    Reg rowa = e_.op(Op::MadLo, Type::U32, srow, imm(kAtomBytes), wg_base);
-    Reg r[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
-    for (int j = 0; j < nO_; j += 2) {
-      const int n = j + 1 < nO_ ? 4 : 2;  // the last 8 columns alone: .x2
-      for (int m = 0; m < n; ++m) {
-        const Frag4 &fr = o_.f[j + m / 2];
-        b_.cvt_pack(out_, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
-      }
-      // Chunk j + (lane >> 4) of the row: atom j / 8, slot ((j % 8) | hi) ^ (row % 8).
-      Reg a = e_.op(Op::Xor, Type::B32, hsx, imm((j % 8) * 16));
-      b_.op(Op::Add, Type::U32, a, a, rowa);
-      b_.stmatrix(false, r, n, at(a, lay_.q + static_cast<uint32_t>(j / 8) * lay_.q_atom));
-    }
+    tile::store_acc(e_, tile::make_lanes(e_, lane), o_, out_, tile::Swizzle128{lay_.q_atom},
+                    wg_base, wgrow, lay_.q);
     b_.when(wg1_).bar_sync(kEpilogueBar, 128);
     b_.unless(wg1_).bar_sync(kEpilogueBar + 1, 128);
     // 16-byte chunks: thread t of the warpgroup owns chunk t % T of every

@@ -24,4 +24,28 @@ Reg Swizzle128::descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits) {
   return d;
 }
 
+void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const Swizzle128 &lay,
+               Reg base, Reg row0, uint32_t off) {
+  ptx::Builder &b = e.b;
+  // The lane's row and its swizzle: chunk 2i + h2 of it sits in slot
+  // ((2i + h2) % 8) ^ (row % 8) = (2i % 8) ^ (h2 ^ row % 8).
+  Reg row = e.op(Op::MadLo, Type::U32, ln.h1, imm(8), ln.l8);
+  b.op(Op::Add, Type::U32, row, row, row0);
+  Reg hsx = e.op(Op::Xor, Type::B32, ln.h2, e.op(Op::And, Type::B32, row, imm(7)));
+  b.op(Op::Shl, Type::B32, hsx, hsx, imm(4));
+  Reg rowa = e.op(Op::MadLo, Type::U32, row, imm(Swizzle128::kRowBytes), base);
+  Reg r[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
+  const int n = t.n();
+  for (int j = 0; j < n; j += 2) {
+    const int count = j + 1 < n ? 4 : 2;  // the last 8 columns alone: .x2
+    for (int m = 0; m < count; ++m) {
+      const Frag4 &fr = t.f[j + m / 2];
+      b.cvt_pack(half, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
+    }
+    Reg a = e.op(Op::Xor, Type::B32, hsx, imm((j % 8) * Swizzle128::kChunkBytes));
+    b.op(Op::Add, Type::U32, a, a, rowa);
+    b.stmatrix(false, r, count, at(a, off + static_cast<uint32_t>(j / 8) * lay.atom_bytes));
+  }
+}
+
 }  // namespace fa::kgen::tile

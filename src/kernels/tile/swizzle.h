@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
 
 namespace fa::kgen::tile {
 
@@ -43,5 +44,15 @@ struct Swizzle128 {
   // start address >> 4 in bits 0-13, or'ed with `bits` (a new b64).
   static Reg descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits);
 };
+
+// Stores a warp's accumulator tile t (16 rows x 8 t.n() columns of f32, the
+// mma C layout of tile.h) as `half` (f16 or bf16) into rows row0 .. row0 + 15
+// of `lay` at base (+ off, an immediate): column 8j + c goes to chunk j of
+// the row, element c. One stmatrix.x4 per two fragments (x2 for a last odd
+// one): lane l addresses row l8 + 8 h1 of chunk 2i + h2 (PTX ISA
+// "stmatrix": matrices 0..3 from lanes 0-7, 8-15, 16-23, 24-31; ln from
+// make_lanes of this lane). base and row0 u32 registers.
+void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const Swizzle128 &lay,
+               Reg base, Reg row0, uint32_t off);
 
 }  // namespace fa::kgen::tile
