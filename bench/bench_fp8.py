@@ -62,10 +62,10 @@ LABELS = {"flashattn_fp8": "flashattn fp8", "flashattn_fp8_f16": "flashattn fp8 
           "flashattn_bf16": "flashattn bf16", "fa3_fp8": "FA3 fp8", "sdpa_flash": "SDPA flash bf16"}
 IN_DTYPE = "e4m3"
 
-# The library reads this whenever it chooses a kernel (per launch): "1" on
-# sm_90 selects the fp8 forward's f16 form; each form's spec has its own
-# cache entry. ENV_FORMS: its value while each flashattn fp8 contender is
-# measured (None: removed).
+# The library reads this when a runtime is created: "1" on sm_90 selects the
+# fp8 forward's f16 form; each form's spec has its own cache entry. ENV_FORMS:
+# its value when each flashattn fp8 contender's runtime is made, and while it
+# is measured (None: removed).
 F16_FORM_ENV = "FLASHATTN_SM90_FP8_F16"
 ENV_FORMS = {"flashattn_fp8": None, "flashattn_fp8_f16": "1"}
 F16_FORM_SKIP = "not sm_90: %s has no effect (the flashattn fp8 kernel)" % F16_FORM_ENV
@@ -351,15 +351,24 @@ class Fp8Bench(common.GpuBench):
             sets16.append(tuple(t16))
         return sets8, sets16
 
+    def form_runtime(self, impl):
+        """The runtime flashattn fp8 contender impl runs on: the library reads
+        F16_FORM_ENV once, when a runtime is created, so each form has its
+        own, made with the variable as ENV_FORMS says (cached)."""
+        rts = self.__dict__.setdefault("form_rts", {})
+        if impl not in rts:
+            with env_var(F16_FORM_ENV, ENV_FORMS[impl]):
+                rts[impl] = self.fa.Runtime(backend="cuda", cache="memory")
+        return rts[impl]
+
     def make_fp8_call(self, impl, c, sets8, outs):
-        """run(i) for flashattn_fp8, flashattn_fp8_f16 (the same call: the
-        form is the environment's, see run_config) or fa3_fp8 on fp8 input
-        set i."""
+        """run(i) for flashattn_fp8, flashattn_fp8_f16 (the same call on the
+        form's runtime, see form_runtime) or fa3_fp8 on fp8 input set i."""
         stream = self.torch.cuda.current_stream()
         if impl in ENV_FORMS:
             if c.key not in self.fp8_configs:
                 self.fp8_configs[c.key] = fp8_config(self.fa, c)
-            cfg, fwd, rt = self.fp8_configs[c.key], self.fa.forward, self.rt
+            cfg, fwd, rt = self.fp8_configs[c.key], self.fa.forward, self.form_runtime(impl)
 
             def run(i):
                 q, k, v, qd, kd, vd = sets8[i]
@@ -400,8 +409,8 @@ class Fp8Bench(common.GpuBench):
                 errs[impl] = None
                 continue
             poison = outs[0] if impl.startswith("flashattn") else None
-            # the form is chosen per launch from the environment: set for the
-            # whole measurement (warm-up, checked run, timing), not in run(i)
+            # the form is its runtime's (form_runtime); the variable is also set
+            # for the whole measurement (warm-up, checked run, timing)
             form = (env_var(F16_FORM_ENV, ENV_FORMS[impl]) if impl in ENV_FORMS
                     else contextlib.nullcontext())
             with form:

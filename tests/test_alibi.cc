@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/policy.h"
 #include "support/feature_kernels.h"
 #include "support/numerics.h"
 #include "support/small_problem.h"
@@ -134,14 +135,13 @@ void test_forward_mma(void **) {
 
 void test_forward_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+  const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_forward);
   run_forward_cases(true);
-  unsetenv("FLASHATTN_SCALAR_FORWARD");
 }
 
 void test_forward_wgmma(void **) {
   need_runtime();
-  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  const fa::test::PolicyScope policy(g_rt90, &fa::KernelPolicy::sm90_wgmma);
   std::string failures;
   fa::test::run_forward_feature(g_rt90, forward_cases(), fa::test::ForwardKernel::Wgmma, "_alibi",
                                 &failures);
@@ -154,7 +154,6 @@ void test_forward_wgmma(void **) {
   const std::string e = fa::test::run_decode(g_rt90, p);
   if (!e.empty()) failures += p.describe() + ":\n" + e;
   expect_kernel(g_rt90, "fa_forward_wgmma_gather_", p.describe(), &failures);
-  unsetenv("FLASHATTN_SM90_WGMMA");
   report(failures);
 }
 
@@ -224,9 +223,8 @@ void test_decode_tc(void **) {
 
 void test_decode_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_decode);
   run_decode_cases(true);
-  unsetenv("FLASHATTN_SCALAR_DECODE");
 }
 
 void test_prefill(void **) {
@@ -276,7 +274,8 @@ void test_zero_slopes_are_none(void **) {
   need_runtime();
   for (int path = 0; path < 4; ++path) {
     const bool decode = path >= 2;
-    if (path % 2) setenv(decode ? "FLASHATTN_SCALAR_DECODE" : "FLASHATTN_SCALAR_FORWARD", "1", 1);
+    const fa::test::PolicyScope policy(g_rt, decode ? &fa::KernelPolicy::scalar_decode : &fa::KernelPolicy::scalar_forward,
+                                   path % 2 != 0);
     Small s(g_rt);
     s.set_heads(0.0f, 0.0f);
     fa_forward_args a = s.fwd();
@@ -302,8 +301,6 @@ void test_zero_slopes_are_none(void **) {
     d.struct_size = sizeof d;
     const std::vector<uint8_t> biased = run();
     assert_true(std::memcmp(plain.data(), biased.data(), s.o_bytes) != 0);
-    unsetenv("FLASHATTN_SCALAR_FORWARD");
-    unsetenv("FLASHATTN_SCALAR_DECODE");
   }
 }
 

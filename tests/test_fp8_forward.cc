@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/policy.h"
 #include "support/numerics.h"
 
 namespace {
@@ -177,9 +178,8 @@ void test_fp8_forward_sm90_f16(void **) {
   need_runtime();
   std::vector<ForwardCase> cs = common_cases();
   if (quick()) cs.resize(3);
-  setenv("FLASHATTN_SM90_FP8_F16", "1", 1);
+  const fa::test::PolicyScope policy(g_rt90, &fa::KernelPolicy::sm90_fp8_f16);
   run_all(g_rt90, cs);
-  unsetenv("FLASHATTN_SM90_FP8_F16");
 }
 void test_fp8_forward_sm100(void **) {
   need_runtime();

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/policy.h"
 #include "support/numerics.h"
 
 namespace {
@@ -822,10 +823,12 @@ void test_statuses(void **) {
   if (e80.find("fa_decode") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
     report("sm_80 fp8 decode: expected UNSUPPORTED, got: " + e80);
   // The scalar decode has no fp8 path either.
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
-  g_last_fail = FA_SUCCESS;
-  const std::string es = run_case(g_rt89, c);
-  unsetenv("FLASHATTN_SCALAR_DECODE");
+  std::string es;
+  {
+    const fa::test::PolicyScope policy(g_rt89, &fa::KernelPolicy::scalar_decode);
+    g_last_fail = FA_SUCCESS;
+    es = run_case(g_rt89, c);
+  }
   std::printf("    scalar decode: %s", es.c_str());
   if (es.find("scalar") == std::string::npos || g_last_fail != FA_ERROR_UNSUPPORTED)
     report("scalar fp8 decode: expected UNSUPPORTED, got: " + es);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "support/policy.h"
 #include "support/feature_kernels.h"
 #include "support/numerics.h"
 
@@ -163,7 +164,7 @@ void test_forward_mma(void **) {
 
 void test_forward_wgmma(void **) {
   need_runtime();
-  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  const fa::test::PolicyScope policy(g_rt90, &fa::KernelPolicy::sm90_wgmma);
   std::string failures;
   fa::test::run_forward_feature(g_rt90, forward_cases(), ForwardKernel::Wgmma, "", &failures);
   // The gather variant: chunked prefill over a paged cache, bottom-right
@@ -176,16 +177,14 @@ void test_forward_wgmma(void **) {
   huge_decode_inputs(&p);
   failures += fa::test::run_decode(g_rt90, p);
   fa::test::expect_feature_kernel(g_rt90, "fa_forward_wgmma_gather_", "", p.describe(), &failures);
-  unsetenv("FLASHATTN_SM90_WGMMA");
   fa::test::report_failures(failures);
 }
 
 void test_forward_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+  const fa::test::PolicyScope policy(g_rt80, &fa::KernelPolicy::scalar_forward);
   std::string failures;
   fa::test::run_forward_feature(g_rt80, forward_cases(), ForwardKernel::Scalar, "", &failures);
-  unsetenv("FLASHATTN_SCALAR_FORWARD");
   fa::test::report_failures(failures);
 }
 
@@ -204,9 +203,10 @@ void test_forward_fp8(void **) {
     cases.push_back(c);
   }
   fa::test::run_forward_feature(g_rt89, cases, ForwardKernel::Mma, "", &failures);
-  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
-  fa::test::run_forward_feature(g_rt90, cases, ForwardKernel::Wgmma, "", &failures);
-  unsetenv("FLASHATTN_SM90_WGMMA");
+  {
+    const fa::test::PolicyScope policy(g_rt90, &fa::KernelPolicy::sm90_wgmma);
+    fa::test::run_forward_feature(g_rt90, cases, ForwardKernel::Wgmma, "", &failures);
+  }
   fa::test::report_failures(failures);
 }
 
@@ -220,10 +220,9 @@ void test_decode_tc(void **) {
 
 void test_decode_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  const fa::test::PolicyScope policy(g_rt80, &fa::KernelPolicy::scalar_decode);
   std::string failures;
   run_decode_cases(g_rt80, "fa_decode_f16_", &failures);
-  unsetenv("FLASHATTN_SCALAR_DECODE");
   fa::test::report_failures(failures);
 }
 

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/policy.h"
 #include "support/feature_kernels.h"
 #include "support/numerics.h"
 #include "support/small_problem.h"
@@ -145,11 +146,11 @@ std::vector<ForwardCase> forward_cases(bool nonfinite) {
 // Returns the failures.
 std::string run_forward_kernel(fa::test::ForwardKernel kernel, bool nonfinite) {
   using fa::test::ForwardKernel;
-  const char *env = kernel == ForwardKernel::Scalar  ? "FLASHATTN_SCALAR_FORWARD"
-                    : kernel == ForwardKernel::Wgmma ? "FLASHATTN_SM90_WGMMA"
-                                                     : nullptr;
-  if (env) setenv(env, "1", 1);
   fa_runtime *rt = kernel == ForwardKernel::Wgmma ? g_rt90 : g_rt;
+  // Scalar: the scalar forward; Mma: the defaults; Wgmma: the sm_90a one.
+  const fa::test::PolicyScope policy(rt,
+                   kernel == ForwardKernel::Scalar ? &fa::KernelPolicy::scalar_forward : &fa::KernelPolicy::sm90_wgmma,
+                   kernel != ForwardKernel::Mma || rt == g_rt90);
   std::string failures;
   fa::test::run_forward_feature(rt, forward_cases(nonfinite), kernel, "_sinks", &failures);
   if (kernel == ForwardKernel::Wgmma) {
@@ -162,7 +163,6 @@ std::string run_forward_kernel(fa::test::ForwardKernel kernel, bool nonfinite) {
     if (!e.empty()) failures += p.describe() + ":\n" + e;
     expect_kernel(rt, "fa_forward_wgmma_gather_", p.describe(), &failures);
   }
-  if (env) unsetenv(env);
   return failures;
 }
 
@@ -250,18 +250,18 @@ void test_decode_tc(void **) {
 
 void test_decode_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_decode);
   const std::string failures = run_decode_cases("fa_decode_f16_");
-  unsetenv("FLASHATTN_SCALAR_DECODE");
   report(failures);
 }
 
 void test_decode_nonfinite(void **) {
   need_runtime();
   std::string failures = run_decode_cases("fa_decode_mma_", true);
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
-  failures += run_decode_cases("fa_decode_f16_", true);
-  unsetenv("FLASHATTN_SCALAR_DECODE");
+  {
+    const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_decode);
+    failures += run_decode_cases("fa_decode_f16_", true);
+  }
   report(failures);
 }
 
@@ -386,7 +386,7 @@ using Small = fa::test::SmallProblem;
 void test_neg_inf_sinks_are_none(void **) {
   need_runtime();
   for (int scalar = 0; scalar < 2; ++scalar) {
-    if (scalar) setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
+    const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_forward, scalar != 0);
     Small s(g_rt);
     s.set_heads(-INFINITY, -INFINITY);
     fa_forward_args a = s.fwd();
@@ -418,7 +418,6 @@ void test_neg_inf_sinks_are_none(void **) {
     assert_int_equal(fa_launch(g_rt, s.cfg, &a, nullptr), FA_SUCCESS);
     const std::vector<uint8_t> sunk = s.poison_and_read(false);
     assert_true(std::memcmp(plain.data(), sunk.data(), s.o_bytes) != 0);
-    unsetenv("FLASHATTN_SCALAR_FORWARD");
   }
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/policy.h"
 #include "support/emu_runtime.h"
 #include "support/numerics.h"
 
@@ -195,9 +196,8 @@ void test_tree_tc(void **) {
 
 void test_tree_scalar(void **) {
   need_runtime();
-  setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+  const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_decode);
   run_all(tree_cases());
-  unsetenv("FLASHATTN_SCALAR_DECODE");
 }
 
 // Device memory freed at scope exit.
@@ -281,7 +281,7 @@ struct Problem {
 void test_chain_tree_is_causal(void **) {
   need_runtime();
   for (int scalar = 0; scalar < 2; ++scalar) {
-    if (scalar) setenv("FLASHATTN_SCALAR_DECODE", "1", 1);
+    const fa::test::PolicyScope policy(g_rt, &fa::KernelPolicy::scalar_decode, scalar != 0);
     Problem p;
     fa_config *causal = config(true, p.hq, p.hkv, p.d), *plain = config(false, p.hq, p.hkv, p.d);
     p.with_workspace(causal);
@@ -307,7 +307,6 @@ void test_chain_tree_is_causal(void **) {
     assert_memory_not_equal(p.out().data(), want.data(), want.size());
     fa_config_destroy(causal);
     fa_config_destroy(plain);
-    unsetenv("FLASHATTN_SCALAR_DECODE");
   }
 }
 

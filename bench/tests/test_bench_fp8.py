@@ -208,14 +208,21 @@ class _FakeFa:
 
     def __init__(self):
         self.seen = []
+        self.runtimes = []
 
     @staticmethod
     def Config(**kw):
         return dict(kw)
 
+    def Runtime(self, **kw):
+        """A runtime remembers the form variable at its creation (the
+        library reads it then)."""
+        self.runtimes.append(os.environ.get(b.F16_FORM_ENV))
+        return ("rt", os.environ.get(b.F16_FORM_ENV))
+
     def forward(self, rt, cfg, q, k, v, out=None, stream=None, q_descale=None, k_descale=None,
                 v_descale=None):
-        self.seen.append(os.environ.get(b.F16_FORM_ENV))
+        self.seen.append((os.environ.get(b.F16_FORM_ENV), rt[1]))
         return out
 
 
@@ -266,7 +273,10 @@ def test_f16_form_is_measured_with_the_variable_set(monkeypatch):
     want = {"flashattn_fp8": None, "flashattn_fp8_f16": "1"}
     for impl, before, after in log:
         assert before == after == want.get(impl, "caller's"), impl
-    assert fb.fa.seen == [None] * 3 + ["1"] * 3  # the same call, the form from the environment
+    # the same call on each form's runtime, made with the variable as the
+    # form needs it (and set during the measurement too); one runtime a form
+    assert fb.fa.seen == [(None, None)] * 3 + [("1", "1")] * 3
+    assert fb.fa.runtimes == [None, "1"]
     assert os.environ[b.F16_FORM_ENV] == "caller's"
     assert row["tol_ok"] is True and "flashattn_fp8_f16_status" not in row  # measure's job
     # the same Config for both forms (the spec, not the Config, differs)

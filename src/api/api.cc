@@ -1003,6 +1003,12 @@ FA_API void fa_config_destroy(fa_config *cfg) {
 
 }  // extern "C"
 
+fa::KernelPolicy fa::api::set_kernel_policy(fa_runtime *rt, const fa::KernelPolicy &policy) {
+  const fa::KernelPolicy old = rt->impl->policy();
+  rt->impl->set_policy(policy);
+  return old;
+}
+
 fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind, int32_t sm,
                                    const fa_generate_options *opts, const fa::KernelPolicy &policy,
                                    fa::KernelSpec *spec) {

@@ -9,7 +9,9 @@
 
 #include "common/error.h"
 #include "flashattn.h"
+#include "api/test_hooks.h"
 #include "kernels/kernels.h"
+
 
 namespace fa::api {
 

@@ -1,6 +1,7 @@
 // Which kernel family runs where, as a value (issue 26): the tensor-core
 // kernels unless told otherwise. make_spec takes it, so a spec depends only
-// on its arguments; the environment is read in one place, from_env().
+// on its arguments; the environment is read in one place, from_env(): once
+// per runtime (fa_runtime_create), once per fa_generate / fa_cache_warm call.
 #pragma once
 
 namespace fa {

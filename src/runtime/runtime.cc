@@ -255,6 +255,7 @@ fa_status Runtime::ensure_binary(const KernelSpec &spec, cache::Record *rec, boo
 
 fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out) {
   auto rt = std::make_unique<Runtime>();
+  rt->policy_ = KernelPolicy::from_env();
   fa_backend which = options.backend;
   if (which == FA_BACKEND_AUTO) {
     // FLASHATTN_BACKEND=cuda|emulator overrides auto (handy for tests and CI).

@@ -99,9 +99,11 @@ class Runtime {
     return it == jit_logs_.end() ? std::string() : it->second;
   }
 
-  // The kernel policy of a launch: KernelPolicy::from_env(), read at each
-  // launch (tests and benchmarks flip the variables between launches).
-  KernelPolicy policy() const { return KernelPolicy::from_env(); }
+  // The kernel policy of every launch: KernelPolicy::from_env() when the
+  // runtime was created (the variables are read once). set_policy replaces
+  // it (tests; not concurrently with launches).
+  const KernelPolicy &policy() const { return policy_; }
+  void set_policy(const KernelPolicy &policy) { policy_ = policy; }
 
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
@@ -123,6 +125,7 @@ class Runtime {
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<Kernel>> kernels_;
   std::map<std::string, std::string> jit_logs_;  // spec text -> last JIT info log
   Counters counters_;
+  KernelPolicy policy_;
 };
 
 }  // namespace fa

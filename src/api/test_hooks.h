@@ -1,0 +1,15 @@
+// Internal entry points for the project's own tests (not part of the C ABI,
+// not exported from the shared library; tests link the static one).
+#pragma once
+
+#include "flashattn.h"
+#include "kernels/policy.h"
+
+namespace fa::api {
+
+// Replaces rt's kernel policy (read from the environment when it was
+// created) and returns the one it had: tests pick kernels with it. Not
+// thread-safe with launches on rt; rt must be a valid runtime.
+KernelPolicy set_kernel_policy(fa_runtime *rt, const KernelPolicy &policy);
+
+}  // namespace fa::api
