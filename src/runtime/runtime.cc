@@ -493,22 +493,16 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
     // without it) sends the launch to the gather variant instead.
     const bool bf16 = cfg.dtype == Dtype::BF16;
-    const fa_status s1 =
-        backend_->encode_tensor_map(tile_map(a.q, bf16, a.seqlen_q, cfg.num_heads_q, cfg.head_dim,
-                                             a.batch, wgmma_tma_box(spec, TmaOperand::Q)),
-                                    wp.tmap_q);
-    const fa_status s2 = s1 == FA_SUCCESS
-                             ? backend_->encode_tensor_map(
-                                   tile_map(a.k, bf16, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim,
-                                            a.batch, wgmma_tma_box(spec, TmaOperand::K)),
-                                   wp.tmap_k)
-                             : s1;
-    const fa_status s3 = s2 == FA_SUCCESS
-                             ? backend_->encode_tensor_map(
-                                   tile_map(a.v, bf16, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v,
-                                            a.batch, wgmma_tma_box(spec, TmaOperand::V)),
-                                   wp.tmap_v)
-                             : s2;
+    auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
+                      uint8_t *out) {
+      return backend_->encode_tensor_map(
+          tile_map(t, bf16, rows, heads, cols, a.batch, wgmma_tma_box(spec, which)), out);
+    };
+    fa_status s3 = encode(TmaOperand::Q, a.q, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, wp.tmap_q);
+    if (s3 == FA_SUCCESS)
+      s3 = encode(TmaOperand::K, a.k, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim, wp.tmap_k);
+    if (s3 == FA_SUCCESS)
+      s3 = encode(TmaOperand::V, a.v, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, wp.tmap_v);
     if (s3 != FA_SUCCESS) {
       clear_error();
       shape.tma_ok = false;
