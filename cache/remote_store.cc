@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -23,6 +24,69 @@
 #include "store_redis/fa_store_redis.h"
 
 namespace fa::cache {
+
+fa_store_record record_view(const std::string &hex, const Record &rec) {
+  fa_store_record r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  std::snprintf(r.key, sizeof r.key, "%s", hex.c_str());
+  r.key_material = reinterpret_cast<const uint8_t *>(rec.key_material.data());
+  r.key_material_size = rec.key_material.size();
+  r.spec = rec.spec_text.c_str();
+  r.sm = rec.sm;
+  r.generator_version = rec.generator_version;
+  r.driver_version = rec.driver_version;
+  r.compiler = rec.compiler.c_str();
+  r.ptx = reinterpret_cast<const uint8_t *>(rec.ptx.data());
+  r.ptx_size = rec.ptx.size();
+  r.cubin = rec.cubin.data();
+  r.cubin_size = rec.cubin.size();
+  std::memcpy(r.ptx_hash, hash_bytes(r.ptx, r.ptx_size).b, 16);
+  std::memcpy(r.cubin_hash, hash_bytes(r.cubin, r.cubin_size).b, 16);
+  return r;
+}
+
+namespace {
+
+// Copies size bytes at p into *out; false for a null pointer with size > 0.
+template <typename Out>
+bool take_bytes(const uint8_t *p, size_t size, Out *out) {
+  if (size > 0 && p == nullptr) return false;
+  out->assign(p, p + size);
+  return true;
+}
+
+}  // namespace
+
+std::string copy_record(const fa_store_record *r, std::string *key, Record *rec, Hash *ptx_hash,
+                        Hash *cubin_hash) {
+  if (r == nullptr) return "found was called with NULL";
+  if (r->struct_size < sizeof(fa_store_record)) {
+    return "found was called with a record whose struct_size is " + std::to_string(r->struct_size) +
+           ", not " + std::to_string(sizeof(fa_store_record));
+  }
+  try {
+    if (std::memchr(r->key, 0, sizeof r->key) == nullptr) return "the record's key has no NUL";
+    *key = r->key;
+    if (!take_bytes(r->key_material, r->key_material_size, &rec->key_material) ||
+        !take_bytes(r->ptx, r->ptx_size, &rec->ptx) ||
+        !take_bytes(r->cubin, r->cubin_size, &rec->cubin)) {
+      return "the record has a NULL key_material, ptx or cubin with a non-zero size";
+    }
+    rec->spec_text = r->spec ? r->spec : "";
+    rec->compiler = r->compiler ? r->compiler : "";
+    rec->sm = r->sm;
+    rec->generator_version = r->generator_version;
+    rec->driver_version = r->driver_version;
+    std::memcpy(ptx_hash->b, r->ptx_hash, 16);
+    std::memcpy(cubin_hash->b, r->cubin_hash, 16);
+    return "";
+  } catch (const std::bad_alloc &) {
+    return "out of memory copying the record";
+  } catch (...) {
+    return "cannot copy the record";
+  }
+}
 
 fa_status check_kernel_store(const fa_kernel_store &store, const char *name) {
   if (store.struct_size != sizeof(fa_kernel_store)) {
@@ -43,53 +107,19 @@ struct Found {
   std::string key;
   Record rec;
   Hash ptx_hash{}, cubin_hash{};
-  std::string why;  // not "" when the record could not be taken
+  std::string why;      // not "" when the record could not be taken
+  bool failed = false;  // copying it threw (out of memory)
 };
-
-// Copies size bytes at p into *out; false for a null pointer with size > 0.
-template <typename Out>
-bool take_bytes(const uint8_t *p, size_t size, Out *out) {
-  if (size > 0 && p == nullptr) return false;
-  out->assign(p, p + size);
-  return true;
-}
 
 extern "C" {
 // fa_store_found_fn: copies the row (a C callback: nothing may escape).
 static void on_found(void *ctx, const fa_store_record *r) {
   Found *f = static_cast<Found *>(ctx);
   if (++f->calls > 1) return;  // the first row counts
-  if (r == nullptr || r->struct_size < sizeof(fa_store_record)) {
-    f->why = r == nullptr ? "found was called with NULL"
-                          : "found was called with a record whose struct_size is " +
-                                std::to_string(r->struct_size) + ", not " +
-                                std::to_string(sizeof(fa_store_record));
-    return;
-  }
   try {
-    if (std::memchr(r->key, 0, sizeof r->key) == nullptr) {
-      f->why = "the record's key is not NUL-terminated";
-      return;
-    }
-    f->key = r->key;
-    Record &rec = f->rec;
-    if (!take_bytes(r->key_material, r->key_material_size, &rec.key_material) ||
-        !take_bytes(r->ptx, r->ptx_size, &rec.ptx) ||
-        !take_bytes(r->cubin, r->cubin_size, &rec.cubin)) {
-      f->why = "the record has a NULL key_material, ptx or cubin with a non-zero size";
-      return;
-    }
-    rec.spec_text = r->spec ? r->spec : "";
-    rec.compiler = r->compiler ? r->compiler : "";
-    rec.sm = r->sm;
-    rec.generator_version = r->generator_version;
-    rec.driver_version = r->driver_version;
-    std::memcpy(f->ptx_hash.b, r->ptx_hash, 16);
-    std::memcpy(f->cubin_hash.b, r->cubin_hash, 16);
-  } catch (const std::bad_alloc &) {
-    f->why = "out of memory copying the record";
+    f->why = copy_record(r, &f->key, &f->rec, &f->ptx_hash, &f->cubin_hash);
   } catch (...) {
-    f->why = "cannot copy the record";
+    f->failed = true;
   }
 }
 }  // extern "C"
@@ -145,23 +175,7 @@ class TieredStore final : public Store {
     local_->put(key, record);
     if (!have_remote_) return;
     const std::string hex = key.hex();
-    fa_store_record r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    std::memcpy(r.key, hex.c_str(), sizeof r.key);
-    r.key_material = reinterpret_cast<const uint8_t *>(record.key_material.data());
-    r.key_material_size = record.key_material.size();
-    r.spec = record.spec_text.c_str();
-    r.sm = record.sm;
-    r.generator_version = record.generator_version;
-    r.driver_version = record.driver_version;
-    r.compiler = record.compiler.c_str();
-    r.ptx = reinterpret_cast<const uint8_t *>(record.ptx.data());
-    r.ptx_size = record.ptx.size();
-    r.cubin = record.cubin.data();
-    r.cubin_size = record.cubin.size();
-    std::memcpy(r.ptx_hash, hash_bytes(r.ptx, r.ptx_size).b, 16);
-    std::memcpy(r.cubin_hash, hash_bytes(r.cubin, r.cubin_size).b, 16);
+    const fa_store_record r = record_view(hex, record);
     const int rc = remote_.put(remote_.user, &r);
     if (rc == FA_STORE_OK) {
       ++puts_;
@@ -170,8 +184,7 @@ class TieredStore final : public Store {
     }
   }
 
-  LeaseResult acquire_lease(const Key &key, const std::string &key_material,
-                            Record *out) override {
+  LeaseResult acquire_lease(const Key &key, const std::string &key_material, Record *out) override {
     return local_->acquire_lease(key, key_material, out);
   }
   void release_lease(const Key &key) override { local_->release_lease(key); }
@@ -217,8 +230,8 @@ class TieredStore final : public Store {
       error("get of " + hex + " returned FA_STORE_OK without calling found");
       return false;
     }
-    if (!f.why.empty()) {
-      error("get of " + hex + ": " + f.why);
+    if (f.failed || !f.why.empty()) {
+      error("get of " + hex + ": " + (f.failed ? std::string("out of memory") : f.why));
       return false;
     }
     if (f.key != hex) {

@@ -6,7 +6,10 @@
 
 #include <memory>
 
+#include <string>
+
 #include "cache/store.h"
+#include "cache/store_internal.h"
 #include "flashattn.h"
 
 namespace fa::cache {
@@ -24,6 +27,17 @@ constexpr const char *kRedisCreateSymbol = "fa_store_redis_create";
 // ("kernel_store.get is NULL"): struct_size other than
 // sizeof(fa_kernel_store), get or put NULL.
 fa_status check_kernel_store(const fa_kernel_store &store, const char *name);
+
+// rec under the key `hex` (32 hex digits) as a fa_store_record: pointers
+// into hex and rec (valid while they are), both blob hashes computed.
+fa_store_record record_view(const std::string &hex, const Record &rec);
+
+// Copies a record a store handed back into *key, *rec and the two hashes
+// (NULL strings read as ""). "" on success, else why it cannot be taken: a
+// null record, struct_size below sizeof(fa_store_record), a key without its
+// NUL, a NULL blob with a non-zero size, out of memory. Never throws.
+std::string copy_record(const fa_store_record *r, std::string *key, Record *rec, Hash *ptx_hash,
+                        Hash *cubin_hash);
 
 // `local` with `remote` behind it (remote checked by check_kernel_store).
 // get(): the local store, then on a miss remote.get; a row it returns is

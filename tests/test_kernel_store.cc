@@ -35,23 +35,21 @@ namespace {
 
 // ---- the fake store --------------------------------------------------------
 
-// What a fake row holds: owned copies of a fa_store_record's fields.
+// What a fake row holds: a record and the hashes it came with.
 struct Row {
-  std::string key, key_material, spec, compiler, ptx;
-  std::vector<uint8_t> cubin;
-  int32_t sm = 0, driver_version = 0;
-  uint32_t generator_version = 0;
-  uint8_t ptx_hash[16] = {0}, cubin_hash[16] = {0};
+  std::string key;
+  Record rec;
+  fa::cache::Hash ptx_hash{}, cubin_hash{};
 };
 
 // A kernel store in a map, with switches for misbehaviour.
 struct FakeStore {
   std::mutex mu;
   std::map<std::string, Row> rows;
-  int get_result = -1;        // >= 0: get returns this without calling found
+  int get_result = -1;  // >= 0: get returns this without calling found
   int put_result = FA_STORE_OK;
   size_t found_struct_size = sizeof(fa_store_record);
-  std::string answer_key;     // not "": get answers with this key's row
+  std::string answer_key;  // not "": get answers with this key's row
   int gets = 0, puts = 0, removes = 0, destroys = 0;
   std::vector<std::string> removed;
 
@@ -77,23 +75,10 @@ struct FakeStore {
     auto it = f->rows.find(f->answer_key.empty() ? std::string(key) : f->answer_key);
     if (it == f->rows.end()) return FA_STORE_NOT_FOUND;
     const Row &r = it->second;
-    fa_store_record rec;
-    std::memset(&rec, 0, sizeof rec);
+    fa_store_record rec = fa::cache::record_view(r.key, r.rec);
     rec.struct_size = f->found_struct_size;
-    std::snprintf(rec.key, sizeof rec.key, "%s", r.key.c_str());
-    rec.key_material = reinterpret_cast<const uint8_t *>(r.key_material.data());
-    rec.key_material_size = r.key_material.size();
-    rec.spec = r.spec.c_str();
-    rec.compiler = r.compiler.c_str();
-    rec.sm = r.sm;
-    rec.generator_version = r.generator_version;
-    rec.driver_version = r.driver_version;
-    rec.ptx = reinterpret_cast<const uint8_t *>(r.ptx.data());
-    rec.ptx_size = r.ptx.size();
-    rec.cubin = r.cubin.data();
-    rec.cubin_size = r.cubin.size();
-    std::memcpy(rec.ptx_hash, r.ptx_hash, 16);
-    std::memcpy(rec.cubin_hash, r.cubin_hash, 16);
+    std::memcpy(rec.ptx_hash, r.ptx_hash.b, 16);  // the hashes as stored, damaged or not
+    std::memcpy(rec.cubin_hash, r.cubin_hash.b, 16);
     found(ctx, &rec);
     return FA_STORE_OK;
   }
@@ -104,17 +89,8 @@ struct FakeStore {
     f->puts++;
     if (f->put_result != FA_STORE_OK) return f->put_result;
     Row r;
-    r.key = rec->key;
-    r.key_material.assign(reinterpret_cast<const char *>(rec->key_material), rec->key_material_size);
-    r.spec = rec->spec;
-    r.compiler = rec->compiler;
-    r.ptx.assign(reinterpret_cast<const char *>(rec->ptx), rec->ptx_size);
-    r.cubin.assign(rec->cubin, rec->cubin + rec->cubin_size);
-    r.sm = rec->sm;
-    r.generator_version = rec->generator_version;
-    r.driver_version = rec->driver_version;
-    std::memcpy(r.ptx_hash, rec->ptx_hash, 16);
-    std::memcpy(r.cubin_hash, rec->cubin_hash, 16);
+    if (!fa::cache::copy_record(rec, &r.key, &r.rec, &r.ptx_hash, &r.cubin_hash).empty())
+      return FA_STORE_ERROR;
     f->rows[r.key] = r;
     return FA_STORE_OK;
   }
@@ -222,13 +198,13 @@ void expect_discarded(uint64_t seed, F damage) {
 }
 
 void test_bad_hash_discarded_and_removed(void **) {
-  expect_discarded(21, [](Row *r) { r->ptx[r->ptx.size() / 2] ^= 0x20; });
-  expect_discarded(22, [](Row *r) { r->cubin.back() ^= 1; });
-  expect_discarded(23, [](Row *r) { r->ptx_hash[0] ^= 1; });
-  expect_discarded(24, [](Row *r) { r->cubin_hash[15] ^= 0x80; });
-  expect_discarded(25, [](Row *r) { r->cubin.clear(); });  // hash of a non-empty cubin
+  expect_discarded(21, [](Row *r) { r->rec.ptx[r->rec.ptx.size() / 2] ^= 0x20; });
+  expect_discarded(22, [](Row *r) { r->rec.cubin.back() ^= 1; });
+  expect_discarded(23, [](Row *r) { r->ptx_hash.b[0] ^= 1; });
+  expect_discarded(24, [](Row *r) { r->cubin_hash.b[15] ^= 0x80; });
+  expect_discarded(25, [](Row *r) { r->rec.cubin.clear(); });  // hash of a non-empty cubin
   // A row whose key is not the hash of its key material (forged or damaged).
-  expect_discarded(26, [](Row *r) { r->key_material += "x"; });
+  expect_discarded(26, [](Row *r) { r->rec.key_material += "x"; });
 }
 
 void test_key_material_checks(void **) {
@@ -433,8 +409,8 @@ void test_runtime_second_cache_builds_nothing(void **) {
 // In a child: a runtime under FLASHATTN_KERNEL_STORE=value (and the plugin
 // path variable when plugin is not null), with kernel_store ks; checks its
 // stats' kernel_store and that its note contains `note` ("" = empty).
-int env_child(const char *value, const char *plugin, const fa_kernel_store *ks,
-              const char *store, const char *note) {
+int env_child(const char *value, const char *plugin, const fa_kernel_store *ks, const char *store,
+              const char *note) {
   setenv("FLASHATTN_KERNEL_STORE", value, 1);
   if (plugin) setenv("FLASHATTN_KERNEL_STORE_PLUGIN", plugin, 1);
   const std::string dir = fa::test::temp_dir("kernel_store", "env");
@@ -447,8 +423,8 @@ int env_child(const char *value, const char *plugin, const fa_kernel_store *ks,
   const fa_cache_stats s = fa::test::cache_stats_of(rt);
   fa_runtime_destroy(rt);
   fa::test::rm_rf(dir);
-  const bool note_ok = note[0] ? std::strstr(s.kernel_store_note, note) != nullptr
-                               : s.kernel_store_note[0] == '\0';
+  const bool note_ok =
+      note[0] ? std::strstr(s.kernel_store_note, note) != nullptr : s.kernel_store_note[0] == '\0';
   if (!launched || std::strcmp(s.kernel_store, store) != 0 || !note_ok ||
       std::strstr(s.kernel_store_note, "secret")) {
     std::fprintf(stderr, "%s: launched %d, kernel_store \"%s\", note \"%s\"\n", value, launched,
@@ -470,9 +446,9 @@ void test_env_variable(void **) {
   assert_int_equal(child("redis://:secret@127.0.0.1:1", "/nonexistent/libflashattn_store_redis.so",
                          nullptr, "", "Redis kernel store plugin not used"),
                    0);
-  assert_int_equal(child("redis://127.0.0.1:1", "relative/plugin.so", nullptr, "",
-                         "is not an absolute path"),
-                   0);
+  assert_int_equal(
+      child("redis://127.0.0.1:1", "relative/plugin.so", nullptr, "", "is not an absolute path"),
+      0);
   // An explicit kernel_store wins over the variable.
   FakeStore fake;
   const fa_kernel_store ks = fake.api("mine");

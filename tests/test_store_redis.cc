@@ -82,7 +82,7 @@ int free_port() {
 struct Reply {
   char type = 0;  // '+', '-', ':', '$', '*'; 0 on a connection error
   bool nil = false;
-  std::string str;  // status, error, integer text or bulk string
+  std::string str;                 // status, error, integer text or bulk string
   std::vector<std::string> items;  // an array of bulk strings
 };
 
@@ -186,8 +186,8 @@ bool start_server() {
     if (s.pid == 0) {
       execl(s.redis_server.c_str(), s.redis_server.c_str(), "--port", port.c_str(), "--bind",
             "127.0.0.1", "--unixsocket", s.sock.c_str(), "--unixsocketperm", "700", "--save", "",
-            "--appendonly", "no", "--dir", s.dir.c_str(), "--logfile", log.c_str(),
-            "--requirepass", kPassword, "--daemonize", "no", static_cast<char *>(nullptr));
+            "--appendonly", "no", "--dir", s.dir.c_str(), "--logfile", log.c_str(), "--requirepass",
+            kPassword, "--daemonize", "no", static_cast<char *>(nullptr));
       _exit(127);
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -261,14 +261,15 @@ int cold_process(const std::string &url, F check) {
   fa::test::rm_rf(dir);
   const std::string why = run.launched ? check(run.s) : "a launch failed";
   if (why.empty()) return 0;
-  std::fprintf(stderr,
-               "%s: compiles %llu misses %llu disk_hits %llu remote hits %llu misses %llu puts %llu "
-               "errors %llu discarded %llu; kernel_store \"%s\" note \"%s\": %s\n",
-               url.c_str(), (unsigned long long)run.s.compiles, (unsigned long long)run.s.misses,
-               (unsigned long long)run.s.disk_hits, (unsigned long long)run.s.remote_hits,
-               (unsigned long long)run.s.remote_misses, (unsigned long long)run.s.remote_puts,
-               (unsigned long long)run.s.remote_errors, (unsigned long long)run.s.remote_discarded,
-               run.s.kernel_store, run.s.kernel_store_note, why.c_str());
+  std::fprintf(
+      stderr,
+      "%s: compiles %llu misses %llu disk_hits %llu remote hits %llu misses %llu puts %llu "
+      "errors %llu discarded %llu; kernel_store \"%s\" note \"%s\": %s\n",
+      url.c_str(), (unsigned long long)run.s.compiles, (unsigned long long)run.s.misses,
+      (unsigned long long)run.s.disk_hits, (unsigned long long)run.s.remote_hits,
+      (unsigned long long)run.s.remote_misses, (unsigned long long)run.s.remote_puts,
+      (unsigned long long)run.s.remote_errors, (unsigned long long)run.s.remote_discarded,
+      run.s.kernel_store, run.s.kernel_store_note, why.c_str());
   return 1;
 }
 
@@ -331,17 +332,18 @@ void test_planted_bad_rows_discarded(void **) {
   bad[bad.size() - 20] ^= 0x01;
   assert_true(admin.set(keys[0], bad));
   assert_true(admin.set(keys[1], "not a kernel row"));  // a value the plugin cannot decode
-  assert_int_equal(
-      in_child([] {
-        return cold_process(tcp_url(), [](const fa_cache_stats &s) -> std::string {
-          if (s.remote_discarded != kKernels || s.discarded != kKernels) return "not discarded";
-          if (s.remote_hits != 0 || s.misses != kKernels || s.compiles < kKernels)
-            return "a bad row was used";
-          if (s.remote_puts != kKernels) return "the rebuilt rows were not written back";
-          return "";
-        });
-      }),
-      0);
+  assert_int_equal(in_child([] {
+                     return cold_process(tcp_url(), [](const fa_cache_stats &s) -> std::string {
+                       if (s.remote_discarded != kKernels || s.discarded != kKernels)
+                         return "not discarded";
+                       if (s.remote_hits != 0 || s.misses != kKernels || s.compiles < kKernels)
+                         return "a bad row was used";
+                       if (s.remote_puts != kKernels)
+                         return "the rebuilt rows were not written back";
+                       return "";
+                     });
+                   }),
+                   0);
   // Written back intact: the same bytes as before the damage.
   for (size_t i = 0; i < keys.size(); ++i) assert_true(admin.get(keys[i]) == good[i]);
   assert_int_equal(in_child([] { return cold_process(tcp_url(), expect_cold_from_redis); }), 0);

@@ -117,8 +117,8 @@ PluginFile open_plugin(const std::string &path, const char *file, const char *wh
   close(fd);
   out.path = real;
   if (handle == nullptr) {
-    out.why = std::string("cannot load the ") + what + " " + real + ": " +
-              (err ? err : "dlopen failed");
+    out.why =
+        std::string("cannot load the ") + what + " " + real + ": " + (err ? err : "dlopen failed");
     return out;
   }
   out.handle = handle;

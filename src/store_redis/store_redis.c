@@ -43,13 +43,13 @@ typedef struct redis_store {
   int64_t retry_at_ms;
   int backoff_ms;
   /* where */
-  char *host;      /* TCP host, or NULL */
-  int port;        /* TCP port */
-  char *socket;    /* unix socket path, or NULL */
-  char *user;      /* AUTH user, or NULL */
-  char *password;  /* AUTH password, or NULL */
-  int db;          /* SELECT db when not 0 */
-  char name[300];  /* the URL without the password */
+  char *host;     /* TCP host, or NULL */
+  int port;       /* TCP port */
+  char *socket;   /* unix socket path, or NULL */
+  char *user;     /* AUTH user, or NULL */
+  char *password; /* AUTH password, or NULL */
+  int db;         /* SELECT db when not 0 */
+  char name[300]; /* the URL without the password */
 } redis_store;
 
 static int64_t now_ms(void) {
@@ -187,6 +187,17 @@ static void redis_key(const char *key, char out[sizeof kPrefix + kKeyHexDigits])
   memcpy(out + sizeof kPrefix - 1, key, kKeyHexDigits + 1);
 }
 
+/* `verb` (GET, DEL) of the row key for `key`; NULL for a key that is not 32
+ * lowercase hex digits, or after an error (see command). */
+static redisReply *key_command(redis_store *s, const char *verb, const char *key) {
+  if (!valid_key(key)) return NULL;
+  char rk[sizeof kPrefix + kKeyHexDigits];
+  redis_key(key, rk);
+  const char *argv[2] = {verb, rk};
+  const size_t lens[2] = {strlen(verb), strlen(rk)};
+  return command(s, 2, argv, lens);
+}
+
 /* ---- the value format (README.md, "Value format") ------------------------ */
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -217,12 +228,9 @@ typedef struct field {
 static uint8_t *encode(const fa_store_record *r, size_t *size) {
   const char *spec = r->spec ? r->spec : "";
   const char *compiler = r->compiler ? r->compiler : "";
-  const field f[kFields] = {{r->key, kKeyHexDigits},
-                            {r->key_material, r->key_material_size},
-                            {spec, strlen(spec)},
-                            {compiler, strlen(compiler)},
-                            {r->ptx, r->ptx_size},
-                            {r->cubin, r->cubin_size}};
+  const field f[kFields] = {{r->key, kKeyHexDigits}, {r->key_material, r->key_material_size},
+                            {spec, strlen(spec)},    {compiler, strlen(compiler)},
+                            {r->ptx, r->ptx_size},   {r->cubin, r->cubin_size}};
   size_t n = kFixedBytes;
   for (int i = 0; i < kFields; ++i) {
     if (f[i].n > SIZE_MAX / 2 - n) return NULL;
@@ -296,13 +304,7 @@ static int store_get(void *user, const char *key, const uint8_t *key_material,
                      size_t key_material_size, fa_store_found_fn found, void *found_ctx) {
   (void)key_material;
   (void)key_material_size; /* the library compares them */
-  redis_store *s = user;
-  if (!valid_key(key) || found == NULL) return FA_STORE_ERROR;
-  char rk[sizeof kPrefix + kKeyHexDigits];
-  redis_key(key, rk);
-  const char *argv[2] = {"GET", rk};
-  const size_t lens[2] = {3, strlen(rk)};
-  redisReply *r = command(s, 2, argv, lens);
+  redisReply *r = found ? key_command(user, "GET", key) : NULL;
   if (r == NULL) return FA_STORE_ERROR;
   int rc = FA_STORE_ERROR;
   if (r->type == REDIS_REPLY_NIL) {
@@ -341,17 +343,11 @@ static int store_put(void *user, const fa_store_record *record) {
 }
 
 static int store_remove(void *user, const char *key) {
-  redis_store *s = user;
-  if (!valid_key(key)) return FA_STORE_ERROR;
-  char rk[sizeof kPrefix + kKeyHexDigits];
-  redis_key(key, rk);
-  const char *argv[2] = {"DEL", rk};
-  const size_t lens[2] = {3, strlen(rk)};
-  redisReply *r = command(s, 2, argv, lens);
+  redisReply *r = key_command(user, "DEL", key);
   if (r == NULL) return FA_STORE_ERROR;
   const int rc = r->type != REDIS_REPLY_INTEGER ? FA_STORE_ERROR
-                 : r->integer > 0              ? FA_STORE_OK
-                                               : FA_STORE_NOT_FOUND;
+                 : r->integer > 0               ? FA_STORE_OK
+                                                : FA_STORE_NOT_FOUND;
   freeReplyObject(r);
   return rc;
 }
@@ -441,7 +437,8 @@ static int parse_url(redis_store *s, const char *url, const char **why) {
     }
     if ((s->socket = dup_n(p, n)) == NULL) return -1;
     if (q) {
-      if (strncmp(q, "?db=", 4) != 0 || (s->db = (int)number(q + 4, strlen(q + 4), 0, 1 << 20)) < 0) {
+      if (strncmp(q, "?db=", 4) != 0 ||
+          (s->db = (int)number(q + 4, strlen(q + 4), 0, 1 << 20)) < 0) {
         *why = "the only query unix:// takes is ?db=N";
         return -1;
       }
@@ -475,7 +472,8 @@ static int parse_url(redis_store *s, const char *url, const char **why) {
       return -1;
     }
   }
-  if (slash && slash[1] != '\0' && (s->db = (int)number(slash + 1, strlen(slash + 1), 0, 1 << 20)) < 0) {
+  if (slash && slash[1] != '\0' &&
+      (s->db = (int)number(slash + 1, strlen(slash + 1), 0, 1 << 20)) < 0) {
     *why = "the path must be a database number (redis://host:port/N)";
     return -1;
   }
