@@ -25,7 +25,6 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -136,18 +135,6 @@ bool is_corrupt(int rc) {
 bool is_busy(int rc) {
   rc &= 0xff;
   return rc == SQLITE_BUSY || rc == SQLITE_LOCKED;
-}
-
-// XXH3-128 of n bytes in canonical (big-endian) form.
-struct Hash {
-  uint8_t b[16];
-};
-Hash hash_bytes(const void *p, size_t n) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, XXH3_128bits(n ? p : "", n));
-  Hash h;
-  std::memcpy(h.b, c.digest, 16);
-  return h;
 }
 
 // A prepared statement that finalizes itself. A failed prepare makes step()

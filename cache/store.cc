@@ -4,6 +4,7 @@
 #include <strings.h>
 #include <sys/types.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <chrono>
@@ -86,6 +87,22 @@ std::string bytes_to_hex(const uint8_t *bytes, size_t n) {
     s[2 * i + 1] = digits[bytes[i] & 15];
   }
   return s;
+}
+
+Hash hash_bytes(const void *p, size_t n) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(n ? p : "", n));
+  Hash h;
+  std::memcpy(h.b, c.digest, 16);
+  return h;
+}
+
+Key key_of_bytes(const std::string &bytes) {
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  Key key;
+  key.hi = h.high64;
+  key.lo = h.low64;
+  return key;
 }
 
 namespace {

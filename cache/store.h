@@ -18,6 +18,9 @@ struct Key {
   bool operator==(const Key &o) const { return hi == o.hi && lo == o.lo; }
 };
 
+// XXH3-128 of bytes: the key of a row whose key material they are.
+Key key_of_bytes(const std::string &bytes);
+
 struct Record {
   std::string ptx;
   std::vector<uint8_t> cubin;  // empty when no binary was built (emulator)
@@ -61,6 +64,15 @@ struct Stats {
   bool read_only = false;  // a root-owned file this user may only read: put() keeps rows in memory
   std::string path;  // database file; "" when memory only
   std::string note;  // why memory only / last warning
+  // The second tier (remote_store.h; fa_cache_stats since 0.7): local
+  // misses it served (verified, then copied into the local store), did not
+  // have, rows written to it, failed calls, and rows it returned that
+  // failed verification (also in discarded; its key material mismatches are
+  // in collisions). The other fields describe the local store.
+  uint64_t remote_hits = 0, remote_misses = 0, remote_puts = 0, remote_errors = 0;
+  uint64_t remote_discarded = 0;
+  std::string kernel_store;       // what the second tier is; "" = none
+  std::string kernel_store_note;  // why FLASHATTN_KERNEL_STORE is unused / its first error
 };
 
 constexpr int64_t kDefaultMaxBytes = int64_t(1) << 30;  // 1 GiB

@@ -36,6 +36,13 @@ void key_to_bytes(const Key &key, uint8_t out[16]);
 // 32 lowercase hex digits for 16 bytes.
 std::string bytes_to_hex(const uint8_t *bytes, size_t n);
 
+// XXH3-128 of n bytes in canonical (big-endian) form: the blob hashes a row
+// carries (p may be null when n is 0).
+struct Hash {
+  uint8_t b[16];
+};
+Hash hash_bytes(const void *p, size_t n);
+
 // Keeps rows in a map for the life of the process. Used when the cache is
 // disabled and as the fallback when the database cannot be used.
 class MemoryStore final : public Store {

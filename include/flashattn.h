@@ -195,6 +195,16 @@ typedef struct fa_runtime_options {
    * the driver's JIT; FA_PTX_COMPILER_OFF always uses the driver's JIT
    * (cuda backend only; fa_cache_stats.compiler_mode says which is used). */
   int64_t ptx_compiler;
+  /* Since 0.7 (FA_RUNTIME_OPTIONS_SIZE_0_6 ends before it; zero = as 0.6).
+   * A second kernel store below the local cache (see fa_kernel_store in
+   * "Kernel cache"): a local miss asks it, a verified row it returns is
+   * copied into the local cache, and new kernels are written to both. NULL:
+   * $FLASHATTN_KERNEL_STORE (redis://..., unix://..., or "off"/unset for
+   * none) loads the Redis plugin; a non-NULL kernel_store wins over the
+   * variable. The struct is copied by fa_runtime_create; its `user` must
+   * stay valid until its destroy callback runs (or, without one, until
+   * fa_runtime_destroy returns). */
+  const struct fa_kernel_store *kernel_store;
 } fa_runtime_options;
 
 typedef enum fa_ptx_compiler {
@@ -204,19 +214,27 @@ typedef enum fa_ptx_compiler {
 
 /* struct_size of fa_runtime_options in flashattn 0.1 to 0.5 (before ptx_compiler). */
 #define FA_RUNTIME_OPTIONS_SIZE_0_5 (offsetof(fa_runtime_options, ptx_compiler))
+/* struct_size of fa_runtime_options in flashattn 0.6 (before kernel_store). */
+#define FA_RUNTIME_OPTIONS_SIZE_0_6 (offsetof(fa_runtime_options, kernel_store))
 
 #define FA_RUNTIME_OPTIONS_INIT \
-  { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0, 0 }
+  { sizeof(fa_runtime_options), FA_BACKEND_AUTO, 0, FA_CACHE_DEFAULT, NULL, 0, 0, NULL }
 
 /* Creates a runtime. options may be NULL (= FA_RUNTIME_OPTIONS_INIT).
+ * struct_size may be sizeof(fa_runtime_options), FA_RUNTIME_OPTIONS_SIZE_0_6
+ * or FA_RUNTIME_OPTIONS_SIZE_0_5.
  * Errors: FA_ERROR_INVALID_ARGUMENT (null out, bad struct_size, bad enum,
- * emulator_sm 0 with a FLASHATTN_EMU_SM that is not a decimal number),
+ * emulator_sm 0 with a FLASHATTN_EMU_SM that is not a decimal number, a
+ * kernel_store whose struct_size is not sizeof(fa_kernel_store) or whose get
+ * or put is NULL: the message names the field),
  * FA_ERROR_NO_DRIVER / FA_ERROR_NO_DEVICE (backend cuda only; auto falls back
  * to the emulator), FA_ERROR_UNSUPPORTED (a device of compute capability
  * below 8.0, or an emulator_sm or FLASHATTN_EMU_SM not listed), FA_ERROR_CUDA,
  * FA_ERROR_OUT_OF_MEMORY. A cache that cannot
  * be opened never fails creation: it degrades to memory with a warning (see
- * fa_cache_stats). */
+ * fa_cache_stats); nor does a FLASHATTN_KERNEL_STORE that cannot be used
+ * (one warning; fa_cache_stats.kernel_store_note says why). On failure a
+ * caller's kernel_store->destroy is not called: the caller still owns it. */
 FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime **out);
 
 /* Destroys a runtime and unloads its kernels; NULL is a no-op. Memory from
@@ -911,6 +929,25 @@ typedef struct fa_cache_stats {
   uint64_t cubin_refusals; /* cubins the driver refused (too new, wrong SM,
                               damaged): their PTX was JIT-compiled and the row
                               rewritten */
+  /* Since 0.7 (FA_CACHE_STATS_SIZE_0_6 ends before them): the second tier
+   * (fa_kernel_store: fa_runtime_options.kernel_store or
+   * $FLASHATTN_KERNEL_STORE). The fields above describe the local cache
+   * (entries, bytes, path); disk_hits include remote_hits, and discarded
+   * includes remote_discarded. All 0 / "" without a second tier. */
+  uint64_t remote_hits;      /* local misses served by the kernel store (rows
+                                verified, then copied into the local cache) */
+  uint64_t remote_misses;    /* local misses it did not have */
+  uint64_t remote_puts;      /* new rows written to it */
+  uint64_t remote_errors;    /* its calls that failed (unreachable, timed out,
+                                a malformed answer): each a miss or a skipped
+                                write, never a failed launch */
+  uint64_t remote_discarded; /* rows it returned that failed verification
+                                (hashes, key, key material): removed there */
+  char kernel_store[128];      /* what the second tier is: the Redis plugin's
+                                  URL (no password), fa_kernel_store.name of
+                                  a caller's store; "" = none */
+  char kernel_store_note[256]; /* why FLASHATTN_KERNEL_STORE is not used, or
+                                  the first error of the kernel store; "" if none */
 } fa_cache_stats;
 
 /* How a runtime turns PTX into machine code. */
@@ -927,16 +964,19 @@ typedef enum fa_compiler_mode {
 #define FA_CACHE_STATS_SIZE_0_1 (offsetof(fa_cache_stats, collisions))
 /* struct_size of fa_cache_stats in flashattn 0.2 to 0.5 (before compiler_mode). */
 #define FA_CACHE_STATS_SIZE_0_5 (offsetof(fa_cache_stats, compiler_mode))
+/* struct_size of fa_cache_stats in flashattn 0.6 (before remote_hits). */
+#define FA_CACHE_STATS_SIZE_0_6 (offsetof(fa_cache_stats, remote_hits))
 
 #define FA_CACHE_STATS_INIT                                                                      \
   {                                                                                              \
     sizeof(fa_cache_stats), 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, \
-        0                                                                                        \
+        0, 0, 0, 0, 0, 0, {0}, {0}                                                               \
   }
 
 /* Fills *stats. struct_size may be sizeof(fa_cache_stats),
- * FA_CACHE_STATS_SIZE_0_5 or FA_CACHE_STATS_SIZE_0_1 (a caller built against
- * an older version: only its fields are written). Errors: INVALID_ARGUMENT. */
+ * FA_CACHE_STATS_SIZE_0_6, FA_CACHE_STATS_SIZE_0_5 or FA_CACHE_STATS_SIZE_0_1
+ * (a caller built against an older version: only its fields are written).
+ * Errors: INVALID_ARGUMENT. */
 FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats);
 
 typedef struct fa_cache_entry {
@@ -1053,6 +1093,98 @@ FA_API const char *fa_cache_warm_presets(void);
 /* The spec lines of preset `name` (static text), or NULL with
  * fa_last_error naming the presets when there is no such preset. */
 FA_API const char *fa_cache_warm_preset(const char *name);
+
+/* ------------------------------------------------------------------------ */
+/* Kernel store (since 0.7): a second tier below the local cache            */
+/* ------------------------------------------------------------------------ */
+
+/* One kernel row as the library hands it to a kernel store (put) and as the
+ * store hands it back (the found callback of get). Every pointer is valid
+ * during the call only: whoever receives a record copies what it keeps.
+ * Byte arrays may hold any bytes (no terminator); NULL is allowed for size
+ * 0. Strings are NUL-terminated UTF-8; NULL reads as "". */
+typedef struct fa_store_record {
+  size_t struct_size;            /* sizeof(fa_store_record) */
+  char key[33];                  /* 32 lowercase hex digits of the XXH3-128 key
+                                    (the hash of key_material, high half first) */
+  const uint8_t *key_material;   /* the exact bytes hashed into key (the kernel
+                                    spec, generator version and source hash, SM,
+                                    PTX ISA); the library checks that they hash
+                                    to key and equal the ones it asked for */
+  size_t key_material_size;      /* bytes */
+  const char *spec;              /* human-readable kernel spec (fa_cache_entry.spec) */
+  int32_t sm;                    /* target SM (80, 90, ...) */
+  uint32_t generator_version;    /* generator version of the PTX */
+  int32_t driver_version;        /* CUDA driver the binary was built or last
+                                    loaded with (1000 * major + 10 * minor); 0 if none */
+  const char *compiler;          /* what built cubin (fa_cache_entry.compiler) */
+  const uint8_t *ptx;            /* PTX text (no terminator) */
+  size_t ptx_size;               /* bytes, > 0 */
+  const uint8_t *cubin;          /* the binary: a cubin, the PTX and a NUL for
+                                    the driver's JIT, or nothing (emulator) */
+  size_t cubin_size;             /* bytes, may be 0 */
+  uint8_t ptx_hash[16];          /* XXH3-128 of ptx, canonical (big-endian) */
+  uint8_t cubin_hash[16];        /* XXH3-128 of cubin (of no bytes when empty) */
+} fa_store_record;
+
+/* What the callbacks of fa_kernel_store return. */
+typedef enum fa_store_result {
+  FA_STORE_OK = 0,        /* get: found was called with the row; put, remove: done */
+  FA_STORE_NOT_FOUND = 1, /* get: no row under that key (remove: also fine) */
+  FA_STORE_ERROR = 2,     /* the store could not answer: unreachable, timed
+                             out, out of memory, ... (a miss; counted in
+                             fa_cache_stats.remote_errors) */
+  FA_STORE_DAMAGED = 3    /* get: a row exists but cannot be decoded: counted
+                             in remote_discarded and removed, like a row whose
+                             hash does not verify */
+} fa_store_result;
+
+/* Called by a store's get, at most once, with the row found; the library
+ * copies what it needs before it returns. */
+typedef void (*fa_store_found_fn)(void *found_ctx, const fa_store_record *record);
+
+/* A caller's kernel store: a shared second tier (a fleet's Redis, an object
+ * store, ...) behind the local cache. Rows are code this process will run:
+ * the library verifies each one it reads (key = XXH3-128 of the row's key
+ * material, that key material = the kernel's, and the XXH3-128 hashes of
+ * ptx and cubin) and discards a row that fails (remove, counted in
+ * fa_cache_stats.remote_discarded). The hashes catch damage, not an attacker
+ * who can write the store: whoever can write rows can run code on the GPU
+ * (cache/README.md, "Remote tier").
+ *
+ * Threads: the callbacks may be called from any thread that calls into a
+ * runtime using the store, concurrently (several runtimes may share one), so
+ * they must be thread-safe. Time: a launch that misses the local cache waits
+ * for get, and put runs after the kernel is built, so each call should
+ * return within about a second (the Redis plugin: 200 ms to connect, 500 ms
+ * per command); the library cannot interrupt it. A callback must not call
+ * into flashattn with the runtime it serves, and no C++ exception may leave
+ * it. Errors are never fatal: a failed get is a miss and a failed put is
+ * skipped, counted in remote_errors, with one warning per runtime. */
+typedef struct fa_kernel_store {
+  size_t struct_size; /* sizeof(fa_kernel_store) */
+  void *user;         /* passed to every callback */
+  const char *name;   /* for fa_cache_stats.kernel_store (copied; keep
+                         secrets out of it); NULL = "caller's kernel store" */
+  /* Looks up key (32 hex digits; key_material as in fa_store_record, the
+   * bytes the row must carry). On a hit it calls found(found_ctx, &row)
+   * once, with row.struct_size = sizeof(fa_store_record), before returning
+   * FA_STORE_OK. Returns an fa_store_result. Required. */
+  int (*get)(void *user, const char *key, const uint8_t *key_material, size_t key_material_size,
+             fa_store_found_fn found, void *found_ctx);
+  /* Inserts or replaces the row under record->key (all fields filled by
+   * the library, hashes included; store them as they are). Returns
+   * FA_STORE_OK or FA_STORE_ERROR. Required. */
+  int (*put)(void *user, const fa_store_record *record);
+  /* Deletes the row under key (one that failed verification). Returns
+   * FA_STORE_OK, FA_STORE_NOT_FOUND or FA_STORE_ERROR. May be NULL (bad
+   * rows then stay, and are discarded again by each reader). */
+  int (*remove)(void *user, const char *key);
+  /* Called once when the runtime is destroyed (fa_runtime_destroy), after
+   * the last other callback; not when fa_runtime_create fails. May be NULL.
+   * A store shared by several runtimes gets one call per runtime. */
+  void (*destroy)(void *user);
+} fa_kernel_store;
 
 /* ------------------------------------------------------------------------ */
 /* Emulator memory profile (since 0.3)                                      */

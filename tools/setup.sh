@@ -4,7 +4,8 @@
 set -euo pipefail
 
 apt_pkgs=(cmake g++ pkg-config libsqlite3-dev libxxhash-dev libcmocka-dev libcli11-dev
-          python3 python3-venv python3-numpy python3-pytest golang-go)
+          python3 python3-venv python3-numpy python3-pytest golang-go
+          redis-server libhiredis-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

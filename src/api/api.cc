@@ -12,6 +12,7 @@
 #include <string>
 
 #include "api/api_internal.h"
+#include "cache/remote_store.h"
 #include "common/error.h"
 #include "flashattn.h"
 #include "kernels/kernels.h"
@@ -881,11 +882,16 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
     *out = nullptr;
     fa_runtime_options opts = FA_RUNTIME_OPTIONS_INIT;
     if (options) {
-      // A 0.1 to 0.5 caller's struct ends before ptx_compiler (zero: auto).
-      if (options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_5)
+      // A 0.1 to 0.5 caller's struct ends before ptx_compiler (zero: auto),
+      // a 0.6 caller's before kernel_store (NULL: $FLASHATTN_KERNEL_STORE).
+      if (options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_5 &&
+          options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_6)
         FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
-      FA_CHECK(widen_args(options, {FA_RUNTIME_OPTIONS_SIZE_0_5}, &opts));
+      FA_CHECK(widen_args(options, {FA_RUNTIME_OPTIONS_SIZE_0_5, FA_RUNTIME_OPTIONS_SIZE_0_6},
+                          &opts));
     }
+    if (opts.kernel_store)
+      FA_CHECK(fa::cache::check_kernel_store(*opts.kernel_store, "kernel_store"));
     const int backend = raw_enum(opts.backend), cache_mode = raw_enum(opts.cache_mode);
     FA_REQUIRE(
         backend == FA_BACKEND_AUTO || backend == FA_BACKEND_CUDA || backend == FA_BACKEND_EMULATOR,
@@ -1238,7 +1244,8 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
     // Output struct: a 0.1 caller's shorter struct gets only its fields.
     const bool v0_1 = stats->struct_size == FA_CACHE_STATS_SIZE_0_1;
     const bool v0_5 = stats->struct_size == FA_CACHE_STATS_SIZE_0_5;
-    if (!v0_1 && !v0_5)
+    const bool v0_6 = stats->struct_size == FA_CACHE_STATS_SIZE_0_6;
+    if (!v0_1 && !v0_5 && !v0_6)
       FA_CHECK(check_struct_size("stats", stats->struct_size, sizeof(fa_cache_stats)));
     const fa::Runtime::Counters &c = rt->impl->counters();
     const fa::cache::Stats s = rt->impl->store().stats();
@@ -1267,6 +1274,14 @@ FA_API fa_status fa_cache_stats_get(fa_runtime *rt, fa_cache_stats *stats) {
     copy_cstr(stats->compiler, sizeof stats->compiler, ci.version);
     copy_cstr(stats->compiler_note, sizeof stats->compiler_note, ci.note);
     stats->cubin_refusals = c.cubin_refusals;
+    if (v0_6) return FA_SUCCESS;
+    stats->remote_hits = s.remote_hits;
+    stats->remote_misses = s.remote_misses;
+    stats->remote_puts = s.remote_puts;
+    stats->remote_errors = s.remote_errors;
+    stats->remote_discarded = s.remote_discarded;
+    copy_cstr(stats->kernel_store, sizeof stats->kernel_store, s.kernel_store);
+    copy_cstr(stats->kernel_store_note, sizeof stats->kernel_store_note, s.kernel_store_note);
     return FA_SUCCESS;
   });
 }

@@ -1,7 +1,5 @@
 #include "runtime/runtime.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,6 +7,7 @@
 #include <cstring>
 
 #include "backend/ptx_compiler.h"
+#include "cache/remote_store.h"
 #include "common/error.h"
 
 #ifndef FA_GENERATOR_HASH
@@ -162,13 +161,7 @@ std::string kernel_key_material(const KernelSpec &spec, uint32_t generator_versi
   return bytes;
 }
 
-cache::Key key_of_material(const std::string &material) {
-  const XXH128_hash_t h = XXH3_128bits(material.data(), material.size());
-  cache::Key key;
-  key.hi = h.high64;
-  key.lo = h.low64;
-  return key;
-}
+cache::Key key_of_material(const std::string &material) { return cache::key_of_bytes(material); }
 
 // Warns about every line of a JIT info log that ptxas means as a warning:
 // spills, local memory, "warning"/"advisory" lines. Register counts and
@@ -307,6 +300,8 @@ fa_status Runtime::create(const fa_runtime_options &options, std::unique_ptr<Run
   copts.memory_only = options.cache_mode == FA_CACHE_MEMORY;
   rt->store_ = cache::open_store(copts);
   if (!rt->store_) return fail(FA_ERROR_INTERNAL, "kernel store could not be created");
+  // The second tier (options.kernel_store, else $FLASHATTN_KERNEL_STORE).
+  rt->store_ = cache::add_kernel_store(std::move(rt->store_), options.kernel_store);
   *out = std::move(rt);
   return FA_SUCCESS;
 }

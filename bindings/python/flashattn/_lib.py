@@ -63,6 +63,7 @@ class fa_runtime_options(ctypes.Structure):
         ("cache_dir", c_char_p),
         ("emulator_sm", c_int32),
         ("ptx_compiler", c_int64),  # since 0.6: fa_ptx_compiler
+        ("kernel_store", ctypes.c_void_p),  # since 0.7: NULL ($FLASHATTN_KERNEL_STORE)
     ]
 
 
@@ -239,6 +240,13 @@ class fa_cache_stats(ctypes.Structure):
         ("compiler", ctypes.c_char * 128),
         ("compiler_note", ctypes.c_char * 256),
         ("cubin_refusals", c_uint64),
+        ("remote_hits", c_uint64),  # since 0.7: the kernel store tier
+        ("remote_misses", c_uint64),
+        ("remote_puts", c_uint64),
+        ("remote_errors", c_uint64),
+        ("remote_discarded", c_uint64),
+        ("kernel_store", ctypes.c_char * 128),
+        ("kernel_store_note", ctypes.c_char * 256),
     ]
 
 
