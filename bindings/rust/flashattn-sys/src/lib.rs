@@ -116,6 +116,10 @@ pub struct fa_runtime_options {
     pub emulator_sm: i32,
     /// Since 0.6: an `fa_ptx_compiler` (`FA_PTX_COMPILER_AUTO` / `_OFF`).
     pub ptx_compiler: i64,
+    /// Since 0.7: a caller's `fa_kernel_store` (C callbacks, see flashattn.h),
+    /// or null: `FLASHATTN_KERNEL_STORE` (the Redis plugin) or none. Opaque
+    /// here: Rust callers reach the Redis tier through the variable.
+    pub kernel_store: *const c_void,
 }
 
 /// `fa_ptx_compiler`: the PTX compiler plugin when present and trusted, or never.
@@ -125,6 +129,9 @@ pub const FA_PTX_COMPILER_OFF: i64 = 1;
 /// struct_size of fa_runtime_options in flashattn 0.1 to 0.5 (before `ptx_compiler`).
 pub const FA_RUNTIME_OPTIONS_SIZE_0_5: usize =
     core::mem::offset_of!(fa_runtime_options, ptx_compiler);
+/// struct_size of fa_runtime_options in flashattn 0.6 (before `kernel_store`).
+pub const FA_RUNTIME_OPTIONS_SIZE_0_6: usize =
+    core::mem::offset_of!(fa_runtime_options, kernel_store);
 
 impl Default for fa_runtime_options {
     fn default() -> Self {
@@ -136,6 +143,7 @@ impl Default for fa_runtime_options {
             cache_dir: core::ptr::null(),
             emulator_sm: 0,
             ptx_compiler: FA_PTX_COMPILER_AUTO,
+            kernel_store: core::ptr::null(),
         }
     }
 }
@@ -613,6 +621,14 @@ pub struct fa_cache_stats {
     pub compiler: [c_char; 128],
     pub compiler_note: [c_char; 256],
     pub cubin_refusals: u64,
+    /// Since 0.7: the second tier (a kernel store); all 0 / "" without one.
+    pub remote_hits: u64,
+    pub remote_misses: u64,
+    pub remote_puts: u64,
+    pub remote_errors: u64,
+    pub remote_discarded: u64,
+    pub kernel_store: [c_char; 128],
+    pub kernel_store_note: [c_char; 256],
 }
 
 /// `fa_compiler_mode`: how a runtime turns PTX into machine code.
@@ -620,6 +636,9 @@ pub type fa_compiler_mode = c_int;
 pub const FA_COMPILER_NONE: fa_compiler_mode = 0;
 pub const FA_COMPILER_DRIVER_JIT: fa_compiler_mode = 1;
 pub const FA_COMPILER_PLUGIN: fa_compiler_mode = 2;
+
+/// struct_size of fa_cache_stats in flashattn 0.6 (ends before `remote_hits`).
+pub const FA_CACHE_STATS_SIZE_0_6: usize = core::mem::offset_of!(fa_cache_stats, remote_hits);
 
 /// struct_size of fa_cache_stats in flashattn 0.2 to 0.5 (ends before `compiler_mode`).
 pub const FA_CACHE_STATS_SIZE_0_5: usize = core::mem::offset_of!(fa_cache_stats, compiler_mode);
@@ -653,6 +672,13 @@ impl Default for fa_cache_stats {
             compiler: [0; 128],
             compiler_note: [0; 256],
             cubin_refusals: 0,
+            remote_hits: 0,
+            remote_misses: 0,
+            remote_puts: 0,
+            remote_errors: 0,
+            remote_discarded: 0,
+            kernel_store: [0; 128],
+            kernel_store_note: [0; 256],
         }
     }
 }

@@ -37,7 +37,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             cache_mode,
             cache_dir,
             emulator_sm,
-            ptx_compiler
+            ptx_compiler,
+            kernel_store
         }
     );
     layout!(
@@ -233,7 +234,14 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             compiler_mode,
             compiler,
             compiler_note,
-            cubin_refusals
+            cubin_refusals,
+            remote_hits,
+            remote_misses,
+            remote_puts,
+            remote_errors,
+            remote_discarded,
+            kernel_store,
+            kernel_store_note
         }
     );
     layout!(
@@ -357,6 +365,8 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_CACHE_STATS_SIZE_0_1,
         FA_CACHE_STATS_SIZE_0_5,
         FA_RUNTIME_OPTIONS_SIZE_0_5,
+        FA_RUNTIME_OPTIONS_SIZE_0_6,
+        FA_CACHE_STATS_SIZE_0_6,
         FA_PTX_COMPILER_AUTO,
         FA_PTX_COMPILER_OFF,
         FA_COMPILER_NONE,
