@@ -67,6 +67,16 @@ void print_stats(const fa_cache_stats &s, const CompilerCounts &counts) {
                                                                  : "none (emulator)";
   std::printf("compiler:    %s%s%s\n", mode, s.compiler[0] ? ": " : "", s.compiler);
   if (s.compiler_note[0]) std::printf("             %s\n", s.compiler_note);
+  if (s.kernel_store[0]) {
+    std::printf("kernel store: %s (second tier)\n", s.kernel_store);
+    std::printf("             remote hits %" PRIu64 ", misses %" PRIu64 ", puts %" PRIu64
+                ", errors %" PRIu64 ", discarded %" PRIu64 " (this process)\n",
+                s.remote_hits, s.remote_misses, s.remote_puts, s.remote_errors,
+                s.remote_discarded);
+  } else {
+    std::printf("kernel store: none (FLASHATTN_KERNEL_STORE unset)\n");
+  }
+  if (s.kernel_store_note[0]) std::printf("             %s\n", s.kernel_store_note);
   std::printf("rows by compiler:%s\n", counts.rows.empty() ? " none" : "");
   for (const auto &r : counts.rows) {
     std::printf("  %" PRIu64 "  %s\n", r.second, r.first.c_str());
