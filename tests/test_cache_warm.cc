@@ -356,25 +356,8 @@ void test_cli_warm_other_machine(void **) {
     expect(r.exited && r.code == 0 && contains(r.out, "PASS") &&
                contains(r.out, "misses 0, compiles 0"),
            run, r, "run on the warmed cache");
-    const std::vector<std::string> dec = {"decode",
-                                          "--q",
-                                          path_of("q.npy"),
-                                          "--k-cache",
-                                          path_of("k.npy"),
-                                          "--v-cache",
-                                          path_of("v.npy"),
-                                          "--cache-seqlens",
-                                          path_of("lens.npy"),
-                                          "--kv-layout",
-                                          "paged",
-                                          "--page-size",
-                                          "16",
-                                          "--num-splits",
-                                          "2",
-                                          "--backend",
-                                          "emulator",
-                                          "--out",
-                                          path_of("o.npy")};
+    const std::vector<std::string> dec = emulator_decode_args(
+        {"--kv-layout", "paged", "--page-size", "16", "--num-splits", "2"});
     r = run_cli(dec);
     expect(r.exited && r.code == 0 && contains(r.out, "PASS") &&
                contains(r.out, "misses 0, compiles 0"),

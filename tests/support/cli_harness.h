@@ -168,6 +168,27 @@ inline std::vector<std::string> emulator_run_args(std::vector<std::string> extra
   return a;
 }
 
+// `decode` on the emulator with the scratch directory's q/k/v.npy as the
+// query and the K/V cache and lens.npy as cache_seqlens, O to o.npy, then
+// `extra`.
+inline std::vector<std::string> emulator_decode_args(std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"decode",
+                                "--q",
+                                path_of("q.npy"),
+                                "--k-cache",
+                                path_of("k.npy"),
+                                "--v-cache",
+                                path_of("v.npy"),
+                                "--cache-seqlens",
+                                path_of("lens.npy"),
+                                "--backend",
+                                "emulator",
+                                "--out",
+                                path_of("o.npy")};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 // A CLI test's main: its scratch directory FA_TEST_BINARY_DIR/<name>_work
 // (g_dir), the children's kernel cache in g_dir/<cache> (away from the
 // user's), then the tests with the group setup.
