@@ -1112,7 +1112,7 @@ namespace {
 
 // fa_generate and fa_generate_for: the module fa::api::kernel_spec_for
 // selects, into buf.
-fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
+fa_status generate_into(const fa_config *cfg, int raw_kind, int32_t sm,
                         const fa_generate_options *opts, char *buf, size_t buf_size,
                         size_t *ptx_size) {
   FA_CHECK(check_config(cfg));
@@ -1120,7 +1120,7 @@ fa_status generate_into(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
   FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
   fa::KernelSpec spec;
   FA_CHECK(
-      kernel_spec_for(cfg->cfg, raw_enum(kind), sm, opts, fa::KernelPolicy::from_env(), &spec));
+      kernel_spec_for(cfg->cfg, raw_kind, sm, opts, fa::KernelPolicy::from_env(), &spec));
   const std::string ptx = fa::generate_ptx(spec);
   if (ptx.empty()) {  // a spec no generator takes: never an empty module
     return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());
@@ -1143,14 +1143,16 @@ FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int3
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size) {
   return guarded("fa_generate_for", [&]() -> fa_status {
-    return generate_into(cfg, kind, sm, opts, buf, buf_size, ptx_size);
+    // The kind as the caller stored it: reading a C caller's out-of-range
+    // value as the enum type is undefined (raw_enum).
+    return generate_into(cfg, raw_enum(kind), sm, opts, buf, buf_size, ptx_size);
   });
 }
 
 FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
                              size_t buf_size, size_t *ptx_size) {
   return guarded("fa_generate", [&]() -> fa_status {
-    return generate_into(cfg, kind, sm, nullptr, buf, buf_size, ptx_size);
+    return generate_into(cfg, raw_enum(kind), sm, nullptr, buf, buf_size, ptx_size);
   });
 }
 
