@@ -155,20 +155,15 @@ class ForwardTcGen {
     // The CTA's keys: the union of its rows' ranges (lo and hi grow with the
     // row), first tile rounded down to block_n. A tile inside [lo(last valid
     // row), hi(first row)) needs no mask: lean when lean_lo <= n <= lean_hi.
-    const tile::KeyRange kr =
-        tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
-    n_begin_ = kr.n_begin;
-    empty_ = kr.empty;
-    top_ = kr.top;
-    lean_lo_ = kr.lean_lo;
-    Reg lean_lo = lean_lo_;
+    keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    Reg lean_lo = keys_.lean_lo;
     // Per-CTA scalars the loops and the epilogue read back from shared
     // memory where they need them (published by the prologue's barrier), so
     // none holds a register across the loops: seqlen_q, seqlen_k, n_begin,
     // lean_lo.
     cta_sym_ = b_.shared("smem_cta", 4, 4 * kCtaScalars);
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-    const Reg vals[kCtaScalars] = {sq_, sk_, n_begin_, lean_lo};
+    const Reg vals[kCtaScalars] = {sq_, sk_, keys_.n_begin, lean_lo};
     for (int i = 0; i < kCtaScalars; ++i)
       b_.when(t0).st(Space::Shared, Type::B32, at(cta_sym_, 4 * i), vals[i]);
 
@@ -186,12 +181,12 @@ class ForwardTcGen {
     if (spec_.kv_layout == KvLayout::Paged) {
       // Tiles within a page: the tile's first row is looked up per tile
       // (tile_ptr); pages shorter than a tile: every row (CopyPlan::gather).
-      if (spec_.page_tiles) kp_ = tile_ptr(kr_, k_plan_, top_);
+      if (spec_.page_tiles) kp_ = tile_ptr(kr_, k_plan_, keys_.top);
     } else {
       // Running per-thread pointers: V of the tile being computed, K of the
       // next (lower) one; both move down block_n rows per tile.
-      vp_ = thread_ptr(v_plan_, fb.v_bh, top_, fb.v_row);
-      kp_ = thread_ptr(k_plan_, fb.k_bh, top_, fb.k_row);
+      vp_ = thread_ptr(v_plan_, fb.v_bh, keys_.top, fb.v_row);
+      kp_ = thread_ptr(k_plan_, fb.k_bh, keys_.top, fb.k_row);
       k_step_ = e_.param(Type::S64, offsetof(P, k_tile_bytes));
       v_step_ = e_.param(Type::S64, offsetof(P, v_tile_bytes));
     }
@@ -327,8 +322,8 @@ class ForwardTcGen {
     b_.cp_async_commit();
     {
       ptx::Label skip = b_.label();
-      b_.when(empty_).bra(skip, true);
-      copy_kv(false, top_, e_.op(Op::Sub, Type::S32, sk_, top_));
+      b_.when(keys_.empty).bra(skip, true);
+      copy_kv(false, keys_.top, e_.op(Op::Sub, Type::S32, sk_, keys_.top));
       b_.bind(skip);
       b_.cp_async_commit();
     }
@@ -353,8 +348,8 @@ class ForwardTcGen {
       for (int i = 0; i < 2; ++i) ve_[i] = b_.b32(), vo_[i] = b_.b32();
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     for (int mi = 0; mi < MT_; ++mi) pa_.push_back(tile::frag4(b_));
-    n_ = e_.mov(Type::S32, top_);
-    b_.when(empty_).bra(done_, true);
+    n_ = e_.mov(Type::S32, keys_.top);
+    b_.when(keys_.empty).bra(done_, true);
 
     tile::KeyLoop loop;
     loop.masked = b_.label();
@@ -362,8 +357,8 @@ class ForwardTcGen {
     loop.p = b_.pred();
     loop.t = b_.pred();
     loop.n = n_;
-    loop.n_begin = n_begin_;
-    loop.lean_lo = lean_lo_;
+    loop.n_begin = keys_.n_begin;
+    loop.lean_lo = keys_.lean_lo;
     loop.lean_hi = [this] { return lean_hi(); };
     loop.exit = done_;
     loop.uniform = true;
@@ -386,7 +381,7 @@ class ForwardTcGen {
     {
       ptx::Label skip = b_.label();
       Reg nx = e_.op(Op::Sub, Type::S32, n_, imm(spec_.block_n));
-      Reg last = e_.setp(Cmp::Lt, Type::S32, nx, n_begin_);
+      Reg last = e_.setp(Cmp::Lt, Type::S32, nx, keys_.n_begin);
       b_.when(last).bra(skip, true);
       copy_kv(false, nx, Reg());  // never the last tile: every row present
       b_.cp_async_commit();
@@ -669,7 +664,8 @@ class ForwardTcGen {
   Reg score_scale_;
   Softcap cap_;
   Reg q_ptr_, k_ptr_, v_ptr_;
-  Reg sq_, sk_, m0_, n_begin_, lean_lo_, top_, empty_, n_;
+  Reg sq_, sk_, m0_, n_;
+  tile::KeyRange keys_;  // the CTA's keys (tile::key_range)
   Reg kp_, vp_, q_tp_, k_step_, v_step_;
   KvRows kr_, vr_;
   CopyPlan q_plan_, k_plan_, v_plan_;

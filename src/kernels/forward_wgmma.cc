@@ -192,13 +192,8 @@ class ForwardWgmmaGen {
     // the CTA's keys are the union over its rows, from a block_n-aligned
     // start; a tile in [lean_lo, lean_hi] is visible to every row.
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
-    const tile::KeyRange kr =
-        tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
-    n_begin_ = kr.n_begin;
-    empty_ = kr.empty;
-    top_ = kr.top;
-    lean_lo_ = kr.lean_lo;
-    lean_hi_ = tile::lean_hi(e_, kr.dfirst, wr, sk_, spec_.block_n);
+    keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    lean_hi_ = tile::lean_hi(e_, keys_.dfirst, wr, sk_, spec_.block_n);
 
     b_.comment(spec_.gather
                    ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
@@ -246,9 +241,9 @@ class ForwardWgmmaGen {
       b_.cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c, 4,
                               at(smem_, lay_.q_full()));
     }
-    b_.when(empty_).bra(out);
+    b_.when(keys_.empty).bra(out);
     b_.comment("K and V tiles, last to first, into the ring");
-    Reg n = e_.mov(Type::S32, top_), it = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, keys_.top), it = e_.mov(Type::U32, imm(0));
     ptx::Label top = b_.label();
     b_.bind(top);
     const tile::Ring::Slot slot = ring().slot(it);
@@ -271,7 +266,7 @@ class ForwardWgmmaGen {
     }
     b_.op(Op::Add, Type::U32, it, it, imm(1));
     b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
-    b_.when(e_.setp(Cmp::Ge, Type::S32, n, n_begin_)).bra(top);
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
     b_.bind(out);
   }
 
@@ -290,9 +285,9 @@ class ForwardWgmmaGen {
     gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, qk_data, m0_, sq_, q_row, q8_);
     b_.cp_async_commit();
     ptx::Label out = b_.label(), only_q = b_.label();
-    b_.when(empty_).bra(only_q);
+    b_.when(keys_.empty).bra(only_q);
     b_.comment("K and V tiles, last to first (zeros past seqlen_k)");
-    Reg n = e_.mov(Type::S32, top_), it = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, keys_.top), it = e_.mov(Type::U32, imm(0));
     Reg pbar = e_.mov(Type::U32, smem_);  // the previous tile's barriers (stage base)
     ptx::Label top = b_.label();
     b_.bind(top);
@@ -322,7 +317,7 @@ class ForwardWgmmaGen {
     b_.mov(Type::U32, pbar, bar);
     b_.op(Op::Add, Type::U32, it, it, imm(1));
     b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
-    b_.when(e_.setp(Cmp::Ge, Type::S32, n, n_begin_)).bra(top);
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
     b_.cp_async_wait(0);
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
@@ -695,8 +690,8 @@ class ForwardWgmmaGen {
 
     wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
     ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
-    b_.when(empty_).bra(done);
-    n_ = e_.mov(Type::S32, top_);
+    b_.when(keys_.empty).bra(done);
+    n_ = e_.mov(Type::S32, keys_.top);
     if (pingpong()) {
       b_.comment("ping-pong: warpgroup 1 issues its GEMMs first");
       b_.unless(wg1_).bar_arrive(kSchedBar, 256);
@@ -707,12 +702,12 @@ class ForwardWgmmaGen {
     // softmax while the P V runs (FlashAttention-3's intra-warpgroup
     // overlap); the last P V after the loop.
     first_tile();
-    b_.setp(Cmp::Lt, Type::S32, p, n_, n_begin_);
+    b_.setp(Cmp::Lt, Type::S32, p, n_, keys_.n_begin);
     b_.when(p).bra(tail);
     tile::KeyLoop loop;
     loop.n = n_;
-    loop.n_begin = n_begin_;
-    loop.lean_lo = lean_lo_;
+    loop.n_begin = keys_.n_begin;
+    loop.lean_lo = keys_.lean_lo;
     loop.lean_hi = [this] { return lean_hi_; };
     loop.masked = masked;
     loop.lean = lean;
@@ -994,7 +989,8 @@ class ForwardWgmmaGen {
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
-  Reg h_, bz_, kvh_, m0_, sq_, sk_, n_begin_, top_, lean_lo_, lean_hi_, empty_, n_;
+  Reg h_, bz_, kvh_, m0_, sq_, sk_, lean_hi_, n_;
+  tile::KeyRange keys_;  // the CTA's keys (tile::key_range)
   ForwardBases fb_;        // gather: row addresses
   Reg wg_, wg1_;           // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
   tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
