@@ -990,7 +990,7 @@ class ForwardWgmmaGen {
   ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, lean_hi_, n_;
-  tile::KeyRange keys_;  // the CTA's keys (tile::key_range)
+  tile::KeyRange keys_;    // the CTA's keys (tile::key_range)
   ForwardBases fb_;        // gather: row addresses
   Reg wg_, wg1_;           // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
   tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
