@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/backend.h"  // LaunchGeometry
+#include "kernels/launch.h"
 #include "kernels/policy.h"
 
 namespace fa {

@@ -1,5 +1,5 @@
 // Published per-SM limits of the targets (no device needed).
-#include "backend/backend.h"
+#include "kernels/launch.h"
 
 namespace fa {
 
