@@ -16,7 +16,8 @@
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
 #   pytest    bindings/python/tests/test_gpu.py
-#   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 1k/4k/16k
+#   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 512..16k (the
+#             script's whole seqlen grid: 36 configs, ~30 s on an H200)
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
@@ -135,7 +136,7 @@ FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
   bindings/python/tests/test_gpu.py
 stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
-  --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
+  --seqlens 512,1024,2048,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
