@@ -867,7 +867,9 @@ def measure_coldstart(fa, sm, specs=("fp16:64:0", "fp16:128:0", "bf16:128:1", "f
 class GpuBench:
     """The timed comparison on one GPU (torch imported by the caller)."""
 
-    def __init__(self, torch, fa, args):
+    def __init__(self, torch, fa, args, backend="cuda"):
+        """backend: the flashattn Runtime's ("emulator" for a CPU self-test:
+        no sleep hold then)."""
         self.torch, self.fa, self.args = torch, fa, args
         import torch.nn.functional as F
         self.F = F
@@ -878,9 +880,9 @@ class GpuBench:
                              "sdpa_cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None)}
         except ImportError:
             self.sdpa_kernel, self.backends = None, {}
-        self.rt = fa.Runtime(backend="cuda", cache="memory")
+        self.rt = fa.Runtime(backend=backend, cache="memory")
         self.sm = self.rt.info.sm
-        self.cycles_per_ms = calibrate_sleep(self.torch)
+        self.cycles_per_ms = calibrate_sleep(self.torch) if backend == "cuda" else None
         self.configs = {}
 
     def fa_config(self, c):
@@ -953,6 +955,10 @@ class GpuBench:
         rel = (d.norm() / ref.norm()).item()
         return max_abs, rel
 
+    def sync(self):
+        """Waits for the device (a CPU subclass has nothing to wait for)."""
+        self.torch.cuda.synchronize()
+
     def one_run_ms(self, run, i):
         """One run between CUDA events (the estimate warm-up and reps are sized by)."""
         torch = self.torch
@@ -1021,7 +1027,7 @@ class GpuBench:
                 if poison is not None:
                     poison.fill_(float("nan"))  # poison: every element must be written
                 o = run(0)
-                torch.cuda.synchronize()
+                self.sync()
         except Exception as ex:  # unavailable for this config: n/a with the reason
             row[p + "status"] = "n/a"
             row[p + "note"] = _reason(ex, w.messages)
