@@ -281,6 +281,22 @@ def test_names_and_options(monkeypatch, capsys):
             b.parse_args(bad)
 
 
+def test_lease_stages():
+    """gpu_lease.sh runs both modes as stages varlen and chunked (default
+    list and header), --quick, with options this parser takes and budgets
+    under their limits."""
+    stages = lease_stage.default_stages()
+    text = lease_stage.lease_text()
+    for name, chunked, lo, hi in (("varlen", False, 90, 200), ("chunked", True, 45, 120)):
+        assert name in stages
+        assert "#   %s " % name in text
+        limit, budget, args = lease_stage.stage(name, "bench/bench_varlen.py")
+        a = b.parse_args(args + ["--time-budget", str(budget)])
+        assert a.chunked == chunked and a.quick and a.dtypes == "bf16"
+        assert lo <= limit <= hi and budget <= limit - 30  # a config started late still fits
+    assert "*varlen*.md" in text and "*chunked-prefill*.md" in text
+
+
 # ---- the GPU part's helpers on CPU tensors (torch) -----------------------------------------
 
 def _torch():
