@@ -1160,15 +1160,22 @@ def ptx_compiler_meta(rt):
         return "unknown (%s)" % type(ex).__name__
 
 
-def run_bench(args):
+def import_torch_gpu(prog, hint=""):
+    """torch, which must see a CUDA GPU (else SystemExit naming prog, hint
+    appended), with TF32 off for matmuls and cuDNN (the references are fp32)."""
     try:
         import torch
     except ImportError as ex:
-        raise SystemExit("bench_sdpa: needs PyTorch (%s)" % ex)
+        raise SystemExit("%s: needs PyTorch (%s)" % (prog, ex))
     if not torch.cuda.is_available():
-        raise SystemExit("bench_sdpa: torch sees no CUDA GPU")
+        raise SystemExit("%s: torch sees no CUDA GPU%s" % (prog, hint))
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def run_bench(args):
+    torch = import_torch_gpu("bench_sdpa")
     fa = import_flashattn()
     t_start = time.time()
     bench = GpuBench(torch, fa, args)
@@ -1272,6 +1279,18 @@ def print_base_name(args):
     print(run_base(args, today(), gpu_name()))
 
 
+def add_timing_args(p, max_reps, target_ms, time_budget):
+    """The timing options every benchmark here takes (GpuBench.time_impl and
+    the grid loops read them); p: a parser or an argument group."""
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--min-reps", type=int, default=20)
+    p.add_argument("--max-reps", type=int, default=max_reps)
+    p.add_argument("--target-ms", type=float, default=target_ms,
+                   help="timed GPU work per implementation and config")
+    p.add_argument("--time-budget", type=float, default=time_budget,
+                   help="seconds for the grid; later configs are recorded as skipped")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
@@ -1279,13 +1298,7 @@ def parse_args(argv):
     p.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     p.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     p.add_argument("--sets", type=int, default=4, help="input sets rotated over")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--min-reps", type=int, default=20)
-    p.add_argument("--max-reps", type=int, default=100)
-    p.add_argument("--target-ms", type=float, default=150.0,
-                   help="timed GPU work per implementation and config")
-    p.add_argument("--time-budget", type=float, default=300.0,
-                   help="seconds for the timed grid; later configs are recorded as skipped")
+    add_timing_args(p, max_reps=100, target_ms=150.0, time_budget=300.0)
     p.add_argument("--quick", action="store_true", help="seqlens 512,2048 and head_dim 64,128")
     p.add_argument("--no-coldstart", action="store_true")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")

@@ -507,8 +507,7 @@ def run_base(args, date, gpu_name):
     return result_base(date, gpu_name, args.chunked)
 
 
-def int_list(text):
-    return tuple(int(x) for x in text.split(","))
+int_list = dec.int_list
 
 
 def parse_args(argv):
@@ -541,13 +540,7 @@ def parse_args(argv):
                    help="keys per page (%(default)s)")
     g = p.add_argument_group("timing")
     g.add_argument("--sets", type=int, default=4, help="input sets rotated over")
-    g.add_argument("--warmup", type=int, default=3)
-    g.add_argument("--min-reps", type=int, default=20)
-    g.add_argument("--max-reps", type=int, default=100)
-    g.add_argument("--target-ms", type=float, default=100.0,
-                   help="timed GPU work per contender and config")
-    g.add_argument("--time-budget", type=float, default=300.0,
-                   help="seconds for the grid; later configs are recorded as skipped")
+    common.add_timing_args(g, max_reps=100, target_ms=100.0, time_budget=300.0)
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
     p.add_argument("--print-base-name", action="store_true",
                    help="print the result files' base name for these options and exit")
@@ -562,13 +555,7 @@ def parse_args(argv):
         a.dtypes = "bf16"
     if a.min_reps < 20:
         p.error("--min-reps must be >= 20 (the method asks for a median of at least 20 runs)")
-    for name in ("head_dims", "contexts"):
-        try:
-            vals = int_list(getattr(a, name))
-        except ValueError:
-            p.error("--%s: comma-separated integers" % name.replace("_", "-"))
-        if not vals or min(vals) < 1:
-            p.error("--%s: values must be >= 1" % name.replace("_", "-"))
+    dec.check_int_lists(p, a, "head_dims", "contexts")
     if set(a.dtypes.split(",")) - set(DTYPES):
         p.error("--dtypes: fp16 and/or bf16")
     for name in ("batch", "new_tokens", "page_size", "sets", "tokens", "len_min"):
@@ -1012,14 +999,7 @@ def length_meta(a, lens):
 
 
 def run_bench(args):
-    try:
-        import torch
-    except ImportError as ex:
-        raise SystemExit("bench_varlen: needs PyTorch (%s)" % ex)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_varlen: torch sees no CUDA GPU (--self-test runs without one)")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch = common.import_torch_gpu("bench_varlen", " (--self-test runs without one)")
     fa = common.import_flashattn()
     t_start = time.time()
     bench = PrefillBench(torch, fa, args)
