@@ -275,10 +275,6 @@ class ChunkedConfig:
         return self.context + self.new
 
     @property
-    def causal(self):
-        return True
-
-    @property
     def pages_per_seq(self):
         return dec.pages_per_seq(self.keys, self.page_size)
 
@@ -915,13 +911,6 @@ class PrefillBench(common.GpuBench):
             c.heads_q, why[:120])
         return run
 
-    # ---- host-clock timing (the self-test) ------------------------------------------------
-
-    def host_run_ms(self, run, i):
-        t = time.perf_counter()
-        run(i)
-        return (time.perf_counter() - t) * 1e3
-
 
 class SelfTestBench(PrefillBench):
     """On the CPU: the emulator, SDPA math, host-clock times (no figure)."""
@@ -931,6 +920,12 @@ class SelfTestBench(PrefillBench):
 
     def sync(self):
         pass
+
+    @staticmethod
+    def host_run_ms(run, i):
+        t = time.perf_counter()
+        run(i)
+        return (time.perf_counter() - t) * 1e3
 
     def one_run_ms(self, run, i):
         return self.host_run_ms(run, i)
