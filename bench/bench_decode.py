@@ -979,13 +979,7 @@ def versions(torch, mla=False):
 
 
 def run_bench(args):
-    try:
-        import torch
-    except ImportError as ex:
-        raise SystemExit("bench_decode: needs PyTorch (%s)" % ex)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_decode: torch sees no CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch = common.import_torch_gpu("bench_decode")
     fa = common.import_flashattn()
     t_start = time.time()
     bench = DecodeBench(torch, fa, args)
@@ -1084,6 +1078,17 @@ def int_list(text):
     return tuple(int(x) for x in text.split(","))
 
 
+def check_int_lists(p, a, *names):
+    """p.error unless each option a.<name> is comma-separated integers >= 1."""
+    for name in names:
+        try:
+            vals = int_list(getattr(a, name))
+        except ValueError:
+            p.error("--%s: comma-separated integers" % name.replace("_", "-"))
+        if not vals or min(vals) < 1:
+            p.error("--%s: values must be >= 1" % name.replace("_", "-"))
+
+
 def print_base_name(args):
     """The base name the run with the same options writes (run_gpu.sh copies
     those files to $OUT)."""
@@ -1098,13 +1103,7 @@ def parse_args(argv):
     p.add_argument("--contexts", default=_csv(CONTEXTS))
     p.add_argument("--page-sizes", default=None, help="default %s (--mla: %s)" % (
         _csv(PAGE_SIZES), _csv(MLA_PAGE_SIZES)))
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--min-reps", type=int, default=20)
-    p.add_argument("--max-reps", type=int, default=200)
-    p.add_argument("--target-ms", type=float, default=100.0,
-                   help="timed GPU work per implementation and config")
-    p.add_argument("--time-budget", type=float, default=240.0,
-                   help="seconds for the grid; later configs are recorded as skipped")
+    common.add_timing_args(p, max_reps=200, target_ms=100.0, time_budget=240.0)
     p.add_argument("--copy-mib", type=int, default=2048, help="size of the copy-bandwidth test")
     p.add_argument("--quick", action="store_true", help="batch 1,64 x context 512,4096")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")
@@ -1128,13 +1127,7 @@ def parse_args(argv):
         a.batches, a.contexts = "1,64", "512,4096"
     if a.min_reps < 20:
         p.error("--min-reps must be >= 20 (the method asks for a median of at least 20 runs)")
-    for name in ("batches", "contexts", "page_sizes", "mla_heads"):
-        try:
-            vals = int_list(getattr(a, name))
-        except ValueError:
-            p.error("--%s: comma-separated integers" % name.replace("_", "-"))
-        if not vals or min(vals) < 1:
-            p.error("--%s: values must be >= 1" % name.replace("_", "-"))
+    check_int_lists(p, a, "batches", "contexts", "page_sizes", "mla_heads")
     return a
 
 

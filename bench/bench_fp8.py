@@ -423,16 +423,9 @@ class Fp8Bench(common.GpuBench):
 
 
 def run_bench(args):
-    try:
-        import torch
-    except ImportError as ex:
-        raise SystemExit("bench_fp8: needs PyTorch (%s)" % ex)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_fp8: torch sees no CUDA GPU")
+    torch = common.import_torch_gpu("bench_fp8")
     if not hasattr(torch, "float8_e4m3fn"):
         raise SystemExit("bench_fp8: this torch (%s) has no float8_e4m3fn" % torch.__version__)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     fa = common.import_flashattn()
     t_start = time.time()
     bench = Fp8Bench(torch, fa, args)

@@ -867,7 +867,9 @@ def measure_coldstart(fa, sm, specs=("fp16:64:0", "fp16:128:0", "bf16:128:1", "f
 class GpuBench:
     """The timed comparison on one GPU (torch imported by the caller)."""
 
-    def __init__(self, torch, fa, args):
+    def __init__(self, torch, fa, args, backend="cuda"):
+        """backend: the flashattn Runtime's ("emulator" for a CPU self-test:
+        no sleep hold then)."""
         self.torch, self.fa, self.args = torch, fa, args
         import torch.nn.functional as F
         self.F = F
@@ -878,9 +880,9 @@ class GpuBench:
                              "sdpa_cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None)}
         except ImportError:
             self.sdpa_kernel, self.backends = None, {}
-        self.rt = fa.Runtime(backend="cuda", cache="memory")
+        self.rt = fa.Runtime(backend=backend, cache="memory")
         self.sm = self.rt.info.sm
-        self.cycles_per_ms = calibrate_sleep(self.torch)
+        self.cycles_per_ms = calibrate_sleep(self.torch) if backend == "cuda" else None
         self.configs = {}
 
     def fa_config(self, c):
@@ -953,6 +955,10 @@ class GpuBench:
         rel = (d.norm() / ref.norm()).item()
         return max_abs, rel
 
+    def sync(self):
+        """Waits for the device (a CPU subclass has nothing to wait for)."""
+        self.torch.cuda.synchronize()
+
     def one_run_ms(self, run, i):
         """One run between CUDA events (the estimate warm-up and reps are sized by)."""
         torch = self.torch
@@ -1021,7 +1027,7 @@ class GpuBench:
                 if poison is not None:
                     poison.fill_(float("nan"))  # poison: every element must be written
                 o = run(0)
-                torch.cuda.synchronize()
+                self.sync()
         except Exception as ex:  # unavailable for this config: n/a with the reason
             row[p + "status"] = "n/a"
             row[p + "note"] = _reason(ex, w.messages)
@@ -1154,15 +1160,22 @@ def ptx_compiler_meta(rt):
         return "unknown (%s)" % type(ex).__name__
 
 
-def run_bench(args):
+def import_torch_gpu(prog, hint=""):
+    """torch, which must see a CUDA GPU (else SystemExit naming prog, hint
+    appended), with TF32 off for matmuls and cuDNN (the references are fp32)."""
     try:
         import torch
     except ImportError as ex:
-        raise SystemExit("bench_sdpa: needs PyTorch (%s)" % ex)
+        raise SystemExit("%s: needs PyTorch (%s)" % (prog, ex))
     if not torch.cuda.is_available():
-        raise SystemExit("bench_sdpa: torch sees no CUDA GPU")
+        raise SystemExit("%s: torch sees no CUDA GPU%s" % (prog, hint))
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def run_bench(args):
+    torch = import_torch_gpu("bench_sdpa")
     fa = import_flashattn()
     t_start = time.time()
     bench = GpuBench(torch, fa, args)
@@ -1266,6 +1279,18 @@ def print_base_name(args):
     print(run_base(args, today(), gpu_name()))
 
 
+def add_timing_args(p, max_reps, target_ms, time_budget):
+    """The timing options every benchmark here takes (GpuBench.time_impl and
+    the grid loops read them); p: a parser or an argument group."""
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--min-reps", type=int, default=20)
+    p.add_argument("--max-reps", type=int, default=max_reps)
+    p.add_argument("--target-ms", type=float, default=target_ms,
+                   help="timed GPU work per implementation and config")
+    p.add_argument("--time-budget", type=float, default=time_budget,
+                   help="seconds for the grid; later configs are recorded as skipped")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
@@ -1273,13 +1298,7 @@ def parse_args(argv):
     p.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     p.add_argument("--seqlens", default=",".join(map(str, SEQLENS)))
     p.add_argument("--sets", type=int, default=4, help="input sets rotated over")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--min-reps", type=int, default=20)
-    p.add_argument("--max-reps", type=int, default=100)
-    p.add_argument("--target-ms", type=float, default=150.0,
-                   help="timed GPU work per implementation and config")
-    p.add_argument("--time-budget", type=float, default=300.0,
-                   help="seconds for the timed grid; later configs are recorded as skipped")
+    add_timing_args(p, max_reps=100, target_ms=150.0, time_budget=300.0)
     p.add_argument("--quick", action="store_true", help="seqlens 512,2048 and head_dim 64,128")
     p.add_argument("--no-coldstart", action="store_true")
     p.add_argument("--tests-summary", default=None, help="text file appended to the markdown")

@@ -16,7 +16,8 @@
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
 #   pytest    bindings/python/tests/test_gpu.py
-#   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 1k/4k/16k
+#   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 512..16k (the
+#             script's whole seqlen grid: 36 configs, ~30 s on an H200)
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
@@ -41,13 +42,22 @@
 #             one KV head, V in K), heads 16/128 x batch 1/64/128 x context
 #             4k/32k, pages of 64: flashattn V-in-K and separate V, SDPA,
 #             FlashMLA when importable
+#   varlen    bench_varlen.py --quick: a ragged batch (lognormal lengths, median
+#             600, 16k tokens), bf16, head_dim 64/128, causal/not: flashattn
+#             varlen vs SDPA cuDNN on the padded batch and compiled
+#             FlexAttention with a document mask (~60-90 s, most of it
+#             FlexAttention's four compiles)
+#   chunked   bench_varlen.py --chunked --quick: chunked prefill, 4 x 2048 new
+#             tokens over 4k..32k cached keys in pages of 16, bf16 d128 GQA
+#             32/8: flashattn paged and contiguous vs SDPA flash (lower-right
+#             causal) and cuDNN (dense mask) (~20-30 s)
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla"
+only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -135,7 +145,7 @@ FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
   bindings/python/tests/test_gpu.py
 stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
-  --seqlens 1024,4096,16384 --no-coldstart --time-budget "$(budget 110)"
+  --seqlens 512,1024,2048,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
@@ -163,6 +173,11 @@ stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 
   --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
 stage mla 120 "$py" bench/bench_decode.py --out-dir "$res" --mla --batches 1,64,128 \
   --contexts 4096,32768 --time-budget "$(budget 100)"
+# A config starts while budget is left and is not cut short: the limits
+# leave room for the last one (a FlexAttention compile, or the 32k context).
+stage varlen 150 "$py" bench/bench_varlen.py --out-dir "$res" --quick --time-budget "$(budget 100)"
+stage chunked 75 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick \
+  --time-budget "$(budget 45)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit; do
@@ -177,7 +192,7 @@ if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
   cp "$summary" "$OUT/"
 fi
 # The tables, last (the device tool returns the output's tail).
-for f in "$res"/*sdpa*.md "$res"/*decode*.md; do
+for f in "$res"/*sdpa*.md "$res"/*decode*.md "$res"/*varlen*.md "$res"/*chunked-prefill*.md; do
   [ -e "$f" ] && [ "$f" -nt "$logs/start" ] && grep -E '^\|' "$f" | head -24
 done
 cat "$summary"

@@ -7,7 +7,6 @@ fed through the Python binding on the emulator against the contiguous cache."""
 
 import math
 import os
-import re
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_decode as b  # noqa: E402
+import lease_stage  # noqa: E402  (beside this file)
 
 
 def test_module_does_not_import_torch():
@@ -467,15 +467,9 @@ def test_mla_args_and_result_name():
 def test_mla_lease_stage():
     """gpu_lease.sh runs --mla as its own stage (in the default list), with
     options this parser takes and a budget under the stage's limit."""
-    text = open(os.path.join(os.path.dirname(HERE), "gpu_lease.sh")).read()
-    only = [x for x in text.splitlines() if x.startswith("only=")][0]
-    assert ",mla\"" in only
-    i = text.index("stage mla ")
-    line = text[i:text.index("\n", text.index("\\\n", i) + 2)].replace("\\\n", " ")
-    limit = int(line.split()[2])
+    assert "mla" in lease_stage.default_stages()
+    limit, budget, args = lease_stage.stage("mla", "bench/bench_decode.py")
     assert 90 <= limit <= 150
-    budget = float(re.search(r'--time-budget "\$\(budget (\d+)\)"', line).group(1))
-    args = line.split("bench/bench_decode.py")[1].split("--time-budget")[0]
-    a = b.parse_args(args.replace('--out-dir "$res"', "").split() + ["--time-budget", str(budget)])
+    a = b.parse_args(args + ["--time-budget", str(budget)])
     assert a.mla and a.page_sizes == "64" and budget < limit
     assert len(b.mla_grid(b.int_list(a.batches), b.int_list(a.contexts))) >= 8

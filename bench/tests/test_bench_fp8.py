@@ -14,6 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_fp8 as b  # noqa: E402
 import bench_sdpa as s  # noqa: E402
+import lease_stage  # noqa: E402  (beside this file)
 
 
 def test_module_does_not_import_torch():
@@ -357,17 +358,11 @@ def test_fp8_lease_stage():
     """gpu_lease.sh runs the fp8 forward as stage fp8fwd (in the default
     list and the header), with options bench_sdpa.py takes, head_dim 128
     first, seqlen 1k..8k, and a budget under the stage's limit."""
-    text = open(os.path.join(os.path.dirname(HERE), "gpu_lease.sh")).read()
-    only = [x for x in text.splitlines() if x.startswith("only=")][0]
-    assert ",fp8fwd," in only
-    assert re.search(r"^#   fp8fwd ", text, re.M)
-    i = text.index("stage fp8fwd ")
-    line = text[i:text.index("\n", text.index("\\\n", i) + 2)].replace("\\\n", " ")
-    limit = int(line.split()[2])
+    assert "fp8fwd" in lease_stage.default_stages()
+    assert re.search(r"^#   fp8fwd ", lease_stage.lease_text(), re.M)
+    limit, budget, args = lease_stage.stage("fp8fwd", "bench/bench_sdpa.py")
     assert 60 <= limit <= 120
-    budget = float(re.search(r'--time-budget "\$\(budget (\d+)\)"', line).group(1))
-    args = line.split("bench/bench_sdpa.py")[1].split("--time-budget")[0]
-    a = s.parse_args(args.replace('--out-dir "$res"', "").split() + ["--time-budget", str(budget)])
+    a = s.parse_args(args + ["--time-budget", str(budget)])
     assert a.fp8 and budget < limit
     assert a.head_dims.split(",")[0] == "128" and a.seqlens == "1024,2048,4096,8192"
     grid = b.fp8_grid(tuple(map(int, a.head_dims.split(","))), tuple(map(int, a.seqlens.split(","))))

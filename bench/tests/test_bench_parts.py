@@ -9,8 +9,10 @@ import zlib
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
 import bench_sdpa as b  # noqa: E402
+import lease_stage  # noqa: E402  (beside this file)
 
 
 def test_module_does_not_import_torch():
@@ -267,3 +269,15 @@ def test_args_enforce_min_reps():
     assert a.seqlens == "512,2048" and a.min_reps >= 20
     with pytest.raises(SystemExit):
         b.parse_args(["--min-reps", "5"])
+
+
+def test_sdpa_lease_stage():
+    """gpu_lease.sh's sdpa stage runs the script's whole seqlen grid (512
+    to 16k, issue 27) at head_dim 64/128/256, within its budget."""
+    assert "sdpa" in lease_stage.default_stages()
+    limit, budget, args = lease_stage.stage("sdpa", "bench/bench_sdpa.py")
+    i = args.index("--dtypes")
+    del args[i:i + 2]  # ${FA_LEASE_DTYPES:-bf16}: the shell's to expand
+    a = b.parse_args(args + ["--time-budget", str(budget)])
+    assert a.seqlens == ",".join(map(str, b.SEQLENS)) == "512,1024,2048,4096,8192,16384"
+    assert a.head_dims == "64,128,256" and a.no_coldstart and budget < limit
