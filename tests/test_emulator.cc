@@ -1617,6 +1617,16 @@ void test_op_table(void **) {
   }
   assert_false(fa::emu::is_collective(Op::kPrmt));
   assert_false(fa::emu::is_warpgroup_collective(Op::kPrmt));
+  // Handlers: the sm_90 state runs mbarriers, TMA, the proxy fence and the
+  // warpgroup collectives; everything else is the interpreter's.
+  const Op sm90[] = {Op::kMbarInit,   Op::kMbarInval,       Op::kMbarArrive, Op::kMbarTryWait,
+                     Op::kBulkTensor, Op::kFenceProxyAsync, Op::kWgmmaFence, Op::kWgmmaCommit,
+                     Op::kWgmmaWait,  Op::kWgmma,           Op::kSetmaxnreg};
+  for (int i = 0; i < static_cast<int>(Op::kNumOps); ++i) {
+    const Op op = static_cast<Op>(i);
+    const bool is_sm90 = in(op, std::begin(sm90), std::end(sm90));
+    assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kSm90, is_sm90);
+  }
 }
 
 int main(void) {

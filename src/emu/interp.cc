@@ -15,30 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "emu/arch.h"
+#include "emu/cta.h"
 #include "emu/numeric.h"
-#include "emu/tensor_map.h"
+#include "emu/sm90.h"
 
 namespace fa {
 namespace emu {
 namespace {
-
-// kWoken: released by a barrier or mbarrier completion during the current
-// pass; it becomes kReady when the pass ends (warps stay together).
-enum class ThreadState : uint8_t { kReady, kWaiting, kExited, kWoken };
-enum class RunResult { kBlocked, kExited, kFault };
-
-// Instruction budget shared by every worker of a launch, handed out in chunks.
-struct Budget {
-  std::atomic<int64_t> remaining{0};
-  int64_t total = 0;
-  static constexpr int64_t kChunk = 1 << 16;
-  // Steps granted (0 when exhausted).
-  int64_t take() {
-    int64_t before = remaining.fetch_sub(kChunk, std::memory_order_relaxed);
-    if (before <= 0) return 0;
-    return std::min(before, kChunk);
-  }
-};
 
 inline float F(uint64_t v) { return bits_f32(static_cast<uint32_t>(v)); }
 inline uint64_t FB(float f) { return f32_bits(f); }
@@ -160,32 +144,6 @@ inline void store_bytes(uint8_t *p, uint32_t bytes, uint64_t v) {
   }
 }
 
-// One f32 accumulation chain of the tensor-core emulation, shared by
-// mma.sync and wgmma.mma_async so their results are comparable: every
-// product a[k] * b[k * bstride] is exact in f32 (f16 and bf16 inputs), each
-// sum is rounded to nearest even, for k = 0, 1, ..., kk - 1.
-inline float mma_dot_f32(float d, const float *a, const float *b, int kk, int bstride) {
-  for (int k = 0; k < kk; ++k) {
-    volatile float p = a[k] * b[k * bstride];  // exact; kept apart from the add
-    d = d + p;
-  }
-  return d;
-}
-
-// fp8 bits -> f32 (fp8_to_f32, exact) as a table per format, for the fp8
-// tensor-core forms (mma.sync m16n8k32, wgmma m64nNk32).
-const float *fp8_table(bool e5m2) {
-  static const auto tables = [] {
-    std::array<std::array<float, 256>, 2> t{};
-    for (int x = 0; x < 256; ++x) {
-      t[0][x] = fp8_to_f32(static_cast<uint8_t>(x), kE4M3);
-      t[1][x] = fp8_to_f32(static_cast<uint8_t>(x), kE5M2);
-    }
-    return t;
-  }();
-  return tables[e5m2 ? 1 : 0].data();
-}
-
 // "3, 5, 16-31" from a lane mask.
 std::string lane_list(uint32_t mask) {
   std::string s;
@@ -231,54 +189,24 @@ struct AsyncQueue {
   }
 };
 
-// Per-launch state shared by the workers.
-struct Shared {
-  const Entry *entry;
-  const LaunchConfig *cfg;
-  const uint8_t *params;
-  size_t param_size = 0;
-  DeviceMemory *mem;
-  Budget budget;
-  uint64_t num_blocks = 0;
-  std::atomic<uint64_t> next_block{0};
-  std::atomic<uint64_t> first_error_block{UINT64_MAX};
-  std::mutex error_mu;
-  std::string error;
-  uint64_t error_block = UINT64_MAX;
-  std::atomic<uint64_t> instructions{0};
-  std::atomic<uint64_t> cpu_ns{0};
-  std::mutex profile_mu;
-  std::vector<InstProfile> by_pc;  // LaunchConfig::profile: workers' counters, summed
-
-  void report(uint64_t block, const std::string &msg) {
-    std::lock_guard<std::mutex> lock(error_mu);
-    if (block < error_block) {
-      error_block = block;
-      error = msg;
-    }
-    uint64_t cur = first_error_block.load();
-    while (block < cur && !first_error_block.compare_exchange_weak(cur, block)) {
-    }
-  }
+// A named barrier (PTX ISA "bar, barrier"): arrivals of the current phase.
+struct NamedBarrier {
+  uint32_t expected = 0;  // thread count of the phase (set by its first arrival)
+  uint32_t arrived = 0;
+  uint32_t line = 0;  // PTX line of the phase's first arrival
 };
 
-// Runs CTAs one at a time; one per host worker thread.
-class CtaRunner {
+// Runs CTAs one at a time; one per host worker thread. The CTA core
+// (registers, shared memory, the scheduler, cp.async, named barriers, warp
+// collectives) is here; what an architecture adds is an
+// ArchState (emu/arch.h) the runner owns: sm90_ (emu/sm90.h).
+class CtaRunner : public Cta {
  public:
-  explicit CtaRunner(Shared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.profile) {
-    nthreads_ = cfg_.block[0] * cfg_.block[1] * cfg_.block[2];
-    ns_ = e_.num_slots;
-    regs_.resize(static_cast<size_t>(nthreads_) * ns_);
-    state_.resize(nthreads_);
-    pc_.resize(nthreads_);
-    smem_size_ = e_.dynamic_smem_offset + cfg_.dynamic_smem;
-    if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
-    smem_.resize(std::max<size_t>(smem_size_, 1));
-    sm90_setup();
-    if (prof_) {
-      occ_.assign(e_.code.size(), 0);
-      inst_.assign(e_.code.size(), InstProfile());
-    }
+  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this) {
+    bar_words_ = (nthreads_ + 63) / 64;
+    bar_seen_.assign(16 * static_cast<size_t>(bar_words_), 0);
+    st_hook_ = prof_ || sm90_.track_proxy();
+    if (prof_) occ_.assign(e_.code.size(), 0);
   }
 
   // Runs the blocks handed out by the shared counter until none are left.
@@ -304,8 +232,6 @@ class CtaRunner {
   }
 
  private:
-  uint64_t *regs_of(uint32_t t) { return regs_.data() + static_cast<size_t>(t) * ns_; }
-
   bool run_block(uint64_t b) {
     block_ = b;
     const uint32_t gx = cfg_.grid[0], gy = cfg_.grid[1];
@@ -318,7 +244,10 @@ class CtaRunner {
       async_used_ = false;
     }
     recs_.clear();
-    sm90_reset_block();
+    for (NamedBarrier &nb : bars_) nb = NamedBarrier();
+    std::fill(bar_seen_.begin(), bar_seen_.end(), 0);
+    for (ArchState *a : arch_)
+      if (a) a->reset_block();
     const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
     const uint32_t nwarps = (nthreads_ + 31) / 32;
     for (uint32_t t = 0; t < nthreads_; ++t) {
@@ -371,13 +300,16 @@ class CtaRunner {
       if (progress < 0) return false;
       const bool warp_stuck = stuck_thread_ != UINT32_MAX && progress == 0;
       const std::string warp_msg = warp_stuck ? error_ : std::string();
-      if (has_wg_) {
-        const int wg = resolve_warpgroup_collectives();
-        if (wg < 0) return false;
-        progress += wg;
+      std::string arch_stuck;  // the first collective of an architecture state that cannot run
+      for (ArchState *a : arch_) {
+        if (!a) continue;
+        const int n = a->resolve_collectives(&arch_stuck);
+        if (n < 0) return false;
+        progress += n;
       }
       if (progress > 0) continue;
       // Every thread waits or has exited, and nothing was released.
+      // first_mbar: the first thread stopped at a kBlocking op (mbarrier.try_wait).
       uint32_t exited = 0, first_bar = UINT32_MAX, first_mbar = UINT32_MAX, at_mbar = 0;
       bool same_id = true;
       for (uint32_t t = 0; t < nthreads_; ++t) {
@@ -386,18 +318,22 @@ class CtaRunner {
         } else if (e_.code[pc_[t]].op == Op::kBarSync) {
           if (first_bar == UINT32_MAX) first_bar = t;
           if (e_.code[pc_[t]].imm != e_.code[pc_[first_bar]].imm) same_id = false;
-        } else if (e_.code[pc_[t]].op == Op::kMbarTryWait) {
+        } else if (op_scope(e_.code[pc_[t]].op) == OpScope::kBlocking) {
           if (first_mbar == UINT32_MAX) first_mbar = t;
           ++at_mbar;
         }
       }
-      if (exited == nthreads_) return sm90_finish_block();
+      if (exited == nthreads_) {
+        for (ArchState *a : arch_)
+          if (a && !a->finish_block()) return false;
+        return true;
+      }
       if (warp_stuck) {
         error_ = warp_msg;
         return false;
       }
-      if (!wg_stuck_msg_.empty()) {
-        error_ = wg_stuck_msg_;
+      if (!arch_stuck.empty()) {
+        error_ = arch_stuck;
         return false;
       }
       if (first_bar != UINT32_MAX) {
@@ -410,11 +346,11 @@ class CtaRunner {
                       in.line, b.arrived, b.expected, exited,
                       same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
         error_ = buf;
-        if (first_mbar != UINT32_MAX) error_ += "; " + mbar_deadlock_text(first_mbar, at_mbar);
+        if (first_mbar != UINT32_MAX) error_ += "; " + wait_text(first_mbar, at_mbar);
         return false;
       }
       if (first_mbar != UINT32_MAX) {
-        error_ = mbar_deadlock_text(first_mbar, at_mbar) + " (" + std::to_string(exited) +
+        error_ = wait_text(first_mbar, at_mbar) + " (" + std::to_string(exited) +
                  " threads exited); block " + block_text();
         return false;
       }
@@ -423,17 +359,66 @@ class CtaRunner {
     }
   }
 
-  std::string block_text() const {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "(%u,%u,%u)", ctaid_[0], ctaid_[1], ctaid_[2]);
-    return buf;
+  // The architecture state that runs op (ops.def handler), nullptr for the interpreter's.
+  ArchState *arch_of(Op op) const { return arch_[static_cast<size_t>(op_handler(op))]; }
+
+  // Why thread t, stopped at a kBlocking op, waits (nwait threads do).
+  std::string wait_text(uint32_t t, uint32_t nwait) {
+    ArchState *a = arch_of(e_.code[pc_[t]].op);
+    return a ? a->wait_text(t, nwait) : "thread " + thread_text(t) + " waits";
   }
-  std::string thread_text(uint32_t t) const {
-    char buf[96];
-    const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
-    std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) block (%u,%u,%u)", t % bx, (t / bx) % by,
-                  t / (bx * by), ctaid_[0], ctaid_[1], ctaid_[2]);
-    return buf;
+
+  // ----------------------------------------------------- named barriers ----
+  // PTX ISA "bar, barrier": 16 barriers per CTA; an arrival counts one thread;
+  // the phase completes when its thread count has arrived (all threads of the
+  // CTA without a count); bar.sync waits for that, bar.arrive does not.
+
+  // Arrival of thread t at the barrier of the instruction at pc (bar.sync: the
+  // thread waits there; bar.arrive: it goes on). False on a fault.
+  bool bar_arrive(uint32_t t, uint32_t pc) {
+    const Inst &in = e_.code[pc];
+    const uint32_t id = static_cast<uint32_t>(in.imm);
+    uint32_t count = nthreads_;
+    if (in.b != kNoSlot) {
+      count = static_cast<uint32_t>(regs_of(t)[in.b]);
+      if (count == 0 || count % 32)
+        return fail_at(pc, t, "thread count %u is not a multiple of the warp size", count);
+      if (count > nthreads_)
+        return fail_at(pc, t,
+                       "thread count %u exceeds the block's %u threads: barrier %u can never "
+                       "complete",
+                       count, nthreads_, id);
+    }
+    NamedBarrier &b = bars_[id];
+    if (b.arrived == 0) {
+      b.expected = count;
+      b.line = in.line;
+    } else if (b.expected != count) {
+      return fail_at(pc, t,
+                     "thread count %u differs from the %u of barrier %u's current phase (first "
+                     "arrival at PTX line %u)",
+                     count, b.expected, id, b.line);
+    }
+    uint64_t &w = bar_seen_[id * static_cast<size_t>(bar_words_) + t / 64];
+    if ((w >> (t % 64)) & 1)
+      return fail_at(pc, t,
+                     "the thread arrives a second time at barrier %u before its phase completed "
+                     "(%u of %u arrived; first arrival at PTX line %u)",
+                     id, b.arrived, b.expected, b.line);
+    w |= uint64_t{1} << (t % 64);
+    if (++b.arrived < b.expected) return true;
+    // Complete: release the threads waiting at bar.sync on it.
+    for (uint32_t u = 0; u < nthreads_; ++u) {
+      if (state_[u] != ThreadState::kWaiting) continue;
+      const Inst &o = e_.code[pc_[u]];
+      if (o.op == Op::kBarSync && static_cast<uint32_t>(o.imm) == id) {
+        ++pc_[u];
+        wake(u);
+      }
+    }
+    b = NamedBarrier();
+    std::fill_n(bar_seen_.begin() + id * static_cast<size_t>(bar_words_), bar_words_, 0);
+    return true;
   }
 
   // Resolves every warp collective whose participants have all arrived.
@@ -768,8 +753,8 @@ class CtaRunner {
     }
     for (uint32_t lane = 0; lane < 8 * count; ++lane) {
       std::memcpy(rows[lane], mat[lane / 8][lane % 8], 16);
-      if (track_proxy_)
-        proxy_mark(base + lane, pc, static_cast<uint32_t>(rows[lane] - smem_.data()), 16);
+      if (sm90_.track_proxy())
+        sm90_.proxy_mark(base + lane, pc, static_cast<uint32_t>(rows[lane] - smem_.data()), 16);
     }
     return true;
   }
@@ -849,7 +834,7 @@ class CtaRunner {
         uint8_t *d = smem_.data() + c.dst;
         if (c.src_size) std::memcpy(d, reinterpret_cast<const void *>(c.src), c.src_size);
         std::memset(d + c.src_size, 0, c.size - c.src_size);
-        if (track_proxy_) proxy_mark(t, c.pc, c.dst, c.size);  // a generic-proxy write
+        if (sm90_.track_proxy()) sm90_.proxy_mark(t, c.pc, c.dst, c.size);  // a generic-proxy write
       }
     }
     if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();
@@ -873,6 +858,13 @@ class CtaRunner {
                                                 uint32_t gbytes, int64_t saddr, uint32_t sbytes) {
     recs_.push_back({(uint64_t{pc} << kRecPcShift) | (t & 31), gaddr, static_cast<uint32_t>(saddr),
                      static_cast<uint16_t>(gbytes), static_cast<uint16_t>(sbytes)});
+  }
+
+  // st.shared with profiling or proxy marks on (the interpreter's one branch).
+  __attribute__((noinline)) void shared_store_hook(uint32_t t, uint32_t pc, int64_t addr,
+                                                   uint32_t n) {
+    if (prof_) profile_access(t, pc, 0, 0, addr, n);
+    if (sm90_.track_proxy()) sm90_.proxy_mark(t, pc, static_cast<uint32_t>(addr), n);
   }
 
   // Turns the records of the warp whose lanes just ran into warp requests:
@@ -929,33 +921,6 @@ class CtaRunner {
 
   // --- faults (cold paths)
 
-  __attribute__((noinline, cold)) void fault_global(uint32_t t, uint32_t pc, uint64_t addr,
-                                                    uint32_t size, bool misaligned) {
-    const Inst &in = e_.code[pc];
-    char buf[600];
-    std::string where = misaligned ? "is not aligned to " + std::to_string(size) + " bytes"
-                                   : sh_.mem->describe_locked(addr, size);
-    std::snprintf(buf, sizeof buf,
-                  "%s at PTX line %u: %s global address 0x%" PRIx64 " (%u bytes) %s; %s",
-                  e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds",
-                  addr, size, where.c_str(), thread_text(t).c_str());
-    error_ = buf;
-  }
-
-  __attribute__((noinline, cold)) void fault_shared(uint32_t t, uint32_t pc, int64_t addr,
-                                                    uint32_t size, bool misaligned) {
-    const Inst &in = e_.code[pc];
-    char buf[600];
-    std::snprintf(buf, sizeof buf,
-                  "%s at PTX line %u: %s shared address %" PRId64
-                  " (%u bytes)%s; the block has "
-                  "%u bytes of shared memory (%u static + %u dynamic); %s",
-                  e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds",
-                  addr, size, misaligned ? " is not naturally aligned" : "", smem_size_,
-                  e_.static_smem, cfg_.dynamic_smem, thread_text(t).c_str());
-    error_ = buf;
-  }
-
   __attribute__((noinline, cold)) void fault_overflow(uint32_t t, uint32_t pc, int64_t value) {
     char buf[500];
     std::snprintf(buf, sizeof buf,
@@ -974,44 +939,6 @@ class CtaRunner {
                   "(raise FLASHATTN_EMU_MAX_STEPS)",
                   sh_.budget.total, e_.code[pc].line, thread_text(t).c_str());
     error_ = buf;
-  }
-
-  // Whether one live allocation holds [addr, addr + size), the last one hit
-  // first (then it becomes the one hit). Written without addr + size, which
-  // wraps for an address within size of 2^64 (device data such as a k_ptrs
-  // entry can hold one).
-  inline bool in_allocation(uint64_t addr, uint64_t size) {
-    if (addr >= hit_base_ && addr <= hit_end_ && size <= hit_end_ - addr) return true;
-    uint64_t b, e;
-    if (!sh_.mem->find_locked(addr, size, &b, &e)) return false;
-    hit_base_ = b;
-    hit_end_ = e;
-    return true;
-  }
-
-  // Global address check: one live allocation holds [addr, addr+size).
-  inline uint8_t *global_ptr(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
-    if (addr & (size - 1)) {
-      fault_global(t, pc, addr, size, true);
-      return nullptr;
-    }
-    if (!in_allocation(addr, size)) {
-      fault_global(t, pc, addr, size, false);
-      return nullptr;
-    }
-    return reinterpret_cast<uint8_t *>(addr);
-  }
-
-  inline uint8_t *shared_ptr(int64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
-    if (addr & (size - 1)) {
-      fault_shared(t, pc, addr, size, true);
-      return nullptr;
-    }
-    if (addr < 0 || addr + size > static_cast<int64_t>(smem_size_)) {
-      fault_shared(t, pc, addr, size, false);
-      return nullptr;
-    }
-    return smem_.data() + addr;
   }
 
 #define FA_EMU_RUN_THREAD_NAME run_thread_generic
@@ -1034,8 +961,6 @@ class CtaRunner {
 #undef FA_EMU_FMA
 #undef FA_EMU_CHECK_PENDING
 
-#include "emu/sm90.inc"
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FA_EMU_HAVE_FMA_PATH 1
 #define FA_EMU_RUN_THREAD_NAME run_thread_fma
@@ -1052,34 +977,28 @@ class CtaRunner {
   // interpreter loop this CPU supports.
   RunResult run_thread(uint32_t t) {
     // A thread with registers of an in-flight wgmma runs with their checks.
-    if (__builtin_expect(has_wg_, 0) && pend_count_[t]) return run_thread_checked(t);
+    if (sm90_.in_flight(t)) return run_thread_checked(t);
 #ifdef FA_EMU_HAVE_FMA_PATH
     if (has_fma_) return run_thread_fma(t);
 #endif
     return run_thread_generic(t);
   }
 
-  Shared &sh_;
-  const Entry &e_;
-  const LaunchConfig &cfg_;
-  uint32_t nthreads_ = 0, ns_ = 0, smem_size_ = 0;
-  std::vector<uint64_t> regs_;
-  std::vector<ThreadState> state_;
-  std::vector<uint32_t> pc_;
-  std::vector<uint8_t> smem_;
-  uint64_t block_ = 0;
-  uint32_t ctaid_[3] = {0, 0, 0};
-  uint64_t hit_base_ = 1, hit_end_ = 0;  // last allocation hit (empty)
-  int64_t steps_ = 0;                    // remaining steps of the current grant
+  int64_t steps_ = 0;  // remaining steps of the current grant
   uint64_t executed_ = 0;
   uint32_t stuck_thread_ = UINT32_MAX;
-  std::string error_;
   std::vector<AsyncQueue> async_;  // per thread, sized on first cp.async
   bool async_used_ = false;
-  const bool prof_;                // LaunchConfig::profile
-  std::vector<MemRec> recs_;       // the current warp's accesses since its last flush
-  std::vector<uint32_t> occ_;      // per pc, scratch of profile_warp
-  std::vector<InstProfile> inst_;  // per pc
+  bool st_hook_ = false;       // st.shared calls shared_store_hook (profile or proxy marks)
+  std::vector<MemRec> recs_;   // the current warp's accesses since its last flush
+  std::vector<uint32_t> occ_;  // per pc, scratch of profile_warp
+  NamedBarrier bars_[16];
+  std::vector<uint64_t> bar_seen_;  // [16][words]: threads arrived in the current phase
+  uint32_t bar_words_ = 0;
+  // The architecture states (emu/arch.h), and arch_ by OpHandler (ops.def's
+  // handler column; kInterp: none).
+  Sm90State sm90_;
+  ArchState *const arch_[kNumOpHandlers] = {nullptr, &sm90_};
 #ifdef FA_EMU_HAVE_FMA_PATH
   const bool has_fma_ =
       __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;
@@ -1151,7 +1070,7 @@ bool execute(const Entry &entry, const LaunchConfig &config, const void *params,
       (reinterpret_cast<uintptr_t>(param_copy.data()) + 127) & ~uintptr_t{127});
   if (entry.param_size) std::memcpy(param_base, params, entry.param_size);
 
-  Shared sh;
+  LaunchShared sh;
   sh.entry = &entry;
   sh.cfg = &config;
   sh.params = param_base;

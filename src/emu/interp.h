@@ -9,7 +9,7 @@
 // how mma.sync and ldmatrix run, with a full-warp membermask), a barrier
 // counts arrivals and releases its bar.sync waiters when its thread count
 // (all threads without one) has arrived; the sm_90 warpgroup collectives,
-// mbarriers and TMA are in emu/sm90.inc (docs/emulator.md). cp.async is
+// mbarriers and TMA are in emu/sm90.h (docs/emulator.md). cp.async is
 // per thread: checked and queued at issue, performed (copy + zero-fill) when
 // a cp.async.wait_group / wait_all retires its group, so a missing wait reads
 // stale shared memory. If nothing can proceed the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -178,6 +179,32 @@ inline uint32_t f32_to_u32_sat(float r) {
   if (std::isnan(r) || r <= 0.0f) return 0;
   if (r >= 4294967296.0f) return UINT32_MAX;
   return static_cast<uint32_t>(r);
+}
+
+// One f32 accumulation chain of the tensor-core emulation, shared by
+// mma.sync and wgmma.mma_async so their results are comparable: every
+// product a[k] * b[k * bstride] is exact in f32 (f16 and bf16 inputs), each
+// sum is rounded to nearest even, for k = 0, 1, ..., kk - 1.
+inline float mma_dot_f32(float d, const float *a, const float *b, int kk, int bstride) {
+  for (int k = 0; k < kk; ++k) {
+    volatile float p = a[k] * b[k * bstride];  // exact; kept apart from the add
+    d = d + p;
+  }
+  return d;
+}
+
+// fp8 bits -> f32 (fp8_to_f32, exact) as a table per format, for the fp8
+// tensor-core forms (mma.sync m16n8k32, wgmma m64nNk32).
+inline const float *fp8_table(bool e5m2) {
+  static const auto tables = [] {
+    std::array<std::array<float, 256>, 2> t{};
+    for (int x = 0; x < 256; ++x) {
+      t[0][x] = fp8_to_f32(static_cast<uint8_t>(x), kE4M3);
+      t[1][x] = fp8_to_f32(static_cast<uint8_t>(x), kE5M2);
+    }
+    return t;
+  }();
+  return tables[e5m2 ? 1 : 0].data();
 }
 
 }  // namespace emu

@@ -10,6 +10,7 @@
 // Predicates are 0 or 1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,21 +41,33 @@ enum SpecialSlot : uint32_t {
 
 // How an op runs (emu/ops.def).
 enum class OpScope : uint8_t { kThread, kBlocking, kCta, kWarp, kWarpgroup };
+// Who runs an op (emu/ops.def): the interpreter, or an architecture state
+// (emu/arch.h).
+enum class OpHandler : uint8_t { kInterp, kSm90 };
+constexpr size_t kNumOpHandlers = 2;
 
 enum class Op : uint16_t {
-#define OP(name, scope) name,
+#define OP(name, scope, handler) name,
 #include "emu/ops.def"
 #undef OP
   kNumOps
 };
 
 inline constexpr OpScope kOpScope[] = {
-#define OP(name, scope) OpScope::scope,
+#define OP(name, scope, handler) OpScope::scope,
 #include "emu/ops.def"
 #undef OP
 };
-static_assert(sizeof(kOpScope) / sizeof(kOpScope[0]) == static_cast<size_t>(Op::kNumOps), "ops.def");
+static_assert(sizeof(kOpScope) / sizeof(kOpScope[0]) == static_cast<size_t>(Op::kNumOps),
+              "ops.def");
 inline constexpr OpScope op_scope(Op op) { return kOpScope[static_cast<size_t>(op)]; }
+
+inline constexpr OpHandler kOpHandler[] = {
+#define OP(name, scope, handler) OpHandler::handler,
+#include "emu/ops.def"
+#undef OP
+};
+inline constexpr OpHandler op_handler(Op op) { return kOpHandler[static_cast<size_t>(op)]; }
 
 // Op is a collective or may block (the thread stops at it and the
 // scheduler runs or resumes it).

@@ -1,0 +1,95 @@
+#include "emu/cta.h"
+
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+
+namespace fa {
+namespace emu {
+
+void LaunchShared::report(uint64_t block, const std::string &msg) {
+  std::lock_guard<std::mutex> lock(error_mu);
+  if (block < error_block) {
+    error_block = block;
+    error = msg;
+  }
+  uint64_t cur = first_error_block.load();
+  while (block < cur && !first_error_block.compare_exchange_weak(cur, block)) {
+  }
+}
+
+Cta::Cta(LaunchShared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.profile) {
+  nthreads_ = cfg_.block[0] * cfg_.block[1] * cfg_.block[2];
+  ns_ = e_.num_slots;
+  regs_.resize(static_cast<size_t>(nthreads_) * ns_);
+  state_.resize(nthreads_);
+  pc_.resize(nthreads_);
+  smem_size_ = e_.dynamic_smem_offset + cfg_.dynamic_smem;
+  if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
+  smem_.resize(std::max<size_t>(smem_size_, 1));
+  if (prof_) inst_.assign(e_.code.size(), InstProfile());
+}
+
+std::string Cta::block_text() const {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", ctaid_[0], ctaid_[1], ctaid_[2]);
+  return buf;
+}
+
+std::string Cta::thread_text(uint32_t t) const {
+  char buf[96];
+  const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
+  std::snprintf(buf, sizeof buf, "thread (%u,%u,%u) block (%u,%u,%u)", t % bx, (t / bx) % by,
+                t / (bx * by), ctaid_[0], ctaid_[1], ctaid_[2]);
+  return buf;
+}
+
+bool Cta::fail_at(uint32_t pc, uint32_t t, const char *fmt, ...) {
+  char body[600];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  error_ = e_.op_text[pc] + " at PTX line " + std::to_string(e_.code[pc].line) + ": " + body +
+           (t == UINT32_MAX ? "; block " + block_text() : "; " + thread_text(t));
+  return false;
+}
+
+void Cta::fault_global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t size, bool misaligned) {
+  const Inst &in = e_.code[pc];
+  char buf[600];
+  std::string where = misaligned ? "is not aligned to " + std::to_string(size) + " bytes"
+                                 : sh_.mem->describe_locked(addr, size);
+  std::snprintf(buf, sizeof buf,
+                "%s at PTX line %u: %s global address 0x%" PRIx64 " (%u bytes) %s; %s",
+                e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds", addr,
+                size, where.c_str(), thread_text(t).c_str());
+  error_ = buf;
+}
+
+void Cta::fault_shared(uint32_t t, uint32_t pc, int64_t addr, uint32_t size, bool misaligned) {
+  const Inst &in = e_.code[pc];
+  char buf[600];
+  std::snprintf(buf, sizeof buf,
+                "%s at PTX line %u: %s shared address %" PRId64
+                " (%u bytes)%s; the block has "
+                "%u bytes of shared memory (%u static + %u dynamic); %s",
+                e_.op_text[pc].c_str(), in.line, misaligned ? "misaligned" : "out-of-bounds", addr,
+                size, misaligned ? " is not naturally aligned" : "", smem_size_, e_.static_smem,
+                cfg_.dynamic_smem, thread_text(t).c_str());
+  error_ = buf;
+}
+
+void Cta::generic_fault(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc, int why) {
+  if (why == 0)
+    fail_at(pc, t, "misaligned generic address 0x%" PRIx64 " (%u bytes)", addr, size);
+  else if (why == 1)
+    fail_at(pc, t, "store to the kernel parameter block (generic address 0x%" PRIx64 ")", addr);
+  else
+    fail_at(pc, t,
+            "generic address 0x%" PRIx64 " (%u bytes) runs past the %zu-byte parameter block", addr,
+            size, sh_.param_size);
+}
+
+}  // namespace emu
+}  // namespace fa

@@ -1,0 +1,180 @@
+// The sm_90 state of a CTA (emu/arch.h): mbarriers with transaction
+// counts, cp.async.bulk.tensor (TMA, tile mode), the warpgroup collectives
+// (wgmma.fence / commit_group / wait_group / mma_async, setmaxnreg), and the
+// missing-proxy-fence check (generic shared writes read by wgmma without
+// fence.proxy.async). docs/emulator.md, "Hopper (sm_90a)", has the model and
+// its sources in the PTX ISA. Generic addressing, cvta and named barriers
+// with counts are the interpreter's (emu/cta.h, emu/interp.cc). Internal to
+// the emulator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "emu/arch.h"
+#include "emu/cta.h"
+
+namespace fa {
+namespace emu {
+
+class Sm90State final : public ArchState {
+ public:
+  // For the CTA's entry and geometry (fixed for the launch).
+  explicit Sm90State(Cta &cta);
+
+  void reset_block() override;
+  // mbarrier.init / inval / arrive / expect_tx / try_wait,
+  // cp.async.bulk.tensor, fence.proxy.async.
+  Step exec(uint32_t t, uint32_t pc, uint64_t *r) override;
+  // The warpgroup collectives.
+  int resolve_collectives(std::string *stuck) override;
+  // A thread at mbarrier.try_wait.
+  std::string wait_text(uint32_t t, uint32_t nwait) override;
+  bool finish_block() override;
+
+  // --- hooks of the interpreter loop (inline where they are hot)
+
+  // Whether thread t has registers of an in-flight wgmma.mma_async: it
+  // then runs the interpreter variant that checks every instruction with
+  // touches_pending.
+  bool in_flight(uint32_t t) const { return __builtin_expect(has_wg_, 0) && pend_count_[t]; }
+  // Thread t's row of in-flight counts (one per register slot).
+  const uint8_t *pending_row(uint32_t t) const {
+    return pend_.data() + static_cast<size_t>(t) * cta_.ns_;
+  }
+  // Whether the instruction reads or writes a register of an in-flight
+  // wgmma (thread row pend).
+  bool touches_pending(const Inst &in, const uint8_t *pend) const {
+    const uint32_t ns = cta_.ns_;
+    auto hit = [&](uint32_t s) { return s < ns && pend[s]; };
+    if (in.op == Op::kWgmma) return hit(in.a) || hit(in.b) || hit(in.c);
+    if (in.op == Op::kBulkTensor) {
+      if (hit(in.a) || hit(in.b)) return true;
+      for (uint32_t i = 0; i < in.sub + 2u; ++i)
+        if (hit(cta_.e_.operand_slots[in.c + i])) return true;
+      return false;
+    }
+    if (in.op == Op::kMma)
+      for (uint32_t i = 0; i < 14; ++i)
+        if (hit(cta_.e_.operand_slots[static_cast<size_t>(in.imm) + i])) return true;
+    return hit(in.d) || hit(in.a) || hit(in.b) || hit(in.c) || hit(in.e) || hit(in.v[0]) ||
+           hit(in.v[1]) || hit(in.v[2]) || hit(in.v[3]);
+  }
+  // The fault of an instruction touches_pending caught.
+  __attribute__((noinline, cold)) void fault_pending(uint32_t t, uint32_t pc);
+
+  // The proxy check is on (the entry has wgmma): generic-proxy writes to
+  // shared memory must be reported with proxy_mark.
+  bool track_proxy() const { return track_proxy_; }
+  // Thread t's generic-proxy write of shared [addr, addr + n) by the
+  // instruction at pc (st.shared, stmatrix, a performed cp.async).
+  void proxy_mark(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n);
+  // A generic st (track_proxy() on): marks it when it lands in the shared window.
+  __attribute__((noinline)) void generic_store_hook(uint32_t t, uint32_t pc, const uint8_t *p,
+                                                    uint32_t n);
+
+ private:
+  // A cp.async.bulk.tensor box waiting for its mbarrier phase to complete:
+  // the bytes (logical, row-major by box) and where they land.
+  struct BulkCopy {
+    uint32_t dst = 0;
+    uint32_t swizzle_bits = 0;  // 0 none, 1/2/3: 32/64/128-byte swizzle
+    uint32_t pc = 0;
+    std::vector<uint8_t> data;
+  };
+
+  // An mbarrier object (PTX ISA "mbarrier": contents, phase, tx-count).
+  struct Mbarrier {
+    uint32_t addr = 0;      // shared address (8-byte aligned)
+    uint32_t expected = 0;  // expected arrival count
+    uint32_t pending = 0;   // pending arrivals of the current phase
+    int64_t tx = 0;         // tx-count of the current phase
+    uint32_t phase = 0;     // current (incomplete) phase
+    bool observed = true;   // a try_wait returned True for the preceding phase
+    uint32_t init_line = 0;
+    std::vector<BulkCopy> copies;  // become visible when the phase completes
+  };
+
+  // One issued wgmma.mma_async, performed by the wait_group that retires it.
+  struct WgmmaOp {
+    uint32_t pc = 0;
+    uint64_t desc_a = 0, desc_b = 0;
+    bool accumulate = false;
+    std::vector<uint32_t> chunks;  // 16-byte shared chunks it reads (sorted, distinct)
+  };
+
+  struct Warpgroup {
+    std::vector<WgmmaOp> ops;  // in issue order; ops[head..) in flight
+    size_t head = 0;
+    std::vector<size_t> group_end;  // ends of committed groups; [group_head..) pending
+    size_t group_head = 0;
+    bool fenced = false;   // wgmma.fence since the last wgmma.wait_group
+    uint32_t maxnreg = 0;  // last setmaxnreg value (0: none yet)
+    void clear() {
+      ops.clear();
+      head = 0;
+      group_end.clear();
+      group_head = 0;
+      fenced = false;
+      maxnreg = 0;
+    }
+  };
+
+  // Proxy check (PTX ISA "Memory Consistency Model": proxies, proxy fences).
+  // Per shared byte: 0, or pc << 11 | (thread + 1) of the generic-proxy write
+  // the writer has not yet followed with fence.proxy.async. Kept only for
+  // entries with wgmma (the async-proxy reader of shared memory).
+  // One thread's unfenced writes:
+  struct ProxyWrites {
+    std::vector<uint64_t> segs;  // address | bytes << 32, at most kProxySegs
+    bool overflow = false;       // more than kProxySegs: the fence scans [lo, hi)
+    uint32_t lo = UINT32_MAX, hi = 0;
+    void clear() {  // keeps the capacity
+      segs.clear();
+      overflow = false;
+      lo = UINT32_MAX;
+      hi = 0;
+    }
+  };
+  static constexpr size_t kProxySegs = 64;
+  static constexpr uint32_t kProxyTidBits = 11;  // thread + 1 <= 1024
+
+  void proxy_fence(uint32_t t);
+  std::string proxy_writer_text(uint32_t v) const;
+  Mbarrier *find_mbar(uint32_t addr);
+  Mbarrier *mbar_operand(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool mbar_init(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool mbar_inval(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r);
+  bool mbar_maybe_complete(Mbarrier &m, uint32_t t);
+  int mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r);
+  bool bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r);
+  bool bulk_write(const BulkCopy &c, uint32_t t);
+  const WgmmaOp *reader_of_chunk(uint32_t chunk) const;
+  bool run_warpgroup_collective(uint32_t g, const Inst &in, uint32_t pc);
+  bool wgmma_issue(uint32_t g, const Inst &in, uint32_t pc);
+  __attribute__((noinline, cold)) bool fault_unfenced(uint32_t g, const Inst &in, uint32_t pc,
+                                                      const WgmmaOp &op);
+  bool wgmma_wait(uint32_t g, size_t n);
+  bool wgmma_perform(uint32_t g, const WgmmaOp &op);
+
+  Cta &cta_;
+  std::vector<Mbarrier> mbars_;
+  bool has_wg_ = false;  // the entry has warpgroup instructions
+  std::vector<Warpgroup> wgs_;
+  std::vector<uint8_t> pend_;          // [thread][slot]: in-flight wgmma operands using it
+  std::vector<uint32_t> pend_count_;   // per thread: slots with pend_ != 0
+  std::vector<uint16_t> chunk_reads_;  // per 16-byte shared chunk: in-flight wgmma reading it
+  bool track_proxy_ = false;
+  bool proxy_dirty_ = false;  // some byte may be marked
+  std::vector<uint32_t> unfenced_;
+  std::vector<ProxyWrites> proxy_writes_;
+  std::vector<uint32_t> wg_elems_;          // wgmma_issue scratch (profile)
+  std::vector<float> wg_a_, wg_bt_, wg_d_;  // wgmma_perform scratch
+  std::vector<LaneAccess> tma_rows_;        // bulk_tensor scratch (profile)
+};
+
+}  // namespace emu
+}  // namespace fa
