@@ -45,20 +45,22 @@ class Sm90State final : public ArchState {
     return pend_.data() + static_cast<size_t>(t) * cta_.ns_;
   }
   // Whether the instruction reads or writes a register of an in-flight
-  // wgmma (thread row pend).
-  bool touches_pending(const Inst &in, const uint8_t *pend) const {
-    const uint32_t ns = cta_.ns_;
+  // wgmma (thread row pend; ns slots; os: Entry::operand_slots). Static, its
+  // arguments hoisted by the caller: it runs before every instruction of a
+  // thread in flight.
+  static bool touches_pending(const Inst &in, const uint8_t *pend, uint32_t ns,
+                              const uint32_t *os) {
     auto hit = [&](uint32_t s) { return s < ns && pend[s]; };
     if (in.op == Op::kWgmma) return hit(in.a) || hit(in.b) || hit(in.c);
     if (in.op == Op::kBulkTensor) {
       if (hit(in.a) || hit(in.b)) return true;
       for (uint32_t i = 0; i < in.sub + 2u; ++i)
-        if (hit(cta_.e_.operand_slots[in.c + i])) return true;
+        if (hit(os[in.c + i])) return true;
       return false;
     }
     if (in.op == Op::kMma)
       for (uint32_t i = 0; i < 14; ++i)
-        if (hit(cta_.e_.operand_slots[static_cast<size_t>(in.imm) + i])) return true;
+        if (hit(os[static_cast<size_t>(in.imm) + i])) return true;
     return hit(in.d) || hit(in.a) || hit(in.b) || hit(in.c) || hit(in.e) || hit(in.v[0]) ||
            hit(in.v[1]) || hit(in.v[2]) || hit(in.v[3]);
   }
