@@ -20,7 +20,7 @@ inline uint64_t FB(float f) { return f32_bits(f); }
 // Shared address of byte offset `off` of a box at the swizzle-aligned dst:
 // 16-byte chunk bits [4, 4+bits) XOR bits [7, 7+bits) (PTX ISA "Swizzling
 // Modes"; Swizzle<bits,4,3>).
-uint32_t swizzle_addr(uint32_t addr, uint32_t bits) {
+inline uint32_t swizzle_addr(uint32_t addr, uint32_t bits) {
   if (!bits) return addr;
   return addr ^ (((addr >> 7) & ((1u << bits) - 1)) << 4);
 }
@@ -35,7 +35,8 @@ uint32_t swizzle_addr(uint32_t addr, uint32_t bits) {
 // ((T,W/16,m),(8,k)):((1,T,LBO),(W/esz,SBO)); then Swizzle<log2(W/16),4,3>
 // on the address, its row bits counted from the pattern start given by the
 // base offset.
-uint32_t wgmma_elem_addr(uint64_t desc, bool mn_major, uint32_t mn, uint32_t k, uint32_t esz) {
+inline uint32_t wgmma_elem_addr(uint64_t desc, bool mn_major, uint32_t mn, uint32_t k,
+                                uint32_t esz) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3fff) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3fff) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3fff) << 4;
@@ -59,7 +60,7 @@ uint32_t wgmma_elem_addr(uint64_t desc, bool mn_major, uint32_t mn, uint32_t k, 
 
 // Element bytes of a wgmma's A and B (1 for the fp8 forms, else 2) and its K
 // (32 / bytes: m64nNk32 for fp8, m64nNk16 for f16 / bf16).
-uint32_t wgmma_esz(const Inst &in) { return (in.flags & kWgFp8) ? 1 : 2; }
+inline uint32_t wgmma_esz(const Inst &in) { return (in.flags & kWgFp8) ? 1 : 2; }
 
 }  // namespace
 
