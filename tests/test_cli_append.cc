@@ -86,28 +86,9 @@ std::vector<double> write_case(bool rope, bool interleaved) {
 // 16 tokens).
 std::vector<std::string> cli_args(bool rope, bool interleaved,
                                   const std::string &layout = "paged") {
-  std::vector<std::string> a = {"decode",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k-cache",
-                                path_of("k.npy"),
-                                "--v-cache",
-                                path_of("v.npy"),
-                                "--cache-seqlens",
-                                path_of("lens.npy"),
-                                "--k-new",
-                                path_of("k_new.npy"),
-                                "--v-new",
-                                path_of("v_new.npy"),
-                                "--num-splits",
-                                "3",
-                                "--kv-layout",
-                                layout,
-                                "--backend",
-                                "emulator",
-                                "--causal",
-                                "--out",
-                                path_of("o.npy")};
+  std::vector<std::string> a =
+      emulator_decode_args({"--k-new", path_of("k_new.npy"), "--v-new", path_of("v_new.npy"),
+                            "--num-splits", "3", "--kv-layout", layout, "--causal"});
   if (layout == "paged") a.insert(a.end(), {"--page-size", "16"});
   if (rope)
     a.insert(a.end(), {"--rotary-cos", path_of("cos.npy"), "--rotary-sin", path_of("sin.npy")});
@@ -162,7 +143,8 @@ void test_bad_append(void **) {
   std::replace(c.args.begin(), c.args.end(), path_of("sin.npy"), path_of("sin24.npy"));
   cases.push_back(c);
   c = {cli_args(true, false), "need --k-new"};
-  c.args.erase(c.args.begin() + 9, c.args.begin() + 13);  // --k-new, --v-new
+  const auto k_new = std::find(c.args.begin(), c.args.end(), "--k-new");
+  c.args.erase(k_new, k_new + 4);  // --k-new, --v-new and their files
   cases.push_back(c);
   for (const Case &b : cases) {
     std::remove(path_of("o.npy").c_str());

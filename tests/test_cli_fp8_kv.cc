@@ -68,30 +68,9 @@ std::vector<double> quantized(const char *file, bool e5m2, bool per_head,
 
 std::vector<std::string> cli_args(const std::string &kv_dtype, const std::string &scale, bool paged,
                                   const char *sm) {
-  std::vector<std::string> a = {"decode",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k-cache",
-                                path_of("k.npy"),
-                                "--v-cache",
-                                path_of("v.npy"),
-                                "--cache-seqlens",
-                                path_of("lens.npy"),
-                                "--backend",
-                                "emulator",
-                                "--emulator-sm",
-                                sm,
-                                "--causal",
-                                "--num-splits",
-                                "2",
-                                "--out",
-                                path_of("o.npy"),
-                                "--lse-out",
-                                path_of("lse.npy"),
-                                "--kv-dtype",
-                                kv_dtype,
-                                "--kv-scale",
-                                scale};
+  std::vector<std::string> a =
+      emulator_decode_args({"--emulator-sm", sm, "--causal", "--num-splits", "2", "--lse-out",
+                            path_of("lse.npy"), "--kv-dtype", kv_dtype, "--kv-scale", scale});
   if (paged) a.insert(a.end(), {"--kv-layout", "paged", "--page-size", "16"});
   return a;
 }

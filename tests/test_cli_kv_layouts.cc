@@ -85,23 +85,8 @@ void write_case(Case *c, uint32_t seed) {
 }
 
 std::vector<std::string> decode_args(const Case &c) {
-  std::vector<std::string> a = {"decode",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k-cache",
-                                path_of("k.npy"),
-                                "--v-cache",
-                                path_of("v.npy"),
-                                "--cache-seqlens",
-                                path_of("lens.npy"),
-                                "--backend",
-                                "emulator",
-                                "--dtype",
-                                c.bf16 ? "bf16" : "fp16",
-                                "--out",
-                                path_of("o.npy"),
-                                "--lse-out",
-                                path_of("lse.npy")};
+  std::vector<std::string> a =
+      emulator_decode_args({"--dtype", c.bf16 ? "bf16" : "fp16", "--lse-out", path_of("lse.npy")});
   if (c.causal) a.push_back("--causal");
   return a;
 }

@@ -73,23 +73,8 @@ fa::npy::Array u8_array(const std::vector<int64_t> &shape, const std::vector<uin
 }
 
 std::vector<std::string> decode_args(const std::string &mask, bool causal) {
-  std::vector<std::string> a = {"decode",
-                                "--q",
-                                path_of("q.npy"),
-                                "--k-cache",
-                                path_of("k.npy"),
-                                "--v-cache",
-                                path_of("v.npy"),
-                                "--cache-seqlens",
-                                path_of("lens.npy"),
-                                "--backend",
-                                "emulator",
-                                "--out",
-                                path_of("o.npy"),
-                                "--lse-out",
-                                path_of("lse.npy"),
-                                "--tree-mask",
-                                path_of(mask)};
+  std::vector<std::string> a =
+      emulator_decode_args({"--lse-out", path_of("lse.npy"), "--tree-mask", path_of(mask)});
   if (causal) a.push_back("--causal");
   return a;
 }
