@@ -1025,10 +1025,11 @@ void test_ring(void **) {
   g_be = sm80;
 }
 
-// Swizzle128: addr() in a kernel, for 16 rows x 24 chunks (three atoms),
-// against offset() and against the layout's statement: within a row the 8
-// chunks of an atom are a permutation of its 8 slots; rows r and r + 4
-// differ by kFlip4 in the swizzle (XOR) and 4 rows in the row term.
+// Swizzle128: addr() and slot_bytes() in a kernel, for 16 rows x 24 chunks
+// (three atoms), against offset() and against the layout's statement:
+// within a row the 8 chunks of an atom are a permutation of its 8 slots;
+// chunk c ^ k is at the address XOR flip(k), and row r + k (r % 8 & k = 0)
+// at the address XOR flip(k) plus k rows.
 void test_swizzle128(void **) {
   constexpr int kRowsN = 16, kChunks = 24;
   const tile::Swizzle128 sw{2048};
@@ -1038,11 +1039,14 @@ void test_swizzle128(void **) {
     Reg base = e.mov(Type::U32, imm(4096));
     Reg a = sw.addr(e, base, row, chunk);
     e.b.st(Space::Global, Type::B32, at(e.index(g[0], tid, 4)), a);
+    Reg slot = tile::Swizzle128::slot_bytes(e, e.op(Op::And, Type::B32, chunk, imm(7)),
+                                            e.op(Op::And, Type::B32, row, imm(7)));
+    e.b.st(Space::Global, Type::B32, at(e.index(g[1], tid, 4)), slot);
   });
-  DevBuf out(kRowsN * kChunks * 4);
-  Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
+  DevBuf out(kRowsN * kChunks * 4), slots(kRowsN * kChunks * 4);
+  Ptrs pt = {{out.ptr, slots.ptr, 0, 0, 0, 0}};
   assert_int_equal(launch(ptx, kRowsN * kChunks, 0, pt), FA_SUCCESS);
-  const std::vector<uint32_t> got = out.get<uint32_t>();
+  const std::vector<uint32_t> got = out.get<uint32_t>(), got_slot = slots.get<uint32_t>();
   for (uint32_t r = 0; r < kRowsN; ++r) {
     uint32_t seen[3] = {0, 0, 0};
     for (uint32_t c = 0; c < kChunks; ++c) {
@@ -1050,9 +1054,14 @@ void test_swizzle128(void **) {
       assert_int_equal(a, 4096 + sw.offset(r, c));
       const uint32_t in_row = a - 4096 - c / 8 * 2048 - r * 128;
       assert_true(in_row < 128 && in_row % 16 == 0);
+      assert_int_equal(got_slot[r * kChunks + c], in_row);
       seen[c / 8] |= 1u << (in_row / 16);
-      if (r + 4 < kRowsN)
-        assert_int_equal(sw.offset(r + 4, c), (sw.offset(r, c) ^ tile::Swizzle128::kFlip4) + 512);
+      for (uint32_t k = 1; k < 8; ++k) {
+        const uint32_t ck = (c & ~7u) | ((c % 8) ^ k);
+        assert_int_equal(sw.offset(r, ck), sw.offset(r, c) ^ tile::Swizzle128::flip(k));
+        if ((r % 8 & k) == 0 && r + k < kRowsN)
+          assert_int_equal(sw.offset(r + k, c), (sw.offset(r, c) ^ tile::Swizzle128::flip(k)) + 128 * k);
+      }
     }
     for (uint32_t m : seen) assert_int_equal(m, 0xffu);
   }

@@ -39,7 +39,7 @@ namespace {
 using tile::AccTile;
 using tile::Frag4;
 
-constexpr int kAtomBytes = 128;  // one 128-byte-swizzled row: 64 16-bit values
+constexpr int kAtomBytes = tile::Swizzle128::kRowBytes;  // one swizzled row: 64 16-bit values
 constexpr int kAtomCols = 64;
 // setmaxnreg: producer x 128 + consumer x 256 <= 168 x 384, the registers
 // the CTA starts with. The TMA producer needs few (FA3's 24/240); the gather
@@ -439,11 +439,13 @@ class ForwardWgmmaGen {
       ptx::Label skip = b_.label();
       Reg u = e_.op(Op::Add, Type::U32, tid_, imm(128 * p));
       if ((p + 1) * 128 > units) b_.when(e_.setp(Cmp::Ge, Type::U32, u, imm(units))).bra(skip);
-      Reg cg, G, sw;  // sw: G ^ (c % 8) for x = h = 0, times 16
+      // The unit writes chunk G of rows c = cols cg .. cols cg + cols - 1;
+      // sw: the chunk's slot in the first of them (tile::Swizzle128).
+      Reg cg, G, sw;
       if (W == 2) {
         G = e_.op(Op::And, Type::B32, u, imm(7));
         cg = e_.op(Op::Shr, Type::U32, u, imm(3));
-        sw = e_.op(Op::Shl, Type::B32, G, imm(4));
+        sw = tile::Swizzle128::slot_bytes(e_, G, Reg());  // c % 8 = 0
       } else {
         Reg hi = e_.op(Op::Shr, Type::U32, u, imm(lg2));
         cg = e_.op(Op::Rem, Type::U32, hi, imm(NC / 2));
@@ -454,10 +456,8 @@ class ForwardWgmmaGen {
         b_.op(Op::MulLo, Type::U32, G, G, imm(g));
         b_.op(Op::Add, Type::U32, G, G,
               e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, u, imm(1)), imm(g - 1)));
-        // Row c = 4 cg + x: chunk G ^ (c % 8) = (G ^ 4 (cg & 1)) ^ x.
-        sw = e_.op(Op::Shl, Type::B32, odd, imm(2));
-        b_.op(Op::Xor, Type::B32, sw, sw, G);
-        b_.op(Op::Shl, Type::B32, sw, sw, imm(4));
+        // The first row 4 cg has c % 8 = 4 (cg & 1).
+        sw = tile::Swizzle128::slot_bytes(e_, G, e_.op(Op::Shl, Type::B32, odd, imm(2)));
       }
       Reg k0 = e_.op(Op::MulLo, Type::U32, G, imm(16));  // the unit's first key in the tile
       // Key k's address: from the row table, or row k0 + k of a linear run.
@@ -510,13 +510,14 @@ class ForwardWgmmaGen {
           b_.op(Op::Prmt, Type::B32, o[h][q][3], t[1], t[3], imm(0x7632));
         }
       }
-      // Row c = cols cg + 4 h + x, at chunk (sw / 16) ^ (4 h + x) of its row.
+      // Row c = cols cg + r (r = 4 h + x < cols; cols cg % 8 & r = 0): the
+      // first row's slot, flipped by r, r rows on.
       Reg rowa = e_.op(Op::MadLo, Type::U32, cg, imm(cols * kAtomBytes), dst);
       Reg sa = b_.b32();
       for (int h = 0; h < W; ++h) {
         for (int x = 0; x < 4; ++x) {
           const int r = 4 * h + x;
-          b_.op(Op::Xor, Type::B32, sa, sw, imm(16 * r));
+          b_.op(Op::Xor, Type::B32, sa, sw, imm(tile::Swizzle128::flip(r)));
           b_.op(Op::Add, Type::U32, sa, sa, rowa);
           b_.st_v(Space::Shared, Type::B32, at(sa, lay_.v + static_cast<uint32_t>(r * kAtomBytes)),
                   {o[h][0][x], o[h][1][x], o[h][2][x], o[h][3][x]});
@@ -554,7 +555,7 @@ class ForwardWgmmaGen {
     // with R = 4 alternate passes flip bit 2 of it.
     const tile::Swizzle128 sw{atom_bytes};
     Reg d0 = sw.addr(e_, dst, r, c);
-    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(tile::Swizzle128::kFlip4)) : Reg();
+    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(tile::Swizzle128::flip(4))) : Reg();
     Reg coff = b_.b64();
     b_.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
     Reg last = e_.op(Op::Sub, Type::S32, limit, imm(1));
@@ -959,7 +960,7 @@ class ForwardWgmmaGen {
       // With R = 4 alternate passes flip bit 2 of the row's swizzle.
       const uint32_t off = static_cast<uint32_t>(p * R * kAtomBytes);
       Reg s_at = sa;
-      if (R == 4 && (p & 1)) s_at = e_.op(Op::Xor, Type::B32, sa, imm(tile::Swizzle128::kFlip4));
+      if (R == 4 && (p & 1)) s_at = e_.op(Op::Xor, Type::B32, sa, imm(tile::Swizzle128::flip(4)));
       b_.ld_v(Space::Shared, Type::B32, {v[0], v[1], v[2], v[3]}, at(s_at, off));
       b_.when(ok).st_v(Space::Global, Type::B32, at(ga), {v[0], v[1], v[2], v[3]});
       if ((p + 1) * R < 64) b_.op(Op::Add, Type::S64, ga, ga, step);

@@ -13,6 +13,13 @@ Reg Swizzle128::addr(Emitter &e, Reg base, Reg row, Reg chunk) const {
   return a;
 }
 
+Reg Swizzle128::slot_bytes(Emitter &e, Reg chunk, Reg row8) {
+  if (!row8.valid()) return e.op(Op::Shl, Type::B32, chunk, imm(4));
+  Reg s = e.op(Op::Xor, Type::B32, chunk, row8);
+  e.b.op(Op::Shl, Type::B32, s, s, imm(4));
+  return s;
+}
+
 Reg Swizzle128::descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits) {
   ptx::Builder &b = e.b;
   Reg a = e.op(Op::Add, Type::U32, addr, imm(off));
@@ -31,8 +38,7 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
   // ((2i + h2) % 8) ^ (row % 8) = (2i % 8) ^ (h2 ^ row % 8).
   Reg row = e.op(Op::MadLo, Type::U32, ln.h1, imm(8), ln.l8);
   b.op(Op::Add, Type::U32, row, row, row0);
-  Reg hsx = e.op(Op::Xor, Type::B32, ln.h2, e.op(Op::And, Type::B32, row, imm(7)));
-  b.op(Op::Shl, Type::B32, hsx, hsx, imm(4));
+  Reg hsx = Swizzle128::slot_bytes(e, ln.h2, e.op(Op::And, Type::B32, row, imm(7)));
   Reg rowa = e.op(Op::MadLo, Type::U32, row, imm(Swizzle128::kRowBytes), base);
   Reg r[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
   const int n = t.n();
@@ -42,7 +48,7 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
       const Frag4 &fr = t.f[j + m / 2];
       b.cvt_pack(half, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
     }
-    Reg a = e.op(Op::Xor, Type::B32, hsx, imm((j % 8) * Swizzle128::kChunkBytes));
+    Reg a = e.op(Op::Xor, Type::B32, hsx, imm(Swizzle128::flip(j % 8)));
     b.op(Op::Add, Type::U32, a, a, rowa);
     b.stmatrix(false, r, count, at(a, off + static_cast<uint32_t>(j / 8) * lay.atom_bytes));
   }

@@ -17,10 +17,11 @@ namespace fa::kgen::tile {
 
 struct Swizzle128 {
   static constexpr uint32_t kRowBytes = 128, kChunkBytes = 16;
-  // Rows r and r + 4 (mod 8) differ only in bit 2 of the swizzle: a row's
-  // address XOR this is the address of the same chunk 4 rows on, less
-  // 4 * 128 bytes.
-  static constexpr uint32_t kFlip4 = 4 * kChunkBytes;
+  // The XOR that takes the address of (row, chunk) to that of (row, chunk ^
+  // k), and to that of (row + k, chunk) less 128 k when row % 8 & k == 0
+  // (k < 8): the slot is (chunk % 8) ^ (row % 8), so either move flips the
+  // same bits of it.
+  static constexpr uint32_t flip(uint32_t k) { return kChunkBytes * (k % 8); }
 
   uint32_t atom_bytes = 0;  // bytes from one 8-chunk atom to the next
 
@@ -30,6 +31,11 @@ struct Swizzle128 {
   }
   // base + offset(row, chunk), all u32 registers (a new register).
   Reg addr(Emitter &e, Reg base, Reg row, Reg chunk) const;
+  // 16 (chunk ^ row8): the byte offset in its row of the slot of `chunk`
+  // (< 8) in a row with row % 8 = row8 (u32 registers; row8 invalid: 0). A
+  // new register; the slots of other chunks and rows of the period follow
+  // by flip().
+  static Reg slot_bytes(Emitter &e, Reg chunk, Reg row8);
 
   // A wgmma shared-memory matrix descriptor of this layout (PTX ISA
   // "Matrix Descriptor Format") without its start address: the leading
