@@ -7,6 +7,7 @@ use flashattn::{
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// A scratch directory unique to this process and call.
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -88,16 +89,24 @@ pub fn fp8_value(code: u8, e5m2: bool) -> f64 {
     }
 }
 
-/// The finite code nearest to x.
+/// The finite code nearest to x (ties: the lower code, so +0 for 0 and the
+/// smaller magnitude between two codes).
 pub fn quantize(x: f64, e5m2: bool) -> u8 {
-    let mut best = (0u8, f64::INFINITY);
-    for c in 0..=255u8 {
-        let v = fp8_value(c, e5m2);
-        if v.is_finite() && (v - x).abs() < best.1 {
-            best = (c, (v - x).abs());
-        }
-    }
-    best.0
+    static TABLES: OnceLock<[Vec<(f64, u8)>; 2]> = OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        [false, true].map(|e5| {
+            // (value, code) of the finite codes, ascending; -0 after +0 dropped.
+            let mut t: Vec<(f64, u8)> =
+                (0..=255u8).map(|c| (fp8_value(c, e5), c)).filter(|v| v.0.is_finite()).collect();
+            t.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+            t.dedup_by(|a, b| a.0 == b.0);
+            t
+        })
+    });
+    let t = &tables[e5m2 as usize];
+    let i = t.partition_point(|v| v.0 < x);
+    let near = t[i.saturating_sub(1)..(i + 1).min(t.len())].iter();
+    near.min_by(|a, b| (a.0 - x).abs().total_cmp(&(b.0 - x).abs()).then(a.1.cmp(&b.1))).unwrap().1
 }
 
 /// Problem description of the reference.
@@ -133,7 +142,9 @@ pub struct Extras {
     /// (key sk - sq + j) iff bit (t, i, j), t = b or 0 for one tree; the
     /// prefix stays visible.
     pub tree: Option<(Vec<bool>, usize)>,
-    /// P rounded as the fp8 forward rounds it (see `reference_p_fp8`).
+    /// P as the fp8 forward rounds it (each 2^8 e^(s - rowmax) to e4m3,
+    /// divided by 2^8 and by the unrounded row sum): the yardstick of the
+    /// fp8 forward's tolerance (twice this attention's error).
     pub p_fp8: bool,
 }
 
@@ -149,19 +160,6 @@ pub fn reference(
     valid_k: &[usize],
 ) -> (Vec<f64>, Vec<f64>) {
     reference_with(p, q, k, v, valid_k, &Extras::default())
-}
-
-/// `reference` with P as the fp8 forward rounds it (each 2^8 e^(s - rowmax)
-/// to e4m3, divided by 2^8 and by the unrounded row sum): the yardstick of
-/// the fp8 forward's tolerance (twice this attention's error).
-pub fn reference_p_fp8(
-    p: &Problem,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    valid_k: &[usize],
-) -> (Vec<f64>, Vec<f64>) {
-    reference_with(p, q, k, v, valid_k, &Extras { p_fp8: true, ..Default::default() })
 }
 
 /// Whether query i of batch b sees key j of its `sk` (causal, window, tree).
