@@ -364,8 +364,8 @@ struct Host {
     vals: Vec<f32>,
 }
 
-/// `rows` rows of `heads` x `dim` standard normal values / descale
-/// (descale(row, head)), rounded to `elem`.
+/// `rows` rows of `heads` x `dim` standard normal values rounded to `elem`
+/// (fp8: divided by descale(row, head) first).
 fn draw(
     rng: &mut Rng,
     elem: Elem,
@@ -374,7 +374,7 @@ fn draw(
 ) -> Host {
     let mut h = Host::default();
     for i in 0..rows * heads * dim {
-        let ds = descale(i / (heads * dim), i / dim % heads) as f64;
+        let ds = if elem.fp8() { descale(i / (heads * dim), i / dim % heads) as f64 } else { 1.0 };
         let code = elem.encode(rng.normal() / ds);
         h.codes.push(code);
         h.vals.push((elem.value(code) * ds) as f32);
@@ -494,8 +494,9 @@ impl Inputs {
     }
 }
 
-/// One row of `dim` values rotated (RoPE, in f64) at position `pos` over the
-/// first `rd` columns: pairs (i, i + rd / 2) or (2i, 2i + 1) (interleaved).
+/// One row rotated (RoPE, in f64) at position `pos` over its first
+/// rotary_dim columns: pairs (i, i + rotary_dim / 2), or (2i, 2i + 1) with
+/// rotary_interleaved; cos/sin [seqlen_k, rotary_dim / 2].
 fn rope(c: &Case, x: &[f32], pos: usize, cos: &[f32], sin: &[f32]) -> Vec<f64> {
     let half = c.rotary_dim / 2;
     let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();
@@ -738,14 +739,17 @@ fn config(c: &Case) -> flashattn::Result<Config> {
         .build()
 }
 
-fn forward_call(
-    rt: &Runtime,
-    cfg: &Config,
-    c: &Case,
-    dev: &Dev,
-    o: &mut DeviceBuffer,
-    lse: &mut DeviceBuffer,
-) -> flashattn::Result<()> {
+/// What a call reads: the runtime, config, line and device inputs.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    rt: &'a Runtime,
+    cfg: &'a Config,
+    c: &'a Case,
+    dev: &'a Dev,
+}
+
+fn forward_call(x: Ctx, o: &mut DeviceBuffer, lse: &mut DeviceBuffer) -> flashattn::Result<()> {
+    let Ctx { rt, cfg, c, dev } = x;
     let (b, sq, sk, hq) = (c.batch, c.sq, c.sk, c.hq);
     if matches!(c.bad, Some(Bad::AlibiMisaligned | Bad::SinksMisaligned)) {
         note("through the raw API (the safe API takes no misaligned pointer)".into());
@@ -796,13 +800,11 @@ fn forward_call(
 /// The decode through the raw API (fa_decode_args filled here): the lines
 /// the safe API cannot express, contiguous caches only.
 fn decode_raw_call(
-    rt: &Runtime,
-    cfg: &Config,
-    c: &Case,
-    dev: &Dev,
+    x: Ctx,
     o: &mut DeviceBuffer,
     lse: &mut DeviceBuffer,
 ) -> flashattn::Result<DecodePlan> {
+    let Ctx { rt, cfg, c, dev } = x;
     let (b, sq, sk, hq, hkv) = (c.batch, c.sq, c.sk, c.hq, c.hkv);
     let Cache::Contiguous { k, v } = &dev.cache else {
         unexpressible(c, "a raw decode over a non-contiguous cache")
@@ -855,13 +857,11 @@ fn decode_raw_call(
 }
 
 fn decode_call(
-    rt: &Runtime,
-    cfg: &Config,
-    c: &Case,
-    dev: &Dev,
+    x: Ctx,
     o: &mut DeviceBuffer,
     lse: &mut DeviceBuffer,
 ) -> flashattn::Result<DecodePlan> {
+    let Ctx { rt, cfg, c, dev } = x;
     let (b, sq, sk, hq, hkv) = (c.batch, c.sq, c.sk, c.hq, c.hkv);
     let fp8 = c.kv_dtype != KvDtype::Same || c.descale.is_some();
     let append = c.seqlen_new > 0 || c.rotary_dim > 0;
@@ -869,7 +869,7 @@ fn decode_call(
     let raw_only = matches!(c.bad, Some(Bad::SinksMisaligned | Bad::RotaryWithoutNew));
     if raw_only || (fp8 && (append || others)) || (append && c.alibi.is_some()) {
         note("through the raw API (the safe API has no call for this)".into());
-        return decode_raw_call(rt, cfg, c, dev, o, lse);
+        return decode_raw_call(x, o, lse);
     }
     let alibi = dev.alibi(c);
     let rw = sq.div_ceil(32);
@@ -1042,7 +1042,7 @@ fn run_forward(rt: &Runtime, c: &Case) {
     let dev = Dev::new(rt, c, &x);
     let mut o = poisoned(rt, 2 * c.batch * c.sq * c.hq * c.dv);
     let mut lse = poisoned(rt, 4 * c.batch * c.hq * c.sq);
-    let r = forward_call(rt, &cfg, c, &dev, &mut o, &mut lse);
+    let r = forward_call(Ctx { rt, cfg: &cfg, c, dev: &dev }, &mut o, &mut lse);
     if c.bad.is_some() {
         return check_reject(c, r, &[&o, &lse]);
     }
@@ -1160,7 +1160,7 @@ fn run_decode(rt: &Runtime, c: &Case) {
     let dev = Dev::new(rt, c, &x);
     let mut o = poisoned(rt, 2 * c.batch * c.sq * c.hq * c.dv);
     let mut lse = poisoned(rt, 4 * c.batch * c.hq * c.sq);
-    let r = decode_call(rt, &cfg, c, &dev, &mut o, &mut lse);
+    let r = decode_call(Ctx { rt, cfg: &cfg, c, dev: &dev }, &mut o, &mut lse);
     if c.bad.is_some() {
         return check_reject(c, r, &[&o, &lse]);
     }
