@@ -1,7 +1,8 @@
 //! KV append with rotary embedding (C API 0.5; as FlashAttention's
-//! flash_attn_with_kvcache) on the emulator: `decode_append` over a
-//! contiguous GQA cache with 2 new tokens per sequence, GPT-NeoX rotary with
-//! fp32 tables (and GPT-J with explicit positions), against an f64
+//! flash_attn_with_kvcache) on the emulator, beyond
+//! tests/features/append.cases (features.rs): `decode_append` over a
+//! contiguous GQA cache with 2 new tokens per sequence, GPT-J rotary with
+//! fp32 tables and explicit positions (`Rotary::positions`), against an f64
 //! reference that rotates Q and k_new in f64; the cache is then downloaded:
 //! new V rows equal v_new bit for bit, new K rows within 1e-2 of the f64
 //! rotation, every other row unchanged. Bad append arguments are rejected;
@@ -186,13 +187,6 @@ fn run(rt: &Runtime, cfg: &Config, interleaved: bool, explicit_positions: bool, 
             }
         }
     }
-}
-
-#[test]
-fn append_rotary_neox() {
-    let rt = emulator();
-    let cfg = Config::builder().head_dim(D as i32).heads(HQ as i32, HKV as i32).causal(true);
-    run(&rt, &cfg.build().unwrap(), false, false, 91);
 }
 
 #[test]

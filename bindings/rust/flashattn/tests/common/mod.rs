@@ -7,6 +7,7 @@ use flashattn::{
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// A scratch directory unique to this process and call.
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -57,6 +58,12 @@ impl Rng {
         let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
         lo + (hi - lo) * u
     }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64; // (0, 1]
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
     /// `n` values in [-1, 1) rounded to fp16: (bits, exact f32 values).
     pub fn f16_tensor(&mut self, n: usize) -> (Vec<u16>, Vec<f32>) {
         let bits: Vec<u16> =
@@ -82,16 +89,24 @@ pub fn fp8_value(code: u8, e5m2: bool) -> f64 {
     }
 }
 
-/// The finite code nearest to x.
+/// The finite code nearest to x (ties: the lower code, so +0 for 0 and the
+/// smaller magnitude between two codes).
 pub fn quantize(x: f64, e5m2: bool) -> u8 {
-    let mut best = (0u8, f64::INFINITY);
-    for c in 0..=255u8 {
-        let v = fp8_value(c, e5m2);
-        if v.is_finite() && (v - x).abs() < best.1 {
-            best = (c, (v - x).abs());
-        }
-    }
-    best.0
+    static TABLES: OnceLock<[Vec<(f64, u8)>; 2]> = OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        [false, true].map(|e5| {
+            // (value, code) of the finite codes, ascending; -0 after +0 dropped.
+            let mut t: Vec<(f64, u8)> =
+                (0..=255u8).map(|c| (fp8_value(c, e5), c)).filter(|v| v.0.is_finite()).collect();
+            t.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+            t.dedup_by(|a, b| a.0 == b.0);
+            t
+        })
+    });
+    let t = &tables[e5m2 as usize];
+    let i = t.partition_point(|v| v.0 < x);
+    let near = t[i.saturating_sub(1)..(i + 1).min(t.len())].iter();
+    near.min_by(|a, b| (a.0 - x).abs().total_cmp(&(b.0 - x).abs()).then(a.1.cmp(&b.1))).unwrap().1
 }
 
 /// Problem description of the reference.
@@ -109,6 +124,30 @@ pub struct Problem {
     pub scale: f64,
 }
 
+/// Masks and score terms beyond `Problem` (FlashAttention's semantics, as
+/// flashattn.h states them), for `reference_with`.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// Sliding window in keys around the diagonal, None = unbounded.
+    pub window_left: Option<usize>,
+    pub window_right: Option<usize>,
+    /// S = softcap * tanh(S / softcap) when > 0.
+    pub softcap: f64,
+    /// ALiBi: (slopes, stride); (b, h) loses slopes[b * stride + h] *
+    /// |i + sk - sq - j| after softcap.
+    pub alibi: Option<(Vec<f64>, usize)>,
+    /// Attention sinks [hq] (natural-log logits in every row's denominator).
+    pub sinks: Option<Vec<f64>>,
+    /// Tree masks (bits [trees][sq][sq], trees): query i sees new token j
+    /// (key sk - sq + j) iff bit (t, i, j), t = b or 0 for one tree; the
+    /// prefix stays visible.
+    pub tree: Option<(Vec<bool>, usize)>,
+    /// P as the fp8 forward rounds it (each 2^8 e^(s - rowmax) to e4m3,
+    /// divided by 2^8 and by the unrounded row sum): the yardstick of the
+    /// fp8 forward's tolerance (twice this attention's error).
+    pub p_fp8: bool,
+}
+
 /// Reference attention in f64 for C-order q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
 /// v [B, Sk, Hkv, Dv]. `valid_k[b]` keys of batch b are used (forward: Sk);
 /// queries are the last positions (bottom-right causal alignment).
@@ -120,29 +159,33 @@ pub fn reference(
     v: &[f32],
     valid_k: &[usize],
 ) -> (Vec<f64>, Vec<f64>) {
-    reference_p(p, q, k, v, valid_k, false)
+    reference_with(p, q, k, v, valid_k, &Extras::default())
 }
 
-/// `reference` with P as the fp8 forward rounds it (each 2^8 e^(s - rowmax)
-/// to e4m3, divided by 2^8 and by the unrounded row sum): the yardstick of
-/// the fp8 forward's tolerance (twice this attention's error).
-pub fn reference_p_fp8(
+/// Whether query i of batch b sees key j of its `sk` (causal, window, tree).
+fn visible(p: &Problem, x: &Extras, b: usize, i: usize, j: usize, sk: usize) -> bool {
+    let (i, j) = (i as i64, j as i64);
+    let diag = i + sk as i64 - p.seqlen_q as i64;
+    let tree_ok = x.tree.as_ref().map_or(true, |(bits, trees)| {
+        let jn = j - (sk as i64 - p.seqlen_q as i64);
+        let t = if *trees == 1 { 0 } else { b };
+        jn < 0 || bits[(t * p.seqlen_q + i as usize) * p.seqlen_q + jn as usize]
+    });
+    !(p.causal && j > diag)
+        && x.window_left.map_or(true, |w| j >= diag - w as i64)
+        && x.window_right.map_or(true, |w| j <= diag + w as i64)
+        && tree_ok
+}
+
+/// `reference` with the masks and terms of `x`; a row with no visible key
+/// gets O = 0 and LSE = its sink (-inf without one).
+pub fn reference_with(
     p: &Problem,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     valid_k: &[usize],
-) -> (Vec<f64>, Vec<f64>) {
-    reference_p(p, q, k, v, valid_k, true)
-}
-
-fn reference_p(
-    p: &Problem,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    valid_k: &[usize],
-    p_fp8: bool,
+    x: &Extras,
 ) -> (Vec<f64>, Vec<f64>) {
     let mut o = vec![0f64; p.batch * p.seqlen_q * p.hq * p.dv];
     let mut lse = vec![f64::NEG_INFINITY; p.batch * p.hq * p.seqlen_q];
@@ -151,30 +194,35 @@ fn reference_p(
         let sk = valid_k[b];
         for h in 0..p.hq {
             let kh = h / group;
+            let sink = x.sinks.as_ref().map_or(f64::NEG_INFINITY, |s| s[h]);
+            let slope = x.alibi.as_ref().map_or(0.0, |(s, stride)| s[b * stride + h]);
             for i in 0..p.seqlen_q {
+                let diag = i as i64 + sk as i64 - p.seqlen_q as i64;
                 let qrow = &q[((b * p.seqlen_q + i) * p.hq + h) * p.d..][..p.d];
                 let mut s = Vec::new();
-                for j in 0..sk {
-                    if p.causal && (j as i64) > i as i64 + sk as i64 - p.seqlen_q as i64 {
-                        continue;
-                    }
+                for j in (0..sk).filter(|&j| visible(p, x, b, i, j, sk)) {
                     let krow = &k[((b * p.seqlen_k + j) * p.hkv + kh) * p.d..][..p.d];
                     let dot: f64 = qrow.iter().zip(krow).map(|(&x, &y)| x as f64 * y as f64).sum();
-                    s.push((j, p.scale * dot));
+                    let mut sj = p.scale * dot;
+                    if x.softcap > 0.0 {
+                        sj = x.softcap * (sj / x.softcap).tanh();
+                    }
+                    s.push((j, sj - slope * (diag - j as i64).abs() as f64));
                 }
-                if s.is_empty() {
+                let smax = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+                let m = smax.max(sink);
+                if m == f64::NEG_INFINITY {
                     continue;
                 }
-                let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
-                let denom: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
+                let denom: f64 = s.iter().map(|x| (x.1 - m).exp()).sum::<f64>() + (sink - m).exp();
                 lse[(b * p.hq + h) * p.seqlen_q + i] = m + denom.ln();
                 let orow = &mut o[((b * p.seqlen_q + i) * p.hq + h) * p.dv..][..p.dv];
                 for &(j, sj) in &s {
-                    let e = (sj - m).exp();
-                    let w = if p_fp8 {
-                        fp8_value(quantize(256.0 * e, false), false) / 256.0
+                    let w = if x.p_fp8 {
+                        let e = (sj - smax).exp();
+                        fp8_value(quantize(256.0 * e, false), false) / 256.0 * (smax - m).exp()
                     } else {
-                        e
+                        (sj - m).exp()
                     } / denom;
                     let vrow = &v[((b * p.seqlen_k + j) * p.hkv + kh) * p.dv..][..p.dv];
                     for (x, &y) in orow.iter_mut().zip(vrow) {
