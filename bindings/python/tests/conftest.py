@@ -132,18 +132,18 @@ def tol(dtype):
     return 4e-3 if dtype == "fp16" else 2.5e-2
 
 
-def check_attention(out, lse, ref_o, ref_lse, dtype, lse_rtol=2e-3, what="O"):
+def check_attention(out, lse, ref_o, ref_lse, dtype, lse_rtol=2e-3):
     """out (dtype, a DeviceArray or NumPy) and lse (fp32 [B,H,Sq]) against the
     fp64 reference: every element of O written and within tol(dtype) of the
     largest |O|; LSE -inf exactly where the reference's is (rows that see no
     key), else within lse_rtol of the largest |LSE|."""
     got = as_float(out.numpy() if hasattr(out, "numpy") else out, dtype)
-    assert np.isfinite(got).all(), "%s: NaN left (an element not written, or a NaN key read)" % what
+    assert np.isfinite(got).all(), "O: NaN left (an element not written, or a NaN key read)"
     err = np.abs(got - ref_o).max()
-    assert err <= tol(dtype) * max(1.0, np.abs(ref_o).max()), "%s: max abs err %g" % (what, err)
+    assert err <= tol(dtype) * max(1.0, np.abs(ref_o).max()), "O: max abs err %g" % err
     got_lse = lse.numpy() if hasattr(lse, "numpy") else np.asarray(lse)
     fin = np.isfinite(ref_lse)
-    assert np.array_equal(np.isfinite(got_lse), fin), "LSE: finite where the reference's is not"
+    assert np.array_equal(np.isfinite(got_lse), fin), "LSE: -inf rows differ from the reference's"
     assert (got_lse[~fin] == -np.inf).all(), "LSE: not -inf for rows that see no key"
     if fin.any():
         err = np.abs(got_lse[fin] - ref_lse[fin]).max()
