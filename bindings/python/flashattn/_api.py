@@ -980,6 +980,9 @@ def _kv_cache(call, k, v, block_table, batch, dims, names):
         vp = call.input(v, vname, dt)
         P, ps, _, _ = _expect(kp, "%s: %s" % (label, kname), (None, None, Hk, D),
                               ("num_pages", "page_size", "num_heads_kv", "head_dim"))
+        if ps < 1:  # named here: the library would see seqlen_k_max = 0 first
+            raise invalid("%s: page_size must be >= 1, got %s pages of shape %r"
+                          % (label, kname, kp.shape))
         _expect(vp, "%s: %s" % (label, vname), (P, ps, Hk, Dv),
                 ("num_pages", "page_size", "num_heads_kv", "head_dim_v"))
         btv = call.input(block_table, "block_table", "int32")
@@ -1453,8 +1456,8 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     (an out-of-range page or a short tensor is an out-of-bounds read).
 
     Errors: InvalidArgumentError for shapes, dtypes and the host checks
-    above (nothing runs), else the library's status (num_splits with
-    batch_invariant, a bad page_size, ...)."""
+    above and for pages of page_size 0 (nothing runs), else the library's
+    status (num_splits with batch_invariant, ...)."""
     cfg = config
     with _Call(runtime, cfg, "decode", stream) as call:
         dt = cfg.dtype

@@ -58,12 +58,14 @@ def visible_mask(sq, sk_valid, sk_cap, causal, window):
 
 
 def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, seqlens_k=None,
-                  alibi=None, p_fp8=False):
+                  alibi=None, p_fp8=False, mask=None):
     """fp64 attention. q [B,Sq,H,D], k/v [B,Sk,Hk,D(v)]; seqlens_k[b] valid
     keys (default Sk); alibi: ALiBi slopes [H] or [B,H] (the logit of query
     i, key j loses slope * |i + L - Sq - j|). Returns O [B,Sq,H,Dv] and LSE
     [B,H,Sq] (-inf, O=0 for rows that see no key). p_fp8: the fp8 forward's
-    rounding, each 2^8 e^(s - max) to e4m3 in P V (the row sums unrounded)."""
+    rounding, each 2^8 e^(s - max) to e4m3 in P V (the row sums unrounded).
+    mask: bool [B,Sq,Sk], more keys hidden (False) on top of the others
+    (tree_mask_visible's)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -76,14 +78,16 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
     lse = np.full((B, H, Sq), -np.inf)
     for b in range(B):
         L = Sk if seqlens_k is None else int(seqlens_k[b])
-        mask = visible_mask(Sq, L, Sk, causal, window)
+        vis = visible_mask(Sq, L, Sk, causal, window)
+        if mask is not None:
+            vis = vis & mask[b]
         sb = s[b]
         if alibi is not None:
             sl = np.asarray(alibi, np.float64)
             sl = sl if sl.ndim == 1 else sl[b]
             dist = np.abs(np.arange(Sq)[:, None] + L - Sq - np.arange(Sk)[None, :])
             sb = sb - sl[:, None, None] * dist[None]
-        sb = np.where(mask[None], sb, -np.inf)
+        sb = np.where(vis[None], sb, -np.inf)
         m = sb.max(axis=-1, keepdims=True)
         seen = np.isfinite(m)
         p = np.where(seen, np.exp(sb - np.where(seen, m, 0)), 0.0)
@@ -97,17 +101,18 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
     return o, lse
 
 
-def to_pages(g, k, v, page_size, spare=3):
+def to_pages(g, k, v, page_size, spare=3, fill=np.nan):
     """A contiguous cache k/v [batch, skmax, heads, d(_v)] as shuffled pages
-    [num_pages, page_size, heads, d(_v)] (float32): every sequence owns
-    ceil(skmax / page_size) pages in a random order, spare pages hold NaN.
+    [num_pages, page_size, heads, d(_v)] of k's dtype: every sequence owns
+    ceil(skmax / page_size) pages in a random order, spare pages (and the
+    last page's tail) hold fill (NaN; pass the NaN bits for integer storage).
     Returns (k_pages, v_pages, block_table int32 [batch, pages])."""
     batch, skmax = k.shape[:2]
     m = -(-skmax // page_size)
     pages = batch * m + spare
     table = g.permutation(pages)[:batch * m].reshape(batch, m).astype(np.int32)
-    kp = np.full((pages, page_size) + k.shape[2:], np.nan, np.float32)
-    vp = np.full((pages, page_size) + v.shape[2:], np.nan, np.float32)
+    kp = np.full((pages, page_size) + k.shape[2:], fill, k.dtype)
+    vp = np.full((pages, page_size) + v.shape[2:], fill, v.dtype)
     for b in range(batch):
         for j in range(skmax):
             kp[table[b, j // page_size], j % page_size] = k[b, j]
@@ -115,8 +120,88 @@ def to_pages(g, k, v, page_size, spare=3):
     return kp, vp, table
 
 
+def from_pages(pages, table, skmax):
+    """The inverse of to_pages: pages [num_pages, page_size, ...] read through
+    block_table [batch, m] as [batch, skmax, ...]."""
+    ps = pages.shape[1]
+    rows = pages[table].reshape((table.shape[0], table.shape[1] * ps) + pages.shape[2:])
+    return rows[:, :skmax]
+
+
 def tol(dtype):
     return 4e-3 if dtype == "fp16" else 2.5e-2
+
+
+def check_attention(out, lse, ref_o, ref_lse, dtype, lse_rtol=2e-3):
+    """out (dtype, a DeviceArray or NumPy) and lse (fp32 [B,H,Sq]) against the
+    fp64 reference: every element of O written and within tol(dtype) of the
+    largest |O|; LSE -inf exactly where the reference's is (rows that see no
+    key), else within lse_rtol of the largest |LSE|."""
+    got = as_float(out.numpy() if hasattr(out, "numpy") else out, dtype)
+    assert np.isfinite(got).all(), "O: NaN left (an element not written, or a NaN key read)"
+    err = np.abs(got - ref_o).max()
+    assert err <= tol(dtype) * max(1.0, np.abs(ref_o).max()), "O: max abs err %g" % err
+    got_lse = lse.numpy() if hasattr(lse, "numpy") else np.asarray(lse)
+    fin = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(got_lse), fin), "LSE: -inf rows differ from the reference's"
+    assert (got_lse[~fin] == -np.inf).all(), "LSE: not -inf for rows that see no key"
+    if fin.any():
+        err = np.abs(got_lse[fin] - ref_lse[fin]).max()
+        assert err <= lse_rtol * max(1.0, np.abs(ref_lse[fin]).max()), "LSE: max abs err %g" % err
+
+
+def with_sinks(o, lse, sinks):
+    """The fp64 softmax without sinks -> with them: the sink is one more
+    term e^sink[h] of each row's denominator (no value), so
+    LSE' = logaddexp(LSE, sink) and O' = O * e^(LSE - LSE')."""
+    s = np.asarray(sinks, np.float64)[None, :, None]
+    lse2 = np.logaddexp(lse, s)
+    scale = np.where(np.isfinite(lse), np.exp(lse - np.where(np.isfinite(lse2), lse2, 0)), 0.0)
+    return o * np.transpose(scale, (0, 2, 1))[..., None], lse2
+
+
+def random_trees(g, n_trees, n):
+    """bool [n_trees, n, n] token trees: token j > 0's parent uniform in
+    [0, j); token i sees j iff j is i or an ancestor of i."""
+    m = np.zeros((n_trees, n, n), bool)
+    for t in range(n_trees):
+        parent = [-1] + [int(g.integers(0, j)) for j in range(1, n)]
+        for i in range(n):
+            j = i
+            while j >= 0:
+                m[t, i, j] = True
+                j = parent[j]
+    return m
+
+
+def tree_mask_visible(tree, lens, sq, skmax):
+    """bool [B, sq, skmax] for ref_attention(mask=): the new tokens of
+    sequence b are its last sq keys (of lens[b]); query i sees new token j
+    iff tree[b or 0, i, j], every earlier key stays visible."""
+    B = len(lens)
+    m = np.ones((B, sq, skmax), bool)
+    for b in range(B):
+        first = int(lens[b]) - sq  # key of new token 0
+        for j in range(max(first, 0), int(lens[b])):
+            m[b, :, j] = tree[b if tree.shape[0] > 1 else 0, :, j - first]
+    return m
+
+
+def rope(x, pos, cos, sin, interleaved):
+    """x [..., D] rotated at positions pos (same leading shape minus the last
+    axis), in float64 (the kernel rounds once in fp32 then to fp16: within
+    one fp16 step of this)."""
+    half = cos.shape[1]
+    rd = 2 * half
+    x = x.astype(np.float64).copy()
+    c, s = cos[pos].astype(np.float64), sin[pos].astype(np.float64)
+    if interleaved:
+        x0, x1 = x[..., 0:rd:2].copy(), x[..., 1:rd:2].copy()
+        x[..., 0:rd:2], x[..., 1:rd:2] = x0 * c - x1 * s, x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., :half].copy(), x[..., half:rd].copy()
+        x[..., :half], x[..., half:rd] = x0 * c - x1 * s, x0 * s + x1 * c
+    return x
 
 
 def fp8_values(e5m2):
@@ -141,6 +226,50 @@ def quantize(x, e5m2):
     finite = np.flatnonzero(np.isfinite(vals))
     d = np.abs(x.reshape(-1, 1) - vals[finite][None, :])
     return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
+
+
+def quantize_even(x, e5m2):
+    """quantize() with ties to the even code (cvt.rn.satfinite)."""
+    vals = fp8_values(e5m2)
+    finite = np.flatnonzero(np.isfinite(vals))
+    d = np.abs(x.reshape(-1, 1).astype(np.float64) - vals[finite][None, :])
+    best = d.min(axis=1, keepdims=True)
+    tie_odd = (d == best) & (finite[None, :] % 2 == 1)
+    d = np.where(tie_odd & ((d == best).sum(axis=1, keepdims=True) > 1), np.inf, d)
+    return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
+
+
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def fp8_descales(g, fmt, shape):
+    """fp32 descales that spread N(0, 1) data over fmt's range: 4 / fmax x
+    uniform[0.5, 2]."""
+    return (4.0 / FP8_MAX[fmt] * g.uniform(0.5, 2.0, shape)).astype(np.float32)
+
+
+def fp8_tensor(g, shape, fmt, descale):
+    """(codes uint8, values float64): random normal values quantised with
+    descale (a scalar or broadcastable), and the values the codes hold."""
+    e5 = fmt == "e5m2"
+    codes = quantize(g.standard_normal(shape) / descale, e5)
+    return codes, fp8_values(e5)[codes] * descale
+
+
+def check_fp8_forward(got, q, k, v, scale, **kw):
+    """The fp8 forward's O (float64) against the fp64 reference, within twice
+    the error of the same attention with P rounded to e4m3 (the kernel's
+    rounding; 2^-4 relative per probability): max |err| and ||err||_2 (or
+    1e-2 ||ref||_2)."""
+    assert np.isfinite(got).all(), "O: not every element written (NaN left)"
+    ref = ref_attention(q, k, v, scale, **kw)[0]
+    yard = ref_attention(q, k, v, scale, p_fp8=True, **kw)[0] - ref
+    err = got - ref
+    norm, bound = np.linalg.norm(err), 2 * np.linalg.norm(yard)
+    assert norm <= max(bound, 1e-2 * np.linalg.norm(ref)), \
+        "O: ||err|| %g, twice the e4m3 rounding's %g" % (norm, bound)
+    worst, bound = np.abs(err).max(), 2 * np.abs(yard).max()
+    assert worst <= bound + 1e-3, "O: max abs err %g, twice the e4m3 rounding's %g" % (worst, bound)
 
 
 class FakeCAI:

@@ -1,17 +1,19 @@
 """q_dtype= / q_descale= (fa_config_desc.q_dtype and fa_forward_args.q_descale,
 since 0.6): the fp8 forward (FlashAttention-3's) with Q, K and V given as fp8
-bytes, on an sm_89 emulator, against an fp64 reference over the values the
-bytes hold times their descales; O in the Config's dtype; bad arguments.
-The tolerance is the project's rule: twice the error of the same attention
-at the kernel's precision (P rounded to e4m3, sums in full precision)."""
+bytes, on an sm_89 emulator: an e4m3 Q with an e5m2 K/V, NumPy in and out,
+DLPack fp8 codes, the binding's checks. The same-format forwards (e4m3 and
+e5m2, per-tensor and per-head descales, causal, bf16 O) against the fp64
+reference and the library's descale_stride check are
+tests/features/fp8_forward.cases (test_features.py). The tolerance is the
+project's rule: twice the error of the same attention at the kernel's
+precision (P rounded to e4m3, sums in full precision)."""
 
 import numpy as np
 import pytest
 
-from conftest import FakeDLPack, as_float, fp8_values, nan_out, quantize, ref_attention, rng
+from conftest import (FakeDLPack, as_float, check_fp8_forward, fp8_descales, fp8_tensor, nan_out,
+                      ref_attention, rng)
 import flashattn as fa
-
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
 @pytest.fixture
@@ -20,34 +22,7 @@ def rt89():
         yield r
 
 
-def fp8_tensor(g, shape, fmt, descale):
-    """(codes uint8, values float64): random normal values quantised with
-    descale (a scalar or broadcastable), and the values the codes hold."""
-    e5 = fmt == "e5m2"
-    codes = quantize(g.standard_normal(shape) / descale, e5)
-    return codes, fp8_values(e5)[codes] * descale
-
-
-def descales(g, fmt, shape):
-    """fp32 descales that spread N(0, 1) data over fmt's range."""
-    return (4.0 / FP8_MAX[fmt] * g.uniform(0.5, 2.0, shape)).astype(np.float32)
-
-
-def check_close(got, q, k, v, scale, **kw):
-    """got against the fp64 reference, within twice the error of the same
-    attention with P rounded to e4m3 (the kernel's rounding; 2^-4 relative
-    per probability): max |err| and ||err||_2 (or 1e-2 ||ref||_2)."""
-    assert np.isfinite(got).all()
-    ref = ref_attention(q, k, v, scale, **kw)[0]
-    yard = ref_attention(q, k, v, scale, p_fp8=True, **kw)[0] - ref
-    err = got - ref
-    assert np.linalg.norm(err) <= max(2 * np.linalg.norm(yard), 1e-2 * np.linalg.norm(ref))
-    assert np.abs(err).max() <= 2 * np.abs(yard).max() + 1e-3
-
-
 @pytest.mark.parametrize("qf,kvf,dtype,per_head,causal", [
-    ("e4m3", "e4m3", "fp16", True, True),
-    ("e5m2", "e5m2", "bf16", False, False),
     ("e4m3", "e5m2", "bf16", True, False),
 ])
 def test_forward_fp8(rt89, qf, kvf, dtype, per_head, causal):
@@ -57,7 +32,7 @@ def test_forward_fp8(rt89, qf, kvf, dtype, per_head, causal):
     assert (cfg.q_dtype, cfg.kv_dtype) == (qf, kvf)
     g = rng(70)
     shape = (B, Hk) if per_head else ()
-    qd, kd, vd = descales(g, qf, shape), descales(g, kvf, shape), descales(g, kvf, shape)
+    qd, kd, vd = (fp8_descales(g, f, shape) for f in (qf, kvf, kvf))
 
     def bcast(d):  # [B, Hk] -> [B, 1, Hk, 1]; Q's heads use their KV head's descale
         return d.reshape(B, 1, Hk, 1) if per_head else d
@@ -72,7 +47,7 @@ def test_forward_fp8(rt89, qf, kvf, dtype, per_head, causal):
     assert o is out
     rt89.synchronize()
     ref_lse = ref_attention(q, k, v, cfg.softmax_scale, causal=causal)[1]
-    check_close(as_float(o.numpy(), dtype), q, k, v, cfg.softmax_scale, causal=causal)
+    check_fp8_forward(as_float(o.numpy(), dtype), q, k, v, cfg.softmax_scale, causal=causal)
     assert np.abs(lse.numpy() - ref_lse).max() <= 3e-2 * max(1.0, np.abs(ref_lse).max())
 
 
@@ -86,7 +61,7 @@ def test_forward_fp8_numpy(rt89):
     vc, v = fp8_tensor(g, (B, Sk, H, D), "e4m3", 1.0)
     o = fa.forward(rt89, cfg, qc, kc, vc)
     assert o.dtype == np.float16 and o.shape == (B, Sq, H, D)
-    check_close(o.astype(np.float64), q, k, v, cfg.softmax_scale)
+    check_fp8_forward(o.astype(np.float64), q, k, v, cfg.softmax_scale)
 
 
 @pytest.mark.parametrize("qcode,kvcode,ok", [(10, 10, True), (1, 1, True), (12, 10, False),
@@ -111,7 +86,7 @@ def test_forward_fp8_dlpack_codes(rt89, qcode, kvcode, ok):
         return
     fa.forward(rt89, cfg, fq, fk, fv, out=out)
     rt89.synchronize()
-    check_close(out.numpy().astype(np.float64), q, k, v, cfg.softmax_scale)
+    check_fp8_forward(out.numpy().astype(np.float64), q, k, v, cfg.softmax_scale)
 
 
 def test_fp8_forward_bad_arguments(rt89):

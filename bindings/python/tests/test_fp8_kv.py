@@ -1,13 +1,15 @@
 """kv_dtype= / k_descale= / v_descale= (fa_config_desc.kv_dtype and the
 fa_decode_args descales, since 0.5): an fp8 KV cache given as NumPy uint8
-bytes, in decode on an sm_89 emulator, against an fp64 reference over the
-values the bytes hold (decoded here from the formats' definitions); bad
-arguments."""
+bytes or DLPack fp8 codes, on an sm_89 emulator; the binding's checks; an
+e5m2 append. Decode over e4m3 / e5m2 caches with per-tensor and per-head
+descales (contiguous and paged) against the fp64 reference, an e4m3 append,
+and the library's descale checks are tests/features/fp8_kv.cases
+(test_features.py)."""
 
 import numpy as np
 import pytest
 
-from conftest import as_float, fp8_values, quantize, ref_attention, rng, round_to, tol
+from conftest import as_float, fp8_values, quantize, quantize_even, ref_attention, rng, tol
 import flashattn as fa
 
 
@@ -15,40 +17,6 @@ import flashattn as fa
 def rt89(tmp_path):
     with fa.Runtime(backend="emulator", cache="memory", emulator_sm=89) as r:
         yield r
-
-
-@pytest.mark.parametrize("kv,dtype,per_head", [("e4m3", "fp16", True), ("e5m2", "bf16", False)])
-def test_decode_fp8_cache(rt89, kv, dtype, per_head):
-    B, Sq, H, Hk, D, Sk = 2, 2, 4, 2, 64, 70
-    e5 = kv == "e5m2"
-    cfg = fa.Config(head_dim=D, num_heads_q=H, num_heads_kv=Hk, causal=True, dtype=dtype,
-                    kv_dtype=kv)
-    assert cfg.kv_dtype == kv
-    g = rng(60)
-    q = g.standard_normal((B, Sq, H, D)).astype(np.float32)
-    fmax = 57344.0 if e5 else 448.0
-    shape = (B, Hk) if per_head else ()
-    kd = (4.0 / fmax * g.uniform(0.5, 2.0, shape)).astype(np.float32)
-    vd = (4.0 / fmax * g.uniform(0.5, 2.0, shape)).astype(np.float32)
-    kd_b = kd.reshape(B, 1, Hk, 1) if per_head else kd
-    vd_b = vd.reshape(B, 1, Hk, 1) if per_head else vd
-    kc = quantize(g.standard_normal((B, Sk, Hk, D)) / kd_b, e5)
-    vc = quantize(g.standard_normal((B, Sk, Hk, D)) / vd_b, e5)
-    lens = np.array([Sk, 45], np.int32)
-    kc[1, 45:] = 0x7F  # NaN past the sequence: never read
-    vc[1, 45:] = 0x7F
-    k = fp8_values(e5)[kc] * kd_b
-    v = fp8_values(e5)[vc] * vd_b
-    qq = rt89.upload(fa.float32_to_bf16_bits(q), dtype="bf16") if dtype == "bf16" \
-        else q.astype(np.float16)
-    out, lse = fa.decode(rt89, cfg, qq, kc, vc, lens, k_descale=kd, v_descale=vd)
-    ref_o, ref_lse = ref_attention(round_to(q, dtype), k, v, cfg.softmax_scale, causal=True,
-                                   seqlens_k=lens)
-    got = as_float(out.numpy() if hasattr(out, "numpy") else out, dtype)
-    assert np.isfinite(got).all()
-    assert np.abs(got - ref_o).max() <= tol(dtype) * max(1.0, np.abs(ref_o).max())
-    got_lse = lse.numpy() if hasattr(lse, "numpy") else lse
-    assert np.abs(got_lse - ref_lse).max() < 2e-3 * max(1.0, np.abs(ref_lse).max())
 
 
 def test_fp8_bad_arguments(rt89, tmp_path):
@@ -64,10 +32,6 @@ def test_fp8_bad_arguments(rt89, tmp_path):
         fa.decode(rt89, cfg, q, kc.astype(np.float16), kc.astype(np.float16), lens)
     with pytest.raises(fa.InvalidArgumentError):  # a descale of the wrong shape
         fa.decode(rt89, cfg, q, kc, kc, lens, k_descale=np.ones(3, np.float32))
-    cfg16 = fa.Config(head_dim=64, num_heads_q=2)
-    with pytest.raises(fa.InvalidArgumentError):  # descales with a 16-bit cache
-        fa.decode(rt89, cfg16, q, q.repeat(32, 1), q.repeat(32, 1), lens,
-                  k_descale=np.ones((), np.float32))
     with fa.Runtime(backend="emulator", cache="memory", emulator_sm=80) as rt80:
         with pytest.raises(fa.UnsupportedError):  # no fp8 cvt below sm_89
             fa.decode(rt80, cfg, q, kc, kc, lens)
@@ -107,18 +71,8 @@ def test_fp8_dlpack_codes(rt89, code, kv, ok):
     assert np.abs(got - ref_o).max() <= tol("fp16") * max(1.0, np.abs(ref_o).max())
 
 
-def quantize_even(x, e5m2):
-    """quantize() with ties to the even code (cvt.rn.satfinite)."""
-    vals = fp8_values(e5m2)
-    finite = np.flatnonzero(np.isfinite(vals))
-    d = np.abs(x.reshape(-1, 1).astype(np.float64) - vals[finite][None, :])
-    best = d.min(axis=1, keepdims=True)
-    tie_odd = (d == best) & (finite[None, :] % 2 == 1)
-    d = np.where(tie_odd & ((d == best).sum(axis=1, keepdims=True) > 1), np.inf, d)
-    return finite[d.argmin(axis=1)].astype(np.uint8).reshape(x.shape)
-
-
-@pytest.mark.parametrize("kv", ["e4m3", "e5m2"])
+# e4m3 (seqlen_new 2, per-head descales) is fp8_kv.cases' append line.
+@pytest.mark.parametrize("kv", ["e5m2"])
 def test_decode_fp8_append(rt89, kv):
     """k_new/v_new (fp16) appended into a uint8 fp8 cache updated in place:
     the new rows are fp8(float32(x) / descale) bit for bit, every other

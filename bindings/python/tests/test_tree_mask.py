@@ -1,100 +1,37 @@
 """decode(tree_mask=) (fa_decode_args.tree_mask, since 0.4): speculative
-decoding with tree attention among the new tokens, against an fp64
-reference; host masks packed by the binding, device masks of packed words;
-bad masks."""
+decoding with tree attention among the new tokens. Here: a sequence with
+fewer keys than new tokens, the chain mask bit for bit equal to causal,
+device masks of packed words, the binding's checks of host masks. Trees
+against the fp64 reference (batch, shared, chain, paged, with causal,
+window, ALiBi and sinks) are tests/features/tree_mask.cases
+(test_features.py)."""
 
 import numpy as np
 import pytest
 
-from conftest import as_float, nan_out, ref_attention, rng, round_to, tol
+from conftest import (as_float, check_attention, nan_out, random_trees, ref_attention, rng,
+                      round_to, to_pages, tol, tree_mask_visible)
 import flashattn as fa
 
 
-def random_trees(g, n_trees, n):
-    """bool [n_trees, n, n]: token i sees itself and its ancestors (parents
-    precede children)."""
-    m = np.zeros((n_trees, n, n), bool)
-    for t in range(n_trees):
-        parent = [-1] + [int(g.integers(-1, i)) for i in range(1, n)]
-        for i in range(n):
-            j = i
-            while j >= 0:
-                m[t, i, j] = True
-                j = parent[j]
-    return m
-
-
-def ref_tree(q, k, v, scale, lens, tree, causal=False):
-    """fp64 decode with a tree mask: prefix keys visible, new token j seen by
-    query i iff tree[b, i, j]."""
-    B, Sq = q.shape[:2]
-    Sk = k.shape[1]
-    H, Hk = q.shape[2], k.shape[2]
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    kk, vv = np.repeat(k, H // Hk, axis=2), np.repeat(v, H // Hk, axis=2)
-    o = np.zeros(q.shape[:3] + (v.shape[3],))
-    lse = np.full((B, H, Sq), -np.inf)
-    for b in range(B):
-        L = int(lens[b])
-        for i in range(Sq):
-            vis = np.zeros(Sk, bool)
-            vis[:L] = True
-            for j in range(L):
-                jn = j - (L - Sq)
-                if jn >= 0 and not tree[b if tree.shape[0] > 1 else 0, i, jn]:
-                    vis[j] = False
-                if causal and j > i + L - Sq:
-                    vis[j] = False
-            if not vis.any():
-                continue
-            s = np.einsum("hd,khd->hk", q[b, i], kk[b, vis]) * scale
-            m = s.max(axis=-1, keepdims=True)
-            p = np.exp(s - m)
-            l = p.sum(axis=-1, keepdims=True)
-            o[b, i] = np.einsum("hk,khd->hd", p / l, vv[b, vis])
-            lse[b, :, i] = (m + np.log(l))[:, 0]
-    return o, lse
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-@pytest.mark.parametrize("shared", [False, True])
-def test_decode_tree_vs_reference(rt, layout, shared):
+def test_decode_tree_short_sequence(rt):
+    """A shared tree over a paged cache; the last sequence holds fewer keys
+    (4) than new tokens (6): its new tokens 0 and 1 are not in the cache."""
     B, Sq, H, Hk, D, Sk = 3, 6, 4, 2, 32, 80
-    dtype = "fp16"
     cfg = fa.Config(head_dim=D, num_heads_q=H, num_heads_kv=Hk)
-    g = rng(300 + shared)
-    q = g.standard_normal((B, Sq, H, D)).astype(np.float32)
-    kc = g.standard_normal((B, Sk, Hk, D)).astype(np.float32)
-    vc = g.standard_normal((B, Sk, Hk, D)).astype(np.float32)
-    lens = np.array([Sk, 20, 4], np.int32)  # the last holds fewer keys than new tokens
-    tree = random_trees(g, 1 if shared else B, Sq)
-    ref_o, ref_lse = ref_tree(round_to(q, dtype), round_to(kc, dtype), round_to(vc, dtype),
-                              cfg.softmax_scale, lens, tree)
-    kw = {}
-    if layout == "paged":
-        P = 16
-        pages_per = Sk // P
-        order = g.permutation(B * pages_per).astype(np.int32)
-        kw["block_table"] = order.reshape(B, pages_per)
-        kp = np.zeros((B * pages_per, P, Hk, D), np.float32)
-        vp = np.zeros_like(kp)
-        for b in range(B):
-            for p in range(pages_per):
-                kp[order[b * pages_per + p]] = kc[b, p * P:(p + 1) * P]
-                vp[order[b * pages_per + p]] = vc[b, p * P:(p + 1) * P]
-        k_in, v_in = kp.astype(np.float16), vp.astype(np.float16)
-    else:
-        k_in, v_in = kc.astype(np.float16), vc.astype(np.float16)
-    out, lse = nan_out(rt, (B, Sq, H, D), dtype), nan_out(rt, (B, H, Sq), "fp32")
-    fa.decode(rt, cfg, q.astype(np.float16), k_in, v_in, lens, num_splits=2, out=out, lse=lse,
-              tree_mask=tree[0] if shared else tree, **kw)
-    got = as_float(out.numpy(), dtype)
-    assert np.isfinite(got).all()
-    assert np.abs(got - ref_o).max() <= tol(dtype) * max(1.0, np.abs(ref_o).max())
-    got_lse = lse.numpy()
-    fin = np.isfinite(ref_lse)
-    assert np.array_equal(np.isfinite(got_lse), fin)
-    assert np.abs(got_lse[fin] - ref_lse[fin]).max() < 2e-3 * max(1.0, np.abs(ref_lse[fin]).max())
+    g = rng(301)
+    q = round_to(g.standard_normal((B, Sq, H, D)), "fp16")
+    kc = round_to(g.standard_normal((B, Sk, Hk, D)), "fp16")
+    vc = round_to(g.standard_normal((B, Sk, Hk, D)), "fp16")
+    lens = np.array([Sk, 20, 4], np.int32)
+    tree = random_trees(g, 1, Sq)
+    ref_o, ref_lse = ref_attention(q, kc, vc, cfg.softmax_scale, seqlens_k=lens,
+                                   mask=tree_mask_visible(tree, lens, Sq, Sk))
+    kp, vp, table = to_pages(g, kc.astype(np.float16), vc.astype(np.float16), 16)
+    out, lse = nan_out(rt, (B, Sq, H, D), "fp16"), nan_out(rt, (B, H, Sq), "fp32")
+    fa.decode(rt, cfg, q.astype(np.float16), kp, vp, lens, num_splits=2, out=out, lse=lse,
+              tree_mask=tree[0], block_table=table)
+    check_attention(out, lse, ref_o, ref_lse, "fp16")
 
 
 def test_chain_tree_equals_causal(rt):
@@ -129,7 +66,8 @@ def test_device_packed_words(rt):
     o_h, l_h = fa.decode(rt, cfg, q, kc, vc, lens, tree_mask=tree)
     assert np.array_equal(o_d.view(np.uint16), o_h.view(np.uint16))
     assert np.array_equal(l_d, l_h)
-    ref_o, _ = ref_tree(q, kc, vc, cfg.softmax_scale, lens, tree)
+    ref_o, _ = ref_attention(q, kc, vc, cfg.softmax_scale, seqlens_k=lens,
+                             mask=tree_mask_visible(tree, lens, Sq, Sk))
     assert np.abs(as_float(o_d, "fp16") - ref_o).max() <= tol("fp16") * max(1.0, np.abs(ref_o).max())
 
 
