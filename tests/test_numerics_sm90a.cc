@@ -48,12 +48,8 @@ int main(void) {
   std::vector<fa::test::ForwardCase> cases;
   auto add = [&](int b, int sq, int sk, int hq, int hkv, int dd, int dv, bool bf16, bool causal,
                  int wl, int wr, float cap) {
-    fa::test::ForwardCase c;
-    c.batch = b, c.seqlen_q = sq, c.seqlen_k = sk, c.heads_q = hq, c.heads_kv = hkv;
-    c.head_dim = dd, c.head_dim_v = dv, c.bf16 = bf16, c.causal = causal;
-    c.window_left = wl, c.window_right = wr, c.softcap = cap;
-    c.seed = static_cast<uint32_t>(cases.size() + 900);
-    cases.push_back(c);
+    cases.push_back(fa::test::forward_case(b, sq, sk, hq, hkv, dd, dv, bf16, causal, wl, wr, cap,
+                                           static_cast<uint32_t>(cases.size() + 900)));
   };
   add(1, 5, 3, 2, 1, 64, 64, false, false, -1, -1, 0);        // shorter than a box
   add(2, 131, 259, 4, 2, 128, 128, true, true, -1, -1, 0);    // tails inside atoms, causal

@@ -36,6 +36,9 @@
 //    random CTAs with and without causal masking and windows, block_n a
 //    power of two and not, every visited tile and its masked/lean kind and
 //    every row's range against the definitions;
+//  - TileScheduler (the persistent forward's order): every work item once,
+//    sections of whole KV heads sized for L2, pairs adjacent, longest
+//    m-blocks first, the PTX decode equal to the host's (Schedule);
 //  - Ring (sm_90 mbarriers): a producer and a consumer warp pass tiles
 //    through 2 and 3 stages, wrapping, every tile whole and in order;
 //  - Swizzle128: the 128-byte swizzle's addresses against its formula, a
@@ -56,6 +59,7 @@
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
+#include "kernels/tile/scheduler.h"
 #include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
 #include "reference.h"
@@ -941,6 +945,136 @@ void test_key_range(void **) {
   assert_true(lean_tiles > 50 && masked_tiles > 50 && empty_ctas > 0);
 }
 
+// The persistent forward's tile scheduler (TileScheduler, Schedule), one
+// launch case per thread: each thread decodes every item number of its case
+// in PTX. Cases: causal with seqlen_q below, equal to and above seqlen_k, a
+// left window alone, windows both ways, no mask, GQA groups of 1, 2 and 4,
+// one and several batches, K/V small enough for one section and large
+// enough for sections of one and of three KV heads (a short last section).
+// Against the statements of scheduler.h, not only the host twin: every
+// (m_block, head, batch) exactly once; sections of whole KV heads whose K/V
+// fit kL2Bytes (or one KV head); inside a section every pair at one m-block
+// before the next m-block, pairs in order bh = batch heads + head
+// (consecutive items: consecutive heads of one batch); m-blocks in order of
+// their key tiles, most first, where that count is monotone in the m-block
+// (causal, a left window alone); and the PTX equal to the host's decode.
+void test_scheduler(void **) {
+  struct Case {
+    int sq, sk, h, hkv, b, wl, wr, d;
+  };
+  const int kUnb = -1;  // an unbounded edge, resolved below
+  const Case cases[] = {
+      {1000, 1000, 4, 2, 2, kUnb, 0, 128},  {300, 1000, 8, 2, 1, kUnb, 0, 64},
+      {1000, 300, 3, 3, 2, kUnb, 0, 128},   {1, 5000, 6, 3, 1, kUnb, 0, 256},
+      {900, 900, 4, 1, 3, 200, kUnb, 128},  {700, 800, 4, 4, 1, 100, 50, 64},
+      {500, 500, 2, 1, 3, kUnb, kUnb, 128}, {640, 40000, 5, 5, 2, kUnb, 0, 64},
+      {512, 100000, 8, 8, 1, kUnb, 0, 128}, {257, 65536, 12, 4, 2, kUnb, 0, 64},
+      {129, 129, 1, 1, 1, kUnb, 0, 8},      {2000, 2000, 2, 2, 1, kUnb, 0, 128},
+  };
+  constexpr int kCases = sizeof cases / sizeof cases[0], kBlockM = 128, kMaxItems = 512;
+  std::vector<int32_t> in;
+  std::vector<fa::kgen::tile::Schedule> host;
+  for (const Case &c : cases) {
+    // The resolved edges (set_masking_and_scale).
+    const int wl = c.wl < 0 ? std::max(c.sk - 1, 0) : c.wl,
+              wr = c.wr < 0 ? std::max(c.sq - 1, 0) : c.wr;
+    in.insert(in.end(), {c.sq, c.sk, c.h, c.hkv, c.b, wl, wr, 0});
+    host.push_back(
+        fa::kgen::tile::make_schedule(c.sq, c.sk, c.h, c.hkv, c.b, wl, wr, kBlockM, 2 * 2 * c.d));
+    assert_true(host.back().total() <= kMaxItems);
+  }
+  int sections = 0, short_sections = 0;
+  for (const auto &s : host) sections = std::max<int>(sections, int(s.section));
+  // One module per head dim (kv_row_bytes is the kernel's); each thread runs
+  // the cases of its head dim.
+  for (const int d : {8, 64, 128, 256}) {
+    const std::string ptx = kernel(kCases, [&](Emitter &e, Reg tid, Reg, Reg *g) {
+      Builder &b = e.b;
+      Reg v[8];
+      for (int i = 0; i < 8; ++i) {
+        v[i] = b.b32();
+        Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(8), imm(i));
+        b.ld(Space::Global, Type::S32, v[i], at(e.index(g[0], idx, 4)));
+      }
+      const tile::TileScheduler sched(e, v[0], v[1], v[2], v[3], v[4], v[5], v[6], kBlockM,
+                                      2 * 2 * d);
+      Reg out = e.index(g[1], tid, 4 * (1 + 3 * kMaxItems));
+      b.st(Space::Global, Type::B32, at(out), sched.total());
+      Reg t = e.mov(Type::U32, imm(0));
+      fa::ptx::Label top = b.label(), done = b.label();
+      b.bind(top);
+      b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, t, sched.total())).bra(done);
+      const tile::TileScheduler::Item it = sched.decode(t);
+      Reg a = e.op(Op::MadLo, Type::U32, t, imm(12), imm(4));
+      a = e.index(out, a, 1);
+      b.st(Space::Global, Type::B32, at(a), it.m_block);
+      b.st(Space::Global, Type::B32, at(a, 4), it.head);
+      b.st(Space::Global, Type::B32, at(a, 8), it.batch);
+      b.op(Op::Add, Type::U32, t, t, imm(1));
+      b.bra(top);
+      b.bind(done);
+    });
+    DevBuf din(in.size() * 4), dout(size_t(kCases) * (1 + 3 * kMaxItems) * 4);
+    din.put(in);
+    Ptrs pt = {{din.ptr, dout.ptr, 0, 0, 0, 0}};
+    assert_int_equal(launch(ptx, kCases, 0, pt), FA_SUCCESS);
+    const std::vector<int32_t> got = dout.get<int32_t>();
+    for (int ci = 0; ci < kCases; ++ci) {
+      const Case &c = cases[ci];
+      if (c.d != d) continue;
+      const fa::kgen::tile::Schedule &s = host[size_t(ci)];
+      const int32_t *o = &got[size_t(ci) * (1 + 3 * kMaxItems)];
+      const int wl = in[8 * ci + 5], wr = in[8 * ci + 6], g = c.h / c.hkv;
+      const int64_t total = s.total(), kv_bytes = int64_t(c.sk) * 2 * 2 * c.d;
+      auto where = [&](int64_t t, const char *what) {
+        std::fprintf(stderr,
+                     "case %d (sq %d sk %d h %d hkv %d b %d wl %d wr %d d %d) item %lld: %s\n", ci,
+                     c.sq, c.sk, c.h, c.hkv, c.b, wl, wr, c.d, static_cast<long long>(t), what);
+      };
+      if (o[0] != total) where(-1, "total"), fail();
+      // Key tiles of m-block m (key_range's definition, block_n 128).
+      auto key_tiles = [&](int64_t m) {
+        const int64_t shift = c.sk - c.sq, first = kBlockM * m;
+        const int64_t last = std::min<int64_t>(first + kBlockM, c.sq) - 1;
+        const int64_t lo = std::max<int64_t>(first + shift - wl, 0) / 128 * 128;
+        const int64_t hi = std::min<int64_t>(last + shift + wr + 1, c.sk);
+        return hi > lo ? (hi - lo + 127) / 128 : 0;
+      };
+      const bool monotone = c.wr == 0 || c.wr == kUnb;  // causal or a left window alone
+      if (s.section > 1 && s.section * kv_bytes > fa::kgen::tile::kL2Bytes)
+        where(-1, "section"), fail();
+      const int64_t sec_items = s.section * g * s.m_blocks;
+      if (total % sec_items != 0) ++short_sections;
+      std::vector<char> seen(size_t(total), 0);
+      for (int64_t t = 0; t < total; ++t) {
+        const int64_t m = o[1 + 3 * t];
+        const int h = o[2 + 3 * t], bz = o[3 + 3 * t];
+        const fa::kgen::tile::WorkItem w = s.decode(t);
+        if (w.m_block != m || w.head != h || w.batch != bz) where(t, "host twin differs"), fail();
+        if (m < 0 || m >= s.m_blocks || h < 0 || h >= c.h || bz < 0 || bz >= c.b)
+          where(t, "out of range"), fail();
+        const int64_t key = (int64_t(bz) * c.h + h) * s.m_blocks + m;
+        if (seen[size_t(key)]++) where(t, "twice"), fail();
+        // Its section: KV heads [sec section, (sec + 1) section) of bz hkv + h / g.
+        const int64_t sec = t / sec_items, kvh = int64_t(bz) * c.hkv + h / g;
+        if (kvh / s.section != sec) where(t, "outside its section"), fail();
+        if (t % sec_items == 0) continue;
+        const int64_t pm = o[1 + 3 * (t - 1)];
+        const int64_t pbh = int64_t(o[3 + 3 * (t - 1)]) * c.h + o[2 + 3 * (t - 1)];
+        const int64_t bh = int64_t(bz) * c.h + h;
+        if (pm == m ? bh != pbh + 1 : bh != sec * s.section * g)
+          where(t, "pairs not in order"), fail();
+        if (pm != m && m != (s.reverse ? pm - 1 : pm + 1))
+          where(t, "m-blocks not in order"), fail();
+        if (monotone && key_tiles(m) > key_tiles(pm)) where(t, "not longest first"), fail();
+      }
+    }
+  }
+  std::printf("  %d cases: each item once, in order; sections up to %d KV heads, %d short\n",
+              kCases, sections, short_sections);
+  assert_true(sections >= 3 && short_sections > 0);
+}
+
 // Ring (sm_90 mbarriers): a producer warp and a consumer warp pass 9
 // tiles through 2 and 3 stages (the ring wraps, flipping parities). The
 // producer waits for a stage to be free (Slot, free_parity), writes 32
@@ -1497,8 +1631,9 @@ int main(void) {
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
-      cmocka_unit_test(test_key_range),      cmocka_unit_test(test_ring),
-      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_store_acc),
+      cmocka_unit_test(test_key_range),      cmocka_unit_test(test_scheduler),
+      cmocka_unit_test(test_ring),           cmocka_unit_test(test_swizzle128),
+      cmocka_unit_test(test_store_acc),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

@@ -14,6 +14,10 @@
 // registers as wgmma's register A operand and V read N-major (trans-b).
 // setmaxnreg moves registers from the producer to the consumers. K/V tiles
 // are visited from the last to the first, as in the mma.sync forward.
+// spec.persistent: one CTA per SM runs work items (m-block, head, batch)
+// one after another in tile::TileScheduler's order, the ring running on
+// across them and Q's buffer refilled once the previous item's epilogue is
+// done with it (q_empty; docs/kernels.md, "Persistent variant").
 // The fp8 forward (wgmma_fp8) runs both products on wgmma k32 e4m3/e5m2 on
 // the bytes, with V transposed by the gather producer (v_tile_t) since fp8
 // wgmma reads B K-major only, and P in e4m3.
@@ -29,6 +33,7 @@
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
+#include "kernels/tile/scheduler.h"
 #include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
 
@@ -59,8 +64,10 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 // [128 rows][128 B] (max(qa, va) of them: O is staged there at the end);
 // `stages` K buffers of qa atoms of [block_n][128 B]; `stages` V buffers of
 // va atoms of [block_n][128 B]; then the mbarriers q_full, k_full[s],
-// k_empty[s], v_full[s], v_empty[s] (8 bytes each); then, for the gather
-// producer's per-row page lookups, K and V row addresses (8 bytes each).
+// k_empty[s], v_full[s], v_empty[s] (8 bytes each), and with
+// spec.persistent q_empty (Q's buffer free for the next work item); then,
+// for the gather producer's per-row page lookups, K and V row addresses (8
+// bytes each).
 struct Layout {
   int qa = 0, va = 0;  // 128-byte column atoms of Q/K rows and of V (O staged: max(qa, va))
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
@@ -70,6 +77,7 @@ struct Layout {
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_full(int s, int S) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_empty(int s, int S) const { return v_full(S, S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t q_empty(int S) const { return v_empty(S, S); }  // spec.persistent
 };
 
 // The gather producer looks pages up row by row: one thread per row of the
@@ -96,7 +104,7 @@ Layout layout(const KernelSpec &s) {
   l.k = l.q + static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
   l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
   l.bars = l.v + static_cast<uint32_t>(s.stages) * l.v_stage;
-  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages));
+  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 8 : 0);
   l.rows = (l.rows + 15) / 16 * 16;
   l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   return l;
@@ -163,16 +171,77 @@ class ForwardWgmmaGen {
     smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
   }
 
-  // ---- every thread: the CTA's rows and key range; barriers set up ----
-  void prologue() {
+  // The launch's window edges and head counts (ForwardParams).
+  struct Dims {
+    Reg wl, wr, hq, hkv;
+  };
+  Dims dims() {
     const size_t f = offsetof(WgmmaParams, f);
-    Reg wl = e_.param(Type::S32, f + offsetof(P, window_left));
-    Reg wr = e_.param(Type::S32, f + offsetof(P, window_right));
-    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
-    Reg hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
-    Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-    h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Dims d;
+    d.wl = e_.param(Type::S32, f + offsetof(P, window_left));
+    d.wr = e_.param(Type::S32, f + offsetof(P, window_right));
+    d.hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
+    d.hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
+    return d;
+  }
+
+  // ---- every thread: the CTA's rows and key range (spec.persistent: each
+  // role's, per work item: item()); barriers set up ----
+  void prologue() {
+    if (!spec_.persistent) {
+      const Dims d = dims();
+      Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+      h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+      bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+      work(mblk, d);
+    }
+    b_.comment(spec_.gather
+                   ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
+                   : "mbarriers: full = the producer's arrival + the copy's bytes; empty = 256 "
+                     "consumers");
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    const int full = spec_.gather ? 128 : 1;
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
+    for (int s = 0; s < S_; ++s) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(full));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(full));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
+    }
+    if (spec_.persistent) b_.when(t0).mbarrier_init(at(smem_, lay_.q_empty(S_)), imm(256));
+    b_.fence_proxy_async();  // the inits, visible to the copy engine
+    b_.bar_sync();
+  }
+
+  // spec.persistent: work item t (u32) in tile::TileScheduler's order: its
+  // head, batch and rows and their keys (work()), or to `exit` past the last
+  // item. Everything is re-derived from the parameters per item, so nothing
+  // but t is held across the item loop.
+  void item(Reg t, ptx::Label exit) {
+    const Dims d = dims();
+    const size_t f = offsetof(WgmmaParams, f);
+    const tile::TileScheduler sched(e_, e_.param(Type::S32, f + offsetof(P, seqlen_q)),
+                                    e_.param(Type::S32, f + offsetof(P, seqlen_k)), d.hq, d.hkv,
+                                    e_.param(Type::S32, f + offsetof(P, batch)), d.wl, d.wr,
+                                    spec_.block_m, (spec_.head_dim + spec_.head_dim_v) * 2);
+    b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
+    const tile::TileScheduler::Item it = sched.decode(t);
+    h_ = it.head;
+    bz_ = it.batch;
+    work(it.m_block, d);
+  }
+
+  // The next work item of a persistent CTA: t += nctaid.x, Q's phase flips.
+  void next_item(Reg t, Reg qpar) {
+    b_.op(Op::Add, Type::U32, t, t, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)));
+    b_.op(Op::Xor, Type::B32, qpar, qpar, imm(1));
+  }
+
+  // The rows of m-block mblk of (bz_, h_): kvh_, m0_, the sequence lengths,
+  // the key range and lean bound (gather: the row addresses).
+  void work(Reg mblk, const Dims &d) {
+    const size_t f = offsetof(WgmmaParams, f);
+    const Reg wl = d.wl, wr = d.wr, hq = d.hq, hkv = d.hkv;
     kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
     if (spec_.gather) {
@@ -194,22 +263,6 @@ class ForwardWgmmaGen {
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
     keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
     lean_hi_ = tile::lean_hi(e_, keys_.dfirst, wr, sk_, spec_.block_n);
-
-    b_.comment(spec_.gather
-                   ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
-                   : "mbarriers: full = the producer's arrival + the copy's bytes; empty = 256 "
-                     "consumers");
-    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-    const int full = spec_.gather ? 128 : 1;
-    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
-    for (int s = 0; s < S_; ++s) {
-      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(full));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(full));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
-    }
-    b_.fence_proxy_async();  // the inits, visible to the copy engine
-    b_.bar_sync();
   }
 
   // The K/V ring: S_ stages, barriers at smem + 8 stage (tile::Ring).
@@ -233,6 +286,24 @@ class ForwardWgmmaGen {
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_k))));
     Reg tv =
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_v))));
+    Reg t, qpar, it;  // persistent: the work item, Q's phase parity, the ring's tile count
+    ptx::Label items, next = out;
+    if (spec_.persistent) {
+      b_.comment("persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
+      t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+      qpar = e_.mov(Type::U32, imm(0));
+      it = e_.mov(Type::U32, imm(0));
+      items = b_.label();
+      next = b_.label();
+      b_.bind(items);
+      item(t, out);
+      // q_empty completes a phase when all 256 consumer threads are done with
+      // the previous item's Q (their last S = Q K^T retired) and with its O,
+      // which the epilogue stages in Q's buffer; for the first item the
+      // phase before the first counts as complete (tile::Ring's convention).
+      b_.comment("Q's buffer: free once the previous item's epilogue has read O out of it");
+      wait(smem_, static_cast<int>(lay_.q_empty(S_)), ring().free_parity(qpar));
+    }
     b_.comment("Q: qa boxes of [128 rows][64 columns]");
     b_.mbarrier_arrive_expect_tx(at(smem_, lay_.q_full()),
                                  imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
@@ -241,9 +312,10 @@ class ForwardWgmmaGen {
       b_.cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c, 4,
                               at(smem_, lay_.q_full()));
     }
-    b_.when(keys_.empty).bra(out);
+    b_.when(keys_.empty).bra(next);
     b_.comment("K and V tiles, last to first, into the ring");
-    Reg n = e_.mov(Type::S32, keys_.top), it = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, keys_.top);
+    if (!spec_.persistent) it = e_.mov(Type::U32, imm(0));  // persistent: runs on across items
     ptx::Label top = b_.label();
     b_.bind(top);
     const tile::Ring::Slot slot = ring().slot(it);
@@ -267,6 +339,11 @@ class ForwardWgmmaGen {
     b_.op(Op::Add, Type::U32, it, it, imm(1));
     b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
+    if (spec_.persistent) {
+      b_.bind(next);
+      next_item(t, qpar);
+      b_.bra(items);
+    }
     b_.bind(out);
   }
 
@@ -653,12 +730,12 @@ class ForwardWgmmaGen {
     qdesc_ = desc(qaddr, lay_.q, Swizzle128::desc_bits(16));
     kdesc0_ = desc(smem_, lay_.k, Swizzle128::desc_bits(16));
     // fp8 wgmma: V transposed, K-major like K.
-    vdesc0_ = desc(smem_, lay_.v,
-                   f8_ ? Swizzle128::desc_bits(16) : Swizzle128::desc_bits(lay_.kv_atom));
+    vdesc0_ =
+        desc(smem_, lay_.v, f8_ ? Swizzle128::desc_bits(16) : Swizzle128::desc_bits(lay_.kv_atom));
 
     s_ = tile::acc_tile(b_, nS_);
     o_ = tile::acc_tile(b_, nO_);
-    tile::zero(b_, o_);
+    if (!spec_.persistent) tile::zero(b_, o_);  // persistent: per item
     for (const Frag4 &f : s_.f)
       for (Reg r : f) s_flat_.push_back(r);
     for (const Frag4 &f : o_.f)
@@ -674,6 +751,39 @@ class ForwardWgmmaGen {
     softmax_ = std::make_unique<tile::OnlineSoftmax>(
         e_, 1, spec_.softcap ? Reg() : score_scale_,
         f8_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
+    if (!spec_.persistent) return consumer_item(Reg());
+    // One work item after another (item()). The ring's cursor runs on across
+    // them, as the producer's tile count does. Q's buffer is refilled for
+    // the next item only when q_empty has completed this item's phase: each
+    // consumer thread arrives once its epilogue has read its O rows back
+    // out of that buffer (ld.shared; the arrive's release orders those
+    // reads before it) and after a fence.proxy.async, which orders its
+    // generic-proxy stmatrix writes of O there before the async-proxy TMA
+    // write of the next Q (PTX ISA, "Memory Consistency Model": proxies).
+    // Its S = Q K^T wgmma reads of Q retired before the epilogue began.
+    b_.comment("persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
+    cur_ = ring().begin();
+    Reg t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg qpar = e_.mov(Type::U32, imm(0));
+    ptx::Label items = b_.label(), exit = b_.label();
+    b_.bind(items);
+    item(t, exit);
+    tile::zero(b_, o_);
+    softmax_->reset();
+    consumer_item(qpar);
+    b_.comment("Q's buffer: this thread is done with it");
+    b_.fence_proxy_async();
+    b_.mbarrier_arrive(at(smem_, lay_.q_empty(S_)));
+    next_item(t, qpar);
+    b_.bra(items);
+    b_.bind(exit);
+  }
+
+  // One work item's rows (all of the kernel's without spec.persistent): the
+  // K/V loop and the epilogue. qpar: the phase parity of q_full (invalid:
+  // the first and only phase).
+  void consumer_item(Reg qpar) {
+    const size_t f = offsetof(WgmmaParams, f);
     if (spec_.alibi) {
       // ALiBi: the CTA's coefficient and each row half's distance from its
       // diagonal to the lane's first key column 2q, as f32.
@@ -689,7 +799,7 @@ class ForwardWgmmaGen {
       }
     }
 
-    wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
+    wait(smem_, static_cast<int>(lay_.q_full()), qpar.valid() ? qpar : e_.mov(Type::U32, imm(0)));
     ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
     b_.when(keys_.empty).bra(done);
     n_ = e_.mov(Type::S32, keys_.top);
@@ -812,7 +922,7 @@ class ForwardWgmmaGen {
   // The first tile (the last in key order; masked: it may hold the tail).
   void first_tile() {
     b_.comment("first K/V tile: S, softmax, P (its P V runs with the next S)");
-    cur_ = ring().begin();
+    if (!spec_.persistent) cur_ = ring().begin();  // persistent: runs on across items
     Reg s = cur_.stage, ph = cur_.parity;
     Reg bar = ring().bars(s);
     wait(bar, static_cast<int>(lay_.k_full(0)), ph);
@@ -991,9 +1101,9 @@ class ForwardWgmmaGen {
   ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, lean_hi_, n_;
-  tile::KeyRange keys_;    // the CTA's keys (tile::key_range)
-  ForwardBases fb_;        // gather: row addresses
-  Reg wg_, wg1_;           // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
+  tile::KeyRange keys_;     // the CTA's keys (tile::key_range)
+  ForwardBases fb_;         // gather: row addresses
+  Reg wg_, wg1_;            // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
   tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
   Reg score_scale_;

@@ -101,6 +101,14 @@ struct KernelSpec {
   // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)
   // instead of TMA; the consumers are the same.
   bool gather = false;
+  // wgmma, not gather: a persistent grid (at most one CTA per SM) whose CTAs
+  // loop over the launch's work items (m-block, head, batch) in
+  // tile::TileScheduler's order, CTA c taking items c, c + nctaid, ...;
+  // the K/V ring runs on across items and Q's buffer is refilled once the
+  // previous item's epilogue has read O out of it (docs/kernels.md,
+  // "Persistent variant"). Off: the PTX and serialize() are those of a spec
+  // without it.
+  bool persistent = false;
 
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
@@ -420,8 +428,13 @@ inline size_t reduce_params_size(const KernelSpec &spec) {
 // from its spec and the strides already set; no-op for other specs.
 void set_forward_steps(const KernelSpec &spec, ForwardParams *p);
 
-// Grid, block and dynamic shared memory for a launch.
-LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p);
+// Grid, block and dynamic shared memory for a launch. A persistent forward
+// (spec.persistent) gets min(work items, ctas) CTAs in x (ctas: the SM
+// count, or a test's smaller grid; 0: one CTA per item).
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas = 0);
+// The work items of a persistent forward launch (tile::Schedule::total):
+// ceil(seqlen_q / block_m) x num_heads_q x batch.
+int64_t forward_work_items(const KernelSpec &spec, const ForwardParams &p);
 LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p);
 LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p);
 

@@ -19,6 +19,7 @@ KernelPolicy KernelPolicy::from_env() {
   if (const char *w = std::getenv("FLASHATTN_SM90_WGMMA")) p.sm90_wgmma = w[0] == '1';
   if (env_on("FLASHATTN_FORCE_SM80_FORWARD")) p.sm90_wgmma = false;
   p.sm90_fp8_f16 = env_on("FLASHATTN_SM90_FP8_F16");
+  p.sm90_persistent = env_on("FLASHATTN_SM90_PERSISTENT");
   return p;
 }
 

@@ -19,6 +19,13 @@ struct KernelPolicy {
   // The sm_90a fp8 forward converts Q, K, V to f16 and runs the 16-bit
   // wgmma instead of the fp8 one (comparison; FLASHATTN_SM90_FP8_F16=1).
   bool sm90_fp8_f16 = false;
+  // The sm_90a forward's TMA variant runs persistent (KernelSpec::persistent;
+  // FLASHATTN_SM90_PERSISTENT=1). Off by default: it is proven on the
+  // emulator only, never timed on a GPU.
+  bool sm90_persistent = false;
+  // Tests: the persistent grid's CTAs at most (0: the device's SM count),
+  // so that each CTA runs several work items. No variable sets it.
+  int persistent_grid = 0;
 
   // The defaults above with the environment's overrides: each variable
   // counts when its first character is '1' (FLASHATTN_SM90_WGMMA: '1' on,

@@ -121,8 +121,9 @@ bool spec_valid(const KernelSpec &s) {
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
-           (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous));
-  if (s.gather) return false;
+           (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
+           !(s.gather && s.persistent);
+  if (s.gather || s.persistent) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -374,8 +375,9 @@ std::string KernelSpec::serialize() const {
     o.push_back('Q');
     o.push_back(static_cast<char>(q_fp8));
   }
-  if (fp8_f16) o.push_back('F');    // only when on
-  if (page_pow2) o.push_back('P');  // only when on
+  if (fp8_f16) o.push_back('F');     // only when on
+  if (page_pow2) o.push_back('P');   // only when on
+  if (persistent) o.push_back('T');  // only when on
   return o;
 }
 
@@ -402,7 +404,7 @@ std::string KernelSpec::describe() const {
          (rotary_half_table ? " rope_table16" : "") +
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
-         (fp8_f16 ? " fp8_f16" : "");
+         (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -463,6 +465,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
       s.kv_fp8 = cfg.kv_fp8;
       s.fp8_f16 = policy.sm90_fp8_f16;
     }
+    s.persistent = policy.sm90_persistent && !s.gather;
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;
@@ -573,7 +576,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.rotary_half_table ? "16" : "") +
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
-         (s.fp8_f16 ? "_f16" : "");
+         (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
@@ -585,11 +588,20 @@ std::string generate_ptx(const KernelSpec &spec) {
   return kgen::generate_attention(spec);
 }
 
-LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p) {
+int64_t forward_work_items(const KernelSpec &spec, const ForwardParams &p) {
+  return ceil_div(p.seqlen_q, spec.block_m) * p.num_heads_q * p.batch;
+}
+
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas) {
   LaunchGeometry g;
-  g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split);
-  g.grid[1] = grid_dim(p.num_heads_q);
-  g.grid[2] = grid_dim(p.batch);
+  if (spec.persistent) {
+    const int64_t items = forward_work_items(spec, p);
+    g.grid[0] = grid_dim(ctas > 0 ? std::min(items, ctas) : items);
+  } else {
+    g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split);
+    g.grid[1] = grid_dim(p.num_heads_q);
+    g.grid[2] = grid_dim(p.batch);
+  }
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
   g.smem_bytes = max_dynamic_smem(spec);
   return g;

@@ -504,10 +504,6 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, policy());
     }
   }
-  Kernel *kernel = nullptr;
-  fa_status st = get_kernel(spec, &kernel);
-  if (st != FA_SUCCESS) return st;
-
   ForwardParams p;
   std::memset(&p, 0, sizeof p);
   p.q = a.q.data;
@@ -530,7 +526,21 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.alibi_slopes = a.alibi_slopes;
   p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
+  if (spec.persistent && forward_work_items(spec, p) > INT32_MAX) {
+    // The persistent kernel numbers its work items in 32 bits.
+    KernelPolicy one_per_item = policy();
+    one_per_item.sm90_persistent = false;
+    spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, one_per_item);
+  }
+  Kernel *kernel = nullptr;
+  fa_status st = get_kernel(spec, &kernel);
+  if (st != FA_SUCCESS) return st;
   set_forward_steps(spec, &p);
+  // The persistent grid: one CTA per SM (the kernel holds a whole SM's
+  // registers), or a test's smaller one.
+  const int64_t ctas = policy().persistent_grid > 0 ? policy().persistent_grid
+                                                    : std::max(backend_->info().num_sms, 1);
+  const LaunchGeometry geom = forward_geometry(spec, p, ctas);
   Fp8Descales ds;  // the fp8 forward's (spec.q_fp8)
   ds.q_descale = a.q_descale;
   ds.k_descale = a.k_descale;
@@ -542,7 +552,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     std::memset(&fp, 0, sizeof fp);
     fp.f = p;
     fp.d = ds;
-    return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &fp, sizeof fp, stream);
+    return launch_checked(*backend_, *kernel, geom, &fp, sizeof fp, stream);
   }
   if (spec.wgmma) {
     wp.f = p;
@@ -551,11 +561,11 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       std::memset(&fw, 0, sizeof fw);
       fw.w = wp;
       fw.d = ds;
-      return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &fw, sizeof fw, stream);
+      return launch_checked(*backend_, *kernel, geom, &fw, sizeof fw, stream);
     }
-    return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &wp, sizeof wp, stream);
+    return launch_checked(*backend_, *kernel, geom, &wp, sizeof wp, stream);
   }
-  return launch_checked(*backend_, *kernel, forward_geometry(spec, p), &p, sizeof p, stream);
+  return launch_checked(*backend_, *kernel, geom, &p, sizeof p, stream);
 }
 
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {

@@ -613,6 +613,17 @@ void set_kv_args(Ctx &ctx, const KvCase &kc, const Pages &pg, int batch, fa_kv_c
 
 }  // namespace
 
+ForwardCase forward_case(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+                         int head_dim, int head_dim_v, bool bf16, bool causal, int wl, int wr,
+                         float cap, uint32_t seed) {
+  ForwardCase c;
+  c.batch = batch, c.seqlen_q = seqlen_q, c.seqlen_k = seqlen_k;
+  c.heads_q = heads_q, c.heads_kv = heads_kv, c.head_dim = head_dim, c.head_dim_v = head_dim_v;
+  c.bf16 = bf16, c.causal = causal, c.window_left = wl, c.window_right = wr, c.softcap = cap;
+  c.seed = seed;
+  return c;
+}
+
 std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
@@ -736,6 +747,8 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     ctx.check(fa_memcpy_dtoh(rt, lse.data() + h * n, a.lse + (h * lse_stride + first) * 4, n * 4),
               "download LSE");
   }
+  if (c.o_out) *c.o_out = o;
+  if (c.lse_out) *c.lse_out = lse;
 
   ref::Problem p;
   p.num_heads_q = c.heads_q;

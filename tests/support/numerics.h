@@ -57,8 +57,17 @@ struct ForwardCase {
   // (strides {1, batch}).
   int q_fp8 = 0, kv_fp8 = 0;
   int descale = 2;
+  // When set, receive O (each element as a float: exact for fp16 / bf16)
+  // and LSE as the launch wrote them: bit-identity checks between kernels.
+  std::vector<float> *o_out = nullptr, *lse_out = nullptr;
   std::string describe() const;
 };
+
+// A random-input case of that shape and masking (wl, wr: -1 unbounded;
+// cap: softcap, 0 off).
+ForwardCase forward_case(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+                         int head_dim, int head_dim_v, bool bf16, bool causal, int wl, int wr,
+                         float cap, uint32_t seed);
 
 // How a case lays out its KV cache (flashattn.h, fa_kv_layout).
 struct KvCase {

@@ -13,16 +13,24 @@ namespace fa::test {
 class PolicyScope {
  public:
   PolicyScope(fa_runtime *rt, bool fa::KernelPolicy::*field, bool value = true) : rt_(rt) {
-    fa::KernelPolicy p = fa::api::set_kernel_policy(rt, fa::KernelPolicy());
-    old_ = p;
-    p.*field = value;
-    fa::api::set_kernel_policy(rt, p);
+    set(field, value);
+  }
+  // The same for an int field (e.g. &fa::KernelPolicy::persistent_grid).
+  PolicyScope(fa_runtime *rt, int fa::KernelPolicy::*field, int value) : rt_(rt) {
+    set(field, value);
   }
   ~PolicyScope() { fa::api::set_kernel_policy(rt_, old_); }
   PolicyScope(const PolicyScope &) = delete;
   PolicyScope &operator=(const PolicyScope &) = delete;
 
  private:
+  template <typename T>
+  void set(T fa::KernelPolicy::*field, T value) {
+    fa::KernelPolicy p = fa::api::set_kernel_policy(rt_, fa::KernelPolicy());
+    old_ = p;
+    p.*field = value;
+    fa::api::set_kernel_policy(rt_, p);
+  }
   fa_runtime *rt_;
   fa::KernelPolicy old_;
 };

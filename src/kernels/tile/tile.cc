@@ -510,6 +510,13 @@ OnlineSoftmax::OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form)
   }
 }
 
+void OnlineSoftmax::reset() {
+  for (int r = 0; r < rows_; ++r) {
+    e_.b.mov(Type::F32, m_[size_t(r)], fimm(kNegInf));
+    e_.b.mov(Type::F32, l_[size_t(r)], fimm(0.0f));
+  }
+}
+
 void OnlineSoftmax::step(const std::vector<AccTile> &s, const std::vector<AccTile> &o) {
   step_impl(s, &o);
 }

@@ -292,6 +292,9 @@ class OnlineSoftmax {
   static Form fp8_form() { return Form{0.0f, 8.0f}; }
   // scale_log2: f32 register, or invalid when scores are already log2-domain.
   OnlineSoftmax(Emitter &e, int m_tiles, Reg scale_log2, Form form = Form());
+  // Back to the state the constructor leaves (m = -inf, l = 0, in the same
+  // registers): a persistent kernel's next row block.
+  void reset();
   // One K/V tile: s becomes p (f32, in place); o and l rescaled when needed.
   void step(const std::vector<AccTile> &s, const std::vector<AccTile> &o);
   // step() in two halves, for a kernel whose O is still being written by an

@@ -1,0 +1,77 @@
+// The tile scheduler of a persistent forward kernel: the work items (m-block,
+// query head, batch) of a launch numbered 0 .. total - 1 in the order a
+// persistent CTA takes them (CTA c runs items c, c + nctaid, c + 2 nctaid,
+// ...), and the decode of an item number into its coordinates, in PTX and on
+// the host (the same arithmetic, for tests and the runtime).
+//
+// The order (FlashAttention-3's longest-processing-time-first scheduler):
+//  - (batch, head) pairs are numbered bh = batch * heads + head, so the
+//    query heads of one batch are adjacent, and those of one KV head (head /
+//    group, group = heads / heads_kv) are adjacent within them;
+//  - the pairs are cut into sections of `section` KV heads (section x group
+//    consecutive bh; the last section may be shorter), sized so that one
+//    section's K and V fit in kL2Bytes of L2: CTAs running at once work on
+//    few KV heads and re-read their K/V from L2;
+//  - within a section the items go m-block by m-block, every pair of the
+//    section at one m-block before the next m-block, longest first: the last
+//    m-blocks first when window_right <= window_left (causal: row i sees
+//    more keys the larger i is, and with seqlen_q > seqlen_k the first
+//    m-blocks see none), else the first ones first (a left window alone:
+//    the first rows see the most keys). Sizes and windows are the launch's
+//    (ForwardParams: resolved window edges, set_masking_and_scale).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/codegen.h"
+
+namespace fa::kgen::tile {
+
+// The L2 bytes one section's K and V are sized for (FlashAttention-3 uses
+// 32 MiB on H100 / H200, whose L2 holds 50 MiB: room for Q, O and the other
+// sections' tails).
+constexpr int64_t kL2Bytes = int64_t(32) << 20;
+
+// One work item: query rows [block_m m_block, block_m (m_block + 1)) of
+// (batch, head).
+struct WorkItem {
+  int64_t m_block = 0;
+  int head = 0, batch = 0;
+};
+
+// The host's twin of TileScheduler: the same order from the same inputs.
+struct Schedule {
+  int64_t m_blocks = 0;  // ceil(seqlen_q / block_m)
+  int heads = 0, heads_kv = 0, batch = 0;
+  int64_t section = 1;  // KV heads per section, 1 .. heads_kv batch
+  bool reverse = false;
+  int64_t total() const { return m_blocks * heads * batch; }
+  WorkItem decode(int64_t t) const;  // t in [0, total())
+};
+// kv_row_bytes: the bytes of one key's K and V rows (head_dim + head_dim_v)
+// x element size; wl, wr the resolved window edges; heads_kv divides heads.
+Schedule make_schedule(int64_t seqlen_q, int64_t seqlen_k, int heads, int heads_kv, int batch,
+                       int64_t wl, int64_t wr, int block_m, int kv_row_bytes);
+
+// The same in PTX. Every input is an s32 register of the launch (sizes from
+// ForwardParams, wl and wr resolved); block_m and kv_row_bytes are the
+// kernel's. The constructor emits the schedule's constants (a few
+// divisions): a kernel short of registers makes it per item rather than
+// holding them across its loops. Item numbers and the total are u32: the
+// runtime launches the persistent kernel only when total() < 2^31.
+class TileScheduler {
+ public:
+  TileScheduler(Emitter &e, Reg seqlen_q, Reg seqlen_k, Reg heads, Reg heads_kv, Reg batch, Reg wl,
+                Reg wr, int block_m, int kv_row_bytes);
+  Reg total() const { return total_; }  // u32
+  struct Item {
+    Reg m_block, head, batch;  // u32, new registers
+  };
+  Item decode(Reg t) const;  // t: u32, < total()
+
+ private:
+  Emitter &e_;
+  Reg m_blocks_, heads_, pairs_, sec_heads_, sec_tiles_, reverse_, total_;
+};
+
+}  // namespace fa::kgen::tile
