@@ -33,26 +33,6 @@ func ropeTables(rows, rd int) ([]float32, []float32) {
 	return c, s
 }
 
-// rope64 rotates one row x [d] at position pos in float64.
-func rope64(x []float32, pos int, cos, sin []float32, rd int, interleaved bool) []float64 {
-	half := rd / 2
-	y := make([]float64, len(x))
-	for i, v := range x {
-		y[i] = float64(v)
-	}
-	for i := 0; i < half; i++ {
-		c, s := float64(cos[pos*half+i]), float64(sin[pos*half+i])
-		i0, i1 := i, i+half
-		if interleaved {
-			i0, i1 = 2*i, 2*i+1
-		}
-		x0, x1 := float64(x[i0]), float64(x[i1])
-		y[i0] = x0*c - x1*s
-		y[i1] = x0*s + x1*c
-	}
-	return y
-}
-
 func TestDecodeAppendRotary(t *testing.T) {
 	rt := newRT(t)
 	cfg := newCfg(t, ConfigDesc{HeadDim: apD, NumHeadsQ: apHQ, NumHeadsKV: apHKV, Causal: true})

@@ -12,48 +12,6 @@ import (
 	"testing"
 )
 
-// fp8Value is the value of an fp8 code (OCP e4m3: bias 7; e5m2: bias 15).
-func fp8Value(code uint8, e5m2 bool) float64 {
-	mb, bias := 3, 7
-	if e5m2 {
-		mb, bias = 2, 15
-	}
-	e := int(code&0x7f) >> mb
-	m := float64(int(code) & (1<<mb - 1))
-	sign := 1.0
-	if code&0x80 != 0 {
-		sign = -1
-	}
-	if (e5m2 && e == 31) || (!e5m2 && e == 15 && m == 7) {
-		return math.NaN()
-	}
-	if e == 0 {
-		return sign * m * math.Pow(2, float64(1-bias-mb))
-	}
-	return sign * (float64(int(1)<<mb) + m) * math.Pow(2, float64(e-bias-mb))
-}
-
-// fp8Quantize is the finite code nearest to x.
-func fp8Quantize(x float64, e5m2 bool) uint8 {
-	best, bd := uint8(0), math.Inf(1)
-	for c := 0; c < 256; c++ {
-		v := fp8Value(uint8(c), e5m2)
-		if !math.IsNaN(v) && !math.IsInf(v, 0) && math.Abs(v-x) < bd {
-			best, bd = uint8(c), math.Abs(v-x)
-		}
-	}
-	return best
-}
-
-// bytesAsUint16 packs bytes into little-endian uint16 pairs for upload.
-func bytesAsUint16(b []uint8) []uint16 {
-	out := make([]uint16, (len(b)+1)/2)
-	for i, x := range b {
-		out[i/2] |= uint16(x) << (8 * (i % 2))
-	}
-	return out
-}
-
 func runFP8(t *testing.T, e5m2, perHead bool) {
 	rt, err := NewRuntime(&RuntimeOptions{Backend: BackendEmulator, EmulatorSM: 89, CacheMode: CacheMemory})
 	if err != nil {

@@ -13,33 +13,6 @@ import (
 	"testing"
 )
 
-func withSinks(p problem, o, lse []float64, sinks []float32) ([]float64, []float64) {
-	o2 := append([]float64(nil), o...)
-	lse2 := append([]float64(nil), lse...)
-	for b := 0; b < p.batch; b++ {
-		for h := 0; h < p.hq; h++ {
-			for i := 0; i < p.sq; i++ {
-				li := (b*p.hq+h)*p.sq + i
-				l, s := lse[li], float64(sinks[h])
-				m := math.Max(l, s)
-				if math.IsInf(m, -1) {
-					continue // no key and no sink: O = 0, LSE = -inf
-				}
-				n := m + math.Log(math.Exp(l-m)+math.Exp(s-m))
-				lse2[li] = n
-				f := 0.0
-				if !math.IsInf(l, -1) {
-					f = math.Exp(l - n)
-				}
-				for c := 0; c < p.dv; c++ {
-					o2[((b*p.sq+i)*p.hq+h)*p.dv+c] *= f
-				}
-			}
-		}
-	}
-	return o2, lse2
-}
-
 func TestSinks(t *testing.T) {
 	rt := newRT(t)
 	const B, SQ, SK, HQ, HKV, D = 2, 3, 200, 4, 2, 32

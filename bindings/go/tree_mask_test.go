@@ -30,15 +30,6 @@ func randomTrees(r *rand.Rand, trees, n int) []bool {
 	return m
 }
 
-func uploadWords(t *testing.T, rt *Runtime, w []uint32) *DeviceMemory {
-	t.Helper()
-	s := make([]int32, len(w))
-	for i, x := range w {
-		s[i] = int32(x)
-	}
-	return upload(t, rt, s)
-}
-
 func TestDecodeTreeMask(t *testing.T) {
 	rt := newRT(t)
 	const B, SQ, SK, HQ, HKV, D = 2, 5, 64, 4, 2, 32
