@@ -228,7 +228,10 @@ func (c *featureCase) done(t *testing.T) {
 
 var featureStatus = map[string]Status{
 	"INVALID_ARGUMENT": StatusInvalidArgument, "UNSUPPORTED": StatusUnsupported,
-	"OUT_OF_MEMORY": StatusOutOfMemory, "LAUNCH": StatusLaunch, "INTERNAL": StatusInternal,
+	"OUT_OF_MEMORY": StatusOutOfMemory, "NO_DRIVER": StatusNoDriver, "NO_DEVICE": StatusNoDevice,
+	"CUDA": StatusCUDA, "COMPILE": StatusCompile, "LAUNCH": StatusLaunch,
+	"RUNTIME_POISONED": StatusRuntimePoisoned, "BUFFER_TOO_SMALL": StatusBufferTooSmall,
+	"INTERNAL": StatusInternal, "CACHE": StatusCache,
 }
 
 // runFeatureCase runs c on rt: an op line is checked against the reference,
@@ -284,6 +287,7 @@ func runFeatureCase(t *testing.T, rt *Runtime, c *featureCase, edit func(*featur
 		edit(fc)
 	}
 	wantErr(t, fc.run(), status, msg)
+	fc.out.untouched(t)
 }
 
 // featureLine runs text (one line in the .cases format) on rt, edited first.
@@ -308,6 +312,7 @@ func featureReject(t *testing.T, rt *Runtime, text string, edit func(*featureCal
 	c.done(t)
 	edit(fc)
 	wantErr(t, fc.run(), s, sub)
+	fc.out.untouched(t)
 }
 
 // featureCall is a line's call with its inputs on the device; check compares
@@ -319,6 +324,7 @@ type featureCall struct {
 	dec   *DecodeArgs
 	red   *ReduceArgs
 	s     featShape
+	out   featOut
 	check func(t *testing.T)
 }
 
@@ -733,6 +739,22 @@ func (out featOut) values(t *testing.T) ([]float64, []float32) {
 	return decodeBits(out.dt, bits), lse
 }
 
+// untouched checks a rejected call wrote nothing: O and LSE hold the poison.
+func (out featOut) untouched(t *testing.T) {
+	t.Helper()
+	o, lse := out.values(t)
+	for i, x := range o {
+		if !math.IsNaN(x) {
+			t.Fatalf("O[%d] = %v written by a rejected call", i, x)
+		}
+	}
+	for i, x := range lse {
+		if math.Float32bits(x) != 0xffffffff {
+			t.Fatalf("LSE[%d] = %v written by a rejected call", i, x)
+		}
+	}
+}
+
 // compare checks O and LSE against the reference.
 func (out featOut) compare(t *testing.T, what string, want, wantLSE []float64, tol float64) {
 	t.Helper()
@@ -893,6 +915,7 @@ func buildForward(t *testing.T, fc *featureCall, c *featureCase, s featShape, r 
 	p.kvLen = caps
 	ex := newExtras(t, fc.rt, c, r, s, &p)
 	out := newFeatOut(t, fc.rt, s)
+	fc.out = out
 	fc.fwd = &ForwardArgs{Batch: int32(s.batch), SeqlenQ: int32(s.sq), SeqlenK: int32(s.sk),
 		Q: Contiguous(q.upload(t, fc.rt).Ptr(), int64(s.sq), int64(s.hq), int64(s.d)), K: kv.kT, V: kv.vT,
 		O:   Contiguous(out.o.Ptr(), int64(s.sq), int64(s.hq), int64(s.dv)),
@@ -1046,6 +1069,7 @@ func buildDecode(t *testing.T, fc *featureCall, c *featureCase, s featShape, r *
 	store := newKVStore(c, r, s.batch, s.sk, p.kvLen)
 	kv := store.upload(t, fc.rt, k, v)
 	out := newFeatOut(t, fc.rt, s)
+	fc.out = out
 	a := &DecodeArgs{Batch: int32(s.batch), SeqlenQ: int32(s.sq), SeqlenKMax: int32(s.sk),
 		Q:      Contiguous(q.upload(t, fc.rt).Ptr(), int64(s.sq), int64(s.hq), int64(s.d)),
 		KCache: kv.kT, VCache: kv.vT, CacheSeqlens: upload(t, fc.rt, lens32).Ptr(), NumSplits: int32(splits),
@@ -1202,6 +1226,7 @@ func buildReduce(t *testing.T, fc *featureCall, c *featureCase, s featShape, r *
 		c.fail("alibi_slopes: reduce has none")
 	}
 	out := newFeatOut(t, fc.rt, s)
+	fc.out = out
 	fc.red = &ReduceArgs{NumSplits: int32(S), Batch: int32(B), SeqlenQ: int32(SQ),
 		OPartial:         upload(t, fc.rt, op).Ptr(),
 		OPartialStride:   [5]int64{int64(B * SQ * H * DV), int64(SQ * H * DV), int64(H * DV), int64(DV), 1},
