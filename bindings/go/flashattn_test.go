@@ -215,9 +215,28 @@ func reference(p problem, q, k, v []float32) ([]float64, []float64) {
 // written: NaN poison fails).
 func compareO(t *testing.T, what string, got []uint16, want []float64, tol float64) {
 	t.Helper()
+	compareValues(t, what, decodeBits(FP16, got), want, tol)
+}
+
+// decodeBits is the values of fp16 or bf16 bits.
+func decodeBits(dt DType, bits []uint16) []float64 {
+	out := make([]float64, len(bits))
+	for i, h := range bits {
+		if dt == BF16 {
+			out[i] = float64(BF16ToFloat32(h))
+		} else {
+			out[i] = float64(FP16ToFloat32(h))
+		}
+	}
+	return out
+}
+
+// compareValues checks output values against the reference: within tol plus
+// 1e-2 relative, NaN (poison not overwritten) fails.
+func compareValues(t *testing.T, what string, got []float64, want []float64, tol float64) {
+	t.Helper()
 	worst := 0.0
-	for i, h := range got {
-		g := float64(FP16ToFloat32(h))
+	for i, g := range got {
 		d := math.Abs(g - want[i])
 		if math.IsNaN(g) || d > tol+1e-2*math.Abs(want[i]) {
 			t.Fatalf("%s[%d] = %v, want %v", what, i, g, want[i])

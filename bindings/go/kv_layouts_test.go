@@ -1,10 +1,13 @@
 package flashattn
 
-// KV cache layouts (C API 0.3) on the emulator: paged caches (page sizes 16,
-// 3 and 1, NHD and HND pages, shuffled block tables with padded rows) and
-// pointer arrays through Decode and Forward (chunked prefill with
-// SequsedK), each compared with the same data laid out contiguously;
-// batch-invariant decode bit for bit; the library's checks of the new fields.
+// KV cache layouts (C API 0.3) on the emulator; the paged (page sizes 16 and
+// 3) and pointer-array decodes and a page size of 0 are
+// tests/features/kv_layouts.cases (TestFeatures). Here: paged caches of page
+// size 1 and HND pages (shuffled block tables with padded rows), an empty
+// pointer-array sequence, and Forward over paged and pointer-array caches
+// (chunked prefill with SequsedK), each compared with the same data laid out
+// contiguously; batch-invariant decode bit for bit; the library's other
+// checks of the new fields.
 
 import (
 	"fmt"
@@ -158,7 +161,7 @@ func TestPagedDecode(t *testing.T) {
 	cases := []struct {
 		pageSize, sq int
 		hnd, causal  bool
-	}{{16, 1, false, false}, {3, 2, false, true}, {1, 1, false, true}, {16, 1, true, false}}
+	}{{1, 1, false, true}, {16, 1, true, false}} // page sizes 16 and 3 NHD: kv_layouts.cases
 	for i, c := range cases {
 		c := c
 		t.Run(fmt.Sprintf("page%d_hnd%v_causal%v_sq%d", c.pageSize, c.hnd, c.causal, c.sq), func(t *testing.T) {
@@ -181,31 +184,10 @@ func TestPagedDecode(t *testing.T) {
 }
 
 func TestPtrArrayDecode(t *testing.T) {
-	// One allocation per sequence, each only as long as it needs (the last empty).
-	rt := newRT(t)
-	r := rand.New(rand.NewSource(11))
-	const batch, sq, skMax = 3, 2, 75
-	lens, caps := []int{75, 20, 0}, []int{75, 24, 8}
-	qh, _ := randHalf(r, batch*sq*kvHQ*kvD, 1)
-	kc := newKVCache(r, batch, skMax, lens)
-	cfg := kvCfg(t, true)
-	a := contiguousArgs(t, rt, kc, upload(t, rt, qh), sq)
-	oRef, lseRef := runDecode(t, rt, cfg, a)
-	row := kvHKV * kvD
-	kp, vp := make([]uint64, batch), make([]uint64, batch)
-	for b := 0; b < batch; b++ {
-		kp[b] = upload(t, rt, kc.kh[b*skMax*row:][:caps[b]*row]).Ptr()
-		vp[b] = upload(t, rt, kc.vh[b*skMax*row:][:caps[b]*row]).Ptr()
-	}
-	a.KV = PtrArray(upload(t, rt, kp).Ptr(), upload(t, rt, vp).Ptr())
-	a.KCache, a.VCache = SeqTensor(kvHKV, kvD), SeqTensor(kvHKV, kvD)
-	o, lse := runDecode(t, rt, cfg, a)
-	sameAs(t, "pointer array", o, oRef, lse, lseRef)
-	for i := 2 * sq * kvHQ * kvD; i < len(o); i++ {
-		if o[i] != 0 {
-			t.Fatalf("empty sequence: O[%d] = %#x, want 0", i, o[i])
-		}
-	}
+	// One allocation per sequence, each as long as it needs; the last holds
+	// no key (O = 0, LSE = -inf). No kv_layouts.cases line has an empty one.
+	featureLine(t, newRTsm(t, 80), "decode batch=3 seqlen_q=2 seqlen_k=75 cache_seqlens=75,20,0 num_heads_q=8 "+
+		"num_heads_kv=2 head_dim=64 causal=1 kv_layout=ptr_array seed=11", nil)
 }
 
 func TestBatchInvariantDecode(t *testing.T) {
@@ -328,7 +310,6 @@ func TestKVLayoutErrors(t *testing.T) {
 		name, want string
 		edit       func(a *DecodeArgs)
 	}{
-		{"page size 0", "kv.page_size", func(a *DecodeArgs) { a.KV.PageSize = 0 }},
 		{"short table stride", "block_table_stride", func(a *DecodeArgs) { a.KV.BlockTableStride = 3 }},
 		{"too few pages", "max_pages_per_seq", func(a *DecodeArgs) { a.KV.MaxPagesPerSeq = 3 }},
 		{"invariant with splits", "num_splits", func(a *DecodeArgs) { a.BatchInvariant, a.NumSplits = true, 2 }},

@@ -1,91 +1,23 @@
 package flashattn
 
-// Speculative-decoding tree masks (DecodeArgs.TreeMask, C API 0.4) on the
-// emulator: random trees per sequence and one for the batch against a
-// float64 reference with poisoned outputs; a chain tree without causal is
-// causal decoding bit for bit; bad masks are StatusInvalidArgument.
+// Speculative-decoding tree masks (DecodeArgs.TreeMask, C API 0.4): the
+// decodes and a short row stride are tests/features/tree_mask.cases
+// (TestFeatures); here what no line describes: a chain tree without causal
+// is causal decoding bit for bit; a null and a misaligned mask with strides
+// set are StatusInvalidArgument.
 
 import (
 	"bytes"
 	"encoding/binary"
-	"math"
-	"math/rand"
 	"testing"
 )
 
-func randomTrees(r *rand.Rand, trees, n int) []bool {
-	m := make([]bool, trees*n*n)
-	for t := 0; t < trees; t++ {
-		parent := make([]int, n)
-		for i := 0; i < n; i++ {
-			parent[i] = -1
-			if i > 0 {
-				parent[i] = r.Intn(i+1) - 1
-			}
-			for j := i; j >= 0; j = parent[j] {
-				m[(t*n+i)*n+j] = true
-			}
-		}
-	}
-	return m
-}
-
-func uploadWords(t *testing.T, rt *Runtime, w []uint32) *DeviceMemory {
-	t.Helper()
-	s := make([]int32, len(w))
-	for i, x := range w {
-		s[i] = int32(x)
-	}
-	return upload(t, rt, s)
-}
-
-func TestDecodeTreeMask(t *testing.T) {
-	rt := newRT(t)
-	const B, SQ, SK, HQ, HKV, D = 2, 5, 64, 4, 2, 32
-	cfg := newCfg(t, ConfigDesc{HeadDim: D, NumHeadsQ: HQ, NumHeadsKV: HKV})
-	r := rand.New(rand.NewSource(33))
-	for _, trees := range []int{B, 1} {
-		p := problem{batch: B, sq: SQ, skMax: SK, hq: HQ, hkv: HKV, d: D, dv: D,
-			scale: 1 / math.Sqrt(D), kvLen: []int{SK, 11}, tree: randomTrees(r, trees, SQ)}
-		s := newDecode(t, rt, p, int64(40+trees))
-		words := uploadWords(t, rt, PackTreeMask(p.tree, SQ))
-		o := poisoned(t, rt, uint64(len(s.want))*2)
-		lse := poisoned(t, rt, uint64(len(s.wantLSE))*4)
-		a := s.args
-		a.NumSplits = 2
-		a.O = Contiguous(o.Ptr(), SQ, HQ, D)
-		a.LSE = lse.Ptr()
-		a.TreeMask = words.Ptr()
-		a.TreeMaskStride = [2]int64{SQ * 4, 4}
-		if trees == 1 {
-			a.TreeMaskStride[0] = 0
-		}
-		if err := rt.Decode(cfg, &a); err != nil {
-			t.Fatalf("Decode: %v", err)
-		}
-		got := make([]uint16, len(s.want))
-		gotLSE := make([]float32, len(s.wantLSE))
-		if err := o.DownloadUint16(got); err != nil {
-			t.Fatal(err)
-		}
-		if err := lse.DownloadFloat32(gotLSE); err != nil {
-			t.Fatal(err)
-		}
-		compareO(t, "tree decode O", got, s.want, 3e-3)
-		compareLSE(t, "tree decode LSE", gotLSE, s.wantLSE)
-
-		if trees == 1 {
-			bad := a
-			bad.TreeMaskStride[1] = 2
-			wantErr(t, rt.Decode(cfg, &bad), StatusInvalidArgument, "tree_mask_stride[1]")
-			bad = a
-			bad.TreeMask = 0
-			wantErr(t, rt.Decode(cfg, &bad), StatusInvalidArgument, "tree_mask is 0")
-			bad = a
-			bad.TreeMask++
-			wantErr(t, rt.Decode(cfg, &bad), StatusInvalidArgument, "not 4-byte aligned")
-		}
-	}
+func TestDecodeTreeMaskBad(t *testing.T) {
+	rt := newRTsm(t, 80)
+	const line = "decode batch=2 seqlen_q=5 seqlen_k=64 cache_seqlens=64,11 num_heads_q=4 num_heads_kv=2 " +
+		"head_dim=32 tree_mask=shared seed=41"
+	featureReject(t, rt, line, func(fc *featureCall) { fc.dec.TreeMask = 0 }, StatusInvalidArgument, "tree_mask is 0")
+	featureReject(t, rt, line, func(fc *featureCall) { fc.dec.TreeMask++ }, StatusInvalidArgument, "not 4-byte aligned")
 }
 
 func TestDecodeChainTreeIsCausal(t *testing.T) {
