@@ -195,6 +195,16 @@ bool parse(const Line &line, Spec *s, std::string *err) {
       return false;
     }
   }
+  const char *alone = s->rotary_dim > 0 && s->seqlen_new == 0 && s->bad != "rotary_without_new"
+                          ? "rotary_dim needs seqlen_new"
+                      : !s->descale.empty() && !s->kv_dtype && s->bad != "descale_without_fp8"
+                          ? "descale needs kv_dtype"
+                      : s->q_dtype && !s->kv_dtype ? "q_dtype needs kv_dtype"
+                                                   : nullptr;
+  if (alone) {
+    *err = alone;
+    return false;
+  }
   if (s->reject && (s->op == "reject" || s->bad.empty() || s->message.empty())) {
     *err = "a reject line needs of=, bad= and message=";
     return false;
@@ -385,11 +395,8 @@ std::string run_c(const Spec &s, fa_runtime *rt, fa_runtime *rt89) {
   if (s.window_right != -1 && s.op != "forward")
     return not_expressible("window_right on " + s.op + " (the decode runner has no field)");
   Reject r;
-  const bool descale_is_bad = s.reject && s.bad == "descale_without_fp8";
   if (s.reject && !c_mutation(s, &r)) return not_expressible("bad=" + s.bad + " for of=" + s.op);
   const Reject *rej = s.reject ? &r : nullptr;
-  if (!s.descale.empty() && !s.kv_dtype && !descale_is_bad)
-    return not_expressible("descale without kv_dtype");
   if (s.op == "forward") return run_forward_line(s, rej, rt, rt89);
   if (s.op == "decode") {
     if (s.q_dtype) return not_expressible("q_dtype on decode");

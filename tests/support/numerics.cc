@@ -1345,4 +1345,12 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   return err + ctx.err;
 }
 
+std::string check_output(const std::vector<float> &o, const std::vector<double> &o_ref,
+                         const std::vector<double> &o_lowp, const std::vector<float> &lse,
+                         const std::vector<double> &lse_ref, bool fp8) {
+  std::string err;
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err, fp8);
+  return err;
+}
+
 }  // namespace fa::test

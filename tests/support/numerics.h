@@ -194,6 +194,15 @@ std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<doub
                                    const std::vector<double> &k, const std::vector<double> &v,
                                    bool bf16, const int32_t *seqlens_k, bool p_e4m3 = false);
 
+// O [b, sq, hq, dv] and LSE [b, hq, sq] (as floats, e.g. a program's
+// output files) against the fp64 reference under the runners' rule: O
+// within twice the error of o_lowp (lowp_attention) and relative L2 below
+// 1e-2 (fp8: or twice o_lowp's), LSE within 2e-3 relative, each non-finite
+// reference value matched. The problems found, "" when none.
+std::string check_output(const std::vector<float> &o, const std::vector<double> &o_ref,
+                         const std::vector<double> &o_lowp, const std::vector<float> &lse,
+                         const std::vector<double> &lse_ref, bool fp8 = false);
+
 // Runs the numerics suite (random cases, fixtures, decode, reduce) as a
 // CMocka group on `backend` (emulating `emulator_sm`, 0 = 80); every test skips with the reason
 // when the backend cannot be created. Returns the CMocka exit status.
