@@ -1,10 +1,10 @@
 // `flashattn run` and `flashattn decode` with `--alibi-slopes` and `--alibi`
-// (FA_CLI_PATH), run as a child process on the emulator: random
-// per-sequence slopes [batch, heads_q] in a float32 .npy and the standard
+// (FA_CLI_PATH), run as a child process on the emulator: the standard
 // slopes, a causal window and GQA, forward over a contiguous cache and
 // decode with splits over a paged one, each checked against an fp64
 // reference with the slopes computed here (and differing from the run
-// without them); bad slope files and both options at once are usage errors
+// without them; slopes from a file: tests/features/alibi.cases through
+// test_cli_features); bad slope files and both options at once are usage errors
 // that write nothing; `generate --alibi` gives the ALiBi kernels for forward
 // and decode and is a usage error for reduce.
 
@@ -117,21 +117,20 @@ std::vector<float> run_and_check(const std::vector<std::string> &args,
   return o;
 }
 
-void test_run_and_decode_alibi(void **) {
+// The standard slopes of --alibi (slopes from a file: tests/features/
+// alibi.cases through test_cli_features).
+void test_run_and_decode_standard_alibi(void **) {
   skip_without_cli();
   for (bool decode : {false, true}) {
-    for (bool given : {true, false}) {
-      std::vector<double> o_ref, lse_ref;
-      write_case(decode, given, &o_ref, &lse_ref);
-      const std::vector<float> with =
-          run_and_check(cli_args(decode, given ? "slopes.npy" : "std"), o_ref, lse_ref);
-      // Without ALiBi the program runs (and passes) the plain softmax,
-      // whose O differs.
-      const std::vector<std::string> plain = cli_args(decode, "");
-      const Result r = run_cli(plain);
-      expect(r.exited && r.code == 0 && !contains(r.out, "alibi:"), plain, r, "plain run");
-      assert_true(read_npy("o.npy").to_f32() != with);
-    }
+    std::vector<double> o_ref, lse_ref;
+    write_case(decode, false, &o_ref, &lse_ref);
+    const std::vector<float> with = run_and_check(cli_args(decode, "std"), o_ref, lse_ref);
+    // Without ALiBi the program runs (and passes) the plain softmax,
+    // whose O differs.
+    const std::vector<std::string> plain = cli_args(decode, "");
+    const Result r = run_cli(plain);
+    expect(r.exited && r.code == 0 && !contains(r.out, "alibi:"), plain, r, "plain run");
+    assert_true(read_npy("o.npy").to_f32() != with);
   }
 }
 
@@ -196,7 +195,7 @@ void test_generate_alibi(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_run_and_decode_alibi),
+      cmocka_unit_test(test_run_and_decode_standard_alibi),
       cmocka_unit_test(test_bad_alibi),
       cmocka_unit_test(test_generate_alibi),
   };

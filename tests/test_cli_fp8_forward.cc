@@ -32,25 +32,10 @@ using namespace fa::test::cli;
 
 constexpr int kB = 2, kSq = 24, kSk = 200, kHq = 4, kHkv = 2, kD = 64;
 
-// The fp8 values of a [kB, s, h, kD] .npy read back, quantised per the CLI's
-// rule: descale = float(amax / fp8 max) over each (batch, h / group) group
-// (or the whole tensor), 1 for an all-zero group.
+// The fp8 values of a [kB, s, h, kD] .npy read back, as the program
+// quantises it (group: heads per descale).
 std::vector<double> quantized(const char *file, int s, int h, int group, bool e5m2, bool per_head) {
-  const std::vector<float> x = read_npy(file).to_f32();
-  auto slot = [&](size_t i) {
-    const size_t b = i / (size_t(s) * h * kD), hh = i / kD % size_t(h);
-    return per_head ? b * (h / group) + hh / group : 0;
-  };
-  std::vector<double> amax(per_head ? size_t(kB) * (h / group) : 1, 0.0);
-  for (size_t i = 0; i < x.size(); ++i)
-    amax[slot(i)] = std::max(amax[slot(i)], std::fabs(double(x[i])));
-  std::vector<double> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double m = amax[slot(i)];
-    const double ds = double(float(m > 0 ? m / fa::ref::fp8_max(e5m2) : 1.0));
-    out[i] = fa::ref::fp8_to_double(fa::ref::fp8_from_double(x[i] / ds, e5m2), e5m2) * ds;
-  }
-  return out;
+  return cli_fp8_values(read_npy(file).to_f32(), kB, s, h, kD, group, e5m2, per_head, nullptr);
 }
 
 std::vector<std::string> run_args(const char *sm, std::vector<std::string> extra) {
@@ -65,7 +50,8 @@ void test_run_fp8(void **) {
     const char *q, *kv, *scale, *dtype, *page_size, *sm;
     bool causal;
   } kCases[] = {{"e4m3", "e4m3", "head", "fp16", "16", "89", true},
-                {"e5m2", "e5m2", "tensor", "bf16", nullptr, "89", false},
+                // (one format per tensor, contiguous: fp8_forward.cases
+                // through test_cli_features)
                 {"e4m3", "e5m2", "head", "bf16", nullptr, "89", true},
                 // sm_90's fp8 wgmma: its producer transposes V from pages
                 // looked up per row (16) and per tile (128)

@@ -1,13 +1,14 @@
 // `flashattn decode --kv-dtype e4m3|e5m2 [--kv-scale head|tensor]`
 // (FA_CLI_PATH), run as a child process on an sm_89 emulator: the program
 // quantises the K/V .npy values to fp8 bytes with descales amax / 448 (e4m3)
-// or amax / 57344 (e5m2) per (batch, KV head) or per tensor; each run is
-// checked against an fp64 reference over the values those bytes hold,
-// quantised here (the same rule, over the valid rows), over a paged and a
-// contiguous cache; --k-new/--v-new (with NeoX RoPE) appended into the fp8
-// cache, the new rows quantised with the cache's descales (K after RoPE,
-// rounded to fp16 first); a bad --kv-dtype is a usage error that writes
-// nothing, and sm_80 is refused (UNSUPPORTED).
+// or amax / 57344 (e5m2) per (batch, KV head) or per tensor (the runs of
+// each format and descale form against the fp64 reference:
+// tests/features/fp8_kv.cases through test_cli_features); --k-new/--v-new
+// (with NeoX RoPE, some new values past the cache's amax) appended into the
+// fp8 cache, the new rows quantised with the cache's descales (K after
+// RoPE, rounded to fp16 first), checked against an fp64 reference over the
+// values the bytes hold (quantised here by the same rule); a bad --kv-dtype is a usage error that
+// writes nothing, and sm_80 is refused (UNSUPPORTED).
 
 #include <sys/stat.h>
 
@@ -30,40 +31,16 @@ namespace {
 using namespace fa::test::cli;
 
 constexpr int kB = 2, kSq = 3, kSk = 70, kHq = 4, kHkv = 2, kD = 64;
-const std::vector<int32_t> kLens = {70, 29};
+const std::vector<int32_t> kLens = {70, 29};        // test_fp8_refused
 const std::vector<int32_t> kLensAppend = {60, 29};  // before appending kSq tokens
 
-// The fp8 values of a cache read back from its .npy, quantised per the
-// CLI's rule (descale = amax / fp8 max over each group's valid rows, the
-// first valid[b] of sequence b; *descales: them, [batch][kv head] or [1]).
+// The fp8 values of a cache read back from its .npy as the program
+// quantises it over the first valid[b] rows (*descales: its descales).
 std::vector<double> quantized(const char *file, bool e5m2, bool per_head,
-                              const std::vector<int32_t> &valid = kLens,
+                              const std::vector<int32_t> &valid,
                               std::vector<double> *descales = nullptr) {
-  const std::vector<float> x = read_npy(file).to_f32();
-  auto at = [&](int b, int j, int h) { return ((size_t(b) * kSk + j) * kHkv + h) * kD; };
-  std::vector<double> amax(per_head ? kB * kHkv : 1, 0.0);
-  for (int b = 0; b < kB; ++b)
-    for (int j = 0; j < valid[b]; ++j)
-      for (int h = 0; h < kHkv; ++h)
-        for (int e = 0; e < kD; ++e) {
-          double &m = amax[per_head ? b * kHkv + h : 0];
-          m = std::max(m, std::fabs(double(x[at(b, j, h) + e])));
-        }
-  std::vector<double> out(x.size(), 0.0);
-  if (descales)
-    for (double m : amax)
-      descales->push_back(double(float(m > 0 ? m / fa::ref::fp8_max(e5m2) : 1.0)));
-  for (int b = 0; b < kB; ++b)
-    for (int j = 0; j < valid[b]; ++j)
-      for (int h = 0; h < kHkv; ++h) {
-        const double m = amax[per_head ? b * kHkv + h : 0];
-        const double ds = double(float(m > 0 ? m / fa::ref::fp8_max(e5m2) : 1.0));
-        for (int e = 0; e < kD; ++e) {
-          const size_t i = at(b, j, h) + e;
-          out[i] = fa::ref::fp8_to_double(fa::ref::fp8_from_double(x[i] / ds, e5m2), e5m2) * ds;
-        }
-      }
-  return out;
+  return cli_fp8_values(read_npy(file).to_f32(), kB, kSk, kHkv, kD, 1, e5m2, per_head, &valid,
+                        descales);
 }
 
 std::vector<std::string> cli_args(const std::string &kv_dtype, const std::string &scale, bool paged,
@@ -73,47 +50,6 @@ std::vector<std::string> cli_args(const std::string &kv_dtype, const std::string
                             path_of("lse.npy"), "--kv-dtype", kv_dtype, "--kv-scale", scale});
   if (paged) a.insert(a.end(), {"--kv-layout", "paged", "--page-size", "16"});
   return a;
-}
-
-void test_decode_fp8(void **) {
-  skip_without_cli();
-  const QkvInputs in = write_qkv(31, kB, kSq, kSk, kHq, kHkv, kD, &kLens);
-  const struct {
-    const char *dtype, *scale;
-    bool paged;
-  } kCases[] = {{"e4m3", "head", true}, {"e5m2", "tensor", false}, {"e4m3", "tensor", false}};
-  for (const auto &c : kCases) {
-    const bool e5m2 = std::string(c.dtype) == "e5m2", per_head = std::string(c.scale) == "head";
-    const std::vector<double> k = quantized("k.npy", e5m2, per_head);
-    const std::vector<double> v = quantized("v.npy", e5m2, per_head);
-    fa::ref::Problem p;
-    p.batch = kB;
-    p.seqlen_q = kSq;
-    p.seqlen_k = kSk;
-    p.num_heads_q = kHq;
-    p.num_heads_kv = kHkv;
-    p.head_dim = p.head_dim_v = kD;
-    p.causal = true;
-    std::vector<double> o_ref(size_t(kB) * kSq * kHq * kD), lse_ref(size_t(kB) * kHq * kSq);
-    fa::ref::attention(p, in.q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(),
-                       kLens.data());
-    std::remove(path_of("o.npy").c_str());
-    const std::vector<std::string> args = cli_args(c.dtype, c.scale, c.paged, "89");
-    const Result r = run_cli(args);
-    expect(r.exited && r.code == 0, args, r, "exit status is not 0");
-    expect(contains(r.out, "\nPASS"), args, r, "no PASS line");
-    expect(contains(r.out, std::string("kv dtype:    ") + c.dtype), args, r, "no kv dtype line");
-    const std::vector<float> o = read_npy("o.npy").to_f32();
-    const fa::ref::ErrorStats e = fa::ref::compare(o.data(), o_ref.data(), o.size());
-    std::printf("  %s %s %s: O max_abs %.3g (max|ref| %.3g)\n", c.dtype, c.scale,
-                c.paged ? "paged" : "contiguous", e.max_abs, e.max_ref);
-    if (e.nonfinite || e.max_abs > 4e-3 * std::max(1.0, e.max_ref) || e.rel_l2 >= 1e-2)
-      expect(false, args, r, "O outside tolerance of the fp8 reference");
-    const std::vector<float> lse = read_npy("lse.npy").to_f32();
-    for (size_t i = 0; i < lse.size(); ++i)
-      if (!(std::fabs(lse[i] - lse_ref[i]) <= 2e-3 * std::max(1.0, std::fabs(lse_ref[i]))))
-        expect(false, args, r, "LSE outside tolerance");
-  }
 }
 
 // Append kSq new tokens (fp16 .npy values) into the e4m3 cache with NeoX
@@ -214,7 +150,6 @@ void test_fp8_refused(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decode_fp8),
       cmocka_unit_test(test_decode_fp8_append),
       cmocka_unit_test(test_fp8_refused),
   };

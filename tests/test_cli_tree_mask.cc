@@ -1,10 +1,10 @@
 // `flashattn decode --tree-mask` and the 0.4 options of `flashattn generate`
-// (FA_CLI_PATH), run as a child process on the emulator: random trees in
-// uint8 and int32 .npy files, per sequence and one for the batch, over a
-// contiguous and a paged cache, each checked against an fp64 reference with
-// the mask computed here; bad masks are usage errors that write nothing;
-// `generate --tree-mask` gives the tree kernel and leaves the default one
-// alone; `generate --lse-partial-format/--lse-format` the reduce variants.
+// (FA_CLI_PATH), run as a child process on the emulator: a random tree per
+// sequence in an int32 .npy, checked against an fp64 reference with the
+// mask computed here (uint8 masks, one for the batch, paged caches:
+// tests/features/tree_mask.cases through test_cli_features); bad masks are usage errors that write
+// nothing; `generate --tree-mask` gives the tree kernel and leaves the default one alone; `generate
+// --lse-partial-format/--lse-format` the reduce variants.
 
 #include <sys/stat.h>
 
@@ -103,32 +103,21 @@ void run_and_check(const std::vector<std::string> &args, const std::vector<doubl
   }
 }
 
-void test_decode_tree_mask(void **) {
+// An int32 mask (any nonzero value means visible), causal on top (a tree in
+// topological order is unchanged by it). (uint8 masks per sequence and for
+// the batch, contiguous and paged: tests/features/tree_mask.cases through
+// test_cli_features.)
+void test_decode_tree_mask_int32(void **) {
   skip_without_cli();
   const std::vector<uint8_t> trees = random_trees(kB, 11);
-  std::vector<double> o_ref, lse_ref;
+  std::vector<double> o_ref, lse_ref, o_c, lse_c;
   write_case(trees, false, &o_ref, &lse_ref);
-  // uint8 bits, one tree per sequence; contiguous and paged caches.
-  write_npy("mask.npy", u8_array({kB, kSq, kSq}, trees));
-  run_and_check(decode_args("mask.npy", false), o_ref, lse_ref);
-  std::vector<std::string> paged = decode_args("mask.npy", false);
-  paged.insert(paged.end(), {"--kv-layout", "paged", "--page-size", "5"});
-  run_and_check(paged, o_ref, lse_ref);
-  // int32, causal on top (a tree in topological order is unchanged by it).
-  std::vector<double> o_c, lse_c;
   write_case(trees, true, &o_c, &lse_c);
   std::vector<int32_t> ints(trees.begin(), trees.end());
-  for (int32_t &x : ints) x *= 7;  // any nonzero value means visible
+  for (int32_t &x : ints) x *= 7;
   write_npy("mask_i4.npy", fa::npy::from_i32({kB, kSq, kSq}, ints.data()));
   run_and_check(decode_args("mask_i4.npy", true), o_c, lse_c);
   assert_true(o_c == o_ref);
-  // One tree for the batch: [1, sq, sq].
-  const std::vector<uint8_t> one = random_trees(1, 12);
-  std::vector<uint8_t> both(one);
-  both.insert(both.end(), one.begin(), one.end());
-  write_case(both, false, &o_ref, &lse_ref);
-  write_npy("mask1.npy", u8_array({1, kSq, kSq}, one));
-  run_and_check(decode_args("mask1.npy", false), o_ref, lse_ref);
 }
 
 void test_bad_tree_mask(void **) {
@@ -207,7 +196,7 @@ void test_generate_options(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decode_tree_mask),
+      cmocka_unit_test(test_decode_tree_mask_int32),
       cmocka_unit_test(test_bad_tree_mask),
       cmocka_unit_test(test_generate_options),
   };

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -148,6 +150,42 @@ inline QkvInputs write_qkv(uint32_t seed, int b, int sq, int sk, int hq, int hkv
   one("v.npy", sk, hkv, &in.v);
   if (lens) write_npy("lens.npy", fa::npy::from_i32({b}, lens->data()));
   return in;
+}
+
+// The values of a float array x [b, s, h, d] as the program quantises it to
+// fp8 (--q-dtype, --kv-dtype): descale = float(amax / fp8 max) over the
+// valid rows (the first valid[b] of sequence b; all without valid) of each
+// (sequence, head / group) group (per_head, --kv-scale head) or of the whole
+// array (--kv-scale tensor), 1 where they are all 0; each value the fp8
+// byte of x / descale times descale. Rows past valid are 0. *descales: the
+// descales, [b][h / group] or [1].
+inline std::vector<double> cli_fp8_values(const std::vector<float> &x, int b, int s, int h, int d,
+                                          int group, bool e5m2, bool per_head,
+                                          const std::vector<int32_t> *valid,
+                                          std::vector<double> *descales = nullptr) {
+  auto slot = [&](int ib, int ih) { return per_head ? size_t(ib) * (h / group) + ih / group : 0; };
+  auto rows = [&](int ib) { return valid ? (*valid)[ib] : s; };
+  std::vector<double> amax(per_head ? size_t(b) * (h / group) : 1, 0.0), ds(amax.size());
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < rows(ib); ++is)
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id) {
+          double &m = amax[slot(ib, ih)];
+          m = std::max(m, std::fabs(double(x[((size_t(ib) * s + is) * h + ih) * d + id])));
+        }
+  for (size_t i = 0; i < ds.size(); ++i)
+    ds[i] = double(float(amax[i] > 0 ? amax[i] / fa::ref::fp8_max(e5m2) : 1.0));
+  if (descales) *descales = ds;
+  std::vector<double> out(x.size(), 0.0);
+  for (int ib = 0; ib < b; ++ib)
+    for (int is = 0; is < rows(ib); ++is)
+      for (int ih = 0; ih < h; ++ih)
+        for (int id = 0; id < d; ++id) {
+          const size_t i = ((size_t(ib) * s + is) * h + ih) * d + id;
+          const double sc = ds[slot(ib, ih)];
+          out[i] = fa::ref::fp8_to_double(fa::ref::fp8_from_double(x[i] / sc, e5m2), e5m2) * sc;
+        }
+  return out;
 }
 
 // `run` on the emulator with the scratch directory's q/k/v.npy, O to o.npy,

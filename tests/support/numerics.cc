@@ -208,6 +208,18 @@ void fp8_descales(Ctx &ctx, const ForwardCase &c, std::vector<double> ds[3], fa_
 }  // namespace
 
 // numerics.h
+std::string check_reject(fa_status st, const Reject &r, const char *call) {
+  const char *msg = fa_last_error();
+  std::printf("    %s refused: status %d, \"%s\"\n", call, int(st), msg);
+  std::string err;
+  if (st != r.status)
+    err += std::string(call) + " returned " + std::to_string(int(st)) + ", not " +
+           std::to_string(int(r.status)) + "\n";
+  if (std::strstr(msg, r.message.c_str()) == nullptr)
+    err += std::string(call) + ": message \"" + msg + "\" lacks \"" + r.message + "\"\n";
+  return err;
+}
+
 std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
                                    const std::vector<double> &k, const std::vector<double> &v,
                                    bool bf16, const int32_t *seqlens_k, bool p_e4m3) {
@@ -325,6 +337,16 @@ void judge(const char *what, std::vector<float> o, std::vector<double> o_ref,
     *err += std::string(buf) +
             " | LSE wrong non-finite value or unwritten: " + std::to_string(lse_bad) + "\n";
   if (lse_err > 2e-3) *err += std::string(buf) + " | LSE error over 2e-3\n";
+}
+
+// After a refused call: the problems if any of `bytes` bytes at ptr no
+// longer holds the poison byte.
+std::string untouched(Ctx &ctx, uint64_t ptr, size_t bytes, uint8_t poison) {
+  std::vector<uint8_t> got(bytes);
+  if (bytes) ctx.check(fa_memcpy_dtoh(ctx.rt, got.data(), ptr, bytes), "download O");
+  const auto changed =
+      std::count_if(got.begin(), got.end(), [&](uint8_t x) { return x != poison; });
+  return changed ? "O written by a refused call: " + std::to_string(changed) + " bytes\n" : "";
 }
 
 // Downloads O [b, s, h, dv] from view t as floats (contiguous order) and
@@ -735,6 +757,11 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   fa_forward_args la = a;  // views moved back by `first` rows (never touched)
   for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o})
     t->data -= uint64_t(first * t->stride[1] * (fp8 && t != &la.o ? 1 : 2));
+  if (c.reject) {
+    c.reject->forward(&la);
+    return check_reject(fa_launch(rt, cfg, &la, nullptr), *c.reject, "fa_launch") +
+           untouched(ctx, a.o.data, o_elems * 2, poison) + ctx.err;
+  }
   ctx.check(fa_launch(rt, cfg, &la, nullptr), "fa_launch");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
@@ -1136,6 +1163,12 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     ctx.check(fa_memset(rt, a.lse, poison, lse_n * 4), "poison LSE");
   }
   ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
+  if (c.reject) {
+    const uint64_t o_data = a.o.data;
+    c.reject->decode(&a);
+    return check_reject(fa_decode(rt, cfg, &a, nullptr), *c.reject, "fa_decode") +
+           untouched(ctx, o_data, c.partials_only ? 0 : o_elems * 2, poison) + ctx.err;
+  }
   ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
@@ -1184,7 +1217,7 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
 
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
                        bool bf16, uint32_t seed, const std::vector<float> *sinks, bool nonfinite,
-                       int lse_formats) {
+                       int lse_formats, const Reject *reject) {
   Ctx ctx(rt);
   std::printf("  reduce %s splits%d b%d sq%d h%d dv%d%s%s lse_formats%d\n", bf16 ? "bf16" : "fp16",
               splits, batch, seqlen_q, heads, dv, sinks ? " sinks" : "",
@@ -1282,6 +1315,11 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
       poison_byte(nonfinite || (sinks && any_nan(*sinks)));  // nonfinite: NaN states
   ctx.check(fa_memset(rt, a.o.data, poison, o_elems * 2), "poison O");
   ctx.check(fa_memset(rt, a.lse, poison, lse_n * 4), "poison LSE");
+  if (reject) {
+    reject->reduce(&a);
+    return check_reject(fa_decode_reduce(rt, cfg, &a, nullptr), *reject, "fa_decode_reduce") +
+           untouched(ctx, a.o.data, o_elems * 2, poison) + ctx.err;
+  }
   ctx.check(fa_decode_reduce(rt, cfg, &a, nullptr), "fa_decode_reduce");
   ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;
@@ -1318,6 +1356,14 @@ std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int 
   if (bad) err += "reduce: " + std::to_string(bad) + " O elements off\n";
   if (lse_bad) err += "reduce: " + std::to_string(lse_bad) + " LSE values off\n";
   return err + ctx.err;
+}
+
+std::string check_output(const std::vector<float> &o, const std::vector<double> &o_ref,
+                         const std::vector<double> &o_lowp, const std::vector<float> &lse,
+                         const std::vector<double> &lse_ref, bool fp8) {
+  std::string err;
+  judge("O", o, o_ref, o_lowp, lse, lse_ref, &err, fp8);
+  return err;
 }
 
 }  // namespace fa::test

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,21 @@ std::vector<T> maybe_quick(std::vector<T> v, size_t every) {
   for (size_t i = 0; i < v.size(); i += every) out.push_back(v[i]);
   return out;
 }
+
+// A call that must be refused (tests/features' `reject` lines): the runner
+// builds the case as usual, hands the call's arguments to the mutation of its
+// op just before the call (fa_launch, fa_decode, fa_decode_reduce), and
+// checks that the call returns `status` with `message` in fa_last_error()
+// and wrote nothing to O or LSE; nothing is compared with the reference.
+struct Reject {
+  std::function<void(fa_forward_args *)> forward;
+  std::function<void(fa_decode_args *)> decode;
+  std::function<void(fa_reduce_args *)> reduce;
+  fa_status status = FA_ERROR_INVALID_ARGUMENT;
+  std::string message;
+};
+// The problems with a refused call's status st ("" when it is r's).
+std::string check_reject(fa_status st, const Reject &r, const char *call);
 
 struct ForwardCase {
   int batch = 1, seqlen_q = 1, seqlen_k = 1;
@@ -60,6 +76,7 @@ struct ForwardCase {
   // When set, receive O (each element as a float: exact for fp16 / bf16)
   // and LSE as the launch wrote them: bit-identity checks between kernels.
   std::vector<float> *o_out = nullptr, *lse_out = nullptr;
+  const Reject *reject = nullptr;  // a refused fa_launch: nothing runs
   std::string describe() const;
 };
 
@@ -125,6 +142,7 @@ struct DecodeCase {
   // as the same memory, strides and page table (fa_decode reads V from the K
   // tile: KernelSpec::v_in_k). head_dim_v <= head_dim, no append.
   bool v_in_k = false;
+  const Reject *reject = nullptr;  // a refused fa_decode: nothing runs
   std::string describe() const;
 };
 // Packs a bool [rows][seqlen_q] tree mask into rows of `row_words` 32-bit
@@ -142,9 +160,10 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // nonfinite: rows with +inf and NaN states too (splits >= 2).
 // lse_formats: bit 0 = the partial states' LSE in base 2
 // (lse_partial_format FA_LSE_BASE2), bit 1 = the LSE written in base 2.
+// reject: a refused fa_decode_reduce (nothing runs).
 std::string run_reduce(fa_runtime *rt, int splits, int batch, int seqlen_q, int heads, int dv,
                        bool bf16, uint32_t seed, const std::vector<float> *sinks = nullptr,
-                       bool nonfinite = false, int lse_formats = 0);
+                       bool nonfinite = false, int lse_formats = 0, const Reject *reject = nullptr);
 
 }  // namespace fa::test
 
@@ -183,6 +202,15 @@ namespace fa::test {
 std::vector<double> lowp_attention(const ref::Problem &p, const std::vector<double> &q,
                                    const std::vector<double> &k, const std::vector<double> &v,
                                    bool bf16, const int32_t *seqlens_k, bool p_e4m3 = false);
+
+// O [b, sq, hq, dv] and LSE [b, hq, sq] (as floats, e.g. a program's
+// output files) against the fp64 reference under the runners' rule: O
+// within twice the error of o_lowp (lowp_attention) and relative L2 below
+// 1e-2 (fp8: or twice o_lowp's), LSE within 2e-3 relative, each non-finite
+// reference value matched. The problems found, "" when none.
+std::string check_output(const std::vector<float> &o, const std::vector<double> &o_ref,
+                         const std::vector<double> &o_lowp, const std::vector<float> &lse,
+                         const std::vector<double> &lse_ref, bool fp8 = false);
 
 // Runs the numerics suite (random cases, fixtures, decode, reduce) as a
 // CMocka group on `backend` (emulating `emulator_sm`, 0 = 80); every test skips with the reason
