@@ -32,6 +32,7 @@
 
 // Last: it includes cmocka.
 #include "support/cli_harness.h"
+#include "support/feature_suite.h"
 
 namespace {
 
@@ -375,17 +376,8 @@ void test_feature(void **state) {
 }  // namespace
 
 int main() {
-  // One test per .cases file, named after it (state: the name).
-  static std::vector<std::string> names = ft::feature_names();
-  static std::vector<CMUnitTest> tests;
-  for (const std::string &n : names)
-    tests.push_back({n.c_str(), test_feature, nullptr, nullptr, const_cast<char *>(n.c_str())});
-  if (tests.empty()) {
-    std::fprintf(stderr, "no .cases files in %s\n", FA_TEST_FEATURES_DIR);
-    return 1;
-  }
   g_dir = std::string(FA_TEST_BINARY_DIR) + "/test_cli_features_work";
   mkdir(g_dir.c_str(), 0755);
   setenv("FLASHATTN_CACHE_DIR", (g_dir + "/cache").c_str(), 1);
-  return _cmocka_run_group_tests("test_cli_features", tests.data(), tests.size(), nullptr, nullptr);
+  return ft::run_suite("test_cli_features", test_feature, nullptr, nullptr);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/feature_cases.h"
+#include "support/feature_suite.h"
 #include "support/numerics.h"
 
 namespace {
@@ -65,15 +66,4 @@ void test_feature(void **state) {
 
 }  // namespace
 
-int main() {
-  // One test per .cases file, named after it (state: the name).
-  static std::vector<std::string> names = ft::feature_names();
-  std::vector<CMUnitTest> tests;
-  for (const std::string &n : names)
-    tests.push_back({n.c_str(), test_feature, nullptr, nullptr, const_cast<char *>(n.c_str())});
-  if (tests.empty()) {
-    std::fprintf(stderr, "no .cases files in %s\n", FA_TEST_FEATURES_DIR);
-    return 1;
-  }
-  return _cmocka_run_group_tests("test_features", tests.data(), tests.size(), setup, teardown);
-}
+int main() { return ft::run_suite("test_features", test_feature, setup, teardown); }

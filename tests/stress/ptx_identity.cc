@@ -5,8 +5,8 @@
 // tree masks, LSE formats, the scalar, sm_90a and forced-sm80 kernels) with
 // every newer option left 0. Build it against the library before and after
 // a change and diff the outputs:
-//   g++ -std=c++17 -Iinclude tests/stress/ptx_identity.cc -Lbuild -lflashattn \
-//       -Wl,-rpath,$PWD/build -o /tmp/ptx_identity && /tmp/ptx_identity > after.txt
+//   g++ -std=c++17 -Iinclude tests/stress/ptx_identity.cc -Lbuild -lflashattn
+//   (continued) -Wl,-rpath,$PWD/build -o /tmp/ptx_identity && /tmp/ptx_identity > after.txt
 // (Attention sinks: 115,200 modules, 23,218 distinct, identical.)
 // (0.5, with ALiBi, the fp8 KV cache and the KV append off: the same 115,200
 // modules, 23,218 distinct, identical to 0.4.1's a1023f2, each feature
@@ -17,13 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "flashattn.h"
-
-static unsigned long long fnv(const std::string &s) {
-  unsigned long long h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+#include "identity.h"
 
 int main() {
   long n = 0;
@@ -69,18 +63,10 @@ int main() {
                   if (shape == 6) o.kv_layout = FA_KV_PAGED, o.page_size = 64;
                   if (kind == 0 && shape == 6) o.seqused_k = 1;
                 }
-                size_t len = 0;
-                if (fa_generate_for(cfg, fa_kernel_kind(kind), sm, &o, nullptr, 0, &len) !=
-                    FA_SUCCESS) {
-                  std::printf("%s dt%d d%d v%d sm%d k%d s%d ERROR %s\n", ev[0] ? ev[0] : "-", dt, d,
-                              var, sm, kind, shape, fa_last_error());
-                  continue;
-                }
-                std::string ptx(len + 1, '\0');
-                fa_generate_for(cfg, fa_kernel_kind(kind), sm, &o, &ptx[0], ptx.size(), &len);
-                ptx.resize(len);
-                std::printf("%s dt%d d%d v%d sm%d k%d s%d %zu %016llx\n", ev[0] ? ev[0] : "-", dt,
-                            d, var, sm, kind, shape, len, fnv(ptx));
+                char tag[120];
+                std::snprintf(tag, sizeof tag, "%s dt%d d%d v%d sm%d k%d s%d", ev[0] ? ev[0] : "-",
+                              dt, d, var, sm, kind, shape);
+                if (!print_module(cfg, fa_kernel_kind(kind), sm, &o, tag)) continue;
                 ++n;
               }
           fa_config_destroy(cfg);

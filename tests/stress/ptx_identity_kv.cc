@@ -12,13 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "flashattn.h"
-
-static unsigned long long fnv(const std::string &s) {
-  unsigned long long h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+#include "identity.h"
 
 int main() {
   long n = 0;
@@ -56,16 +50,7 @@ int main() {
                 char tag[120];
                 std::snprintf(tag, sizeof tag, "dt%d kv%d d%d/%d v%d sm%d s%d f%d%s", dt, kvd,
                               dd[0], dd[1], var, sm, shape, feat, o.append_kv ? " append" : "");
-                size_t len = 0;
-                if (fa_generate_for(cfg, FA_KERNEL_DECODE, sm, &o, nullptr, 0, &len) !=
-                    FA_SUCCESS) {
-                  std::printf("%s ERROR\n", tag);
-                  continue;
-                }
-                std::string ptx(len + 1, '\0');
-                fa_generate_for(cfg, FA_KERNEL_DECODE, sm, &o, &ptx[0], ptx.size(), &len);
-                ptx.resize(len);
-                std::printf("%s %zu %016llx\n", tag, len, fnv(ptx));
+                if (!print_module(cfg, FA_KERNEL_DECODE, sm, &o, tag)) continue;
                 ++n;
               }
           fa_config_destroy(cfg);
