@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/dev.h"
 #include "support/numerics.h"
 
 namespace {
@@ -81,29 +82,7 @@ struct Case {
   }
 };
 
-struct Dev {
-  fa_runtime *rt;
-  std::vector<uint64_t> allocs;
-  std::string err;
-  fa_config *cfg = nullptr;
-  explicit Dev(fa_runtime *r) : rt(r) {}
-  ~Dev() {
-    for (uint64_t p : allocs) fa_free(rt, p);
-    fa_config_destroy(cfg);
-  }
-  bool check(fa_status st, const char *what) {
-    if (st == FA_SUCCESS) return true;
-    if (err.empty()) err = std::string(what) + ": " + fa_last_error() + "\n";
-    return false;
-  }
-  uint64_t put(const void *host, size_t bytes) {
-    uint64_t p = 0;
-    if (!check(fa_malloc(rt, std::max<size_t>(bytes, 16), &p), "fa_malloc")) return 0;
-    allocs.push_back(p);
-    if (host) check(fa_memcpy_htod(rt, p, host, bytes), "upload");
-    return p;
-  }
-};
+using fa::test::Dev;
 
 float nan_f() { return std::numeric_limits<float>::quiet_NaN(); }
 double bf16_round(float x) { return fa::ref::round_to(x, true); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "reference.h"
+#include "support/dev.h"
 
 namespace fa::test::fp8kv {
 
@@ -16,30 +17,7 @@ fa_status g_last_fail = FA_SUCCESS;
 
 namespace {
 
-struct Dev {
-  fa_runtime *rt;
-  std::vector<uint64_t> allocs;
-  std::string err;
-  fa_config *cfg = nullptr;
-  explicit Dev(fa_runtime *r) : rt(r) {}
-  ~Dev() {
-    for (uint64_t p : allocs) fa_free(rt, p);
-    fa_config_destroy(cfg);
-  }
-  bool check(fa_status st, const char *what) {
-    if (st == FA_SUCCESS) return true;
-    g_last_fail = st;
-    if (err.empty()) err = std::string(what) + ": " + fa_last_error() + "\n";
-    return false;
-  }
-  uint64_t put(const void *host, size_t bytes) {
-    uint64_t p = 0;
-    if (!check(fa_malloc(rt, std::max<size_t>(bytes, 16), &p), "fa_malloc")) return 0;
-    allocs.push_back(p);
-    if (host) check(fa_memcpy_htod(rt, p, host, bytes), "upload");
-    return p;
-  }
-};
+using fa::test::Dev;
 
 uint16_t to16(double x, bool bf16) {
   return bf16 ? fa::ref::f32_to_bf16(float(x)) : fa::ref::f32_to_f16(float(x));
@@ -198,6 +176,7 @@ fa_config *make_config(Dev &dv, const Case &c) {
 std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counters) {
   std::printf("  %s\n", c.describe().c_str());
   Dev dev(rt);
+  dev.last_fail = &g_last_fail;
   if (!make_config(dev, c)) return dev.err;
   const int dv = c.dv ? c.dv : c.d, hq = c.hq, hkv = c.hkv, sq = c.seqlen_q, sk = c.skmax;
   std::mt19937 gen(c.seed);
