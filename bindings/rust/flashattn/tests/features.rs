@@ -1036,17 +1036,38 @@ fn extras(c: &Case, x: &Inputs) -> Extras {
 
 // -------------------------------------------------------------------- ops
 
-fn run_forward(rt: &Runtime, c: &Case) {
+/// A line's call on fresh inputs and devices with O and LSE poisoned: a
+/// reject line is checked here (None); else the inputs, devices, outputs and
+/// what the call returned.
+struct Launched<T> {
+    x: Inputs,
+    dev: Dev,
+    o: DeviceBuffer,
+    lse: DeviceBuffer,
+    ret: T,
+}
+
+type Call<T> = fn(Ctx, &mut DeviceBuffer, &mut DeviceBuffer) -> flashattn::Result<T>;
+
+fn launch<T>(rt: &Runtime, c: &Case, call: Call<T>, what: &str) -> Option<Launched<T>> {
     let x = Inputs::new(c);
     let cfg = config(c).unwrap();
     let dev = Dev::new(rt, c, &x);
     let mut o = poisoned(rt, 2 * c.batch * c.sq * c.hq * c.dv);
     let mut lse = poisoned(rt, 4 * c.batch * c.hq * c.sq);
-    let r = forward_call(Ctx { rt, cfg: &cfg, c, dev: &dev }, &mut o, &mut lse);
+    let r = call(Ctx { rt, cfg: &cfg, c, dev: &dev }, &mut o, &mut lse);
     if c.bad.is_some() {
-        return check_reject(c, r, &[&o, &lse]);
+        check_reject(c, r, &[&o, &lse]);
+        return None;
     }
-    r.unwrap_or_else(|e| panic!("forward failed: {e}"));
+    let ret = r.unwrap_or_else(|e| panic!("{what} failed: {e}"));
+    Some(Launched { x, dev, o, lse, ret })
+}
+
+fn run_forward(rt: &Runtime, c: &Case) {
+    let Some(Launched { x, o, lse, .. }) = launch(rt, c, forward_call, "forward") else {
+        return;
+    };
     let p = problem(c);
     let ex = extras(c, &x);
     let (want, want_lse) = reference_with(&p, &x.q.vals, &x.k.vals, &x.v.vals, &x.lens, &ex);
@@ -1155,16 +1176,9 @@ fn check_cache(c: &Case, x: &Inputs, dev: &Dev, want_k: &[f32], want_v: &[f32]) 
 }
 
 fn run_decode(rt: &Runtime, c: &Case) {
-    let x = Inputs::new(c);
-    let cfg = config(c).unwrap();
-    let dev = Dev::new(rt, c, &x);
-    let mut o = poisoned(rt, 2 * c.batch * c.sq * c.hq * c.dv);
-    let mut lse = poisoned(rt, 4 * c.batch * c.hq * c.sq);
-    let r = decode_call(Ctx { rt, cfg: &cfg, c, dev: &dev }, &mut o, &mut lse);
-    if c.bad.is_some() {
-        return check_reject(c, r, &[&o, &lse]);
-    }
-    let plan = r.unwrap_or_else(|e| panic!("decode failed: {e}"));
+    let Some(Launched { x, dev, o, lse, ret: plan }) = launch(rt, c, decode_call, "decode") else {
+        return;
+    };
     note(format!("splits {} (asked {})", plan.num_splits, c.splits));
     let valid: Vec<usize> = x.lens.iter().map(|&n| n + c.seqlen_new).collect();
     let (q, k, v) = appended(c, &x);
