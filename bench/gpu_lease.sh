@@ -15,6 +15,7 @@
 #             mma.sync forward on the same GPU)
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
+#   testspersist  test_gpu with the persistent sm_90a forward (FLASHATTN_SM90_PERSISTENT=1)
 #   pytest    bindings/python/tests/test_gpu.py
 #   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 512..16k (the
 #             script's whole seqlen grid: 36 configs, ~30 s on an H200)
@@ -22,6 +23,10 @@
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
 #             JIT instead of the plugin's cubins, the same PTX)
+#   persist   bench_sdpa.py with FLASHATTN_SM90_PERSISTENT=1 (the static
+#             persistent sm_90a forward, off by default until measured):
+#             head_dim 64/128, seqlen 512/1k/2k/16k, each point vs cuDNN in
+#             one command; set against the sdpa stage's same points
 #   sdpabase  bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the library
 #             in build-gpu/baseline/ (a before/after pair on one machine;
 #             that version's bindings/python/flashattn in build-gpu/baseline/python/)
@@ -57,7 +62,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,pytest,sdpa,sdpa80,sdpajit,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -142,6 +147,7 @@ bdir=$(grep -aoE '/[[:alnum:]_./-]+/build/tests' "$build/tests/test_cuda_backend
 stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
 FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
+FLASHATTN_SM90_PERSISTENT=1 stage testspersist 100 "$build/tests/test_gpu"
 PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprovider -q -rs \
   bindings/python/tests/test_gpu.py
 stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
@@ -150,6 +156,8 @@ FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-d
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
   --dtypes bf16 --head-dims 64,128 --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
+FLASHATTN_SM90_PERSISTENT=1 stage persist 60 "$py" bench/bench_sdpa.py --out-dir "$logs/persist" \
+  --dtypes bf16 --head-dims 64,128 --seqlens 512,1024,2048,16384 --no-coldstart --time-budget "$(budget 50)"
 if [ -e "$build/baseline/libflashattn.so.0" ]; then
   FLASHATTN_PYTHON_DIR=$basepy FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
     bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 64,128 \
