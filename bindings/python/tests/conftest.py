@@ -187,6 +187,13 @@ def tree_mask_visible(tree, lens, sq, skmax):
     return m
 
 
+def rope_tables(rows, rd, theta=10000.0):
+    """RoPE's cos and sin [rows, rd / 2] (fp32) at base theta."""
+    inv = theta ** (-np.arange(0, rd, 2) / rd)
+    ang = np.arange(rows)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
 def rope(x, pos, cos, sin, interleaved):
     """x [..., D] rotated at positions pos (same leading shape minus the last
     axis), in float64 (the kernel rounds once in fp32 then to fp16: within

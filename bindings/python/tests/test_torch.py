@@ -418,7 +418,7 @@ def test_with_kvcache_append_rotary(fat, interleaved, paged):
     """k/v with rotary_cos/rotary_sin: the caches updated in place (the new
     rows rotated), Q rotated at cache_seqlens + i, against fp64."""
     import torch
-    from test_append import rope, tables
+    from conftest import rope, rope_tables as tables
     g = rng(40 + 2 * interleaved + paged)
     B, Sq, H, Hk, D, Smax, RD, PS = 2, 2, 4, 2, 32, 32, 16, 8
     q = _t(torch, g, (B, Sq, H, D), torch.float16)
