@@ -1460,8 +1460,8 @@ void test_atom(void **) {
   assert_int_equal(run_ptx(q, "k_atom_bad", geom(1, 1), &bad, sizeof bad), FA_ERROR_LAUNCH);
   expect_error("atom.global.add.u32");
   // What the decoder refuses.
-  const std::string base = std::string(kHeader) +
-                           ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n";
+  const std::string base =
+      std::string(kHeader) + ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n";
   expect_compile_error(base + "  atom.shared.add.u32 %r1, [%r2], 1;\n}\n", 8, "atom needs .global");
   expect_compile_error(base + "  atom.global.add.f32 %r1, [%rd1], 1;\n}\n", 8, ".u32 and .s32");
   expect_compile_error(base + "  atom.global.min.u32 %r1, [%rd1], 1;\n}\n", 8, "'.min'");

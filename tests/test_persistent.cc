@@ -85,8 +85,8 @@ std::string check_workspace_api(fa_runtime *rt, uint64_t ws) {
     const fa_status st = fa_forward_workspace_size(rt, cfg, &a, &bytes);
     if (st != FA_SUCCESS || bytes != (on ? 8u : 0u))
       failures += "fa_forward_workspace_size (persistent " + std::to_string(on) + "): status " +
-                  std::to_string(st) + ", " + std::to_string(bytes) + " bytes: " +
-                  fa_last_error() + "\n";
+                  std::to_string(st) + ", " + std::to_string(bytes) + " bytes: " + fa_last_error() +
+                  "\n";
   }
   fa_config_destroy(cfg);
   fa::test::PolicyScope p(rt, &fa::KernelPolicy::sm90_persistent, true);
@@ -183,8 +183,9 @@ int main(void) {
     std::printf("FAIL:\n%s", failures.c_str());
     return 1;
   }
-  std::printf("%zu cases: static and dynamic persistent O and LSE bit-identical to one CTA per item; "
-              "workspace zero after each launch\n",
-              cases.size());
+  std::printf(
+      "%zu cases: static and dynamic persistent O and LSE bit-identical to one CTA per item; "
+      "workspace zero after each launch\n",
+      cases.size());
   return 0;
 }

@@ -286,8 +286,8 @@ class ForwardWgmmaGen {
     b_.comment("dynamic: the last CTA out resets the workspace");
     Reg ws = workspace(), old = b_.b32();
     b_.atom_add(true, Type::U32, old, at(ws, 4), imm(1));
-    Reg last = e_.op(Op::Sub, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)),
-                     imm(1));
+    Reg last =
+        e_.op(Op::Sub, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)), imm(1));
     Reg zero = e_.mov(Type::U32, imm(0));
     Reg is_last = e_.setp(Cmp::Eq, Type::U32, old, last);
     b_.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 0), zero);
