@@ -52,7 +52,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 7
+#define FLASHATTN_VERSION_MINOR 8
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
@@ -594,6 +594,25 @@ typedef struct fa_forward_args {
                          (the same descale_stride; FA3's q_descale [batch,
                          num_heads_kv]: every query head of a KV head's
                          group shares it), or 0 = 1.0 */
+  /* Since 0.8 (FA_FORWARD_ARGS_SIZE_0_7 ends before them; zero = as 0.7). */
+  uint64_t workspace;    /* the persistent forward's work counter, or 0 = none.
+                            Device memory of fa_forward_workspace_size bytes
+                            (8 or 0), 8-byte aligned, zeroed by the caller
+                            once before its first use (cuMemsetD8 after the
+                            allocation): every launch that uses it leaves it
+                            zero again, so it serves back-to-back launches and
+                            CUDA-graph replays with no memset and no host
+                            sync. Not to be shared by launches that may run at
+                            the same time (one per stream). When the runtime
+                            runs the persistent sm_90a kernel (experimental,
+                            off by default: FLASHATTN_SM90_PERSISTENT=1), a
+                            workspace makes it hand out work items dynamically
+                            (an atomic counter); with 0 it runs the static
+                            order. Ignored by every other kernel. Device data:
+                            a workspace not zeroed before its first use gives
+                            wrong results */
+  size_t workspace_size; /* bytes at workspace, >= 8 when workspace != 0;
+                            0 when workspace is 0 */
 } fa_forward_args;
 
 /* struct_size of fa_forward_args in flashattn 0.2 (before kv). */
@@ -604,6 +623,8 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_SIZE_0_4_1 (offsetof(fa_forward_args, alibi_slopes))
 /* struct_size of fa_forward_args in flashattn 0.5 (before q_descale). */
 #define FA_FORWARD_ARGS_SIZE_0_5 (offsetof(fa_forward_args, q_descale))
+/* struct_size of fa_forward_args in flashattn 0.6 and 0.7 (before workspace). */
+#define FA_FORWARD_ARGS_SIZE_0_7 (offsetof(fa_forward_args, workspace))
 
 #define FA_TENSOR_INIT \
   {                    \
@@ -614,13 +635,15 @@ typedef struct fa_forward_args {
 #define FA_FORWARD_ARGS_INIT                                                          \
   {                                                                                   \
     sizeof(fa_forward_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
-        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, 0, 0, {0, 0}, 0 \
+        FA_TENSOR_INIT, 0, 0, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, 0, 0, 0, 0, {0, 0},   \
+        0, 0, 0                                                                       \
   }
 
 /* O = softmax(S) V for every (batch, head, query), FlashAttention-2. Runs
  * asynchronously on `stream` (emulator: synchronously). The first call for a
  * config generates, compiles and caches its kernel. struct_size may be
- * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_5 (no q_descale),
+ * sizeof(fa_forward_args), FA_FORWARD_ARGS_SIZE_0_7 (no workspace),
+ * FA_FORWARD_ARGS_SIZE_0_5 (no q_descale),
  * FA_FORWARD_ARGS_SIZE_0_4_1 (no ALiBi), FA_FORWARD_ARGS_SIZE_0_4 (no
  * sinks) or FA_FORWARD_ARGS_SIZE_0_2. With
  * sinks, the gpt-oss softmax (see fa_forward_args.sinks; openai/gpt-oss
@@ -635,11 +658,27 @@ typedef struct fa_forward_args {
  * without alibi_slopes or between 1 and num_heads_q - 1, an array past 2^63
  * bytes or 2^64 (see Tensors above): "k.stride[0] * (batch - 1) overflows a
  * 64-bit byte offset ..."; with cu_seqlens, q/o/lse (k/v) are checked over
- * seqlen_q (seqlen_k) rows, the rest being device data),
+ * seqlen_q (seqlen_k) rows, the rest being device data; workspace not
+ * 8-byte aligned or ending past 2^64, workspace_size < 8 with a workspace
+ * or != 0 without one: "workspace ..." / "workspace_size ..."),
  * UNSUPPORTED, OUT_OF_MEMORY, COMPILE, CUDA, LAUNCH, RUNTIME_POISONED.
  * Nothing is written when an argument is rejected. */
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
                            void *stream);
+
+/* The bytes of fa_forward_args.workspace fa_launch uses for args on rt: 8
+ * (two uint32 counters, 8-byte aligned) when it would run them on the
+ * persistent sm_90a kernel, which then takes its work items from the
+ * workspace's counter (dynamic scheduling), else 0 (no workspace needed;
+ * one given is ignored). The answer depends on rt's device and policy
+ * (FLASHATTN_SM90_PERSISTENT, read by fa_runtime_create), the config and
+ * the host fields of args (sizes, layouts, which pointers are set); args'
+ * own workspace fields are not read. struct_size as fa_launch's. Errors:
+ * INVALID_ARGUMENT (null rt, cfg, args or bytes, struct_size, sizes,
+ * strides: fa_launch's checks of them). Thread safety: any thread. Since
+ * 0.8. */
+FA_API fa_status fa_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                           const fa_forward_args *args, size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Decode (Flash-Decoding) and reduce                                       */

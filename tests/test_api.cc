@@ -356,6 +356,26 @@ void test_forward_table(void **state) {
        FA_ERROR_INVALID_ARGUMENT, "cu_seqlens"},
       {"cu_seqlens_k alone", [](fa_forward_args &a) { a.cu_seqlens_k = a.lse; },
        FA_ERROR_INVALID_ARGUMENT, "cu_seqlens"},
+      {"workspace misaligned",
+       [](fa_forward_args &a) {
+         a.workspace = a.lse + 4;
+         a.workspace_size = 8;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "workspace 0x"},
+      {"workspace_size 4",
+       [](fa_forward_args &a) {
+         a.workspace = a.lse;
+         a.workspace_size = 4;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "workspace_size is 4"},
+      {"workspace_size alone", [](fa_forward_args &a) { a.workspace_size = 8; },
+       FA_ERROR_INVALID_ARGUMENT, "workspace_size is 8 but workspace is 0"},
+      {"workspace past 2^64",
+       [](fa_forward_args &a) {
+         a.workspace = UINT64_MAX - 7;
+         a.workspace_size = 16;
+       },
+       FA_ERROR_INVALID_ARGUMENT, "workspace"},
   };
   run_table(s, rows, valid_forward(s), "fa_launch",
             [&](const fa_forward_args &a) { return fa_launch(s->rt, s->cfg, &a, nullptr); });
@@ -373,6 +393,37 @@ void test_forward_table(void **state) {
   std::vector<uint16_t> o(s->o_bytes / 2);
   fa_memcpy_dtoh(s->rt, o.data(), s->o, s->o_bytes);
   for (uint16_t h : o) assert_int_not_equal(h, 0xA5A5);
+  // 0.8's workspace: a valid one is accepted (ignored by this kernel); a
+  // 0.7-sized struct never reads the fields past it (garbage there is fine).
+  a.workspace = s->ws;
+  a.workspace_size = 8;
+  assert_int_equal(fa_launch(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  a.struct_size = FA_FORWARD_ARGS_SIZE_0_7;
+  a.workspace = 3;
+  a.workspace_size = 1;
+  poison_outputs(s);
+  assert_int_equal(fa_launch(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
+  assert_false(outputs_untouched(s));
+  // fa_forward_workspace_size: 0 for this (non-persistent) kernel, whatever
+  // the workspace fields hold, with any released struct_size.
+  size_t ws = 7;
+  assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
+  assert_int_equal(ws, 0);
+  a.struct_size = sizeof a;
+  ws = 7;
+  assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
+  assert_int_equal(ws, 0);
+  expect_rejected(nullptr, "ws bytes NULL", fa_forward_workspace_size(s->rt, s->cfg, &a, nullptr),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_forward_workspace_size", "bytes is NULL");
+  expect_rejected(nullptr, "ws args NULL", fa_forward_workspace_size(s->rt, s->cfg, nullptr, &ws),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_forward_workspace_size", "args is NULL");
+  a.struct_size = FA_FORWARD_ARGS_SIZE_0_7 + 4;
+  expect_rejected(nullptr, "ws struct_size", fa_forward_workspace_size(s->rt, s->cfg, &a, &ws),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_forward_workspace_size", "struct_size");
+  a.struct_size = sizeof a;
+  a.seqlen_q = 0;
+  expect_rejected(nullptr, "ws seqlen_q", fa_forward_workspace_size(s->rt, s->cfg, &a, &ws),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_forward_workspace_size", "seqlen_q");
 }
 
 // ----------------------------------------------------------------- decode --

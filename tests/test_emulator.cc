@@ -1369,6 +1369,139 @@ void test_prmt_pack_builder(void **) {
   assert_int_equal(got[4], 0xabcd1234u);
 }
 
+// ------------------------------------------------------------------ atom ----
+
+// atom.global add / exch / cas from 64 CTAs x 128 threads on several host
+// threads (a backend of its own with FLASHATTN_EMU_THREADS=4): every thread
+// keeps the old value it got. Atomicity shows as exact results: the adds'
+// old values are 0, 1, ..., N - 1 in some order and the words end at N and
+// -3 N; exactly one cas from 0 wins and the word holds its value; the
+// exchanges' old values with the final word are the initial 0 and every
+// thread's value once.
+void test_atom(void **) {
+  std::string p = std::string(kHeader) + R"(
+.visible .entry k_atom(.param .align 8 .b8 k_atom_param[16])
+{
+  .reg .b32 %r<16>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [k_atom_param+0];
+  ld.param.u64 %rd2, [k_atom_param+8];
+  mov.u32 %r1, %ctaid.x;
+  mov.u32 %r2, %ntid.x;
+  mov.u32 %r3, %tid.x;
+  mad.lo.s32 %r4, %r1, %r2, %r3;
+  add.u32 %r5, %r4, 1;
+  atom.global.relaxed.gpu.add.u32 %r6, [%rd1], 1;
+  atom.global.acq_rel.gpu.add.s32 %r7, [%rd1+4], -3;
+  atom.global.cas.b32 %r8, [%rd1+8], 0, %r5;
+  atom.global.exch.b32 %r9, [%rd1+12], %r5;
+  mul.wide.u32 %rd3, %r4, 16;
+  add.s64 %rd4, %rd2, %rd3;
+  st.global.v4.u32 [%rd4], {%r6, %r7, %r8, %r9};
+}
+)";
+  setenv("FLASHATTN_EMU_THREADS", "4", 1);
+  std::unique_ptr<fa::Backend> be;
+  assert_int_equal(fa::create_emulator_backend(80, &be), FA_SUCCESS);
+  unsetenv("FLASHATTN_EMU_THREADS");
+  fa::Backend *saved = g_be;
+  g_be = be.get();
+  {
+    const uint32_t ctas = 64, threads = 128, n = ctas * threads;
+    DevBuf words(16), out(16 * n);
+    words.put(std::vector<uint32_t>{0, 0, 0, 0});
+    TwoBuf prm = {words.ptr, out.ptr};
+    assert_int_equal(run_ptx(p, "k_atom", geom(ctas, threads), &prm, sizeof prm), FA_SUCCESS);
+    const std::vector<uint32_t> w = words.get<uint32_t>(), o = out.get<uint32_t>();
+    assert_int_equal(w[0], n);
+    assert_int_equal(static_cast<int32_t>(w[1]), -3 * static_cast<int32_t>(n));
+    std::vector<uint32_t> adds, subs, exch;
+    uint32_t cas_wins = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      adds.push_back(o[4 * i]);
+      subs.push_back(-o[4 * i + 1] / 3);
+      if (o[4 * i + 2] == 0) {
+        ++cas_wins;
+        assert_int_equal(w[2], i + 1);
+      } else {
+        assert_int_equal(o[4 * i + 2], w[2]);
+      }
+      exch.push_back(o[4 * i + 3]);
+    }
+    exch.push_back(w[3]);
+    assert_int_equal(cas_wins, 1);
+    std::sort(adds.begin(), adds.end());
+    std::sort(subs.begin(), subs.end());
+    std::sort(exch.begin(), exch.end());
+    for (uint32_t i = 0; i < n; ++i) {
+      assert_int_equal(adds[i], i);
+      assert_int_equal(subs[i], i);
+    }
+    for (uint32_t i = 0; i <= n; ++i) assert_int_equal(exch[i], i);
+  }
+  g_be = saved;
+  // Faults: misaligned, outside any allocation.
+  std::string q = std::string(kHeader) + R"(
+.visible .entry k_atom_bad(.param .align 8 .b8 k_atom_bad_param[8])
+{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [k_atom_bad_param+0];
+  atom.global.add.u32 %r1, [%rd1], 1;
+}
+)";
+  DevBuf buf(64);
+  OneBuf bad = {buf.ptr + 2};
+  assert_int_equal(run_ptx(q, "k_atom_bad", geom(1, 1), &bad, sizeof bad), FA_ERROR_LAUNCH);
+  expect_error("misaligned global address");
+  expect_error("atom.global.add.u32");
+  expect_error(ptx_line_text(line_of(q, "atom.global")).c_str());
+  bad.out = buf.ptr + 64;
+  assert_int_equal(run_ptx(q, "k_atom_bad", geom(1, 1), &bad, sizeof bad), FA_ERROR_LAUNCH);
+  expect_error("atom.global.add.u32");
+  // What the decoder refuses.
+  const std::string base =
+      std::string(kHeader) + ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n";
+  expect_compile_error(base + "  atom.shared.add.u32 %r1, [%r2], 1;\n}\n", 8, "atom needs .global");
+  expect_compile_error(base + "  atom.global.add.f32 %r1, [%rd1], 1;\n}\n", 8, ".u32 and .s32");
+  expect_compile_error(base + "  atom.global.min.u32 %r1, [%rd1], 1;\n}\n", 8, "'.min'");
+  expect_compile_error(base + "  atom.global.cas.b32 %r1, [%rd1], 1;\n}\n", 8, "operand");
+}
+
+// The builder's atom_add: its text, parsed and run by the emulator.
+void test_atom_builder(void **) {
+  using fa::ptx::at;
+  using fa::ptx::Builder;
+  using fa::ptx::imm;
+  using fa::ptx::Reg;
+  using fa::ptx::Space;
+  using fa::ptx::Type;
+  Builder b("k_ab", 8);
+  Reg raw = b.b64(), w = b.b64();
+  b.ld_param(Type::U64, raw, 0);
+  b.cvta_to_global(w, raw);
+  Reg d0 = b.b32(), d1 = b.b32();
+  b.atom_add(false, Type::U32, d0, at(w, 0), imm(5));
+  b.atom_add(true, Type::S32, d1, at(w, 4), d0);
+  b.st(Space::Global, Type::B32, at(w, 8), d1);
+  b.exit();
+  const std::string ptx = std::move(b).emit(70, 80, 1);
+  for (const char *s : {"\tatom.global.relaxed.gpu.add.u32 %r0, [%rd1], 5;\n",
+                        "\tatom.global.acq_rel.gpu.add.s32 %r1, [%rd1+4], %r0;\n"})
+    if (ptx.find(s) == std::string::npos) {
+      std::fprintf(stderr, "no \"%s\" in\n%s", s, ptx.c_str());
+      fail();
+    }
+  DevBuf words(12);
+  words.put(std::vector<uint32_t>{7, 100, 0});
+  OneBuf prm = {words.ptr};
+  assert_int_equal(run_ptx(ptx, "k_ab", geom(1, 1), &prm, sizeof prm), FA_SUCCESS);
+  const std::vector<uint32_t> got = words.get<uint32_t>();
+  assert_int_equal(got[0], 12u);
+  assert_int_equal(got[1], 107u);
+  assert_int_equal(got[2], 100u);
+}
+
 // --------------------------------------------------------- memory API ----
 
 void test_memory_api(void **) {
@@ -1655,6 +1788,8 @@ int main(void) {
       cmocka_unit_test(test_prmt),
       cmocka_unit_test(test_prmt_errors),
       cmocka_unit_test(test_prmt_pack_builder),
+      cmocka_unit_test(test_atom),
+      cmocka_unit_test(test_atom_builder),
       cmocka_unit_test(test_memory_api),
       cmocka_unit_test(test_signed_overflow),
       cmocka_unit_test(test_lazy_allocation),

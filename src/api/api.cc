@@ -323,6 +323,23 @@ fa_status validate_kv(const fa_kv_cache_layout &kv, const char *k_name, const fa
   return FA_SUCCESS;
 }
 
+// fa_forward_args.workspace (since 0.8): 0 with workspace_size 0, or an
+// 8-byte aligned pointer to at least 8 bytes that end below 2^64.
+fa_status check_forward_workspace(const fa_forward_args &a) {
+  if (a.workspace == 0) {
+    FA_REQUIRE(a.workspace_size == 0, "workspace_size is %zu but workspace is 0", a.workspace_size);
+    return FA_SUCCESS;
+  }
+  FA_REQUIRE(a.workspace % 8 == 0, "workspace 0x%llx is not 8-byte aligned",
+             static_cast<unsigned long long>(a.workspace));
+  FA_REQUIRE(a.workspace_size >= 8,
+             "workspace_size is %zu: the workspace holds two uint32 counters (8 bytes; see "
+             "fa_forward_workspace_size)",
+             a.workspace_size);
+  return check_array_span("workspace", a.workspace, 1, static_cast<int64_t>(a.workspace_size),
+                          "workspace_size");
+}
+
 fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *a) {
   FA_CHECK(check_positive("batch", a->batch));
   FA_CHECK(check_seqlen("seqlen_q", a->seqlen_q));
@@ -346,7 +363,7 @@ fa_status validate_forward(const fa::AttentionConfig &c, const fa_forward_args *
   FA_CHECK(check_fp32_ptr("seqused_k", a->seqused_k, false));
   FA_CHECK(check_fp32_ptr("sinks", a->sinks, false));
   FA_CHECK(check_alibi(c, a->alibi_slopes, a->alibi_slopes_stride));
-  return FA_SUCCESS;
+  return check_forward_workspace(*a);
 }
 
 // The fp8 KV cache's descales (fa_decode_args / fa_forward_args, since 0.5):
@@ -887,8 +904,8 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
       if (options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_5 &&
           options->struct_size != FA_RUNTIME_OPTIONS_SIZE_0_6)
         FA_CHECK(check_struct_size("options", options->struct_size, sizeof(fa_runtime_options)));
-      FA_CHECK(widen_args(options, {FA_RUNTIME_OPTIONS_SIZE_0_5, FA_RUNTIME_OPTIONS_SIZE_0_6},
-                          &opts));
+      FA_CHECK(
+          widen_args(options, {FA_RUNTIME_OPTIONS_SIZE_0_5, FA_RUNTIME_OPTIONS_SIZE_0_6}, &opts));
     }
     if (opts.kernel_store)
       FA_CHECK(fa::cache::check_kernel_store(*opts.kernel_store, "kernel_store"));
@@ -897,9 +914,10 @@ FA_API fa_status fa_runtime_create(const fa_runtime_options *options, fa_runtime
         backend == FA_BACKEND_AUTO || backend == FA_BACKEND_CUDA || backend == FA_BACKEND_EMULATOR,
         "backend must be FA_BACKEND_AUTO, _CUDA or _EMULATOR, got %d", backend);
     FA_REQUIRE(opts.device >= 0, "device must be >= 0, got %d", opts.device);
-    FA_REQUIRE(opts.ptx_compiler == FA_PTX_COMPILER_AUTO || opts.ptx_compiler == FA_PTX_COMPILER_OFF,
-               "ptx_compiler must be FA_PTX_COMPILER_AUTO or _OFF, got %lld",
-               static_cast<long long>(opts.ptx_compiler));
+    FA_REQUIRE(
+        opts.ptx_compiler == FA_PTX_COMPILER_AUTO || opts.ptx_compiler == FA_PTX_COMPILER_OFF,
+        "ptx_compiler must be FA_PTX_COMPILER_AUTO or _OFF, got %lld",
+        static_cast<long long>(opts.ptx_compiler));
     FA_REQUIRE(cache_mode == FA_CACHE_DEFAULT || cache_mode == FA_CACHE_DISK ||
                    cache_mode == FA_CACHE_MEMORY,
                "cache_mode must be FA_CACHE_DEFAULT, _DISK or _MEMORY, got %d", cache_mode);
@@ -1119,8 +1137,7 @@ fa_status generate_into(const fa_config *cfg, int raw_kind, int32_t sm,
   FA_REQUIRE(ptx_size != nullptr, "ptx_size is NULL");
   FA_REQUIRE(buf != nullptr || buf_size == 0, "buf is NULL but buf_size is %zu", buf_size);
   fa::KernelSpec spec;
-  FA_CHECK(
-      kernel_spec_for(cfg->cfg, raw_kind, sm, opts, fa::KernelPolicy::from_env(), &spec));
+  FA_CHECK(kernel_spec_for(cfg->cfg, raw_kind, sm, opts, fa::KernelPolicy::from_env(), &spec));
   const std::string ptx = fa::generate_ptx(spec);
   if (ptx.empty()) {  // a spec no generator takes: never an empty module
     return fail(FA_ERROR_UNSUPPORTED, "no kernel for %s", spec.describe().c_str());
@@ -1156,6 +1173,31 @@ FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t 
   });
 }
 
+// fa_forward_args of any released size, widened to this one's.
+static fa_status widen_forward_args(const fa_forward_args *in, fa_forward_args *out) {
+  return widen_args(in,
+                    {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4, FA_FORWARD_ARGS_SIZE_0_4_1,
+                     FA_FORWARD_ARGS_SIZE_0_5, FA_FORWARD_ARGS_SIZE_0_7},
+                    out);
+}
+
+FA_API fa_status fa_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                           const fa_forward_args *args, size_t *bytes) {
+  return guarded("fa_forward_workspace_size", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(bytes != nullptr, "bytes is NULL");
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_forward_args a;
+    FA_CHECK(widen_forward_args(args, &a));
+    a.workspace = 0;  // not read
+    a.workspace_size = 0;
+    FA_CHECK(validate_forward(cfg->cfg, &a));
+    *bytes = rt->impl->forward_workspace_bytes(cfg->cfg, a);
+    return FA_SUCCESS;
+  });
+}
+
 FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *args,
                            void *stream) {
   return guarded("fa_launch", [&]() -> fa_status {
@@ -1163,10 +1205,7 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
     FA_CHECK(check_config(cfg));
     FA_REQUIRE(args != nullptr, "args is NULL");
     fa_forward_args a;
-    FA_CHECK(widen_args(args,
-                        {FA_FORWARD_ARGS_SIZE_0_2, FA_FORWARD_ARGS_SIZE_0_4,
-                         FA_FORWARD_ARGS_SIZE_0_4_1, FA_FORWARD_ARGS_SIZE_0_5},
-                        &a));
+    FA_CHECK(widen_forward_args(args, &a));
     FA_CHECK(validate_forward(cfg->cfg, &a));
     FA_CHECK(validate_descales(cfg->cfg, a.k_descale, a.v_descale, a.descale_stride, a.k, a.v));
     FA_CHECK(validate_q_fp8(cfg->cfg, a));

@@ -826,6 +826,7 @@ class Parser {
     Inst in = base_inst();
     if (b == "mov") return decode_mov(m, ops, in);
     if (b == "ld" || b == "st") return decode_ldst(b == "ld", m, ops, in);
+    if (b == "atom") return decode_atom(m, ops, in, text);
     if (b == "cvta") return decode_cvta(ops, in, text);
     if (b == "setp") return decode_setp(m, ops, in);
     if (b == "selp") {
@@ -1555,6 +1556,41 @@ class Parser {
         in.v[k] =
             is_ld ? dst(val.elems[k], vbits, true) : src(val.elems[k], vbits, ti.kind == 'f', true);
     }
+    emit(in, text);
+  }
+
+  // atom.global{.relaxed,.acquire,.release,.acq_rel}{.gpu,.cta,.sys}.OP.T
+  // d, [%rd + imm], b{, c}: .add.u32/.s32, .exch.b32, .cas.b32 (PTX ISA
+  // "atom"); every ordering runs as sequentially consistent.
+  void decode_atom(const Mods &m, const std::vector<Operand> &ops, Inst in,
+                   const std::string &text) {
+    if (m.space != "global") bad("atom needs .global");
+    if (m.vec != 1) bad("vector atom is not supported");
+    std::string what;
+    for (const std::string &o : m.other) {
+      if (o == "add" || o == "exch" || o == "cas") {
+        if (!what.empty()) bad("atom takes one operation");
+        what = o;
+      } else if (o != "relaxed" && o != "acquire" && o != "release" && o != "acq_rel" &&
+                 o != "gpu" && o != "cta" && o != "sys") {
+        bad("unsupported atom modifier '." + o + "'");
+      }
+    }
+    if (what.empty()) bad("atom needs .add, .exch or .cas");
+    const std::string ty = m.types.size() == 1 ? m.types[0] : "";
+    if (what == "add" ? ty != "u32" && ty != "s32" : ty != "b32")
+      bad("atom." + what + " supports " + (what == "add" ? ".u32 and .s32" : ".b32") + " only");
+    want_count(ops, what == "cas" ? 4 : 3);
+    const Operand &addr = ops[1];
+    if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 64)
+      bad("atom.global needs an address [%rd+imm]");
+    in.op = Op::kAtom;
+    in.sub = what == "add" ? kAtomAdd : what == "exch" ? kAtomExch : kAtomCas;
+    in.a = addr.reg.slot;
+    in.imm = static_cast<int64_t>(addr.ival);
+    in.d = dst(ops[0], 32);
+    in.b = src(ops[2], 32, false);
+    if (what == "cas") in.c = src(ops[3], 32, false);
     emit(in, text);
   }
 

@@ -65,7 +65,10 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 // `stages` K buffers of qa atoms of [block_n][128 B]; `stages` V buffers of
 // va atoms of [block_n][128 B]; then the mbarriers q_full, k_full[s],
 // k_empty[s], v_full[s], v_empty[s] (8 bytes each), and with
-// spec.persistent q_empty (Q's buffer free for the next work item); then,
+// spec.persistent q_empty (Q's buffer free for the next work item) and the
+// work-item pipe of spec.dynamic (reserved with any spec.persistent, so the
+// tile choice, made before a workspace is known, counts it): two stages of
+// a full and an empty mbarrier and an 8-byte slot; then,
 // for the gather producer's per-row page lookups, K and V row addresses (8
 // bytes each).
 struct Layout {
@@ -78,6 +81,10 @@ struct Layout {
   uint32_t v_full(int s, int S) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_empty(int s, int S) const { return v_full(S, S) + 8 * static_cast<uint32_t>(s); }
   uint32_t q_empty(int S) const { return v_empty(S, S); }  // spec.persistent
+  // spec.dynamic: stage s of the work-item pipe (tile::Ring of 2 stages).
+  uint32_t item_full(int s, int S) const { return q_empty(S) + 8 + 8 * static_cast<uint32_t>(s); }
+  uint32_t item_empty(int s, int S) const { return item_full(2, S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t item_slot(int s, int S) const { return item_empty(2, S) + 8 * static_cast<uint32_t>(s); }
 };
 
 // The gather producer looks pages up row by row: one thread per row of the
@@ -104,7 +111,7 @@ Layout layout(const KernelSpec &s) {
   l.k = l.q + static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
   l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
   l.bars = l.v + static_cast<uint32_t>(s.stages) * l.v_stage;
-  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 8 : 0);
+  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 56 : 0);
   l.rows = (l.rows + 15) / 16 * 16;
   l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   return l;
@@ -209,6 +216,10 @@ class ForwardWgmmaGen {
       b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
     }
     if (spec_.persistent) b_.when(t0).mbarrier_init(at(smem_, lay_.q_empty(S_)), imm(256));
+    for (int s = 0; s < (spec_.dynamic ? 2 : 0); ++s) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.item_full(s, S_)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.item_empty(s, S_)), imm(256));
+    }
     b_.fence_proxy_async();  // the inits, visible to the copy engine
     b_.bar_sync();
   }
@@ -231,10 +242,56 @@ class ForwardWgmmaGen {
     work(it.m_block, d);
   }
 
-  // The next work item of a persistent CTA: t += nctaid.x, Q's phase flips.
-  void next_item(Reg t, Reg qpar) {
-    b_.op(Op::Add, Type::U32, t, t, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)));
+  // The next work item of a persistent CTA into t; Q's phase flips. Static:
+  // t += nctaid.x. spec.dynamic: handoff j (u32, incremented) of the
+  // work-item pipe, stage j % 2: the producer (tid 0) waits for the stage's
+  // slot to be free, takes a ticket (atom.add on the workspace's `next`),
+  // t = nctaid.x + ticket, and passes t on; the consumers wait for it, read
+  // it and free the slot (256 arrivals).
+  void next_item(Reg t, Reg qpar, Reg j, bool producer) {
     b_.op(Op::Xor, Type::B32, qpar, qpar, imm(1));
+    Reg nctaid = e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX));
+    if (!spec_.dynamic) {
+      b_.op(Op::Add, Type::U32, t, t, nctaid);
+      return;
+    }
+    const tile::Ring pipe(e_, smem_, 2);
+    const tile::Ring::Slot sl = pipe.slot(j);
+    Reg bars = pipe.bars(sl.stage);
+    b_.op(Op::Add, Type::U32, j, j, imm(1));
+    if (producer) {
+      b_.comment("dynamic: the next work item is nctaid.x + a ticket from the workspace");
+      pipe.wait(bars, static_cast<int>(lay_.item_empty(0, S_)), pipe.free_parity(sl.parity));
+      Reg ticket = b_.b32();
+      b_.atom_add(false, Type::U32, ticket, at(workspace(), 0), imm(1));
+      b_.op(Op::Add, Type::U32, t, ticket, nctaid);
+      b_.st(ptx::Space::Shared, Type::U32, at(bars, static_cast<int>(lay_.item_slot(0, S_))), t);
+      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_full(0, S_))));
+    } else {
+      b_.comment("dynamic: the next work item, from the producer");
+      pipe.wait(bars, static_cast<int>(lay_.item_full(0, S_)), sl.parity);
+      b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0, S_))));
+      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_empty(0, S_))));
+    }
+  }
+
+  // spec.dynamic: the workspace {u32 next, u32 exited} (global address).
+  Reg workspace() { return e_.global_param(offsetof(WgmmaDynamicParams, workspace)); }
+
+  // spec.dynamic, the producer thread past the last item: this CTA is out
+  // (atom.add on `exited`, acq_rel); the last one out (exited was nctaid.x
+  // - 1: every other CTA took its last ticket before its own add) sets both
+  // counters back to zero for the next launch.
+  void retire() {
+    b_.comment("dynamic: the last CTA out resets the workspace");
+    Reg ws = workspace(), old = b_.b32();
+    b_.atom_add(true, Type::U32, old, at(ws, 4), imm(1));
+    Reg last =
+        e_.op(Op::Sub, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)), imm(1));
+    Reg zero = e_.mov(Type::U32, imm(0));
+    Reg is_last = e_.setp(Cmp::Eq, Type::U32, old, last);
+    b_.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 0), zero);
+    b_.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 4), zero);
   }
 
   // The rows of m-block mblk of (bz_, h_): kvh_, m0_, the sequence lengths,
@@ -286,17 +343,18 @@ class ForwardWgmmaGen {
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_k))));
     Reg tv =
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_v))));
-    Reg t, qpar, it;  // persistent: the work item, Q's phase parity, the ring's tile count
-    ptx::Label items, next = out;
+    // persistent: the work item, Q's phase parity, the ring's tile count,
+    // the work-item pipe's handoffs (spec.dynamic)
+    Reg t, qpar, it, j;
+    ptx::Label items, next = out, retired = out;
     if (spec_.persistent) {
-      b_.comment("persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
-      t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-      qpar = e_.mov(Type::U32, imm(0));
+      persistent_start(&t, &qpar, &j);
       it = e_.mov(Type::U32, imm(0));
       items = b_.label();
       next = b_.label();
+      if (spec_.dynamic) retired = b_.label();
       b_.bind(items);
-      item(t, out);
+      item(t, retired);
       // q_empty completes a phase when all 256 consumer threads are done with
       // the previous item's Q (their last S = Q K^T retired) and with its O,
       // which the epilogue stages in Q's buffer; for the first item the
@@ -341,10 +399,24 @@ class ForwardWgmmaGen {
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
     if (spec_.persistent) {
       b_.bind(next);
-      next_item(t, qpar);
+      next_item(t, qpar, j, true);
       b_.bra(items);
     }
+    if (spec_.dynamic) {
+      b_.bind(retired);
+      retire();
+    }
     b_.bind(out);
+  }
+
+  // A persistent role's first work item, ctaid.x (the first ticket of the
+  // dynamic order is item nctaid.x), Q's phase parity 0 and no handoff yet.
+  void persistent_start(Reg *t, Reg *qpar, Reg *j) {
+    b_.comment(spec_.dynamic ? "persistent, dynamic: work item ctaid.x, then from the workspace"
+                             : "persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
+    *t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    *qpar = e_.mov(Type::U32, imm(0));
+    if (spec_.dynamic) *j = e_.mov(Type::U32, imm(0));
   }
 
   // ---- warpgroup 0, gather mode: 128 threads copy rows with cp.async ----
@@ -761,10 +833,9 @@ class ForwardWgmmaGen {
     // generic-proxy stmatrix writes of O there before the async-proxy TMA
     // write of the next Q (PTX ISA, "Memory Consistency Model": proxies).
     // Its S = Q K^T wgmma reads of Q retired before the epilogue began.
-    b_.comment("persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
     cur_ = ring().begin();
-    Reg t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-    Reg qpar = e_.mov(Type::U32, imm(0));
+    Reg t, qpar, j;
+    persistent_start(&t, &qpar, &j);
     ptx::Label items = b_.label(), exit = b_.label();
     b_.bind(items);
     item(t, exit);
@@ -774,7 +845,7 @@ class ForwardWgmmaGen {
     b_.comment("Q's buffer: this thread is done with it");
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(smem_, lay_.q_empty(S_)));
-    next_item(t, qpar);
+    next_item(t, qpar, j, false);
     b_.bra(items);
     b_.bind(exit);
   }

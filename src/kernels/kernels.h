@@ -109,6 +109,12 @@ struct KernelSpec {
   // "Persistent variant"). Off: the PTX and serialize() are those of a spec
   // without it.
   bool persistent = false;
+  // persistent only: work items handed out dynamically by an atomic counter
+  // in the caller's workspace (WgmmaDynamicParams::workspace, {u32 next, u32
+  // exited}; fa_forward_args.workspace) instead of CTA c taking c, c +
+  // nctaid, ...; the last CTA out resets the counter to zero. Off: the PTX
+  // and serialize() are those of a spec without it.
+  bool dynamic = false;
 
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
@@ -391,6 +397,14 @@ struct WgmmaFp8Params {
   Fp8Descales d;
 };
 
+// The dynamic persistent sm_90a forward's block (spec.dynamic): WgmmaParams,
+// then the workspace: {u32 next, u32 exited}, 8-byte aligned device memory,
+// zero before the launch and zero after it.
+struct WgmmaDynamicParams {
+  WgmmaParams w;
+  uint64_t workspace;
+};
+
 // The parameter block a decode kernel declares: DecodeParams up to its last
 // feature's fields, in their order (tree mask, ALiBi, fp8 descales, append),
 // so a kernel's PTX is unchanged by the features it does not use; a launch
@@ -408,6 +422,7 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
+  if (spec.wgmma && spec.dynamic) return sizeof(WgmmaDynamicParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);

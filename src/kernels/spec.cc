@@ -122,8 +122,9 @@ bool spec_valid(const KernelSpec &s) {
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           !(s.gather && s.persistent);
-  if (s.gather || s.persistent) return false;
+           !(s.gather && s.persistent) && (s.persistent || !s.dynamic) &&
+           !(s.dynamic && s.q_fp8 != KvFp8::None);
+  if (s.gather || s.persistent || s.dynamic) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -378,6 +379,7 @@ std::string KernelSpec::serialize() const {
   if (fp8_f16) o.push_back('F');     // only when on
   if (page_pow2) o.push_back('P');   // only when on
   if (persistent) o.push_back('T');  // only when on
+  if (dynamic) o.push_back('D');     // only when on
   return o;
 }
 
@@ -404,7 +406,8 @@ std::string KernelSpec::describe() const {
          (rotary_half_table ? " rope_table16" : "") +
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
-         (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "");
+         (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
+         (dynamic ? " dynamic" : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -576,7 +579,8 @@ std::string entry_name(const KernelSpec &s) {
          (s.rotary_half_table ? "16" : "") +
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
-         (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "");
+         (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
+         (s.dynamic ? "_dynamic" : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {

@@ -612,6 +612,25 @@ void Builder::st(Space s, Type t, Addr a, Reg v) {
   Line(*this, in).addr(a).reg(v).done();
 }
 
+void Builder::atom_add(bool acq_rel, Type t, Reg d, Addr a, Operand b) {
+  Opcode in("atom.global");
+  if (acq_rel)
+    in.add(".acq_rel.gpu.add");
+  else
+    in.add(".relaxed.gpu.add");
+  in.dot(type_piece(t));
+  if (t != Type::U32 && t != Type::S32) misuse(in, "atom.add takes .u32 or .s32");
+  check_reg(in, d, t, "destination register class");
+  check_addr(in, a, Space::Global);
+  check(in, b, t, "b must be a b32 register or an immediate");
+  if (need_sm_ < 70 || need_isa_ < 60) {
+    need_sm_ = std::max(need_sm_, 70);
+    need_isa_ = std::max(need_isa_, 60);
+    need_what_ = "atom with .sem and .scope";
+  }
+  Line(*this, in).reg(d).addr(a).operand(b).done();
+}
+
 void Builder::st_v(Space s, Type t, Addr a, std::initializer_list<Reg> v) {
   Opcode in = Opcode::mem("st", s, false, v.size(), t);
   if (!st_type_ok(t, true) || (v.size() != 2 && v.size() != 4))

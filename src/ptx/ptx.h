@@ -164,6 +164,12 @@ class Builder {
   void st(Space s, Type t, Addr a, Reg v);
   void st_v(Space s, Type t, Addr a, std::initializer_list<Reg> v);
   void cvta_to_global(Reg d, Reg a);
+  // atom.global.{relaxed,acq_rel}.gpu.add.T d, [a], b (PTX ISA "atom"): T
+  // U32 or S32; d (b32) = the word's old value, the word += b. acq_rel:
+  // this thread's earlier accesses happen before the add, and the writes
+  // released by other threads' adds of the word before it are visible
+  // after it. Needs sm_70 and PTX ISA 6.0 (the .sem and .scope qualifiers).
+  void atom_add(bool acq_rel, Type t, Reg d, Addr a, Operand b);
 
   // ---- data movement, arithmetic, comparison, conversion ----
   void mov(Type t, Reg d, Operand a);

@@ -217,9 +217,9 @@ bool binary_current(const cache::Record &rec, const CompilerInfo &compiler, int 
   // plugin built (machine code: no JIT; a refusal falls back to the PTX).
   // An ELF row without a plugin's name is an older library's cuLink cubin
   // (relocatable code, slower): rebuilt.
-  const bool plugin_cubin = cubin && !rec.compiler.empty() &&
-                            rec.compiler.compare(0, std::strlen(ptxc::kDriverJit),
-                                                 ptxc::kDriverJit) != 0;
+  const bool plugin_cubin =
+      cubin && !rec.compiler.empty() &&
+      rec.compiler.compare(0, std::strlen(ptxc::kDriverJit), ptxc::kDriverJit) != 0;
   return plugin_cubin || (own_ptx && rec.driver_version == driver);
 }
 
@@ -470,14 +470,39 @@ static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads
   return d;
 }
 
-fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
+static LaunchShape forward_shape(const fa_forward_args &a) {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
   shape.sinks = a.sinks != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
+  return shape;
+}
+
+KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_args &a,
+                                 const LaunchShape &shape) const {
   KernelSpec spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, policy());
+  const int64_t items =
+      (int64_t(a.seqlen_q) + spec.block_m - 1) / spec.block_m * cfg.num_heads_q * a.batch;
+  if (spec.persistent && items > INT32_MAX) {
+    // The persistent kernel numbers its work items in 32 bits.
+    KernelPolicy one_per_item = policy();
+    one_per_item.sm90_persistent = false;
+    spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, one_per_item);
+  }
+  spec.dynamic = spec.persistent && a.workspace != 0;
+  return spec;
+}
+
+size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
+                                        const fa_forward_args &a) const {
+  return forward_spec(cfg, a, forward_shape(a)).persistent ? 8 : 0;
+}
+
+fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
+  LaunchShape shape = forward_shape(a);
+  KernelSpec spec = forward_spec(cfg, a, shape);
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
@@ -501,7 +526,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     if (s3 != FA_SUCCESS) {
       clear_error();
       shape.tma_ok = false;
-      spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, policy());
+      spec = forward_spec(cfg, a, shape);
     }
   }
   ForwardParams p;
@@ -526,12 +551,6 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   p.alibi_slopes = a.alibi_slopes;
   p.alibi_slopes_stride = a.alibi_slopes_stride;
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
-  if (spec.persistent && forward_work_items(spec, p) > INT32_MAX) {
-    // The persistent kernel numbers its work items in 32 bits.
-    KernelPolicy one_per_item = policy();
-    one_per_item.sm90_persistent = false;
-    spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, one_per_item);
-  }
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -562,6 +581,13 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       fw.w = wp;
       fw.d = ds;
       return launch_checked(*backend_, *kernel, geom, &fw, sizeof fw, stream);
+    }
+    if (spec.dynamic) {
+      WgmmaDynamicParams wd;
+      std::memset(&wd, 0, sizeof wd);
+      wd.w = wp;
+      wd.workspace = a.workspace;
+      return launch_checked(*backend_, *kernel, geom, &wd, sizeof wd, stream);
     }
     return launch_checked(*backend_, *kernel, geom, &wp, sizeof wp, stream);
   }

@@ -106,6 +106,9 @@ class Runtime {
   void set_policy(const KernelPolicy &policy) { policy_ = policy; }
 
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
+  // The bytes of args.workspace forward() uses (fa_forward_workspace_size):
+  // 8 when it would run args on the persistent kernel, else 0.
+  size_t forward_workspace_bytes(const AttentionConfig &cfg, const fa_forward_args &args) const;
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
   // The decode kernel's spec for args' KV layout on this device.
   KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args) const;
@@ -113,6 +116,11 @@ class Runtime {
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
  private:
+  // The forward kernel for args with this launch shape: make_spec's, one CTA
+  // per item when a persistent kernel's items would need 2^31 or more, and
+  // dynamic (KernelSpec::dynamic) when persistent with args.workspace set.
+  KernelSpec forward_spec(const AttentionConfig &cfg, const fa_forward_args &args,
+                          const LaunchShape &shape) const;
   // Rebuilds rec's binary unless binary_current(); sets *dirty when it did.
   // Errors: those of Backend::compile.
   fa_status ensure_binary(const KernelSpec &spec, cache::Record *rec, bool *dirty);

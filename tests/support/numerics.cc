@@ -754,6 +754,8 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     ctx.check(fa_memset(rt, a.lse + (h * lse_stride + first) * 4, poison, lse_n / c.heads_q * 4),
               "poison LSE");
   }
+  a.workspace = c.workspace;
+  a.workspace_size = c.workspace_size;
   fa_forward_args la = a;  // views moved back by `first` rows (never touched)
   for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o})
     t->data -= uint64_t(first * t->stride[1] * (fp8 && t != &la.o ? 1 : 2));

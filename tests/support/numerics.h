@@ -76,6 +76,10 @@ struct ForwardCase {
   // When set, receive O (each element as a float: exact for fp16 / bf16)
   // and LSE as the launch wrote them: bit-identity checks between kernels.
   std::vector<float> *o_out = nullptr, *lse_out = nullptr;
+  // fa_forward_args.workspace / workspace_size as given (the caller's
+  // device memory; 0 = none).
+  uint64_t workspace = 0;
+  size_t workspace_size = 0;
   const Reject *reject = nullptr;  // a refused fa_launch: nothing runs
   std::string describe() const;
 };

@@ -154,6 +154,8 @@ class fa_forward_args(ctypes.Structure):
         ("v_descale", c_uint64),
         ("descale_stride", c_int64 * 2),
         ("q_descale", c_uint64),  # since 0.6
+        ("workspace", c_uint64),  # since 0.8: 0 (the persistent forward's work counter)
+        ("workspace_size", c_size_t),
     ]
 
 
@@ -361,6 +363,8 @@ def _declare(lib):
     fn("fa_generate_for", c_int, c_void_p, c_int, c_int32, _P(fa_generate_options), c_char_p,
        c_size_t, _P(c_size_t))
     fn("fa_launch", c_int, c_void_p, c_void_p, _P(fa_forward_args), c_void_p)
+    fn("fa_forward_workspace_size", c_int, c_void_p, c_void_p, _P(fa_forward_args),
+       _P(c_size_t))
     fn("fa_decode_workspace_size", c_int, c_void_p, c_void_p, _P(fa_decode_args),
        _P(c_size_t), _P(c_int32))
     fn("fa_decode", c_int, c_void_p, c_void_p, _P(fa_decode_args), c_void_p)

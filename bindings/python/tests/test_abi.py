@@ -40,6 +40,7 @@ def test_struct_layout_matches_c(tmp_path):
             expect.append("%s.%s %d" % (name, field, getattr(s, field).offset))
     consts = {"FA_FORWARD_ARGS_SIZE_0_2": _lib.fa_forward_args.kv.offset,
               "FA_FORWARD_ARGS_SIZE_0_5": _lib.fa_forward_args.q_descale.offset,
+              "FA_FORWARD_ARGS_SIZE_0_7": _lib.fa_forward_args.workspace.offset,
               "FA_CONFIG_DESC_SIZE_0_4": _lib.fa_config_desc.kv_dtype.offset,
               "FA_CONFIG_DESC_SIZE_0_5": _lib.fa_config_desc.q_dtype.offset,
               "FA_DECODE_ARGS_SIZE_0_2": _lib.fa_decode_args.kv.offset,

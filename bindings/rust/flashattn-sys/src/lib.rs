@@ -1,5 +1,5 @@
 //! Raw declarations of the flashattn C API, written by hand from
-//! `include/flashattn.h` (version 0.7). Every function and struct of the header
+//! `include/flashattn.h` (version 0.8). Every function and struct of the header
 //! is here, with the same names.
 //!
 //! - Opaque handles are zero-sized `#[repr(C)]` structs used behind pointers.
@@ -17,7 +17,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 7;
+pub const FLASHATTN_VERSION_MINOR: u32 = 8;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =
@@ -392,6 +392,12 @@ pub struct fa_forward_args {
     /// Since 0.6: the fp8 Q's descale (fa_config_desc.q_dtype), as k_descale
     /// (the same descale_stride; a query head uses its KV head's), or 0 = 1.0.
     pub q_descale: u64,
+    /// Since 0.8: the persistent forward's work counter (8-byte aligned
+    /// device memory of fa_forward_workspace_size bytes, zeroed once by the
+    /// caller; every launch leaves it zero; one per stream), or 0 = none.
+    pub workspace: u64,
+    /// Bytes at workspace (>= 8 with one, 0 without).
+    pub workspace_size: usize,
 }
 
 /// struct_size of fa_forward_args in flashattn 0.2 (ends before `kv`).
@@ -402,6 +408,8 @@ pub const FA_FORWARD_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_forward_arg
 pub const FA_FORWARD_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_forward_args, alibi_slopes);
 /// struct_size of fa_forward_args in flashattn 0.5 (ends before `q_descale`).
 pub const FA_FORWARD_ARGS_SIZE_0_5: usize = core::mem::offset_of!(fa_forward_args, q_descale);
+/// struct_size of fa_forward_args in flashattn 0.6 and 0.7 (ends before `workspace`).
+pub const FA_FORWARD_ARGS_SIZE_0_7: usize = core::mem::offset_of!(fa_forward_args, workspace);
 
 impl Default for fa_forward_args {
     fn default() -> Self {
@@ -426,6 +434,8 @@ impl Default for fa_forward_args {
             v_descale: 0,
             descale_stride: [0; 2],
             q_descale: 0,
+            workspace: 0,
+            workspace_size: 0,
         }
     }
 }
@@ -863,6 +873,13 @@ extern "C" {
         stream: *mut c_void,
     ) -> fa_status;
 
+    /// Since 0.8: the bytes of fa_forward_args.workspace fa_launch uses (8 or 0).
+    pub fn fa_forward_workspace_size(
+        rt: *const fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_forward_args,
+        bytes: *mut usize,
+    ) -> fa_status;
     pub fn fa_decode_workspace_size(
         rt: *const fa_runtime,
         cfg: *const fa_config,

@@ -148,7 +148,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             k_descale,
             v_descale,
             descale_stride,
-            q_descale
+            q_descale,
+            workspace,
+            workspace_size
         }
     );
     layout!(
@@ -357,6 +359,7 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_GENERATE_OPTIONS_SIZE_0_5,
         FA_CONFIG_DESC_SIZE_0_5,
         FA_FORWARD_ARGS_SIZE_0_5,
+        FA_FORWARD_ARGS_SIZE_0_7,
         FA_DTYPE_FP8_E4M3,
         FA_DTYPE_FP8_E5M2,
         FA_LSE_NATURAL,
