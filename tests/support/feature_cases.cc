@@ -16,18 +16,6 @@
 namespace fa::test::features {
 namespace {
 
-bool to_int(const std::string &v, int *out) {
-  const char *end = v.data() + v.size();
-  const auto r = std::from_chars(v.data(), end, *out);
-  return !v.empty() && r.ec == std::errc() && r.ptr == end;
-}
-
-bool to_float(const std::string &v, float *out) {
-  char *end = nullptr;
-  *out = std::strtof(v.c_str(), &end);
-  return !v.empty() && end == v.c_str() + v.size() && std::isfinite(*out);
-}
-
 // v is one of `names`; *index its position.
 bool one_of(const std::string &v, std::initializer_list<const char *> names, int *index) {
   int i = 0;
@@ -51,6 +39,35 @@ const struct {
 
 }  // namespace
 
+bool to_int(const std::string &v, int *out) {
+  const char *end = v.data() + v.size();
+  const auto r = std::from_chars(v.data(), end, *out);
+  return !v.empty() && r.ec == std::errc() && r.ptr == end;
+}
+
+bool to_float(const std::string &v, float *out) {
+  char *end = nullptr;
+  *out = std::strtof(v.c_str(), &end);
+  return !v.empty() && end == v.c_str() + v.size() && std::isfinite(*out);
+}
+
+namespace {
+template <typename T, typename Parse>
+bool to_list(const std::string &v, std::vector<T> *out, Parse parse) {
+  out->clear();
+  std::stringstream in(v);
+  T x;
+  for (std::string part; std::getline(in, part, ',');) {
+    if (!parse(part, &x)) return false;
+    out->push_back(x);
+  }
+  return !v.empty() && v.back() != ',';
+}
+}  // namespace
+
+bool to_ints(const std::string &v, std::vector<int> *out) { return to_list(v, out, to_int); }
+bool to_floats(const std::string &v, std::vector<float> *out) { return to_list(v, out, to_float); }
+
 std::vector<std::string> feature_names() {
   std::vector<std::string> out;
   if (DIR *d = opendir(FA_TEST_FEATURES_DIR)) {
@@ -63,6 +80,29 @@ std::vector<std::string> feature_names() {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+bool split(Line *l, std::string *err) {
+  l->op.clear();
+  l->keys.clear();
+  std::istringstream in(l->text);
+  if (!(in >> l->op)) return true;
+  if (l->op != "forward" && l->op != "decode" && l->op != "reduce" && l->op != "reject") {
+    *err = l->where() + ": unknown op \"" + l->op + "\"";
+    return false;
+  }
+  for (std::string tok; in >> tok;) {
+    const size_t eq = tok.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      *err = l->where() + ": \"" + tok + "\" is not key=value";
+      return false;
+    }
+    if (!l->keys.emplace(tok.substr(0, eq), tok.substr(eq + 1)).second) {
+      *err = l->where() + ": key " + tok.substr(0, eq) + " given twice";
+      return false;
+    }
+  }
+  return true;
 }
 
 bool load(const std::string &name, std::vector<Line> *lines, std::string *err) {
@@ -78,23 +118,8 @@ bool load(const std::string &name, std::vector<Line> *lines, std::string *err) {
     l.file = name + ".cases";
     l.number = number;
     l.text = text.substr(0, text.find('#'));
-    std::istringstream in(l.text);
-    if (!(in >> l.op)) continue;  // blank or comment
-    if (l.op != "forward" && l.op != "decode" && l.op != "reduce" && l.op != "reject") {
-      *err = l.where() + ": unknown op \"" + l.op + "\"";
-      return false;
-    }
-    for (std::string tok; in >> tok;) {
-      const size_t eq = tok.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        *err = l.where() + ": \"" + tok + "\" is not key=value";
-        return false;
-      }
-      if (!l.keys.emplace(tok.substr(0, eq), tok.substr(eq + 1)).second) {
-        *err = l.where() + ": key " + tok.substr(0, eq) + " given twice";
-        return false;
-      }
-    }
+    if (!split(&l, err)) return false;
+    if (l.op.empty()) continue;  // blank or comment
     l.text = text;
     lines->push_back(std::move(l));
   }
@@ -150,11 +175,10 @@ bool parse(const Line &line, Spec *s, std::string *err) {
       if (!one_of(v, {"0", "1"}, &i)) return bad("not 0 or 1");
       (key == "causal" ? s->causal : s->rotary_interleaved) = i == 1;
     } else if (key == "cache_seqlens") {
-      std::stringstream in(v);
-      for (std::string part; std::getline(in, part, ',');) {
-        if (!to_int(part, &i) || i < 0) return bad("not a list of integers >= 0");
-        s->cache_seqlens.push_back(i);
-      }
+      if (!to_ints(v, &s->cache_seqlens) ||
+          std::any_of(s->cache_seqlens.begin(), s->cache_seqlens.end(),
+                      [](int l) { return l < 0; }))
+        return bad("not a list of integers >= 0");
     } else if (key == "kv_layout") {
       if (!one_of(v, {"contiguous", "paged", "ptr_array"}, &i)) return bad("unknown layout");
       s->kv_layout = i == 0 ? FA_KV_CONTIGUOUS : i == 1 ? FA_KV_PAGED : FA_KV_PTR_ARRAY;
@@ -319,46 +343,82 @@ std::string need_sizes(const Spec &s, bool forward_or_decode) {
   return "";
 }
 
-std::string run_forward_line(const Spec &s, const Reject *rej, fa_runtime *rt, fa_runtime *rt89) {
+// The problems of a forward or decode line's keys common to both mappings.
+std::string forward_or_decode_keys(const Spec &s) {
+  const std::string sizes = need_sizes(s, true);
+  if (!sizes.empty()) return sizes;
+  if (s.lse_base2 || s.lse_partial_base2)
+    return not_expressible("lse_partial_format, lse_format are reduce's");
+  return "";
+}
+
+}  // namespace
+
+std::string to_forward_case(const Spec &s, ForwardCase *c) {
+  const std::string keys = forward_or_decode_keys(s);
+  if (!keys.empty()) return keys;
   if (!s.cache_seqlens.empty() || s.kv_layout != FA_KV_CONTIGUOUS || !s.tree.empty() ||
       s.seqlen_new || s.rotary_dim)
     return not_expressible(
         "cache_seqlens, kv_layout, tree_mask, seqlen_new, rotary_dim are decode's");
   if ((s.kv_dtype != 0) != (s.q_dtype != 0))
     return not_expressible("the fp8 forward takes q_dtype and kv_dtype together");
+  *c = ForwardCase();
+  c->batch = s.batch, c->seqlen_q = s.seqlen_q, c->seqlen_k = s.seqlen_k;
+  c->heads_q = s.heads_q, c->heads_kv = s.hkv(), c->head_dim = s.head_dim;
+  c->head_dim_v = s.head_dim_v > 0 ? s.head_dim_v : 0;
+  c->bf16 = s.bf16, c->causal = s.causal, c->window_left = s.window_left;
+  c->window_right = s.window_right, c->softcap = s.softcap, c->seed = s.seed;
+  c->alibi = alibi_slopes(s);
+  c->alibi_stride = s.alibi == "batch" ? s.heads_q : 0;
+  c->sinks = sinks(s);
+  c->q_fp8 = s.q_dtype, c->kv_fp8 = s.kv_dtype;
+  // descale 2: [batch, num_heads_kv] rows (with a gap after each); without
+  // fp8 the field is unused and keeps its default.
+  if (s.kv_dtype) c->descale = s.descale.empty() ? 0 : s.descale == "tensor" ? 1 : 2;
+  return "";
+}
+
+std::string to_decode_case(const Spec &s, DecodeCase *c) {
+  const std::string keys = forward_or_decode_keys(s);
+  if (!keys.empty()) return keys;
+  if (s.window_right != -1)
+    return not_expressible("window_right on decode (the decode runner has no field)");
+  if (s.q_dtype || s.kv_dtype)
+    return not_expressible("q_dtype, kv_dtype on decode (fp8 caches: fp8_kv.h's runner)");
+  *c = DecodeCase();
+  c->batch = s.batch, c->seqlen_q = s.seqlen_q, c->seqlen_k_max = s.seqlen_k;
+  c->cache_seqlens = s.lens();
+  c->heads_q = s.heads_q, c->heads_kv = s.hkv(), c->head_dim = s.head_dim;
+  c->head_dim_v = s.head_dim_v > 0 ? s.head_dim_v : 0;
+  c->bf16 = s.bf16, c->causal = s.causal, c->window_left = s.window_left, c->softcap = s.softcap;
+  c->num_splits = s.num_splits, c->seed = s.seed;
+  c->kv.layout = s.kv_layout;
+  c->kv.page_size = s.kv_layout == FA_KV_PAGED ? s.page_size : 0;  // paged only
+  c->tree = tree_bits(s);
+  c->tree_shared = s.tree == "shared";
+  c->sinks = sinks(s);
+  c->alibi = alibi_slopes(s);
+  c->alibi_stride = s.alibi == "batch" ? s.heads_q : 0;
+  c->seqlen_new = s.seqlen_new, c->rotary_dim = s.rotary_dim;
+  c->rotary_interleaved = s.rotary_interleaved;
+  return "";
+}
+
+namespace {
+
+std::string run_forward_line(const Spec &s, const Reject *rej, fa_runtime *rt, fa_runtime *rt89) {
   ForwardCase c;
-  c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k;
-  c.heads_q = s.heads_q, c.heads_kv = s.hkv(), c.head_dim = s.head_dim;
-  c.head_dim_v = s.head_dim_v > 0 ? s.head_dim_v : 0;
-  c.bf16 = s.bf16, c.causal = s.causal, c.window_left = s.window_left;
-  c.window_right = s.window_right, c.softcap = s.softcap, c.seed = s.seed;
-  c.alibi = alibi_slopes(s);
-  c.alibi_stride = s.alibi == "batch" ? s.heads_q : 0;
-  c.sinks = sinks(s);
-  c.q_fp8 = s.q_dtype, c.kv_fp8 = s.kv_dtype;
-  // descale 2: [batch, num_heads_kv] rows (with a gap after each)
-  c.descale = s.descale.empty() ? 0 : s.descale == "tensor" ? 1 : 2;
+  const std::string why = to_forward_case(s, &c);
+  if (!why.empty()) return why;
   c.reject = rej;
   return run_forward(s.kv_dtype ? rt89 : rt, c);
 }
 
 std::string run_decode16_line(const Spec &s, const Reject *rej, fa_runtime *rt) {
   DecodeCase c;
-  c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k_max = s.seqlen_k;
-  c.cache_seqlens = s.lens();
-  c.heads_q = s.heads_q, c.heads_kv = s.hkv(), c.head_dim = s.head_dim;
-  c.head_dim_v = s.head_dim_v > 0 ? s.head_dim_v : 0;
-  c.bf16 = s.bf16, c.causal = s.causal, c.window_left = s.window_left, c.softcap = s.softcap;
-  c.num_splits = s.num_splits, c.seed = s.seed;
-  c.kv.layout = s.kv_layout;
-  c.kv.page_size = s.page_size;
-  c.tree = tree_bits(s);
-  c.tree_shared = s.tree == "shared";
-  c.sinks = sinks(s);
-  c.alibi = alibi_slopes(s);
-  c.alibi_stride = s.alibi == "batch" ? s.heads_q : 0;
-  c.seqlen_new = s.seqlen_new, c.rotary_dim = s.rotary_dim;
-  c.rotary_interleaved = s.rotary_interleaved;
+  const std::string why = to_decode_case(s, &c);
+  if (!why.empty()) return why;
   c.reject = rej;
   return run_decode(rt, c);
 }

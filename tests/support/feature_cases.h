@@ -13,6 +13,11 @@
 
 #include "flashattn.h"
 
+namespace fa::test {
+struct ForwardCase;
+struct DecodeCase;
+}  // namespace fa::test
+
 namespace fa::test::features {
 
 // One non-comment line of a .cases file.
@@ -28,10 +33,22 @@ struct Line {
 // The feature files' names without ".cases" (FA_TEST_FEATURES_DIR), sorted.
 std::vector<std::string> feature_names();
 
-// Reads tests/features/<name>.cases. false with *err (naming the file and
-// line) when unreadable, a token is not key=value, a key repeats or the op
-// is unknown.
+// Splits line->text (a '#' comment already cut off) into line->op and
+// line->keys: false with *err (naming line->where()) when the op is not
+// forward, decode, reduce or reject, a token is not key=value or a key
+// repeats. A blank text leaves op "".
+bool split(Line *line, std::string *err);
+
+// Reads tests/features/<name>.cases, each line through split(). false with
+// *err (naming the file and line) when unreadable or a line does not split.
 bool load(const std::string &name, std::vector<Line> *lines, std::string *err);
+
+// A key's value as an int, a finite float, or a comma-separated list of
+// either (no spaces); false when it is not one.
+bool to_int(const std::string &v, int *out);
+bool to_float(const std::string &v, float *out);
+bool to_ints(const std::string &v, std::vector<int> *out);
+bool to_floats(const std::string &v, std::vector<float> *out);
 
 // A line's keys, typed. Sizes absent from the line are -1 (the op's mapping
 // requires what it needs); other fields hold the README's defaults.
@@ -76,6 +93,13 @@ std::vector<float> sinks(const Spec &s);
 // The tree mask bits [n][seqlen_q][seqlen_q] (n = 1 for "shared", else
 // batch; 1 = query i sees new token j); empty without tree_mask.
 std::vector<uint8_t> tree_bits(const Spec &s);
+
+// The shared runners' case (numerics.h) of a forward line, or of a decode
+// line with a 16-bit cache (decode: seqlen_k is seqlen_k_max): "" with *c
+// set, or why the line is not one ("not expressible: ...", or the size
+// missing). Fields no key sets keep the struct's defaults.
+std::string to_forward_case(const Spec &s, ForwardCase *c);
+std::string to_decode_case(const Spec &s, DecodeCase *c);
 
 // Runs a line through the C API on rt (sm_80) or, for fp8 lines, rt89;
 // the problems found ("" = passed; "not expressible: ..." for a line the C
