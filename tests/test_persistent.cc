@@ -18,6 +18,15 @@
 // resets it; without that reset the second run finds its items taken).
 // fa_forward_workspace_size is 8 with the policy on, 0 off; a misaligned
 // or too small workspace is refused naming it, nothing written.
+// The gather variant (KernelSpec::gather: cp.async rows from 128 producer
+// threads) runs the same checks: varlen with empty sequences (seqlen 0),
+// sequences shorter than one m-block and a padded item grid (items past
+// their sequence are skipped by every role, not exits), causal with
+// seqlen_q > seqlen_k, GQA, and through fa_launch against a KV cache
+// (chunked prefill): seqused_k on a contiguous cache and paged caches of
+// page 16, 3 (row lookups) and 128 (whole tiles) with shuffled block tables,
+// some sequences with no key; and the fp8 forward (its V transposed by the
+// producer). Each launch must have run the gather kernel.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,8 +41,64 @@ namespace {
 
 struct Case {
   fa::test::ForwardCase c;
-  int grid = 0;  // persistent CTAs at most (0: the emulator's SM count)
+  fa::test::DecodeCase d;  // prefill (d.prefill): through fa_launch against a KV cache
+  int grid = 0;            // persistent CTAs at most (0: the emulator's SM count)
+  bool gather = false;     // must run the gather variant
+  std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
+  // Launches the case with O and LSE into o / lse and the workspace given.
+  std::string run(fa_runtime *rt, std::vector<float> *o, std::vector<float> *lse, uint64_t ws,
+                  size_t ws_size) {
+    if (d.prefill) {
+      d.o_out = o;
+      d.lse_out = lse;
+      d.workspace = ws;
+      d.workspace_size = ws_size;
+      return fa::test::run_decode(rt, d);
+    }
+    c.o_out = o;
+    c.lse_out = lse;
+    c.workspace = ws;
+    c.workspace_size = ws_size;
+    return fa::test::run_forward(rt, c);
+  }
 };
+
+// A varlen case: sequences of lengths sq[b] / sk[b], launched with the
+// maximum lengths max_q / max_k (at least the longest: more pads the item
+// grid with m-blocks past every sequence).
+fa::test::ForwardCase varlen_case(const std::vector<int> &sq, const std::vector<int> &sk, int max_q,
+                                  int max_k, int hq, int hkv, int d, bool bf16, bool causal,
+                                  uint32_t seed) {
+  fa::test::ForwardCase c = fa::test::forward_case(static_cast<int>(sq.size()), max_q, max_k, hq,
+                                                   hkv, d, d, bf16, causal, -1, -1, 0, seed);
+  c.varlen = true;
+  c.seqlens_q = sq;
+  c.seqlens_k = sk;
+  return c;
+}
+
+// A chunked-prefill case: seqlen_q new queries per sequence over a cache of
+// lens[b] keys (seqused_k), in layout `layout` with pages of page_size.
+fa::test::DecodeCase prefill_case(const std::vector<int> &lens, int seqlen_q, int max_k, int hq,
+                                  int hkv, int d, bool bf16, int layout, int page_size,
+                                  uint32_t seed) {
+  fa::test::DecodeCase x;
+  x.prefill = true;
+  x.batch = static_cast<int>(lens.size());
+  x.seqlen_q = seqlen_q;
+  x.seqlen_k_max = max_k;
+  x.cache_seqlens = lens;
+  x.heads_q = hq;
+  x.heads_kv = hkv;
+  x.head_dim = d;
+  x.bf16 = bf16;
+  x.causal = true;
+  x.kv.layout = layout;
+  x.kv.page_size = page_size;
+  x.kv.seed = seed + 1;  // a shuffled block table
+  x.seed = seed;
+  return x;
+}
 
 std::string ran(fa_runtime *rt) {
   fa_emu_profile prof = FA_EMU_PROFILE_INIT;
@@ -137,6 +202,43 @@ int main(void) {
   add(1, 200, 300, 6, 2, 256, 256, false, true, -1, -1, 30, 5);  // d256 (no ping-pong), softcap
   add(2, 129, 129, 2, 1, 96, 64, true, false, 40, -1, 0, 3);     // d != dv, left window alone
   add(8, 129, 140, 8, 4, 64, 64, false, true, -1, -1, 0, 0);     // 128 items on 108 CTAs
+  auto add_gather = [&](Case x, int grid) {
+    x.grid = grid;
+    x.gather = true;
+    cases.push_back(x);
+  };
+  const uint32_t seed = 2800;
+  Case g;
+  // Varlen: empty sequences, one shorter than an m-block, one of several
+  // m-blocks with fewer keys than queries (causal: rows with no key); the
+  // launch's seqlen_q 300 pads the grid to 3 m-blocks (3 x 4 x 5 = 60
+  // items, most of them past their sequence).
+  g.c =
+      varlen_case({0, 37, 260, 0, 129}, {5, 0, 100, 0, 200}, 300, 200, 4, 2, 128, true, true, seed);
+  add_gather(g, 7);
+  // d64 fp16 not causal, GQA 4, an empty sequence first and last.
+  g.c = varlen_case({0, 150, 1, 0}, {0, 90, 300, 0}, 150, 300, 8, 2, 64, false, false, seed + 1);
+  add_gather(g, 5);
+  // d256 (no ping-pong), 108 CTAs.
+  g.c = varlen_case({129, 0, 77}, {140, 10, 77}, 200, 140, 2, 1, 256, false, true, seed + 2);
+  add_gather(g, 0);
+  // Through fa_launch against a KV cache: seqused_k on a contiguous cache
+  // (a sequence with no key: its rows all empty; seqlen_q > seqused_k).
+  g = Case();
+  g.d = prefill_case({0, 300, 90}, 200, 320, 4, 2, 128, true, FA_KV_CONTIGUOUS, 0, seed + 3);
+  add_gather(g, 5);
+  // Paged, page 16 and 3 (row lookups) and 128 (whole tiles), shuffled tables.
+  g.d = prefill_case({250, 0, 33}, 140, 256, 6, 2, 64, false, FA_KV_PAGED, 16, seed + 4);
+  add_gather(g, 4);
+  g.d = prefill_case({70, 161}, 130, 170, 4, 1, 128, true, FA_KV_PAGED, 3, seed + 5);
+  add_gather(g, 3);
+  g.d = prefill_case({256, 5, 200}, 150, 256, 2, 2, 64, false, FA_KV_PAGED, 128, seed + 6);
+  add_gather(g, 5);
+  // The fp8 forward (gather, V transposed by the producer), varlen.
+  g = Case();
+  g.c = varlen_case({0, 140, 20}, {30, 150, 0}, 160, 150, 4, 2, 128, false, true, seed + 7);
+  g.c.q_fp8 = g.c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+  add_gather(g, 4);
   // The dynamic order's workspace: zeroed once, here; every launch must
   // leave it zero.
   uint64_t ws = 0;
@@ -147,22 +249,19 @@ int main(void) {
   std::string failures = check_workspace_api(rt, ws);
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   for (Case &x : cases) {
-    fa::test::ForwardCase &c = x.c;
     std::vector<float> o[kRuns], lse[kRuns];
     for (int run = 0; run < kRuns; ++run) {
       fa::test::PolicyScope on(rt, &fa::KernelPolicy::sm90_persistent, run > 0);
       fa::test::PolicyScope grid(rt, &fa::KernelPolicy::persistent_grid, x.grid);
-      c.o_out = &o[run];
-      c.lse_out = &lse[run];
-      c.workspace = run >= 2 ? ws : 0;
-      c.workspace_size = run >= 2 ? 8 : 0;
-      const std::string e = fa::test::run_forward(rt, c);
-      const std::string what = c.describe() + kRunName[run];
+      const std::string e = x.run(rt, &o[run], &lse[run], run >= 2 ? ws : 0, run >= 2 ? 8 : 0);
+      const std::string what = x.describe() + kRunName[run];
       if (!e.empty()) failures += what + ":\n" + e;
       const std::string k = ran(rt);
       const bool is_p = k.find("_persistent") != std::string::npos;
       const bool is_d = k.find("_dynamic") != std::string::npos;
-      if (k.find("fa_forward_wgmma_") != 0 || is_p != (run > 0) || is_d != (run >= 2))
+      const bool is_g = k.find("fa_forward_wgmma_gather_") == 0;
+      if (k.find("fa_forward_wgmma_") != 0 || is_p != (run > 0) || is_d != (run >= 2) ||
+          is_g != x.gather)
         failures += what + ": ran " + k + "\n";
       if (run >= 2) failures += workspace_zero(rt, ws, what);
       if (o[0].size() != o[run].size() || lse[0].size() != lse[run].size() ||
@@ -184,8 +283,8 @@ int main(void) {
     return 1;
   }
   std::printf(
-      "%zu cases: static and dynamic persistent O and LSE bit-identical to one CTA per item; "
-      "workspace zero after each launch\n",
+      "%zu cases (TMA and gather): static and dynamic persistent O and LSE bit-identical to one "
+      "CTA per item; workspace zero after each launch\n",
       cases.size());
   return 0;
 }

@@ -211,8 +211,11 @@ struct ForwardBases {
   Reg q_row, k_row, v_row;  // bytes between consecutive rows
   KvRows kr, vr;            // every layout's K/V row addresses
 };
+// Varlen: a CTA whose m-block (first row m0) is past its sequence exits
+// there, before any barrier; with `past` (a persistent kernel, whose CTA
+// still has other work items) it branches to that label instead.
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
-                           Reg kvh, Reg m0);
+                           Reg kvh, Reg m0, const ptx::Label *past = nullptr);
 
 // The fp32 descale of (batch bz, KV head kvh) from a descale pointer
 // parameter at `ptr_param` (0 = 1.0) and the {int64, int64} descale_stride

@@ -140,7 +140,7 @@ void fp8_scale_scores(Emitter &e, const KernelSpec &spec, Reg bz, Reg kvh, Reg s
 }
 
 ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg v, Reg bz, Reg h,
-                           Reg kvh, Reg m0) {
+                           Reg kvh, Reg m0, const ptx::Label *past) {
   using P = ForwardParams;
   ptx::Builder &b = e.b;
   Reg qs[3], ks[3], vs[3];
@@ -186,9 +186,13 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
       fb.kr.base = e.index(e.index(k, k0, ks[1]), kvh, ks[2]);
       fb.vr.base = e.index(e.index(v, k0, vs[1]), kvh, vs[2]);
     }
-    // The whole CTA leaves before any barrier when its m-block is past the sequence.
-    Reg past = e.setp(Cmp::Ge, Type::S32, m0, fb.sq);
-    b.when(past).exit();
+    // The whole CTA leaves before any barrier when its m-block is past the
+    // sequence (a persistent kernel's roles skip the work item).
+    Reg beyond = e.setp(Cmp::Ge, Type::S32, m0, fb.sq);
+    if (past)
+      b.when(beyond).bra(*past);
+    else
+      b.when(beyond).exit();
   } else {
     fb.sq = e.param(Type::S32, offsetof(P, seqlen_q));
     fb.q_bh = e.index(e.index(q, bz, qs[0]), h, qs[2]);

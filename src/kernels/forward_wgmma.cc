@@ -227,8 +227,10 @@ class ForwardWgmmaGen {
   // spec.persistent: work item t (u32) in tile::TileScheduler's order: its
   // head, batch and rows and their keys (work()), or to `exit` past the last
   // item. Everything is re-derived from the parameters per item, so nothing
-  // but t is held across the item loop.
-  void item(Reg t, ptx::Label exit) {
+  // but t is held across the item loop. Varlen (skips()): to `skip` when the
+  // item's m-block is past its sequence's rows (an item of the padded grid
+  // with no work).
+  void item(Reg t, ptx::Label exit, ptx::Label skip = ptx::Label()) {
     const Dims d = dims();
     const size_t f = offsetof(WgmmaParams, f);
     const tile::TileScheduler sched(e_, e_.param(Type::S32, f + offsetof(P, seqlen_q)),
@@ -239,17 +241,25 @@ class ForwardWgmmaGen {
     const tile::TileScheduler::Item it = sched.decode(t);
     h_ = it.head;
     bz_ = it.batch;
-    work(it.m_block, d);
+    work(it.m_block, d, skips() ? &skip : nullptr);
   }
 
-  // The next work item of a persistent CTA into t; Q's phase flips. Static:
-  // t += nctaid.x. spec.dynamic: handoff j (u32, incremented) of the
-  // work-item pipe, stage j % 2: the producer (tid 0) waits for the stage's
-  // slot to be free, takes a ticket (atom.add on the workspace's `next`),
-  // t = nctaid.x + ticket, and passes t on; the consumers wait for it, read
-  // it and free the slot (256 arrivals).
-  void next_item(Reg t, Reg qpar, Reg j, bool producer) {
-    b_.op(Op::Xor, Type::B32, qpar, qpar, imm(1));
+  // spec.persistent with varlen: items past their sequence are skipped by
+  // every role (forward_bases branches instead of exiting).
+  bool skips() const { return spec_.persistent && spec_.varlen; }
+
+  // The next work item of a persistent CTA into t (Q's phase flips before,
+  // flip_q, for an item that used Q's buffer: a skipped one did not).
+  // Static: t += nctaid.x. spec.dynamic: handoff j (u32, incremented) of
+  // the work-item pipe, stage j % 2: the producer (tid 0) waits for the
+  // stage's slot to be free, takes a ticket (atom.add on the workspace's
+  // `next`), t = nctaid.x + ticket, and passes t on; the consumers wait for
+  // it, read it and free the slot (256 arrivals). The gather producer's
+  // other 127 threads read the slot after named barrier 1 with tid 0, which
+  // wrote it: the slot is rewritten two handoffs later, after tid 0's next
+  // such barrier, which each thread reaches only after its read.
+  void flip_q(Reg qpar) { b_.op(Op::Xor, Type::B32, qpar, qpar, imm(1)); }
+  void next_item(Reg t, Reg j, bool producer) {
     Reg nctaid = e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX));
     if (!spec_.dynamic) {
       b_.op(Op::Add, Type::U32, t, t, nctaid);
@@ -261,12 +271,20 @@ class ForwardWgmmaGen {
     b_.op(Op::Add, Type::U32, j, j, imm(1));
     if (producer) {
       b_.comment("dynamic: the next work item is nctaid.x + a ticket from the workspace");
+      ptx::Label taken = b_.label();
+      if (spec_.gather) b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(taken);
       pipe.wait(bars, static_cast<int>(lay_.item_empty(0, S_)), pipe.free_parity(sl.parity));
       Reg ticket = b_.b32();
       b_.atom_add(false, Type::U32, ticket, at(workspace(), 0), imm(1));
       b_.op(Op::Add, Type::U32, t, ticket, nctaid);
       b_.st(ptx::Space::Shared, Type::U32, at(bars, static_cast<int>(lay_.item_slot(0, S_))), t);
       b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_full(0, S_))));
+      if (spec_.gather) {
+        b_.comment("dynamic, gather: the producer's 128 threads read tid 0's item");
+        b_.bind(taken);
+        b_.bar_sync(kProducerBar, 128);
+        b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0, S_))));
+      }
     } else {
       b_.comment("dynamic: the next work item, from the producer");
       pipe.wait(bars, static_cast<int>(lay_.item_full(0, S_)), sl.parity);
@@ -276,7 +294,7 @@ class ForwardWgmmaGen {
   }
 
   // spec.dynamic: the workspace {u32 next, u32 exited} (global address).
-  Reg workspace() { return e_.global_param(offsetof(WgmmaDynamicParams, workspace)); }
+  Reg workspace() { return e_.global_param(dynamic_workspace_offset(spec_)); }
 
   // spec.dynamic, the producer thread past the last item: this CTA is out
   // (atom.add on `exited`, acq_rel); the last one out (exited was nctaid.x
@@ -296,18 +314,19 @@ class ForwardWgmmaGen {
 
   // The rows of m-block mblk of (bz_, h_): kvh_, m0_, the sequence lengths,
   // the key range and lean bound (gather: the row addresses).
-  void work(Reg mblk, const Dims &d) {
+  void work(Reg mblk, const Dims &d, const ptx::Label *past = nullptr) {
     const size_t f = offsetof(WgmmaParams, f);
     const Reg wl = d.wl, wr = d.wr, hq = d.hq, hkv = d.hkv;
     kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
     if (spec_.gather) {
       // This sequence's lengths (cu_seqlens, seqused_k) and row addresses
-      // for the producer; a CTA past its sequence leaves here.
+      // for the producer; a CTA past its sequence leaves here (persistent:
+      // the item is skipped, *past).
       Reg q = e_.global_param(f + offsetof(P, q));
       Reg k = e_.global_param(f + offsetof(P, k));
       Reg v = e_.global_param(f + offsetof(P, v));
-      fb_ = forward_bases(e_, spec_, q, k, v, bz_, h_, kvh_, m0_);
+      fb_ = forward_bases(e_, spec_, q, k, v, bz_, h_, kvh_, m0_, past);
       sq_ = fb_.sq;
       sk_ = fb_.sk;
     } else {
@@ -399,7 +418,8 @@ class ForwardWgmmaGen {
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
     if (spec_.persistent) {
       b_.bind(next);
-      next_item(t, qpar, j, true);
+      flip_q(qpar);
+      next_item(t, j, true);
       b_.bra(items);
     }
     if (spec_.dynamic) {
@@ -425,18 +445,41 @@ class ForwardWgmmaGen {
   // one and a half tiles stream at a time. cp.async writes are generic-proxy
   // writes: each thread fences them (fence.proxy.async) before its arrival
   // lets wgmma read them.
+  // spec.persistent: every producer thread runs the item loop (the item
+  // from next_item); per item it waits for q_empty before its cp.async
+  // writes of Q (the previous item's epilogue is done with the buffer), and
+  // a skipped item (skips()) touches neither Q's barriers nor the ring, so
+  // the tile count, the ring's cursor and Q's parity stay in step with the
+  // consumers'.
   void producer_gather() {
     using RowAddr = std::function<Reg(Reg)>;
+    Reg t, qpar, it, j, it0;
+    ptx::Label items, next, skip, retired;
+    if (spec_.persistent) {
+      persistent_start(&t, &qpar, &j);
+      it = e_.mov(Type::U32, imm(0));
+      it0 = b_.b32();
+      items = b_.label();
+      skip = b_.label();
+      retired = b_.label();
+      b_.bind(items);
+      item(t, retired, skip);
+      b_.comment("Q's buffer: free once the previous item's epilogue has read O out of it");
+      wait(smem_, static_cast<int>(lay_.q_empty(S_)), ring().free_parity(qpar));
+      b_.mov(Type::U32, it0, it);
+    }
     b_.comment("Q rows (zeros past seqlen_q)");
     RowAddr q_row = [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); };
     // 16-byte chunks of a row: 2 per wgmma K step; fp8_f16 loads 8 bytes per chunk.
     const int qk_data = spec_.head_dim / (f8_ ? 16 : 8);
     gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, qk_data, m0_, sq_, q_row, q8_);
     b_.cp_async_commit();
-    ptx::Label out = b_.label(), only_q = b_.label();
+    next = b_.label();
+    ptx::Label only_q = b_.label();
     b_.when(keys_.empty).bra(only_q);
     b_.comment("K and V tiles, last to first (zeros past seqlen_k)");
-    Reg n = e_.mov(Type::S32, keys_.top), it = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, keys_.top);
+    if (!spec_.persistent) it = e_.mov(Type::U32, imm(0));  // persistent: runs on across items
     Reg pbar = e_.mov(Type::U32, smem_);  // the previous tile's barriers (stage base)
     ptx::Label top = b_.label();
     b_.bind(top);
@@ -451,7 +494,8 @@ class ForwardWgmmaGen {
     b_.cp_async_commit();
     b_.cp_async_wait(1);  // Q (first tile) or the previous tile's K and V
     b_.fence_proxy_async();
-    Reg first = e_.setp(Cmp::Eq, Type::U32, it, imm(0));
+    Reg first = spec_.persistent ? e_.setp(Cmp::Eq, Type::U32, it, it0)
+                                 : e_.setp(Cmp::Eq, Type::U32, it, imm(0));
     b_.when(first).mbarrier_arrive(at(smem_, lay_.q_full()));
     b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
     b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
@@ -471,12 +515,24 @@ class ForwardWgmmaGen {
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
     b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
-    b_.bra(out);
+    b_.bra(next);
     b_.bind(only_q);
     b_.cp_async_wait(0);
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(smem_, lay_.q_full()));
-    b_.bind(out);
+    b_.bind(next);
+    if (!spec_.persistent) return;
+    flip_q(qpar);
+    if (skips()) b_.bind(skip);
+    next_item(t, j, true);
+    b_.bra(items);
+    b_.bind(retired);
+    if (spec_.dynamic) {
+      ptx::Label out = b_.label();
+      b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(out);
+      retire();
+      b_.bind(out);
+    }
   }
 
   // Thread t < block_n looks up key min(n + t, seqlen_k - 1)'s page and
@@ -818,7 +874,7 @@ class ForwardWgmmaGen {
     if (spec_.softcap)
       cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
                             e_.param(Type::F32, f + offsetof(P, softcap_log2)));
-    if (spec_.q_fp8 != KvFp8::None)
+    if (spec_.q_fp8 != KvFp8::None && !spec_.persistent)  // persistent: per item
       fp8_scale_scores(e_, spec_, bz_, kv_head(), spec_.softcap ? cap_.neg2 : score_scale_);
     softmax_ = std::make_unique<tile::OnlineSoftmax>(
         e_, 1, spec_.softcap ? Reg() : score_scale_,
@@ -836,16 +892,25 @@ class ForwardWgmmaGen {
     cur_ = ring().begin();
     Reg t, qpar, j;
     persistent_start(&t, &qpar, &j);
-    ptx::Label items = b_.label(), exit = b_.label();
+    ptx::Label items = b_.label(), exit = b_.label(), skip = b_.label();
     b_.bind(items);
-    item(t, exit);
+    item(t, exit, skip);
+    if (spec_.q_fp8 != KvFp8::None) {  // this item's (batch, KV head) descales
+      Reg sc = spec_.softcap ? cap_.neg2 : score_scale_;
+      b_.ld_param(Type::F32, sc,
+                  static_cast<uint32_t>(
+                      f + (spec_.softcap ? offsetof(P, softcap_neg2) : offsetof(P, score_scale))));
+      fp8_scale_scores(e_, spec_, bz_, kv_head(), sc);
+    }
     tile::zero(b_, o_);
     softmax_->reset();
     consumer_item(qpar);
     b_.comment("Q's buffer: this thread is done with it");
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(smem_, lay_.q_empty(S_)));
-    next_item(t, qpar, j, false);
+    flip_q(qpar);
+    if (skips()) b_.bind(skip);
+    next_item(t, j, false);
     b_.bra(items);
     b_.bind(exit);
   }

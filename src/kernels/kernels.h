@@ -101,12 +101,13 @@ struct KernelSpec {
   // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)
   // instead of TMA; the consumers are the same.
   bool gather = false;
-  // wgmma, not gather: a persistent grid (at most one CTA per SM) whose CTAs
-  // loop over the launch's work items (m-block, head, batch) in
+  // wgmma (TMA or gather): a persistent grid (at most one CTA per SM) whose
+  // CTAs loop over the launch's work items (m-block, head, batch) in
   // tile::TileScheduler's order, CTA c taking items c, c + nctaid, ...;
   // the K/V ring runs on across items and Q's buffer is refilled once the
   // previous item's epilogue has read O out of it (docs/kernels.md,
-  // "Persistent variant"). Off: the PTX and serialize() are those of a spec
+  // "Persistent variant"; varlen: items of the padded grid past their
+  // sequence are skipped). Off: the PTX and serialize() are those of a spec
   // without it.
   bool persistent = false;
   // persistent only: work items handed out dynamically by an atomic counter
@@ -404,6 +405,17 @@ struct WgmmaDynamicParams {
   WgmmaParams w;
   uint64_t workspace;
 };
+// The dynamic persistent fp8 forward's (spec.dynamic with spec.q_fp8): the
+// fp8 block, then the workspace.
+struct WgmmaFp8DynamicParams {
+  WgmmaFp8Params w;
+  uint64_t workspace;
+};
+// Where a dynamic persistent forward's workspace pointer sits in its block.
+inline size_t dynamic_workspace_offset(const KernelSpec &spec) {
+  return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8DynamicParams, workspace)
+                                   : offsetof(WgmmaDynamicParams, workspace);
+}
 
 // The parameter block a decode kernel declares: DecodeParams up to its last
 // feature's fields, in their order (tree mask, ALiBi, fp8 descales, append),
@@ -422,7 +434,8 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
-  if (spec.wgmma && spec.dynamic) return sizeof(WgmmaDynamicParams);
+  if (spec.wgmma && spec.dynamic)
+    return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8DynamicParams) : sizeof(WgmmaDynamicParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);

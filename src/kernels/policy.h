@@ -19,8 +19,8 @@ struct KernelPolicy {
   // The sm_90a fp8 forward converts Q, K, V to f16 and runs the 16-bit
   // wgmma instead of the fp8 one (comparison; FLASHATTN_SM90_FP8_F16=1).
   bool sm90_fp8_f16 = false;
-  // The sm_90a forward's TMA variant runs persistent (KernelSpec::persistent;
-  // FLASHATTN_SM90_PERSISTENT=1). Off by default: it is proven on the
+  // The sm_90a forward (TMA and gather variants) runs persistent
+  // (KernelSpec::persistent; FLASHATTN_SM90_PERSISTENT=1). Off by default: it is proven on the
   // emulator only, never timed on a GPU.
   bool sm90_persistent = false;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),

@@ -122,8 +122,7 @@ bool spec_valid(const KernelSpec &s) {
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           !(s.gather && s.persistent) && (s.persistent || !s.dynamic) &&
-           !(s.dynamic && s.q_fp8 != KvFp8::None);
+           (s.persistent || !s.dynamic);
   if (s.gather || s.persistent || s.dynamic) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
@@ -468,7 +467,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
       s.kv_fp8 = cfg.kv_fp8;
       s.fp8_f16 = policy.sm90_fp8_f16;
     }
-    s.persistent = policy.sm90_persistent && !s.gather;
+    s.persistent = policy.sm90_persistent;
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;

@@ -576,11 +576,13 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   if (spec.wgmma) {
     wp.f = p;
     if (spec.q_fp8 != KvFp8::None) {  // the gather variant (fp8 converted on load)
-      WgmmaFp8Params fw;
+      WgmmaFp8DynamicParams fw;       // fw.w is the block without spec.dynamic
       std::memset(&fw, 0, sizeof fw);
-      fw.w = wp;
-      fw.d = ds;
-      return launch_checked(*backend_, *kernel, geom, &fw, sizeof fw, stream);
+      fw.w.w = wp;
+      fw.w.d = ds;
+      fw.workspace = a.workspace;
+      return launch_checked(*backend_, *kernel, geom, &fw, spec.dynamic ? sizeof fw : sizeof fw.w,
+                            stream);
     }
     if (spec.dynamic) {
       WgmmaDynamicParams wd;

@@ -852,6 +852,8 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.sinks = d.sinks;
   a.alibi_slopes = d.alibi_slopes;
   a.alibi_slopes_stride = d.alibi_slopes_stride;
+  a.workspace = c.workspace;
+  a.workspace_size = c.workspace_size;
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
@@ -890,6 +892,8 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   ctx.check(fa_memcpy_dtoh(ctx.rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
   judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  if (c.o_out) *c.o_out = o;
+  if (c.lse_out) *c.lse_out = lse;
   return err + ctx.err;
 }
 

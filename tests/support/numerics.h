@@ -146,6 +146,11 @@ struct DecodeCase {
   // as the same memory, strides and page table (fa_decode reads V from the K
   // tile: KernelSpec::v_in_k). head_dim_v <= head_dim, no append.
   bool v_in_k = false;
+  // prefill only: O and LSE as the launch wrote them (ForwardCase::o_out,
+  // lse_out) and fa_forward_args.workspace / workspace_size as given.
+  std::vector<float> *o_out = nullptr, *lse_out = nullptr;
+  uint64_t workspace = 0;
+  size_t workspace_size = 0;
   const Reject *reject = nullptr;  // a refused fa_decode: nothing runs
   std::string describe() const;
 };
