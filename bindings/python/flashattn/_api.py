@@ -1321,8 +1321,9 @@ def _forward_workspace(call, a, workspace):
             raise invalid("forward: workspace is a null pointer (pass None for none)")
         return workspace
     nbytes = ctypes.c_size_t()
-    check(_lib.lib().fa_forward_workspace_size(call.h, call.ch, ctypes.byref(a),
-                                               ctypes.byref(nbytes)))
+    if _lib.lib().fa_forward_workspace_size(call.h, call.ch, ctypes.byref(a),
+                                            ctypes.byref(nbytes)) != _lib.SUCCESS:
+        return None  # fa_launch refuses the same arguments, with its own message
     if nbytes.value == 0:
         return None
     if workspace is None:
