@@ -23,10 +23,14 @@
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
 #             JIT instead of the plugin's cubins, the same PTX)
-#   persist   bench_sdpa.py with FLASHATTN_SM90_PERSISTENT=1 (the static
-#             persistent sm_90a forward, off by default until measured):
-#             head_dim 64/128, seqlen 512/1k/2k/16k, each point vs cuDNN in
-#             one command; set against the sdpa stage's same points
+#   persist   bench_sdpa.py with FLASHATTN_SM90_PERSISTENT=1 (the persistent
+#             sm_90a forward, off by default until measured) with its dynamic
+#             scheduler: fa.forward (library 0.8) gives it the workspace the
+#             Python binding owns (one zeroed 8-byte counter per stream, reused
+#             by every timed call: the kernel leaves it zero), so the work
+#             items are handed out by the atomic counter, not the static
+#             order; head_dim 64/128, seqlen 512/1k/2k/16k, each point vs
+#             cuDNN in one command; set against the sdpa stage's same points
 #   sdpabase  bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the library
 #             in build-gpu/baseline/ (a before/after pair on one machine;
 #             that version's bindings/python/flashattn in build-gpu/baseline/python/)

@@ -531,16 +531,22 @@ func forwardCase(t *testing.T, rt *Runtime, cfg *Config, p problem, seed int64) 
 // of problem p, failing the test on an error.
 func forwardContiguous(t *testing.T, rt *Runtime, cfg *Config, p problem, q, k, v, o, lse *DeviceMemory) {
 	t.Helper()
-	err := rt.Forward(cfg, &ForwardArgs{
+	a := denseForwardArgs(p, q, k, v, o, lse)
+	if err := rt.Forward(cfg, &a); err != nil {
+		t.Fatalf("Forward: %v", err)
+	}
+}
+
+// denseForwardArgs are Forward's arguments for contiguous [b, s, h, d] device
+// tensors of problem p.
+func denseForwardArgs(p problem, q, k, v, o, lse *DeviceMemory) ForwardArgs {
+	return ForwardArgs{
 		Batch: int32(p.batch), SeqlenQ: int32(p.sq), SeqlenK: int32(p.skMax),
 		Q:   Contiguous(q.Ptr(), int64(p.sq), int64(p.hq), int64(p.d)),
 		K:   Contiguous(k.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.d)),
 		V:   Contiguous(v.Ptr(), int64(p.skMax), int64(p.hkv), int64(p.dv)),
 		O:   Contiguous(o.Ptr(), int64(p.sq), int64(p.hq), int64(p.dv)),
 		LSE: lse.Ptr(),
-	})
-	if err != nil {
-		t.Fatalf("Forward: %v", err)
 	}
 }
 

@@ -144,26 +144,37 @@ type ForwardArgs struct {
 	// 1}); a query head uses its KV head's QDescale.
 	QDescale, KDescale, VDescale uint64
 	DescaleStride                [2]int64
-	Stream                       uintptr
+	// Since 0.8, the persistent sm_90a forward's work counter, or 0 = none:
+	// device memory of at least ForwardWorkspaceSize bytes (8: two uint32),
+	// 8-byte aligned, zeroed once before its first use (DeviceMemory.Memset(0)
+	// after Malloc); every launch that uses it leaves it zero again, so it
+	// serves back-to-back launches with no memset. One per stream: not to be
+	// shared by launches that may run at the same time. With it the
+	// persistent kernel (on a runtime created with
+	// FLASHATTN_SM90_PERSISTENT=1 in the environment) hands out work items
+	// dynamically; with 0 it keeps its static order; every other kernel
+	// ignores it. A workspace that was not zero gives wrong output.
+	Workspace     uint64
+	WorkspaceSize uint64 // bytes at Workspace: >= 8 with one, 0 without
+	Stream        uintptr
 }
 
-// Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
-// *Error with the library's status (StatusInvalidArgument for sizes,
-// strides, alignment and KV layout fields; nothing is written then).
-func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
-	if a == nil {
-		return goErr(StatusInvalidArgument, "Forward: args is nil")
+// acquireWith read-locks rt and cfg for one call (see Runtime.acquire and
+// Config.acquire) and returns their handles; when err is nil the caller
+// must call release.
+func (rt *Runtime) acquireWith(cfg *Config, op string) (p *C.fa_runtime, cp *C.fa_config, release func(), err error) {
+	if p, err = rt.acquire(op); err != nil {
+		return nil, nil, nil, err
 	}
-	p, err := rt.acquire("Forward")
-	if err != nil {
-		return err
+	if cp, err = cfg.acquire(op); err != nil {
+		rt.mu.RUnlock()
+		return nil, nil, nil, err
 	}
-	defer rt.mu.RUnlock()
-	cp, err := cfg.acquire("Forward")
-	if err != nil {
-		return err
-	}
-	defer cfg.release()
+	return p, cp, func() { cfg.release(); rt.mu.RUnlock() }, nil
+}
+
+// c is a as fa_forward_args.
+func (a *ForwardArgs) c() C.fa_forward_args {
 	var ca C.fa_forward_args
 	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
 	ca.batch = C.int32_t(a.Batch)
@@ -183,8 +194,54 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 	ca.v_descale = C.uint64_t(a.VDescale)
 	ca.descale_stride[0] = C.int64_t(a.DescaleStride[0])
 	ca.descale_stride[1] = C.int64_t(a.DescaleStride[1])
+	ca.workspace = C.uint64_t(a.Workspace)
+	ca.workspace_size = C.size_t(a.WorkspaceSize)
+	return ca
+}
+
+// Forward computes O = softmax(scale * Q K^T) V (fa_launch). Errors: an
+// *Error with the library's status (StatusInvalidArgument for sizes,
+// strides, alignment and KV layout fields, and a Workspace not 8-byte
+// aligned or a WorkspaceSize under 8 with one / not 0 without one: the
+// message names "workspace" / "workspace_size"; nothing is written then).
+func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
+	if a == nil {
+		return goErr(StatusInvalidArgument, "Forward: args is nil")
+	}
+	p, cp, release, err := rt.acquireWith(cfg, "Forward")
+	if err != nil {
+		return err
+	}
+	defer release()
+	ca := a.c()
 	var e C.fago_err
 	return check(C.fago_launch(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
+}
+
+// ForwardWorkspaceSize returns the bytes of ForwardArgs.Workspace Forward
+// uses for a on rt (fa_forward_workspace_size, since 0.8): 8 when it would
+// run on the persistent sm_90a kernel (rt created with
+// FLASHATTN_SM90_PERSISTENT=1 on an sm_90 device), which then takes its
+// work items from the workspace's counter; else 0 (a workspace given is
+// ignored). Reads only a's host fields (sizes, strides, layout, which
+// pointers are set; not Workspace), touches no memory. Errors: an *Error
+// with StatusInvalidArgument for sizes and strides Forward would refuse.
+func (rt *Runtime) ForwardWorkspaceSize(cfg *Config, a *ForwardArgs) (uint64, error) {
+	if a == nil {
+		return 0, goErr(StatusInvalidArgument, "ForwardWorkspaceSize: args is nil")
+	}
+	p, cp, release, err := rt.acquireWith(cfg, "ForwardWorkspaceSize")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	ca := a.c()
+	var n C.size_t
+	var e C.fago_err
+	if err := check(C.fago_forward_workspace_size(p, cp, &ca, &n, &e), &e); err != nil {
+		return 0, err
+	}
+	return uint64(n), nil
 }
 
 // DecodeArgs are the arguments of Runtime.Decode (fa_decode_args). Q
@@ -333,16 +390,11 @@ func (rt *Runtime) DecodeWorkspaceSize(cfg *Config, a *DecodeArgs) (bytes uint64
 	if a == nil {
 		return 0, 0, goErr(StatusInvalidArgument, "DecodeWorkspaceSize: args is nil")
 	}
-	p, err := rt.acquire("DecodeWorkspaceSize")
+	p, cp, release, err := rt.acquireWith(cfg, "DecodeWorkspaceSize")
 	if err != nil {
 		return 0, 0, err
 	}
-	defer rt.mu.RUnlock()
-	cp, err := cfg.acquire("DecodeWorkspaceSize")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer cfg.release()
+	defer release()
 	ca := a.c()
 	var e C.fago_err
 	var n C.size_t
@@ -380,16 +432,11 @@ func (rt *Runtime) Decode(cfg *Config, a *DecodeArgs) error {
 		defer ws.Free()
 		args.Workspace, args.WorkspaceSize = ws.Ptr(), n
 	}
-	p, err := rt.acquire("Decode")
+	p, cp, release, err := rt.acquireWith(cfg, "Decode")
 	if err != nil {
 		return err
 	}
-	defer rt.mu.RUnlock()
-	cp, err := cfg.acquire("Decode")
-	if err != nil {
-		return err
-	}
-	defer cfg.release()
+	defer release()
 	ca := args.c()
 	var e C.fago_err
 	return check(C.fago_decode(p, cp, &ca, C.uint64_t(args.Stream), &e), &e)
@@ -431,16 +478,11 @@ func (rt *Runtime) DecodeReduce(cfg *Config, a *ReduceArgs) error {
 	if a == nil {
 		return goErr(StatusInvalidArgument, "DecodeReduce: args is nil")
 	}
-	p, err := rt.acquire("DecodeReduce")
+	p, cp, release, err := rt.acquireWith(cfg, "DecodeReduce")
 	if err != nil {
 		return err
 	}
-	defer rt.mu.RUnlock()
-	cp, err := cfg.acquire("DecodeReduce")
-	if err != nil {
-		return err
-	}
-	defer cfg.release()
+	defer release()
 	var ca C.fa_reduce_args
 	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
 	ca.num_splits = C.int32_t(a.NumSplits)

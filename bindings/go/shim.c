@@ -78,6 +78,11 @@ fa_status fago_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_arg
   return take(fa_launch(rt, cfg, a, (void *)(uintptr_t)stream), e);
 }
 
+fa_status fago_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                      const fa_forward_args *a, size_t *bytes, fago_err *e) {
+  return take(fa_forward_workspace_size(rt, cfg, a, bytes), e);
+}
+
 fa_status fago_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                      const fa_decode_args *a, size_t *bytes, int32_t *splits,
                                      fago_err *e) {

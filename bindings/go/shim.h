@@ -49,6 +49,8 @@ fa_status fago_generate(const fa_config *cfg, int32_t kind, int32_t sm, char **o
                         fago_err *e);
 fa_status fago_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_args *a,
                       uint64_t stream, fago_err *e);
+fa_status fago_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                      const fa_forward_args *a, size_t *bytes, fago_err *e);
 fa_status fago_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                      const fa_decode_args *a, size_t *bytes, int32_t *splits,
                                      fago_err *e);

@@ -287,7 +287,9 @@ class Runtime:
         check(lib.fa_runtime_create(ctypes.byref(opts), ctypes.byref(handle)))
         self._lock = threading.RLock()
         self._allocs = {}  # ptr -> bytes, owned by the binding
-        self._workspaces = {}  # stream -> (ptr, bytes) for decode
+        # (kind, stream, thread) -> (ptr, bytes): decode's split-KV buffers
+        # and the persistent forward's zeroed work counters
+        self._workspaces = {}
         self._guard = _Handle(handle.value, "Runtime")
 
     # lifetime
@@ -492,21 +494,32 @@ class Runtime:
         with self._use() as h:
             check(self._lib.fa_cache_clear(h))
 
-    # decode workspace: one grow-only buffer per (stream, thread). Work on one
+    # Workspaces: one grow-only buffer per (kind, stream, thread). Work on one
     # stream is ordered; the thread is part of the key because the emulator
-    # runs launches in the calling thread whatever the stream.
-    def _workspace(self, stream, nbytes):
-        key = (stream, threading.get_ident())
+    # runs launches in the calling thread whatever the stream. kind "decode":
+    # fa_decode's partial states (256-byte aligned); "forward": the
+    # persistent forward's work counter, zeroed once when allocated (every
+    # launch that uses it leaves it zero again, so calls reuse it as it is).
+    def _workspace(self, stream, nbytes, kind="decode"):
+        key = (kind, stream, threading.get_ident())
         with self._lock:
             ptr, size = self._workspaces.get(key, (0, 0))
             if size >= nbytes and ptr in self._allocs:
-                return ptr
+                return ptr, size
             if ptr in self._allocs:
-                self.synchronize(stream)  # earlier decodes may still read it
+                self.synchronize(stream)  # earlier launches may still use it
                 self.free(ptr)
-            ptr = self.malloc(max(nbytes, 256))
-            self._workspaces[key] = (ptr, max(nbytes, 256))
-            return ptr
+            self._workspaces.pop(key, None)
+            size = max(nbytes, 256)
+            ptr = self.malloc(size)
+            if kind == "forward":
+                try:
+                    self.memset(ptr, 0, size)  # synchronous: zero before any launch
+                except BaseException:
+                    self.free(ptr)
+                    raise
+            self._workspaces[key] = (ptr, size)
+            return ptr, size
 
     # the attention calls, as methods
     def forward(self, config, q, k, v, **kw):
@@ -1086,7 +1099,7 @@ def _lengths(view, label, what, limit, limit_name):
 def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
             block_table=None, seqused_k=None, sinks=None, alibi_slopes=None, q_descale=None,
-            k_descale=None, v_descale=None, stream=None):
+            k_descale=None, v_descale=None, workspace=None, stream=None):
     """Attention forward (fa_launch): O = softmax(scale * Q K^T) V.
 
     Fixed length: q [batch, seqlen_q, num_heads_q, head_dim], k/v [batch,
@@ -1150,6 +1163,27 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     kernel read and write out of bounds (the emulator reports a LaunchError;
     on a GPU that is an illegal address that poisons the runtime). Device
     block tables and device seqused_k with a cache are trusted the same way.
+
+    workspace (since 0.8; fa_forward_args.workspace): the persistent sm_90a
+    forward's work counter (8 bytes: two uint32), through which it hands out
+    work items dynamically. Only that kernel uses one, and it runs only when
+    the runtime was created with FLASHATTN_SM90_PERSISTENT=1 in the
+    environment (experimental, off by default; fa_forward_workspace_size
+    says 8 then, else 0). None (the default): when the launch needs one,
+    the binding uses a workspace it owns, one per (stream, thread) and
+    Runtime, zeroed once when allocated and freed with the Runtime; the
+    kernel leaves it zero after each launch, so repeated calls and benchmark
+    loops reuse it with no memset, and launches on different streams never
+    share one. Else device memory the caller owns (a DeviceArray or a
+    C-contiguous __cuda_array_interface__ object), 8-byte aligned, at least
+    8 bytes, zeroed once before its first use and not used by two launches
+    that may run at the same time; it is passed on even when the launch
+    does not need it (the library checks it either way). Or a callable that
+    takes the byte count and returns such memory, called only when the
+    launch needs a workspace. A workspace that was not zero gives wrong
+    output (device data the library cannot check). The library refuses one
+    that is too small or misaligned (InvalidArgumentError naming workspace /
+    workspace_size).
 
     Errors: InvalidArgumentError for shapes, dtypes and the host checks
     above (nothing runs), else the library's status."""
@@ -1271,9 +1305,34 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
         a.seqlen_k = _int32(Sk, "forward: seqlen_k")
         a.q, a.o = (_ft(x, widen(x) if varlen else None) for x in (qv, ov))
         a.k, a.v = kt, vt
+        ws = _forward_workspace(call, a, workspace)
         call.launched = True
         check(_lib.lib().fa_launch(call.h, call.ch, ctypes.byref(a), call.launch_stream))
+        del ws  # kept alive until the launch is queued
     return (o_obj, lse_obj) if want_lse else o_obj
+
+
+def _forward_workspace(call, a, workspace):
+    """Sets a.workspace / a.workspace_size (see forward()'s workspace);
+    returns the object holding the memory, to be kept until the launch."""
+    if workspace is not None and not callable(workspace):
+        a.workspace, a.workspace_size = _raw_device_memory(workspace, "forward: workspace")
+        if a.workspace == 0:
+            raise invalid("forward: workspace is a null pointer (pass None for none)")
+        return workspace
+    nbytes = ctypes.c_size_t()
+    if _lib.lib().fa_forward_workspace_size(call.h, call.ch, ctypes.byref(a),
+                                            ctypes.byref(nbytes)) != _lib.SUCCESS:
+        return None  # fa_launch refuses the same arguments, with its own message
+    if nbytes.value == 0:
+        return None
+    if workspace is None:
+        a.workspace, a.workspace_size = call.rt._workspace(call.stream or 0, nbytes.value,
+                                                           "forward")
+        return None
+    ws = workspace(nbytes.value)
+    a.workspace, a.workspace_size = _raw_device_memory(ws, "forward: workspace")
+    return ws
 
 
 def _sinks(call, sinks, H, what):
@@ -1529,8 +1588,7 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
         check(lib.fa_decode_workspace_size(call.h, call.ch, ctypes.byref(a),
                                            ctypes.byref(nbytes), ctypes.byref(splits)))
         if workspace is None:
-            a.workspace = runtime._workspace(call.stream or 0, nbytes.value)
-            a.workspace_size = max(nbytes.value, 256)
+            a.workspace, a.workspace_size = runtime._workspace(call.stream or 0, nbytes.value)
         else:
             ws = workspace(nbytes.value) if callable(workspace) else workspace
             a.workspace, a.workspace_size = _raw_device_memory(ws, "decode: workspace")

@@ -211,6 +211,7 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               max_seqlen_k=max_seqlen_k if (varlen or block_table is not None) else None)
     if q.device.type == "cuda":
         cast, kw["stream"] = _dev, torch.cuda.current_stream(q.device).cuda_stream
+        kw["workspace"] = _forward_workspace(q.device, kw["stream"])
         q = _fit(q)
         if block_table is None:  # a paged cache is used as it is
             k, v = _fit(k), _fit(v)
@@ -222,6 +223,38 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  seqused_k=cast(seqused_k), block_table=cast(block_table),
                  alibi_slopes=cast(alibi_slopes), **kw)
     return out, lse
+
+
+_forward_workspaces = {}  # (device index, stream handle) -> zeroed uint8 tensor
+
+
+def _forward_workspace(device, stream):
+    """forward()'s workspace= for a launch on `stream` of CUDA `device`: a
+    callable the binding calls with the byte count when the launch needs one
+    (the persistent sm_90a forward's work counter, with
+    FLASHATTN_SM90_PERSISTENT=1). It returns a torch.zeros buffer made on
+    that stream (so zeroed before the launch, in stream order) and cached per
+    (device, stream): the kernel leaves it zero after each launch, so later
+    calls on the stream reuse it, and launches on different streams never
+    share one. While the stream is being captured into a CUDA graph each
+    call gets a fresh buffer instead (its zeroing is captured with it, and a
+    graph replayed on another stream shares nothing with eager calls)."""
+    key = (device.index, stream)
+    keep = []  # a fresh buffer lives until the launch is queued (then stream order)
+
+    def get(nbytes):
+        nbytes = max(nbytes, 8)
+        if torch.cuda.is_current_stream_capturing():
+            keep.append(torch.zeros(nbytes, dtype=torch.uint8, device=device))
+            return _dev(keep[-1])
+        with _lock:
+            ws = _forward_workspaces.get(key)
+            if ws is None or ws.numel() < nbytes:
+                ws = _forward_workspaces[key] = torch.zeros(nbytes, dtype=torch.uint8,
+                                                            device=device)
+        return _dev(ws)
+
+    return get
 
 
 def _fwd_shapes(q, v, cu_seqlens_q, return_lse):

@@ -161,6 +161,41 @@ def test_flash_attn_func_equals_c_api(fat, tmp_path):
     assert np.array_equal(out.numpy(), ref)
 
 
+def test_persistent_dynamic_forward(fat, monkeypatch):
+    """flash_attn_func on an emulated sm_90 runtime made with
+    FLASHATTN_SM90_PERSISTENT=1 (swapped in as runtime('cpu')): the
+    persistent forward takes its work items from the binding's own workspace
+    (160 items on 108 CTAs), equal to the fp64 reference and bit-identical to
+    the same runtime without the policy, twice in a row on one workspace that
+    the kernel leaves zero."""
+    import torch
+    monkeypatch.setenv("FLASHATTN_SM90_PERSISTENT", "1")
+    dyn = fa.Runtime(backend="emulator", emulator_sm=90, cache="memory")
+    monkeypatch.delenv("FLASHATTN_SM90_PERSISTENT")
+    plain = fa.Runtime(backend="emulator", emulator_sm=90, cache="memory")
+    g = rng(160)
+    B, Sq, Sk, H, Hk, D = 5, 19, 45, 32, 8, 64
+    q, k, v = (_t(torch, g, (B, s, h, D), torch.float16)
+               for s, h in ((Sq, H), (Sk, Hk), (Sk, Hk)))
+    ref, ref_lse = ref_attention(_np64(q), _np64(k), _np64(v), D ** -0.5, True)
+    got = {}
+    with dyn, plain:
+        for name, r in (("plain", plain), ("dyn", dyn)):
+            monkeypatch.setitem(fat._runtimes, ("cpu", 0), r)
+            got[name] = [fat.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
+                         for _ in range(2)]
+        ws = [val for key, val in dyn._workspaces.items() if key[0] == "forward"]
+        assert len(ws) == 1 and ws[0][1] >= 8, dyn._workspaces
+        counters = np.full(2, 7, np.uint32)
+        dyn.memcpy_dtoh(counters, ws[0][0])
+        assert counters.tolist() == [0, 0]
+        assert not [key for key in plain._workspaces if key[0] == "forward"]
+    for out, lse in got["dyn"]:
+        _check(torch, out, ref, torch.float16)
+        assert np.abs(lse.numpy() - ref_lse).max() < 2e-3 * max(1, np.abs(ref_lse).max())
+        assert torch.equal(out, got["plain"][0][0]) and torch.equal(lse, got["plain"][0][1])
+
+
 def test_packed_variants_equal_unpacked(fat):
     import torch
     g = rng(4)

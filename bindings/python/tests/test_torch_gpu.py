@@ -172,3 +172,56 @@ def test_compile_reduce_overhead(env):
     for _ in range(3):
         got = f(q, q, q).clone()
     assert torch.equal(got, attn(q, q, q))
+
+
+def test_persistent_dynamic_forward(env, monkeypatch):
+    """On an sm_90 GPU, a runtime made with FLASHATTN_SM90_PERSISTENT=1
+    (swapped in as runtime('cuda')) runs the persistent forward, which takes
+    its work items (512, more than the SMs) from the workspace flashattn.torch
+    makes with torch.zeros, one per stream: bit-identical to fa.forward on the
+    runtime without the policy, on the default stream and on two side
+    streams, every workspace zero afterwards; a workspace left non-zero skips
+    items (the dynamic order ran); a captured CUDA graph replays right."""
+    torch, fat, rt = env
+    if rt.info.sm != 90:
+        pytest.skip("the persistent forward is sm_90a's; this GPU is sm_%d" % rt.info.sm)
+    idx = torch.cuda.current_device()
+    monkeypatch.setenv("FLASHATTN_SM90_PERSISTENT", "1")
+    dyn = fa.Runtime(backend="cuda", device=idx)
+    monkeypatch.delenv("FLASHATTN_SM90_PERSISTENT")
+    monkeypatch.setitem(fat._runtimes, ("cuda", idx), dyn)
+    monkeypatch.setattr(fat, "_forward_workspaces", {})
+    g = torch.Generator(device="cuda").manual_seed(27)
+    q = torch.randn(4, 1000, 16, 128, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(4, 1000, 4, 128, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(4, 1000, 4, 128, device="cuda", dtype=torch.float16, generator=g)
+    cfg = fa.Config(dtype="fp16", head_dim=128, num_heads_q=16, num_heads_kv=4, causal=True)
+    with dyn:
+        want = fa.forward(rt, cfg, q, k, v)
+        sides = [torch.cuda.Stream(), torch.cuda.Stream()]
+        outs = [fat.flash_attn_func(q, k, v, causal=True)]
+        for s in sides:
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs += [fat.flash_attn_func(q, k, v, causal=True) for _ in range(2)]
+        torch.cuda.synchronize()
+        for out in outs:
+            assert torch.equal(out, want)
+        ws = fat._forward_workspaces
+        assert sorted(key[1] for key in ws) == sorted(
+            [torch.cuda.current_stream().cuda_stream] + [s.cuda_stream for s in sides])
+        assert all(int(w.count_nonzero()) == 0 for w in ws.values())
+        counter = ws[(idx, torch.cuda.current_stream().cuda_stream)]
+        counter.view(torch.int32)[0] = 5
+        assert not torch.equal(fat.flash_attn_func(q, k, v, causal=True), want)
+        counter.zero_()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = fat.flash_attn_func(q, k, v, causal=True)
+        assert len(ws) == 3  # capture makes its own workspace, not cached
+        for _ in range(2):
+            static.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static, want)
+        del graph

@@ -97,6 +97,7 @@ fn run(dir: &Path) -> Result<bool, Box<dyn std::error::Error>> {
             v: Tensor::contiguous(&vd, shape),
             o: TensorMut::contiguous(&mut od, shape),
             lse: None,
+            workspace: None,
         },
     )?;
     let elapsed = t0.elapsed();

@@ -14,7 +14,8 @@
 //! let mut o = rt.alloc(2 * n)?;
 //! rt.forward(&cfg, ForwardArgs { batch: 1, seqlen_q: 128, seqlen_k: 128,
 //!     q: Tensor::contiguous(&q, shape), k: Tensor::contiguous(&k, shape),
-//!     v: Tensor::contiguous(&v, shape), o: TensorMut::contiguous(&mut o, shape), lse: None })?;
+//!     v: Tensor::contiguous(&v, shape), o: TensorMut::contiguous(&mut o, shape), lse: None,
+//!     workspace: None })?;
 //! let out = flashattn::f16_slice_to_f32(&o.to_vec::<u16>()?);
 //! # Ok(()) }
 //! ```

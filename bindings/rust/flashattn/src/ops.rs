@@ -126,6 +126,47 @@ pub struct RawForwardArgs {
     /// Since 0.6: the fp8 Q's descale, as k_descale (a query head uses its
     /// KV head's), or 0 = 1.0.
     pub q_descale: u64,
+    /// Since 0.8: the persistent sm_90a forward's work counter, or 0 = none:
+    /// device memory of at least `Runtime::forward_workspace_size` bytes (8:
+    /// two u32), 8-byte aligned, zeroed by the caller once before its first
+    /// use; every launch that uses it leaves it zero again, so it serves
+    /// back-to-back launches with no memset. Not to be shared by launches
+    /// that may run at the same time (one per stream). With it the
+    /// persistent kernel (FLASHATTN_SM90_PERSISTENT=1 when the runtime was
+    /// created) hands out work items dynamically; every other kernel ignores
+    /// it. A workspace that was not zero gives wrong output.
+    pub workspace: u64,
+    /// Bytes at workspace: >= 8 with one, 0 without.
+    pub workspace_size: usize,
+}
+
+impl RawForwardArgs {
+    fn to_sys(&self) -> sys::fa_forward_args {
+        sys::fa_forward_args {
+            batch: self.batch,
+            seqlen_q: self.seqlen_q,
+            seqlen_k: self.seqlen_k,
+            q: self.q.to_sys(),
+            k: self.k.to_sys(),
+            v: self.v.to_sys(),
+            o: self.o.to_sys(),
+            lse: self.lse,
+            cu_seqlens_q: self.cu_seqlens_q,
+            cu_seqlens_k: self.cu_seqlens_k,
+            kv: self.kv.to_sys(),
+            seqused_k: self.seqused_k,
+            sinks: self.sinks,
+            alibi_slopes: self.alibi_slopes,
+            alibi_slopes_stride: self.alibi_slopes_stride,
+            k_descale: self.k_descale,
+            v_descale: self.v_descale,
+            descale_stride: self.descale_strides,
+            q_descale: self.q_descale,
+            workspace: self.workspace,
+            workspace_size: self.workspace_size,
+            ..Default::default()
+        }
+    }
 }
 
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
@@ -578,6 +619,13 @@ pub struct ForwardArgs<'a> {
     pub o: TensorMut<'a>,
     /// fp32 [batch, num_heads_q, seqlen_q], written if given
     pub lse: Option<&'a mut DeviceBuffer>,
+    /// Since 0.8: the persistent forward's work counter (see
+    /// `RawForwardArgs::workspace`): at least 8 bytes, zeroed once before its
+    /// first use (`fill_bytes(0)`) and then reused as the kernel leaves it;
+    /// None = the persistent kernel's static order. Only a runtime created
+    /// with FLASHATTN_SM90_PERSISTENT=1 on sm_90 uses it
+    /// (`Runtime::forward_workspace_size`).
+    pub workspace: Option<&'a mut DeviceBuffer>,
 }
 
 /// Arguments of `Runtime::decode`.
@@ -683,6 +731,8 @@ pub struct ForwardKvArgs<'a> {
     pub o: TensorMut<'a>,
     /// fp32 [batch, num_heads_q, seqlen_q], written if given
     pub lse: Option<&'a mut DeviceBuffer>,
+    /// As `ForwardArgs::workspace`.
+    pub workspace: Option<&'a mut DeviceBuffer>,
 }
 
 /// Arguments of `Runtime::decode_kv`: `DecodeArgs` with the cache in any
@@ -913,29 +963,26 @@ impl Runtime {
         args: &RawForwardArgs,
         stream: *mut c_void,
     ) -> Result<()> {
-        let a = sys::fa_forward_args {
-            batch: args.batch,
-            seqlen_q: args.seqlen_q,
-            seqlen_k: args.seqlen_k,
-            q: args.q.to_sys(),
-            k: args.k.to_sys(),
-            v: args.v.to_sys(),
-            o: args.o.to_sys(),
-            lse: args.lse,
-            cu_seqlens_q: args.cu_seqlens_q,
-            cu_seqlens_k: args.cu_seqlens_k,
-            kv: args.kv.to_sys(),
-            seqused_k: args.seqused_k,
-            sinks: args.sinks,
-            alibi_slopes: args.alibi_slopes,
-            alibi_slopes_stride: args.alibi_slopes_stride,
-            k_descale: args.k_descale,
-            v_descale: args.v_descale,
-            descale_stride: args.descale_strides,
-            q_descale: args.q_descale,
-            ..Default::default()
-        };
-        check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &a, stream))
+        check(sys::fa_launch(self.as_raw(), cfg.as_raw(), &args.to_sys(), stream))
+    }
+
+    /// The bytes of `RawForwardArgs::workspace` a forward with `args` uses on
+    /// this runtime (fa_forward_workspace_size, since 0.8): 8 when it would
+    /// run on the persistent sm_90a kernel (the runtime created with
+    /// FLASHATTN_SM90_PERSISTENT=1 on an sm_90 device), which then takes its
+    /// work items from the workspace's counter; else 0 (a workspace given is
+    /// ignored). Reads only host fields (sizes, strides, layout, which
+    /// pointers are set; not `workspace`), touches no memory. For the safe
+    /// API (`ForwardArgs::workspace`), a zeroed DeviceBuffer of 8 bytes
+    /// always serves. Errors: InvalidArgument for sizes and strides
+    /// fa_launch would refuse.
+    pub fn forward_workspace_size(&self, cfg: &Config, args: &RawForwardArgs) -> Result<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: valid handles and out pointer; no device memory is read.
+        check(unsafe {
+            sys::fa_forward_workspace_size(self.as_raw(), cfg.as_raw(), &args.to_sys(), &mut bytes)
+        })?;
+        Ok(bytes)
     }
 
     /// O = softmax(scale * Q K^T) V on DeviceBuffers, on the default stream.
@@ -952,6 +999,7 @@ impl Runtime {
                 seqused_k: None,
                 o: args.o,
                 lse: args.lse,
+                workspace: args.workspace,
             },
         )
     }
@@ -964,9 +1012,12 @@ impl Runtime {
     /// table are also read back (a synchronous copy) to check the pages and
     /// tensors each sequence uses, and with a pointer array the call waits
     /// for the kernel (its address arrays are temporary).
-    /// Errors: InvalidArgument from these checks (prefix "flashattn-rs:") or
-    /// the library's (sizes, strides, alignment, page fields), then as
-    /// `forward_raw`.
+    /// With `workspace` (since 0.8) the persistent forward, when it runs,
+    /// takes its work items from it (see `ForwardArgs::workspace`).
+    /// Errors: InvalidArgument from these checks (prefix "flashattn-rs:";
+    /// a workspace of another runtime) or the library's (sizes, strides,
+    /// alignment, page fields; a workspace under 8 bytes: "workspace_size
+    /// ..."), then as `forward_raw`.
     pub fn forward_kv(&self, cfg: &Config, args: ForwardKvArgs<'_>) -> Result<()> {
         self.forward_kv_impl(cfg, args, None, None, None)
     }
@@ -1069,6 +1120,13 @@ impl Runtime {
         if let Some((q_descale, ds)) = fp8 {
             raw.descale_strides = ds.strides;
             [raw.k_descale, raw.v_descale, raw.q_descale] = ds.checked(self, cfg, b, q_descale)?;
+        }
+        if let Some(w) = &args.workspace {
+            if w.runtime_id() != self.id() {
+                return Err(Error::invalid("flashattn-rs: workspace is memory of another runtime"));
+            }
+            // Its size and alignment are the library's to check.
+            (raw.workspace, raw.workspace_size) = (w.as_ptr(), w.len());
         }
         // SAFETY: every extent lies in a live buffer of this runtime, and the
         // pages and pointers the kernel follows were checked above; outputs

@@ -52,6 +52,7 @@ fn fwd<'a>(b: &'a mut Bufs) -> ForwardArgs<'a> {
         v: Tensor::contiguous(&b.v, KSHAPE),
         o: TensorMut::contiguous(&mut b.o, QSHAPE),
         lse: None,
+        workspace: None,
     }
 }
 

@@ -785,6 +785,7 @@ fn forward_call(x: Ctx, o: &mut DeviceBuffer, lse: &mut DeviceBuffer) -> flashat
         seqused_k: None,
         o: TensorMut::contiguous(o, [b, sq, hq, c.dv]),
         lse: Some(lse),
+        workspace: None,
     };
     match (c.kv_dtype != KvDtype::Same || c.descale.is_some(), alibi) {
         (true, None) if !c.sinks => rt.forward_fp8(cfg, args, dev.qd.as_ref(), dev.descales(c)),

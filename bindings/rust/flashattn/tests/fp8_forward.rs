@@ -33,6 +33,7 @@ fn args<'a>(b: [&'a DeviceBuffer; 3], o: &'a mut DeviceBuffer) -> ForwardKvArgs<
         seqused_k: None,
         o: TensorMut::contiguous(o, [B, SQ, HQ, D]),
         lse: None,
+        workspace: None,
     }
 }
 

@@ -374,6 +374,7 @@ fn prefill(
             seqused_k: Some(used),
             o: TensorMut::contiguous(&mut o, [b, sq, HQ, D]),
             lse: Some(&mut lse),
+            workspace: None,
         },
     )
     .unwrap();

@@ -277,11 +277,26 @@ pub fn forward_contiguous(
     v: &DeviceBuffer,
     o_bytes: usize,
 ) -> (DeviceBuffer, DeviceBuffer) {
+    let (o, lse, r) = forward_contiguous_ws(rt, cfg, p, [q, k, v], o_bytes, None);
+    r.unwrap();
+    (o, lse)
+}
+
+/// `forward_contiguous` with `ForwardArgs::workspace`: the poisoned O and
+/// LSE, and the call's result.
+pub fn forward_contiguous_ws(
+    rt: &Runtime,
+    cfg: &Config,
+    p: &Problem,
+    [q, k, v]: [&DeviceBuffer; 3],
+    o_bytes: usize,
+    workspace: Option<&mut DeviceBuffer>,
+) -> (DeviceBuffer, DeviceBuffer, flashattn::Result<()>) {
     let mut o = rt.alloc(o_bytes * p.batch * p.seqlen_q * p.hq * p.dv).unwrap();
     let mut lse = rt.alloc(4 * p.batch * p.hq * p.seqlen_q).unwrap();
     o.fill_bytes(0xff).unwrap();
     lse.fill_bytes(0xff).unwrap();
-    rt.forward(
+    let r = rt.forward(
         cfg,
         ForwardArgs {
             batch: p.batch,
@@ -292,10 +307,10 @@ pub fn forward_contiguous(
             v: Tensor::contiguous(v, [p.batch, p.seqlen_k, p.hkv, p.dv]),
             o: TensorMut::contiguous(&mut o, [p.batch, p.seqlen_q, p.hq, p.dv]),
             lse: Some(&mut lse),
+            workspace,
         },
-    )
-    .unwrap();
-    (o, lse)
+    );
+    (o, lse, r)
 }
 
 pub fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
