@@ -39,6 +39,9 @@
 //  - TileScheduler (the persistent forward's order): every work item once,
 //    sections of whole KV heads sized for L2, pairs adjacent, longest
 //    m-blocks first, the PTX decode equal to the host's (Schedule);
+//  - WorkScheduler (varlen by work): the prefix built by a warp from
+//    cu_seqlens, every real item once and no padded one, sequences in
+//    order, the padded fallback above kWorkBatchMax, PTX = host;
 //  - Ring (sm_90 mbarriers): a producer and a consumer warp pass tiles
 //    through 2 and 3 stages, wrapping, every tile whole and in order;
 //  - Swizzle128: the 128-byte swizzle's addresses against its formula, a
@@ -1075,6 +1078,152 @@ void test_scheduler(void **) {
   assert_true(sections >= 3 && short_sections > 0);
 }
 
+// Varlen batches scheduled by work (WorkScheduler, WorkSchedule,
+// build_work_prefix): one launch of a warp per case; the warp builds the
+// m-block prefix from cu_seqlens_q in shared memory (batch <= kWorkBatchMax)
+// and its 32 threads decode every item number. Cases: 20 sequences, half
+// empty, some shorter than one m-block; 70 sequences over three scan steps
+// with lengths past seqlen_q and negative ones (clamped); one long sequence
+// with sections of KV heads; a left window alone; no mask; GQA 1, 2 and 4;
+// and 1030 sequences (above the bound: the padded order). Against the
+// statements of scheduler.h: by work, every real (m_block < n_b, head,
+// sequence) exactly once and nothing else; the fallback, every padded item
+// once; a sequence's items contiguous, sequences in order; at one m-block
+// consecutive heads; m-blocks most keys first where that count is monotone;
+// and the PTX equal to the host's decode.
+void test_work_scheduler(void **) {
+  struct Case {
+    std::vector<int64_t> lens;
+    int sq, sk, h, hkv, wl, wr, d;
+  };
+  const int kUnb = -1;
+  std::vector<Case> cases;
+  std::mt19937 rng(2727);
+  {
+    Case c{{}, 700, 700, 4, 2, kUnb, 0, 128};  // 20 sequences, half empty
+    for (int b = 0; b < 20; ++b) c.lens.push_back(b % 2 ? 0 : int64_t(rng() % 700) + (b == 4));
+    c.lens[2] = 1;
+    c.lens[6] = 700;
+    cases.push_back(c);
+  }
+  {
+    Case c{{}, 300, 400, 6, 3, kUnb, 0, 64};  // 70 sequences: three scan steps, clamped lengths
+    for (int b = 0; b < 70; ++b) c.lens.push_back(int64_t(rng() % 400) - 50);
+    cases.push_back(c);
+  }
+  cases.push_back(Case{{0, 2000, 0}, 2000, 100000, 8, 8, kUnb, 0, 128});     // sections of KV heads
+  cases.push_back(Case{{300, 0, 900, 129}, 900, 900, 4, 1, 200, kUnb, 64});  // left window alone
+  cases.push_back(Case{{128, 5, 256}, 256, 256, 2, 2, kUnb, kUnb, 128});     // no mask
+  {
+    Case c{std::vector<int64_t>(1030, 0), 200, 200, 2, 1, kUnb, 0, 64};  // above the bound
+    for (int b = 0; b < 1030; b += 97) c.lens[size_t(b)] = 1 + b % 200;
+    cases.push_back(c);
+  }
+  int fallbacks = 0, sections = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case &c = cases[ci];
+    const int batch = static_cast<int>(c.lens.size());
+    const int wl = c.wl < 0 ? std::max(c.sk - 1, 0) : c.wl,
+              wr = c.wr < 0 ? std::max(c.sq - 1, 0) : c.wr;
+    const tile::WorkSchedule s =
+        tile::make_work_schedule(c.lens, c.sq, c.sk, c.h, c.hkv, wl, wr, 128, 2 * 2 * c.d);
+    const int64_t total = s.total();
+    // cu_seqlens from the lengths (packed rows); the clamp is the kernel's.
+    std::vector<int32_t> cu(1, 0), in = {c.sq, c.sk, c.h, c.hkv, batch, wl, wr, 0};
+    for (int64_t len : c.lens) cu.push_back(cu.back() + static_cast<int32_t>(len));
+    const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+      Builder &b = e.b;
+      Reg v[7];
+      for (int i = 0; i < 7; ++i) {
+        v[i] = b.b32();
+        b.ld(Space::Global, Type::S32, v[i], at(g[1], 4 * i));
+      }
+      fa::ptx::Label built = b.label();
+      b.when(e.setp(fa::ptx::Cmp::Gt, Type::S32, v[4], imm(tile::kWorkBatchMax))).bra(built);
+      tile::build_work_prefix(e, smem, g[0], v[0], v[4], tid, 128);
+      b.bind(built);
+      b.bar_sync();
+      const tile::WorkScheduler sched(e, smem, v[0], v[1], v[2], v[3], v[4], v[5], v[6], 128,
+                                      2 * 2 * c.d);
+      Reg zero = e.mov(Type::U32, imm(0));
+      b.when(e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, zero))
+          .st(Space::Global, Type::B32, at(g[2]), sched.total());
+      Reg t = e.mov(Type::U32, tid);
+      fa::ptx::Label top = b.label(), done = b.label();
+      b.bind(top);
+      b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, t, sched.total())).bra(done);
+      const tile::TileScheduler::Item it = sched.decode(t);
+      Reg a = e.index(g[2], e.op(Op::MadLo, Type::U32, t, imm(12), imm(4)), 1);
+      b.st(Space::Global, Type::B32, at(a), it.m_block);
+      b.st(Space::Global, Type::B32, at(a, 4), it.head);
+      b.st(Space::Global, Type::B32, at(a, 8), it.batch);
+      b.op(Op::Add, Type::U32, t, t, imm(32));
+      b.bra(top);
+      b.bind(done);
+    });
+    DevBuf dcu(cu.size() * 4), din(in.size() * 4), dout(size_t(4 + 12 * total));
+    dcu.put(cu);
+    din.put(in);
+    Ptrs pt = {{dcu.ptr, din.ptr, dout.ptr, 0, 0, 0}};
+    assert_int_equal(launch(ptx, 32, tile::kWorkPrefixBytes, pt), FA_SUCCESS);
+    const std::vector<int32_t> got = dout.get<int32_t>();
+    auto where = [&](int64_t t, const char *what) {
+      std::fprintf(stderr, "work case %zu (batch %d sq %d sk %d h %d hkv %d) item %lld: %s\n", ci,
+                   batch, c.sq, c.sk, c.h, c.hkv, static_cast<long long>(t), what);
+    };
+    if (got[0] != total) where(-1, "total"), fail();
+    const int64_t padded = (c.sq + 127) / 128;
+    // The m-blocks each sequence must run: its own, or the padded count.
+    std::vector<int64_t> want(c.lens.size());
+    int64_t expect = 0;
+    for (size_t b = 0; b < c.lens.size(); ++b) {
+      const int64_t len = std::min<int64_t>(std::max<int64_t>(c.lens[b], 0), c.sq);
+      want[b] = batch <= tile::kWorkBatchMax ? (len + 127) / 128 : padded;
+      expect += want[b] * c.h;
+    }
+    if (total != expect) where(-1, "not the real item count"), fail();
+    fallbacks += batch > tile::kWorkBatchMax;
+    sections = std::max<int>(sections, int(s.section < c.hkv));
+    auto key_tiles = [&](int64_t m, int64_t sqb) {
+      const int64_t shift = c.sk - sqb, first = 128 * m;
+      const int64_t last = std::min<int64_t>(first + 128, sqb) - 1;
+      const int64_t lo = std::max<int64_t>(first + shift - wl, 0) / 128 * 128;
+      const int64_t hi = std::min<int64_t>(last + shift + wr + 1, c.sk);
+      return hi > lo ? (hi - lo + 127) / 128 : 0;
+    };
+    const bool monotone = c.wr == 0 || c.wr == kUnb;
+    std::vector<std::vector<char>> seen(c.lens.size());
+    for (size_t b = 0; b < c.lens.size(); ++b) seen[b].assign(size_t(want[b] * c.h), 0);
+    for (int64_t t = 0; t < total; ++t) {
+      const int64_t m = got[size_t(1 + 3 * t)];
+      const int h = got[size_t(2 + 3 * t)], bz = got[size_t(3 + 3 * t)];
+      const fa::kgen::tile::WorkItem w = s.decode(t);
+      if (w.m_block != m || w.head != h || w.batch != bz) where(t, "host twin differs"), fail();
+      if (bz < 0 || bz >= batch || h < 0 || h >= c.h || m < 0 || m >= want[size_t(bz)])
+        where(t, "not a real item"), fail();
+      if (seen[size_t(bz)][size_t(m * c.h + h)]++) where(t, "twice"), fail();
+      if (t == 0) continue;
+      const int64_t pm = got[size_t(1 + 3 * (t - 1))];
+      const int ph = got[size_t(2 + 3 * (t - 1))], pb = got[size_t(3 + 3 * (t - 1))];
+      if (pb > bz) where(t, "sequences out of order"), fail();
+      if (pb != bz) continue;
+      // Sections of s.section KV heads (whole KV heads), one after the other.
+      const int64_t sec_heads = s.section * (c.h / c.hkv), sec = h / sec_heads;
+      if (sec < ph / sec_heads) where(t, "sections out of order"), fail();
+      if (sec != ph / sec_heads) continue;
+      if (pm == m && h != ph + 1) where(t, "heads not adjacent"), fail();
+      const int64_t sqb = std::min<int64_t>(std::max<int64_t>(c.lens[size_t(bz)], 0), c.sq);
+      if (monotone && batch <= tile::kWorkBatchMax && key_tiles(m, sqb) > key_tiles(pm, sqb))
+        where(t, "not longest first"), fail();
+    }
+  }
+  std::printf(
+      "  %zu varlen cases: each real item once, in order; %d above the bound, %d with "
+      "sections\n",
+      cases.size(), fallbacks, sections);
+  assert_true(fallbacks == 1 && sections == 1);
+}
+
 // Ring (sm_90 mbarriers): a producer warp and a consumer warp pass 9
 // tiles through 2 and 3 stages (the ring wraps, flipping parities). The
 // producer waits for a stage to be free (Slot, free_parity), writes 32
@@ -1194,7 +1343,8 @@ void test_swizzle128(void **) {
         const uint32_t ck = (c & ~7u) | ((c % 8) ^ k);
         assert_int_equal(sw.offset(r, ck), sw.offset(r, c) ^ tile::Swizzle128::flip(k));
         if ((r % 8 & k) == 0 && r + k < kRowsN)
-          assert_int_equal(sw.offset(r + k, c), (sw.offset(r, c) ^ tile::Swizzle128::flip(k)) + 128 * k);
+          assert_int_equal(sw.offset(r + k, c),
+                           (sw.offset(r, c) ^ tile::Swizzle128::flip(k)) + 128 * k);
       }
     }
     for (uint32_t m : seen) assert_int_equal(m, 0xffu);
@@ -1632,8 +1782,8 @@ int main(void) {
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
       cmocka_unit_test(test_key_range),      cmocka_unit_test(test_scheduler),
-      cmocka_unit_test(test_ring),           cmocka_unit_test(test_swizzle128),
-      cmocka_unit_test(test_store_acc),
+      cmocka_unit_test(test_work_scheduler), cmocka_unit_test(test_ring),
+      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_store_acc),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

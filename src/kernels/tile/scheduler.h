@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/codegen.h"
 
@@ -71,7 +72,68 @@ class TileScheduler {
 
  private:
   Emitter &e_;
-  Reg m_blocks_, heads_, pairs_, sec_heads_, sec_tiles_, reverse_, total_;
+  Reg m_blocks_, heads_, pairs_, sec_heads_, reverse_, total_;
+};
+
+// ---- Varlen batches scheduled by work ----
+// A varlen launch (cu_seqlens_q) numbers only real items: sequence b has
+// n_b = ceil(len_b / block_m) m-blocks (len_b = cu_seqlens_q[b + 1] -
+// cu_seqlens_q[b] clamped to [0, seqlen_q], as forward_bases does), and the
+// m-block prefix P[0] = 0, P[b + 1] = P[b] + n_b gives the total P[batch] x
+// heads. The order: sequence by sequence (items [P[b] heads, P[b + 1]
+// heads) are sequence b's), and within a sequence the order above with one
+// batch (sections of whole KV heads sized for kL2Bytes from the launch's
+// seqlen_k, every head of a section at one m-block before the next m-block,
+// longest first). A sequence's K and V are what its CTAs share, so running
+// one sequence after the other keeps them in L2; heads of one KV head stay
+// adjacent.
+// The prefix lives in shared memory (kWorkBatchMax + 1 u32 entries, built
+// by each CTA at its start: build_work_prefix); a batch larger than
+// kWorkBatchMax falls back to the padded order of one sequence after the
+// other with n_b = ceil(seqlen_q / block_m) for every b (items past a
+// sequence's rows included: the kernel skips them), decided at run time
+// from the batch (no host read of cu_seqlens).
+constexpr int kWorkBatchMax = 1024;
+constexpr uint32_t kWorkPrefixBytes = 4 * (kWorkBatchMax + 1);
+
+// The host's twin of WorkScheduler.
+struct WorkSchedule {
+  std::vector<int64_t> prefix;  // batch + 1 entries; fallback: the padded one
+  int heads = 0, heads_kv = 0, batch = 0;
+  int64_t section = 1;  // KV heads per section, 1 .. heads_kv
+  bool reverse = false;
+  bool by_work = true;  // batch <= kWorkBatchMax
+  int64_t total() const { return prefix.back() * heads; }
+  WorkItem decode(int64_t t) const;  // t in [0, total())
+};
+// seqlens_q: the batch's lengths (clamped here to [0, seqlen_q]); seqlen_q
+// and seqlen_k the launch's maxima; the rest as make_schedule's.
+WorkSchedule make_work_schedule(const std::vector<int64_t> &seqlens_q, int64_t seqlen_q,
+                                int64_t seqlen_k, int heads, int heads_kv, int64_t wl, int64_t wr,
+                                int block_m, int kv_row_bytes);
+
+// One warp (all 32 lanes, lane = tid % 32) writes P[0 .. batch] as u32 at
+// the shared address `prefix` from cu_seqlens_q (global address, s32
+// entries): 32 sequences per step, an inclusive shfl.up scan carried from
+// step to step. batch must be <= kWorkBatchMax (the caller tests it);
+// seqlen_q, batch: s32 of the launch. The readers need a barrier after it.
+void build_work_prefix(Emitter &e, Reg prefix, Reg cu_seqlens_q, Reg seqlen_q, Reg batch, Reg lane,
+                       int block_m);
+
+// The same order in PTX (prefix: the shared address build_work_prefix
+// wrote, read only when batch <= kWorkBatchMax). decode finds an item's
+// sequence by a binary search over the prefix (log2(batch) + 1 shared loads;
+// a linear search would read up to batch entries per item).
+class WorkScheduler {
+ public:
+  WorkScheduler(Emitter &e, Reg prefix, Reg seqlen_q, Reg seqlen_k, Reg heads, Reg heads_kv,
+                Reg batch, Reg wl, Reg wr, int block_m, int kv_row_bytes);
+  Reg total() const { return total_; }      // u32
+  TileScheduler::Item decode(Reg t) const;  // t: u32, < total()
+
+ private:
+  Emitter &e_;
+  Reg prefix_, m_blocks_, heads_, batch_, sec_heads_, reverse_, by_work_, total_;
 };
 
 }  // namespace fa::kgen::tile
