@@ -26,7 +26,13 @@
 // (chunked prefill): seqused_k on a contiguous cache and paged caches of
 // page 16, 3 (row lookups) and 128 (whole tiles) with shuffled block tables,
 // some sequences with no key; and the fp8 forward (its V transposed by the
-// producer). Each launch must have run the gather kernel.
+// producer). Each launch must have run the gather kernel. Varlen runs by
+// work (tile::WorkScheduler: only the real items, from the m-block prefix
+// each CTA builds): 20 sequences, half empty, on 5 CTAs and on 108 (more
+// than the 68 real items: idle CTAs still count out, and the dynamic
+// workspace must be zero after); 1030 sequences (above kWorkBatchMax) take
+// the padded order. The by-work cases fail with the prefix's m-block count
+// off by one and when idle CTAs exit without retiring.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -222,6 +228,30 @@ int main(void) {
   // d256 (no ping-pong), 108 CTAs.
   g.c = varlen_case({129, 0, 77}, {140, 10, 77}, 200, 140, 2, 1, 256, false, true, seed + 2);
   add_gather(g, 0);
+  // Varlen scheduled by work (tile::WorkScheduler): 20 sequences, half of
+  // them empty, lengths 1, 2, 5, 128 and 129 (an m-block prefix off by one
+  // drops or adds a block); 68 real items of the padded 240 (grid 5:
+  // several items per CTA; 108 CTAs: 40 of them get no item, and the
+  // dynamic order's last one out must still reset the workspace).
+  {
+    const std::vector<int> sq = {0, 37,  0, 129, 0, 1, 0, 300, 0, 5,
+                                 0, 260, 0, 128, 0, 2, 0, 64,  0, 200};
+    const std::vector<int> sk = {9, 140, 0, 100, 3, 0, 0, 290, 1, 64,
+                                 0, 300, 5, 128, 0, 7, 2, 200, 0, 33};
+    g.c = varlen_case(sq, sk, 300, 300, 4, 2, 64, true, true, seed + 8);
+    add_gather(g, 5);
+    g.c = varlen_case(sq, sk, 300, 300, 4, 2, 64, false, false, seed + 9);
+    add_gather(g, 0);
+  }
+  // Above tile::kWorkBatchMax sequences (1030): the padded order, its
+  // items past their sequence skipped.
+  {
+    std::vector<int> sq(1030, 0), sk(1030, 0);
+    for (size_t b = 3; b < sq.size(); b += 101) sq[b] = sk[b] = 1 + static_cast<int>(b % 100);
+    sk[3] = 0;
+    g.c = varlen_case(sq, sk, 100, 100, 1, 1, 64, false, true, seed + 10);
+    add_gather(g, 8);
+  }
   // Through fa_launch against a KV cache: seqused_k on a contiguous cache
   // (a sequence with no key: its rows all empty; seqlen_q > seqused_k).
   g = Case();

@@ -70,11 +70,13 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 // tile choice, made before a workspace is known, counts it): two stages of
 // a full and an empty mbarrier and an 8-byte slot; then,
 // for the gather producer's per-row page lookups, K and V row addresses (8
-// bytes each).
+// bytes each); then, persistent varlen (by_work), the batch's m-block prefix
+// (tile::kWorkPrefixBytes: tile::WorkScheduler).
 struct Layout {
   int qa = 0, va = 0;  // 128-byte column atoms of Q/K rows and of V (O staged: max(qa, va))
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
   uint32_t bars = 0, rows = 0, total = 0;  // rows: gather, paged by row: K, V row addresses
+  uint32_t prefix = 0;                     // by_work: the m-block prefix
   uint32_t q_full() const { return bars; }
   uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
@@ -92,6 +94,10 @@ struct Layout {
 bool row_table(const KernelSpec &s) {
   return s.gather && s.kv_layout == KvLayout::Paged && !s.page_tiles;
 }
+
+// Persistent varlen: the items are the batch's real ones (tile::WorkScheduler),
+// up to tile::kWorkBatchMax sequences; above, the padded order.
+bool by_work(const KernelSpec &s) { return s.persistent && s.varlen; }
 
 // The fp8 wgmma (wgmma_fp8): Q and K rows of bytes, 128 per atom; V
 // transposed, one atom of [head_dim_v rows][128 B] (block_n keys used) per
@@ -114,6 +120,8 @@ Layout layout(const KernelSpec &s) {
   l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 56 : 0);
   l.rows = (l.rows + 15) / 16 * 16;
   l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
+  l.prefix = (l.total + 15) / 16 * 16;
+  if (by_work(s)) l.total = l.prefix + tile::kWorkPrefixBytes;
   return l;
 }
 
@@ -220,6 +228,21 @@ class ForwardWgmmaGen {
       b_.when(t0).mbarrier_init(at(smem_, lay_.item_full(s, S_)), imm(1));
       b_.when(t0).mbarrier_init(at(smem_, lay_.item_empty(s, S_)), imm(256));
     }
+    if (by_work(spec_)) {
+      // Warp 0 writes the batch's m-block prefix; every role reads it after
+      // the barrier below (it is never rewritten).
+      const size_t f = offsetof(WgmmaParams, f);
+      Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
+      ptx::Label built = b_.label();
+      Reg skip = e_.setp(Cmp::Ge, Type::U32, tid_, imm(32));
+      b_.op(Op::Or, Type::Pred, skip, skip,
+            e_.setp(Cmp::Gt, Type::S32, batch, imm(tile::kWorkBatchMax)));
+      b_.when(skip).bra(built);
+      tile::build_work_prefix(e_, prefix(), e_.global_param(f + offsetof(P, cu_seqlens_q)),
+                              e_.param(Type::S32, f + offsetof(P, seqlen_q)), batch, tid_,
+                              spec_.block_m);
+      b_.bind(built);
+    }
     b_.fence_proxy_async();  // the inits, visible to the copy engine
     b_.bar_sync();
   }
@@ -233,20 +256,33 @@ class ForwardWgmmaGen {
   void item(Reg t, ptx::Label exit, ptx::Label skip = ptx::Label()) {
     const Dims d = dims();
     const size_t f = offsetof(WgmmaParams, f);
-    const tile::TileScheduler sched(e_, e_.param(Type::S32, f + offsetof(P, seqlen_q)),
-                                    e_.param(Type::S32, f + offsetof(P, seqlen_k)), d.hq, d.hkv,
-                                    e_.param(Type::S32, f + offsetof(P, batch)), d.wl, d.wr,
-                                    spec_.block_m, (spec_.head_dim + spec_.head_dim_v) * 2);
-    b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
-    const tile::TileScheduler::Item it = sched.decode(t);
+    Reg sq = e_.param(Type::S32, f + offsetof(P, seqlen_q));
+    Reg sk = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
+    const int row_bytes = (spec_.head_dim + spec_.head_dim_v) * 2;
+    tile::TileScheduler::Item it;
+    if (by_work(spec_)) {
+      const tile::WorkScheduler sched(e_, prefix(), sq, sk, d.hq, d.hkv, batch, d.wl, d.wr,
+                                      spec_.block_m, row_bytes);
+      b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
+      it = sched.decode(t);
+    } else {
+      const tile::TileScheduler sched(e_, sq, sk, d.hq, d.hkv, batch, d.wl, d.wr, spec_.block_m,
+                                      row_bytes);
+      b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
+      it = sched.decode(t);
+    }
     h_ = it.head;
     bz_ = it.batch;
     work(it.m_block, d, skips() ? &skip : nullptr);
   }
 
   // spec.persistent with varlen: items past their sequence are skipped by
-  // every role (forward_bases branches instead of exiting).
+  // every role (forward_bases branches instead of exiting): only in the
+  // padded order of a batch above tile::kWorkBatchMax.
   bool skips() const { return spec_.persistent && spec_.varlen; }
+  // by_work: the m-block prefix's shared address.
+  Reg prefix() { return e_.op(Op::Add, Type::U32, smem_, imm(lay_.prefix)); }
 
   // The next work item of a persistent CTA into t (Q's phase flips before,
   // flip_q, for an item that used Q's buffer: a skipped one did not).
