@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/launch.h"
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
@@ -71,12 +72,14 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 // a full and an empty mbarrier and an 8-byte slot; then,
 // for the gather producer's per-row page lookups, K and V row addresses (8
 // bytes each); then, persistent varlen (by_work), the batch's m-block prefix
-// (tile::kWorkPrefixBytes: tile::WorkScheduler).
+// (up to tile::kWorkPrefixBytes: what sm_90's opt-in shared memory leaves
+// the tile, so that the tile choice is unchanged; tile::WorkScheduler).
 struct Layout {
   int qa = 0, va = 0;  // 128-byte column atoms of Q/K rows and of V (O staged: max(qa, va))
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
   uint32_t bars = 0, rows = 0, total = 0;  // rows: gather, paged by row: K, V row addresses
   uint32_t prefix = 0;                     // by_work: the m-block prefix
+  int work_cap = 0;  // by_work: the most sequences the prefix holds (tile::WorkScheduler)
   uint32_t q_full() const { return bars; }
   uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
@@ -121,7 +124,16 @@ Layout layout(const KernelSpec &s) {
   l.rows = (l.rows + 15) / 16 * 16;
   l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   l.prefix = (l.total + 15) / 16 * 16;
-  if (by_work(s)) l.total = l.prefix + tile::kWorkPrefixBytes;
+  if (by_work(s)) {
+    // What sm_90's opt-in shared memory leaves the tile (it keeps its
+    // stages), at most tile::kWorkBatchMax sequences.
+    DeviceLimits sm90;
+    published_limits(90, &sm90);
+    const int64_t room = (int64_t(sm90.smem_per_block_optin) - l.prefix) / 4 - 1;
+    l.work_cap =
+        static_cast<int>(std::min<int64_t>(std::max<int64_t>(room, 0), tile::kWorkBatchMax));
+    l.total = l.prefix + 4 * static_cast<uint32_t>(l.work_cap + 1);
+  }
   return l;
 }
 
@@ -235,12 +247,11 @@ class ForwardWgmmaGen {
       Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
       ptx::Label built = b_.label();
       Reg skip = e_.setp(Cmp::Ge, Type::U32, tid_, imm(32));
-      b_.op(Op::Or, Type::Pred, skip, skip,
-            e_.setp(Cmp::Gt, Type::S32, batch, imm(tile::kWorkBatchMax)));
+      b_.op(Op::Or, Type::Pred, skip, skip, e_.setp(Cmp::Gt, Type::S32, batch, imm(lay_.work_cap)));
       b_.when(skip).bra(built);
       tile::build_work_prefix(e_, prefix(), e_.global_param(f + offsetof(P, cu_seqlens_q)),
                               e_.param(Type::S32, f + offsetof(P, seqlen_q)), batch, tid_,
-                              spec_.block_m);
+                              spec_.block_m, lay_.work_cap);
       b_.bind(built);
     }
     b_.fence_proxy_async();  // the inits, visible to the copy engine
@@ -263,7 +274,7 @@ class ForwardWgmmaGen {
     tile::TileScheduler::Item it;
     if (by_work(spec_)) {
       const tile::WorkScheduler sched(e_, prefix(), sq, sk, d.hq, d.hkv, batch, d.wl, d.wr,
-                                      spec_.block_m, row_bytes);
+                                      spec_.block_m, row_bytes, lay_.work_cap);
       b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
       it = sched.decode(t);
     } else {

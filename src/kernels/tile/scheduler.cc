@@ -123,14 +123,14 @@ WorkItem WorkSchedule::decode(int64_t t) const {
 
 WorkSchedule make_work_schedule(const std::vector<int64_t> &seqlens_q, int64_t seqlen_q,
                                 int64_t seqlen_k, int heads, int heads_kv, int64_t wl, int64_t wr,
-                                int block_m, int kv_row_bytes) {
+                                int block_m, int kv_row_bytes, int cap) {
   WorkSchedule s;
   s.heads = heads;
   s.heads_kv = heads_kv;
   s.batch = static_cast<int>(seqlens_q.size());
   s.section = section_kv_heads(seqlen_k, kv_row_bytes, heads_kv);
   s.reverse = wr <= wl;
-  s.by_work = s.batch <= kWorkBatchMax;
+  s.by_work = s.batch <= cap;
   const int64_t padded = (seqlen_q + block_m - 1) / block_m;
   s.prefix.assign(1, 0);
   for (int64_t len : seqlens_q) {
@@ -141,80 +141,100 @@ WorkSchedule make_work_schedule(const std::vector<int64_t> &seqlens_q, int64_t s
 }
 
 void build_work_prefix(Emitter &e, Reg prefix, Reg cu_seqlens_q, Reg seqlen_q, Reg batch, Reg lane,
-                       int block_m) {
+                       int block_m, int cap) {
   ptx::Builder &b = e.b;
   b.comment("varlen by work: the m-block prefix of the batch, 32 sequences a step");
-  Reg carry = e.mov(Type::U32, imm(0));
-  Reg i = e.mov(Type::U32, lane);  // this lane's sequence
-  Reg in = b.pred(), up = b.pred();
-  Reg q0 = b.b32(), q1 = b.b32(), x = b.b32(), y = b.b32();
-  ptx::Label top = b.label(), done = b.label();
-  b.bind(top);
-  // Warp-uniform: i - lane is the step's first sequence.
-  b.when(e.setp(Cmp::Ge, Type::S32, e.op(Op::Sub, Type::U32, i, lane), batch)).bra(done);
-  b.setp(Cmp::Lt, Type::S32, in, i, batch);
-  b.mov(Type::U32, q0, imm(0));
-  b.mov(Type::U32, q1, imm(0));
-  Reg a = e.index(cu_seqlens_q, i, 4);
-  b.when(in).ld(Space::Global, Type::S32, q0, at(a), true);
-  b.when(in).ld(Space::Global, Type::S32, q1, at(a, 4), true);
-  // forward_bases' length: clamped to [0, seqlen_q]; zero past the batch.
-  b.op(Op::Add, Type::U32, x, seq_len(e, q0, q1, seqlen_q), imm(block_m - 1));
-  b.op(Op::Div, Type::U32, x, x, imm(block_m));
-  for (int d = 1; d < 32; d *= 2) {
-    b.shfl(ptx::Shfl::Up, y, x, imm(d), imm(0), 0xffffffffu);
-    b.setp(Cmp::Ge, Type::U32, up, lane, imm(d));
-    b.when(up).op(Op::Add, Type::U32, x, x, y);
-  }
-  b.op(Op::Add, Type::U32, y, x, carry);
-  Reg dst = e.op(Op::MadLo, Type::U32, i, imm(4), prefix);
-  b.when(in).st(Space::Shared, Type::U32, at(dst, 4), y);
-  b.shfl(ptx::Shfl::Idx, y, x, imm(31), imm(31), 0xffffffffu);
-  b.op(Op::Add, Type::U32, carry, carry, y);
-  b.op(Op::Add, Type::U32, i, i, imm(32));
-  b.bra(top);
-  b.bind(done);
   Reg zero = e.mov(Type::U32, imm(0));
   b.when(e.setp(Cmp::Eq, Type::U32, lane, imm(0))).st(Space::Shared, Type::U32, at(prefix), zero);
+  Reg carry = e.mov(Type::U32, imm(0));
+  Reg in = b.pred(), up = b.pred();
+  Reg q0 = b.b32(), q1 = b.b32(), x = b.b32(), y = b.b32();
+  ptx::Label done = b.label();
+  // Unrolled (cap / 32 steps, each left when the batch ends): a loop here
+  // made ptxas spill in the persistent kernel's item loops.
+  for (int step = 0; step * 32 < cap; ++step) {
+    b.when(e.setp(Cmp::Le, Type::S32, batch, imm(32 * step))).bra(done);
+    Reg i = e.op(Op::Add, Type::U32, lane, imm(32 * step));  // this lane's sequence
+    b.setp(Cmp::Lt, Type::S32, in, i, batch);
+    b.mov(Type::U32, q0, imm(0));
+    b.mov(Type::U32, q1, imm(0));
+    Reg a = e.index(cu_seqlens_q, i, 4);
+    b.when(in).ld(Space::Global, Type::S32, q0, at(a), true);
+    b.when(in).ld(Space::Global, Type::S32, q1, at(a, 4), true);
+    // forward_bases' length: clamped to [0, seqlen_q]; zero past the batch.
+    b.op(Op::Add, Type::U32, x, seq_len(e, q0, q1, seqlen_q), imm(block_m - 1));
+    b.op(Op::Div, Type::U32, x, x, imm(block_m));
+    for (int d = 1; d < 32; d *= 2) {
+      b.shfl(ptx::Shfl::Up, y, x, imm(d), imm(0), 0xffffffffu);
+      b.setp(Cmp::Ge, Type::U32, up, lane, imm(d));
+      b.when(up).op(Op::Add, Type::U32, x, x, y);
+    }
+    b.op(Op::Add, Type::U32, y, x, carry);
+    Reg dst = e.op(Op::MadLo, Type::U32, i, imm(4), prefix);
+    b.when(in).st(Space::Shared, Type::U32, at(dst, 4), y);
+    b.shfl(ptx::Shfl::Idx, y, x, imm(31), imm(31), 0xffffffffu);
+    b.op(Op::Add, Type::U32, carry, carry, y);
+  }
+  b.bind(done);
 }
 
 WorkScheduler::WorkScheduler(Emitter &e, Reg prefix, Reg seqlen_q, Reg seqlen_k, Reg heads,
-                             Reg heads_kv, Reg batch, Reg wl, Reg wr, int block_m, int kv_row_bytes)
-    : e_(e), prefix_(prefix), heads_(heads), batch_(batch) {
+                             Reg heads_kv, Reg batch, Reg wl, Reg wr, int block_m, int kv_row_bytes,
+                             int cap)
+    : e_(e),
+      prefix_(prefix),
+      seqlen_q_(seqlen_q),
+      seqlen_k_(seqlen_k),
+      heads_(heads),
+      heads_kv_(heads_kv),
+      batch_(batch),
+      wl_(wl),
+      wr_(wr),
+      block_m_(block_m),
+      kv_row_bytes_(kv_row_bytes),
+      cap_(cap) {
+  // Only the total here: decode derives the rest after its search (the
+  // gather producer runs it in 56 registers).
   ptx::Builder &b = e.b;
-  m_blocks_ = e.op(Op::Add, Type::U32, seqlen_q, imm(block_m - 1));
-  b.op(Op::Div, Type::U32, m_blocks_, m_blocks_, imm(block_m));
-  sec_heads_ = section_heads(e, seqlen_k, heads, heads_kv, heads_kv, kv_row_bytes);
-  reverse_ = e.setp(Cmp::Le, Type::S32, wr, wl);
-  by_work_ = e.setp(Cmp::Le, Type::S32, batch, imm(kWorkBatchMax));
-  // The prefix's last entry (its bound kept in range for the fallback).
+  Reg by_work = e.setp(Cmp::Le, Type::S32, batch, imm(cap));
+  // The prefix's last entry (its index kept in range for the fallback).
   Reg last = b.b32();
-  Reg bl = e.op(Op::Min, Type::S32, batch, imm(kWorkBatchMax));
+  Reg bl = e.op(Op::Min, Type::S32, batch, imm(cap));
   b.ld(Space::Shared, Type::U32, last, at(e.op(Op::MadLo, Type::U32, bl, imm(4), prefix)));
-  Reg n = e.selp(Type::U32, last, e.op(Op::MulLo, Type::U32, m_blocks_, batch), by_work_);
+  Reg n = e.selp(Type::U32, last, e.op(Op::MulLo, Type::U32, m_blocks(), batch), by_work);
   total_ = e.op(Op::MulLo, Type::U32, n, heads);
+}
+
+Reg WorkScheduler::m_blocks() const {
+  Reg m = e_.op(Op::Add, Type::U32, seqlen_q_, imm(block_m_ - 1));
+  e_.b.op(Op::Div, Type::U32, m, m, imm(block_m_));
+  return m;
 }
 
 TileScheduler::Item WorkScheduler::decode(Reg t) const {
   ptx::Builder &b = e_.b;
   Reg g = e_.op(Op::Div, Type::U32, t, heads_);
   Reg seq = b.b32(), base = b.b32(), n = b.b32();
-  ptx::Label pad = b.label(), found = b.label(), done = b.label(), top = b.label();
-  b.unless(by_work_).bra(pad);
+  ptx::Label pad = b.label(), done = b.label();
+  b.when(e_.setp(Cmp::Gt, Type::S32, batch_, imm(cap_))).bra(pad);
   b.comment("varlen by work: the item's sequence, a binary search of the prefix");
-  // prefix[lo] <= g < prefix[hi]
-  Reg lo = e_.mov(Type::U32, imm(0)), hi = e_.mov(Type::U32, batch_);
-  Reg mid = b.b32(), v = b.b32(), p = b.pred();
-  b.bind(top);
-  b.when(e_.setp(Cmp::Le, Type::U32, e_.op(Op::Sub, Type::U32, hi, lo), imm(1))).bra(found);
-  b.op(Op::Add, Type::U32, mid, lo, hi);
-  b.op(Op::Shr, Type::U32, mid, mid, imm(1));
-  b.ld(Space::Shared, Type::U32, v, at(e_.op(Op::MadLo, Type::U32, mid, imm(4), prefix_)));
-  b.setp(Cmp::Le, Type::U32, p, v, g);
-  b.selp(Type::U32, lo, mid, lo, p);
-  b.selp(Type::U32, hi, hi, mid, p);
-  b.bra(top);
-  b.bind(found);
+  // The last b with prefix[b] <= g (then prefix[b + 1] > g, as g < the
+  // total): power-of-two steps from the largest <= cap down, unrolled (no
+  // loop nested in the item loop), entries past the batch never read.
+  Reg lo = e_.mov(Type::U32, imm(0));
+  Reg v = b.b32(), p = b.pred(), q = b.pred();
+  int top_step = 1;
+  while (top_step * 2 <= cap_) top_step *= 2;
+  for (int step = top_step; step >= 1 && cap_ > 0; step /= 2) {
+    Reg next = e_.op(Op::Add, Type::U32, lo, imm(step));
+    b.setp(Cmp::Le, Type::U32, p, next, batch_);
+    Reg a =
+        e_.op(Op::MadLo, Type::U32, e_.op(Op::Min, Type::U32, next, imm(cap_)), imm(4), prefix_);
+    b.ld(Space::Shared, Type::U32, v, at(a));
+    b.setp(Cmp::Le, Type::U32, q, v, g);
+    b.op(Op::And, Type::Pred, p, p, q);
+    b.selp(Type::U32, lo, next, lo, p);
+  }
   b.mov(Type::U32, seq, lo);
   Reg at_lo = e_.op(Op::MadLo, Type::U32, lo, imm(4), prefix_);
   b.ld(Space::Shared, Type::U32, base, at(at_lo));
@@ -222,12 +242,14 @@ TileScheduler::Item WorkScheduler::decode(Reg t) const {
   b.op(Op::Sub, Type::U32, n, n, base);
   b.bra(done);
   b.bind(pad);
-  b.op(Op::Div, Type::U32, seq, g, m_blocks_);
-  b.op(Op::MulLo, Type::U32, base, seq, m_blocks_);
-  b.mov(Type::U32, n, m_blocks_);
+  b.mov(Type::U32, n, m_blocks());
+  b.op(Op::Div, Type::U32, seq, g, n);
+  b.op(Op::MulLo, Type::U32, base, seq, n);
   b.bind(done);
   Reg l = e_.op(Op::Sub, Type::U32, t, e_.op(Op::MulLo, Type::U32, base, heads_));
-  TileScheduler::Item it = in_sections(e_, l, n, heads_, sec_heads_, reverse_);
+  Reg sec_heads = section_heads(e_, seqlen_k_, heads_, heads_kv_, heads_kv_, kv_row_bytes_);
+  TileScheduler::Item it =
+      in_sections(e_, l, n, heads_, sec_heads, e_.setp(Cmp::Le, Type::S32, wr_, wl_));
   it.batch = seq;
   return it;
 }

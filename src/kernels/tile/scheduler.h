@@ -87,14 +87,15 @@ class TileScheduler {
 // longest first). A sequence's K and V are what its CTAs share, so running
 // one sequence after the other keeps them in L2; heads of one KV head stay
 // adjacent.
-// The prefix lives in shared memory (kWorkBatchMax + 1 u32 entries, built
-// by each CTA at its start: build_work_prefix); a batch larger than
-// kWorkBatchMax falls back to the padded order of one sequence after the
-// other with n_b = ceil(seqlen_q / block_m) for every b (items past a
-// sequence's rows included: the kernel skips them), decided at run time
-// from the batch (no host read of cu_seqlens).
+// The prefix lives in shared memory (cap + 1 u32 entries, built by each CTA
+// at its start: build_work_prefix; cap <= kWorkBatchMax, the kernel's: what
+// its tile leaves of shared memory); a batch larger than cap falls back to
+// the padded order of one sequence after the other with n_b = ceil(seqlen_q
+// / block_m) for every b (items past a sequence's rows included: the kernel
+// skips them), decided at run time from the batch (no host read of
+// cu_seqlens).
 constexpr int kWorkBatchMax = 1024;
-constexpr uint32_t kWorkPrefixBytes = 4 * (kWorkBatchMax + 1);
+constexpr uint32_t kWorkPrefixBytes = 4 * (kWorkBatchMax + 1);  // at most
 
 // The host's twin of WorkScheduler.
 struct WorkSchedule {
@@ -102,7 +103,7 @@ struct WorkSchedule {
   int heads = 0, heads_kv = 0, batch = 0;
   int64_t section = 1;  // KV heads per section, 1 .. heads_kv
   bool reverse = false;
-  bool by_work = true;  // batch <= kWorkBatchMax
+  bool by_work = true;  // batch <= cap
   int64_t total() const { return prefix.back() * heads; }
   WorkItem decode(int64_t t) const;  // t in [0, total())
 };
@@ -110,30 +111,34 @@ struct WorkSchedule {
 // and seqlen_k the launch's maxima; the rest as make_schedule's.
 WorkSchedule make_work_schedule(const std::vector<int64_t> &seqlens_q, int64_t seqlen_q,
                                 int64_t seqlen_k, int heads, int heads_kv, int64_t wl, int64_t wr,
-                                int block_m, int kv_row_bytes);
+                                int block_m, int kv_row_bytes, int cap = kWorkBatchMax);
 
 // One warp (all 32 lanes, lane = tid % 32) writes P[0 .. batch] as u32 at
 // the shared address `prefix` from cu_seqlens_q (global address, s32
 // entries): 32 sequences per step, an inclusive shfl.up scan carried from
-// step to step. batch must be <= kWorkBatchMax (the caller tests it);
+// step to step, unrolled for up to cap sequences. batch must be <= cap
+// (the caller tests it);
 // seqlen_q, batch: s32 of the launch. The readers need a barrier after it.
 void build_work_prefix(Emitter &e, Reg prefix, Reg cu_seqlens_q, Reg seqlen_q, Reg batch, Reg lane,
-                       int block_m);
+                       int block_m, int cap = kWorkBatchMax);
 
 // The same order in PTX (prefix: the shared address build_work_prefix
-// wrote, read only when batch <= kWorkBatchMax). decode finds an item's
-// sequence by a binary search over the prefix (log2(batch) + 1 shared loads;
-// a linear search would read up to batch entries per item).
+// wrote, read only when batch <= cap). decode finds an item's
+// sequence by a binary search over the prefix, unrolled: log2(cap) + 1
+// steps of one shared load each (a linear search would read up to batch
+// entries per item; a search loop would nest a loop in the item loop).
 class WorkScheduler {
  public:
   WorkScheduler(Emitter &e, Reg prefix, Reg seqlen_q, Reg seqlen_k, Reg heads, Reg heads_kv,
-                Reg batch, Reg wl, Reg wr, int block_m, int kv_row_bytes);
+                Reg batch, Reg wl, Reg wr, int block_m, int kv_row_bytes, int cap = kWorkBatchMax);
   Reg total() const { return total_; }      // u32
   TileScheduler::Item decode(Reg t) const;  // t: u32, < total()
 
  private:
+  Reg m_blocks() const;  // ceil(seqlen_q / block_m), emitted where needed
   Emitter &e_;
-  Reg prefix_, m_blocks_, heads_, batch_, sec_heads_, reverse_, by_work_, total_;
+  Reg prefix_, seqlen_q_, seqlen_k_, heads_, heads_kv_, batch_, wl_, wr_, total_;
+  int block_m_, kv_row_bytes_, cap_;
 };
 
 }  // namespace fa::kgen::tile
