@@ -20,8 +20,8 @@
 // or too small workspace is refused naming it, nothing written.
 // The gather variant (KernelSpec::gather: cp.async rows from 128 producer
 // threads) runs the same checks: varlen with empty sequences (seqlen 0),
-// sequences shorter than one m-block and a padded item grid (items past
-// their sequence are skipped by every role, not exits), causal with
+// sequences shorter than one m-block and a launch seqlen_q above every
+// sequence's (varlen runs by work: only real items), causal with
 // seqlen_q > seqlen_k, GQA, and through fa_launch against a KV cache
 // (chunked prefill): seqused_k on a contiguous cache and paged caches of
 // page 16, 3 (row lookups) and 128 (whole tiles) with shuffled block tables,
@@ -217,8 +217,8 @@ int main(void) {
   Case g;
   // Varlen: empty sequences, one shorter than an m-block, one of several
   // m-blocks with fewer keys than queries (causal: rows with no key); the
-  // launch's seqlen_q 300 pads the grid to 3 m-blocks (3 x 4 x 5 = 60
-  // items, most of them past their sequence).
+  // launch's seqlen_q 300 would pad the grid to 3 m-blocks (3 x 4 x 5 = 60
+  // items; by work, 6 x 4 = 24 real ones).
   g.c =
       varlen_case({0, 37, 260, 0, 129}, {5, 0, 100, 0, 200}, 300, 200, 4, 2, 128, true, true, seed);
   add_gather(g, 7);

@@ -106,9 +106,9 @@ struct KernelSpec {
   // tile::TileScheduler's order, CTA c taking items c, c + nctaid, ...;
   // the K/V ring runs on across items and Q's buffer is refilled once the
   // previous item's epilogue has read O out of it (docs/kernels.md,
-  // "Persistent variant"; varlen: items of the padded grid past their
-  // sequence are skipped). Off: the PTX and serialize() are those of a spec
-  // without it.
+  // "Persistent variant"; varlen: scheduled by work, only the batch's real
+  // items, from an m-block prefix each CTA builds from cu_seqlens_q). Off:
+  // the PTX and serialize() are those of a spec without it.
   bool persistent = false;
   // persistent only: work items handed out dynamically by an atomic counter
   // in the caller's workspace (WgmmaDynamicParams::workspace, {u32 next, u32
@@ -461,7 +461,8 @@ void set_forward_steps(const KernelSpec &spec, ForwardParams *p);
 // count, or a test's smaller grid; 0: one CTA per item).
 LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas = 0);
 // The work items of a persistent forward launch (tile::Schedule::total):
-// ceil(seqlen_q / block_m) x num_heads_q x batch.
+// ceil(seqlen_q / block_m) x num_heads_q x batch; for varlen an upper bound
+// (the kernel runs only the real items: tile::WorkScheduler).
 int64_t forward_work_items(const KernelSpec &spec, const ForwardParams &p);
 LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p);
 LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p);
