@@ -1080,12 +1080,14 @@ void test_scheduler(void **) {
 
 // Varlen batches scheduled by work (WorkScheduler, WorkSchedule,
 // build_work_prefix): one launch of a warp per case; the warp builds the
-// m-block prefix from cu_seqlens_q in shared memory (batch <= kWorkBatchMax)
-// and its 32 threads decode every item number. Cases: 20 sequences, half
+// m-block prefix from cu_seqlens_q in shared memory (batch <= the cap,
+// kWorkBatchMax or a kernel's smaller one) and its 32 threads decode every
+// item number. Cases: 20 sequences, half
 // empty, some shorter than one m-block; 70 sequences over three scan steps
 // with lengths past seqlen_q and negative ones (clamped); one long sequence
 // with sections of KV heads; a left window alone; no mask; GQA 1, 2 and 4;
-// and 1030 sequences (above the bound: the padded order). Against the
+// 1030 sequences (above kWorkBatchMax: the padded order); a smaller cap
+// (20 sequences at it: by work; 70 at 69: padded). Against the
 // statements of scheduler.h: by work, every real (m_block < n_b, head,
 // sequence) exactly once and nothing else; the fallback, every padded item
 // once; a sequence's items contiguous, sequences in order; at one m-block
@@ -1095,6 +1097,7 @@ void test_work_scheduler(void **) {
   struct Case {
     std::vector<int64_t> lens;
     int sq, sk, h, hkv, wl, wr, d;
+    int cap = tile::kWorkBatchMax;  // the kernel's bound on the batch
   };
   const int kUnb = -1;
   std::vector<Case> cases;
@@ -1105,10 +1108,14 @@ void test_work_scheduler(void **) {
     c.lens[2] = 1;
     c.lens[6] = 700;
     cases.push_back(c);
+    c.cap = 20;  // the batch at a kernel's smaller bound: still by work
+    cases.push_back(c);
   }
   {
     Case c{{}, 300, 400, 6, 3, kUnb, 0, 64};  // 70 sequences: three scan steps, clamped lengths
     for (int b = 0; b < 70; ++b) c.lens.push_back(int64_t(rng() % 400) - 50);
+    cases.push_back(c);
+    c.cap = 69;  // one past the bound: the padded order
     cases.push_back(c);
   }
   cases.push_back(Case{{0, 2000, 0}, 2000, 100000, 8, 8, kUnb, 0, 128});     // sections of KV heads
@@ -1126,7 +1133,7 @@ void test_work_scheduler(void **) {
     const int wl = c.wl < 0 ? std::max(c.sk - 1, 0) : c.wl,
               wr = c.wr < 0 ? std::max(c.sq - 1, 0) : c.wr;
     const tile::WorkSchedule s =
-        tile::make_work_schedule(c.lens, c.sq, c.sk, c.h, c.hkv, wl, wr, 128, 2 * 2 * c.d);
+        tile::make_work_schedule(c.lens, c.sq, c.sk, c.h, c.hkv, wl, wr, 128, 2 * 2 * c.d, c.cap);
     const int64_t total = s.total();
     // cu_seqlens from the lengths (packed rows); the clamp is the kernel's.
     std::vector<int32_t> cu(1, 0), in = {c.sq, c.sk, c.h, c.hkv, batch, wl, wr, 0};
@@ -1139,12 +1146,12 @@ void test_work_scheduler(void **) {
         b.ld(Space::Global, Type::S32, v[i], at(g[1], 4 * i));
       }
       fa::ptx::Label built = b.label();
-      b.when(e.setp(fa::ptx::Cmp::Gt, Type::S32, v[4], imm(tile::kWorkBatchMax))).bra(built);
-      tile::build_work_prefix(e, smem, g[0], v[0], v[4], tid, 128);
+      b.when(e.setp(fa::ptx::Cmp::Gt, Type::S32, v[4], imm(c.cap))).bra(built);
+      tile::build_work_prefix(e, smem, g[0], v[0], v[4], tid, 128, c.cap);
       b.bind(built);
       b.bar_sync();
       const tile::WorkScheduler sched(e, smem, v[0], v[1], v[2], v[3], v[4], v[5], v[6], 128,
-                                      2 * 2 * c.d);
+                                      2 * 2 * c.d, c.cap);
       Reg zero = e.mov(Type::U32, imm(0));
       b.when(e.setp(fa::ptx::Cmp::Eq, Type::U32, tid, zero))
           .st(Space::Global, Type::B32, at(g[2]), sched.total());
@@ -1178,11 +1185,11 @@ void test_work_scheduler(void **) {
     int64_t expect = 0;
     for (size_t b = 0; b < c.lens.size(); ++b) {
       const int64_t len = std::min<int64_t>(std::max<int64_t>(c.lens[b], 0), c.sq);
-      want[b] = batch <= tile::kWorkBatchMax ? (len + 127) / 128 : padded;
+      want[b] = batch <= c.cap ? (len + 127) / 128 : padded;
       expect += want[b] * c.h;
     }
     if (total != expect) where(-1, "not the real item count"), fail();
-    fallbacks += batch > tile::kWorkBatchMax;
+    fallbacks += batch > c.cap;
     sections = std::max<int>(sections, int(s.section < c.hkv));
     auto key_tiles = [&](int64_t m, int64_t sqb) {
       const int64_t shift = c.sk - sqb, first = 128 * m;
@@ -1213,7 +1220,7 @@ void test_work_scheduler(void **) {
       if (sec != ph / sec_heads) continue;
       if (pm == m && h != ph + 1) where(t, "heads not adjacent"), fail();
       const int64_t sqb = std::min<int64_t>(std::max<int64_t>(c.lens[size_t(bz)], 0), c.sq);
-      if (monotone && batch <= tile::kWorkBatchMax && key_tiles(m, sqb) > key_tiles(pm, sqb))
+      if (monotone && batch <= c.cap && key_tiles(m, sqb) > key_tiles(pm, sqb))
         where(t, "not longest first"), fail();
     }
   }
@@ -1221,7 +1228,7 @@ void test_work_scheduler(void **) {
       "  %zu varlen cases: each real item once, in order; %d above the bound, %d with "
       "sections\n",
       cases.size(), fallbacks, sections);
-  assert_true(fallbacks == 1 && sections == 1);
+  assert_true(fallbacks == 2 && sections == 1);
 }
 
 // Ring (sm_90 mbarriers): a producer warp and a consumer warp pass 9
