@@ -948,6 +948,16 @@ void test_key_range(void **) {
   assert_true(lean_tiles > 50 && masked_tiles > 50 && empty_ctas > 0);
 }
 
+// Key tiles of m-block m of a sequence of sq queries and sk keys (key_range's
+// definition, block_m = block_n = 128): the schedulers' "longest first".
+int64_t scheduled_key_tiles(int64_t m, int64_t sq, int64_t sk, int64_t wl, int64_t wr) {
+  const int64_t shift = sk - sq, first = 128 * m;
+  const int64_t last = std::min<int64_t>(first + 128, sq) - 1;
+  const int64_t lo = std::max<int64_t>(first + shift - wl, 0) / 128 * 128;
+  const int64_t hi = std::min<int64_t>(last + shift + wr + 1, sk);
+  return hi > lo ? (hi - lo + 127) / 128 : 0;
+}
+
 // The persistent forward's tile scheduler (TileScheduler, Schedule), one
 // launch case per thread: each thread decodes every item number of its case
 // in PTX. Cases: causal with seqlen_q below, equal to and above seqlen_k, a
@@ -1035,14 +1045,7 @@ void test_scheduler(void **) {
                      c.sq, c.sk, c.h, c.hkv, c.b, wl, wr, c.d, static_cast<long long>(t), what);
       };
       if (o[0] != total) where(-1, "total"), fail();
-      // Key tiles of m-block m (key_range's definition, block_n 128).
-      auto key_tiles = [&](int64_t m) {
-        const int64_t shift = c.sk - c.sq, first = kBlockM * m;
-        const int64_t last = std::min<int64_t>(first + kBlockM, c.sq) - 1;
-        const int64_t lo = std::max<int64_t>(first + shift - wl, 0) / 128 * 128;
-        const int64_t hi = std::min<int64_t>(last + shift + wr + 1, c.sk);
-        return hi > lo ? (hi - lo + 127) / 128 : 0;
-      };
+      auto key_tiles = [&](int64_t m) { return scheduled_key_tiles(m, c.sq, c.sk, wl, wr); };
       const bool monotone = c.wr == 0 || c.wr == kUnb;  // causal or a left window alone
       if (s.section > 1 && s.section * kv_bytes > fa::kgen::tile::kL2Bytes)
         where(-1, "section"), fail();
@@ -1192,11 +1195,7 @@ void test_work_scheduler(void **) {
     fallbacks += batch > c.cap;
     sections = std::max<int>(sections, int(s.section < c.hkv));
     auto key_tiles = [&](int64_t m, int64_t sqb) {
-      const int64_t shift = c.sk - sqb, first = 128 * m;
-      const int64_t last = std::min<int64_t>(first + 128, sqb) - 1;
-      const int64_t lo = std::max<int64_t>(first + shift - wl, 0) / 128 * 128;
-      const int64_t hi = std::min<int64_t>(last + shift + wr + 1, c.sk);
-      return hi > lo ? (hi - lo + 127) / 128 : 0;
+      return scheduled_key_tiles(m, sqb, c.sk, wl, wr);
     };
     const bool monotone = c.wr == 0 || c.wr == kUnb;
     std::vector<std::vector<char>> seen(c.lens.size());
