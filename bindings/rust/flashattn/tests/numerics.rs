@@ -6,8 +6,8 @@
 mod common;
 
 use common::{
-    check_lse, decode_case, emulator, forward_case, forward_contiguous, max_abs_err, reference,
-    Problem, Rng,
+    check_lse, decode_case, emulator, forward_case, forward_contiguous, max_abs_err,
+    problem_config, reference, Problem, Rng,
 };
 use flashattn::{Config, DecodeArgs, Dtype, ReduceArgs, Tensor, TensorMut, View, ViewMut};
 
@@ -37,14 +37,7 @@ fn forward_f32() {
     let bf = |x: &[f32]| -> Vec<f32> {
         x.iter().map(|&y| flashattn::bf16_bits_to_f32(flashattn::f32_to_bf16_bits(y))).collect()
     };
-    let cfg = Config::builder()
-        .dtype(Dtype::F32)
-        .head_dim(p.d as i32)
-        .heads(p.hq as i32, p.hkv as i32)
-        .causal(p.causal)
-        .softmax_scale(p.scale as f32)
-        .build()
-        .unwrap();
+    let cfg = problem_config(&p, Dtype::F32);
     let (q, k, v) =
         (rt.alloc_from(&qf).unwrap(), rt.alloc_from(&kf).unwrap(), rt.alloc_from(&vf).unwrap());
     let (o, lse) = forward_contiguous(&rt, &cfg, &p, &q, &k, &v, 4);

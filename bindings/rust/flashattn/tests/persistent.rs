@@ -8,7 +8,10 @@
 //! counter, so a workspace that is not zero skips items.
 mod common;
 
-use common::{check_lse, forward_contiguous_ws, max_abs_err, reference, Problem, Rng, F16_TOL};
+use common::{
+    check_lse, f16_qkv, forward_contiguous_ws, max_abs_err, problem_config, reference, Problem,
+    F16_TOL,
+};
 use flashattn::{Config, DeviceBuffer, RawForwardArgs, RawTensor, Runtime, Status};
 
 const P: Problem = Problem {
@@ -43,17 +46,8 @@ struct Case {
 
 impl Case {
     fn new() -> Case {
-        let mut rng = Rng::new(8108);
-        let (qb, qf) = rng.f16_tensor(P.batch * P.seqlen_q * P.hq * P.d);
-        let (kb, kf) = rng.f16_tensor(P.batch * P.seqlen_k * P.hkv * P.d);
-        let (vb, vf) = rng.f16_tensor(P.batch * P.seqlen_k * P.hkv * P.dv);
-        let cfg = Config::builder()
-            .head_dim(P.d as i32)
-            .heads(P.hq as i32, P.hkv as i32)
-            .causal(true)
-            .softmax_scale(P.scale as f32)
-            .build()
-            .unwrap();
+        let ([qb, kb, vb], [qf, kf, vf]) = f16_qkv(&P, 8108);
+        let cfg = problem_config(&P, flashattn::Dtype::F16);
         let want = reference(&P, &qf, &kf, &vf, &[P.seqlen_k; P.batch]);
         Case { cfg, host: [qb, kb, vb], want }
     }

@@ -313,19 +313,32 @@ pub fn forward_contiguous_ws(
     (o, lse, r)
 }
 
-pub fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let (qb, qf) = rng.f16_tensor(p.batch * p.seqlen_q * p.hq * p.d);
-    let (kb, kf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.d);
-    let (vb, vf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.dv);
-    let cfg = Config::builder()
+/// The config of a problem's shape, mask and scale in `dtype`.
+pub fn problem_config(p: &Problem, dtype: flashattn::Dtype) -> Config {
+    Config::builder()
+        .dtype(dtype)
         .head_dim(p.d as i32)
         .head_dim_v(p.dv as i32)
         .heads(p.hq as i32, p.hkv as i32)
         .causal(p.causal)
         .softmax_scale(p.scale as f32)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// Random fp16 Q [b, sq, hq, d], K [b, sk, hkv, d], V [b, sk, hkv, dv]
+/// from `seed`: ([q, k, v] bits, [q, k, v] as f32).
+pub fn f16_qkv(p: &Problem, seed: u64) -> ([Vec<u16>; 3], [Vec<f32>; 3]) {
+    let mut rng = Rng::new(seed);
+    let (qb, qf) = rng.f16_tensor(p.batch * p.seqlen_q * p.hq * p.d);
+    let (kb, kf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.d);
+    let (vb, vf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.dv);
+    ([qb, kb, vb], [qf, kf, vf])
+}
+
+pub fn forward_case(rt: &Runtime, p: Problem, seed: u64) {
+    let ([qb, kb, vb], [qf, kf, vf]) = f16_qkv(&p, seed);
+    let cfg = problem_config(&p, flashattn::Dtype::F16);
     let (q, k, v) =
         (rt.alloc_from(&qb).unwrap(), rt.alloc_from(&kb).unwrap(), rt.alloc_from(&vb).unwrap());
     let (o, lse) = forward_contiguous(rt, &cfg, &p, &q, &k, &v, 2);
@@ -345,17 +358,8 @@ pub fn decode_case(
     num_splits: usize,
     seed: u64,
 ) -> flashattn::DecodePlan {
-    let mut rng = Rng::new(seed);
-    let (qb, qf) = rng.f16_tensor(p.batch * p.seqlen_q * p.hq * p.d);
-    let (kb, kf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.d);
-    let (vb, vf) = rng.f16_tensor(p.batch * p.seqlen_k * p.hkv * p.dv);
-    let cfg = Config::builder()
-        .head_dim(p.d as i32)
-        .heads(p.hq as i32, p.hkv as i32)
-        .causal(p.causal)
-        .softmax_scale(p.scale as f32)
-        .build()
-        .unwrap();
+    let ([qb, kb, vb], [qf, kf, vf]) = f16_qkv(&p, seed);
+    let cfg = problem_config(&p, flashattn::Dtype::F16);
     let (q, k, v) =
         (rt.alloc_from(&qb).unwrap(), rt.alloc_from(&kb).unwrap(), rt.alloc_from(&vb).unwrap());
     let lens = rt.alloc_from(seqlens).unwrap();
