@@ -63,28 +63,9 @@ void write_case(bool decode, bool given, std::vector<double> *o_ref, std::vector
 
 // alibi: "" = none, "std" = --alibi, else --alibi-slopes FILE.
 std::vector<std::string> cli_args(bool decode, const std::string &alibi) {
-  std::vector<std::string> a;
-  if (decode) {
-    a = {"decode",
-         "--q",
-         path_of("q.npy"),
-         "--k-cache",
-         path_of("k.npy"),
-         "--v-cache",
-         path_of("v.npy"),
-         "--cache-seqlens",
-         path_of("lens.npy"),
-         "--num-splits",
-         "3",
-         "--kv-layout",
-         "paged",
-         "--page-size",
-         "16"};
-  } else {
-    a = {"run", "--q", path_of("q.npy"), "--k", path_of("k.npy"), "--v", path_of("v.npy")};
-  }
-  a.insert(a.end(), {"--backend", "emulator", "--causal", "--window-left", std::to_string(kWindow),
-                     "--out", path_of("o.npy"), "--lse-out", path_of("lse.npy")});
+  std::vector<std::string> a =
+      emulator_args(decode, {"--causal", "--window-left", std::to_string(kWindow), "--lse-out",
+                             path_of("lse.npy")});
   if (alibi == "std")
     a.push_back("--alibi");
   else if (!alibi.empty())

@@ -40,28 +40,9 @@ void write_case() {
 }
 
 std::vector<std::string> cli_args(bool decode, const std::string &sinks) {
-  std::vector<std::string> a;
-  if (decode) {
-    a = {"decode",
-         "--q",
-         path_of("q.npy"),
-         "--k-cache",
-         path_of("k.npy"),
-         "--v-cache",
-         path_of("v.npy"),
-         "--cache-seqlens",
-         path_of("lens.npy"),
-         "--num-splits",
-         "3",
-         "--kv-layout",
-         "paged",
-         "--page-size",
-         "16"};
-  } else {
-    a = {"run", "--q", path_of("q.npy"), "--k", path_of("k.npy"), "--v", path_of("v.npy")};
-  }
-  a.insert(a.end(), {"--backend", "emulator", "--causal", "--window-left", std::to_string(kWindow),
-                     "--out", path_of("o.npy"), "--lse-out", path_of("lse.npy")});
+  std::vector<std::string> a =
+      emulator_args(decode, {"--causal", "--window-left", std::to_string(kWindow), "--lse-out",
+                             path_of("lse.npy")});
   if (!sinks.empty()) a.insert(a.end(), {"--sinks", path_of(sinks)});
   return a;
 }

@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "npy.h"
@@ -225,6 +226,15 @@ inline std::vector<std::string> emulator_decode_args(std::vector<std::string> ex
                                 path_of("o.npy")};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
+}
+
+// `run`, or `decode` over a paged cache (16-key pages) in 3 splits, as the
+// two builders above, then `extra`.
+inline std::vector<std::string> emulator_args(bool decode, std::vector<std::string> extra) {
+  if (!decode) return emulator_run_args(std::move(extra));
+  std::vector<std::string> paged = {"--num-splits", "3", "--kv-layout", "paged", "--page-size", "16"};
+  paged.insert(paged.end(), extra.begin(), extra.end());
+  return emulator_decode_args(std::move(paged));
 }
 
 // A CLI test's main: its scratch directory FA_TEST_BINARY_DIR/<name>_work
