@@ -16,6 +16,9 @@
 // workspace, CTAs on 3 emulator host threads: both runs bit-identical to
 // one CTA per item, and the workspace zero after each (the last CTA out
 // resets it; without that reset the second run finds its items taken).
+// Q's ring: head_dim 64, 128 and 256 take two Q buffers (the next item's Q
+// copied during this one), head_dim 192 one (its K/V stages leave no
+// room); both ran, TMA and gather.
 // fa_forward_workspace_size is 8 with the policy on, 0 off; a misaligned
 // or too small workspace is refused naming it, nothing written.
 // The gather variant (KernelSpec::gather: cp.async rows from 128 producer
@@ -208,6 +211,7 @@ int main(void) {
   add(1, 200, 300, 6, 2, 256, 256, false, true, -1, -1, 30, 5);  // d256 (no ping-pong), softcap
   add(2, 129, 129, 2, 1, 96, 64, true, false, 40, -1, 0, 3);     // d != dv, left window alone
   add(8, 129, 140, 8, 4, 64, 64, false, true, -1, -1, 0, 0);     // 128 items on 108 CTAs
+  add(1, 200, 200, 3, 1, 192, 192, true, false, -1, -1, 0, 2);   // d192: one Q buffer
   auto add_gather = [&](Case x, int grid) {
     x.grid = grid;
     x.gather = true;
@@ -228,6 +232,9 @@ int main(void) {
   // d256 (no ping-pong), 108 CTAs.
   g.c = varlen_case({129, 0, 77}, {140, 10, 77}, 200, 140, 2, 1, 256, false, true, seed + 2);
   add_gather(g, 0);
+  // d192: one Q buffer.
+  g.c = varlen_case({100, 0, 150}, {120, 30, 150}, 150, 150, 2, 1, 192, true, false, seed + 11);
+  add_gather(g, 2);
   // Varlen scheduled by work (tile::WorkScheduler): 20 sequences, half of
   // them empty, lengths 1, 2, 5, 128 and 129 (an m-block prefix off by one
   // drops or adds a block); 68 real items of the padded 240 (grid 5:
@@ -278,6 +285,7 @@ int main(void) {
   }
   std::string failures = check_workspace_api(rt, ws);
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  int q_ring[2][2] = {};  // persistent runs by [gather][two Q buffers]
   for (Case &x : cases) {
     std::vector<float> o[kRuns], lse[kRuns];
     for (int run = 0; run < kRuns; ++run) {
@@ -293,6 +301,7 @@ int main(void) {
       if (k.find("fa_forward_wgmma_") != 0 || is_p != (run > 0) || is_d != (run >= 2) ||
           is_g != x.gather)
         failures += what + ": ran " + k + "\n";
+      if (is_p) ++q_ring[is_g][k.find("_q2") != std::string::npos];
       if (run >= 2) failures += workspace_zero(rt, ws, what);
       if (o[0].size() != o[run].size() || lse[0].size() != lse[run].size() ||
           std::memcmp(o[0].data(), o[run].data(), o[0].size() * sizeof(float)) != 0 ||
@@ -306,6 +315,12 @@ int main(void) {
     }
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
+  // Both forms of Q's ring (KernelSpec::q_stages) ran, TMA and gather.
+  for (int g = 0; g < 2; ++g)
+    for (int q = 0; q < 2; ++q)
+      if (q_ring[g][q] == 0)
+        failures += std::string(g ? "gather" : "TMA") + ": no persistent run with " +
+                    (q ? "two Q buffers" : "one Q buffer") + "\n";
   fa_free(rt, ws);
   fa_runtime_destroy(rt);
   if (!failures.empty()) {

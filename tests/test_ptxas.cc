@@ -518,6 +518,49 @@ std::vector<KernelSpec> grid() {
   for (const auto &p : dpairs)
     out.push_back(
         make_spec(config(Dtype::BF16, p[0], p[1], 4, 2, false), KernelKind::Forward, 90, false));
+  // Persistent (FLASHATTN_SM90_PERSISTENT), static and dynamic alternating:
+  // the TMA variant at every head dim (one or two Q buffers) and d != dv,
+  // the gather variant (varlen by work, paged caches by row and by tile,
+  // seqused_k) and the fp8 forward at 64, 128 and 256.
+  setenv("FLASHATTN_SM90_PERSISTENT", "1", 1);
+  for (int d = 8; d <= 256; d += 8) {
+    KernelSpec w = make_spec(config(d % 16 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, d % 24 == 0),
+                             KernelKind::Forward, 90, false);
+    assert_true(w.wgmma && w.persistent && !w.gather);
+    w.dynamic = (d / 8) % 2 == 0;
+    out.push_back(w);
+  }
+  for (const auto &p : dpairs) {
+    KernelSpec w =
+        make_spec(config(Dtype::BF16, p[0], p[1], 4, 2, false), KernelKind::Forward, 90, false);
+    w.dynamic = p[0] < p[1];
+    out.push_back(w);
+  }
+  {
+    const DeviceLimits lim = limits_of(90);
+    int i = 0;
+    for (int d : {64, 96, 128, 192, 256})
+      for (int lay = 0; lay < 3; ++lay, ++i) {
+        LaunchShape shape;
+        shape.varlen = lay == 0;
+        shape.kv_layout = lay == 0 ? KvLayout::Contiguous : KvLayout::Paged;
+        shape.page_size = lay == 1 ? 16 : lay == 2 ? 128 : 0;
+        shape.seqused_k = lay != 0;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, i % 3 == 1);
+        KernelSpec w = make_spec(cfg, KernelKind::Forward, lim, shape);
+        assert_true(w.wgmma && w.persistent && w.gather);
+        w.dynamic = i % 2 == 0;
+        out.push_back(w);
+        if (lay == 0 && d % 64 == 0) {
+          cfg.q_fp8 = cfg.kv_fp8 = KvFp8::E4M3;
+          w = make_spec(cfg, KernelKind::Forward, lim, shape);
+          assert_true(w.wgmma && w.persistent && w.q_fp8 == KvFp8::E4M3);
+          w.dynamic = i % 2 == 1;
+          out.push_back(w);
+        }
+      }
+  }
+  unsetenv("FLASHATTN_SM90_PERSISTENT");
   unsetenv("FLASHATTN_SM90_WGMMA");
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {
@@ -715,8 +758,8 @@ constexpr size_t kRecheckEvery = 25;
 struct PtxasResult {
   int regs = -1, stack = 0, spill_st = 0, spill_ld = 0, advisory = 0;
   bool operator==(const PtxasResult &o) const {
-    return regs == o.regs && stack == o.stack && spill_st == o.spill_st &&
-           spill_ld == o.spill_ld && advisory == o.advisory;
+    return regs == o.regs && stack == o.stack && spill_st == o.spill_st && spill_ld == o.spill_ld &&
+           advisory == o.advisory;
   }
 };
 
@@ -815,9 +858,9 @@ void test_ptxas_assembles_grid(void **) {
   const std::string version = ptxas_version(ptxas);
   const char *all = std::getenv("FA_PTXAS_ALL");
   const std::string table_path = std::string(FA_TEST_DATA_DIR) + "/ptxas_results.tsv";
-  const std::map<std::string, PtxasResult> table =
-      version.empty() || (all && all[0] == '1') ? std::map<std::string, PtxasResult>()
-                                                : read_table(table_path, version);
+  const std::map<std::string, PtxasResult> table = version.empty() || (all && all[0] == '1')
+                                                       ? std::map<std::string, PtxasResult>()
+                                                       : read_table(table_path, version);
   std::vector<Job> jobs;
   std::vector<std::string> keys;
   std::vector<bool> assemble;
@@ -897,15 +940,17 @@ void test_ptxas_assembles_grid(void **) {
     record[keys[i]] = r;
     summarize(j, r, log, &spilling, &forward_bad);
   }
-  std::printf("%zu modules (%zu assembled, %zu from %s), %d failed, %d with local memory, "
-              "%d forward with local memory, %d recorded results contradicted\n",
-              jobs.size(), todo.size(), jobs.size() - todo.size(), table_path.c_str(), failed,
-              spilling, forward_bad, stale);
+  std::printf(
+      "%zu modules (%zu assembled, %zu from %s), %d failed, %d with local memory, "
+      "%d forward with local memory, %d recorded results contradicted\n",
+      jobs.size(), todo.size(), jobs.size() - todo.size(), table_path.c_str(), failed, spilling,
+      forward_bad, stale);
   // This run's table, for tests/data when the grid or its kernels changed.
   if (failed == 0 && !version.empty()) {
     const std::string out = std::string(FA_TEST_BINARY_DIR) + "/ptxas_results.tsv";
     std::ofstream f(out);
-    f << kTableHeader << version << "\n# target XXH3-128(PTX) regs stack spill_st spill_ld advisory\n";
+    f << kTableHeader << version
+      << "\n# target XXH3-128(PTX) regs stack spill_st spill_ld advisory\n";
     for (const auto &[k, r] : record)
       f << k << " " << r.regs << " " << r.stack << " " << r.spill_st << " " << r.spill_ld << " "
         << r.advisory << "\n";

@@ -62,14 +62,16 @@ constexpr int kProducerBar = 1, kSchedBar = 2, kEpilogueBar = 4;
 
 // Dynamic shared memory (every tile 1024-byte aligned, as the 128-byte
 // swizzle pattern repeats every 1024 bytes): Q as qa column atoms of
-// [128 rows][128 B] (max(qa, va) of them: O is staged there at the end);
-// `stages` K buffers of qa atoms of [block_n][128 B]; `stages` V buffers of
-// va atoms of [block_n][128 B]; then the mbarriers q_full, k_full[s],
-// k_empty[s], v_full[s], v_empty[s] (8 bytes each), and with
-// spec.persistent q_empty (Q's buffer free for the next work item) and the
-// work-item pipe of spec.dynamic (reserved with any spec.persistent, so the
-// tile choice, made before a workspace is known, counts it): two stages of
-// a full and an empty mbarrier and an 8-byte slot; then,
+// [128 rows][128 B] (max(qa, va) of them: O is staged there at the end),
+// spec.q_stages such buffers when persistent; `stages` K buffers of qa
+// atoms of [block_n][128 B]; `stages` V buffers of va atoms of
+// [block_n][128 B]; then the mbarriers q_full, k_full[s], k_empty[s],
+// v_full[s], v_empty[s] (8 bytes each), and with spec.persistent Q's ring
+// (q_full[2] and q_empty[2], the latter: Q's buffer free for the next work
+// item; q_full above unused) and the work-item pipe of spec.dynamic
+// (reserved with any spec.persistent, so the tile choice, made before a
+// workspace is known, counts it): two stages of a full and an empty
+// mbarrier and an 8-byte slot; then,
 // for the gather producer's per-row page lookups, K and V row addresses (8
 // bytes each); then, persistent varlen (by_work), the batch's m-block prefix
 // (up to tile::kWorkPrefixBytes: what sm_90's opt-in shared memory leaves
@@ -79,17 +81,20 @@ struct Layout {
   uint32_t q = 0, k = 0, v = 0, k_stage = 0, v_stage = 0, q_atom = 0, kv_atom = 0;
   uint32_t bars = 0, rows = 0, total = 0;  // rows: gather, paged by row: K, V row addresses
   uint32_t prefix = 0;                     // by_work: the m-block prefix
-  int work_cap = 0;  // by_work: the most sequences the prefix holds (tile::WorkScheduler)
-  uint32_t q_full() const { return bars; }
+  int work_cap = 0;    // by_work: the most sequences the prefix holds (tile::WorkScheduler)
+  uint32_t q_buf = 0;  // one Q buffer's bytes (spec.q_stages of them)
+  uint32_t qbars = 0;  // Q's barriers: q_full's stage 0 (bars; persistent: Q's ring)
+  uint32_t q_full() const { return qbars; }
   uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_full(int s, int S) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(s); }
   uint32_t v_empty(int s, int S) const { return v_full(S, S) + 8 * static_cast<uint32_t>(s); }
-  uint32_t q_empty(int S) const { return v_empty(S, S); }  // spec.persistent
+  // spec.persistent: Q's ring of 2 stages (tile::Ring: stage s + 8 s).
+  uint32_t q_empty() const { return qbars + 16; }
   // spec.dynamic: stage s of the work-item pipe (tile::Ring of 2 stages).
-  uint32_t item_full(int s, int S) const { return q_empty(S) + 8 + 8 * static_cast<uint32_t>(s); }
-  uint32_t item_empty(int s, int S) const { return item_full(2, S) + 8 * static_cast<uint32_t>(s); }
-  uint32_t item_slot(int s, int S) const { return item_empty(2, S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t item_full(int s) const { return qbars + 32 + 8 * static_cast<uint32_t>(s); }
+  uint32_t item_empty(int s) const { return qbars + 48 + 8 * static_cast<uint32_t>(s); }
+  uint32_t item_slot(int s) const { return qbars + 64 + 8 * static_cast<uint32_t>(s); }
 };
 
 // The gather producer looks pages up row by row: one thread per row of the
@@ -117,10 +122,12 @@ Layout layout(const KernelSpec &s) {
   l.v_stage = f8 ? static_cast<uint32_t>((s.head_dim_v + 7) / 8 * 8) * kAtomBytes
                  : static_cast<uint32_t>(l.va) * l.kv_atom;
   // Q's buffer also stages O in the epilogue: max(qa, va) atoms.
-  l.k = l.q + static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
+  l.q_buf = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.q_atom;
+  l.k = l.q + static_cast<uint32_t>(s.persistent ? s.q_stages : 1) * l.q_buf;
   l.v = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
   l.bars = l.v + static_cast<uint32_t>(s.stages) * l.v_stage;
-  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 56 : 0);
+  l.qbars = s.persistent ? l.v_empty(s.stages, s.stages) : l.bars;
+  l.rows = l.bars + 8 * (1 + 4 * static_cast<uint32_t>(s.stages)) + (s.persistent ? 80 : 0);
   l.rows = (l.rows + 15) / 16 * 16;
   l.total = l.rows + (row_table(s) ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   l.prefix = (l.total + 15) / 16 * 16;
@@ -228,17 +235,19 @@ class ForwardWgmmaGen {
                      "consumers");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
     const int full = spec_.gather ? 128 : 1;
-    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
+    for (int s = 0; s < (spec_.persistent ? spec_.q_stages : 1); ++s)
+      b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.q_full() + 8 * s)), imm(full));
     for (int s = 0; s < S_; ++s) {
       b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(full));
       b_.when(t0).mbarrier_init(at(smem_, lay_.v_full(s, S_)), imm(full));
       b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
       b_.when(t0).mbarrier_init(at(smem_, lay_.v_empty(s, S_)), imm(256));
     }
-    if (spec_.persistent) b_.when(t0).mbarrier_init(at(smem_, lay_.q_empty(S_)), imm(256));
+    for (int s = 0; s < (spec_.persistent ? spec_.q_stages : 0); ++s)
+      b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.q_empty() + 8 * s)), imm(256));
     for (int s = 0; s < (spec_.dynamic ? 2 : 0); ++s) {
-      b_.when(t0).mbarrier_init(at(smem_, lay_.item_full(s, S_)), imm(1));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.item_empty(s, S_)), imm(256));
+      b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.item_full(s))), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.item_empty(s))), imm(256));
     }
     if (by_work(spec_)) {
       // Warp 0 writes the batch's m-block prefix; every role reads it after
@@ -295,8 +304,23 @@ class ForwardWgmmaGen {
   // by_work: the m-block prefix's shared address.
   Reg prefix() { return e_.op(Op::Add, Type::U32, smem_, imm(lay_.prefix)); }
 
-  // The next work item of a persistent CTA into t (Q's phase flips before,
-  // flip_q, for an item that used Q's buffer: a skipped one did not).
+  // spec.persistent: Q's ring (tile::Ring of spec.q_stages stages, its
+  // barriers q_full() and q_empty(), its buffers q_buf apart). qi (u32)
+  // counts the items that used Q (next_q: a skipped item did not); item qi
+  // has stage qi % q_stages: its barriers' address, its buffer's and the
+  // phase parity of its q_full.
+  struct QSlot {
+    Reg stage, bars, buf, parity;
+  };
+  QSlot q_slot(Reg qi) {
+    const tile::Ring q(e_, smem_, spec_.q_stages);
+    const tile::Ring::Slot sl = q.slot(qi);
+    return {sl.stage, q.bars(sl.stage),
+            e_.op(Op::MadLo, Type::U32, sl.stage, imm(lay_.q_buf), smem_), sl.parity};
+  }
+  void next_q(Reg qi) { b_.op(Op::Add, Type::U32, qi, qi, imm(1)); }
+
+  // The next work item of a persistent CTA into t.
   // Static: t += nctaid.x. spec.dynamic: handoff j (u32, incremented) of
   // the work-item pipe, stage j % 2: the producer (tid 0) waits for the
   // stage's slot to be free, takes a ticket (atom.add on the workspace's
@@ -305,7 +329,6 @@ class ForwardWgmmaGen {
   // other 127 threads read the slot after named barrier 1 with tid 0, which
   // wrote it: the slot is rewritten two handoffs later, after tid 0's next
   // such barrier, which each thread reaches only after its read.
-  void flip_q(Reg qpar) { b_.op(Op::Xor, Type::B32, qpar, qpar, imm(1)); }
   void next_item(Reg t, Reg j, bool producer) {
     Reg nctaid = e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX));
     if (!spec_.dynamic) {
@@ -320,23 +343,23 @@ class ForwardWgmmaGen {
       b_.comment("dynamic: the next work item is nctaid.x + a ticket from the workspace");
       ptx::Label taken = b_.label();
       if (spec_.gather) b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(taken);
-      pipe.wait(bars, static_cast<int>(lay_.item_empty(0, S_)), pipe.free_parity(sl.parity));
+      pipe.wait(bars, static_cast<int>(lay_.item_empty(0)), pipe.free_parity(sl.parity));
       Reg ticket = b_.b32();
       b_.atom_add(false, Type::U32, ticket, at(workspace(), 0), imm(1));
       b_.op(Op::Add, Type::U32, t, ticket, nctaid);
-      b_.st(ptx::Space::Shared, Type::U32, at(bars, static_cast<int>(lay_.item_slot(0, S_))), t);
-      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_full(0, S_))));
+      b_.st(ptx::Space::Shared, Type::U32, at(bars, static_cast<int>(lay_.item_slot(0))), t);
+      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_full(0))));
       if (spec_.gather) {
         b_.comment("dynamic, gather: the producer's 128 threads read tid 0's item");
         b_.bind(taken);
         b_.bar_sync(kProducerBar, 128);
-        b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0, S_))));
+        b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0))));
       }
     } else {
       b_.comment("dynamic: the next work item, from the producer");
-      pipe.wait(bars, static_cast<int>(lay_.item_full(0, S_)), sl.parity);
-      b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0, S_))));
-      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_empty(0, S_))));
+      pipe.wait(bars, static_cast<int>(lay_.item_full(0)), sl.parity);
+      b_.ld(ptx::Space::Shared, Type::U32, t, at(bars, static_cast<int>(lay_.item_slot(0))));
+      b_.mbarrier_arrive(at(bars, static_cast<int>(lay_.item_empty(0))));
     }
   }
 
@@ -409,32 +432,39 @@ class ForwardWgmmaGen {
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_k))));
     Reg tv =
         e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(offsetof(WgmmaParams, tmap_v))));
-    // persistent: the work item, Q's phase parity, the ring's tile count,
+    // persistent: the work item, Q's item count, the ring's tile count,
     // the work-item pipe's handoffs (spec.dynamic)
-    Reg t, qpar, it, j;
+    Reg t, qi, it, j;
+    Reg qbars = smem_, qbuf = smem_;  // Q's barriers and buffer (persistent: the item's stage)
     ptx::Label items, next = out, retired = out;
     if (spec_.persistent) {
-      persistent_start(&t, &qpar, &j);
+      persistent_start(&t, &qi, &j);
       it = e_.mov(Type::U32, imm(0));
       items = b_.label();
       next = b_.label();
       if (spec_.dynamic) retired = b_.label();
       b_.bind(items);
       item(t, retired);
-      // q_empty completes a phase when all 256 consumer threads are done with
-      // the previous item's Q (their last S = Q K^T retired) and with its O,
-      // which the epilogue stages in Q's buffer; for the first item the
-      // phase before the first counts as complete (tile::Ring's convention).
-      b_.comment("Q's buffer: free once the previous item's epilogue has read O out of it");
-      wait(smem_, static_cast<int>(lay_.q_empty(S_)), ring().free_parity(qpar));
+      // q_empty of the item's stage completes a phase when all 256 consumer
+      // threads are done with the Q last held there (their last S = Q K^T
+      // retired) and with its O, which the epilogue stages in that buffer;
+      // for the stage's first use the phase before the first counts as
+      // complete (tile::Ring's convention). With two stages this is the
+      // item before the previous one: the copy below runs while the
+      // consumers still work on the previous item.
+      const QSlot q = q_slot(qi);
+      qbars = q.bars;
+      qbuf = q.buf;
+      b_.comment("Q's buffer: free once the epilogue of its last item has read O out of it");
+      wait(qbars, static_cast<int>(lay_.q_empty()), ring().free_parity(q.parity));
     }
     b_.comment("Q: qa boxes of [128 rows][64 columns]");
-    b_.mbarrier_arrive_expect_tx(at(smem_, lay_.q_full()),
+    b_.mbarrier_arrive_expect_tx(at(qbars, lay_.q_full()),
                                  imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
     for (int a = 0; a < lay_.qa; ++a) {
       Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), m0_, h_, bz_};
-      b_.cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c, 4,
-                              at(smem_, lay_.q_full()));
+      b_.cp_async_bulk_tensor(at(qbuf, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c, 4,
+                              at(qbars, lay_.q_full()));
     }
     b_.when(keys_.empty).bra(next);
     b_.comment("K and V tiles, last to first, into the ring");
@@ -465,7 +495,7 @@ class ForwardWgmmaGen {
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top);
     if (spec_.persistent) {
       b_.bind(next);
-      flip_q(qpar);
+      next_q(qi);
       next_item(t, j, true);
       b_.bra(items);
     }
@@ -477,12 +507,12 @@ class ForwardWgmmaGen {
   }
 
   // A persistent role's first work item, ctaid.x (the first ticket of the
-  // dynamic order is item nctaid.x), Q's phase parity 0 and no handoff yet.
-  void persistent_start(Reg *t, Reg *qpar, Reg *j) {
+  // dynamic order is item nctaid.x), no item in Q's ring and no handoff yet.
+  void persistent_start(Reg *t, Reg *qi, Reg *j) {
     b_.comment(spec_.dynamic ? "persistent, dynamic: work item ctaid.x, then from the workspace"
                              : "persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
     *t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-    *qpar = e_.mov(Type::U32, imm(0));
+    *qi = e_.mov(Type::U32, imm(0));
     if (spec_.dynamic) *j = e_.mov(Type::U32, imm(0));
   }
 
@@ -500,10 +530,11 @@ class ForwardWgmmaGen {
   // consumers'.
   void producer_gather() {
     using RowAddr = std::function<Reg(Reg)>;
-    Reg t, qpar, it, j, it0;
+    Reg t, qi, it, j, it0;
+    Reg qbars = smem_, qbuf = smem_;  // Q's barriers and buffer (persistent: the item's stage)
     ptx::Label items, next, skip, retired;
     if (spec_.persistent) {
-      persistent_start(&t, &qpar, &j);
+      persistent_start(&t, &qi, &j);
       it = e_.mov(Type::U32, imm(0));
       it0 = b_.b32();
       items = b_.label();
@@ -511,15 +542,18 @@ class ForwardWgmmaGen {
       retired = b_.label();
       b_.bind(items);
       item(t, retired, skip);
-      b_.comment("Q's buffer: free once the previous item's epilogue has read O out of it");
-      wait(smem_, static_cast<int>(lay_.q_empty(S_)), ring().free_parity(qpar));
+      const QSlot q = q_slot(qi);
+      qbars = q.bars;
+      qbuf = q.buf;
+      b_.comment("Q's buffer: free once the epilogue of its last item has read O out of it");
+      wait(qbars, static_cast<int>(lay_.q_empty()), ring().free_parity(q.parity));
       b_.mov(Type::U32, it0, it);
     }
     b_.comment("Q rows (zeros past seqlen_q)");
     RowAddr q_row = [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); };
     // 16-byte chunks of a row: 2 per wgmma K step; fp8_f16 loads 8 bytes per chunk.
     const int qk_data = spec_.head_dim / (f8_ ? 16 : 8);
-    gather(lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, qk_data, m0_, sq_, q_row, q8_);
+    gather(qbuf, lay_.q, lay_.q_atom, spec_.block_m, 2 * kD_, qk_data, m0_, sq_, q_row, q8_);
     b_.cp_async_commit();
     next = b_.label();
     ptx::Label only_q = b_.label();
@@ -543,7 +577,7 @@ class ForwardWgmmaGen {
     b_.fence_proxy_async();
     Reg first = spec_.persistent ? e_.setp(Cmp::Eq, Type::U32, it, it0)
                                  : e_.setp(Cmp::Eq, Type::U32, it, imm(0));
-    b_.when(first).mbarrier_arrive(at(smem_, lay_.q_full()));
+    b_.when(first).mbarrier_arrive(at(qbars, lay_.q_full()));
     b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_full(0))));
     b_.unless(first).mbarrier_arrive(at(pbar, static_cast<int>(lay_.v_full(0, S_))));
     wait(bar, static_cast<int>(lay_.v_empty(0, S_)), free_ph);
@@ -566,10 +600,10 @@ class ForwardWgmmaGen {
     b_.bind(only_q);
     b_.cp_async_wait(0);
     b_.fence_proxy_async();
-    b_.mbarrier_arrive(at(smem_, lay_.q_full()));
+    b_.mbarrier_arrive(at(qbars, lay_.q_full()));
     b_.bind(next);
     if (!spec_.persistent) return;
-    flip_q(qpar);
+    next_q(qi);
     if (skips()) b_.bind(skip);
     next_item(t, j, true);
     b_.bra(items);
@@ -903,6 +937,7 @@ class ForwardWgmmaGen {
     Reg qaddr = e_.op(Op::MadLo, Type::U32, wg, imm(64 * kAtomBytes), smem_);
     using tile::Swizzle128;
     qdesc_ = desc(qaddr, lay_.q, Swizzle128::desc_bits(16));
+    qbars_ = qbuf_ = smem_;  // persistent: per item
     kdesc0_ = desc(smem_, lay_.k, Swizzle128::desc_bits(16));
     // fp8 wgmma: V transposed, K-major like K.
     vdesc0_ =
@@ -928,17 +963,19 @@ class ForwardWgmmaGen {
         f8_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
     if (!spec_.persistent) return consumer_item(Reg());
     // One work item after another (item()). The ring's cursor runs on across
-    // them, as the producer's tile count does. Q's buffer is refilled for
-    // the next item only when q_empty has completed this item's phase: each
-    // consumer thread arrives once its epilogue has read its O rows back
-    // out of that buffer (ld.shared; the arrive's release orders those
-    // reads before it) and after a fence.proxy.async, which orders its
-    // generic-proxy stmatrix writes of O there before the async-proxy TMA
-    // write of the next Q (PTX ISA, "Memory Consistency Model": proxies).
-    // Its S = Q K^T wgmma reads of Q retired before the epilogue began.
+    // them, as the producer's tile count does. An item's Q buffer (its
+    // stage of Q's ring) is refilled only when its q_empty has completed
+    // the item's phase: each consumer thread arrives once its epilogue has
+    // read its O rows back out of that buffer (ld.shared; the arrive's
+    // release orders those reads before it) and after a fence.proxy.async,
+    // which orders its generic-proxy stmatrix writes of O there before the
+    // async-proxy TMA write of a later Q (PTX ISA, "Memory Consistency
+    // Model": proxies). Its S = Q K^T wgmma reads of Q retired before the
+    // epilogue began.
     cur_ = ring().begin();
-    Reg t, qpar, j;
-    persistent_start(&t, &qpar, &j);
+    Reg t, qi, j;
+    const Reg qdesc0 = qdesc_;
+    persistent_start(&t, &qi, &j);
     ptx::Label items = b_.label(), exit = b_.label(), skip = b_.label();
     b_.bind(items);
     item(t, exit, skip);
@@ -951,11 +988,15 @@ class ForwardWgmmaGen {
     }
     tile::zero(b_, o_);
     softmax_->reset();
-    consumer_item(qpar);
+    const QSlot q = q_slot(qi);
+    qbars_ = q.bars;
+    qbuf_ = q.buf;
+    qdesc_ = spec_.q_stages > 1 ? stage_desc(q.stage, qdesc0, lay_.q_buf) : qdesc0;
+    consumer_item(q.parity);
     b_.comment("Q's buffer: this thread is done with it");
     b_.fence_proxy_async();
-    b_.mbarrier_arrive(at(smem_, lay_.q_empty(S_)));
-    flip_q(qpar);
+    b_.mbarrier_arrive(at(qbars_, lay_.q_empty()));
+    next_q(qi);
     if (skips()) b_.bind(skip);
     next_item(t, j, false);
     b_.bra(items);
@@ -964,7 +1005,7 @@ class ForwardWgmmaGen {
 
   // One work item's rows (all of the kernel's without spec.persistent): the
   // K/V loop and the epilogue. qpar: the phase parity of q_full (invalid:
-  // the first and only phase).
+  // the first and only phase), at qbars_; Q (and O in the epilogue) at qbuf_.
   void consumer_item(Reg qpar) {
     const size_t f = offsetof(WgmmaParams, f);
     if (spec_.alibi) {
@@ -982,7 +1023,7 @@ class ForwardWgmmaGen {
       }
     }
 
-    wait(smem_, static_cast<int>(lay_.q_full()), qpar.valid() ? qpar : e_.mov(Type::U32, imm(0)));
+    wait(qbars_, static_cast<int>(lay_.q_full()), qpar.valid() ? qpar : e_.mov(Type::U32, imm(0)));
     ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
     b_.when(keys_.empty).bra(done);
     n_ = e_.mov(Type::S32, keys_.top);
@@ -1198,7 +1239,7 @@ class ForwardWgmmaGen {
   }
 
   // O / l and LSE. O goes through shared memory: stmatrix puts each warp's
-  // 16 rows into this warpgroup's own 64 rows of Q's buffer (free once its
+  // 16 rows into this warpgroup's own 64 rows of the item's Q buffer (free once its
   // last wgmma has retired; as many 64-column atoms as O needs, swizzled as
   // Q is, so the eight rows of each 8x8 matrix hit distinct banks), then
   // every thread of the warpgroup copies 16-byte chunks to global memory, a
@@ -1220,7 +1261,7 @@ class ForwardWgmmaGen {
     // loops).
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     Reg wgrow = e_.op(Op::And, Type::B32, wrow_, imm(63));  // the warp's first row in its warpgroup
-    Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), smem_);
+    Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), qbuf_);
     tile::store_acc(e_, tile::make_lanes(e_, lane), o_, out_, tile::Swizzle128{lay_.q_atom},
                     wg_base, wgrow, lay_.q);
     b_.when(wg1_).bar_sync(kEpilogueBar, 128);
@@ -1289,6 +1330,7 @@ class ForwardWgmmaGen {
   Reg wg_, wg1_;            // consumers: warpgroup - 1 (0 or 1); it is 0 (rows 0-63)
   tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
+  Reg qbars_, qbuf_;  // consumers: this item's Q barriers and buffer (smem_ unless persistent)
   Reg score_scale_;
   Softcap cap_;
   AccTile s_, o_;

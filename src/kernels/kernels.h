@@ -104,8 +104,8 @@ struct KernelSpec {
   // wgmma (TMA or gather): a persistent grid (at most one CTA per SM) whose
   // CTAs loop over the launch's work items (m-block, head, batch) in
   // tile::TileScheduler's order, CTA c taking items c, c + nctaid, ...;
-  // the K/V ring runs on across items and Q's buffer is refilled once the
-  // previous item's epilogue has read O out of it (docs/kernels.md,
+  // the K/V ring runs on across items and a Q buffer is refilled once the
+  // epilogue of the item that used it has read O out of it (q_stages; docs/kernels.md,
   // "Persistent variant"; varlen: scheduled by work, only the batch's real
   // items, from an m-block prefix each CTA builds from cu_seqlens_q). Off:
   // the PTX and serialize() are those of a spec without it.
@@ -116,6 +116,12 @@ struct KernelSpec {
   // nctaid, ...; the last CTA out resets the counter to zero. Off: the PTX
   // and serialize() are those of a spec without it.
   bool dynamic = false;
+  // persistent only: Q's buffers, a tile::Ring of 1 or 2 stages. With 2
+  // the producer copies the next work item's Q into the other buffer while
+  // the consumers still run this one (the epilogue stages O in the item's
+  // own buffer); choose_wgmma_tile takes 2 where shared memory holds them
+  // with at least two K/V stages. 1 with persistent off.
+  int q_stages = 1;
 
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec

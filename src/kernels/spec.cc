@@ -122,8 +122,8 @@ bool spec_valid(const KernelSpec &s) {
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           (s.persistent || !s.dynamic);
-  if (s.gather || s.persistent || s.dynamic) return false;
+           (s.persistent || !s.dynamic) && (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
+  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -256,7 +256,8 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 // registers (S: block_n / 2, O: head_dim_v / 2, P: block_n / 4 per thread,
 // 48 more for addresses and softmax state, 16 with softcap, within 232; the
 // gather variant within 216), stages as many as shared
-// memory holds (2..4).
+// memory holds (2..4), after a second Q buffer when persistent
+// (KernelSpec::q_stages).
 void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   DeviceLimits lim = dev;
   if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim)) published_limits(90, &lim);
@@ -288,9 +289,14 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
       break;
     }
   }
-  for (int st = 4; st >= 2; --st) {
-    s->stages = st;
-    if (kgen::wgmma_smem(*s) <= lim.smem_per_block_optin) return;
+  // Persistent: two Q buffers (the next item's Q in flight) before a third
+  // or fourth K/V stage; FlashAttention-3 runs head_dim 128 on two stages.
+  for (int q = s->persistent ? 2 : 1; q >= 1; --q) {
+    s->q_stages = q;
+    for (int st = 4; st >= 2; --st) {
+      s->stages = st;
+      if (kgen::wgmma_smem(*s) <= lim.smem_per_block_optin) return;
+    }
   }
   // Nothing fits with two stages: smaller key tiles.
   while (s->block_n > (f8 ? 32 : 16) && kgen::wgmma_smem(*s) > lim.smem_per_block_optin)
@@ -379,6 +385,10 @@ std::string KernelSpec::serialize() const {
   if (page_pow2) o.push_back('P');   // only when on
   if (persistent) o.push_back('T');  // only when on
   if (dynamic) o.push_back('D');     // only when on
+  if (q_stages != 1) {               // only when on
+    o.push_back('B');
+    o.push_back(static_cast<char>(q_stages));
+  }
   return o;
 }
 
@@ -406,7 +416,7 @@ std::string KernelSpec::describe() const {
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
          (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
-         (dynamic ? " dynamic" : "");
+         (dynamic ? " dynamic" : "") + (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -579,7 +589,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
          (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
-         (s.dynamic ? "_dynamic" : "");
+         (s.dynamic ? "_dynamic" : "") + (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
