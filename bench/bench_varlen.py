@@ -500,7 +500,10 @@ def result_base(date, gpu_name, chunked=False):
 def run_base(args, date, gpu_name):
     """The base name a run with these options writes (the run and
     --print-base-name both take it from here)."""
-    return result_base(date, gpu_name, args.chunked)
+    base = result_base(date, gpu_name, args.chunked)
+    if args.chunked and (args.batch, args.new_tokens) != (CHUNK_BATCH, CHUNK_NEW):
+        base += "-b%d-q%d" % (args.batch, args.new_tokens)  # not the default run's files
+    return base
 
 
 int_list = dec.int_list

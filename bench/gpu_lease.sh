@@ -60,13 +60,17 @@
 #             tokens over 4k..32k cached keys in pages of 16, bf16 d128 GQA
 #             32/8: flashattn paged and contiguous vs SDPA flash (lower-right
 #             causal) and cuDNN (dense mask) (~20-30 s)
+#   split     the same with 1 x 128 new tokens (32 CTAs: the split-KV forward,
+#             the Python binding's workspace holding the partial states)
+#   splitoff  split with FLASHATTN_FORWARD_SPLITS=0 (unsplit; files suffixed
+#             -forward-splits-off): the pair says what splitting buys
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -190,9 +194,14 @@ stage mla 120 "$py" bench/bench_decode.py --out-dir "$res" --mla --batches 1,64,
 stage varlen 150 "$py" bench/bench_varlen.py --out-dir "$res" --quick --time-budget "$(budget 100)"
 stage chunked 75 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick \
   --time-budget "$(budget 45)"
+stage split 60 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick --batch 1 \
+  --new-tokens 128 --time-budget "$(budget 30)"
+stage splitoff 60 env FLASHATTN_FORWARD_SPLITS=0 "$py" bench/bench_varlen.py --chunked \
+  --out-dir "$logs/nosplit" --quick --batch 1 --new-tokens 128 --time-budget "$(budget 30)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
-for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit; do
+for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
+  nosplit:forward-splits-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done

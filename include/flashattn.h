@@ -595,22 +595,31 @@ typedef struct fa_forward_args {
                          num_heads_kv]: every query head of a KV head's
                          group shares it), or 0 = 1.0 */
   /* Since 0.8 (FA_FORWARD_ARGS_SIZE_0_7 ends before them; zero = as 0.7). */
-  uint64_t workspace;    /* the persistent forward's work counter, or 0 = none.
-                            Device memory of fa_forward_workspace_size bytes
-                            (8 or 0), 8-byte aligned, zeroed by the caller
-                            once before its first use (cuMemsetD8 after the
-                            allocation): every launch that uses it leaves it
-                            zero again, so it serves back-to-back launches and
-                            CUDA-graph replays with no memset and no host
-                            sync. Not to be shared by launches that may run at
-                            the same time (one per stream). When the runtime
-                            runs the persistent sm_90a kernel (experimental,
-                            off by default: FLASHATTN_SM90_PERSISTENT=1), a
-                            workspace makes it hand out work items dynamically
-                            (an atomic counter); with 0 it runs the static
-                            order. Ignored by every other kernel. Device data:
-                            a workspace not zeroed before its first use gives
-                            wrong results */
+  uint64_t workspace;    /* scratch for the sm_90a forward, or 0 = none: device
+                            memory of fa_forward_workspace_size bytes, zeroed
+                            by the caller once before its first use
+                            (cuMemsetD8 after the allocation), not shared by
+                            launches that may run at the same time (one per
+                            stream). Its first 8 bytes are the persistent
+                            kernel's work counter (8-byte aligned): when the
+                            runtime runs the persistent sm_90a kernel
+                            (experimental, off by default:
+                            FLASHATTN_SM90_PERSISTENT=1), a workspace makes it
+                            hand out work items dynamically (an atomic
+                            counter; with 0 it runs the static order), and
+                            every launch leaves the counter zero again, so it
+                            serves back-to-back launches and CUDA-graph
+                            replays with no memset and no host sync. From byte
+                            256 on, split-KV partial states: when
+                            the CTAs of a fixed-length launch would leave SMs
+                            idle, the sm_90a forward splits the keys and
+                            combines the splits with a second kernel
+                            (FLASHATTN_FORWARD_SPLITS=0: never), but only with
+                            a workspace 256-byte aligned and of at least the
+                            bytes fa_forward_workspace_size gives; a smaller
+                            or 8-byte aligned one runs unsplit. Ignored by
+                            every other kernel. Device data: a counter not
+                            zeroed before its first use gives wrong results */
   size_t workspace_size; /* bytes at workspace, >= 8 when workspace != 0;
                             0 when workspace is 0 */
 } fa_forward_args;
@@ -669,11 +678,18 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
 /* The bytes of fa_forward_args.workspace fa_launch uses for args on rt: 8
  * (two uint32 counters, 8-byte aligned) when it would run them on the
  * persistent sm_90a kernel, which then takes its work items from the
- * workspace's counter (dynamic scheduling), else 0 (no workspace needed;
- * one given is ignored). The answer depends on rt's device and policy
- * (FLASHATTN_SM90_PERSISTENT, read by fa_runtime_create), the config and
- * the host fields of args (sizes, layouts, which pointers are set); args'
- * own workspace fields are not read. struct_size as fa_launch's. Errors:
+ * workspace's counter (dynamic scheduling); 256 plus the split-KV partial
+ * states (fp32 O [splits, batch, seqlen_q, num_heads_q, head_dim_v] and
+ * LSE [splits, batch, num_heads_q, seqlen_q], each 256-byte aligned)
+ * when it would split the keys of a fixed-length launch whose
+ * CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
+ * least 8 key tiles, the fewest splits of at least 4 tiles whose waves are
+ * 85% as full as the best count's); else 0 (no workspace needed; one given
+ * is ignored). The answer depends on rt's device (SM count) and policy
+ * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_FORWARD_SPLITS, read by
+ * fa_runtime_create), the config and the host fields of args (sizes,
+ * layouts, which pointers are set); args' own workspace fields are not
+ * read. struct_size as fa_launch's. Errors:
  * INVALID_ARGUMENT (null rt, cfg, args or bytes, struct_size, sizes,
  * strides: fa_launch's checks of them). Thread safety: any thread. Since
  * 0.8. */

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/tile/scheduler.h"
 #include "support/cmocka.hh"  // last: its macros clash with <ios>
 #include "support/numerics.h"
 
@@ -23,15 +24,22 @@ namespace {
 
 // Lines of `ptx` holding a 32-bit integer multiply (mul.lo / mad.lo / mul24
 // / mad24 on .s32 / .u32) of two non-immediate operands, as "line: text".
+// The one exemption: a product right after the persistent schedulers'
+// comment tile::kItemsProduct (u32 item numbering, every factor and product
+// at most the item count, which the runtime keeps below 2^31).
 std::vector<std::string> products_32(const std::string &ptx) {
   std::vector<std::string> found;
   std::istringstream in(ptx);
   std::string line;
   int no = 0;
+  bool exempt = false;  // the line before was kItemsProduct's comment
   while (std::getline(in, line)) {
     ++no;
     size_t i = line.find_first_not_of(" \t");
-    if (i == std::string::npos || line.compare(i, 2, "//") == 0) continue;
+    const bool after_marker = exempt;
+    exempt = i != std::string::npos && line.compare(i, 2, "//") == 0 &&
+             line.find(fa::kgen::tile::kItemsProduct) != std::string::npos;
+    if (i == std::string::npos || line.compare(i, 2, "//") == 0 || after_marker) continue;
     if (line[i] == '@') i = line.find(' ', i) + 1;  // guard
     const size_t sp = line.find(' ', i);
     if (sp == std::string::npos) continue;
@@ -114,6 +122,28 @@ std::vector<KernelSpec> all_specs() {
             shape.rotary_half_table = lay == 2;
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
+          // sm_90a: the persistent forward (static and dynamic; TMA and
+          // gather, varlen by work) and the split-KV one (TMA and gather).
+          if (sm == 90) {
+            setenv("FLASHATTN_SM90_PERSISTENT", "1", 1);
+            for (bool vl : {false, true}) {
+              KernelSpec p = make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, sm, vl);
+              out.push_back(p);
+              p.dynamic = true;
+              out.push_back(p);
+            }
+            unsetenv("FLASHATTN_SM90_PERSISTENT");
+            LaunchShape paged;
+            paged.kv_layout = KvLayout::Paged;
+            paged.page_size = 16;
+            paged.seqused_k = true;
+            for (KernelSpec w :
+                 {make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, sm, false),
+                  make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, lim, paged)}) {
+              w.split_kv = true;
+              out.push_back(w);
+            }
+          }
         }
   // fp32 Q/K/V/O: the mma.sync forward and decode (every KV layout, varlen,
   // GQA) and the combine.
@@ -149,11 +179,16 @@ void test_checker_finds_products(void **) {
       "  mul.lo.s64 %rd2, %rd1, %rd1;\n"
       "  // mul.lo.s32 %r5, %r1, %r2;\n"
       "  mul.lo.s32 %r5, %r1, %r2;\n"
-      "  @%p1 mad.lo.s32 %r6, %r5, %ctaid.x, %r1;\n";
+      "  @%p1 mad.lo.s32 %r6, %r5, %ctaid.x, %r1;\n" +
+      std::string("  // ") + fa::kgen::tile::kItemsProduct +
+      "\n"
+      "  mul.lo.u32 %r7, %r1, %r2;\n"   // exempt: right after the marker
+      "  mul.lo.u32 %r8, %r1, %r2;\n";  // not: the marker covers one line
   const std::vector<std::string> f = products_32(ptx);
-  assert_int_equal(f.size(), 2);
+  assert_int_equal(f.size(), 3);
   assert_string_equal(f[0].c_str(), "6: mul.lo.s32 %r5, %r1, %r2;");
   assert_string_equal(f[1].c_str(), "7: mad.lo.s32 %r6, %r5, %ctaid.x, %r1;");
+  assert_string_equal(f[2].c_str(), "10: mul.lo.u32 %r8, %r1, %r2;");
 }
 
 void test_no_32bit_products(void **) {

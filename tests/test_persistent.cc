@@ -86,35 +86,6 @@ fa::test::ForwardCase varlen_case(const std::vector<int> &sq, const std::vector<
   return c;
 }
 
-// A chunked-prefill case: seqlen_q new queries per sequence over a cache of
-// lens[b] keys (seqused_k), in layout `layout` with pages of page_size.
-fa::test::DecodeCase prefill_case(const std::vector<int> &lens, int seqlen_q, int max_k, int hq,
-                                  int hkv, int d, bool bf16, int layout, int page_size,
-                                  uint32_t seed) {
-  fa::test::DecodeCase x;
-  x.prefill = true;
-  x.batch = static_cast<int>(lens.size());
-  x.seqlen_q = seqlen_q;
-  x.seqlen_k_max = max_k;
-  x.cache_seqlens = lens;
-  x.heads_q = hq;
-  x.heads_kv = hkv;
-  x.head_dim = d;
-  x.bf16 = bf16;
-  x.causal = true;
-  x.kv.layout = layout;
-  x.kv.page_size = page_size;
-  x.kv.seed = seed + 1;  // a shuffled block table
-  x.seed = seed;
-  return x;
-}
-
-std::string ran(fa_runtime *rt) {
-  fa_emu_profile prof = FA_EMU_PROFILE_INIT;
-  if (fa_emulator_profile(rt, &prof) != FA_SUCCESS) return "(no profile)";
-  return prof.kernel;
-}
-
 // Runs: one CTA per item, static persistent, then the dynamic order twice
 // on one workspace.
 constexpr int kRuns = 4;
@@ -136,23 +107,10 @@ std::string check_workspace_api(fa_runtime *rt, uint64_t ws) {
   std::string failures;
   fa::test::ForwardCase c =
       fa::test::forward_case(1, 200, 200, 2, 1, 64, 64, false, true, -1, -1, 0, 2790);
-  fa_config_desc d = FA_CONFIG_DESC_INIT;
-  d.head_dim = d.head_dim_v = 64;
-  d.num_heads_q = 2;
-  d.num_heads_kv = 1;
-  d.causal = 1;
   fa_config *cfg = nullptr;
-  if (fa_config_create(&d, &cfg) != FA_SUCCESS) return "fa_config_create failed\n";
-  fa_forward_args a = FA_FORWARD_ARGS_INIT;
-  a.batch = 1;
-  a.seqlen_q = a.seqlen_k = 200;
-  for (fa_tensor *t : {&a.q, &a.k, &a.v, &a.o}) {
-    t->data = ws;  // host fields only: never read
-    const int64_t st[4] = {200 * 2 * 64, 2 * 64, 64, 1};
-    for (int i = 0; i < 4; ++i) t->stride[i] = st[i];
-  }
-  a.k.stride[0] = a.v.stride[0] = 200 * 64;
-  a.k.stride[1] = a.v.stride[1] = 64;
+  fa_forward_args a;
+  if (!fa::test::host_forward_problem(1, 200, 200, 2, 1, 64, true, ws, &cfg, &a))
+    return "fa_config_create failed\n";
   for (int on = 0; on < 2; ++on) {
     fa::test::PolicyScope p(rt, &fa::KernelPolicy::sm90_persistent, on == 1);
     size_t bytes = 99;
@@ -189,12 +147,8 @@ int main(void) {
   setenv("FLASHATTN_SM90_WGMMA", "1", 1);
   setenv("FLASHATTN_EMU_THREADS", "3", 1);  // CTAs race for the dynamic order's tickets
   unsetenv("FLASHATTN_SM90_PERSISTENT");
-  std::string why;
-  fa_runtime *rt = fa::test::make_runtime(FA_BACKEND_EMULATOR, &why, 90);
-  if (rt == nullptr) {
-    std::printf("FAIL: %s\n", why.c_str());
-    return 1;
-  }
+  fa_runtime *rt = fa::test::emulator_or_fail(90);
+  if (rt == nullptr) return 1;
   std::vector<Case> cases;
   auto add = [&](int b, int sq, int sk, int hq, int hkv, int dd, int dv, bool bf16, bool causal,
                  int wl, int wr, float cap, int grid) {
@@ -262,14 +216,16 @@ int main(void) {
   // Through fa_launch against a KV cache: seqused_k on a contiguous cache
   // (a sequence with no key: its rows all empty; seqlen_q > seqused_k).
   g = Case();
-  g.d = prefill_case({0, 300, 90}, 200, 320, 4, 2, 128, true, FA_KV_CONTIGUOUS, 0, seed + 3);
+  g.d = fa::test::prefill_case({0, 300, 90}, 200, 320, 4, 2, 128, true, FA_KV_CONTIGUOUS, 0,
+                               seed + 3);
   add_gather(g, 5);
   // Paged, page 16 and 3 (row lookups) and 128 (whole tiles), shuffled tables.
-  g.d = prefill_case({250, 0, 33}, 140, 256, 6, 2, 64, false, FA_KV_PAGED, 16, seed + 4);
+  g.d = fa::test::prefill_case({250, 0, 33}, 140, 256, 6, 2, 64, false, FA_KV_PAGED, 16, seed + 4);
   add_gather(g, 4);
-  g.d = prefill_case({70, 161}, 130, 170, 4, 1, 128, true, FA_KV_PAGED, 3, seed + 5);
+  g.d = fa::test::prefill_case({70, 161}, 130, 170, 4, 1, 128, true, FA_KV_PAGED, 3, seed + 5);
   add_gather(g, 3);
-  g.d = prefill_case({256, 5, 200}, 150, 256, 2, 2, 64, false, FA_KV_PAGED, 128, seed + 6);
+  g.d =
+      fa::test::prefill_case({256, 5, 200}, 150, 256, 2, 2, 64, false, FA_KV_PAGED, 128, seed + 6);
   add_gather(g, 5);
   // The fp8 forward (gather, V transposed by the producer), varlen.
   g = Case();
@@ -294,7 +250,7 @@ int main(void) {
       const std::string e = x.run(rt, &o[run], &lse[run], run >= 2 ? ws : 0, run >= 2 ? 8 : 0);
       const std::string what = x.describe() + kRunName[run];
       if (!e.empty()) failures += what + ":\n" + e;
-      const std::string k = ran(rt);
+      const std::string k = fa::test::emulated_kernel(rt);
       const bool is_p = k.find("_persistent") != std::string::npos;
       const bool is_d = k.find("_dynamic") != std::string::npos;
       const bool is_g = k.find("fa_forward_wgmma_gather_") == 0;
@@ -323,13 +279,8 @@ int main(void) {
                     (q ? "two Q buffers" : "one Q buffer") + "\n";
   fa_free(rt, ws);
   fa_runtime_destroy(rt);
-  if (!failures.empty()) {
-    std::printf("FAIL:\n%s", failures.c_str());
-    return 1;
-  }
-  std::printf(
-      "%zu cases (TMA and gather): static and dynamic persistent O and LSE bit-identical to one "
-      "CTA per item; workspace zero after each launch\n",
-      cases.size());
-  return 0;
+  return fa::test::finish(failures, std::to_string(cases.size()) +
+                                        " cases (TMA and gather): static and dynamic persistent O "
+                                        "and LSE bit-identical to one CTA per item; workspace "
+                                        "zero after each launch");
 }

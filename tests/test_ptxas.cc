@@ -561,6 +561,28 @@ std::vector<KernelSpec> grid() {
       }
   }
   unsetenv("FLASHATTN_SM90_PERSISTENT");
+  // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
+  // head dims 64..256 with softcap and ALiBi alternating, the gather
+  // variant over a paged cache with seqused_k, and the fp8 forward.
+  {
+    const DeviceLimits lim = limits_of(90);
+    int i = 0;
+    for (int d : {64, 96, 128, 192, 256})
+      for (int g = 0; g < 3; ++g, ++i) {
+        LaunchShape shape;
+        shape.alibi = i % 2 == 1;
+        shape.kv_layout = g == 1 ? KvLayout::Paged : KvLayout::Contiguous;
+        shape.page_size = g == 1 ? 16 : 0;
+        shape.seqused_k = g == 1;
+        shape.tma_ok = g == 0;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, i % 3 == 0);
+        if (g == 2) cfg.q_fp8 = cfg.kv_fp8 = KvFp8::E4M3;
+        KernelSpec w = make_spec(cfg, KernelKind::Forward, lim, shape);
+        w.split_kv = true;
+        assert_true(w.wgmma && w.gather == (g != 0) && !generate_ptx(w).empty());
+        out.push_back(w);
+      }
+  }
   unsetenv("FLASHATTN_SM90_WGMMA");
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {

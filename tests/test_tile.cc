@@ -826,15 +826,19 @@ void test_mask_row_half(void **) {
 // every key any row sees; a tile run lean holds only keys every row sees,
 // and every tile holding only such keys is run lean (masked tiles are the
 // ones that need a mask); row_range of each of the first rows is exactly
-// its visible keys.
+// its visible keys. Half the cases are narrowed to one split of the keys
+// (split_keys: split_size 1..4 tiles, some splits past seqlen_k): then
+// "sees" is within the split's keys too, tiles stay inside the split, and
+// masked/lean is unchanged.
 void test_key_range(void **) {
   constexpr int kCases = 64, kMaxTiles = 16, kRows = 8;
   constexpr int kWords = 4 + 2 * kMaxTiles + 2 * kRows;  // per case
-  int cases = 0, lean_tiles = 0, masked_tiles = 0, empty_ctas = 0;
+  constexpr int kIn = 7;                                 // m0, sq, sk, wl, wr, split, split_size
+  int cases = 0, lean_tiles = 0, masked_tiles = 0, empty_ctas = 0, split_ctas = 0;
   for (const int block_n : {64, 48}) {
     const int block_m = 64;
     std::mt19937 rng(7 + block_n);
-    std::vector<int32_t> in;  // m0, sq, sk, wl, wr per case
+    std::vector<int32_t> in;  // kIn per case
     for (int c = 0; c < kCases; ++c) {
       const int sq = 1 + int(rng() % 300), sk = int(rng() % (block_n * kMaxTiles - block_n));
       const int m0 = block_m * int(rng() % ((sq + block_m - 1) / block_m));
@@ -844,19 +848,30 @@ void test_key_range(void **) {
       int wl = std::max(sk - 1, 0), wr = std::max(sq - 1, 0);
       if (kind == 1) wr = 0;
       if (kind >= 2) wl = std::min(int(rng() % 100), wl), wr = kind == 2 ? 0 : int(rng() % 40);
-      in.insert(in.end(), {m0, sq, sk, wl, wr});
+      const int ss = c % 2 ? block_n * (1 + int(rng() % 4)) : 0;  // 0: not split
+      const int split = ss ? int(rng() % ((sk + ss - 1) / ss + 1)) : 0;
+      in.insert(in.end(), {m0, sq, sk, wl, wr, split, ss});
     }
     const std::string ptx = kernel(kCases, [&](Emitter &e, Reg tid, Reg, Reg *g) {
       Builder &b = e.b;
-      Reg v[5];
-      for (int i = 0; i < 5; ++i) {
+      Reg v[kIn];
+      for (int i = 0; i < kIn; ++i) {
         v[i] = b.b32();
-        Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(5), imm(i));
+        Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(kIn), imm(i));
         b.ld(Space::Global, Type::S32, v[i], at(e.index(g[0], idx, 4)));
       }
       const Reg m0 = v[0], sq = v[1], sk = v[2], wl = v[3], wr = v[4];
       Reg shift = e.op(Op::Sub, Type::S32, sk, sq);
-      const tile::KeyRange kr = tile::key_range(e, m0, shift, sq, sk, wl, wr, block_m, block_n);
+      tile::KeyRange kr = tile::key_range(e, m0, shift, sq, sk, wl, wr, block_m, block_n);
+      tile::KeyRange ks = kr;
+      tile::split_keys(e, &ks, v[5], v[6], block_n);
+      Reg split = e.setp(fa::ptx::Cmp::Ne, Type::S32, v[6], imm(0));
+      b.selp(Type::S32, kr.n_begin, ks.n_begin, kr.n_begin, split);
+      b.selp(Type::S32, kr.top, ks.top, kr.top, split);
+      b.selp(Type::S32, kr.lean_lo, ks.lean_lo, kr.lean_lo, split);
+      Reg ke = e.op(Op::And, Type::Pred, ks.empty, split);
+      Reg ue = e.op(Op::And, Type::Pred, kr.empty, e.op(Op::Not, Type::Pred, split));
+      kr.empty = e.op(Op::Or, Type::Pred, ke, ue);
       Reg hi = tile::lean_hi(e, kr.dfirst, wr, sk, block_n);
       Reg out = e.index(g[1], tid, 4 * kWords);
       b.st(Space::Global, Type::B32, at(out), e.selp(Type::S32, imm(1), imm(0), kr.empty));
@@ -896,20 +911,25 @@ void test_key_range(void **) {
     assert_int_equal(launch(ptx, kCases, 0, pt), FA_SUCCESS);
     const std::vector<int32_t> got = dout.get<int32_t>();
     for (int c = 0; c < kCases; ++c) {
-      const int32_t *x = &in[5 * c], *o = &got[size_t(c) * kWords];
-      const int m0 = x[0], sq = x[1], sk = x[2], wl = x[3], wr = x[4];
+      const int32_t *x = &in[size_t(kIn) * c], *o = &got[size_t(c) * kWords];
+      const int m0 = x[0], sq = x[1], sk = x[2], wl = x[3], wr = x[4], ss = x[6];
       const int rows_end = std::min(m0 + block_m, sq);
+      // Row i's visible keys [lo_of, hi_of); within the split [s_lo, s_hi).
+      const int s_lo = ss ? x[5] * ss : 0, s_hi = ss ? s_lo + ss : sk;
       auto lo_of = [&](int i) { return std::max(i + sk - sq - wl, 0); };
       auto hi_of = [&](int i) { return std::min(i + sk - sq + wr + 1, sk); };
+      auto slo_of = [&](int i) { return std::max(lo_of(i), s_lo); };
+      auto shi_of = [&](int i) { return std::min(hi_of(i), s_hi); };
       bool any = false;
-      for (int i = m0; i < rows_end; ++i) any = any || lo_of(i) < hi_of(i);
+      for (int i = m0; i < rows_end; ++i) any = any || slo_of(i) < shi_of(i);
+      split_ctas += ss != 0;
       const bool empty = o[0] != 0;
       const int n_begin = o[1], count = o[3];
       auto where = [&]() {
         std::fprintf(stderr,
-                     "block_n %d case %d: m0 %d sq %d sk %d wl %d wr %d: empty %d "
-                     "n_begin %d top %d tiles %d\n",
-                     block_n, c, m0, sq, sk, wl, wr, o[0], o[1], o[2], o[3]);
+                     "block_n %d case %d: m0 %d sq %d sk %d wl %d wr %d split %d of %d: empty "
+                     "%d n_begin %d top %d tiles %d\n",
+                     block_n, c, m0, sq, sk, wl, wr, x[5], ss, o[0], o[1], o[2], o[3]);
       };
       ++cases;
       if (empty != !any || (empty && count != 0)) where(), fail();
@@ -922,19 +942,20 @@ void test_key_range(void **) {
           const int n = o[4 + 2 * k], masked = o[5 + 2 * k];
           if (n != o[2] - k * block_n) where(), fail();  // last tile first, block_n apart
           if (k == count - 1 && n != n_begin) where(), fail();
+          if (n < s_lo || (ss && n + block_n > s_hi)) where(), fail();  // inside the split
           bool all = true;  // every key of the tile seen by every row
           for (int j = n; j < n + block_n; ++j) {
             for (int i = m0; i < rows_end; ++i) {
               const bool sees = j < sk && j >= lo_of(i) && j < hi_of(i);
               all = all && sees;
-              if (sees) covered[size_t(j)] = 1;
+              if (sees && j >= s_lo && j < s_hi) covered[size_t(j)] = 1;
             }
           }
           if (masked == all) where(), fail();  // lean exactly when no mask is needed
           ++(masked ? masked_tiles : lean_tiles);
         }
         for (int i = m0; i < rows_end; ++i)
-          for (int j = lo_of(i); j < hi_of(i); ++j)
+          for (int j = slo_of(i); j < shi_of(i); ++j)
             if (!covered[size_t(j)]) where(), fail();
       }
       for (int r = 0; r < kRows; ++r) {
@@ -943,9 +964,9 @@ void test_key_range(void **) {
       }
     }
   }
-  std::printf("  %d CTAs (%d empty): %d lean and %d masked tiles as defined\n", cases, empty_ctas,
-              lean_tiles, masked_tiles);
-  assert_true(lean_tiles > 50 && masked_tiles > 50 && empty_ctas > 0);
+  std::printf("  %d CTAs (%d empty, %d split): %d lean and %d masked tiles as defined\n", cases,
+              empty_ctas, split_ctas, lean_tiles, masked_tiles);
+  assert_true(lean_tiles > 50 && masked_tiles > 50 && empty_ctas > 0 && split_ctas > 40);
 }
 
 // Key tiles of m-block m of a sequence of sq queries and sk keys (key_range's

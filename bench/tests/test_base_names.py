@@ -21,6 +21,7 @@ BENCH = os.path.dirname(HERE)
 sys.path.insert(0, BENCH)
 import bench_decode as d  # noqa: E402
 import bench_sdpa as s  # noqa: E402
+import bench_varlen as v  # noqa: E402
 
 GPU = "NVIDIA H100 80GB HBM3"
 SLUG = "h100-80gb-hbm3"
@@ -52,6 +53,19 @@ def test_decode_print_base_name_honours_options(argv, suffix, monkeypatch):
     name = _printed(d.main, argv + ["--print-base-name"])
     assert name == "%s-%s-%s" % (s.today(), SLUG, suffix)
     assert name == d.run_base(d.parse_args(argv), s.today(), GPU)
+
+
+@pytest.mark.parametrize("argv,suffix", [
+    ([], "varlen"), (["--chunked"], "chunked-prefill"),
+    (["--chunked", "--quick"], "chunked-prefill"),
+    (["--chunked", "--batch", "1", "--new-tokens", "128"], "chunked-prefill-b1-q128")])
+def test_varlen_print_base_name_honours_options(argv, suffix, monkeypatch):
+    """A chunked run of other sizes (the lease's split stage) writes files of
+    its own, not over the default run's."""
+    monkeypatch.setattr(v.common, "gpu_name", lambda: GPU)
+    name = _printed(v.main, argv + ["--print-base-name"])
+    assert name == "%s-%s-%s" % (s.today(), SLUG, suffix)
+    assert name == v.run_base(v.parse_args(argv), s.today(), GPU)
 
 
 FAKE_PYTHON = textwrap.dedent("""\

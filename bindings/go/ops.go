@@ -152,8 +152,11 @@ type ForwardArgs struct {
 	// shared by launches that may run at the same time. With it the
 	// persistent kernel (on a runtime created with
 	// FLASHATTN_SM90_PERSISTENT=1 in the environment) hands out work items
-	// dynamically; with 0 it keeps its static order; every other kernel
-	// ignores it. A workspace that was not zero gives wrong output.
+	// dynamically; with 0 it keeps its static order. From byte 256 it holds
+	// the split-KV forward's partial states when it is 256-byte aligned and
+	// as large as ForwardWorkspaceSize says (else the launch runs unsplit);
+	// every other kernel ignores it. A workspace that was not zero gives
+	// wrong output.
 	Workspace     uint64
 	WorkspaceSize uint64 // bytes at Workspace: >= 8 with one, 0 without
 	Stream        uintptr
@@ -222,8 +225,10 @@ func (rt *Runtime) Forward(cfg *Config, a *ForwardArgs) error {
 // uses for a on rt (fa_forward_workspace_size, since 0.8): 8 when it would
 // run on the persistent sm_90a kernel (rt created with
 // FLASHATTN_SM90_PERSISTENT=1 on an sm_90 device), which then takes its
-// work items from the workspace's counter; else 0 (a workspace given is
-// ignored). Reads only a's host fields (sizes, strides, layout, which
+// work items from the workspace's counter; 256 plus the split-KV partial
+// states when it would split the keys of a fixed-length launch whose CTAs
+// leave SMs idle (FLASHATTN_FORWARD_SPLITS=0: never); else 0 (a workspace
+// given is ignored). Reads only a's host fields (sizes, strides, layout, which
 // pointers are set; not Workspace), touches no memory. Errors: an *Error
 // with StatusInvalidArgument for sizes and strides Forward would refuse.
 func (rt *Runtime) ForwardWorkspaceSize(cfg *Config, a *ForwardArgs) (uint64, error) {

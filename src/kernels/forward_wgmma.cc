@@ -225,9 +225,16 @@ class ForwardWgmmaGen {
     if (!spec_.persistent) {
       const Dims d = dims();
       Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+      // spec.split_kv: x = m-block + m-blocks x split.
+      if (spec_.split_kv) mblk = e_.op(Op::Rem, Type::U32, mblk, m_blocks());
       h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
       bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
       work(mblk, d);
+      if (spec_.split_kv) {
+        Reg size =
+            e_.param(Type::S32, forward_tail_offset(spec_) + offsetof(ForwardTail, split_size));
+        tile::split_keys(e_, &keys_, split(), size, spec_.block_n);
+      }
     }
     b_.comment(spec_.gather
                    ? "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers"
@@ -297,6 +304,18 @@ class ForwardWgmmaGen {
     work(it.m_block, d, skips() ? &skip : nullptr);
   }
 
+  // spec.split_kv: the launch's m-blocks (ceil(seqlen_q / block_m)) and
+  // this CTA's split, ctaid.x / m-blocks (u32; re-derived where used).
+  Reg m_blocks() {
+    Reg sq = e_.param(Type::S32, offsetof(WgmmaParams, f) + offsetof(P, seqlen_q));
+    return e_.op(Op::Div, Type::U32, e_.op(Op::Add, Type::U32, sq, imm(spec_.block_m - 1)),
+                 imm(spec_.block_m));
+  }
+  Reg split() {
+    return e_.op(Op::Div, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
+                 m_blocks());
+  }
+
   // spec.persistent with varlen: items past their sequence are skipped by
   // every role (forward_bases branches instead of exiting): only in the
   // padded order of a batch above tile::kWorkBatchMax.
@@ -364,7 +383,9 @@ class ForwardWgmmaGen {
   }
 
   // spec.dynamic: the workspace {u32 next, u32 exited} (global address).
-  Reg workspace() { return e_.global_param(dynamic_workspace_offset(spec_)); }
+  Reg workspace() {
+    return e_.global_param(forward_tail_offset(spec_) + offsetof(ForwardTail, workspace));
+  }
 
   // spec.dynamic, the producer thread past the last item: this CTA is out
   // (atom.add on `exited`, acq_rel); the last one out (exited was nctaid.x
@@ -1255,6 +1276,7 @@ class ForwardWgmmaGen {
       Reg vd = fp8_descale(e_, spec_, offsetof(Fp8Descales, v_descale), bz_, kv_head());
       for (Reg x : o_flat_) b_.op(Op::Mul, Type::F32, x, x, vd);
     }
+    if (spec_.split_kv) return partial_epilogue(lse);
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     // The warp's 16 rows of O into its warpgroup's 64 rows of Q's buffer
     // (tile::store_acc; lanes re-derived here rather than held across the
@@ -1309,6 +1331,40 @@ class ForwardWgmmaGen {
       b_.op(Op::And, Type::Pred, lok, lok, q0);
       Reg la = e_.index(out.lse_row0, li, 4);
       b_.when(lok).st(Space::Global, Type::F32, at(la), lse[h]);
+    }
+  }
+
+  // spec.split_kv: the rows' partial state, O / l in fp32 straight from the
+  // accumulator (a lane's column pairs, 8 bytes; a quad's 32 bytes in a
+  // row) and the natural LSE, in decode's layout (ForwardTail): row
+  // ((split batch + b) seqlen_q + i) heads_q + h of o_partial and element
+  // ((split batch + b) heads_q + h) seqlen_q + i of lse_partial, 64-bit.
+  // Rows with no key in the split hold O = 0 and LSE = -inf (weight 0 in
+  // the reduce).
+  void partial_epilogue(const std::vector<Reg> &lse) {
+    b_.comment("split-KV: the partial O (fp32) and LSE of the split");
+    const size_t t = forward_tail_offset(spec_), f = offsetof(WgmmaParams, f);
+    Reg opart = e_.global_param(t + offsetof(ForwardTail, o_partial));
+    Reg lpart = e_.global_param(t + offsetof(ForwardTail, lse_partial));
+    Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
+    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
+    Reg sb = e_.wide_mad(split(), batch, e_.s64(bz_));  // split batch + b
+    Reg sbh = e_.op(Op::MadLo, Type::S64, sb, e_.s64(hq), e_.s64(h_));
+    Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
+    for (int h = 0; h < 2; ++h) {
+      Reg i = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, i, i, imm(8));
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg orow = e_.op(Op::MadLo, Type::S64, sb, e_.s64(sq_), e_.s64(i));
+      b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(h_));
+      Reg oa = e_.index(e_.index64(opart, orow, spec_.head_dim_v * 4), ln_.q, 8);
+      for (int j = 0; j < nO_ && 8 * j < spec_.head_dim_v; ++j)
+        b_.when(ok).st_v(Space::Global, Type::F32, at(oa, 32 * j),
+                         {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
+      Reg lrow = e_.op(Op::MadLo, Type::S64, sbh, e_.s64(sq_), e_.s64(i));
+      Reg la = e_.index64(lpart, lrow, 4);  // before when(): unpredicated
+      b_.op(Op::And, Type::Pred, ok, ok, q0);
+      b_.when(ok).st(Space::Global, Type::F32, at(la), lse[h]);
     }
   }
 

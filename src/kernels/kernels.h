@@ -111,7 +111,7 @@ struct KernelSpec {
   // the PTX and serialize() are those of a spec without it.
   bool persistent = false;
   // persistent only: work items handed out dynamically by an atomic counter
-  // in the caller's workspace (WgmmaDynamicParams::workspace, {u32 next, u32
+  // in the caller's workspace (ForwardTail::workspace, {u32 next, u32
   // exited}; fa_forward_args.workspace) instead of CTA c taking c, c +
   // nctaid, ...; the last CTA out resets the counter to zero. Off: the PTX
   // and serialize() are those of a spec without it.
@@ -122,6 +122,14 @@ struct KernelSpec {
   // own buffer); choose_wgmma_tile takes 2 where shared memory holds them
   // with at least two K/V stages. 1 with persistent off.
   int q_stages = 1;
+  // wgmma, one CTA per m-block (not persistent, varlen or sinks): split-KV.
+  // The keys are cut into ForwardTail::num_splits ranges of split_size;
+  // CTA x = m-block + m-blocks x split runs its rows over its range and
+  // writes their partial state (O / l in fp32 and the natural LSE; decode's
+  // o_partial / lse_partial layout) for the reduce kernel, which combines
+  // them into O and LSE (and adds sinks). Off: the PTX and serialize() are
+  // those of a spec without it.
+  bool split_kv = false;
 
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
@@ -404,23 +412,30 @@ struct WgmmaFp8Params {
   Fp8Descales d;
 };
 
-// The dynamic persistent sm_90a forward's block (spec.dynamic): WgmmaParams,
-// then the workspace: {u32 next, u32 exited}, 8-byte aligned device memory,
-// zero before the launch and zero after it.
-struct WgmmaDynamicParams {
+// What follows the sm_90a forward's block with spec.dynamic or
+// spec.split_kv (never both).
+struct ForwardTail {
+  // spec.dynamic: {u32 next, u32 exited}, 8-byte aligned device memory,
+  // zero before the launch and zero after it.
+  uint64_t workspace;
+  // spec.split_kv: fp32 [num_splits, batch, seqlen_q, heads_q, head_dim_v]
+  // and fp32 [num_splits, batch, heads_q, seqlen_q], contiguous (DecodeParams').
+  uint64_t o_partial, lse_partial;
+  int32_t num_splits, split_size;  // split_size: keys, a multiple of spec.block_n
+};
+// The sm_90a forward's block with a tail: WgmmaParams (WgmmaFp8Params with
+// spec.q_fp8), then ForwardTail.
+struct WgmmaTailParams {
   WgmmaParams w;
-  uint64_t workspace;
+  ForwardTail t;
 };
-// The dynamic persistent fp8 forward's (spec.dynamic with spec.q_fp8): the
-// fp8 block, then the workspace.
-struct WgmmaFp8DynamicParams {
+struct WgmmaFp8TailParams {
   WgmmaFp8Params w;
-  uint64_t workspace;
+  ForwardTail t;
 };
-// Where a dynamic persistent forward's workspace pointer sits in its block.
-inline size_t dynamic_workspace_offset(const KernelSpec &spec) {
-  return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8DynamicParams, workspace)
-                                   : offsetof(WgmmaDynamicParams, workspace);
+// Where a forward's ForwardTail sits in its block.
+inline size_t forward_tail_offset(const KernelSpec &spec) {
+  return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8TailParams, t) : offsetof(WgmmaTailParams, t);
 }
 
 // The parameter block a decode kernel declares: DecodeParams up to its last
@@ -440,8 +455,8 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
-  if (spec.wgmma && spec.dynamic)
-    return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8DynamicParams) : sizeof(WgmmaDynamicParams);
+  if (spec.wgmma && (spec.dynamic || spec.split_kv))
+    return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);
@@ -464,8 +479,10 @@ void set_forward_steps(const KernelSpec &spec, ForwardParams *p);
 
 // Grid, block and dynamic shared memory for a launch. A persistent forward
 // (spec.persistent) gets min(work items, ctas) CTAs in x (ctas: the SM
-// count, or a test's smaller grid; 0: one CTA per item).
-LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas = 0);
+// count, or a test's smaller grid; 0: one CTA per item); a split-KV one
+// (spec.split_kv) num_splits times the m-blocks in x.
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas = 0,
+                                int num_splits = 1);
 // The work items of a persistent forward launch (tile::Schedule::total):
 // ceil(seqlen_q / block_m) x num_heads_q x batch; for varlen an upper bound
 // (the kernel runs only the real items: tile::WorkScheduler).

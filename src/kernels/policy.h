@@ -23,13 +23,19 @@ struct KernelPolicy {
   // (KernelSpec::persistent; FLASHATTN_SM90_PERSISTENT=1). Off by default: it is proven on the
   // emulator only, never timed on a GPU.
   bool sm90_persistent = false;
+  // The sm_90a forward splits its keys (KernelSpec::split_kv, then the
+  // reduce kernel) when its CTAs would leave SMs idle and the caller's
+  // workspace holds the partial states (fa_forward_workspace_size); false
+  // never splits (FLASHATTN_FORWARD_SPLITS=0).
+  bool forward_splits = true;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;
 
   // The defaults above with the environment's overrides: each variable
-  // counts when its first character is '1' (FLASHATTN_SM90_WGMMA: '1' on,
-  // anything else off; FLASHATTN_FORCE_SM80_FORWARD wins over it).
+  // counts when its first character is '1' (FLASHATTN_SM90_WGMMA and
+  // FLASHATTN_FORWARD_SPLITS: '1' on, anything else off;
+  // FLASHATTN_FORCE_SM80_FORWARD wins over FLASHATTN_SM90_WGMMA).
   static KernelPolicy from_env();
 };
 

@@ -122,8 +122,10 @@ bool spec_valid(const KernelSpec &s) {
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           (s.persistent || !s.dynamic) && (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
-  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1) return false;
+           (s.persistent || !s.dynamic) &&
+           (!s.split_kv || (!s.persistent && !s.varlen && !s.sinks)) &&
+           (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
+  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1 || s.split_kv) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -385,6 +387,7 @@ std::string KernelSpec::serialize() const {
   if (page_pow2) o.push_back('P');   // only when on
   if (persistent) o.push_back('T');  // only when on
   if (dynamic) o.push_back('D');     // only when on
+  if (split_kv) o.push_back('S');    // only when on
   if (q_stages != 1) {               // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -416,7 +419,8 @@ std::string KernelSpec::describe() const {
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
          (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
-         (dynamic ? " dynamic" : "") + (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
+         (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
+         (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -589,7 +593,8 @@ std::string entry_name(const KernelSpec &s) {
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
          (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
-         (s.dynamic ? "_dynamic" : "") + (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
+         (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
+         (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
@@ -605,13 +610,15 @@ int64_t forward_work_items(const KernelSpec &spec, const ForwardParams &p) {
   return ceil_div(p.seqlen_q, spec.block_m) * p.num_heads_q * p.batch;
 }
 
-LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas) {
+LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, int64_t ctas,
+                                int num_splits) {
   LaunchGeometry g;
   if (spec.persistent) {
     const int64_t items = forward_work_items(spec, p);
     g.grid[0] = grid_dim(ctas > 0 ? std::min(items, ctas) : items);
   } else {
-    g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split);
+    g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split *
+                         (spec.split_kv ? std::max(num_splits, 1) : 1));
     g.grid[1] = grid_dim(p.num_heads_q);
     g.grid[2] = grid_dim(p.batch);
   }

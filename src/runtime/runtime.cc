@@ -497,7 +497,8 @@ KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_ar
 
 size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
                                         const fa_forward_args &a) const {
-  return forward_spec(cfg, a, forward_shape(a)).persistent ? 8 : 0;
+  const KernelSpec spec = forward_spec(cfg, a, forward_shape(a));
+  return spec.persistent ? 8 : plan_forward_split(cfg, a, spec).workspace_bytes;
 }
 
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
@@ -529,6 +530,19 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       spec = forward_spec(cfg, a, shape);
     }
   }
+  // Split-KV when the caller's workspace holds the plan's partial states
+  // (256-byte aligned); sinks join in the combine.
+  const ForwardSplitPlan split = plan_forward_split(cfg, a, spec);
+  const bool splitting =
+      split.num_splits > 1 && a.workspace % 256 == 0 && a.workspace_size >= split.workspace_bytes;
+  Kernel *reduce_kernel = nullptr;
+  KernelSpec rspec;
+  if (splitting) {
+    spec.split_kv = true;
+    spec.sinks = false;
+    if (fa_status st = combine_kernel(cfg, a.sinks != 0, &reduce_kernel, &rspec); st != FA_SUCCESS)
+      return st;
+  }
   ForwardParams p;
   std::memset(&p, 0, sizeof p);
   p.q = a.q.data;
@@ -559,7 +573,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   // registers), or a test's smaller one.
   const int64_t ctas = policy().persistent_grid > 0 ? policy().persistent_grid
                                                     : std::max(backend_->info().num_sms, 1);
-  const LaunchGeometry geom = forward_geometry(spec, p, ctas);
+  const LaunchGeometry geom = forward_geometry(spec, p, ctas, split.num_splits);
   Fp8Descales ds;  // the fp8 forward's (spec.q_fp8)
   ds.q_descale = a.q_descale;
   ds.k_descale = a.k_descale;
@@ -575,25 +589,99 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   }
   if (spec.wgmma) {
     wp.f = p;
+    ForwardTail tail;  // spec.dynamic or spec.split_kv
+    std::memset(&tail, 0, sizeof tail);
+    tail.workspace = a.workspace;
+    if (splitting) {
+      tail.o_partial = a.workspace + split.o_offset;
+      tail.lse_partial = a.workspace + split.lse_offset;
+      tail.num_splits = split.num_splits;
+      tail.split_size = split.split_size;
+    }
+    const bool has_tail = spec.dynamic || spec.split_kv;
+    fa_status st2;
     if (spec.q_fp8 != KvFp8::None) {  // the gather variant (fp8 converted on load)
-      WgmmaFp8DynamicParams fw;       // fw.w is the block without spec.dynamic
+      WgmmaFp8TailParams fw;          // fw.w is the block without a tail
       std::memset(&fw, 0, sizeof fw);
       fw.w.w = wp;
       fw.w.d = ds;
-      fw.workspace = a.workspace;
-      return launch_checked(*backend_, *kernel, geom, &fw, spec.dynamic ? sizeof fw : sizeof fw.w,
-                            stream);
+      fw.t = tail;
+      st2 =
+          launch_checked(*backend_, *kernel, geom, &fw, has_tail ? sizeof fw : sizeof fw.w, stream);
+    } else {
+      WgmmaTailParams wt;
+      std::memset(&wt, 0, sizeof wt);
+      wt.w = wp;
+      wt.t = tail;
+      st2 =
+          launch_checked(*backend_, *kernel, geom, &wt, has_tail ? sizeof wt : sizeof wt.w, stream);
     }
-    if (spec.dynamic) {
-      WgmmaDynamicParams wd;
-      std::memset(&wd, 0, sizeof wd);
-      wd.w = wp;
-      wd.workspace = a.workspace;
-      return launch_checked(*backend_, *kernel, geom, &wd, sizeof wd, stream);
-    }
-    return launch_checked(*backend_, *kernel, geom, &wp, sizeof wp, stream);
+    if (st2 != FA_SUCCESS || !splitting) return st2;
+    return combine(*reduce_kernel, rspec, cfg, tail.o_partial, tail.lse_partial, split.num_splits,
+                   a.batch, a.seqlen_q, a.o, a.lse, a.sinks, stream);
   }
   return launch_checked(*backend_, *kernel, geom, &p, sizeof p, stream);
+}
+
+// The bytes of split launches' partial states: O_partial fp32 [splits,
+// batch, seqlen_q, heads_q, head_dim_v] and LSE_partial fp32 [splits,
+// batch, heads_q, seqlen_q]; false when a product overflows 64 bits or O's
+// passes 2^62 (the API's int32 sizes allow far more than 2^64 bytes).
+static bool partial_bytes(const AttentionConfig &cfg, int64_t splits, int64_t batch,
+                          int64_t seqlen_q, uint64_t *o_bytes, uint64_t *lse_bytes) {
+  uint64_t rows = 0;
+  return !__builtin_mul_overflow(uint64_t(batch) * uint64_t(seqlen_q), uint64_t(cfg.num_heads_q),
+                                 &rows) &&
+         !__builtin_mul_overflow(rows, uint64_t(splits), &rows) &&
+         !__builtin_mul_overflow(rows, uint64_t(cfg.head_dim_v) * sizeof(float), o_bytes) &&
+         !__builtin_mul_overflow(rows, uint64_t(sizeof(float)), lse_bytes) &&
+         *o_bytes <= (uint64_t(1) << 62);
+}
+
+// How many ways to split a forward's keys (FlashAttention-3's rule): none
+// once its CTAs fill 80% of the SMs (one CTA per SM) or with fewer than 8
+// key tiles; else the fewest splits (each of at least 4 tiles, at most 128)
+// whose waves are at least 85% as full as the best count's, the fullness
+// of w = ctas x splits / SMs waves being w / ceil(w).
+static int forward_num_splits(int64_t ctas, int num_sms, int64_t key_tiles) {
+  if (ctas <= 0 || num_sms <= 0 || 10 * ctas >= 8LL * num_sms || key_tiles < 8) return 1;
+  const int64_t most = std::min<int64_t>({key_tiles / 4, 128, num_sms});
+  auto fullness = [&](int64_t s) {
+    const double w = double(ctas * s) / num_sms;
+    return w / std::ceil(w);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= most; ++s) best = std::max(best, fullness(s));
+  for (int64_t s = 1; s <= most; ++s)
+    if (fullness(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
+}
+
+ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &a,
+                                             const KernelSpec &spec) const {
+  ForwardSplitPlan plan;
+  if (!policy().forward_splits || !spec.wgmma || spec.persistent || spec.varlen ||
+      spec.block_n <= 0)
+    return plan;
+  const int64_t block_n = spec.block_n, sk = a.seqlen_k;
+  const int64_t ctas =
+      (int64_t(a.seqlen_q) + spec.block_m - 1) / spec.block_m * cfg.num_heads_q * a.batch;
+  const int splits =
+      forward_num_splits(ctas, backend_->info().num_sms, (sk + block_n - 1) / block_n);
+  if (splits <= 1) return plan;
+  const int64_t size = ((sk + splits - 1) / splits + block_n - 1) / block_n * block_n;
+  const int n = static_cast<int>((sk + size - 1) / size);
+  uint64_t o_bytes = 0, lse_bytes = 0, total = 0;
+  if (n <= 1 || !partial_bytes(cfg, n, a.batch, a.seqlen_q, &o_bytes, &lse_bytes) ||
+      __builtin_add_overflow(256 + round_up(o_bytes, 256), lse_bytes, &total) ||
+      total > uint64_t(SIZE_MAX))
+    return plan;
+  plan.num_splits = n;
+  plan.split_size = static_cast<int>(size);
+  plan.o_offset = 256;
+  plan.lse_offset = 256 + round_up(o_bytes, 256);
+  plan.workspace_bytes = static_cast<size_t>(total);
+  return plan;
 }
 
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
@@ -627,17 +715,9 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   if (a.batch_invariant) split_size = FA_DECODE_INVARIANT_SPLIT;  // a multiple of every block_n
   plan.split_size = static_cast<int>(split_size);
   plan.num_splits = static_cast<int>((sk + split_size - 1) / split_size);
-  // O_partial fp32 [splits, batch, seqlen_q, heads_q, head_dim_v] and
-  // LSE_partial fp32 [splits, batch, heads_q, seqlen_q]; each product is
-  // checked (the API's int32 sizes allow far more than 2^64 bytes).
-  uint64_t part_rows = 0, o_bytes = 0, lse_bytes = 0, total = 0;
+  uint64_t o_bytes = 0, lse_bytes = 0, total = 0;
   const bool overflow =
-      __builtin_mul_overflow(uint64_t(a.batch) * uint64_t(a.seqlen_q), uint64_t(cfg.num_heads_q),
-                             &part_rows) ||
-      __builtin_mul_overflow(part_rows, uint64_t(plan.num_splits), &part_rows) ||
-      __builtin_mul_overflow(part_rows, uint64_t(cfg.head_dim_v) * sizeof(float), &o_bytes) ||
-      __builtin_mul_overflow(part_rows, uint64_t(sizeof(float)), &lse_bytes) ||
-      o_bytes > (uint64_t(1) << 62) ||
+      !partial_bytes(cfg, plan.num_splits, a.batch, a.seqlen_q, &o_bytes, &lse_bytes) ||
       __builtin_add_overflow(round_up(o_bytes, 256), lse_bytes, &total) ||
       total > uint64_t(SIZE_MAX);
   if (overflow) {
@@ -675,11 +755,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (a.o.data != 0) {
-    // Attention sinks join each row's denominator once, in the combine.
-    LaunchShape rshape;
-    rshape.sinks = a.sinks != 0;
-    rspec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape, policy());
-    st = get_kernel(rspec, &reduce_kernel);
+    st = combine_kernel(cfg, a.sinks != 0, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
 
@@ -728,30 +804,45 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
+  return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
+                 a.seqlen_q, a.o, a.lse, a.sinks, stream);
+}
 
+fa_status Runtime::combine_kernel(const AttentionConfig &cfg, bool sinks, Kernel **kernel,
+                                  KernelSpec *spec) {
+  LaunchShape rshape;
+  rshape.sinks = sinks;
+  *spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape, policy());
+  return get_kernel(*spec, kernel);
+}
+
+fa_status Runtime::combine(Kernel &kernel, const KernelSpec &spec, const AttentionConfig &cfg,
+                           uint64_t o_partial, uint64_t lse_partial, int num_splits, int batch,
+                           int seqlen_q, const fa_tensor &o, uint64_t lse, uint64_t sinks,
+                           void *stream) {
   ReduceParams r;
   std::memset(&r, 0, sizeof r);
-  const int64_t hq = cfg.num_heads_q, dv = cfg.head_dim_v, sq = a.seqlen_q;
-  r.o_partial = p.o_partial;
-  r.lse_partial = p.lse_partial;
-  r.o = a.o.data;
-  r.lse = a.lse;
+  const int64_t hq = cfg.num_heads_q, dv = cfg.head_dim_v, sq = seqlen_q;
+  r.o_partial = o_partial;
+  r.lse_partial = lse_partial;
+  r.o = o.data;
+  r.lse = lse;
   r.o_partial_stride[4] = 1;
   r.o_partial_stride[3] = dv;
   r.o_partial_stride[2] = hq * dv;
   r.o_partial_stride[1] = sq * hq * dv;
-  r.o_partial_stride[0] = a.batch * sq * hq * dv;
+  r.o_partial_stride[0] = batch * sq * hq * dv;
   r.lse_partial_stride[3] = 1;
   r.lse_partial_stride[2] = sq;
   r.lse_partial_stride[1] = hq * sq;
-  r.lse_partial_stride[0] = a.batch * hq * sq;
-  copy_strides(r.o_stride, a.o);
-  r.num_splits = plan.num_splits;
-  r.batch = a.batch;
-  r.seqlen_q = a.seqlen_q;
+  r.lse_partial_stride[0] = batch * hq * sq;
+  copy_strides(r.o_stride, o);
+  r.num_splits = num_splits;
+  r.batch = batch;
+  r.seqlen_q = seqlen_q;
   r.num_heads_q = cfg.num_heads_q;
-  r.sinks = a.sinks;
-  return launch_checked(*backend_, *reduce_kernel, reduce_geometry(rspec, r), &r, sizeof r, stream);
+  r.sinks = sinks;
+  return launch_checked(*backend_, kernel, reduce_geometry(spec, r), &r, sizeof r, stream);
 }
 
 fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, void *stream) {

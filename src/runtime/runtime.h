@@ -53,6 +53,16 @@ struct DecodePlan {
   bool too_large = false;  // the workspace size overflows 64 bits (sizes above unset)
 };
 
+// Split-KV for the sm_90a forward (KernelSpec::split_kv): the splits and
+// where their partial states go in the caller's workspace (decode's layout),
+// after its first 256 bytes: those hold the persistent kernel's counters,
+// which a split launch never touches, so one workspace serves both.
+struct ForwardSplitPlan {
+  int num_splits = 1;  // 1: no split
+  int split_size = 0;  // keys per split, a multiple of the kernel's block_n
+  size_t o_offset = 0, lse_offset = 0, workspace_bytes = 0;
+};
+
 // FA_ERROR_UNSUPPORTED with the message for a DecodePlan that is too_large.
 fa_status decode_too_large();
 
@@ -107,7 +117,8 @@ class Runtime {
 
   fa_status forward(const AttentionConfig &cfg, const fa_forward_args &args, void *stream);
   // The bytes of args.workspace forward() uses (fa_forward_workspace_size):
-  // 8 when it would run args on the persistent kernel, else 0.
+  // 8 when it would run args on the persistent kernel, the split-KV plan's
+  // when it would split args' keys, else 0.
   size_t forward_workspace_bytes(const AttentionConfig &cfg, const fa_forward_args &args) const;
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
   // The decode kernel's spec for args' KV layout on this device.
@@ -121,6 +132,21 @@ class Runtime {
   // dynamic (KernelSpec::dynamic) when persistent with args.workspace set.
   KernelSpec forward_spec(const AttentionConfig &cfg, const fa_forward_args &args,
                           const LaunchShape &shape) const;
+  // The split of args' keys for the forward kernel spec (one split: none):
+  // KernelPolicy::forward_splits, the sm_90a kernel with one CTA per
+  // m-block, fixed-length sequences, and CTAs that leave SMs idle
+  // (forward_num_splits).
+  ForwardSplitPlan plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &args,
+                                      const KernelSpec &spec) const;
+  // The combine of a split launch (sinks join each row's denominator
+  // there): its kernel, fetched before the split kernel runs, and its launch
+  // over partial states [splits, batch, seqlen_q, heads_q, head_dim_v] and
+  // [splits, batch, heads_q, seqlen_q] (fp32, contiguous) into o and lse.
+  fa_status combine_kernel(const AttentionConfig &cfg, bool sinks, Kernel **kernel,
+                           KernelSpec *spec);
+  fa_status combine(Kernel &kernel, const KernelSpec &spec, const AttentionConfig &cfg,
+                    uint64_t o_partial, uint64_t lse_partial, int num_splits, int batch,
+                    int seqlen_q, const fa_tensor &o, uint64_t lse, uint64_t sinks, void *stream);
   // Rebuilds rec's binary unless binary_current(); sets *dirty when it did.
   // Errors: those of Backend::compile.
   fa_status ensure_binary(const KernelSpec &spec, cache::Record *rec, bool *dirty);

@@ -56,6 +56,10 @@ struct DevTensor {
   size_t elems = 0;  // allocation size in elements
 };
 
+struct Ctx;
+void set_workspace(Ctx &ctx, const fa_config *cfg, uint64_t ws, size_t size, uint8_t poison,
+                   fa_forward_args *a);
+
 struct Ctx {
   fa_runtime *rt;
   std::vector<uint64_t> allocs;
@@ -78,6 +82,26 @@ struct Ctx {
     return p;
   }
 };
+
+// fa_forward_args.workspace: ws and size as given, or for kAutoWorkspace
+// what fa_forward_workspace_size asks for (numerics.h).
+void set_workspace(Ctx &ctx, const fa_config *cfg, uint64_t ws, size_t size, uint8_t poison,
+                   fa_forward_args *a) {
+  a->workspace = ws;
+  a->workspace_size = size;
+  if (ws != kAutoWorkspace) return;
+  a->workspace = 0;
+  a->workspace_size = 0;
+  size_t bytes = 0;
+  if (!ctx.check(fa_forward_workspace_size(ctx.rt, cfg, a, &bytes), "fa_forward_workspace_size") ||
+      bytes == 0)
+    return;
+  a->workspace = ctx.alloc(bytes);
+  a->workspace_size = bytes;
+  ctx.check(fa_memset(ctx.rt, a->workspace, 0, std::min<size_t>(bytes, 256)), "zero workspace");
+  if (bytes > 256)
+    ctx.check(fa_memset(ctx.rt, a->workspace + 256, poison, bytes - 256), "poison workspace");
+}
 
 std::vector<float> random_normal(size_t n, uint32_t seed, float scale) {
   std::mt19937 gen(seed);
@@ -646,6 +670,72 @@ ForwardCase forward_case(int batch, int seqlen_q, int seqlen_k, int heads_q, int
   return c;
 }
 
+DecodeCase prefill_case(const std::vector<int> &lens, int seqlen_q, int max_k, int hq, int hkv,
+                        int d, bool bf16, int layout, int page_size, uint32_t seed) {
+  DecodeCase x;
+  x.prefill = true;
+  x.batch = static_cast<int>(lens.size());
+  x.seqlen_q = seqlen_q;
+  x.seqlen_k_max = max_k;
+  x.cache_seqlens = lens;
+  x.heads_q = hq;
+  x.heads_kv = hkv;
+  x.head_dim = d;
+  x.bf16 = bf16;
+  x.causal = true;
+  x.kv.layout = layout;
+  x.kv.page_size = page_size;
+  x.kv.seed = seed + 1;  // a shuffled block table
+  x.seed = seed;
+  return x;
+}
+
+bool host_forward_problem(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+                          int head_dim, bool causal, uint64_t data, fa_config **cfg,
+                          fa_forward_args *a) {
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = d.head_dim_v = head_dim;
+  d.num_heads_q = heads_q;
+  d.num_heads_kv = heads_kv;
+  d.causal = causal ? 1 : 0;
+  *cfg = nullptr;
+  if (fa_config_create(&d, cfg) != FA_SUCCESS) return false;
+  *a = FA_FORWARD_ARGS_INIT;
+  a->batch = batch;
+  a->seqlen_q = seqlen_q;
+  a->seqlen_k = seqlen_k;
+  for (fa_tensor *t : {&a->q, &a->k, &a->v, &a->o}) {
+    const bool kv = t == &a->k || t == &a->v;
+    const int64_t row = int64_t(kv ? heads_kv : heads_q) * head_dim;
+    const int64_t st[4] = {(kv ? seqlen_k : seqlen_q) * row, row, head_dim, 1};
+    t->data = data;
+    for (int i = 0; i < 4; ++i) t->stride[i] = st[i];
+  }
+  return true;
+}
+
+fa_runtime *emulator_or_fail(int emulator_sm) {
+  std::string why;
+  fa_runtime *rt = make_runtime(FA_BACKEND_EMULATOR, &why, emulator_sm);
+  if (rt == nullptr) std::printf("FAIL: %s\n", why.c_str());
+  return rt;
+}
+
+int finish(const std::string &failures, const std::string &summary) {
+  if (!failures.empty()) {
+    std::printf("FAIL:\n%s", failures.c_str());
+    return 1;
+  }
+  std::printf("%s\n", summary.c_str());
+  return 0;
+}
+
+std::string emulated_kernel(fa_runtime *rt) {
+  fa_emu_profile prof = FA_EMU_PROFILE_INIT;
+  if (fa_emulator_profile(rt, &prof) != FA_SUCCESS) return "(no profile)";
+  return prof.kernel;
+}
+
 std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
   Ctx ctx(rt);
   std::printf("  %s\n", c.describe().c_str());
@@ -754,8 +844,7 @@ std::string run_forward(fa_runtime *rt, const ForwardCase &c) {
     ctx.check(fa_memset(rt, a.lse + (h * lse_stride + first) * 4, poison, lse_n / c.heads_q * 4),
               "poison LSE");
   }
-  a.workspace = c.workspace;
-  a.workspace_size = c.workspace_size;
+  set_workspace(ctx, cfg, c.workspace, c.workspace_size, poison, &a);
   fa_forward_args la = a;  // views moved back by `first` rows (never touched)
   for (fa_tensor *t : {&la.q, &la.k, &la.v, &la.o})
     t->data -= uint64_t(first * t->stride[1] * (fp8 && t != &la.o ? 1 : 2));
@@ -852,8 +941,6 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.sinks = d.sinks;
   a.alibi_slopes = d.alibi_slopes;
   a.alibi_slopes_stride = d.alibi_slopes_stride;
-  a.workspace = c.workspace;
-  a.workspace_size = c.workspace_size;
   a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
   const size_t o_elems = view_elems(a.o, c.batch);
   const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
@@ -863,6 +950,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   const uint8_t poison = poison_byte(any_nan(c.sinks));
   ctx.check(fa_memset(ctx.rt, a.o.data, poison, o_elems * 2), "poison O");
   ctx.check(fa_memset(ctx.rt, a.lse, poison, lse_n * 4), "poison LSE");
+  set_workspace(ctx, ctx.cfg, c.workspace, c.workspace_size, poison, &a);
   ctx.check(fa_launch(ctx.rt, ctx.cfg, &a, nullptr), "fa_launch");
   ctx.check(fa_synchronize(ctx.rt, nullptr), "fa_synchronize");
   if (!ctx.err.empty()) return ctx.err;

@@ -77,7 +77,7 @@ struct ForwardCase {
   // and LSE as the launch wrote them: bit-identity checks between kernels.
   std::vector<float> *o_out = nullptr, *lse_out = nullptr;
   // fa_forward_args.workspace / workspace_size as given (the caller's
-  // device memory; 0 = none).
+  // device memory; 0 = none; kAutoWorkspace: the runner's, see there).
   uint64_t workspace = 0;
   size_t workspace_size = 0;
   const Reject *reject = nullptr;  // a refused fa_launch: nothing runs
@@ -99,6 +99,12 @@ struct KvCase {
   uint32_t seed = 7;          // page order
   std::string describe() const;
 };
+
+// ForwardCase::workspace (and DecodeCase's, prefill) kAutoWorkspace: the
+// runner allocates what fa_forward_workspace_size asks for, the persistent
+// counters' 256 bytes zero and the rest poisoned (so a split-KV partial
+// state read before it is written shows), and passes it with that size.
+constexpr uint64_t kAutoWorkspace = ~uint64_t(0);
 
 struct DecodeCase {
   int batch = 1, seqlen_q = 1, seqlen_k_max = 1;
@@ -162,6 +168,24 @@ std::vector<uint32_t> pack_tree_mask(const std::vector<uint8_t> &bits, int rows,
 
 // Errors found; empty when the case passed. Prints a one-line summary.
 std::string run_forward(fa_runtime *rt, const ForwardCase &c);
+// A chunked-prefill case (DecodeCase::prefill, through fa_launch): seqlen_q
+// new queries per sequence over a cache of lens[b] keys (seqused_k), causal,
+// in layout `layout` with pages of page_size in a block table shuffled by
+// seed + 1.
+DecodeCase prefill_case(const std::vector<int> &lens, int seqlen_q, int max_k, int hq, int hkv,
+                        int d, bool bf16, int layout, int page_size, uint32_t seed);
+// A fixed-length fp16 problem's config (*cfg, the caller's to destroy) and
+// forward arguments with host fields only: contiguous [batch, seq, heads,
+// dim] tensors at `data` (never read), for calls that read no device memory
+// (fa_forward_workspace_size). False when fa_config_create fails.
+bool host_forward_problem(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+                          int head_dim, bool causal, uint64_t data, fa_config **cfg,
+                          fa_forward_args *a);
+// A test program's exit: "FAIL:" and the failures (1), else the summary (0).
+int finish(const std::string &failures, const std::string &summary);
+// The entry name of rt's last emulated launch (FLASHATTN_EMU_PROFILE=1 set
+// before it), or "(no profile)".
+std::string emulated_kernel(fa_runtime *rt);
 std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // Random partial states (some splits -inf, some rows all -inf) through
 // fa_decode_reduce against fa::ref::merge_states.
@@ -197,6 +221,9 @@ bool load_fixture(const std::string &name, const std::string &file, std::vector<
 
 // A runtime on `backend` with a memory-only cache, or nullptr with *why set.
 fa_runtime *make_runtime(fa_backend backend, std::string *why, int emulator_sm = 0);
+// An emulator runtime at emulator_sm for a test program's main, or null
+// after printing "FAIL:" and why.
+fa_runtime *emulator_or_fail(int emulator_sm);
 
 }  // namespace fa::test
 

@@ -260,6 +260,28 @@ void test_reduce(void **state) {
   report(failures);
 }
 
+// Split-KV in the forward (docs/kernels.md, "Split-KV forward") at GPU
+// sizes: launches whose CTAs leave SMs idle, with the workspace
+// fa_forward_workspace_size asks for (partial states poisoned), against
+// the fp64 reference: on sm_90a the runtime splits them. On the emulator
+// test_forward_split runs smaller cases (and checks that they split).
+void test_forward_split(void **state) {
+  SuiteState *s = need_runtime(state);
+  if (!s->gpu) return;
+  std::string failures;
+  std::vector<ForwardCase> cases = {
+      forward_case(1, 200, 16384, 8, 2, 128, 128, true, true, -1, -1, 0, 901),
+      forward_case(2, 1, 32768, 32, 8, 128, 128, true, true, -1, -1, 0, 902),
+      forward_case(1, 64, 8192, 16, 2, 64, 64, false, false, -1, -1, 0, 903),
+      forward_case(1, 128, 4096, 8, 8, 256, 256, true, true, 2000, 0, 0, 904)};
+  for (ForwardCase &c : cases) {
+    c.workspace = kAutoWorkspace;
+    const std::string e = run_forward(s->rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+  }
+  report(failures);
+}
+
 }  // namespace
 
 int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm) {
@@ -271,6 +293,7 @@ int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, i
       cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
       cmocka_unit_test(test_reduce),         cmocka_unit_test(test_features),
       cmocka_unit_test(test_large_heads),    cmocka_unit_test(test_fp8_forward),
+      cmocka_unit_test(test_forward_split),
   };
   return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
                                  suite_teardown);

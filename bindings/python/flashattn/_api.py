@@ -1164,19 +1164,23 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     on a GPU that is an illegal address that poisons the runtime). Device
     block tables and device seqused_k with a cache are trusted the same way.
 
-    workspace (since 0.8; fa_forward_args.workspace): the persistent sm_90a
-    forward's work counter (8 bytes: two uint32), through which it hands out
-    work items dynamically. Only that kernel uses one, and it runs only when
-    the runtime was created with FLASHATTN_SM90_PERSISTENT=1 in the
-    environment (experimental, off by default; fa_forward_workspace_size
-    says 8 then, else 0). None (the default): when the launch needs one,
+    workspace (since 0.8; fa_forward_args.workspace): scratch for the sm_90a
+    forward, as many bytes as fa_forward_workspace_size says (0: none). The
+    persistent kernel's work counter (8 bytes: two uint32), through which it
+    hands out work items dynamically, when the runtime was created with
+    FLASHATTN_SM90_PERSISTENT=1 in the environment (experimental, off by
+    default); or, for a fixed-length launch whose CTAs would leave SMs idle,
+    256 bytes plus the split-KV partial states (the keys split, then the
+    combine kernel; docs/api.md "Forward workspace"; a workspace smaller than
+    asked for, or not 256-byte aligned, runs unsplit; off with
+    FLASHATTN_FORWARD_SPLITS=0). None (the default): when the launch needs one,
     the binding uses a workspace it owns, one per (stream, thread) and
     Runtime, zeroed once when allocated and freed with the Runtime; the
     kernel leaves it zero after each launch, so repeated calls and benchmark
     loops reuse it with no memset, and launches on different streams never
     share one. Else device memory the caller owns (a DeviceArray or a
-    C-contiguous __cuda_array_interface__ object), 8-byte aligned, at least
-    8 bytes, zeroed once before its first use and not used by two launches
+    C-contiguous __cuda_array_interface__ object), 8-byte aligned (256 for
+    the split), at least 8 bytes, zeroed once before its first use and not used by two launches
     that may run at the same time; it is passed on even when the launch
     does not need it (the library checks it either way). Or a callable that
     takes the byte count and returns such memory, called only when the

@@ -232,7 +232,8 @@ def _forward_workspace(device, stream):
     """forward()'s workspace= for a launch on `stream` of CUDA `device`: a
     callable the binding calls with the byte count when the launch needs one
     (the persistent sm_90a forward's work counter, with
-    FLASHATTN_SM90_PERSISTENT=1). It returns a torch.zeros buffer made on
+    FLASHATTN_SM90_PERSISTENT=1, or the split-KV forward's partial states).
+    It returns a torch.zeros buffer made on
     that stream (so zeroed before the launch, in stream order) and cached per
     (device, stream): the kernel leaves it zero after each launch, so later
     calls on the stream reuse it, and launches on different streams never

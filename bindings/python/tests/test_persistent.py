@@ -33,16 +33,22 @@ def runtimes():
         r.close()
 
 
-@pytest.fixture(scope="module")
-def problem():
-    g = rng(8108)
-    q = g.standard_normal((B, SQ, H, D)).astype(np.float16)
-    k = g.standard_normal((B, SK, HK, D)).astype(np.float16)
-    v = g.standard_normal((B, SK, HK, D)).astype(np.float16)
-    cfg = fa.Config(dtype="fp16", head_dim=D, num_heads_q=H, num_heads_kv=HK, causal=True)
+def make_problem(seed, b, sq, sk, h, hk, d):
+    """A causal fp16 problem: its Config, random (q, k, v) and the fp64
+    reference's (O, LSE)."""
+    g = rng(seed)
+    q = g.standard_normal((b, sq, h, d)).astype(np.float16)
+    k = g.standard_normal((b, sk, hk, d)).astype(np.float16)
+    v = g.standard_normal((b, sk, hk, d)).astype(np.float16)
+    cfg = fa.Config(dtype="fp16", head_dim=d, num_heads_q=h, num_heads_kv=hk, causal=True)
     ref = ref_attention(round_to(q, "fp16"), round_to(k, "fp16"), round_to(v, "fp16"),
                         cfg.softmax_scale, causal=True)
     return cfg, (q, k, v), ref
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(8108, B, SQ, SK, H, HK, D)
 
 
 def run(rt, problem, **kw):
@@ -174,3 +180,41 @@ def test_owned_workspace_per_stream(runtimes, problem):
             assert ptr in rt._allocs and counters(rt, ptr) == [0, 0]
     assert rt._workspaces == {} and rt._allocs == {}
 
+
+
+def test_split_kv(runtimes):
+    """A launch whose CTAs leave most of the emulator's 108 SMs idle (one
+    m-block x 4 heads) over 1500 keys splits them (docs/api.md, "Forward
+    workspace"): fa_forward_workspace_size asks for 256 bytes plus the
+    partial states, the binding's own workspace and a callable's serve, and
+    the combined O and LSE match the fp64 reference. An 8-byte workspace
+    runs unsplit (and right); FLASHATTN_FORWARD_SPLITS=0 asks for none."""
+    b, sq, sk, h, hk, d = 1, 16, 1500, 4, 2, 64
+    cfg, (q, k, v), ref = make_problem(8109, b, sq, sk, h, hk, d)
+
+    def run_split(rt, **kw):
+        o, lse = nan_out(rt, (b, sq, h, d), "fp16"), nan_out(rt, (b, h, sq), "fp32")
+        fa.forward(rt, cfg, q, k, v, out=o, lse=lse, **kw)
+        check_attention(o.numpy(), lse.numpy(), *ref, "fp16")
+
+    rt = runtimes[False]
+    run_split(rt)  # the binding's own workspace
+    sizes = [size for key, (_, size) in rt._workspaces.items()
+             if key[0] == "forward" and size > 256]
+    assert sizes, "no split-KV workspace was made"
+    asked = []
+
+    def workspace(nbytes):
+        asked.append(nbytes)
+        return rt.upload(np.zeros(nbytes // 4, np.int32))
+
+    run_split(rt, workspace=workspace)
+    assert len(asked) == 1 and asked[0] > 256 and asked[0] % 4 == 0
+    run_split(rt, workspace=rt.upload(np.zeros(2, np.int32)))  # too small: unsplit
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLASHATTN_FORWARD_SPLITS", "0")
+        off = fa.Runtime(backend="emulator", emulator_sm=90, cache="memory")
+    with off:
+        asked.clear()
+        run_split(off, workspace=workspace)
+        assert asked == []

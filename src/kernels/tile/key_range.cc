@@ -1,5 +1,7 @@
 #include "kernels/tile/key_range.h"
 
+#include <cstdint>
+
 namespace fa::kgen::tile {
 
 void round_down(ptx::Builder &b, Reg x, int n) {
@@ -33,6 +35,20 @@ KeyRange key_range(Emitter &e, Reg m0, Reg shift, Reg seqlen_q, Reg seqlen_k, Re
   b.op(Op::Add, Type::S32, r.top, r.top, r.n_begin);
   r.lean_lo = e.op(Op::Max, Type::S32, e.op(Op::Sub, Type::S32, dlast, wl), r.n_begin);
   return r;
+}
+
+void split_keys(Emitter &e, KeyRange *r, Reg split, Reg split_size, int block_n) {
+  // The split's first key and last tile start in 64 bits, clamped to
+  // INT32_MAX (past every key: the range is then empty).
+  Reg lo = e.wide_mul(split, split_size);
+  Reg last = e.op(Op::Add, Type::S64, lo, e.s64(split_size));
+  e.b.op(Op::Sub, Type::S64, last, last, imm(block_n));
+  auto s32 = [&](Reg x) { return e.s32(e.op(Op::Min, Type::S64, x, imm(INT32_MAX))); };
+  r->n_begin = e.op(Op::Max, Type::S32, r->n_begin, s32(lo));
+  r->top = e.op(Op::Min, Type::S32, r->top, s32(last));
+  Reg none = e.setp(Cmp::Lt, Type::S32, r->top, r->n_begin);
+  r->empty = e.op(Op::Or, Type::Pred, r->empty, none);
+  r->lean_lo = e.op(Op::Max, Type::S32, r->lean_lo, r->n_begin);
 }
 
 Reg lean_hi(Emitter &e, Reg dfirst, Reg wr, Reg seqlen_k, int block_n) {

@@ -33,6 +33,14 @@ struct KeyRange {
 KeyRange key_range(Emitter &e, Reg m0, Reg shift, Reg seqlen_q, Reg seqlen_k, Reg wl, Reg wr,
                    int block_m, int block_n);
 
+// Split-KV (Flash-Decoding's split of the key axis; FlashAttention-3 splits
+// the forward's the same way): r narrowed to split `split` (s32) of
+// split_size keys (s32, a multiple of block_n), keys [split split_size,
+// (split + 1) split_size): n_begin and top clamped into it, empty when no
+// tile is left, lean_lo at least n_begin. Which tiles need a mask does not
+// change (lean_hi is the unsplit one).
+void split_keys(Emitter &e, KeyRange *r, Reg split, Reg split_size, int block_n);
+
 // The last lean tile start, min(dfirst + wr + 1, seqlen_k) - block_n: a
 // tile starting past it holds a key beyond the first row's range (or past
 // seqlen_k).

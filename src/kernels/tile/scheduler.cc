@@ -27,6 +27,16 @@ WorkItem in_sections(int64_t l, int64_t m_blocks, int64_t pairs, int64_t sec_hea
   return w;
 }
 
+// A u32 product of the item numbering: every factor and the product is at
+// most the launch's item count, which the runtime keeps below 2^31
+// (Runtime::forward_spec), so it cannot wrap. The comment line before it
+// tells test_index_arith so (its one exemption from "products of run-time
+// values in 64 bits").
+Reg items_mul(Emitter &e, Reg a, Reg b) {
+  e.b.comment(kItemsProduct);
+  return e.op(Op::MulLo, Type::U32, a, b);
+}
+
 // The same in PTX (u32): the section's query heads x KV heads per section,
 // and an item's m-block and pair.
 Reg section_heads(Emitter &e, Reg seqlen_k, Reg heads, Reg heads_kv, Reg kv_pairs,
@@ -38,21 +48,21 @@ Reg section_heads(Emitter &e, Reg seqlen_k, Reg heads, Reg heads_kv, Reg kv_pair
   b.op(Op::Max, Type::U32, sec, sec, imm(1));
   b.op(Op::Min, Type::U32, sec, sec, kv_pairs);
   Reg group = e.op(Op::Div, Type::U32, heads, heads_kv);
-  return e.op(Op::MulLo, Type::U32, sec, group);
+  return items_mul(e, sec, group);
 }
 
 TileScheduler::Item in_sections(Emitter &e, Reg l, Reg m_blocks, Reg pairs, Reg sec_heads,
                                 Reg reverse) {
   ptx::Builder &b = e.b;
-  Reg sec_tiles = e.op(Op::MulLo, Type::U32, sec_heads, m_blocks);
+  Reg sec_tiles = items_mul(e, sec_heads, m_blocks);
   Reg sec = e.op(Op::Div, Type::U32, l, sec_tiles);
-  Reg r = e.op(Op::Sub, Type::U32, l, e.op(Op::MulLo, Type::U32, sec, sec_tiles));
-  Reg start = e.op(Op::MulLo, Type::U32, sec, sec_heads);
+  Reg r = e.op(Op::Sub, Type::U32, l, items_mul(e, sec, sec_tiles));
+  Reg start = items_mul(e, sec, sec_heads);
   // This section's pairs: sec_heads, fewer in the last section.
   Reg cur = e.op(Op::Min, Type::U32, sec_heads, e.op(Op::Sub, Type::U32, pairs, start));
   Reg mi = e.op(Op::Div, Type::U32, r, cur);
   TileScheduler::Item it;
-  it.head = e.op(Op::Sub, Type::U32, r, e.op(Op::MulLo, Type::U32, mi, cur));  // the pair
+  it.head = e.op(Op::Sub, Type::U32, r, items_mul(e, mi, cur));  // the pair
   b.op(Op::Add, Type::U32, it.head, it.head, start);
   Reg last = e.op(Op::Sub, Type::U32, m_blocks, imm(1));
   it.m_block = e.selp(Type::U32, e.op(Op::Sub, Type::U32, last, mi), mi, reverse);
@@ -90,18 +100,18 @@ TileScheduler::TileScheduler(Emitter &e, Reg seqlen_q, Reg seqlen_k, Reg heads, 
   // is at most total() < 2^31 (the runtime's condition).
   m_blocks_ = e.op(Op::Add, Type::U32, seqlen_q, imm(block_m - 1));
   b.op(Op::Div, Type::U32, m_blocks_, m_blocks_, imm(block_m));
-  pairs_ = e.op(Op::MulLo, Type::U32, heads, batch);
-  Reg kv_pairs = e.op(Op::MulLo, Type::U32, heads_kv, batch);
+  pairs_ = items_mul(e, heads, batch);
+  Reg kv_pairs = items_mul(e, heads_kv, batch);
   sec_heads_ = section_heads(e, seqlen_k, heads, heads_kv, kv_pairs, kv_row_bytes);
   reverse_ = e.setp(Cmp::Le, Type::S32, wr, wl);
-  total_ = e.op(Op::MulLo, Type::U32, m_blocks_, pairs_);
+  total_ = items_mul(e, m_blocks_, pairs_);
 }
 
 TileScheduler::Item TileScheduler::decode(Reg t) const {
   Item it = in_sections(e_, t, m_blocks_, pairs_, sec_heads_, reverse_);
   Reg bh = it.head;
   it.batch = e_.op(Op::Div, Type::U32, bh, heads_);
-  it.head = e_.op(Op::Sub, Type::U32, bh, e_.op(Op::MulLo, Type::U32, it.batch, heads_));
+  it.head = e_.op(Op::Sub, Type::U32, bh, items_mul(e_, it.batch, heads_));
   return it;
 }
 
@@ -201,8 +211,8 @@ WorkScheduler::WorkScheduler(Emitter &e, Reg prefix, Reg seqlen_q, Reg seqlen_k,
   Reg last = b.b32();
   Reg bl = e.op(Op::Min, Type::S32, batch, imm(cap));
   b.ld(Space::Shared, Type::U32, last, at(e.op(Op::MadLo, Type::U32, bl, imm(4), prefix)));
-  Reg n = e.selp(Type::U32, last, e.op(Op::MulLo, Type::U32, m_blocks(), batch), by_work);
-  total_ = e.op(Op::MulLo, Type::U32, n, heads);
+  Reg n = e.selp(Type::U32, last, items_mul(e, m_blocks(), batch), by_work);
+  total_ = items_mul(e, n, heads);
 }
 
 Reg WorkScheduler::m_blocks() const {
@@ -244,9 +254,9 @@ TileScheduler::Item WorkScheduler::decode(Reg t) const {
   b.bind(pad);
   b.mov(Type::U32, n, m_blocks());
   b.op(Op::Div, Type::U32, seq, g, n);
-  b.op(Op::MulLo, Type::U32, base, seq, n);
+  b.mov(Type::U32, base, items_mul(e_, seq, n));
   b.bind(done);
-  Reg l = e_.op(Op::Sub, Type::U32, t, e_.op(Op::MulLo, Type::U32, base, heads_));
+  Reg l = e_.op(Op::Sub, Type::U32, t, items_mul(e_, base, heads_));
   Reg sec_heads = section_heads(e_, seqlen_k_, heads_, heads_kv_, heads_kv_, kv_row_bytes_);
   TileScheduler::Item it =
       in_sections(e_, l, n, heads_, sec_heads, e_.setp(Cmp::Le, Type::S32, wr_, wl_));

@@ -95,6 +95,10 @@ class TileScheduler {
 // skips them), decided at run time from the batch (no host read of
 // cu_seqlens).
 constexpr int kWorkBatchMax = 1024;
+// The comment line the schedulers put before each u32 product of their
+// item numbering (factors and product at most the item count, < 2^31):
+// tests/test_index_arith.cc exempts exactly those products.
+constexpr const char *kItemsProduct = "u32 product of the item numbering: at most the item count";
 constexpr uint32_t kWorkPrefixBytes = 4 * (kWorkBatchMax + 1);  // at most
 
 // The host's twin of WorkScheduler.

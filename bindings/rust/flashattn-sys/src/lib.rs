@@ -392,9 +392,11 @@ pub struct fa_forward_args {
     /// Since 0.6: the fp8 Q's descale (fa_config_desc.q_dtype), as k_descale
     /// (the same descale_stride; a query head uses its KV head's), or 0 = 1.0.
     pub q_descale: u64,
-    /// Since 0.8: the persistent forward's work counter (8-byte aligned
-    /// device memory of fa_forward_workspace_size bytes, zeroed once by the
-    /// caller; every launch leaves it zero; one per stream), or 0 = none.
+    /// Since 0.8: the sm_90a forward's scratch (device memory of
+    /// fa_forward_workspace_size bytes, zeroed once by the caller; one per
+    /// stream), or 0 = none: the persistent kernel's work counter (8-byte
+    /// aligned; every launch leaves it zero) and, from byte 256, split-KV
+    /// partial states (256-byte aligned, else the launch runs unsplit).
     pub workspace: u64,
     /// Bytes at workspace (>= 8 with one, 0 without).
     pub workspace_size: usize,

@@ -133,8 +133,11 @@ pub struct RawForwardArgs {
     /// back-to-back launches with no memset. Not to be shared by launches
     /// that may run at the same time (one per stream). With it the
     /// persistent kernel (FLASHATTN_SM90_PERSISTENT=1 when the runtime was
-    /// created) hands out work items dynamically; every other kernel ignores
-    /// it. A workspace that was not zero gives wrong output.
+    /// created) hands out work items dynamically; a fixed-length launch
+    /// whose CTAs would leave SMs idle splits its keys into partial states
+    /// held from byte 256 (256-byte aligned and as large as
+    /// `forward_workspace_size` says, else it runs unsplit); every other
+    /// kernel ignores it. A workspace that was not zero gives wrong output.
     pub workspace: u64,
     /// Bytes at workspace: >= 8 with one, 0 without.
     pub workspace_size: usize,
@@ -622,9 +625,10 @@ pub struct ForwardArgs<'a> {
     /// Since 0.8: the persistent forward's work counter (see
     /// `RawForwardArgs::workspace`): at least 8 bytes, zeroed once before its
     /// first use (`fill_bytes(0)`) and then reused as the kernel leaves it;
-    /// None = the persistent kernel's static order. Only a runtime created
-    /// with FLASHATTN_SM90_PERSISTENT=1 on sm_90 uses it
-    /// (`Runtime::forward_workspace_size`).
+    /// None = the persistent kernel's static order. A runtime created
+    /// with FLASHATTN_SM90_PERSISTENT=1 on sm_90 uses it, and the split-KV
+    /// forward when it is as large as `Runtime::forward_workspace_size`
+    /// says (the partial states), else that launch runs unsplit.
     pub workspace: Option<&'a mut DeviceBuffer>,
 }
 
@@ -970,8 +974,10 @@ impl Runtime {
     /// this runtime (fa_forward_workspace_size, since 0.8): 8 when it would
     /// run on the persistent sm_90a kernel (the runtime created with
     /// FLASHATTN_SM90_PERSISTENT=1 on an sm_90 device), which then takes its
-    /// work items from the workspace's counter; else 0 (a workspace given is
-    /// ignored). Reads only host fields (sizes, strides, layout, which
+    /// work items from the workspace's counter; 256 plus the split-KV
+    /// partial states when it would split the keys of a fixed-length launch
+    /// whose CTAs leave SMs idle (FLASHATTN_FORWARD_SPLITS=0: never); else 0
+    /// (a workspace given is ignored). Reads only host fields (sizes, strides, layout, which
     /// pointers are set; not `workspace`), touches no memory. For the safe
     /// API (`ForwardArgs::workspace`), a zeroed DeviceBuffer of 8 bytes
     /// always serves. Errors: InvalidArgument for sizes and strides

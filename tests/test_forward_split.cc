@@ -1,0 +1,166 @@
+// Split-KV in the sm_90a forward (KernelSpec::split_kv, issue 27 item 3;
+// docs/kernels.md, "Split-KV forward") on an emulated sm_90 (108 SMs): a
+// forward whose CTAs would leave SMs idle cuts its keys into splits, each
+// CTA writes its rows' partial state into the caller's workspace and the
+// reduce kernel combines them. Each case runs through the numerics runner
+// (fresh random inputs, O and LSE poisoned first, against the fp64
+// reference) with the workspace fa_forward_workspace_size asks for (its
+// partial-state bytes poisoned too, so a partial read before it is written
+// shows) and must have run the split kernel; the same case with the policy
+// off must run unsplit and ask for no workspace. Cases: causal with
+// seqlen_q > block_m (splits with no key for some rows: LSE -inf
+// partials), a window both ways with GQA, head_dim 256 (block_n 64), d !=
+// dv, seqlen_q = 1 over a long context, softcap with sinks (added in the
+// combine only) and ALiBi, the fp8 forward, and chunked prefill through
+// fa_launch over a paged cache with seqused_k (the gather variant; one
+// sequence with no key). A workspace one byte short or not 256-byte
+// aligned runs unsplit and right; with the persistent policy on the
+// workspace is its 8-byte counter and nothing splits. Fails when
+// split_keys is skipped (every split sees every key: LSE off by ln splits)
+// or the combine is not launched (O stays poisoned).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+#include "support/numerics.h"
+#include "support/policy.h"
+
+namespace {
+
+using fa::test::kAutoWorkspace;
+
+struct Case {
+  fa::test::ForwardCase c;
+  fa::test::DecodeCase d;  // d.prefill: through fa_launch over a KV cache
+  bool gather = false;     // must run the gather variant
+  std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
+  std::string run(fa_runtime *rt, uint64_t ws, size_t ws_size) {
+    if (d.prefill) {
+      d.workspace = ws;
+      d.workspace_size = ws_size;
+      return fa::test::run_decode(rt, d);
+    }
+    c.workspace = ws;
+    c.workspace_size = ws_size;
+    return fa::test::run_forward(rt, c);
+  }
+};
+
+// "" when rt's last launch was the combine (split) or the unsplit sm_90a
+// forward, gather or TMA as expected (the profile keeps the last launch
+// only: the split kernel's variant is the unsplit one's, checked with the
+// policy off), else the problem.
+std::string check_kernel(fa_runtime *rt, const Case &x, bool split, const std::string &what) {
+  const std::string k = fa::test::emulated_kernel(rt);
+  const bool is_gather = k.find("fa_forward_wgmma_gather_") == 0;
+  if (split ? k.find("fa_reduce_") != 0
+            : k.find("fa_forward_wgmma_") != 0 || k.find("_split") != std::string::npos ||
+                  is_gather != x.gather)
+    return what + ": ran " + k + "\n";
+  return "";
+}
+
+}  // namespace
+
+int main(void) {
+  setenv("FLASHATTN_SM90_WGMMA", "1", 1);
+  unsetenv("FLASHATTN_SM90_PERSISTENT");
+  unsetenv("FLASHATTN_FORWARD_SPLITS");
+  fa_runtime *rt = fa::test::emulator_or_fail(90);
+  if (rt == nullptr) return 1;
+  std::vector<Case> cases;
+  uint32_t seed = 3100;
+  auto add = [&](int b, int sq, int sk, int hq, int hkv, int d, int dv, bool bf16, bool causal,
+                 int wl, int wr, float cap) {
+    Case x;
+    x.c = fa::test::forward_case(b, sq, sk, hq, hkv, d, dv, bf16, causal, wl, wr, cap, seed++);
+    cases.push_back(x);
+    return &cases.back();
+  };
+  add(1, 200, 2048, 4, 2, 128, 128, false, true, -1, -1, 0);  // 8 CTAs, 4 splits
+  add(1, 130, 1500, 4, 1, 64, 64, true, false, 300, 40, 0);   // window both ways, GQA 4
+  add(1, 64, 900, 2, 2, 256, 256, true, false, -1, -1, 0);    // d256: block_n 64
+  add(2, 100, 1300, 2, 1, 96, 64, false, false, -1, -1, 0);   // d != dv
+  add(2, 1, 2000, 8, 2, 128, 128, true, true, -1, -1, 0);     // one query over a long context
+  {
+    Case *x = add(1, 50, 1200, 4, 2, 128, 128, false, true, -1, -1, 30);  // softcap
+    x->c.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+    x->c.alibi = {0.02f, 0.01f, 0.005f, 0.0025f};
+  }
+  {
+    Case *x = add(1, 100, 1100, 4, 2, 128, 128, false, false, -1, -1, 0);  // fp8 (gather)
+    x->c.q_fp8 = x->c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+    x->gather = true;
+  }
+  {
+    // Chunked prefill: 100 new queries per sequence over a paged cache of
+    // 1000, 0 and 1500 keys (pages of 16, shuffled), seqused_k.
+    Case x;
+    x.gather = true;
+    x.d = fa::test::prefill_case({1000, 0, 1500}, 100, 1536, 4, 2, 128, true, FA_KV_PAGED, 16,
+                                 seed++);
+    cases.push_back(x);
+  }
+
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  std::string failures;
+  for (Case &x : cases) {
+    const std::string what = x.describe();
+    std::string e = x.run(rt, kAutoWorkspace, 0);
+    if (!e.empty()) failures += what + " (split):\n" + e;
+    failures += check_kernel(rt, x, true, what + " (split)");
+    fa::test::PolicyScope off(rt, &fa::KernelPolicy::forward_splits, false);
+    e = x.run(rt, kAutoWorkspace, 0);  // asks for no workspace
+    if (!e.empty()) failures += what + " (policy off):\n" + e;
+    failures += check_kernel(rt, x, false, what + " (policy off)");
+  }
+
+  // A workspace one byte short of the plan's, or not 256-byte aligned:
+  // unsplit (and right). The persistent policy: an 8-byte counter, no split.
+  Case &x = cases[0];  // its problem's host arguments
+  fa_config *cfg = nullptr;
+  fa_forward_args a;
+  uint64_t ws = 0;
+  size_t need = 0;
+  if (fa_malloc(rt, 4 << 20, &ws) != FA_SUCCESS ||
+      !fa::test::host_forward_problem(1, 200, 2048, 4, 2, 128, true, ws, &cfg, &a)) {
+    std::printf("FAIL: setup: %s\n", fa_last_error());
+    return 1;
+  }
+  if (fa_forward_workspace_size(rt, cfg, &a, &need) != FA_SUCCESS || need <= 256 ||
+      need > (4 << 20) - 256) {
+    failures +=
+        "fa_forward_workspace_size: " + std::to_string(need) + " bytes (" + fa_last_error() + ")\n";
+  } else {
+    fa_memset(rt, ws, 0, 4 << 20);
+    const struct {
+      uint64_t off;
+      size_t size;
+      const char *what;
+    } unsplit[] = {{0, need - 1, "one byte short"}, {8, need, "8-byte aligned"}};
+    for (const auto &u : unsplit) {
+      const std::string e = x.run(rt, ws + u.off, u.size);
+      if (!e.empty()) failures += std::string(u.what) + ":\n" + e;
+      failures += check_kernel(rt, x, false, u.what);
+    }
+    fa::test::PolicyScope p(rt, &fa::KernelPolicy::sm90_persistent, true);
+    size_t bytes = 0;
+    if (fa_forward_workspace_size(rt, cfg, &a, &bytes) != FA_SUCCESS || bytes != 8)
+      failures += "persistent: fa_forward_workspace_size " + std::to_string(bytes) + "\n";
+    const std::string e = x.run(rt, ws, 4 << 20);
+    if (!e.empty()) failures += "persistent:\n" + e;
+    const std::string k = fa::test::emulated_kernel(rt);
+    if (k.find("_persistent") == std::string::npos || k.find("_split") != std::string::npos)
+      failures += "persistent: ran " + k + "\n";
+  }
+  unsetenv("FLASHATTN_EMU_PROFILE");
+  fa_free(rt, ws);
+  fa_config_destroy(cfg);
+  fa_runtime_destroy(rt);
+  return fa::test::finish(failures, std::to_string(cases.size()) +
+                                        " cases: split-KV forward (TMA and gather) against the "
+                                        "fp64 reference, unsplit with the policy off, a short or "
+                                        "misaligned workspace, or the persistent kernel");
+}
