@@ -595,7 +595,7 @@ typedef struct fa_forward_args {
                          num_heads_kv]: every query head of a KV head's
                          group shares it), or 0 = 1.0 */
   /* Since 0.8 (FA_FORWARD_ARGS_SIZE_0_7 ends before them; zero = as 0.7). */
-  uint64_t workspace;    /* scratch for the sm_90a forward, or 0 = none: device
+  uint64_t workspace;    /* scratch for the forward kernels, or 0 = none: device
                             memory of fa_forward_workspace_size bytes, zeroed
                             by the caller once before its first use
                             (cuMemsetD8 after the allocation), not shared by
@@ -612,7 +612,7 @@ typedef struct fa_forward_args {
                             replays with no memset and no host sync. From byte
                             256 on, split-KV partial states: when
                             the CTAs of a fixed-length launch would leave SMs
-                            idle, the sm_90a forward splits the keys and
+                            idle, the tensor-core forward splits the keys and
                             combines the splits with a second kernel
                             (FLASHATTN_FORWARD_SPLITS=0: never), but only with
                             a workspace 256-byte aligned and of at least the

@@ -36,7 +36,9 @@ using fa::test::kAutoWorkspace;
 struct Case {
   fa::test::ForwardCase c;
   fa::test::DecodeCase d;  // d.prefill: through fa_launch over a KV cache
-  bool gather = false;     // must run the gather variant
+  int sm = 90;             // the emulated SM
+  // The unsplit kernel's entry name starts so (and has "_gather_" iff this does).
+  std::string kernel = "fa_forward_wgmma_";
   std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
   std::string run(fa_runtime *rt, uint64_t ws, size_t ws_size) {
     if (d.prefill) {
@@ -50,16 +52,17 @@ struct Case {
   }
 };
 
-// "" when rt's last launch was the combine (split) or the unsplit sm_90a
-// forward, gather or TMA as expected (the profile keeps the last launch
-// only: the split kernel's variant is the unsplit one's, checked with the
-// policy off), else the problem.
+// "" when rt's last launch was the combine (split) or the unsplit forward
+// the case expects (the profile keeps the last launch only: the split
+// kernel's variant is the unsplit one's, checked with the policy off), else
+// the problem.
 std::string check_kernel(fa_runtime *rt, const Case &x, bool split, const std::string &what) {
   const std::string k = fa::test::emulated_kernel(rt);
-  const bool is_gather = k.find("fa_forward_wgmma_gather_") == 0;
+  const bool gather =
+      (k.find("_gather_") != std::string::npos) == (x.kernel.find("gather") != std::string::npos);
   if (split ? k.find("fa_reduce_") != 0
-            : k.find("fa_forward_wgmma_") != 0 || k.find("_split") != std::string::npos ||
-                  is_gather != x.gather)
+            : k.compare(0, x.kernel.size(), x.kernel) != 0 || !gather ||
+                  k.find("_split") != std::string::npos)
     return what + ": ran " + k + "\n";
   return "";
 }
@@ -71,9 +74,12 @@ int main(void) {
   unsetenv("FLASHATTN_SM90_PERSISTENT");
   unsetenv("FLASHATTN_FORWARD_SPLITS");
   fa_runtime *rt = fa::test::emulator_or_fail(90);
-  if (rt == nullptr) return 1;
+  fa_runtime *rt80 = fa::test::emulator_or_fail(80), *rt89 = fa::test::emulator_or_fail(89);
+  if (rt == nullptr || rt80 == nullptr || rt89 == nullptr) return 1;
+  auto runtime = [&](const Case &x) { return x.sm == 80 ? rt80 : x.sm == 89 ? rt89 : rt; };
   std::vector<Case> cases;
   uint32_t seed = 3100;
+  cases.reserve(16);  // add() hands out pointers into it
   auto add = [&](int b, int sq, int sk, int hq, int hkv, int d, int dv, bool bf16, bool causal,
                  int wl, int wr, float cap) {
     Case x;
@@ -94,32 +100,53 @@ int main(void) {
   {
     Case *x = add(1, 100, 1100, 4, 2, 128, 128, false, false, -1, -1, 0);  // fp8 (gather)
     x->c.q_fp8 = x->c.kv_fp8 = FA_DTYPE_FP8_E4M3;
-    x->gather = true;
+    x->kernel = "fa_forward_wgmma_gather_";
   }
   {
     // Chunked prefill: 100 new queries per sequence over a paged cache of
     // 1000, 0 and 1500 keys (pages of 16, shuffled), seqused_k.
     Case x;
-    x.gather = true;
+    x.kernel = "fa_forward_wgmma_gather_";
     x.d = fa::test::prefill_case({1000, 0, 1500}, 100, 1536, 4, 2, 128, true, FA_KV_PAGED, 16,
                                  seed++);
     cases.push_back(x);
+    // The mma.sync forward (sm_80): the same over pages of 3 (row lookups).
+    x.sm = 80;
+    x.kernel = "fa_forward_mma_";
+    x.d = fa::test::prefill_case({700, 1200}, 64, 1200, 4, 1, 64, false, FA_KV_PAGED, 3, seed++);
+    cases.push_back(x);
+  }
+  // The mma.sync forward on sm_80: causal, head_dim 320 (two O column
+  // slices, each split), softcap with seqlen_q 1; the fp8 mma forward on
+  // sm_89 (its O columns in even / odd blocks).
+  for (Case *x : {add(1, 200, 2048, 4, 2, 128, 128, false, true, -1, -1, 0),
+                  add(1, 64, 1000, 2, 1, 320, 320, true, false, -1, -1, 0),
+                  add(2, 1, 1500, 8, 2, 64, 64, true, true, -1, -1, 30)}) {
+    x->sm = 80;
+    x->kernel = "fa_forward_mma_";
+  }
+  {
+    Case *x = add(1, 100, 1100, 4, 2, 128, 128, true, false, -1, -1, 0);
+    x->c.q_fp8 = x->c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+    x->sm = 89;
+    x->kernel = "fa_forward_mma_";
   }
 
   const char *quick = std::getenv("FA_TEST_QUICK");
-  if (quick && quick[0] == '1') cases = {cases.front(), cases.back()};
+  if (quick && quick[0] == '1') cases = {cases[0], cases[7], cases[9]};  // TMA, paged, sm_80
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   std::string failures;
   for (Case &x : cases) {
-    const std::string what = x.describe();
-    std::string e = x.run(rt, kAutoWorkspace, 0);
+    const std::string what = x.describe() + " sm" + std::to_string(x.sm);
+    fa_runtime *r = runtime(x);
+    std::string e = x.run(r, kAutoWorkspace, 0);
     if (!e.empty()) failures += what + " (split):\n" + e;
-    failures += check_kernel(rt, x, true, what + " (split)");
+    failures += check_kernel(r, x, true, what + " (split)");
     if (quick && quick[0] == '1') continue;
-    fa::test::PolicyScope off(rt, &fa::KernelPolicy::forward_splits, false);
-    e = x.run(rt, kAutoWorkspace, 0);  // asks for no workspace
+    fa::test::PolicyScope off(r, &fa::KernelPolicy::forward_splits, false);
+    e = x.run(r, kAutoWorkspace, 0);  // asks for no workspace
     if (!e.empty()) failures += what + " (policy off):\n" + e;
-    failures += check_kernel(rt, x, false, what + " (policy off)");
+    failures += check_kernel(r, x, false, what + " (policy off)");
   }
 
   // A workspace one byte short of the plan's, or not 256-byte aligned:
@@ -164,8 +191,11 @@ int main(void) {
   fa_free(rt, ws);
   fa_config_destroy(cfg);
   fa_runtime_destroy(rt);
+  fa_runtime_destroy(rt80);
+  fa_runtime_destroy(rt89);
   return fa::test::finish(failures, std::to_string(cases.size()) +
-                                        " cases: split-KV forward (TMA and gather) against the "
+                                        " cases: split-KV forward (sm_90a TMA and gather, sm_80 "
+                                        "and sm_89 mma.sync) against the "
                                         "fp64 reference, unsplit with the policy off, a short or "
                                         "misaligned workspace, or the persistent kernel");
 }

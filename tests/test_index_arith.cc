@@ -71,6 +71,20 @@ AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.125f, softcap ? 30.0f : 0.0f);
 }
 
+// Split-KV forwards (the runtime's shape: KernelSpec::split_kv, its tile)
+// over a contiguous and a paged cache with seqused_k.
+void push_split(std::vector<KernelSpec> *out, const AttentionConfig &c, const DeviceLimits &lim) {
+  for (int lay = 0; lay < 2; ++lay) {
+    LaunchShape shape;
+    shape.split_kv = true;
+    shape.kv_layout = lay ? KvLayout::Paged : KvLayout::Contiguous;
+    shape.page_size = lay ? 16 : 0;
+    shape.seqused_k = lay == 1;
+    out->push_back(make_spec(c, KernelKind::Forward, lim, shape));
+    assert_true(out->back().split_kv);
+  }
+}
+
 // Every kernel kind over head dims, dtypes, softcap, varlen, GQA groups,
 // the scalar forward fallback, and every target SM.
 std::vector<KernelSpec> all_specs() {
@@ -122,6 +136,10 @@ std::vector<KernelSpec> all_specs() {
             shape.rotary_half_table = lay == 2;
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
+          // Split-KV in the mma.sync forward (contiguous and paged).
+          if (sm != 90) {
+            push_split(&out, config(dt, d, dv, 16, 4, sc), lim);
+          }
           // sm_90a: the persistent forward (static and dynamic; TMA and
           // gather, varlen by work) and the split-KV one (TMA and gather).
           if (sm == 90) {
@@ -133,16 +151,7 @@ std::vector<KernelSpec> all_specs() {
               out.push_back(p);
             }
             unsetenv("FLASHATTN_SM90_PERSISTENT");
-            LaunchShape paged;
-            paged.kv_layout = KvLayout::Paged;
-            paged.page_size = 16;
-            paged.seqused_k = true;
-            for (KernelSpec w :
-                 {make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, sm, false),
-                  make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, lim, paged)}) {
-              w.split_kv = true;
-              out.push_back(w);
-            }
+            push_split(&out, config(dt, d, dv, 16, 4, sc), lim);
           }
         }
   // fp32 Q/K/V/O: the mma.sync forward and decode (every KV layout, varlen,

@@ -563,13 +563,48 @@ std::vector<KernelSpec> grid() {
   unsetenv("FLASHATTN_SM90_PERSISTENT");
   // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
   // head dims 64..256 with softcap and ALiBi alternating, the gather
-  // variant over a paged cache with seqused_k, and the fp8 forward.
+  // variant over a paged cache with seqused_k, and the fp8 forward; the
+  // mma.sync forward on sm_80 / 86 / 120 (head dims 64..512: O column
+  // slices past 256, paged, fp32) and the fp8 mma on sm_89.
+  for (int d = 8; d <= 256; d += 8) {  // sm_80 at every head dim (its margin of registers)
+    LaunchShape shape;
+    shape.split_kv = true;
+    shape.alibi = (d / 8) % 3 == 0;
+    KernelSpec w =
+        make_spec(config((d / 8) % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, (d / 8) % 4 == 1),
+                  KernelKind::Forward, limits_of(80), shape);
+    assert_true(w.mma && w.split_kv);
+    out.push_back(w);
+  }
+  for (int sm : {80, 86, 89, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (int d : {64, 128, 256, 320, 512}) {
+      LaunchShape shape;
+      shape.split_kv = true;
+      shape.alibi = i % 2 == 1;
+      shape.kv_layout = i % 3 == 1 ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = i % 3 == 1 ? 16 : 0;
+      shape.seqused_k = i % 3 == 1;
+      AttentionConfig cfg = config(i % 4 == 3 ? Dtype::F32
+                                   : i % 2    ? Dtype::BF16
+                                              : Dtype::F16,
+                                   d, d, 8, 2, i % 3 == 0);
+      if (sm == 89 && d <= 256) cfg.q_fp8 = cfg.kv_fp8 = KvFp8::E4M3;
+      if (cfg.dtype == Dtype::F32 && d > 384) cfg.dtype = Dtype::BF16;
+      KernelSpec w = make_spec(cfg, KernelKind::Forward, lim, shape);
+      assert_true(w.mma && !w.wgmma && w.split_kv && !generate_ptx(w).empty());
+      out.push_back(w);
+      ++i;
+    }
+  }
   {
     const DeviceLimits lim = limits_of(90);
     int i = 0;
     for (int d : {64, 96, 128, 192, 256})
       for (int g = 0; g < 3; ++g, ++i) {
         LaunchShape shape;
+        shape.split_kv = true;
         shape.alibi = i % 2 == 1;
         shape.kv_layout = g == 1 ? KvLayout::Paged : KvLayout::Contiguous;
         shape.page_size = g == 1 ? 16 : 0;
@@ -578,8 +613,7 @@ std::vector<KernelSpec> grid() {
         AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, i % 3 == 0);
         if (g == 2) cfg.q_fp8 = cfg.kv_fp8 = KvFp8::E4M3;
         KernelSpec w = make_spec(cfg, KernelKind::Forward, lim, shape);
-        w.split_kv = true;
-        assert_true(w.wgmma && w.gather == (g != 0) && !generate_ptx(w).empty());
+        assert_true(w.wgmma && w.split_kv && w.gather == (g != 0) && !generate_ptx(w).empty());
         out.push_back(w);
       }
   }

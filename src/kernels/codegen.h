@@ -242,11 +242,22 @@ Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len);
 // Where this CTA's (batch, head) results go: O row 0 and its row stride, the
 // LSE element of row 0 (valid only when has_lse). Formed from the parameters
 // (and cu_seqlens) where they are needed, so nothing is kept across the K/V
-// loop; seqlen_q = this sequence's length (ForwardBases::sq).
+// loop; seqlen_q = this sequence's length (ForwardBases::sq). spec.split_kv:
+// the split's partial state instead (ForwardTail, decode's layout): O rows
+// of head_dim_v fp32 (o_row = num_heads_q head_dim_v 4 bytes; the CTA's
+// column slice is the caller's) at row ((split batch + b) seqlen_q + i)
+// num_heads_q + h, LSE at ((split batch + b) num_heads_q + h) seqlen_q + i,
+// has_lse always.
 struct ForwardOut {
   Reg o_bh, o_row, lse_row0, has_lse;
 };
 ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q);
+
+// spec.split_kv: the launch's m-blocks, ceil(seqlen_q / block_m) (u32), and
+// this CTA's split, ctaid.x / (m-blocks x dv_split) (CTA x = (m-block x
+// dv_split + slice) + m-blocks x dv_split x split).
+Reg forward_m_blocks(Emitter &e, const KernelSpec &spec);
+Reg forward_split_index(Emitter &e, const KernelSpec &spec);
 
 // Softcap constants of scale_score: neg2 = -2 log2(e) score_scale and
 // cap_log2 = softcap log2(e), both kernel parameters (the host computes

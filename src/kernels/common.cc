@@ -214,8 +214,40 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
   return fb;
 }
 
+Reg forward_m_blocks(Emitter &e, const KernelSpec &spec) {
+  Reg sq = e.param(Type::S32, offsetof(ForwardParams, seqlen_q));
+  return e.op(Op::Div, Type::U32, e.op(Op::Add, Type::U32, sq, imm(spec.block_m - 1)),
+              imm(spec.block_m));
+}
+
+Reg forward_split_index(Emitter &e, const KernelSpec &spec) {
+  Reg per_split = forward_m_blocks(e, spec);
+  if (spec.dv_split > 1) e.b.op(Op::MulLo, Type::U32, per_split, per_split, imm(spec.dv_split));
+  return e.op(Op::Div, Type::U32, e.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)), per_split);
+}
+
+// spec.split_kv's forward_out: the partial state's rows (codegen.h).
+static ForwardOut partial_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q) {
+  const size_t t = forward_tail_offset(spec);
+  ForwardOut out;
+  Reg opart = e.global_param(t + offsetof(ForwardTail, o_partial));
+  Reg lpart = e.global_param(t + offsetof(ForwardTail, lse_partial));
+  Reg batch = e.param(Type::S32, offsetof(ForwardParams, batch));
+  Reg hq = e.s64(e.param(Type::S32, offsetof(ForwardParams, num_heads_q)));
+  Reg sb = e.wide_mad(forward_split_index(e, spec), batch, e.s64(bz));  // split batch + b
+  Reg o_row0 = e.op(Op::MulLo, Type::S64, sb, e.s64(seqlen_q));
+  e.b.op(Op::MadLo, Type::S64, o_row0, o_row0, hq, e.s64(h));
+  out.o_bh = e.index64(opart, o_row0, spec.head_dim_v * 4);
+  out.o_row = e.op(Op::MulLo, Type::S64, hq, imm(spec.head_dim_v * 4));
+  Reg sbh = e.op(Op::MadLo, Type::S64, sb, hq, e.s64(h));
+  out.lse_row0 = e.index64(lpart, e.op(Op::MulLo, Type::S64, sbh, e.s64(seqlen_q)), 4);
+  out.has_lse = e.setp(Cmp::Ne, Type::U64, opart, imm(0));  // always (a launch's pointers)
+  return out;
+}
+
 ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q) {
   using P = ForwardParams;
+  if (spec.split_kv) return partial_out(e, spec, bz, h, seqlen_q);
   ptx::Builder &b = e.b;
   ForwardOut out;
   Reg o = e.global_param(offsetof(P, o));

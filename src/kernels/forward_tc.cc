@@ -126,6 +126,8 @@ class ForwardTcGen {
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
     Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
     if (spec_.dv_split > 1) b_.op(Op::Div, Type::U32, mblk, mblk, imm(spec_.dv_split));
+    // spec.split_kv: the split is the outermost factor of x (forward_split_index).
+    if (spec_.split_kv) b_.op(Op::Rem, Type::U32, mblk, mblk, forward_m_blocks(e_, spec_));
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
@@ -156,6 +158,11 @@ class ForwardTcGen {
     // row), first tile rounded down to block_n. A tile inside [lo(last valid
     // row), hi(first row)) needs no mask: lean when lean_lo <= n <= lean_hi.
     keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    if (spec_.split_kv) {
+      Reg size =
+          e_.param(Type::S32, forward_tail_offset(spec_) + offsetof(ForwardTail, split_size));
+      tile::split_keys(e_, &keys_, forward_split_index(e_, spec_), size, spec_.block_n);
+    }
     Reg lean_lo = keys_.lean_lo;
     // Per-CTA scalars the loops and the epilogue read back from shared
     // memory where they need them (published by the prologue's barrier), so
@@ -511,6 +518,10 @@ class ForwardTcGen {
     const tile::Lanes &ln = cd.ln;
     Reg smem = e_.mov(Type::U32, ptx::sym(smem_sym_));
     if (spec_.q_fp8 != KvFp8::None) apply_v_descale();
+    if (spec_.split_kv) {  // the split's partial state: fp32 O, as store_o_f32 writes O
+      store_o_f32(cd, lse);
+      return;
+    }
     if (fp8_) {
       stage_o_fp8(cd, smem);
     } else {
@@ -595,9 +606,12 @@ class ForwardTcGen {
     }
   }
 
-  // fp32 O (FA_DTYPE_FP32): no rounding and no staging; each lane stores
-  // its accumulator pairs (columns 8j + 2q, 2q + 1 of rows g, g + 8 of each
-  // m-tile) as st.global.v2.f32, the four lanes of a quad 32 contiguous bytes.
+  // fp32 O (FA_DTYPE_FP32, and spec.split_kv's partial O): no rounding and
+  // no staging; each lane stores its accumulator pairs (columns 8j + 2q,
+  // 2q + 1 of rows g, g + 8 of each m-tile) as st.global.v2.f32, the four
+  // lanes of a quad 32 contiguous bytes; the fp8 mma's O (stage_o_fp8's
+  // columns 16c + 4q .. + 3, even and odd blocks) as st.global.v4.f32, a
+  // quad's 64 bytes.
   void store_o_f32(const Coords &cd, const std::vector<Reg> &lse) {
     const tile::Lanes &ln = cd.ln;
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
@@ -610,6 +624,21 @@ class ForwardTcGen {
         Reg i = e_.op(Op::Add, Type::S32, wrel, imm(16 * mi + 8 * hh));
         b_.op(Op::Add, Type::S32, i, i, m0_);
         Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
+        if (fp8_) {
+          Reg ga = e_.index(e_.index(out.o_bh, i, out.o_row), ln.q, 16);
+          const int dv = dv_slice(spec_);
+          for (int c = 0; 16 * c < dv; ++c) {
+            const Frag4 &ev = o_[mi].f[2 * c], &od = o_[mi].f[2 * c + 1];
+            Reg in = ok;  // a chunk past the slice's last column: lanes up to it only
+            if (16 * c + 16 > dv) {
+              in = e_.setp(Cmp::Lt, Type::U32, ln.q, imm((dv - 16 * c) / 4));
+              b_.op(Op::And, Type::Pred, in, in, ok);
+            }
+            b_.when(in).st_v(Space::Global, Type::F32, at(ga, 64 * c),
+                             {ev[2 * hh], od[2 * hh], ev[2 * hh + 1], od[2 * hh + 1]});
+          }
+          continue;
+        }
         Reg ga = e_.index(e_.index(out.o_bh, i, out.o_row), ln.q, 8);
         for (int j = 0; j < nO_; ++j) {
           if (8 * j >= dv_slice(spec_)) break;  // head-dim padding
@@ -620,11 +649,12 @@ class ForwardTcGen {
     store_lse(cd, out, sq, lse);
   }
 
-  // This CTA's slice of O's columns (KernelSpec::dv_split).
+  // This CTA's slice of O's columns (KernelSpec::dv_split; fp32 in the
+  // partial state of spec.split_kv).
   ForwardOut slice_out(ForwardOut out) {
+    const int bytes = spec_.split_kv ? 4 : elem_bytes(spec_.dtype);
     if (spec_.dv_split > 1)
-      out.o_bh =
-          e_.index(out.o_bh, dv_slice_index(e_, spec_), dv_slice(spec_) * elem_bytes(spec_.dtype));
+      out.o_bh = e_.index(out.o_bh, dv_slice_index(e_, spec_), dv_slice(spec_) * bytes);
     return out;
   }
 

@@ -225,15 +225,15 @@ class ForwardWgmmaGen {
     if (!spec_.persistent) {
       const Dims d = dims();
       Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-      // spec.split_kv: x = m-block + m-blocks x split.
-      if (spec_.split_kv) mblk = e_.op(Op::Rem, Type::U32, mblk, m_blocks());
+      // spec.split_kv: x = m-block + m-blocks x split (forward_split_index).
+      if (spec_.split_kv) mblk = e_.op(Op::Rem, Type::U32, mblk, forward_m_blocks(e_, spec_));
       h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
       bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
       work(mblk, d);
       if (spec_.split_kv) {
         Reg size =
             e_.param(Type::S32, forward_tail_offset(spec_) + offsetof(ForwardTail, split_size));
-        tile::split_keys(e_, &keys_, split(), size, spec_.block_n);
+        tile::split_keys(e_, &keys_, forward_split_index(e_, spec_), size, spec_.block_n);
       }
     }
     b_.comment(spec_.gather
@@ -302,18 +302,6 @@ class ForwardWgmmaGen {
     h_ = it.head;
     bz_ = it.batch;
     work(it.m_block, d, skips() ? &skip : nullptr);
-  }
-
-  // spec.split_kv: the launch's m-blocks (ceil(seqlen_q / block_m)) and
-  // this CTA's split, ctaid.x / m-blocks (u32; re-derived where used).
-  Reg m_blocks() {
-    Reg sq = e_.param(Type::S32, offsetof(WgmmaParams, f) + offsetof(P, seqlen_q));
-    return e_.op(Op::Div, Type::U32, e_.op(Op::Add, Type::U32, sq, imm(spec_.block_m - 1)),
-                 imm(spec_.block_m));
-  }
-  Reg split() {
-    return e_.op(Op::Div, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
-                 m_blocks());
   }
 
   // spec.persistent with varlen: items past their sequence are skipped by
@@ -1334,35 +1322,23 @@ class ForwardWgmmaGen {
     }
   }
 
-  // spec.split_kv: the rows' partial state, O / l in fp32 straight from the
-  // accumulator (a lane's column pairs, 8 bytes; a quad's 32 bytes in a
-  // row) and the natural LSE, in decode's layout (ForwardTail): row
-  // ((split batch + b) seqlen_q + i) heads_q + h of o_partial and element
-  // ((split batch + b) heads_q + h) seqlen_q + i of lse_partial, 64-bit.
-  // Rows with no key in the split hold O = 0 and LSE = -inf (weight 0 in
-  // the reduce).
+  // spec.split_kv: the rows' partial state (forward_out's), O / l in fp32
+  // straight from the accumulator (a lane's column pairs, 8 bytes; a quad's
+  // 32 bytes in a row) and the natural LSE. Rows with no key in the split
+  // hold O = 0 and LSE = -inf (weight 0 in the reduce).
   void partial_epilogue(const std::vector<Reg> &lse) {
     b_.comment("split-KV: the partial O (fp32) and LSE of the split");
-    const size_t t = forward_tail_offset(spec_), f = offsetof(WgmmaParams, f);
-    Reg opart = e_.global_param(t + offsetof(ForwardTail, o_partial));
-    Reg lpart = e_.global_param(t + offsetof(ForwardTail, lse_partial));
-    Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
-    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
-    Reg sb = e_.wide_mad(split(), batch, e_.s64(bz_));  // split batch + b
-    Reg sbh = e_.op(Op::MadLo, Type::S64, sb, e_.s64(hq), e_.s64(h_));
+    const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
     for (int h = 0; h < 2; ++h) {
       Reg i = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
       if (h) b_.op(Op::Add, Type::S32, i, i, imm(8));
       Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq_);
-      Reg orow = e_.op(Op::MadLo, Type::S64, sb, e_.s64(sq_), e_.s64(i));
-      b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(h_));
-      Reg oa = e_.index(e_.index64(opart, orow, spec_.head_dim_v * 4), ln_.q, 8);
+      Reg oa = e_.index(e_.index(out.o_bh, i, out.o_row), ln_.q, 8);
       for (int j = 0; j < nO_ && 8 * j < spec_.head_dim_v; ++j)
         b_.when(ok).st_v(Space::Global, Type::F32, at(oa, 32 * j),
                          {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
-      Reg lrow = e_.op(Op::MadLo, Type::S64, sbh, e_.s64(sq_), e_.s64(i));
-      Reg la = e_.index64(lpart, lrow, 4);  // before when(): unpredicated
+      Reg la = e_.index(out.lse_row0, i, 4);  // before when(): unpredicated
       b_.op(Op::And, Type::Pred, ok, ok, q0);
       b_.when(ok).st(Space::Global, Type::F32, at(la), lse[h]);
     }

@@ -122,13 +122,14 @@ struct KernelSpec {
   // own buffer); choose_wgmma_tile takes 2 where shared memory holds them
   // with at least two K/V stages. 1 with persistent off.
   int q_stages = 1;
-  // wgmma, one CTA per m-block (not persistent, varlen or sinks): split-KV.
-  // The keys are cut into ForwardTail::num_splits ranges of split_size;
-  // CTA x = m-block + m-blocks x split runs its rows over its range and
-  // writes their partial state (O / l in fp32 and the natural LSE; decode's
-  // o_partial / lse_partial layout) for the reduce kernel, which combines
-  // them into O and LSE (and adds sinks). Off: the PTX and serialize() are
-  // those of a spec without it.
+  // Forward on tensor cores (wgmma with one CTA per m-block, or mma.sync;
+  // not persistent, varlen or sinks): split-KV. The keys are cut into
+  // ForwardTail::num_splits ranges of split_size; CTA x = (m-block x
+  // dv_split + slice) + m-blocks x dv_split x split runs its rows over its
+  // range and writes their partial state (O / l in fp32 and the natural
+  // LSE; decode's o_partial / lse_partial layout; forward_out) for the
+  // reduce kernel, which combines them into O and LSE (and adds sinks).
+  // Off: the PTX and serialize() are those of a spec without it.
   bool split_kv = false;
 
   // Decode: speculative-decoding tree mask among the new tokens
@@ -238,6 +239,9 @@ struct LaunchShape {
   bool rotary_half_table = false;
   // Decode: V is K's first head_dim_v columns (KernelSpec::v_in_k).
   bool v_in_k = false;
+  // Forward on tensor cores, one CTA per m-block: the keys split
+  // (KernelSpec::split_kv; its tile keeps a margin of registers for it).
+  bool split_kv = false;
 };
 // The spec is a function of its arguments alone: `policy` picks the kernel
 // family (kernels/policy.h).
@@ -412,7 +416,7 @@ struct WgmmaFp8Params {
   Fp8Descales d;
 };
 
-// What follows the sm_90a forward's block with spec.dynamic or
+// What follows a forward's block with spec.dynamic (sm_90a) or
 // spec.split_kv (never both).
 struct ForwardTail {
   // spec.dynamic: {u32 next, u32 exited}, 8-byte aligned device memory,
@@ -433,8 +437,21 @@ struct WgmmaFp8TailParams {
   WgmmaFp8Params w;
   ForwardTail t;
 };
+// The mma.sync forward's block with spec.split_kv: the whole ForwardParams
+// (Fp8ForwardParams with spec.q_fp8), then ForwardTail.
+struct ForwardTailParams {
+  ForwardParams f;
+  ForwardTail t;
+};
+struct Fp8ForwardTailParams {
+  Fp8ForwardParams f;
+  ForwardTail t;
+};
 // Where a forward's ForwardTail sits in its block.
 inline size_t forward_tail_offset(const KernelSpec &spec) {
+  if (!spec.wgmma)
+    return spec.q_fp8 != KvFp8::None ? offsetof(Fp8ForwardTailParams, t)
+                                     : offsetof(ForwardTailParams, t);
   return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8TailParams, t) : offsetof(WgmmaTailParams, t);
 }
 
@@ -455,6 +472,8 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
+  if (!spec.wgmma && spec.split_kv)
+    return spec.q_fp8 != KvFp8::None ? sizeof(Fp8ForwardTailParams) : sizeof(ForwardTailParams);
   if (spec.wgmma && (spec.dynamic || spec.split_kv))
     return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);

@@ -125,7 +125,9 @@ bool spec_valid(const KernelSpec &s) {
            (s.persistent || !s.dynamic) &&
            (!s.split_kv || (!s.persistent && !s.varlen && !s.sinks)) &&
            (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
-  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1 || s.split_kv) return false;
+  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1) return false;
+  if (s.split_kv && !(s.mma && s.kind == KernelKind::Forward && !s.varlen && !s.sinks))
+    return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -209,8 +211,11 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     // The fp8 mma forward: 8 more (V's permuted fragments, P's halves); fp8
     // converted on load: 8 plus 2 per chunk (the loaded bytes).
     const int fp8_regs = !fp8 ? 0 : fp8_native ? 8 : 8 + 2 * chunks;
+    // Split-KV: 16 more (the split's key range and the partial state's
+    // 64-bit addresses; sm_80 d128 paged by row with ALiBi spilled without).
     const int regs = forward_regs(qpad, dvpad, c.m_tiles, c.block_n, c.q_in_regs) + fp8_regs +
-                     (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0);
+                     (s->softcap ? 32 : 0) + (s->dtype == Dtype::F32 ? 16 + 4 * chunks : 0) +
+                     (s->split_kv ? 24 : 0);
     // An estimate past 255 is only a fallback: when no candidate fits
     // within 255, the one with the fewest estimated registers among those
     // that fit shared memory (then ptxas caps the registers at 255).
@@ -467,6 +472,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   // producer converts the bytes to f16 (fp8_forward_mma: the fp8 mma.sync is
   // not native there); elsewhere the mma.sync forward.
   const bool fp8_fwd = kind == KernelKind::Forward && cfg.q_fp8 != KvFp8::None;
+  s.split_kv = kind == KernelKind::Forward && shape.split_kv;  // before the tile choice
   if (kind == KernelKind::Forward && dev.sm == 90 && !policy.scalar_forward && policy.sm90_wgmma &&
       cfg.dtype != Dtype::F32 && !big) {
     // TMA where it can address Q, K and V as boxes; else the producer

@@ -497,8 +497,25 @@ KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_ar
 
 size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
                                         const fa_forward_args &a) const {
-  const KernelSpec spec = forward_spec(cfg, a, forward_shape(a));
-  return spec.persistent ? 8 : plan_forward_split(cfg, a, spec).workspace_bytes;
+  const LaunchShape shape = forward_shape(a);
+  const KernelSpec spec = forward_spec(cfg, a, shape);
+  if (spec.persistent) return 8;
+  ForwardSplitPlan plan;
+  forward_split_spec(cfg, a, shape, spec, &plan);
+  return plan.workspace_bytes;
+}
+
+KernelSpec Runtime::forward_split_spec(const AttentionConfig &cfg, const fa_forward_args &a,
+                                       const LaunchShape &shape, const KernelSpec &unsplit,
+                                       ForwardSplitPlan *plan) const {
+  *plan = plan_forward_split(cfg, a, unsplit);
+  if (plan->num_splits <= 1) return unsplit;
+  LaunchShape split_shape = shape;
+  split_shape.split_kv = true;
+  split_shape.sinks = false;  // in the combine
+  const KernelSpec spec = forward_spec(cfg, a, split_shape);
+  *plan = plan_forward_split(cfg, a, spec);
+  return plan->num_splits > 1 ? spec : unsplit;
 }
 
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
@@ -532,14 +549,14 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   }
   // Split-KV when the caller's workspace holds the plan's partial states
   // (256-byte aligned); sinks join in the combine.
-  const ForwardSplitPlan split = plan_forward_split(cfg, a, spec);
+  ForwardSplitPlan split;
+  const KernelSpec split_spec = forward_split_spec(cfg, a, shape, spec, &split);
   const bool splitting =
       split.num_splits > 1 && a.workspace % 256 == 0 && a.workspace_size >= split.workspace_bytes;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (splitting) {
-    spec.split_kv = true;
-    spec.sinks = false;
+    spec = split_spec;
     if (fa_status st = combine_kernel(cfg, a.sinks != 0, &reduce_kernel, &rspec); st != FA_SUCCESS)
       return st;
   }
@@ -580,28 +597,22 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   ds.v_descale = a.v_descale;
   ds.descale_stride[0] = a.descale_stride[0];
   ds.descale_stride[1] = a.descale_stride[1];
-  if (spec.q_fp8 != KvFp8::None && !spec.wgmma) {
-    Fp8ForwardParams fp;
-    std::memset(&fp, 0, sizeof fp);
-    fp.f = p;
-    fp.d = ds;
-    return launch_checked(*backend_, *kernel, geom, &fp, sizeof fp, stream);
+  ForwardTail tail;  // spec.dynamic or spec.split_kv
+  std::memset(&tail, 0, sizeof tail);
+  tail.workspace = a.workspace;
+  if (splitting) {
+    tail.o_partial = a.workspace + split.o_offset;
+    tail.lse_partial = a.workspace + split.lse_offset;
+    tail.num_splits = split.num_splits;
+    tail.split_size = split.split_size;
   }
+  const bool has_tail = spec.dynamic || spec.split_kv;
+  // Each block without its tail is what the kernel reads when it has none.
+  fa_status st2;
   if (spec.wgmma) {
     wp.f = p;
-    ForwardTail tail;  // spec.dynamic or spec.split_kv
-    std::memset(&tail, 0, sizeof tail);
-    tail.workspace = a.workspace;
-    if (splitting) {
-      tail.o_partial = a.workspace + split.o_offset;
-      tail.lse_partial = a.workspace + split.lse_offset;
-      tail.num_splits = split.num_splits;
-      tail.split_size = split.split_size;
-    }
-    const bool has_tail = spec.dynamic || spec.split_kv;
-    fa_status st2;
     if (spec.q_fp8 != KvFp8::None) {  // the gather variant (fp8 converted on load)
-      WgmmaFp8TailParams fw;          // fw.w is the block without a tail
+      WgmmaFp8TailParams fw;
       std::memset(&fw, 0, sizeof fw);
       fw.w.w = wp;
       fw.w.d = ds;
@@ -616,11 +627,23 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       st2 =
           launch_checked(*backend_, *kernel, geom, &wt, has_tail ? sizeof wt : sizeof wt.w, stream);
     }
-    if (st2 != FA_SUCCESS || !splitting) return st2;
-    return combine(*reduce_kernel, rspec, cfg, tail.o_partial, tail.lse_partial, split.num_splits,
-                   a.batch, a.seqlen_q, a.o, a.lse, a.sinks, stream);
+  } else if (spec.q_fp8 != KvFp8::None) {
+    Fp8ForwardTailParams ft;
+    std::memset(&ft, 0, sizeof ft);
+    ft.f.f = p;
+    ft.f.d = ds;
+    ft.t = tail;
+    st2 = launch_checked(*backend_, *kernel, geom, &ft, has_tail ? sizeof ft : sizeof ft.f, stream);
+  } else {
+    ForwardTailParams pt;
+    std::memset(&pt, 0, sizeof pt);
+    pt.f = p;
+    pt.t = tail;
+    st2 = launch_checked(*backend_, *kernel, geom, &pt, has_tail ? sizeof pt : sizeof pt.f, stream);
   }
-  return launch_checked(*backend_, *kernel, geom, &p, sizeof p, stream);
+  if (st2 != FA_SUCCESS || !splitting) return st2;
+  return combine(*reduce_kernel, rspec, cfg, tail.o_partial, tail.lse_partial, split.num_splits,
+                 a.batch, a.seqlen_q, a.o, a.lse, a.sinks, stream);
 }
 
 // The bytes of split launches' partial states: O_partial fp32 [splits,
@@ -660,14 +683,16 @@ static int forward_num_splits(int64_t ctas, int num_sms, int64_t key_tiles) {
 ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &a,
                                              const KernelSpec &spec) const {
   ForwardSplitPlan plan;
-  if (!policy().forward_splits || !spec.wgmma || spec.persistent || spec.varlen ||
-      spec.block_n <= 0)
+  // The tensor-core forwards (not the scalar one); the mma.sync one holds
+  // min_ctas CTAs per SM, each O column slice a CTA of its own.
+  if (!policy().forward_splits || !spec.mma || spec.persistent || spec.varlen || spec.block_n <= 0)
     return plan;
   const int64_t block_n = spec.block_n, sk = a.seqlen_k;
-  const int64_t ctas =
-      (int64_t(a.seqlen_q) + spec.block_m - 1) / spec.block_m * cfg.num_heads_q * a.batch;
+  const int64_t ctas = (int64_t(a.seqlen_q) + spec.block_m - 1) / spec.block_m * cfg.num_heads_q *
+                       a.batch * spec.dv_split;
+  const int per_sm = spec.wgmma ? 1 : std::max(spec.min_ctas, 1);
   const int splits =
-      forward_num_splits(ctas, backend_->info().num_sms, (sk + block_n - 1) / block_n);
+      forward_num_splits(ctas, backend_->info().num_sms * per_sm, (sk + block_n - 1) / block_n);
   if (splits <= 1) return plan;
   const int64_t size = ((sk + splits - 1) / splits + block_n - 1) / block_n * block_n;
   const int n = static_cast<int>((sk + size - 1) / size);

@@ -138,6 +138,13 @@ class Runtime {
   // (forward_num_splits).
   ForwardSplitPlan plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &args,
                                       const KernelSpec &spec) const;
+  // The split kernel's spec for args when the unsplit one (`unsplit`, of
+  // launch shape `shape`) would split (its tile chosen for split_kv, sinks
+  // left to the combine) and *plan the split of that spec (one split: none,
+  // and `unsplit` is returned).
+  KernelSpec forward_split_spec(const AttentionConfig &cfg, const fa_forward_args &args,
+                                const LaunchShape &shape, const KernelSpec &unsplit,
+                                ForwardSplitPlan *plan) const;
   // The combine of a split launch (sinks join each row's denominator
   // there): its kernel, fetched before the split kernel runs, and its launch
   // over partial states [splits, batch, seqlen_q, heads_q, head_dim_v] and

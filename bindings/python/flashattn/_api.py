@@ -1164,7 +1164,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     on a GPU that is an illegal address that poisons the runtime). Device
     block tables and device seqused_k with a cache are trusted the same way.
 
-    workspace (since 0.8; fa_forward_args.workspace): scratch for the sm_90a
+    workspace (since 0.8; fa_forward_args.workspace): scratch for the
     forward, as many bytes as fa_forward_workspace_size says (0: none). The
     persistent kernel's work counter (8 bytes: two uint32), through which it
     hands out work items dynamically, when the runtime was created with
