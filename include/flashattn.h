@@ -614,7 +614,10 @@ typedef struct fa_forward_args {
                             the CTAs of a fixed-length launch would leave SMs
                             idle, the tensor-core forward splits the keys and
                             combines the splits with a second kernel
-                            (FLASHATTN_FORWARD_SPLITS=0: never), but only with
+                            (FLASHATTN_FORWARD_SPLITS=0: never), or a few
+                            queries per sequence over a KV cache run on the
+                            GQA-packing decode kernel (see
+                            fa_forward_workspace_size), but only with
                             a workspace 256-byte aligned and of at least the
                             bytes fa_forward_workspace_size gives; a smaller
                             or 8-byte aligned one runs unsplit. Ignored by
@@ -684,9 +687,14 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * when it would split the keys of a fixed-length launch whose
  * CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
  * least 8 key tiles, the fewest splits of at least 4 tiles whose waves are
- * 85% as full as the best count's); else 0 (no workspace needed; one given
- * is ignored). The answer depends on rt's device (SM count) and policy
- * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_FORWARD_SPLITS, read by
+ * 85% as full as the best count's); 256 plus fa_decode_workspace_size's
+ * answer when a fixed-length launch over a KV cache with seqused_k, a GQA
+ * group of 2 or more and seqlen_q x group <= 16 (no fp8) runs on the
+ * decode kernel, which packs a KV head's query rows into one CTA
+ * (FLASHATTN_FORWARD_GQA_PACK=0: never); else 0 (no workspace needed; one
+ * given is ignored). The answer depends on rt's device (SM count) and policy
+ * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_FORWARD_SPLITS,
+ * FLASHATTN_FORWARD_GQA_PACK, read by
  * fa_runtime_create), the config and the host fields of args (sizes,
  * layouts, which pointers are set); args' own workspace fields are not
  * read. struct_size as fa_launch's. Errors:

@@ -15,16 +15,18 @@
 // fa_launch over a paged cache with seqused_k (the gather variant; one
 // sequence with no key). A workspace one byte short or not 256-byte
 // aligned runs unsplit and right; with the persistent policy on the
-// workspace is its 8-byte counter and nothing splits. Fails when
+// workspace is its 8-byte counter and nothing splits. GQA packing: a few
+// queries per sequence over a cache run the decode kernel (check_gqa_pack). Fails when
 // split_keys is skipped (every split sees every key: LSE off by ln splits)
 // or the combine is not launched (O stays poisoned). Under FA_TEST_QUICK=1
-// (the sanitizer pass) the first TMA case and the paged prefill only, not
-// rerun with the policy off.
+// (the sanitizer pass) the first TMA case, the paged prefill and the first
+// sm_80 case, not rerun with the policy off, and GQA packing on sm_90 only.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "api/test_hooks.h"
 #include "flashattn.h"
 #include "support/numerics.h"
 #include "support/policy.h"
@@ -65,6 +67,55 @@ std::string check_kernel(fa_runtime *rt, const Case &x, bool split, const std::s
                   k.find("_split") != std::string::npos)
     return what + ": ran " + k + "\n";
   return "";
+}
+
+// GQA packing (Runtime::forward_as_decode): 2 new queries per sequence x
+// 8 query heads per KV head = 16 rows over a cache with seqused_k. fa_launch
+// must ask for 256 bytes plus what fa_decode_workspace_size asks for the
+// same problem (the decode kernel's partial states), run on the decode
+// kernel (the runtime's count, api/test_hooks.h; with the policy off, not)
+// and match the fp64 reference, contiguous and paged, packed and not.
+std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed) {
+  std::string failures;
+  const std::string at = " (sm" + std::to_string(sm) + ")";
+  fa_config *cfg = nullptr;
+  fa_forward_args a;
+  const uint64_t data = 1 << 20;  // host fields only: never read
+  if (!fa::test::host_forward_problem(3, 2, 1024, 16, 2, 128, true, data, &cfg, &a))
+    return "gqa pack: fa_config_create failed\n";
+  a.seqused_k = data;
+  fa_decode_args d = FA_DECODE_ARGS_INIT;
+  d.batch = 3;
+  d.seqlen_q = 2;
+  d.seqlen_k_max = 1024;
+  d.q = a.q;
+  d.k_cache = a.k;
+  d.v_cache = a.v;
+  d.o = a.o;
+  d.cache_seqlens = data;
+  size_t fwd = 0, dec = 0;
+  int32_t splits = 0;
+  if (fa_forward_workspace_size(rt, cfg, &a, &fwd) != FA_SUCCESS ||
+      fa_decode_workspace_size(rt, cfg, &d, &dec, &splits) != FA_SUCCESS || fwd != 256 + dec)
+    failures += "gqa pack" + at + ": forward workspace " + std::to_string(fwd) + ", decode's " +
+                std::to_string(dec) + " (" + fa_last_error() + ")\n";
+  for (int pack = 1; pack >= 0; --pack) {
+    fa::test::PolicyScope p(rt, &fa::KernelPolicy::forward_gqa_pack, pack == 1);
+    for (int layout : {FA_KV_CONTIGUOUS, FA_KV_PAGED}) {
+      fa::test::DecodeCase c = fa::test::prefill_case({700, 0, 1000}, 2, 1024, 16, 2, 128,
+                                                      layout == FA_KV_PAGED, layout, 16, seed++);
+      c.workspace = kAutoWorkspace;
+      const uint64_t before = fa::api::forwards_as_decode(rt);
+      const std::string e = fa::test::run_decode(rt, c);
+      const std::string what = c.describe() + at + (pack ? " (packed)" : " (policy off)");
+      if (!e.empty()) failures += what + ":\n" + e;
+      if (fa::api::forwards_as_decode(rt) - before != uint64_t(pack))
+        failures += what + ": ran on the decode kernel " +
+                    std::to_string(fa::api::forwards_as_decode(rt) - before) + " times\n";
+    }
+  }
+  fa_config_destroy(cfg);
+  return failures;
 }
 
 }  // namespace
@@ -188,6 +239,8 @@ int main(void) {
       failures += "persistent: ran " + k + "\n";
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
+  failures += check_gqa_pack(rt, 90, 3300);
+  if (!(quick && quick[0] == '1')) failures += check_gqa_pack(rt80, 80, 3310);
   fa_free(rt, ws);
   fa_config_destroy(cfg);
   fa_runtime_destroy(rt);

@@ -1033,6 +1033,10 @@ fa::KernelPolicy fa::api::set_kernel_policy(fa_runtime *rt, const fa::KernelPoli
   return old;
 }
 
+uint64_t fa::api::forwards_as_decode(const fa_runtime *rt) {
+  return rt->impl->counters().forwards_as_decode.load(std::memory_order_relaxed);
+}
+
 fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind, int32_t sm,
                                    const fa_generate_options *opts, const fa::KernelPolicy &policy,
                                    fa::KernelSpec *spec) {

@@ -12,4 +12,8 @@ namespace fa::api {
 // thread-safe with launches on rt; rt must be a valid runtime.
 KernelPolicy set_kernel_policy(fa_runtime *rt, const KernelPolicy &policy);
 
+// How many fa_launch calls on rt ran on the decode kernel (GQA packing,
+// Runtime::forward_as_decode) so far.
+uint64_t forwards_as_decode(const fa_runtime *rt);
+
 }  // namespace fa::api

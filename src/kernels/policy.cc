@@ -21,6 +21,7 @@ KernelPolicy KernelPolicy::from_env() {
   p.sm90_fp8_f16 = env_on("FLASHATTN_SM90_FP8_F16");
   p.sm90_persistent = env_on("FLASHATTN_SM90_PERSISTENT");
   if (const char *f = std::getenv("FLASHATTN_FORWARD_SPLITS")) p.forward_splits = f[0] == '1';
+  if (const char *g = std::getenv("FLASHATTN_FORWARD_GQA_PACK")) p.forward_gqa_pack = g[0] == '1';
   return p;
 }
 

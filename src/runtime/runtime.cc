@@ -497,12 +497,45 @@ KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_ar
 
 size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
                                         const fa_forward_args &a) const {
+  fa_decode_args d;
+  if (forward_as_decode(cfg, a, &d)) {
+    const DecodePlan plan = plan_decode(cfg, d);
+    if (!plan.too_large) return 256 + plan.workspace_bytes;
+  }
   const LaunchShape shape = forward_shape(a);
   const KernelSpec spec = forward_spec(cfg, a, shape);
   if (spec.persistent) return 8;
   ForwardSplitPlan plan;
   forward_split_spec(cfg, a, shape, spec, &plan);
   return plan.workspace_bytes;
+}
+
+bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &a,
+                                fa_decode_args *d) const {
+  const int group = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
+  if (!policy().forward_gqa_pack || a.cu_seqlens_q != 0 || a.seqused_k == 0 || group < 2 ||
+      int64_t(group) * a.seqlen_q > 16 || cfg.q_fp8 != KvFp8::None || cfg.kv_fp8 != KvFp8::None)
+    return false;
+  std::memset(d, 0, sizeof *d);
+  d->struct_size = sizeof *d;
+  d->batch = a.batch;
+  d->seqlen_q = a.seqlen_q;
+  d->seqlen_k_max = a.seqlen_k;
+  d->q = a.q;
+  d->k_cache = a.k;
+  d->v_cache = a.v;
+  d->cache_seqlens = a.seqused_k;
+  d->o = a.o;
+  d->lse = a.lse;
+  d->kv = a.kv;
+  d->sinks = a.sinks;
+  d->alibi_slopes = a.alibi_slopes;
+  d->alibi_slopes_stride = a.alibi_slopes_stride;
+  if (a.workspace != 0 && a.workspace_size >= 256) {
+    d->workspace = a.workspace + 256;
+    d->workspace_size = a.workspace_size - 256;
+  }
+  return decode_spec(cfg, *d).mma;  // the tensor-core decode (the scalar one packs no rows)
 }
 
 KernelSpec Runtime::forward_split_spec(const AttentionConfig &cfg, const fa_forward_args &a,
@@ -519,6 +552,16 @@ KernelSpec Runtime::forward_split_spec(const AttentionConfig &cfg, const fa_forw
 }
 
 fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a, void *stream) {
+  // Few queries over a KV cache: the decode kernel packs a KV head's query
+  // rows (forward_as_decode), given room for its partial states.
+  fa_decode_args d;
+  if (forward_as_decode(cfg, a, &d) && d.workspace % 256 == 0) {
+    const DecodePlan plan = plan_decode(cfg, d);
+    if (!plan.too_large && d.workspace != 0 && d.workspace_size >= plan.workspace_bytes) {
+      counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
+      return decode(cfg, d, stream);
+    }
+  }
   LaunchShape shape = forward_shape(a);
   KernelSpec spec = forward_spec(cfg, a, shape);
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;

@@ -84,7 +84,8 @@ class Runtime {
  public:
   struct Counters {
     std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0};
-    std::atomic<uint64_t> cubin_refusals{0};  // cubins the driver refused (PTX JIT instead)
+    std::atomic<uint64_t> cubin_refusals{0};      // cubins the driver refused (PTX JIT instead)
+    std::atomic<uint64_t> forwards_as_decode{0};  // fa_launch calls run by forward_as_decode
   };
 
   static fa_status create(const fa_runtime_options &options, std::unique_ptr<Runtime> *out);
@@ -138,6 +139,16 @@ class Runtime {
   // (forward_num_splits).
   ForwardSplitPlan plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &args,
                                       const KernelSpec &spec) const;
+  // GQA packing (issue 27 item 3): when args (fixed-length, over a KV cache
+  // with seqused_k, no fp8, seqlen_q x num_heads_q / num_heads_kv <= 16)
+  // run better on the decode kernel, which packs a KV head's seqlen_q x
+  // group query rows into one CTA (K and V read once per KV head instead of
+  // once per query head) and splits the keys, its arguments into *d with
+  // the workspace after args' first 256 bytes (the persistent counter's;
+  // *d's workspace_size then counts from there) and true; false when it
+  // does not apply (KernelPolicy::forward_gqa_pack, the tensor-core decode).
+  bool forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &args,
+                         fa_decode_args *d) const;
   // The split kernel's spec for args when the unsplit one (`unsplit`, of
   // launch shape `shape`) would split (its tile chosen for split_kv, sinks
   // left to the combine) and *plan the split of that spec (one split: none,

@@ -1171,9 +1171,11 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     FLASHATTN_SM90_PERSISTENT=1 in the environment (experimental, off by
     default); or, for a fixed-length launch whose CTAs would leave SMs idle,
     256 bytes plus the split-KV partial states (the keys split, then the
-    combine kernel; docs/api.md "Forward workspace"; a workspace smaller than
-    asked for, or not 256-byte aligned, runs unsplit; off with
-    FLASHATTN_FORWARD_SPLITS=0). None (the default): when the launch needs one,
+    combine kernel), or the GQA-packing decode kernel's for a few queries
+    per sequence over a cache with seqused_k (docs/api.md "Forward
+    workspace"; a workspace smaller than asked for, or not 256-byte aligned,
+    runs the plain forward; off with FLASHATTN_FORWARD_SPLITS=0 /
+    FLASHATTN_FORWARD_GQA_PACK=0). None (the default): when the launch needs one,
     the binding uses a workspace it owns, one per (stream, thread) and
     Runtime, zeroed once when allocated and freed with the Runtime; the
     kernel leaves it zero after each launch, so repeated calls and benchmark

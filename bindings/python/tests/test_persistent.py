@@ -218,3 +218,32 @@ def test_split_kv(runtimes):
         asked.clear()
         run_split(off, workspace=workspace)
         assert asked == []
+
+
+def test_gqa_pack(runtimes):
+    """Two new queries per sequence x 8 query heads per KV head over a cache
+    with seqused_k run on the decode kernel (docs/api.md, "GQA packing"):
+    fa_forward_workspace_size asks for 256 bytes plus the decode kernel's
+    partial states, and O and LSE match the fp64 reference over each
+    sequence's keys (one sequence has none: O 0, LSE -inf)."""
+    b, sq, sk, h, hk, d = 3, 2, 700, 16, 2, 64
+    cfg, (q, k, v), _ = make_problem(8110, b, sq, sk, h, hk, d)
+    lens = np.array([700, 0, 333], np.int32)
+    rt = runtimes[False]
+    asked = []
+
+    def workspace(nbytes):
+        asked.append(nbytes)
+        return rt.upload(np.zeros(nbytes // 4, np.int32))
+
+    o, lse = nan_out(rt, (b, sq, h, d), "fp16"), nan_out(rt, (b, h, sq), "fp32")
+    fa.forward(rt, cfg, q, k, v, out=o, lse=lse, seqused_k=lens, workspace=workspace)
+    assert len(asked) == 1 and asked[0] > 256
+    got_o, got_lse = o.numpy(), lse.numpy()
+    for i, n in enumerate(lens):
+        if n == 0:
+            assert (got_o[i] == 0).all() and np.isneginf(got_lse[i]).all()
+            continue
+        ref = ref_attention(round_to(q[i:i + 1], "fp16"), round_to(k[i:i + 1, :n], "fp16"),
+                            round_to(v[i:i + 1, :n], "fp16"), cfg.softmax_scale, causal=True)
+        check_attention(got_o[i:i + 1], got_lse[i:i + 1], *ref, "fp16")
