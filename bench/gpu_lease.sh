@@ -64,13 +64,16 @@
 #             the Python binding's workspace holding the partial states)
 #   splitoff  split with FLASHATTN_FORWARD_SPLITS=0 (unsplit; files suffixed
 #             -forward-splits-off): the pair says what splitting buys
+#   pack      the same with 16 x 4 new tokens (4 x GQA group 4 = 16 rows: fa_launch
+#             runs the GQA-packing decode kernel)
+#   packoff   pack with FLASHATTN_FORWARD_GQA_PACK=0 (files suffixed -gqa-pack-off)
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -198,10 +201,14 @@ stage split 60 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick --
   --new-tokens 128 --time-budget "$(budget 30)"
 stage splitoff 60 env FLASHATTN_FORWARD_SPLITS=0 "$py" bench/bench_varlen.py --chunked \
   --out-dir "$logs/nosplit" --quick --batch 1 --new-tokens 128 --time-budget "$(budget 30)"
+stage pack 60 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick --batch 16 \
+  --new-tokens 4 --time-budget "$(budget 30)"
+stage packoff 60 env FLASHATTN_FORWARD_GQA_PACK=0 "$py" bench/bench_varlen.py --chunked \
+  --out-dir "$logs/nopack" --quick --batch 16 --new-tokens 4 --time-budget "$(budget 30)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
-  nosplit:forward-splits-off; do
+  nosplit:forward-splits-off nopack:gqa-pack-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done
