@@ -615,8 +615,8 @@ typedef struct fa_forward_args {
                             idle, the tensor-core forward splits the keys and
                             combines the splits with a second kernel
                             (FLASHATTN_FORWARD_SPLITS=0: never), or a few
-                            queries per sequence over a KV cache run on the
-                            GQA-packing decode kernel (see
+                            queries per sequence run on the GQA-packing
+                            decode kernel (see
                             fa_forward_workspace_size), but only with
                             a workspace 256-byte aligned and of at least the
                             bytes fa_forward_workspace_size gives; a smaller
@@ -688,8 +688,8 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
  * least 8 key tiles, the fewest splits of at least 4 tiles whose waves are
  * 85% as full as the best count's); 256 plus fa_decode_workspace_size's
- * answer when a fixed-length launch over a KV cache with seqused_k, a GQA
- * group of 2 or more and seqlen_q x group <= 16 (no fp8) runs on the
+ * answer when a fixed-length launch (any KV layout, seqused_k or not) with
+ * a GQA group of 2 or more and seqlen_q x group <= 16 (no fp8) runs on the
  * decode kernel, which packs a KV head's query rows into one CTA
  * (FLASHATTN_FORWARD_GQA_PACK=0: never); else 0 (no workspace needed; one
  * given is ignored). The answer depends on rt's device (SM count) and policy

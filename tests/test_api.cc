@@ -14,6 +14,7 @@
 
 #include "flashattn.h"
 #include "reference.h"
+#include "support/policy.h"
 
 namespace {
 
@@ -404,15 +405,22 @@ void test_forward_table(void **state) {
   poison_outputs(s);
   assert_int_equal(fa_launch(s->rt, s->cfg, &a, nullptr), FA_SUCCESS);
   assert_false(outputs_untouched(s));
-  // fa_forward_workspace_size: 0 for this (non-persistent) kernel, whatever
-  // the workspace fields hold, with any released struct_size.
+  // fa_forward_workspace_size: 0 for this (non-persistent) kernel with the
+  // GQA packing off, whatever the workspace fields hold, with any released
+  // struct_size; with it (5 queries x a group of 2 <= 16 rows: the decode
+  // kernel), 256 bytes and the decode kernel's partial states.
   size_t ws = 7;
+  {
+    fa::test::PolicyScope nopack(s->rt, &fa::KernelPolicy::forward_gqa_pack, false);
+    assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
+    assert_int_equal(ws, 0);
+    a.struct_size = sizeof a;
+    ws = 7;
+    assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
+    assert_int_equal(ws, 0);
+  }
   assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
-  assert_int_equal(ws, 0);
-  a.struct_size = sizeof a;
-  ws = 7;
-  assert_int_equal(fa_forward_workspace_size(s->rt, s->cfg, &a, &ws), FA_SUCCESS);
-  assert_int_equal(ws, 0);
+  assert_true(ws > 256);
   expect_rejected(nullptr, "ws bytes NULL", fa_forward_workspace_size(s->rt, s->cfg, &a, nullptr),
                   FA_ERROR_INVALID_ARGUMENT, "fa_forward_workspace_size", "bytes is NULL");
   expect_rejected(nullptr, "ws args NULL", fa_forward_workspace_size(s->rt, s->cfg, nullptr, &ws),

@@ -20,9 +20,11 @@
 // split_keys is skipped (every split sees every key: LSE off by ln splits)
 // or the combine is not launched (O stays poisoned). Under FA_TEST_QUICK=1
 // (the sanitizer pass) the first TMA case, the paged prefill and the first
-// sm_80 case, not rerun with the policy off, and GQA packing on sm_90 only.
+// sm_80 case, not rerun with the policy off, and GQA packing on sm_90 only,
+// packed only.
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,12 +72,13 @@ std::string check_kernel(fa_runtime *rt, const Case &x, bool split, const std::s
 }
 
 // GQA packing (Runtime::forward_as_decode): 2 new queries per sequence x
-// 8 query heads per KV head = 16 rows over a cache with seqused_k. fa_launch
+// 8 query heads per KV head = 16 rows over a cache with seqused_k, and one
+// query per sequence over fixed-length K/V without it. fa_launch
 // must ask for 256 bytes plus what fa_decode_workspace_size asks for the
 // same problem (the decode kernel's partial states), run on the decode
 // kernel (the runtime's count, api/test_hooks.h; with the policy off, not)
 // and match the fp64 reference, contiguous and paged, packed and not.
-std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed) {
+std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed, bool quick) {
   std::string failures;
   const std::string at = " (sm" + std::to_string(sm) + ")";
   fa_config *cfg = nullptr;
@@ -99,20 +102,32 @@ std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed) {
       fa_decode_workspace_size(rt, cfg, &d, &dec, &splits) != FA_SUCCESS || fwd != 256 + dec)
     failures += "gqa pack" + at + ": forward workspace " + std::to_string(fwd) + ", decode's " +
                 std::to_string(dec) + " (" + fa_last_error() + ")\n";
-  for (int pack = 1; pack >= 0; --pack) {
+  // One launch with the policy `pack`: its errors, and it must have run on
+  // the decode kernel exactly when packed (the runtime's count).
+  auto route = [&](const std::string &what, int pack, const std::function<std::string()> &run) {
+    const uint64_t before = fa::api::forwards_as_decode(rt);
+    const std::string e = run();
+    const std::string w = what + at + (pack ? " (packed)" : " (policy off)");
+    if (!e.empty()) failures += w + ":\n" + e;
+    const uint64_t n = fa::api::forwards_as_decode(rt) - before;
+    if (n != uint64_t(pack))
+      failures += w + ": ran on the decode kernel " + std::to_string(n) + " times\n";
+  };
+  for (int pack = 1; pack >= (quick ? 1 : 0); --pack) {
     fa::test::PolicyScope p(rt, &fa::KernelPolicy::forward_gqa_pack, pack == 1);
     for (int layout : {FA_KV_CONTIGUOUS, FA_KV_PAGED}) {
       fa::test::DecodeCase c = fa::test::prefill_case({700, 0, 1000}, 2, 1024, 16, 2, 128,
                                                       layout == FA_KV_PAGED, layout, 16, seed++);
       c.workspace = kAutoWorkspace;
-      const uint64_t before = fa::api::forwards_as_decode(rt);
-      const std::string e = fa::test::run_decode(rt, c);
-      const std::string what = c.describe() + at + (pack ? " (packed)" : " (policy off)");
-      if (!e.empty()) failures += what + ":\n" + e;
-      if (fa::api::forwards_as_decode(rt) - before != uint64_t(pack))
-        failures += what + ": ran on the decode kernel " +
-                    std::to_string(fa::api::forwards_as_decode(rt) - before) + " times\n";
+      route(c.describe(), pack, [&] { return fa::test::run_decode(rt, c); });
     }
+    // Fixed-length K/V without seqused_k (one query per sequence, as a
+    // decode step through flash_attn_func): the decode kernel's fixed_len
+    // form, seqlen_k keys each.
+    fa::test::ForwardCase f =
+        fa::test::forward_case(2, 1, 1500, 16, 2, 64, 64, pack == 1, true, -1, -1, 0, seed++);
+    f.workspace = kAutoWorkspace;
+    route(f.describe(), pack, [&] { return fa::test::run_forward(rt, f); });
   }
   fa_config_destroy(cfg);
   return failures;
@@ -190,6 +205,8 @@ int main(void) {
   for (Case &x : cases) {
     const std::string what = x.describe() + " sm" + std::to_string(x.sm);
     fa_runtime *r = runtime(x);
+    // The forward's split here (short ones would take the GQA packing).
+    fa::test::PolicyScope nopack(r, &fa::KernelPolicy::forward_gqa_pack, false);
     std::string e = x.run(r, kAutoWorkspace, 0);
     if (!e.empty()) failures += what + " (split):\n" + e;
     failures += check_kernel(r, x, true, what + " (split)");
@@ -239,8 +256,9 @@ int main(void) {
       failures += "persistent: ran " + k + "\n";
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
-  failures += check_gqa_pack(rt, 90, 3300);
-  if (!(quick && quick[0] == '1')) failures += check_gqa_pack(rt80, 80, 3310);
+  const bool q1 = quick && quick[0] == '1';
+  failures += check_gqa_pack(rt, 90, 3300, q1);
+  if (!q1) failures += check_gqa_pack(rt80, 80, 3310, false);
   fa_free(rt, ws);
   fa_config_destroy(cfg);
   fa_runtime_destroy(rt);

@@ -561,6 +561,25 @@ std::vector<KernelSpec> grid() {
       }
   }
   unsetenv("FLASHATTN_SM90_PERSISTENT");
+  // The decode kernel without cache_seqlens (KernelSpec::fixed_len: the
+  // runtime's GQA packing of a fixed-length forward): both decode kernels'
+  // tensor-core form on sm_80 and sm_90, GQA 2..8, paged and contiguous.
+  for (int sm : {80, 90}) {
+    int i = 0;
+    for (int d : {64, 128, 256}) {
+      LaunchShape shape;
+      shape.fixed_len = true;
+      shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = i % 2 ? 16 : 0;
+      shape.alibi = i == 2;
+      KernelSpec w =
+          make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 16, 2 << i % 3, i == 1),
+                    KernelKind::Decode, limits_of(sm), shape);
+      assert_true(w.mma && w.fixed_len);
+      out.push_back(w);
+      ++i;
+    }
+  }
   // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
   // head dims 64..256 with softcap and ALiBi alternating, the gather
   // variant over a paged cache with seqused_k, and the fp8 forward; the

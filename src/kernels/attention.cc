@@ -180,7 +180,7 @@ class AttentionGen {
     Reg rbase = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
     Reg q = e_.global_param(offsetof(P, q)), k = e_.global_param(offsetof(P, k));
     Reg v = e_.global_param(offsetof(P, v));
-    Reg seqlens = e_.global_param(offsetof(P, cache_seqlens));
+    Reg seqlens = spec_.fixed_len ? Reg() : e_.global_param(offsetof(P, cache_seqlens));
     Reg opart = e_.global_param(offsetof(P, o_partial));
     Reg lpart = e_.global_param(offsetof(P, lse_partial));
     Reg qs[3], ks[3], vs[3];
@@ -189,8 +189,7 @@ class AttentionGen {
       ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
       vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
     }
-    Reg sk = b_.b32();
-    b_.ld(Space::Global, Type::S32, sk, at(e_.index(seqlens, bz, 4)), true);
+    Reg sk = decode_seqlen(e_, spec_, bz, seqlens);
     // cache_seqlens lives on the device and cannot be validated on the host:
     // clamp it to [0, seqlen_k_max] so a bad value never reads past the cache.
     Reg sk_max = e_.param(Type::S32, offsetof(P, seqlen_k_max));

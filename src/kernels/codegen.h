@@ -253,6 +253,14 @@ struct ForwardOut {
 };
 ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q);
 
+// The keys of sequence bz in a decode launch (u32 bz, s32 result, not
+// clamped): cache_seqlens[bz] (device data; `seqlens` its global address,
+// loaded where the kernel loads it), or seqlen_k_max for a spec with
+// fixed_len (a forward over fixed-length K/V run by the decode kernel,
+// Runtime::forward_as_decode; fa_decode requires cache_seqlens), which
+// needs no `seqlens`.
+Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens);
+
 // spec.split_kv: the launch's m-blocks, ceil(seqlen_q / block_m) (u32), and
 // this CTA's split, ctaid.x / (m-blocks x dv_split) (CTA x = (m-block x
 // dv_split + slice) + m-blocks x dv_split x split).

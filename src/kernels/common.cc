@@ -214,6 +214,13 @@ ForwardBases forward_bases(Emitter &e, const KernelSpec &spec, Reg q, Reg k, Reg
   return fb;
 }
 
+Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens) {
+  if (spec.fixed_len) return e.param(Type::S32, offsetof(DecodeParams, seqlen_k_max));
+  Reg sk = e.b.b32();
+  e.b.ld(Space::Global, Type::S32, sk, at(e.index(seqlens, bz, 4)), true);
+  return sk;
+}
+
 Reg forward_m_blocks(Emitter &e, const KernelSpec &spec) {
   Reg sq = e.param(Type::S32, offsetof(ForwardParams, seqlen_q));
   return e.op(Op::Div, Type::U32, e.op(Op::Add, Type::U32, sq, imm(spec.block_m - 1)),

@@ -185,9 +185,8 @@ class DecodeTcGen {
     }
     kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz_, kvh_, &kr_, &vr_);
     // cache_seqlens is device data: clamped to [0, seqlen_k_max].
-    Reg seqlens = e_.global_param(offsetof(P, cache_seqlens));
-    sk_ = b_.b32();
-    b_.ld(Space::Global, Type::S32, sk_, at(e_.index(seqlens, bz_, 4)), true);
+    Reg seqlens = spec_.fixed_len ? Reg() : e_.global_param(offsetof(P, cache_seqlens));
+    sk_ = decode_seqlen(e_, spec_, bz_, seqlens);
     Reg sk_max = e_.param(Type::S32, offsetof(P, seqlen_k_max));
     if (spec_.append_kv) {
       // KV append: cache_seqlens is the length before it, clamped to

@@ -132,6 +132,10 @@ struct KernelSpec {
   // Off: the PTX and serialize() are those of a spec without it.
   bool split_kv = false;
 
+  // Decode: every sequence holds seqlen_k_max keys (no cache_seqlens read;
+  // a fixed-length forward run by the decode kernel, the runtime's GQA
+  // packing). Off: the PTX and serialize() are those of a spec without it.
+  bool fixed_len = false;
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
   // without the field.
@@ -239,6 +243,8 @@ struct LaunchShape {
   bool rotary_half_table = false;
   // Decode: V is K's first head_dim_v columns (KernelSpec::v_in_k).
   bool v_in_k = false;
+  // Decode: no cache_seqlens (KernelSpec::fixed_len).
+  bool fixed_len = false;
   // Forward on tensor cores, one CTA per m-block: the keys split
   // (KernelSpec::split_kv; its tile keeps a margin of registers for it).
   bool split_kv = false;

@@ -28,8 +28,8 @@ struct KernelPolicy {
   // workspace holds the partial states (fa_forward_workspace_size); false
   // never splits (FLASHATTN_FORWARD_SPLITS=0).
   bool forward_splits = true;
-  // fa_launch with few queries per sequence over a KV cache (seqused_k;
-  // seqlen_q x the GQA group <= 16) runs the decode kernel, which packs a
+  // A fixed-length fa_launch with few queries per sequence (seqlen_q x the
+  // GQA group <= 16) runs the decode kernel, which packs a
   // KV head's query rows into one CTA (Runtime::forward_as_decode), when the
   // caller's workspace holds its partial states; false never
   // (FLASHATTN_FORWARD_GQA_PACK=0).

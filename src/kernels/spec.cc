@@ -63,6 +63,7 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
 }
 
 bool spec_valid(const KernelSpec &s) {
+  if (s.fixed_len && s.kind != KernelKind::Decode) return false;
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode) return false;
@@ -393,6 +394,7 @@ std::string KernelSpec::serialize() const {
   if (persistent) o.push_back('T');  // only when on
   if (dynamic) o.push_back('D');     // only when on
   if (split_kv) o.push_back('S');    // only when on
+  if (fixed_len) o.push_back('L');   // only when on
   if (q_stages != 1) {               // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -425,7 +427,7 @@ std::string KernelSpec::describe() const {
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
          (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
          (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
-         (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
+         (fixed_len ? " fixed_len" : "") + (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -527,6 +529,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
                 (shape.page_size & (shape.page_size - 1)) == 0;
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
+  s.fixed_len = kind == KernelKind::Decode && shape.fixed_len && !shape.append_kv;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
@@ -600,6 +603,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
          (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
          (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
+         (s.fixed_len ? "_fixedlen" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 

@@ -427,6 +427,7 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   shape.tree_mask = a.tree_mask != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.append_kv = a.k_new.data != 0;
+  shape.fixed_len = a.cache_seqlens == 0;  // forward_as_decode's (fa_decode requires them)
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
   // V the first head_dim_v columns of K (MLA's latent cache): the same
@@ -513,7 +514,7 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
 bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &a,
                                 fa_decode_args *d) const {
   const int group = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
-  if (!policy().forward_gqa_pack || a.cu_seqlens_q != 0 || a.seqused_k == 0 || group < 2 ||
+  if (!policy().forward_gqa_pack || a.cu_seqlens_q != 0 || group < 2 ||
       int64_t(group) * a.seqlen_q > 16 || cfg.q_fp8 != KvFp8::None || cfg.kv_fp8 != KvFp8::None)
     return false;
   std::memset(d, 0, sizeof *d);
@@ -524,7 +525,7 @@ bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_arg
   d->q = a.q;
   d->k_cache = a.k;
   d->v_cache = a.v;
-  d->cache_seqlens = a.seqused_k;
+  d->cache_seqlens = a.seqused_k;  // 0: seqlen_k keys each (decode_seqlen)
   d->o = a.o;
   d->lse = a.lse;
   d->kv = a.kv;

@@ -139,8 +139,8 @@ class Runtime {
   // (forward_num_splits).
   ForwardSplitPlan plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &args,
                                       const KernelSpec &spec) const;
-  // GQA packing (issue 27 item 3): when args (fixed-length, over a KV cache
-  // with seqused_k, no fp8, seqlen_q x num_heads_q / num_heads_kv <= 16)
+  // GQA packing (issue 27 item 3): when args (fixed-length, any KV layout,
+  // seqused_k or not, no fp8, seqlen_q x num_heads_q / num_heads_kv <= 16)
   // run better on the decode kernel, which packs a KV head's seqlen_q x
   // group query rows into one CTA (K and V read once per KV head instead of
   // once per query head) and splits the keys, its arguments into *d with

@@ -1172,7 +1172,7 @@ def forward(runtime, config, q, k, v, *, out=None, lse=None, return_lse=False,
     default); or, for a fixed-length launch whose CTAs would leave SMs idle,
     256 bytes plus the split-KV partial states (the keys split, then the
     combine kernel), or the GQA-packing decode kernel's for a few queries
-    per sequence over a cache with seqused_k (docs/api.md "Forward
+    per sequence with a GQA group (docs/api.md "Forward
     workspace"; a workspace smaller than asked for, or not 256-byte aligned,
     runs the plain forward; off with FLASHATTN_FORWARD_SPLITS=0 /
     FLASHATTN_FORWARD_GQA_PACK=0). None (the default): when the launch needs one,
