@@ -7,7 +7,7 @@
 // reference) with the workspace fa_forward_workspace_size asks for (its
 // partial-state bytes poisoned too, so a partial read before it is written
 // shows) and must have run the split kernel; the same case with the policy
-// off must run unsplit and ask for no workspace. Cases: causal with
+// off must run unsplit and ask for no workspace (one case per kernel). Cases: causal with
 // seqlen_q > block_m (splits with no key for some rows: LSE -inf
 // partials), a window both ways with GQA, head_dim 256 (block_n 64), d !=
 // dv, seqlen_q = 1 over a long context, softcap with sinks (added in the
@@ -19,9 +19,10 @@
 // queries per sequence over a cache run the decode kernel (check_gqa_pack). Fails when
 // split_keys is skipped (every split sees every key: LSE off by ln splits)
 // or the combine is not launched (O stays poisoned). Under FA_TEST_QUICK=1
-// (the sanitizer pass) the first TMA case, the paged prefill and the first
-// sm_80 case, not rerun with the policy off, and GQA packing on sm_90 only,
-// packed only.
+// (the sanitizer pass) the first sm_90a and sm_80 cases, no reruns (policy
+// off, short or misaligned workspace, persistent), and GQA packing on sm_90
+// only, packed only, contiguous only. The unsplit reruns (policy off) take
+// one case of each kernel.
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -43,6 +44,7 @@ struct Case {
   int sm = 90;             // the emulated SM
   // The unsplit kernel's entry name starts so (and has "_gather_" iff this does).
   std::string kernel = "fa_forward_wgmma_";
+  bool rerun = false;  // rerun unsplit (the policy off), checking that kernel
   std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
   std::string run(fa_runtime *rt, uint64_t ws, size_t ws_size) {
     if (d.prefill) {
@@ -116,6 +118,7 @@ std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed, bool quick) {
   for (int pack = 1; pack >= (quick ? 1 : 0); --pack) {
     fa::test::PolicyScope p(rt, &fa::KernelPolicy::forward_gqa_pack, pack == 1);
     for (int layout : {FA_KV_CONTIGUOUS, FA_KV_PAGED}) {
+      if (quick && layout == FA_KV_PAGED) continue;
       fa::test::DecodeCase c = fa::test::prefill_case({700, 0, 1000}, 2, 1024, 16, 2, 128,
                                                       layout == FA_KV_PAGED, layout, 16, seed++);
       c.workspace = kAutoWorkspace;
@@ -199,7 +202,11 @@ int main(void) {
   }
 
   const char *quick = std::getenv("FA_TEST_QUICK");
-  if (quick && quick[0] == '1') cases = {cases[0], cases[7], cases[9]};  // TMA, paged, sm_80
+  const bool q1 = quick && quick[0] == '1';
+  // Rerun unsplit (policy off): one case of each kernel (sm_90a TMA and
+  // gather, sm_80, sm_89's fp8 mma).
+  for (size_t i : {size_t(0), size_t(7), size_t(9), size_t(12)}) cases[i].rerun = true;
+  if (q1) cases = {cases[0], cases[9]};  // sm_90a TMA, sm_80
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   std::string failures;
   for (Case &x : cases) {
@@ -210,7 +217,7 @@ int main(void) {
     std::string e = x.run(r, kAutoWorkspace, 0);
     if (!e.empty()) failures += what + " (split):\n" + e;
     failures += check_kernel(r, x, true, what + " (split)");
-    if (quick && quick[0] == '1') continue;
+    if (q1 || !x.rerun) continue;
     fa::test::PolicyScope off(r, &fa::KernelPolicy::forward_splits, false);
     e = x.run(r, kAutoWorkspace, 0);  // asks for no workspace
     if (!e.empty()) failures += what + " (policy off):\n" + e;
@@ -229,8 +236,10 @@ int main(void) {
     std::printf("FAIL: setup: %s\n", fa_last_error());
     return 1;
   }
-  if (fa_forward_workspace_size(rt, cfg, &a, &need) != FA_SUCCESS || need <= 256 ||
-      need > (4 << 20) - 256) {
+  if (q1) {
+    // the sanitizer pass: not these reruns
+  } else if (fa_forward_workspace_size(rt, cfg, &a, &need) != FA_SUCCESS || need <= 256 ||
+             need > (4 << 20) - 256) {
     failures +=
         "fa_forward_workspace_size: " + std::to_string(need) + " bytes (" + fa_last_error() + ")\n";
   } else {
@@ -256,7 +265,6 @@ int main(void) {
       failures += "persistent: ran " + k + "\n";
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
-  const bool q1 = quick && quick[0] == '1';
   failures += check_gqa_pack(rt, 90, 3300, q1);
   if (!q1) failures += check_gqa_pack(rt80, 80, 3310, false);
   fa_free(rt, ws);
