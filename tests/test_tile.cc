@@ -979,6 +979,15 @@ int64_t scheduled_key_tiles(int64_t m, int64_t sq, int64_t sk, int64_t wl, int64
   return hi > lo ? (hi - lo + 127) / 128 : 0;
 }
 
+// Item t's (m_block, head, batch) as three words at out + 4 + 12 t, the
+// layout both schedulers' tests read back.
+void store_item(Emitter &e, Reg out, Reg t, const tile::TileScheduler::Item &it) {
+  Reg a = e.index(out, e.op(Op::MadLo, Type::U32, t, imm(12), imm(4)), 1);
+  e.b.st(Space::Global, Type::B32, at(a), it.m_block);
+  e.b.st(Space::Global, Type::B32, at(a, 4), it.head);
+  e.b.st(Space::Global, Type::B32, at(a, 8), it.batch);
+}
+
 // The persistent forward's tile scheduler (TileScheduler, Schedule), one
 // launch case per thread: each thread decodes every item number of its case
 // in PTX. Cases: causal with seqlen_q below, equal to and above seqlen_k, a
@@ -1039,11 +1048,7 @@ void test_scheduler(void **) {
       b.bind(top);
       b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, t, sched.total())).bra(done);
       const tile::TileScheduler::Item it = sched.decode(t);
-      Reg a = e.op(Op::MadLo, Type::U32, t, imm(12), imm(4));
-      a = e.index(out, a, 1);
-      b.st(Space::Global, Type::B32, at(a), it.m_block);
-      b.st(Space::Global, Type::B32, at(a, 4), it.head);
-      b.st(Space::Global, Type::B32, at(a, 8), it.batch);
+      store_item(e, out, t, it);
       b.op(Op::Add, Type::U32, t, t, imm(1));
       b.bra(top);
       b.bind(done);
@@ -1184,10 +1189,7 @@ void test_work_scheduler(void **) {
       b.bind(top);
       b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, t, sched.total())).bra(done);
       const tile::TileScheduler::Item it = sched.decode(t);
-      Reg a = e.index(g[2], e.op(Op::MadLo, Type::U32, t, imm(12), imm(4)), 1);
-      b.st(Space::Global, Type::B32, at(a), it.m_block);
-      b.st(Space::Global, Type::B32, at(a, 4), it.head);
-      b.st(Space::Global, Type::B32, at(a, 8), it.batch);
+      store_item(e, g[2], t, it);
       b.op(Op::Add, Type::U32, t, t, imm(32));
       b.bra(top);
       b.bind(done);
