@@ -18,7 +18,9 @@
 // resets it; without that reset the second run finds its items taken).
 // Q's ring: head_dim 64, 128 and 256 take two Q buffers (the next item's Q
 // copied during this one), head_dim 192 one (its K/V stages leave no
-// room); both ran, TMA and gather.
+// room); with two and head_dim_v <= 128 an item's O is stored while the
+// next item's first S = Q K^T runs (head_dim 256: after it); each form
+// ran, TMA and gather.
 // fa_forward_workspace_size is 8 with the policy on, 0 off; a misaligned
 // or too small workspace is refused naming it, nothing written.
 // The gather variant (KernelSpec::gather: cp.async rows from 128 producer
@@ -241,7 +243,10 @@ int main(void) {
   }
   std::string failures = check_workspace_api(rt, ws);
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
-  int q_ring[2][2] = {};  // persistent runs by [gather][two Q buffers]
+  // Persistent runs by [gather][form]: one Q buffer; two; two with the
+  // held item's store during the next item's first S = Q K^T (head_dim_v
+  // <= 128).
+  int q_ring[2][3] = {};
   for (Case &x : cases) {
     std::vector<float> o[kRuns], lse[kRuns];
     for (int run = 0; run < kRuns; ++run) {
@@ -257,7 +262,11 @@ int main(void) {
       if (k.find("fa_forward_wgmma_") != 0 || is_p != (run > 0) || is_d != (run >= 2) ||
           is_g != x.gather)
         failures += what + ": ran " + k + "\n";
-      if (is_p) ++q_ring[is_g][k.find("_q2") != std::string::npos];
+      if (is_p) {
+        const bool two = k.find("_q2") != std::string::npos;
+        const size_t dv = k.find("_dv");
+        ++q_ring[is_g][two ? 1 + (std::atoi(k.c_str() + dv + 3) <= 128) : 0];
+      }
       if (run >= 2) failures += workspace_zero(rt, ws, what);
       if (o[0].size() != o[run].size() || lse[0].size() != lse[run].size() ||
           std::memcmp(o[0].data(), o[run].data(), o[0].size() * sizeof(float)) != 0 ||
@@ -271,12 +280,13 @@ int main(void) {
     }
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
-  // Both forms of Q's ring (KernelSpec::q_stages) ran, TMA and gather.
+  // Every form of Q's ring (KernelSpec::q_stages) ran, TMA and gather.
+  const char *forms[] = {"one Q buffer", "two Q buffers", "two Q buffers and the overlapped store"};
   for (int g = 0; g < 2; ++g)
-    for (int q = 0; q < 2; ++q)
+    for (int q = 0; q < 3; ++q)
       if (q_ring[g][q] == 0)
-        failures += std::string(g ? "gather" : "TMA") + ": no persistent run with " +
-                    (q ? "two Q buffers" : "one Q buffer") + "\n";
+        failures +=
+            std::string(g ? "gather" : "TMA") + ": no persistent run with " + forms[q] + "\n";
   fa_free(rt, ws);
   fa_runtime_destroy(rt);
   return fa::test::finish(failures, std::to_string(cases.size()) +

@@ -46,7 +46,8 @@
 //    through 2 and 3 stages, wrapping, every tile whole and in order;
 //  - Swizzle128: the 128-byte swizzle's addresses against its formula, a
 //    permutation of each atom row, the rows-4-apart XOR, the descriptor
-//    bits; store_acc (stmatrix) of a 16 x 80 tile into it, f16 and bf16.
+//    bits; store_acc (stmatrix) of a 16 x 80 tile into it, f16 and bf16,
+//    from the tile and from pack_acc's words.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -1393,7 +1394,8 @@ void test_swizzle128(void **) {
 // fragments: two atoms of the layout) with a distinct exact value per
 // element (f16: 64 r + c; bf16: (128 + c) 2^r), stored at rows 16..31 of a
 // Swizzle128 layout; every element must be at its (row, chunk) offset.
-// And 9 fragments: the .x2 store of a last odd one.
+// And 9 fragments: the .x2 store of a last odd one. Each also through
+// pack_acc's words, the tile zeroed before the store.
 void test_store_acc(void **) {
   std::unique_ptr<fa::Backend> sm90;
   assert_int_equal(fa::create_emulator_backend(90, &sm90), FA_SUCCESS);
@@ -1403,54 +1405,65 @@ void test_store_acc(void **) {
   const tile::Swizzle128 lay{kRows * tile::Swizzle128::kRowBytes};
   const uint32_t bytes = 2 * lay.atom_bytes;
   for (const int kChunksN : {10, 9})
-    for (const Type half : {Type::F16, Type::BF16}) {
-      const int kCols = 8 * kChunksN;
-      const std::string ptx = kernel(
-          32,
-          [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
-            Builder &b = e.b;
-            const tile::Lanes ln = tile::make_lanes(e, tid);
-            const tile::AccTile t = tile::acc_tile(b, kChunksN);
-            for (int j = 0; j < kChunksN; ++j)
-              for (int i = 0; i < 4; ++i) {
-                Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * (i / 2)));
-                Reg col = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
-                // f16: 64 r + c; bf16 (8-bit significands): (128 + c) 2^r.
-                Reg v = half == Type::F16 ? e.op(Op::MadLo, Type::U32, row, imm(64), col)
-                                          : e.op(Op::Shl, Type::B32,
-                                                 e.op(Op::Add, Type::U32, col, imm(128)), row);
-                b.cvt(Type::F32, Type::U32, fa::ptx::Round::Rn, t.f[j][i], v);
+    for (const Type half : {Type::F16, Type::BF16})
+      for (const bool packed : {false, true}) {
+        const int kCols = 8 * kChunksN;
+        const std::string ptx = kernel(
+            32,
+            [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+              Builder &b = e.b;
+              const tile::Lanes ln = tile::make_lanes(e, tid);
+              const tile::AccTile t = tile::acc_tile(b, kChunksN);
+              for (int j = 0; j < kChunksN; ++j)
+                for (int i = 0; i < 4; ++i) {
+                  Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * (i / 2)));
+                  Reg col = e.op(Op::MadLo, Type::U32, ln.q, imm(2), imm(8 * j + (i & 1)));
+                  // f16: 64 r + c; bf16 (8-bit significands): (128 + c) 2^r.
+                  Reg v = half == Type::F16 ? e.op(Op::MadLo, Type::U32, row, imm(64), col)
+                                            : e.op(Op::Shl, Type::B32,
+                                                   e.op(Op::Add, Type::U32, col, imm(128)), row);
+                  b.cvt(Type::F32, Type::U32, fa::ptx::Round::Rn, t.f[j][i], v);
+                }
+              // packed: pack_acc's words, the tile zeroed after (not read).
+              std::vector<Reg> words;
+              for (int i = 0; packed && i < 2 * kChunksN; ++i) words.push_back(b.b32());
+              if (packed) {
+                tile::pack_acc(e, t, half, words);
+                tile::zero(b, t);
               }
-            tile::store_acc(e, ln, t, half, lay, smem, e.mov(Type::U32, imm(16)), 0);
-            b.bar_sync();
-            for (uint32_t w = 0; w < bytes / 4; w += 32) {  // smem words out
-              Reg idx = e.op(Op::Add, Type::U32, tid, imm(w));
-              Reg x = b.b32();
-              b.ld(Space::Shared, Type::B32, x, at(e.op(Op::MadLo, Type::U32, idx, imm(4), smem)));
-              b.st(Space::Global, Type::B32, at(e.index(g[0], idx, 4)), x);
-            }
-          },
-          80, 90);
-      DevBuf out(bytes);
-      Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
-      const fa_status st = launch(ptx, 32, bytes, pt);
-      if (st != FA_SUCCESS) g_be = sm80;
-      assert_int_equal(st, FA_SUCCESS);
-      const std::vector<uint16_t> got = out.get<uint16_t>();
-      int bad = 0;
-      for (uint32_t r = 0; r < 16; ++r)
-        for (uint32_t c = 0; c < uint32_t(kCols); ++c) {
-          const uint32_t at_b = lay.offset(16 + r, c / 8) + 2 * (c % 8);
-          const uint16_t x = got[at_b / 2];
-          const float v = half == Type::F16 ? hf(x) : fa::emu::bf16_to_f32(x);
-          const float want = half == Type::F16 ? float(64 * r + c) : std::ldexp(128.0f + c, int(r));
-          if (v != want && bad++ < 5)
-            std::fprintf(stderr, "%s row %u col %u: %g\n", half == Type::F16 ? "f16" : "bf16", r, c,
-                         v);
-        }
-      if (bad) g_be = sm80;
-      assert_int_equal(bad, 0);
-    }
+              tile::store_acc(e, ln, t, half, lay, smem, e.mov(Type::U32, imm(16)), 0,
+                              packed ? &words : nullptr);
+              b.bar_sync();
+              for (uint32_t w = 0; w < bytes / 4; w += 32) {  // smem words out
+                Reg idx = e.op(Op::Add, Type::U32, tid, imm(w));
+                Reg x = b.b32();
+                b.ld(Space::Shared, Type::B32, x,
+                     at(e.op(Op::MadLo, Type::U32, idx, imm(4), smem)));
+                b.st(Space::Global, Type::B32, at(e.index(g[0], idx, 4)), x);
+              }
+            },
+            80, 90);
+        DevBuf out(bytes);
+        Ptrs pt = {{out.ptr, 0, 0, 0, 0, 0}};
+        const fa_status st = launch(ptx, 32, bytes, pt);
+        if (st != FA_SUCCESS) g_be = sm80;
+        assert_int_equal(st, FA_SUCCESS);
+        const std::vector<uint16_t> got = out.get<uint16_t>();
+        int bad = 0;
+        for (uint32_t r = 0; r < 16; ++r)
+          for (uint32_t c = 0; c < uint32_t(kCols); ++c) {
+            const uint32_t at_b = lay.offset(16 + r, c / 8) + 2 * (c % 8);
+            const uint16_t x = got[at_b / 2];
+            const float v = half == Type::F16 ? hf(x) : fa::emu::bf16_to_f32(x);
+            const float want =
+                half == Type::F16 ? float(64 * r + c) : std::ldexp(128.0f + c, int(r));
+            if (v != want && bad++ < 5)
+              std::fprintf(stderr, "%s%s row %u col %u: %g\n", half == Type::F16 ? "f16" : "bf16",
+                           packed ? " packed" : "", r, c, v);
+          }
+        if (bad) g_be = sm80;
+        assert_int_equal(bad, 0);
+      }
   g_be = sm80;
 }
 

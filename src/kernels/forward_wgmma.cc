@@ -971,23 +971,61 @@ class ForwardWgmmaGen {
         e_, 1, spec_.softcap ? Reg() : score_scale_,
         f8_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
     if (!spec_.persistent) return consumer_item(Reg());
-    // One work item after another (item()). The ring's cursor runs on across
-    // them, as the producer's tile count does. An item's Q buffer (its
-    // stage of Q's ring) is refilled only when its q_empty has completed
-    // the item's phase: each consumer thread arrives once its epilogue has
-    // read its O rows back out of that buffer (ld.shared; the arrive's
-    // release orders those reads before it) and after a fence.proxy.async,
-    // which orders its generic-proxy stmatrix writes of O there before the
-    // async-proxy TMA write of a later Q (PTX ISA, "Memory Consistency
-    // Model": proxies). Its S = Q K^T wgmma reads of Q retired before the
-    // epilogue began.
+    consumer_items();
+  }
+
+  // spec.persistent: one work item after another (item()). The ring's
+  // cursor runs on across them, as the producer's tile count does. An
+  // item's O is stored by the next pass of the loop (an item finished but
+  // not stored is `held`): with two Q buffers after the next item's first
+  // S = Q K^T is issued, so that GEMM runs on the tensor cores during the
+  // epilogue (the next item's Q is in the other buffer; the stored one's O
+  // is staged in its own); with one buffer before the next item's Q can
+  // arrive (it reuses the buffer). An item's Q buffer (its stage of Q's
+  // ring) is refilled only when its q_empty has completed the item's phase:
+  // each consumer thread arrives once its epilogue has read its O rows back
+  // out of that buffer (ld.shared; the arrive's release orders those reads
+  // before it) and after a fence.proxy.async, which orders its
+  // generic-proxy stmatrix writes of O there before the async-proxy TMA
+  // write of a later Q (PTX ISA, "Memory Consistency Model": proxies). Its
+  // S = Q K^T wgmma reads of Q retired before the epilogue began.
+  void consumer_items() {
+    const size_t f = offsetof(WgmmaParams, f);
+    // The overlap needs the next item's Q in the other buffer and registers
+    // for O packed beside the accumulators (head_dim_v 256 spilled).
+    const bool overlap = spec_.q_stages > 1 && spec_.head_dim_v <= 128;
     cur_ = ring().begin();
     Reg t, qi, j;
     const Reg qdesc0 = qdesc_;
     persistent_start(&t, &qi, &j);
-    ptx::Label items = b_.label(), exit = b_.label(), skip = b_.label();
+    // held: an item's O waits to be stored (in o_, or packed with the
+    // overlap; its rows, Q buffer and barriers in `last`).
+    Reg held = e_.mov(Type::U32, imm(0));
+    Finished last;
+    for (Reg *r : {&last.m0, &last.sq, &last.buf, &last.bars}) *r = b_.b32();
+    for (Reg *r : {&last.out.o_bh, &last.out.o_row, &last.out.lse_row0}) *r = b_.b64();
+    last.lse = {b_.f32(), b_.f32()};
+    for (int i = 0; overlap && i < 2 * o_.n(); ++i) last.packed.push_back(b_.b32());
+    // Whether LSE is written: the same for every item (forward_out's test).
+    last.out.has_lse =
+        e_.setp(Cmp::Ne, Type::U64, e_.param(Type::U64, offsetof(ForwardParams, lse)), imm(0));
+    // The held item's store. Emitted on each path (S in flight, none, past
+    // the last item) rather than joined: ptxas serializes a wgmma whose
+    // in-flight region another path joins.
+    auto store_held = [&] {
+      ptx::Label none_held = b_.label();
+      b_.when(e_.setp(Cmp::Eq, Type::U32, held, imm(0))).bra(none_held);
+      store_o(last);
+      b_.comment("Q's buffer: this thread is done with it");
+      b_.fence_proxy_async();
+      b_.mbarrier_arrive(at(last.bars, lay_.q_empty()));
+      b_.bind(none_held);
+    };
+    ptx::Label items = b_.label(), none = b_.label(), exit = b_.label(), skip = b_.label();
+    ptx::Label ran = b_.label();
+    ItemFlow fl;
     b_.bind(items);
-    item(t, exit, skip);
+    item(t, none, skip);
     if (spec_.q_fp8 != KvFp8::None) {  // this item's (batch, KV head) descales
       Reg sc = spec_.softcap ? cap_.neg2 : score_scale_;
       b_.ld_param(Type::F32, sc,
@@ -995,20 +1033,51 @@ class ForwardWgmmaGen {
                       f + (spec_.softcap ? offsetof(P, softcap_neg2) : offsetof(P, score_scale))));
       fp8_scale_scores(e_, spec_, bz_, kv_head(), sc);
     }
-    tile::zero(b_, o_);
-    softmax_->reset();
     const QSlot q = q_slot(qi);
     qbars_ = q.bars;
     qbuf_ = q.buf;
     qdesc_ = spec_.q_stages > 1 ? stage_desc(q.stage, qdesc0, lay_.q_buf) : qdesc0;
-    consumer_item(q.parity);
-    b_.comment("Q's buffer: this thread is done with it");
-    b_.fence_proxy_async();
-    b_.mbarrier_arrive(at(qbars_, lay_.q_empty()));
+    softmax_->reset();
+    // O starts at zero: set once the first S = Q K^T is in (first_finish;
+    // ptxas serializes a wgmma in flight while another's accumulators are
+    // written), on the path with no key here. That path and the one with S
+    // in flight join only after the item's K/V loop.
+    ptx::Label keyed = b_.label();
+    if (overlap) {
+      fl = start_item(q.parity);
+      store_held();  // while the item's first S = Q K^T runs
+      b_.bra(keyed);
+      b_.bind(fl.no_key);
+      store_held();
+    } else {
+      store_held();
+      fl = start_item(q.parity);
+      b_.bra(keyed);
+      b_.bind(fl.no_key);
+    }
+    tile::zero(b_, o_);
+    b_.bra(ran);
+    b_.bind(keyed);
+    run_item(fl);
+    b_.bind(ran);
+    const Finished x = finish();
+    for (auto [to, from] :
+         {std::pair{last.m0, x.m0}, {last.sq, x.sq}, {last.buf, x.buf}, {last.bars, x.bars}})
+      b_.mov(Type::B32, to, from);
+    for (auto [to, from] : {std::pair{last.out.o_bh, x.out.o_bh},
+                            {last.out.o_row, x.out.o_row},
+                            {last.out.lse_row0, x.out.lse_row0}})
+      b_.mov(Type::B64, to, from);
+    for (int h = 0; h < 2; ++h) b_.mov(Type::F32, last.lse[h], x.lse[h]);
+    if (overlap) tile::pack_acc(e_, o_, out_, last.packed);
+    b_.mov(Type::U32, held, imm(1));
     next_q(qi);
-    if (skips()) b_.bind(skip);
+    b_.bind(skip);
     next_item(t, j, false);
     b_.bra(items);
+    b_.bind(none);
+    b_.comment("past the last item: store the one held");
+    store_held();
     b_.bind(exit);
   }
 
@@ -1016,6 +1085,23 @@ class ForwardWgmmaGen {
   // K/V loop and the epilogue. qpar: the phase parity of q_full (invalid:
   // the first and only phase), at qbars_; Q (and O in the epilogue) at qbuf_.
   void consumer_item(Reg qpar) {
+    const ItemFlow fl = start_item(qpar);
+    run_item(fl);
+    b_.bind(fl.no_key);
+    epilogue();
+  }
+
+  // An item's labels and loop predicates: no_key (bound by the caller) is
+  // where an item with no key goes from start_item.
+  struct ItemFlow {
+    ptx::Label no_key, masked, lean, tail;
+    Reg p, t;
+  };
+
+  // An item's start: ALiBi's row terms, Q in place (q_full's phase qpar)
+  // and, to fl.no_key when its key range is empty, its first S = Q K^T
+  // issued (first_issue).
+  ItemFlow start_item(Reg qpar) {
     const size_t f = offsetof(WgmmaParams, f);
     if (spec_.alibi) {
       // ALiBi: the CTA's coefficient and each row half's distance from its
@@ -1033,38 +1119,48 @@ class ForwardWgmmaGen {
     }
 
     wait(qbars_, static_cast<int>(lay_.q_full()), qpar.valid() ? qpar : e_.mov(Type::U32, imm(0)));
-    ptx::Label done = b_.label(), masked = b_.label(), lean = b_.label(), tail = b_.label();
-    b_.when(keys_.empty).bra(done);
+    ItemFlow fl;
+    fl.no_key = b_.label();
+    fl.masked = b_.label();
+    fl.lean = b_.label();
+    fl.tail = b_.label();
+    b_.when(keys_.empty).bra(fl.no_key);
     n_ = e_.mov(Type::S32, keys_.top);
     if (pingpong()) {
       b_.comment("ping-pong: warpgroup 1 issues its GEMMs first");
       b_.unless(wg1_).bar_arrive(kSchedBar, 256);
     }
-    Reg p = b_.pred(), t = b_.pred();
+    fl.p = b_.pred();
+    fl.t = b_.pred();
     // The first tile alone (no P V in flight yet); then every tile issues its
     // S = Q K^T and the previous tile's O += P V together and runs its
     // softmax while the P V runs (FlashAttention-3's intra-warpgroup
     // overlap); the last P V after the loop.
-    first_tile();
-    b_.setp(Cmp::Lt, Type::S32, p, n_, keys_.n_begin);
-    b_.when(p).bra(tail);
+    first_issue();
+    return fl;
+  }
+
+  // An item's K/V loop once its first S = Q K^T is issued (start_item):
+  // the first tile's softmax, every further tile, the last P V.
+  void run_item(const ItemFlow &fl) {
+    first_finish();
+    b_.setp(Cmp::Lt, Type::S32, fl.p, n_, keys_.n_begin);
+    b_.when(fl.p).bra(fl.tail);
     tile::KeyLoop loop;
     loop.n = n_;
     loop.n_begin = keys_.n_begin;
     loop.lean_lo = keys_.lean_lo;
     loop.lean_hi = [this] { return lean_hi_; };
-    loop.masked = masked;
-    loop.lean = lean;
-    loop.exit = tail;
-    loop.p = p;
-    loop.t = t;
+    loop.masked = fl.masked;
+    loop.lean = fl.lean;
+    loop.exit = fl.tail;
+    loop.p = fl.p;
+    loop.t = fl.t;
     tile::key_loop(b_, loop, [this](bool m) { body(m); });
-    b_.bind(tail);
+    b_.bind(fl.tail);
     last_pv();
     // Warpgroup 2 arrived once more than warpgroup 1 waited: balance it.
     if (pingpong()) b_.when(wg1_).bar_sync(kSchedBar, 256);
-    b_.bind(done);
-    epilogue();
   }
 
   // The descriptor of the swizzled matrix at addr + off (tile::Swizzle128).
@@ -1153,19 +1249,23 @@ class ForwardWgmmaGen {
   }
 
   // The first tile (the last in key order; masked: it may hold the tail).
-  void first_tile() {
+  // first_issue: its S = Q K^T issued; first_finish: the rest once in.
+  void first_issue() {
     b_.comment("first K/V tile: S, softmax, P (its P V runs with the next S)");
     if (!spec_.persistent) cur_ = ring().begin();  // persistent: runs on across items
     Reg s = cur_.stage, ph = cur_.parity;
-    Reg bar = ring().bars(s);
-    wait(bar, static_cast<int>(lay_.k_full(0)), ph);
+    first_bar_ = ring().bars(s);
+    wait(first_bar_, static_cast<int>(lay_.k_full(0)), ph);
     sched_sync();
     b_.wgmma_fence();
     issue_s(stage_desc(s, kdesc0_, lay_.k_stage));
     b_.wgmma_commit();
     sched_arrive();
+  }
+  void first_finish() {
     b_.wgmma_wait(0);
-    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_empty(0, S_))));
+    if (spec_.persistent) tile::zero(b_, o_);  // the item's O (the last one's stored by now)
+    b_.mbarrier_arrive(at(first_bar_, static_cast<int>(lay_.k_empty(0, S_))));
     scores_ready(true);
     softmax_->step({s_}, {o_});
     pack_p();
@@ -1254,26 +1354,52 @@ class ForwardWgmmaGen {
   // every thread of the warpgroup copies 16-byte chunks to global memory, a
   // row's chunks on consecutive threads (whole sectors).
   void epilogue() {
-    b_.comment("epilogue: O through shared memory (stmatrix), LSE");
+    const Finished x = finish();
+    if (spec_.split_kv) return partial_epilogue(x.lse);
+    store_o(x);
+  }
+
+  // A finished item: O / l in o_, its LSE, where they go (forward_out),
+  // its first row m0, seqlen_q, Q buffer (where O is staged) and Q's
+  // barriers (spec.persistent).
+  struct Finished {
+    ForwardOut out;
     std::vector<Reg> lse;
+    Reg m0, sq, buf, bars;
+    std::vector<Reg> packed;  // O as out_ pairs (tile::pack_acc), or empty: in o_
+  };
+  // The item's softmax finished (O / l, LSE; sinks; fp8: V's descale) and,
+  // unless split, its output addresses.
+  Finished finish() {
+    b_.comment("epilogue: O through shared memory (stmatrix), LSE");
+    Finished x;
     if (spec_.sinks)
-      softmax_->finish({o_}, &lse, sink_log2(e_, h_, offsetof(WgmmaParams, f)));
+      softmax_->finish({o_}, &x.lse, sink_log2(e_, h_, offsetof(WgmmaParams, f)));
     else
-      softmax_->finish({o_}, &lse);
+      softmax_->finish({o_}, &x.lse);
     if (spec_.q_fp8 != KvFp8::None) {  // O times V's descale
       Reg vd = fp8_descale(e_, spec_, offsetof(Fp8Descales, v_descale), bz_, kv_head());
-      for (Reg x : o_flat_) b_.op(Op::Mul, Type::F32, x, x, vd);
+      for (Reg r : o_flat_) b_.op(Op::Mul, Type::F32, r, r, vd);
     }
-    if (spec_.split_kv) return partial_epilogue(lse);
-    const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
+    if (!spec_.split_kv) x.out = forward_out(e_, spec_, bz_, h_, sq_);
+    x.m0 = m0_;
+    x.sq = sq_;
+    x.buf = qbuf_;
+    x.bars = qbars_;
+    return x;
+  }
+
+  // Stores finished item x's O (in o_) and LSE.
+  void store_o(const Finished &x) {
+    const ForwardOut &out = x.out;
     // The warp's 16 rows of O into its warpgroup's 64 rows of Q's buffer
     // (tile::store_acc; lanes re-derived here rather than held across the
     // loops).
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     Reg wgrow = e_.op(Op::And, Type::B32, wrow_, imm(63));  // the warp's first row in its warpgroup
-    Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), qbuf_);
+    Reg wg_base = e_.op(Op::MadLo, Type::U32, wg_, imm(64 * kAtomBytes), x.buf);
     tile::store_acc(e_, tile::make_lanes(e_, lane), o_, out_, tile::Swizzle128{lay_.q_atom},
-                    wg_base, wgrow, lay_.q);
+                    wg_base, wgrow, lay_.q, x.packed.empty() ? nullptr : &x.packed);
     b_.when(wg1_).bar_sync(kEpilogueBar, 128);
     b_.unless(wg1_).bar_sync(kEpilogueBar + 1, 128);
     // 16-byte chunks: thread t of the warpgroup owns chunk t % T of every
@@ -1287,7 +1413,7 @@ class ForwardWgmmaGen {
     Reg row = e_.op(Op::Shr, Type::U32, wt, imm(lg));
     Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
     Reg sa = tile::Swizzle128{lay_.q_atom}.addr(e_, wg_base, row, c);
-    Reg i0 = e_.op(Op::MadLo, Type::S32, wg_, imm(64), m0_);
+    Reg i0 = e_.op(Op::MadLo, Type::S32, wg_, imm(64), x.m0);
     b_.op(Op::Add, Type::S32, i0, i0, row);
     Reg ga = e_.index(e_.index(out.o_bh, i0, out.o_row), c, 16);
     Reg step = e_.op(Op::MulLo, Type::S64, out.o_row, imm(R));
@@ -1295,7 +1421,7 @@ class ForwardWgmmaGen {
     Reg v[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
     for (int p = 0; p * R < 64; ++p) {
       Reg i = e_.op(Op::Add, Type::S32, i0, imm(p * R));
-      b_.setp(Cmp::Lt, Type::S32, ok, i, sq_);
+      b_.setp(Cmp::Lt, Type::S32, ok, i, x.sq);
       if (live.valid()) b_.op(Op::And, Type::Pred, ok, ok, live);
       if ((p + 1) * R > 64) {  // head_dim_v 8: one chunk a row, R = 128 > 64 rows
         Reg in = e_.setp(Cmp::Lt, Type::U32, row, imm(64 - p * R));
@@ -1313,12 +1439,12 @@ class ForwardWgmmaGen {
     Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
     b_.op(Op::And, Type::Pred, q0, q0, out.has_lse);
     for (int h = 0; h < 2; ++h) {
-      Reg li = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      Reg li = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, x.m0, wrow_), ln_.g);
       if (h) b_.op(Op::Add, Type::S32, li, li, imm(8));
-      Reg lok = e_.setp(Cmp::Lt, Type::S32, li, sq_);
+      Reg lok = e_.setp(Cmp::Lt, Type::S32, li, x.sq);
       b_.op(Op::And, Type::Pred, lok, lok, q0);
       Reg la = e_.index(out.lse_row0, li, 4);
-      b_.when(lok).st(Space::Global, Type::F32, at(la), lse[h]);
+      b_.when(lok).st(Space::Global, Type::F32, at(la), x.lse[h]);
     }
   }
 
@@ -1363,6 +1489,7 @@ class ForwardWgmmaGen {
   tile::Ring::Cursor cur_;  // consumers: stage and parity of this tile and of the previous
   Reg qdesc_, kdesc0_, vdesc0_;
   Reg qbars_, qbuf_;  // consumers: this item's Q barriers and buffer (smem_ unless persistent)
+  Reg first_bar_;     // the first tile's ring barriers (first_issue to first_finish)
   Reg score_scale_;
   Softcap cap_;
   AccTile s_, o_;

@@ -31,8 +31,14 @@ Reg Swizzle128::descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits) {
   return d;
 }
 
+void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &dst) {
+  for (int j = 0; j < t.n(); ++j)
+    for (int h = 0; h < 2; ++h)
+      e.b.cvt_pack(half, dst[2 * j + h], t.f[j][2 * h + 1], t.f[j][2 * h]);
+}
+
 void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const Swizzle128 &lay,
-               Reg base, Reg row0, uint32_t off) {
+               Reg base, Reg row0, uint32_t off, const std::vector<Reg> *packed) {
   ptx::Builder &b = e.b;
   // The lane's row and its swizzle: chunk 2i + h2 of it sits in slot
   // ((2i + h2) % 8) ^ (row % 8) = (2i % 8) ^ (h2 ^ row % 8).
@@ -46,7 +52,10 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
     const int count = j + 1 < n ? 4 : 2;  // the last 8 columns alone: .x2
     for (int m = 0; m < count; ++m) {
       const Frag4 &fr = t.f[j + m / 2];
-      b.cvt_pack(half, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
+      if (packed)
+        r[m] = (*packed)[2 * (j + m / 2) + m % 2];
+      else
+        b.cvt_pack(half, r[m], fr[2 * (m % 2) + 1], fr[2 * (m % 2)]);
     }
     Reg a = e.op(Op::Xor, Type::B32, hsx, imm(Swizzle128::flip(j % 8)));
     b.op(Op::Add, Type::U32, a, a, rowa);

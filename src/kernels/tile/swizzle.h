@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/codegen.h"
 #include "kernels/tile/tile.h"
@@ -57,8 +58,16 @@ struct Swizzle128 {
 // the row, element c. One stmatrix.x4 per two fragments (x2 for a last odd
 // one): lane l addresses row l8 + 8 h1 of chunk 2i + h2 (PTX ISA
 // "stmatrix": matrices 0..3 from lanes 0-7, 8-15, 16-23, 24-31; ln from
-// make_lanes of this lane). base and row0 u32 registers.
+// make_lanes of this lane). base and row0 u32 registers. packed: t's
+// values already packed by pack_acc (then t only gives the shape).
 void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const Swizzle128 &lay,
-               Reg base, Reg row0, uint32_t off);
+               Reg base, Reg row0, uint32_t off, const std::vector<Reg> *packed = nullptr);
+
+// t's values as `half` pairs into dst (b32, 2 t.n() of them; fragment j:
+// dst[2j] = its row-g pair, dst[2j + 1] = its row-g+8 pair), store_acc's
+// words: so an accumulator's values can be stored after the accumulator is
+// reused (ptxas keeps a wgmma in flight only while no other instruction
+// reads or writes any wgmma's accumulators).
+void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &dst);
 
 }  // namespace fa::kgen::tile
