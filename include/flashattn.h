@@ -611,8 +611,8 @@ typedef struct fa_forward_args {
                             serves back-to-back launches and CUDA-graph
                             replays with no memset and no host sync. From byte
                             256 on, split-KV partial states: when
-                            the CTAs of a fixed-length launch would leave SMs
-                            idle, the tensor-core forward splits the keys and
+                            the CTAs of a launch (fixed-length or varlen)
+                            would leave SMs idle, the tensor-core forward splits the keys and
                             combines the splits with a second kernel
                             (FLASHATTN_FORWARD_SPLITS=0: never), or a few
                             queries per sequence run on the GQA-packing
@@ -683,9 +683,10 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * persistent sm_90a kernel, which then takes its work items from the
  * workspace's counter (dynamic scheduling); 256 plus the split-KV partial
  * states (fp32 O [splits, batch, seqlen_q, num_heads_q, head_dim_v] and
- * LSE [splits, batch, num_heads_q, seqlen_q], each 256-byte aligned)
- * when it would split the keys of a fixed-length launch whose
- * CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
+ * LSE [splits, batch, num_heads_q, seqlen_q], each 256-byte aligned;
+ * varlen: padded to batch sequences of seqlen_q, the longest, as the
+ * host cannot read cu_seqlens) when it would split the keys of a launch
+ * (fixed-length or varlen) whose CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
  * least 8 key tiles, the fewest splits of at least 4 tiles whose waves are
  * 85% as full as the best count's); 256 plus fa_decode_workspace_size's
  * answer when a fixed-length launch (any KV layout, seqused_k or not) with

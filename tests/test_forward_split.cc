@@ -13,16 +13,23 @@
 // dv, seqlen_q = 1 over a long context, softcap with sinks (added in the
 // combine only) and ALiBi, the fp8 forward, and chunked prefill through
 // fa_launch over a paged cache with seqused_k (the gather variant; one
-// sequence with no key). A workspace one byte short or not 256-byte
-// aligned runs unsplit and right; with the persistent policy on the
+// sequence with no key). Varlen (cu_seqlens_q/k; the partial states padded
+// to the longest sequence, the varlen combine packing O and LSE, checked
+// by its kernel name), causal, on sm_90a (gather) and sm_80, with an empty
+// sequence, a short one and one with more queries than keys, and chunked
+// prefill with cu_seqlens_q over a paged cache with seqused_k (sm_90a;
+// fails when the combine's packed row, LSE element or padding-row skip, or
+// the forward's padded partial stride, is wrong). A workspace one byte
+// short or not 256-byte aligned runs unsplit and right; with the persistent policy on the
 // workspace is its 8-byte counter and nothing splits. GQA packing: a few
 // queries per sequence over a cache run the decode kernel (check_gqa_pack). Fails when
 // split_keys is skipped (every split sees every key: LSE off by ln splits)
 // or the combine is not launched (O stays poisoned). Under FA_TEST_QUICK=1
-// (the sanitizer pass) the first sm_90a and sm_80 cases, no reruns (policy
-// off, short or misaligned workspace, persistent), and GQA packing on sm_90
-// only, packed only, contiguous only. The unsplit reruns (policy off) take
-// one case of each kernel.
+// (the sanitizer pass) the first sm_90a and sm_80 cases and the sm_80
+// varlen one, no reruns (policy off, short or misaligned workspace,
+// persistent), and GQA packing on sm_90 only, packed only, contiguous
+// only. The unsplit reruns (policy off) take one case of each kernel and
+// the two varlen forwards.
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -46,6 +53,8 @@ struct Case {
   std::string kernel = "fa_forward_wgmma_";
   bool rerun = false;  // rerun unsplit (the policy off), checking that kernel
   std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
+  // cu_seqlens_q: the combine is the varlen one (KernelSpec::varlen).
+  bool varlen() const { return d.prefill ? !d.prefill_q.empty() : c.varlen; }
   std::string run(fa_runtime *rt, uint64_t ws, size_t ws_size) {
     if (d.prefill) {
       d.workspace = ws;
@@ -58,15 +67,16 @@ struct Case {
   }
 };
 
-// "" when rt's last launch was the combine (split) or the unsplit forward
-// the case expects (the profile keeps the last launch only: the split
-// kernel's variant is the unsplit one's, checked with the policy off), else
-// the problem.
+// "" when rt's last launch was the combine (split; the varlen one iff the
+// case is varlen) or the unsplit forward the case expects (the profile
+// keeps the last launch only: the split kernel's variant is the unsplit
+// one's, checked with the policy off), else the problem.
 std::string check_kernel(fa_runtime *rt, const Case &x, bool split, const std::string &what) {
   const std::string k = fa::test::emulated_kernel(rt);
   const bool gather =
       (k.find("_gather_") != std::string::npos) == (x.kernel.find("gather") != std::string::npos);
-  if (split ? k.find("fa_reduce_") != 0
+  const bool varlen_reduce = k.find("_varlen") != std::string::npos;
+  if (split ? k.find("fa_reduce_") != 0 || varlen_reduce != x.varlen()
             : k.compare(0, x.kernel.size(), x.kernel) != 0 || !gather ||
                   k.find("_split") != std::string::npos)
     return what + ": ran " + k + "\n";
@@ -148,7 +158,7 @@ int main(void) {
   auto runtime = [&](const Case &x) { return x.sm == 80 ? rt80 : x.sm == 89 ? rt89 : rt; };
   std::vector<Case> cases;
   uint32_t seed = 3100;
-  cases.reserve(16);  // add() hands out pointers into it
+  cases.reserve(20);  // add() hands out pointers into it
   auto add = [&](int b, int sq, int sk, int hq, int hkv, int d, int dv, bool bf16, bool causal,
                  int wl, int wr, float cap) {
     Case x;
@@ -201,12 +211,40 @@ int main(void) {
     x->kernel = "fa_forward_mma_";
   }
 
+  // Varlen (cu_seqlens_q/k), causal: the partial states padded to the
+  // longest sequence, the varlen combine packing the rows. Among the
+  // sequences an empty one, a short one (7 or 5 rows), and one with fewer
+  // keys than one split and more queries than keys (rows with no key: O 0,
+  // LSE -inf; its other splits empty); the gather variant on sm_90a and the
+  // mma.sync forward.
+  for (int sm : {90, 80}) {
+    Case *x = sm == 90 ? add(4, 150, 1800, 4, 2, 64, 64, false, true, -1, -1, 0)
+                       : add(4, 90, 1200, 4, 1, 64, 64, true, true, -1, -1, 0);
+    x->c.varlen = true;
+    x->c.seqlens_q = sm == 90 ? std::vector<int>{150, 0, 7, 130} : std::vector<int>{90, 5, 0, 64};
+    x->c.seqlens_k =
+        sm == 90 ? std::vector<int>{1500, 300, 1800, 100} : std::vector<int>{1200, 1000, 50, 40};
+    x->sm = sm;
+    x->kernel = sm == 90 ? "fa_forward_wgmma_gather_" : "fa_forward_mma_";
+  }
+  {
+    // Chunked prefill with cu_seqlens_q over a paged cache with seqused_k:
+    // 100, 0, 5 and 60 new queries over 1000, 700, 0 and 1500 keys.
+    Case x;
+    x.kernel = "fa_forward_wgmma_gather_";
+    x.d = fa::test::prefill_case({1000, 700, 0, 1500}, 100, 1536, 4, 2, 64, false, FA_KV_PAGED, 16,
+                                 seed++);
+    x.d.prefill_q = {100, 0, 5, 60};
+    cases.push_back(x);
+  }
+
   const char *quick = std::getenv("FA_TEST_QUICK");
   const bool q1 = quick && quick[0] == '1';
   // Rerun unsplit (policy off): one case of each kernel (sm_90a TMA and
-  // gather, sm_80, sm_89's fp8 mma).
-  for (size_t i : {size_t(0), size_t(7), size_t(9), size_t(12)}) cases[i].rerun = true;
-  if (q1) cases = {cases[0], cases[9]};  // sm_90a TMA, sm_80
+  // gather, sm_80, sm_89's fp8 mma, varlen on sm_90a and sm_80).
+  for (size_t i : {size_t(0), size_t(7), size_t(9), size_t(12), size_t(13), size_t(14)})
+    cases[i].rerun = true;
+  if (q1) cases = {cases[0], cases[9], cases[14]};  // sm_90a TMA, sm_80, sm_80 varlen
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   std::string failures;
   for (Case &x : cases) {

@@ -72,17 +72,24 @@ AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
 }
 
 // Split-KV forwards (the runtime's shape: KernelSpec::split_kv, its tile)
-// over a contiguous and a paged cache with seqused_k.
+// over a contiguous and a paged cache with seqused_k, fixed-length and
+// varlen (cu_seqlens_q; padded partial states), and the varlen combine.
 void push_split(std::vector<KernelSpec> *out, const AttentionConfig &c, const DeviceLimits &lim) {
-  for (int lay = 0; lay < 2; ++lay) {
+  for (int lay = 0; lay < 4; ++lay) {
     LaunchShape shape;
     shape.split_kv = true;
-    shape.kv_layout = lay ? KvLayout::Paged : KvLayout::Contiguous;
-    shape.page_size = lay ? 16 : 0;
-    shape.seqused_k = lay == 1;
+    shape.kv_layout = lay % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+    shape.page_size = lay % 2 ? 16 : 0;
+    shape.seqused_k = lay % 2 == 1;
+    shape.varlen = lay >= 2;
     out->push_back(make_spec(c, KernelKind::Forward, lim, shape));
-    assert_true(out->back().split_kv);
+    assert_true(out->back().split_kv && out->back().varlen == shape.varlen);
   }
+  LaunchShape r;
+  r.varlen = true;
+  r.sinks = c.softcap > 0;  // both forms over the grid
+  out->push_back(make_spec(c, KernelKind::Reduce, lim, r));
+  assert_true(out->back().varlen);
 }
 
 // Every kernel kind over head dims, dtypes, softcap, varlen, GQA groups,
@@ -305,11 +312,15 @@ void test_huge_windows_decode(void **state) {
 // A packed batch whose rows start at 2^31 - 400: the LSE element
 // h * total_q + q0 passes 2^31 (h = 1) and 2^32 (h = 2). Before it was
 // formed in 64 bits it wrapped to an address gigabytes before the buffer.
-// Both forward kernels, causal and windowed.
+// Both forward kernels, causal and windowed; the tensor-core one also with
+// 600 keys in the first sequence (rows from 2^31 - 700) and the workspace
+// it asks for: split-KV,
+// whose varlen combine writes the packed O and LSE (checked to have run).
 void test_varlen_past_2_31(void **state) {
   auto *s = static_cast<State *>(*state);
   std::string failures;
-  for (bool scalar : {false, true}) {
+  for (int run = 0; run < 3; ++run) {
+    const bool scalar = run == 2, split = run == 1;
     if (scalar)
       setenv("FLASHATTN_SCALAR_FORWARD", "1", 1);
     else
@@ -329,7 +340,19 @@ void test_varlen_past_2_31(void **state) {
       c.window_left = causal ? 40 : -1;
       c.varlen_first_row = kMax - 400;
       c.seed = 13;
-      const std::string e = test::run_forward(s->rt, c);
+      if (split) {
+        // 10 key tiles of 64; cu_seqlens_k stays below 2^31 too.
+        c.seqlens_k = {600, 60, 30};
+        c.seqlen_k = 600;
+        c.varlen_first_row = kMax - 700;
+        c.workspace = test::kAutoWorkspace;
+        setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+      }
+      std::string e = test::run_forward(s->rt, c);
+      unsetenv("FLASHATTN_EMU_PROFILE");
+      const std::string k = split ? test::emulated_kernel(s->rt) : "";
+      if (split && (k.rfind("fa_reduce_", 0) != 0 || k.find("_varlen") == std::string::npos))
+        e += "split: the last kernel was " + k + ", not the varlen combine\n";
       if (!e.empty()) failures += (scalar ? "scalar " : "") + c.describe() + ":\n" + e;
     }
   }

@@ -636,6 +636,35 @@ std::vector<KernelSpec> grid() {
         out.push_back(w);
       }
   }
+  // Varlen split-KV (partial states padded to the longest sequence) and its
+  // combine: the mma.sync forward on sm_80 and the gather variant on
+  // sm_90a, head dims 64..256, with cu_seqlens_k or over a paged cache with
+  // seqused_k (chunked prefill), ALiBi and softcap once; the varlen reduce
+  // (with sinks on sm_90).
+  for (int sm : {80, 90}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (int d : {64, 128, 256}) {
+      LaunchShape shape;
+      shape.split_kv = true;
+      shape.varlen = true;
+      shape.alibi = i == 1;
+      shape.kv_layout = i == 1 ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = i == 1 ? 16 : 0;
+      shape.seqused_k = i == 1;
+      KernelSpec w = make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, i == 2),
+                               KernelKind::Forward, lim, shape);
+      assert_true(w.mma && w.split_kv && w.varlen && w.wgmma == (sm == 90));
+      out.push_back(w);
+      ++i;
+    }
+    LaunchShape r;
+    r.varlen = true;
+    r.sinks = sm == 90;
+    KernelSpec w = make_spec(config(Dtype::F16, 0, 128, 8, 8, false), KernelKind::Reduce, lim, r);
+    assert_true(w.varlen && !generate_ptx(w).empty());
+    out.push_back(w);
+  }
   unsetenv("FLASHATTN_SM90_WGMMA");
   const int sms[] = {86, 89, 90};
   for (int sm : sms) {

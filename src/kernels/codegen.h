@@ -247,7 +247,8 @@ Reg seq_len(Emitter &e, Reg start, Reg end, Reg max_len);
 // of head_dim_v fp32 (o_row = num_heads_q head_dim_v 4 bytes; the CTA's
 // column slice is the caller's) at row ((split batch + b) seqlen_q + i)
 // num_heads_q + h, LSE at ((split batch + b) num_heads_q + h) seqlen_q + i,
-// has_lse always.
+// has_lse always; with varlen seqlen_q there is the launch's (the padded
+// partial states' rows), not the argument.
 struct ForwardOut {
   Reg o_bh, o_row, lse_row0, has_lse;
 };

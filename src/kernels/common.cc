@@ -237,6 +237,9 @@ Reg forward_split_index(Emitter &e, const KernelSpec &spec) {
 static ForwardOut partial_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg seqlen_q) {
   const size_t t = forward_tail_offset(spec);
   ForwardOut out;
+  // varlen: sequences padded to the launch's seqlen_q rows (the host cannot
+  // read cu_seqlens to pack them), not this sequence's length.
+  if (spec.varlen) seqlen_q = e.param(Type::S32, offsetof(ForwardParams, seqlen_q));
   Reg opart = e.global_param(t + offsetof(ForwardTail, o_partial));
   Reg lpart = e.global_param(t + offsetof(ForwardTail, lse_partial));
   Reg batch = e.param(Type::S32, offsetof(ForwardParams, batch));

@@ -74,13 +74,15 @@ struct KernelSpec {
   int head_dim_v = 0;
   int group_size = 1;  // num_heads_q / num_heads_kv (Decode rows per KV head)
   bool softcap = false;
-  bool varlen = false;  // Forward with cu_seqlens_q/k
-  int block_m = 0;      // query rows per CTA
-  int block_n = 0;      // keys per K/V tile
-  int num_warps = 0;    // threads per CTA / 32
-  bool mma = false;     // Forward: tensor-core kernel (mma.sync, ldmatrix, cp.async; sm_80+)
-  int stages = 0;       // mma: 1 = one K and one V buffer, FlashAttention-2's overlap; 0 otherwise
-  int m_tiles = 1;      // mma: 16-row m-tiles per warp (block_m = 16 m_tiles num_warps)
+  // Forward with cu_seqlens_q/k; Reduce: the varlen forward's combine
+  // (ReduceParams::cu_seqlens_q; padded partial states, packed O and LSE).
+  bool varlen = false;
+  int block_m = 0;    // query rows per CTA
+  int block_n = 0;    // keys per K/V tile
+  int num_warps = 0;  // threads per CTA / 32
+  bool mma = false;   // Forward: tensor-core kernel (mma.sync, ldmatrix, cp.async; sm_80+)
+  int stages = 0;     // mma: 1 = one K and one V buffer, FlashAttention-2's overlap; 0 otherwise
+  int m_tiles = 1;    // mma: 16-row m-tiles per warp (block_m = 16 m_tiles num_warps)
   bool q_in_regs = false;  // mma: Q's A fragments stay in registers across K/V tiles
   int min_ctas = 0;        // mma: CTAs per SM the tile is sized for (.minnctapersm)
   KvLayout kv_layout = KvLayout::Contiguous;
@@ -123,13 +125,15 @@ struct KernelSpec {
   // with at least two K/V stages. 1 with persistent off.
   int q_stages = 1;
   // Forward on tensor cores (wgmma with one CTA per m-block, or mma.sync;
-  // not persistent, varlen or sinks): split-KV. The keys are cut into
+  // not persistent or sinks): split-KV. The keys are cut into
   // ForwardTail::num_splits ranges of split_size; CTA x = (m-block x
   // dv_split + slice) + m-blocks x dv_split x split runs its rows over its
   // range and writes their partial state (O / l in fp32 and the natural
   // LSE; decode's o_partial / lse_partial layout; forward_out) for the
   // reduce kernel, which combines them into O and LSE (and adds sinks).
-  // Off: the PTX and serialize() are those of a spec without it.
+  // With varlen the partial states are padded (seqlen_q = the launch's
+  // maximum, the padding rows never written) and the varlen reduce packs
+  // the rows. Off: the PTX and serialize() are those of a spec without it.
   bool split_kv = false;
 
   // Decode: every sequence holds seqlen_k_max keys (no cache_seqlens read;
@@ -409,6 +413,14 @@ struct ReduceParams {
   // spec.sinks only (a kernel without it declares its parameter block to
   // end at sinks): fp32 [num_heads_q], natural-log logits, 4-byte aligned.
   uint64_t sinks;
+  // spec.varlen only (the varlen forward's combine; a kernel without it
+  // declares its block to end here): int32 [batch + 1]. Row t of sequence b
+  // (partial states padded to seqlen_q rows, the launch's maximum) exists
+  // when t < cu[b+1] - cu[b]; O is then the varlen forward's [total_q,
+  // heads_q, head_dim_v] (o_stride[1], [2]; [0] unused), row cu[b] + t, and
+  // LSE [heads_q, total_q], element h total_q + cu[b] + t, total_q =
+  // cu[batch].
+  uint64_t cu_seqlens_q;
 };
 
 // The sm_90a forward's descriptors stay where they were before
@@ -492,10 +504,12 @@ inline size_t fp8_descales_offset(const KernelSpec &spec) {
   return spec.wgmma ? offsetof(WgmmaFp8Params, d) : offsetof(Fp8ForwardParams, d);
 }
 
-// The parameter block a reduce kernel declares: without sinks only the
-// fields of ReduceParams before sinks.
+// The parameter block a reduce kernel declares: the whole ReduceParams
+// with varlen, else without sinks only the fields before sinks, with them
+// those before cu_seqlens_q.
 inline size_t reduce_params_size(const KernelSpec &spec) {
-  return spec.sinks ? sizeof(ReduceParams) : offsetof(ReduceParams, sinks);
+  if (spec.varlen) return sizeof(ReduceParams);
+  return spec.sinks ? offsetof(ReduceParams, cu_seqlens_q) : offsetof(ReduceParams, sinks);
 }
 
 // Fills the ForwardParams step fields of the tensor-core forward kernel

@@ -12,6 +12,10 @@
 // With spec.sinks, sinks[h] is one more term of m and of sum_s w_s (with O
 // = 0): the attention sink joins the denominator once per row.
 // One warp per (batch, token, head) row, lane j owns dims j, j+32, ...
+// With spec.varlen (the varlen forward's combine) the partial states are
+// padded to seqlen_q rows per sequence: a row past its sequence's length
+// (cu_seqlens_q) is skipped, and O and LSE are the packed ones
+// (ReduceParams::cu_seqlens_q).
 #include <utility>
 #include <vector>
 
@@ -49,6 +53,21 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg h = e.s32(e.op(Op::Rem, Type::S64, row, hq64));
   Reg t = e.s32(e.op(Op::Rem, Type::S64, bt64, sq64));
   Reg bz = e.s32(e.op(Op::Div, Type::S64, bt64, sq64));
+  Reg q0, total_q;  // spec.varlen: the sequence's first packed row, cu[batch]
+  if (spec.varlen) {
+    b.comment("varlen: rows past the sequence's length leave");
+    Reg cuq = e.global_param(offsetof(P, cu_seqlens_q));
+    Reg aq = e.index(cuq, bz, 4);
+    q0 = b.b32();
+    Reg q1 = b.b32();
+    total_q = b.b32();
+    b.ld(Space::Global, Type::S32, q0, at(aq), true);
+    b.ld(Space::Global, Type::S32, q1, at(aq, 4), true);
+    b.ld(Space::Global, Type::S32, total_q, at(e.index(cuq, batch, 4)), true);
+    // Clamped as the forward clamps it (seq_len): the rows it wrote.
+    Reg beyond = e.setp(Cmp::Ge, Type::S32, t, seq_len(e, q0, q1, sq));
+    b.when(beyond).exit();
+  }
 
   Reg opart = e.global_param(offsetof(P, o_partial));
   Reg lpart = e.global_param(offsetof(P, lse_partial));
@@ -171,7 +190,11 @@ std::string generate_reduce(const KernelSpec &spec) {
     if (!spec.lse_out_base2) b.op(Op::Mul, Type::F32, lse, lse, fimm(kLn2));
   }
   const int eb = elem_bytes(spec.dtype);  // fp32 O: stored unrounded
-  Reg orow = e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, eb);
+  // varlen: packed row q0 + t (< cu[b+1], so no s32 overflow).
+  Reg orow =
+      spec.varlen
+          ? e.index(e.index(e.index(o, e.op(Op::Add, Type::S32, q0, t), os[1]), h, os[2]), lane, eb)
+          : e.index(e.index(e.index(e.index(o, bz, os[0]), t, os[1]), h, os[2]), lane, eb);
   Reg hv = eb == 2 ? b.b16() : Reg();
   Type cvt_to = spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16;
   for (int i = 0; i < nv; ++i) {
@@ -185,8 +208,11 @@ std::string generate_reduce(const KernelSpec &spec) {
   }
   Reg lane0 = e.setp(Cmp::Eq, Type::U32, lane, imm(0));
   b.op(Op::And, Type::Pred, lane0, lane0, has_lse);
-  // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * sq + t.
-  Reg lrow = e.op(Op::MadLo, Type::S64, e.wide_mad(bz, hq, e.s64(h)), sq64, e.s64(t));
+  // LSE [batch, num_heads_q, seqlen_q]: element (bz * hq + h) * sq + t;
+  // varlen [num_heads_q, total_q]: h * total_q + q0 + t, past 2^31 for long
+  // packed batches.
+  Reg lrow = spec.varlen ? e.wide_mad(h, total_q, e.op(Op::Add, Type::S64, e.s64(q0), e.s64(t)))
+                         : e.op(Op::MadLo, Type::S64, e.wide_mad(bz, hq, e.s64(h)), sq64, e.s64(t));
   Reg la = e.index64(lse_out, lrow, 4);
   b.when(lane0).st(Space::Global, Type::F32, at(la), lse);
   b.exit();

@@ -123,12 +123,10 @@ bool spec_valid(const KernelSpec &s) {
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
            s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           (s.persistent || !s.dynamic) &&
-           (!s.split_kv || (!s.persistent && !s.varlen && !s.sinks)) &&
+           (s.persistent || !s.dynamic) && (!s.split_kv || (!s.persistent && !s.sinks)) &&
            (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
   if (s.gather || s.persistent || s.dynamic || s.q_stages != 1) return false;
-  if (s.split_kv && !(s.mma && s.kind == KernelKind::Forward && !s.varlen && !s.sinks))
-    return false;
+  if (s.split_kv && !(s.mma && s.kind == KernelKind::Forward && !s.sinks)) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
            s.block_n == 16 * s.num_warps && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
@@ -461,6 +459,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.lse_in_base2 = shape.lse_in_base2;
     s.lse_out_base2 = shape.lse_out_base2;
     s.sinks = shape.sinks;
+    s.varlen = varlen;  // the varlen forward's combine
     return s;
   }
   s.head_dim = cfg.head_dim;
@@ -572,8 +571,8 @@ int ptx_isa_version(const KernelSpec &spec) {
 std::string entry_name(const KernelSpec &s) {
   char buf[128];
   if (s.kind == KernelKind::Reduce) {
-    std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d", dtype_name(s.dtype), s.head_dim_v,
-                  s.num_warps);
+    std::snprintf(buf, sizeof buf, "fa_reduce_%s_dv%d_w%d%s", dtype_name(s.dtype), s.head_dim_v,
+                  s.num_warps, s.varlen ? "_varlen" : "");
   } else {
     char st[32] = "";
     if (s.mma)

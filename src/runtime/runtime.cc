@@ -601,7 +601,9 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   KernelSpec rspec;
   if (splitting) {
     spec = split_spec;
-    if (fa_status st = combine_kernel(cfg, a.sinks != 0, &reduce_kernel, &rspec); st != FA_SUCCESS)
+    if (fa_status st =
+            combine_kernel(cfg, a.sinks != 0, a.cu_seqlens_q != 0, &reduce_kernel, &rspec);
+        st != FA_SUCCESS)
       return st;
   }
   ForwardParams p;
@@ -687,7 +689,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   }
   if (st2 != FA_SUCCESS || !splitting) return st2;
   return combine(*reduce_kernel, rspec, cfg, tail.o_partial, tail.lse_partial, split.num_splits,
-                 a.batch, a.seqlen_q, a.o, a.lse, a.sinks, stream);
+                 a.batch, a.seqlen_q, a.o, a.lse, a.sinks, a.cu_seqlens_q, stream);
 }
 
 // The bytes of split launches' partial states: O_partial fp32 [splits,
@@ -729,8 +731,7 @@ ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const f
   ForwardSplitPlan plan;
   // The tensor-core forwards (not the scalar one); the mma.sync one holds
   // min_ctas CTAs per SM, each O column slice a CTA of its own.
-  if (!policy().forward_splits || !spec.mma || spec.persistent || spec.varlen || spec.block_n <= 0)
-    return plan;
+  if (!policy().forward_splits || !spec.mma || spec.persistent || spec.block_n <= 0) return plan;
   const int64_t block_n = spec.block_n, sk = a.seqlen_k;
   const int64_t ctas = (int64_t(a.seqlen_q) + spec.block_m - 1) / spec.block_m * cfg.num_heads_q *
                        a.batch * spec.dv_split;
@@ -824,7 +825,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (a.o.data != 0) {
-    st = combine_kernel(cfg, a.sinks != 0, &reduce_kernel, &rspec);
+    st = combine_kernel(cfg, a.sinks != 0, false, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
 
@@ -874,13 +875,14 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
   return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
-                 a.seqlen_q, a.o, a.lse, a.sinks, stream);
+                 a.seqlen_q, a.o, a.lse, a.sinks, 0, stream);
 }
 
-fa_status Runtime::combine_kernel(const AttentionConfig &cfg, bool sinks, Kernel **kernel,
-                                  KernelSpec *spec) {
+fa_status Runtime::combine_kernel(const AttentionConfig &cfg, bool sinks, bool varlen,
+                                  Kernel **kernel, KernelSpec *spec) {
   LaunchShape rshape;
   rshape.sinks = sinks;
+  rshape.varlen = varlen;
   *spec = make_spec(cfg, KernelKind::Reduce, backend_->info().limits, rshape, policy());
   return get_kernel(*spec, kernel);
 }
@@ -888,7 +890,7 @@ fa_status Runtime::combine_kernel(const AttentionConfig &cfg, bool sinks, Kernel
 fa_status Runtime::combine(Kernel &kernel, const KernelSpec &spec, const AttentionConfig &cfg,
                            uint64_t o_partial, uint64_t lse_partial, int num_splits, int batch,
                            int seqlen_q, const fa_tensor &o, uint64_t lse, uint64_t sinks,
-                           void *stream) {
+                           uint64_t cu_seqlens_q, void *stream) {
   ReduceParams r;
   std::memset(&r, 0, sizeof r);
   const int64_t hq = cfg.num_heads_q, dv = cfg.head_dim_v, sq = seqlen_q;
@@ -911,6 +913,7 @@ fa_status Runtime::combine(Kernel &kernel, const KernelSpec &spec, const Attenti
   r.seqlen_q = seqlen_q;
   r.num_heads_q = cfg.num_heads_q;
   r.sinks = sinks;
+  r.cu_seqlens_q = cu_seqlens_q;
   return launch_checked(*backend_, kernel, reduce_geometry(spec, r), &r, sizeof r, stream);
 }
 

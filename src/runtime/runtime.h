@@ -135,8 +135,8 @@ class Runtime {
                           const LaunchShape &shape) const;
   // The split of args' keys for the forward kernel spec (one split: none):
   // KernelPolicy::forward_splits, the sm_90a kernel with one CTA per
-  // m-block, fixed-length sequences, and CTAs that leave SMs idle
-  // (forward_num_splits).
+  // m-block, and CTAs that leave SMs idle (forward_num_splits); varlen
+  // counts its CTAs as the launch's grid does (seqlen_q the maximum).
   ForwardSplitPlan plan_forward_split(const AttentionConfig &cfg, const fa_forward_args &args,
                                       const KernelSpec &spec) const;
   // GQA packing (issue 27 item 3): when args (fixed-length, any KV layout,
@@ -160,11 +160,15 @@ class Runtime {
   // there): its kernel, fetched before the split kernel runs, and its launch
   // over partial states [splits, batch, seqlen_q, heads_q, head_dim_v] and
   // [splits, batch, heads_q, seqlen_q] (fp32, contiguous) into o and lse.
-  fa_status combine_kernel(const AttentionConfig &cfg, bool sinks, Kernel **kernel,
+  // varlen (cu_seqlens_q set): the varlen forward's combine (padded partial
+  // states, packed o [total_q, heads_q, head_dim_v] and lse [heads_q,
+  // total_q]; ReduceParams::cu_seqlens_q).
+  fa_status combine_kernel(const AttentionConfig &cfg, bool sinks, bool varlen, Kernel **kernel,
                            KernelSpec *spec);
   fa_status combine(Kernel &kernel, const KernelSpec &spec, const AttentionConfig &cfg,
                     uint64_t o_partial, uint64_t lse_partial, int num_splits, int batch,
-                    int seqlen_q, const fa_tensor &o, uint64_t lse, uint64_t sinks, void *stream);
+                    int seqlen_q, const fa_tensor &o, uint64_t lse, uint64_t sinks,
+                    uint64_t cu_seqlens_q, void *stream);
   // Rebuilds rec's binary unless binary_current(); sets *dirty when it did.
   // Errors: those of Backend::compile.
   fa_status ensure_binary(const KernelSpec &spec, cache::Record *rec, bool *dirty);

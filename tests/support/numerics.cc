@@ -536,6 +536,7 @@ std::string DecodeCase::describe() const {
       heads_q, heads_kv, head_dim, head_dim_v ? head_dim_v : head_dim, causal ? " causal" : "",
       window_left, softcap, num_splits, kv.describe().c_str(), batch_invariant ? " invariant" : "");
   std::string d = buf;
+  if (!prefill_q.empty()) d += " cu_seqlens_q";
   if (!tree.empty()) {
     d += tree_shared ? " tree(shared" : " tree(";
     d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
@@ -941,9 +942,26 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.sinks = d.sinks;
   a.alibi_slopes = d.alibi_slopes;
   a.alibi_slopes_stride = d.alibi_slopes_stride;
-  a.o = make_view(0, c.seqlen_q, c.heads_q, dv, false);
-  const size_t o_elems = view_elems(a.o, c.batch);
-  const size_t lse_n = size_t(c.batch) * c.heads_q * c.seqlen_q;
+  // prefill_q: the queries packed as one "batch" of total rows (cu).
+  const bool packed = !c.prefill_q.empty();
+  std::vector<int32_t> cu{0};
+  for (int n : c.prefill_q) cu.push_back(cu.back() + n);
+  const int nb = packed ? 1 : c.batch, rows = packed ? cu.back() : c.seqlen_q;
+  if (packed) {
+    const size_t row = size_t(c.heads_q) * c.head_dim;
+    std::vector<float> qp;
+    for (int b = 0; b < c.batch; ++b) {
+      const size_t first = (size_t(b) * c.seqlen_q + c.seqlen_q - c.prefill_q[b]) * row;
+      qp.insert(qp.end(), q.begin() + first, q.begin() + first + c.prefill_q[b] * row);
+    }
+    upload(ctx, qp, 1, rows, c.heads_q, c.head_dim, c.bf16, false, &a.q);
+    a.cu_seqlens_q = ctx.alloc(cu.size() * 4);
+    ctx.check(fa_memcpy_htod(ctx.rt, a.cu_seqlens_q, cu.data(), cu.size() * 4), "cu_seqlens_q");
+    a.seqlen_q = std::max(1, *std::max_element(c.prefill_q.begin(), c.prefill_q.end()));
+  }
+  a.o = make_view(0, rows, c.heads_q, dv, false);
+  const size_t o_elems = view_elems(a.o, nb);
+  const size_t lse_n = size_t(nb) * c.heads_q * rows;
   a.o.data = ctx.alloc(o_elems * 2);
   a.lse = ctx.alloc(lse_n * 4);
   if (!ctx.err.empty()) return ctx.err;
@@ -972,13 +990,32 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
     p.alibi_slopes = c.alibi.data();
     p.alibi_stride = c.alibi_stride;
   }
-  std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv), lse_ref(lse_n);
+  std::vector<double> o_ref(size_t(c.batch) * c.seqlen_q * c.heads_q * dv),
+      lse_ref(size_t(c.batch) * c.heads_q * c.seqlen_q);
   ref::attention(p, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data(), lens.data());
-  const std::vector<float> o =
-      download_o(ctx, a.o, c.batch, c.seqlen_q, c.heads_q, dv, c.bf16, &err, poison);
+  const std::vector<float> o = download_o(ctx, a.o, nb, rows, c.heads_q, dv, c.bf16, &err, poison);
   std::vector<float> lse(lse_n);
   ctx.check(fa_memcpy_dtoh(ctx.rt, lse.data(), a.lse, lse_n * 4), "download LSE");
-  const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
+  std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
+  if (packed) {
+    // The packed rows' share of the padded references: O [rows, heads,
+    // dv], LSE [heads, rows].
+    const size_t orow = size_t(c.heads_q) * dv;
+    std::vector<double> op(size_t(rows) * orow), wp(op.size()), lp(lse_n);
+    for (int b = 0; b < c.batch; ++b)
+      for (int i = 0; i < c.prefill_q[b]; ++i) {
+        const size_t src = size_t(b) * c.seqlen_q + c.seqlen_q - c.prefill_q[b] + i;
+        const size_t dst = size_t(cu[b]) + i;
+        std::copy_n(o_ref.begin() + src * orow, orow, op.begin() + dst * orow);
+        std::copy_n(o_lowp.begin() + src * orow, orow, wp.begin() + dst * orow);
+        for (int h = 0; h < c.heads_q; ++h)
+          lp[size_t(h) * rows + dst] =
+              lse_ref[(size_t(b) * c.heads_q + h) * c.seqlen_q + src % c.seqlen_q];
+      }
+    o_ref.swap(op);
+    o_lowp.swap(wp);
+    lse_ref.swap(lp);
+  }
   judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
   if (c.o_out) *c.o_out = o;
   if (c.lse_out) *c.lse_out = lse;

@@ -123,6 +123,11 @@ struct DecodeCase {
   // Run through fa_launch instead (chunked prefill): seqused_k =
   // cache_seqlens, the same bottom-right causal alignment.
   bool prefill = false;
+  // prefill only: queries per sequence (each at most seqlen_q, 0 allowed),
+  // packed through cu_seqlens_q (fa_launch's seqlen_q their maximum):
+  // sequence b's are the last prefill_q[b] of its seqlen_q query rows, so
+  // their reference rows are those. Empty: seqlen_q each, no cu_seqlens_q.
+  std::vector<int> prefill_q;
   // Tree mask (fa_decode_args.tree_mask): bool [batch][seqlen_q][seqlen_q]
   // (1 = query i sees new token j), or empty = none. tree_shared: one
   // [seqlen_q][seqlen_q] mask for every sequence (tree_mask_stride[0] = 0);

@@ -220,6 +220,42 @@ def test_split_kv(runtimes):
         assert asked == []
 
 
+def test_split_kv_varlen(runtimes):
+    """A varlen launch (host cu_seqlens) whose CTAs leave the SMs idle splits
+    too (docs/api.md, "Forward workspace"): fa_forward_workspace_size asks
+    for 256 bytes plus the partial states (padded to the longest sequence),
+    and each sequence's packed O and LSE match the fp64 reference, an empty
+    sequence and one with more queries than keys (rows with no key: O 0,
+    LSE -inf) included."""
+    lens_q, lens_k, h, hk, d = [16, 0, 5, 30], [1500, 40, 900, 20], 4, 2, 64
+    cu_q = np.cumsum([0] + lens_q).astype(np.int32)
+    cu_k = np.cumsum([0] + lens_k).astype(np.int32)
+    g = rng(8112)
+    q = g.standard_normal((cu_q[-1], h, d)).astype(np.float16)
+    k = g.standard_normal((cu_k[-1], hk, d)).astype(np.float16)
+    v = g.standard_normal((cu_k[-1], hk, d)).astype(np.float16)
+    cfg = fa.Config(dtype="fp16", head_dim=d, num_heads_q=h, num_heads_kv=hk, causal=True)
+    rt = runtimes[False]
+    asked = []
+
+    def workspace(nbytes):
+        asked.append(nbytes)
+        return rt.upload(np.zeros(nbytes // 4, np.int32))
+
+    o, lse = nan_out(rt, (cu_q[-1], h, d), "fp16"), nan_out(rt, (h, cu_q[-1]), "fp32")
+    fa.forward(rt, cfg, q, k, v, out=o, lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+               workspace=workspace)
+    assert len(asked) == 1 and asked[0] > 256, asked
+    got_o, got_lse = o.numpy(), lse.numpy()
+    for b in range(len(lens_q)):
+        if lens_q[b] == 0:
+            continue
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ref = ref_attention(round_to(q[None, rq], "fp16"), round_to(k[None, rk], "fp16"),
+                            round_to(v[None, rk], "fp16"), cfg.softmax_scale, causal=True)
+        check_attention(got_o[None, rq], got_lse[None, :, rq], *ref, "fp16")
+
+
 def test_gqa_pack(runtimes):
     """Two new queries per sequence x 8 query heads per KV head over a cache
     with seqused_k run on the decode kernel (docs/api.md, "GQA packing"):
