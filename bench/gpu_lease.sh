@@ -16,6 +16,8 @@
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
 #   testspersist  test_gpu with the persistent sm_90a forward (FLASHATTN_SM90_PERSISTENT=1)
+#   testspdl  test_gpu with programmatic dependent launches (FLASHATTN_PDL=1:
+#             the decode and combine kernels launched with cuLaunchKernelEx)
 #   pytest    bindings/python/tests/test_gpu.py
 #   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 512..16k (the
 #             script's whole seqlen grid: 36 configs, ~30 s on an H200)
@@ -67,13 +69,17 @@
 #   pack      the same with 16 x 4 new tokens (4 x GQA group 4 = 16 rows: fa_launch
 #             runs the GQA-packing decode kernel)
 #   packoff   pack with FLASHATTN_FORWARD_GQA_PACK=0 (files suffixed -gqa-pack-off)
+#   pdl       bench_decode.py, batch 1/8 x context 4k/32k, pages of 16, bf16,
+#             with FLASHATTN_PDL=1 (files suffixed -pdl)
+#   pdloff    the same points without it, right after (the pair says what
+#             the programmatic launches buy)
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -205,10 +211,15 @@ stage pack 60 "$py" bench/bench_varlen.py --chunked --out-dir "$res" --quick --b
   --new-tokens 4 --time-budget "$(budget 30)"
 stage packoff 60 env FLASHATTN_FORWARD_GQA_PACK=0 "$py" bench/bench_varlen.py --chunked \
   --out-dir "$logs/nopack" --quick --batch 16 --new-tokens 4 --time-budget "$(budget 30)"
+FLASHATTN_PDL=1 stage testspdl 150 "$build/tests/test_gpu"
+stage pdl 60 env FLASHATTN_PDL=1 "$py" bench/bench_decode.py --out-dir "$logs/pdl" --batches 1,8 \
+  --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 45)"
+stage pdloff 60 "$py" bench/bench_decode.py --out-dir "$logs/pdloff" --batches 1,8 \
+  --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 45)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
-  nosplit:forward-splits-off nopack:gqa-pack-off; do
+  nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done

@@ -953,6 +953,53 @@ void test_global_oob(void **) {
   assert_int_equal(st, FA_ERROR_LAUNCH);
 }
 
+// A programmatic dependent launch (LaunchGeometry::programmatic): the
+// previous kernel may still run, so a thread's global access before its
+// griddepcontrol.wait is an error naming the instruction (ld, st, atom,
+// cp.async); after the wait, and in an ordinary launch, the same copy runs.
+// griddepcontrol.launch_dependents is accepted anywhere.
+void test_griddepcontrol(void **) {
+  auto kernel =
+      [](const char *before, const char *after) {
+        return std::string(kHeader) + R"(
+.visible .entry k_pdl(.param .align 8 .b8 k_pdl_param[16])
+{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  .shared .align 16 .b8 buf[16];
+  ld.param.u64 %rd1, [k_pdl_param+0];
+  ld.param.u64 %rd2, [k_pdl_param+8];
+  mov.u32 %r2, buf;
+  griddepcontrol.launch_dependents;
+  )" + before + R"(
+  griddepcontrol.wait;
+  )" + after + R"(
+  ld.global.u32 %r1, [%rd1];
+  st.global.u32 [%rd2], %r1;
+}
+)";
+      };
+  DevBuf in(64), out(64);
+  in.put(std::vector<uint32_t>(16, 7u));
+  TwoBuf prm = {in.ptr, out.ptr};
+  fa::LaunchGeometry g = geom(2, 32);
+  for (const char *early :
+       {"ld.global.u32 %r3, [%rd1];", "st.global.u32 [%rd2], %r2;",
+        "atom.global.add.u32 %r3, [%rd2], 1;", "cp.async.ca.shared.global [%r2], [%rd1], 4;"}) {
+    const std::string p = kernel(early, "");
+    g.programmatic = true;
+    assert_int_equal(run_ptx(p, "k_pdl", g, &prm, sizeof prm), FA_ERROR_LAUNCH);
+    expect_error("before griddepcontrol.wait");
+    expect_error(ptx_line_text(line_of(p, early)).c_str());
+    g.programmatic = false;  // an ordinary launch: no predecessor to wait for
+    assert_int_equal(run_ptx(p, "k_pdl", g, &prm, sizeof prm), FA_SUCCESS);
+    const std::string q = kernel("", early);
+    g.programmatic = true;
+    assert_int_equal(run_ptx(q, "k_pdl", g, &prm, sizeof prm), FA_SUCCESS);
+  }
+  assert_int_equal(out.get<uint32_t>()[0], 7u);
+}
+
 // An address within an access's size of 2^64 (device data such as a k_ptrs
 // entry can hold one) is out of bounds, also right after an access to a
 // live buffer (the allocation the checker last hit): addr + size wraps to a
@@ -1777,6 +1824,7 @@ int main(void) {
       cmocka_unit_test(test_vote),
       cmocka_unit_test(test_dynamic_shared),
       cmocka_unit_test(test_global_oob),
+      cmocka_unit_test(test_griddepcontrol),
       cmocka_unit_test(test_global_wrap),
       cmocka_unit_test(test_misaligned),
       cmocka_unit_test(test_shared_oob),

@@ -580,6 +580,38 @@ std::vector<KernelSpec> grid() {
       ++i;
     }
   }
+  // Programmatic dependent launches (KernelSpec::pdl, sm_90 and up): the
+  // tensor-core decode (griddepcontrol.wait in its prologue,
+  // launch_dependents after its K/V loop; head dims 64..576, paged, fp8 KV,
+  // KV append with RoPE, MLA's V in K) and the combine (plain, sinks,
+  // varlen), on sm_90, sm_100 and sm_120.
+  {
+    KernelPolicy pdl;
+    pdl.pdl = true;
+    int i = 0;
+    for (int sm : {90, 100, 120})
+      for (int d : {64, 128, 256, 576}) {
+        LaunchShape shape;
+        shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+        shape.page_size = i % 2 ? 16 : 0;
+        shape.append_kv = d == 128 && sm == 90;
+        shape.rotary = shape.append_kv ? 1 : 0;
+        shape.v_in_k = d == 576;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d == 576 ? 512 : d,
+                                     d == 576 ? 16 : 8, d == 576 ? 1 : 2, i % 3 == 1);
+        if (d == 256 && sm == 90) cfg.kv_fp8 = KvFp8::E4M3;
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, pdl);
+        assert_true(w.mma && w.pdl);
+        out.push_back(w);
+        ++i;
+        LaunchShape rshape;
+        rshape.sinks = d == 64;
+        rshape.varlen = d == 128;
+        w = make_spec(cfg, KernelKind::Reduce, limits_of(sm), rshape, pdl);
+        assert_true(w.pdl);
+        if (sm == 90 || d <= 128) out.push_back(w);
+      }
+  }
   // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
   // head dims 64..256 with softcap and ALiBi alternating, the gather
   // variant over a paged cache with seqused_k, and the fp8 forward; the

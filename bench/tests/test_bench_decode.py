@@ -473,3 +473,17 @@ def test_mla_lease_stage():
     a = b.parse_args(args + ["--time-budget", str(budget)])
     assert a.mla and a.page_sizes == "64" and budget < limit
     assert len(b.mla_grid(b.int_list(a.batches), b.int_list(a.contexts))) >= 8
+
+
+def test_pdl_lease_stages():
+    """gpu_lease.sh times the programmatic dependent launches as a pair of
+    stages in the default list, pdl then pdloff, over the same points with
+    options this parser takes and budgets under the stages' limits."""
+    stages = lease_stage.default_stages()
+    assert "pdl" in stages and stages.index("pdloff") == stages.index("pdl") + 1
+    got = [lease_stage.stage(s, "bench/bench_decode.py") for s in ("pdl", "pdloff")]
+    assert got[0] == got[1]
+    limit, budget, args = got[0]
+    a = b.parse_args(args + ["--time-budget", str(budget)])
+    assert not a.mla and budget < limit and b.int_list(a.batches) == (1, 8)
+    assert "FLASHATTN_PDL=1" in lease_stage.lease_text().split("stage pdl ", 1)[1].split("\n")[0]

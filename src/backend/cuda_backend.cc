@@ -499,6 +499,31 @@ fa_status CudaBackend::launch(Kernel &kernel, const LaunchGeometry &geometry, co
   ScopedContext scope(*context_);
   if (fa_status s = enter(scope); s != FA_SUCCESS) return s;
   void *args[1] = {const_cast<void *>(params)};
+  // A programmatic dependent launch (cuLaunchKernelEx with
+  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) where the driver
+  // has it and captures it into CUDA graphs (12.3), on sm_90 and up; a plain
+  // launch otherwise, which the kernel's griddepcontrol.wait does not mind.
+  if (geometry.programmatic && cu_.LaunchKernelEx != nullptr && info_.driver_version >= 12030 &&
+      info_.sm >= 90) {
+    CUlaunchAttribute attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config;
+    std::memset(&config, 0, sizeof config);
+    config.gridDimX = geometry.grid[0];
+    config.gridDimY = geometry.grid[1];
+    config.gridDimZ = geometry.grid[2];
+    config.blockDimX = geometry.block[0];
+    config.blockDimY = geometry.block[1];
+    config.blockDimZ = geometry.block[2];
+    config.sharedMemBytes = geometry.smem_bytes;
+    config.hStream = static_cast<CUstream>(stream);
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return check(cu_.LaunchKernelEx(&config, k->function(), params_size ? args : nullptr, nullptr),
+                 "cuLaunchKernelEx");
+  }
   CUresult r =
       cu_.LaunchKernel(k->function(), geometry.grid[0], geometry.grid[1], geometry.grid[2],
                        geometry.block[0], geometry.block[1], geometry.block[2], geometry.smem_bytes,

@@ -40,6 +40,8 @@
   X(FuncGetAttribute, PFN_cuFuncGetAttribute_v2020, kRequired, FA_CUDA_API_VERSION)                \
   X(FuncSetAttribute, PFN_cuFuncSetAttribute_v9000, kRequired, FA_CUDA_API_VERSION)                \
   X(LaunchKernel, PFN_cuLaunchKernel_v4000, kRequired, FA_CUDA_API_VERSION)                        \
+  /* Programmatic dependent launches (LaunchGeometry::programmatic). */                            \
+  X(LaunchKernelEx, PFN_cuLaunchKernelEx_v11060, kOptional, FA_CUDA_API_VERSION)                   \
   X(MemAlloc, PFN_cuMemAlloc_v3020, kRequired, FA_CUDA_API_VERSION)                                \
   X(MemFree, PFN_cuMemFree_v3020, kRequired, FA_CUDA_API_VERSION)                                  \
   X(MemcpyHtoD, PFN_cuMemcpyHtoD_v3020, kRequired, FA_CUDA_API_VERSION)                            \

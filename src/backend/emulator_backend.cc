@@ -121,6 +121,7 @@ class EmulatorBackend : public Backend {
     unsigned hw = std::thread::hardware_concurrency();
     c.host_threads = static_cast<int>(env_u64("FLASHATTN_EMU_THREADS", hw >= 2 ? 2 : 1));
     c.profile = env_u64("FLASHATTN_EMU_PROFILE", 0) == 1;
+    c.programmatic = g.programmatic;
     std::string error;
     emu::LaunchStats stats;
     auto t0 = std::chrono::steady_clock::now();

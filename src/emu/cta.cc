@@ -18,7 +18,8 @@ void LaunchShared::report(uint64_t block, const std::string &msg) {
   }
 }
 
-Cta::Cta(LaunchShared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.profile) {
+Cta::Cta(LaunchShared &sh)
+    : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.profile), pdl_(cfg_.programmatic) {
   nthreads_ = cfg_.block[0] * cfg_.block[1] * cfg_.block[2];
   ns_ = e_.num_slots;
   regs_.resize(static_cast<size_t>(nthreads_) * ns_);
@@ -28,6 +29,7 @@ Cta::Cta(LaunchShared &sh) : sh_(sh), e_(*sh.entry), cfg_(*sh.cfg), prof_(cfg_.p
   if (cfg_.dynamic_smem == 0) smem_size_ = e_.static_smem;
   smem_.resize(std::max<size_t>(smem_size_, 1));
   if (prof_) inst_.assign(e_.code.size(), InstProfile());
+  if (pdl_) early_.assign(nthreads_, 1);
 }
 
 std::string Cta::block_text() const {
@@ -53,6 +55,12 @@ bool Cta::fail_at(uint32_t pc, uint32_t t, const char *fmt, ...) {
   error_ = e_.op_text[pc] + " at PTX line " + std::to_string(e_.code[pc].line) + ": " + body +
            (t == UINT32_MAX ? "; block " + block_text() : "; " + thread_text(t));
   return false;
+}
+
+bool Cta::early_global(uint32_t t, uint32_t pc) {
+  return fail_at(pc, t,
+                 "global memory accessed before griddepcontrol.wait in a programmatic dependent "
+                 "launch (the previous kernel may still be running: PTX ISA \"griddepcontrol\")");
 }
 
 void Cta::fault_global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t size, bool misaligned) {

@@ -95,6 +95,7 @@ class Cta {
   // Global address check: one live allocation holds [addr, addr+size).
   // nullptr: fault (error_ set).
   inline uint8_t *global_ptr(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc) {
+    if (!dependency_met(t, pc)) return nullptr;
     if (addr & (size - 1)) {
       fault_global(t, pc, addr, size, true);
       return nullptr;
@@ -104,6 +105,13 @@ class Cta {
       return nullptr;
     }
     return reinterpret_cast<uint8_t *>(addr);
+  }
+
+  // LaunchConfig::programmatic: thread t has run griddepcontrol.wait, so it
+  // may touch global memory (false: error_ set).
+  inline bool dependency_met(uint32_t t, uint32_t pc) {
+    if (__builtin_expect(pdl_ && early_[t], 0)) return early_global(t, pc);
+    return true;
   }
 
   // Shared address check: [addr, addr + size) inside the block's shared
@@ -156,7 +164,9 @@ class Cta {
   LaunchShared &sh_;
   const Entry &e_;
   const LaunchConfig &cfg_;
-  const bool prof_;  // LaunchConfig::profile
+  const bool prof_;             // LaunchConfig::profile
+  const bool pdl_;              // LaunchConfig::programmatic
+  std::vector<uint8_t> early_;  // pdl_: 1 until the thread's griddepcontrol.wait
   uint32_t nthreads_ = 0, ns_ = 0, smem_size_ = 0;
   std::vector<uint64_t> regs_;
   std::vector<ThreadState> state_;
@@ -174,6 +184,7 @@ class Cta {
   // block, 2 past the parameter block's end.
   __attribute__((noinline, cold)) void generic_fault(uint64_t addr, uint32_t size, uint32_t t,
                                                      uint32_t pc, int why);
+  __attribute__((noinline, cold)) bool early_global(uint32_t t, uint32_t pc);
 };
 
 }  // namespace emu

@@ -270,6 +270,7 @@ class CtaRunner : public Cta {
       r[kNwarpid] = nwarps;
       state_[t] = ThreadState::kReady;
       pc_[t] = 0;
+      if (pdl_) early_[t] = 1;
     }
     for (;;) {
       woke_ = false;
@@ -797,6 +798,7 @@ class CtaRunner : public Cta {
       fault_global(t, pc, src, size, true);
       return false;
     }
+    if (!dependency_met(t, pc)) return false;
     if (src_size && !in_allocation(src, src_size)) {
       fault_global(t, pc, src, static_cast<uint32_t>(src_size), false);
       return false;

@@ -38,6 +38,10 @@ struct LaunchConfig {
   uint64_t max_steps = 0;  // instruction budget of the launch (0 = default)
   int host_threads = 1;    // CTAs run in parallel on this many host threads
   bool profile = false;    // count memory requests per instruction (emu/profile.h)
+  // A programmatic dependent launch (LaunchGeometry::programmatic): the
+  // previous kernel may still run, so a thread's global memory access
+  // (ld/st/atom, cp.async, TMA) before its griddepcontrol.wait is an error.
+  bool programmatic = false;
 };
 
 struct LaunchStats {

@@ -915,6 +915,12 @@ class Parser {
     }
     if (b == "membar" || b == "fence") return;  // one thread at a time: ordering is free
     if (b == "nop") return;
+    if (b == "griddepcontrol") {  // PTX ISA "griddepcontrol" (sm_90)
+      if (text == "griddepcontrol.launch_dependents") return;
+      if (text != "griddepcontrol.wait") bad("only griddepcontrol.wait and .launch_dependents");
+      in.op = Op::kGridDepWait;
+      return emit(in, text);
+    }
     decode_arith(b, m, ops, in, text);
   }
 

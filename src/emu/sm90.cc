@@ -317,6 +317,7 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
   const uint32_t *s = cta_.e_.operand_slots.data() + in.c;
   const int64_t dst = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
   const uint64_t ga = r[in.b];
+  if (!cta_.dependency_met(t, pc)) return false;  // the box's global reads
   // The tensor map: 128 bytes, 64-byte aligned, in the parameter block or global.
   const uint64_t p0 = reinterpret_cast<uint64_t>(cta_.sh_.params);
   const uint8_t *mp = nullptr;

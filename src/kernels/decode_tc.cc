@@ -131,6 +131,9 @@ class DecodeTcGen {
     setup();
     prologue();
     loop();
+    // spec.pdl: the combine (a programmatic dependent launch) may be
+    // scheduled now; its griddepcontrol.wait still waits for this grid.
+    if (spec_.pdl) b_.griddepcontrol_launch_dependents();
     merge_and_store();
     b_.exit();
     return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(32 * W_));
@@ -176,6 +179,10 @@ class DecodeTcGen {
       ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, kv_bytes);
       vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, kv_bytes);
     }
+    // spec.pdl: a programmatic dependent launch. Q, the cache and its
+    // tables may be the previous kernel's output: global memory only after
+    // that kernel has completed (all above is parameters and indices).
+    if (spec_.pdl) b_.griddepcontrol_wait();
     if (fp8_) {
       // K's descale of (batch, KV head) scales every score of the CTA (with
       // softcap the scale lives in its -2 log2(e) score_scale constant).

@@ -140,6 +140,12 @@ struct KernelSpec {
   // a fixed-length forward run by the decode kernel, the runtime's GQA
   // packing). Off: the PTX and serialize() are those of a spec without it.
   bool fixed_len = false;
+  // Decode (tensor-core) and Reduce, sm_90 and up: launched as a
+  // programmatic dependent (LaunchGeometry::programmatic, KernelPolicy::pdl):
+  // griddepcontrol.wait before the kernel's first global memory access, and
+  // the decode kernel's griddepcontrol.launch_dependents once its K/V loop
+  // is done. Off: the PTX and serialize() are those of a spec without it.
+  bool pdl = false;
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
   // without the field.

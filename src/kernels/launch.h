@@ -12,6 +12,11 @@ struct LaunchGeometry {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t smem_bytes = 0;  // dynamic shared memory (.extern .shared)
+  // Programmatic dependent launch (CUDA driver API, "Programmatic Dependent
+  // Launch and Synchronization"): the grid may start before the stream's
+  // previous kernel has completed; the kernel runs griddepcontrol.wait
+  // before it touches global memory (KernelSpec::pdl).
+  bool programmatic = false;
 };
 
 // What a device offers one kernel: CUDA device attributes read from the

@@ -34,6 +34,15 @@ struct KernelPolicy {
   // caller's workspace holds its partial states; false never
   // (FLASHATTN_FORWARD_GQA_PACK=0).
   bool forward_gqa_pack = true;
+  // sm_90 and up: the tensor-core decode and the combine after it (and after
+  // a split forward) are launched as programmatic dependents
+  // (KernelSpec::pdl, LaunchGeometry::programmatic): each waits
+  // (griddepcontrol.wait) before touching global memory, so its launch and
+  // prologue overlap the previous kernel's tail; the decode kernel lets its
+  // combine launch once its K/V loop is done (griddepcontrol.launch_dependents).
+  // Off by default: proven on the emulator only, never timed on a GPU
+  // (FLASHATTN_PDL=1).
+  bool pdl = false;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;

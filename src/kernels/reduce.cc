@@ -53,6 +53,9 @@ std::string generate_reduce(const KernelSpec &spec) {
   Reg h = e.s32(e.op(Op::Rem, Type::S64, row, hq64));
   Reg t = e.s32(e.op(Op::Rem, Type::S64, bt64, sq64));
   Reg bz = e.s32(e.op(Op::Div, Type::S64, bt64, sq64));
+  // spec.pdl: the partial states are the previous kernel's (a programmatic
+  // dependent launch): nothing in global memory before it has completed.
+  if (spec.pdl) b.griddepcontrol_wait();
   Reg q0, total_q;  // spec.varlen: the sequence's first packed row, cu[batch]
   if (spec.varlen) {
     b.comment("varlen: rows past the sequence's length leave");

@@ -116,6 +116,10 @@ bool spec_valid(const KernelSpec &s) {
     return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= max_dv && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
+  // griddepcontrol: sm_90 and up; the tensor-core decode and the combine.
+  if (s.pdl && (s.sm < 90 || !(s.kind == KernelKind::Reduce ||
+                               (s.kind == KernelKind::Decode && s.mma && !s.wgmma))))
+    return false;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= max_d && s.head_dim % 8 == 0;
   if (s.wgmma)
@@ -393,6 +397,7 @@ std::string KernelSpec::serialize() const {
   if (dynamic) o.push_back('D');     // only when on
   if (split_kv) o.push_back('S');    // only when on
   if (fixed_len) o.push_back('L');   // only when on
+  if (pdl) o.push_back('G');         // only when on
   if (q_stages != 1) {               // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -425,7 +430,8 @@ std::string KernelSpec::describe() const {
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
          (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
          (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
-         (fixed_len ? " fixed_len" : "") + (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
+         (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
+         (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -460,6 +466,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.lse_out_base2 = shape.lse_out_base2;
     s.sinks = shape.sinks;
     s.varlen = varlen;  // the varlen forward's combine
+    s.pdl = policy.pdl && dev.sm >= 90;
     return s;
   }
   s.head_dim = cfg.head_dim;
@@ -529,6 +536,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.fixed_len = kind == KernelKind::Decode && shape.fixed_len && !shape.append_kv;
+  s.pdl = kind == KernelKind::Decode && s.mma && policy.pdl && dev.sm >= 90;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
@@ -602,7 +610,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
          (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
          (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
-         (s.fixed_len ? "_fixedlen" : "") +
+         (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 
@@ -644,6 +652,7 @@ LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
   g.grid[2] = grid_dim(p.batch);
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
   g.smem_bytes = max_dynamic_smem(spec);
+  g.programmatic = spec.pdl;
   return g;
 }
 
@@ -656,6 +665,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
     g.grid[0] = grid_dim(ceil_div(rows, spec.num_warps));
   }
   g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  g.programmatic = spec.pdl;
   return g;
 }
 

@@ -982,6 +982,10 @@ void Builder::mbarrier_try_wait_parity(Reg p, Addr a, Operand parity) {
 }
 
 void Builder::fence_proxy_async() { Line(*this, Opcode("fence.proxy.async.shared::cta")).done(); }
+void Builder::griddepcontrol_wait() { Line(*this, Opcode("griddepcontrol.wait")).done(); }
+void Builder::griddepcontrol_launch_dependents() {
+  Line(*this, Opcode("griddepcontrol.launch_dependents")).done();
+}
 
 void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar) {
   Opcode in("cp.async.bulk.tensor");

@@ -265,6 +265,12 @@ class Builder {
   // fence.proxy.async.shared::cta: orders this thread's generic-proxy shared
   // accesses with the async proxy (TMA, wgmma operands).
   void fence_proxy_async();
+  // griddepcontrol.wait / .launch_dependents (PTX ISA "griddepcontrol",
+  // 7.8, sm_90): wait until the grids this one depends on (a programmatic
+  // dependent launch's predecessor) have completed and their memory is
+  // visible; let this grid's dependents be scheduled.
+  void griddepcontrol_wait();
+  void griddepcontrol_launch_dependents();
   // cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes
   // [dst], [tmap, {coords}], [mbar]: N = count(coords) in 1..5; tmap the
   // generic address of a tensor map; completes tx bytes on mbar.
