@@ -689,9 +689,10 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * (fixed-length or varlen) whose CTAs leave SMs idle (FlashAttention-3's rule: under 80% of the SMs, at
  * least 8 key tiles, the fewest splits of at least 4 tiles whose waves are
  * 85% as full as the best count's); 256 plus fa_decode_workspace_size's
- * answer when a fixed-length launch (any KV layout, seqused_k or not) with
- * a GQA group of 2 or more and seqlen_q x group <= 16 (no fp8) runs on the
- * decode kernel, which packs a KV head's query rows into one CTA
+ * answer when a launch without cu_seqlens_k (fixed-length, or cu_seqlens_q
+ * with seqused_k: a vLLM-style decode batch; any KV layout) with a GQA group
+ * of 2 or more and seqlen_q x group <= 16 (no fp8) runs on the decode
+ * kernel, which packs a KV head's query rows into one CTA
  * (FLASHATTN_FORWARD_GQA_PACK=0: never); else 0 (no workspace needed; one
  * given is ignored). The answer depends on rt's device (SM count) and policy
  * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_FORWARD_SPLITS,

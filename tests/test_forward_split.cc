@@ -30,6 +30,7 @@
 // persistent), and GQA packing on sm_90 only, packed only, contiguous
 // only. The unsplit reruns (policy off) take one case of each kernel and
 // the two varlen forwards.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -133,6 +134,28 @@ std::string check_gqa_pack(fa_runtime *rt, int sm, uint32_t seed, bool quick) {
                                                       layout == FA_KV_PAGED, layout, 16, seed++);
       c.workspace = kAutoWorkspace;
       route(c.describe(), pack, [&] { return fa::test::run_decode(rt, c); });
+    }
+    // Varlen queries (cu_seqlens_q) over a paged cache with seqused_k: the
+    // decode kernel's varlen form (each sequence's rows from cu_seqlens_q,
+    // aligned to its own keys) and the varlen combine. A vLLM decode batch
+    // (at most one query per sequence, one sequence with none) and up to 2
+    // queries (one sequence with 2 queries and no key).
+    for (const auto &[lens, qs] : {std::pair<std::vector<int>, std::vector<int>>{
+                                       {600, 900, 0, 1000}, {1, 1, 1, 0}},
+                                   {{700, 0, 1000, 300}, {1, 2, 0, 2}}}) {
+      if (quick && qs[1] == 2) continue;
+      const int sq = *std::max_element(qs.begin(), qs.end());
+      fa::test::DecodeCase c =
+          fa::test::prefill_case(lens, sq, 1024, 16, 2, 128, sq == 1, FA_KV_PAGED, 16, seed++);
+      c.prefill_q = qs;
+      c.workspace = kAutoWorkspace;
+      route(c.describe() + " varlen", pack, [&] {
+        std::string e = fa::test::run_decode(rt, c);
+        const std::string k = fa::test::emulated_kernel(rt);
+        if (pack && (k.find("fa_reduce_") != 0 || k.find("_varlen") == std::string::npos))
+          e += "ran " + k + ", not the varlen combine\n";
+        return e;
+      });
     }
     // Fixed-length K/V without seqused_k (one query per sequence, as a
     // decode step through flash_attn_func): the decode kernel's fixed_len
@@ -302,9 +325,9 @@ int main(void) {
     if (k.find("_persistent") == std::string::npos || k.find("_split") != std::string::npos)
       failures += "persistent: ran " + k + "\n";
   }
-  unsetenv("FLASHATTN_EMU_PROFILE");
   failures += check_gqa_pack(rt, 90, 3300, q1);
   if (!q1) failures += check_gqa_pack(rt80, 80, 3310, false);
+  unsetenv("FLASHATTN_EMU_PROFILE");
   fa_free(rt, ws);
   fa_config_destroy(cfg);
   fa_runtime_destroy(rt);

@@ -580,6 +580,25 @@ std::vector<KernelSpec> grid() {
       ++i;
     }
   }
+  // The decode kernel's varlen form (KernelSpec::varlen: the runtime's GQA
+  // packing of a varlen forward; queries through cu_seqlens_q) on sm_80,
+  // sm_89 and sm_90, paged with seqused_k and contiguous without, GQA 2..8.
+  for (int sm : {80, 89, 90}) {
+    int i = 0;
+    for (int d : {64, 128, 256}) {
+      LaunchShape shape;
+      shape.varlen = true;
+      shape.fixed_len = i % 2 == 0;
+      shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = i % 2 ? 16 : 0;
+      KernelSpec w = make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 16, 2 << i % 3,
+                                      i == 1),
+                               KernelKind::Decode, limits_of(sm), shape);
+      assert_true(w.mma && w.varlen);
+      out.push_back(w);
+      ++i;
+    }
+  }
   // Programmatic dependent launches (KernelSpec::pdl, sm_90 and up): the
   // tensor-core decode (griddepcontrol.wait in its prologue,
   // launch_dependents after its K/V loop; head dims 64..576, paged, fp8 KV,

@@ -164,6 +164,7 @@ class DecodeTcGen {
     Reg y = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     sq_ = e_.param(Type::S32, offsetof(P, seqlen_q));
+    sq_out_ = sq_;  // the partial states' rows per sequence
     Reg split_size = e_.param(Type::S32, offsetof(P, split_size));
     rows_ = e_.op(Op::MulLo, Type::S32, sq_, imm(G_));  // packed rows (API: <= FA_MAX_SEQLEN)
     Reg nblk = e_.op(Op::Add, Type::S32, rows_, imm(kRows - 1));
@@ -183,6 +184,21 @@ class DecodeTcGen {
     // tables may be the previous kernel's output: global memory only after
     // that kernel has completed (all above is parameters and indices).
     if (spec_.pdl) b_.griddepcontrol_wait();
+    Reg q_b;  // sequence bz's first query row
+    if (spec_.varlen) {
+      // Its queries: rows cu[b] .. of q, at most seqlen_q (the grid's m-blocks
+      // count those); a CTA past them has nothing to do (the combine skips
+      // those rows).
+      Reg cuq = e_.global_param(offsetof(P, cu_seqlens_q));
+      Reg q0 = b_.b32(), q1 = b_.b32();
+      Reg a = e_.index(cuq, bz_, 4);
+      b_.ld(Space::Global, Type::S32, q0, at(a), true);
+      b_.ld(Space::Global, Type::S32, q1, at(a, 4), true);
+      sq_ = seq_len(e_, q0, q1, sq_out_);
+      rows_ = e_.op(Op::MulLo, Type::S32, sq_, imm(G_));
+      b_.when(e_.setp(Cmp::Ge, Type::S32, m0_, rows_)).exit();
+      q_b = e_.index(q, q0, qs[1]);
+    }
     if (fp8_) {
       // K's descale of (batch, KV head) scales every score of the CTA (with
       // softcap the scale lives in its -2 log2(e) score_scale constant).
@@ -291,7 +307,7 @@ class DecodeTcGen {
 
     // Q rows: packed row r of this CTA -> (token, head) address; rows past
     // the group are zero (their scores are masked anyway).
-    Reg q_b = e_.index(q, bz_, qs[0]);
+    if (!spec_.varlen) q_b = e_.index(q, bz_, qs[0]);
     Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
     const int C = lay_.q.cols / 8, total = kRows * C, T = 32 * W_;
     for (int i = 0; i * T < total; ++i) {
@@ -755,7 +771,8 @@ class DecodeTcGen {
       for (Reg &a : acc) b_.op(Op::Mul, Type::F32, a, a, inv);
       Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
       Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
-      Reg orow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_)), e_.s64(t));
+      Reg orow =
+          e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_out_)), e_.s64(t));
       b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(qh));
       Reg ga = e_.index64(opart, orow, spec_.head_dim_v * 4);
       if (spec_.dv_split > 1) ga = e_.index(ga, dv_slice_index(e_, spec_), dv * 4);
@@ -771,7 +788,7 @@ class DecodeTcGen {
       b_.op(Op::Fma, Type::F32, x, x, fimm(kLn2), m);
       b_.selp(Type::F32, x, fimm(kNegInf), x, empty);
       Reg lrow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(hq)), e_.s64(qh));
-      b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_), e_.s64(t));
+      b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_out_), e_.s64(t));
       b_.st(Space::Global, Type::F32, at(e_.index64(lpart, lrow, 4)), x);
       b_.bind(skip);
     }
@@ -791,7 +808,9 @@ class DecodeTcGen {
   Reg tid_, lane_, warp_, smem_, wsmem_, k_lm_, v_lm_, q_lm_;
   Reg score_scale_;
   Softcap cap_;
-  Reg bz_, sq_, sk_, rows_, kvh_, m0_, n0_, my_tiles_, i_;
+  // sq_: this sequence's queries (varlen: from cu_seqlens_q), sq_out_ the
+  // partial states' rows per sequence (the launch's seqlen_q).
+  Reg bz_, sq_, sq_out_, sk_, rows_, kvh_, m0_, n0_, my_tiles_, i_;
   Reg lo_[2], hi_[2];
   Reg new0_, mrow_[2];  // spec.tree_mask: first new token's key, mask rows
   Reg sn_, sk_old_;     // spec.append_kv: seqlen_new, the length before the append

@@ -405,6 +405,14 @@ struct DecodeParams {
   int64_t rotary_positions_stride;  // elements
   int32_t seqlen_new, rotary_dim, seqlen_ro;
   int32_t rotary_pos_causal;  // 1: query t at cache_seqlens + t, else at cache_seqlens
+  // spec.varlen only (the runtime's GQA packing of a varlen forward; a
+  // kernel without it declares its block to end before, as above):
+  // int32 [batch + 1] prefix sums. Sequence b's queries are rows cu[b] ..
+  // cu[b+1] - 1 of q ([total_q, heads_q, d]: q_stride[1], [2]; [0] unused),
+  // at most seqlen_q of them (the launch's maximum; clamped), aligned to
+  // the bottom right of its keys; the partial states stay padded to seqlen_q
+  // rows (the varlen combine packs them).
+  uint64_t cu_seqlens_q;
 };
 
 struct ReduceParams {
@@ -484,7 +492,8 @@ inline size_t forward_tail_offset(const KernelSpec &spec) {
 // so a kernel's PTX is unchanged by the features it does not use; a launch
 // passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
-  if (spec.append_kv) return sizeof(DecodeParams);
+  if (spec.varlen) return sizeof(DecodeParams);
+  if (spec.append_kv) return offsetof(DecodeParams, cu_seqlens_q);
   if (spec.kv_fp8 != KvFp8::None) return offsetof(DecodeParams, k_new);
   if (spec.alibi) return offsetof(DecodeParams, k_descale);
   return spec.tree_mask ? offsetof(DecodeParams, alibi_slopes) : offsetof(DecodeParams, tree_mask);

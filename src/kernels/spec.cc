@@ -116,6 +116,10 @@ bool spec_valid(const KernelSpec &s) {
     return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= max_dv && s.head_dim_v % 8 == 0;
   bool w_ok = s.num_warps >= 1 && s.num_warps <= 32;
+  // Decode with cu_seqlens_q: the tensor-core one, without KV append or
+  // tree mask.
+  if (s.kind == KernelKind::Decode && s.varlen && (!s.mma || s.append_kv || s.tree_mask))
+    return false;
   // griddepcontrol: sm_90 and up; the tensor-core decode and the combine.
   if (s.pdl && (s.sm < 90 || !(s.kind == KernelKind::Reduce ||
                                (s.kind == KernelKind::Decode && s.mma && !s.wgmma))))
@@ -518,6 +522,9 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
     s.dv_split = choose_dv_split(s.head_dim_v);
     s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
+    // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
+    // forward; not with a KV append or a tree mask).
+    s.varlen = varlen && !shape.append_kv && !shape.tree_mask;
     choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;

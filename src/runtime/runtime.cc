@@ -422,8 +422,10 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
   return p;
 }
 
-KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a) const {
+KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a,
+                                uint64_t cu_seqlens_q) const {
   LaunchShape shape = kv_shape(a.kv);
+  shape.varlen = cu_seqlens_q != 0;
   shape.tree_mask = a.tree_mask != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.append_kv = a.k_new.data != 0;
@@ -500,7 +502,7 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
                                         const fa_forward_args &a) const {
   fa_decode_args d;
   if (forward_as_decode(cfg, a, &d)) {
-    const DecodePlan plan = plan_decode(cfg, d);
+    const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
     if (!plan.too_large) return 256 + plan.workspace_bytes;
   }
   const LaunchShape shape = forward_shape(a);
@@ -514,7 +516,7 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
 bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &a,
                                 fa_decode_args *d) const {
   const int group = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
-  if (!policy().forward_gqa_pack || a.cu_seqlens_q != 0 || group < 2 ||
+  if (!policy().forward_gqa_pack || a.cu_seqlens_k != 0 || group < 2 ||
       int64_t(group) * a.seqlen_q > 16 || cfg.q_fp8 != KvFp8::None || cfg.kv_fp8 != KvFp8::None)
     return false;
   std::memset(d, 0, sizeof *d);
@@ -536,7 +538,10 @@ bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_arg
     d->workspace = a.workspace + 256;
     d->workspace_size = a.workspace_size - 256;
   }
-  return decode_spec(cfg, *d).mma;  // the tensor-core decode (the scalar one packs no rows)
+  // The tensor-core decode (the scalar one packs no rows; with
+  // cu_seqlens_q, its varlen form).
+  const KernelSpec spec = decode_spec(cfg, *d, a.cu_seqlens_q);
+  return spec.mma && spec.varlen == (a.cu_seqlens_q != 0);
 }
 
 KernelSpec Runtime::forward_split_spec(const AttentionConfig &cfg, const fa_forward_args &a,
@@ -557,10 +562,10 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   // rows (forward_as_decode), given room for its partial states.
   fa_decode_args d;
   if (forward_as_decode(cfg, a, &d) && d.workspace % 256 == 0) {
-    const DecodePlan plan = plan_decode(cfg, d);
+    const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
     if (!plan.too_large && d.workspace != 0 && d.workspace_size >= plan.workspace_bytes) {
       counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
-      return decode(cfg, d, stream);
+      return decode(cfg, d, stream, a.cu_seqlens_q);
     }
   }
   LaunchShape shape = forward_shape(a);
@@ -754,8 +759,9 @@ ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const f
   return plan;
 }
 
-DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a) const {
-  const KernelSpec spec = decode_spec(cfg, a);
+DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a,
+                                uint64_t cu_seqlens_q) const {
+  const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
   // 64-bit throughout: the API bounds the sizes (check_decode_limits), but
   // the arithmetic must not overflow on the way.
   const int64_t block_n = std::max(spec.block_n, 1);
@@ -800,10 +806,12 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   return plan;
 }
 
-fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream) {
-  if (fa_status st = check_fp32(cfg, decode_spec(cfg, a)); st != FA_SUCCESS) return st;
-  if (fa_status st = check_head_dims(cfg, decode_spec(cfg, a)); st != FA_SUCCESS) return st;
-  const DecodePlan plan = plan_decode(cfg, a);
+fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream,
+                          uint64_t cu_seqlens_q) {
+  const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
+  if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
+  if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
+  const DecodePlan plan = plan_decode(cfg, a, cu_seqlens_q);
   if (plan.too_large) return decode_too_large();
   if (a.workspace_size < plan.workspace_bytes) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
@@ -811,7 +819,6 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
                 "(see fa_decode_workspace_size)",
                 a.workspace_size, plan.workspace_bytes, plan.num_splits);
   }
-  const KernelSpec spec = decode_spec(cfg, a);
   if (spec.append_kv && !spec.mma) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "KV append (k_new) needs the tensor-core decode kernel (sm_80+, not "
@@ -825,7 +832,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
   if (a.o.data != 0) {
-    st = combine_kernel(cfg, a.sinks != 0, false, &reduce_kernel, &rspec);
+    st = combine_kernel(cfg, a.sinks != 0, cu_seqlens_q != 0, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
 
@@ -835,6 +842,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   p.k = a.k_cache.data;
   p.v = a.v_cache.data;
   p.cache_seqlens = a.cache_seqlens;
+  p.cu_seqlens_q = cu_seqlens_q;
   p.o_partial = a.workspace;
   p.lse_partial = a.workspace + plan.lse_offset;
   copy_strides(p.q_stride, a.q);
@@ -875,7 +883,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
   if (st != FA_SUCCESS || a.o.data == 0) return st;
   return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
-                 a.seqlen_q, a.o, a.lse, a.sinks, 0, stream);
+                 a.seqlen_q, a.o, a.lse, a.sinks, cu_seqlens_q, stream);
 }
 
 fa_status Runtime::combine_kernel(const AttentionConfig &cfg, bool sinks, bool varlen,

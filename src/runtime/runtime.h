@@ -121,10 +121,16 @@ class Runtime {
   // 8 when it would run args on the persistent kernel, the split-KV plan's
   // when it would split args' keys, else 0.
   size_t forward_workspace_bytes(const AttentionConfig &cfg, const fa_forward_args &args) const;
-  DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args) const;
+  // cu_seqlens_q (not in fa_decode_args): a varlen forward run by the
+  // decode kernel (forward_as_decode): int32 [batch + 1] device prefix sums
+  // of the queries per sequence, args.seqlen_q their maximum; 0 = none.
+  DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args,
+                         uint64_t cu_seqlens_q = 0) const;
   // The decode kernel's spec for args' KV layout on this device.
-  KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args) const;
-  fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream);
+  KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args,
+                         uint64_t cu_seqlens_q = 0) const;
+  fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
+                   uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
  private:
