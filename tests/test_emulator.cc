@@ -953,32 +953,28 @@ void test_global_oob(void **) {
   assert_int_equal(st, FA_ERROR_LAUNCH);
 }
 
+// An entry `name` taking two u64 parameters (%rd1, %rd2), with a 16-byte
+// shared buffer whose address is in %r2, running body.
+std::string two_pointer_kernel(const std::string &name, const std::string &body) {
+  return std::string(kHeader) + ".visible .entry " + name + "(.param .align 8 .b8 " + name +
+         "_param[16])\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n"
+         "  .shared .align 16 .b8 buf[16];\n  ld.param.u64 %rd1, [" +
+         name + "_param+0];\n  ld.param.u64 %rd2, [" + name + "_param+8];\n  mov.u32 %r2, buf;\n" +
+         body + "\n}\n";
+}
+
 // A programmatic dependent launch (LaunchGeometry::programmatic): the
 // previous kernel may still run, so a thread's global access before its
 // griddepcontrol.wait is an error naming the instruction (ld, st, atom,
 // cp.async); after the wait, and in an ordinary launch, the same copy runs.
 // griddepcontrol.launch_dependents is accepted anywhere.
 void test_griddepcontrol(void **) {
-  auto kernel =
-      [](const char *before, const char *after) {
-        return std::string(kHeader) + R"(
-.visible .entry k_pdl(.param .align 8 .b8 k_pdl_param[16])
-{
-  .reg .b32 %r<4>;
-  .reg .b64 %rd<4>;
-  .shared .align 16 .b8 buf[16];
-  ld.param.u64 %rd1, [k_pdl_param+0];
-  ld.param.u64 %rd2, [k_pdl_param+8];
-  mov.u32 %r2, buf;
-  griddepcontrol.launch_dependents;
-  )" + before + R"(
-  griddepcontrol.wait;
-  )" + after + R"(
-  ld.global.u32 %r1, [%rd1];
-  st.global.u32 [%rd2], %r1;
-}
-)";
-      };
+  auto kernel = [](const char *before, const char *after) {
+    return two_pointer_kernel("k_pdl", std::string("  griddepcontrol.launch_dependents;\n  ") +
+                                           before + "\n  griddepcontrol.wait;\n  " + after +
+                                           "\n  ld.global.u32 %r1, [%rd1];\n"
+                                           "  st.global.u32 [%rd2], %r1;");
+  };
   DevBuf in(64), out(64);
   in.put(std::vector<uint32_t>(16, 7u));
   TwoBuf prm = {in.ptr, out.ptr};
@@ -1008,19 +1004,7 @@ void test_griddepcontrol(void **) {
 void test_global_wrap(void **) {
   // Reads the live buffer (param 0), then 4 bytes at param 1 by `access`.
   auto kernel = [](const char *access) {
-    return std::string(kHeader) + R"(
-.visible .entry k_wrap(.param .align 8 .b8 k_wrap_param[16])
-{
-  .reg .b32 %r<4>;
-  .reg .b64 %rd<4>;
-  .shared .align 16 .b8 buf[16];
-  ld.param.u64 %rd1, [k_wrap_param+0];
-  ld.param.u64 %rd2, [k_wrap_param+8];
-  ld.global.u32 %r1, [%rd1];
-  mov.u32 %r2, buf;
-  )" + access + R"(
-}
-)";
+    return two_pointer_kernel("k_wrap", std::string("  ld.global.u32 %r1, [%rd1];\n  ") + access);
   };
   DevBuf in(64);
   for (const char *access :
