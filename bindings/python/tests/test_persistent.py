@@ -13,7 +13,8 @@ the next call."""
 import numpy as np
 import pytest
 
-from conftest import FakeCAI, check_attention, nan_out, ref_attention, rng, round_to
+from conftest import (FakeCAI, check_attention, nan_out, ref_attention, rng, round_to,
+                      to_pages)
 import flashattn as fa
 
 B, SQ, SK, H, HK, D = 5, 19, 45, 32, 8, 64
@@ -283,3 +284,45 @@ def test_gqa_pack(runtimes):
         ref = ref_attention(round_to(q[i:i + 1], "fp16"), round_to(k[i:i + 1, :n], "fp16"),
                             round_to(v[i:i + 1, :n], "fp16"), cfg.softmax_scale, causal=True)
         check_attention(got_o[i:i + 1], got_lse[i:i + 1], *ref, "fp16")
+
+
+def test_gqa_pack_varlen(runtimes):
+    """A varlen batch of at most one query per sequence (cu_seqlens_q, one
+    sequence with none) x 8 query heads per KV head over a paged cache with
+    seqused_k, as vLLM's decode steps call flash_attn_varlen_func, runs on
+    the decode kernel (docs/api.md, "GQA packing"): the workspace asked for
+    is 256 bytes plus the decode kernel's partial states, and each
+    sequence's packed O and LSE match the fp64 reference over its keys
+    (bottom-right aligned)."""
+    b, sk, h, hk, d = 4, 700, 16, 2, 64
+    lens_q, lens_k = [1, 0, 1, 1], np.array([700, 500, 0, 333], np.int32)
+    cu_q = np.cumsum([0] + lens_q).astype(np.int32)
+    g = rng(8113)
+    q = g.standard_normal((cu_q[-1], h, d)).astype(np.float16)
+    k = g.standard_normal((b, sk, hk, d)).astype(np.float16)
+    v = g.standard_normal((b, sk, hk, d)).astype(np.float16)
+    kp, vp, table = to_pages(g, k, v, 16)  # shuffled pages of 16, NaN in the spare ones
+    cfg = fa.Config(dtype="fp16", head_dim=d, num_heads_q=h, num_heads_kv=hk, causal=True)
+    rt = runtimes[False]
+    asked = []
+
+    def workspace(nbytes):
+        asked.append(nbytes)
+        return rt.upload(np.zeros(nbytes // 4, np.int32))
+
+    o, lse = nan_out(rt, (cu_q[-1], h, d), "fp16"), nan_out(rt, (h, cu_q[-1]), "fp32")
+    fa.forward(rt, cfg, q, kp, vp, out=o, lse=lse, cu_seqlens_q=cu_q, seqused_k=lens_k,
+               block_table=table, workspace=workspace)
+    assert len(asked) == 1 and asked[0] > 256, asked
+    got_o, got_lse = o.numpy(), lse.numpy()
+    for i in range(b):
+        rq = slice(cu_q[i], cu_q[i + 1])
+        if lens_q[i] == 0:
+            continue
+        if lens_k[i] == 0:
+            assert (got_o[rq] == 0).all() and np.isneginf(got_lse[:, rq]).all()
+            continue
+        n = lens_k[i]
+        ref = ref_attention(round_to(q[None, rq], "fp16"), round_to(k[i:i + 1, :n], "fp16"),
+                            round_to(v[i:i + 1, :n], "fp16"), cfg.softmax_scale, causal=True)
+        check_attention(got_o[None, rq], got_lse[None, :, rq], *ref, "fp16")
