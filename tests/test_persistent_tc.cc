@@ -19,7 +19,7 @@
 // with empty sequences, by work (tile::WorkScheduler) and above
 // tile::kWorkBatchMax sequences (the padded order, items past a sequence
 // skipped); through fa_launch against a KV cache (chunked prefill):
-// seqused_k on a contiguous cache, paged caches of page 16 and 3. Each
+// seqused_k on a contiguous cache, paged caches of page 64 and 3. Each
 // launch's kernel is checked by name (the emulator profile).
 // fa_forward_workspace_size is 8 with the policy on, 0 off; a misaligned
 // or too small workspace is refused naming it.
@@ -66,10 +66,10 @@ std::vector<Case> sm80_cases() {
   add(2, 300, 300, 4, 2, 128, 128, true, true, -1, -1, 0, 5);    // 24 items on 5 CTAs
   add(3, 1, 200, 4, 1, 64, 64, false, true, -1, -1, 0, 5);       // seqlen_q = 1, GQA 4
   add(2, 300, 100, 3, 3, 128, 128, false, true, -1, -1, 0, 4);   // rows and m-blocks with no key
-  add(1, 260, 517, 8, 2, 64, 64, true, false, 100, 30, 0, 7);    // window both ways
-  add(1, 200, 300, 6, 2, 256, 256, false, true, -1, -1, 30, 5);  // d256, softcap
+  add(1, 260, 517, 4, 2, 64, 64, true, false, 100, 30, 0, 3);    // window both ways
+  add(1, 200, 300, 3, 1, 256, 256, false, true, -1, -1, 30, 4);  // d256, softcap
   add(2, 129, 129, 2, 1, 96, 64, true, false, 40, -1, 0, 3);     // d != dv, left window alone
-  add(4, 200, 140, 8, 4, 64, 64, false, true, -1, -1, 0, 0);     // 64 items, 108 x min_ctas CTAs
+  add(4, 200, 140, 4, 2, 64, 64, false, true, -1, -1, 0, 0);     // 32 items, 108 x min_ctas CTAs
   {
     Case &x = add(2, 150, 180, 4, 2, 64, 64, false, true, -1, -1, 0, 3);  // sinks + ALiBi
     x.c.sinks = {0.5f, -1.0f, 2.0f, 0.0f};
@@ -86,8 +86,8 @@ std::vector<Case> sm80_cases() {
   // 20 sequences, half of them empty, lengths 1, 2, 5, 128 and 129 (an
   // m-block prefix off by one drops or adds a block).
   g.c = varlen_case({0, 37, 0, 129, 0, 1, 0, 300, 0, 5, 0, 260, 0, 128, 0, 2, 0, 64, 0, 200},
-                    {9, 140, 0, 100, 3, 0, 0, 290, 1, 64, 0, 300, 5, 128, 0, 7, 2, 200, 0, 33},
-                    300, 300, 4, 2, 64, false, false, seed + 1);
+                    {9, 140, 0, 100, 3, 0, 0, 290, 1, 64, 0, 300, 5, 128, 0, 7, 2, 200, 0, 33}, 300,
+                    300, 2, 1, 64, false, false, seed + 1);
   g.grid = 5;
   cases.push_back(g);
   // Above tile::kWorkBatchMax sequences (1030): the padded order, its items
@@ -101,17 +101,18 @@ std::vector<Case> sm80_cases() {
     cases.push_back(g);
   }
   // Through fa_launch against a KV cache: seqused_k on a contiguous cache
-  // (a sequence with no key), paged caches of page 16 and 3 (row lookups)
-  // with shuffled block tables.
+  // (a sequence with no key), paged caches of page 64 (whole tiles, d160) and
+  // 3 (row lookups, d192) with shuffled block tables (paged on tiles of two
+  // m-tiles per warp, d <= 128 on sm_80, runs one CTA per item).
   g = Case();
   g.d = fa::test::prefill_case({0, 300, 90}, 200, 320, 4, 2, 128, true, FA_KV_CONTIGUOUS, 0,
                                seed + 3);
   g.grid = 5;
   cases.push_back(g);
-  g.d = fa::test::prefill_case({250, 0, 33}, 140, 256, 6, 2, 64, false, FA_KV_PAGED, 16, seed + 4);
+  g.d = fa::test::prefill_case({250, 0, 33}, 140, 256, 4, 2, 160, false, FA_KV_PAGED, 64, seed + 4);
   g.grid = 4;
   cases.push_back(g);
-  g.d = fa::test::prefill_case({70, 161}, 130, 170, 4, 1, 128, true, FA_KV_PAGED, 3, seed + 5);
+  g.d = fa::test::prefill_case({70, 161}, 130, 170, 4, 1, 192, true, FA_KV_PAGED, 3, seed + 5);
   g.grid = 3;
   cases.push_back(g);
   return fa::test::maybe_quick(cases, 3);
@@ -129,7 +130,8 @@ std::string run_cases(int sm, std::vector<Case> cases, int *runs) {
     return std::string("workspace: ") + fa_last_error() + "\n";
   }
   std::string failures;
-  if (sm == 80) failures += fa::test::check_workspace_api(rt, &fa::KernelPolicy::sm80_persistent, ws);
+  if (sm == 80)
+    failures += fa::test::check_workspace_api(rt, &fa::KernelPolicy::sm80_persistent, ws);
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   for (Case &x : cases) {
     std::string kernel[fa::test::kPersistentRuns];

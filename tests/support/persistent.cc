@@ -110,5 +110,4 @@ std::string check_workspace_api(fa_runtime *rt, bool fa::KernelPolicy::*on, uint
   return failures;
 }
 
-
 }  // namespace fa::test

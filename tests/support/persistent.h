@@ -19,9 +19,9 @@ namespace fa::test {
 
 struct PersistentCase {
   ForwardCase c;
-  DecodeCase d;          // prefill (d.prefill): through fa_launch against a KV cache
-  int grid = 0;          // persistent CTAs at most (0: the emulator's SM count x min_ctas)
-  bool gather = false;   // sm_90a: must run the gather variant
+  DecodeCase d;         // prefill (d.prefill): through fa_launch against a KV cache
+  int grid = 0;         // persistent CTAs at most (0: the emulator's SM count x min_ctas)
+  bool gather = false;  // sm_90a: must run the gather variant
   std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
   // Launches the case with O and LSE into o / lse and the workspace given.
   std::string run(fa_runtime *rt, std::vector<float> *o, std::vector<float> *lse, uint64_t ws,
