@@ -33,6 +33,14 @@
 #             items are handed out by the atomic counter, not the static
 #             order; head_dim 64/128, seqlen 512/1k/2k/16k, each point vs
 #             cuDNN in one command; set against the sdpa stage's same points
+#   persist80 bench_sdpa.py with FLASHATTN_FORCE_SM80_FORWARD=1 and
+#             FLASHATTN_SM80_PERSISTENT=1: the persistent mma.sync forward (off by
+#             default: persistence has been reported to cost 14-33% on
+#             cp.async/mma.sync kernels), dynamic like persist (the binding's
+#             workspace); head_dim 64/128, seqlen 512/1k/4k/16k
+#   persist80off  the same points with FLASHATTN_FORCE_SM80_FORWARD=1 alone (the
+#             one-CTA-per-item mma.sync forward): the pair says what
+#             persistence buys there
 #   sdpabase  bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the library
 #             in build-gpu/baseline/ (a before/after pair on one machine;
 #             that version's bindings/python/flashattn in build-gpu/baseline/python/)
@@ -79,7 +87,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -175,6 +183,12 @@ FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir 
   --dtypes bf16 --head-dims 64,128 --seqlens 1024,4096 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_SM90_PERSISTENT=1 stage persist 60 "$py" bench/bench_sdpa.py --out-dir "$logs/persist" \
   --dtypes bf16 --head-dims 64,128 --seqlens 512,1024,2048,16384 --no-coldstart --time-budget "$(budget 50)"
+FLASHATTN_FORCE_SM80_FORWARD=1 FLASHATTN_SM80_PERSISTENT=1 stage persist80 60 "$py" bench/bench_sdpa.py \
+  --out-dir "$logs/persist80" --dtypes bf16 --head-dims 64,128 --seqlens 512,1024,4096,16384 \
+  --no-coldstart --time-budget "$(budget 50)"
+FLASHATTN_FORCE_SM80_FORWARD=1 stage persist80off 60 "$py" bench/bench_sdpa.py \
+  --out-dir "$logs/persist80off" --dtypes bf16 --head-dims 64,128 --seqlens 512,1024,4096,16384 \
+  --no-coldstart --time-budget "$(budget 50)"
 if [ -e "$build/baseline/libflashattn.so.0" ]; then
   FLASHATTN_PYTHON_DIR=$basepy FLASHATTN_LIBRARY=$root/$build/baseline/libflashattn.so.0 stage sdpabase 50 "$py" \
     bench/bench_sdpa.py --out-dir "$logs/base" --dtypes bf16 --head-dims 64,128 \
@@ -219,7 +233,8 @@ stage pdloff 60 "$py" bench/bench_decode.py --out-dir "$logs/pdloff" --batches 1
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
-  nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off; do
+  nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off \
+  persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done
 done

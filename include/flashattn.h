@@ -602,9 +602,11 @@ typedef struct fa_forward_args {
                             launches that may run at the same time (one per
                             stream). Its first 8 bytes are the persistent
                             kernel's work counter (8-byte aligned): when the
-                            runtime runs the persistent sm_90a kernel
-                            (experimental, off by default:
-                            FLASHATTN_SM90_PERSISTENT=1), a workspace makes it
+                            runtime runs a persistent forward kernel
+                            (experimental, off by default: the sm_90a one
+                            with FLASHATTN_SM90_PERSISTENT=1, the mma.sync
+                            one of sm_80 and up with
+                            FLASHATTN_SM80_PERSISTENT=1), a workspace makes it
                             hand out work items dynamically (an atomic
                             counter; with 0 it runs the static order), and
                             every launch leaves the counter zero again, so it
@@ -679,8 +681,9 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
                            void *stream);
 
 /* The bytes of fa_forward_args.workspace fa_launch uses for args on rt: 8
- * (two uint32 counters, 8-byte aligned) when it would run them on the
- * persistent sm_90a kernel, which then takes its work items from the
+ * (two uint32 counters, 8-byte aligned) when it would run them on a
+ * persistent forward kernel (sm_90a, FLASHATTN_SM90_PERSISTENT; mma.sync,
+ * FLASHATTN_SM80_PERSISTENT), which then takes its work items from the
  * workspace's counter (dynamic scheduling); 256 plus the split-KV partial
  * states (fp32 O [splits, batch, seqlen_q, num_heads_q, head_dim_v] and
  * LSE [splits, batch, num_heads_q, seqlen_q], each 256-byte aligned;
@@ -695,7 +698,7 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * kernel, which packs a KV head's query rows into one CTA
  * (FLASHATTN_FORWARD_GQA_PACK=0: never); else 0 (no workspace needed; one
  * given is ignored). The answer depends on rt's device (SM count) and policy
- * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_FORWARD_SPLITS,
+ * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_SM80_PERSISTENT, FLASHATTN_FORWARD_SPLITS,
  * FLASHATTN_FORWARD_GQA_PACK, read by
  * fa_runtime_create), the config and the host fields of args (sizes,
  * layouts, which pointers are set); args' own workspace fields are not

@@ -92,6 +92,23 @@ void push_split(std::vector<KernelSpec> *out, const AttentionConfig &c, const De
   assert_true(out->back().varlen);
 }
 
+// The persistent forward of config c on sm with the policy variable `env`
+// on (FLASHATTN_SM90_PERSISTENT, FLASHATTN_SM80_PERSISTENT): static and
+// dynamic, fixed-length and varlen (by work); nothing where the kernel
+// chosen is not persistent (the mma.sync forward's O column slices).
+void push_persistent(std::vector<KernelSpec> *out, const char *env, const AttentionConfig &c,
+                     int sm) {
+  setenv(env, "1", 1);
+  for (bool vl : {false, true}) {
+    KernelSpec p = make_spec(c, KernelKind::Forward, sm, vl);
+    if (!p.persistent) continue;
+    out->push_back(p);
+    p.dynamic = true;
+    out->push_back(p);
+  }
+  unsetenv(env);
+}
+
 // Every kernel kind over head dims, dtypes, softcap, varlen, GQA groups,
 // the scalar forward fallback, and every target SM.
 std::vector<KernelSpec> all_specs() {
@@ -143,21 +160,17 @@ std::vector<KernelSpec> all_specs() {
             shape.rotary_half_table = lay == 2;
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
           }
-          // Split-KV in the mma.sync forward (contiguous and paged).
+          // Split-KV in the mma.sync forward (contiguous and paged), and
+          // the persistent mma.sync forward (static and dynamic, varlen by
+          // work; O in one slice).
           if (sm != 90) {
             push_split(&out, config(dt, d, dv, 16, 4, sc), lim);
+            push_persistent(&out, "FLASHATTN_SM80_PERSISTENT", config(dt, d, dv, 16, 4, sc), sm);
           }
           // sm_90a: the persistent forward (static and dynamic; TMA and
           // gather, varlen by work) and the split-KV one (TMA and gather).
           if (sm == 90) {
-            setenv("FLASHATTN_SM90_PERSISTENT", "1", 1);
-            for (bool vl : {false, true}) {
-              KernelSpec p = make_spec(config(dt, d, dv, 16, 4, sc), KernelKind::Forward, sm, vl);
-              out.push_back(p);
-              p.dynamic = true;
-              out.push_back(p);
-            }
-            unsetenv("FLASHATTN_SM90_PERSISTENT");
+            push_persistent(&out, "FLASHATTN_SM90_PERSISTENT", config(dt, d, dv, 16, 4, sc), sm);
             push_split(&out, config(dt, d, dv, 16, 4, sc), lim);
           }
         }

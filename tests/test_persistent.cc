@@ -46,102 +46,13 @@
 
 #include "flashattn.h"
 #include "support/numerics.h"
+#include "support/persistent.h"
 #include "support/policy.h"
 
 namespace {
 
-struct Case {
-  fa::test::ForwardCase c;
-  fa::test::DecodeCase d;  // prefill (d.prefill): through fa_launch against a KV cache
-  int grid = 0;            // persistent CTAs at most (0: the emulator's SM count)
-  bool gather = false;     // must run the gather variant
-  std::string describe() const { return d.prefill ? d.describe() : c.describe(); }
-  // Launches the case with O and LSE into o / lse and the workspace given.
-  std::string run(fa_runtime *rt, std::vector<float> *o, std::vector<float> *lse, uint64_t ws,
-                  size_t ws_size) {
-    if (d.prefill) {
-      d.o_out = o;
-      d.lse_out = lse;
-      d.workspace = ws;
-      d.workspace_size = ws_size;
-      return fa::test::run_decode(rt, d);
-    }
-    c.o_out = o;
-    c.lse_out = lse;
-    c.workspace = ws;
-    c.workspace_size = ws_size;
-    return fa::test::run_forward(rt, c);
-  }
-};
-
-// A varlen case: sequences of lengths sq[b] / sk[b], launched with the
-// maximum lengths max_q / max_k (at least the longest: more pads the item
-// grid with m-blocks past every sequence).
-fa::test::ForwardCase varlen_case(const std::vector<int> &sq, const std::vector<int> &sk, int max_q,
-                                  int max_k, int hq, int hkv, int d, bool bf16, bool causal,
-                                  uint32_t seed) {
-  fa::test::ForwardCase c = fa::test::forward_case(static_cast<int>(sq.size()), max_q, max_k, hq,
-                                                   hkv, d, d, bf16, causal, -1, -1, 0, seed);
-  c.varlen = true;
-  c.seqlens_q = sq;
-  c.seqlens_k = sk;
-  return c;
-}
-
-// Runs: one CTA per item, static persistent, then the dynamic order twice
-// on one workspace.
-constexpr int kRuns = 4;
-const char *const kRunName[kRuns] = {"", " persistent", " dynamic", " dynamic (second launch)"};
-
-// The problems with the workspace's two counters (they must be zero).
-std::string workspace_zero(fa_runtime *rt, uint64_t ws, const std::string &what) {
-  uint32_t w[2] = {1, 1};
-  if (fa_memcpy_dtoh(rt, w, ws, sizeof w) != FA_SUCCESS) return what + ": workspace unreadable\n";
-  if (w[0] == 0 && w[1] == 0) return "";
-  return what + ": workspace left at {" + std::to_string(w[0]) + ", " + std::to_string(w[1]) +
-         "}, not zero\n";
-}
-
-// fa_forward_workspace_size with the persistent policy on (8) and off (0),
-// and a misaligned or too small workspace refused by name with nothing
-// written (the numerics runner's reject path).
-std::string check_workspace_api(fa_runtime *rt, uint64_t ws) {
-  std::string failures;
-  fa::test::ForwardCase c =
-      fa::test::forward_case(1, 200, 200, 2, 1, 64, 64, false, true, -1, -1, 0, 2790);
-  fa_config *cfg = nullptr;
-  fa_forward_args a;
-  if (!fa::test::host_forward_problem(1, 200, 200, 2, 1, 64, true, ws, &cfg, &a))
-    return "fa_config_create failed\n";
-  for (int on = 0; on < 2; ++on) {
-    fa::test::PolicyScope p(rt, &fa::KernelPolicy::sm90_persistent, on == 1);
-    size_t bytes = 99;
-    const fa_status st = fa_forward_workspace_size(rt, cfg, &a, &bytes);
-    if (st != FA_SUCCESS || bytes != (on ? 8u : 0u))
-      failures += "fa_forward_workspace_size (persistent " + std::to_string(on) + "): status " +
-                  std::to_string(st) + ", " + std::to_string(bytes) + " bytes: " + fa_last_error() +
-                  "\n";
-  }
-  fa_config_destroy(cfg);
-  fa::test::PolicyScope p(rt, &fa::KernelPolicy::sm90_persistent, true);
-  struct Bad {
-    uint64_t off;
-    size_t size;
-    const char *message;
-  } bads[] = {{4, 8, "workspace 0x"}, {0, 4, "workspace_size is 4"}};
-  for (const Bad &b : bads) {
-    fa::test::Reject r;
-    r.forward = [&](fa_forward_args *x) {
-      x->workspace = ws + b.off;
-      x->workspace_size = b.size;
-    };
-    r.message = b.message;
-    c.reject = &r;
-    const std::string e = fa::test::run_forward(rt, c);
-    if (!e.empty()) failures += std::string("bad workspace (") + b.message + "): " + e;
-  }
-  return failures;
-}
+using Case = fa::test::PersistentCase;
+using fa::test::varlen_case;
 
 }  // namespace
 
@@ -241,41 +152,27 @@ int main(void) {
     std::printf("FAIL: workspace: %s\n", fa_last_error());
     return 1;
   }
-  std::string failures = check_workspace_api(rt, ws);
+  std::string failures = fa::test::check_workspace_api(rt, &fa::KernelPolicy::sm90_persistent, ws);
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   // Persistent runs by [gather][form]: one Q buffer; two; two with the
   // held item's store during the next item's first S = Q K^T (head_dim_v
   // <= 128).
   int q_ring[2][3] = {};
   for (Case &x : cases) {
-    std::vector<float> o[kRuns], lse[kRuns];
-    for (int run = 0; run < kRuns; ++run) {
-      fa::test::PolicyScope on(rt, &fa::KernelPolicy::sm90_persistent, run > 0);
-      fa::test::PolicyScope grid(rt, &fa::KernelPolicy::persistent_grid, x.grid);
-      const std::string e = x.run(rt, &o[run], &lse[run], run >= 2 ? ws : 0, run >= 2 ? 8 : 0);
-      const std::string what = x.describe() + kRunName[run];
-      if (!e.empty()) failures += what + ":\n" + e;
-      const std::string k = fa::test::emulated_kernel(rt);
+    std::string kernel[fa::test::kPersistentRuns];
+    failures += fa::test::run_persistent(rt, x, &fa::KernelPolicy::sm90_persistent, ws, kernel);
+    for (int run = 0; run < fa::test::kPersistentRuns; ++run) {
+      const std::string &k = kernel[run];
       const bool is_p = k.find("_persistent") != std::string::npos;
       const bool is_d = k.find("_dynamic") != std::string::npos;
       const bool is_g = k.find("fa_forward_wgmma_gather_") == 0;
       if (k.find("fa_forward_wgmma_") != 0 || is_p != (run > 0) || is_d != (run >= 2) ||
           is_g != x.gather)
-        failures += what + ": ran " + k + "\n";
+        failures += x.describe() + fa::test::kPersistentRunName[run] + ": ran " + k + "\n";
       if (is_p) {
         const bool two = k.find("_q2") != std::string::npos;
         const size_t dv = k.find("_dv");
         ++q_ring[is_g][two ? 1 + (std::atoi(k.c_str() + dv + 3) <= 128) : 0];
-      }
-      if (run >= 2) failures += workspace_zero(rt, ws, what);
-      if (o[0].size() != o[run].size() || lse[0].size() != lse[run].size() ||
-          std::memcmp(o[0].data(), o[run].data(), o[0].size() * sizeof(float)) != 0 ||
-          std::memcmp(lse[0].data(), lse[run].data(), lse[0].size() * sizeof(float)) != 0) {
-        size_t diff = 0;
-        for (size_t i = 0; i < o[0].size() && i < o[run].size(); ++i)
-          diff += std::memcmp(&o[0][i], &o[run][i], sizeof(float)) != 0;
-        failures += what + ": O or LSE differs from the one-CTA-per-item kernel's (" +
-                    std::to_string(diff) + " O elements)\n";
       }
     }
   }

@@ -561,6 +561,40 @@ std::vector<KernelSpec> grid() {
       }
   }
   unsetenv("FLASHATTN_SM90_PERSISTENT");
+  // The persistent mma.sync forward (FLASHATTN_SM80_PERSISTENT), static and
+  // dynamic alternating: sm_80 at head dims 64..256 (softcap, varlen by
+  // work, paged caches by row and by tile with ALiBi and sinks on tiles of
+  // one m-tile per warp: on two they run one CTA per item), sm_86 / 89 /
+  // 120 at 64, 128, 256, and the fp8 mma's on sm_89.
+  setenv("FLASHATTN_SM80_PERSISTENT", "1", 1);
+  for (int sm : {80, 86, 89, 120}) {
+    const DeviceLimits lim = limits_of(sm);
+    int i = 0;
+    for (int d = 64; d <= 256; d += sm == 80 ? 32 : 64, ++i) {
+      LaunchShape shape;
+      const bool paged = sm == 80 ? i == 3 || i == 6 : i % 3 == 2;
+      shape.varlen = i % 3 == 1;
+      shape.kv_layout = paged ? KvLayout::Paged : KvLayout::Contiguous;
+      shape.page_size = !paged ? 0 : i == 6 ? 64 : 16;
+      shape.alibi = shape.sinks = paged;
+      KernelSpec w = make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, 2, i % 4 == 1),
+                               KernelKind::Forward, lim, shape);
+      assert_true(w.mma && !w.wgmma && w.persistent);
+      w.dynamic = i % 2 == 0;
+      out.push_back(w);
+    }
+  }
+  for (bool dyn : {false, true}) {
+    AttentionConfig cfg = config(Dtype::F16, 128, 128, 8, 2, dyn);
+    cfg.q_fp8 = cfg.kv_fp8 = KvFp8::E4M3;
+    LaunchShape shape;
+    shape.varlen = dyn;
+    KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(89), shape);
+    assert_true(w.mma && w.persistent && w.q_fp8 == KvFp8::E4M3);
+    w.dynamic = dyn;
+    out.push_back(w);
+  }
+  unsetenv("FLASHATTN_SM80_PERSISTENT");
   // The decode kernel without cache_seqlens (KernelSpec::fixed_len: the
   // runtime's GQA packing of a fixed-length forward): both decode kernels'
   // tensor-core form on sm_80 and sm_90, GQA 2..8, paged and contiguous.

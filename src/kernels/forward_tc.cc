@@ -11,14 +11,20 @@
 // predicate and no zero-fill. One K and one V buffer: V_n loads while
 // S = Q K_n^T runs, K_{n-1} while softmax and O += P V_n run (FlashAttention-2's
 // overlap). Layouts, tile choice and the loop: docs/kernels.md.
+// spec.persistent: a grid of SMs x min_ctas CTAs, each running that body
+// once per work item (m-block, head, batch) in tile::TileScheduler's order
+// (varlen: tile::WorkScheduler's), a CTA barrier between items
+// (docs/kernels.md, "Persistent mma.sync forward").
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/launch.h"
 #include "kernels/tile/key_range.h"
 #include "kernels/tile/row_mask.h"
+#include "kernels/tile/scheduler.h"
 #include "kernels/tile/tile.h"
 
 namespace fa {
@@ -34,7 +40,15 @@ using tile::SmemTile;
 struct Layout {
   SmemTile q, k, v, o;
   uint32_t total = 0;
+  // spec.persistent, after the tiles: the item's scalars at `sched` (u32
+  // head, batch, the dynamic order's next item, first row: kSched*), then with varlen
+  // the batch's m-block prefix of work_cap + 1 u32 at `prefix`
+  // (tile::WorkScheduler; work_cap: what the tile leaves of the SM's shared
+  // memory at its min_ctas CTAs, at most tile::kWorkBatchMax).
+  uint32_t sched = 0, prefix = 0;
+  int work_cap = 0;
 };
+constexpr int kSchedHead = 0, kSchedBatch = 4, kSchedNext = 8, kSchedM0 = 12;
 
 Layout layout(const KernelSpec &s) {
   Layout l;
@@ -46,6 +60,25 @@ Layout layout(const KernelSpec &s) {
   l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, dv_slice(s) / u);
   l.o = tile::smem_tile(0, s.block_m, dv_slice(s));
   l.total = std::max(l.v.offset + l.v.bytes(), l.o.bytes());
+  if (!s.persistent) return l;
+  l.sched = (l.total + 15) / 16 * 16;
+  l.prefix = l.total = l.sched + 16;
+  if (s.varlen) {
+    // A CTA's share of the SM (the published limits of spec.sm; 1 KB
+    // reserved per CTA, 16 bytes of static scalars), so that min_ctas CTAs
+    // still fit.
+    DeviceLimits lim;
+    if (!published_limits(s.sm, &lim)) published_limits(80, &lim);
+    const int64_t share =
+        std::min<int64_t>(
+            int64_t(lim.smem_per_sm) / std::max(s.min_ctas, 1) - 1024,
+            lim.smem_per_block_optin > 0 ? lim.smem_per_block_optin : lim.smem_per_sm - 1024) -
+        16;
+    const int64_t room = (share - l.prefix) / 4 - 1;
+    l.work_cap =
+        static_cast<int>(std::min<int64_t>(std::max<int64_t>(room, 0), tile::kWorkBatchMax));
+    l.total = l.prefix + 4 * static_cast<uint32_t>(l.work_cap + 1);
+  }
   return l;
 }
 
@@ -83,10 +116,16 @@ class ForwardTcGen {
                   lay_.total, T_, W_, spec_.block_m, spec_.block_n, 16 * MT_);
     b_.comment(perf);
     b_.set_min_ctas_per_sm(static_cast<uint32_t>(spec_.min_ctas));
-    setup();
-    prologue();
-    loops();
-    epilogue();
+    smem_sym_ = b_.extern_shared("smem", 16);
+    cta_sym_ = b_.shared("smem_cta", 4, 4 * kCtaScalars);
+    if (spec_.persistent) {
+      items();
+    } else {
+      setup();
+      prologue();
+      loops();
+      epilogue();
+    }
     b_.exit();
     return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(T_));
   }
@@ -109,9 +148,128 @@ class ForwardTcGen {
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
     ln_ = tile::make_lanes(e_, lane);
-    smem_sym_ = b_.extern_shared("smem", 16);
     smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
     wrow_ = e_.op(Op::MulLo, Type::U32, warp_, imm(16 * MT_));  // warp's first tile row
+  }
+
+  // ---- spec.persistent: the item loop ----
+  // CTA c runs items c, c + nctaid.x, ... (spec.dynamic: c, then nctaid.x +
+  // a ticket from the workspace's counter), each through the one-CTA
+  // kernel's body (setup to epilogue: everything re-derived per item, only
+  // the item number t held across items). Varlen by work: warp 0 first
+  // writes the batch's m-block prefix (tile::build_work_prefix), which
+  // nothing rewrites. Shared memory between items: the epilogue reads O
+  // rows it staged over the Q/K/V tiles, the per-CTA scalars and the item's
+  // head and batch; the next item's prologue rewrites them (zero padding,
+  // Q/K cp.async, thread 0's scalars), so next_item's CTA barrier comes
+  // between every thread's last read of an item and any write of the next.
+  void items() {
+    using P = ForwardParams;
+    const bool by_work = spec_.varlen;
+    b_.comment(spec_.dynamic ? "persistent, dynamic: work item ctaid.x, then from the workspace"
+                             : "persistent: work items ctaid.x, ctaid.x + nctaid.x, ...");
+    Reg t = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    if (by_work) {
+      b_.comment("varlen by work: warp 0 writes the batch's m-block prefix");
+      Reg tid = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+      Reg batch = e_.param(Type::S32, offsetof(P, batch));
+      ptx::Label built = b_.label();
+      Reg skip = e_.setp(Cmp::Ge, Type::U32, tid, imm(32));
+      b_.op(Op::Or, Type::Pred, skip, skip, e_.setp(Cmp::Gt, Type::S32, batch, imm(lay_.work_cap)));
+      b_.when(skip).bra(built);
+      tile::build_work_prefix(e_, prefix(), e_.global_param(offsetof(P, cu_seqlens_q)),
+                              e_.param(Type::S32, offsetof(P, seqlen_q)), batch, tid, spec_.block_m,
+                              lay_.work_cap);
+      b_.bind(built);
+      b_.bar_sync();
+    }
+    ptx::Label top = b_.label(), past = b_.label();
+    skip_ = b_.label();
+    b_.bind(top);
+    // L2 sections sized for K and V as stored (fp32: 4 bytes, fp8: 1).
+    const int kv_bytes = spec_.kv_fp8 != KvFp8::None ? 1 : elem_bytes(spec_.dtype);
+    item_ = tile::persistent_item(
+        e_, t, past, by_work ? prefix() : Reg(), e_.param(Type::S32, offsetof(P, seqlen_q)),
+        e_.param(Type::S32, offsetof(P, seqlen_k)), e_.param(Type::S32, offsetof(P, num_heads_q)),
+        e_.param(Type::S32, offsetof(P, num_heads_kv)), e_.param(Type::S32, offsetof(P, batch)),
+        e_.param(Type::S32, offsetof(P, window_left)),
+        e_.param(Type::S32, offsetof(P, window_right)), spec_.block_m,
+        (spec_.head_dim + spec_.head_dim_v) * kv_bytes, lay_.work_cap);
+    setup();
+    prologue();
+    loops();
+    epilogue();
+    ptx::Label next = b_.label();
+    b_.bra(next);
+    b_.bind(skip_);  // an item past its sequence (varlen's padded order): no barrier passed
+    // dynamic: the item's slot reads (next_item) are not all done yet.
+    if (spec_.dynamic) b_.bar_sync();
+    b_.bind(next);
+    next_item(t);
+    b_.bra(top);
+    b_.bind(past);
+    if (spec_.dynamic) {
+      b_.comment("dynamic: the last CTA out resets the workspace");
+      ptx::Label out = b_.label();
+      b_.unless(
+            e_.setp(Cmp::Eq, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX)), imm(0)))
+          .bra(out);
+      tile::retire_dynamic(e_, workspace());
+      b_.bind(out);
+    }
+  }
+
+  // The next work item into t, after the CTA barrier between items.
+  // Static: t += nctaid.x. spec.dynamic: thread 0 takes a ticket (atom.add
+  // on the workspace's `next`), t = nctaid.x + ticket, and writes it to the
+  // item slot before the barrier; every thread reads it after. The slot is
+  // rewritten only at the end of the next item, after a barrier each
+  // thread reaches after its read (the loops' first, or the skip's).
+  void next_item(Reg t) {
+    Reg nctaid = e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX));
+    if (!spec_.dynamic) {
+      b_.bar_sync();
+      b_.op(Op::Add, Type::U32, t, t, nctaid);
+      return;
+    }
+    b_.comment("dynamic: the next work item is nctaid.x + a ticket from the workspace");
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX)), imm(0));
+    Reg ws = workspace(), ticket = b_.b32();
+    b_.when(t0).atom_add(false, Type::U32, ticket, at(ws, 0), imm(1));
+    b_.when(t0).op(Op::Add, Type::U32, ticket, ticket, nctaid);
+    b_.when(t0).st(Space::Shared, Type::U32, at(smem_sym_, lay_.sched + kSchedNext), ticket);
+    b_.bar_sync();
+    b_.ld(Space::Shared, Type::U32, t, at(smem_sym_, lay_.sched + kSchedNext));
+  }
+
+  // spec.dynamic: the workspace {u32 next, u32 exited} (global address).
+  Reg workspace() {
+    return e_.global_param(forward_tail_offset(spec_) + offsetof(ForwardTail, workspace));
+  }
+  // Varlen by work: the m-block prefix's shared address.
+  Reg prefix() {
+    return e_.op(Op::Add, Type::U32, e_.mov(Type::U32, ptx::sym(smem_sym_)), imm(lay_.prefix));
+  }
+  // The CTA's query head and batch after the prologue: %ctaid.y and .z, or
+  // the persistent item's (written by thread 0 in the prologue, published by
+  // the loops' first barrier).
+  Reg head() { return item_scalar(ptx::Special::CtaidY, kSchedHead); }
+  // The CTA's first row after the prologue: m0_ (ctaid.x block_m, which the
+  // assembler re-derives where it runs short of registers), or the
+  // persistent item's, read back (not held across the loops: the sm_80
+  // d128 tile with paged rows, ALiBi and sinks spilled holding it).
+  Reg cta_m0() {
+    if (!spec_.persistent) return m0_;
+    Reg v = b_.b32();
+    b_.ld(Space::Shared, Type::S32, v, at(smem_sym_, lay_.sched + kSchedM0));
+    return v;
+  }
+  Reg batch_index() { return item_scalar(ptx::Special::CtaidZ, kSchedBatch); }
+  Reg item_scalar(ptx::Special id, int off) {
+    if (!spec_.persistent) return e_.mov(Type::U32, ptx::sreg(id));
+    Reg v = b_.b32();
+    b_.ld(Space::Shared, Type::U32, v, at(smem_sym_, lay_.sched + off));
+    return v;
   }
 
   // ---- CTA (m-block, head, batch): bases, row ranges, copy plans ----
@@ -124,12 +282,16 @@ class ForwardTcGen {
     Reg wl = e_.param(Type::S32, offsetof(P, window_left));
     Reg wr = e_.param(Type::S32, offsetof(P, window_right));
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
-    Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
-    if (spec_.dv_split > 1) b_.op(Op::Div, Type::U32, mblk, mblk, imm(spec_.dv_split));
-    // spec.split_kv: the split is the outermost factor of x (forward_split_index).
-    if (spec_.split_kv) b_.op(Op::Rem, Type::U32, mblk, mblk, forward_m_blocks(e_, spec_));
-    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    // The CTA's rows (spec.persistent: the work item's, items()).
+    Reg mblk = item_.m_block, h = item_.head, bz = item_.batch;
+    if (!spec_.persistent) {
+      mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+      if (spec_.dv_split > 1) b_.op(Op::Div, Type::U32, mblk, mblk, imm(spec_.dv_split));
+      // spec.split_kv: the split is the outermost factor of x (forward_split_index).
+      if (spec_.split_kv) b_.op(Op::Rem, Type::U32, mblk, mblk, forward_m_blocks(e_, spec_));
+      h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+      bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    }
     Reg hkv = e_.param(Type::S32, offsetof(P, num_heads_kv));
     Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
     if (spec_.q_fp8 != KvFp8::None)
@@ -138,7 +300,9 @@ class ForwardTcGen {
     k_ptr_ = e_.global_param(offsetof(P, k));
     v_ptr_ = e_.global_param(offsetof(P, v));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_);
+    // Varlen, persistent: an item past its sequence is skipped (items()).
+    ForwardBases fb = forward_bases(e_, spec_, q_ptr_, k_ptr_, v_ptr_, bz, h, kvh, m0_,
+                                    spec_.persistent && spec_.varlen ? &skip_ : nullptr);
     if (spec_.dv_split > 1) {
       // This CTA's slice of V's columns (KernelSpec::dv_split).
       fb.vr.base =
@@ -168,11 +332,15 @@ class ForwardTcGen {
     // memory where they need them (published by the prologue's barrier), so
     // none holds a register across the loops: seqlen_q, seqlen_k, n_begin,
     // lean_lo.
-    cta_sym_ = b_.shared("smem_cta", 4, 4 * kCtaScalars);
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
     const Reg vals[kCtaScalars] = {sq_, sk_, keys_.n_begin, lean_lo};
     for (int i = 0; i < kCtaScalars; ++i)
       b_.when(t0).st(Space::Shared, Type::B32, at(cta_sym_, 4 * i), vals[i]);
+    if (spec_.persistent) {  // the item's head, batch and first row, read back after the loops
+      b_.when(t0).st(Space::Shared, Type::B32, at(smem_sym_, lay_.sched + kSchedHead), h);
+      b_.when(t0).st(Space::Shared, Type::B32, at(smem_sym_, lay_.sched + kSchedBatch), bz);
+      b_.when(t0).st(Space::Shared, Type::B32, at(smem_sym_, lay_.sched + kSchedM0), m0_);
+    }
 
     // fp8 converted on load: 1 e4m3, 2 e5m2 (CopyPlan's src_fp8).
     const int q8 = !fp8_cvt_ ? 0 : spec_.q_fp8 == KvFp8::E5M2 ? 2 : 1;
@@ -260,7 +428,7 @@ class ForwardTcGen {
   Reg lean_hi() {
     Reg wr = e_.param(Type::S32, offsetof(ForwardParams, window_right));
     Reg sk = seqlen(true);
-    Reg dfirst = e_.op(Op::Add, Type::S32, e_.op(Op::Sub, Type::S32, sk, seqlen(false)), m0_);
+    Reg dfirst = e_.op(Op::Add, Type::S32, e_.op(Op::Sub, Type::S32, sk, seqlen(false)), cta_m0());
     return tile::lean_hi(e_, dfirst, wr, sk, spec_.block_n);
   }
 
@@ -441,7 +609,7 @@ class ForwardTcGen {
     Reg wl = e_.param(Type::S32, offsetof(P, window_left));
     Reg wr = e_.param(Type::S32, offsetof(P, window_right));
     const Coords c = coords();
-    Reg diag0 = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, c.wrow), c.ln.g);
+    Reg diag0 = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, cta_m0(), c.wrow), c.ln.g);
     Reg sk = seqlen(true);
     b_.op(Op::Add, Type::S32, diag0, diag0, e_.op(Op::Sub, Type::S32, sk, seqlen(false)));
     Reg kq = e_.op(Op::MadLo, Type::S32, c.ln.q, imm(2), n_);
@@ -507,7 +675,7 @@ class ForwardTcGen {
     b_.bar_sync();
     std::vector<Reg> lse;
     if (spec_.sinks)
-      softmax_->finish(o_, &lse, sink_log2(e_, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY))));
+      softmax_->finish(o_, &lse, sink_log2(e_, head()));
     else
       softmax_->finish(o_, &lse);
     const Coords cd = coords();
@@ -540,10 +708,11 @@ class ForwardTcGen {
           }
     }
     b_.bar_warp_sync(0xffffffffu);  // the warp reads back only its own rows
-    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg h = head();
+    Reg bz = batch_index();
     Reg sq = seqlen(false);
     const ForwardOut out = slice_out(forward_out(e_, spec_, bz, h, sq));
+    const Reg m0 = cta_m0();
     // Chunk c = lane + 32k of the warp's 16 m_tiles rows x C 16-byte chunks.
     const int C = dv_slice(spec_) / 8, rows = 16 * MT_, total = rows * C;
     Reg v[4] = {b_.b32(), b_.b32(), b_.b32(), b_.b32()};
@@ -554,7 +723,7 @@ class ForwardTcGen {
       Reg trow = e_.op(Op::Add, Type::U32, row, cd.wrow);
       Reg sa = e_.op(Op::MadLo, Type::U32, trow, imm(lay_.o.pitch), smem);
       b_.op(Op::MadLo, Type::U32, sa, col, imm(16), sa);
-      Reg i = e_.op(Op::Add, Type::S32, trow, m0_);
+      Reg i = e_.op(Op::Add, Type::S32, trow, m0);
       Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
       if ((k + 1) * 32 > total) {
         Reg in = e_.setp(Cmp::Lt, Type::U32, c, imm(total));
@@ -570,8 +739,8 @@ class ForwardTcGen {
   // The fp8 forward: O times V's descale of (batch, KV head).
   void apply_v_descale() {
     using P = ForwardParams;
-    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg h = head();
+    Reg bz = batch_index();
     Reg kvh = e_.op(Op::Div, Type::S32, h,
                     e_.op(Op::Div, Type::S32, e_.param(Type::S32, offsetof(P, num_heads_q)),
                           e_.param(Type::S32, offsetof(P, num_heads_kv))));
@@ -614,15 +783,16 @@ class ForwardTcGen {
   // quad's 64 bytes.
   void store_o_f32(const Coords &cd, const std::vector<Reg> &lse) {
     const tile::Lanes &ln = cd.ln;
-    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg h = head();
+    Reg bz = batch_index();
     Reg sq = seqlen(false);
     const ForwardOut out = slice_out(forward_out(e_, spec_, bz, h, sq));
+    const Reg m0 = cta_m0();
     Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);
     for (int mi = 0; mi < MT_; ++mi)
       for (int hh = 0; hh < 2; ++hh) {
         Reg i = e_.op(Op::Add, Type::S32, wrel, imm(16 * mi + 8 * hh));
-        b_.op(Op::Add, Type::S32, i, i, m0_);
+        b_.op(Op::Add, Type::S32, i, i, m0);
         Reg ok = e_.setp(Cmp::Lt, Type::S32, i, sq);
         if (fp8_) {
           Reg ga = e_.index(e_.index(out.o_bh, i, out.o_row), ln.q, 16);
@@ -667,11 +837,12 @@ class ForwardTcGen {
       b_.op(Op::And, Type::Pred, q0, q0,
             e_.setp(Cmp::Eq, Type::U32, dv_slice_index(e_, spec_), imm(0)));
     Reg wrel = e_.op(Op::Add, Type::S32, cd.wrow, ln.g);  // the row of r = 0 within the tile
+    const Reg m0 = cta_m0();
     for (int r = 0; r < 2 * MT_; ++r) {
       Reg rt = e_.op(Op::Add, Type::S32, wrel, imm(16 * (r / 2) + 8 * (r % 2)));
-      Reg ok = e_.setp(Cmp::Lt, Type::S32, e_.op(Op::Add, Type::S32, rt, m0_), sq);
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, e_.op(Op::Add, Type::S32, rt, m0), sq);
       b_.op(Op::And, Type::Pred, ok, ok, q0);
-      Reg la = e_.index(e_.index(out.lse_row0, m0_, 4), rt, 4);
+      Reg la = e_.index(e_.index(out.lse_row0, m0, 4), rt, 4);
       b_.when(ok).st(Space::Global, Type::F32, at(la), lse[r]);
     }
   }
@@ -695,7 +866,9 @@ class ForwardTcGen {
   Softcap cap_;
   Reg q_ptr_, k_ptr_, v_ptr_;
   Reg sq_, sk_, m0_, n_;
-  tile::KeyRange keys_;  // the CTA's keys (tile::key_range)
+  tile::KeyRange keys_;             // the CTA's keys (tile::key_range)
+  tile::TileScheduler::Item item_;  // spec.persistent: the work item's coordinates
+  ptx::Label skip_;                 // spec.persistent, varlen: to the next item
   Reg kp_, vp_, q_tp_, k_step_, v_step_;
   KvRows kr_, vr_;
   CopyPlan q_plan_, k_plan_, v_plan_;

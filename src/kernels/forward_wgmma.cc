@@ -286,19 +286,9 @@ class ForwardWgmmaGen {
     Reg sq = e_.param(Type::S32, f + offsetof(P, seqlen_q));
     Reg sk = e_.param(Type::S32, f + offsetof(P, seqlen_k));
     Reg batch = e_.param(Type::S32, f + offsetof(P, batch));
-    const int row_bytes = (spec_.head_dim + spec_.head_dim_v) * 2;
-    tile::TileScheduler::Item it;
-    if (by_work(spec_)) {
-      const tile::WorkScheduler sched(e_, prefix(), sq, sk, d.hq, d.hkv, batch, d.wl, d.wr,
-                                      spec_.block_m, row_bytes, lay_.work_cap);
-      b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
-      it = sched.decode(t);
-    } else {
-      const tile::TileScheduler sched(e_, sq, sk, d.hq, d.hkv, batch, d.wl, d.wr, spec_.block_m,
-                                      row_bytes);
-      b_.when(e_.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(exit);
-      it = sched.decode(t);
-    }
+    const tile::TileScheduler::Item it = tile::persistent_item(
+        e_, t, exit, by_work(spec_) ? prefix() : Reg(), sq, sk, d.hq, d.hkv, batch, d.wl, d.wr,
+        spec_.block_m, (spec_.head_dim + spec_.head_dim_v) * 2, lay_.work_cap);
     h_ = it.head;
     bz_ = it.batch;
     work(it.m_block, d, skips() ? &skip : nullptr);
@@ -381,14 +371,7 @@ class ForwardWgmmaGen {
   // counters back to zero for the next launch.
   void retire() {
     b_.comment("dynamic: the last CTA out resets the workspace");
-    Reg ws = workspace(), old = b_.b32();
-    b_.atom_add(true, Type::U32, old, at(ws, 4), imm(1));
-    Reg last =
-        e_.op(Op::Sub, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)), imm(1));
-    Reg zero = e_.mov(Type::U32, imm(0));
-    Reg is_last = e_.setp(Cmp::Eq, Type::U32, old, last);
-    b_.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 0), zero);
-    b_.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 4), zero);
+    tile::retire_dynamic(e_, workspace());
   }
 
   // The rows of m-block mblk of (bz_, h_): kvh_, m0_, the sequence lengths,

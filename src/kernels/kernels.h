@@ -103,13 +103,16 @@ struct KernelSpec {
   // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)
   // instead of TMA; the consumers are the same.
   bool gather = false;
-  // wgmma (TMA or gather): a persistent grid (at most one CTA per SM) whose
+  // wgmma (TMA or gather), or the mma.sync forward with dv_split 1 and no
+  // split_kv (min_ctas CTAs per SM, forward_tc.cc): a persistent grid whose
   // CTAs loop over the launch's work items (m-block, head, batch) in
   // tile::TileScheduler's order, CTA c taking items c, c + nctaid, ...;
-  // the K/V ring runs on across items and a Q buffer is refilled once the
-  // epilogue of the item that used it has read O out of it (q_stages; docs/kernels.md,
-  // "Persistent variant"; varlen: scheduled by work, only the batch's real
-  // items, from an m-block prefix each CTA builds from cu_seqlens_q). Off:
+  // wgmma: the K/V ring runs on across items and a Q buffer is refilled once
+  // the epilogue of the item that used it has read O out of it (q_stages;
+  // docs/kernels.md, "Persistent variant"); mma.sync: each item runs the
+  // one-CTA kernel's body, a CTA barrier between items ("Persistent
+  // mma.sync forward"). Varlen: scheduled by work, only the batch's real
+  // items, from an m-block prefix each CTA builds from cu_seqlens_q. Off:
   // the PTX and serialize() are those of a spec without it.
   bool persistent = false;
   // persistent only: work items handed out dynamically by an atomic counter
@@ -448,8 +451,8 @@ struct WgmmaFp8Params {
   Fp8Descales d;
 };
 
-// What follows a forward's block with spec.dynamic (sm_90a) or
-// spec.split_kv (never both).
+// What follows a forward's block with spec.dynamic or spec.split_kv (never
+// both).
 struct ForwardTail {
   // spec.dynamic: {u32 next, u32 exited}, 8-byte aligned device memory,
   // zero before the launch and zero after it.
@@ -469,8 +472,8 @@ struct WgmmaFp8TailParams {
   WgmmaFp8Params w;
   ForwardTail t;
 };
-// The mma.sync forward's block with spec.split_kv: the whole ForwardParams
-// (Fp8ForwardParams with spec.q_fp8), then ForwardTail.
+// The mma.sync forward's block with spec.split_kv or spec.dynamic: the
+// whole ForwardParams (Fp8ForwardParams with spec.q_fp8), then ForwardTail.
 struct ForwardTailParams {
   ForwardParams f;
   ForwardTail t;
@@ -505,7 +508,7 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
-  if (!spec.wgmma && spec.split_kv)
+  if (!spec.wgmma && (spec.split_kv || spec.dynamic))
     return spec.q_fp8 != KvFp8::None ? sizeof(Fp8ForwardTailParams) : sizeof(ForwardTailParams);
   if (spec.wgmma && (spec.dynamic || spec.split_kv))
     return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);

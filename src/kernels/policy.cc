@@ -20,6 +20,7 @@ KernelPolicy KernelPolicy::from_env() {
   if (env_on("FLASHATTN_FORCE_SM80_FORWARD")) p.sm90_wgmma = false;
   p.sm90_fp8_f16 = env_on("FLASHATTN_SM90_FP8_F16");
   p.sm90_persistent = env_on("FLASHATTN_SM90_PERSISTENT");
+  p.sm80_persistent = env_on("FLASHATTN_SM80_PERSISTENT");
   p.pdl = env_on("FLASHATTN_PDL");
   if (const char *f = std::getenv("FLASHATTN_FORWARD_SPLITS")) p.forward_splits = f[0] == '1';
   if (const char *g = std::getenv("FLASHATTN_FORWARD_GQA_PACK")) p.forward_gqa_pack = g[0] == '1';

@@ -23,6 +23,13 @@ struct KernelPolicy {
   // (KernelSpec::persistent; FLASHATTN_SM90_PERSISTENT=1). Off by default: it is proven on the
   // emulator only, never timed on a GPU.
   bool sm90_persistent = false;
+  // The mma.sync forward (sm_80 and up, where the sm_90a one does not run)
+  // runs persistent (KernelSpec::persistent: a grid of SMs x min_ctas CTAs
+  // looping over work items; FLASHATTN_SM80_PERSISTENT=1), except with O in
+  // column slices (dv_split > 1) or split keys. Off by default: proven on the
+  // emulator only, never timed on a GPU, and persistence has been reported
+  // to cost 14-33% on cp.async / mma.sync kernels (issue 27).
+  bool sm80_persistent = false;
   // The sm_90a forward splits its keys (KernelSpec::split_kv, then the
   // reduce kernel) when its CTAs would leave SMs idle and the caller's
   // workspace holds the partial states (fa_forward_workspace_size); false

@@ -133,7 +133,10 @@ bool spec_valid(const KernelSpec &s) {
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
            (s.persistent || !s.dynamic) && (!s.split_kv || (!s.persistent && !s.sinks)) &&
            (s.q_stages == 1 || (s.persistent && s.q_stages == 2));
-  if (s.gather || s.persistent || s.dynamic || s.q_stages != 1) return false;
+  if (s.gather || (s.dynamic && !s.persistent) || s.q_stages != 1) return false;
+  // The persistent mma.sync forward: O in one slice, keys not split.
+  if (s.persistent && !(s.mma && s.kind == KernelKind::Forward && s.dv_split == 1 && !s.split_kv))
+    return false;
   if (s.split_kv && !(s.mma && s.kind == KernelKind::Forward && !s.sinks)) return false;
   if (s.mma && s.kind == KernelKind::Decode)
     return d_ok && dv_ok && w_ok && s.sm >= 80 && s.block_m == 16 &&
@@ -233,7 +236,9 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
     t.block_m = 16 * c.m_tiles * c.warps;
     t.block_n = c.block_n;
     t.q_in_regs = c.q_in_regs;
+    t.persistent = false;  // the tile's memory (the persistent scheduler area fits beside it)
     const uint32_t smem = kgen::tc_layout(t).total;
+    t.persistent = s->persistent;  // the same tile either way: bit-identical results
     const uint32_t threads = 32u * c.warps;
     const uint32_t alloc = (static_cast<uint32_t>(std::min(regs, 255)) + 7) / 8 * 8 * threads;
     uint32_t ctas = std::min({lim.smem_per_sm / (smem + 16 + 1024), lim.regs_per_sm / alloc,
@@ -510,6 +515,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
     }
+    s.persistent = policy.sm80_persistent && s.dv_split == 1 && !s.split_kv;
     choose_forward_tile(dev, &s);
   } else if (kind == KernelKind::Forward) {
     s.varlen = varlen;
@@ -549,6 +555,13 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
   s.rotary = s.append_kv ? shape.rotary : 0;
   s.rotary_half_table = s.rotary && shape.rotary_half_table;
+  // The persistent mma.sync forward holds the item's block-table row and
+  // page bases across its loops (the one-CTA kernel re-derives them from
+  // %ctaid and the constant bank): over a paged cache on a tile of two
+  // m-tiles per warp (sm_80 d128: 255 registers one CTA per item) it
+  // spilled, so that runs one CTA per item.
+  if (s.persistent && !s.wgmma && s.kv_layout == KvLayout::Paged && s.m_tiles == 2)
+    s.persistent = false;
   return s;
 }
 

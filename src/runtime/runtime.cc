@@ -491,7 +491,7 @@ KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_ar
   if (spec.persistent && items > INT32_MAX) {
     // The persistent kernel numbers its work items in 32 bits.
     KernelPolicy one_per_item = policy();
-    one_per_item.sm90_persistent = false;
+    one_per_item.sm90_persistent = one_per_item.sm80_persistent = false;
     spec = make_spec(cfg, KernelKind::Forward, backend_->info().limits, shape, one_per_item);
   }
   spec.dynamic = spec.persistent && a.workspace != 0;
@@ -637,10 +637,13 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
   set_forward_steps(spec, &p);
-  // The persistent grid: one CTA per SM (the kernel holds a whole SM's
-  // registers), or a test's smaller one.
-  const int64_t ctas = policy().persistent_grid > 0 ? policy().persistent_grid
-                                                    : std::max(backend_->info().num_sms, 1);
+  // The persistent grid: one CTA per SM for the sm_90a kernel (it holds a
+  // whole SM's registers), min_ctas per SM for the mma.sync one (its
+  // occupancy target), or a test's smaller one.
+  const int64_t ctas = policy().persistent_grid > 0
+                           ? policy().persistent_grid
+                           : int64_t(std::max(backend_->info().num_sms, 1)) *
+                                 (spec.wgmma ? 1 : std::max(spec.min_ctas, 1));
   const LaunchGeometry geom = forward_geometry(spec, p, ctas, split.num_splits);
   Fp8Descales ds;  // the fp8 forward's (spec.q_fp8)
   ds.q_descale = a.q_descale;

@@ -264,4 +264,30 @@ TileScheduler::Item WorkScheduler::decode(Reg t) const {
   return it;
 }
 
+TileScheduler::Item persistent_item(Emitter &e, Reg t, ptx::Label past_last, Reg prefix,
+                                    Reg seqlen_q, Reg seqlen_k, Reg heads, Reg heads_kv, Reg batch,
+                                    Reg wl, Reg wr, int block_m, int kv_row_bytes, int cap) {
+  if (prefix.valid()) {
+    const WorkScheduler sched(e, prefix, seqlen_q, seqlen_k, heads, heads_kv, batch, wl, wr,
+                              block_m, kv_row_bytes, cap);
+    e.b.when(e.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(past_last);
+    return sched.decode(t);
+  }
+  const TileScheduler sched(e, seqlen_q, seqlen_k, heads, heads_kv, batch, wl, wr, block_m,
+                            kv_row_bytes);
+  e.b.when(e.setp(Cmp::Ge, Type::U32, t, sched.total())).bra(past_last);
+  return sched.decode(t);
+}
+
+void retire_dynamic(Emitter &e, Reg ws) {
+  ptx::Builder &b = e.b;
+  Reg old = b.b32();
+  b.atom_add(true, Type::U32, old, at(ws, 4), imm(1));
+  Reg last = e.op(Op::Sub, Type::U32, e.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)), imm(1));
+  Reg zero = e.mov(Type::U32, imm(0));
+  Reg is_last = e.setp(Cmp::Eq, Type::U32, old, last);
+  b.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 0), zero);
+  b.when(is_last).st(ptx::Space::Global, Type::U32, at(ws, 4), zero);
+}
+
 }  // namespace fa::kgen::tile

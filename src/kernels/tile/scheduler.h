@@ -145,4 +145,24 @@ class WorkScheduler {
   int block_m_, kv_row_bytes_, cap_;
 };
 
+// ---- A persistent kernel's item loop: the pieces both forward generators
+// share (forward_wgmma.cc, forward_tc.cc) ----
+// Work item t (u32) of a persistent kernel: to `past_last` when t >= the
+// launch's item count, else its coordinates (new registers). prefix: varlen
+// by work, build_work_prefix's shared address for up to cap sequences
+// (WorkScheduler's order); invalid: TileScheduler's. The other inputs as
+// TileScheduler's.
+TileScheduler::Item persistent_item(Emitter &e, Reg t, ptx::Label past_last, Reg prefix,
+                                    Reg seqlen_q, Reg seqlen_k, Reg heads, Reg heads_kv, Reg batch,
+                                    Reg wl, Reg wr, int block_m, int kv_row_bytes,
+                                    int cap = kWorkBatchMax);
+
+// A dynamic persistent kernel (items handed out by an atomic ticket counter
+// at `workspace`, a global address of {u32 next, u32 exited}), one thread
+// of a CTA past its last item: the CTA is out (atom.add on `exited`,
+// acq_rel); the last one out (exited was nctaid.x - 1: every other CTA took
+// its last ticket before its own add) sets both counters back to zero for
+// the next launch (CUDA-graph replay needs no host reset).
+void retire_dynamic(Emitter &e, Reg workspace);
+
 }  // namespace fa::kgen::tile
