@@ -20,6 +20,18 @@ import flashattn as fa
 B, SQ, SK, H, HK, D = 5, 19, 45, 32, 8, 64
 
 
+def asking_workspace(rt):
+    """A workspace callable for fa.forward (zeroed device memory of the size
+    asked) and the list of the sizes it was asked for."""
+    asked = []
+
+    def workspace(nbytes):
+        asked.append(nbytes)
+        return rt.upload(np.zeros(nbytes // 4, np.int32))
+
+    return asked, workspace
+
+
 @pytest.fixture(scope="module")
 def runtimes():
     """{False: a runtime without the persistent policy, True: with it}."""
@@ -203,11 +215,7 @@ def test_split_kv(runtimes):
     sizes = [size for key, (_, size) in rt._workspaces.items()
              if key[0] == "forward" and size > 256]
     assert sizes, "no split-KV workspace was made"
-    asked = []
-
-    def workspace(nbytes):
-        asked.append(nbytes)
-        return rt.upload(np.zeros(nbytes // 4, np.int32))
+    asked, workspace = asking_workspace(rt)
 
     run_split(rt, workspace=workspace)
     assert len(asked) == 1 and asked[0] > 256 and asked[0] % 4 == 0
@@ -237,11 +245,7 @@ def test_split_kv_varlen(runtimes):
     v = g.standard_normal((cu_k[-1], hk, d)).astype(np.float16)
     cfg = fa.Config(dtype="fp16", head_dim=d, num_heads_q=h, num_heads_kv=hk, causal=True)
     rt = runtimes[False]
-    asked = []
-
-    def workspace(nbytes):
-        asked.append(nbytes)
-        return rt.upload(np.zeros(nbytes // 4, np.int32))
+    asked, workspace = asking_workspace(rt)
 
     o, lse = nan_out(rt, (cu_q[-1], h, d), "fp16"), nan_out(rt, (h, cu_q[-1]), "fp32")
     fa.forward(rt, cfg, q, k, v, out=o, lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
@@ -267,11 +271,7 @@ def test_gqa_pack(runtimes):
     cfg, (q, k, v), _ = make_problem(8110, b, sq, sk, h, hk, d)
     lens = np.array([700, 0, 333], np.int32)
     rt = runtimes[False]
-    asked = []
-
-    def workspace(nbytes):
-        asked.append(nbytes)
-        return rt.upload(np.zeros(nbytes // 4, np.int32))
+    asked, workspace = asking_workspace(rt)
 
     o, lse = nan_out(rt, (b, sq, h, d), "fp16"), nan_out(rt, (b, h, sq), "fp32")
     fa.forward(rt, cfg, q, k, v, out=o, lse=lse, seqused_k=lens, workspace=workspace)
@@ -304,11 +304,7 @@ def test_gqa_pack_varlen(runtimes):
     kp, vp, table = to_pages(g, k, v, 16)  # shuffled pages of 16, NaN in the spare ones
     cfg = fa.Config(dtype="fp16", head_dim=d, num_heads_q=h, num_heads_kv=hk, causal=True)
     rt = runtimes[False]
-    asked = []
-
-    def workspace(nbytes):
-        asked.append(nbytes)
-        return rt.upload(np.zeros(nbytes // 4, np.int32))
+    asked, workspace = asking_workspace(rt)
 
     o, lse = nan_out(rt, (cu_q[-1], h, d), "fp16"), nan_out(rt, (h, cu_q[-1]), "fp32")
     fa.forward(rt, cfg, q, kp, vp, out=o, lse=lse, cu_seqlens_q=cu_q, seqused_k=lens_k,
