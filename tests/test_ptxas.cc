@@ -665,6 +665,34 @@ std::vector<KernelSpec> grid() {
         if (sm == 90 || d <= 128) out.push_back(w);
       }
   }
+  // The sm_90a MLA decode (KernelPolicy::sm90_mla): DeepSeek's 576 / 512
+  // and the other head dims it takes (512 / 512: an even atom count; 384 /
+  // 384: three-atom O halves; 576 / 384), bf16 and fp16, every KV layout
+  // (pages of 64: pow2 rows; of 3), fixed length (a forward run as decode),
+  // windows, group 16 and 128.
+  {
+    KernelPolicy mla;
+    mla.sm90_mla = true;
+    int i = 0;
+    for (const auto &hd : {std::pair<int, int>{576, 512}, {512, 512}, {384, 384}, {576, 384}})
+      for (int layout = 0; layout < 4; ++layout) {
+        LaunchShape shape;
+        shape.v_in_k = true;
+        shape.kv_layout = layout == 0   ? KvLayout::Contiguous
+                          : layout == 3 ? KvLayout::PtrArray
+                                        : KvLayout::Paged;
+        shape.page_size = layout == 1 ? 64 : layout == 2 ? 3 : 0;
+        shape.fixed_len = layout == 0 && i % 2 == 1;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, hd.first, hd.second,
+                                     i % 3 == 2 ? 128 : 16, 1, false);
+        cfg.causal = i % 4 != 3;
+        if (i % 5 == 4) cfg.window_left = 100;
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(90), shape, mla);
+        assert_true(w.wgmma && w.kind == KernelKind::Decode && !generate_ptx(w).empty());
+        out.push_back(w);
+        ++i;
+      }
+  }
   // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
   // head dims 64..256 with softcap and ALiBi alternating, the gather
   // variant over a paged cache with seqused_k, and the fp8 forward; the

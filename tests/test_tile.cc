@@ -1390,6 +1390,68 @@ void test_swizzle128(void **) {
                    0);
 }
 
+// gather_rows (the sm_90a gather producers' row copy), 128 threads: rows
+// first .. first + rows - 1 of a [40][chunks x 8] 16-bit source (element
+// (j, x) = 1 + 3 j + 7 x mod 2^16) into Swizzle128 atoms; rows at or past
+// `limit` and chunks at or past `data` must be zeros, every other element at
+// its (row, chunk) offset. Row widths of 8, 24, 48 and 72 chunks: 16, 4, 2
+// and 1 rows a pass (R = 2 and 1: each pass of a period of 8 rows its own
+// flip of the swizzle, as the MLA decode's 576-wide rows need), loops and
+// fully unrolled passes, one width with data < chunks. The destination is
+// poisoned first.
+void test_gather_rows(void **) {
+  struct Case {
+    int chunks, data, rows, first, limit;
+  };
+  const Case cases[] = {{8, 8, 32, 2, 30},   {24, 24, 16, 0, 40}, {48, 48, 24, 5, 20},
+                        {72, 72, 24, 1, 18}, {72, 64, 8, 3, 40},  {48, 40, 6, 0, 40}};
+  for (const Case &c : cases) {
+    const int cols = 8 * c.chunks, src_rows = 40;
+    const uint32_t atom = static_cast<uint32_t>(c.rows) * 128;
+    const uint32_t bytes = (c.chunks + 7) / 8 * atom;
+    const std::string ptx = kernel(128, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+      Builder &b = e.b;
+      for (uint32_t w = 0; w < bytes / 4; w += 128) {  // poison
+        Reg a = e.op(Op::MadLo, Type::U32, e.op(Op::Add, Type::U32, tid, imm(w)), imm(4), smem);
+        b.st(Space::Shared, Type::B32, at(a), e.mov(Type::B32, imm(0x7e007e00)));
+      }
+      b.bar_sync();
+      tile::gather_rows(e, tid, smem, 0, atom, c.rows, c.chunks, c.data,
+                        e.mov(Type::S32, imm(c.first)), e.mov(Type::S32, imm(c.limit)),
+                        [&](Reg j) { return e.index(g[0], j, 2 * cols); });
+      b.cp_async_commit();
+      b.cp_async_wait(0);
+      b.bar_sync();
+      for (uint32_t w = 0; w < bytes / 4; w += 128) {
+        Reg idx = e.op(Op::Add, Type::U32, tid, imm(w));
+        Reg x = b.b32();
+        b.ld(Space::Shared, Type::B32, x, at(e.op(Op::MadLo, Type::U32, idx, imm(4), smem)));
+        b.st(Space::Global, Type::B32, at(e.index(g[1], idx, 4)), x);
+      }
+    });
+    std::vector<uint16_t> src(size_t(src_rows) * cols);
+    for (int j = 0; j < src_rows; ++j)
+      for (int x = 0; x < cols; ++x) src[size_t(j) * cols + x] = uint16_t(1 + 3 * j + 7 * x);
+    DevBuf in(src.size() * 2), out(bytes);
+    in.put(src);
+    Ptrs pt = {{in.ptr, out.ptr, 0, 0, 0, 0}};
+    assert_int_equal(launch(ptx, 128, bytes, pt), FA_SUCCESS);
+    const std::vector<uint16_t> got = out.get<uint16_t>();
+    const tile::Swizzle128 sw{atom};
+    int bad = 0;
+    for (int r = 0; r < c.rows; ++r)
+      for (int x = 0; x < cols; ++x) {
+        const int j = c.first + r;
+        const uint16_t want = j < c.limit && x / 8 < c.data ? src[size_t(j) * cols + x] : 0;
+        const uint16_t v = got[(sw.offset(r, x / 8) + 2 * (x % 8)) / 2];
+        if (v != want && bad++ < 5)
+          std::fprintf(stderr, "chunks %d rows %d: row %d col %d: %u, want %u\n", c.chunks,
+                       c.rows, r, x, v, want);
+      }
+    assert_int_equal(bad, 0);
+  }
+}
+
 // store_acc (sm_90 stmatrix): a warp's 16 x 80 accumulator tile (10
 // fragments: two atoms of the layout) with a distinct exact value per
 // element (f16: 64 r + c; bf16: (128 + c) 2^r), stored at rows 16..31 of a
@@ -1825,7 +1887,8 @@ int main(void) {
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
       cmocka_unit_test(test_key_range),      cmocka_unit_test(test_scheduler),
       cmocka_unit_test(test_work_scheduler), cmocka_unit_test(test_ring),
-      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_store_acc),
+      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_gather_rows),
+      cmocka_unit_test(test_store_acc),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);
 }

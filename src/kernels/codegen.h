@@ -58,6 +58,10 @@ std::string generate_forward_wgmma(const KernelSpec &spec);  // Forward with spe
 uint32_t wgmma_smem(const KernelSpec &spec);
 // Dynamic shared memory of the tensor-core decode kernel (decode_tc.cc).
 uint32_t decode_tc_smem(const KernelSpec &spec);
+// The sm_90a MLA decode (Decode with spec.wgmma; decode_mla.cc) and its
+// dynamic shared memory.
+std::string generate_decode_mla(const KernelSpec &spec);
+uint32_t decode_mla_smem(const KernelSpec &spec);
 std::string generate_reduce(const KernelSpec &spec);
 
 // Value-returning wrappers: each allocates the destination register.

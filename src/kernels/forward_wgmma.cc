@@ -810,94 +810,11 @@ class ForwardWgmmaGen {
     gather(smem_, base, atom_bytes, rows, chunks, data, first, limit, row_addr, fp8);
   }
 
-  // Rows first .. first + rows - 1 of `chunks` 16-byte chunks (the first
-  // `data` from row_addr(j), the others and rows at or past `limit` zeros)
-  // into 128-byte-swizzled atoms of [rows][128 B] at dst + base, atom_bytes
-  // apart: chunk c of row r lands at atom c / 8, byte 128 r + 16 ((c % 8) ^
-  // (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
-  // T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
-  // hold fp8 bytes, 8 per chunk, loaded (ld.global.v2.b32, zeros where
-  // cp.async would zero-fill) and converted exactly to f16
-  // (cvt.rn.f16x2.{e4m3x2,e5m2x2}) into the chunk by st.shared.v4: generic
-  // writes like cp.async's, fenced by the same fence.proxy.async.
+  // tile::gather_rows by the producer's 128 threads.
   void gather(Reg dst, uint32_t base, uint32_t atom_bytes, int rows, int chunks, int data,
               Reg first, Reg limit, const std::function<Reg(Reg)> &row_addr, int fp8 = 0) {
-    int lg = 0;
-    while ((1 << lg) < chunks) ++lg;
-    const int T = 1 << lg, R = 128 / T;
-    Reg c = e_.op(Op::And, Type::B32, tid_, imm(T - 1));
-    Reg r = e_.op(Op::Shr, Type::U32, tid_, imm(lg));
-    Reg live = chunks < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
-    Reg real = data < T ? e_.setp(Cmp::Lt, Type::U32, c, imm(data)) : Reg();
-    // Smem address of (row r, chunk c); rows 8 apart share the swizzle, and
-    // with R = 4 alternate passes flip bit 2 of it.
-    const tile::Swizzle128 sw{atom_bytes};
-    Reg d0 = sw.addr(e_, dst, r, c);
-    Reg d1 = R == 4 ? e_.op(Op::Xor, Type::B32, d0, imm(tile::Swizzle128::flip(4))) : Reg();
-    Reg coff = b_.b64();
-    b_.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
-    Reg last = e_.op(Op::Sub, Type::S32, limit, imm(1));
-    Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the f16 pairs
-    if (fp8) {
-      for (Reg &x : y) x = b_.b32();
-      for (Reg &x : hw) x = b_.b16();
-      for (Reg &x : w) x = b_.b32();
-    }
-    Reg j0 = e_.op(Op::Add, Type::S32, first, r);
-    Reg ok = b_.pred(), in = b_.pred();
-    // Pass p copies row r + p R. Up to 4 passes are unrolled; more run as a
-    // loop of U unrolled passes, U the largest divisor of the count up to 4
-    // (rows is then a multiple of R; with R = 4, of 16), which keeps the
-    // producer within its 56 registers.
-    const int passes = (rows + R - 1) / R;
-    int U = std::min(passes, 4);
-    while (passes % U != 0) --U;
-    auto pass = [&](int p, Reg jb, Reg db0, Reg db1) {
-      Reg j = e_.op(Op::Add, Type::S32, jb, imm(p * R));
-      b_.setp(Cmp::Lt, Type::S32, ok, j, limit);
-      if (real.valid()) b_.op(Op::And, Type::Pred, ok, ok, real);
-      Reg src = row_addr(e_.op(Op::Min, Type::S32, j, last));
-      b_.op(Op::Add, Type::S64, src, src, coff);
-      const Reg size = fp8 ? Reg() : e_.selp(Type::U32, imm(16), imm(0), ok);
-      const bool odd = R == 4 && (p & 1);
-      ptx::Addr at_d = at(odd ? db1 : db0, static_cast<int64_t>(base) + int64_t(p) * R * 128);
-      Reg guard;
-      if (live.valid()) guard = live;
-      if ((p + 1) * R > rows) {  // rows is not a multiple of R: the last pass is partial
-        b_.setp(Cmp::Lt, Type::U32, in, r, imm(rows - p * R));
-        if (guard.valid()) b_.op(Op::And, Type::Pred, in, in, guard);
-        guard = in;
-      }
-      if (fp8) {
-        for (Reg x : y) b_.mov(Type::B32, x, imm(0));
-        b_.when(ok).ld_v(Space::Global, Type::B32, {y[0], y[1]}, at(src));
-        for (int i = 0; i < 2; ++i) {
-          b_.unpack_b32(hw[0], hw[1], y[i]);
-          b_.cvt_f16x2_f8x2(fp8 == 2, w[2 * i], hw[0]);
-          b_.cvt_f16x2_f8x2(fp8 == 2, w[2 * i + 1], hw[1]);
-        }
-        if (guard.valid()) b_.when(guard);
-        b_.st_v(Space::Shared, Type::B32, at_d, {w[0], w[1], w[2], w[3]});
-        return;
-      }
-      if (guard.valid())
-        b_.when(guard).cp_async_cg16(at_d, at(src), size);
-      else
-        b_.cp_async_cg16(at_d, at(src), size);
-    };
-    if (U == passes) {
-      for (int p = 0; p < passes; ++p) pass(p, j0, d0, d1);
-      return;
-    }
-    Reg left = e_.mov(Type::U32, imm(passes / U));
-    ptx::Label top = b_.label();
-    b_.bind(top);
-    for (int p = 0; p < U; ++p) pass(p, j0, d0, d1);
-    b_.op(Op::Add, Type::S32, j0, j0, imm(U * R));
-    b_.op(Op::Add, Type::U32, d0, d0, imm(U * R * 128));
-    if (d1.valid()) b_.op(Op::Add, Type::U32, d1, d1, imm(U * R * 128));
-    b_.op(Op::Sub, Type::U32, left, left, imm(1));
-    b_.when(e_.setp(Cmp::Ne, Type::U32, left, imm(0))).bra(top);
+    tile::gather_rows(e_, tid_, dst, base, atom_bytes, rows, chunks, data, first, limit, row_addr,
+                      fp8);
   }
 
   // The KV head, re-derived where the consumers need it (the fp8

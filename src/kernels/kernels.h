@@ -98,6 +98,8 @@ struct KernelSpec {
   // Forward on sm_90a (FlashAttention-3's structure): wgmma, TMA into a
   // stages-deep K/V ring guarded by mbarriers, a producer warpgroup and two
   // consumer warpgroups (num_warps 12, block_m 128). Implies mma.
+  // Decode: the sm_90a MLA decode (kgen::generate_decode_mla; gather and
+  // v_in_k, block_m 64, the two consumer warpgroups splitting d and dv).
   bool wgmma = false;
   // wgmma: Q, K and V copied by cp.async from the producer warpgroup (row
   // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)

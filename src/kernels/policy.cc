@@ -22,6 +22,7 @@ KernelPolicy KernelPolicy::from_env() {
   p.sm90_persistent = env_on("FLASHATTN_SM90_PERSISTENT");
   p.sm80_persistent = env_on("FLASHATTN_SM80_PERSISTENT");
   p.pdl = env_on("FLASHATTN_PDL");
+  p.sm90_mla = env_on("FLASHATTN_SM90_MLA");
   if (const char *f = std::getenv("FLASHATTN_FORWARD_SPLITS")) p.forward_splits = f[0] == '1';
   if (const char *g = std::getenv("FLASHATTN_FORWARD_GQA_PACK")) p.forward_gqa_pack = g[0] == '1';
   return p;

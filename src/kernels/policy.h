@@ -50,6 +50,14 @@ struct KernelPolicy {
   // Off by default: proven on the emulator only, never timed on a GPU
   // (FLASHATTN_PDL=1).
   bool pdl = false;
+  // sm_90: an MLA decode (V in K, head_dim a multiple of 64, head_dim_v
+  // 256 < dv <= 512 in 128-column halves; 16-bit, none of softcap, ALiBi,
+  // tree mask, KV append, fp8 or cu_seqlens_q) runs the sm_90a MLA kernel
+  // (kgen::generate_decode_mla: wgmma, the two consumer warpgroups sharing
+  // every K tile) instead of the mma.sync decode's two O slices. Off by
+  // default: proven on the emulator only, never timed on a GPU
+  // (FLASHATTN_SM90_MLA=1).
+  bool sm90_mla = false;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;

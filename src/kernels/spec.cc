@@ -43,6 +43,15 @@ void put32(std::string &o, int32_t v) {
   for (int i = 0; i < 4; ++i) o.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
 }
 
+// Head dims the sm_90a MLA decode takes: K rows of whole 64-column atoms,
+// V (K's first head_dim_v columns) halves of whole atoms, each at most 256
+// columns (a consumer warpgroup's wgmma N) and wider than one O slice of
+// the mma.sync decode (256) so that sharing S pays: DeepSeek's 576 / 512.
+bool mla_decode_dims(int head_dim, int head_dim_v) {
+  return head_dim % 64 == 0 && head_dim_v % 128 == 0 && head_dim_v > 256 && head_dim_v <= 512 &&
+         head_dim_v <= head_dim;
+}
+
 // ceil(a / b) for a >= 0, b > 0, without overflow.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a - 1) / b + 1 : 0; }
 
@@ -107,11 +116,14 @@ bool spec_valid(const KernelSpec &s) {
   // Head dims: the mma.sync forward and decode take head_dim up to 576 and
   // head_dim_v up to 512 (in dv_split slices of at most 256 columns), the
   // combine head_dim_v up to 512, the others 256.
-  const bool big = s.mma && !s.wgmma;
+  // The sm_90a MLA decode (kgen::generate_decode_mla): O's columns split
+  // between its two consumer warpgroups, not in dv_split slices.
+  const bool mla = s.wgmma && s.kind == KernelKind::Decode;
+  const bool big = (s.mma && !s.wgmma) || mla;
   const int max_d = big ? kMaxHeadDim : 256;
   const int max_dv = big || s.kind == KernelKind::Reduce ? kMaxHeadDimV : 256;
   if (s.dv_split < 1 || (s.dv_split > 1 && !big) || s.head_dim_v % (8 * s.dv_split) != 0 ||
-      (s.kind != KernelKind::Reduce && dv_slice(s) > 256) ||
+      (s.kind != KernelKind::Reduce && !mla && dv_slice(s) > 256) ||
       (s.kind == KernelKind::Reduce && s.dv_split != 1))
     return false;
   bool dv_ok = s.head_dim_v >= 8 && s.head_dim_v <= max_dv && s.head_dim_v % 8 == 0;
@@ -126,6 +138,16 @@ bool spec_valid(const KernelSpec &s) {
     return false;
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= max_d && s.head_dim % 8 == 0;
+  // The MLA decode: V in K, head_dim whole 64-column atoms, each consumer
+  // warpgroup's O half whole atoms of at most 256 columns; 16-bit, no
+  // decode option but windows; 64 rows, 12 warps, key tiles of 16..64.
+  if (mla)
+    return d_ok && dv_ok && mla_decode_dims(s.head_dim, s.head_dim_v) && s.mma && s.gather &&
+           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 && s.kv_fp8 == KvFp8::None &&
+           !s.varlen && !s.tree_mask && !s.alibi && !s.softcap && !s.append_kv && !s.pdl &&
+           !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 && s.dv_split == 1 &&
+           s.block_m == 64 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 &&
+           s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -320,6 +342,32 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   // Nothing fits with two stages: smaller key tiles.
   while (s->block_n > (f8 ? 32 : 16) && kgen::wgmma_smem(*s) > lim.smem_per_block_optin)
     s->block_n = f8 ? s->block_n / 2 : s->block_n - 16;
+}
+
+// The sm_90a MLA decode (docs/kernels.md, "MLA decode on sm_90a") where the
+// policy asks for it and the shape is one it takes: 64 packed rows, key
+// tiles of 48 in two stages (Q 72 KB + 2 x 54 KB of K + 24 KB of partial
+// scores at 576 / 512: 203 KB), else false (the mma.sync decode).
+bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const LaunchShape &shape,
+                     KernelSpec *s) {
+  if (!policy.sm90_mla || dev.sm != 90 || !s->v_in_k || s->dtype == Dtype::F32 ||
+      s->kv_fp8 != KvFp8::None || s->varlen || s->softcap || shape.alibi || shape.tree_mask ||
+      shape.append_kv || !mla_decode_dims(s->head_dim, s->head_dim_v))
+    return false;
+  KernelSpec t = *s;
+  t.wgmma = t.gather = true;
+  t.dv_split = 1;
+  t.block_m = 64;
+  t.block_n = 48;
+  t.stages = 2;
+  t.num_warps = 12;
+  t.min_ctas = 1;
+  t.q_in_regs = false;
+  DeviceLimits lim = dev;
+  if (lim.smem_per_block_optin == 0 && !published_limits(90, &lim)) return false;
+  if (kgen::decode_mla_smem(t) > lim.smem_per_block_optin) return false;
+  *s = t;
+  return true;
 }
 
 // The tensor-core decode tile (docs/kernels.md, "Decode on tensor cores"):
@@ -531,7 +579,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
     // forward; not with a KV append or a tree mask).
     s.varlen = varlen && !shape.append_kv && !shape.tree_mask;
-    choose_decode_tile(dev, &s);
+    if (!choose_mla_tile(dev, policy, shape, &s)) choose_decode_tile(dev, &s);
   } else {
     int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
     s.group_size = g < 1 ? 1 : g;
@@ -542,14 +590,17 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.kv_layout = shape.kv_layout;
   // The scalar kernels look a page up per row (they are not tuned for it).
   const int tile_keys = kind == KernelKind::Decode ? 16 : s.block_n;  // a warp's tile in decode
-  s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && shape.page_size > 0 &&
+  // The MLA decode's tiles start block_n keys apart from a split's first
+  // key, which need not be on a page boundary: it looks pages up per row.
+  s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && !(kind == KernelKind::Decode && s.wgmma) &&
+                 shape.page_size > 0 &&
                  shape.page_size % tile_keys == 0;
   s.page_pow2 = s.kv_layout == KvLayout::Paged && !s.page_tiles && shape.page_size > 0 &&
                 (shape.page_size & (shape.page_size - 1)) == 0;
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.fixed_len = kind == KernelKind::Decode && shape.fixed_len && !shape.append_kv;
-  s.pdl = kind == KernelKind::Decode && s.mma && policy.pdl && dev.sm >= 90;
+  s.pdl = kind == KernelKind::Decode && s.mma && !s.wgmma && policy.pdl && dev.sm >= 90;
   s.sinks = kind == KernelKind::Forward && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
@@ -637,6 +688,7 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::generate_decode_mla(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
   if (spec.wgmma) return kgen::generate_forward_wgmma(spec);
   if (spec.mma) return kgen::generate_forward_tc(spec);
@@ -693,6 +745,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
+  if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::decode_mla_smem(spec);
   if (spec.wgmma) return kgen::wgmma_smem(spec);
   if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;
   if (spec.kind == KernelKind::Decode && spec.mma) return kgen::decode_tc_smem(spec);

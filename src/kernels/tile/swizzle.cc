@@ -63,4 +63,90 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
   }
 }
 
+void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
+               int chunks, int data, Reg first, Reg limit,
+               const std::function<Reg(Reg)> &row_addr, int fp8) {
+  ptx::Builder &b = e.b;
+  int lg = 0;
+  while ((1 << lg) < chunks) ++lg;
+  const int T = 1 << lg, R = 128 / T;
+  Reg c = e.op(Op::And, Type::B32, tid, imm(T - 1));
+  Reg r = e.op(Op::Shr, Type::U32, tid, imm(lg));
+  Reg live = chunks < T ? e.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();
+  Reg real = data < T ? e.setp(Cmp::Lt, Type::U32, c, imm(data)) : Reg();
+  // Smem address of (row r, chunk c); rows 8 apart share the swizzle, and
+  // pass p (row r + p R, r % 8 & p R % 8 = 0) flips it by p R % 8
+  // (Swizzle128::flip): with R = 4 alternate passes flip bit 2 (d[4]); with
+  // R = 2 or 1 (more than 32 chunks a row) each of 8 / R passes its own.
+  const Swizzle128 sw{atom_bytes};
+  Reg d[8];
+  d[0] = sw.addr(e, dst, r, c);
+  for (int k = R; k < 8; k += R) d[k] = e.op(Op::Xor, Type::B32, d[0], imm(Swizzle128::flip(k)));
+  Reg coff = b.b64();
+  b.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
+  Reg last = e.op(Op::Sub, Type::S32, limit, imm(1));
+  Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the f16 pairs
+  if (fp8) {
+    for (Reg &x : y) x = b.b32();
+    for (Reg &x : hw) x = b.b16();
+    for (Reg &x : w) x = b.b32();
+  }
+  Reg j0 = e.op(Op::Add, Type::S32, first, r);
+  Reg ok = b.pred(), in = b.pred();
+  // Pass p copies row r + p R. Up to 4 passes are unrolled; more run as a
+  // loop of U unrolled passes, U the largest divisor of the count up to 4
+  // (rows is then a multiple of R; with R = 4, of 16), which keeps the
+  // producer within its 56 registers; with R < 4, U = 8 / R passes (a
+  // loop's step of 8 rows keeps each pass's flip), or all of them.
+  const int passes = (rows + R - 1) / R;
+  int U = std::min(passes, 4);
+  while (passes % U != 0) --U;
+  if (R < 4) U = passes % (8 / R) == 0 ? 8 / R : passes;
+  auto pass = [&](int p, Reg jb) {
+    Reg j = e.op(Op::Add, Type::S32, jb, imm(p * R));
+    b.setp(Cmp::Lt, Type::S32, ok, j, limit);
+    if (real.valid()) b.op(Op::And, Type::Pred, ok, ok, real);
+    Reg src = row_addr(e.op(Op::Min, Type::S32, j, last));
+    b.op(Op::Add, Type::S64, src, src, coff);
+    const Reg size = fp8 ? Reg() : e.selp(Type::U32, imm(16), imm(0), ok);
+    ptx::Addr at_d = at(d[p * R % 8], static_cast<int64_t>(base) + int64_t(p) * R * 128);
+    Reg guard;
+    if (live.valid()) guard = live;
+    if ((p + 1) * R > rows) {  // rows is not a multiple of R: the last pass is partial
+      b.setp(Cmp::Lt, Type::U32, in, r, imm(rows - p * R));
+      if (guard.valid()) b.op(Op::And, Type::Pred, in, in, guard);
+      guard = in;
+    }
+    if (fp8) {
+      for (Reg x : y) b.mov(Type::B32, x, imm(0));
+      b.when(ok).ld_v(Space::Global, Type::B32, {y[0], y[1]}, at(src));
+      for (int i = 0; i < 2; ++i) {
+        b.unpack_b32(hw[0], hw[1], y[i]);
+        b.cvt_f16x2_f8x2(fp8 == 2, w[2 * i], hw[0]);
+        b.cvt_f16x2_f8x2(fp8 == 2, w[2 * i + 1], hw[1]);
+      }
+      if (guard.valid()) b.when(guard);
+      b.st_v(Space::Shared, Type::B32, at_d, {w[0], w[1], w[2], w[3]});
+      return;
+    }
+    if (guard.valid())
+      b.when(guard).cp_async_cg16(at_d, at(src), size);
+    else
+      b.cp_async_cg16(at_d, at(src), size);
+  };
+  if (U == passes) {
+    for (int p = 0; p < passes; ++p) pass(p, j0);
+    return;
+  }
+  Reg left = e.mov(Type::U32, imm(passes / U));
+  ptx::Label top = b.label();
+  b.bind(top);
+  for (int p = 0; p < U; ++p) pass(p, j0);
+  b.op(Op::Add, Type::S32, j0, j0, imm(U * R));
+  for (Reg x : d)
+    if (x.valid()) b.op(Op::Add, Type::U32, x, x, imm(U * R * 128));
+  b.op(Op::Sub, Type::U32, left, left, imm(1));
+  b.when(e.setp(Cmp::Ne, Type::U32, left, imm(0))).bra(top);
+}
+
 }  // namespace fa::kgen::tile

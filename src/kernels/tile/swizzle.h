@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/codegen.h"
@@ -69,5 +70,22 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
 // reused (ptxas keeps a wgmma in flight only while no other instruction
 // reads or writes any wgmma's accumulators).
 void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &dst);
+
+// The producer warpgroup's row copy (tid 0..127): rows first .. first +
+// rows - 1 of `chunks` 16-byte chunks (the first `data` from row_addr(j),
+// the others and rows at or past `limit` zeros; cp.async.cg, zero-filled)
+// into 128-byte-swizzled atoms of [rows][128 B] at dst + base, atom_bytes
+// apart: chunk c of row r lands at atom c / 8, byte 128 r + 16 ((c % 8) ^
+// (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
+// T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
+// hold fp8 bytes, 8 per chunk, loaded (ld.global.v2.b32, zeros where
+// cp.async would zero-fill) and converted exactly to f16
+// (cvt.rn.f16x2.{e4m3x2,e5m2x2}) into the chunk by st.shared.v4: generic
+// writes like cp.async's, fenced by the same fence.proxy.async. dst u32
+// (shared), first and limit s32; row_addr(j) returns row j's global
+// address (u64), j clamped to limit - 1.
+void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
+                 int chunks, int data, Reg first, Reg limit,
+                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0);
 
 }  // namespace fa::kgen::tile

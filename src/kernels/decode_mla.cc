@@ -1,0 +1,551 @@
+// sm_90a MLA decode generator: multi-head latent attention (DeepSeek-V2,
+// 2024, section 2.1; DeepSeek-V3) over its latent cache on wgmma, in
+// FlashMLA's class: one KV head whose rows are head_dim = 576 wide (512
+// latent + 64 rope), V = the first head_dim_v = 512 columns of the same rows
+// (KernelSpec::v_in_k), and the query heads of the group (x the new tokens)
+// packed into wgmma's M.
+//
+// A CTA of three warpgroups owns 64 packed rows (row r: token r / group,
+// query head kv_head group + r % group, as the mma.sync decode) of one
+// (split, KV head, batch). Warpgroup 0 is a gather producer (tile::
+// gather_rows, one page lookup per key row): Q once, then each K tile of
+// block_n keys into a ring of `stages` buffers (full / empty mbarriers,
+// tile::Ring). The two consumer warpgroups split both products, so that
+// each K tile is read from shared memory by both but loaded once and no
+// FLOP is done twice:
+//  - S = Q K^T: warpgroup w sums over its half of head_dim (its 64-column
+//    atoms, and half of an odd last atom), both over the same 64 rows and
+//    block_n keys. Each writes its partial S to shared memory and adds the
+//    other's: S = S_0 + S_1 in both (one f32 add, which is commutative, so
+//    both hold the same bits) and both run the same online softmax
+//    (tile::OnlineSoftmax), so m, l and P agree exactly without another
+//    exchange.
+//  - O += P V: warpgroup w owns O's columns [w dv / 2, (w + 1) dv / 2)
+//    (128 f32 registers a thread at dv 512) and reads its half of V as a
+//    view of the K tile (N-major descriptor), P from registers.
+// FlashMLA instead alternates the K tiles between its warpgroups and trades
+// the row maxima and P through shared memory; the split here keeps the
+// softmax free of any cross-warpgroup dependence at the price of computing
+// the exponentials twice (MUFU: block_n of them per row and tile per
+// warpgroup, against 64 x block_n x (d / 2 + dv / 2) MACs).
+// Like the tensor-core decode, each CTA writes its split's partial state
+// (O normalised within the split, fp32, and the natural LSE) and the combine
+// (fa_decode_reduce's kernel) merges the splits. Layout, pipeline and
+// costs: docs/kernels.md, "MLA decode on sm_90a".
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/codegen.h"
+#include "kernels/tile/ring.h"
+#include "kernels/tile/row_mask.h"
+#include "kernels/tile/swizzle.h"
+#include "kernels/tile/tile.h"
+
+namespace fa {
+namespace kgen {
+namespace {
+
+using tile::AccTile;
+using tile::Frag4;
+using tile::Swizzle128;
+
+constexpr int kRows = 64;  // packed rows per CTA: one wgmma M
+constexpr int kAtomCols = 64;
+constexpr uint32_t kFragBytes = 32 * 16;  // one accumulator fragment of a warp: 32 lanes x v4
+// setmaxnreg: 128 x 56 + 256 x 224 <= 65536 (the forward's gather split).
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+// Named barriers: 0 the CTA's, 1 the producer's row table, 2 the partial
+// scores written, 3 the partial scores read (the buffer free again).
+constexpr int kProducerBar = 1, kScoresFull = 2, kScoresFree = 3;
+
+// Dynamic shared memory (tiles 1024-byte aligned: the 128-byte swizzle's
+// period): Q as qa column atoms of [64 rows][128 B]; `stages` K tiles of qa
+// atoms of [block_n][128 B]; the partial scores, per consumer warp and
+// accumulator fragment 32 lanes x 16 bytes (each thread's four f32 of a
+// fragment, so a warp's store and its partner's load are conflict-free);
+// the producer's row table (a K row address per key of the tile: paged
+// caches); the mbarriers q_full, k_full[s], k_empty[s].
+struct Layout {
+  int qa = 0;  // 64-column atoms of a Q / K row
+  uint32_t q_atom = 0, kv_atom = 0, k = 0, k_stage = 0, x = 0, rows = 0, bars = 0, total = 0;
+  uint32_t q_full() const { return bars; }
+  uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
+  uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
+};
+
+Layout layout(const KernelSpec &s) {
+  Layout l;
+  l.qa = s.head_dim / kAtomCols;
+  l.q_atom = kRows * Swizzle128::kRowBytes;
+  l.kv_atom = static_cast<uint32_t>(s.block_n) * Swizzle128::kRowBytes;
+  l.k = static_cast<uint32_t>(l.qa) * l.q_atom;
+  l.k_stage = static_cast<uint32_t>(l.qa) * l.kv_atom;
+  l.x = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
+  const uint32_t x_bytes = 2 * 4 * static_cast<uint32_t>(s.block_n / 8) * kFragBytes;
+  l.rows = l.x + x_bytes;
+  l.bars = l.rows + 8 * static_cast<uint32_t>(s.block_n);
+  l.total = l.bars + 8 + 16 * static_cast<uint32_t>(s.stages);
+  return l;
+}
+
+class DecodeMlaGen {
+ public:
+  explicit DecodeMlaGen(const KernelSpec &spec)
+      : spec_(spec),
+        lay_(layout(spec)),
+        b_(entry_name(spec), decode_params_size(spec)),
+        e_(b_),
+        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16) {
+    S_ = spec.stages;
+    G_ = spec.group_size;
+    nS_ = spec.block_n / 8;
+    nv_ = spec.head_dim_v / 2;  // a consumer warpgroup's O columns
+    kP_ = spec.block_n / 16;
+  }
+
+  std::string run() {
+    b_.comment(spec_.describe());
+    // For sass-report: each of the 8 consumer warps does half of the work
+    // of its 16 rows (half of d, half of dv): 8 rows' worth.
+    char perf[200];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=384 compute_warps=8 block_m=%d block_n=%d "
+                  "rows_per_warp=8 d=%d dv=%d",
+                  lay_.total, kRows, spec_.block_n, spec_.head_dim, spec_.head_dim_v);
+    b_.comment(perf);
+    b_.set_arch_specific(true);
+    b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
+    setup();
+    prologue();
+    ptx::Label consumer = b_.label(), done = b_.label();
+    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(4))).bra(consumer);
+    producer();
+    b_.bra(done);
+    b_.bind(consumer);
+    consumers();
+    b_.bind(done);
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 384);
+  }
+
+ private:
+  using P = DecodeParams;
+
+  void setup() {
+    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
+    smem_sym_ = b_.extern_shared("smem", 1024);
+    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
+  }
+
+  // ---- every thread: the CTA's rows, keys and tiles; barriers set up ----
+  void prologue() {
+    split_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    Reg y = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    sq_ = e_.param(Type::S32, offsetof(P, seqlen_q));
+    rows_ = e_.op(Op::MulLo, Type::S32, sq_, imm(G_));  // packed rows (API: <= FA_MAX_SEQLEN)
+    Reg nblk = e_.op(Op::Add, Type::S32, rows_, imm(kRows - 1));
+    b_.op(Op::Shr, Type::S32, nblk, nblk, imm(6));
+    kvh_ = e_.op(Op::Div, Type::S32, y, nblk);
+    m0_ = e_.op(Op::Shl, Type::B32, e_.op(Op::Rem, Type::S32, y, nblk), imm(6));
+    Reg k = e_.global_param(offsetof(P, k)), v = e_.global_param(offsetof(P, v));
+    Reg ks[3], vs[3];
+    for (int i = 0; i < 3; ++i) {
+      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
+      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+    }
+    kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz_, kvh_, &kr_, &vr_);
+    // cache_seqlens is device data: clamped to [0, seqlen_k_max].
+    Reg seqlens = spec_.fixed_len ? Reg() : e_.global_param(offsetof(P, cache_seqlens));
+    sk_ = decode_seqlen(e_, spec_, bz_, seqlens);
+    b_.op(Op::Min, Type::S32, sk_, sk_, e_.param(Type::S32, offsetof(P, seqlen_k_max)));
+    b_.op(Op::Max, Type::S32, sk_, sk_, imm(0));
+    // The split's keys [split * split_size, min(+split_size, sk)), in 64 bits.
+    Reg split_size = e_.param(Type::S32, offsetof(P, split_size));
+    Reg lo64 = e_.wide_mul(split_, split_size);
+    Reg hi64 = e_.op(Op::Add, Type::S64, lo64, e_.s64(split_size));
+    b_.op(Op::Min, Type::S64, hi64, hi64, e_.s64(sk_));
+    b_.op(Op::Min, Type::S64, lo64, lo64, e_.s64(sk_));
+    slo_ = e_.s32(lo64);
+    shi_ = e_.s32(hi64);
+    // The CTA's keys: from its first row's first key (rounded down to a
+    // whole tile from the split's first key) to its last valid row's last;
+    // every role derives the same count.
+    Reg last = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, m0_, imm(kRows)), rows_);
+    b_.op(Op::Sub, Type::S32, last, last, imm(1));
+    const tile::RowRange first = row_keys(e_.op(Op::Div, Type::S32, m0_, imm(G_)));
+    const tile::RowRange end = row_keys(e_.op(Op::Div, Type::S32, last, imm(G_)));
+    n0_ = e_.op(Op::Div, Type::S32, e_.op(Op::Sub, Type::S32, first.lo, slo_), imm(spec_.block_n));
+    b_.op(Op::MadLo, Type::S32, n0_, n0_, imm(spec_.block_n), slo_);
+    Reg span = e_.op(Op::Sub, Type::S32, end.hi, n0_);
+    b_.op(Op::Max, Type::S32, span, span, imm(0));
+    tiles_ = e_.op(Op::Add, Type::S32, span, imm(spec_.block_n - 1));
+    b_.op(Op::Div, Type::S32, tiles_, tiles_, imm(spec_.block_n));
+
+    b_.comment("mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers");
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(128));
+    for (int s = 0; s < S_; ++s) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(128));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
+    }
+    b_.fence_proxy_async();
+    b_.bar_sync();
+  }
+
+  // The keys [lo, hi) token t (s32) sees within the split: the decode's
+  // bottom-right alignment (diagonal t + seqlen_k - seqlen_q) and windows.
+  tile::RowRange row_keys(Reg t) {
+    Reg wl = e_.param(Type::S32, offsetof(P, window_left));
+    Reg wr = e_.param(Type::S32, offsetof(P, window_right));
+    Reg diag = e_.op(Op::Add, Type::S32, t, e_.op(Op::Sub, Type::S32, sk_, sq_));
+    return tile::row_range(e_, diag, wl, wr, slo_, shi_);
+  }
+
+  tile::Ring ring() const { return tile::Ring(const_cast<Emitter &>(e_), smem_, S_); }
+
+  // ---- warpgroup 0: Q, then the K tiles, by cp.async ----
+  // Each thread waits for its copies of tile it (wait_group 0) and arrives
+  // on its full barrier after a fence.proxy.async (cp.async writes are
+  // generic-proxy writes; wgmma reads through the async proxy); Q's barrier
+  // with the first tile. Not one tile later, as the forward's gather
+  // producer does: a stage holds K and V, so the consumers free it only
+  // after the next tile's S, and with two stages the next tile's copy would
+  // wait for a stage that waits for this arrival. So one tile loads while
+  // the consumers compute the other.
+  void producer() {
+    b_.setmaxnreg(false, kProducerRegs);
+    ptx::Label out = b_.label();
+    b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(out);
+    b_.comment("Q: the CTA's packed rows (zeros past the group's rows)");
+    Reg q = e_.global_param(offsetof(P, q));
+    Reg qs[3];
+    for (int i = 0; i < 3; ++i) qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
+    Reg q_b = e_.index(q, bz_, qs[0]);
+    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    const int chunks = 8 * lay_.qa, data = spec_.head_dim / 8;
+    tile::gather_rows(e_, tid_, smem_, 0, lay_.q_atom, kRows, chunks, data, m0_, rows_,
+                      [&](Reg r) {
+                        Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+                        Reg qh = e_.op(Op::Add, Type::S32, kvh_g,
+                                       e_.op(Op::Rem, Type::S32, r, imm(G_)));
+                        return e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]);
+                      });
+    b_.cp_async_commit();
+    b_.comment("K tiles, first to last (zeros past seqlen_k)");
+    Reg it = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, n0_);
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    const tile::Ring::Slot slot = ring().slot(it);
+    Reg bar = ring().bars(slot.stage);
+    ring().wait(bar, static_cast<int>(lay_.k_empty(0, S_)), ring().free_parity(slot.parity));
+    Reg dst = e_.op(Op::MadLo, Type::U32, slot.stage, imm(lay_.k_stage), smem_);
+    k_tile(dst, n, chunks, data);
+    b_.cp_async_commit();
+    b_.cp_async_wait(0);
+    b_.fence_proxy_async();
+    b_.when(e_.setp(Cmp::Eq, Type::U32, it, imm(0))).mbarrier_arrive(at(smem_, lay_.q_full()));
+    b_.mbarrier_arrive(at(bar, static_cast<int>(lay_.k_full(0))));
+    b_.op(Op::Add, Type::U32, it, it, imm(1));
+    b_.op(Op::Add, Type::S32, n, n, imm(spec_.block_n));
+    b_.when(e_.setp(Cmp::Lt, Type::S32, it, tiles_)).bra(top);
+    b_.bind(out);
+  }
+
+  // K rows n .. n + block_n - 1 into the stage at dst (+ lay_.k): paged, a
+  // row table of one block_table lookup per key (threads t < block_n, named
+  // barrier 1 before (the previous tile's table was read) and after), else
+  // KvRows::at.
+  void k_tile(Reg dst, Reg n, int chunks, int data) {
+    std::function<Reg(Reg)> row;
+    if (kr_.paged()) {
+      b_.comment("row addresses of the tile, one page lookup per row");
+      b_.bar_sync(kProducerBar, 128);
+      ptx::Label skip = b_.label();
+      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(spec_.block_n))).bra(skip);
+      Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, tid_),
+                    e_.op(Op::Sub, Type::S32, sk_, imm(1)));
+      Reg slot = e_.op(Op::MadLo, Type::U32, tid_, imm(8), smem_);
+      b_.st(Space::Shared, Type::U64, at(slot, lay_.rows), kr_.at(e_, j));
+      b_.bind(skip);
+      b_.bar_sync(kProducerBar, 128);
+      row = [&](Reg j) {
+        Reg slot = e_.op(Op::Sub, Type::S32, j, n);
+        b_.op(Op::MadLo, Type::U32, slot, slot, imm(8), smem_);
+        Reg a = b_.b64();
+        b_.ld(Space::Shared, Type::U64, a, at(slot, lay_.rows));
+        return a;
+      };
+    } else {
+      row = [&](Reg j) { return kr_.at(e_, j); };
+    }
+    tile::gather_rows(e_, tid_, dst, lay_.k, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
+                      row);
+  }
+
+  // ---- warpgroups 1 and 2: the same 64 rows, half of d and of dv each ----
+  void consumers() {
+    b_.setmaxnreg(true, kConsumerRegs);
+    Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
+    ln_ = tile::make_lanes(e_, lane);
+    wg_ = e_.op(Op::Sub, Type::U32, e_.op(Op::Shr, Type::U32, warp_, imm(2)), imm(1));
+    Reg wq = e_.op(Op::And, Type::B32, warp_, imm(3));  // the warp's rows: 16 wq ..
+    wrow_ = e_.op(Op::Shl, Type::B32, wq, imm(4));
+    // This thread's partial-score slots: its own warpgroup's, the other's.
+    Reg xo = e_.op(Op::MadLo, Type::U32, wq, imm(nS_ * kFragBytes), smem_);
+    b_.op(Op::MadLo, Type::U32, xo, lane, imm(16), xo);
+    b_.op(Op::Add, Type::U32, xo, xo, imm(lay_.x));
+    x_own_ = e_.op(Op::MadLo, Type::U32, wg_, imm(4 * nS_ * kFragBytes), xo);
+    x_other_ = e_.op(Op::MadLo, Type::U32, e_.op(Op::Xor, Type::B32, wg_, imm(1)),
+                     imm(4 * nS_ * kFragBytes), xo);
+    descriptors();
+    s_ = tile::acc_tile(b_, nS_);
+    o_ = tile::acc_tile(b_, nv_ / 8);
+    for (const Frag4 &f : s_.f)
+      for (Reg r : f) s_flat_.push_back(r);
+    for (const Frag4 &f : o_.f)
+      for (Reg r : f) o_flat_.push_back(r);
+    for (int t = 0; t < kP_; ++t) pa_.push_back(tile::frag4(b_));
+    tile::zero(b_, o_);
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1,
+                                                     e_.param(Type::F32, offsetof(P, score_scale)));
+    // This thread's rows m0 + 16 wq + g + 8h: their keys (a padding row: none).
+    for (int h = 0; h < 2; ++h) {
+      Reg r = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
+      const tile::RowRange k = row_keys(e_.op(Op::Div, Type::S32, r, imm(G_)));
+      Reg pad = e_.setp(Cmp::Ge, Type::S32, r, rows_);
+      lo_[h] = k.lo;
+      hi_[h] = k.hi;
+      b_.selp(Type::S32, hi_[h], imm(0), hi_[h], pad);
+      b_.selp(Type::S32, lo_[h], imm(0), lo_[h], pad);
+    }
+    ptx::Label no_key = b_.label();
+    b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(no_key);
+    ring().wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
+    cur_ = ring().begin();
+    n_ = e_.mov(Type::S32, n0_);
+    it_ = e_.mov(Type::S32, imm(0));
+
+    b_.comment("first K tile: S, softmax, P (its P V runs with the next S)");
+    Reg bar = ring().bars(cur_.stage);
+    ring().wait(bar, static_cast<int>(lay_.k_full(0)), cur_.parity);
+    b_.wgmma_fence();
+    issue_s(cur_.stage);
+    b_.wgmma_commit();
+    b_.wgmma_wait(0);
+    scores(true);
+    softmax_->step({s_}, {o_});
+    pack_p();
+    next_tile();
+
+    ptx::Label top = b_.label(), tail = b_.label();
+    b_.bind(top);
+    b_.when(e_.setp(Cmp::Ge, Type::S32, it_, tiles_)).bra(tail);
+    body();
+    b_.bra(top);
+    b_.bind(tail);
+    b_.comment("O += P V of the last tile");
+    Reg pbar = ring().bars(cur_.prev_stage);
+    b_.wgmma_fence();
+    issue_pv(cur_.prev_stage);
+    b_.wgmma_commit();
+    b_.wgmma_wait(0);
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_empty(0, S_))));
+    b_.bind(no_key);
+    epilogue();
+  }
+
+  // Descriptors (start address >> 4 in bits 0-13; tile::Swizzle128): Q and
+  // K K-major from this warpgroup's first column of the sum (its atoms
+  // qa / 2 w .., and with an odd qa the 32 columns 32 w of the last atom),
+  // V N-major over the K tile's columns dv / 2 w .. (LBO: the next atom).
+  void descriptors() {
+    const int half = lay_.qa / 2;
+    Reg wg64 = b_.b64();
+    b_.cvt(Type::U64, Type::U32, ptx::Round::None, wg64, wg_);
+    auto moved = [&](Reg d, uint32_t bytes_per_wg, uint32_t fixed) {
+      Reg r = e_.op(Op::MadLo, Type::S64, wg64, imm(bytes_per_wg >> 4), d);
+      b_.op(Op::Add, Type::S64, r, r, imm(fixed >> 4));
+      return r;
+    };
+    Reg q0 = Swizzle128::descriptor(e_, smem_, 0, Swizzle128::desc_bits(16));
+    Reg k0 = Swizzle128::descriptor(e_, smem_, lay_.k, Swizzle128::desc_bits(16));
+    Reg v0 = Swizzle128::descriptor(e_, smem_, lay_.k, Swizzle128::desc_bits(lay_.kv_atom));
+    const uint32_t last = static_cast<uint32_t>(lay_.qa - 1);
+    qa_ = moved(q0, half * lay_.q_atom, 0);
+    ka_ = moved(k0, half * lay_.kv_atom, 0);
+    if (lay_.qa % 2) {
+      qr_ = moved(q0, 64, last * lay_.q_atom);
+      kr_desc_ = moved(k0, 64, last * lay_.kv_atom);
+    }
+    vd_ = moved(v0, static_cast<uint32_t>(nv_ / kAtomCols) * lay_.kv_atom, 0);
+  }
+
+  // A descriptor d moved to stage s (u32): k_stage bytes further per stage.
+  Reg at_stage(Reg d, Reg s) {
+    Reg off = b_.b64();
+    b_.mul_wide(Type::U32, off, s, imm(lay_.k_stage >> 4));
+    return e_.op(Op::Add, Type::S64, d, off);
+  }
+
+  // Issues this warpgroup's part of S = Q K^T on stage s (no commit): k16
+  // step i of atom a at a atom + 32 (i % 4) bytes.
+  void issue_s(Reg s) {
+    Reg ka = at_stage(ka_, s);
+    Reg kr = lay_.qa % 2 ? at_stage(kr_desc_, s) : Reg();
+    const int steps = 4 * (lay_.qa / 2) + (lay_.qa % 2 ? 2 : 0);
+    for (int i = 0; i < steps; ++i) {
+      const bool rope = i >= 4 * (lay_.qa / 2);
+      const int a = rope ? 0 : i / 4, j = rope ? i - 4 * (lay_.qa / 2) : i % 4;
+      Reg qd = e_.op(Op::Add, Type::S64, rope ? qr_ : qa_, imm((a * lay_.q_atom + 32 * j) >> 4));
+      Reg kd = e_.op(Op::Add, Type::S64, rope ? kr : ka, imm((a * lay_.kv_atom + 32 * j) >> 4));
+      b_.wgmma_ss(half_, spec_.block_n, s_flat_.data(), qd, kd, imm(i == 0 ? 0 : 1), false);
+    }
+  }
+
+  // Issues O += P V with P in pa_ and this warpgroup's V columns in stage s
+  // (no commit): keys 16 t .. at 16 rows of 128 B further in each atom.
+  void issue_pv(Reg s) {
+    Reg vd = at_stage(vd_, s);
+    for (int t = 0; t < kP_; ++t) {
+      Reg d = e_.op(Op::Add, Type::S64, vd, imm((int64_t(t) * 16 * 128) >> 4));
+      b_.wgmma_rs(half_, nv_, o_flat_.data(), pa_[t].data(), d, imm(1), true);
+    }
+  }
+
+  // The whole S from the two partial sums (through shared memory), then
+  // the mask: keys outside a row's [lo, hi) become -inf (element (j, x) of
+  // row half h holds key n + 8j + 2q + x). first: no previous tile's reads
+  // to wait for.
+  void scores(bool first) {
+    b_.comment("S = S_0 + S_1: the two warpgroups' halves of the sum over head_dim");
+    if (!first) b_.bar_sync(kScoresFree, 256);
+    for (int j = 0; j < nS_; ++j)
+      b_.st_v(Space::Shared, Type::F32, at(x_own_, j * static_cast<int>(kFragBytes)),
+              {s_.f[j][0], s_.f[j][1], s_.f[j][2], s_.f[j][3]});
+    b_.bar_sync(kScoresFull, 256);
+    Reg x[4] = {b_.f32(), b_.f32(), b_.f32(), b_.f32()};
+    for (int j = 0; j < nS_; ++j) {
+      b_.ld_v(Space::Shared, Type::F32, {x[0], x[1], x[2], x[3]},
+              at(x_other_, j * static_cast<int>(kFragBytes)));
+      for (int i = 0; i < 4; ++i) b_.op(Op::Add, Type::F32, s_.f[j][i], s_.f[j][i], x[i]);
+    }
+    b_.comment("mask");
+    Reg kq = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), n_);
+    Reg p = b_.pred(), t = b_.pred();
+    for (int h = 0; h < 2; ++h) {
+      Reg lo = e_.op(Op::Sub, Type::S32, lo_[h], kq), hi = e_.op(Op::Sub, Type::S32, hi_[h], kq);
+      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
+    }
+  }
+
+  void pack_p() {
+    for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
+  }
+
+  void next_tile() {
+    ring().advance(cur_);
+    b_.op(Op::Add, Type::S32, n_, n_, imm(spec_.block_n));
+    b_.op(Op::Add, Type::S32, it_, it_, imm(1));
+  }
+
+  // Tile it: S_it = Q K_it^T and O += P_{it-1} V_{it-1} in flight together;
+  // the exchange, mask and softmax of S_it while the P V runs; O rescaled
+  // once it is done, and the previous stage freed.
+  void body() {
+    Reg bar = ring().bars(cur_.stage), pbar = ring().bars(cur_.prev_stage);
+    ring().wait(bar, static_cast<int>(lay_.k_full(0)), cur_.parity);
+    b_.wgmma_fence();
+    b_.comment("S = Q K^T (this warpgroup's half of head_dim)");
+    issue_s(cur_.stage);
+    b_.wgmma_commit();
+    b_.comment("O += P V of the previous tile");
+    issue_pv(cur_.prev_stage);
+    b_.wgmma_commit();
+    b_.wgmma_wait(1);  // S is in; P V may still run
+    scores(false);
+    softmax_->step_scores({s_});
+    b_.wgmma_wait(0);  // P V done: O and the previous stage are free
+    b_.mbarrier_arrive(at(pbar, static_cast<int>(lay_.k_empty(0, S_))));
+    softmax_->rescale({o_});
+    pack_p();
+    next_tile();
+  }
+
+  // O / l and LSE as the split's partial state (fp32, the mma.sync decode's
+  // layout): row r = m0 + 16 wq + g + 8h (token r / G, head kvh G + r % G)
+  // at ((split batch + b) seqlen_q + t) heads_q + head of O_partial, this
+  // warpgroup's columns; the LSE (natural) by warpgroup 0's quad leaders.
+  // A row with no key holds O = 0 and LSE = -inf (weight 0 in the combine).
+  void epilogue() {
+    b_.comment("the split's partial state: O / l (fp32) and LSE");
+    std::vector<Reg> lse;
+    softmax_->finish({o_}, &lse);
+    Reg batch = e_.param(Type::S32, offsetof(P, batch));
+    Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
+    Reg sb = e_.wide_mad(split_, batch, e_.s64(bz_));
+    Reg opart = e_.global_param(offsetof(P, o_partial));
+    Reg lpart = e_.global_param(offsetof(P, lse_partial));
+    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    Reg lead = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
+    b_.op(Op::And, Type::Pred, lead, lead, e_.setp(Cmp::Eq, Type::U32, wg_, imm(0)));
+    for (int h = 0; h < 2; ++h) {
+      Reg r = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
+      if (h) b_.op(Op::Add, Type::S32, r, r, imm(8));
+      Reg ok = e_.setp(Cmp::Lt, Type::S32, r, rows_);
+      ptx::Label skip = b_.label();
+      b_.unless(ok).bra(skip);
+      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+      Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+      Reg orow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_)), e_.s64(t));
+      b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(qh));
+      Reg ga = e_.index64(opart, orow, spec_.head_dim_v * 4);
+      ga = e_.index(ga, wg_, nv_ * 4);
+      ga = e_.index(ga, ln_.q, 8);
+      for (int j = 0; j < o_.n(); ++j)
+        b_.st_v(Space::Global, Type::F32, at(ga, 32 * j), {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
+      Reg lrow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(hq)), e_.s64(qh));
+      b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_), e_.s64(t));
+      Reg la = e_.index64(lpart, lrow, 4);
+      b_.when(lead).st(Space::Global, Type::F32, at(la), lse[h]);
+      b_.bind(skip);
+    }
+  }
+
+  const KernelSpec &spec_;
+  Layout lay_;
+  ptx::Builder b_;
+  Emitter e_;
+  Type half_;
+  int S_ = 2, G_ = 1, nS_ = 0, nv_ = 0, kP_ = 0;
+  tile::Lanes ln_;
+  ptx::Symbol smem_sym_;
+  Reg tid_, warp_, smem_;
+  Reg split_, bz_, sq_, rows_, kvh_, m0_, sk_, slo_, shi_, n0_, tiles_;
+  KvRows kr_, vr_;
+  // consumers
+  Reg wg_, wrow_, x_own_, x_other_;
+  Reg qa_, qr_, ka_, kr_desc_, vd_;
+  Reg lo_[2], hi_[2];
+  Reg n_, it_;
+  tile::Ring::Cursor cur_;
+  AccTile s_, o_;
+  std::vector<Reg> s_flat_, o_flat_;
+  std::vector<Frag4> pa_;
+  std::unique_ptr<tile::OnlineSoftmax> softmax_;
+};
+
+}  // namespace
+
+uint32_t decode_mla_smem(const KernelSpec &spec) { return layout(spec).total; }
+
+std::string generate_decode_mla(const KernelSpec &spec) { return DecodeMlaGen(spec).run(); }
+
+}  // namespace kgen
+}  // namespace fa

@@ -1,0 +1,122 @@
+// The sm_90a MLA decode (KernelPolicy::sm90_mla, kgen::generate_decode_mla;
+// issue 28 item 1) on the emulator at SM 90: DeepSeek's latent cache (one KV
+// head of 576 = 512 + 64, V = K's first 512 columns passed as the same
+// memory), query heads x new tokens packed 64 rows a CTA, the two consumer
+// warpgroups summing half of Q K^T each and owning half of O. Each case runs
+// through the numerics runner (fresh random inputs, outputs poisoned first,
+// fp64 reference; paged caches shuffled with NaN in the unused pages); a
+// case asking for the partial states only (the kernel's own output) must
+// have run the wgmma kernel (the emulator profile's last launch:
+// `fa_decode_wgmma_`), the others run the combine after it. Cases: 16 heads on pages of 64 with 3
+// splits, 128 heads x 2 speculative tokens (4 m-blocks) on a contiguous
+// cache, pages of 1 and 3, a sliding window, an empty sequence, fp16, the
+// batch-invariant split (2048 keys: not a multiple of the kernel's key
+// tile), partial states only, and a second KV head. The policy off runs the
+// mma.sync decode (two O slices) on the same inputs.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "flashattn.h"
+#include "support/numerics.h"
+#include "support/policy.h"
+
+namespace {
+
+// DeepSeek-shaped decode: heads_q over heads_kv latent heads, V in K.
+fa::test::DecodeCase mla(int batch, int seqlen_q, int max_k, int hq, int hkv, uint32_t seed) {
+  fa::test::DecodeCase d;
+  d.batch = batch;
+  d.seqlen_q = seqlen_q;
+  d.seqlen_k_max = max_k;
+  d.heads_q = hq;
+  d.heads_kv = hkv;
+  d.head_dim = 576;
+  d.head_dim_v = 512;
+  d.bf16 = true;
+  d.causal = true;
+  d.v_in_k = true;
+  d.seed = seed;
+  for (int b = 0; b < batch; ++b) d.cache_seqlens.push_back(max_k - 61 * b);
+  return d;
+}
+
+}  // namespace
+
+int main(void) {
+  fa_runtime *rt = fa::test::emulator_or_fail(90);
+  if (rt == nullptr) return 1;
+  const bool quick = std::getenv("FA_TEST_QUICK") != nullptr;
+  std::string failures;
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  uint32_t seed = 5800;
+  std::vector<fa::test::DecodeCase> cases;
+  {  // 16 heads (one m-block, 48 padding rows) on shuffled pages of 64, 3
+     // splits: the partial states (the kernel's own output, by name), then
+     // through the combine.
+    fa::test::DecodeCase d = mla(2, 1, 300, 16, 1, seed++);
+    d.kv.layout = FA_KV_PAGED;
+    d.kv.page_size = 64;
+    d.num_splits = 3;
+    d.partials_only = true;
+    cases.push_back(d);
+    d.partials_only = false;
+    d.seed = seed++;
+    cases.push_back(d);
+  }
+  {  // 128 heads x 2 tokens (multi-token prediction): 4 m-blocks; contiguous.
+    fa::test::DecodeCase d = mla(1, 2, 130, 128, 1, seed++);
+    d.partials_only = true;
+    cases.push_back(d);
+  }
+  if (!quick) {
+    // Pages of 1 and of 3 (every row its own lookup), automatic splits.
+    for (int page : {1, 3}) {
+      fa::test::DecodeCase d = mla(2, 1, 150, 16, 1, seed++);
+      d.kv.layout = FA_KV_PAGED;
+      d.kv.page_size = page;
+      d.partials_only = true;
+      cases.push_back(d);
+    }
+    // A sliding window over 2 tokens x 32 heads (one full m-block), fp16.
+    fa::test::DecodeCase w = mla(2, 2, 220, 32, 1, seed++);
+    w.window_left = 70;
+    w.bf16 = false;
+    w.partials_only = true;
+    cases.push_back(w);
+    // An empty sequence between two others.
+    fa::test::DecodeCase e = mla(3, 1, 120, 16, 1, seed++);
+    e.cache_seqlens = {120, 0, 47};
+    e.num_splits = 2;
+    e.partials_only = true;
+    cases.push_back(e);
+    // Batch-invariant splits of 2048 keys (tiles of 48 from each split's
+    // first key), two KV heads of 8 query heads each, pages of 64.
+    fa::test::DecodeCase bi = mla(2, 1, 2200, 16, 2, seed++);
+    bi.batch_invariant = true;
+    bi.kv.layout = FA_KV_PAGED;
+    bi.kv.page_size = 64;
+    cases.push_back(bi);
+  }
+  for (bool on : {true, false}) {
+    if (quick && !on) continue;
+    fa::test::PolicyScope scope(rt, &fa::KernelPolicy::sm90_mla, on);
+    for (const fa::test::DecodeCase &d : cases) {
+      const std::string what = d.describe() + (on ? " (sm90 mla)" : " (policy off)");
+      const std::string err = fa::test::run_decode(rt, d);
+      if (!err.empty()) failures += what + ":\n" + err;
+      // The profile names the last launch: the decode kernel itself when
+      // only partial states are asked for, else the combine.
+      const std::string k = fa::test::emulated_kernel(rt);
+      const bool ok = d.partials_only ? (k.find("fa_decode_wgmma_") == 0) == on
+                                      : k.find("fa_reduce_") == 0;
+      if (!ok) failures += what + ": ran " + k + "\n";
+    }
+  }
+  unsetenv("FLASHATTN_EMU_PROFILE");
+  fa_runtime_destroy(rt);
+  return fa::test::finish(failures,
+                          "sm_90a MLA decode (wgmma, 576 / 512, V in K) against fp64 on "
+                          "the emulator");
+}
