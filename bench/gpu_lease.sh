@@ -61,6 +61,10 @@
 #             one KV head, V in K), heads 16/128 x batch 1/64/128 x context
 #             4k/32k, pages of 64: flashattn V-in-K and separate V, SDPA,
 #             FlashMLA when importable
+#   mla90     mla with FLASHATTN_SM90_MLA=1 (the sm_90a wgmma MLA decode; files
+#             suffixed -sm90-mla): with mla, the pair says what it buys
+#   testsmla  test_gpu with FLASHATTN_SM90_MLA=1 (its MLA decode cases with V in
+#             K on the wgmma kernel)
 #   varlen    bench_varlen.py --quick: a ragged batch (lognormal lengths, median
 #             600, 16k tokens), bf16, head_dim 64/128, causal/not: flashattn
 #             varlen vs SDPA cuDNN on the padded batch and compiled
@@ -87,7 +91,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -212,6 +216,9 @@ stage append 45 "$py" bench/bench_decode.py --out-dir "$res" --append --batches 
   --contexts 4096 --page-sizes 16 --time-budget "$(budget 35)"
 stage mla 120 "$py" bench/bench_decode.py --out-dir "$res" --mla --batches 1,64,128 \
   --contexts 4096,32768 --time-budget "$(budget 100)"
+stage mla90 120 env FLASHATTN_SM90_MLA=1 "$py" bench/bench_decode.py --out-dir "$logs/mla90" \
+  --mla --batches 1,64,128 --contexts 4096,32768 --time-budget "$(budget 100)"
+FLASHATTN_SM90_MLA=1 stage testsmla 150 "$build/tests/test_gpu"
 # A config starts while budget is left and is not cut short: the limits
 # leave room for the last one (a FlexAttention compile, or the 32k context).
 stage varlen 150 "$py" bench/bench_varlen.py --out-dir "$res" --quick --time-budget "$(budget 100)"
@@ -233,7 +240,7 @@ stage pdloff 60 "$py" bench/bench_decode.py --out-dir "$logs/pdloff" --batches 1
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
-  nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off \
+  nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done

@@ -487,3 +487,15 @@ def test_pdl_lease_stages():
     a = b.parse_args(args + ["--time-budget", str(budget)])
     assert not a.mla and budget < limit and b.int_list(a.batches) == (1, 8)
     assert "FLASHATTN_PDL=1" in lease_stage.lease_text().split("stage pdl ", 1)[1].split("\n")[0]
+
+
+def test_mla90_lease_stage():
+    """gpu_lease.sh times the sm_90a MLA decode (FLASHATTN_SM90_MLA=1) right
+    after the mla stage, over the same points, so the pair says what it
+    buys; testsmla runs test_gpu with it."""
+    stages = lease_stage.default_stages()
+    assert stages.index("mla90") == stages.index("mla") + 1 and "testsmla" in stages
+    got = [lease_stage.stage(s, "bench/bench_decode.py") for s in ("mla", "mla90")]
+    assert got[0] == got[1]
+    line = lease_stage.lease_text().split("stage mla90 ", 1)[1].split("\n")[0]
+    assert "FLASHATTN_SM90_MLA=1" in line
