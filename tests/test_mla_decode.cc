@@ -11,14 +11,18 @@
 // splits, 128 heads x 2 speculative tokens (4 m-blocks) on a contiguous
 // cache, pages of 1 and 3, a sliding window, an empty sequence, fp16, the
 // batch-invariant split (2048 keys: not a multiple of the kernel's key
-// tile), partial states only, and a second KV head. The policy off runs the
-// mma.sync decode (two O slices) on the same inputs.
+// tile), partial states only, and a second KV head; an fp8 latent cache
+// (tests/support/fp8_kv: e4m3 and e5m2 with descales, bf16 and fp16, pages
+// of 64 and 3, an empty sequence with +inf descales, sinks through the
+// combine). The policy off runs the mma.sync decode (two O slices) on the
+// same inputs.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "flashattn.h"
+#include "support/fp8_kv.h"
 #include "support/numerics.h"
 #include "support/policy.h"
 
@@ -99,9 +103,48 @@ int main(void) {
     bi.kv.page_size = 64;
     cases.push_back(bi);
   }
+  // An fp8 latent cache (e4m3 / e5m2 bytes times a descale, converted to
+  // Q's 16-bit type by the producer): 16 heads on shuffled pages of 64
+  // with 3 splits and per-(batch, KV head) descales; 128 heads x 2 tokens,
+  // e5m2, fp16, one descale; pages of 3 (HND) with an empty sequence whose
+  // descales are +inf (O = 0, LSE = -inf); through the combine with sinks.
+  std::vector<fa::test::fp8kv::Case> fp8;
+  {
+    using fa::test::fp8kv::base;
+    fa::test::fp8kv::Case c = base(2, 1, 200, 16, 1, 576, seed++);
+    c.dv = 512;
+    c.v_in_k = c.bf16 = c.causal = true;
+    c.layout = fa::test::fp8kv::kPagedNhd;
+    c.page_size = 64;
+    c.splits = 3;
+    fp8.push_back(c);
+    if (!quick) {
+      fa::test::fp8kv::Case m = base(1, 2, 110, 128, 1, 576, seed++);
+      m.dv = 512;
+      m.v_in_k = m.causal = m.e5m2 = true;
+      m.descale = 1;
+      fp8.push_back(m);
+      fa::test::fp8kv::Case p = base(3, 1, 90, 16, 1, 576, seed++);
+      p.dv = 512;
+      p.v_in_k = p.bf16 = true;
+      p.layout = fa::test::fp8kv::kPagedHnd;
+      p.page_size = 3;
+      p.lens[1] = 0;
+      p.inf_descale_seq = 1;
+      fp8.push_back(p);
+      c.direct = c.sinks = true;
+      c.seed = seed++;
+      fp8.push_back(c);
+    }
+  }
   for (bool on : {true, false}) {
     if (quick && !on) continue;
     fa::test::PolicyScope scope(rt, &fa::KernelPolicy::sm90_mla, on);
+    for (fa::test::fp8kv::Case c : fp8) {
+      c.kernel = on ? "fa_decode_wgmma_" : "fa_decode_mma_";
+      const std::string err = fa::test::fp8kv::run_case(rt, c);
+      if (!err.empty()) failures += c.describe() + (on ? " (sm90 mla)" : " (policy off)") + ":\n" + err;
+    }
     for (const fa::test::DecodeCase &d : cases) {
       const std::string what = d.describe() + (on ? " (sm90 mla)" : " (policy off)");
       const std::string err = fa::test::run_decode(rt, d);

@@ -669,7 +669,7 @@ std::vector<KernelSpec> grid() {
   // and the other head dims it takes (512 / 512: an even atom count; 384 /
   // 384: three-atom O halves; 576 / 384), bf16 and fp16, every KV layout
   // (pages of 64: pow2 rows; of 3), fixed length (a forward run as decode),
-  // windows, group 16 and 128.
+  // windows, group 16 and 128, e4m3 and e5m2 caches.
   {
     KernelPolicy mla;
     mla.sm90_mla = true;
@@ -687,6 +687,7 @@ std::vector<KernelSpec> grid() {
                                      i % 3 == 2 ? 128 : 16, 1, false);
         cfg.causal = i % 4 != 3;
         if (i % 5 == 4) cfg.window_left = 100;
+        if (i % 3 == 1) cfg.kv_fp8 = i % 2 ? KvFp8::E4M3 : KvFp8::E5M2;
         KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(90), shape, mla);
         assert_true(w.wgmma && w.kind == KernelKind::Decode && !generate_ptx(w).empty());
         out.push_back(w);

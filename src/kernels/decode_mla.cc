@@ -51,12 +51,16 @@ namespace {
 using tile::AccTile;
 using tile::Frag4;
 using tile::Swizzle128;
+using ptx::fimm;
 
 constexpr int kRows = 64;  // packed rows per CTA: one wgmma M
 constexpr int kAtomCols = 64;
 constexpr uint32_t kFragBytes = 32 * 16;  // one accumulator fragment of a warp: 32 lanes x v4
-// setmaxnreg: 128 x 56 + 256 x 224 <= 65536 (the forward's gather split).
+// setmaxnreg: 128 x 56 + 256 x 224 <= 65536 (the forward's gather split);
+// converting fp8 K the producer holds each chunk's bytes, halves and f32
+// pairs: 72 + 216 (the forward's fp8 split).
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
 // Named barriers: 0 the CTA's, 1 the producer's row table, 2 the partial
 // scores written, 3 the partial scores read (the buffer free again).
 constexpr int kProducerBar = 1, kScoresFull = 2, kScoresFree = 3;
@@ -98,7 +102,10 @@ class DecodeMlaGen {
         lay_(layout(spec)),
         b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16) {
+        half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),
+        fp8_(spec.kv_fp8 == KvFp8::None ? 0
+             : spec.kv_fp8 == KvFp8::E5M2 ? 2
+                                          : 1) {
     S_ = spec.stages;
     G_ = spec.group_size;
     nS_ = spec.block_n / 8;
@@ -155,8 +162,8 @@ class DecodeMlaGen {
     Reg k = e_.global_param(offsetof(P, k)), v = e_.global_param(offsetof(P, v));
     Reg ks[3], vs[3];
     for (int i = 0; i < 3; ++i) {
-      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, 2);
-      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, 2);
+      ks[i] = e_.stride_bytes(offsetof(P, k_stride) + 8 * i, fp8_ ? 1 : 2);
+      vs[i] = e_.stride_bytes(offsetof(P, v_stride) + 8 * i, fp8_ ? 1 : 2);
     }
     kv_rows(e_, spec_, offsetof(P, kv), k, v, ks, vs, bz_, kvh_, &kr_, &vr_);
     // cache_seqlens is device data: clamped to [0, seqlen_k_max].
@@ -218,7 +225,7 @@ class DecodeMlaGen {
   // wait for a stage that waits for this arrival. So one tile loads while
   // the consumers compute the other.
   void producer() {
-    b_.setmaxnreg(false, kProducerRegs);
+    b_.setmaxnreg(false, fp8_ ? kFp8ProducerRegs : kProducerRegs);
     ptx::Label out = b_.label();
     b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(out);
     b_.comment("Q: the CTA's packed rows (zeros past the group's rows)");
@@ -285,12 +292,12 @@ class DecodeMlaGen {
       row = [&](Reg j) { return kr_.at(e_, j); };
     }
     tile::gather_rows(e_, tid_, dst, lay_.k, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-                      row);
+                      row, fp8_, half_);
   }
 
   // ---- warpgroups 1 and 2: the same 64 rows, half of d and of dv each ----
   void consumers() {
-    b_.setmaxnreg(true, kConsumerRegs);
+    b_.setmaxnreg(true, fp8_ ? kFp8ConsumerRegs : kConsumerRegs);
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     ln_ = tile::make_lanes(e_, lane);
     wg_ = e_.op(Op::Sub, Type::U32, e_.op(Op::Shr, Type::U32, warp_, imm(2)), imm(1));
@@ -312,8 +319,10 @@ class DecodeMlaGen {
       for (Reg r : f) o_flat_.push_back(r);
     for (int t = 0; t < kP_; ++t) pa_.push_back(tile::frag4(b_));
     tile::zero(b_, o_);
-    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1,
-                                                     e_.param(Type::F32, offsetof(P, score_scale)));
+    // fp8 K: the (batch, KV head)'s descale scales every score.
+    Reg scale = e_.param(Type::F32, offsetof(P, score_scale));
+    if (fp8_) b_.op(Op::Mul, Type::F32, scale, scale, descale(offsetof(P, k_descale)));
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, scale);
     // This thread's rows m0 + 16 wq + g + 8h: their keys (a padding row: none).
     for (int h = 0; h < 2; ++h) {
       Reg r = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, wrow_), ln_.g);
@@ -445,6 +454,11 @@ class DecodeMlaGen {
     }
   }
 
+  // A descale of this (batch, KV head) (DecodeParams' k_ or v_descale).
+  Reg descale(size_t param) {
+    return load_descale(e_, param, offsetof(P, descale_stride), bz_, kvh_);
+  }
+
   void pack_p() {
     for (int t = 0; t < kP_; ++t) tile::pack_a(b_, half_, s_, 2 * t, pa_[t]);
   }
@@ -487,6 +501,16 @@ class DecodeMlaGen {
     b_.comment("the split's partial state: O / l (fp32) and LSE");
     std::vector<Reg> lse;
     softmax_->finish({o_}, &lse);
+    if (fp8_) {
+      // V's descale on O, but not on a row with no key (O = 0 whatever it is).
+      Reg vd = descale(offsetof(P, v_descale)), f = b_.f32();
+      for (int h = 0; h < 2; ++h) {
+        b_.selp(Type::F32, f, vd, fimm(0.0f),
+                e_.setp(Cmp::Gt, Type::F32, lse[h], fimm(kNegInf)));
+        for (const Frag4 &fr : o_.f)
+          for (int x = 2 * h; x < 2 * h + 2; ++x) b_.op(Op::Mul, Type::F32, fr[x], fr[x], f);
+      }
+    }
     Reg batch = e_.param(Type::S32, offsetof(P, batch));
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
     Reg sb = e_.wide_mad(split_, batch, e_.s64(bz_));
@@ -523,6 +547,7 @@ class DecodeMlaGen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
+  int fp8_ = 0;  // fp8 K/V converted by the producer: 1 e4m3, 2 e5m2 (0: 16-bit)
   int S_ = 2, G_ = 1, nS_ = 0, nv_ = 0, kP_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;

@@ -51,8 +51,8 @@ struct KernelPolicy {
   // (FLASHATTN_PDL=1).
   bool pdl = false;
   // sm_90: an MLA decode (V in K, head_dim a multiple of 64, head_dim_v
-  // 256 < dv <= 512 in 128-column halves; 16-bit, none of softcap, ALiBi,
-  // tree mask, KV append, fp8 or cu_seqlens_q) runs the sm_90a MLA kernel
+  // 256 < dv <= 512 in 128-column halves; 16-bit Q, a 16-bit or fp8 cache,
+  // none of softcap, ALiBi, tree mask, KV append or cu_seqlens_q) runs the sm_90a MLA kernel
   // (kgen::generate_decode_mla: wgmma, the two consumer warpgroups sharing
   // every K tile) instead of the mma.sync decode's two O slices. Off by
   // default: proven on the emulator only, never timed on a GPU

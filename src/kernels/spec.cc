@@ -139,11 +139,12 @@ bool spec_valid(const KernelSpec &s) {
   if (s.kind == KernelKind::Reduce) return dv_ok && w_ok && s.block_m == s.num_warps;
   bool d_ok = s.head_dim >= 8 && s.head_dim <= max_d && s.head_dim % 8 == 0;
   // The MLA decode: V in K, head_dim whole 64-column atoms, each consumer
-  // warpgroup's O half whole atoms of at most 256 columns; 16-bit, no
-  // decode option but windows; 64 rows, 12 warps, key tiles of 16..64.
+  // warpgroup's O half whole atoms of at most 256 columns; 16-bit Q (K/V
+  // 16-bit or fp8), no decode option but windows; 64 rows, 12 warps, key
+  // tiles of 16..64.
   if (mla)
     return d_ok && dv_ok && mla_decode_dims(s.head_dim, s.head_dim_v) && s.mma && s.gather &&
-           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 && s.kv_fp8 == KvFp8::None &&
+           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 &&
            !s.varlen && !s.tree_mask && !s.alibi && !s.softcap && !s.append_kv && !s.pdl &&
            !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 && s.dv_split == 1 &&
            s.block_m == 64 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 &&
@@ -351,7 +352,7 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
 bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const LaunchShape &shape,
                      KernelSpec *s) {
   if (!policy.sm90_mla || dev.sm != 90 || !s->v_in_k || s->dtype == Dtype::F32 ||
-      s->kv_fp8 != KvFp8::None || s->varlen || s->softcap || shape.alibi || shape.tree_mask ||
+      s->varlen || s->softcap || shape.alibi || shape.tree_mask ||
       shape.append_kv || !mla_decode_dims(s->head_dim, s->head_dim_v))
     return false;
   KernelSpec t = *s;

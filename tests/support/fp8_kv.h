@@ -48,6 +48,11 @@ struct Case {
   // Descales of sequence 1 K 0 / V +inf, of sequence 2 K NaN / V < 0 (with
   // descale 2): only the cache bytes are checked (O holds NaN).
   bool odd_descales = false;
+  // MLA's latent cache: V is K's first dv columns, passed as the same
+  // memory, strides and pointers (its values: K's bytes times V's descale).
+  bool v_in_k = false;
+  // The decode kernel the partial-state run must have profiled (a prefix).
+  const char *kernel = "fa_decode_mma_";
   uint32_t seed = 1;
   // A call that must be refused: fa_decode gets the mutated arguments
   // (numerics.h, Reject) and nothing runs.
@@ -57,12 +62,13 @@ struct Case {
     static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
     std::snprintf(buf, sizeof buf,
                   "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
-                  "descale%d%s%s%s%s new%d rope%d/%d x%g",
+                  "descale%d%s%s%s%s new%d rope%d/%d x%g%s",
                   e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "", seqlen_new, rotary, rotary_dim, new_scale);
+                  direct ? " direct" : "", seqlen_new, rotary, rotary_dim, new_scale,
+                  v_in_k ? " vink" : "");
     return buf;
   }
 };

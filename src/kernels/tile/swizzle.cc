@@ -65,7 +65,7 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
 
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
                int chunks, int data, Reg first, Reg limit,
-               const std::function<Reg(Reg)> &row_addr, int fp8) {
+               const std::function<Reg(Reg)> &row_addr, int fp8, Type half) {
   ptx::Builder &b = e.b;
   int lg = 0;
   while ((1 << lg) < chunks) ++lg;
@@ -85,11 +85,13 @@ void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_byte
   Reg coff = b.b64();
   b.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
   Reg last = e.op(Op::Sub, Type::S32, limit, imm(1));
-  Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the f16 pairs
+  Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the 16-bit pairs
+  Reg lo16, hi16, lo, hi;  // fp8 to bf16: through f32
   if (fp8) {
     for (Reg &x : y) x = b.b32();
     for (Reg &x : hw) x = b.b16();
     for (Reg &x : w) x = b.b32();
+    if (half == Type::BF16) lo16 = b.b16(), hi16 = b.b16(), lo = b.f32(), hi = b.f32();
   }
   Reg j0 = e.op(Op::Add, Type::S32, first, r);
   Reg ok = b.pred(), in = b.pred();
@@ -120,11 +122,8 @@ void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_byte
     if (fp8) {
       for (Reg x : y) b.mov(Type::B32, x, imm(0));
       b.when(ok).ld_v(Space::Global, Type::B32, {y[0], y[1]}, at(src));
-      for (int i = 0; i < 2; ++i) {
-        b.unpack_b32(hw[0], hw[1], y[i]);
-        b.cvt_f16x2_f8x2(fp8 == 2, w[2 * i], hw[0]);
-        b.cvt_f16x2_f8x2(fp8 == 2, w[2 * i + 1], hw[1]);
-      }
+      const Reg halves[4] = {hw[0], hw[1], hw[0], hw[1]};
+      fp8x8_to_half(b, fp8 == 2, half, y, halves, w, lo16, hi16, lo, hi);
       if (guard.valid()) b.when(guard);
       b.st_v(Space::Shared, Type::B32, at_d, {w[0], w[1], w[2], w[3]});
       return;

@@ -79,13 +79,14 @@ void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &d
 // (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
 // T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
 // hold fp8 bytes, 8 per chunk, loaded (ld.global.v2.b32, zeros where
-// cp.async would zero-fill) and converted exactly to f16
-// (cvt.rn.f16x2.{e4m3x2,e5m2x2}) into the chunk by st.shared.v4: generic
+// cp.async would zero-fill) and converted exactly to `half` (f16 or bf16:
+// tile::fp8x8_to_half) into the chunk by st.shared.v4: generic
 // writes like cp.async's, fenced by the same fence.proxy.async. dst u32
 // (shared), first and limit s32; row_addr(j) returns row j's global
 // address (u64), j clamped to limit - 1.
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
                  int chunks, int data, Reg first, Reg limit,
-                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0);
+                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0,
+                 Type half = Type::F16);
 
 }  // namespace fa::kgen::tile

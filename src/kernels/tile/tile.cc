@@ -381,6 +381,22 @@ Fp8Convert::Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile
     rows_ok_ = e.setp(Cmp::Lt, Type::U32, row, imm(src.rows - (rounds_ - 1) * step_));
 }
 
+void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
+                   const Reg halves[4], const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi) {
+  for (int i = 0; i < 2; ++i) {
+    b.unpack_b32(halves[2 * i], halves[2 * i + 1], bytes[i]);
+    b.cvt_f16x2_f8x2(e5m2, out[2 * i], halves[2 * i]);  // bytes 4i, 4i+1
+    b.cvt_f16x2_f8x2(e5m2, out[2 * i + 1], halves[2 * i + 1]);
+  }
+  if (half != Type::BF16) return;
+  for (int i = 0; i < 4; ++i) {
+    b.unpack_b32(lo16, hi16, out[i]);
+    b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, lo16);
+    b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, hi16);
+    b.cvt_pack(Type::BF16, out[i], hi, lo);
+  }
+}
+
 void Fp8Convert::run(int src_delta, int dst_delta) const {
   ptx::Builder &b = e_->b;
   Reg w[2] = {b.b32(), b.b32()};
@@ -398,19 +414,7 @@ void Fp8Convert::run(int src_delta, int dst_delta) const {
       const int dof = do0 + k * step_ * dst_.pitch + 16 * L_ * j;
       if (g.valid()) b.when(g);
       b.ld_v(Space::Shared, Type::B32, {w[0], w[1]}, at(saddr_, so));
-      for (int i = 0; i < 2; ++i) {
-        b.unpack_b32(h[2 * i], h[2 * i + 1], w[i]);
-        b.cvt_f16x2_f8x2(e5m2_, o[2 * i], h[2 * i]);  // bytes 4i, 4i+1
-        b.cvt_f16x2_f8x2(e5m2_, o[2 * i + 1], h[2 * i + 1]);
-      }
-      if (half_ == Type::BF16) {
-        for (Reg r : o) {
-          b.unpack_b32(lo16, hi16, r);
-          b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, lo16);
-          b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, hi16);
-          b.cvt_pack(Type::BF16, r, hi, lo);
-        }
-      }
+      fp8x8_to_half(b, e5m2_, half_, w, h, o, lo16, hi16, lo, hi);
       if (g.valid()) b.when(g);
       b.st_v(Space::Shared, Type::B32, at(daddr_, dof), {o[0], o[1], o[2], o[3]});
     }

@@ -204,6 +204,16 @@ class CopyPlan {
 // consecutive chunks, are then free of bank conflicts).
 SmemTile byte_tile(uint32_t offset, int rows, int bytes);
 
+// Eight fp8 values (bytes[0], bytes[1]: b32, lowest byte first) to eight
+// 16-bit `half` values in out[0..3] (b32 pairs, the lower value in the low
+// half): four cvt.rn.f16x2.{e4m3x2,e5m2x2} (exact: every e4m3 and e5m2 value
+// is an f16), then for bf16 each f16 through cvt.f32.f16 and
+// cvt.rn.bf16x2.f32 (exact too). Scratch: halves[4] (b16; may repeat a
+// register: halves[2i], halves[2i + 1] are live together only), and for
+// bf16 lo16, hi16 (b16), lo, hi (f32). Needs sm_89+ (the fp8 cvt).
+void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
+                   const Reg halves[4], const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi);
+
 // Converts a warp's tile of fp8 bytes (a byte_tile of rows x cols bytes)
 // into the same rows x cols of 16-bit values in a SmemTile, so ldmatrix and
 // mma read it as they read a 16-bit tile. Each 8-byte chunk (8 values) is
