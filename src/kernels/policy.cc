@@ -24,6 +24,7 @@ KernelPolicy KernelPolicy::from_env() {
   p.pdl = env_on("FLASHATTN_PDL");
   if (const char *f = std::getenv("FLASHATTN_FORWARD_SPLITS")) p.forward_splits = f[0] == '1';
   if (const char *g = std::getenv("FLASHATTN_FORWARD_GQA_PACK")) p.forward_gqa_pack = g[0] == '1';
+  if (const char *d = std::getenv("FLASHATTN_DECODE_FUSED")) p.decode_fused = d[0] == '1';
   return p;
 }
 

@@ -423,13 +423,15 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 }
 
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a,
-                                uint64_t cu_seqlens_q) const {
+                                uint64_t cu_seqlens_q, bool fused) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = cu_seqlens_q != 0;
   shape.tree_mask = a.tree_mask != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.append_kv = a.k_new.data != 0;
   shape.fixed_len = a.cache_seqlens == 0;  // forward_as_decode's (fa_decode requires them)
+  shape.fused_combine = fused;
+  shape.sinks = fused && a.sinks != 0;  // only the fused combine's (else the reduce kernel's)
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
   // V the first head_dim_v columns of K (MLA's latent cache): the same
@@ -809,13 +811,22 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   return plan;
 }
 
+bool Runtime::decode_fuses(const AttentionConfig &cfg, const fa_decode_args &a,
+                           const DecodePlan &plan, uint64_t cu_seqlens_q) const {
+  if (a.split_counters == 0 || a.o.data == 0 || plan.num_splits <= 1 || !policy().decode_fused)
+    return false;
+  return decode_spec(cfg, a, cu_seqlens_q, true).fused_combine;
+}
+
 fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream,
                           uint64_t cu_seqlens_q) {
-  const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
-  if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
-  if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
+  const KernelSpec unfused = decode_spec(cfg, a, cu_seqlens_q);
+  if (fa_status st = check_fp32(cfg, unfused); st != FA_SUCCESS) return st;
+  if (fa_status st = check_head_dims(cfg, unfused); st != FA_SUCCESS) return st;
   const DecodePlan plan = plan_decode(cfg, a, cu_seqlens_q);
   if (plan.too_large) return decode_too_large();
+  const bool fused = decode_fuses(cfg, a, plan, cu_seqlens_q);
+  const KernelSpec spec = fused ? decode_spec(cfg, a, cu_seqlens_q, true) : unfused;
   if (a.workspace_size < plan.workspace_bytes) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 "workspace_size is %zu bytes, %zu needed for %d splits "
@@ -834,7 +845,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   if (st != FA_SUCCESS) return st;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
-  if (a.o.data != 0) {
+  if (a.o.data != 0 && !fused) {
     st = combine_kernel(cfg, a.sinks != 0, cu_seqlens_q != 0, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
@@ -882,9 +893,16 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
     // cache_seqlens (FlashAttention's flash_attn_with_kvcache).
     p.rotary_pos_causal = cfg.causal || cfg.window_left >= 0 || cfg.window_right >= 0 ? 1 : 0;
   }
+  if (fused) {
+    p.split_counters = a.split_counters;
+    p.o = a.o.data;
+    copy_strides(p.o_stride, a.o);
+    p.lse = a.lse;
+    p.sinks = a.sinks;
+  }
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
-  if (st != FA_SUCCESS || a.o.data == 0) return st;
+  if (st != FA_SUCCESS || a.o.data == 0 || fused) return st;
   return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
                  a.seqlen_q, a.o, a.lse, a.sinks, cu_seqlens_q, stream);
 }

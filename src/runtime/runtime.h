@@ -126,9 +126,16 @@ class Runtime {
   // of the queries per sequence, args.seqlen_q their maximum; 0 = none.
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args,
                          uint64_t cu_seqlens_q = 0) const;
-  // The decode kernel's spec for args' KV layout on this device.
+  // The decode kernel's spec for args' KV layout on this device; fused: with
+  // the combine fused in (KernelSpec::fused_combine, args.sinks with it),
+  // where the kernel has that form.
   KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args,
-                         uint64_t cu_seqlens_q = 0) const;
+                         uint64_t cu_seqlens_q = 0, bool fused = false) const;
+  // Whether decode() fuses the combine for args run as `plan`: the caller's
+  // split_counters and o, more than one split, the policy's decode_fused,
+  // and a kernel with the fused form (tensor-core, fixed-length queries).
+  bool decode_fuses(const AttentionConfig &cfg, const fa_decode_args &args,
+                    const DecodePlan &plan, uint64_t cu_seqlens_q = 0) const;
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
                    uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
