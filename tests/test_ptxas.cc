@@ -665,6 +665,33 @@ std::vector<KernelSpec> grid() {
         if (sm == 90 || d <= 128) out.push_back(w);
       }
   }
+  // The combine fused into the decode kernel (KernelSpec::fused_combine:
+  // fa_decode with split_counters): head dims 64..576 (MLA's O in two
+  // slices, V in K), sinks, paged, fp8 KV, KV append with RoPE, PDL, on
+  // sm_80, sm_89, sm_90 and sm_120.
+  {
+    int i = 0;
+    for (int sm : {80, 89, 90, 120})
+      for (int d : {64, 128, 256, 576}) {
+        KernelPolicy pol;
+        pol.pdl = sm == 90 && d == 64;
+        LaunchShape shape;
+        shape.fused_combine = true;
+        shape.sinks = i % 3 == 0;
+        shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+        shape.page_size = i % 2 ? 16 : 0;
+        shape.append_kv = d == 128 && sm >= 90;
+        shape.rotary = shape.append_kv ? 1 : 0;
+        shape.v_in_k = d == 576;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d == 576 ? 512 : d,
+                                     d == 576 ? 16 : 8, d == 576 ? 1 : 2, i % 3 == 1);
+        if (d == 256 && sm == 89) cfg.kv_fp8 = KvFp8::E4M3;
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, pol);
+        assert_true(w.mma && w.fused_combine && w.sinks == shape.sinks);
+        out.push_back(w);
+        ++i;
+      }
+  }
   // Split-KV (KernelSpec::split_kv; the runtime sets it per launch): TMA at
   // head dims 64..256 with softcap and ALiBi alternating, the gather
   // variant over a paged cache with seqused_k, and the fp8 forward; the
