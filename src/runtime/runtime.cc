@@ -764,6 +764,14 @@ ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const f
   return plan;
 }
 
+int decode_num_splits(int64_t ctas, int64_t key_tiles, int num_sms, int ctas_per_sm) {
+  if (ctas <= 0 || num_sms <= 0 || ctas >= num_sms) return 1;
+  const int64_t slots = int64_t(num_sms) * std::max(ctas_per_sm, 1);
+  const int64_t most = std::clamp<int64_t>(key_tiles / kDecodeMinSplitTiles, 1, 128);
+  const int64_t every_sm = (num_sms + ctas - 1) / ctas, one_wave = slots / ctas;
+  return static_cast<int>(std::min(most, std::max(every_sm, one_wave)));
+}
+
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a,
                                 uint64_t cu_seqlens_q) const {
   const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
@@ -783,12 +791,9 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
     // (empty splits weigh exactly 0 in the reduce).
     splits = (sk + FA_DECODE_INVARIANT_SPLIT - 1) / FA_DECODE_INVARIANT_SPLIT;
   } else if (splits <= 0) {
-    // Flash-Decoding: enough CTAs for about two waves over the SMs, but no
-    // split shorter than 4 key tiles (its setup would dominate).
-    const int num_sms = std::max(backend_->info().num_sms, 1);
-    const long long want = (2LL * num_sms + ctas - 1) / ctas;
-    const long long max_by_len = std::max<long long>(1, (sk + 4 * block_n - 1) / (4 * block_n));
-    splits = std::clamp(want, 1LL, std::min(max_by_len, 128LL));
+    // Flash-Decoding from the real work (decode_num_splits' model).
+    splits = decode_num_splits(ctas, (sk + block_n - 1) / block_n, backend_->info().num_sms,
+                               spec.mma ? spec.min_ctas : 1);
   }
   splits = std::max<int64_t>(std::min(splits, (sk + block_n - 1) / block_n), 1);
   DecodePlan plan;
