@@ -1347,7 +1347,8 @@ typedef struct fa_emu_profile {
  * FLASHATTN_EMU_PROFILE=1 is set (read at each launch; it also prints a
  * table per launch to stderr); profiling slows the emulator. fa_decode with
  * o.data != 0 launches the decode kernel, then the combine: the counters are
- * the combine's (o.data = 0 leaves the decode kernel's).
+ * the combine's (o.data = 0, or the combine fused in with split_counters,
+ * leaves the decode kernel's).
  * Errors: INVALID_ARGUMENT (null, struct_size), UNSUPPORTED (rt is not an
  * emulator runtime, or its most recent launch was not profiled, faulted, or
  * there was none). Thread safety: any thread; "most recent" is per runtime. */
