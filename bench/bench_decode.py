@@ -731,12 +731,13 @@ class DecodeBench:
             # strides: the library's V-in-K path); the others their own V.
             vps = [s["kp"][..., :Dv] if impl == "flashattn_mla" else s["vp"] for s in sets]
             lse = [torch.empty((B, Hq, 1), device="cuda", dtype=torch.float32) for _ in sets]
+            fused = getattr(self.args, "fused", False)
 
             def run(i):
                 s = sets[i]
-                kw = {}
+                kw = {"split_counters": True} if fused else {}
                 if cfg.append:
-                    kw = dict(k_new=s["k_new"], v_new=s["v_new"], rotary_cos=meta["cos"],
+                    kw.update(k_new=s["k_new"], v_new=s["v_new"], rotary_cos=meta["cos"],
                               rotary_sin=meta["sin"])
                 if paged:
                     decode(rt, fcfg, s["q"], s["kp"], vps[i], meta["seqlens"],
@@ -1019,6 +1020,8 @@ def run_bench(args):
     for cfg in grid:
         cfg.dtype = args.dtype
     meta["dtype"] = args.dtype
+    meta["fused"] = "split_counters (FLASHATTN_DECODE_FUSED=%s)" % os.environ.get(
+        "FLASHATTN_DECODE_FUSED", "1") if getattr(args, "fused", False) else "no"
     base = os.path.join(args.out_dir, run_base(args, date.strftime("%Y-%m-%d"), gpu))
     print("bench_decode: %s (sm_%d), torch %s, copy %.0f GB/s, %d configs -> %s.*" % (
         gpu, info.sm, torch.__version__, copy_bw, len(grid), base), flush=True)
@@ -1116,6 +1119,10 @@ def parse_args(argv):
                    help="DeepSeek MLA decode (576/512, one KV head, V in K; see above), results "
                         "named ...-decode-mla")
     p.add_argument("--mla-heads", default=_csv(MLA_HEADS), help="--mla: query head counts")
+    p.add_argument("--fused", action="store_true",
+                   help="flashattn's fa_decode with split_counters (0.8: the combine fused into "
+                        "the decode kernel's last CTA of each row, one launch); with "
+                        "FLASHATTN_DECODE_FUSED=0 the same calls run the two launches")
     a = p.parse_args(argv)
     if a.mla and a.append:
         p.error("--mla has no --append (V in K excludes the append)")

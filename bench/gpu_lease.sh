@@ -85,13 +85,20 @@
 #             with FLASHATTN_PDL=1 (files suffixed -pdl)
 #   pdloff    the same points without it, right after (the pair says what
 #             the programmatic launches buy)
+#   fused     bench_decode.py, batch 1/8 x context 4k/32k, pages of 16, bf16,
+#             with --fused (fa_decode's split_counters: the combine in the
+#             decode kernel's last CTA of each row, one launch; files
+#             suffixed -fused)
+#   fusedoff  the same calls with FLASHATTN_DECODE_FUSED=0 (two launches,
+#             files suffixed -fused-off), right after: the pair says what
+#             fusing the combine buys
 # Logs and the benchmarks' CSV/JSON/markdown go to bench/results/ and, when
 # $OUT is set (the device tool), into $OUT/lease.tgz with a summary in
 # $OUT/summary.txt. Prints the summary last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff"
+only="backend,tests,tests80,testsjit,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -237,10 +244,16 @@ stage pdl 60 env FLASHATTN_PDL=1 "$py" bench/bench_decode.py --out-dir "$logs/pd
   --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 45)"
 stage pdloff 60 "$py" bench/bench_decode.py --out-dir "$logs/pdloff" --batches 1,8 \
   --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 45)"
+stage fused 60 "$py" bench/bench_decode.py --fused --out-dir "$logs/fused" --batches 1,8 \
+  --contexts 4096,32768 --page-sizes 16 --time-budget "$(budget 45)"
+stage fusedoff 60 env FLASHATTN_DECODE_FUSED=0 "$py" bench/bench_decode.py --fused \
+  --out-dir "$logs/fusedoff" --batches 1,8 --contexts 4096,32768 --page-sizes 16 \
+  --time-budget "$(budget 45)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward base:baseline-library cold:coldstart jit:driver-jit \
   nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
+  fused:fused fusedoff:fused-off \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue
   for f in "$logs/${d%%:*}"/*; do mv "$f" "$res/$(basename "${f%.*}")-${d#*:}.${f##*.}"; done

@@ -840,6 +840,28 @@ typedef struct fa_decode_args {
                                       + t] (speculative trees: each token's
                                       depth); 4-byte aligned */
   int64_t rotary_positions_stride; /* elements between sequences, >= 0 */
+  /* Since 0.8 (FA_DECODE_ARGS_SIZE_0_5 ends before them; zero = as 0.5).
+   * The combine fused into the decode kernel (Flash-Decoding with no second
+   * launch; as FlashAttention-3's zeroed tile_count_semaphore): with
+   * split_counters != 0, o.data != 0 and more than one split, the last CTA
+   * to finish each block of up to 16 query rows (a KV head's GQA group x
+   * new tokens) combines the splits' partial states into o and lse itself,
+   * with the combine's exact arithmetic (the same bits as two launches).
+   * Otherwise the counters are not touched. */
+  uint64_t split_counters;    /* int32 counters, 4-byte aligned device
+                                 memory the caller zeroes once (cuMemsetD32
+                                 after the allocation): every fa_decode
+                                 leaves them zero again, so one array serves
+                                 back-to-back calls and CUDA-graph replays
+                                 with no memset, but not calls that may run
+                                 at the same time (one per stream). At least
+                                 FA_DECODE_SPLIT_COUNTERS(batch, num_heads_q,
+                                 num_heads_kv, seqlen_q) of them (batch *
+                                 num_heads_q * seqlen_q always suffice). Or 0
+                                 = the combine runs as a second kernel.
+                                 Needs o.data != 0. Counters not zero before
+                                 the call give wrong results */
+  size_t split_counters_size; /* bytes at split_counters; 0 when it is 0 */
 } fa_decode_args;
 
 /* struct_size of fa_decode_args in flashattn 0.2 (before kv). */
@@ -850,6 +872,14 @@ typedef struct fa_decode_args {
 #define FA_DECODE_ARGS_SIZE_0_4 (offsetof(fa_decode_args, sinks))
 /* struct_size of fa_decode_args in flashattn 0.4.1 (before alibi_slopes). */
 #define FA_DECODE_ARGS_SIZE_0_4_1 (offsetof(fa_decode_args, alibi_slopes))
+/* struct_size of fa_decode_args in flashattn 0.5 to 0.7 (before split_counters). */
+#define FA_DECODE_ARGS_SIZE_0_5 (offsetof(fa_decode_args, split_counters))
+/* The int32 counters fa_decode_args.split_counters must hold: one per
+ * (sequence, KV head, block of 16 packed query rows), the rows of a KV head
+ * being its (num_heads_q / num_heads_kv) query heads x seqlen_q tokens. */
+#define FA_DECODE_SPLIT_COUNTERS(batch, num_heads_q, num_heads_kv, seqlen_q)               \
+  ((size_t)(batch) * (size_t)(num_heads_kv) *                                              \
+   (((size_t)((num_heads_q) / (num_heads_kv)) * (size_t)(seqlen_q) + 15) / 16))
 /* Keys per split under batch_invariant. */
 #define FA_DECODE_INVARIANT_SPLIT 2048
 
@@ -857,7 +887,7 @@ typedef struct fa_decode_args {
   {                                                                                              \
     sizeof(fa_decode_args), 0, 0, 0, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, \
         FA_TENSOR_INIT, 0, FA_KV_CACHE_LAYOUT_INIT, 0, 0, {0, 0}, 0, 0, 0, 0, 0, {0, 0},         \
-        FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                             \
+        FA_TENSOR_INIT, FA_TENSOR_INIT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                       \
   }
 
 /* The workspace fa_decode needs for args (num_splits 0 resolved on rt's
@@ -888,7 +918,12 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * layout and batch_invariant. With an fp32 config q, the cache and o are
  * fp32 (the partial states are fp32 whatever the dtype); a KV append
  * (k_new) with it is UNSUPPORTED.
- * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_4_1,
+ * With split_counters (since 0.8) and more than one split, the decode
+ * kernel's last CTA of each row block combines the splits (one launch, the
+ * same bits as the two; docs/kernels.md, "Fused combine"); the workspace
+ * still holds the partial states.
+ * struct_size may be sizeof(fa_decode_args), FA_DECODE_ARGS_SIZE_0_5,
+ * FA_DECODE_ARGS_SIZE_0_4_1,
  * FA_DECODE_ARGS_SIZE_0_4, FA_DECODE_ARGS_SIZE_0_3 or FA_DECODE_ARGS_SIZE_0_2.
  * Errors: as fa_launch (alibi_slopes and alibi_slopes_stride included),
  * plus INVALID_ARGUMENT for sinks not 4-byte aligned or set with o.data 0
@@ -896,7 +931,10 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
  * workspace that is too small, a tree_mask not 4-byte aligned, a
  * tree_mask_stride not a multiple of 4, tree_mask_stride[1] < 4 *
  * ceil(seqlen_q / 32), tree_mask_stride[0] < 0, or strides set with
- * tree_mask 0; a workspace whose end passes 2^64; UNSUPPORTED for the
+ * tree_mask 0; a workspace whose end passes 2^64; split_counters not
+ * 4-byte aligned, set with o.data 0, or split_counters_size below 4 *
+ * FA_DECODE_SPLIT_COUNTERS(...) bytes (or not 0 with split_counters 0);
+ * UNSUPPORTED for the
  * grid limits of fa_decode_workspace_size (checked before any launch). */
 FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode_args *args,
                            void *stream);
@@ -1309,7 +1347,8 @@ typedef struct fa_emu_profile {
  * FLASHATTN_EMU_PROFILE=1 is set (read at each launch; it also prints a
  * table per launch to stderr); profiling slows the emulator. fa_decode with
  * o.data != 0 launches the decode kernel, then the combine: the counters are
- * the combine's (o.data = 0 leaves the decode kernel's).
+ * the combine's (o.data = 0, or the combine fused in with split_counters,
+ * leaves the decode kernel's).
  * Errors: INVALID_ARGUMENT (null, struct_size), UNSUPPORTED (rt is not an
  * emulator runtime, or its most recent launch was not profiled, faulted, or
  * there was none). Thread safety: any thread; "most recent" is per runtime. */

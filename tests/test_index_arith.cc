@@ -146,6 +146,11 @@ std::vector<KernelSpec> all_specs() {
             out.push_back(
                 make_spec(config(dt, d, dv, 16, 16, sc), KernelKind::Forward, lim, shape));
             out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, shape));
+            if (lay != 1) {  // the fused combine (counter index, row addresses), with sinks
+              LaunchShape fused = shape;
+              fused.fused_combine = fused.sinks = true;
+              out.push_back(make_spec(config(dt, d, dv, 8, 2, sc), KernelKind::Decode, lim, fused));
+            }
             // fp8 KV cache (sm_89+, head dims multiples of 16): the descale
             // indices and the byte-tile copies.
             if (sm >= 89 && d % 16 == 0 && dv % 16 == 0) {

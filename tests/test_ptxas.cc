@@ -54,6 +54,24 @@ AttentionConfig config(Dtype dt, int d, int dv, int hq, int hkv, bool softcap) {
   return attention_config(dt, d, dv, hq, hkv, 0.1f, softcap ? 20.0f : 0.0f);
 }
 
+// The i-th of a mix of tensor-core decode shapes at head dim d (the PDL and
+// fused-combine grids): paged (pages of 16) on odd i, a KV append with RoPE
+// where `append`, MLA's V in K at 576 (512, one KV head of 16), else GQA 8/2;
+// bf16 on odd i, softcap every third.
+LaunchShape decode_mix_shape(int i, int d, bool append) {
+  LaunchShape shape;
+  shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+  shape.page_size = i % 2 ? 16 : 0;
+  shape.append_kv = append;
+  shape.rotary = append ? 1 : 0;
+  shape.v_in_k = d == 576;
+  return shape;
+}
+AttentionConfig decode_mix_config(int i, int d) {
+  return config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d == 576 ? 512 : d, d == 576 ? 16 : 8,
+                d == 576 ? 1 : 2, i % 3 == 1);
+}
+
 DeviceLimits limits_of(int sm) {
   DeviceLimits d;
   if (!published_limits(sm, &d)) published_limits(80, &d);
@@ -644,14 +662,8 @@ std::vector<KernelSpec> grid() {
     int i = 0;
     for (int sm : {90, 100, 120})
       for (int d : {64, 128, 256, 576}) {
-        LaunchShape shape;
-        shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
-        shape.page_size = i % 2 ? 16 : 0;
-        shape.append_kv = d == 128 && sm == 90;
-        shape.rotary = shape.append_kv ? 1 : 0;
-        shape.v_in_k = d == 576;
-        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d == 576 ? 512 : d,
-                                     d == 576 ? 16 : 8, d == 576 ? 1 : 2, i % 3 == 1);
+        const LaunchShape shape = decode_mix_shape(i, d, d == 128 && sm == 90);
+        AttentionConfig cfg = decode_mix_config(i, d);
         if (d == 256 && sm == 90) cfg.kv_fp8 = KvFp8::E4M3;
         KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, pdl);
         assert_true(w.mma && w.pdl);
@@ -690,6 +702,27 @@ std::vector<KernelSpec> grid() {
         if (i % 3 == 1) cfg.kv_fp8 = i % 2 ? KvFp8::E4M3 : KvFp8::E5M2;
         KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(90), shape, mla);
         assert_true(w.wgmma && w.kind == KernelKind::Decode && !generate_ptx(w).empty());
+        out.push_back(w);
+        ++i;
+      }
+  }
+  // The combine fused into the decode kernel (KernelSpec::fused_combine:
+  // fa_decode with split_counters): head dims 64..576 (MLA's O in two
+  // slices, V in K), sinks, paged, fp8 KV, KV append with RoPE, PDL, on
+  // sm_80, sm_89, sm_90 and sm_120.
+  {
+    int i = 0;
+    for (int sm : {80, 89, 90, 120})
+      for (int d : {64, 128, 256, 576}) {
+        KernelPolicy pol;
+        pol.pdl = sm == 90 && d == 64;
+        LaunchShape shape = decode_mix_shape(i, d, d == 128 && sm >= 90);
+        shape.fused_combine = true;
+        shape.sinks = i % 3 == 0;
+        AttentionConfig cfg = decode_mix_config(i, d);
+        if (d == 256 && sm == 89) cfg.kv_fp8 = KvFp8::E4M3;
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, pol);
+        assert_true(w.mma && w.fused_combine && w.sinks == shape.sinks);
         out.push_back(w);
         ++i;
       }

@@ -475,17 +475,25 @@ def test_mla_lease_stage():
     assert len(b.mla_grid(b.int_list(a.batches), b.int_list(a.contexts))) >= 8
 
 
-def test_pdl_lease_stages():
-    """gpu_lease.sh times the programmatic dependent launches as a pair of
-    stages in the default list, pdl then pdloff, over the same points with
-    options this parser takes and budgets under the stages' limits."""
+def _stage_pair(on, off):
+    """The parsed options of gpu_lease.sh's bench_decode.py stages `on` and
+    `off`: adjacent in the default list, the same options and budget (under
+    the limit), batch 1/8 decode."""
     stages = lease_stage.default_stages()
-    assert "pdl" in stages and stages.index("pdloff") == stages.index("pdl") + 1
-    got = [lease_stage.stage(s, "bench/bench_decode.py") for s in ("pdl", "pdloff")]
+    assert on in stages and stages.index(off) == stages.index(on) + 1
+    got = [lease_stage.stage(s, "bench/bench_decode.py") for s in (on, off)]
     assert got[0] == got[1]
     limit, budget, args = got[0]
     a = b.parse_args(args + ["--time-budget", str(budget)])
     assert not a.mla and budget < limit and b.int_list(a.batches) == (1, 8)
+    return a
+
+
+def test_pdl_lease_stages():
+    """gpu_lease.sh times the programmatic dependent launches as a pair of
+    stages in the default list, pdl then pdloff, over the same points with
+    options this parser takes and budgets under the stages' limits."""
+    _stage_pair("pdl", "pdloff")
     assert "FLASHATTN_PDL=1" in lease_stage.lease_text().split("stage pdl ", 1)[1].split("\n")[0]
 
 
@@ -499,3 +507,15 @@ def test_mla90_lease_stage():
     assert got[0] == got[1]
     line = lease_stage.lease_text().split("stage mla90 ", 1)[1].split("\n")[0]
     assert "FLASHATTN_SM90_MLA=1" in line
+
+
+def test_fused_lease_stages():
+    """gpu_lease.sh times the fused decode combine as a pair of stages in the
+    default list, fused then fusedoff, both with --fused (the same calls,
+    split_counters passed), fusedoff with FLASHATTN_DECODE_FUSED=0, over the
+    batch 1/8 points with budgets under the stages' limits."""
+    a = _stage_pair("fused", "fusedoff")
+    assert a.fused and b.int_list(a.contexts) == (4096, 32768)
+    text = lease_stage.lease_text()
+    assert "FLASHATTN_DECODE_FUSED=0" in text.split("stage fusedoff ", 1)[1].split("\n")[0]
+    assert "FLASHATTN_DECODE_FUSED" not in text.split("stage fused ", 1)[1].split("\n")[0]

@@ -322,7 +322,20 @@ type DecodeArgs struct {
 	// RotaryPositionsStride + t] (elements; >= 0). 4-byte aligned.
 	RotaryPositions       uint64
 	RotaryPositionsStride int64
-	Stream                uintptr
+	// Since 0.8: SplitCounters, int32 counters the caller zeroed once (every
+	// Decode leaves them zero), at least DecodeSplitCounters(batch,
+	// numHeadsQ, numHeadsKV, seqlenQ) of them in SplitCountersSize bytes,
+	// 4-byte aligned: the combine fused into the decode kernel (one
+	// launch). 0 = two launches.
+	SplitCounters     uint64
+	SplitCountersSize uint64
+	Stream            uintptr
+}
+
+// DecodeSplitCounters is the int32 counters DecodeArgs.SplitCounters must
+// hold (flashattn.h's FA_DECODE_SPLIT_COUNTERS).
+func DecodeSplitCounters(batch, numHeadsQ, numHeadsKV, seqlenQ int) int {
+	return batch * numHeadsKV * ((numHeadsQ/numHeadsKV*seqlenQ + 15) / 16)
 }
 
 // PackTreeMask packs bool masks [trees][seqlenQ][seqlenQ] (true = query i
@@ -386,6 +399,8 @@ func (a *DecodeArgs) c() C.fa_decode_args {
 	ca.rotary_dtype = C.int32_t(a.RotaryDType)
 	ca.rotary_positions = C.uint64_t(a.RotaryPositions)
 	ca.rotary_positions_stride = C.int64_t(a.RotaryPositionsStride)
+	ca.split_counters = C.uint64_t(a.SplitCounters)
+	ca.split_counters_size = C.size_t(a.SplitCountersSize)
 	return ca
 }
 

@@ -659,6 +659,30 @@ fa_status check_decode_plan(const fa::Runtime &rt, const fa::AttentionConfig &c,
   return FA_SUCCESS;
 }
 
+// fa_decode_args.split_counters (since 0.8): int32, 4-byte aligned, with o,
+// at least FA_DECODE_SPLIT_COUNTERS of them in split_counters_size bytes.
+fa_status check_split_counters(const fa::AttentionConfig &c, const fa_decode_args &a) {
+  if (a.split_counters == 0) {
+    FA_REQUIRE(a.split_counters_size == 0,
+               "split_counters_size is %zu but split_counters is 0; set it to 0 without counters",
+               a.split_counters_size);
+    return FA_SUCCESS;
+  }
+  FA_REQUIRE(a.split_counters % 4 == 0, "split_counters 0x%llx is not 4-byte aligned (int32)",
+             static_cast<unsigned long long>(a.split_counters));
+  FA_REQUIRE(a.o.data != 0,
+             "split_counters is set but o.data is 0 (no combine to fuse: the partial states stay "
+             "in the workspace); pass 0");
+  const size_t need = 4 * FA_DECODE_SPLIT_COUNTERS(a.batch, c.num_heads_q, c.num_heads_kv,
+                                                   a.seqlen_q);
+  FA_REQUIRE(a.split_counters_size >= need,
+             "split_counters_size is %zu bytes, %zu needed: FA_DECODE_SPLIT_COUNTERS(batch %d, "
+             "num_heads_q %d, num_heads_kv %d, seqlen_q %d) int32 counters",
+             a.split_counters_size, need, a.batch, c.num_heads_q, c.num_heads_kv, a.seqlen_q);
+  return check_span("split_counters", false, a.split_counters, 1,
+                    {{1, int64_t(need), "1", "its bytes"}});
+}
+
 fa_status validate_decode_workspace(const fa_decode_args *a) {
   FA_REQUIRE(a->workspace != 0, "workspace is 0 (size it with fa_decode_workspace_size)");
   FA_REQUIRE(a->workspace % 256 == 0, "workspace 0x%llx is not 256-byte aligned",
@@ -1229,7 +1253,7 @@ FA_API fa_status fa_decode_workspace_size(const fa_runtime *rt, const fa_config 
     fa_decode_args a;
     FA_CHECK(widen_args(args,
                         {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
-                         FA_DECODE_ARGS_SIZE_0_4_1},
+                         FA_DECODE_ARGS_SIZE_0_4_1, FA_DECODE_ARGS_SIZE_0_5},
                         &a));
     FA_CHECK(validate_decode_sizes(&a));
     FA_CHECK(check_decode_limits(cfg->cfg, &a));
@@ -1250,7 +1274,7 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     fa_decode_args a;
     FA_CHECK(widen_args(args,
                         {FA_DECODE_ARGS_SIZE_0_2, FA_DECODE_ARGS_SIZE_0_3, FA_DECODE_ARGS_SIZE_0_4,
-                         FA_DECODE_ARGS_SIZE_0_4_1},
+                         FA_DECODE_ARGS_SIZE_0_4_1, FA_DECODE_ARGS_SIZE_0_5},
                         &a));
     FA_CHECK(validate_decode(&a));
     FA_CHECK(check_alibi(cfg->cfg, a.alibi_slopes, a.alibi_slopes_stride));
@@ -1264,6 +1288,7 @@ FA_API fa_status fa_decode(fa_runtime *rt, const fa_config *cfg, const fa_decode
     FA_CHECK(check_decode_spans(cfg->cfg, a));
     FA_CHECK(check_span("workspace", false, a.workspace, 1,
                         {{1, int64_t(plan.workspace_bytes), "1", "its bytes"}}));
+    FA_CHECK(check_split_counters(cfg->cfg, a));
     return rt->impl->decode(cfg->cfg, a, stream);
   });
 }

@@ -135,6 +135,7 @@ class DecodeTcGen {
     // scheduled now; its griddepcontrol.wait still waits for this grid.
     if (spec_.pdl) b_.griddepcontrol_launch_dependents();
     merge_and_store();
+    if (spec_.fused_combine) fused_combine();
     b_.exit();
     return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(32 * W_));
   }
@@ -792,6 +793,86 @@ class DecodeTcGen {
       b_.st(Space::Global, Type::F32, at(e_.index64(lpart, lrow, 4)), x);
       b_.bind(skip);
     }
+  }
+
+  // spec.fused_combine: the combine in the last CTA of the (batch, KV head,
+  // m-block) row. The CTA's partial state is stored (the barrier orders every
+  // thread's stores before thread 0's atom.add.acq_rel.gpu on the row's
+  // counter: release); the CTA whose add saw nctaid.x - 1 (every other split
+  // and O slice of the row has released its state; the acquire, then the
+  // barrier, order the loads below after them) sets the counter back to 0
+  // (no CTA of this launch touches it again) and combines the splits of its
+  // rows, warp w taking rows w, w + W, ...: tile::combine_row, the reduce
+  // kernel's instructions per row, over the workspace's contiguous partial
+  // states (split stride batch x seqlen_q x num_heads_q rows).
+  void fused_combine() {
+    b_.comment("fused combine: the row's last CTA merges the splits");
+    b_.bar_sync();  // the partial state is stored, the merge area read
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    Reg ny = e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidY));
+    Reg y = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    Reg ctr = e_.index64(e_.global_param(offsetof(P, split_counters)),
+                         e_.wide_mad(bz_, ny, e_.s64(y)), 4);
+    Reg old = e_.mov(Type::U32, imm(0));
+    b_.when(t0).atom_add(true, Type::U32, old, at(ctr), imm(1));
+    b_.when(t0).st(Space::Shared, Type::U32, at(smem_), old);
+    b_.bar_sync();
+    b_.ld(Space::Shared, Type::U32, old, at(smem_));
+    Reg last = e_.op(Op::Sub, Type::U32, e_.mov(Type::U32, ptx::sreg(ptx::Special::NctaidX)),
+                     imm(1));
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, old, last)).exit();  // the CTA's value: uniform
+    b_.when(t0).st(Space::Global, Type::U32, at(ctr), e_.mov(Type::U32, imm(0)));
+
+    Reg batch = e_.param(Type::S32, offsetof(P, batch));
+    Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
+    Reg opart = e_.global_param(offsetof(P, o_partial));
+    Reg lpart = e_.global_param(offsetof(P, lse_partial));
+    Reg o = e_.global_param(offsetof(P, o));
+    const int eb = elem_bytes(spec_.dtype);
+    Reg os[3];
+    for (int i = 0; i < 3; ++i) os[i] = e_.stride_bytes(offsetof(P, o_stride) + 8 * i, eb);
+    Reg lse_raw = e_.param(Type::U64, offsetof(P, lse));
+    Reg has_lse = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
+    Reg lse_out = b_.b64();
+    b_.cvta_to_global(lse_out, lse_raw);
+    Reg sinks = spec_.sinks ? e_.global_param(offsetof(P, sinks)) : Reg();
+    // Bytes from one split's state to the next's: rows = batch x sq x hq.
+    Reg rows = e_.op(Op::MulLo, Type::S64, e_.wide_mul(batch, sq_out_), e_.s64(hq));
+    Reg lstep = e_.op(Op::MulLo, Type::S64, rows, imm(4));
+    Reg ostep = e_.op(Op::MulLo, Type::S64, rows, imm(spec_.head_dim_v * 4));
+    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    Reg rr = e_.mov(Type::S32, warp_);
+    ptx::Label top = b_.label(), next = b_.label(), end = b_.label();
+    b_.bind(top);
+    Reg r = e_.op(Op::Add, Type::S32, m0_, rr);
+    b_.when(e_.setp(Cmp::Ge, Type::S32, r, rows_)).bra(end, true);  // the warp's row
+    Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+    Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+    // Split 0's LSE ((b hq + qh) sq + t) and O ((b sq + t) hq + qh).
+    Reg lrow = e_.op(Op::MadLo, Type::S64, e_.wide_mad(bz_, hq, e_.s64(qh)), e_.s64(sq_out_),
+                     e_.s64(t));
+    Reg orow = e_.op(Op::MadLo, Type::S64, e_.wide_mad(bz_, sq_out_, e_.s64(t)), e_.s64(hq),
+                     e_.s64(qh));
+    tile::CombineRow c;
+    c.lane = lane_;
+    c.num_states = e_.param(Type::S32, offsetof(P, num_splits));
+    c.l0 = e_.index64(lpart, lrow, 4);
+    c.o0 = e_.index(e_.index64(opart, orow, spec_.head_dim_v * 4), lane_, 4);
+    c.lstep = lstep;
+    c.ostep = ostep;
+    c.head_dim_v = spec_.head_dim_v;
+    c.dtype = spec_.dtype;
+    if (spec_.sinks) c.sink_at = [&] { return e_.index(sinks, qh, 4); };
+    c.o_at = [&] {
+      return e_.index(e_.index(e_.index(e_.index(o, bz_, os[0]), t, os[1]), qh, os[2]), lane_, eb);
+    };
+    c.lse_at = [&] { return e_.index64(lse_out, lrow, 4); };
+    c.has_lse = has_lse;
+    tile::combine_row(e_, c, &next);
+    b_.bind(next);
+    b_.op(Op::Add, Type::S32, rr, rr, imm(W_));
+    b_.when(e_.setp(Cmp::Lt, Type::S32, rr, imm(kRows))).bra(top, true);
+    b_.bind(end);
   }
 
   const KernelSpec &spec_;

@@ -151,6 +151,16 @@ struct KernelSpec {
   // the decode kernel's griddepcontrol.launch_dependents once its K/V loop
   // is done. Off: the PTX and serialize() are those of a spec without it.
   bool pdl = false;
+  // Decode (tensor-core, without cu_seqlens_q): the combine fused into the
+  // decode kernel. Each CTA, its split's partial state written, adds 1 to
+  // its (batch, KV head, m-block)'s int32 counter (DecodeParams::
+  // split_counters, atom.add.acq_rel.gpu); the CTA that sees nctaid.x - 1
+  // (the row's last of num_splits x dv_split) combines the splits of its
+  // 16 packed rows into O and LSE (tile::combine_row, the reduce kernel's
+  // instructions per row) and sets the counter back to 0. With sinks (only
+  // here does a Decode spec take them). Off: the PTX and serialize() are
+  // those of a spec without it.
+  bool fused_combine = false;
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
   // without the field.
@@ -160,8 +170,8 @@ struct KernelSpec {
   bool lse_in_base2 = false, lse_out_base2 = false;
   // Forward and Reduce: attention sinks (gpt-oss), one fp32 logit per query
   // head in the softmax denominator (ForwardParams::sinks,
-  // ReduceParams::sinks). Decode kernels never take them: fa_decode adds
-  // them in its combine. Off: the PTX is byte-identical to a spec without
+  // ReduceParams::sinks). Decode kernels take them only with
+  // fused_combine: fa_decode adds them in its combine. Off: the PTX is byte-identical to a spec without
   // the field.
   bool sinks = false;
   // Forward and Decode: ALiBi, a per-(sequence, query head) fp32 slope times
@@ -260,6 +270,8 @@ struct LaunchShape {
   bool v_in_k = false;
   // Decode: no cache_seqlens (KernelSpec::fixed_len).
   bool fixed_len = false;
+  // Decode: split counters given (KernelSpec::fused_combine).
+  bool fused_combine = false;
   // Forward on tensor cores, one CTA per m-block: the keys split
   // (KernelSpec::split_kv; its tile keeps a margin of registers for it).
   bool split_kv = false;
@@ -418,6 +430,15 @@ struct DecodeParams {
   // the bottom right of its keys; the partial states stay padded to seqlen_q
   // rows (the varlen combine packs them).
   uint64_t cu_seqlens_q;
+  // spec.fused_combine only (a kernel without it declares its block to end
+  // before): int32 [batch, num_heads_kv * m-blocks] counters (%ctaid.z
+  // nctaid.y + %ctaid.y), zero before the launch and after it; O and LSE
+  // as ReduceParams' (fixed-length), sinks with spec.sinks.
+  uint64_t split_counters;
+  uint64_t o;           // spec.dtype [batch, seqlen_q, heads_q, head_dim_v]
+  int64_t o_stride[3];  // elements: batch, seq, head
+  uint64_t lse;         // fp32 [batch, heads_q, seqlen_q] contiguous, or 0
+  uint64_t sinks;       // fp32 [heads_q] natural-log logits (spec.sinks)
 };
 
 struct ReduceParams {
@@ -493,11 +514,13 @@ inline size_t forward_tail_offset(const KernelSpec &spec) {
 }
 
 // The parameter block a decode kernel declares: DecodeParams up to its last
-// feature's fields, in their order (tree mask, ALiBi, fp8 descales, append),
+// feature's fields, in their order (tree mask, ALiBi, fp8 descales, append,
+// varlen, fused combine),
 // so a kernel's PTX is unchanged by the features it does not use; a launch
 // passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
-  if (spec.varlen) return sizeof(DecodeParams);
+  if (spec.fused_combine) return sizeof(DecodeParams);
+  if (spec.varlen) return offsetof(DecodeParams, split_counters);
   if (spec.append_kv) return offsetof(DecodeParams, cu_seqlens_q);
   if (spec.kv_fp8 != KvFp8::None) return offsetof(DecodeParams, k_new);
   if (spec.alibi) return offsetof(DecodeParams, k_descale);

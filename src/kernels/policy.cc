@@ -25,6 +25,7 @@ KernelPolicy KernelPolicy::from_env() {
   p.sm90_mla = env_on("FLASHATTN_SM90_MLA");
   if (const char *f = std::getenv("FLASHATTN_FORWARD_SPLITS")) p.forward_splits = f[0] == '1';
   if (const char *g = std::getenv("FLASHATTN_FORWARD_GQA_PACK")) p.forward_gqa_pack = g[0] == '1';
+  if (const char *d = std::getenv("FLASHATTN_DECODE_FUSED")) p.decode_fused = d[0] == '1';
   return p;
 }
 

@@ -58,13 +58,20 @@ struct KernelPolicy {
   // default: proven on the emulator only, never timed on a GPU
   // (FLASHATTN_SM90_MLA=1).
   bool sm90_mla = false;
+  // fa_decode with split_counters (the caller's opt-in) and more than one
+  // split fuses the combine into the decode kernel's last CTA of each row
+  // (KernelSpec::fused_combine: no second launch); false runs the two
+  // launches anyway, the counters untouched (comparison;
+  // FLASHATTN_DECODE_FUSED=0).
+  bool decode_fused = true;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;
 
   // The defaults above with the environment's overrides: each variable
   // counts when its first character is '1' (FLASHATTN_SM90_WGMMA and
-  // FLASHATTN_FORWARD_SPLITS: '1' on, anything else off;
+  // FLASHATTN_FORWARD_SPLITS, FLASHATTN_FORWARD_GQA_PACK and
+  // FLASHATTN_DECODE_FUSED: '1' on, anything else off;
   // FLASHATTN_FORCE_SM80_FORWARD wins over FLASHATTN_SM90_WGMMA).
   static KernelPolicy from_env();
 };

@@ -75,7 +75,10 @@ bool spec_valid(const KernelSpec &s) {
   if (s.fixed_len && s.kind != KernelKind::Decode) return false;
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
-  if (s.sinks && s.kind == KernelKind::Decode) return false;
+  if (s.sinks && s.kind == KernelKind::Decode && !s.fused_combine) return false;
+  // The fused combine: the tensor-core decode with fixed-length queries.
+  if (s.fused_combine && !(s.kind == KernelKind::Decode && s.mma && !s.wgmma && !s.varlen))
+    return false;
   if (s.alibi && s.kind == KernelKind::Reduce) return false;
   // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
   // whole 16-byte chunks of fp8 bytes.
@@ -456,6 +459,7 @@ std::string KernelSpec::serialize() const {
   if (split_kv) o.push_back('S');    // only when on
   if (fixed_len) o.push_back('L');   // only when on
   if (pdl) o.push_back('G');         // only when on
+  if (fused_combine) o.push_back('C');  // only when on
   if (q_stages != 1) {               // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -489,6 +493,7 @@ std::string KernelSpec::describe() const {
          (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
          (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
          (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
+         (fused_combine ? " fused_combine" : "") +
          (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
@@ -602,7 +607,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.fixed_len = kind == KernelKind::Decode && shape.fixed_len && !shape.append_kv;
   s.pdl = kind == KernelKind::Decode && s.mma && !s.wgmma && policy.pdl && dev.sm >= 90;
-  s.sinks = kind == KernelKind::Forward && shape.sinks;
+  // The MLA decode (spec.wgmma) always leaves its combine to the reduce kernel.
+  s.fused_combine =
+      kind == KernelKind::Decode && s.mma && !s.wgmma && !s.varlen && shape.fused_combine;
+  s.sinks = (kind == KernelKind::Forward || s.fused_combine) && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
   s.rotary = s.append_kv ? shape.rotary : 0;
@@ -683,6 +691,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
          (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
          (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
+         (s.fused_combine ? "_fused" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 

@@ -423,13 +423,15 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
 }
 
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a,
-                                uint64_t cu_seqlens_q) const {
+                                uint64_t cu_seqlens_q, bool fused) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = cu_seqlens_q != 0;
   shape.tree_mask = a.tree_mask != 0;
   shape.alibi = a.alibi_slopes != 0;
   shape.append_kv = a.k_new.data != 0;
   shape.fixed_len = a.cache_seqlens == 0;  // forward_as_decode's (fa_decode requires them)
+  shape.fused_combine = fused;
+  shape.sinks = fused && a.sinks != 0;  // only the fused combine's (else the reduce kernel's)
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
   // V the first head_dim_v columns of K (MLA's latent cache): the same
@@ -762,6 +764,14 @@ ForwardSplitPlan Runtime::plan_forward_split(const AttentionConfig &cfg, const f
   return plan;
 }
 
+int decode_num_splits(int64_t ctas, int64_t key_tiles, int num_sms, int ctas_per_sm) {
+  if (ctas <= 0 || num_sms <= 0 || ctas >= num_sms) return 1;
+  const int64_t slots = int64_t(num_sms) * std::max(ctas_per_sm, 1);
+  const int64_t most = std::clamp<int64_t>(key_tiles / kDecodeMinSplitTiles, 1, 128);
+  const int64_t every_sm = (num_sms + ctas - 1) / ctas, one_wave = slots / ctas;
+  return static_cast<int>(std::min(most, std::max(every_sm, one_wave)));
+}
+
 DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args &a,
                                 uint64_t cu_seqlens_q) const {
   const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
@@ -781,12 +791,9 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
     // (empty splits weigh exactly 0 in the reduce).
     splits = (sk + FA_DECODE_INVARIANT_SPLIT - 1) / FA_DECODE_INVARIANT_SPLIT;
   } else if (splits <= 0) {
-    // Flash-Decoding: enough CTAs for about two waves over the SMs, but no
-    // split shorter than 4 key tiles (its setup would dominate).
-    const int num_sms = std::max(backend_->info().num_sms, 1);
-    const long long want = (2LL * num_sms + ctas - 1) / ctas;
-    const long long max_by_len = std::max<long long>(1, (sk + 4 * block_n - 1) / (4 * block_n));
-    splits = std::clamp(want, 1LL, std::min(max_by_len, 128LL));
+    // Flash-Decoding from the real work (decode_num_splits' model).
+    splits = decode_num_splits(ctas, (sk + block_n - 1) / block_n, backend_->info().num_sms,
+                               spec.mma ? spec.min_ctas : 1);
   }
   splits = std::max<int64_t>(std::min(splits, (sk + block_n - 1) / block_n), 1);
   DecodePlan plan;
@@ -809,13 +816,22 @@ DecodePlan Runtime::plan_decode(const AttentionConfig &cfg, const fa_decode_args
   return plan;
 }
 
+bool Runtime::decode_fuses(const AttentionConfig &cfg, const fa_decode_args &a,
+                           const DecodePlan &plan, uint64_t cu_seqlens_q) const {
+  if (a.split_counters == 0 || a.o.data == 0 || plan.num_splits <= 1 || !policy().decode_fused)
+    return false;
+  return decode_spec(cfg, a, cu_seqlens_q, true).fused_combine;
+}
+
 fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream,
                           uint64_t cu_seqlens_q) {
-  const KernelSpec spec = decode_spec(cfg, a, cu_seqlens_q);
-  if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
-  if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
+  const KernelSpec unfused = decode_spec(cfg, a, cu_seqlens_q);
+  if (fa_status st = check_fp32(cfg, unfused); st != FA_SUCCESS) return st;
+  if (fa_status st = check_head_dims(cfg, unfused); st != FA_SUCCESS) return st;
   const DecodePlan plan = plan_decode(cfg, a, cu_seqlens_q);
   if (plan.too_large) return decode_too_large();
+  const bool fused = decode_fuses(cfg, a, plan, cu_seqlens_q);
+  const KernelSpec spec = fused ? decode_spec(cfg, a, cu_seqlens_q, true) : unfused;
   if (a.workspace_size < plan.workspace_bytes) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 "workspace_size is %zu bytes, %zu needed for %d splits "
@@ -834,7 +850,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   if (st != FA_SUCCESS) return st;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
-  if (a.o.data != 0) {
+  if (a.o.data != 0 && !fused) {
     st = combine_kernel(cfg, a.sinks != 0, cu_seqlens_q != 0, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
@@ -882,9 +898,16 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
     // cache_seqlens (FlashAttention's flash_attn_with_kvcache).
     p.rotary_pos_causal = cfg.causal || cfg.window_left >= 0 || cfg.window_right >= 0 ? 1 : 0;
   }
+  if (fused) {
+    p.split_counters = a.split_counters;
+    p.o = a.o.data;
+    copy_strides(p.o_stride, a.o);
+    p.lse = a.lse;
+    p.sinks = a.sinks;
+  }
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
-  if (st != FA_SUCCESS || a.o.data == 0) return st;
+  if (st != FA_SUCCESS || a.o.data == 0 || fused) return st;
   return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
                  a.seqlen_q, a.o, a.lse, a.sinks, cu_seqlens_q, stream);
 }

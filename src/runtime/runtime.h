@@ -66,6 +66,23 @@ struct ForwardSplitPlan {
 // FA_ERROR_UNSUPPORTED with the message for a DecodePlan that is too_large.
 fa_status decode_too_large();
 
+// Flash-Decoding's split count when the caller leaves it to the runtime
+// (fa_decode_args.num_splits 0, no batch_invariant), from the real work:
+// ctas = batch x KV heads x m-blocks x O column slices (the CTAs of one
+// split), key_tiles = ceil(seqlen_k_max / block_n), and the device's
+// num_sms x ctas_per_sm resident CTAs (the decode tile's min_ctas). A model,
+// not a measurement (docs/kernels.md, "Split heuristic"): 1 when the CTAs
+// alone put one on every SM (a large batch: splitting only adds partial
+// state traffic and a combine); else as many splits as one wave of resident
+// CTAs holds (a CTA's time falls with its share of the keys while the wave
+// does not grow), but at least enough for a CTA on every SM, and never a
+// split under kDecodeMinSplitTiles key tiles (each CTA pays a fixed cost:
+// prologue, Q load, warp merge, partial store, its part of the combine) nor
+// more than 128: min(key_tiles / 4 (>= 1), 128, max(ceil(num_sms / ctas),
+// floor(num_sms ctas_per_sm / ctas))). >= 1.
+constexpr int kDecodeMinSplitTiles = 4;
+int decode_num_splits(int64_t ctas, int64_t key_tiles, int num_sms, int ctas_per_sm);
+
 // An fp8 KV cache (cfg.kv_fp8) runs only in the tensor-core decode on sm_89+
 // (the fp8 cvt): FA_ERROR_UNSUPPORTED with the reason when `spec` (a kernel
 // for cfg) is not that kernel, FA_SUCCESS otherwise (and for a 16-bit cache).
@@ -126,9 +143,16 @@ class Runtime {
   // of the queries per sequence, args.seqlen_q their maximum; 0 = none.
   DecodePlan plan_decode(const AttentionConfig &cfg, const fa_decode_args &args,
                          uint64_t cu_seqlens_q = 0) const;
-  // The decode kernel's spec for args' KV layout on this device.
+  // The decode kernel's spec for args' KV layout on this device; fused: with
+  // the combine fused in (KernelSpec::fused_combine, args.sinks with it),
+  // where the kernel has that form.
   KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args,
-                         uint64_t cu_seqlens_q = 0) const;
+                         uint64_t cu_seqlens_q = 0, bool fused = false) const;
+  // Whether decode() fuses the combine for args run as `plan`: the caller's
+  // split_counters and o, more than one split, the policy's decode_fused,
+  // and a kernel with the fused form (tensor-core, fixed-length queries).
+  bool decode_fuses(const AttentionConfig &cfg, const fa_decode_args &args,
+                    const DecodePlan &plan, uint64_t cu_seqlens_q = 0) const;
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
                    uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);

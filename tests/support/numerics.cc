@@ -546,6 +546,9 @@ std::string DecodeCase::describe() const {
   if (softmax_scale != 0) d += scale_note(softmax_scale);
   if (seqlen_new) d += " append" + std::to_string(seqlen_new);
   if (v_in_k) d += " v_in_k";
+  if (split_counters) d += " split_counters";
+  if (calls > 1) d += " calls" + std::to_string(calls);
+  if (counters_preset) d += " counters_preset" + std::to_string(counters_preset);
   if (rotary_dim)
     d += std::string(" rope") + (rotary_interleaved ? "-gptj" : "-neox") +
          std::to_string(rotary_dim) + (rotary_half_table ? " table16" : "") +
@@ -1288,11 +1291,20 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   a.workspace_size = ws;
   if (!ctx.err.empty()) return ctx.err;
   std::printf("    splits %d, workspace %zu bytes\n", splits, ws);
+  const size_t n_ctr =
+      c.split_counters ? FA_DECODE_SPLIT_COUNTERS(c.batch, c.heads_q, c.heads_kv, c.seqlen_q) : 0;
+  if (n_ctr) {
+    a.split_counters = ctx.alloc(n_ctr * 4);
+    a.split_counters_size = n_ctr * 4;
+    ctx.check(fa_memset(rt, a.split_counters, 0, n_ctr * 4), "zero split_counters");
+  }
   const uint8_t poison = poison_byte(any_nan(c.sinks));
-  if (!c.partials_only) {
+  auto poison_out = [&] {
+    if (c.partials_only) return;
     ctx.check(fa_memset(rt, a.o.data, poison, o_elems * 2), "poison O");
     ctx.check(fa_memset(rt, a.lse, poison, lse_n * 4), "poison LSE");
-  }
+  };
+  poison_out();
   ctx.check(fa_memset(rt, a.workspace, 0xFF, ws), "poison workspace");
   if (c.reject) {
     const uint64_t o_data = a.o.data;
@@ -1300,10 +1312,26 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
     return check_reject(fa_decode(rt, cfg, &a, nullptr), *c.reject, "fa_decode") +
            untouched(ctx, o_data, c.partials_only ? 0 : o_elems * 2, poison) + ctx.err;
   }
-  ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
-  ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
-  if (!ctx.err.empty()) return ctx.err;
   std::string err;
+  for (int call = 0; call < std::max(c.calls, 1); ++call) {
+    if (call > 0) poison_out();
+    if (n_ctr && c.counters_preset != 0 && call == std::max(c.calls, 1) - 1) {
+      const std::vector<int32_t> preset(n_ctr, c.counters_preset);
+      ctx.check(fa_memcpy_htod(rt, a.split_counters, preset.data(), n_ctr * 4), "preset counters");
+    }
+    ctx.check(fa_decode(rt, cfg, &a, nullptr), "fa_decode");
+    ctx.check(fa_synchronize(rt, nullptr), "fa_synchronize");
+    if (n_ctr) {  // every fa_decode leaves them zero (CUDA-graph replays need it)
+      std::vector<int32_t> ctr(n_ctr);
+      ctx.check(fa_memcpy_dtoh(rt, ctr.data(), a.split_counters, n_ctr * 4), "split_counters");
+      size_t bad = 0;
+      for (size_t i = 0; i < n_ctr; ++i) bad += ctr[i] != 0;
+      if (bad)
+        err += "call " + std::to_string(call) + ": " + std::to_string(bad) + " of " +
+               std::to_string(n_ctr) + " split_counters not 0 after fa_decode\n";
+    }
+  }
+  if (!ctx.err.empty()) return err + ctx.err;
   ref::Problem p;
   p.batch = c.batch;
   p.seqlen_q = c.seqlen_q;
@@ -1339,6 +1367,8 @@ std::string run_decode(fa_runtime *rt, const DecodeCase &c) {
   ctx.check(fa_memcpy_dtoh(rt, lse.data(), a.lse, lse_n * 4), "download LSE");
   const std::vector<double> o_lowp = lowp_attention(p, q, k, v, c.bf16, lens.data());
   judge("O", o, o_ref, o_lowp, lse, lse_ref, &err);
+  if (c.o_out) *c.o_out = o;
+  if (c.lse_out) *c.lse_out = lse;
   if (c.seqlen_new > 0) {
     check_cache(ctx, c, a.k_cache, a.kv.k_ptrs, a.kv, c.head_dim, k_after, "K", &err);
     check_cache(ctx, c, a.v_cache, a.kv.v_ptrs, a.kv, dv, v_after, "V", &err);

@@ -157,8 +157,17 @@ struct DecodeCase {
   // as the same memory, strides and page table (fa_decode reads V from the K
   // tile: KernelSpec::v_in_k). head_dim_v <= head_dim, no append.
   bool v_in_k = false;
-  // prefill only: O and LSE as the launch wrote them (ForwardCase::o_out,
-  // lse_out) and fa_forward_args.workspace / workspace_size as given.
+  // fa_decode_args.split_counters (the fused combine, since 0.8): zeroed
+  // int32 counters, FA_DECODE_SPLIT_COUNTERS of them, which must be zero
+  // again after every call. calls: fa_decode runs this many times on the
+  // same workspace and counters (O and LSE poisoned before each; the last
+  // call's results are judged). counters_preset != 0: before the last call
+  // every counter is set to it (what a broken reset would leave).
+  bool split_counters = false;
+  int calls = 1;
+  int32_t counters_preset = 0;
+  // O and LSE as the (last) call wrote them (ForwardCase::o_out, lse_out);
+  // prefill only: fa_forward_args.workspace / workspace_size as given.
   std::vector<float> *o_out = nullptr, *lse_out = nullptr;
   uint64_t workspace = 0;
   size_t workspace_size = 0;

@@ -498,8 +498,9 @@ class Runtime:
     # stream is ordered; the thread is part of the key because the emulator
     # runs launches in the calling thread whatever the stream. kind "decode":
     # fa_decode's partial states (256-byte aligned); "forward": the
-    # persistent forward's work counter, zeroed once when allocated (every
-    # launch that uses it leaves it zero again, so calls reuse it as it is).
+    # persistent forward's work counter, and "counters": fa_decode's
+    # split_counters, each zeroed once when allocated (every launch that uses
+    # them leaves them zero again, so calls reuse them as they are).
     def _workspace(self, stream, nbytes, kind="decode"):
         key = (kind, stream, threading.get_ident())
         with self._lock:
@@ -512,7 +513,7 @@ class Runtime:
             self._workspaces.pop(key, None)
             size = max(nbytes, 256)
             ptr = self.malloc(size)
-            if kind == "forward":
+            if kind in ("forward", "counters"):
                 try:
                     self.memset(ptr, 0, size)  # synchronous: zero before any launch
                 except BaseException:
@@ -1445,7 +1446,7 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
            lse=None, block_table=None, batch_invariant=False, workspace=None, stream=None,
            tree_mask=None, sinks=None, alibi_slopes=None, k_descale=None, v_descale=None,
            k_new=None, v_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
-           rotary_positions=None):
+           rotary_positions=None, split_counters=None):
     """Flash-Decoding (fa_decode) with the combine; returns (O, LSE).
 
     q [batch, seqlen_q, num_heads_q, head_dim]; cache_seqlens int32 [batch]
@@ -1509,6 +1510,14 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
     device=q.device), so that the memory comes from the caller's allocator,
     as CUDA-graph capture needs). The caller keeps it alive until the
     launch has run on the stream.
+    split_counters (since 0.8): the combine fused into the decode kernel
+    (fa_decode_args.split_counters: one launch instead of two when the keys
+    are split; the same bits). True: the binding's own int32 counters (one
+    grow-only buffer per stream, zeroed once when allocated; every call
+    leaves them zero). Or device memory of at least
+    4 * batch * num_heads_kv * ceil(num_heads_q / num_heads_kv * seqlen_q /
+    16) bytes that the caller zeroed once (as `workspace`, not a callable),
+    not used by launches that may run at the same time. None: two launches.
 
     Host cache_seqlens are checked to lie in [0, seqlen_k_max], and then
     every block_table entry a sequence reads to lie in [0, num_pages) (host
@@ -1603,6 +1612,13 @@ def decode(runtime, config, q, k_cache, v_cache, cache_seqlens, *, num_splits=0,
                               % (a.workspace_size, nbytes.value))
             if a.workspace % 256:
                 raise invalid("decode: workspace at 0x%x is not 256-byte aligned" % a.workspace)
+        if split_counters is True:
+            need = 4 * B * Hk * ((H // Hk * Sq + 15) // 16)
+            a.split_counters, a.split_counters_size = runtime._workspace(
+                call.stream or 0, need, kind="counters")
+        elif split_counters is not None and split_counters is not False:
+            a.split_counters, a.split_counters_size = _raw_device_memory(
+                split_counters, "decode: split_counters")
         call.launched = True
         check(lib.fa_decode(call.h, call.ch, ctypes.byref(a), call.launch_stream))
     return o_obj, lse_obj

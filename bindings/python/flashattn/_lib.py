@@ -196,6 +196,9 @@ class fa_decode_args(ctypes.Structure):
         ("rotary_reserved", c_int32),
         ("rotary_positions", c_uint64),
         ("rotary_positions_stride", c_int64),
+        # Since 0.8
+        ("split_counters", c_uint64),
+        ("split_counters_size", c_size_t),
     ]
 
 

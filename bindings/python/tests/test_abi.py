@@ -44,6 +44,7 @@ def test_struct_layout_matches_c(tmp_path):
               "FA_CONFIG_DESC_SIZE_0_4": _lib.fa_config_desc.kv_dtype.offset,
               "FA_CONFIG_DESC_SIZE_0_5": _lib.fa_config_desc.q_dtype.offset,
               "FA_DECODE_ARGS_SIZE_0_2": _lib.fa_decode_args.kv.offset,
+              "FA_DECODE_ARGS_SIZE_0_5": _lib.fa_decode_args.split_counters.offset,
               "FA_RUNTIME_OPTIONS_SIZE_0_5": _lib.fa_runtime_options.ptx_compiler.offset,
               "FA_RUNTIME_OPTIONS_SIZE_0_6": _lib.fa_runtime_options.kernel_store.offset,
               "FA_CACHE_STATS_SIZE_0_5": _lib.fa_cache_stats.compiler_mode.offset,

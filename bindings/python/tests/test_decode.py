@@ -84,6 +84,36 @@ def test_decode_device_tensors_poisoned(rt):
     assert np.abs(o4 - ref4).max() < 4e-3
 
 
+def test_decode_split_counters(rt):
+    """split_counters (0.8): the combine fused into the decode kernel gives
+    the bits of the two launches; the binding's counters (True) and the
+    caller's (zeroed device memory) are zero after each call; a short
+    array is refused naming split_counters_size."""
+    B, Sq, H, Hk, D, Skmax = 2, 1, 4, 2, 64, 300
+    cfg = fa.Config(head_dim=D, num_heads_q=H, num_heads_kv=Hk)
+    g = rng(11)
+    q = g.standard_normal((B, Sq, H, D)).astype(np.float16)
+    kc = g.standard_normal((B, Skmax, Hk, D)).astype(np.float16)
+    vc = g.standard_normal((B, Skmax, Hk, D)).astype(np.float16)
+    seqlens = np.array([300, 123], np.int32)
+    o0, lse0 = fa.decode(rt, cfg, q, kc, vc, seqlens, num_splits=3)
+    o1, lse1 = fa.decode(rt, cfg, q, kc, vc, seqlens, num_splits=3, split_counters=True)
+    assert np.array_equal(o0.view(np.uint16), o1.view(np.uint16))
+    assert np.array_equal(lse0.view(np.uint32), lse1.view(np.uint32))
+    ref, _ = ref_attention(q, kc, vc, D ** -0.5, seqlens_k=seqlens)
+    assert np.abs(o1 - ref).max() < 4e-3
+    (ptr, size), = [v for k, v in rt._workspaces.items() if k[0] == "counters"]
+    assert size >= 4 * B * Hk
+    ctr = rt.upload(np.zeros(B * Hk, np.int32))
+    for _ in range(2):  # one array, two calls in a row
+        o2, _ = fa.decode(rt, cfg, q, kc, vc, seqlens, num_splits=3, split_counters=ctr)
+        assert np.array_equal(o0.view(np.uint16), o2.view(np.uint16))
+        assert (ctr.numpy() == 0).all()
+    short = rt.upload(np.zeros(B * Hk - 1, np.int32))
+    with pytest.raises(fa.InvalidArgumentError, match="split_counters_size"):
+        fa.decode(rt, cfg, q, kc, vc, seqlens, num_splits=3, split_counters=short)
+
+
 def test_decode_threads_share_a_runtime(rt):
     """Concurrent decodes from several threads on one runtime (each thread
     gets its own workspace) all match the reference."""

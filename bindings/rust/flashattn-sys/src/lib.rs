@@ -504,6 +504,13 @@ pub struct fa_decode_args {
     pub rotary_positions: u64,
     /// Elements between sequences of rotary_positions (>= 0).
     pub rotary_positions_stride: i64,
+    // Since 0.8 (FA_DECODE_ARGS_SIZE_0_5 ends before them).
+    /// int32 counters, zeroed by the caller once (every fa_decode leaves
+    /// them zero), at least FA_DECODE_SPLIT_COUNTERS of them: the combine
+    /// fused into the decode kernel; 0 = a second launch.
+    pub split_counters: u64,
+    /// Bytes at split_counters (0 when it is 0).
+    pub split_counters_size: usize,
 }
 
 /// struct_size of fa_decode_args in flashattn 0.2 (ends before `kv`).
@@ -514,6 +521,18 @@ pub const FA_DECODE_ARGS_SIZE_0_3: usize = core::mem::offset_of!(fa_decode_args,
 pub const FA_DECODE_ARGS_SIZE_0_4: usize = core::mem::offset_of!(fa_decode_args, sinks);
 /// struct_size of fa_decode_args in flashattn 0.4.1 (ends before `alibi_slopes`).
 pub const FA_DECODE_ARGS_SIZE_0_4_1: usize = core::mem::offset_of!(fa_decode_args, alibi_slopes);
+/// struct_size of fa_decode_args in flashattn 0.5 to 0.7 (ends before `split_counters`).
+pub const FA_DECODE_ARGS_SIZE_0_5: usize = core::mem::offset_of!(fa_decode_args, split_counters);
+/// The int32 counters fa_decode_args.split_counters must hold (the C
+/// macro FA_DECODE_SPLIT_COUNTERS).
+pub const fn fa_decode_split_counters(
+    batch: usize,
+    num_heads_q: usize,
+    num_heads_kv: usize,
+    seqlen_q: usize,
+) -> usize {
+    batch * num_heads_kv * ((num_heads_q / num_heads_kv * seqlen_q + 15) / 16)
+}
 /// Keys per split under batch_invariant.
 pub const FA_DECODE_INVARIANT_SPLIT: i32 = 2048;
 
@@ -555,6 +574,8 @@ impl Default for fa_decode_args {
             rotary_reserved: 0,
             rotary_positions: 0,
             rotary_positions_stride: 0,
+            split_counters: 0,
+            split_counters_size: 0,
         }
     }
 }

@@ -190,7 +190,9 @@ fn rust_rows() -> Vec<(String, String, i64)> {
             rotary_dtype,
             rotary_reserved,
             rotary_positions,
-            rotary_positions_stride
+            rotary_positions_stride,
+            split_counters,
+            split_counters_size
         }
     );
     layout!(
@@ -360,6 +362,7 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         FA_CONFIG_DESC_SIZE_0_5,
         FA_FORWARD_ARGS_SIZE_0_5,
         FA_FORWARD_ARGS_SIZE_0_7,
+        FA_DECODE_ARGS_SIZE_0_5,
         FA_DTYPE_FP8_E4M3,
         FA_DTYPE_FP8_E5M2,
         FA_LSE_NATURAL,
@@ -489,6 +492,8 @@ fn defaults_match_init_macros() {
         (0, 0, 0, 0)
     );
     assert_eq!(d.rotary_positions_stride, 0);
+    // 0.8's: no split counters (the combine a second launch).
+    assert_eq!((d.split_counters, d.split_counters_size), (0, 0));
     assert_eq!((g.append_kv, g.rotary, g.rotary_dtype), (0, 0, 0));
     // 0.6's fields default to "as 0.5": a Q of dtype, no Q descale.
     assert_eq!((fa_config_desc::default().q_dtype, f.q_descale), (0, 0));

@@ -232,6 +232,13 @@ pub struct RawDecodeArgs {
     pub rotary_positions: u64,
     /// Elements between sequences of rotary_positions (>= 0).
     pub rotary_positions_stride: i64,
+    /// Since 0.8: int32 counters the caller zeroed once (every decode leaves
+    /// them zero), at least `sys::fa_decode_split_counters(batch,
+    /// num_heads_q, num_heads_kv, seqlen_q)` of them, 4-byte aligned: the
+    /// combine fused into the decode kernel (one launch); 0 = two launches.
+    pub split_counters: u64,
+    /// Bytes at split_counters (0 when it is 0).
+    pub split_counters_size: usize,
 }
 
 /// The descales of an fp8 KV cache (since 0.5): fp32 buffers, K's value is
@@ -305,6 +312,8 @@ impl RawDecodeArgs {
             rotary_reserved: 0,
             rotary_positions: self.rotary_positions,
             rotary_positions_stride: self.rotary_positions_stride,
+            split_counters: self.split_counters,
+            split_counters_size: self.split_counters_size,
             ..Default::default()
         }
     }
