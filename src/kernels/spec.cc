@@ -74,7 +74,8 @@ bool spec_valid(const KernelSpec &s) {
   const bool fp8_fwd = s.q_fp8 != KvFp8::None;
   if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
                                   !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
-                                    s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
+                                    s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0 &&
+                                    dv_slice(s) % 16 == 0)))
     return false;
   // On the fp8 mma its P V steps are k32 and O's slices whole 16-byte chunks;
   // on sm_90a the wgmma kernel's gather variant converts on load.
@@ -526,7 +527,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.group_size = g < 1 ? 1 : g;
     s.mma = true;
     s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
-    s.dv_split = choose_dv_split(s.head_dim_v);
+    // fp8: slices of whole 16-byte chunks of V's bytes (ldmatrix rows).
+    s.dv_split = choose_dv_split(s.head_dim_v, s.kv_fp8 != KvFp8::None ? 16 : 8);
     s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
     // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
     // forward; not with a KV append or a tree mask).

@@ -229,6 +229,15 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   std::vector<double> k, v;
   make_cache(c.d, kd, &kc, &k);
   make_cache(dv, vd, &vc, &v);
+  if (c.v_in_k)  // V: K's bytes (row r = (b sk + s) hkv + h), times V's descales
+    for (size_t r = 0; r < vc.size() / size_t(dv); ++r)
+      for (int x = 0; x < dv; ++x) {
+        const uint8_t code = kc[r * size_t(c.d) + size_t(x)];
+        const size_t b = r / (size_t(sk) * hkv), bh = b * hkv + r % hkv;
+        vc[r * dv + x] = code;
+        // (kNanCode: a row never read, as make_cache leaves it)
+        v[r * dv + x] = code == kNanCode ? 0.0 : fa::ref::fp8_to_double(code, c.e5m2) * vd[bh];
+      }
 
   fa_decode_args a = FA_DECODE_ARGS_INIT;
   a.batch = c.batch;
@@ -261,7 +270,12 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   }
   std::vector<uint64_t> k_allocs, v_allocs;
   place(dev, c, kc, c.d, table, max_pages, num_pages, &a.k_cache, &a.kv.k_ptrs, &k_allocs);
-  place(dev, c, vc, dv, table, max_pages, num_pages, &a.v_cache, &a.kv.v_ptrs, &v_allocs);
+  if (c.v_in_k) {
+    a.v_cache = a.k_cache;
+    a.kv.v_ptrs = a.kv.k_ptrs;
+  } else {
+    place(dev, c, vc, dv, table, max_pages, num_pages, &a.v_cache, &a.kv.v_ptrs, &v_allocs);
+  }
   std::vector<int32_t> lens(c.lens.begin(), c.lens.end());
   a.cache_seqlens = dev.put(lens.data(), lens.size() * 4);
   // Descale arrays.
