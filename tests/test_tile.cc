@@ -11,8 +11,9 @@
 //    padded pitch), read by byte ldmatrix .x4 / .x2 and converted in
 //    registers by b_frag_fp8_nk (K, kperm order) and b_frags_fp8_kn (V,
 //    even and odd columns), every f16 against the byte the layout names;
-//    ld_a_kperm's A fragments bit for bit; st_acc_row's columns (Natural,
-//    EvenOdd, acc_col) against the layouts, unstored columns poison;
+//    kperm_rows + ldsm Role::A: the kperm A fragments, bit for bit;
+//    st_acc_row's columns (Natural, EvenOdd, acc_col) against the layouts,
+//    unstored columns poison;
 //  - rows_bf16_to_f16: a 16-row bf16 tile over 60 binades (zero rows, NaN,
 //    infinities, values f16 cannot hold) rewritten as row-scaled f16 by 1, 2
 //    and 4 warps, every element and every lane's 2^-k against the rule;
@@ -392,9 +393,11 @@ void check_fp8_frags(int bytes, bool e5m2) {
 }
 
 // One warp: a 16 x cols tile of 16-bit patterns (a SmemTile at an offset)
-// read chunk by chunk with ld_a_kperm; every lane's every half against the
-// kperm A layout of tile.h (bit for bit); the destination poisoned.
-void check_a_kperm(int cols) {
+// rewritten by kperm_rows (16 x cols / 16 chunks over 32 threads: a last
+// round guarded or not), then read chunk by chunk with ldsm Role::A; every
+// lane's every half against the kperm A layout of tile.h (bit for bit);
+// the destination poisoned.
+void check_kperm_rows(int cols) {
   const tile::SmemTile t = tile::smem_tile(48, 16, cols);
   const int chunks = t.cols_pad / 16;
   std::vector<uint16_t> v(size_t(16) * t.cols_pad);
@@ -412,11 +415,13 @@ void check_a_kperm(int cols) {
         b.when(in).st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + r * t.pitch), w);
       }
     b.bar_sync();
-    Reg base = tile::a_kperm_base(e, ln, t, smem);
+    tile::kperm_rows(e, tid, 32, t, smem);
+    b.bar_sync();
+    Reg base = tile::ldsm_base(e, ln, t, tile::Role::A, smem, Reg());
     tile::Frag4 a = tile::frag4(b);
     Reg out = e.index(g[1], tid, 16 * chunks);
     for (int c = 0; c < chunks; ++c) {
-      tile::ld_a_kperm(b, a, base, t, 16 * c);
+      tile::ldsm(b, tile::Role::A, a, base, t.at(0, 16 * c));
       b.st_v(Space::Global, Type::B32, at(out, 16 * c), {a[0], a[1], a[2], a[3]});
     }
   });
@@ -434,8 +439,8 @@ void check_a_kperm(int cols) {
           const uint16_t want = v[size_t(row) * t.cols_pad + col];
           const uint16_t gv = got[(size_t(lane) * chunks + c) * 8 + 2 * r + h];
           if (gv != want && bad++ < 5)
-            std::fprintf(stderr, "a_kperm cols %d: lane %d chunk %d a%d half %d = %04x, want "
-                         "%04x (row %d col %d)\n", cols, lane, c, r, h, gv, want, row, col);
+            std::fprintf(stderr, "kperm_rows cols %d: lane %d chunk %d a%d half %d = %04x, "
+                         "want %04x (row %d col %d)\n", cols, lane, c, r, h, gv, want, row, col);
         }
   assert_int_equal(bad, 0);
 }
@@ -507,7 +512,7 @@ void test_fp8_frags(void **) {
   for (int bytes : {16, 32, 48, 64, 80, 128})
     for (bool e5m2 : {false, true}) check_fp8_frags(bytes, e5m2);
   g_be = sm80;
-  for (int cols : {16, 48, 128}) check_a_kperm(cols);
+  for (int cols : {16, 48, 128}) check_kperm_rows(cols);
   const int shapes[][2] = {{2, 16}, {4, 32}, {6, 32}};  // fragments, columns stored
   for (auto order : {tile::AccCols::Natural, tile::AccCols::EvenOdd})
     for (const auto &x : shapes) check_acc_cols(order, x[0], x[1]);

@@ -18,8 +18,8 @@
 // are in global memory (half the bytes of a 16-bit tile, so half the global
 // traffic, still 16-byte cp.async on every layout), and the mma reads them
 // from there: a byte ldmatrix, then a cvt to f16 in registers (mode (a):
-// tile::b_frag_fp8_nk for K, whose k order Q's fragments follow through
-// tile::ld_a_kperm; tile::b_frags_fp8_kn for V, whose even and odd columns
+// tile::b_frag_fp8_nk for K, whose k order Q's columns follow in shared
+// memory once per CTA (tile::kperm_rows); tile::b_frags_fp8_kn for V, whose even and odd columns
 // land in neighbouring n8 tiles: O is in tile::AccCols::EvenOdd order until
 // the merge stores it). The K descale is folded into the score scale, the
 // V descale into the final 1 / l.
@@ -362,15 +362,13 @@ class DecodeTcGen {
       vr_.base = e_.index(vr_.base, dv_slice_index(e_, spec_),
                           dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
     // fp8: the byte tiles' blocks are 16 rows x 16 bytes, which Role::A
-    // addresses (non-transposed for K, .trans for V); Q comes in the kperm
-    // order of K's fragments (tile::ld_a_kperm).
+    // addresses (non-transposed for K, .trans for V).
     k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, fp8_ ? Role::A : Role::B_NK, wsmem_, Reg());
     v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, fp8_ ? Role::A : Role::B_KN_T, wsmem_, Reg());
     if (spec_.v_in_k && spec_.dv_split > 1)  // this CTA's columns of the K tile
       b_.op(Op::MadLo, Type::U32, v_lm_, dv_slice_index(e_, spec_),
             imm((fp8_ ? 1 : 2) * dv_slice(spec_)), v_lm_);
-    q_lm_ = fp8_ ? tile::a_kperm_base(e_, ln_, lay_.q, smem_)
-                 : tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
+    q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
   }
 
   // fp32 Q (FA_DTYPE_FP32): one chunk of 8 values at global ga (32 bytes,
@@ -563,10 +561,14 @@ class DecodeTcGen {
     b_.cp_async_wait(S_ - 1);
     b_.bar_sync();
     if (mma_ != half_) q_unscale_ = tile::rows_bf16_to_f16(e_, ln_, warp_, W_, lay_.q, smem_);
+    if (fp8_) {  // Q's columns in the kperm order of K's fragments (tile::b_frag_fp8_nk)
+      tile::kperm_rows(e_, tid_, 32 * W_, lay_.q, smem_);
+      b_.bar_sync();
+    }
     if (spec_.q_in_regs) {
       for (int ks = 0; ks < kD_; ++ks) {
         qf_.push_back(tile::frag4(b_));
-        q_frag(qf_.back(), ks);
+        tile::ldsm(b_, Role::A, qf_.back(), q_lm_, lay_.q.at(0, 16 * ks));
       }
     } else {
       qf_.push_back(tile::frag4(b_));
@@ -600,14 +602,6 @@ class DecodeTcGen {
     b_.bind(done_);
   }
 
-  // Q's A fragment of k chunk ks (fp8: in the kperm order).
-  void q_frag(const Frag4 &a, int ks) {
-    if (fp8_)
-      tile::ld_a_kperm(b_, a, q_lm_, lay_.q, 16 * ks);
-    else
-      tile::ldsm(b_, Role::A, a, q_lm_, lay_.q.at(0, 16 * ks));
-  }
-
   // S = Q K^T, mask, online softmax, O += P V on the tile in stage s.
   void body(int s, Reg n) {
     const int so = s * static_cast<int>(lay_.stage_bytes);
@@ -616,7 +610,7 @@ class DecodeTcGen {
     } else {
       for (int ks = 0; ks < kD_; ++ks) {
         const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
-        if (!spec_.q_in_regs) q_frag(qf_[0], ks);
+        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
         const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
         tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
         tile::mma(b_, mma_, s_, 0, a, &kb_[0], c);
@@ -664,7 +658,8 @@ class DecodeTcGen {
   // fp8 S = Q K^T (mode (a)): one byte ldmatrix .x4 per 32 columns of d
   // (keys 0..7 and 8..15 of two 16-byte chunks; .x2 for a last lone
   // chunk), each register converted into one n8 block's B fragment
-  // (tile::b_frag_fp8_nk) against Q's kperm fragment of that chunk.
+  // (tile::b_frag_fp8_nk) against Q's fragment of that chunk (Q's columns
+  // in the kperm order since tile::kperm_rows).
   void scores_fp8(int so) {
     for (int kp = 0; 2 * kp < kD_; ++kp) {
       const int nk = std::min(2, kD_ - 2 * kp);  // k chunks of this load
@@ -672,7 +667,7 @@ class DecodeTcGen {
       for (int c = 0; c < nk; ++c) {
         const int ks = 2 * kp + c;
         const Frag4 *z = ks == 0 ? &zero4_ : nullptr;
-        if (!spec_.q_in_regs) q_frag(qf_[0], ks);
+        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
         const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
         for (int j = 0; j < 2; ++j) {
           tile::b_frag_fp8_nk(b_, e5m2_, kb_[2 * c + j], kf_[j]);

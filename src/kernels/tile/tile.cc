@@ -360,17 +360,28 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes) {
   return t;
 }
 
-Reg a_kperm_base(Emitter &e, const Lanes &l, const SmemTile &t, Reg smem_base) {
-  Reg a = e.op(Op::MadLo, Type::U32, l.g, imm(t.pitch), smem_base);
-  e.b.op(Op::MadLo, Type::U32, a, l.q, imm(8), a);  // column 4q: 8 bytes
-  if (t.offset) e.b.op(Op::Add, Type::U32, a, a, imm(t.offset));
-  return a;
-}
-
-void ld_a_kperm(ptx::Builder &b, const Frag4 &a, Reg base, const SmemTile &t, int col) {
-  // Row g: a0 (columns 4q, 4q + 1), a2 (4q + 2, 4q + 3); row g + 8: a1, a3.
-  b.ld_v(Space::Shared, Type::B32, {a[0], a[2]}, at(base, t.at(0, col)));
-  b.ld_v(Space::Shared, Type::B32, {a[1], a[3]}, at(base, t.at(8, col)));
+void kperm_rows(Emitter &e, Reg tid, int threads, const SmemTile &t, Reg smem_base) {
+  ptx::Builder &b = e.b;
+  const int per_row = t.cols_pad / 16, total = t.rows * per_row;
+  Reg w[8];
+  for (Reg &r : w) r = b.b32();
+  for (int i = 0; i * threads < total; ++i) {
+    Reg c = e.op(Op::Add, Type::U32, tid, imm(i * threads));
+    Reg in = (i + 1) * threads > total ? e.setp(Cmp::Lt, Type::U32, c, imm(total)) : Reg();
+    Reg a = e.op(Op::MadLo, Type::U32, e.op(Op::Div, Type::U32, c, imm(per_row)), imm(t.pitch),
+                 smem_base);
+    b.op(Op::MadLo, Type::U32, a, e.op(Op::Rem, Type::U32, c, imm(per_row)), imm(32), a);
+    const int o = static_cast<int>(t.offset);
+    for (int h = 0; h < 2; ++h) {
+      if (in.valid()) b.when(in);
+      b.ld_v(Space::Shared, Type::B32, {w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]},
+             at(a, o + 16 * h));
+    }
+    for (int h = 0; h < 2; ++h) {  // words h, h + 2, h + 4, h + 6
+      if (in.valid()) b.when(in);
+      b.st_v(Space::Shared, Type::B32, at(a, o + 16 * h), {w[h], w[h + 2], w[h + 4], w[h + 6]});
+    }
+  }
 }
 
 void b_frag_fp8_nk(ptx::Builder &b, bool e5m2, Reg raw, const Reg b2[2]) {

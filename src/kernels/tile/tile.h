@@ -216,17 +216,18 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes);
 // is permuted within each 16-column chunk (the sum over k does not care):
 //   mma k 2q + x      stands for column 4q + x       (x = 0, 1)
 //   mma k 8 + 2q + x  stands for column 4q + 2 + x
-// "kperm". The A operand must then come in the same order (ld_a_kperm).
-//
-// The kperm A fragment of a row-major [m][k] SmemTile of 16-bit values
-// (the f16 Q of the fp8 KV decode): register r of lane (g, q) holds row
-// g + 8 (r % 2), columns col + 4q + 2 (r / 2) + {0, 1} (lower column in the
-// low half), by two ld.shared.v2.b32 (rows g and g + 8, columns 4q .. 4q +
-// 3). a_kperm_base: the lane's address of row g, column 4q (rows from 0);
-// ld_a_kperm then reads the 16-column chunk at column col (a multiple of
-// 16) of tile t.
-Reg a_kperm_base(Emitter &e, const Lanes &l, const SmemTile &t, Reg smem_base);
-void ld_a_kperm(ptx::Builder &b, const Frag4 &a, Reg base, const SmemTile &t, int col);
+// "kperm". The A operand must then come in the same order: kperm_rows
+// rewrites a [m][k] SmemTile of 16-bit values (the f16 Q of the fp8 KV
+// decode) in place so that column 2w + x of each 16-column chunk holds the
+// old column 4w + x (w < 4) or 4 (w - 4) + 2 + x (w >= 4): the 32-bit words
+// 0, 2, 4, 6, 1, 3, 5, 7 of the chunk. An ldmatrix (Role::A) of the
+// rewritten tile is then the kperm A fragment: register r of lane (g, q)
+// holds row g + 8 (r % 2), old columns 4q + 2 (r / 2) + {0, 1} of the chunk.
+// `threads` threads (tid = %tid.x < threads) each move whole chunks (two
+// ld.shared.v4.b32, two st.shared.v4.b32); the caller orders it: every
+// value written before (a bar.sync), and a bar.sync after, before any
+// ldmatrix reads the tile.
+void kperm_rows(Emitter &e, Reg tid, int threads, const SmemTile &t, Reg smem_base);
 // K in S = Q K^T: `raw` from an ldmatrix (non-transposed; Role::A
 // addressing on a byte_tile [n][k]: register i of the .x4 is rows 8 (i % 2)
 // .. + 7, bytes 16 (i / 2) .. + 15 of the block) holds n = g, bytes 4q ..
