@@ -374,9 +374,11 @@ void check_fp8_frags(int bytes, bool e5m2) {
     const double gv = fa::ref::f16_to_f32(got[idx]);
     const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
     if (!ok && bad++ < 5)
-      std::fprintf(stderr, "%d bytes %s %s: lane %d chunk %d reg %d half %d = %g, want %g "
-                   "(row %d byte %d code %02x)\n", bytes, e5m2 ? "e5m2" : "e4m3", what, lane, c,
-                   reg, half, gv, want, row, byte, code);
+      std::fprintf(stderr,
+                   "%d bytes %s %s: lane %d chunk %d reg %d half %d = %g, want %g "
+                   "(row %d byte %d code %02x)\n",
+                   bytes, e5m2 ? "e5m2" : "e4m3", what, lane, c, reg, half, gv, want, row, byte,
+                   code);
   };
   for (int lane = 0; lane < 32; ++lane) {
     const int gq = lane / 4, q = lane % 4;
@@ -412,7 +414,8 @@ void check_kperm_rows(int cols) {
         Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, col, imm(t.cols_pad / 2));
         b.when(in).ld(Space::Global, Type::U32, w, at(e.index(g[0], col, 4), 2 * r * t.cols_pad));
         Reg sa = e.op(Op::MadLo, Type::U32, col, imm(4), smem);
-        b.when(in).st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + r * t.pitch), w);
+        b.when(in).st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + r * t.pitch),
+                      w);
       }
     b.bar_sync();
     tile::kperm_rows(e, tid, 32, t, smem);
@@ -439,8 +442,10 @@ void check_kperm_rows(int cols) {
           const uint16_t want = v[size_t(row) * t.cols_pad + col];
           const uint16_t gv = got[(size_t(lane) * chunks + c) * 8 + 2 * r + h];
           if (gv != want && bad++ < 5)
-            std::fprintf(stderr, "kperm_rows cols %d: lane %d chunk %d a%d half %d = %04x, "
-                         "want %04x (row %d col %d)\n", cols, lane, c, r, h, gv, want, row, col);
+            std::fprintf(stderr,
+                         "kperm_rows cols %d: lane %d chunk %d a%d half %d = %04x, "
+                         "want %04x (row %d col %d)\n",
+                         cols, lane, c, r, h, gv, want, row, col);
         }
   assert_int_equal(bad, 0);
 }
@@ -1966,7 +1971,7 @@ void test_online_softmax_fp8(void **) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_frags),    cmocka_unit_test(test_rows_to_f16),
+      cmocka_unit_test(test_fp8_frags),      cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),

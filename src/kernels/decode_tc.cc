@@ -839,8 +839,8 @@ class DecodeTcGen {
   Emitter e_;
   Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
-  bool f32_ = false;  // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
-  bool e5m2_ = false;                                 // fp8: the cache is e5m2 (else e4m3)
+  bool f32_ = false;   // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
+  bool e5m2_ = false;  // fp8: the cache is e5m2 (else e4m3)
   tile::AccCols ocols_ = tile::AccCols::Natural;  // O's column order (fp8: EvenOdd)
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
   tile::Lanes ln_;

@@ -72,10 +72,10 @@ bool spec_valid(const KernelSpec &s) {
   // whole 16-byte chunks of fp8 bytes (the decode's O slices too).
   // The fp8 forward (q_fp8, with kv_fp8): the mma.sync forward on sm_89+.
   const bool fp8_fwd = s.q_fp8 != KvFp8::None;
-  if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
-                                  !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
-                                    s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0 &&
-                                    (fp8_fwd || dv_slice(s) % 16 == 0))))
+  if (s.kv_fp8 != KvFp8::None &&
+      ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
+       !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma && s.sm >= 89 && s.head_dim % 16 == 0 &&
+         s.head_dim_v % 16 == 0 && (fp8_fwd || dv_slice(s) % 16 == 0))))
     return false;
   // On the fp8 mma its P V steps are k32 and O's slices whole 16-byte chunks;
   // on sm_90a the wgmma kernel's gather variant converts on load.

@@ -65,7 +65,8 @@ struct Case {
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "", v_in_k ? " v_in_k" : "", seqlen_new, rotary, rotary_dim, new_scale);
+                  direct ? " direct" : "", v_in_k ? " v_in_k" : "", seqlen_new, rotary, rotary_dim,
+                  new_scale);
     return buf;
   }
 };
