@@ -19,10 +19,10 @@
 // traffic, still 16-byte cp.async on every layout), and the mma reads them
 // from there: a byte ldmatrix, then a cvt to f16 in registers (mode (a):
 // tile::b_frag_fp8_nk for K, whose k order Q's columns follow in shared
-// memory once per CTA (tile::kperm_rows); tile::b_frags_fp8_kn for V, whose even and odd columns
-// land in neighbouring n8 tiles: O is in tile::AccCols::EvenOdd order until
-// the merge stores it). The K descale is folded into the score scale, the
-// V descale into the final 1 / l.
+// memory once per CTA (tile::kperm_rows); tile::b_frags_fp8_kn for V,
+// whose even and odd columns land in neighbouring n8 tiles: O is in
+// tile::AccCols::EvenOdd order until the merge stores it). The K descale
+// is folded into the score scale, the V descale into the final 1 / l.
 // Layouts, tile choice and the loop: docs/kernels.md.
 #include <algorithm>
 #include <cstdio>
