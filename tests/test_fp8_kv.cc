@@ -175,6 +175,15 @@ void test_features(void **) {
   c.page_size = 64;
   c.splits = 2;
   cases.push_back(c);
+  // dv 272: O in slices of whole 16-byte chunks of fp8 bytes (not 136 +
+  // 136); V its own tensor, then V in K (a slice's columns start in K's
+  // row at a multiple of 16 bytes).
+  c = base(1, 2, 90, 4, 2, 288, 58);
+  c.dv = 272;
+  cases.push_back(c);
+  c.v_in_k = true;
+  c.seed = 59;
+  cases.push_back(c);
   run_all(g_rt89, cases);
 }
 

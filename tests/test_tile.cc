@@ -6,10 +6,14 @@
 //  - CopyPlan: interior and boundary copies (tail rows zero-filled) and the
 //    zeroed head-dim padding, for row chunk counts that are and are not
 //    powers of two, 4 and 8 warps, and a plan sharing another's registers;
-//  - byte_tile + Fp8Convert: a warp's tile of fp8 bytes (e4m3, e5m2, every
-//    code) copied in by a CopyPlan and converted to fp16 / bf16 in a
-//    SmemTile, every element against the fp8 value (reference.cc's own
-//    decoder), row widths that are and are not powers of two, a stage offset;
+//  - the fp8 KV decode's operands (mode (a)): a warp's tile of fp8 bytes
+//    (e4m3, e5m2, every code) copied by a CopyPlan into a byte_tile (its
+//    padded pitch), read by byte ldmatrix .x4 / .x2 and converted in
+//    registers by b_frag_fp8_nk (K, kperm order) and b_frags_fp8_kn (V,
+//    even and odd columns), every f16 against the byte the layout names;
+//    kperm_rows + ldsm Role::A: the kperm A fragments, bit for bit;
+//    st_acc_row's columns (Natural, EvenOdd, acc_col) against the layouts,
+//    unstored columns poison;
 //  - rows_bf16_to_f16: a 16-row bf16 tile over 60 binades (zero rows, NaN,
 //    infinities, values f16 cannot hold) rewritten as row-scaled f16 by 1, 2
 //    and 4 warps, every element and every lane's 2^-k against the rule;
@@ -303,72 +307,220 @@ void test_copy_plans(void **) {
 
 // ------------------------------------------------------------ fp8 tiles ---
 
-// One warp: a 16 x bytes tile of fp8 codes (every code, NaN included) copied
-// by a CopyPlan into a byte_tile at a stage offset, converted by Fp8Convert
-// into a 16-bit SmemTile, read back whole.
-void check_fp8_convert(int bytes, bool e5m2, bool bf16) {
-  const int rows = 16;
-  const uint32_t stage = 2 * tile::byte_tile(0, rows, bytes).bytes();  // the tile sits in stage 1
-  const tile::SmemTile src = tile::byte_tile(0, rows, bytes);
-  const tile::SmemTile dst = tile::smem_tile(stage + src.bytes(), rows, bytes);
-  const uint32_t smem_bytes = dst.offset + dst.bytes();
+// One warp, the fp8 KV decode's operands (mode (a)): a 16 x bytes tile of
+// fp8 codes (every code, NaN included) copied by a CopyPlan into a
+// byte_tile at a stage offset (its padded pitch), read by byte ldmatrix
+// (Role::A addressing: .x4 per 32 bytes, .x2 for a last lone 16) and
+// converted in registers: non-transposed into K's B fragments
+// (b_frag_fp8_nk), .trans into V's even and odd B fragments
+// (b_frags_fp8_kn). Every lane's every f16 against the fp8 value of the
+// byte the layout of tile.h names; the destination poisoned.
+void check_fp8_frags(int bytes, bool e5m2) {
+  const int rows = 16, chunks = bytes / 16;
+  const tile::SmemTile t0 = tile::byte_tile(0, rows, bytes);
+  assert_true(t0.pitch % 16 == 0 && t0.pitch / 16 % 2 == 1 && t0.pitch >= bytes);
+  const uint32_t stage = t0.bytes();  // the tile sits in stage 1
+  tile::SmemTile src = t0;
+  src.offset += stage;
   std::vector<uint8_t> codes(size_t(rows) * bytes);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + 11) & 0xff);
+  // Per lane: K then V, 4 b32 (2 n8 blocks x 2 registers; even[2], odd[2])
+  // per 16-byte chunk.
+  const int per_lane = 2 * chunks * 4;
   const std::string ptx = kernel(
       32,
       [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
         Builder &b = e.b;
-        tile::SmemTile st = src;
-        st.offset += stage / 2;
+        const tile::Lanes ln = tile::make_lanes(e, tid);
         Reg sb = e.mov(Type::S64, imm(bytes));
-        tile::CopyPlan plan(e, tid, 32, st, smem, sb);
+        tile::CopyPlan plan(e, tid, 32, src, smem, sb);
         plan.interior(e.op(Op::Add, Type::S64, g[0], plan.base_offset()));
         b.cp_async_commit();
         b.cp_async_wait(0);
         b.bar_warp_sync(0xffffffffu);
-        tile::Fp8Convert cvt(e, tid, src, dst, smem, e5m2, bf16 ? Type::BF16 : Type::F16);
-        cvt.run(static_cast<int>(stage / 2), 0);
-        b.bar_warp_sync(0xffffffffu);
-        Reg w = b.b32();
-        for (uint32_t o = 0; o < dst.bytes(); o += 4u * 32) {
-          Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
-          Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(dst.bytes()));
-          Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
-          b.when(in).ld(Space::Shared, Type::U32, w, at(sa, static_cast<int>(dst.offset)));
-          b.when(in).st(Space::Global, Type::B32, at(ga), w);
-        }
+        Reg base = tile::ldsm_base(e, ln, t0, tile::Role::A, smem, Reg());
+        Reg out = e.index(g[1], tid, 4 * per_lane);
+        tile::Frag4 r = tile::frag4(b);
+        Reg f[2][2] = {{b.b32(), b.b32()}, {b.b32(), b.b32()}};
+        for (int trans = 0; trans < 2; ++trans)
+          for (int cp = 0; 2 * cp < chunks; ++cp) {
+            const int nc = std::min(2, chunks - 2 * cp);
+            tile::ldsm(b, trans ? tile::Role::B_KN_T : tile::Role::A, r, base,
+                       static_cast<int>(stage) + t0.at(0, 16 * cp), 2 * nc);
+            for (int c = 0; c < nc; ++c) {
+              if (trans) {
+                tile::b_frags_fp8_kn(b, e5m2, r[2 * c], r[2 * c + 1], f[0], f[1]);
+              } else {
+                tile::b_frag_fp8_nk(b, e5m2, r[2 * c], f[0]);
+                tile::b_frag_fp8_nk(b, e5m2, r[2 * c + 1], f[1]);
+              }
+              b.st_v(Space::Global, Type::B32, at(out, 16 * (trans * chunks + 2 * cp + c)),
+                     {f[0][0], f[0][1], f[1][0], f[1][1]});
+            }
+          }
       },
       81, 89);
-  DevBuf ds(codes.size()), dout(dst.bytes());
+  DevBuf ds(codes.size()), dout(size_t(32) * per_lane * 4);
   ds.put(codes);
   Ptrs p = {{ds.ptr, dout.ptr, 0, 0, 0, 0}};
-  assert_int_equal(launch(ptx, 32, smem_bytes, p), FA_SUCCESS);
+  assert_int_equal(launch(ptx, 32, stage + src.bytes(), p), FA_SUCCESS);
   const std::vector<uint16_t> got = dout.get<uint16_t>();
   int bad = 0;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < bytes; ++c) {
-      const double want = fa::ref::fp8_to_double(codes[size_t(r) * bytes + c], e5m2);
-      const uint16_t gb = got[size_t(dst.at(r, c)) / 2];
-      const double gv = bf16 ? fa::ref::bf16_to_f32(gb) : fa::ref::f16_to_f32(gb);
-      const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
-      if (!ok && bad++ < 5)
-        std::fprintf(stderr, "bytes %d %s %s: (%d, %d) code %02x = %g, want %g\n", bytes,
-                     e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "f16", r, c,
-                     codes[size_t(r) * bytes + c], gv, want);
-    }
+  auto check = [&](const char *what, int lane, int c, int reg, int half, int row, int byte) {
+    const uint8_t code = codes[size_t(row) * bytes + byte];
+    const double want = fa::ref::fp8_to_double(code, e5m2);
+    const size_t idx = size_t(lane) * per_lane * 2 + size_t(what[0] == 'V') * chunks * 8 +
+                       size_t(c) * 8 + size_t(reg) * 2 + half;
+    const double gv = fa::ref::f16_to_f32(got[idx]);
+    const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
+    if (!ok && bad++ < 5)
+      std::fprintf(stderr,
+                   "%d bytes %s %s: lane %d chunk %d reg %d half %d = %g, want %g "
+                   "(row %d byte %d code %02x)\n",
+                   bytes, e5m2 ? "e5m2" : "e4m3", what, lane, c, reg, half, gv, want, row, byte,
+                   code);
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int gq = lane / 4, q = lane % 4;
+    for (int c = 0; c < chunks; ++c)
+      for (int x = 0; x < 2; ++x)
+        for (int h = 0; h < 2; ++h) {
+          for (int j = 0; j < 2; ++j)  // K: n8 block j, row (key) 8j + g; kperm column
+            check("K", lane, c, 2 * j + x, h, 8 * j + gq, 16 * c + 4 * q + 2 * x + h);
+          for (int odd = 0; odd < 2; ++odd)  // V: key 8x + 2q + h, column 2g (+ 1)
+            check("V", lane, c, 2 * odd + x, h, 8 * x + 2 * q + h, 16 * c + 2 * gq + odd);
+        }
+  }
   assert_int_equal(bad, 0);
 }
 
-void test_fp8_convert(void **) {
+// One warp: a 16 x cols tile of 16-bit patterns (a SmemTile at an offset)
+// rewritten by kperm_rows (16 x cols / 16 chunks over 32 threads: a last
+// round guarded or not), then read chunk by chunk with ldsm Role::A; every
+// lane's every half against the kperm A layout of tile.h (bit for bit);
+// the destination poisoned.
+void check_kperm_rows(int cols) {
+  const tile::SmemTile t = tile::smem_tile(48, 16, cols);
+  const int chunks = t.cols_pad / 16;
+  std::vector<uint16_t> v(size_t(16) * t.cols_pad);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i * 40503u + 7);
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    Reg w = b.b32();
+    for (int r = 0; r < 16; ++r)  // lane l copies b32 l, l + 32, .. of each row
+      for (int c = 0; c * 32 < t.cols_pad / 2; ++c) {
+        Reg col = e.op(Op::Add, Type::U32, tid, imm(32 * c));
+        Reg in = e.setp(fa::ptx::Cmp::Lt, Type::U32, col, imm(t.cols_pad / 2));
+        b.when(in).ld(Space::Global, Type::U32, w, at(e.index(g[0], col, 4), 2 * r * t.cols_pad));
+        Reg sa = e.op(Op::MadLo, Type::U32, col, imm(4), smem);
+        b.when(in).st(Space::Shared, Type::B32, at(sa, static_cast<int>(t.offset) + r * t.pitch),
+                      w);
+      }
+    b.bar_sync();
+    tile::kperm_rows(e, tid, 32, t, smem);
+    b.bar_sync();
+    Reg base = tile::ldsm_base(e, ln, t, tile::Role::A, smem, Reg());
+    tile::Frag4 a = tile::frag4(b);
+    Reg out = e.index(g[1], tid, 16 * chunks);
+    for (int c = 0; c < chunks; ++c) {
+      tile::ldsm(b, tile::Role::A, a, base, t.at(0, 16 * c));
+      b.st_v(Space::Global, Type::B32, at(out, 16 * c), {a[0], a[1], a[2], a[3]});
+    }
+  });
+  DevBuf dv(v.size() * 2), dout(size_t(32) * chunks * 16);
+  dv.put(v);
+  Ptrs p = {{dv.ptr, dout.ptr, 0, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, t.offset + t.bytes(), p), FA_SUCCESS);
+  const std::vector<uint16_t> got = dout.get<uint16_t>();
+  int bad = 0;
+  for (int lane = 0; lane < 32; ++lane)
+    for (int c = 0; c < chunks; ++c)
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const int row = lane / 4 + 8 * (r % 2), col = 16 * c + 4 * (lane % 4) + 2 * (r / 2) + h;
+          const uint16_t want = v[size_t(row) * t.cols_pad + col];
+          const uint16_t gv = got[(size_t(lane) * chunks + c) * 8 + 2 * r + h];
+          if (gv != want && bad++ < 5)
+            std::fprintf(stderr,
+                         "kperm_rows cols %d: lane %d chunk %d a%d half %d = %04x, "
+                         "want %04x (row %d col %d)\n",
+                         cols, lane, c, r, h, gv, want, row, col);
+        }
+  assert_int_equal(bad, 0);
+}
+
+// One warp: an AccTile of n fragments whose every element holds a value
+// naming (lane, fragment, element), stored row half by row half by
+// st_acc_row (Natural and EvenOdd) into rows of shared memory first filled
+// with a poison value, copied out whole: each element at the column of the
+// layout tile.h states (acc_col too), columns from `cols` on still poison.
+void check_acc_cols(tile::AccCols order, int n, int cols) {
+  const int width = 8 * n, pitch = 4 * width + 32;
+  const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+    Builder &b = e.b;
+    const tile::Lanes ln = tile::make_lanes(e, tid);
+    Reg poison = e.mov(Type::F32, fimm(-7.0f));
+    for (int o = 0; o < 16 * pitch; o += 128)  // lane l: word l of each 128 bytes
+      b.st(Space::Shared, Type::F32, at(e.op(Op::MadLo, Type::U32, tid, imm(4), smem), o), poison);
+    b.bar_warp_sync(0xffffffffu);
+    tile::AccTile t = tile::acc_tile(b, n);
+    Reg lanef = b.f32();
+    b.cvt(Type::F32, Type::U32, fa::ptx::Round::Rn, lanef, tid);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < 4; ++i)  // lane * 1024 + 4j + i
+        b.op(Op::Fma, Type::F32, t.f[j][i], lanef, fimm(1024.0f), fimm(float(4 * j + i)));
+    for (int h = 0; h < 2; ++h) {
+      Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * h));
+      Reg ra = e.op(Op::MadLo, Type::U32, row, imm(pitch), smem);
+      tile::st_acc_row(b, ln, t, order, h, ra, cols);
+    }
+    b.bar_warp_sync(0xffffffffu);
+    Reg w = b.b32();
+    for (int o = 0; o < 16 * pitch; o += 128) {
+      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+      b.ld(Space::Shared, Type::B32, w, at(e.op(Op::Add, Type::U32, off, smem)));
+      b.st(Space::Global, Type::B32, at(e.index(g[0], off, 1)), w);
+    }
+  });
+  DevBuf dout(size_t(16) * pitch);
+  Ptrs p = {{dout.ptr, 0, 0, 0, 0, 0}};
+  assert_int_equal(launch(ptx, 32, 16 * pitch, p), FA_SUCCESS);
+  const std::vector<float> got = dout.get<float>();
+  std::vector<float> want(got.size(), -7.0f);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int q = lane % 4, row = lane / 4 + 8 * (i / 2);
+        const int col = order == tile::AccCols::Natural
+                            ? 8 * j + 2 * q + (i & 1)
+                            : 16 * (j / 2) + 4 * q + 2 * (i & 1) + j % 2;
+        assert_int_equal(tile::acc_col(order, j, i, q), col);
+        if (col < cols) want[size_t(row) * pitch / 4 + col] = float(1024 * lane + 4 * j + i);
+      }
+  int bad = 0;
+  for (size_t x = 0; x < got.size(); ++x)
+    if (got[x] != want[x] && bad++ < 5)
+      std::fprintf(stderr, "st_acc_row %s n %d cols %d: row %zu col %zu = %g, want %g\n",
+                   order == tile::AccCols::Natural ? "natural" : "even/odd", n, cols,
+                   x / (pitch / 4), x % (pitch / 4), double(got[x]), double(want[x]));
+  assert_int_equal(bad, 0);
+}
+
+void test_fp8_frags(void **) {
   // The fp8 cvt needs sm_89: this test's own emulated device.
   std::unique_ptr<fa::Backend> be89;
   assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
   fa::Backend *const sm80 = g_be;
   g_be = be89.get();
-  // 16-byte chunks per row 1, 3, 4, 5, 8, 16: L (lanes per row) 1 .. 16.
-  for (int bytes : {16, 48, 64, 80, 128, 256})
-    for (int f = 0; f < 4; ++f) check_fp8_convert(bytes, f & 1, f & 2);
+  // 16-byte chunks 1 .. 5 and 8 (.x2 tails; pitches bytes and bytes + 16).
+  for (int bytes : {16, 32, 48, 64, 80, 128})
+    for (bool e5m2 : {false, true}) check_fp8_frags(bytes, e5m2);
   g_be = sm80;
+  for (int cols : {16, 48, 128}) check_kperm_rows(cols);
+  const int shapes[][2] = {{2, 16}, {4, 32}, {6, 32}};  // fragments, columns stored
+  for (auto order : {tile::AccCols::Natural, tile::AccCols::EvenOdd})
+    for (const auto &x : shapes) check_acc_cols(order, x[0], x[1]);
 }
 
 // ------------------------------------------------------------ fp8 mma ---
@@ -1881,7 +2033,7 @@ void test_online_softmax_fp8(void **) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_convert),    cmocka_unit_test(test_rows_to_f16),
+      cmocka_unit_test(test_fp8_frags),      cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
       cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),

@@ -16,9 +16,12 @@
 // split's partial state: O normalised within the split (fp32) and LSE.
 // With an fp8 KV cache (spec.kv_fp8) the ring holds the fp8 bytes as they
 // are in global memory (half the bytes of a 16-bit tile, so half the global
-// traffic, still 16-byte cp.async on every layout); the warp converts the
-// tile it is about to use into one 16-bit K and V tile of its own
-// (tile::Fp8Convert) and ldmatrix / mma read that as before. The K descale
+// traffic, still 16-byte cp.async on every layout), and the mma reads them
+// from there: a byte ldmatrix, then a cvt to f16 in registers (mode (a):
+// tile::b_frag_fp8_nk for K, whose k order Q's columns follow in shared
+// memory once per CTA (tile::kperm_rows); tile::b_frags_fp8_kn for V,
+// whose even and odd columns land in neighbouring n8 tiles: O is in
+// tile::AccCols::EvenOdd order until the merge stores it). The K descale
 // is folded into the score scale, the V descale into the final 1 / l.
 // Layouts, tile choice and the loop: docs/kernels.md.
 #include <algorithm>
@@ -47,13 +50,11 @@ constexpr int kWarpKeys = 16;  // keys per warp tile
 // Dynamic shared memory: Q [16][d] at 0; then per warp `stages` stages of
 // K [16][d] and V [16][dv] (stage s of warp w at kv_base + w warp_bytes +
 // s stage_bytes). After the loop the merge area reuses it from 0: per warp
-// O [16][dv] f32 (rows padded by 32 bytes: conflict-free) and LSE [16] f32.
-// fp8 KV: a stage holds K [16][d] and V [16][dv] bytes (k8, v8), and after
-// the stages each warp has one 16-bit K and V tile (k, v: offsets within the
-// warp's area) that the tile in use is converted into.
+// O [16][dv] f32 (rows padded: conflict-free stores) and LSE [16] f32.
+// fp8 KV: k and v are byte tiles (tile::byte_tile), which the mma reads
+// directly.
 struct Layout {
-  SmemTile q, k, v;  // k, v: offsets within a stage (fp8: within the warp's area)
-  SmemTile k8, v8;   // fp8: offsets within a stage
+  SmemTile q, k, v;  // k, v: offsets within a stage
   uint32_t kv_base = 0, stage_bytes = 0, warp_bytes = 0;
   uint32_t merge_pitch = 0;             // bytes per row of a warp's merge O
   uint32_t merge_o = 0, merge_lse = 0;  // per-warp bytes of each merge part
@@ -62,32 +63,26 @@ struct Layout {
 
 Layout layout(const KernelSpec &s) {
   Layout l;
+  const bool fp8 = s.kv_fp8 != KvFp8::None;
   l.q = tile::smem_tile(0, kRows, s.head_dim);
-  l.k = tile::smem_tile(0, kWarpKeys, s.head_dim);
-  l.v = tile::smem_tile(l.k.bytes(), kWarpKeys, dv_slice(s));
+  l.k = fp8 ? tile::byte_tile(0, kWarpKeys, s.head_dim) : tile::smem_tile(0, kWarpKeys, s.head_dim);
+  l.v = fp8 ? tile::byte_tile(l.k.bytes(), kWarpKeys, dv_slice(s))
+            : tile::smem_tile(l.k.bytes(), kWarpKeys, dv_slice(s));
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
   // spec.v_in_k: no V tile; V is a view of the K tile's first columns
   // (its pitch; the CTA's slice chooses the columns at run time).
-  const uint32_t v_bytes = s.v_in_k ? 0 : l.v.bytes();
-  if (s.kv_fp8 != KvFp8::None) {
-    l.k8 = tile::byte_tile(0, kWarpKeys, s.head_dim);
-    l.v8 = tile::byte_tile(l.k8.bytes(), kWarpKeys, dv_slice(s));
-    l.stage_bytes = l.k8.bytes() + (s.v_in_k ? 0 : l.v8.bytes());
-    const uint32_t ring = static_cast<uint32_t>(s.stages) * l.stage_bytes;
-    l.k.offset += ring;
-    l.v.offset += ring;
-    l.warp_bytes = ring + l.k.bytes() + v_bytes;
-  } else {
-    l.stage_bytes = l.k.bytes() + v_bytes;
-    l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
-  }
+  l.stage_bytes = l.k.bytes() + (s.v_in_k ? 0 : l.v.bytes());
+  l.warp_bytes = static_cast<uint32_t>(s.stages) * l.stage_bytes;
   if (s.v_in_k) {
     l.v.offset = l.k.offset;
     l.v.pitch = l.k.pitch;
   }
   // +32 bytes: the 4 rows of a half-warp's 8-byte stores start 8 banks
-  // apart (conflict-free; +16 would overlap them by half).
-  l.merge_pitch = static_cast<uint32_t>(dv_slice(s)) * 4 + 32;
+  // apart (conflict-free; +16 would overlap them by half). fp8 (O in
+  // AccCols::EvenOdd order, 16-byte stores): the 2 rows of a quarter-warp
+  // start 16 banks apart (dv_slice is a multiple of 16: +64 or +0).
+  const uint32_t o_bytes = static_cast<uint32_t>(dv_slice(s)) * 4;
+  l.merge_pitch = fp8 ? o_bytes + (o_bytes % 128 == 64 ? 0 : 64) : o_bytes + 32;
   l.merge_o = kRows * l.merge_pitch;
   l.merge_lse = kRows * 4;
   const uint32_t kv = l.kv_base + static_cast<uint32_t>(s.num_warps) * l.warp_bytes;
@@ -109,12 +104,14 @@ class DecodeTcGen {
         // f16 copy of Q (tile::rows_bf16_to_f16) and f16 P.
         mma_(spec.kv_fp8 != KvFp8::None ? Type::F16 : half_),
         fp8_(spec.kv_fp8 != KvFp8::None),
-        f32_(spec.dtype == Dtype::F32) {
+        f32_(spec.dtype == Dtype::F32),
+        e5m2_(spec.kv_fp8 == KvFp8::E5M2) {
     W_ = spec.num_warps;
     S_ = spec.stages;
     G_ = spec.group_size;
-    kD_ = lay_.k.cols_pad / 16;
-    nO_ = lay_.v.cols_pad / 8;
+    kD_ = (spec.head_dim + 15) / 16;
+    nO_ = (dv_slice(spec) + 15) / 16 * 2;
+    ocols_ = fp8_ ? tile::AccCols::EvenOdd : tile::AccCols::Natural;
   }
 
   std::string run() {
@@ -349,7 +346,7 @@ class DecodeTcGen {
     k_plans_.reserve(S_);
     v_plans_.reserve(S_);
     for (int s = 0; s < S_; ++s) {
-      SmemTile kt = fp8_ ? lay_.k8 : lay_.k, vt = fp8_ ? lay_.v8 : lay_.v;
+      SmemTile kt = lay_.k, vt = lay_.v;
       kt.offset += s * lay_.stage_bytes;
       vt.offset += s * lay_.stage_bytes;
       k_plans_.emplace_back(e_, lane_, 32, kt, wsmem_, kr_.row, s ? &k_plans_[0] : nullptr, Reg(),
@@ -365,16 +362,13 @@ class DecodeTcGen {
     if (spec_.dv_split > 1)  // this CTA's slice of V's columns (after the append's whole rows)
       vr_.base = e_.index(vr_.base, dv_slice_index(e_, spec_),
                           dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
-    if (fp8_) {
-      const bool e5m2 = spec_.kv_fp8 == KvFp8::E5M2;
-      k_cvt_ = tile::Fp8Convert(e_, lane_, lay_.k8, lay_.k, wsmem_, e5m2, mma_);
-      if (!spec_.v_in_k) v_cvt_ = tile::Fp8Convert(e_, lane_, lay_.v8, lay_.v, wsmem_, e5m2, mma_);
-    }
-    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_NK, wsmem_, Reg());
-    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::B_KN_T, wsmem_, Reg());
+    // fp8: the byte tiles' blocks are 16 rows x 16 bytes, which Role::A
+    // addresses (non-transposed for K, .trans for V).
+    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, fp8_ ? Role::A : Role::B_NK, wsmem_, Reg());
+    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, fp8_ ? Role::A : Role::B_KN_T, wsmem_, Reg());
     if (spec_.v_in_k && spec_.dv_split > 1)  // this CTA's columns of the K tile
-      b_.op(Op::MadLo, Type::U32, v_lm_, dv_slice_index(e_, spec_), imm(2 * dv_slice(spec_)),
-            v_lm_);
+      b_.op(Op::MadLo, Type::U32, v_lm_, dv_slice_index(e_, spec_),
+            imm((fp8_ ? 1 : 2) * dv_slice(spec_)), v_lm_);
     q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
   }
 
@@ -551,6 +545,8 @@ class DecodeTcGen {
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     kb_ = tile::frag4(b_);
     pa_ = tile::frag4(b_);
+    if (fp8_)
+      for (auto &f : kf_) f[0] = b_.b32(), f[1] = b_.b32();
 
     b_.comment("prologue: the first stages - 1 tiles of this warp in flight");
     i_ = e_.mov(Type::S32, imm(0));
@@ -566,6 +562,10 @@ class DecodeTcGen {
     b_.cp_async_wait(S_ - 1);
     b_.bar_sync();
     if (mma_ != half_) q_unscale_ = tile::rows_bf16_to_f16(e_, ln_, warp_, W_, lay_.q, smem_);
+    if (fp8_) {  // Q's columns in the kperm order of K's fragments (tile::b_frag_fp8_nk)
+      tile::kperm_rows(e_, tid_, 32 * W_, lay_.q, smem_);
+      b_.bar_sync();
+    }
     if (spec_.q_in_regs) {
       for (int ks = 0; ks < kD_; ++ks) {
         qf_.push_back(tile::frag4(b_));
@@ -595,13 +595,7 @@ class DecodeTcGen {
       }
       b_.cp_async_wait(S_ - 1);       // tile i: this lane's copies landed ...
       b_.bar_warp_sync(0xffffffffu);  // ... and every lane's
-      if (fp8_) {
-        b_.comment("fp8 K and V of stage " + std::to_string(s) + " to the warp's 16-bit tiles");
-        k_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
-        if (!spec_.v_in_k) v_cvt_.run(s * static_cast<int>(lay_.stage_bytes), 0);
-        b_.bar_warp_sync(0xffffffffu);  // every lane's values are in
-      }
-      body(fp8_ ? 0 : s, tile_key(i_));
+      body(s, tile_key(i_));
       b_.bar_warp_sync(0xffffffffu);  // every lane is done with stage s
       b_.op(Op::Add, Type::S32, i_, i_, imm(1));
     }
@@ -612,13 +606,17 @@ class DecodeTcGen {
   // S = Q K^T, mask, online softmax, O += P V on the tile in stage s.
   void body(int s, Reg n) {
     const int so = s * static_cast<int>(lay_.stage_bytes);
-    for (int ks = 0; ks < kD_; ++ks) {
-      const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
-      if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
-      const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
-      tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
-      tile::mma(b_, mma_, s_, 0, a, &kb_[0], c);
-      tile::mma(b_, mma_, s_, 1, a, &kb_[2], c);
+    if (fp8_) {
+      scores_fp8(so);
+    } else {
+      for (int ks = 0; ks < kD_; ++ks) {
+        const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
+        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
+        const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
+        tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
+        tile::mma(b_, mma_, s_, 0, a, &kb_[0], c);
+        tile::mma(b_, mma_, s_, 1, a, &kb_[2], c);
+      }
     }
     if (mma_ != half_)  // scores of the row-scaled f16 Q back to the bf16 Q's
       for (Frag4 &f : s_.f)
@@ -647,10 +645,53 @@ class DecodeTcGen {
     if (spec_.tree_mask) tree_mask(n, kq);
     softmax_->step({s_}, {o_});
     tile::pack_a(b_, mma_, s_, 0, pa_);
+    if (fp8_) {
+      pv_fp8(so);
+      return;
+    }
     for (int jp = 0; jp < nO_ / 2; ++jp) {
       tile::ldsm(b_, Role::B_KN_T, kb_, v_lm_, so + lay_.v.at(0, 16 * jp));
       tile::mma(b_, mma_, o_, 2 * jp, pa_, &kb_[0]);
       tile::mma(b_, mma_, o_, 2 * jp + 1, pa_, &kb_[2]);
+    }
+  }
+
+  // fp8 S = Q K^T (mode (a)): one byte ldmatrix .x4 per 32 columns of d
+  // (keys 0..7 and 8..15 of two 16-byte chunks; .x2 for a last lone
+  // chunk), each register converted into one n8 block's B fragment
+  // (tile::b_frag_fp8_nk) against Q's fragment of that chunk (Q's columns
+  // in the kperm order since tile::kperm_rows).
+  void scores_fp8(int so) {
+    for (int kp = 0; 2 * kp < kD_; ++kp) {
+      const int nk = std::min(2, kD_ - 2 * kp);  // k chunks of this load
+      tile::ldsm(b_, Role::A, kb_, k_lm_, so + lay_.k.at(0, 16 * kp), 2 * nk);
+      for (int c = 0; c < nk; ++c) {
+        const int ks = 2 * kp + c;
+        const Frag4 *z = ks == 0 ? &zero4_ : nullptr;
+        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
+        const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
+        for (int j = 0; j < 2; ++j) {
+          tile::b_frag_fp8_nk(b_, e5m2_, kb_[2 * c + j], kf_[j]);
+          tile::mma(b_, mma_, s_, j, a, kf_[j], z);
+        }
+      }
+    }
+  }
+
+  // fp8 O += P V (mode (a)): one byte ldmatrix .trans .x4 per 32 columns
+  // of dv (.x2 for a last lone 16), each 16-byte chunk's two registers
+  // split into the B fragments of its even and odd columns
+  // (tile::b_frags_fp8_kn): O's fragments 2c, 2c + 1 (AccCols::EvenOdd).
+  void pv_fp8(int so) {
+    const int chunks = nO_ / 2;
+    for (int cp = 0; 2 * cp < chunks; ++cp) {
+      const int nc = std::min(2, chunks - 2 * cp);
+      tile::ldsm(b_, Role::B_KN_T, kb_, v_lm_, so + lay_.v.at(0, 16 * cp), 2 * nc);
+      for (int c = 0; c < nc; ++c) {
+        tile::b_frags_fp8_kn(b_, e5m2_, kb_[2 * c], kb_[2 * c + 1], kf_[0], kf_[1]);
+        tile::mma(b_, mma_, o_, 2 * (2 * cp + c), pa_, kf_[0]);
+        tile::mma(b_, mma_, o_, 2 * (2 * cp + c) + 1, pa_, kf_[1]);
+      }
     }
   }
 
@@ -707,9 +748,7 @@ class DecodeTcGen {
     for (int h = 0; h < 2; ++h) {
       Reg row = e_.op(Op::Add, Type::U32, ln_.g, imm(8 * h));
       Reg ra = e_.op(Op::MadLo, Type::U32, row, imm(lay_.merge_pitch), ob);
-      b_.op(Op::MadLo, Type::U32, ra, ln_.q, imm(8), ra);
-      for (int j = 0; j < nO_ && 8 * j < dv; ++j)
-        b_.st_v(Space::Shared, Type::F32, at(ra, 32 * j), {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
+      tile::st_acc_row(b_, ln_, o_, ocols_, h, ra, dv);
       Reg q0 = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
       Reg la = e_.op(Op::MadLo, Type::U32, row, imm(4), lb);  // before when(): unpredicated
       b_.when(q0).st(Space::Shared, Type::F32, at(la), lse[h]);
@@ -881,8 +920,9 @@ class DecodeTcGen {
   Emitter e_;
   Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
-  bool f32_ = false;  // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
-  tile::Fp8Convert k_cvt_, v_cvt_;
+  bool f32_ = false;   // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
+  bool e5m2_ = false;  // fp8: the cache is e5m2 (else e4m3)
+  tile::AccCols ocols_ = tile::AccCols::Natural;  // O's column order (fp8: EvenOdd)
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
   tile::Lanes ln_;
   ptx::Symbol smem_sym_;
@@ -903,6 +943,7 @@ class DecodeTcGen {
   std::vector<Frag4> qf_;
   std::array<Reg, 2> q_unscale_;  // mma_ != half_: rows g, g + 8's 2^-k (rows_bf16_to_f16)
   Frag4 kb_, pa_, zero4_;
+  Reg kf_[2][2];  // fp8: converted B fragments (K: two n8 blocks; V: even, odd)
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
   Reg alibi_coef_[2], alibi_dist_[2];  // spec.alibi: per row half (tile::alibi_coef)
   ptx::Label done_;

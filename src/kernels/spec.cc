@@ -81,12 +81,13 @@ bool spec_valid(const KernelSpec &s) {
     return false;
   if (s.alibi && s.kind == KernelKind::Reduce) return false;
   // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
-  // whole 16-byte chunks of fp8 bytes.
+  // whole 16-byte chunks of fp8 bytes (the decode's O slices too).
   // The fp8 forward (q_fp8, with kv_fp8): the mma.sync forward on sm_89+.
   const bool fp8_fwd = s.q_fp8 != KvFp8::None;
-  if (s.kv_fp8 != KvFp8::None && ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
-                                  !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma &&
-                                    s.sm >= 89 && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)))
+  if (s.kv_fp8 != KvFp8::None &&
+      ((s.kv_fp8 != KvFp8::E4M3 && s.kv_fp8 != KvFp8::E5M2) ||
+       !((s.kind == KernelKind::Decode || fp8_fwd) && s.mma && s.sm >= 89 && s.head_dim % 16 == 0 &&
+         s.head_dim_v % 16 == 0 && (fp8_fwd || dv_slice(s) % 16 == 0))))
     return false;
   // On the fp8 mma its P V steps are k32 and O's slices whole 16-byte chunks;
   // on sm_90a the wgmma kernel's gather variant converts on load.
@@ -580,7 +581,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.group_size = g < 1 ? 1 : g;
     s.mma = true;
     s.kv_fp8 = cfg.kv_fp8;  // its shared-memory layout differs: before the tile choice
-    s.dv_split = choose_dv_split(s.head_dim_v);
+    // fp8: slices of whole 16-byte chunks of V's bytes (ldmatrix rows).
+    s.dv_split = choose_dv_split(s.head_dim_v, s.kv_fp8 != KvFp8::None ? 16 : 8);
     s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
     // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
     // forward; not with a KV append or a tree mask).

@@ -228,18 +228,16 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   std::vector<uint8_t> kc, vc;
   std::vector<double> k, v;
   make_cache(c.d, kd, &kc, &k);
-  if (c.v_in_k) {  // V: K's first dv bytes of each row, times V's descale
-    v.assign(size_t(c.batch) * sk * hkv * dv, 0.0);
-    for (int b = 0; b < c.batch; ++b)
-      for (int s = 0; s < c.lens[b] && b != inf_b; ++s)
-        for (int h = 0; h < hkv; ++h)
-          for (int x = 0; x < dv; ++x)
-            v[((size_t(b) * sk + s) * hkv + h) * dv + x] =
-                fa::ref::fp8_to_double(kc[((size_t(b) * sk + s) * hkv + h) * c.d + x], c.e5m2) *
-                vd[size_t(b) * hkv + h];
-  } else {
-    make_cache(dv, vd, &vc, &v);
-  }
+  make_cache(dv, vd, &vc, &v);
+  if (c.v_in_k)  // V: K's bytes (row r = (b sk + s) hkv + h), times V's descales
+    for (size_t r = 0; r < vc.size() / size_t(dv); ++r)
+      for (int x = 0; x < dv; ++x) {
+        const uint8_t code = kc[r * size_t(c.d) + size_t(x)];
+        const size_t b = r / (size_t(sk) * hkv), bh = b * hkv + r % hkv;
+        vc[r * dv + x] = code;
+        // (kNanCode: a row never read, as make_cache leaves it)
+        v[r * dv + x] = code == kNanCode ? 0.0 : fa::ref::fp8_to_double(code, c.e5m2) * vd[bh];
+      }
 
   fa_decode_args a = FA_DECODE_ARGS_INIT;
   a.batch = c.batch;

@@ -48,8 +48,8 @@ struct Case {
   // Descales of sequence 1 K 0 / V +inf, of sequence 2 K NaN / V < 0 (with
   // descale 2): only the cache bytes are checked (O holds NaN).
   bool odd_descales = false;
-  // MLA's latent cache: V is K's first dv columns, passed as the same
-  // memory, strides and pointers (its values: K's bytes times V's descale).
+  // V is the first dv columns of K (the same memory: MLA's latent cache,
+  // KernelSpec::v_in_k); V's values are those bytes times V's descales.
   bool v_in_k = false;
   // The decode kernel the partial-state run must have profiled (a prefix).
   const char *kernel = "fa_decode_mma_";
@@ -62,13 +62,13 @@ struct Case {
     static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
     std::snprintf(buf, sizeof buf,
                   "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
-                  "descale%d%s%s%s%s new%d rope%d/%d x%g%s",
+                  "descale%d%s%s%s%s%s new%d rope%d/%d x%g",
                   e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "", seqlen_new, rotary, rotary_dim, new_scale,
-                  v_in_k ? " vink" : "");
+                  direct ? " direct" : "", v_in_k ? " v_in_k" : "", seqlen_new, rotary, rotary_dim,
+                  new_scale);
     return buf;
   }
 };

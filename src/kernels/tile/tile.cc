@@ -101,8 +101,8 @@ Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem
   return a;
 }
 
-void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset) {
-  b.ldmatrix(role == Role::B_KN_T || role == Role::B_KN_T8, d.data(), 4, at(base, offset));
+void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset, int n) {
+  b.ldmatrix(role == Role::B_KN_T || role == Role::B_KN_T8, d.data(), n, at(base, offset));
 }
 
 // ---------------------------------------------------------------- copies ---
@@ -356,29 +356,32 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes) {
   t.offset = offset;
   t.rows = rows;
   t.cols = t.cols_pad = bytes / 2;
-  t.pitch = bytes;  // rows back to back: contiguous lanes touch contiguous bytes
+  t.pitch = bytes / 16 % 2 ? bytes : bytes + 16;  // an odd count of 16-byte chunks
   return t;
 }
 
-Fp8Convert::Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile &dst,
-                       Reg smem_base, bool e5m2, Type half)
-    : e_(&e), src_(src), dst_(dst), e5m2_(e5m2), half_(half) {
+void kperm_rows(Emitter &e, Reg tid, int threads, const SmemTile &t, Reg smem_base) {
   ptx::Builder &b = e.b;
-  // 8-byte chunks (8 values, one 16-byte store): the 8 lanes of a store
-  // phase then write 128 contiguous bytes of a row when L >= 8.
-  const int C = src.cols / 4;
-  L_ = lanes_per_row(32, C);
-  J_ = C / L_;
-  step_ = 32 / L_;
-  rounds_ = (src.rows + step_ - 1) / step_;
-  Reg row = e.op(Op::Shr, Type::U32, lane, imm(__builtin_ctz(static_cast<unsigned>(L_))));
-  Reg col = e.op(Op::And, Type::B32, lane, imm(L_ - 1));
-  saddr_ = e.op(Op::MadLo, Type::U32, row, imm(src.pitch), smem_base);
-  b.op(Op::MadLo, Type::U32, saddr_, col, imm(8), saddr_);
-  daddr_ = e.op(Op::MadLo, Type::U32, row, imm(dst.pitch), smem_base);
-  b.op(Op::MadLo, Type::U32, daddr_, col, imm(16), daddr_);
-  if (rounds_ * step_ > src.rows)
-    rows_ok_ = e.setp(Cmp::Lt, Type::U32, row, imm(src.rows - (rounds_ - 1) * step_));
+  const int per_row = t.cols_pad / 16, total = t.rows * per_row;
+  Reg w[8];
+  for (Reg &r : w) r = b.b32();
+  for (int i = 0; i * threads < total; ++i) {
+    Reg c = e.op(Op::Add, Type::U32, tid, imm(i * threads));
+    Reg in = (i + 1) * threads > total ? e.setp(Cmp::Lt, Type::U32, c, imm(total)) : Reg();
+    Reg a = e.op(Op::MadLo, Type::U32, e.op(Op::Div, Type::U32, c, imm(per_row)), imm(t.pitch),
+                 smem_base);
+    b.op(Op::MadLo, Type::U32, a, e.op(Op::Rem, Type::U32, c, imm(per_row)), imm(32), a);
+    const int o = static_cast<int>(t.offset);
+    for (int h = 0; h < 2; ++h) {
+      if (in.valid()) b.when(in);
+      b.ld_v(Space::Shared, Type::B32, {w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]},
+             at(a, o + 16 * h));
+    }
+    for (int h = 0; h < 2; ++h) {  // words h, h + 2, h + 4, h + 6
+      if (in.valid()) b.when(in);
+      b.st_v(Space::Shared, Type::B32, at(a, o + 16 * h), {w[h], w[h + 2], w[h + 4], w[h + 6]});
+    }
+  }
 }
 
 void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
@@ -397,27 +400,46 @@ void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
   }
 }
 
-void Fp8Convert::run(int src_delta, int dst_delta) const {
-  ptx::Builder &b = e_->b;
-  Reg w[2] = {b.b32(), b.b32()};
-  Reg h[4], o[4];
-  for (Reg &r : h) r = b.b16();
-  for (Reg &r : o) r = b.b32();
-  Reg lo16, hi16, lo, hi;
-  if (half_ == Type::BF16) lo16 = b.b16(), hi16 = b.b16(), lo = b.f32(), hi = b.f32();
-  const int so0 = static_cast<int>(src_.offset) + src_delta;
-  const int do0 = static_cast<int>(dst_.offset) + dst_delta;
-  for (int k = 0; k < rounds_; ++k) {
-    const Reg g = k == rounds_ - 1 ? rows_ok_ : Reg();
-    for (int j = 0; j < J_; ++j) {
-      const int so = so0 + k * step_ * src_.pitch + 8 * L_ * j;
-      const int dof = do0 + k * step_ * dst_.pitch + 16 * L_ * j;
-      if (g.valid()) b.when(g);
-      b.ld_v(Space::Shared, Type::B32, {w[0], w[1]}, at(saddr_, so));
-      fp8x8_to_half(b, e5m2_, half_, w, h, o, lo16, hi16, lo, hi);
-      if (g.valid()) b.when(g);
-      b.st_v(Space::Shared, Type::B32, at(daddr_, dof), {o[0], o[1], o[2], o[3]});
-    }
+void b_frag_fp8_nk(ptx::Builder &b, bool e5m2, Reg raw, const Reg b2[2]) {
+  Reg lo = b.b16(), hi = b.b16();
+  b.unpack_b32(lo, hi, raw);
+  b.cvt_f16x2_f8x2(e5m2, b2[0], lo);
+  b.cvt_f16x2_f8x2(e5m2, b2[1], hi);
+}
+
+void b_frags_fp8_kn(ptx::Builder &b, bool e5m2, Reg lo, Reg hi, const Reg even[2],
+                    const Reg odd[2]) {
+  // r: bytes (V[2q][2g], V[2q][2g + 1], V[2q + 1][2g], V[2q + 1][2g + 1]);
+  // 0x3120 gives (V[2q][2g], V[2q + 1][2g]) low, the 2g + 1 pair high:
+  // register x of the B fragment is keys 8x + 2q, 8x + 2q + 1.
+  const Reg r[2] = {lo, hi};
+  Reg w = b.b32(), e = b.b16(), o = b.b16();
+  for (int x = 0; x < 2; ++x) {
+    b.op(Op::Prmt, Type::B32, w, r[x], r[x], imm(0x3120));
+    b.unpack_b32(e, o, w);
+    b.cvt_f16x2_f8x2(e5m2, even[x], e);
+    b.cvt_f16x2_f8x2(e5m2, odd[x], o);
+  }
+}
+
+int acc_col(AccCols order, int j, int i, int q) {
+  if (order == AccCols::Natural) return 8 * j + 2 * q + (i & 1);
+  return 16 * (j / 2) + 4 * q + 2 * (i & 1) + j % 2;
+}
+
+void st_acc_row(ptx::Builder &b, const Lanes &l, const AccTile &t, AccCols order, int h, Reg row,
+                int cols) {
+  if (order == AccCols::Natural) {
+    b.op(Op::MadLo, Type::U32, row, l.q, imm(8), row);
+    for (int j = 0; j < t.n() && 8 * j < cols; ++j)
+      b.st_v(Space::Shared, Type::F32, at(row, 32 * j), {t.f[j][2 * h], t.f[j][2 * h + 1]});
+    return;
+  }
+  b.op(Op::MadLo, Type::U32, row, l.q, imm(16), row);
+  for (int c = 0; 2 * c + 1 < t.n() && 16 * c < cols; ++c) {
+    const Frag4 &ev = t.f[2 * c], &od = t.f[2 * c + 1];
+    b.st_v(Space::Shared, Type::F32, at(row, 64 * c),
+           {ev[2 * h], od[2 * h], ev[2 * h + 1], od[2 * h + 1]});
   }
 }
 

@@ -114,7 +114,9 @@ enum class Role { A, B_NK, B_KN_T, B_KN_T8 };
 // The lane's address of block (0, 0) from tile row `row0` (a u32 register,
 // or invalid for 0); a block at (row, col) is then this + t.at(row, col).
 Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0);
-void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset);
+// n: the matrices read (.x4, or .x2 into d[0], d[1]; .x2 takes the
+// addresses of lanes 0 .. 15).
+void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset, int n = 4);
 
 // How the CTA's threads copy a rows x cols tile of 16-bit values from global
 // memory (row r at tile + r * stride bytes) into a SmemTile with 16-byte
@@ -197,11 +199,13 @@ class CopyPlan {
   Reg lp_;                             // src_f32: row present and chunk not padding
 };
 
-// A rows x bytes tile of raw bytes (an fp8 K or V tile on its way in) in
-// the form a CopyPlan copies: bytes / 2 "16-bit" columns, bytes a multiple
-// of 16 (whole 16-byte chunks, so no padding columns), rows back to back
-// (no ldmatrix reads it: the copies and Fp8Convert's reads, lanes on
-// consecutive chunks, are then free of bank conflicts).
+// A rows x bytes tile of raw bytes (an fp8 K or V tile) in the form a
+// CopyPlan copies and ldmatrix reads: bytes / 2 "16-bit" columns, bytes a
+// multiple of 16 (whole 16-byte chunks, so no padding columns), rows `pitch`
+// bytes apart with pitch / 16 odd (bytes, or bytes + 16 when bytes / 16 is
+// even): the 8 rows of an ldmatrix phase, one 16-byte chunk each, then fall
+// on distinct bank groups (conflict-free). A block at byte b of row r is at
+// at(r, b / 2).
 SmemTile byte_tile(uint32_t offset, int rows, int bytes);
 
 // Eight fp8 values (bytes[0], bytes[1]: b32, lowest byte first) to eight
@@ -214,34 +218,66 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes);
 void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
                    const Reg halves[4], const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi);
 
-// Converts a warp's tile of fp8 bytes (a byte_tile of rows x cols bytes)
-// into the same rows x cols of 16-bit values in a SmemTile, so ldmatrix and
-// mma read it as they read a 16-bit tile. Each 8-byte chunk (8 values) is
-// one ld.shared.v2.b32, four cvt.rn.f16x2.{e4m3x2,e5m2x2} (exact: every
-// e4m3 and e5m2 value is an f16) and one st.shared.v4.b32 (so the 8 lanes of
-// a store phase write 128 contiguous bytes of a row when a row has 8 or more
-// chunks: no bank conflicts); a bf16 tile goes on through cvt.f32.f16 and
-// cvt.rn.bf16x2.f32 (exact too). The chunks are dealt to the lanes as a
-// CopyPlan deals its 16-byte ones (L lanes per row, J chunks each,
-// immediate offsets). Needs sm_89+ (the fp8 cvt). The caller orders it:
-// the bytes landed in every lane (cp.async.wait_group + bar.warp.sync)
-// before, and a bar.warp.sync before anything reads dst.
-class Fp8Convert {
- public:
-  Fp8Convert() = default;
-  Fp8Convert(Emitter &e, Reg lane, const SmemTile &src, const SmemTile &dst, Reg smem_base,
-             bool e5m2, Type half);
-  // src moved by src_delta bytes (e.g. a ring stage), dst by dst_delta.
-  void run(int src_delta, int dst_delta) const;
+// ---- fp8 bytes straight into f16 mma operands (the fp8 KV decode) ----
+// ldmatrix (.b16, non-transposed) of an 8 x 8 matrix over 8 rows x 16 bytes
+// gives lane (g, q) bytes 4q .. 4q + 3 of row g; converted in registers
+// (cvt.rn.f16x2.{e4m3x2,e5m2x2}, exact: every e4m3 and e5m2 value is an
+// f16) they are two B-operand registers of the m16n8k16 mma whose k order
+// is permuted within each 16-column chunk (the sum over k does not care):
+//   mma k 2q + x      stands for column 4q + x       (x = 0, 1)
+//   mma k 8 + 2q + x  stands for column 4q + 2 + x
+// "kperm". The A operand must then come in the same order: kperm_rows
+// rewrites a [m][k] SmemTile of 16-bit values (the f16 Q of the fp8 KV
+// decode) in place so that column 2w + x of each 16-column chunk holds the
+// old column 4w + x (w < 4) or 4 (w - 4) + 2 + x (w >= 4): the 32-bit words
+// 0, 2, 4, 6, 1, 3, 5, 7 of the chunk. An ldmatrix (Role::A) of the
+// rewritten tile is then the kperm A fragment: register r of lane (g, q)
+// holds row g + 8 (r % 2), old columns 4q + 2 (r / 2) + {0, 1} of the chunk.
+// `threads` threads (tid = %tid.x < threads) each move whole chunks (two
+// ld.shared.v4.b32, two st.shared.v4.b32); the caller orders it: every
+// value written before (a bar.sync), and a bar.sync after, before any
+// ldmatrix reads the tile.
+void kperm_rows(Emitter &e, Reg tid, int threads, const SmemTile &t, Reg smem_base);
+// K in S = Q K^T: `raw` from an ldmatrix (non-transposed; Role::A
+// addressing on a byte_tile [n][k]: register i of the .x4 is rows 8 (i % 2)
+// .. + 7, bytes 16 (i / 2) .. + 15 of the block) holds n = g, bytes 4q ..
+// 4q + 3 of a 16-byte k chunk; b2 becomes that n8 block's B fragment in the
+// kperm order: b2[0] = f16x2(bytes 4q, 4q + 1), b2[1] = f16x2(bytes 4q + 2,
+// 4q + 3), lower byte in the low half.
+void b_frag_fp8_nk(ptx::Builder &b, bool e5m2, Reg raw, const Reg b2[2]);
+// V in O += P V: lo and hi from an ldmatrix .trans (Role::A addressing on a
+// byte_tile [k][n]: register i of the .x4 is keys 8 (i % 2) .. + 7, bytes
+// 16 (i / 2) .. + 15) of keys 0..7 and 8..15 of one 16-byte column chunk:
+// lane (g, q) holds bytes 2g, 2g + 1 of keys 2q, 2q + 1 (of 8 + 2q, 9 + 2q
+// in hi). One prmt.b32 (selector 0x3120) per register pairs the keys of
+// each byte, one cvt per pair: `even` becomes the B fragment (keys in mma
+// order, k16 x n8) of the chunk's columns 0, 2, .., 14 (n = g: column 2g),
+// `odd` that of columns 1, 3, .., 15. O's accumulators are then in
+// AccCols::EvenOdd order.
+void b_frags_fp8_kn(ptx::Builder &b, bool e5m2, Reg lo, Reg hi, const Reg even[2],
+                    const Reg odd[2]);
 
- private:
-  Emitter *e_ = nullptr;
-  SmemTile src_, dst_;
-  bool e5m2_ = false;
-  Type half_ = Type::F16;
-  int L_ = 1, J_ = 1, step_ = 0, rounds_ = 0;
-  Reg saddr_, daddr_, rows_ok_;
-};
+// The column order of an AccTile's elements.
+//  Natural  element i of fragment j: column 8j + 2q + (i & 1) (the mma's)
+//  EvenOdd  fragments 2c, 2c + 1 hold the 16 columns 16c .. 16c + 15, 2c
+//           the even ones (b_frags_fp8_kn, and the fp8 forward's
+//           v_frags_fp8): element i of fragment 2c + p holds column 16c +
+//           4q + 2 (i & 1) + p, so a lane's row holds four consecutive
+//           columns 16c + 4q .. + 3 per chunk
+// Rows are g + 8 (i / 2) in both.
+enum class AccCols { Natural, EvenOdd };
+// The column of element i of fragment j of lane quad q under `order`.
+int acc_col(AccCols order, int j, int i, int q);
+// Stores row half h (row g + 8h) of the lane's elements of t (f32) into a
+// row of f32 in shared memory in column order: `row` (u32) is the row's
+// address on entry and is moved in place to the lane's first column (4
+// bytes per column); columns from `cols` on are not stored (cols a
+// multiple of 8, of 16 for EvenOdd). Natural: st.shared.v2.f32 per
+// fragment at column 8j + 2q; EvenOdd: st.shared.v4.f32 per fragment pair
+// at column 16c + 4q. A caller that stores both halves passes each its own
+// row address.
+void st_acc_row(ptx::Builder &b, const Lanes &l, const AccTile &t, AccCols order, int h, Reg row,
+                int cols);
 
 // Rounds a 16-row bf16 tile in shared memory (q: row r at smem_base +
 // q.offset + r q.pitch, q.cols values, cols a multiple of 8) to f16 in
