@@ -985,8 +985,8 @@ class DecodeTcGen {
   Emitter e_;
   Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
-  bool f32_ = false;   // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
-  bool e5m2_ = false;  // fp8: the cache is e5m2 (else e4m3)
+  bool f32_ = false;    // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
+  bool e5m2_ = false;   // fp8: the cache is e5m2 (else e4m3)
   bool f8mma_ = false;  // spec.kv_fp8_mma: mode (b), Q and P in e4m3 on the fp8 mma
   ptx::Fp8 kv8_;        // the cache's fp8 type (mode (b)'s mma)
   tile::AccCols ocols_ = tile::AccCols::Natural;  // O's column order (fp8: EvenOdd)

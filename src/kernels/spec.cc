@@ -499,9 +499,8 @@ std::string KernelSpec::describe() const {
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
          (fp8_f16 ? " fp8_f16" : "") + (kv_fp8_mma ? " fp8_mma" : "") +
-         (persistent ? " persistent" : "") +
-         (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
-         (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
+         (persistent ? " persistent" : "") + (dynamic ? " dynamic" : "") +
+         (split_kv ? " split" : "") + (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
          (fused_combine ? " fused_combine" : "") +
          (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
@@ -594,8 +593,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
     // fp8 KV mode (b) (policy.decode_fp8_mma): where the fp8 mma is native
     // and head_dim is whole k32 steps; else mode (a). Likewise before the tile.
-    s.kv_fp8_mma = policy.decode_fp8_mma && s.kv_fp8 != KvFp8::None &&
-                   fp8_mma_native(dev.sm) && s.head_dim % 32 == 0;
+    s.kv_fp8_mma = policy.decode_fp8_mma && s.kv_fp8 != KvFp8::None && fp8_mma_native(dev.sm) &&
+                   s.head_dim % 32 == 0;
     // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
     // forward; not with a KV append or a tree mask).
     s.varlen = varlen && !shape.append_kv && !shape.tree_mask;
@@ -703,9 +702,8 @@ std::string entry_name(const KernelSpec &s) {
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
          (s.fp8_f16 ? "_f16" : "") + (s.kv_fp8_mma ? "_f8mma" : "") +
-         (s.persistent ? "_persistent" : "") +
-         (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
-         (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
+         (s.persistent ? "_persistent" : "") + (s.dynamic ? "_dynamic" : "") +
+         (s.split_kv ? "_split" : "") + (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
          (s.fused_combine ? "_fused" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }

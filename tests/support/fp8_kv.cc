@@ -176,10 +176,10 @@ std::vector<double> q_rows_e4m3(const std::vector<double> &q, int d) {
       k = std::min(126, std::max(-126, 8 - (e - 1) - (m > 1.75 ? 1 : 0)));
     }
     for (int x = 0; x < d; ++x)
-      out[r * d + x] = std::ldexp(
-          fa::ref::fp8_to_double(fa::ref::fp8_from_double(std::ldexp(q[r * d + x], k), false),
-                                 false),
-          -k);
+      out[r * d + x] =
+          std::ldexp(fa::ref::fp8_to_double(
+                         fa::ref::fp8_from_double(std::ldexp(q[r * d + x], k), false), false),
+                     -k);
   }
   return out;
 }
@@ -580,8 +580,7 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   double lse_tol = 2e-3;
   if (c.fp8_mma) {
     std::vector<double> o_q(on), lse_q(ln);
-    fa::ref::attention(p, qy.data(), k.data(), v.data(), o_q.data(), lse_q.data(),
-                       lens_ref.data());
+    fa::ref::attention(p, qy.data(), k.data(), v.data(), o_q.data(), lse_q.data(), lens_ref.data());
     long long ignored = 0;
     lse_tol = std::max(lse_tol, 2.0 * lse_error(lse_q, &ignored));
   }

@@ -455,8 +455,8 @@ struct RowScales {
   Reg base[2], scale[2], unscale[2];
   Reg w[4], t, p;  // scratch (b32, b32, pred) for the caller's pass
 };
-RowScales row_pow2_scales(Emitter &e, const Lanes &ln, Type half, const SmemTile &q,
-                          Reg smem_base, int bias, bool top) {
+RowScales row_pow2_scales(Emitter &e, const Lanes &ln, Type half, const SmemTile &q, Reg smem_base,
+                          int bias, bool top) {
   ptx::Builder &b = e.b;
   const int C = q.cols / 8;          // 16-byte chunks (8 values) per row
   const int per_lane = (C + 3) / 4;  // the max pass: quad lane q reads q, q + 4, ...
@@ -547,39 +547,62 @@ void half2_scaled(ptx::Builder &b, Type half, Reg w, Reg lo, Reg hi, Reg scale, 
   b.op(Op::Mul, Type::F32, lo, lo, scale);
   b.op(Op::Mul, Type::F32, hi, hi, scale);
 }
+// The conversion pass of rows_bf16_to_f16 and rows_to_e4m3: chunk c = q +
+// 4 warp + W4 i (W4 = 4 num_warps) of rows g and g + 8 of q, loaded into
+// rs.w (16 bytes at a + step i, a = the row's chunk q + 4 warp) and turned
+// into 8 f32 times the row's 2^k in f (pair j: f[2j], f[2j + 1]); the
+// callbacks place the result: row(h, lane_chunk) once per row half,
+// pair(j) after each pair, store(h, i, tail, a, step) after the chunk
+// (tail: only lanes whose chunk exists, rs.p, may store).
+struct ChunkPass {
+  std::function<void(int, Reg)> row;
+  std::function<void(int)> pair;
+  std::function<void(int, int, bool, Reg, int)> store;
+};
+void scaled_chunks(Emitter &e, const Lanes &ln, Reg warp, int num_warps, const SmemTile &q,
+                   Type half, const RowScales &rs, const Reg f[8], Reg l16, Reg h16,
+                   const ChunkPass &cp) {
+  ptx::Builder &b = e.b;
+  const int C = q.cols / 8;  // 16-byte chunks (8 values) per row
+  const int W4 = 4 * num_warps;
+  const int per_conv = (C + W4 - 1) / W4;
+  Reg lane_chunk = e.op(Op::MadLo, Type::U32, warp, imm(4), ln.q);
+  for (int h = 0; h < 2; ++h) {
+    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), rs.base[h]);
+    if (cp.row) cp.row(h, lane_chunk);
+    for (int i = 0; i < per_conv; ++i) {
+      const bool tail = W4 * (i + 1) > C;
+      if (tail) b.setp(Cmp::Lt, Type::U32, rs.p, lane_chunk, imm(C - W4 * i));
+      if (tail) b.when(rs.p);
+      b.ld_v(Space::Shared, Type::B32, {rs.w[0], rs.w[1], rs.w[2], rs.w[3]}, at(a, 16 * W4 * i));
+      for (int j = 0; j < 4; ++j) {
+        half2_scaled(b, half, rs.w[j], f[2 * j], f[2 * j + 1], rs.scale[h], rs.t, l16, h16);
+        cp.pair(j);
+      }
+      cp.store(h, i, tail, a, 16 * W4);
+    }
+  }
+}
 }  // namespace
 
 std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
                                     const SmemTile &q, Reg smem_base) {
   ptx::Builder &b = e.b;
-  const int C = q.cols / 8;      // 16-byte chunks (8 values) per row
-  const int W4 = 4 * num_warps;  // the conversion: chunks of a row per (warp, q)
-  const int per_conv = (C + W4 - 1) / W4;
   // k = 141 - exponent field (14 - unbiased exponent): the maximum in
   // [2^14, 2^15).
   const RowScales rs = row_pow2_scales(e, ln, Type::BF16, q, smem_base, 141, false);
-  const Reg *w = rs.w, t = rs.t, p = rs.p;
+  const Reg *w = rs.w, p = rs.p;
   b.bar_sync();  // every lane has read its rows before any is rewritten
-  // Chunk c = q + 4 warp + W4 i of rows g and g + 8: 8 bf16 -> 8 f32, times
-  // 2^k, -> 4 f16x2.
+  // 8 bf16 -> 8 f32, times 2^k, -> 4 f16x2, in place.
   Reg f[8];
   for (Reg &x : f) x = b.f32();
-  Reg lane_chunk = e.op(Op::MadLo, Type::U32, warp, imm(4), ln.q);
-  for (int h = 0; h < 2; ++h) {
-    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), rs.base[h]);
-    for (int i = 0; i < per_conv; ++i) {
-      const bool tail = W4 * (i + 1) > C;
-      if (tail) b.setp(Cmp::Lt, Type::U32, p, lane_chunk, imm(C - W4 * i));
-      if (tail) b.when(p);
-      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(a, 16 * W4 * i));
-      for (int j = 0; j < 4; ++j) {
-        half2_scaled(b, Type::BF16, w[j], f[2 * j], f[2 * j + 1], rs.scale[h], t, Reg(), Reg());
-        b.cvt_pack(Type::F16, w[j], f[2 * j + 1], f[2 * j]);
-      }
-      if (tail) b.when(p);
-      b.st_v(Space::Shared, Type::B32, at(a, 16 * W4 * i), {w[0], w[1], w[2], w[3]});
-    }
-  }
+  ChunkPass cp;
+  cp.pair = [&](int j) { b.cvt_pack(Type::F16, w[j], f[2 * j + 1], f[2 * j]); };
+  cp.store = [&](int, int i, bool tail, Reg a, int step) {
+    if (tail) b.when(p);
+    b.st_v(Space::Shared, Type::B32, at(a, step * i), {w[0], w[1], w[2], w[3]});
+  };
+  scaled_chunks(e, ln, warp, num_warps, q, Type::BF16, rs, f, Reg(), Reg(), cp);
   b.bar_sync();  // the f16 rows are in
   return {rs.unscale[0], rs.unscale[1]};
 }
@@ -587,41 +610,30 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
 std::array<Reg, 2> rows_to_e4m3(Emitter &e, const Lanes &ln, Reg warp, int num_warps, Type half,
                                 const SmemTile &q, const SmemTile &q8, Reg smem_base) {
   ptx::Builder &b = e.b;
-  const int C = q.cols / 8;      // 16-byte chunks (8 values) per row
-  const int W4 = 4 * num_warps;  // the conversion: chunks of a row per (warp, q)
-  const int per_conv = (C + W4 - 1) / W4;
   // k = 135 - exponent field (8 - unbiased exponent): the maximum in
   // [2^8, 448], or in (224, 256) when its mantissa is past 1.75.
   const RowScales rs = row_pow2_scales(e, ln, half, q, smem_base, 135, true);
-  // Chunk c = q + 4 warp + W4 i of rows g and g + 8: 8 values -> 8 f32,
-  // times 2^k, -> 8 e4m3 bytes (cvt.rn.satfinite) at byte 8c of the row
-  // in q8. q is only read: no barrier before the writes.
-  const Reg *w = rs.w, t = rs.t, p = rs.p;
+  // 8 values -> 8 f32, times 2^k, -> 8 e4m3 bytes (cvt.rn.satfinite) at
+  // byte 8c of the row in q8. q is only read: no barrier before the writes.
   Reg l16 = b.b16(), h16 = b.b16();
   Reg f[8], y[4] = {b.b16(), b.b16(), b.b16(), b.b16()}, o[2] = {b.b32(), b.b32()};
   for (Reg &x : f) x = b.f32();
-  Reg lane_chunk = e.op(Op::MadLo, Type::U32, warp, imm(4), ln.q);
-  for (int h = 0; h < 2; ++h) {
-    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), rs.base[h]);
-    Reg d = e.op(Op::MadLo, Type::U32, e.op(Op::Add, Type::U32, ln.g, imm(8 * h)), imm(q8.pitch),
-                 smem_base);
+  Reg d;  // this row's chunk c in q8
+  ChunkPass cp;
+  cp.row = [&](int h, Reg lane_chunk) {
+    d = e.op(Op::MadLo, Type::U32, e.op(Op::Add, Type::U32, ln.g, imm(8 * h)), imm(q8.pitch),
+             smem_base);
     b.op(Op::Add, Type::U32, d, d, imm(static_cast<int>(q8.offset)));
     b.op(Op::MadLo, Type::U32, d, lane_chunk, imm(8), d);
-    for (int i = 0; i < per_conv; ++i) {
-      const bool tail = W4 * (i + 1) > C;
-      if (tail) b.setp(Cmp::Lt, Type::U32, p, lane_chunk, imm(C - W4 * i));
-      if (tail) b.when(p);
-      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(a, 16 * W4 * i));
-      for (int j = 0; j < 4; ++j) {
-        half2_scaled(b, half, w[j], f[2 * j], f[2 * j + 1], rs.scale[h], t, l16, h16);
-        b.cvt_f8x2_f32(false, y[j], f[2 * j + 1], f[2 * j]);
-      }
-      b.pack_b32(o[0], y[0], y[1]);
-      b.pack_b32(o[1], y[2], y[3]);
-      if (tail) b.when(p);
-      b.st_v(Space::Shared, Type::B32, at(d, 8 * W4 * i), {o[0], o[1]});
-    }
-  }
+  };
+  cp.pair = [&](int j) { b.cvt_f8x2_f32(false, y[j], f[2 * j + 1], f[2 * j]); };
+  cp.store = [&](int, int i, bool tail, Reg, int step) {
+    b.pack_b32(o[0], y[0], y[1]);
+    b.pack_b32(o[1], y[2], y[3]);
+    if (tail) b.when(rs.p);
+    b.st_v(Space::Shared, Type::B32, at(d, step / 2 * i), {o[0], o[1]});
+  };
+  scaled_chunks(e, ln, warp, num_warps, q, half, rs, f, l16, h16, cp);
   b.bar_sync();  // the e4m3 rows are in
   return {rs.unscale[0], rs.unscale[1]};
 }
