@@ -7,7 +7,7 @@
 //   per (batch, KV head) with non-trivial strides;
 // - every KV layout (contiguous with padded strides, paged NHD and HND with
 //   per-row and per-tile page lookups, pointer arrays), GQA packing, chunked
-//   prefill (seqlen_q > 1, causal), windows, softcap, tree masks, sinks
+//   prefill (seqlen_q > 1, causal), windows, softcap, ALiBi, tree masks, sinks
 //   (in the combine), forced, automatic and batch-invariant splits;
 //   cache rows past cache_seqlens hold NaN bytes (never read);
 // - each case checks by name that the tensor-core decode kernel with the
@@ -18,7 +18,12 @@
 // - UNSUPPORTED on sm_80/86 and from fa_launch; the host checks of the new
 //   fields; a 0.4-sized desc and 0.4.1-sized args still work;
 // - the PTX of a 16-bit decode is unchanged by the feature (fa_generate of
-//   a 0.4-sized desc's config equals the current one's).
+//   a 0.4-sized desc's config equals the current one's);
+// - mode (b) (KernelPolicy::decode_fp8_mma: Q and P in e4m3 on the fp8
+//   mma): the formats, layouts, features and append cases on sm_89 and
+//   sm_120, the kernel checked by name ("_f8mma"), within twice the error of
+//   a yardstick that rounds Q and P as the kernel does (run_case); head_dim
+//   80 and sm_90 run mode (a).
 #include "support/cmocka.hh"
 
 #include <algorithm>
@@ -142,8 +147,8 @@ void test_layouts(void **) {
   run_all(g_rt90, layout_cases());
 }
 
-// Chunked prefill, GQA packing, windows, softcap, tree masks, sinks, splits,
-// MLA's head dims.
+// Chunked prefill, GQA packing, windows, softcap, ALiBi, tree masks, sinks,
+// splits, MLA's head dims.
 std::vector<Case> feature_cases() {
   std::vector<Case> cases;
   Case c = base(2, 9, 120, 8, 2, 64, 50);  // prefill chunk, GQA 4: 36 packed rows
@@ -157,6 +162,12 @@ std::vector<Case> feature_cases() {
   cases.push_back(c);
   c = base(2, 2, 100, 2, 1, 64, 55);  // softcap
   c.softcap = 15.0f;
+  cases.push_back(c);
+  c = base(2, 3, 90, 8, 2, 128, 60);  // ALiBi, GQA 4, chunked prefill, window
+  c.alibi = true;
+  c.causal = true;
+  c.window_left = 50;
+  c.bf16 = true;
   cases.push_back(c);
   c = base(2, 5, 80, 2, 1, 64, 52);  // tree mask
   c.tree = true;

@@ -134,6 +134,7 @@ std::vector<double> lowp(const fa::ref::Problem &p, const std::vector<double> &q
                          k[((size_t(b) * p.seqlen_k + j) * p.num_heads_kv + h / group) * d + x]);
           float y = dot * float(scale);
           if (p.softcap > 0) y = float(p.softcap) * std::tanh(y / float(p.softcap));
+          y -= float(fa::ref::alibi_slope(p, b, h) * std::fabs(double(diag - j)));
           s[size_t(j)] = y;
           m = std::max(m, y);
         }
@@ -417,6 +418,13 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
     a.tree_mask_stride[1] = int64_t(words) * 4;
     a.tree_mask_stride[0] = int64_t(sq) * a.tree_mask_stride[1];
   }
+  std::vector<float> slopes;  // c.alibi: [batch][hq], stride hq
+  if (c.alibi) {
+    std::uniform_real_distribution<float> ua(0.01f, 0.5f);
+    for (int i = 0; i < c.batch * hq; ++i) slopes.push_back(ua(gen));
+    a.alibi_slopes = dev.put(slopes.data(), slopes.size() * 4);
+    a.alibi_slopes_stride = hq;
+  }
   std::vector<float> sinks;
   uint64_t sinks_dev = 0;
   if (c.sinks) {
@@ -546,6 +554,10 @@ std::string run_case(fa_runtime *rt, const Case &c, fa_emu_mem_counters *counter
   p.softcap = c.softcap;
   if (c.tree) p.tree_mask = tree.data();
   if (c.sinks) p.sinks = sinks.data();
+  if (c.alibi) {
+    p.alibi_slopes = slopes.data();
+    p.alibi_stride = hq;
+  }
   // Rows past a sequence's length are NaN in the reference's inputs too
   // (zeros here: the reference never reads them, lens bound it).
   std::vector<double> o_ref(on), lse_ref(ln);

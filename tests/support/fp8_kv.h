@@ -31,6 +31,7 @@ struct Case {
   int descale = 2;                  // 0 none (1.0), 1 per tensor, 2 per (batch, KV head)
   bool descale_transposed = false;  // per (b, h): strides {1, batch + 1} instead of {hkv + 2, 1}
   bool tree = false, sinks = false;
+  bool alibi = false;   // ALiBi slopes per (batch, query head) (fa_decode_args.alibi_slopes)
   bool direct = false;  // fa_decode with o.data set (its own combine)
   // bf16 Q rows (token, head) scaled by 2^e, e cycling over -30, -18, -6, 6,
   // 18: past f16's range both ways (the f16 mma on a row-scaled Q).
@@ -67,13 +68,13 @@ struct Case {
     static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
     std::snprintf(buf, sizeof buf,
                   "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
-                  "descale%d%s%s%s%s%s new%d rope%d/%d x%g%s",
+                  "descale%d%s%s%s%s%s%s new%d rope%d/%d x%g%s",
                   e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "", v_in_k ? " v_in_k" : "", seqlen_new, rotary, rotary_dim,
-                  new_scale, fp8_mma ? " fp8_mma" : "");
+                  alibi ? " alibi" : "", direct ? " direct" : "", v_in_k ? " v_in_k" : "",
+                  seqlen_new, rotary, rotary_dim, new_scale, fp8_mma ? " fp8_mma" : "");
     return buf;
   }
 };
