@@ -7,7 +7,7 @@
 //   per (batch, KV head) with non-trivial strides;
 // - every KV layout (contiguous with padded strides, paged NHD and HND with
 //   per-row and per-tile page lookups, pointer arrays), GQA packing, chunked
-//   prefill (seqlen_q > 1, causal), windows, softcap, tree masks, sinks
+//   prefill (seqlen_q > 1, causal), windows, softcap, ALiBi, tree masks, sinks
 //   (in the combine), forced, automatic and batch-invariant splits;
 //   cache rows past cache_seqlens hold NaN bytes (never read);
 // - each case checks by name that the tensor-core decode kernel with the
@@ -18,7 +18,12 @@
 // - UNSUPPORTED on sm_80/86 and from fa_launch; the host checks of the new
 //   fields; a 0.4-sized desc and 0.4.1-sized args still work;
 // - the PTX of a 16-bit decode is unchanged by the feature (fa_generate of
-//   a 0.4-sized desc's config equals the current one's).
+//   a 0.4-sized desc's config equals the current one's);
+// - mode (b) (KernelPolicy::decode_fp8_mma: Q and P in e4m3 on the fp8
+//   mma): the formats, layouts, features and append cases on sm_89 and
+//   sm_120, the kernel checked by name ("_f8mma"), within twice the error of
+//   a yardstick that rounds Q and P as the kernel does (run_case); head_dim
+//   80 and sm_90 run mode (a).
 #include "support/cmocka.hh"
 
 #include <algorithm>
@@ -39,7 +44,7 @@ namespace {
 
 using namespace fa::test::fp8kv;
 
-fa_runtime *g_rt89 = nullptr, *g_rt90 = nullptr, *g_rt80 = nullptr;
+fa_runtime *g_rt89 = nullptr, *g_rt90 = nullptr, *g_rt80 = nullptr, *g_rt120 = nullptr;
 std::string g_why;
 
 int setup(void **) {
@@ -47,17 +52,19 @@ int setup(void **) {
   g_rt89 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 89);
   g_rt90 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 90);
   g_rt80 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 80);
+  g_rt120 = fa::test::make_runtime(FA_BACKEND_EMULATOR, &g_why, 120);
   return 0;
 }
 int teardown(void **) {
   fa_runtime_destroy(g_rt89);
   fa_runtime_destroy(g_rt90);
   fa_runtime_destroy(g_rt80);
+  fa_runtime_destroy(g_rt120);
   unsetenv("FLASHATTN_EMU_PROFILE");
   return 0;
 }
 void need_runtime() {
-  if (!g_rt89 || !g_rt90 || !g_rt80) {
+  if (!g_rt89 || !g_rt90 || !g_rt80 || !g_rt120) {
     std::printf("SKIP: emulator unavailable: %s\n", g_why.c_str());
     skip();
   }
@@ -80,8 +87,7 @@ void run_all(fa_runtime *rt, const std::vector<Case> &cases) {
 }
 
 // e4m3 and e5m2, fp16 and bf16, each descale form, contiguous.
-void test_formats(void **) {
-  need_runtime();
+std::vector<Case> format_cases() {
   std::vector<Case> cases;
   uint32_t seed = 10;
   for (int e5 = 0; e5 < 2; ++e5)
@@ -108,12 +114,16 @@ void test_formats(void **) {
     w.q_spread = true;
     cases.push_back(w);
   }
-  run_all(g_rt89, cases);
+  return cases;
+}
+
+void test_formats(void **) {
+  need_runtime();
+  run_all(g_rt89, format_cases());
 }
 
 // Every KV layout, page sizes below and at a multiple of the key tile.
-void test_layouts(void **) {
-  need_runtime();
+std::vector<Case> layout_cases() {
   std::vector<Case> cases;
   uint32_t seed = 30;
   const struct {
@@ -129,13 +139,17 @@ void test_layouts(void **) {
     c.causal = true;
     cases.push_back(c);
   }
-  run_all(g_rt90, cases);
+  return cases;
 }
 
-// Chunked prefill, GQA packing, windows, softcap, tree masks, sinks, splits,
-// MLA's head dims.
-void test_features(void **) {
+void test_layouts(void **) {
   need_runtime();
+  run_all(g_rt90, layout_cases());
+}
+
+// Chunked prefill, GQA packing, windows, softcap, ALiBi, tree masks, sinks,
+// splits, MLA's head dims.
+std::vector<Case> feature_cases() {
   std::vector<Case> cases;
   Case c = base(2, 9, 120, 8, 2, 64, 50);  // prefill chunk, GQA 4: 36 packed rows
   c.causal = true;
@@ -148,6 +162,12 @@ void test_features(void **) {
   cases.push_back(c);
   c = base(2, 2, 100, 2, 1, 64, 55);  // softcap
   c.softcap = 15.0f;
+  cases.push_back(c);
+  c = base(2, 3, 90, 8, 2, 128, 60);  // ALiBi, GQA 4, chunked prefill, window
+  c.alibi = true;
+  c.causal = true;
+  c.window_left = 50;
+  c.bf16 = true;
   cases.push_back(c);
   c = base(2, 5, 80, 2, 1, 64, 52);  // tree mask
   c.tree = true;
@@ -184,7 +204,12 @@ void test_features(void **) {
   c.v_in_k = true;
   c.seed = 59;
   cases.push_back(c);
-  run_all(g_rt89, cases);
+  return cases;
+}
+
+void test_features(void **) {
+  need_runtime();
+  run_all(g_rt89, feature_cases());
 }
 
 // The decode kernel's K/V global traffic: the fp8 cache reads exactly half
@@ -342,8 +367,8 @@ Case app(int b, int sq, int sk, int hq, int hkv, int d, int sn, uint32_t seed) {
   return c;
 }
 
-void test_append(void **) {
-  need_runtime();
+// The sm_89 cases (first) and the sm_90 ones (*later).
+std::vector<Case> append_cases(std::vector<Case> *later) {
   std::vector<Case> cases;
   uint32_t seed = 90;
   // e4m3 fp16, contiguous, per (batch, KV head), no RoPE, decode step.
@@ -375,8 +400,8 @@ void test_append(void **) {
   c.rotary = 1;
   c.rotary_dim = 32;
   cases.push_back(c);
-  run_all(g_rt89, cases);
-  cases.clear();
+  std::vector<Case> &c90 = *later;
+  c90.clear();
   // sm_90: chunked prefill (40 new tokens, causal, GQA 2: three m-blocks),
   // paged 16, GPT-J, splits cutting the new tokens; and fp16 paged 5.
   c = app(2, 40, 110, 4, 2, 64, 40, seed++);
@@ -385,25 +410,25 @@ void test_append(void **) {
   c.page_size = 16;
   c.rotary = 2;
   c.splits = 4;
-  cases.push_back(c);
+  c90.push_back(c);
   c = app(2, 3, 40, 2, 2, 64, 3, seed++);
   c.e5m2 = c.bf16 = c.causal = true;
   c.layout = kPagedNhd;
   c.page_size = 5;
   c.rotary = 1;
-  cases.push_back(c);
+  c90.push_back(c);
   // O in column slices (dv 320: two CTAs write the same whole rows), direct.
   c = app(1, 1, 40, 2, 1, 64, 2, seed++);
   c.dv = 320;
   c.direct = true;
-  cases.push_back(c);
+  c90.push_back(c);
   // Beyond e4m3's range: |x / descale| up to ~10^4, satfinite clamps to
   // +-448 (the host quantisation does the same).
   c = app(2, 2, 40, 2, 1, 64, 2, seed++);
   c.descale = 0;
   c.new_scale = 2000;
   c.causal = true;
-  cases.push_back(c);
+  c90.push_back(c);
   // Descales 0 (+-448 / +-57344), +inf (+-0), NaN (NaN) and
   // negative (the sign flipped): the bytes only.
   for (int e5 = 0; e5 < 2; ++e5) {
@@ -411,9 +436,16 @@ void test_append(void **) {
     c.e5m2 = e5;
     c.odd_descales = true;
     c.lens = {0, 0, 0};  // old rows would be quantised with these descales too
-    cases.push_back(c);
+    c90.push_back(c);
   }
-  run_all(g_rt90, cases);
+  return cases;
+}
+
+void test_append(void **) {
+  need_runtime();
+  std::vector<Case> later;
+  run_all(g_rt89, append_cases(&later));
+  run_all(g_rt90, later);
 }
 
 // The 16-bit decode PTX is the same for a 0.4-sized desc's config and a
@@ -444,6 +476,39 @@ void test_old_sizes(void **) {
   fa_config_destroy(b);
 }
 
+// Mode (b) (KernelPolicy::decode_fp8_mma: Q and P in e4m3 on the fp8
+// mma) on the SMs where the fp8 mma is native, sm_89 and sm_120: the
+// formats, layouts, features and append cases, each checked by name
+// ("_f8mma") against fp64 under the tolerance run_case derives for it;
+// head_dim 80 (not whole k32 steps) and sm_90 (no native fp8 mma.sync)
+// fall back to mode (a).
+void test_fp8_mma(void **) {
+  need_runtime();
+  std::vector<Case> cases = format_cases(), more = layout_cases(), later;
+  for (const std::vector<Case> &v : {more, feature_cases(), append_cases(&later), later})
+    cases.insert(cases.end(), v.begin(), v.end());
+  for (Case &c : cases) c.fp8_mma = true;
+  Case a = base(2, 2, 70, 4, 2, 80, 120);  // d 80: mode (a)
+  a.causal = true;
+  std::string failures;
+  for (fa_runtime *rt : {g_rt89, g_rt120}) {
+    const fa::test::PolicyScope policy(rt, &fa::KernelPolicy::decode_fp8_mma);
+    std::printf("  sm_%d\n", rt == g_rt89 ? 89 : 120);
+    for (const Case &c : cases) {
+      const std::string e = run_case(rt, c);
+      if (!e.empty()) failures += c.describe() + ":\n" + e;
+    }
+    const std::string e = run_case(rt, a);
+    if (!e.empty()) failures += a.describe() + ":\n" + e;
+  }
+  {
+    const fa::test::PolicyScope policy(g_rt90, &fa::KernelPolicy::decode_fp8_mma);
+    const std::string e = run_case(g_rt90, format_cases()[0]);
+    if (!e.empty()) failures += "sm_90: " + e;
+  }
+  report(failures);
+}
+
 }  // namespace
 
 int main() {
@@ -451,7 +516,7 @@ int main() {
       cmocka_unit_test(test_formats),  cmocka_unit_test(test_layouts),
       cmocka_unit_test(test_features), cmocka_unit_test(test_sectors_halved),
       cmocka_unit_test(test_statuses), cmocka_unit_test(test_old_sizes),
-      cmocka_unit_test(test_append),
+      cmocka_unit_test(test_append),   cmocka_unit_test(test_fp8_mma),
   };
   return cmocka_run_group_tests_name("fp8_kv", tests, setup, teardown);
 }

@@ -706,6 +706,29 @@ std::vector<KernelSpec> grid() {
         ++i;
       }
   }
+  // The fp8 KV decode's mode (b) (KernelPolicy::decode_fp8_mma: Q and P in
+  // e4m3 on the fp8 mma) on sm_89 and sm_120: head dims 64..576 (whole k32
+  // steps; MLA's 576 / 512 with V in K in two O slices), both dtypes, e4m3
+  // and e5m2, paged, tree masks, softcap, ALiBi, KV append with RoPE, the
+  // fused combine; held to no local memory (summarize: fp8 is strict).
+  {
+    KernelPolicy pol;
+    pol.decode_fp8_mma = true;
+    int i = 0;
+    for (int sm : {89, 120})
+      for (int d : {64, 96, 128, 192, 256, 576}) {
+        LaunchShape shape = decode_mix_shape(i, d, d == 128 && sm == 89);
+        shape.tree_mask = i % 4 == 2;
+        shape.alibi = i % 5 == 3;
+        shape.fused_combine = i % 3 == 0;
+        AttentionConfig cfg = decode_mix_config(i, d);
+        cfg.kv_fp8 = i % 2 ? KvFp8::E5M2 : KvFp8::E4M3;
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, pol);
+        assert_true(w.mma && w.kv_fp8_mma && !generate_ptx(w).empty());
+        out.push_back(w);
+        ++i;
+      }
+  }
   // The combine fused into the decode kernel (KernelSpec::fused_combine:
   // fa_decode with split_counters): head dims 64..576 (MLA's O in two
   // slices, V in K), sinks, paged, fp8 KV, KV append with RoPE, PDL, on

@@ -17,6 +17,9 @@
 //  - rows_bf16_to_f16: a 16-row bf16 tile over 60 binades (zero rows, NaN,
 //    infinities, values f16 cannot hold) rewritten as row-scaled f16 by 1, 2
 //    and 4 warps, every element and every lane's 2^-k against the rule;
+//  - rows_to_e4m3 (sm_89): bf16 and f16 tiles (zero rows, NaN, infinities,
+//    a maximum with mantissa past 1.75) quantised to e4m3 bytes by 1 and 4
+//    warps, every byte and 2^-k against the rule;
 //  - mma_fp8 (sm_89): a 16 x 64 fp8 A and an 8 x 64 fp8 B tile read with
 //    ldmatrix (.x4 via ldsm Role::A, .x2) into two m16n8k32 steps, all four
 //    e4m3/e5m2 pairs, random codes with subnormals and the largest finite,
@@ -55,6 +58,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -828,82 +832,111 @@ void test_fp8_pv(void **) {
 
 // ------------------------------------------------- row-scaled f16 rows ---
 
-// W warps: a 16 x cols bf16 tile copied into shared memory, rewritten by
-// rows_bf16_to_f16, read back whole; each lane stores its two 2^-k.
-void check_rows_to_f16(int cols, int warps) {
+// W warps: a 16 x cols tile copied into shared memory, rewritten by
+// rows_bf16_to_f16 (e4m3 false: bf16 in place as f16) or quantised by
+// rows_to_e4m3 (e4m3 true: `half` values to a byte tile after it), read back
+// whole; each lane stores its two 2^-k.
+void check_rows_scaled(int cols, int warps, bool e4m3, Type half) {
   const int rows = 16, threads = 32 * warps;
+  const bool f16in = half == Type::F16;
   const tile::SmemTile q = tile::smem_tile(64, rows, cols);
-  const uint32_t smem_bytes = q.offset + q.bytes();
-  std::mt19937 gen(cols * 31 + warps);
+  const tile::SmemTile q8 = tile::byte_tile(q.offset + q.bytes(), rows, cols);
+  const tile::SmemTile &out = e4m3 ? q8 : q;  // what is read back
+  const uint32_t smem_bytes = out.offset + out.bytes();
+  std::mt19937 gen(cols * 31 + warps + (e4m3 ? 7 : 0));
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<uint16_t> in(size_t(rows) * q.pitch / 2, 0);
-  std::vector<double> rowmax(rows, 0.0);
   for (int r = 0; r < rows; ++r) {
-    const int e = (r * 7) % 12 * 10 - 60;  // rows of 2^-60 .. 2^50 N(0, 1)
+    // Rows of 2^-60 .. 2^50 N(0, 1) (f16: 2^-20 .. 2^10, its subnormals too).
+    const int e = f16in ? (r * 7) % 12 * 3 - 20 : (r * 7) % 12 * 10 - 60;
     for (int c = 0; c < cols; ++c) {
       double x = r == 3 ? 0.0 : std::ldexp(nd(gen), e);  // row 3 all zero
       if (r == 5 && c == 1) x = std::nan("");
       if (r == 6 && c == cols - 1) x = -INFINITY;
-      in[size_t(q.at(r, c)) / 2] = fa::ref::f32_to_bf16(float(x));
+      if (r == 7 && c == 2) x = std::ldexp(1.875, e + 2);  // mantissa past 1.75 (e4m3)
+      in[size_t(q.at(r, c)) / 2] =
+          f16in ? fa::ref::f32_to_f16(float(x)) : fa::ref::f32_to_bf16(float(x));
     }
   }
-  const std::string ptx = kernel(threads, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
-    Builder &b = e.b;
-    Reg w = b.b32();
-    for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {  // the tile in, plainly
-      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
-      Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      Reg ga = e.index(g[0], off, 1), sa = e.op(Op::Add, Type::U32, smem, off);
-      b.when(ok).ld(Space::Global, Type::B32, w, at(ga));
-      b.when(ok).st(Space::Shared, Type::B32, at(sa, q.offset), w);
-    }
-    b.bar_sync();
-    Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
-    Reg warp = e.op(Op::Shr, Type::U32, tid, imm(5));
-    const tile::Lanes ln = tile::make_lanes(e, lane);
-    const std::array<Reg, 2> un = tile::rows_bf16_to_f16(e, ln, warp, warps, q, smem);
-    for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {
-      Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
-      Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
-      Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
-      b.when(ok).ld(Space::Shared, Type::B32, w, at(sa, q.offset));
-      b.when(ok).st(Space::Global, Type::B32, at(ga), w);
-    }
-    for (int h = 0; h < 2; ++h)
-      b.st(Space::Global, Type::F32,
-           at(e.index(g[2], e.op(Op::MadLo, Type::U32, tid, imm(2), imm(h)), 4)), un[h]);
-  });
-  DevBuf din(in.size() * 2), dout(in.size() * 2), dun(size_t(threads) * 2 * 4);
+  auto value = [&](int r, int c) -> double {
+    const uint16_t v = in[size_t(q.at(r, c)) / 2];
+    return f16in ? fa::ref::f16_to_f32(v) : fa::ref::bf16_to_f32(v);
+  };
+  const std::string ptx = kernel(
+      threads,
+      [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
+        Builder &b = e.b;
+        Reg w = b.b32();
+        for (uint32_t o = 0; o < q.bytes(); o += 4u * threads) {  // the tile in, plainly
+          Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+          Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(q.bytes()));
+          Reg ga = e.index(g[0], off, 1), sa = e.op(Op::Add, Type::U32, smem, off);
+          b.when(ok).ld(Space::Global, Type::B32, w, at(ga));
+          b.when(ok).st(Space::Shared, Type::B32, at(sa, q.offset), w);
+        }
+        b.bar_sync();
+        Reg lane = e.op(Op::And, Type::B32, tid, imm(31));
+        Reg warp = e.op(Op::Shr, Type::U32, tid, imm(5));
+        const tile::Lanes ln = tile::make_lanes(e, lane);
+        const std::array<Reg, 2> un =
+            e4m3 ? tile::rows_to_e4m3(e, ln, warp, warps, half, q, q8, smem)
+                 : tile::rows_bf16_to_f16(e, ln, warp, warps, q, smem);
+        for (uint32_t o = 0; o < out.bytes(); o += 4u * threads) {
+          Reg off = e.op(Op::MadLo, Type::U32, tid, imm(4), imm(o));
+          Reg ok = e.setp(fa::ptx::Cmp::Lt, Type::U32, off, imm(out.bytes()));
+          Reg sa = e.op(Op::Add, Type::U32, smem, off), ga = e.index(g[1], off, 1);
+          b.when(ok).ld(Space::Shared, Type::B32, w, at(sa, out.offset));
+          b.when(ok).st(Space::Global, Type::B32, at(ga), w);
+        }
+        for (int h = 0; h < 2; ++h)
+          b.st(Space::Global, Type::F32,
+               at(e.index(g[2], e.op(Op::MadLo, Type::U32, tid, imm(2), imm(h)), 4)), un[h]);
+      },
+      e4m3 ? 84 : 70, e4m3 ? 89 : 80);
+  DevBuf din(in.size() * 2), dout(out.bytes()), dun(size_t(threads) * 2 * 4);
   din.put(in);
   Ptrs p = {{din.ptr, dout.ptr, dun.ptr, 0, 0, 0}};
   assert_int_equal(launch(ptx, threads, smem_bytes, p), FA_SUCCESS);
-  const std::vector<uint16_t> got = dout.get<uint16_t>();
+  const std::vector<uint8_t> got = dout.get<uint8_t>();
   const std::vector<float> un = dun.get<float>();
   int bad = 0;
   for (int r = 0; r < rows; ++r) {
     double m = 0;  // the row's largest magnitude (NaN: above everything)
     bool nan = false;
     for (int c = 0; c < cols; ++c) {
-      const double x = fa::ref::bf16_to_f32(in[size_t(q.at(r, c)) / 2]);
+      const double x = value(r, c);
       if (std::isnan(x))
         nan = true;
       else
         m = std::max(m, std::fabs(x));
     }
+    // k = bias - the f32 exponent field: 141 (f16: [2^14, 2^15)) or 135
+    // (e4m3: [2^8, 448], one less past a mantissa of 1.75); NaN and
+    // infinity: field 255 (NaN's mantissa here is 0x400000).
+    const int top = e4m3 ? 8 : 14;
     int k = 126;
-    if (nan)
-      k = -114;  // exponent field 255
+    if (nan || std::isinf(m))
+      k = top - 128;
     else if (m > 0)
-      k = std::min(126, std::max(-126, 14 - std::ilogb(m)));
-    if (std::isinf(m) && !nan) k = -114;
+      k = std::min(126, std::max(-126, top - std::ilogb(m) -
+                                           (e4m3 && std::ldexp(m, -std::ilogb(m)) > 1.75)));
     for (int c = 0; c < cols; ++c) {
-      const double x = fa::ref::bf16_to_f32(in[size_t(q.at(r, c)) / 2]);
-      const double want = fa::ref::f16_to_f32(fa::ref::f32_to_f16(float(std::ldexp(x, k))));
-      const double gv = fa::ref::f16_to_f32(got[size_t(q.at(r, c)) / 2]);
+      const double x = value(r, c);
+      const float y = float(std::ldexp(x, k));
+      double want, gv;
+      if (e4m3) {
+        want = fa::ref::fp8_to_double(fa::ref::fp8_from_double(y, false), false);
+        gv = fa::ref::fp8_to_double(got[size_t(r) * q8.pitch + c], false);
+      } else {
+        want = fa::ref::f16_to_f32(fa::ref::f32_to_f16(y));
+        uint16_t v;
+        std::memcpy(&v, &got[size_t(q.at(r, c))], 2);
+        gv = fa::ref::f16_to_f32(v);
+      }
       const bool ok = std::isnan(want) ? std::isnan(gv) : gv == want;
       if (!ok && bad++ < 5)
-        std::fprintf(stderr, "cols %d warps %d: (%d, %d) %g -> %g, want %g (k %d)\n", cols, warps,
-                     r, c, x, gv, want, k);
+        std::fprintf(stderr, "cols %d warps %d e4m3 %d: (%d, %d) %g -> %g, want %g (k %d)\n", cols,
+                     warps, e4m3, r, c, x, gv, want, k);
     }
     for (int t = 0; t < threads; ++t)  // lane t % 32 holds rows g, g + 8
       for (int h = 0; h < 2; ++h)
@@ -917,7 +950,19 @@ void check_rows_to_f16(int cols, int warps) {
 void test_rows_to_f16(void **) {
   // 8 .. 32 chunks per row: fewer and more than the 4 W lanes of a row.
   for (int cols : {64, 72, 128, 256})
-    for (int w : {1, 2, 4}) check_rows_to_f16(cols, w);
+    for (int w : {1, 2, 4}) check_rows_scaled(cols, w, false, Type::BF16);
+}
+
+// rows_to_e4m3 (sm_89): bf16 and f16 rows to e4m3 bytes, whole k32 steps.
+void test_rows_to_e4m3(void **) {
+  std::unique_ptr<fa::Backend> be89;
+  assert_int_equal(fa::create_emulator_backend(89, &be89), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be89.get();
+  for (Type half : {Type::BF16, Type::F16})
+    for (int cols : {64, 96, 256})
+      for (int w : {1, 4}) check_rows_scaled(cols, w, true, half);
+  g_be = sm80;
 }
 
 // ------------------------------------------------------------ masking ---
@@ -2032,14 +2077,23 @@ void test_online_softmax_fp8(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_frags),      cmocka_unit_test(test_rows_to_f16),
-      cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
-      cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
-      cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
-      cmocka_unit_test(test_key_range),      cmocka_unit_test(test_scheduler),
-      cmocka_unit_test(test_work_scheduler), cmocka_unit_test(test_ring),
-      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_gather_rows),
+      cmocka_unit_test(test_mma_fragments),
+      cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_fp8_frags),
+      cmocka_unit_test(test_rows_to_f16),
+      cmocka_unit_test(test_rows_to_e4m3),
+      cmocka_unit_test(test_mask_row_half),
+      cmocka_unit_test(test_alibi),
+      cmocka_unit_test(test_online_softmax),
+      cmocka_unit_test(test_fp8_mma),
+      cmocka_unit_test(test_fp8_pv),
+      cmocka_unit_test(test_online_softmax_fp8),
+      cmocka_unit_test(test_key_range),
+      cmocka_unit_test(test_scheduler),
+      cmocka_unit_test(test_work_scheduler),
+      cmocka_unit_test(test_ring),
+      cmocka_unit_test(test_swizzle128),
+      cmocka_unit_test(test_gather_rows),
       cmocka_unit_test(test_store_acc),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);

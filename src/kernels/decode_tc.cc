@@ -23,6 +23,13 @@
 // whose even and odd columns land in neighbouring n8 tiles: O is in
 // tile::AccCols::EvenOdd order until the merge stores it). The K descale
 // is folded into the score scale, the V descale into the final 1 / l.
+// Mode (b) (spec.kv_fp8_mma, sm_89 and sm_120/121, off by default): Q is
+// quantised once per CTA to e4m3 per packed row (tile::rows_to_e4m3, a
+// power of two per row, undone on the scores), S = Q K^T runs on the fp8
+// mma (m16n8k32) straight on the ring's K bytes, P is rounded to e4m3
+// (the fp8 forward's softmax form and key order) and O += P V runs on the
+// fp8 mma too, each k32 step over the warp tile's 16 keys with keys 16..31
+// zero in both operands.
 // Layouts, tile choice and the loop: docs/kernels.md.
 #include <algorithm>
 #include <cstdio>
@@ -52,9 +59,11 @@ constexpr int kWarpKeys = 16;  // keys per warp tile
 // s stage_bytes). After the loop the merge area reuses it from 0: per warp
 // O [16][dv] f32 (rows padded: conflict-free stores) and LSE [16] f32.
 // fp8 KV: k and v are byte tiles (tile::byte_tile), which the mma reads
-// directly.
+// directly; mode (b) adds Q's e4m3 bytes [16][d] (q8) between Q and the
+// rings.
 struct Layout {
   SmemTile q, k, v;  // k, v: offsets within a stage
+  SmemTile q8;       // spec.kv_fp8_mma: Q's e4m3 bytes (after q)
   uint32_t kv_base = 0, stage_bytes = 0, warp_bytes = 0;
   uint32_t merge_pitch = 0;             // bytes per row of a warp's merge O
   uint32_t merge_o = 0, merge_lse = 0;  // per-warp bytes of each merge part
@@ -69,6 +78,10 @@ Layout layout(const KernelSpec &s) {
   l.v = fp8 ? tile::byte_tile(l.k.bytes(), kWarpKeys, dv_slice(s))
             : tile::smem_tile(l.k.bytes(), kWarpKeys, dv_slice(s));
   l.kv_base = (l.q.bytes() + 127) / 128 * 128;
+  if (s.kv_fp8_mma) {  // mode (b): Q's e4m3 bytes, then the rings
+    l.q8 = tile::byte_tile(l.kv_base, kRows, s.head_dim);
+    l.kv_base = (l.q8.offset + l.q8.bytes() + 127) / 128 * 128;
+  }
   // spec.v_in_k: no V tile; V is a view of the K tile's first columns
   // (its pitch; the CTA's slice chooses the columns at run time).
   l.stage_bytes = l.k.bytes() + (s.v_in_k ? 0 : l.v.bytes());
@@ -105,11 +118,13 @@ class DecodeTcGen {
         mma_(spec.kv_fp8 != KvFp8::None ? Type::F16 : half_),
         fp8_(spec.kv_fp8 != KvFp8::None),
         f32_(spec.dtype == Dtype::F32),
-        e5m2_(spec.kv_fp8 == KvFp8::E5M2) {
+        e5m2_(spec.kv_fp8 == KvFp8::E5M2),
+        f8mma_(spec.kv_fp8_mma),
+        kv8_(e5m2_ ? ptx::Fp8::E5M2 : ptx::Fp8::E4M3) {
     W_ = spec.num_warps;
     S_ = spec.stages;
     G_ = spec.group_size;
-    kD_ = (spec.head_dim + 15) / 16;
+    kD_ = f8mma_ ? spec.head_dim / 32 : (spec.head_dim + 15) / 16;  // k16 steps, or k32 of bytes
     nO_ = (dv_slice(spec) + 15) / 16 * 2;
     ocols_ = fp8_ ? tile::AccCols::EvenOdd : tile::AccCols::Natural;
   }
@@ -364,13 +379,23 @@ class DecodeTcGen {
                           dv_slice(spec_) * (fp8_ ? 1 : elem_bytes(spec_.dtype)));
     // fp8: the byte tiles' blocks are 16 rows x 16 bytes, which Role::A
     // addresses (non-transposed for K, .trans for V).
-    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, fp8_ ? Role::A : Role::B_NK, wsmem_, Reg());
-    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, fp8_ ? Role::A : Role::B_KN_T, wsmem_, Reg());
+    // Mode (b) (spec.kv_fp8_mma): K's byte blocks are the k32 B fragments
+    // of two n8 blocks (B_NK addressing), V is read .trans by key rows.
+    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, fp8_ && !f8mma_ ? Role::A : Role::B_NK, wsmem_, Reg());
+    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v,
+                            f8mma_ ? Role::B_KN_T8
+                            : fp8_ ? Role::A
+                                   : Role::B_KN_T,
+                            wsmem_, Reg());
     if (spec_.v_in_k && spec_.dv_split > 1)  // this CTA's columns of the K tile
       b_.op(Op::MadLo, Type::U32, v_lm_, dv_slice_index(e_, spec_),
             imm((fp8_ ? 1 : 2) * dv_slice(spec_)), v_lm_);
-    q_lm_ = tile::ldsm_base(e_, ln_, lay_.q, Role::A, smem_, Reg());
+    q_lm_ = tile::ldsm_base(e_, ln_, qa_tile(), Role::A, smem_, Reg());
   }
+
+  // The tile the mma reads Q's A fragments from: mode (b)'s e4m3 bytes (an
+  // m16 x k32 block per k step), else the 16-bit Q.
+  const SmemTile &qa_tile() const { return f8mma_ ? lay_.q8 : lay_.q; }
 
   // fp32 Q (FA_DTYPE_FP32): one chunk of 8 values at global ga (32 bytes,
   // two ld.global.v4.f32 when ok, else zeros) rounded to bf16 into shared sa
@@ -541,12 +566,23 @@ class DecodeTcGen {
     s_ = tile::acc_tile(b_, 2);
     o_ = tile::acc_tile(b_, nO_);
     tile::zero(b_, o_);
-    softmax_ = std::make_unique<tile::OnlineSoftmax>(e_, 1, spec_.softcap ? Reg() : score_scale_);
+    // Mode (b): P in e4m3, the fp8 forward's softmax form (p up to 2^8).
+    softmax_ = std::make_unique<tile::OnlineSoftmax>(
+        e_, 1, spec_.softcap ? Reg() : score_scale_,
+        f8mma_ ? tile::OnlineSoftmax::fp8_form() : tile::OnlineSoftmax::Form());
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     kb_ = tile::frag4(b_);
     pa_ = tile::frag4(b_);
-    if (fp8_)
+    if (f8mma_) {
+      // A k32 step over the 16 keys of a warp tile: P's keys 16..31 (a2,
+      // a3) and V's B registers of those keys are zeros, set once (never
+      // garbage: 0 x NaN is NaN).
+      b_.mov(Type::B32, pa_[2], imm(0));
+      b_.mov(Type::B32, pa_[3], imm(0));
+      for (auto &f : kf_) f[0] = b_.b32(), f[1] = e_.mov(Type::B32, imm(0));
+    } else if (fp8_) {
       for (auto &f : kf_) f[0] = b_.b32(), f[1] = b_.b32();
+    }
 
     b_.comment("prologue: the first stages - 1 tiles of this warp in flight");
     i_ = e_.mov(Type::S32, imm(0));
@@ -561,15 +597,18 @@ class DecodeTcGen {
     // Q landed (every thread's copies), then each warp's A fragments.
     b_.cp_async_wait(S_ - 1);
     b_.bar_sync();
-    if (mma_ != half_) q_unscale_ = tile::rows_bf16_to_f16(e_, ln_, warp_, W_, lay_.q, smem_);
-    if (fp8_) {  // Q's columns in the kperm order of K's fragments (tile::b_frag_fp8_nk)
+    if (f8mma_)  // Q's rows quantised to e4m3, each by its power of two
+      q_unscale_ = tile::rows_to_e4m3(e_, ln_, warp_, W_, half_, lay_.q, lay_.q8, smem_);
+    else if (mma_ != half_)
+      q_unscale_ = tile::rows_bf16_to_f16(e_, ln_, warp_, W_, lay_.q, smem_);
+    if (fp8_ && !f8mma_) {  // Q's columns in the kperm order of K's fragments (tile::b_frag_fp8_nk)
       tile::kperm_rows(e_, tid_, 32 * W_, lay_.q, smem_);
       b_.bar_sync();
     }
     if (spec_.q_in_regs) {
       for (int ks = 0; ks < kD_; ++ks) {
         qf_.push_back(tile::frag4(b_));
-        tile::ldsm(b_, Role::A, qf_.back(), q_lm_, lay_.q.at(0, 16 * ks));
+        tile::ldsm(b_, Role::A, qf_.back(), q_lm_, qa_tile().at(0, 16 * ks));
       }
     } else {
       qf_.push_back(tile::frag4(b_));
@@ -606,19 +645,24 @@ class DecodeTcGen {
   // S = Q K^T, mask, online softmax, O += P V on the tile in stage s.
   void body(int s, Reg n) {
     const int so = s * static_cast<int>(lay_.stage_bytes);
-    if (fp8_) {
+    if (fp8_ && !f8mma_) {
       scores_fp8(so);
     } else {
+      // 16-bit K, or mode (b): K's bytes straight into the fp8 mma (k32).
       for (int ks = 0; ks < kD_; ++ks) {
         const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
-        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, lay_.q.at(0, 16 * ks));
+        if (!spec_.q_in_regs) tile::ldsm(b_, Role::A, qf_[0], q_lm_, qa_tile().at(0, 16 * ks));
         const Frag4 &a = qf_[spec_.q_in_regs ? ks : 0];
         tile::ldsm(b_, Role::B_NK, kb_, k_lm_, so + lay_.k.at(0, 16 * ks));
-        tile::mma(b_, mma_, s_, 0, a, &kb_[0], c);
-        tile::mma(b_, mma_, s_, 1, a, &kb_[2], c);
+        for (int j = 0; j < 2; ++j) {
+          if (f8mma_)
+            tile::mma_fp8(b_, ptx::Fp8::E4M3, kv8_, s_, j, a, &kb_[2 * j], c);
+          else
+            tile::mma(b_, mma_, s_, j, a, &kb_[2 * j], c);
+        }
       }
     }
-    if (mma_ != half_)  // scores of the row-scaled f16 Q back to the bf16 Q's
+    if (mma_ != half_ || f8mma_)  // scores of the row-scaled Q back to Q's
       for (Frag4 &f : s_.f)
         for (int x = 0; x < 4; ++x) b_.op(Op::Mul, Type::F32, f[x], f[x], q_unscale_[x / 2]);
     if (spec_.softcap)
@@ -644,6 +688,10 @@ class DecodeTcGen {
     }
     if (spec_.tree_mask) tree_mask(n, kq);
     softmax_->step({s_}, {o_});
+    if (f8mma_) {
+      pv_f8mma(so);
+      return;
+    }
     tile::pack_a(b_, mma_, s_, 0, pa_);
     if (fp8_) {
       pv_fp8(so);
@@ -692,6 +740,23 @@ class DecodeTcGen {
         tile::mma(b_, mma_, o_, 2 * (2 * cp + c), pa_, kf_[0]);
         tile::mma(b_, mma_, o_, 2 * (2 * cp + c) + 1, pa_, kf_[1]);
       }
+    }
+  }
+
+  // fp8 O += P V (mode (b)): P rounded to e4m3 in tile::pack_a_fp8's key
+  // order (keys 0..15 of a k32 step; a2, a3 stay 0); per 16-byte column
+  // chunk c of V one byte ldmatrix .trans .x2 of the tile's 16 key rows
+  // (Role::B_KN_T8) and tile::v_frags_fp8 give the B fragments of its even
+  // and odd columns (keys 16..31: the zero registers), O's fragments 2c and
+  // 2c + 1 (AccCols::EvenOdd) on the fp8 mma.
+  void pv_f8mma(int so) {
+    tile::pack_a_fp8(b_, s_, 0, pa_, 2);
+    Reg ev[2] = {kf_[0][0], kf_[0][1]}, od[2] = {kf_[1][0], kf_[1][1]};
+    for (int c = 0; c < nO_ / 2; ++c) {
+      tile::ldsm(b_, Role::B_KN_T8, kb_, v_lm_, so + lay_.v.at(0, 8 * c), 2);
+      tile::v_frags_fp8(b_, kb_, ev, od, 1);
+      tile::mma_fp8(b_, ptx::Fp8::E4M3, kv8_, o_, 2 * c, pa_, ev);
+      tile::mma_fp8(b_, ptx::Fp8::E4M3, kv8_, o_, 2 * c + 1, pa_, od);
     }
   }
 
@@ -920,8 +985,10 @@ class DecodeTcGen {
   Emitter e_;
   Type half_, mma_;  // the dtype's 16-bit type; the mma's (f16 for fp8 K/V with bf16 Q)
   bool fp8_ = false;
-  bool f32_ = false;   // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
-  bool e5m2_ = false;  // fp8: the cache is e5m2 (else e4m3)
+  bool f32_ = false;    // fp32 Q/K/V: rounded to bf16 on load (the partial states are fp32 anyway)
+  bool e5m2_ = false;   // fp8: the cache is e5m2 (else e4m3)
+  bool f8mma_ = false;  // spec.kv_fp8_mma: mode (b), Q and P in e4m3 on the fp8 mma
+  ptx::Fp8 kv8_;        // the cache's fp8 type (mode (b)'s mma)
   tile::AccCols ocols_ = tile::AccCols::Natural;  // O's column order (fp8: EvenOdd)
   int W_ = 0, S_ = 0, G_ = 1, kD_ = 0, nO_ = 0;
   tile::Lanes ln_;
@@ -941,9 +1008,12 @@ class DecodeTcGen {
   std::vector<CopyPlan> k_plans_, v_plans_;
   AccTile s_, o_;
   std::vector<Frag4> qf_;
-  std::array<Reg, 2> q_unscale_;  // mma_ != half_: rows g, g + 8's 2^-k (rows_bf16_to_f16)
+  // mma_ != half_ or mode (b): rows g, g + 8's 2^-k (rows_bf16_to_f16, rows_to_e4m3)
+  std::array<Reg, 2> q_unscale_;
   Frag4 kb_, pa_, zero4_;
-  Reg kf_[2][2];  // fp8: converted B fragments (K: two n8 blocks; V: even, odd)
+  // fp8: converted B fragments (K: two n8 blocks; V: even, odd); mode (b):
+  // V's even, odd k32 B fragments ([1], keys 16..31: 0)
+  Reg kf_[2][2];
   std::unique_ptr<tile::OnlineSoftmax> softmax_;
   Reg alibi_coef_[2], alibi_dist_[2];  // spec.alibi: per row half (tile::alibi_coef)
   ptx::Label done_;

@@ -215,6 +215,14 @@ struct KernelSpec {
   // the fp8 wgmma on the bytes (V transposed by the producer). Off: the PTX
   // and serialize() are those of a spec without the field.
   bool fp8_f16 = false;
+  // Decode with kv_fp8 on a native fp8 mma.sync (fp8_mma_native: sm_89,
+  // sm_120/121): mode (b) of the fp8 KV decode (KernelPolicy::decode_fp8_mma).
+  // Q is quantised per (token, head) row to e4m3 in the kernel (a power of
+  // two per row), S = Q K^T runs on mma.sync m16n8k32 e4m3 x {e4m3, e5m2}
+  // straight on the cache bytes, P is rounded to e4m3 and O += P V runs on
+  // the same fp8 mma. head_dim a multiple of 32 (whole k32 steps). Off: the
+  // PTX and serialize() are those of a spec without it (mode (a)).
+  bool kv_fp8_mma = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;

@@ -64,6 +64,14 @@ struct KernelPolicy {
   // launches anyway, the counters untouched (comparison;
   // FLASHATTN_DECODE_FUSED=0).
   bool decode_fused = true;
+  // The tensor-core decode over an fp8 KV cache on SMs with a native fp8
+  // mma.sync (sm_89, sm_120/121) runs mode (b) (KernelSpec::kv_fp8_mma): Q
+  // quantised per (token, head) to e4m3 in the kernel, both products on the
+  // fp8 mma (m16n8k32), P in e4m3. Off by default: mode (a) (the cache bytes
+  // converted to f16 in registers, the mma in f16) is exact where mode (b)
+  // rounds Q and P to e4m3, and the decode is bound by HBM, not the mma
+  // (docs/kernels.md, "fp8 KV cache") (FLASHATTN_DECODE_FP8_MMA=1).
+  bool decode_fp8_mma = false;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;

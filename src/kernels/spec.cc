@@ -99,6 +99,12 @@ bool spec_valid(const KernelSpec &s) {
   // The fp8 wgmma's P V steps are k32 and its V transpose takes key tiles of
   // 32, 64 or 128; fp8_f16 only selects between the two sm_90a fp8 forms.
   if (s.fp8_f16 && !(s.wgmma && fp8_fwd)) return false;
+  // The fp8 KV decode's mode (b): the mma.sync decode where the fp8 mma is
+  // native, whole k32 steps of K's bytes (head_dim % 32), 16-bit Q.
+  if (s.kv_fp8_mma &&
+      !(s.kind == KernelKind::Decode && s.mma && !s.wgmma && s.kv_fp8 != KvFp8::None &&
+        fp8_mma_native(s.sm) && s.head_dim % 32 == 0 && s.dtype != Dtype::F32))
+    return false;
   if (wgmma_fp8(s) && s.block_n != 32 && s.block_n != 64 && s.block_n != 128) return false;
   // KV append and RoPE: the tensor-core decode only; rotary needs the append.
   if (s.append_kv && !(s.kind == KernelKind::Decode && s.mma)) return false;
@@ -454,6 +460,7 @@ std::string KernelSpec::serialize() const {
     o.push_back(static_cast<char>(q_fp8));
   }
   if (fp8_f16) o.push_back('F');     // only when on
+  if (kv_fp8_mma) o.push_back('M');  // only when on
   if (page_pow2) o.push_back('P');   // only when on
   if (persistent) o.push_back('T');  // only when on
   if (dynamic) o.push_back('D');     // only when on
@@ -491,9 +498,9 @@ std::string KernelSpec::describe() const {
          (rotary_half_table ? " rope_table16" : "") +
          (dv_split != 1 ? " dv_split" + std::to_string(dv_split) : "") + (v_in_k ? " v_in_k" : "") +
          (q_fp8 != KvFp8::None ? std::string(" q_") + kv_fp8_name(q_fp8) : "") +
-         (fp8_f16 ? " fp8_f16" : "") + (persistent ? " persistent" : "") +
-         (dynamic ? " dynamic" : "") + (split_kv ? " split" : "") +
-         (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
+         (fp8_f16 ? " fp8_f16" : "") + (kv_fp8_mma ? " fp8_mma" : "") +
+         (persistent ? " persistent" : "") + (dynamic ? " dynamic" : "") +
+         (split_kv ? " split" : "") + (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
          (fused_combine ? " fused_combine" : "") +
          (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
@@ -584,6 +591,10 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     // fp8: slices of whole 16-byte chunks of V's bytes (ldmatrix rows).
     s.dv_split = choose_dv_split(s.head_dim_v, s.kv_fp8 != KvFp8::None ? 16 : 8);
     s.v_in_k = shape.v_in_k && !shape.append_kv && s.head_dim_v <= s.head_dim;  // likewise
+    // fp8 KV mode (b) (policy.decode_fp8_mma): where the fp8 mma is native
+    // and head_dim is whole k32 steps; else mode (a). Likewise before the tile.
+    s.kv_fp8_mma = policy.decode_fp8_mma && s.kv_fp8 != KvFp8::None && fp8_mma_native(dev.sm) &&
+                   s.head_dim % 32 == 0;
     // Queries through cu_seqlens_q (the runtime's GQA packing of a varlen
     // forward; not with a KV append or a tree mask).
     s.varlen = varlen && !shape.append_kv && !shape.tree_mask;
@@ -649,7 +660,7 @@ int ptx_isa_version(const KernelSpec &spec) {
   // sm_90 (as ptxas 13 applies them).
   // The fp8 mma (mma.sync.aligned.m16n8k32 with e4m3/e5m2): PTX ISA 8.4 on
   // sm_89 and sm_90 (as ptxas 13 applies it).
-  if (spec.q_fp8 != KvFp8::None && spec.sm <= 90) return 84;
+  if ((spec.q_fp8 != KvFp8::None || spec.kv_fp8_mma) && spec.sm <= 90) return 84;
   if (spec.sm == 89 && spec.kv_fp8 != KvFp8::None) return 81;
   if (spec.sm <= 90) return 78;
   if (spec.sm == 100) return 86;
@@ -690,9 +701,9 @@ std::string entry_name(const KernelSpec &s) {
          (s.rotary_half_table ? "16" : "") +
          (s.dv_split != 1 ? "_dvs" + std::to_string(s.dv_split) : "") + (s.v_in_k ? "_vink" : "") +
          (s.q_fp8 != KvFp8::None ? std::string("_q") + kv_fp8_name(s.q_fp8) : "") +
-         (s.fp8_f16 ? "_f16" : "") + (s.persistent ? "_persistent" : "") +
-         (s.dynamic ? "_dynamic" : "") + (s.split_kv ? "_split" : "") +
-         (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
+         (s.fp8_f16 ? "_f16" : "") + (s.kv_fp8_mma ? "_f8mma" : "") +
+         (s.persistent ? "_persistent" : "") + (s.dynamic ? "_dynamic" : "") +
+         (s.split_kv ? "_split" : "") + (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
          (s.fused_combine ? "_fused" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }

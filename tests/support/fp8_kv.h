@@ -31,6 +31,7 @@ struct Case {
   int descale = 2;                  // 0 none (1.0), 1 per tensor, 2 per (batch, KV head)
   bool descale_transposed = false;  // per (b, h): strides {1, batch + 1} instead of {hkv + 2, 1}
   bool tree = false, sinks = false;
+  bool alibi = false;   // ALiBi slopes per (batch, query head) (fa_decode_args.alibi_slopes)
   bool direct = false;  // fa_decode with o.data set (its own combine)
   // bf16 Q rows (token, head) scaled by 2^e, e cycling over -30, -18, -6, 6,
   // 18: past f16's range both ways (the f16 mma on a row-scaled Q).
@@ -51,6 +52,11 @@ struct Case {
   // V is the first dv columns of K (the same memory: MLA's latent cache,
   // KernelSpec::v_in_k); V's values are those bytes times V's descales.
   bool v_in_k = false;
+  // The runtime's policy has decode_fp8_mma on: the decode kernel must be
+  // mode (b)'s ("_f8mma"; else it must not be), against the derived
+  // tolerance (run_case: the yardstick computes with Q rounded per row to
+  // e4m3 as the kernel does and P in e4m3).
+  bool fp8_mma = false;
   // The decode kernel the partial-state run must have profiled (a prefix).
   const char *kernel = "fa_decode_mma_";
   uint32_t seed = 1;
@@ -62,13 +68,13 @@ struct Case {
     static const char *lay[] = {"contig", "paged-nhd", "paged-hnd", "ptrs"};
     std::snprintf(buf, sizeof buf,
                   "%s %s b%d sq%d skmax%d hq%d hkv%d d%d dv%d%s wl%d cap%g splits%d%s %s ps%d "
-                  "descale%d%s%s%s%s%s new%d rope%d/%d x%g",
+                  "descale%d%s%s%s%s%s%s new%d rope%d/%d x%g%s",
                   e5m2 ? "e5m2" : "e4m3", bf16 ? "bf16" : "fp16", batch, seqlen_q, skmax, hq, hkv,
                   d, dv ? dv : d, causal ? " causal" : "", window_left, softcap, splits,
                   batch_invariant ? " invariant" : "", lay[layout], page_size, descale,
                   descale_transposed ? "T" : "", tree ? " tree" : "", sinks ? " sinks" : "",
-                  direct ? " direct" : "", v_in_k ? " v_in_k" : "", seqlen_new, rotary, rotary_dim,
-                  new_scale);
+                  alibi ? " alibi" : "", direct ? " direct" : "", v_in_k ? " v_in_k" : "",
+                  seqlen_new, rotary, rotary_dim, new_scale, fp8_mma ? " fp8_mma" : "");
     return buf;
   }
 };

@@ -49,10 +49,10 @@ void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a)
   b.cvt_pack(half, a[3], t.f[j + 1][3], t.f[j + 1][2]);
 }
 
-void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a) {
+void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a, int regs) {
   // Register r: row g + 8 (r % 2), keys of blocks j + 2 (r / 2) and the next
   // (two each: 2q, 2q + 1), lowest byte first.
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < regs; ++r) {
     const Frag4 &lo = t.f[j + 2 * (r / 2)], &hi = t.f[j + 2 * (r / 2) + 1];
     const int e = 2 * (r % 2);
     Reg h0 = b.b16(), h1 = b.b16();
@@ -62,11 +62,11 @@ void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a) {
   }
 }
 
-void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2]) {
+void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2], int halves) {
   // r[i] of lane (g, q): bytes 2g, 2g + 1 of key 8i + 2q, then of key
   // 8i + 2q + 1. Register h of a B fragment: the column's bytes of keys
   // 16h + {2q, 2q + 1, 8 + 2q, 9 + 2q}, from r[2h] and r[2h + 1].
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < halves; ++h) {
     b.op(Op::Prmt, Type::B32, even[h], r[2 * h], r[2 * h + 1], imm(0x6420));
     b.op(Op::Prmt, Type::B32, odd[h], r[2 * h], r[2 * h + 1], imm(0x7531));
   }
@@ -443,26 +443,39 @@ void st_acc_row(ptx::Builder &b, const Lanes &l, const AccTile &t, AccCols order
   }
 }
 
-std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
-                                    const SmemTile &q, Reg smem_base) {
+namespace {
+// A 16-row tile's per-row power-of-two scales (rows_bf16_to_f16,
+// rows_to_e4m3): the lane's rows g, g + 8 (base: their addresses in q),
+// the quad's maximum magnitude of each (bits of |x| as f32; u32 order is
+// the magnitude order, NaN above infinity), then 2^k (scale) and 2^-k
+// (unscale) with k = bias - the maximum's exponent field, less one when
+// `top` (e4m3: a maximum past 1.75 2^e would round past 448), clamped to
+// [-126, 126].
+struct RowScales {
+  Reg base[2], scale[2], unscale[2];
+  Reg w[4], t, p;  // scratch (b32, b32, pred) for the caller's pass
+};
+RowScales row_pow2_scales(Emitter &e, const Lanes &ln, Type half, const SmemTile &q, Reg smem_base,
+                          int bias, bool top) {
   ptx::Builder &b = e.b;
   const int C = q.cols / 8;          // 16-byte chunks (8 values) per row
   const int per_lane = (C + 3) / 4;  // the max pass: quad lane q reads q, q + 4, ...
-  const int W4 = 4 * num_warps;      // the conversion: chunks of a row per (warp, q)
-  const int per_conv = (C + W4 - 1) / W4;
-  Reg base[2], kexp[2], scale[2], unscale[2];
+  RowScales rs;
   for (int h = 0; h < 2; ++h) {
     Reg row = e.op(Op::Add, Type::U32, ln.g, imm(8 * h));
-    base[h] = e.op(Op::MadLo, Type::U32, row, imm(q.pitch), smem_base);
-    b.op(Op::Add, Type::U32, base[h], base[h], imm(static_cast<int>(q.offset)));
+    rs.base[h] = e.op(Op::MadLo, Type::U32, row, imm(q.pitch), smem_base);
+    b.op(Op::Add, Type::U32, rs.base[h], rs.base[h], imm(static_cast<int>(q.offset)));
   }
-  // |x| as bits: bf16 (hi half of a b32) -> f32 bits, sign cleared; u32
-  // order is the magnitude order (NaN above infinity).
-  Reg w[4] = {b.b32(), b.b32(), b.b32(), b.b32()};
-  Reg t = b.b32(), p = b.pred();
+  // bf16: |x| as f32 bits (the value in the high half of a b32). f16: |x|
+  // as f16 bits, the maximum converted to f32 (cvt.f32.f16) once.
+  Reg(&w)[4] = rs.w;
+  Reg &t = rs.t, &p = rs.p;
+  for (Reg &x : rs.w) x = b.b32();
+  t = b.b32();
+  p = b.pred();
   for (int h = 0; h < 2; ++h) {
     Reg m = e.mov(Type::U32, imm(0));
-    Reg a = e.op(Op::MadLo, Type::U32, ln.q, imm(16), base[h]);
+    Reg a = e.op(Op::MadLo, Type::U32, ln.q, imm(16), rs.base[h]);
     for (int i = 0; i < per_lane; ++i) {
       const bool tail = 4 * (i + 1) > C;
       if (tail) b.setp(Cmp::Lt, Type::U32, p, ln.q, imm(C - 4 * i));
@@ -471,6 +484,14 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
       if (tail)
         for (Reg x : w) b.selp(Type::B32, x, x, imm(0), p);
       for (Reg x : w) {
+        if (half == Type::F16) {
+          b.op(Op::And, Type::B32, t, x, imm(0x7fff));
+          b.op(Op::Max, Type::U32, m, m, t);
+          b.op(Op::Shr, Type::U32, t, x, imm(16));
+          b.op(Op::And, Type::B32, t, t, imm(0x7fff));
+          b.op(Op::Max, Type::U32, m, m, t);
+          continue;
+        }
         b.op(Op::Shl, Type::B32, t, x, imm(16));
         b.op(Op::And, Type::B32, t, t, imm(0x7fffffff));
         b.op(Op::Max, Type::U32, m, m, t);
@@ -482,48 +503,139 @@ std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int n
       b.shfl(ptx::Shfl::Bfly, t, m, imm(off), imm(31), 0xffffffffu);
       b.op(Op::Max, Type::U32, m, m, t);
     }
-    // k = 141 - exponent field (14 - unbiased exponent), in [-126, 126].
-    kexp[h] = e.op(Op::Shr, Type::U32, m, imm(23));
-    b.op(Op::Sub, Type::S32, kexp[h], imm(141), kexp[h]);
-    b.op(Op::Min, Type::S32, kexp[h], kexp[h], imm(126));
-    b.op(Op::Max, Type::S32, kexp[h], kexp[h], imm(-126));
-    Reg bits = e.op(Op::Add, Type::S32, kexp[h], imm(127));
+    if (half == Type::F16) {  // the f16 maximum's bits as f32 bits
+      Reg lo = b.b16(), hi = b.b16(), f = b.f32();
+      b.unpack_b32(lo, hi, m);
+      b.cvt(Type::F32, Type::F16, ptx::Round::None, f, lo);
+      b.mov(Type::B32, m, f);
+    }
+    Reg kexp = e.op(Op::Shr, Type::U32, m, imm(23));
+    b.op(Op::Sub, Type::S32, kexp, imm(bias), kexp);
+    if (top) {  // mantissa past 1.75: one binade lower
+      b.op(Op::And, Type::B32, t, m, imm(0x7fffff));
+      b.setp(Cmp::Gt, Type::U32, p, t, imm(0x600000));
+      b.when(p).op(Op::Sub, Type::S32, kexp, kexp, imm(1));
+    }
+    b.op(Op::Min, Type::S32, kexp, kexp, imm(126));
+    b.op(Op::Max, Type::S32, kexp, kexp, imm(-126));
+    Reg bits = e.op(Op::Add, Type::S32, kexp, imm(127));
     b.op(Op::Shl, Type::B32, bits, bits, imm(23));
-    scale[h] = e.mov(Type::F32, fimm(0.0f));
-    b.mov(Type::B32, scale[h], bits);
-    Reg ubits = e.op(Op::Sub, Type::S32, imm(127), kexp[h]);
+    rs.scale[h] = e.mov(Type::F32, fimm(0.0f));
+    b.mov(Type::B32, rs.scale[h], bits);
+    Reg ubits = e.op(Op::Sub, Type::S32, imm(127), kexp);
     b.op(Op::Shl, Type::B32, ubits, ubits, imm(23));
-    unscale[h] = e.mov(Type::F32, fimm(0.0f));
-    b.mov(Type::B32, unscale[h], ubits);
+    rs.unscale[h] = e.mov(Type::F32, fimm(0.0f));
+    b.mov(Type::B32, rs.unscale[h], ubits);
   }
-  b.bar_sync();  // every lane has read its rows before any is rewritten
-  // Chunk c = q + 4 warp + W4 i of rows g and g + 8: 8 bf16 -> 8 f32, times
-  // 2^k, -> 4 f16x2.
-  Reg f[8];
-  for (Reg &x : f) x = b.f32();
+  return rs;
+}
+
+// The two `half` values of w (b32) as f32 (lo: bits 0..15) times scale.
+// Scratch: t (b32; bf16), l16, h16 (b16; f16).
+void half2_scaled(ptx::Builder &b, Type half, Reg w, Reg lo, Reg hi, Reg scale, Reg t, Reg l16,
+                  Reg h16) {
+  if (half == Type::F16) {
+    b.unpack_b32(l16, h16, w);
+    b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, l16);
+    b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, h16);
+  } else {
+    b.op(Op::Shl, Type::B32, t, w, imm(16));
+    b.mov(Type::B32, lo, t);
+    b.op(Op::And, Type::B32, t, w, imm(-65536));
+    b.mov(Type::B32, hi, t);
+  }
+  b.op(Op::Mul, Type::F32, lo, lo, scale);
+  b.op(Op::Mul, Type::F32, hi, hi, scale);
+}
+// The conversion pass of rows_bf16_to_f16 and rows_to_e4m3: chunk c = q +
+// 4 warp + W4 i (W4 = 4 num_warps) of rows g and g + 8 of q, loaded into
+// rs.w (16 bytes at a + step i, a = the row's chunk q + 4 warp) and turned
+// into 8 f32 times the row's 2^k in f (pair j: f[2j], f[2j + 1]); the
+// callbacks place the result: row(h, lane_chunk) once per row half,
+// pair(j) after each pair, store(h, i, tail, a, step) after the chunk
+// (tail: only lanes whose chunk exists, rs.p, may store).
+struct ChunkPass {
+  std::function<void(int, Reg)> row;
+  std::function<void(int)> pair;
+  std::function<void(int, int, bool, Reg, int)> store;
+};
+void scaled_chunks(Emitter &e, const Lanes &ln, Reg warp, int num_warps, const SmemTile &q,
+                   Type half, const RowScales &rs, const Reg f[8], Reg l16, Reg h16,
+                   const ChunkPass &cp) {
+  ptx::Builder &b = e.b;
+  const int C = q.cols / 8;  // 16-byte chunks (8 values) per row
+  const int W4 = 4 * num_warps;
+  const int per_conv = (C + W4 - 1) / W4;
   Reg lane_chunk = e.op(Op::MadLo, Type::U32, warp, imm(4), ln.q);
   for (int h = 0; h < 2; ++h) {
-    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), base[h]);
+    Reg a = e.op(Op::MadLo, Type::U32, lane_chunk, imm(16), rs.base[h]);
+    if (cp.row) cp.row(h, lane_chunk);
     for (int i = 0; i < per_conv; ++i) {
       const bool tail = W4 * (i + 1) > C;
-      if (tail) b.setp(Cmp::Lt, Type::U32, p, lane_chunk, imm(C - W4 * i));
-      if (tail) b.when(p);
-      b.ld_v(Space::Shared, Type::B32, {w[0], w[1], w[2], w[3]}, at(a, 16 * W4 * i));
+      if (tail) b.setp(Cmp::Lt, Type::U32, rs.p, lane_chunk, imm(C - W4 * i));
+      if (tail) b.when(rs.p);
+      b.ld_v(Space::Shared, Type::B32, {rs.w[0], rs.w[1], rs.w[2], rs.w[3]}, at(a, 16 * W4 * i));
       for (int j = 0; j < 4; ++j) {
-        b.op(Op::Shl, Type::B32, t, w[j], imm(16));
-        b.mov(Type::B32, f[2 * j], t);
-        b.op(Op::And, Type::B32, t, w[j], imm(-65536));
-        b.mov(Type::B32, f[2 * j + 1], t);
-        b.op(Op::Mul, Type::F32, f[2 * j], f[2 * j], scale[h]);
-        b.op(Op::Mul, Type::F32, f[2 * j + 1], f[2 * j + 1], scale[h]);
-        b.cvt_pack(Type::F16, w[j], f[2 * j + 1], f[2 * j]);
+        half2_scaled(b, half, rs.w[j], f[2 * j], f[2 * j + 1], rs.scale[h], rs.t, l16, h16);
+        cp.pair(j);
       }
-      if (tail) b.when(p);
-      b.st_v(Space::Shared, Type::B32, at(a, 16 * W4 * i), {w[0], w[1], w[2], w[3]});
+      cp.store(h, i, tail, a, 16 * W4);
     }
   }
+}
+}  // namespace
+
+std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
+                                    const SmemTile &q, Reg smem_base) {
+  ptx::Builder &b = e.b;
+  // k = 141 - exponent field (14 - unbiased exponent): the maximum in
+  // [2^14, 2^15).
+  const RowScales rs = row_pow2_scales(e, ln, Type::BF16, q, smem_base, 141, false);
+  const Reg *w = rs.w, p = rs.p;
+  b.bar_sync();  // every lane has read its rows before any is rewritten
+  // 8 bf16 -> 8 f32, times 2^k, -> 4 f16x2, in place.
+  Reg f[8];
+  for (Reg &x : f) x = b.f32();
+  ChunkPass cp;
+  cp.pair = [&](int j) { b.cvt_pack(Type::F16, w[j], f[2 * j + 1], f[2 * j]); };
+  cp.store = [&](int, int i, bool tail, Reg a, int step) {
+    if (tail) b.when(p);
+    b.st_v(Space::Shared, Type::B32, at(a, step * i), {w[0], w[1], w[2], w[3]});
+  };
+  scaled_chunks(e, ln, warp, num_warps, q, Type::BF16, rs, f, Reg(), Reg(), cp);
   b.bar_sync();  // the f16 rows are in
-  return {unscale[0], unscale[1]};
+  return {rs.unscale[0], rs.unscale[1]};
+}
+
+std::array<Reg, 2> rows_to_e4m3(Emitter &e, const Lanes &ln, Reg warp, int num_warps, Type half,
+                                const SmemTile &q, const SmemTile &q8, Reg smem_base) {
+  ptx::Builder &b = e.b;
+  // k = 135 - exponent field (8 - unbiased exponent): the maximum in
+  // [2^8, 448], or in (224, 256) when its mantissa is past 1.75.
+  const RowScales rs = row_pow2_scales(e, ln, half, q, smem_base, 135, true);
+  // 8 values -> 8 f32, times 2^k, -> 8 e4m3 bytes (cvt.rn.satfinite) at
+  // byte 8c of the row in q8. q is only read: no barrier before the writes.
+  Reg l16 = b.b16(), h16 = b.b16();
+  Reg f[8], y[4] = {b.b16(), b.b16(), b.b16(), b.b16()}, o[2] = {b.b32(), b.b32()};
+  for (Reg &x : f) x = b.f32();
+  Reg d;  // this row's chunk c in q8
+  ChunkPass cp;
+  cp.row = [&](int h, Reg lane_chunk) {
+    d = e.op(Op::MadLo, Type::U32, e.op(Op::Add, Type::U32, ln.g, imm(8 * h)), imm(q8.pitch),
+             smem_base);
+    b.op(Op::Add, Type::U32, d, d, imm(static_cast<int>(q8.offset)));
+    b.op(Op::MadLo, Type::U32, d, lane_chunk, imm(8), d);
+  };
+  cp.pair = [&](int j) { b.cvt_f8x2_f32(false, y[j], f[2 * j + 1], f[2 * j]); };
+  cp.store = [&](int, int i, bool tail, Reg, int step) {
+    b.pack_b32(o[0], y[0], y[1]);
+    b.pack_b32(o[1], y[2], y[3]);
+    if (tail) b.when(rs.p);
+    b.st_v(Space::Shared, Type::B32, at(d, step / 2 * i), {o[0], o[1]});
+  };
+  scaled_chunks(e, ln, warp, num_warps, q, half, rs, f, l16, h16, cp);
+  b.bar_sync();  // the e4m3 rows are in
+  return {rs.unscale[0], rs.unscale[1]};
 }
 
 // --------------------------------------------------------- online softmax --

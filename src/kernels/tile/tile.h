@@ -72,14 +72,19 @@ void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a)
 // pack_a_fp8: the C fragments j .. j + 3 of t (16 rows x 32 keys) rounded
 // to e4m3 (cvt.rn.satfinite.e4m3x2.f32, mov.b32 {lo, hi}) as the A fragment
 // of that order.
-void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a);
+// regs 2: a[0], a[1] only (keys 0..15 of the step from fragments j, j + 1;
+// the caller holds a[2] = a[3] = 0: a k32 step over 16 keys, the fp8 KV
+// decode's mode (b)).
+void pack_a_fp8(ptx::Builder &b, const AccTile &t, int j, const Frag4 &a, int regs = 4);
 // v_frags_fp8: from a Role::B_KN_T8 read of one 16-byte column chunk, the
 // B fragments (k32 x n8, keys in that order) of two n8 blocks: `even` holds
 // the chunk's columns 0, 2, .., 14 (n = g: column 2g), `odd` 1, 3, .., 15
 // (prmt.b32, selectors 0x6420 and 0x7531). Their accumulators then hold,
 // in element i, chunk column 4q + 2 (i & 1) (even) and 4q + 2 (i & 1) + 1
 // (odd), rows g + 8 (i / 2): a lane's four consecutive columns.
-void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2]);
+// halves 1: even[0], odd[0] only, from r[0], r[1] (an .x2 read of keys
+// 0..15; the caller holds even[1] = odd[1] = 0, with pack_a_fp8's regs 2).
+void v_frags_fp8(ptx::Builder &b, const Frag4 &r, Reg even[2], Reg odd[2], int halves = 2);
 
 // A row-major matrix of 16-bit values in shared memory, each row padded by 16
 // bytes so the eight rows of an ldmatrix phase start on distinct 16-byte
@@ -296,6 +301,25 @@ void st_acc_row(ptx::Builder &b, const Lanes &l, const AccTile &t, AccCols order
 // it returns). PTX ISA: cvt.rn.f16x2.f32, shfl.sync.bfly, bar.sync.
 std::array<Reg, 2> rows_bf16_to_f16(Emitter &e, const Lanes &ln, Reg warp, int num_warps,
                                     const SmemTile &q, Reg smem_base);
+// Quantises a 16-row tile of `half` values (F16 or BF16; q as for
+// rows_bf16_to_f16, cols a multiple of 8) to e4m3 bytes into q8 (a
+// byte_tile of q.cols bytes per row), each row r times the power of two
+// 2^k_r that puts its largest magnitude in [256, 448] (or in (224, 256)
+// when its mantissa is past 1.75, which would round past 448), k_r clamped
+// to [-126, 126] (an all-zero row: 2^126): cvt.rn.satfinite.e4m3x2.f32,
+// nearest even, so each element within 2^-4 relative of its scaled value
+// down to e4m3's normals (2^-6: 2^14 below the row's largest), absolute
+// 2^-10 below that; NaN stays NaN, an infinity saturates to 448 (its row's
+// others then round to 0). A power of two, not 448 / amax: the scaling and
+// its inverse are exact (only the e4m3 rounding errs) and the inverse is
+// built from the exponent alone; it leaves at most one binade of e4m3's
+// range unused at the top. The fp8 KV decode's mode (b) (Q on the fp8
+// mma). Returns, for the lane's rows ln.g and ln.g + 8, 2^-k_r: a score of
+// the quantised row times it is that of the row. All num_warps warps call
+// it; it ends with the bar.sync that orders its writes before any read of
+// q8. PTX ISA: cvt.rn.satfinite.e4m3x2.f32 (sm_89+), shfl.sync.bfly.
+std::array<Reg, 2> rows_to_e4m3(Emitter &e, const Lanes &ln, Reg warp, int num_warps, Type half,
+                                const SmemTile &q, const SmemTile &q8, Reg smem_base);
 
 // The online softmax of FlashAttention-2 (Dao, 2023) over the score rows a
 // thread holds: for mt m-tiles, row (mi, h) is elements 2h, 2h+1 of every
