@@ -1766,8 +1766,13 @@ void test_op_table(void **) {
   using fa::emu::Op;
   const Op wg[] = {Op::kWgmmaFence, Op::kWgmmaCommit, Op::kWgmmaWait, Op::kWgmma,
                    Op::kSetmaxnreg};
-  const Op warp[] = {Op::kBarWarpSync, Op::kShfl, Op::kMma,    Op::kLdmatrix,
-                     Op::kVote,        Op::kStmatrix, Op::kElect};
+  // The sm_100 state's tcgen05 ops are warp collectives too.
+  const Op sm100[] = {Op::kTmemAlloc, Op::kTmemDealloc, Op::kTmemRelinquish,
+                      Op::kTmemLd,    Op::kTmemSt,      Op::kTmemWait};
+  const Op warp[] = {Op::kBarWarpSync, Op::kShfl,      Op::kMma,         Op::kLdmatrix,
+                     Op::kVote,        Op::kStmatrix,  Op::kElect,       Op::kTmemAlloc,
+                     Op::kTmemDealloc, Op::kTmemRelinquish, Op::kTmemLd, Op::kTmemSt,
+                     Op::kTmemWait};
   const Op other_stops[] = {Op::kBarSync, Op::kMbarTryWait};
   auto in = [](Op op, const Op *b, const Op *e) { return std::find(b, e, op) != e; };
   for (int i = 0; i < static_cast<int>(Op::kNumOps); ++i) {
@@ -1782,7 +1787,8 @@ void test_op_table(void **) {
   assert_false(fa::emu::is_collective(Op::kPrmt));
   assert_false(fa::emu::is_warpgroup_collective(Op::kPrmt));
   // Handlers: the sm_90 state runs mbarriers, TMA, the proxy fence and the
-  // warpgroup collectives; everything else is the interpreter's.
+  // warpgroup collectives, the sm_100 state tcgen05; everything else is the
+  // interpreter's.
   const Op sm90[] = {Op::kMbarInit,   Op::kMbarInval,       Op::kMbarArrive, Op::kMbarTryWait,
                      Op::kBulkTensor, Op::kFenceProxyAsync, Op::kWgmmaFence, Op::kWgmmaCommit,
                      Op::kWgmmaWait,  Op::kWgmma,           Op::kSetmaxnreg};
@@ -1790,6 +1796,8 @@ void test_op_table(void **) {
     const Op op = static_cast<Op>(i);
     const bool is_sm90 = in(op, std::begin(sm90), std::end(sm90));
     assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kSm90, is_sm90);
+    const bool is_sm100 = in(op, std::begin(sm100), std::end(sm100));
+    assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kSm100, is_sm100);
   }
 }
 

@@ -8,6 +8,9 @@
 //   exec           for the per-thread ops (scope kThread / kBlocking) whose
 //                  ops.def handler names the state,
 //   resolve_collectives  once per scheduler pass, for the collectives it owns,
+//   run_warp       for a warp collective (scope kWarp) whose ops.def handler
+//                  names the state, once the scheduler has seen all 32 lanes
+//                  arrive at it (the .aligned check),
 //   reset_block / finish_block  around each block,
 //   wait_text      for a deadlock report of a thread stopped at one of its
 //                  kBlocking ops.
@@ -37,8 +40,18 @@ class ArchState {
   // it. Returns the number run, or -1 on a fault (error set). A collective
   // that cannot run yet puts its message in *stuck if *stuck is empty.
   virtual int resolve_collectives(std::string *stuck) = 0;
-  // Why thread t, stopped at one of this state's kBlocking ops, cannot go
-  // on (nwait threads are stopped at such ops): a deadlock report.
+  // Runs the warp collective at pc for warp w (all 32 lanes wait at it).
+  // Returns 1 when it ran, 0 when it cannot run yet (the warp stays; a
+  // deadlock report is wait_text of the warp's first thread), -1 on a fault
+  // (error set).
+  virtual int run_warp(uint32_t w, uint32_t pc) {
+    (void)w;
+    (void)pc;
+    return -1;
+  }
+  // Why thread t, stopped at one of this state's kBlocking ops (or at a
+  // warp collective run_warp could not run), cannot go on (nwait threads
+  // are stopped at such ops): a deadlock report.
   virtual std::string wait_text(uint32_t t, uint32_t nwait) = 0;
   // Every thread of the block exited: nothing asynchronous may be left
   // over. False: error set.

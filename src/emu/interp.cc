@@ -18,6 +18,7 @@
 #include "emu/arch.h"
 #include "emu/cta.h"
 #include "emu/numeric.h"
+#include "emu/sm100.h"
 #include "emu/sm90.h"
 
 namespace fa {
@@ -199,10 +200,11 @@ struct NamedBarrier {
 // Runs CTAs one at a time; one per host worker thread. The CTA core
 // (registers, shared memory, the scheduler, cp.async, named barriers, warp
 // collectives) is here; what an architecture adds is an
-// ArchState (emu/arch.h) the runner owns: sm90_ (emu/sm90.h).
+// ArchState (emu/arch.h) the runner owns: sm90_ (emu/sm90.h), sm100_
+// (emu/sm100.h).
 class CtaRunner : public Cta {
  public:
-  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this) {
+  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this), sm100_(*this) {
     bar_words_ = (nthreads_ + 63) / 64;
     bar_seen_.assign(16 * static_cast<size_t>(bar_words_), 0);
     st_hook_ = prof_ || sm90_.track_proxy();
@@ -493,7 +495,22 @@ class CtaRunner : public Cta {
           handled |= 1u << l;
           continue;
         }
-        if (!run_warp_collective(in, base, mask)) return -1;
+        // A collective of an architecture state (tcgen05) may not run yet
+        // (tcgen05.alloc waits for free columns): the warp stays.
+        if (ArchState *a = arch_of(in.op)) {
+          const int rc = a->run_warp(w, pc);
+          if (rc < 0) return -1;
+          if (rc == 0) {
+            if (stuck_thread_ == UINT32_MAX) {
+              stuck_thread_ = t;
+              stuck_msg = a->wait_text(t, 32);
+            }
+            handled |= mask;
+            continue;
+          }
+        } else if (!run_warp_collective(in, base, mask)) {
+          return -1;
+        }
         for (uint32_t m = 0; m < 32; ++m) {
           if (!((mask >> m) & 1)) continue;
           pc_[base + m] = pc_[base + m] + 1;
@@ -951,8 +968,9 @@ class CtaRunner : public Cta {
 #undef FA_EMU_RUN_THREAD_ATTRS
 #undef FA_EMU_FMA
 
-// The variant for threads with registers of an in-flight wgmma.mma_async:
-// every executed instruction first checks that it touches none of them.
+// The variant for threads with registers of an in-flight wgmma.mma_async
+// or of an unwaited tcgen05.ld / st: every executed instruction first
+// checks that it touches none of them.
 #define FA_EMU_RUN_THREAD_NAME run_thread_checked
 #define FA_EMU_RUN_THREAD_ATTRS __attribute__((cold, optimize("no-crossjumping", "no-gcse")))
 #define FA_EMU_FMA(a, b, c) fma_f32(a, b, c)
@@ -978,8 +996,9 @@ class CtaRunner : public Cta {
   // Runs thread t until a collective, exit or fault, with the fastest
   // interpreter loop this CPU supports.
   RunResult run_thread(uint32_t t) {
-    // A thread with registers of an in-flight wgmma runs with their checks.
-    if (sm90_.in_flight(t)) return run_thread_checked(t);
+    // A thread with registers of an in-flight wgmma or an unwaited
+    // tcgen05.ld / st runs with their checks.
+    if (sm90_.in_flight(t) || sm100_.in_flight(t)) return run_thread_checked(t);
 #ifdef FA_EMU_HAVE_FMA_PATH
     if (has_fma_) return run_thread_fma(t);
 #endif
@@ -1000,7 +1019,8 @@ class CtaRunner : public Cta {
   // The architecture states (emu/arch.h), and arch_ by OpHandler (ops.def's
   // handler column; kInterp: none).
   Sm90State sm90_;
-  ArchState *const arch_[kNumOpHandlers] = {nullptr, &sm90_};
+  Sm100State sm100_;
+  ArchState *const arch_[kNumOpHandlers] = {nullptr, &sm90_, &sm100_};
 #ifdef FA_EMU_HAVE_FMA_PATH
   const bool has_fma_ =
       __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;

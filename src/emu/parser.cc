@@ -867,6 +867,7 @@ class Parser {
     }
     if (b == "mbarrier") return decode_mbarrier(text, ops, in);
     if (b == "wgmma") return decode_wgmma(text, ops, in);
+    if (b == "tcgen05") return decode_tcgen05(text, ops, in);
     if (b == "setmaxnreg") return decode_setmaxnreg(text, ops, in);
     if (b == "vote") {
       // vote.sync.{any,all}.pred d, a, membermask (PTX ISA "vote.sync").
@@ -1386,6 +1387,107 @@ class Parser {
     in.imm = static_cast<int64_t>(e_->operand_slots.size());
     e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
     emit(in, text);
+  }
+
+  // ------------------------------------------------ sm_100 (Blackwell) ----
+
+  // tcgen05 (PTX ISA "tcgen05" instructions, "Target ISA Notes": PTX ISA
+  // 8.6 with sm_100a, 8.8 with sm_103a, as ptxas 13 applies them),
+  // cta_group::1, the forms the emulator runs:
+  //   tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols;
+  //   tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols;
+  //   tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;
+  //   tcgen05.ld.sync.aligned.32x32b.xN.b32 {r0..rN-1}, [taddr];
+  //   tcgen05.st.sync.aligned.32x32b.xN.b32 [taddr], {r0..rN-1};
+  //   tcgen05.wait::{ld,st}.sync.aligned;
+  //   tcgen05.fence::{before,after}_thread_sync (no instruction: the
+  //   emulator runs one thread's tcgen05 ops in program order).
+  // N = 1, 2, 4, .., 128. The .16x64b / .16x128b / .16x256b / .16x32bx2
+  // shapes, .pack::16b / .unpack::16b, cta_group::2, mma, commit, cp and
+  // shift are refused.
+  void decode_tcgen05(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    const std::string op = p.size() > 1 ? p[1] : "";
+    if (!mod_->arch_specific || (mod_->target_sm != 100 && mod_->target_sm != 103))
+      bad("requires .target sm_100a or sm_103a");
+    if (mod_->version < (mod_->target_sm == 103 ? 88 : 86))
+      bad(mod_->target_sm == 103 ? "requires .version 8.8 or higher (.target sm_103a)"
+                                 : "requires .version 8.6 or higher");
+    auto tail = [&](size_t from, std::initializer_list<const char *> want) {
+      std::vector<std::string> w(want.begin(), want.end());
+      return p.size() == from + w.size() && std::equal(w.begin(), w.end(), p.begin() + from);
+    };
+    if (op == "fence::before_thread_sync" || op == "fence::after_thread_sync") {
+      if (p.size() != 2) bad("unsupported tcgen05.fence form");
+      want_count(ops, 0);
+      return;
+    }
+    in.e = full_warp_slot();
+    const bool group1 = p.size() > 2 && p[2] == "cta_group::1";
+    if (op == "alloc" || op == "dealloc" || op == "relinquish_alloc_permit") {
+      if (!group1) bad("only .cta_group::1 is supported (cta_group::2 needs clusters)");
+      if (op == "alloc") {
+        if (!tail(3, {"sync", "aligned", "shared::cta", "b32"}))
+          bad("expected tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols");
+        want_count(ops, 2);
+        shared_address(ops[0], &in);
+        in.b = ncols_operand(ops[1]);
+        in.op = Op::kTmemAlloc;
+      } else if (op == "dealloc") {
+        if (!tail(3, {"sync", "aligned", "b32"}))
+          bad("expected tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols");
+        want_count(ops, 2);
+        if (ops[0].kind != Operand::kReg) bad("taddr must be a 32-bit register");
+        in.a = src(ops[0], 32, false);
+        in.b = ncols_operand(ops[1]);
+        in.op = Op::kTmemDealloc;
+      } else {
+        if (!tail(3, {"sync", "aligned"}))
+          bad("expected tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned");
+        want_count(ops, 0);
+        in.op = Op::kTmemRelinquish;
+      }
+      return emit(in, text);
+    }
+    if (op == "wait::ld" || op == "wait::st") {
+      if (!tail(2, {"sync", "aligned"})) bad("expected tcgen05." + op + ".sync.aligned");
+      want_count(ops, 0);
+      in.op = Op::kTmemWait;
+      in.sub = op == "wait::st" ? 1 : 0;
+      return emit(in, text);
+    }
+    if (op != "ld" && op != "st")
+      bad("only tcgen05.{alloc,dealloc,relinquish_alloc_permit,ld,st,wait,fence} are supported");
+    const bool ld = op == "ld";
+    int n = 0;
+    if (p.size() == 7 && p[2] == "sync" && p[3] == "aligned" && p[6] == "b32" && p[5].size() > 1 &&
+        p[5][0] == 'x')
+      n = std::atoi(p[5].c_str() + 1);
+    if (p.size() != 7 || n < 1 || n > 128 || (n & (n - 1)) || p[5] != "x" + std::to_string(n))
+      bad("expected tcgen05." + op + ".sync.aligned.32x32b.xN.b32 (N = 1, 2, 4, .., 128)");
+    if (p[4] != "32x32b")
+      bad("shape ." + p[4] + " is not supported (only .32x32b; the .16x* shapes are not modelled)");
+    want_count(ops, 2);
+    const Operand &addr = ops[ld ? 1 : 0];
+    if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 32 || addr.ival)
+      bad("the tensor memory address must be [taddr], taddr a 32-bit register");
+    in.a = addr.reg.slot;
+    const Operand &regs = ops[ld ? 0 : 1];
+    std::vector<uint32_t> s(static_cast<size_t>(n), kNoSlot);
+    reg_vector(regs, s.size(), ld, ld ? "the destination" : "the source", s.data());
+    in.vec = static_cast<uint8_t>(n);
+    in.imm = static_cast<int64_t>(e_->operand_slots.size());
+    e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
+    in.op = ld ? Op::kTmemLd : Op::kTmemSt;
+    emit(in, text);
+  }
+
+  // nCols of tcgen05.alloc / dealloc: a b32 register or an immediate power
+  // of 2 in 32..512.
+  uint32_t ncols_operand(const Operand &o) {
+    if (o.kind == Operand::kInt && (o.ival < 32 || o.ival > 512 || (o.ival & (o.ival - 1))))
+      bad("nCols must be a power of 2 in 32..512");
+    return src(o, 32, false);
   }
 
   // setmaxnreg.{inc,dec}.sync.aligned.u32 n (PTX ISA "setmaxnreg"): n in

@@ -43,8 +43,8 @@ enum SpecialSlot : uint32_t {
 enum class OpScope : uint8_t { kThread, kBlocking, kCta, kWarp, kWarpgroup };
 // Who runs an op (emu/ops.def): the interpreter, or an architecture state
 // (emu/arch.h).
-enum class OpHandler : uint8_t { kInterp, kSm90 };
-constexpr size_t kNumOpHandlers = 2;
+enum class OpHandler : uint8_t { kInterp, kSm90, kSm100 };
+constexpr size_t kNumOpHandlers = 3;
 
 enum class Op : uint16_t {
 #define OP(name, scope, handler) name,

@@ -623,11 +623,7 @@ void Builder::atom_add(bool acq_rel, Type t, Reg d, Addr a, Operand b) {
   check_reg(in, d, t, "destination register class");
   check_addr(in, a, Space::Global);
   check(in, b, t, "b must be a b32 register or an immediate");
-  if (need_sm_ < 70 || need_isa_ < 60) {
-    need_sm_ = std::max(need_sm_, 70);
-    need_isa_ = std::max(need_isa_, 60);
-    need_what_ = "atom with .sem and .scope";
-  }
+  require(70, 60, "atom with .sem and .scope");
   Line(*this, in).reg(d).addr(a).operand(b).done();
 }
 
@@ -823,11 +819,7 @@ void Builder::mma_m16n8k32_f8(Fp8 a_type, Fp8 b_type, const Reg *d, const Reg *a
   }
   // PTX ISA "mma", Target ISA notes and PTX ISA notes: .e4m3 / .e5m2 on
   // m16n8k32 need sm_89 and PTX ISA 8.4 (ptxas 13 says the same).
-  if (need_sm_ < 89 || need_isa_ < 84) {
-    need_sm_ = std::max(need_sm_, 89);
-    need_isa_ = std::max(need_isa_, 84);
-    need_what_ = "mma with fp8 (.e4m3/.e5m2) operands";
-  }
+  require(89, 84, "mma with fp8 (.e4m3/.e5m2) operands");
   Line(*this, in).vec(d, 4).vec(a, 4).vec(b, 2).vec(c, 4).done();
 }
 
@@ -1107,6 +1099,93 @@ void Builder::setmaxnreg(bool inc, int n) {
   Line(*this, in).imm(n).done();
 }
 
+void Builder::require(int sm, int isa, const char *what, bool arch) {
+  if (need_sm_ < sm || need_isa_ < isa) {
+    need_sm_ = std::max(need_sm_, sm);
+    need_isa_ = std::max(need_isa_, isa);
+    need_what_ = what;
+  }
+  need_tcgen05_ = need_tcgen05_ || arch;
+}
+
+// ------------------------------------------------------------ tcgen05 ----
+// PTX ISA "tcgen05" (Target ISA notes: sm_100a / sm_103a; PTX ISA 8.6).
+
+void Builder::tcgen05_ncols(const Opcode &in, const Operand &ncols) const {
+  check(in, ncols, Type::B32, "nCols must be a b32 register or an immediate");
+  if (ncols.kind == Operand::Kind::Imm &&
+      (ncols.imm < 32 || ncols.imm > 512 || (ncols.imm & (ncols.imm - 1))))
+    misuse(in, "nCols must be a power of 2 in 32..512");
+}
+
+void Builder::tcgen05_alloc(Addr dst, Operand ncols) {
+  Opcode in(std::string("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32"));
+  check_addr(in, dst, Space::Shared);
+  tcgen05_ncols(in, ncols);
+  require(100, 86, "tcgen05", true);
+  Line(*this, in).addr(dst).operand(ncols).done();
+}
+
+void Builder::tcgen05_dealloc(Reg taddr, Operand ncols) {
+  Opcode in("tcgen05.dealloc.cta_group::1.sync.aligned.b32");
+  check_reg(in, taddr, Type::B32, "taddr must be a b32 register");
+  tcgen05_ncols(in, ncols);
+  require(100, 86, "tcgen05", true);
+  Line(*this, in).reg(taddr).operand(ncols).done();
+}
+
+void Builder::tcgen05_relinquish_alloc_permit() {
+  require(100, 86, "tcgen05", true);
+  Line(*this, Opcode(std::string("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")))
+      .done();
+}
+
+// tcgen05.ld / st .32x32b.xN.b32: n registers (1, 2, 4, .., 128), a b32 taddr.
+void Builder::tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, bool ld) {
+  Opcode in{std::string(op)};
+  if (n < 1 || n > 128 || (n & (n - 1))) misuse(in, "the register count must be 1, 2, 4, .., 128");
+  in.add(".x");
+  in.str(std::to_string(n));
+  in.add(".b32");
+  check_reg(in, taddr, Type::B32, "taddr must be a b32 register");
+  for (int i = 0; i < n; ++i) {
+    if (r[i].cls != RegClass::B32) misuse(in, "the registers must be b32");
+    check_reg(in, r[i], Type::B32, "the registers must be b32");
+  }
+  require(100, 86, "tcgen05", true);
+  const Addr a = at(taddr);
+  Line line(*this, in, 16 * static_cast<size_t>(n));
+  if (ld)
+    line.vec(r, static_cast<size_t>(n)).addr(a).done();
+  else
+    line.addr(a).vec(r, static_cast<size_t>(n)).done();
+}
+
+void Builder::tcgen05_ld_32x32b(const Reg *d, int n, Reg taddr) {
+  tcgen05_32x32b("tcgen05.ld.sync.aligned.32x32b", d, n, taddr, true);
+}
+
+void Builder::tcgen05_st_32x32b(Reg taddr, const Reg *v, int n) {
+  tcgen05_32x32b("tcgen05.st.sync.aligned.32x32b", v, n, taddr, false);
+}
+
+void Builder::tcgen05_wait_ld() {
+  require(100, 86, "tcgen05", true);
+  Line(*this, Opcode("tcgen05.wait::ld.sync.aligned")).done();
+}
+void Builder::tcgen05_wait_st() {
+  require(100, 86, "tcgen05", true);
+  Line(*this, Opcode("tcgen05.wait::st.sync.aligned")).done();
+}
+void Builder::tcgen05_fence_before_thread_sync() {
+  require(100, 86, "tcgen05", true);
+  Line(*this, Opcode("tcgen05.fence::before_thread_sync")).done();
+}
+void Builder::tcgen05_fence_after_thread_sync() {
+  require(100, 86, "tcgen05", true);
+  Line(*this, Opcode("tcgen05.fence::after_thread_sync")).done();
+}
+
 void Builder::bar_sync(int id, int count) {
   Opcode in("bar.sync");
   if (id < 0 || id > 15) misuse(in, "barrier id outside 0..15");
@@ -1128,6 +1207,16 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
                  "%d.%d or later; emit() was asked for sm_%d with PTX ISA %d.%d\n",
                  entry_.c_str(), need_what_, need_sm_, need_isa_ / 10, need_isa_ % 10, sm,
                  isa_version_x10 / 10, isa_version_x10 % 10);
+    std::abort();
+  }
+  if (need_tcgen05_ &&
+      (!arch_specific_ || (sm != 100 && sm != 103) || (sm == 103 && isa_version_x10 < 88))) {
+    std::fprintf(stderr,
+                 "flashattn ptx builder (%s): tcgen05 needs .target sm_100a (PTX ISA 8.6) or "
+                 "sm_103a (PTX ISA 8.8; set_arch_specific); emit() was asked for sm_%d%s with "
+                 "PTX ISA %d.%d\n",
+                 entry_.c_str(), sm, arch_specific_ ? "a" : "", isa_version_x10 / 10,
+                 isa_version_x10 % 10);
     std::abort();
   }
   std::string o;

@@ -314,6 +314,47 @@ class Builder {
   void bar_sync(int id, int count);
   void bar_arrive(int id, int count);
 
+  // ---- Blackwell: sm_100a / sm_103a (PTX ISA 8.6), cta_group::1 ----
+  // Tensor memory (PTX ISA "tcgen05": "Tensor Memory"): per CTA 128 lanes
+  // of 512 columns of 32-bit cells, addressed lane << 16 | column (a b32
+  // taddr). Each of these needs set_arch_specific(true) and emit() with sm
+  // 100 (PTX ISA 8.6 or later) or 103 (8.8 or later: ptxas refuses an
+  // older .version for sm_103a); emit() aborts otherwise. All but
+  // the fences are warp-wide (.sync.aligned): every thread of the warp
+  // executes them, with the same operands.
+  //
+  // tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols:
+  // allocates nCols columns (a b32 register or an immediate power of 2 in
+  // 32..512) of all 128 lanes and writes their address (lane 0, first
+  // column) to the shared b32 at dst; waits while the columns are not free.
+  void tcgen05_alloc(Addr dst, Operand ncols);
+  // tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols: frees the
+  // allocation at taddr (b32), nCols its size. Every allocation must be
+  // freed before the CTA exits.
+  void tcgen05_dealloc(Reg taddr, Operand ncols);
+  // tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned: the CTA
+  // allocates no more.
+  void tcgen05_relinquish_alloc_permit();
+  // tcgen05.ld.sync.aligned.32x32b.xN.b32 {d}, [taddr] (N = n in 1, 2, 4,
+  // .., 128; d n b32 registers): thread i of the warp gets lane
+  // taddr.lane + i, d[j] column taddr.column + j. Warp w (%warpid % 4 = q)
+  // may only access lanes 32q..32q+31. Asynchronous: use d only after
+  // tcgen05_wait_ld().
+  void tcgen05_ld_32x32b(const Reg *d, int n, Reg taddr);
+  // tcgen05.st.sync.aligned.32x32b.xN.b32 [taddr], {v}: the inverse.
+  // Asynchronous: overwrite v, or tcgen05.ld the cells, only after
+  // tcgen05_wait_st().
+  void tcgen05_st_32x32b(Reg taddr, const Reg *v, int n);
+  // tcgen05.wait::ld.sync.aligned / tcgen05.wait::st.sync.aligned: the
+  // warp's earlier tcgen05.ld (st) have completed.
+  void tcgen05_wait_ld();
+  void tcgen05_wait_st();
+  // tcgen05.fence::before_thread_sync / ::after_thread_sync: order the
+  // thread's tcgen05 operations before (after) a following (preceding)
+  // thread synchronisation (bar.sync, mbarrier).
+  void tcgen05_fence_before_thread_sync();
+  void tcgen05_fence_after_thread_sync();
+
   // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
   // registers low enough to spill.
@@ -349,6 +390,11 @@ class Builder {
   class Line;     // writer of one body line, defined in ptx.cc
 
   [[noreturn]] void misuse(const Opcode &in, const char *what) const;
+  // Records that an instruction (what) needs .target sm_<sm> and PTX ISA
+  // isa (times 10); arch: an sm_100a / sm_103a one (tcgen05).
+  void require(int sm, int isa, const char *what, bool arch = false);
+  void tcgen05_ncols(const Opcode &in, const Operand &ncols) const;
+  void tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, bool ld);
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
@@ -383,6 +429,7 @@ class Builder {
   // (0: none beyond what every target has); checked by emit().
   int need_sm_ = 0, need_isa_ = 0;
   const char *need_what_ = nullptr;  // the instruction that set them
+  bool need_tcgen05_ = false;        // a tcgen05 instruction: sm_100a / sm_103a only
   bool arch_specific_ = false;
   uint32_t param_align_ = 8;
   Reg guard_;
