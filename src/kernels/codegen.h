@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "kernels/kernels.h"
 #include "ptx/ptx.h"
@@ -265,6 +267,20 @@ ForwardOut forward_out(Emitter &e, const KernelSpec &spec, Reg bz, Reg h, Reg se
 // Runtime::forward_as_decode; fa_decode requires cache_seqlens), which
 // needs no `seqlens`.
 Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens);
+
+// The frame of the warp-specialised sm_90a kernels (FlashAttention-3's
+// structure: warpgroup 0 a producer, warpgroups 1 and 2 consumers; 384
+// threads): %tid.x, its warp and the dynamic shared memory's address
+// (1024-byte aligned: the 128-byte swizzle's period), u32.
+struct WarpgroupFrame {
+  Reg tid, warp, smem;
+};
+WarpgroupFrame warpgroup_frame(Emitter &e);
+// The roles after the common prologue: warps 0-3 run producer(), the others
+// consumers(), then every thread exits; returns the module (e.b is moved).
+std::string warpgroup_roles(Emitter &e, const KernelSpec &spec, Reg warp,
+                            const std::function<void()> &producer,
+                            const std::function<void()> &consumers);
 
 // spec.split_kv: the launch's m-blocks, ceil(seqlen_q / block_m) (u32), and
 // this CTA's split, ctaid.x / (m-blocks x dv_split) (CTA x = (m-block x

@@ -221,6 +221,29 @@ Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens) {
   return sk;
 }
 
+WarpgroupFrame warpgroup_frame(Emitter &e) {
+  WarpgroupFrame f;
+  f.tid = e.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+  f.warp = e.op(Op::Shr, Type::U32, f.tid, imm(5));
+  f.smem = e.mov(Type::U32, ptx::sym(e.b.extern_shared("smem", 1024)));
+  return f;
+}
+
+std::string warpgroup_roles(Emitter &e, const KernelSpec &spec, Reg warp,
+                            const std::function<void()> &producer,
+                            const std::function<void()> &consumers) {
+  ptx::Builder &b = e.b;
+  ptx::Label consumer = b.label(), done = b.label();
+  b.when(e.setp(Cmp::Ge, Type::U32, warp, imm(4))).bra(consumer);
+  producer();
+  b.bra(done);
+  b.bind(consumer);
+  consumers();
+  b.bind(done);
+  b.exit();
+  return std::move(b).emit(ptx_isa_version(spec), spec.sm, 384);
+}
+
 Reg forward_m_blocks(Emitter &e, const KernelSpec &spec) {
   Reg sq = e.param(Type::S32, offsetof(ForwardParams, seqlen_q));
   return e.op(Op::Div, Type::U32, e.op(Op::Add, Type::U32, sq, imm(spec.block_m - 1)),

@@ -125,28 +125,17 @@ class DecodeMlaGen {
     b_.comment(perf);
     b_.set_arch_specific(true);
     b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
-    setup();
+    const WarpgroupFrame f = warpgroup_frame(e_);
+    tid_ = f.tid;
+    warp_ = f.warp;
+    smem_ = f.smem;
     prologue();
-    ptx::Label consumer = b_.label(), done = b_.label();
-    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(4))).bra(consumer);
-    producer();
-    b_.bra(done);
-    b_.bind(consumer);
-    consumers();
-    b_.bind(done);
-    b_.exit();
-    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 384);
+    return warpgroup_roles(
+        e_, spec_, warp_, [this] { producer(); }, [this] { consumers(); });
   }
 
  private:
   using P = DecodeParams;
-
-  void setup() {
-    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
-    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
-    smem_sym_ = b_.extern_shared("smem", 1024);
-    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
-  }
 
   // ---- every thread: the CTA's rows, keys and tiles; barriers set up ----
   void prologue() {
@@ -550,7 +539,6 @@ class DecodeMlaGen {
   int fp8_ = 0;  // fp8 K/V converted by the producer: 1 e4m3, 2 e5m2 (0: 16-bit)
   int S_ = 2, G_ = 1, nS_ = 0, nv_ = 0, kP_ = 0;
   tile::Lanes ln_;
-  ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_;
   Reg split_, bz_, sq_, rows_, kvh_, m0_, sk_, slo_, shi_, n0_, tiles_;
   KvRows kr_, vr_;

@@ -182,28 +182,17 @@ class ForwardWgmmaGen {
     b_.set_arch_specific(true);
     b_.set_param_align(64);
     b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
-    setup();
+    const WarpgroupFrame f = warpgroup_frame(e_);
+    tid_ = f.tid;
+    warp_ = f.warp;
+    smem_ = f.smem;
     prologue();
-    ptx::Label consumer = b_.label(), done = b_.label();
-    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(4))).bra(consumer);
-    producer();
-    b_.bra(done);
-    b_.bind(consumer);
-    consumers();
-    b_.bind(done);
-    b_.exit();
-    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 384);
+    return warpgroup_roles(
+        e_, spec_, warp_, [this] { producer(); }, [this] { consumers(); });
   }
 
  private:
   using P = ForwardParams;
-
-  void setup() {
-    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
-    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
-    smem_sym_ = b_.extern_shared("smem", 1024);
-    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
-  }
 
   // The launch's window edges and head counts (ForwardParams).
   struct Dims {
@@ -1380,7 +1369,6 @@ class ForwardWgmmaGen {
   int q8_, kv8_;  // fp8 Q, K/V converted on load by the producer: 1 e4m3, 2 e5m2 (0: none)
   int S_ = 2, nS_ = 0, kD_ = 0, nv_ = 0, nO_ = 0, kP_ = 0;
   tile::Lanes ln_;
-  ptx::Symbol smem_sym_;
   Reg tid_, warp_, smem_, wrow_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, lean_hi_, n_;
   tile::KeyRange keys_;     // the CTA's keys (tile::key_range)
