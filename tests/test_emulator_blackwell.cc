@@ -33,12 +33,6 @@ using namespace fa::test;
 
 const char *kBlackwell = ".version 8.6\n.target sm_100a\n.address_size 64\n";
 
-int blackwell_setup(void **) {
-  std::unique_ptr<fa::Backend> be;
-  if (fa::create_emulator_backend(100, &be) != FA_SUCCESS) return -1;
-  g_be = be.release();
-  return 0;
-}
 
 // Sets a deliberate emulator bug for the scope.
 struct BugScope {
@@ -694,5 +688,5 @@ int main(void) {
       cmocka_unit_test(test_correct_use),     cmocka_unit_test(test_parse_errors),
       cmocka_unit_test(test_deliberate_bugs), cmocka_unit_test(test_builder_forms),
   };
-  return cmocka_run_group_tests(tests, blackwell_setup, emu_teardown);
+  return cmocka_run_group_tests(tests, emu_setup_sm<100>, emu_teardown);
 }

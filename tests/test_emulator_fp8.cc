@@ -95,13 +95,6 @@ const char *kFp8Kernel = R"(.version 8.1
 }
 )";
 
-int fp8_setup(void **) {
-  std::unique_ptr<fa::Backend> be;
-  if (fa::create_emulator_backend(89, &be) != FA_SUCCESS) return -1;
-  g_be = be.release();
-  return 0;
-}
-
 uint16_t f16_bits_of(double v) {  // v exactly representable as a normal or subnormal f16
   const uint16_t s = std::signbit(v) ? 0x8000 : 0;
   const double a = std::fabs(v);
@@ -440,5 +433,5 @@ int main(void) {
       cmocka_unit_test(test_fp8_builder),     cmocka_unit_test(test_fp8_mma_layout),
       cmocka_unit_test(test_fp8_mma_errors),
   };
-  return cmocka_run_group_tests_name("emulator_fp8", tests, fp8_setup, emu_teardown);
+  return cmocka_run_group_tests_name("emulator_fp8", tests, emu_setup_sm<89>, emu_teardown);
 }

@@ -38,12 +38,6 @@ using namespace fa::test;
 
 const char *kHopper = ".version 8.0\n.target sm_90a\n.address_size 64\n";
 
-int hopper_setup(void **) {
-  std::unique_ptr<fa::Backend> be;
-  if (fa::create_emulator_backend(90, &be) != FA_SUCCESS) return -1;
-  g_be = be.release();
-  return 0;
-}
 
 std::string at_line(const std::string &ptx, const char *marker) {
   return "at PTX line " + std::to_string(line_of(ptx, marker));
@@ -2576,5 +2570,5 @@ int main(void) {
       cmocka_unit_test(test_profile_tma_wgmma),
       cmocka_unit_test(test_builder_stmatrix_elect),
   };
-  return cmocka_run_group_tests(tests, hopper_setup, emu_teardown);
+  return cmocka_run_group_tests(tests, emu_setup_sm<90>, emu_teardown);
 }

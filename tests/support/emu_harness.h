@@ -21,12 +21,15 @@ inline fa::Backend *g_be = nullptr;
 
 inline const char *kHeader = ".version 7.0\n.target sm_80\n.address_size 64\n";
 
-inline int emu_setup(void **) {
+// A group setup: g_be = an emulator backend of SM Sm (emu_setup: sm_80).
+template <int Sm>
+int emu_setup_sm(void **) {
   std::unique_ptr<fa::Backend> be;
-  if (fa::create_emulator_backend(80, &be) != FA_SUCCESS) return -1;
+  if (fa::create_emulator_backend(Sm, &be) != FA_SUCCESS) return -1;
   g_be = be.release();
   return 0;
 }
+inline int emu_setup(void **state) { return emu_setup_sm<80>(state); }
 
 inline int emu_teardown(void **) {
   delete g_be;
