@@ -40,25 +40,6 @@ struct BugScope {
   ~BugScope() { fa::emu::g_sm100_bug = fa::emu::kSm100BugNone; }
 };
 
-// Whether ptxas -arch=<arch> accepts the PTX: 1 / 0, -1 without a CUDA
-// toolkit.
-int ptxas_accepts(const std::string &ptx, const char *arch) {
-  const std::string ptxas = FA_PTXAS_PATH;
-  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) return -1;
-  char path[] = "/tmp/fa_blackwell_XXXXXX";
-  const int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  assert_true(write(fd, ptx.data(), ptx.size()) == static_cast<ssize_t>(ptx.size()));
-  close(fd);
-  const std::string cubin = std::string(path) + ".cubin";
-  const std::string cmd =
-      "'" + ptxas + "' -arch=" + arch + " '" + path + "' -o '" + cubin + "' 2>/dev/null";
-  const int rc = std::system(cmd.c_str());
-  unlink(path);
-  unlink(cubin.c_str());
-  return rc == 0 ? 1 : 0;
-}
-
 // ================================================ element by element ====
 
 // The value the round-trip kernel stores in tensor memory lane `lane`,

@@ -271,7 +271,9 @@ Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens);
 // The frame of the warp-specialised sm_90a kernels (FlashAttention-3's
 // structure: warpgroup 0 a producer, warpgroups 1 and 2 consumers; 384
 // threads): %tid.x, its warp and the dynamic shared memory's address
-// (1024-byte aligned: the 128-byte swizzle's period), u32.
+// (1024-byte aligned: the 128-byte swizzle's period), u32; the module
+// arch-specific (sm_90a) with one CTA per SM (the register cap setmaxnreg
+// redistributes).
 struct WarpgroupFrame {
   Reg tid, warp, smem;
 };

@@ -222,6 +222,8 @@ Reg decode_seqlen(Emitter &e, const KernelSpec &spec, Reg bz, Reg seqlens) {
 }
 
 WarpgroupFrame warpgroup_frame(Emitter &e) {
+  e.b.set_arch_specific(true);
+  e.b.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
   WarpgroupFrame f;
   f.tid = e.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
   f.warp = e.op(Op::Shr, Type::U32, f.tid, imm(5));

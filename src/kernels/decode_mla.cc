@@ -123,8 +123,6 @@ class DecodeMlaGen {
                   "rows_per_warp=8 d=%d dv=%d",
                   lay_.total, kRows, spec_.block_n, spec_.head_dim, spec_.head_dim_v);
     b_.comment(perf);
-    b_.set_arch_specific(true);
-    b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
     const WarpgroupFrame f = warpgroup_frame(e_);
     tid_ = f.tid;
     warp_ = f.warp;

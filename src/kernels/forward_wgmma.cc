@@ -179,9 +179,7 @@ class ForwardWgmmaGen {
                   "rows_per_warp=16",
                   lay_.total, spec_.block_m, spec_.block_n);
     b_.comment(perf);
-    b_.set_arch_specific(true);
     b_.set_param_align(64);
-    b_.set_min_ctas_per_sm(1);  // the register cap setmaxnreg redistributes
     const WarpgroupFrame f = warpgroup_frame(e_);
     tid_ = f.tid;
     warp_ = f.warp;

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "common/error.h"
@@ -58,6 +61,25 @@ inline fa_status run_ptx(const std::string &ptx, const char *entry, const fa::La
   st = g_be->load(ptx, bin, entry, g.smem_bytes, &k);
   if (st != FA_SUCCESS) return st;
   return g_be->launch(*k, g, params, params_size, nullptr);
+}
+
+// Whether ptxas -arch=<arch> (FA_PTXAS_PATH) accepts the PTX: 1 / 0, -1
+// without a CUDA toolkit.
+inline int ptxas_accepts(const std::string &ptx, const char *arch) {
+  const std::string ptxas = FA_PTXAS_PATH;
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) return -1;
+  char path[] = "/tmp/fa_ptxas_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_true(write(fd, ptx.data(), ptx.size()) == static_cast<ssize_t>(ptx.size()));
+  close(fd);
+  const std::string cubin = std::string(path) + ".cubin";
+  const std::string cmd =
+      "'" + ptxas + "' -arch=" + arch + " '" + path + "' -o '" + cubin + "' 2>/dev/null";
+  const int rc = std::system(cmd.c_str());
+  unlink(path);
+  unlink(cubin.c_str());
+  return rc == 0 ? 1 : 0;
 }
 
 // 1-based line of the first line containing marker.
