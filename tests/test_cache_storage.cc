@@ -329,13 +329,15 @@ void test_io_error_sweep_runtime(void **) {
   const unsigned writes = FaultVfs::bit(FaultVfs::kWrite) | FaultVfs::bit(FaultVfs::kTruncate);
   const unsigned opens = FaultVfs::bit(FaultVfs::kOpen);
   // The two one-shot sweeps together fail every operation once; the others
-  // take every few. The store sweep below is denser.
+  // take every few (a sticky fault from operation n fails every later one
+  // too, so neighbouring starts mostly repeat each other: every 6th, every
+  // 8th write). The store sweep below is denser.
   const Sweep sweeps[] = {
       {"all ops, natural error, once", FaultVfs::kAllOps, 0, false, 2, 1},
       {"all ops, SQLITE_IOERR, once", FaultVfs::kAllOps, SQLITE_IOERR, false, 2, 2},
-      {"all ops, natural error, sticky", FaultVfs::kAllOps, 0, true, 3, 1},
+      {"all ops, natural error, sticky", FaultVfs::kAllOps, 0, true, 6, 1},
       {"writes, SQLITE_FULL, once", writes, SQLITE_FULL, false, 2, 1},
-      {"writes, SQLITE_FULL, sticky", writes, SQLITE_FULL, true, 4, 2},
+      {"writes, SQLITE_FULL, sticky", writes, SQLITE_FULL, true, 8, 2},
       {"opens, SQLITE_CANTOPEN, once", opens, SQLITE_CANTOPEN, false},
   };
   // Under the sanitizers (FA_TEST_QUICK=1), 7 times sparser.

@@ -17,6 +17,7 @@
 // combine). The policy off runs the mma.sync decode (two O slices) on the
 // same inputs.
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -137,15 +138,21 @@ int main(void) {
       fp8.push_back(c);
     }
   }
+  // The policy off (the mma.sync decode, whose MLA shapes the numerics
+  // suites cover) runs the first two cases of each list: the same inputs
+  // through both kernels.
   for (bool on : {true, false}) {
     if (quick && !on) continue;
     fa::test::PolicyScope scope(rt, &fa::KernelPolicy::sm90_mla, on);
-    for (fa::test::fp8kv::Case c : fp8) {
+    const size_t n_fp8 = on ? fp8.size() : std::min<size_t>(2, fp8.size());
+    for (size_t i = 0; i < n_fp8; ++i) {
+      fa::test::fp8kv::Case c = fp8[i];
       c.kernel = on ? "fa_decode_wgmma_" : "fa_decode_mma_";
       const std::string err = fa::test::fp8kv::run_case(rt, c);
       if (!err.empty()) failures += c.describe() + (on ? " (sm90 mla)" : " (policy off)") + ":\n" + err;
     }
-    for (const fa::test::DecodeCase &d : cases) {
+    for (size_t i = 0; i < (on ? cases.size() : std::min<size_t>(2, cases.size())); ++i) {
+      const fa::test::DecodeCase &d = cases[i];
       const std::string what = d.describe() + (on ? " (sm90 mla)" : " (policy off)");
       const std::string err = fa::test::run_decode(rt, d);
       if (!err.empty()) failures += what + ":\n" + err;
