@@ -29,17 +29,9 @@ namespace {
 
 fa::test::DecodeCase decode(int batch, int seqlen_q, int max_k, int hq, int hkv, int d, bool bf16,
                             uint32_t seed) {
-  fa::test::DecodeCase c;
-  c.batch = batch;
-  c.seqlen_q = seqlen_q;
-  c.seqlen_k_max = max_k;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  c.bf16 = bf16;
-  c.seed = seed;
+  fa::test::DecodeCase c =
+      fa::test::decode_case(batch, seqlen_q, max_k, hq, hkv, d, bf16, seed, 97);
   c.split_counters = true;
-  for (int b = 0; b < batch; ++b) c.cache_seqlens.push_back(max_k - 97 * b);
   return c;
 }
 

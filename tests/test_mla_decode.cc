@@ -15,9 +15,9 @@
 // (tests/support/fp8_kv: e4m3 and e5m2 with descales, bf16 and fp16, pages
 // of 64 and 3, an empty sequence with +inf descales, sinks through the
 // combine). The policy off runs the mma.sync decode (two O slices) on the
-// same inputs.
-#include <cstdio>
+// first two cases of each list.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -31,19 +31,11 @@ namespace {
 
 // DeepSeek-shaped decode: heads_q over heads_kv latent heads, V in K.
 fa::test::DecodeCase mla(int batch, int seqlen_q, int max_k, int hq, int hkv, uint32_t seed) {
-  fa::test::DecodeCase d;
-  d.batch = batch;
-  d.seqlen_q = seqlen_q;
-  d.seqlen_k_max = max_k;
-  d.heads_q = hq;
-  d.heads_kv = hkv;
-  d.head_dim = 576;
+  fa::test::DecodeCase d =
+      fa::test::decode_case(batch, seqlen_q, max_k, hq, hkv, 576, true, seed, 61);
   d.head_dim_v = 512;
-  d.bf16 = true;
   d.causal = true;
   d.v_in_k = true;
-  d.seed = seed;
-  for (int b = 0; b < batch; ++b) d.cache_seqlens.push_back(max_k - 61 * b);
   return d;
 }
 
@@ -149,7 +141,8 @@ int main(void) {
       fa::test::fp8kv::Case c = fp8[i];
       c.kernel = on ? "fa_decode_wgmma_" : "fa_decode_mma_";
       const std::string err = fa::test::fp8kv::run_case(rt, c);
-      if (!err.empty()) failures += c.describe() + (on ? " (sm90 mla)" : " (policy off)") + ":\n" + err;
+      if (!err.empty())
+        failures += c.describe() + (on ? " (sm90 mla)" : " (policy off)") + ":\n" + err;
     }
     for (size_t i = 0; i < (on ? cases.size() : std::min<size_t>(2, cases.size())); ++i) {
       const fa::test::DecodeCase &d = cases[i];
@@ -159,8 +152,8 @@ int main(void) {
       // The profile names the last launch: the decode kernel itself when
       // only partial states are asked for, else the combine.
       const std::string k = fa::test::emulated_kernel(rt);
-      const bool ok = d.partials_only ? (k.find("fa_decode_wgmma_") == 0) == on
-                                      : k.find("fa_reduce_") == 0;
+      const bool ok =
+          d.partials_only ? (k.find("fa_decode_wgmma_") == 0) == on : k.find("fa_reduce_") == 0;
       if (!ok) failures += what + ": ran " + k + "\n";
     }
   }

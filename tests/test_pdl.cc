@@ -26,20 +26,10 @@
 
 namespace {
 
-// A decode case of `batch` sequences of up to max_k keys.
+// A decode case of `batch` sequences of up to max_k keys, head_dim 128.
 fa::test::DecodeCase decode(int batch, int seqlen_q, int max_k, int hq, int hkv, bool bf16,
                             uint32_t seed) {
-  fa::test::DecodeCase d;
-  d.batch = batch;
-  d.seqlen_q = seqlen_q;
-  d.seqlen_k_max = max_k;
-  d.heads_q = hq;
-  d.heads_kv = hkv;
-  d.head_dim = 128;
-  d.bf16 = bf16;
-  d.seed = seed;
-  for (int b = 0; b < batch; ++b) d.cache_seqlens.push_back(max_k - 97 * b);
-  return d;
+  return fa::test::decode_case(batch, seqlen_q, max_k, hq, hkv, 128, bf16, seed, 97);
 }
 
 // "" when the last launch's entry contains `want` and, iff pdl, "_pdl".

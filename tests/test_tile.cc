@@ -1642,8 +1642,8 @@ void test_gather_rows(void **) {
         const uint16_t want = j < c.limit && x / 8 < c.data ? src[size_t(j) * cols + x] : 0;
         const uint16_t v = got[(sw.offset(r, x / 8) + 2 * (x % 8)) / 2];
         if (v != want && bad++ < 5)
-          std::fprintf(stderr, "chunks %d rows %d: row %d col %d: %u, want %u\n", c.chunks,
-                       c.rows, r, x, v, want);
+          std::fprintf(stderr, "chunks %d rows %d: row %d col %d: %u, want %u\n", c.chunks, c.rows,
+                       r, x, v, want);
       }
     assert_int_equal(bad, 0);
   }

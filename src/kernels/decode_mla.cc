@@ -48,10 +48,10 @@ namespace fa {
 namespace kgen {
 namespace {
 
+using ptx::fimm;
 using tile::AccTile;
 using tile::Frag4;
 using tile::Swizzle128;
-using ptx::fimm;
 
 constexpr int kRows = 64;  // packed rows per CTA: one wgmma M
 constexpr int kAtomCols = 64;
@@ -103,7 +103,7 @@ class DecodeMlaGen {
         b_(entry_name(spec), decode_params_size(spec)),
         e_(b_),
         half_(spec.dtype == Dtype::F16 ? Type::F16 : Type::BF16),
-        fp8_(spec.kv_fp8 == KvFp8::None ? 0
+        fp8_(spec.kv_fp8 == KvFp8::None   ? 0
              : spec.kv_fp8 == KvFp8::E5M2 ? 2
                                           : 1) {
     S_ = spec.stages;
@@ -222,13 +222,11 @@ class DecodeMlaGen {
     Reg q_b = e_.index(q, bz_, qs[0]);
     Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
     const int chunks = 8 * lay_.qa, data = spec_.head_dim / 8;
-    tile::gather_rows(e_, tid_, smem_, 0, lay_.q_atom, kRows, chunks, data, m0_, rows_,
-                      [&](Reg r) {
-                        Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
-                        Reg qh = e_.op(Op::Add, Type::S32, kvh_g,
-                                       e_.op(Op::Rem, Type::S32, r, imm(G_)));
-                        return e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]);
-                      });
+    tile::gather_rows(e_, tid_, smem_, 0, lay_.q_atom, kRows, chunks, data, m0_, rows_, [&](Reg r) {
+      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
+      Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
+      return e_.index(e_.index(q_b, t, qs[1]), qh, qs[2]);
+    });
     b_.cp_async_commit();
     b_.comment("K tiles, first to last (zeros past seqlen_k)");
     Reg it = e_.mov(Type::U32, imm(0));
@@ -278,8 +276,8 @@ class DecodeMlaGen {
     } else {
       row = [&](Reg j) { return kr_.at(e_, j); };
     }
-    tile::gather_rows(e_, tid_, dst, lay_.k, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-                      row, fp8_, half_);
+    tile::gather_rows(e_, tid_, dst, lay_.k, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_, row,
+                      fp8_, half_);
   }
 
   // ---- warpgroups 1 and 2: the same 64 rows, half of d and of dv each ----
@@ -492,8 +490,7 @@ class DecodeMlaGen {
       // V's descale on O, but not on a row with no key (O = 0 whatever it is).
       Reg vd = descale(offsetof(P, v_descale)), f = b_.f32();
       for (int h = 0; h < 2; ++h) {
-        b_.selp(Type::F32, f, vd, fimm(0.0f),
-                e_.setp(Cmp::Gt, Type::F32, lse[h], fimm(kNegInf)));
+        b_.selp(Type::F32, f, vd, fimm(0.0f), e_.setp(Cmp::Gt, Type::F32, lse[h], fimm(kNegInf)));
         for (const Frag4 &fr : o_.f)
           for (int x = 2 * h; x < 2 * h + 2; ++x) b_.op(Op::Mul, Type::F32, fr[x], fr[x], f);
       }

@@ -154,11 +154,11 @@ bool spec_valid(const KernelSpec &s) {
   // tiles of 16..64.
   if (mla)
     return d_ok && dv_ok && mla_decode_dims(s.head_dim, s.head_dim_v) && s.mma && s.gather &&
-           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 &&
-           !s.varlen && !s.tree_mask && !s.alibi && !s.softcap && !s.append_kv && !s.pdl &&
-           !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 && s.dv_split == 1 &&
-           s.block_m == 64 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 &&
-           s.block_n % 16 == 0 && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
+           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 && !s.varlen && !s.tree_mask &&
+           !s.alibi && !s.softcap && !s.append_kv && !s.pdl && !s.persistent && !s.dynamic &&
+           !s.split_kv && s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 &&
+           s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0 &&
+           s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -361,9 +361,9 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
 // scores at 576 / 512: 203 KB), else false (the mma.sync decode).
 bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const LaunchShape &shape,
                      KernelSpec *s) {
-  if (!policy.sm90_mla || dev.sm != 90 || !s->v_in_k || s->dtype == Dtype::F32 ||
-      s->varlen || s->softcap || shape.alibi || shape.tree_mask ||
-      shape.append_kv || !mla_decode_dims(s->head_dim, s->head_dim_v))
+  if (!policy.sm90_mla || dev.sm != 90 || !s->v_in_k || s->dtype == Dtype::F32 || s->varlen ||
+      s->softcap || shape.alibi || shape.tree_mask || shape.append_kv ||
+      !mla_decode_dims(s->head_dim, s->head_dim_v))
     return false;
   KernelSpec t = *s;
   t.wgmma = t.gather = true;
@@ -459,16 +459,16 @@ std::string KernelSpec::serialize() const {
     o.push_back('Q');
     o.push_back(static_cast<char>(q_fp8));
   }
-  if (fp8_f16) o.push_back('F');     // only when on
-  if (kv_fp8_mma) o.push_back('M');  // only when on
-  if (page_pow2) o.push_back('P');   // only when on
-  if (persistent) o.push_back('T');  // only when on
-  if (dynamic) o.push_back('D');     // only when on
-  if (split_kv) o.push_back('S');    // only when on
-  if (fixed_len) o.push_back('L');   // only when on
-  if (pdl) o.push_back('G');         // only when on
+  if (fp8_f16) o.push_back('F');        // only when on
+  if (kv_fp8_mma) o.push_back('M');     // only when on
+  if (page_pow2) o.push_back('P');      // only when on
+  if (persistent) o.push_back('T');     // only when on
+  if (dynamic) o.push_back('D');        // only when on
+  if (split_kv) o.push_back('S');       // only when on
+  if (fixed_len) o.push_back('L');      // only when on
+  if (pdl) o.push_back('G');            // only when on
   if (fused_combine) o.push_back('C');  // only when on
-  if (q_stages != 1) {               // only when on
+  if (q_stages != 1) {                  // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
   }
@@ -611,8 +611,8 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   const int tile_keys = kind == KernelKind::Decode ? 16 : s.block_n;  // a warp's tile in decode
   // The MLA decode's tiles start block_n keys apart from a split's first
   // key, which need not be on a page boundary: it looks pages up per row.
-  s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma && !(kind == KernelKind::Decode && s.wgmma) &&
-                 shape.page_size > 0 &&
+  s.page_tiles = s.kv_layout == KvLayout::Paged && s.mma &&
+                 !(kind == KernelKind::Decode && s.wgmma) && shape.page_size > 0 &&
                  shape.page_size % tile_keys == 0;
   s.page_pow2 = s.kv_layout == KvLayout::Paged && !s.page_tiles && shape.page_size > 0 &&
                 (shape.page_size & (shape.page_size - 1)) == 0;

@@ -674,6 +674,21 @@ ForwardCase forward_case(int batch, int seqlen_q, int seqlen_k, int heads_q, int
   return c;
 }
 
+DecodeCase decode_case(int batch, int seqlen_q, int max_k, int hq, int hkv, int d, bool bf16,
+                       uint32_t seed, int len_step) {
+  DecodeCase c;
+  c.batch = batch;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k_max = max_k;
+  c.heads_q = hq;
+  c.heads_kv = hkv;
+  c.head_dim = d;
+  c.bf16 = bf16;
+  c.seed = seed;
+  for (int b = 0; b < batch; ++b) c.cache_seqlens.push_back(max_k - len_step * b);
+  return c;
+}
+
 DecodeCase prefill_case(const std::vector<int> &lens, int seqlen_q, int max_k, int hq, int hkv,
                         int d, bool bf16, int layout, int page_size, uint32_t seed) {
   DecodeCase x;

@@ -182,6 +182,10 @@ std::vector<uint32_t> pack_tree_mask(const std::vector<uint8_t> &bits, int rows,
 
 // Errors found; empty when the case passed. Prints a one-line summary.
 std::string run_forward(fa_runtime *rt, const ForwardCase &c);
+// A decode case of `batch` sequences, sequence b holding max_k - len_step b
+// keys of a contiguous cache of max_k rows, head_dim d (head_dim_v d).
+DecodeCase decode_case(int batch, int seqlen_q, int max_k, int hq, int hkv, int d, bool bf16,
+                       uint32_t seed, int len_step);
 // A chunked-prefill case (DecodeCase::prefill, through fa_launch): seqlen_q
 // new queries per sequence over a cache of lens[b] keys (seqused_k), causal,
 // in layout `layout` with pages of page_size in a block table shuffled by

@@ -64,8 +64,8 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
 }
 
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
-               int chunks, int data, Reg first, Reg limit,
-               const std::function<Reg(Reg)> &row_addr, int fp8, Type half) {
+                 int chunks, int data, Reg first, Reg limit,
+                 const std::function<Reg(Reg)> &row_addr, int fp8, Type half) {
   ptx::Builder &b = e.b;
   int lg = 0;
   while ((1 << lg) < chunks) ++lg;
@@ -85,7 +85,7 @@ void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_byte
   Reg coff = b.b64();
   b.mul_wide(Type::U32, coff, c, imm(fp8 ? 8 : 16));
   Reg last = e.op(Op::Sub, Type::S32, limit, imm(1));
-  Reg y[2], hw[2], w[4];  // fp8: a chunk's bytes, their halves, the 16-bit pairs
+  Reg y[2], hw[2], w[4];   // fp8: a chunk's bytes, their halves, the 16-bit pairs
   Reg lo16, hi16, lo, hi;  // fp8 to bf16: through f32
   if (fp8) {
     for (Reg &x : y) x = b.b32();

@@ -86,7 +86,6 @@ void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &d
 // address (u64), j clamped to limit - 1.
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
                  int chunks, int data, Reg first, Reg limit,
-                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0,
-                 Type half = Type::F16);
+                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0, Type half = Type::F16);
 
 }  // namespace fa::kgen::tile
