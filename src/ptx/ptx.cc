@@ -1186,6 +1186,56 @@ void Builder::tcgen05_fence_after_thread_sync() {
   Line(*this, Opcode("tcgen05.fence::after_thread_sync")).done();
 }
 
+namespace {
+const char *mma_kind_name(Builder::MmaKind k) {
+  return k == Builder::MmaKind::F16 ? "f16" : "f8f6f4";
+}
+}  // namespace
+
+void Builder::tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
+                               const Operand &idesc, const Operand &enable_input_d) {
+  Opcode in(std::string("tcgen05.mma.cta_group::1.kind::") + mma_kind_name(kind));
+  check_reg(in, d_taddr, Type::B32, "the D taddr must be a b32 register");
+  if (a_tmem)
+    check_reg(in, a, Type::B32, "the A taddr must be a b32 register");
+  else
+    check_reg(in, a, Type::B64, "descriptors are b64 registers");
+  check_reg(in, desc_b, Type::B64, "descriptors are b64 registers");
+  check(in, idesc, Type::B32, "idesc must be a b32 register or an immediate");
+  if (idesc.kind == Operand::Kind::Imm && (idesc.imm < 0 || idesc.imm > 0xffffffffll))
+    misuse(in, "idesc is 32 bits");
+  if (enable_input_d.kind == Operand::Kind::Imm) {
+    if (enable_input_d.imm != 0 && enable_input_d.imm != 1) misuse(in, "enable-input-d is 0 or 1");
+  } else if (enable_input_d.kind != Operand::Kind::Reg || enable_input_d.reg.cls != RegClass::Pred) {
+    misuse(in, "enable-input-d is an immediate or a predicate");
+  }
+  require(100, 86, "tcgen05", true);
+  Line l(*this, in);
+  l.addr(at(d_taddr));
+  if (a_tmem)
+    l.addr(at(a));
+  else
+    l.reg(a);
+  l.reg(desc_b).operand(idesc).operand(enable_input_d).done();
+}
+
+void Builder::tcgen05_mma_ss(MmaKind kind, Reg d_taddr, Reg desc_a, Reg desc_b, Operand idesc,
+                             Operand enable_input_d) {
+  tcgen05_mma_line(kind, d_taddr, desc_a, false, desc_b, idesc, enable_input_d);
+}
+
+void Builder::tcgen05_mma_ts(MmaKind kind, Reg d_taddr, Reg a_taddr, Reg desc_b, Operand idesc,
+                             Operand enable_input_d) {
+  tcgen05_mma_line(kind, d_taddr, a_taddr, true, desc_b, idesc, enable_input_d);
+}
+
+void Builder::tcgen05_commit(Addr mbar) {
+  Opcode in(std::string("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64"));
+  check_addr(in, mbar, Space::Shared);
+  require(100, 86, "tcgen05", true);
+  Line(*this, in).addr(mbar).done();
+}
+
 void Builder::bar_sync(int id, int count) {
   Opcode in("bar.sync");
   if (id < 0 || id > 15) misuse(in, "barrier id outside 0..15");

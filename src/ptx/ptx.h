@@ -354,6 +354,28 @@ class Builder {
   // thread synchronisation (bar.sync, mbarrier).
   void tcgen05_fence_before_thread_sync();
   void tcgen05_fence_after_thread_sync();
+  // tcgen05.mma.cta_group::1.kind::K [d_taddr], a, b_desc, idesc,
+  // enable_input_d (PTX ISA "tcgen05.mma"): D (M x N f32 in tensor memory
+  // at d_taddr, M lanes from lane 0, N columns) = A B (+ D when
+  // enable_input_d, an immediate 0 / 1 or a predicate). A is M x K: a
+  // shared-memory descriptor (b64, tcgen05_mma_ss) or tensor memory (a b32
+  // taddr, tcgen05_mma_ts: M lanes, K / 2 columns of packed 16-bit pairs for
+  // kind::f16); B is K x N from a shared-memory descriptor (b64). idesc
+  // (b32 register or immediate) is the instruction descriptor ("Instruction
+  // Descriptor": types, transposes, N >> 3 at bits 17-22, M >> 4 at
+  // 24-28). K = 16 for kind::f16 (f16 / bf16), 32 for kind::f8f6f4 (e4m3 /
+  // e5m2). Issued by one thread; asynchronous: its completion is tracked by
+  // tcgen05_commit.
+  enum class MmaKind : uint8_t { F16, F8F6F4 };
+  void tcgen05_mma_ss(MmaKind kind, Reg d_taddr, Reg desc_a, Reg desc_b, Operand idesc,
+                      Operand enable_input_d);
+  void tcgen05_mma_ts(MmaKind kind, Reg d_taddr, Reg a_taddr, Reg desc_b, Operand idesc,
+                      Operand enable_input_d);
+  // tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64
+  // [mbar] (PTX ISA "tcgen05.commit"): one arrive on the shared mbarrier at
+  // mbar once every tcgen05.mma (and cp) this thread issued before it has
+  // completed. Issued by the thread that issued them.
+  void tcgen05_commit(Addr mbar);
 
   // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
@@ -395,6 +417,8 @@ class Builder {
   void require(int sm, int isa, const char *what, bool arch = false);
   void tcgen05_ncols(const Opcode &in, const Operand &ncols) const;
   void tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, bool ld);
+  void tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
+                        const Operand &idesc, const Operand &enable_input_d);
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
