@@ -58,6 +58,10 @@ std::string generate_decode_tc(const KernelSpec &spec);      // Decode with spec
 std::string generate_forward_wgmma(const KernelSpec &spec);  // Forward with spec.wgmma
 // Dynamic shared memory of the sm_90a forward kernel (forward_wgmma.cc).
 uint32_t wgmma_smem(const KernelSpec &spec);
+// The sm_100a forward (spec.tcgen05; forward_sm100.cc) and its dynamic
+// shared memory.
+std::string generate_forward_sm100(const KernelSpec &spec);
+uint32_t sm100_smem(const KernelSpec &spec);
 // Dynamic shared memory of the tensor-core decode kernel (decode_tc.cc).
 uint32_t decode_tc_smem(const KernelSpec &spec);
 // The sm_90a MLA decode (Decode with spec.wgmma; decode_mla.cc) and its

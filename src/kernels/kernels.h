@@ -101,6 +101,13 @@ struct KernelSpec {
   // Decode: the sm_90a MLA decode (kgen::generate_decode_mla; gather and
   // v_in_k, block_m 64, the two consumer warpgroups splitting d and dv).
   bool wgmma = false;
+  // Forward on sm_100a / sm_103a (FlashAttention-4's structure,
+  // kgen::generate_forward_sm100): tcgen05.mma with S, P and O in tensor
+  // memory, TMA into a ring of `stages` K/V slots, 12 warps (8 softmax, an
+  // MMA and a load warp), block_m 256 (two Q tiles of 128), block_n 128.
+  // Implies mma; the TMA operands of the sm_90a forward (WgmmaParams). Off:
+  // the PTX and serialize() are those of a spec without it.
+  bool tcgen05 = false;
   // wgmma: Q, K and V copied by cp.async from the producer warpgroup (row
   // by row, any KV layout, varlen, seqused_k, strides TMA cannot address)
   // instead of TMA; the consumers are the same.
@@ -543,6 +550,7 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (!spec.wgmma && (spec.split_kv || spec.dynamic))
     return spec.q_fp8 != KvFp8::None ? sizeof(Fp8ForwardTailParams) : sizeof(ForwardTailParams);
+  if (spec.tcgen05) return sizeof(WgmmaParams);
   if (spec.wgmma && (spec.dynamic || spec.split_kv))
     return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);

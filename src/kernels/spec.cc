@@ -159,6 +159,17 @@ bool spec_valid(const KernelSpec &s) {
            !s.split_kv && s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 &&
            s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0 &&
            s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
+  // The sm_100a forward (forward_sm100.cc): two 128-row Q tiles, key tiles
+  // of 128, head_dim = head_dim_v whole k16 steps up to 128 (S and O of
+  // both tiles fill tensor memory's 512 columns), 16-bit TMA operands only.
+  if (s.tcgen05)
+    return s.kind == KernelKind::Forward && s.mma && !s.wgmma && !s.gather &&
+           (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && s.head_dim == s.head_dim_v &&
+           s.head_dim % 16 == 0 && s.head_dim >= 16 && s.head_dim <= 128 && s.block_m == 256 &&
+           s.block_n == 128 && s.num_warps == 12 && s.stages >= 2 && s.stages <= 8 &&
+           !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.sinks &&
+           !s.alibi && !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 &&
+           s.dv_split == 1 && s.q_fp8 == KvFp8::None && s.kv_fp8 == KvFp8::None;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -310,6 +321,18 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 // gather variant within 216), stages as many as shared
 // memory holds (2..4), after a second Q buffer when persistent
 // (KernelSpec::q_stages).
+// The sm_100a forward's tile (forward_sm100.cc): two 128-row Q tiles, 128
+// keys, 12 warps, and as many ring slots as shared memory holds (up to 6).
+void choose_sm100_tile(const DeviceLimits &dev, KernelSpec *s) {
+  s->block_m = 256;
+  s->block_n = 128;
+  s->num_warps = 12;
+  DeviceLimits lim = dev;
+  if (lim.smem_per_block_optin == 0) published_limits(100, &lim);
+  for (s->stages = 6; s->stages > 2; --s->stages)
+    if (kgen::sm100_smem(*s) <= lim.smem_per_block_optin) break;
+}
+
 void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
   DeviceLimits lim = dev;
   if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim)) published_limits(90, &lim);
@@ -438,6 +461,7 @@ std::string KernelSpec::serialize() const {
   o.push_back(page_tiles ? 1 : 0);
   o.push_back(seqused_k ? 1 : 0);
   o.push_back(wgmma ? 1 : 0);
+  if (tcgen05) o += "tc05";  // only when on: the keys of other kernels are unchanged
   o.push_back(gather ? 1 : 0);
   o.push_back(tree_mask ? 1 : 0);
   o.push_back(lse_in_base2 ? 1 : 0);
@@ -483,8 +507,9 @@ std::string KernelSpec::describe() const {
   std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s%s%s",
                 kind_name(kind), dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m,
                 block_n, num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "",
-                wgmma ? (gather ? " wgmma gather" : " wgmma")
-                : mma ? " mma"
+                tcgen05 ? " tcgen05"
+                : wgmma ? (gather ? " wgmma gather" : " wgmma")
+                : mma   ? " mma"
                       : "",
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
@@ -568,6 +593,15 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     }
     s.persistent = policy.sm90_persistent;
     choose_wgmma_tile(dev, &s);
+  } else if (kind == KernelKind::Forward && (dev.sm == 100 || dev.sm == 103) &&
+             policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
+             !fp8_fwd && !varlen && !shape.seqused_k &&
+             shape.kv_layout == KvLayout::Contiguous && shape.tma_ok && !s.split_kv &&
+             !shape.sinks && !shape.alibi && s.head_dim == s.head_dim_v && s.head_dim % 16 == 0 &&
+             s.head_dim <= 128) {
+    s.mma = true;
+    s.tcgen05 = true;
+    choose_sm100_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;
     s.mma = true;
@@ -648,6 +682,9 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, int sm, bool v
 }
 
 int ptx_isa_version(const KernelSpec &spec) {
+  // tcgen05 (8.6 on sm_100a, 8.8 on sm_103a) and the three-input max.f32
+  // (8.8).
+  if (spec.tcgen05) return 88;
   if (spec.wgmma) return 80;  // wgmma, setmaxnreg, cp.async.bulk.tensor: PTX ISA 8.0, sm_90a
   // The lowest PTX ISA version whose .target accepts the SM (PTX ISA, "PTX
   // Module Directives: .target"; sm_100 8.6, sm_103 8.8, sm_110 9.0, sm_120
@@ -680,7 +717,8 @@ std::string entry_name(const KernelSpec &s) {
       std::snprintf(st, sizeof st, "_s%d_mt%d%s_c%d", s.stages, s.m_tiles, s.q_in_regs ? "q" : "",
                     s.min_ctas);
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
-                  s.wgmma ? (s.gather ? "_wgmma_gather" : "_wgmma")
+                  s.tcgen05 ? "_tc05"
+                  : s.wgmma ? (s.gather ? "_wgmma_gather" : "_wgmma")
                   : s.mma ? "_mma"
                           : "",
                   dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
@@ -713,6 +751,7 @@ std::string generate_ptx(const KernelSpec &spec) {
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
   if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::generate_decode_mla(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
+  if (spec.tcgen05) return kgen::generate_forward_sm100(spec);
   if (spec.wgmma) return kgen::generate_forward_wgmma(spec);
   if (spec.mma) return kgen::generate_forward_tc(spec);
   return kgen::generate_attention(spec);
@@ -769,6 +808,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
   if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::decode_mla_smem(spec);
+  if (spec.tcgen05) return kgen::sm100_smem(spec);
   if (spec.wgmma) return kgen::wgmma_smem(spec);
   if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;
   if (spec.kind == KernelKind::Decode && spec.mma) return kgen::decode_tc_smem(spec);

@@ -83,6 +83,7 @@ constexpr OpInfo kOps[] = {
     {"lg2.approx.ftz", kF, 1},
     {"tanh.approx", kF, 1},
     {"prmt", kPrmt, 3},
+    {"max", kF, 3},
 };
 
 constexpr Piece kCmpNames[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "equ",
@@ -663,6 +664,7 @@ void Builder::op(Op o, Type t, Reg d, Operand a, Operand b, Operand c) {
   in.dot(type_piece(t));
   if (!(info.types & bit(t))) misuse(in, "type not allowed for this operation");
   check_reg(in, d, t, "destination register class");
+  if (o == Op::Max3) require(100, 88, "max.f32 with three inputs");
   const Operand *src[3] = {&a, &b, &c};
   for (int i = 0; i < 3; ++i) {
     bool used = i < info.arity;
@@ -1148,10 +1150,9 @@ void Builder::tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, boo
   in.str(std::to_string(n));
   in.add(".b32");
   check_reg(in, taddr, Type::B32, "taddr must be a b32 register");
-  for (int i = 0; i < n; ++i) {
-    if (r[i].cls != RegClass::B32) misuse(in, "the registers must be b32");
-    check_reg(in, r[i], Type::B32, "the registers must be b32");
-  }
+  // 32-bit registers: b32, or f32 (PTX ISA "Types": a .b32 operand takes
+  // any 32-bit register).
+  for (int i = 0; i < n; ++i) check_reg(in, r[i], Type::B32, "the registers must be 32-bit");
   require(100, 86, "tcgen05", true);
   const Addr a = at(taddr);
   Line line(*this, in, 16 * static_cast<size_t>(n));

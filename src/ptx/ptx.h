@@ -124,7 +124,10 @@ enum class Op : uint8_t {
   // prmt.b32 d, a, b, c (default mode): byte i of d is byte c[4i+2:4i] of
   // the eight bytes {b, a} (a's bytes 0..3, b's 4..7), or that byte's sign
   // replicated when c[4i+3] is set (PTX ISA "prmt"). b32 only.
-  Prmt
+  Prmt,
+  // max.f32 d, a, b, c: the largest of three (PTX ISA "max": three inputs
+  // need sm_100 and PTX ISA 8.8). f32 only.
+  Max3
 };
 
 class Builder {
@@ -336,7 +339,7 @@ class Builder {
   // allocates no more.
   void tcgen05_relinquish_alloc_permit();
   // tcgen05.ld.sync.aligned.32x32b.xN.b32 {d}, [taddr] (N = n in 1, 2, 4,
-  // .., 128; d n b32 registers): thread i of the warp gets lane
+  // .., 128; d n 32-bit registers, b32 or f32): thread i of the warp gets lane
   // taddr.lane + i, d[j] column taddr.column + j. Warp w (%warpid % 4 = q)
   // may only access lanes 32q..32q+31. Asynchronous: use d only after
   // tcgen05_wait_ld().

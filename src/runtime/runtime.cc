@@ -577,7 +577,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   if (fa_status st = check_head_dims(cfg, spec); st != FA_SUCCESS) return st;
   WgmmaParams wp;
   std::memset(&wp, 0, sizeof wp);
-  if (spec.wgmma && !spec.gather) {
+  if ((spec.wgmma || spec.tcgen05) && !spec.gather) {
     // TMA descriptors of Q, K, V (host only). A map the backend cannot make
     // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
     // without it) sends the launch to the gather variant instead.
@@ -665,7 +665,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   const bool has_tail = spec.dynamic || spec.split_kv;
   // Each block without its tail is what the kernel reads when it has none.
   fa_status st2;
-  if (spec.wgmma) {
+  if (spec.wgmma || spec.tcgen05) {
     wp.f = p;
     if (spec.q_fp8 != KvFp8::None) {  // the gather variant (fp8 converted on load)
       WgmmaFp8TailParams fw;

@@ -40,6 +40,25 @@ void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j,
   b.mma_m16n8k32_f8(ta, tb, d.f[j].data(), a.data(), b2, c ? c->data() : d.f[j].data());
 }
 
+void exp2_poly3(Emitter &e, Reg d, Reg x) {
+  ptx::Builder &b = e.b;
+  // Remez minimax of 2^f / relative error on [-0.5, 0.5], f32 coefficients.
+  constexpr float kC0 = 0.99992806f, kC1 = 0.69326097f, kC2 = 0.24261113f, kC3 = 0.05517167f;
+  constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: x + it rounds x to an integer
+  Reg xc = e.op(Op::Max, Type::F32, x, fimm(-127.0f));
+  Reg t = e.op(Op::Add, Type::F32, xc, fimm(kRound));
+  Reg f = e.op(Op::Sub, Type::F32, t, fimm(kRound));
+  b.op(Op::Sub, Type::F32, f, xc, f);
+  Reg p = e.op(Op::Fma, Type::F32, f, fimm(kC3), fimm(kC2));
+  b.op(Op::Fma, Type::F32, p, p, f, fimm(kC1));
+  b.op(Op::Fma, Type::F32, p, p, f, fimm(kC0));
+  // t's low 9 bits hold j (two's complement): j << 23 is the exponent's step.
+  Reg jb = e.op(Op::Shl, Type::B32, t, imm(23));
+  Reg pb = e.mov(Type::B32, p);
+  b.op(Op::Add, Type::U32, pb, pb, jb);
+  b.mov(Type::B32, d, pb);
+}
+
 void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a) {
   // a0 = row g, columns 2q, 2q+1 of block j; a1 = row g+8; a2, a3 the same
   // of block j + 1 (the higher column lands in the upper 16 bits).

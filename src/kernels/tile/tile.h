@@ -57,6 +57,16 @@ void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, co
 void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j, const Frag4 &a,
              const Reg *b2, const Frag4 *c = nullptr);
 
+// d = 2^x in f32 on the FMA pipe (FlashAttention-4 section 3.1: exp2
+// emulated for a share of the elements, so that MUFU is not the only unit
+// doing exponentials): x clamped to >= -127, j = round(x) by adding 1.5 x
+// 2^23 (its low mantissa bits are then j), f = x - j in [-0.5, 0.5], 2^f by
+// a degree-3 minimax polynomial (relative error 7.5e-5), and j added to the
+// result's exponent field by an integer shift and add. -inf gives +0, x <=
+// -126 a denormal or 0, x up to 127 the power. Ten instructions (one max,
+// three add, three fma, shl, add and the moves ptxas removes). d may be x.
+void exp2_poly3(Emitter &e, Reg d, Reg x);
+
 // Packs the f32 C fragments j, j+1 of t (16 rows x 16 columns) into the A
 // fragment of the same 16x16 block (P in O += P V: the C layout of an m16n8
 // pair is the A layout of m16k16, PTX ISA fragment figures).

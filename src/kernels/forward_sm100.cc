@@ -1,0 +1,669 @@
+// sm_100a forward generator: FlashAttention-4's structure (Zadouri, Hoehnen,
+// Shah, Thakkar, Ramani, Dao, 2026; flash_attn/cute/flash_fwd_sm100.py) on
+// tcgen05 and tensor memory.
+//
+// A CTA of 12 warps owns block_m = 256 query rows of one (batch, head), as
+// two Q tiles of 128 rows. Tensor memory (512 columns) holds, per Q tile i,
+// S_i = Q_i K^T (128 columns at 128 i; P_i, the 16-bit probabilities, is
+// written over its first 64) and O_i (head_dim_v columns from 256 + dv i).
+// Roles:
+//   warps 0-3, 4-7  softmax of Q tile 0, 1: thread r of the warpgroup owns
+//                   row r (TMEM lane r): it reads its row of S
+//                   (tcgen05.ld.32x32b), masks, runs the online softmax
+//                   (the maximum moves only when it grows by more than 2^8:
+//                   conditional rescaling, FA4 section 3.2; exp2 on MUFU and,
+//                   for a share of the elements, a degree-3 polynomial on
+//                   the FMA pipe, FA4 section 3.1), writes P (tcgen05.st),
+//                   rescales its row of O itself when it moved, and at the
+//                   end writes O / l and the LSE;
+//   warp 8          the MMA warp: one thread issues every tcgen05.mma
+//                   (S_i = Q_i K_j^T from shared memory; O_i += P_i V_j
+//                   with P from tensor memory) and commits them to mbarriers;
+//   warp 9          the load warp: one thread issues every TMA copy (Q once,
+//                   then K_j and V_j into a ring of `stages` slots);
+//   warps 10, 11    idle (they hold the CTA's barrier count).
+// Per K/V tile j the MMA warp runs, for i = 0, 1: O_i += P_i(j) V_j (after
+// softmax i's P), then S_i(j+1) = Q_i K_{j+1}^T: the tensor core works on
+// one Q tile while the other's softmax runs (FA4's ping-pong). tcgen05.mma
+// of one thread run in issue order, so S_i(j+1) overwrites P_i(j) only
+// after O_i += P_i(j) V_j read it.
+// Barriers (mbarriers): q_full (Q's bytes), kv_full / kv_empty per ring
+// slot, s_full[i] (the MMA's commit after S_i), p_full[i] (softmax i's 128
+// threads: P written, O rescaled), o_full[i] (the commit after O_i's MMAs).
+// Layouts and descriptors: docs/kernels.md, "Forward on sm_100a".
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/codegen.h"
+#include "kernels/launch.h"
+#include "kernels/tile/key_range.h"
+#include "kernels/tile/ring.h"
+#include "kernels/tile/row_mask.h"
+#include "kernels/tile/swizzle.h"
+#include "kernels/tile/tile.h"
+
+namespace fa {
+namespace kgen {
+namespace {
+
+using tile::Swizzle128;
+
+constexpr int kAtomBytes = Swizzle128::kRowBytes;  // one swizzled row: 64 16-bit values
+constexpr int kAtomCols = 64;
+constexpr int kTileRows = 128;  // rows of one Q tile (the MMA's M, TMEM's lanes)
+constexpr int kQTiles = 2;
+constexpr int kThreads = 384;
+constexpr int kMmaWarp = 8, kLoadWarp = 9;
+constexpr uint32_t kTmemCols = 512;
+// setmaxnreg: the softmax warpgroups hold a row of S (block_n f32) and its
+// packed P; warpgroup 2 (MMA, load, two idle warps) little. 2 x 128 x 224 +
+// 128 x 64 = 65536, the registers of one CTA per SM.
+constexpr int kSoftmaxRegs = 224, kOtherRegs = 64;
+// The exponentials on the FMA pipe: element e of a row's block_n when e % 8
+// >= 8 - kPolyPer8 (sm_100; sm_103's MUFU ex2 is faster: none there).
+constexpr int kPolyPer8 = 2;
+
+// Dynamic shared memory (every tile 1024-byte aligned, the 128-byte swizzle's
+// period): Q as qa atoms of [256 rows][128 B] (Q tile i: rows 128 i ..);
+// `stages` ring slots of max(qa, va) atoms of [block_n][128 B] (K_j in one,
+// V_j in the next); the mbarriers; the TMEM address (4 bytes).
+struct Layout {
+  int qa = 0, va = 0;
+  uint32_t q_atom = 0, kv_atom = 0, slot = 0;
+  uint32_t q = 0, kv = 0, bars = 0, tmem = 0, total = 0;
+  int stages = 0;
+  uint32_t kv_full(int s) const { return bars + 8 * static_cast<uint32_t>(s); }
+  uint32_t kv_empty(int s) const { return kv_full(stages) + 8 * static_cast<uint32_t>(s); }
+  uint32_t q_full() const { return kv_empty(stages); }
+  uint32_t s_full(int i) const { return q_full() + 8 + 8 * static_cast<uint32_t>(i); }
+  uint32_t p_full(int i) const { return s_full(kQTiles) + 8 * static_cast<uint32_t>(i); }
+  uint32_t o_full(int i) const { return p_full(kQTiles) + 8 * static_cast<uint32_t>(i); }
+};
+
+// The instruction descriptor of tcgen05.mma kind::f16 with f32 D (PTX ISA
+// "Instruction Descriptor", Table 42): D f32 (bits 4-5 = 1), A and B f16
+// (0) or bf16 (1) at bits 7-9 and 10-12, B MN-major (transpose, bit 16)
+// when trans_b, N >> 3 at bits 17-22, M >> 4 at bits 24-28.
+uint32_t umma_idesc(Type ab, int m, int n, bool trans_b) {
+  const uint32_t t = ab == Type::BF16 ? 1 : 0;
+  return (1u << 4) | (t << 7) | (t << 10) | (trans_b ? 1u << 16 : 0u) |
+         (static_cast<uint32_t>(n >> 3) << 17) | (static_cast<uint32_t>(m >> 4) << 24);
+}
+
+Layout layout(const KernelSpec &s) {
+  Layout l;
+  l.qa = (s.head_dim + kAtomCols - 1) / kAtomCols;
+  l.va = (s.head_dim_v + kAtomCols - 1) / kAtomCols;
+  l.q_atom = static_cast<uint32_t>(s.block_m) * kAtomBytes;
+  l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
+  l.slot = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.kv_atom;
+  l.stages = s.stages;
+  l.q = 0;
+  l.kv = static_cast<uint32_t>(l.qa) * l.q_atom;
+  l.bars = l.kv + static_cast<uint32_t>(s.stages) * l.slot;
+  l.tmem = l.o_full(kQTiles);
+  l.total = l.tmem + 16;
+  return l;
+}
+
+class ForwardSm100Gen {
+ public:
+  explicit ForwardSm100Gen(const KernelSpec &spec)
+      : spec_(spec),
+        lay_(layout(spec)),
+        b_(entry_name(spec), forward_params_size(spec)),
+        e_(b_),
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+    kD_ = (spec.head_dim + 15) / 16;
+    poly_ = spec.sm == 103 ? 0 : kPolyPer8;
+  }
+
+  std::string run() {
+    b_.comment(spec_.describe());
+    char perf[240];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=%d block_m=%d block_n=%d softmax_warps=8 "
+                  "correction_warps=0 mma_warps=1 load_warps=1",
+                  lay_.total, kThreads, spec_.block_m, spec_.block_n);
+    b_.comment(perf);
+    b_.set_param_align(64);
+    b_.set_arch_specific(true);
+    b_.set_min_ctas_per_sm(1);
+    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+    // The warp index and the TMEM address through shfl.sync from lane 0:
+    // values ptxas knows to be warp-uniform, so the MMA and load warps'
+    // operands sit in uniform registers (no per-lane issue loop).
+    warp_ = uniform(e_.op(Op::Shr, Type::U32, tid_, imm(5)));
+    smem_ = e_.mov(Type::U32, ptx::sym(b_.extern_shared("smem", 1024)));
+    prologue();
+    ptx::Label softmax = b_.label(), mma = b_.label(), done = b_.label();
+    b_.when(e_.setp(Cmp::Lt, Type::U32, warp_, imm(8))).bra(softmax);
+    b_.setmaxnreg(false, kOtherRegs);
+    b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kMmaWarp))).bra(mma);
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kLoadWarp))).bra(done);
+    load();
+    b_.bra(done);
+    b_.bind(mma);
+    mma_warp();
+    b_.bra(done);
+    b_.bind(softmax);
+    b_.setmaxnreg(true, kSoftmaxRegs);
+    softmax_warps();
+    b_.bind(done);
+    teardown();
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, kThreads);
+  }
+
+ private:
+  using P = ForwardParams;
+
+  // ---- every thread: rows, keys, barriers, tensor memory ----
+  void prologue() {
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg wl = e_.param(Type::S32, f + offsetof(P, window_left));
+    Reg wr = e_.param(Type::S32, f + offsetof(P, window_right));
+    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
+    Reg hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
+    Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
+    m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
+    sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
+    sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
+    keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    wr_ = wr;
+    wl_ = wl;
+
+    b_.comment("mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, s_full, o_full: "
+               "one tcgen05.commit; p_full: 128 softmax threads");
+    Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    for (int s = 0; s < lay_.stages; ++s) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_full(s)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_empty(s)), imm(1));
+    }
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(1));
+    for (int i = 0; i < kQTiles; ++i) {
+      b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.o_full(i)), imm(1));
+    }
+    b_.comment("tensor memory: warp 0 allocates all 512 columns");
+    ptx::Label allocated = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(allocated);
+    b_.tcgen05_alloc(at(smem_, lay_.tmem), imm(kTmemCols));
+    b_.tcgen05_relinquish_alloc_permit();
+    b_.bind(allocated);
+    b_.fence_proxy_async();  // the inits, visible to the copy engine
+    b_.tcgen05_fence_before_thread_sync();
+    b_.bar_sync();
+    b_.tcgen05_fence_after_thread_sync();
+    Reg tm = b_.b32();
+    b_.ld(Space::Shared, Type::U32, tm, at(smem_, lay_.tmem));
+    tmem_ = uniform(tm);
+    // Tiles: top, top - block_n, ..., n_begin (none when empty).
+    ntiles_ = e_.op(Op::Sub, Type::S32, keys_.top, keys_.n_begin);
+    b_.op(Op::Div, Type::S32, ntiles_, ntiles_, imm(spec_.block_n));
+    b_.op(Op::Add, Type::S32, ntiles_, ntiles_, imm(1));
+    b_.selp(Type::S32, ntiles_, imm(0), ntiles_, keys_.empty);
+  }
+
+  // x from lane 0 (shfl.sync.idx): a value ptxas treats as warp-uniform.
+  Reg uniform(Reg x) {
+    Reg d = b_.b32();
+    b_.shfl(ptx::Shfl::Idx, d, x, imm(0), imm(31), 0xffffffffu);
+    return d;
+  }
+
+  // Every thread: the CTA's last barrier, then warp 0 frees tensor memory.
+  void teardown() {
+    b_.tcgen05_fence_before_thread_sync();
+    b_.bar_sync();
+    ptx::Label out = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(out);
+    b_.tcgen05_fence_after_thread_sync();
+    b_.tcgen05_dealloc(tmem_, imm(kTmemCols));
+    b_.bind(out);
+  }
+
+  tile::Ring ring() { return tile::Ring(e_, smem_, lay_.stages); }
+
+  // ---- warp 9: one thread issues every TMA copy ----
+  // The whole warp runs the loop (its waits); one elected lane issues.
+  void load() {
+    ptx::Label out = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
+    Reg one = b_.pred();
+    b_.elect_sync(one, 0xffffffffu);
+    Reg pa = b_.b64();
+    b_.param_address(pa);
+    auto tmap = [&](size_t off) {
+      return e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(off)));
+    };
+    Reg tq = tmap(offsetof(WgmmaParams, tmap_q)), tk = tmap(offsetof(WgmmaParams, tmap_k)),
+        tv = tmap(offsetof(WgmmaParams, tmap_v));
+    b_.comment("Q: qa boxes of [256 rows][64 columns]");
+    b_.when(one).mbarrier_arrive_expect_tx(at(smem_, lay_.q_full()),
+                                           imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
+    for (int a = 0; a < lay_.qa; ++a) {
+      Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), m0_, h_, bz_};
+      b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c,
+                              4, at(smem_, lay_.q_full()));
+    }
+    b_.comment("K_j, V_j, last tile first, into the ring: K_j at 2j, V_j at 2j + 1");
+    Reg n = e_.mov(Type::S32, keys_.top);
+    Reg it = e_.mov(Type::U32, imm(0));
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    for (int kv = 0; kv < 2; ++kv) {
+      const tile::Ring::Slot sl = ring().slot(it);
+      Reg bars = ring().bars(sl.stage);
+      ring().wait(bars, static_cast<int>(lay_.kv_empty(0)), ring().free_parity(sl.parity));
+      const int atoms = kv ? lay_.va : lay_.qa;
+      b_.when(one).mbarrier_arrive_expect_tx(at(bars, lay_.kv_full(0)),
+                                             imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
+      Reg dst = e_.op(Op::MadLo, Type::U32, sl.stage, imm(lay_.slot), smem_);
+      for (int a = 0; a < atoms; ++a) {
+        Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), n, kvh_, bz_};
+        b_.when(one).cp_async_bulk_tensor(at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom),
+                                kv ? tv : tk, c, 4, at(bars, lay_.kv_full(0)));
+      }
+      b_.op(Op::Add, Type::U32, it, it, imm(1));
+    }
+    b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top, true);
+    b_.bind(out);
+  }
+
+  // ---- warp 8: one thread issues every tcgen05.mma ----
+  // The shared-memory descriptor of a 128-byte-swizzled operand at smem +
+  // off (tile::umma_smem_desc), lbo its leading byte offset.
+  Reg sdesc(Reg base, uint32_t off, uint32_t lbo) {
+    return Swizzle128::descriptor(e_, base, off, Swizzle128::umma_desc_bits(lbo));
+  }
+
+  // The whole warp runs the loop (its waits); one elected lane issues every
+  // MMA and commit (elect.sync picks the same lane while the warp is
+  // converged, so one thread issues them all).
+  void mma_warp() {
+    ptx::Label out = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
+    one_ = b_.pred();
+    b_.elect_sync(one_, 0xffffffffu);
+    const uint32_t s_idesc = umma_idesc(half_, kTileRows, spec_.block_n, false);
+    const uint32_t o_idesc = umma_idesc(half_, kTileRows, (spec_.head_dim_v + 15) / 16 * 16, true);
+    // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
+    // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
+    Reg qd[kQTiles];
+    for (int i = 0; i < kQTiles; ++i)
+      qd[i] = sdesc(smem_, lay_.q + static_cast<uint32_t>(i * kTileRows * kAtomBytes), 16);
+    Reg kd0 = sdesc(smem_, lay_.kv, 16);
+    // V, N-major (trans-b): head_dim_v's 64-column atoms kv_atom apart.
+    Reg vd0 = sdesc(smem_, lay_.kv, lay_.kv_atom);
+    Reg taddr_s[kQTiles], taddr_o[kQTiles];
+    for (int i = 0; i < kQTiles; ++i) {
+      taddr_s[i] = e_.op(Op::Add, Type::U32, tmem_, imm(s_col(i)));
+      taddr_o[i] = e_.op(Op::Add, Type::U32, tmem_, imm(o_col(i)));
+    }
+    auto slot_desc = [&](Reg stage, Reg desc0) {
+      Reg off = e_.op(Op::MulLo, Type::U32, stage, imm(lay_.slot >> 4));
+      Reg d = b_.b64();
+      b_.cvt(Type::U64, Type::U32, ptx::Round::None, d, off);
+      b_.op(Op::Add, Type::S64, d, d, desc0);
+      return d;
+    };
+    // S_i = Q_i K^T from the slot of K (kdesc).
+    auto issue_s = [&](int i, Reg kdesc) {
+      for (int kk = 0; kk < kD_; ++kk) {
+        const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
+        const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
+        Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
+        Reg bb = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
+        b_.when(one_).tcgen05_mma_ss(ptx::Builder::MmaKind::F16, taddr_s[i], a, bb, imm(s_idesc),
+                          imm(kk == 0 ? 0 : 1));
+      }
+      b_.when(one_).tcgen05_commit(at(smem_, lay_.s_full(i)));
+    };
+    // O_i += P_i V from the slot of V (vdesc); acc: O_i holds earlier tiles.
+    auto issue_pv = [&](int i, Reg vdesc, Reg acc) {
+      for (int kk = 0; kk < spec_.block_n / 16; ++kk) {
+        // Keys 16 kk ..: 16 rows of 128 B further in V; P's columns 8 kk ..
+        Reg vb = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(kk) * 16 * kAtomBytes) >> 4));
+        Reg pa = e_.op(Op::Add, Type::U32, taddr_s[i], imm(8 * kk));
+        if (kk == 0)
+          b_.when(one_).tcgen05_mma_ts(ptx::Builder::MmaKind::F16, taddr_o[i], pa, vb, imm(o_idesc), acc);
+        else
+          b_.when(one_).tcgen05_mma_ts(ptx::Builder::MmaKind::F16, taddr_o[i], pa, vb, imm(o_idesc), imm(1));
+      }
+      b_.when(one_).tcgen05_commit(at(smem_, lay_.o_full(i)));
+    };
+    const tile::Ring r = ring();
+    b_.comment("Q, then S_i = Q_i K_0^T for both tiles");
+    Reg zero = e_.mov(Type::U32, imm(0));
+    r.wait(smem_, static_cast<int>(lay_.q_full()), zero);
+    Reg it = e_.mov(Type::U32, imm(0));  // the ring position of the next K
+    {
+      const tile::Ring::Slot k = r.slot(it);
+      Reg kb = r.bars(k.stage);
+      r.wait(kb, static_cast<int>(lay_.kv_full(0)), k.parity);
+      b_.tcgen05_fence_after_thread_sync();
+      Reg kd = slot_desc(k.stage, kd0);
+      for (int i = 0; i < kQTiles; ++i) issue_s(i, kd);
+      b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
+    }
+    Reg j = e_.mov(Type::S32, imm(0));
+    Reg acc = b_.pred();
+    Reg more = b_.pred();
+    Reg pph = e_.mov(Type::U32, imm(0));  // p_full's parity at tile j
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    b_.setp(Cmp::Gt, Type::S32, acc, j, imm(0));
+    b_.op(Op::Add, Type::S32, j, j, imm(1));
+    b_.setp(Cmp::Lt, Type::S32, more, j, ntiles_);
+    b_.op(Op::Add, Type::U32, it, it, imm(1));  // V_j
+    const tile::Ring::Slot v = r.slot(it);
+    Reg vbars = r.bars(v.stage);
+    r.wait(vbars, static_cast<int>(lay_.kv_full(0)), v.parity);
+    Reg vd = slot_desc(v.stage, vd0);
+    b_.op(Op::Add, Type::U32, it, it, imm(1));  // K_{j+1}
+    const tile::Ring::Slot k = r.slot(it);
+    Reg kbars = r.bars(k.stage);
+    Reg kd = slot_desc(k.stage, kd0);
+    for (int i = 0; i < kQTiles; ++i) {
+      r.wait(smem_, static_cast<int>(lay_.p_full(i)), pph);
+      b_.tcgen05_fence_after_thread_sync();
+      issue_pv(i, vd, acc);
+      ptx::Label no_k = b_.label();
+      b_.unless(more).bra(no_k, true);
+      if (i == 0) r.wait(kbars, static_cast<int>(lay_.kv_full(0)), k.parity);
+      issue_s(i, kd);
+      b_.bind(no_k);
+    }
+    Reg one_more = e_.op(Op::And, Type::Pred, one_, more);
+    b_.when(one_more).tcgen05_commit(at(kbars, lay_.kv_empty(0)));
+    b_.when(one_).tcgen05_commit(at(vbars, lay_.kv_empty(0)));
+    b_.op(Op::Xor, Type::B32, pph, pph, imm(1));
+    b_.when(more).bra(top, true);
+    b_.bind(out);
+  }
+
+  // Tensor memory columns of S_i (P_i in its first 64) and of O_i.
+  uint32_t s_col(int i) const { return static_cast<uint32_t>(i * spec_.block_n); }
+  uint32_t o_col(int i) const {
+    return static_cast<uint32_t>(kQTiles * spec_.block_n + i * spec_.head_dim_v);
+  }
+
+  // ---- warps 0-7: the softmax of Q tile warp / 4, one row a thread ----
+  void softmax_warps() {
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg wi = e_.op(Op::Shr, Type::U32, warp_, imm(2));  // Q tile i
+    Reg quarter = e_.op(Op::And, Type::B32, warp_, imm(3));
+    Reg row = e_.op(Op::And, Type::B32, tid_, imm(127));  // TMEM lane = row of the tile
+    // lane field 32 q (PTX ISA "Tensor Memory": warp q of a warpgroup
+    // reaches lanes 32q .. 32q + 31)
+    Reg lanes = e_.op(Op::Shl, Type::B32, quarter, imm(21));
+    Reg tbase = e_.op(Op::Add, Type::U32, tmem_, lanes);
+    taddr_s_ = e_.op(Op::MadLo, Type::U32, wi, imm(s_col(1) - s_col(0)), tbase);
+    b_.op(Op::Add, Type::U32, taddr_s_, taddr_s_, imm(s_col(0)));
+    taddr_o_ = e_.op(Op::MadLo, Type::U32, wi, imm(o_col(1) - o_col(0)), tbase);
+    b_.op(Op::Add, Type::U32, taddr_o_, taddr_o_, imm(o_col(0)));
+    bar_off_ = e_.op(Op::Shl, Type::B32, wi, imm(3));  // + 8 i: tile i's barrier
+    Reg bars = e_.op(Op::Add, Type::U32, smem_, bar_off_);
+    bars_ = bars;
+    // This row's index and its diagonal (row + seqlen_k - seqlen_q).
+    qrow_ = e_.op(Op::MadLo, Type::S32, wi, imm(kTileRows), m0_);
+    b_.op(Op::Add, Type::S32, qrow_, qrow_, row);
+    score_scale_ = e_.param(Type::F32, f + offsetof(P, score_scale));
+    if (spec_.softcap) {
+      cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
+                            e_.param(Type::F32, f + offsetof(P, softcap_log2)));
+    }
+    const int nb = spec_.block_n;
+    s_.resize(static_cast<size_t>(nb));
+    for (Reg &x : s_) x = b_.f32();
+    m_ = e_.mov(Type::F32, fimm(kNegInf));
+    l_ = e_.mov(Type::F32, fimm(0.0f));
+    sph_ = e_.mov(Type::U32, imm(0));
+    j_ = e_.mov(Type::S32, imm(0));
+    ptx::Label epi = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(epi);
+    tile::KeyLoop k;
+    k.n = e_.mov(Type::S32, keys_.top);
+    k.n_begin = keys_.n_begin;
+    k.lean_lo = keys_.lean_lo;
+    k.lean_hi = [this] {
+      return tile::lean_hi(e_, keys_.dfirst, wr_, sk_, spec_.block_n);
+    };
+    k.masked = b_.label();
+    k.lean = b_.label();
+    k.exit = b_.label();
+    k.p = b_.pred();
+    k.t = b_.pred();
+    n_ = k.n;
+    tile::key_loop(b_, k, [&](bool masked) { softmax_tile(masked); });
+    b_.bind(k.exit);
+    b_.bind(epi);
+    epilogue();
+  }
+
+  // One K/V tile: S (this row) -> P, O rescaled when the maximum moved.
+  void softmax_tile(bool masked) {
+    const int nb = spec_.block_n;
+    ring().wait(bars_, static_cast<int>(lay_.s_full(0)), sph_);
+    b_.tcgen05_fence_after_thread_sync();
+    for (int c = 0; c < nb; c += 32) {
+      Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(c));
+      b_.tcgen05_ld_32x32b(&s_[static_cast<size_t>(c)], 32, ta);
+    }
+    b_.tcgen05_wait_ld();
+    if (spec_.softcap)
+      for (Reg x : s_) scale_score(e_, x, score_scale_, cap_);
+    if (masked) mask();
+    // The row maximum (three-input max.f32, sm_100) and the new offset.
+    Reg mx = e_.mov(Type::F32, m_);
+    {
+      std::vector<Reg> acc(4);
+      for (int a = 0; a < 4; ++a) acc[static_cast<size_t>(a)] = b_.f32();
+      for (int a = 0; a < 4; ++a)
+        b_.op(Op::Max, Type::F32, acc[static_cast<size_t>(a)], s_[static_cast<size_t>(2 * a)],
+              s_[static_cast<size_t>(2 * a + 1)]);
+      for (int x = 8; x < nb; x += 2) {
+        Reg &a = acc[static_cast<size_t>((x / 2) % 4)];
+        b_.op(Op::Max3, Type::F32, a, a, s_[static_cast<size_t>(x)],
+              s_[static_cast<size_t>(x + 1)]);
+      }
+      b_.op(Op::Max3, Type::F32, mx, mx, acc[0], acc[1]);
+      b_.op(Op::Max3, Type::F32, mx, mx, acc[2], acc[3]);
+    }
+    // Conditional rescaling (FA4 section 3.2): the offset the exponentials
+    // use moves to the new maximum only when that grows by more than 2^8
+    // in the log2 domain (p stays <= 2^8); O and l then scale by alpha.
+    Reg c = spec_.softcap ? Reg() : score_scale_;
+    Reg grow = b_.f32();
+    b_.op(Op::Sub, Type::F32, grow, mx, m_);
+    if (c.valid()) b_.op(Op::Mul, Type::F32, grow, grow, c);
+    Reg moved = e_.setp(Cmp::Gt, Type::F32, grow, fimm(tile::OnlineSoftmax::kRescaleLog2));
+    Reg alpha = e_.mov(Type::F32, fimm(1.0f));
+    {
+      // alpha = 2^((m - mx) c); m = -inf: 0 (l is 0 then, and O unwritten)
+      Reg d = e_.op(Op::Sub, Type::F32, m_, mx);
+      if (c.valid()) b_.op(Op::Mul, Type::F32, d, d, c);
+      Reg a = e_.op(Op::Ex2, Type::F32, d);
+      b_.selp(Type::F32, alpha, a, alpha, moved);
+      b_.selp(Type::F32, m_, mx, m_, moved);
+      b_.op(Op::Mul, Type::F32, l_, l_, alpha);
+    }
+    // The exponentials' offset: m c, or 0 for a row with no key yet.
+    Reg off = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : e_.mov(Type::F32, m_);
+    Reg none = e_.setp(Cmp::Eq, Type::F32, m_, fimm(kNegInf));
+    b_.selp(Type::F32, off, fimm(0.0f), off, none);
+    // p = 2^(s c - off): MUFU, or the polynomial (kPolyPer8 of each 8).
+    Reg noff = e_.op(Op::Neg, Type::F32, off);
+    for (int x = 0; x < nb; ++x) {
+      Reg &s = s_[static_cast<size_t>(x)];
+      if (c.valid())
+        b_.op(Op::Fma, Type::F32, s, s, c, noff);
+      else
+        b_.op(Op::Add, Type::F32, s, s, noff);
+      if (x % 8 >= 8 - poly_)
+        tile::exp2_poly3(e_, s, s);
+      else
+        b_.op(Op::Ex2, Type::F32, s, s);
+    }
+    // l += the row's sum (four partial sums: independent chains).
+    {
+      Reg part[4];
+      for (int a = 0; a < 4; ++a) part[a] = e_.mov(Type::F32, s_[static_cast<size_t>(a)]);
+      for (int x = 4; x < nb; ++x)
+        b_.op(Op::Add, Type::F32, part[x % 4], part[x % 4], s_[static_cast<size_t>(x)]);
+      b_.op(Op::Add, Type::F32, part[0], part[0], part[1]);
+      b_.op(Op::Add, Type::F32, part[2], part[2], part[3]);
+      b_.op(Op::Add, Type::F32, part[0], part[0], part[2]);
+      b_.op(Op::Add, Type::F32, l_, l_, part[0]);
+    }
+    // O *= alpha where some row of the warp moved (after O_i's last MMA).
+    ptx::Label kept = b_.label();
+    Reg any = b_.pred();
+    Reg later = e_.setp(Cmp::Gt, Type::S32, j_, imm(0));
+    Reg mv = e_.op(Op::And, Type::Pred, moved, later);
+    b_.vote(false, any, mv, 0xffffffffu);
+    b_.unless(any).bra(kept, true);
+    {
+      b_.comment("O *= alpha: some row of the warp moved its maximum");
+      Reg oph = e_.op(Op::Xor, Type::B32, sph_, imm(1));  // O_i's MMAs of tile j - 1
+      ring().wait(bars_, static_cast<int>(lay_.o_full(0)), oph);
+      b_.tcgen05_fence_after_thread_sync();
+      rescale_o(alpha);
+    }
+    b_.bind(kept);
+    // P into S's first block_n / 2 columns (16-bit pairs, key 2c low).
+    std::vector<Reg> pk(static_cast<size_t>(nb / 2));
+    for (int x = 0; x < nb / 2; ++x) {
+      pk[static_cast<size_t>(x)] = b_.b32();
+      b_.cvt_pack(half_, pk[static_cast<size_t>(x)], s_[static_cast<size_t>(2 * x + 1)],
+                  s_[static_cast<size_t>(2 * x)]);
+    }
+    for (int x = 0; x < nb / 2; x += 32) {
+      Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(x));
+      b_.tcgen05_st_32x32b(ta, &pk[static_cast<size_t>(x)], std::min(32, nb / 2 - x));
+    }
+    b_.tcgen05_wait_st();
+    b_.tcgen05_fence_before_thread_sync();
+    b_.mbarrier_arrive(at(bars_, lay_.p_full(0)));
+    b_.op(Op::Xor, Type::B32, sph_, sph_, imm(1));
+    b_.op(Op::Add, Type::S32, j_, j_, imm(1));
+    b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
+  }
+
+  // This row's keys outside its range to -inf (tile::row_range).
+  void mask() {
+    Reg diag = e_.op(Op::Add, Type::S32, qrow_, e_.op(Op::Sub, Type::S32, sk_, sq_));
+    const tile::RowRange r = tile::row_range(e_, diag, wl_, wr_, imm(0), sk_);
+    Reg lo = e_.op(Op::Sub, Type::S32, r.lo, n_);
+    Reg hi = e_.op(Op::Sub, Type::S32, r.hi, n_);
+    Reg p = b_.pred(), t = b_.pred();
+    for (int x = 0; x < spec_.block_n; ++x) {
+      b_.setp(Cmp::Gt, Type::S32, p, lo, imm(x));
+      b_.setp(Cmp::Le, Type::S32, t, hi, imm(x));
+      b_.op(Op::Or, Type::Pred, p, p, t);
+      b_.selp(Type::F32, s_[static_cast<size_t>(x)], fimm(kNegInf), s_[static_cast<size_t>(x)], p);
+    }
+  }
+
+  // This row of O times alpha (tensor memory, 32 columns at a time).
+  void rescale_o(Reg alpha) {
+    std::vector<Reg> o(32);
+    for (Reg &x : o) x = b_.f32();
+    for (int c = 0; c < spec_.head_dim_v; c += 32) {
+      const int n = std::min(32, spec_.head_dim_v - c);
+      Reg ta = e_.op(Op::Add, Type::U32, taddr_o_, imm(c));
+      std::vector<Reg> bits(static_cast<size_t>(n));
+      for (int x = 0; x < n; ++x) bits[static_cast<size_t>(x)] = o[static_cast<size_t>(x)];
+      b_.tcgen05_ld_32x32b(bits.data(), n, ta);
+      b_.tcgen05_wait_ld();
+      for (int x = 0; x < n; ++x)
+        b_.op(Op::Mul, Type::F32, o[static_cast<size_t>(x)], o[static_cast<size_t>(x)], alpha);
+      b_.tcgen05_st_32x32b(ta, bits.data(), n);
+    }
+    b_.tcgen05_wait_st();
+  }
+
+  // O / l and the LSE of this row, after O_i's last MMA.
+  void epilogue() {
+    b_.comment("epilogue: O / l, LSE");
+    Reg has = e_.setp(Cmp::Gt, Type::S32, ntiles_, imm(0));
+    ptx::Label skip_wait = b_.label();
+    b_.unless(has).bra(skip_wait, true);
+    Reg oph = e_.op(Op::Xor, Type::B32, sph_, imm(1));
+    ring().wait(bars_, static_cast<int>(lay_.o_full(0)), oph);
+    b_.tcgen05_fence_after_thread_sync();
+    b_.bind(skip_wait);
+    // l = 0 (no key): O = 0, LSE = -inf.
+    Reg pos = e_.setp(Cmp::Gt, Type::F32, l_, fimm(0.0f));
+    Reg inv = e_.op(Op::RcpRn, Type::F32, l_);
+    b_.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+    Reg c = spec_.softcap ? Reg() : score_scale_;
+    Reg lg = e_.op(Op::Lg2, Type::F32, l_);
+    Reg lse = c.valid() ? e_.op(Op::Fma, Type::F32, m_, c, lg) : e_.op(Op::Add, Type::F32, m_, lg);
+    b_.op(Op::Mul, Type::F32, lse, lse, fimm(0.69314718055994530942f));
+    b_.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
+    const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
+    Reg ok = e_.setp(Cmp::Lt, Type::S32, qrow_, sq_);
+    Reg ga = e_.index(out.o_bh, qrow_, out.o_row);
+    std::vector<Reg> o(32);
+    for (Reg &x : o) x = b_.f32();
+    for (int c0 = 0; c0 < spec_.head_dim_v; c0 += 32) {
+      const int n = std::min(32, spec_.head_dim_v - c0);
+      Reg ta = e_.op(Op::Add, Type::U32, taddr_o_, imm(c0));
+      std::vector<Reg> bits(o.begin(), o.begin() + n);
+      b_.tcgen05_ld_32x32b(bits.data(), n, ta);
+      b_.tcgen05_wait_ld();
+      for (int x = 0; x < n; ++x) {
+        Reg &v = o[static_cast<size_t>(x)];
+        b_.selp(Type::F32, v, v, fimm(0.0f), has);  // no tile: unwritten columns
+        b_.op(Op::Mul, Type::F32, v, v, inv);
+      }
+      for (int x = 0; x < n; x += 8) {
+        Reg w[4];
+        for (int y = 0; y < 4; ++y) {
+          w[y] = b_.b32();
+          b_.cvt_pack(half_, w[y], o[static_cast<size_t>(x + 2 * y + 1)],
+                      o[static_cast<size_t>(x + 2 * y)]);
+        }
+        b_.when(ok).st_v(Space::Global, Type::B32, at(ga, 2 * (c0 + x)), {w[0], w[1], w[2], w[3]});
+      }
+    }
+    Reg lok = e_.op(Op::And, Type::Pred, ok, out.has_lse);
+    Reg la = e_.index(out.lse_row0, qrow_, 4);
+    b_.when(lok).st(Space::Global, Type::F32, at(la), lse);
+  }
+
+  const KernelSpec &spec_;
+  const Layout lay_;
+  ptx::Builder b_;
+  Emitter e_;
+  Type half_;
+  int kD_ = 0, poly_ = 0;
+  Reg tid_, warp_, smem_, tmem_, one_;
+  Reg h_, bz_, kvh_, m0_, sq_, sk_, wl_, wr_, ntiles_;
+  tile::KeyRange keys_;
+  // softmax
+  Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, m_, l_, sph_, j_, n_;
+  Softcap cap_;
+  std::vector<Reg> s_;
+};
+
+}  // namespace
+
+std::string generate_forward_sm100(const KernelSpec &spec) {
+  return ForwardSm100Gen(spec).run();
+}
+
+uint32_t sm100_smem(const KernelSpec &spec) { return layout(spec).total; }
+
+}  // namespace kgen
+}  // namespace fa
