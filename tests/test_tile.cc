@@ -965,6 +965,91 @@ void test_rows_to_e4m3(void **) {
   g_be = sm80;
 }
 
+// Exp2Poly3 (the FMA-pipe exp2 of the sm_100a softmax, on f32x2 pairs: the
+// packed add, mul and fma of the emulator too) against exp2 in
+// fp64 over [-140, 127] plus -inf and the integers (relative error within
+// 8e-5 where 2^x is normal; +0 below -126.5 and at -inf), and
+// the three-input max.f32 (sm_100, PTX ISA 8.8) it sits next to: the
+// pairwise max of PTX ("max": NaN only when every input is NaN).
+void test_exp2_poly3(void **) {
+  const int threads = 128, per = 64, n = threads * per;
+  std::vector<float> x(n);
+  std::mt19937 rng(0x5eed2);
+  std::uniform_real_distribution<float> u(-140.0f, 127.0f);
+  for (int i = 0; i < n; ++i) x[i] = u(rng);
+  for (int k = -130; k <= 127; ++k) x[size_t(k + 130)] = float(k);  // the integers
+  x[300] = -INFINITY;
+  x[301] = -127.0f;
+  x[302] = 0.5f;
+  x[303] = -0.5f;
+  std::unique_ptr<fa::Backend> be100;
+  assert_int_equal(fa::create_emulator_backend(100, &be100), FA_SUCCESS);
+  fa::Backend *const sm80 = g_be;
+  g_be = be100.get();
+  std::vector<float> y, m;
+  {
+    DevBuf in(n * 4), out(n * 4), mx(threads * 4);  // poisoned
+    in.put(x);
+  const std::string ptx = kernel(
+      threads,
+      [&](Emitter &e, Reg tid, Reg, const Reg *g) {
+        Builder &b = e.b;
+        Reg v[2] = {b.f32(), b.f32()}, m = b.f32();
+        b.mov(Type::F32, m, fimm(-INFINITY));
+        const tile::Exp2Poly3 exp2(e);
+        for (int i = 0; i < per; i += 2) {
+          Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(per), imm(i));
+          b.ld_v(Space::Global, Type::F32, {v[0], v[1]}, at(e.index(g[0], idx, 4)));
+          Reg y[2] = {b.f32(), b.f32()};
+          exp2(y[0], y[1], v[0], v[1]);
+          b.st_v(Space::Global, Type::F32, at(e.index(g[1], idx, 4)), {y[0], y[1]});
+          b.op(Op::Max3, Type::F32, m, m, v[1], y[1]);
+        }
+        b.st(Space::Global, Type::F32, at(e.index(g[2], tid, 4)), m);
+      },
+      88, 100);
+    Ptrs p{};
+    p.p[0] = in.ptr;
+    p.p[1] = out.ptr;
+    p.p[2] = mx.ptr;
+    const fa_status st = launch(ptx, threads, 0, p);
+    if (st == FA_SUCCESS) {
+      y = out.get<float>();
+      m = mx.get<float>();
+    }
+  }
+  g_be = sm80;
+  assert_int_equal(y.size(), size_t(n));
+  int bad = 0;
+  double worst = 0;
+  for (int i = 0; i < n; ++i) {
+    const double want = std::exp2(double(x[i]));
+    bool ok;
+    if (x[i] < -126.5f) {
+      ok = y[i] == 0.0f && !std::signbit(y[i]);
+    } else if (x[i] < -126.0f) {  // j = -126: a denormal
+      ok = y[i] >= 0.0f && y[i] <= 0x1p-126f;
+    } else {
+      const double rel = std::fabs(double(y[i]) / want - 1);
+      worst = std::max(worst, rel);
+      ok = rel <= 8e-5;
+    }
+    if (std::isinf(x[i])) ok = y[i] == 0.0f && !std::signbit(y[i]);
+    if (!ok && bad++ < 5) std::fprintf(stderr, "Exp2Poly3(%a) = %a, want %a\n", x[i], y[i], want);
+  }
+  for (int t = 0; t < threads; ++t) {
+    float want = -INFINITY;
+    for (int i = 1; i < per; i += 2) {
+      const size_t k = size_t(t) * per + size_t(i);
+      want = std::max({want, x[k], y[k]});
+    }
+    if (m[size_t(t)] != want && bad++ < 5)
+      std::fprintf(stderr, "thread %d: max3 chain %a, want %a\n", t, m[size_t(t)], want);
+  }
+  std::fprintf(stderr, "  Exp2Poly3: relative error at most %.3g over the normal range\n", worst);
+  assert_int_equal(bad, 0);
+}
+
 // ------------------------------------------------------------ masking ---
 
 // mask_row_half on a 16 x 32 tile of ones: row r keeps columns [lo_r, hi_r)
@@ -2082,6 +2167,7 @@ int main(void) {
       cmocka_unit_test(test_fp8_frags),
       cmocka_unit_test(test_rows_to_f16),
       cmocka_unit_test(test_rows_to_e4m3),
+      cmocka_unit_test(test_exp2_poly3),
       cmocka_unit_test(test_mask_row_half),
       cmocka_unit_test(test_alibi),
       cmocka_unit_test(test_online_softmax),

@@ -151,6 +151,7 @@ bool type_info(const std::string &t, TypeInfo *ti) {
       {"b8", {8, 'b'}},     {"b16", {16, 'b'}},  {"b32", {32, 'b'}},   {"b64", {64, 'b'}},
       {"f16", {16, 'f'}},   {"bf16", {16, 'f'}}, {"f16x2", {32, 'f'}}, {"bf16x2", {32, 'f'}},
       {"f32", {32, 'f'}},   {"f64", {64, 'f'}},  {"pred", {1, 'p'}},   {"e4m3x2", {16, 'f'}},
+      {"f32x2", {64, 'f'}},
       {"e5m2x2", {16, 'f'}}};
   auto it = types.find(t);
   if (it == types.end()) return false;
@@ -1857,9 +1858,32 @@ class Parser {
     no_other(m);
     TypeInfo ti = one_type(m);
     int n = it->second;
+    // max.f32 d, a, b, c: three inputs (PTX ISA "max"; sm_100, PTX ISA 8.8).
+    if (b == "max" && ops.size() == 4 && m.types.size() == 1 && m.types[0] == "f32") n = 3;
     want_count(ops, static_cast<size_t>(n + 1));
     if (m.sat) bad(".sat is not supported");
     const bool f = ti.kind == 'f';
+    if (f && m.types[0] == "f32x2") {
+      // add / sub / mul / fma on packed f32 pairs (PTX ISA 8.6, sm_100):
+      // each half as the f32 instruction, round to nearest.
+      if (!m.rnd.empty() && m.rnd != "rn") bad("only .rn rounding is supported");
+      if (m.ftz) in.flags |= kFtz;
+      if (b == "add")
+        in.op = Op::kAddF2;
+      else if (b == "sub")
+        in.op = Op::kSubF2;
+      else if (b == "mul")
+        in.op = Op::kMulF2;
+      else if (b == "fma" && m.rnd == "rn")
+        in.op = Op::kFmaF2;
+      else
+        bad("only add, sub, mul and fma.rn take .f32x2");
+      in.d = dst(ops[0], 64);
+      in.a = src(ops[1], 64, false);
+      in.b = src(ops[2], 64, false);
+      if (n >= 3) in.c = src(ops[3], 64, false);
+      return emit(in, text);
+    }
     if (f) {
       if (m.types[0] != "f32") bad("only .f32 floating point is supported");
       if (!m.rnd.empty() && m.rnd != "rn") bad("only .rn rounding is supported");
@@ -1892,7 +1916,7 @@ class Parser {
       else if (b == "min")
         in.op = Op::kMinF;
       else if (b == "max")
-        in.op = Op::kMaxF;
+        in.op = n == 3 ? Op::kMax3F : Op::kMaxF;
       else
         bad("not a floating point instruction");
       in.d = dst(ops[0], 32);

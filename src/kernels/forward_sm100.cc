@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "kernels/codegen.h"
@@ -61,9 +62,10 @@ constexpr uint32_t kTmemCols = 512;
 // packed P; warpgroup 2 (MMA, load, two idle warps) little. 2 x 128 x 224 +
 // 128 x 64 = 65536, the registers of one CTA per SM.
 constexpr int kSoftmaxRegs = 224, kOtherRegs = 64;
-// The exponentials on the FMA pipe: element e of a row's block_n when e % 8
-// >= 8 - kPolyPer8 (sm_100; sm_103's MUFU ex2 is faster: none there).
-constexpr int kPolyPer8 = 2;
+// The exponentials on the FMA pipe (tile::Exp2Poly3): of each 16 pairs of a
+// row's elements, pairs q with q % 16 < kPolyPairsPer16 (sm_100; sm_103's
+// MUFU ex2 is faster: none there).
+constexpr int kPolyPairsPer16 = 6;
 
 // Dynamic shared memory (every tile 1024-byte aligned, the 128-byte swizzle's
 // period): Q as qa atoms of [256 rows][128 B] (Q tile i: rows 128 i ..);
@@ -117,7 +119,7 @@ class ForwardSm100Gen {
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     kD_ = (spec.head_dim + 15) / 16;
-    poly_ = spec.sm == 103 ? 0 : kPolyPer8;
+    poly_ = spec.sm == 103 ? 0 : kPolyPairsPer16;
   }
 
   std::string run() {
@@ -425,6 +427,11 @@ class ForwardSm100Gen {
     const int nb = spec_.block_n;
     s_.resize(static_cast<size_t>(nb));
     for (Reg &x : s_) x = b_.f32();
+    if (!spec_.softcap) {
+      c2_ = b_.b64();
+      b_.pack_f32x2(c2_, score_scale_, score_scale_);
+    }
+    exp2_ = std::make_unique<tile::Exp2Poly3>(e_);
     m_ = e_.mov(Type::F32, fimm(kNegInf));
     l_ = e_.mov(Type::F32, fimm(0.0f));
     sph_ = e_.mov(Type::U32, imm(0));
@@ -501,29 +508,43 @@ class ForwardSm100Gen {
     Reg off = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : e_.mov(Type::F32, m_);
     Reg none = e_.setp(Cmp::Eq, Type::F32, m_, fimm(kNegInf));
     b_.selp(Type::F32, off, fimm(0.0f), off, none);
-    // p = 2^(s c - off): MUFU, or the polynomial (kPolyPer8 of each 8).
+    // p = 2^(s c - off) on pairs (f32x2): MUFU, or the polynomial for
+    // kPolyPairsPer16 of each 16 pairs.
     Reg noff = e_.op(Op::Neg, Type::F32, off);
-    for (int x = 0; x < nb; ++x) {
-      Reg &s = s_[static_cast<size_t>(x)];
+    Reg noff2 = b_.b64();
+    b_.pack_f32x2(noff2, noff, noff);
+    Reg s2 = b_.b64();
+    std::vector<Reg> sum2(2);
+    for (int x = 0; x < nb / 2; ++x) {
+      Reg &s0 = s_[static_cast<size_t>(2 * x)], &s1 = s_[static_cast<size_t>(2 * x + 1)];
+      b_.pack_f32x2(s2, s0, s1);
       if (c.valid())
-        b_.op(Op::Fma, Type::F32, s, s, c, noff);
+        b_.f32x2(Op::Fma, s2, s2, c2_, noff2);
       else
-        b_.op(Op::Add, Type::F32, s, s, noff);
-      if (x % 8 >= 8 - poly_)
-        tile::exp2_poly3(e_, s, s);
-      else
-        b_.op(Op::Ex2, Type::F32, s, s);
+        b_.f32x2(Op::Add, s2, s2, noff2);
+      b_.unpack_f32x2(s0, s1, s2);
+      if (x % 16 < poly_) {
+        (*exp2_)(s0, s1, s0, s1);
+      } else {
+        b_.op(Op::Ex2, Type::F32, s0, s0);
+        b_.op(Op::Ex2, Type::F32, s1, s1);
+      }
+      // l's two pair sums (independent chains)
+      Reg &acc = sum2[static_cast<size_t>(x % 2)];
+      if (x < 2) {
+        acc = b_.b64();
+        b_.pack_f32x2(acc, s0, s1);
+      } else {
+        b_.pack_f32x2(s2, s0, s1);
+        b_.f32x2(Op::Add, acc, acc, s2);
+      }
     }
-    // l += the row's sum (four partial sums: independent chains).
+    b_.f32x2(Op::Add, sum2[0], sum2[0], sum2[1]);
     {
-      Reg part[4];
-      for (int a = 0; a < 4; ++a) part[a] = e_.mov(Type::F32, s_[static_cast<size_t>(a)]);
-      for (int x = 4; x < nb; ++x)
-        b_.op(Op::Add, Type::F32, part[x % 4], part[x % 4], s_[static_cast<size_t>(x)]);
-      b_.op(Op::Add, Type::F32, part[0], part[0], part[1]);
-      b_.op(Op::Add, Type::F32, part[2], part[2], part[3]);
-      b_.op(Op::Add, Type::F32, part[0], part[0], part[2]);
-      b_.op(Op::Add, Type::F32, l_, l_, part[0]);
+      Reg lo = b_.f32(), hi = b_.f32();
+      b_.unpack_f32x2(lo, hi, sum2[0]);
+      b_.op(Op::Add, Type::F32, lo, lo, hi);
+      b_.op(Op::Add, Type::F32, l_, l_, lo);
     }
     // O *= alpha where some row of the warp moved (after O_i's last MMA).
     ptx::Label kept = b_.label();
@@ -655,6 +676,8 @@ class ForwardSm100Gen {
   Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, m_, l_, sph_, j_, n_;
   Softcap cap_;
   std::vector<Reg> s_;
+  Reg c2_;  // {score_scale, score_scale} (no softcap)
+  std::unique_ptr<tile::Exp2Poly3> exp2_;
 };
 
 }  // namespace

@@ -1237,6 +1237,42 @@ void Builder::tcgen05_commit(Addr mbar) {
   Line(*this, in).addr(mbar).done();
 }
 
+void Builder::f32x2(Op o, Reg d, Reg a, Reg b, Reg c) {
+  const char *name = o == Op::Add   ? "add.f32x2"
+                     : o == Op::Sub ? "sub.f32x2"
+                     : o == Op::Mul ? "mul.f32x2"
+                     : o == Op::Fma ? "fma.rn.f32x2"
+                                    : nullptr;
+  Opcode in(std::string(name ? name : "f32x2"));
+  if (!name) misuse(in, "only add, sub, mul and fma have an f32x2 form");
+  if (c.valid() != (o == Op::Fma)) misuse(in, "fma takes three sources, the others two");
+  check_reg(in, d, Type::B64, "f32x2 values are b64 registers");
+  check_reg(in, a, Type::B64, "f32x2 values are b64 registers");
+  check_reg(in, b, Type::B64, "f32x2 values are b64 registers");
+  if (c.valid()) check_reg(in, c, Type::B64, "f32x2 values are b64 registers");
+  require(100, 86, "f32x2 arithmetic");
+  Line l(*this, in);
+  l.reg(d).reg(a).reg(b);
+  if (c.valid()) l.reg(c);
+  l.done();
+}
+
+void Builder::pack_f32x2(Reg d, Reg lo, Reg hi) {
+  Opcode in("mov.b64");
+  check_reg(in, d, Type::B64, "destination must be a b64 register");
+  check_reg(in, lo, Type::F32, "sources must be f32 registers");
+  check_reg(in, hi, Type::F32, "sources must be f32 registers");
+  Line(*this, in).reg(d).vec({lo, hi}).done();
+}
+
+void Builder::unpack_f32x2(Reg lo, Reg hi, Reg a) {
+  Opcode in("mov.b64");
+  check_reg(in, lo, Type::F32, "destinations must be f32 registers");
+  check_reg(in, hi, Type::F32, "destinations must be f32 registers");
+  check_reg(in, a, Type::B64, "source must be a b64 register");
+  Line(*this, in).vec({lo, hi}).reg(a).done();
+}
+
 void Builder::bar_sync(int id, int count) {
   Opcode in("bar.sync");
   if (id < 0 || id > 15) misuse(in, "barrier id outside 0..15");

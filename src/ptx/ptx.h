@@ -379,6 +379,16 @@ class Builder {
   // mbar once every tcgen05.mma (and cp) this thread issued before it has
   // completed. Issued by the thread that issued them.
   void tcgen05_commit(Addr mbar);
+  // Packed f32 pairs (PTX ISA "add", "mul", "fma" with .f32x2; sm_100, PTX
+  // ISA 8.6): add.f32x2 / sub.f32x2 / mul.f32x2 d, a, b and fma.rn.f32x2
+  // d, a, b, c on b64 registers, each half (low: the first element) an
+  // f32 computed as the scalar instruction would (round to nearest).
+  // o: Op::Add, Sub, Mul (c unset) or Fma.
+  void f32x2(Op o, Reg d, Reg a, Reg b, Reg c = Reg());
+  // mov.b64 d, {lo, hi} / mov.b64 {lo, hi}, a: two f32 registers to and
+  // from a b64 pair (lo the low half; PTX ISA "mov", vector pack).
+  void pack_f32x2(Reg d, Reg lo, Reg hi);
+  void unpack_f32x2(Reg lo, Reg hi, Reg a);
 
   // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap

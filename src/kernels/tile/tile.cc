@@ -40,23 +40,42 @@ void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j,
   b.mma_m16n8k32_f8(ta, tb, d.f[j].data(), a.data(), b2, c ? c->data() : d.f[j].data());
 }
 
-void exp2_poly3(Emitter &e, Reg d, Reg x) {
-  ptx::Builder &b = e.b;
+Exp2Poly3::Exp2Poly3(Emitter &e) : e_(e) {
   // Remez minimax of 2^f / relative error on [-0.5, 0.5], f32 coefficients.
-  constexpr float kC0 = 0.99992806f, kC1 = 0.69326097f, kC2 = 0.24261113f, kC3 = 0.05517167f;
-  constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: x + it rounds x to an integer
-  Reg xc = e.op(Op::Max, Type::F32, x, fimm(-127.0f));
-  Reg t = e.op(Op::Add, Type::F32, xc, fimm(kRound));
-  Reg f = e.op(Op::Sub, Type::F32, t, fimm(kRound));
-  b.op(Op::Sub, Type::F32, f, xc, f);
-  Reg p = e.op(Op::Fma, Type::F32, f, fimm(kC3), fimm(kC2));
-  b.op(Op::Fma, Type::F32, p, p, f, fimm(kC1));
-  b.op(Op::Fma, Type::F32, p, p, f, fimm(kC0));
-  // t's low 9 bits hold j (two's complement): j << 23 is the exponent's step.
-  Reg jb = e.op(Op::Shl, Type::B32, t, imm(23));
-  Reg pb = e.mov(Type::B32, p);
-  b.op(Op::Add, Type::U32, pb, pb, jb);
-  b.mov(Type::B32, d, pb);
+  constexpr float kC[4] = {0.99992806f, 0.69326097f, 0.24261113f, 0.05517167f};
+  // 1.5 x 2^23 + 127: x + it rounds x to an integer j and leaves j + 127
+  // (the biased exponent of 2^j) in the sum's low mantissa bits.
+  constexpr float kRound = 12582912.0f + 127.0f;
+  auto pair = [&](float v) {
+    Reg f = e.mov(Type::F32, fimm(v));
+    Reg d = e.b.b64();
+    e.b.pack_f32x2(d, f, f);
+    return d;
+  };
+  round_ = pair(kRound);
+  for (int i = 0; i < 4; ++i) c_[i] = pair(kC[i]);
+}
+
+void Exp2Poly3::operator()(Reg d0, Reg d1, Reg x0, Reg x1) const {
+  ptx::Builder &b = e_.b;
+  Reg x = b.b64(), t = b.b64(), f = b.b64(), p = b.b64();
+  b.pack_f32x2(x, e_.op(Op::Max, Type::F32, x0, fimm(-127.0f)),
+               e_.op(Op::Max, Type::F32, x1, fimm(-127.0f)));
+  b.f32x2(Op::Add, t, x, round_);
+  b.f32x2(Op::Sub, f, t, round_);
+  b.f32x2(Op::Sub, f, x, f);
+  b.f32x2(Op::Fma, p, f, c_[3], c_[2]);
+  b.f32x2(Op::Fma, p, p, f, c_[1]);
+  b.f32x2(Op::Fma, p, p, f, c_[0]);
+  // 2^j as f32 (its exponent field j + 127; 0 at j = -127: +0), times p.
+  Reg t0 = b.f32(), t1 = b.f32(), s = b.b64();
+  b.unpack_f32x2(t0, t1, t);
+  Reg s0 = b.f32(), s1 = b.f32();
+  b.op(Op::Shl, Type::B32, s0, t0, imm(23));
+  b.op(Op::Shl, Type::B32, s1, t1, imm(23));
+  b.pack_f32x2(s, s0, s1);
+  b.f32x2(Op::Mul, p, p, s);
+  b.unpack_f32x2(d0, d1, p);
 }
 
 void pack_a(ptx::Builder &b, Type half, const AccTile &t, int j, const Frag4 &a) {

@@ -57,15 +57,27 @@ void mma(ptx::Builder &b, Type half, const AccTile &d, int j, const Frag4 &a, co
 void mma_fp8(ptx::Builder &b, ptx::Fp8 ta, ptx::Fp8 tb, const AccTile &d, int j, const Frag4 &a,
              const Reg *b2, const Frag4 *c = nullptr);
 
-// d = 2^x in f32 on the FMA pipe (FlashAttention-4 section 3.1: exp2
-// emulated for a share of the elements, so that MUFU is not the only unit
-// doing exponentials): x clamped to >= -127, j = round(x) by adding 1.5 x
-// 2^23 (its low mantissa bits are then j), f = x - j in [-0.5, 0.5], 2^f by
-// a degree-3 minimax polynomial (relative error 7.5e-5), and j added to the
-// result's exponent field by an integer shift and add. -inf gives +0, x <=
-// -126 a denormal or 0, x up to 127 the power. Ten instructions (one max,
-// three add, three fma, shl, add and the moves ptxas removes). d may be x.
-void exp2_poly3(Emitter &e, Reg d, Reg x);
+// 2^x in f32 on the FMA pipe, two at a time (FlashAttention-4 section
+// 3.1: exp2 emulated for a share of the elements, so that MUFU is not the
+// only unit doing exponentials). Per element x, clamped to >= -127: j =
+// round(x) by adding 1.5 x 2^23 + 127 (the sum's low mantissa bits are
+// then j + 127, 2^j's biased exponent), f = x - j in [-0.5, 0.5], 2^f by a
+// degree-3 minimax polynomial (relative error 7.5e-5), times 2^j made by a
+// shift. x < -126.5 (and -inf) gives +0, x up to 127 the power. The pair
+// runs on the packed f32x2 forms (sm_100, PTX ISA 8.6): eleven
+// instructions for two elements (two max, three add, three fma, two shl,
+// one mul). The constructor puts the constants in registers (b64 pairs:
+// f32x2 takes no immediates) once, before a loop.
+class Exp2Poly3 {
+ public:
+  explicit Exp2Poly3(Emitter &e);
+  // d0 = 2^x0, d1 = 2^x1 (f32 registers; d may be x).
+  void operator()(Reg d0, Reg d1, Reg x0, Reg x1) const;
+
+ private:
+  Emitter &e_;
+  Reg round_, c_[4];
+};
 
 // Packs the f32 C fragments j, j+1 of t (16 rows x 16 columns) into the A
 // fragment of the same 16x16 block (P in O += P V: the C layout of an m16n8
