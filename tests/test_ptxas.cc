@@ -706,6 +706,25 @@ std::vector<KernelSpec> grid() {
         ++i;
       }
   }
+  // The sm_100a forward (KernelPolicy::sm100_forward: tcgen05.mma, tensor
+  // memory; FlashAttention-4's structure) on sm_100 and sm_103: every head
+  // dim it takes (16..128), both dtypes, causal, windows, softcap, GQA.
+  {
+    KernelPolicy pol;
+    pol.sm100_forward = true;
+    int i = 0;
+    for (int sm : {100, 103})
+      for (int d = 16; d <= 128; d += 16) {
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, i % 3 ? 2 : 8,
+                                     i % 5 == 3);
+        cfg.causal = i % 4 == 1;
+        if (i % 4 == 2) cfg.window_left = 100;
+        KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(sm), LaunchShape(), pol);
+        assert_true(w.tcgen05 && !generate_ptx(w).empty());
+        out.push_back(w);
+        ++i;
+      }
+  }
   // The fp8 KV decode's mode (b) (KernelPolicy::decode_fp8_mma: Q and P in
   // e4m3 on the fp8 mma) on sm_89 and sm_120: head dims 64..576 (whole k32
   // steps; MLA's 576 / 512 with V in K in two O slices), both dtypes, e4m3
@@ -863,7 +882,7 @@ std::string read_file(const std::string &path) {
 }
 
 bool spawn_ptxas(const char *ptxas, Job &job) {
-  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm) + (job.spec.wgmma ? "a" : "");
+  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm) + (job.spec.wgmma || job.spec.tcgen05 ? "a" : "");
   const char *argv[] = {ptxas,       arch.c_str(),         "-v",   "-o",
                         "/dev/null", job.ptx_path.c_str(), nullptr};
   posix_spawn_file_actions_t fa;

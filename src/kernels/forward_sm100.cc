@@ -59,8 +59,8 @@ constexpr int kThreads = 384;
 constexpr int kMmaWarp = 8, kLoadWarp = 9;
 constexpr uint32_t kTmemCols = 512;
 // setmaxnreg: the softmax warpgroups hold a row of S (block_n f32) and its
-// packed P; warpgroup 2 (MMA, load, two idle warps) little. 2 x 128 x 224 +
-// 128 x 64 = 65536, the registers of one CTA per SM.
+// packed P; warpgroup 2 (MMA, load, two idle warps) little. 2 x 128 x 216 +
+// 128 x 80 = 65536, the registers of one CTA per SM.
 constexpr int kSoftmaxRegs = 224, kOtherRegs = 64;
 // The exponentials on the FMA pipe (tile::Exp2Poly3): of each 16 pairs of a
 // row's elements, pairs q with q % 16 < kPolyPairsPer16 (sm_100; sm_103's
@@ -143,6 +143,7 @@ class ForwardSm100Gen {
     ptx::Label softmax = b_.label(), mma = b_.label(), done = b_.label();
     b_.when(e_.setp(Cmp::Lt, Type::U32, warp_, imm(8))).bra(softmax);
     b_.setmaxnreg(false, kOtherRegs);
+    work();
     b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kMmaWarp))).bra(mma);
     b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kLoadWarp))).bra(done);
     load();
@@ -152,6 +153,7 @@ class ForwardSm100Gen {
     b_.bra(done);
     b_.bind(softmax);
     b_.setmaxnreg(true, kSoftmaxRegs);
+    work();
     softmax_warps();
     b_.bind(done);
     teardown();
@@ -162,8 +164,9 @@ class ForwardSm100Gen {
  private:
   using P = ForwardParams;
 
-  // ---- every thread: rows, keys, barriers, tensor memory ----
-  void prologue() {
+  // ---- every role, after setmaxnreg (so that nothing but the TMEM address
+  // is live across it): this CTA's rows and keys ----
+  void work() {
     const size_t f = offsetof(WgmmaParams, f);
     Reg wl = e_.param(Type::S32, f + offsetof(P, window_left));
     Reg wr = e_.param(Type::S32, f + offsetof(P, window_right));
@@ -180,6 +183,15 @@ class ForwardSm100Gen {
     keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
     wr_ = wr;
     wl_ = wl;
+    // Tiles: top, top - block_n, ..., n_begin (none when empty).
+    ntiles_ = e_.op(Op::Sub, Type::S32, keys_.top, keys_.n_begin);
+    b_.op(Op::Div, Type::S32, ntiles_, ntiles_, imm(spec_.block_n));
+    b_.op(Op::Add, Type::S32, ntiles_, ntiles_, imm(1));
+    b_.selp(Type::S32, ntiles_, imm(0), ntiles_, keys_.empty);
+  }
+
+  // ---- every thread: barriers, tensor memory ----
+  void prologue() {
 
     b_.comment("mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, s_full, o_full: "
                "one tcgen05.commit; p_full: 128 softmax threads");
@@ -207,11 +219,6 @@ class ForwardSm100Gen {
     Reg tm = b_.b32();
     b_.ld(Space::Shared, Type::U32, tm, at(smem_, lay_.tmem));
     tmem_ = uniform(tm);
-    // Tiles: top, top - block_n, ..., n_begin (none when empty).
-    ntiles_ = e_.op(Op::Sub, Type::S32, keys_.top, keys_.n_begin);
-    b_.op(Op::Div, Type::S32, ntiles_, ntiles_, imm(spec_.block_n));
-    b_.op(Op::Add, Type::S32, ntiles_, ntiles_, imm(1));
-    b_.selp(Type::S32, ntiles_, imm(0), ntiles_, keys_.empty);
   }
 
   // x from lane 0 (shfl.sync.idx): a value ptxas treats as warp-uniform.
