@@ -708,7 +708,8 @@ std::vector<KernelSpec> grid() {
   }
   // The sm_100a forward (KernelPolicy::sm100_forward: tcgen05.mma, tensor
   // memory; FlashAttention-4's structure) on sm_100 and sm_103: every head
-  // dim it takes (16..128), both dtypes, causal, windows, softcap, GQA.
+  // dim it takes (16..128), both dtypes, causal, windows, softcap, GQA,
+  // sinks, ALiBi.
   {
     KernelPolicy pol;
     pol.sm100_forward = true;
@@ -719,7 +720,10 @@ std::vector<KernelSpec> grid() {
                                      i % 5 == 3);
         cfg.causal = i % 4 == 1;
         if (i % 4 == 2) cfg.window_left = 100;
-        KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(sm), LaunchShape(), pol);
+        LaunchShape shape;
+        shape.sinks = i % 3 == 2;
+        shape.alibi = i % 4 == 3;
+        KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(sm), shape, pol);
         assert_true(w.tcgen05 && !generate_ptx(w).empty());
         out.push_back(w);
         ++i;

@@ -40,6 +40,7 @@
 #include "kernels/codegen.h"
 #include "kernels/launch.h"
 #include "kernels/tile/key_range.h"
+#include "kernels/tile/merge.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/swizzle.h"
@@ -439,6 +440,13 @@ class ForwardSm100Gen {
       b_.pack_f32x2(c2_, score_scale_, score_scale_);
     }
     exp2_ = std::make_unique<tile::Exp2Poly3>(e_);
+    if (spec_.alibi) {
+      alibi_coef_ = tile::alibi_coef(e_, f + offsetof(P, alibi_slopes), bz_, h_,
+                                     spec_.softcap ? Reg() : score_scale_);
+      alibi_diag_ = b_.f32();  // this row's diagonal, qrow + seqlen_k - seqlen_q
+      b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, alibi_diag_,
+             e_.op(Op::Add, Type::S32, qrow_, e_.op(Op::Sub, Type::S32, sk_, sq_)));
+    }
     m_ = e_.mov(Type::F32, fimm(kNegInf));
     l_ = e_.mov(Type::F32, fimm(0.0f));
     sph_ = e_.mov(Type::U32, imm(0));
@@ -476,6 +484,14 @@ class ForwardSm100Gen {
     b_.tcgen05_wait_ld();
     if (spec_.softcap)
       for (Reg x : s_) scale_score(e_, x, score_scale_, cap_);
+    if (spec_.alibi) {
+      // ALiBi (tile::alibi_bias): key n + x is at distance diag - n - x.
+      Reg nf = b_.f32(), d = b_.f32(), t = b_.f32();
+      b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, nf, n_);
+      b_.op(Op::Sub, Type::F32, d, alibi_diag_, nf);
+      for (int x = 0; x < spec_.block_n; ++x)
+        tile::alibi_bias(b_, s_[static_cast<size_t>(x)], d, x, alibi_coef_, t);
+    }
     if (masked) mask();
     // The row maximum (three-input max.f32, sm_100) and the new offset.
     Reg mx = e_.mov(Type::F32, m_);
@@ -630,15 +646,21 @@ class ForwardSm100Gen {
     ring().wait(bars_, static_cast<int>(lay_.o_full(0)), oph);
     b_.tcgen05_fence_after_thread_sync();
     b_.bind(skip_wait);
-    // l = 0 (no key): O = 0, LSE = -inf.
-    Reg pos = e_.setp(Cmp::Gt, Type::F32, l_, fimm(0.0f));
-    Reg inv = e_.op(Op::RcpRn, Type::F32, l_);
-    b_.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+    // 1 / l and the LSE (tile::row_end; a row with no key: O = 0, LSE =
+    // -inf), or with a sink tile::sink_row.
     Reg c = spec_.softcap ? Reg() : score_scale_;
-    Reg lg = e_.op(Op::Lg2, Type::F32, l_);
-    Reg lse = c.valid() ? e_.op(Op::Fma, Type::F32, m_, c, lg) : e_.op(Op::Add, Type::F32, m_, lg);
-    b_.op(Op::Mul, Type::F32, lse, lse, fimm(0.69314718055994530942f));
-    b_.selp(Type::F32, lse, lse, fimm(kNegInf), pos);
+    Reg inv, lse;
+    if (spec_.sinks) {
+      Reg s2 = sink_log2(e_, h_, offsetof(WgmmaParams, f));
+      Reg m2 = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : m_;  // -inf stays -inf
+      const tile::SinkRow sr = tile::sink_row(e_, m2, l_, s2, tile::sink_nan0(e_, s2));
+      inv = sr.inv;
+      lse = sr.lse;
+    } else {
+      const tile::RowEnd end = tile::row_end(e_, m_, c, l_);
+      inv = end.inv;
+      lse = end.lse;
+    }
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     Reg ok = e_.setp(Cmp::Lt, Type::S32, qrow_, sq_);
     Reg ga = e_.index(out.o_bh, qrow_, out.o_row);
@@ -684,6 +706,7 @@ class ForwardSm100Gen {
   Softcap cap_;
   std::vector<Reg> s_;
   Reg c2_;  // {score_scale, score_scale} (no softcap)
+  Reg alibi_coef_, alibi_diag_;  // spec.alibi (tile::alibi_coef)
   std::unique_ptr<tile::Exp2Poly3> exp2_;
 };
 

@@ -167,8 +167,8 @@ bool spec_valid(const KernelSpec &s) {
            (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && s.head_dim == s.head_dim_v &&
            s.head_dim % 16 == 0 && s.head_dim >= 16 && s.head_dim <= 128 && s.block_m == 256 &&
            s.block_n == 128 && s.num_warps == 12 && s.stages >= 2 && s.stages <= 8 &&
-           !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.sinks &&
-           !s.alibi && !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 &&
+           !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.persistent &&
+           !s.dynamic && !s.split_kv && s.q_stages == 1 &&
            s.dv_split == 1 && s.q_fp8 == KvFp8::None && s.kv_fp8 == KvFp8::None;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
@@ -597,8 +597,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
              !fp8_fwd && !varlen && !shape.seqused_k &&
              shape.kv_layout == KvLayout::Contiguous && shape.tma_ok && !s.split_kv &&
-             !shape.sinks && !shape.alibi && s.head_dim == s.head_dim_v && s.head_dim % 16 == 0 &&
-             s.head_dim <= 128) {
+             s.head_dim == s.head_dim_v && s.head_dim % 16 == 0 && s.head_dim <= 128) {
     s.mma = true;
     s.tcgen05 = true;
     choose_sm100_tile(dev, &s);

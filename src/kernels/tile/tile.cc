@@ -808,21 +808,26 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
       b.shfl(ptx::Shfl::Bfly, t, l_[r], imm(off), imm(31), 0xffffffffu);
       b.op(Op::Add, Type::F32, l_[r], l_[r], t);
     }
-    Reg pos = e_.setp(Cmp::Gt, Type::F32, l_[r], fimm(0.0f));
-    Reg inv = e_.op(Op::RcpRn, Type::F32, l_[r]);
-    b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
-    Reg lg = e_.op(Op::Lg2, Type::F32, l_[r]);
-    Reg v = c_.valid() ? e_.op(Op::Fma, Type::F32, m_[r], c_, lg)
-                       : e_.op(Op::Add, Type::F32, m_[r], lg);
-    if (form_.p_offset_log2 != 0.0f) b.op(Op::Sub, Type::F32, v, v, fimm(form_.p_offset_log2));
-    b.op(Op::Mul, Type::F32, v, v, fimm(kLn2));
-    b.selp(Type::F32, v, v, fimm(kNegInf), pos);
-    lse->push_back(v);
+    const RowEnd end = row_end(e_, m_[r], c_, l_[r], form_.p_offset_log2);
+    lse->push_back(end.lse);
     for (const Frag4 &f : o[r / 2].f) {
-      b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], inv);
-      b.op(Op::Mul, Type::F32, f[2 * h + 1], f[2 * h + 1], inv);
+      b.op(Op::Mul, Type::F32, f[2 * h], f[2 * h], end.inv);
+      b.op(Op::Mul, Type::F32, f[2 * h + 1], f[2 * h + 1], end.inv);
     }
   }
+}
+
+RowEnd row_end(Emitter &e, Reg m, Reg c, Reg l, float p_offset_log2) {
+  ptx::Builder &b = e.b;
+  Reg pos = e.setp(Cmp::Gt, Type::F32, l, fimm(0.0f));
+  Reg inv = e.op(Op::RcpRn, Type::F32, l);
+  b.selp(Type::F32, inv, inv, fimm(0.0f), pos);
+  Reg lg = e.op(Op::Lg2, Type::F32, l);
+  Reg v = c.valid() ? e.op(Op::Fma, Type::F32, m, c, lg) : e.op(Op::Add, Type::F32, m, lg);
+  if (p_offset_log2 != 0.0f) b.op(Op::Sub, Type::F32, v, v, fimm(p_offset_log2));
+  b.op(Op::Mul, Type::F32, v, v, fimm(kLn2));
+  b.selp(Type::F32, v, v, fimm(kNegInf), pos);
+  return {inv, v};
 }
 
 void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse, Reg sink_log2) {

@@ -370,6 +370,17 @@ struct SoftmaxForm {
   float p_offset_log2 = 0.0f;
 };
 
+// The end of a softmax row without a sink: the row's maximum m (raw
+// scores, scaled to the log2 domain by c; c invalid: already log2) and the
+// sum l of its exponentials (offset by p_offset_log2, SoftmaxForm). l > 0:
+// inv = 1 / l (rcp.rn) and LSE = (m c + log2 l - p_offset_log2) ln 2;
+// else (no key) inv = 0 and LSE = -inf. The sink form is sink_row
+// (tile/merge.h).
+struct RowEnd {
+  Reg inv, lse;
+};
+RowEnd row_end(Emitter &e, Reg m, Reg c, Reg l, float p_offset_log2 = 0.0f);
+
 class OnlineSoftmax {
  public:
   using Form = SoftmaxForm;
