@@ -707,16 +707,18 @@ std::vector<KernelSpec> grid() {
       }
   }
   // The sm_100a forward (KernelPolicy::sm100_forward: tcgen05.mma, tensor
-  // memory; FlashAttention-4's structure) on sm_100 and sm_103: every head
-  // dim it takes (16..128), both dtypes, causal, windows, softcap, GQA,
-  // sinks, ALiBi.
+  // memory; FlashAttention-4's structure) on sm_100 (every head dim it
+  // takes, 8..256: two Q tiles up to 128, one past it) and sm_103 (every
+  // third), head_dim != head_dim_v, both dtypes, causal, windows, softcap,
+  // GQA, sinks, ALiBi.
   {
     KernelPolicy pol;
     pol.sm100_forward = true;
     int i = 0;
     for (int sm : {100, 103})
-      for (int d = 16; d <= 128; d += 16) {
-        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 8, i % 3 ? 2 : 8,
+      for (int d = 8; d <= 256; d += sm == 100 ? 8 : 24) {
+        const int dv = i % 7 == 6 ? (d > 128 ? 128 : 2 * d) : d;
+        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8,
                                      i % 5 == 3);
         cfg.causal = i % 4 == 1;
         if (i % 4 == 2) cfg.window_left = 100;

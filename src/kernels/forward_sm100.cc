@@ -55,13 +55,12 @@ using tile::Swizzle128;
 constexpr int kAtomBytes = Swizzle128::kRowBytes;  // one swizzled row: 64 16-bit values
 constexpr int kAtomCols = 64;
 constexpr int kTileRows = 128;  // rows of one Q tile (the MMA's M, TMEM's lanes)
-constexpr int kQTiles = 2;
-constexpr int kThreads = 384;
-constexpr int kMmaWarp = 8, kLoadWarp = 9;
+constexpr int kMaxQTiles = 2;
 constexpr uint32_t kTmemCols = 512;
 // setmaxnreg: the softmax warpgroups hold a row of S (block_n f32) and its
-// packed P; warpgroup 2 (MMA, load, two idle warps) little. 2 x 128 x 216 +
-// 128 x 80 = 65536, the registers of one CTA per SM.
+// packed P; the last warpgroup (MMA, load, two idle warps) little. 2 x 128
+// x 224 + 128 x 64 = 65536, the registers of one CTA per SM (with one Q
+// tile, 128 x 224 + 128 x 64).
 constexpr int kSoftmaxRegs = 224, kOtherRegs = 64;
 // The exponentials on the FMA pipe (tile::Exp2Poly3): of each 16 pairs of a
 // row's elements, pairs q with q % 16 < kPolyPairsPer16 (sm_100; sm_103's
@@ -76,13 +75,13 @@ struct Layout {
   int qa = 0, va = 0;
   uint32_t q_atom = 0, kv_atom = 0, slot = 0;
   uint32_t q = 0, kv = 0, bars = 0, tmem = 0, total = 0;
-  int stages = 0;
+  int stages = 0, q_tiles = 0;
   uint32_t kv_full(int s) const { return bars + 8 * static_cast<uint32_t>(s); }
   uint32_t kv_empty(int s) const { return kv_full(stages) + 8 * static_cast<uint32_t>(s); }
   uint32_t q_full() const { return kv_empty(stages); }
   uint32_t s_full(int i) const { return q_full() + 8 + 8 * static_cast<uint32_t>(i); }
-  uint32_t p_full(int i) const { return s_full(kQTiles) + 8 * static_cast<uint32_t>(i); }
-  uint32_t o_full(int i) const { return p_full(kQTiles) + 8 * static_cast<uint32_t>(i); }
+  uint32_t p_full(int i) const { return s_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
+  uint32_t o_full(int i) const { return p_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
 };
 
 // The instruction descriptor of tcgen05.mma kind::f16 with f32 D (PTX ISA
@@ -103,10 +102,11 @@ Layout layout(const KernelSpec &s) {
   l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
   l.slot = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.kv_atom;
   l.stages = s.stages;
+  l.q_tiles = s.block_m / kTileRows;
   l.q = 0;
   l.kv = static_cast<uint32_t>(l.qa) * l.q_atom;
   l.bars = l.kv + static_cast<uint32_t>(s.stages) * l.slot;
-  l.tmem = l.o_full(kQTiles);
+  l.tmem = l.o_full(l.q_tiles);
   l.total = l.tmem + 16;
   return l;
 }
@@ -120,6 +120,10 @@ class ForwardSm100Gen {
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     kD_ = (spec.head_dim + 15) / 16;
+    qt_ = lay_.q_tiles;
+    threads_ = 32 * (4 * qt_ + 4);
+    mma_warp_ = 4 * qt_;
+    load_warp_ = mma_warp_ + 1;
     poly_ = spec.sm == 103 ? 0 : kPolyPairsPer16;
   }
 
@@ -127,9 +131,9 @@ class ForwardSm100Gen {
     b_.comment(spec_.describe());
     char perf[240];
     std::snprintf(perf, sizeof perf,
-                  "perf: smem=%u threads=%d block_m=%d block_n=%d softmax_warps=8 "
+                  "perf: smem=%u threads=%d block_m=%d block_n=%d softmax_warps=%d "
                   "correction_warps=0 mma_warps=1 load_warps=1",
-                  lay_.total, kThreads, spec_.block_m, spec_.block_n);
+                  lay_.total, threads_, spec_.block_m, spec_.block_n, 4 * qt_);
     b_.comment(perf);
     b_.set_param_align(64);
     b_.set_arch_specific(true);
@@ -142,11 +146,11 @@ class ForwardSm100Gen {
     smem_ = e_.mov(Type::U32, ptx::sym(b_.extern_shared("smem", 1024)));
     prologue();
     ptx::Label softmax = b_.label(), mma = b_.label(), done = b_.label();
-    b_.when(e_.setp(Cmp::Lt, Type::U32, warp_, imm(8))).bra(softmax);
+    b_.when(e_.setp(Cmp::Lt, Type::U32, warp_, imm(4 * qt_))).bra(softmax);
     b_.setmaxnreg(false, kOtherRegs);
     work();
-    b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kMmaWarp))).bra(mma);
-    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(kLoadWarp))).bra(done);
+    b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(mma_warp_))).bra(mma);
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(load_warp_))).bra(done);
     load();
     b_.bra(done);
     b_.bind(mma);
@@ -159,7 +163,7 @@ class ForwardSm100Gen {
     b_.bind(done);
     teardown();
     b_.exit();
-    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, kThreads);
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, static_cast<uint32_t>(threads_));
   }
 
  private:
@@ -202,7 +206,7 @@ class ForwardSm100Gen {
       b_.when(t0).mbarrier_init(at(smem_, lay_.kv_empty(s)), imm(1));
     }
     b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(1));
-    for (int i = 0; i < kQTiles; ++i) {
+    for (int i = 0; i < qt_; ++i) {
       b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
       b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
       b_.when(t0).mbarrier_init(at(smem_, lay_.o_full(i)), imm(1));
@@ -305,17 +309,18 @@ class ForwardSm100Gen {
     one_ = b_.pred();
     b_.elect_sync(one_, 0xffffffffu);
     const uint32_t s_idesc = umma_idesc(half_, kTileRows, spec_.block_n, false);
-    const uint32_t o_idesc = umma_idesc(half_, kTileRows, (spec_.head_dim_v + 15) / 16 * 16, true);
+    // N = dv (a multiple of 8): O_i's columns exactly.
+    const uint32_t o_idesc = umma_idesc(half_, kTileRows, spec_.head_dim_v, true);
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
-    Reg qd[kQTiles];
-    for (int i = 0; i < kQTiles; ++i)
+    Reg qd[kMaxQTiles];
+    for (int i = 0; i < qt_; ++i)
       qd[i] = sdesc(smem_, lay_.q + static_cast<uint32_t>(i * kTileRows * kAtomBytes), 16);
     Reg kd0 = sdesc(smem_, lay_.kv, 16);
     // V, N-major (trans-b): head_dim_v's 64-column atoms kv_atom apart.
     Reg vd0 = sdesc(smem_, lay_.kv, lay_.kv_atom);
-    Reg taddr_s[kQTiles], taddr_o[kQTiles];
-    for (int i = 0; i < kQTiles; ++i) {
+    Reg taddr_s[kMaxQTiles], taddr_o[kMaxQTiles];
+    for (int i = 0; i < qt_; ++i) {
       taddr_s[i] = e_.op(Op::Add, Type::U32, tmem_, imm(s_col(i)));
       taddr_o[i] = e_.op(Op::Add, Type::U32, tmem_, imm(o_col(i)));
     }
@@ -362,7 +367,7 @@ class ForwardSm100Gen {
       r.wait(kb, static_cast<int>(lay_.kv_full(0)), k.parity);
       b_.tcgen05_fence_after_thread_sync();
       Reg kd = slot_desc(k.stage, kd0);
-      for (int i = 0; i < kQTiles; ++i) issue_s(i, kd);
+      for (int i = 0; i < qt_; ++i) issue_s(i, kd);
       b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
     }
     Reg j = e_.mov(Type::S32, imm(0));
@@ -383,7 +388,7 @@ class ForwardSm100Gen {
     const tile::Ring::Slot k = r.slot(it);
     Reg kbars = r.bars(k.stage);
     Reg kd = slot_desc(k.stage, kd0);
-    for (int i = 0; i < kQTiles; ++i) {
+    for (int i = 0; i < qt_; ++i) {
       r.wait(smem_, static_cast<int>(lay_.p_full(i)), pph);
       b_.tcgen05_fence_after_thread_sync();
       issue_pv(i, vd, acc);
@@ -401,10 +406,18 @@ class ForwardSm100Gen {
     b_.bind(out);
   }
 
+  // The columns one tcgen05.ld / st .32x32b moves of `left`: a power of
+  // two (the shape's .xN), at most 32.
+  static int tmem_chunk(int left) {
+    int n = 32;
+    while (n > left) n /= 2;
+    return n;
+  }
+
   // Tensor memory columns of S_i (P_i in its first 64) and of O_i.
   uint32_t s_col(int i) const { return static_cast<uint32_t>(i * spec_.block_n); }
   uint32_t o_col(int i) const {
-    return static_cast<uint32_t>(kQTiles * spec_.block_n + i * spec_.head_dim_v);
+    return static_cast<uint32_t>(qt_ * spec_.block_n + i * spec_.head_dim_v);
   }
 
   // ---- warps 0-7: the softmax of Q tile warp / 4, one row a thread ----
@@ -622,8 +635,8 @@ class ForwardSm100Gen {
   void rescale_o(Reg alpha) {
     std::vector<Reg> o(32);
     for (Reg &x : o) x = b_.f32();
-    for (int c = 0; c < spec_.head_dim_v; c += 32) {
-      const int n = std::min(32, spec_.head_dim_v - c);
+    for (int c = 0, n = 0; c < spec_.head_dim_v; c += n) {
+      n = tmem_chunk(spec_.head_dim_v - c);
       Reg ta = e_.op(Op::Add, Type::U32, taddr_o_, imm(c));
       std::vector<Reg> bits(static_cast<size_t>(n));
       for (int x = 0; x < n; ++x) bits[static_cast<size_t>(x)] = o[static_cast<size_t>(x)];
@@ -666,8 +679,8 @@ class ForwardSm100Gen {
     Reg ga = e_.index(out.o_bh, qrow_, out.o_row);
     std::vector<Reg> o(32);
     for (Reg &x : o) x = b_.f32();
-    for (int c0 = 0; c0 < spec_.head_dim_v; c0 += 32) {
-      const int n = std::min(32, spec_.head_dim_v - c0);
+    for (int c0 = 0, n = 0; c0 < spec_.head_dim_v; c0 += n) {
+      n = tmem_chunk(spec_.head_dim_v - c0);
       Reg ta = e_.op(Op::Add, Type::U32, taddr_o_, imm(c0));
       std::vector<Reg> bits(o.begin(), o.begin() + n);
       b_.tcgen05_ld_32x32b(bits.data(), n, ta);
@@ -698,6 +711,7 @@ class ForwardSm100Gen {
   Emitter e_;
   Type half_;
   int kD_ = 0, poly_ = 0;
+  int qt_ = 0, threads_ = 0, mma_warp_ = 0, load_warp_ = 0;  // Q tiles, threads, warp roles
   Reg tid_, warp_, smem_, tmem_, one_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, wl_, wr_, ntiles_;
   tile::KeyRange keys_;

@@ -159,14 +159,16 @@ bool spec_valid(const KernelSpec &s) {
            !s.split_kv && s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 &&
            s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0 &&
            s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
-  // The sm_100a forward (forward_sm100.cc): two 128-row Q tiles, key tiles
-  // of 128, head_dim = head_dim_v whole k16 steps up to 128 (S and O of
-  // both tiles fill tensor memory's 512 columns), 16-bit TMA operands only.
+  // The sm_100a forward (forward_sm100.cc): one or two 128-row Q tiles
+  // (S and O of every tile in tensor memory's 512 columns: two up to
+  // head_dim_v 128), key tiles of 128, head dims up to 256, 16-bit TMA
+  // operands only.
   if (s.tcgen05)
     return s.kind == KernelKind::Forward && s.mma && !s.wgmma && !s.gather &&
-           (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && s.head_dim == s.head_dim_v &&
-           s.head_dim % 16 == 0 && s.head_dim >= 16 && s.head_dim <= 128 && s.block_m == 256 &&
-           s.block_n == 128 && s.num_warps == 12 && s.stages >= 2 && s.stages <= 8 &&
+           (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && d_ok && dv_ok &&
+           s.head_dim <= 256 && s.head_dim_v <= 256 &&
+           ((s.block_m == 256 && s.head_dim_v <= 128) || s.block_m == 128) &&
+           s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 && s.stages >= 2 && s.stages <= 8 &&
            !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.persistent &&
            !s.dynamic && !s.split_kv && s.q_stages == 1 &&
            s.dv_split == 1 && s.q_fp8 == KvFp8::None && s.kv_fp8 == KvFp8::None;
@@ -321,12 +323,15 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 // gather variant within 216), stages as many as shared
 // memory holds (2..4), after a second Q buffer when persistent
 // (KernelSpec::q_stages).
-// The sm_100a forward's tile (forward_sm100.cc): two 128-row Q tiles, 128
-// keys, 12 warps, and as many ring slots as shared memory holds (up to 6).
+// The sm_100a forward's tile (forward_sm100.cc): two 128-row Q tiles (one
+// past head_dim_v 128: S and both O tiles fill tensor memory's 512 columns
+// at 128), 128 keys, four warps a Q tile and four more, and as many ring
+// slots as shared memory holds (up to 6).
 void choose_sm100_tile(const DeviceLimits &dev, KernelSpec *s) {
-  s->block_m = 256;
+  const int q_tiles = s->head_dim_v > 128 ? 1 : 2;
+  s->block_m = 128 * q_tiles;
   s->block_n = 128;
-  s->num_warps = 12;
+  s->num_warps = 4 * q_tiles + 4;
   DeviceLimits lim = dev;
   if (lim.smem_per_block_optin == 0) published_limits(100, &lim);
   for (s->stages = 6; s->stages > 2; --s->stages)
@@ -597,7 +602,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
              !fp8_fwd && !varlen && !shape.seqused_k &&
              shape.kv_layout == KvLayout::Contiguous && shape.tma_ok && !s.split_kv &&
-             s.head_dim == s.head_dim_v && s.head_dim % 16 == 0 && s.head_dim <= 128) {
+             s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
     s.mma = true;
     s.tcgen05 = true;
     choose_sm100_tile(dev, &s);
