@@ -309,8 +309,9 @@ class ForwardSm100Gen {
     one_ = b_.pred();
     b_.elect_sync(one_, 0xffffffffu);
     const uint32_t s_idesc = umma_idesc(half_, kTileRows, spec_.block_n, false);
-    // N = dv (a multiple of 8): O_i's columns exactly.
-    const uint32_t o_idesc = umma_idesc(half_, kTileRows, spec_.head_dim_v, true);
+    // N = dv rounded up to 16 (A in tensor memory takes N % 16 = 0 at M =
+    // 128): O_i's columns; V's columns past dv are the TMA box's zeros.
+    const uint32_t o_idesc = umma_idesc(half_, kTileRows, dv16(), true);
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
     Reg qd[kMaxQTiles];
@@ -416,9 +417,8 @@ class ForwardSm100Gen {
 
   // Tensor memory columns of S_i (P_i in its first 64) and of O_i.
   uint32_t s_col(int i) const { return static_cast<uint32_t>(i * spec_.block_n); }
-  uint32_t o_col(int i) const {
-    return static_cast<uint32_t>(qt_ * spec_.block_n + i * spec_.head_dim_v);
-  }
+  uint32_t o_col(int i) const { return static_cast<uint32_t>(qt_ * spec_.block_n + i * dv16()); }
+  int dv16() const { return (spec_.head_dim_v + 15) / 16 * 16; }
 
   // ---- warps 0-7: the softmax of Q tile warp / 4, one row a thread ----
   void softmax_warps() {
