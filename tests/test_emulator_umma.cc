@@ -723,29 +723,11 @@ void test_operand_errors(void **) {
        UmmaSmemDesc{}.bits(), 32, "starts at lane 0"},
   };
   for (const auto &c : cases) {
-    const std::string ptx = std::string(R"(.version 8.6
-.target sm_100a
-.address_size 64
-.visible .entry k_op(.param .align 8 .b8 prm[8])
-{
-  .reg .pred %p<4>;
-  .reg .b32 %r<20>;
-  .reg .b64 %rd<16>;
-  .shared .align 8 .b8 ctl[16];
-  .shared .align 1024 .b8 img[4096];
-  mov.u32 %r1, %tid.x;
-  tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [ctl], 32;
-  ld.shared.u32 %r8, [ctl];
-  add.u32 %r8, %r8, )") + u(uint64_t{c.d_lane} << 16) +
-                            R"(;
-  mov.u32 %r13, )" + u(c.idesc) +
-                            R"(;
-  mov.b64 %rd9, )" + u(c.desc_a) +
-                            R"(;
-  mov.b64 %rd10, )" + u(UmmaSmemDesc{}.bits()) +
-                            R"(;
-  setp.ne.u32 %p1, %r1, 0;
-  @%p1 bra S;
+    const std::string ptx = prologue("k_op", 1, 32, 0) + "  add.u32 %r8, %r8, " +
+                            u(uint64_t{c.d_lane} << 16) + ";\n  mov.u32 %r13, " + u(c.idesc) +
+                            ";\n  mov.b64 %rd9, " + u(c.desc_a) + ";\n  mov.b64 %rd10, " +
+                            u(UmmaSmemDesc{}.bits()) + R"(;
+  @%p2 bra S;
   tcgen05.mma.cta_group::1.kind::f16 [%r8], %rd9, %rd10, %r13, 0; // MMA
 S:
   ret;
@@ -765,7 +747,7 @@ S:
 // ==================================================== the builder ====
 
 // tcgen05_mma_ss / _ts, tcgen05_commit and tcgen05_cp through ptxas
-// -arch=sm_100a (when a CUDA toolkit is there), and run: thread 0 copies a
+// -arch=sm_100a and sm_103a (when a CUDA toolkit is there), and run: thread 0 copies a
 // 128x16 f16 A (K-major, no swizzle) into columns 64.. with tcgen05.cp
 // .128x256b, issues D0 = A B (ss: A from shared memory) and D1 = A B (ts: A
 // from the copy) with B an 8x16 f16 of ones, commits; all wait, and warp w
@@ -884,12 +866,15 @@ void test_builder_forms(void **) {
   b.tcgen05_dealloc(base, imm(128));
   b.bind(done);
   b.ret();
-  const std::string ptx = b.emit(86, 100, 128);
-  const int rc = ptxas_accepts(ptx, "sm_100a");
-  if (rc == 0) {
-    std::fprintf(stderr, "ptxas -arch=sm_100a rejects:\n%s", ptx.c_str());
-    fail();
+  for (int sm : {100, 103}) {  // sm_103a: PTX ISA 8.8
+    const std::string text = b.emit(sm == 103 ? 88 : 86, sm, 128);
+    const std::string arch = "sm_" + std::to_string(sm) + "a";
+    if (ptxas_accepts(text, arch.c_str()) == 0) {
+      std::fprintf(stderr, "ptxas -arch=%s rejects:\n%s", arch.c_str(), text.c_str());
+      fail();
+    }
   }
+  const std::string ptx = b.emit(86, 100, 128);
   DevBuf res(128 * 4);
   uint64_t p = res.ptr;
   const fa_status st = run_ptx(ptx, "k_umma", geom(1, 128), &p, sizeof p);

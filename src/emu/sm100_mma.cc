@@ -57,27 +57,18 @@ bool decode_umma_smem_desc(uint64_t desc, SmemMatrix *m, std::string *why) {
     *why = "leading-dimension stride mode 1 (absolute address, sm_103a) is not modelled";
     return false;
   }
+  // Mode -> SmemMatrix::bits (-1: not modelled, -2: invalid).
+  static const int kBits[8] = {0, -1, 3, -2, 2, -2, 1, -2};
   const uint32_t mode = field(61, 3);
-  switch (mode) {
-    case 0:
-      m->bits = 0;
-      break;
-    case 2:
-      m->bits = 3;
-      break;
-    case 4:
-      m->bits = 2;
-      break;
-    case 6:
-      m->bits = 1;
-      break;
-    case 1:
-      *why = "swizzle mode 1 (128-byte with 32-byte atomic swizzling) is not modelled";
-      return false;
-    default:
-      *why = "swizzle mode " + std::to_string(mode) + " is invalid (3, 5 and 7 are)";
-      return false;
+  if (kBits[mode] == -1) {
+    *why = "swizzle mode 1 (128-byte with 32-byte atomic swizzling) is not modelled";
+    return false;
   }
+  if (kBits[mode] < 0) {
+    *why = "swizzle mode " + std::to_string(mode) + " is invalid (3, 5 and 7 are)";
+    return false;
+  }
+  m->bits = static_cast<uint32_t>(kBits[mode]);
   m->start = field(0, 14) << 4;
   m->lbo = field(16, 14) << 4;
   m->sbo = (g_sm100_bug == kSm100BugSboAsLbo ? field(16, 14) : field(32, 14)) << 4;
