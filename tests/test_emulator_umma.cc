@@ -30,6 +30,7 @@
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
 #include "emu/numeric.h"
 #include "emu/sm100.h"
+#include "emu/tensor_map.h"
 #include "kernels/tile/umma.h"
 #include "ptx/ptx.h"
 #include "support/cmocka.hh"
@@ -565,6 +566,13 @@ const Hazard kHazards[] = {
      "  tcgen05.st.sync.aligned.32x32b.x1.b32 [%r11], {%r1}; // OFF\n  "
      "tcgen05.wait::st.sync.aligned;\n",
      true, true, true, "// OFF", "whose completion no thread of this warp has observed"},
+    {"TMA box into B before the wait",
+     "  add.u32 %r20, %r30, 3072;\n  mbarrier.init.shared::cta.b64 [%r20], 1;\n"
+     "  mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r20], 64;\n"
+     "  add.u32 %r21, %r30, 2048;\n  mov.u32 %r22, 0;\n"
+     "  cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%r21], "
+     "[%rd1, {%r22}], [%r20]; // OFF\n",
+     true, "", true, true, true, "// OFF", "whose completion this thread has not observed"},
     {"tcgen05.st into A (tensor memory) before the wait", "", true,
      "  tcgen05.st.sync.aligned.32x32b.x1.b32 [%r12], {%r1}; // OFF\n  "
      "tcgen05.wait::st.sync.aligned;\n",
@@ -576,11 +584,27 @@ const Hazard kHazards[] = {
 
 // Runs the variant; true when it fails with its message naming the MMA's
 // line and the offender's.
+// Runs a hazard kernel; its parameter is a buffer holding a tensor map (of a
+// 16-word tensor at +512 of the buffer, one box of all of it) at +0.
+fa_status run_hazard(const std::string &ptx) {
+  DevBuf buf(1024);
+  fa::emu::TensorMap m;
+  m.rank = 1;
+  m.base = buf.ptr + 512;
+  m.dims[0] = 16;
+  m.strides[0] = 4;
+  m.box[0] = 16;
+  m.elem_bytes = 4;
+  std::vector<uint8_t> bytes(128);
+  fa::emu::store_tensor_map(m, bytes.data());
+  buf.put(bytes);
+  uint64_t p = buf.ptr;
+  return run_ptx(ptx, "k_hz", geom(1, 128, 4096), &p, sizeof p);
+}
+
 bool hazard_caught(const Hazard &h) {
   const std::string ptx = hazard_kernel(h);
-  DevBuf buf(64);
-  uint64_t p = buf.ptr;
-  const fa_status st = run_ptx(ptx, "k_hz", geom(1, 128, 4096), &p, sizeof p);
+  const fa_status st = run_hazard(ptx);
   if (st == FA_SUCCESS) {
     std::fprintf(stderr, "%s: ran without an error\n", h.name);
     return false;
@@ -600,9 +624,7 @@ void test_hazards(void **) {
   // The same kernel used correctly (commit, every thread waits, then
   // reads) runs.
   const Hazard good = {"correct", "", true, "", true, true, true, nullptr, ""};
-  DevBuf buf(64);
-  uint64_t p = buf.ptr;
-  const fa_status st = run_ptx(hazard_kernel(good), "k_hz", geom(1, 128, 4096), &p, sizeof p);
+  const fa_status st = run_hazard(hazard_kernel(good));
   if (st != FA_SUCCESS) std::fprintf(stderr, "%s\n", fa::last_error());
   assert_int_equal(st, FA_SUCCESS);
 }
