@@ -16,6 +16,7 @@
 //     field by field, and a Builder kernel (tcgen05_mma_ss / _ts, commit,
 //     cp) assembled by ptxas -arch=sm_100a and run;
 //   - the deliberate emulator bugs of emu/sm100.h, each caught.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -436,7 +437,7 @@ const MmaCase kCases[] = {
     {UmmaType::kE4M3, UmmaType::kE4M3, 128, 128, false, false, false, 128, 128, 0, false, false,
      false},
     {UmmaType::kE5M2, UmmaType::kE4M3, 64, 64, false, true, true, 64, 32, 1, false, true, false},
-    {UmmaType::kE4M3, UmmaType::kE5M2, 128, 8, true, false, false, 0, 64, 1, true, false, false},
+    {UmmaType::kE4M3, UmmaType::kE5M2, 64, 8, true, false, false, 0, 64, 1, true, false, false},
     {UmmaType::kE5M2, UmmaType::kE5M2, 64, 256, false, false, true, 0, 0, 0, false, false, false},
     {UmmaType::kF16, UmmaType::kF16, 128, 128, false, true, false, 32, 32, 1, false, true, false},
 };
@@ -509,7 +510,7 @@ void test_cp(void **) {
 
 // ============================================================ hazards ====
 
-// A small f16 M128 N8 kernel (operands: zeros; K-major, no swizzle) with a
+// A small f16 M128 N16 kernel (operands: zeros; K-major, no swizzle) with a
 // variant's lines spliced in at its hooks. Thread 0 issues the MMA
 // (marker "MMA") and, unless the variant says otherwise, commits; the
 // variant decides who waits and reads.
@@ -528,7 +529,7 @@ struct Hazard {
 
 std::string hazard_kernel(const Hazard &h) {
   std::string s = prologue("k_hz", 1, 32, 0) + "  mov.u32 %r13, " +
-                  u(UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 8}.bits()) +
+                  u(UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 16}.bits()) +
                   ";\n  mov.b64 %rd9, " + u(UmmaSmemDesc{0, 128, 256}.bits()) +
                   ";\n  mov.b64 %rd10, " + u(UmmaSmemDesc{2048, 128, 256}.bits()) + R"(;
   add.s64 %rd9, %rd9, %rd13;
@@ -734,6 +735,7 @@ void test_operand_errors(void **) {
     uint64_t desc_a;
     uint32_t d_lane;
     const char *why;
+    int a_col = -1;  // A in tensor memory at this column (else from desc_a)
   } cases[] = {
       {"wgmma descriptor", UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 8}.bits(),
        uint64_t{1} << 62, 0, "0b001"},
@@ -743,14 +745,25 @@ void test_operand_errors(void **) {
        UmmaSmemDesc{}.bits(), 0, "not inside one live allocation"},
       {"D lane 32", UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 8}.bits(),
        UmmaSmemDesc{}.bits(), 32, "starts at lane 0"},
+      {"A past the allocation", UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 64, 8}.bits(), 0, 0,
+       "A taddr", 28},
+      {"A in tensor memory transposed",
+       UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 64, 8, true}.bits(), 0, 0,
+       "cannot be transposed", 16},
+      {"A in tensor memory, M 128, N 8",
+       UmmaInstrDesc{UmmaType::kE4M3, UmmaType::kE4M3, 128, 8}.bits(), 0, 0, "multiple of 16", 16},
   };
   for (const auto &c : cases) {
-    const std::string ptx = prologue("k_op", 1, 32, 0) + "  add.u32 %r8, %r8, " +
-                            u(uint64_t{c.d_lane} << 16) + ";\n  mov.u32 %r13, " + u(c.idesc) +
-                            ";\n  mov.b64 %rd9, " + u(c.desc_a) + ";\n  mov.b64 %rd10, " +
-                            u(UmmaSmemDesc{}.bits()) + R"(;
+    const std::string ptx =
+        prologue("k_op", 1, 32, 0) + "  add.u32 %r8, %r8, " + u(uint64_t{c.d_lane} << 16) +
+        ";\n  mov.u32 %r13, " + u(c.idesc) + ";\n  mov.b64 %rd9, " + u(c.desc_a) +
+        ";\n  mov.b64 %rd10, " + u(UmmaSmemDesc{}.bits()) + ";\n  add.u32 %r14, %r8, " +
+        u(static_cast<uint32_t>(std::max(c.a_col, 0))) + R"(;
   @%p2 bra S;
-  tcgen05.mma.cta_group::1.kind::f16 [%r8], %rd9, %rd10, %r13, 0; // MMA
+  tcgen05.mma.cta_group::1.kind::)" +
+        (c.idesc == UmmaInstrDesc{UmmaType::kE4M3, UmmaType::kE4M3, 128, 8}.bits() ? "f8f6f4"
+                                                                                   : "f16") +
+        " [%r8], " + (c.a_col >= 0 ? "[%r14]" : "%rd9") + R"(, %rd10, %r13, 0; // MMA
 S:
   ret;
 }
@@ -772,7 +785,7 @@ S:
 // -arch=sm_100a and sm_103a (when a CUDA toolkit is there), and run: thread 0 copies a
 // 128x16 f16 A (K-major, no swizzle) into columns 64.. with tcgen05.cp
 // .128x256b, issues D0 = A B (ss: A from shared memory) and D1 = A B (ts: A
-// from the copy) with B an 8x16 f16 of ones, commits; all wait, and warp w
+// from the copy) with B a 16x16 f16 of ones, commits; all wait, and warp w
 // checks its lanes: D0 == D1 == the row sums of A.
 void test_builder_forms(void **) {
   using namespace fa::ptx;
@@ -797,11 +810,11 @@ void test_builder_forms(void **) {
   b.bind(l2);
   // A (128 x 16 f16, K-major, no swizzle: core matrices 8 rows x 16 bytes,
   // LBO 128 along K, SBO 256 along M) = row index r + k / 16 at (r, k);
-  // B (8 x 16, LBO 128, SBO 256) = 1.0. Each thread writes rows tid of A
-  // and, thread < 8, row tid of B.
+  // B (16 x 16, LBO 128, SBO 256) = 1.0. Each thread writes rows tid of A
+  // and, thread < 16, row tid of B.
   b.mov(Type::U32, sa, sym(img));
   // Row r = tid of A at (r / 8) 256 + (r % 8) 16 (+ (k / 8) 128 + (k % 8) 2);
-  // for tid < 8, row tid of B 4096 bytes further.
+  // for tid < 16, row tid of B 4096 bytes further.
   const Reg r8 = b.b32(), rm = b.b32(), row = b.b32(), fr0 = b.f32();
   b.op(Op::Shr, Type::U32, r8, tid, imm(3));
   b.op(Op::And, Type::B32, rm, tid, imm(7));
@@ -810,7 +823,7 @@ void test_builder_forms(void **) {
   b.op(Op::Add, Type::U32, row, r8, rm);
   b.op(Op::Add, Type::U32, row, row, sa);
   b.cvt(Type::F32, Type::U32, Round::Rn, fr0, tid);
-  b.setp(Cmp::Ge, Type::U32, pbad, tid, imm(8));
+  b.setp(Cmp::Ge, Type::U32, pbad, tid, imm(16));
   const Reg one = b.b16();
   b.mov(Type::B16, one, imm(0x3c00));
   for (int k = 0; k < 16; ++k) {
@@ -841,7 +854,7 @@ void test_builder_forms(void **) {
     b.op(Op::Add, Type::U32, acol, base, imm(64));
     b.op(Op::Add, Type::U32, d1, base, imm(32));
     b.tcgen05_cp(Builder::TmemCpShape::k128x256b, acol, da);
-    const uint32_t idesc = UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 8}.bits();
+    const uint32_t idesc = UmmaInstrDesc{UmmaType::kF16, UmmaType::kF16, 128, 16}.bits();
     b.tcgen05_mma_ss(Builder::MmaKind::F16, base, da, db, imm(idesc), imm(0));
     b.tcgen05_mma_ts(Builder::MmaKind::F16, d1, acol, db, imm(idesc), imm(0));
     b.tcgen05_commit(at(ctl, 8));

@@ -357,6 +357,18 @@ bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
       !issuer_cells(t, pc, d_lane0, m, dt & 0xffff, n, true))
     return false;
   SmemMatrix da, db;
+  // A in tensor memory (CUTLASS SM100_MMA_*_TS, whose shapes ptxas does not
+  // police): K-major only, and N a multiple of 16 for M = 128.
+  if (atm && id.trans_a)
+    return cta_.fail_at(pc, t,
+                        "instruction descriptor 0x%08x: A in tensor memory cannot be transposed "
+                        "(bit 15 must be 0)",
+                        idesc);
+  if (atm && m == 128 && n % 16)
+    return cta_.fail_at(pc, t,
+                        "instruction descriptor 0x%08x: N = %u; with A in tensor memory and M = "
+                        "128, N is a multiple of 16",
+                        idesc, n);
   if (atm) {
     const uint32_t at = static_cast<uint32_t>(r[in.b]);
     a_col = at & 0xffff;
