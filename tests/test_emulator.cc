@@ -1764,13 +1764,14 @@ $L_top:
 // was a "warpgroup collective" while the classifiers compared ordinals.)
 void test_op_table(void **) {
   using fa::emu::Op;
-  const Op wg[] = {Op::kWgmmaFence, Op::kWgmmaCommit, Op::kWgmmaWait, Op::kWgmma,
-                   Op::kSetmaxnreg};
-  // The sm_100 state's tcgen05 ops are warp collectives too.
+  const Op wg[] = {Op::kWgmmaFence, Op::kWgmmaCommit, Op::kWgmmaWait, Op::kWgmma, Op::kSetmaxnreg};
+  // The sm_100 state's tcgen05 data movement ops are warp collectives too;
+  // its asynchronous ops (mma, commit, cp) are per-thread.
   const Op sm100[] = {Op::kTmemAlloc, Op::kTmemDealloc, Op::kTmemRelinquish,
-                      Op::kTmemLd,    Op::kTmemSt,      Op::kTmemWait};
-  const Op warp[] = {Op::kBarWarpSync, Op::kShfl,      Op::kMma,         Op::kLdmatrix,
-                     Op::kVote,        Op::kStmatrix,  Op::kElect,       Op::kTmemAlloc,
+                      Op::kTmemLd,    Op::kTmemSt,      Op::kTmemWait,
+                      Op::kUmma,      Op::kUmmaCommit,  Op::kUtcCp};
+  const Op warp[] = {Op::kBarWarpSync, Op::kShfl,           Op::kMma,    Op::kLdmatrix,
+                     Op::kVote,        Op::kStmatrix,       Op::kElect,  Op::kTmemAlloc,
                      Op::kTmemDealloc, Op::kTmemRelinquish, Op::kTmemLd, Op::kTmemSt,
                      Op::kTmemWait};
   const Op other_stops[] = {Op::kBarSync, Op::kMbarTryWait};

@@ -33,7 +33,6 @@ using namespace fa::test;
 
 const char *kBlackwell = ".version 8.6\n.target sm_100a\n.address_size 64\n";
 
-
 // Sets a deliberate emulator bug for the scope.
 struct BugScope {
   explicit BugScope(int bug) { fa::emu::g_sm100_bug = bug; }
@@ -509,8 +508,18 @@ void test_parse_errors(void **) {
        "power of 2 in 32..512"},
       {kBlackwell, "tcgen05.dealloc.cta_group::1.sync.aligned.b32 %r1, 1024;",
        "power of 2 in 32..512"},
-      {kBlackwell, "tcgen05.commit.cta_group::1.mbarrier::arrive::one.b64 [sm];",
-       "only tcgen05.{alloc"},
+      {kBlackwell, "tcgen05.shift.cta_group::1.down [%r1];", "tcgen05.shift is not modelled"},
+      {kBlackwell, "tcgen05.cp.cta_group::1.4x256b [%r1], %r2;", "4x256b"},
+      {kBlackwell, "tcgen05.mma.ws.cta_group::1.kind::f16 [%r1], [%r2], %r3, %r1, 1;",
+       ".ws is not modelled"},
+      {kBlackwell, "tcgen05.mma.cta_group::1.kind::tf32 [%r1], [%r2], %r3, %r1, 1;",
+       "kind::f16 and .kind::f8f6f4"},
+      {kBlackwell, "tcgen05.mma.cta_group::2.kind::f16 [%r1], [%r2], %r3, %r1, 1;", "cta_group::1"},
+      {kBlackwell,
+       "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 "
+       "[sm], 3;",
+       "multicast"},
+      {kBlackwell, "tcgen05.mmx.cta_group::1 [%r1];", "only tcgen05.{alloc"},
       {".version 8.6\n.target sm_100\n.address_size 64\n", "tcgen05.wait::ld.sync.aligned;",
        "sm_100a or sm_103a"},
       {".version 8.0\n.target sm_90a\n.address_size 64\n", "tcgen05.wait::ld.sync.aligned;",

@@ -204,10 +204,11 @@ struct NamedBarrier {
 // (emu/sm100.h).
 class CtaRunner : public Cta {
  public:
-  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this), sm100_(*this) {
+  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this), sm100_(*this, sm90_) {
     bar_words_ = (nthreads_ + 63) / 64;
     bar_seen_.assign(16 * static_cast<size_t>(bar_words_), 0);
-    st_hook_ = prof_ || sm90_.track_proxy();
+    sm90_.set_sm100(&sm100_);
+    st_hook_ = prof_ || sm90_.track_proxy() || sm100_.watches_shared();
     if (prof_) occ_.assign(e_.code.size(), 0);
   }
 
@@ -771,8 +772,9 @@ class CtaRunner : public Cta {
     }
     for (uint32_t lane = 0; lane < 8 * count; ++lane) {
       std::memcpy(rows[lane], mat[lane / 8][lane % 8], 16);
-      if (sm90_.track_proxy())
-        sm90_.proxy_mark(base + lane, pc, static_cast<uint32_t>(rows[lane] - smem_.data()), 16);
+      const uint32_t a = static_cast<uint32_t>(rows[lane] - smem_.data());
+      if (sm90_.track_proxy()) sm90_.proxy_mark(base + lane, pc, a, 16);
+      if (!sm100_.shared_write(base + lane, pc, a, 16)) return false;
     }
     return true;
   }
@@ -839,8 +841,9 @@ class CtaRunner : public Cta {
   // cp.async.wait_group n: performs the copies of all but the newest n
   // committed groups, in issue order. n < 0 is cp.async.wait_all (commit,
   // then wait_group 0).
-  void cp_async_wait(uint32_t t, int64_t n) {
-    if (async_.empty()) return;  // nothing was ever issued in this launch
+  // False: a copy lands on an operand of an unfinished tcgen05 op (error set).
+  bool cp_async_wait(uint32_t t, int64_t n) {
+    if (async_.empty()) return true;  // nothing was ever issued in this launch
     AsyncQueue &q = async_[t];
     if (n < 0) {
       q.group_end.push_back(q.ops.size());
@@ -854,9 +857,11 @@ class CtaRunner : public Cta {
         if (c.src_size) std::memcpy(d, reinterpret_cast<const void *>(c.src), c.src_size);
         std::memset(d + c.src_size, 0, c.size - c.src_size);
         if (sm90_.track_proxy()) sm90_.proxy_mark(t, c.pc, c.dst, c.size);  // a generic-proxy write
+        if (!sm100_.shared_write(t, c.pc, c.dst, c.size)) return false;
       }
     }
     if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();
+    return true;
   }
 
   // --- memory profile (LaunchConfig::profile; emu/profile.h)
@@ -879,11 +884,13 @@ class CtaRunner : public Cta {
                      static_cast<uint16_t>(gbytes), static_cast<uint16_t>(sbytes)});
   }
 
-  // st.shared with profiling or proxy marks on (the interpreter's one branch).
-  __attribute__((noinline)) void shared_store_hook(uint32_t t, uint32_t pc, int64_t addr,
+  // st.shared with profiling, proxy marks or the tcgen05 operand check on
+  // (the interpreter's one branch). False: a fault (error set).
+  __attribute__((noinline)) bool shared_store_hook(uint32_t t, uint32_t pc, int64_t addr,
                                                    uint32_t n) {
     if (prof_) profile_access(t, pc, 0, 0, addr, n);
     if (sm90_.track_proxy()) sm90_.proxy_mark(t, pc, static_cast<uint32_t>(addr), n);
+    return sm100_.shared_write(t, pc, static_cast<uint32_t>(addr), n);
   }
 
   // Turns the records of the warp whose lanes just ran into warp requests:

@@ -1403,9 +1403,15 @@ class Parser {
   //   tcgen05.wait::{ld,st}.sync.aligned;
   //   tcgen05.fence::{before,after}_thread_sync (no instruction: the
   //   emulator runs one thread's tcgen05 ops in program order).
-  // N = 1, 2, 4, .., 128. The .16x64b / .16x128b / .16x256b / .16x32bx2
-  // shapes, .pack::16b / .unpack::16b, cta_group::2, mma, commit, cp and
-  // shift are refused.
+  // N = 1, 2, 4, .., 128. The asynchronous ops (emu/sm100.h), one thread each:
+  //   tcgen05.mma.cta_group::1.kind::{f16,f8f6f4} [d], a-desc|[a], b-desc, idesc,
+  //     enable-input-d;
+  //   tcgen05.commit.cta_group::1.mbarrier::arrive::one{.shared::cluster}.b64 [mbar];
+  //   tcgen05.cp.cta_group::1.{128x256b,128x128b} [taddr], s-desc;
+  // The .16x64b / .16x128b / .16x256b / .16x32bx2 shapes, .pack::16b /
+  // .unpack::16b, cta_group::2, mma's .ws, .sp, block scaling,
+  // disable-output-lane and scale-input-d, commit's .multicast, cp's other
+  // shapes and decompression, and tcgen05.shift are refused.
   void decode_tcgen05(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
     const std::string op = p.size() > 1 ? p[1] : "";
@@ -1423,8 +1429,14 @@ class Parser {
       want_count(ops, 0);
       return;
     }
-    in.e = full_warp_slot();
     const bool group1 = p.size() > 2 && p[2] == "cta_group::1";
+    if (op == "mma" || op == "commit" || op == "cp" || op == "shift") {
+      if (p.size() > 2 && (p[2] == "ws" || p[2] == "sp"))
+        bad("tcgen05.mma." + p[2] + " is not modelled");
+      if (!group1) bad("only .cta_group::1 is supported (cta_group::2 needs clusters)");
+      return decode_tcgen05_async(op, p, text, ops, in);
+    }
+    in.e = full_warp_slot();
     if (op == "alloc" || op == "dealloc" || op == "relinquish_alloc_permit") {
       if (!group1) bad("only .cta_group::1 is supported (cta_group::2 needs clusters)");
       if (op == "alloc") {
@@ -1458,7 +1470,8 @@ class Parser {
       return emit(in, text);
     }
     if (op != "ld" && op != "st")
-      bad("only tcgen05.{alloc,dealloc,relinquish_alloc_permit,ld,st,wait,fence} are supported");
+      bad("only tcgen05.{alloc,dealloc,relinquish_alloc_permit,ld,st,wait,fence,mma,commit,cp} "
+          "are supported");
     const bool ld = op == "ld";
     int n = 0;
     if (p.size() == 7 && p[2] == "sync" && p[3] == "aligned" && p[6] == "b32" && p[5].size() > 1 &&
@@ -1469,10 +1482,7 @@ class Parser {
     if (p[4] != "32x32b")
       bad("shape ." + p[4] + " is not supported (only .32x32b; the .16x* shapes are not modelled)");
     want_count(ops, 2);
-    const Operand &addr = ops[ld ? 1 : 0];
-    if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 32 || addr.ival)
-      bad("the tensor memory address must be [taddr], taddr a 32-bit register");
-    in.a = addr.reg.slot;
+    in.a = tmem_address(ops[ld ? 1 : 0], "the tensor memory address");
     const Operand &regs = ops[ld ? 0 : 1];
     std::vector<uint32_t> s(static_cast<size_t>(n), kNoSlot);
     reg_vector(regs, s.size(), ld, ld ? "the destination" : "the source", s.data());
@@ -1480,6 +1490,69 @@ class Parser {
     in.imm = static_cast<int64_t>(e_->operand_slots.size());
     e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
     in.op = ld ? Op::kTmemLd : Op::kTmemSt;
+    emit(in, text);
+  }
+
+  // A tensor memory address operand [taddr] (taddr a 32-bit register): its slot.
+  uint32_t tmem_address(const Operand &addr, const char *what) {
+    if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 32 || addr.ival)
+      bad(std::string(what) + " must be [taddr], taddr a 32-bit register");
+    return addr.reg.slot;
+  }
+
+  // tcgen05.mma / commit / cp (PTX ISA "tcgen05.mma", "tcgen05.commit",
+  // "tcgen05.cp"; p[2] is .cta_group::1): per-thread ops of emu/sm100.h.
+  void decode_tcgen05_async(const std::string &op, const std::vector<std::string> &p,
+                            const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    if (op == "shift") bad("tcgen05.shift is not modelled");
+    if (op == "commit") {
+      const bool cl = p.size() == 6 && p[4] == "shared::cluster";
+      if (!(p.size() == 5 || cl) || p[3] != "mbarrier::arrive::one" || p.back() != "b64")
+        bad("expected tcgen05.commit.cta_group::1.mbarrier::arrive::one{.shared::cluster}.b64 "
+            "[mbar] (.multicast::cluster is not modelled)");
+      want_count(ops, 1);
+      shared_address(ops[0], &in);
+      in.op = Op::kUmmaCommit;
+      return emit(in, text);
+    }
+    if (op == "cp") {
+      if (p.size() != 4 || (p[3] != "128x256b" && p[3] != "128x128b"))
+        bad("only tcgen05.cp.cta_group::1.128x256b and .128x128b are supported (the 4x256b, "
+            "64x128b, 32x128b shapes, multicast and decompression are not modelled)");
+      want_count(ops, 2);
+      in.a = tmem_address(ops[0], "the tensor memory address");
+      if (ops[1].kind != Operand::kReg) bad("s-desc must be a 64-bit register");
+      in.b = src(ops[1], 64, false);
+      in.sub = p[3] == "128x128b" ? 1 : 0;
+      in.op = Op::kUtcCp;
+      return emit(in, text);
+    }
+    if (p.size() != 4 || (p[3] != "kind::f16" && p[3] != "kind::f8f6f4"))
+      bad("only tcgen05.mma.cta_group::1.kind::f16 and .kind::f8f6f4 are supported (.ws, .sp, "
+          "block scaling, kind::tf32 / i8 / mxf8f6f4 / mxf4 are not modelled)");
+    if (ops.size() != 5)
+      bad("expected [d-tmem], a-desc|[a-tmem], b-desc, idesc, enable-input-d "
+          "(disable-output-lane and scale-input-d are not modelled)");
+    in.a = tmem_address(ops[0], "d-tmem");
+    if (ops[1].kind == Operand::kAddr) {
+      in.b = tmem_address(ops[1], "a-tmem");
+      in.sub |= kUmmaATmem;
+    } else {
+      if (ops[1].kind != Operand::kReg) bad("a-desc must be a 64-bit register");
+      in.b = src(ops[1], 64, false);
+    }
+    if (ops[2].kind != Operand::kReg) bad("b-desc must be a 64-bit register");
+    in.c = src(ops[2], 64, false);
+    in.e = src(ops[3], 32, false);
+    const Operand &en = ops[4];
+    if (en.kind == Operand::kInt) {
+      if (en.ival > 1) bad("enable-input-d must be 0, 1 or a predicate");
+      in.v[0] = const_slot(en.ival);
+    } else {
+      in.v[0] = src(en, 1, false);
+    }
+    if (p[3] == "kind::f8f6f4") in.sub |= kUmmaF8F6F4;
+    in.op = Op::kUmma;
     emit(in, text);
   }
 

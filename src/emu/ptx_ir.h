@@ -108,6 +108,12 @@ enum WgmmaFp8 : uint8_t {
   kWgE5M2B = 4   // B is .e5m2 (else .e4m3)
 };
 
+// tcgen05.mma variant bits (Inst::sub of kUmma).
+enum UmmaFlags : uint8_t {
+  kUmmaF8F6F4 = 1,  // .kind::f8f6f4 (else .kind::f16)
+  kUmmaATmem = 2    // A from tensor memory [a_taddr] (else a shared-memory descriptor)
+};
+
 constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kGuardNeg = 0x80000000u;
 

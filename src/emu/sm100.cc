@@ -2,6 +2,8 @@
 // (sm_100a)", has the model and its sources in the PTX ISA.
 #include "emu/sm100.h"
 
+#include "emu/sm90.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -49,10 +51,20 @@ bool any_slot(const Inst &in, const uint32_t *os, F f) {
 
 }  // namespace
 
-Sm100State::Sm100State(Cta &cta) : cta_(cta) {
-  for (const Inst &in : cta_.e_.code)
+Sm100State::Sm100State(Cta &cta, Sm90State &sm90) : cta_(cta), sm90_(sm90) {
+  for (const Inst &in : cta_.e_.code) {
     if (op_handler(in.op) == OpHandler::kSm100) has_tmem_ = true;
+    if (in.op == Op::kUmma || in.op == Op::kUtcCp) has_async_ = true;
+  }
   if (!has_tmem_) return;
+  if (has_async_) {
+    cell_wr_.assign(kLanes * kColumns, 0);
+    cell_rd_.assign(kLanes * kColumns, 0);
+    chunk_op_.assign(cta_.smem_size_ / 16 + 1, 0);
+    uncommitted_.resize(cta_.nthreads_);
+    ops_.resize(1);
+    sm90_.track_observed();
+  }
   tmem_.assign(kLanes * kColumns, 0);
   st_cell_.assign(kLanes * kColumns, 0);
   pend_.assign(static_cast<size_t>(cta_.nthreads_) * cta_.ns_, 0);
@@ -73,11 +85,34 @@ void Sm100State::reset_block() {
   allocs_.clear();
   freed_.clear();
   relinquish_pc_ = UINT32_MAX;
+  if (ops_.size() > 1) {  // the previous block issued asynchronous ops
+    std::fill(cell_wr_.begin(), cell_wr_.end(), 0);
+    std::fill(cell_rd_.begin(), cell_rd_.end(), 0);
+    std::fill(chunk_op_.begin(), chunk_op_.end(), 0);
+    ops_.resize(1);
+    commits_.clear();
+    for (auto &v : uncommitted_) v.clear();
+  }
+  any_reader_ = false;
 }
 
-Step Sm100State::exec(uint32_t t, uint32_t pc, uint64_t *) {
-  cta_.fail_at(pc, t, "not an sm_100 per-thread op (emulator bug: emu/ops.def handler)");
-  return Step::kFault;
+Step Sm100State::exec(uint32_t t, uint32_t pc, uint64_t *r) {
+  bool ok;
+  switch (cta_.e_.code[pc].op) {
+    case Op::kUmma:
+      ok = umma(t, pc, r);
+      break;
+    case Op::kUtcCp:
+      ok = utc_cp(t, pc, r);
+      break;
+    case Op::kUmmaCommit:
+      ok = commit(t, pc, r);
+      break;
+    default:
+      ok = cta_.fail_at(pc, t, "not an sm_100 per-thread op (emulator bug: emu/ops.def handler)");
+      break;
+  }
+  return ok ? Step::kNext : Step::kFault;
 }
 
 int Sm100State::resolve_collectives(std::string *) { return 0; }
@@ -192,6 +227,10 @@ bool Sm100State::tmem_dealloc(uint32_t w, uint32_t pc) {
   for (size_t i = 0; i < allocs_.size() && (taddr >> 16) == 0; ++i) {
     const Alloc a = allocs_[i];
     if (a.col != col) continue;
+    // No unfinished tcgen05.mma / cp may still use the columns (observed
+    // by any thread: the deallocating warp may have learned it through a
+    // barrier).
+    if (has_async_ && !check_cells(UINT32_MAX, pc, 0, kLanes, a.col, a.ncols, true)) return false;
     if (a.ncols != ncols)
       return cta_.fail_at(pc, 32 * w,
                           "nCols %u differs from the %u columns the tcgen05.alloc at PTX line %u "
@@ -228,6 +267,7 @@ std::string Sm100State::wait_text(uint32_t t, uint32_t) {
 
 // Every allocation must be freed before the CTA exits.
 bool Sm100State::finish_block() {
+  if (has_async_ && !finish_async()) return false;
   if (allocs_.empty() || g_sm100_bug == kSm100BugNoLeakCheck) return true;
   const Alloc &a = allocs_.front();
   return cta_.fail_at(a.pc, UINT32_MAX,
@@ -290,6 +330,7 @@ bool Sm100State::tmem_ld(uint32_t w, uint32_t pc) {
   uint32_t lane, col;
   if (!tmem_access(w, pc, &lane, &col)) return false;
   const uint32_t n = in.vec;
+  if (has_async_ && !check_cells(w, pc, lane, 32, col, n, false)) return false;
   const uint32_t *s = cta_.e_.operand_slots.data() + in.imm;
   for (uint32_t i = 0; i < 32; ++i) {
     for (uint32_t j = 0; j < n; ++j) {
@@ -321,6 +362,7 @@ bool Sm100State::tmem_st(uint32_t w, uint32_t pc) {
   uint32_t lane, col;
   if (!tmem_access(w, pc, &lane, &col)) return false;
   const uint32_t n = in.vec;
+  if (has_async_ && !check_cells(w, pc, lane, 32, col, n, true)) return false;
   const uint32_t *s = cta_.e_.operand_slots.data() + in.imm;
   const bool swap = g_sm100_bug == kSm100BugColumnSwap && n > 1;
   const uint64_t marker = uint64_t{w} << 32 | (pc + 1);

@@ -1,12 +1,14 @@
 // The sm_100 state of a CTA (emu/arch.h): tensor memory (TMEM) and the
-// tcgen05 data-movement instructions of cta_group::1: tcgen05.alloc /
-// dealloc / relinquish_alloc_permit, tcgen05.ld / st (.32x32b), tcgen05.wait
-// (::ld, ::st), with their asynchronous hazards checked.
+// tcgen05 instructions of cta_group::1: tcgen05.alloc / dealloc /
+// relinquish_alloc_permit, tcgen05.ld / st (.32x32b), tcgen05.wait (::ld,
+// ::st), and the asynchronous tcgen05.mma (kind::f16, kind::f8f6f4),
+// tcgen05.cp (128x256b, 128x128b) and tcgen05.commit (an arrive on an
+// mbarrier of emu/sm90.h), with their hazards checked.
 // docs/emulator.md, "Blackwell (sm_100a)", has the model and its sources in
 // the PTX ISA (section "tcgen05": "Tensor Memory", "Matrix and Data Movement
-// Shape", the instructions' own sections). tcgen05.mma, commit, cp, clusters
-// and cta_group::2 are not modelled yet: mma and commit will take the
-// mbarriers of emu/sm90.h. Internal to the emulator.
+// Shape", "Matrix Descriptors", "Matrix Shape", "Data Path Layout", the
+// instructions' own sections). cta_group::2, clusters, .ws, sparsity and
+// block scaling are not modelled. Internal to the emulator.
 #pragma once
 
 #include <cstddef>
@@ -16,9 +18,12 @@
 
 #include "emu/arch.h"
 #include "emu/cta.h"
+#include "emu/smem_matrix.h"
 
 namespace fa {
 namespace emu {
+
+class Sm90State;
 
 // Deliberate emulator bugs, for the tests that must catch each one
 // (tests/test_emulator_blackwell.cc); kSm100BugNone in normal use. Read at
@@ -31,7 +36,34 @@ enum Sm100Bug : int {
   kSm100BugNoWaitSt,      // tcgen05.st: its cells are not marked in flight
   kSm100BugNoLeakCheck,   // the block's exit does not check for live allocations
   kSm100BugNoQuarter,     // tcgen05.ld / st: the warp's lane quarter is not checked
+  kSm100BugSboAsLbo,      // tcgen05 descriptors: the stride byte offset reads the LBO field
+  kSm100BugNoTransB,      // tcgen05.mma: the instruction descriptor's transpose-B bit is ignored
+  kSm100BugCommitEarly,   // every tcgen05.mma / cp counts as observed complete (no hazard checks)
+  kSm100BugDLaneOff,      // tcgen05.mma: D row m goes to TMEM lane (its lane + 1) mod 128
 };
+
+// The tcgen05 shared memory descriptor (PTX ISA "tcgen05": "Shared Memory
+// Descriptor", Table 40), decoded: start 0-13, LBO 16-29, SBO 32-45 (each
+// >> 4), the fixed 0b001 at 46-48, base offset 49-51, leading-dimension
+// stride mode 52 (0 relative; 1 absolute is sm_103a), 0 at 53-60, swizzle
+// 61-63 (0 none, 1 128B with 32B atom, 2 128B, 4 64B, 6 32B; 3, 5, 7
+// invalid). False: *why says which field is invalid or not modelled (the
+// 32B-atom 128B swizzle, the absolute leading-dimension mode).
+bool decode_umma_smem_desc(uint64_t desc, SmemMatrix *m, std::string *why);
+
+// The instruction descriptor of kind::f16 / kind::f8f6f4 (PTX ISA
+// "Instruction Descriptor", Table 42), decoded and checked against "Matrix
+// Shape" (Table 39) for cta_group::1, dense, no .ws.
+struct UmmaInstr {
+  uint32_t m = 0, n = 0, k = 0;         // M 64 / 128, N 8..256 step 8, K 16 (f16) / 32 (f8f6f4)
+  uint32_t esz = 2;                     // bytes per A / B element
+  bool bf16 = false;                    // kind::f16: bf16 A and B (else f16)
+  bool a_e5m2 = false, b_e5m2 = false;  // kind::f8f6f4: e5m2 (else e4m3)
+  bool neg_a = false, neg_b = false;
+  bool trans_a = false, trans_b = false;  // MN-major A / B (else K-major)
+};
+// False: *why names the field. f8f6f4: kind::f8f6f4.
+bool decode_umma_idesc(uint32_t idesc, bool f8f6f4, UmmaInstr *d, std::string *why);
 extern int g_sm100_bug;
 
 class Sm100State final : public ArchState {
@@ -40,10 +72,11 @@ class Sm100State final : public ArchState {
   // 512 columns of 32-bit cells; an address is lane << 16 | column.
   static constexpr uint32_t kLanes = 128, kColumns = 512;
 
-  explicit Sm100State(Cta &cta);
+  Sm100State(Cta &cta, Sm90State &sm90);
 
   void reset_block() override;
-  // No per-thread sm_100 op yet (the tcgen05 fences are parsed away).
+  // tcgen05.mma, tcgen05.cp, tcgen05.commit (the tcgen05 fences are parsed
+  // away: the emulator runs one thread's tcgen05 ops in program order).
   Step exec(uint32_t t, uint32_t pc, uint64_t *r) override;
   // No collectives of its own beyond run_warp's: 0.
   int resolve_collectives(std::string *stuck) override;
@@ -72,6 +105,21 @@ class Sm100State final : public ArchState {
 
   static constexpr uint8_t kPendLd = 1, kPendSt = 2;
 
+  // Whether writes into shared memory must be reported with shared_write
+  // (the entry has tcgen05.mma or cp, which read shared memory
+  // asynchronously).
+  bool watches_shared() const { return has_async_; }
+  // Thread t's write of shared [addr, addr + n) by the instruction at pc
+  // (st.shared, st, stmatrix, a performed cp.async, a TMA box landing).
+  // False (error set, naming both lines): it overwrites an operand of a
+  // tcgen05.mma / cp whose completion t has not observed.
+  bool shared_write(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n) {
+    if (!has_async_ || !any_reader_) return true;
+    for (uint32_t c = addr / 16; c <= (addr + n - 1) / 16; ++c)
+      if (chunk_op_[c] && !shared_write_slow(t, pc, c)) return false;
+    return true;
+  }
+
  private:
   // A live allocation (PTX ISA "tcgen05.alloc"): columns [col, col + ncols)
   // of all 128 lanes.
@@ -95,9 +143,48 @@ class Sm100State final : public ArchState {
   void tmem_wait(uint32_t w, bool st);
   void mark(uint32_t w, const Inst &in, uint8_t flag);
 
+  // --- the asynchronous ops (emu/sm100_mma.cc)
+  // One issued tcgen05.mma or cp; ops_[0] is a placeholder (id 0: none).
+  struct AsyncOp {
+    uint32_t pc = 0, thread = 0;
+    uint32_t commit = UINT32_MAX;  // commits_ index of the first commit after it
+  };
+  // One tcgen05.commit: its arrive landed on phase `phase` of the mbarrier at mbar.
+  struct Commit {
+    uint32_t thread = 0, mbar = 0, phase = 0, pc = 0;
+  };
+  bool async_observed(uint32_t u, uint32_t id) const;
+  bool warp_observed(uint32_t w, uint32_t id) const;
+  std::string op_text(uint32_t id) const;
+  bool check_cells(uint32_t w, uint32_t pc, uint32_t lane, uint32_t nlanes, uint32_t col,
+                   uint32_t n, bool write);
+  bool shared_write_slow(uint32_t t, uint32_t pc, uint32_t chunk);
+  bool umma_cells(uint32_t t, uint32_t pc, uint32_t taddr, uint32_t m, uint32_t ncols,
+                  const char *what, uint32_t *lane0);
+  bool issuer_cells(uint32_t t, uint32_t pc, uint32_t lane0, uint32_t m, uint32_t col,
+                    uint32_t ncols, bool write);
+  bool smem_desc(uint32_t t, uint32_t pc, uint64_t desc, const char *what, SmemMatrix *m);
+  bool smem_element(uint32_t t, uint32_t pc, const SmemMatrix &d, bool mn_major, uint32_t mn,
+                    uint32_t k, uint32_t esz, const char *what, uint32_t *addr);
+  uint32_t new_op(uint32_t t, uint32_t pc);
+  bool umma(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool utc_cp(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool commit(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool finish_async();
+
   Cta &cta_;
-  bool has_tmem_ = false;       // the entry has tcgen05 instructions
-  std::vector<uint32_t> tmem_;  // [lane][column]
+  Sm90State &sm90_;
+  bool has_async_ = false;   // the entry has tcgen05.mma or cp
+  bool any_reader_ = false;  // some chunk_op_ is set in this block
+  std::vector<AsyncOp> ops_;
+  std::vector<Commit> commits_;
+  std::vector<std::vector<uint32_t>> uncommitted_;  // per thread: ops not yet committed
+  // Per TMEM cell: the newest async op writing it (cell_wr_) / reading it
+  // as A (cell_rd_); per 16-byte shared chunk: the newest reading it. 0: none.
+  std::vector<uint32_t> cell_wr_, cell_rd_, chunk_op_;
+  std::vector<float> mma_a_, mma_b_, mma_d_;  // umma scratch
+  bool has_tmem_ = false;                     // the entry has tcgen05 instructions
+  std::vector<uint32_t> tmem_;                // [lane][column]
   std::vector<Alloc> allocs_;
   std::vector<Freed> freed_;
   uint32_t relinquish_pc_ = UINT32_MAX;  // tcgen05.relinquish_alloc_permit run, or none

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "emu/numeric.h"
+#include "emu/sm100.h"
+#include "emu/smem_matrix.h"
 #include "emu/tensor_map.h"
 
 namespace fa {
@@ -25,37 +27,11 @@ inline uint32_t swizzle_addr(uint32_t addr, uint32_t bits) {
   return addr ^ (((addr >> 7) & ((1u << bits) - 1)) << 4);
 }
 
-// Byte address in shared memory of element (mn, k) of a matrix of esz-byte
-// elements (2: f16 / bf16, 1: fp8) described by desc (PTX ISA "Matrix
-// Descriptor Format", "Shared Memory Matrix Layout": canonical layouts in
-// elements, T = 16 / esz elements per 16 bytes; in bytes the same for both).
-// K-major (mn_major false): no swizzle ((8,m),(T,2k)):((1T,SBO),(1,LBO)),
-// swizzle of W bytes ((8,m),(T,2k)):((W/esz,SBO),(1,T)); MN-major (16-bit
-// only): no swizzle ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), swizzled
-// ((T,W/16,m),(8,k)):((1,T,LBO),(W/esz,SBO)); then Swizzle<log2(W/16),4,3>
-// on the address, its row bits counted from the pattern start given by the
-// base offset.
+// Byte address in shared memory of element (mn, k) of a wgmma operand
+// (emu/smem_matrix.h: the canonical layouts).
 inline uint32_t wgmma_elem_addr(uint64_t desc, bool mn_major, uint32_t mn, uint32_t k,
                                 uint32_t esz) {
-  const uint32_t start = static_cast<uint32_t>(desc & 0x3fff) << 4;
-  const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3fff) << 4;
-  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3fff) << 4;
-  const uint32_t base = static_cast<uint32_t>((desc >> 49) & 7);
-  const uint32_t mode = static_cast<uint32_t>(desc >> 62);
-  const uint32_t bits = mode == 1 ? 3 : mode == 2 ? 2 : mode == 3 ? 1 : 0;
-  const uint32_t w = bits ? 16u << bits : 0;  // swizzle width in bytes
-  const uint32_t t = 16 / esz;                // elements per 16-byte core-matrix row
-  uint32_t off;
-  if (!mn_major) {
-    off = w ? (mn % 8) * w + (mn / 8) * sbo + k * esz
-            : (mn % 8) * 16 + (mn / 8) * sbo + (k % t) * esz + (k / t) * lbo;
-  } else {
-    off = w ? (mn % (w / esz)) * esz + (mn / (w / esz)) * lbo + (k % 8) * w + (k / 8) * sbo
-            : (mn % t) * esz + (mn / t) * sbo + (k % 8) * 16 + (k / 8) * lbo;
-  }
-  uint32_t a = start + off;
-  if (bits) a ^= ((((a >> 7) - base) & ((1u << bits) - 1)) << 4);
-  return a;
+  return smem_matrix_addr(wgmma_smem_matrix(desc), mn_major, mn, k, esz);
 }
 
 // Element bytes of a wgmma's A and B (1 for the fp8 forms, else 2) and its K
@@ -209,6 +185,7 @@ bool Sm90State::mbar_init(uint32_t t, uint32_t pc, const uint64_t *r) {
   nm.addr = static_cast<uint32_t>(addr);
   nm.expected = nm.pending = count;
   nm.init_line = cta_.e_.code[pc].line;
+  if (track_seen_) nm.seen.assign(cta_.nthreads_, 0);
   mbars_.push_back(std::move(nm));
   return true;
 }
@@ -241,24 +218,44 @@ bool Sm90State::mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r) {
   }
   if (in.sub == 0) {  // arrive-on
     const uint32_t count = in.b == kNoSlot ? 1 : static_cast<uint32_t>(r[in.b]);
-    if (count == 0 || count > (1u << 20) - 1)
-      return cta_.fail_at(pc, t, "count %u is outside 1..2^20-1", count);
-    if (!m->observed)
-      return cta_.fail_at(
-          pc, t,
-          "arrive-on in phase %u of the mbarrier at shared 0x%x before any try_wait "
-          "returned True for phase %u (PTX ISA \"Phase of the mbarrier object\")",
-          m->phase, m->addr, m->phase - 1);
-    if (count > m->pending)
-      return cta_.fail_at(
-          pc, t,
-          "%u arrival(s) on the mbarrier at shared 0x%x, whose phase %u has %u pending "
-          "(expected count %u, tx-count %" PRId64 ")",
-          count, m->addr, m->phase, m->pending, m->expected, m->tx);
     if (in.d != kNoSlot) r[in.d] = m->phase;  // state: the phase before the arrival
-    m->pending -= count;
+    return arrive_on(*m, t, pc, count);
   }
   return mbar_maybe_complete(*m, t);
+}
+
+// Arrive-on (pending -= count), then maybe phase completion.
+bool Sm90State::arrive_on(Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count) {
+  if (count == 0 || count > (1u << 20) - 1)
+    return cta_.fail_at(pc, t, "count %u is outside 1..2^20-1", count);
+  if (!m.observed)
+    return cta_.fail_at(pc, t,
+                        "arrive-on in phase %u of the mbarrier at shared 0x%x before any try_wait "
+                        "returned True for phase %u (PTX ISA \"Phase of the mbarrier object\")",
+                        m.phase, m.addr, m.phase - 1);
+  if (count > m.pending)
+    return cta_.fail_at(pc, t,
+                        "%u arrival(s) on the mbarrier at shared 0x%x, whose phase %u has %u "
+                        "pending (expected count %u, tx-count %" PRId64 ")",
+                        count, m.addr, m.phase, m.pending, m.expected, m.tx);
+  m.pending -= count;
+  return mbar_maybe_complete(m, t);
+}
+
+bool Sm90State::async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *phase) {
+  if (!cta_.shared_ptr(addr, 8, t, pc)) return false;
+  Mbarrier *m = find_mbar(addr);
+  if (!m)
+    return cta_.fail_at(
+        pc, t, "no initialized mbarrier at shared address 0x%x (mbarrier.init first)", addr);
+  *phase = m->phase;
+  return arrive_on(*m, t, pc, 1);
+}
+
+uint32_t Sm90State::observed(uint32_t t, uint32_t addr) const {
+  for (const Mbarrier &m : mbars_)
+    if (m.addr == addr) return m.seen.empty() ? 0 : m.seen[t];
+  return 0;
 }
 
 // Phase completion (PTX ISA "Phase Completion of the mbarrier object"): no
@@ -279,6 +276,7 @@ bool Sm90State::mbar_maybe_complete(Mbarrier &m, uint32_t t) {
     uint64_t *ru = cta_.regs_of(u);
     if (static_cast<uint32_t>(static_cast<uint32_t>(ru[o.a]) + o.imm) != m.addr) continue;
     ru[o.d] = 1;  // it waited for the parity of the phase that just completed
+    if (!m.seen.empty()) m.seen[u] = m.phase;
     ++cta_.pc_[u];
     cta_.wake(u);
     m.observed = true;
@@ -301,6 +299,7 @@ int Sm90State::mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r) {
   if (parity == (m->phase & 1)) return 2;
   r[in.d] = 1;
   m->observed = true;
+  if (!m->seen.empty()) m->seen[t] = m->phase;
   return 1;
 }
 
@@ -448,6 +447,7 @@ bool Sm90State::bulk_write(const BulkCopy &c, uint32_t t) {
                           "still reads (no wgmma.wait_group has retired it)",
                           a, op ? cta_.e_.code[op->pc].line : 0);
     }
+    if (sm100_ && !sm100_->shared_write(t, c.pc, a, 16)) return false;
     std::memcpy(cta_.smem_.data() + a, c.data.data() + off, 16);
     if (proxy_dirty_) std::fill_n(unfenced_.data() + a, 16, 0);  // an async-proxy write
   }

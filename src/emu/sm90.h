@@ -19,6 +19,8 @@
 namespace fa {
 namespace emu {
 
+class Sm100State;
+
 class Sm90State final : public ArchState {
  public:
   // For the CTA's entry and geometry (fixed for the launch).
@@ -77,6 +79,25 @@ class Sm90State final : public ArchState {
   __attribute__((noinline)) void generic_store_hook(uint32_t t, uint32_t pc, const uint8_t *p,
                                                     uint32_t n);
 
+  // --- for the sm_100 state (emu/sm100.h: tcgen05.commit and the checks
+  // of what a program may rely on once a commit's phase is observed)
+
+  // The sm_100 state of the CTA: TMA writes into shared memory are reported
+  // to its shared_write check.
+  void set_sm100(Sm100State *s) { sm100_ = s; }
+  // Records, per thread, the mbarrier phases it observed (a try_wait that
+  // returned True); set before the first block.
+  void track_observed() { track_seen_ = true; }
+  // One arrive-on (count 1) by thread t, for the tcgen05.commit at pc, on
+  // the mbarrier at shared address addr: *phase is the phase it arrived on.
+  // The same checks as mbarrier.arrive (initialized, a pending arrival, the
+  // preceding phase observed). False: fault (error set).
+  bool async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *phase);
+  // How many phases of the mbarrier at addr thread t has seen complete
+  // (track_observed): phase p's completion is observed when this is > p.
+  // 0 when no mbarrier is there.
+  uint32_t observed(uint32_t t, uint32_t addr) const;
+
  private:
   // A cp.async.bulk.tensor box waiting for its mbarrier phase to complete:
   // the bytes (logical, row-major by box) and where they land.
@@ -89,12 +110,13 @@ class Sm90State final : public ArchState {
 
   // An mbarrier object (PTX ISA "mbarrier": contents, phase, tx-count).
   struct Mbarrier {
-    uint32_t addr = 0;      // shared address (8-byte aligned)
-    uint32_t expected = 0;  // expected arrival count
-    uint32_t pending = 0;   // pending arrivals of the current phase
-    int64_t tx = 0;         // tx-count of the current phase
-    uint32_t phase = 0;     // current (incomplete) phase
-    bool observed = true;   // a try_wait returned True for the preceding phase
+    uint32_t addr = 0;           // shared address (8-byte aligned)
+    uint32_t expected = 0;       // expected arrival count
+    uint32_t pending = 0;        // pending arrivals of the current phase
+    int64_t tx = 0;              // tx-count of the current phase
+    uint32_t phase = 0;          // current (incomplete) phase
+    bool observed = true;        // a try_wait returned True for the preceding phase
+    std::vector<uint32_t> seen;  // track_observed: per thread, phases it saw complete
     uint32_t init_line = 0;
     std::vector<BulkCopy> copies;  // become visible when the phase completes
   };
@@ -150,6 +172,7 @@ class Sm90State final : public ArchState {
   bool mbar_init(uint32_t t, uint32_t pc, const uint64_t *r);
   bool mbar_inval(uint32_t t, uint32_t pc, const uint64_t *r);
   bool mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r);
+  bool arrive_on(Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count);
   bool mbar_maybe_complete(Mbarrier &m, uint32_t t);
   int mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r);
   bool bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r);
@@ -163,6 +186,8 @@ class Sm90State final : public ArchState {
   bool wgmma_perform(uint32_t g, const WgmmaOp &op);
 
   Cta &cta_;
+  Sm100State *sm100_ = nullptr;
+  bool track_seen_ = false;
   std::vector<Mbarrier> mbars_;
   bool has_wg_ = false;  // the entry has warpgroup instructions
   std::vector<Warpgroup> wgs_;

@@ -1207,7 +1207,8 @@ void Builder::tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Re
     misuse(in, "idesc is 32 bits");
   if (enable_input_d.kind == Operand::Kind::Imm) {
     if (enable_input_d.imm != 0 && enable_input_d.imm != 1) misuse(in, "enable-input-d is 0 or 1");
-  } else if (enable_input_d.kind != Operand::Kind::Reg || enable_input_d.reg.cls != RegClass::Pred) {
+  } else if (enable_input_d.kind != Operand::Kind::Reg ||
+             enable_input_d.reg.cls != RegClass::Pred) {
     misuse(in, "enable-input-d is an immediate or a predicate");
   }
   require(100, 86, "tcgen05", true);
@@ -1271,6 +1272,15 @@ void Builder::unpack_f32x2(Reg lo, Reg hi, Reg a) {
   check_reg(in, hi, Type::F32, "destinations must be f32 registers");
   check_reg(in, a, Type::B64, "source must be a b64 register");
   Line(*this, in).vec({lo, hi}).reg(a).done();
+}
+
+void Builder::tcgen05_cp(TmemCpShape shape, Reg taddr, Reg s_desc) {
+  Opcode in(std::string("tcgen05.cp.cta_group::1.") +
+            (shape == TmemCpShape::k128x256b ? "128x256b" : "128x128b"));
+  check_reg(in, taddr, Type::B32, "taddr must be a b32 register");
+  check_reg(in, s_desc, Type::B64, "descriptors are b64 registers");
+  require(100, 86, "tcgen05", true);
+  Line(*this, in).addr(at(taddr)).reg(s_desc).done();
 }
 
 void Builder::bar_sync(int id, int count) {

@@ -389,6 +389,15 @@ class Builder {
   // from a b64 pair (lo the low half; PTX ISA "mov", vector pack).
   void pack_f32x2(Reg d, Reg lo, Reg hi);
   void unpack_f32x2(Reg lo, Reg hi, Reg a);
+  // tcgen05.cp.cta_group::1.{128x256b,128x128b} [taddr], s_desc (PTX ISA
+  // "tcgen05.cp"): copies a 128-row matrix from shared memory (s_desc, a b64
+  // shared memory descriptor as for tcgen05_mma_ss, its rows K-major) into
+  // tensor memory lanes 0..127 at taddr (a b32 register; lane field 0): 256
+  // bits (8 columns) or 128 bits (4 columns) of each row. Asynchronous like
+  // the mma: ordered before a later tcgen05_mma_* of the same thread,
+  // complete for others once a later tcgen05_commit's phase is observed.
+  enum class TmemCpShape : uint8_t { k128x256b, k128x128b };
+  void tcgen05_cp(TmemCpShape shape, Reg taddr, Reg s_desc);
 
   // Prints `.minnctapersm n` after `.maxntid` (PTX ISA "Performance-Tuning
   // Directives"); 0 (the default) prints nothing. Without it ptxas may cap
