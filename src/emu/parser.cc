@@ -1110,12 +1110,15 @@ class Parser {
   // Target requirements of an instruction (PTX ISA "Target ISA Notes" of
   // each): sm >= 90, and the architecture-specific sm_90a target for
   // wgmma and setmaxnreg (ptxas rejects them elsewhere, so does the emulator).
-  void need_sm90(bool arch_specific, int min_version = 80) {
+  // sm100a_too: also sm_100a and sm_103a (setmaxnreg; wgmma is sm_90a only).
+  void need_sm90(bool arch_specific, int min_version = 80, bool sm100a_too = false) {
     if (mod_->target_sm < 90)
       bad("requires .target sm_90 or higher (the module targets sm_" +
           std::to_string(mod_->target_sm) + ")");
-    if (arch_specific && !(mod_->arch_specific && mod_->target_sm == 90))
-      bad("requires .target sm_90a");
+    const int sm = mod_->target_sm;
+    const bool ok = sm == 90 || (sm100a_too && (sm == 100 || sm == 103));
+    if (arch_specific && !(mod_->arch_specific && ok))
+      bad(sm100a_too ? "requires .target sm_90a, sm_100a or sm_103a" : "requires .target sm_90a");
     if (mod_->version < min_version)
       bad("requires .version " + std::to_string(min_version / 10) + "." +
           std::to_string(min_version % 10) + " or higher");
@@ -1571,7 +1574,7 @@ class Parser {
     if (p.size() != 5 || (p[1] != "inc" && p[1] != "dec") || p[2] != "sync" || p[3] != "aligned" ||
         p[4] != "u32")
       bad("only setmaxnreg.{inc,dec}.sync.aligned.u32 is supported");
-    need_sm90(true);
+    need_sm90(true, 80, true);  // PTX ISA "setmaxnreg": sm_90a, sm_100a, sm_103a
     want_count(ops, 1);
     if (ops[0].kind != Operand::kInt || ops[0].ival < 24 || ops[0].ival > 256 || ops[0].ival % 8)
       bad("the register count must be an integer constant in 24..256, a multiple of 8");

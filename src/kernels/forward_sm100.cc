@@ -489,6 +489,17 @@ class ForwardSm100Gen {
   void softmax_tile(bool masked) {
     const int nb = spec_.block_n;
     ring().wait(bars_, static_cast<int>(lay_.s_full(0)), sph_);
+    {
+      // O_i's MMAs of tile j - 1: complete already (their commit precedes
+      // S_i(j)'s in the MMA thread's order), observed here every tile so
+      // that o_full never runs a phase ahead of its waiters (the rescale
+      // below and the epilogue rely on it).
+      ptx::Label first = b_.label();
+      b_.when(e_.setp(Cmp::Eq, Type::S32, j_, imm(0))).bra(first, true);
+      Reg oph = e_.op(Op::Xor, Type::B32, sph_, imm(1));
+      ring().wait(bars_, static_cast<int>(lay_.o_full(0)), oph);
+      b_.bind(first);
+    }
     b_.tcgen05_fence_after_thread_sync();
     for (int c = 0; c < nb; c += 32) {
       Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(c));
@@ -589,13 +600,8 @@ class ForwardSm100Gen {
     Reg mv = e_.op(Op::And, Type::Pred, moved, later);
     b_.vote(false, any, mv, 0xffffffffu);
     b_.unless(any).bra(kept, true);
-    {
-      b_.comment("O *= alpha: some row of the warp moved its maximum");
-      Reg oph = e_.op(Op::Xor, Type::B32, sph_, imm(1));  // O_i's MMAs of tile j - 1
-      ring().wait(bars_, static_cast<int>(lay_.o_full(0)), oph);
-      b_.tcgen05_fence_after_thread_sync();
-      rescale_o(alpha);
-    }
+    b_.comment("O *= alpha: some row of the warp moved its maximum");
+    rescale_o(alpha);
     b_.bind(kept);
     // P into S's first block_n / 2 columns (16-bit pairs, key 2c low).
     std::vector<Reg> pk(static_cast<size_t>(nb / 2));
@@ -645,8 +651,8 @@ class ForwardSm100Gen {
       for (int x = 0; x < n; ++x)
         b_.op(Op::Mul, Type::F32, o[static_cast<size_t>(x)], o[static_cast<size_t>(x)], alpha);
       b_.tcgen05_st_32x32b(ta, bits.data(), n);
+      b_.tcgen05_wait_st();  // before the registers take the next chunk
     }
-    b_.tcgen05_wait_st();
   }
 
   // O / l and the LSE of this row, after O_i's last MMA.
