@@ -696,6 +696,171 @@ void test_deliberate_bugs(void **) {
   assert_true(multicast_ok(0xf, 2, rng));
 }
 
+// ======================================================= the builder ====
+
+// Every cluster form the builder emits, in one kernel of 2x1x1 clusters
+// (grid 4 x 64 threads): the special registers; thread 0 inits its CTA's
+// mbarrier (2 arrivals) and fences the init; cluster barrier; each thread
+// reads the other CTA's pattern (mapa of a symbol with a register rank,
+// ld.shared::cluster) and stores {it, tid} into the other CTA's sb
+// (st.shared::cluster.v2); thread 0 arrives with expect_tx 512 on its own
+// mbarrier and remotely on the other CTA's, and rank 0 multicasts a box to
+// both; everyone waits for the phase; relaxed cluster barrier; each thread
+// stores what it read, its sb pair and two words of the box (20 words per
+// thread: 14 special registers, %is_explicit_cluster, then those 5).
+std::string builder_kernel() {
+  using namespace fa::ptx;
+  Builder b("k_bld", 192);
+  b.set_param_align(64);
+  b.set_cluster_dims(2, 1, 1);
+  const Symbol sa = b.shared("sa", 16, 256), sb = b.shared("sb", 16, 512),
+               mb = b.shared("mb", 8, 8), box = b.shared("box", 128, 512);
+  const Reg out = b.b64(), prm = b.b64(), tmap = b.b64(), addr = b.b64(), off = b.b64();
+  const Reg tid = b.b32(), rank = b.b32(), other = b.b32(), g = b.b32(), v = b.b32(), x = b.b32(),
+            a = b.b32(), row = b.b32(), zero = b.b32(), w0 = b.b32(), w1 = b.b32(), p0 = b.b32(),
+            p1 = b.b32();
+  const Reg t0 = b.pred(), r0 = b.pred(), done = b.pred(), expl = b.pred();
+  const Reg mask = b.b16();
+  b.ld_param(Type::U64, out, 0);
+  b.mov(Type::U32, tid, sreg(Special::TidX));
+  b.mov(Type::U32, rank, sreg(Special::ClusterCtarank));
+  b.mov(Type::U32, g, sreg(Special::CtaidX));
+  b.op(Op::MadLo, Type::U32, g, g, imm(64), tid);
+  b.mul_wide(Type::U32, off, g, imm(80));
+  b.op(Op::Add, Type::U64, addr, out, off);
+  const Special specials[] = {
+      Special::ClusterCtarank, Special::ClusterNctarank, Special::ClusteridX,
+      Special::ClusteridY,     Special::ClusteridZ,      Special::NclusteridX,
+      Special::NclusteridY,    Special::NclusteridZ,     Special::ClusterCtaidX,
+      Special::ClusterCtaidY,  Special::ClusterCtaidZ,   Special::ClusterNctaidX,
+      Special::ClusterNctaidY, Special::ClusterNctaidZ};
+  int k = 0;
+  for (Special sp : specials) {
+    b.mov(Type::U32, x, sreg(sp));
+    b.st(Space::Global, Type::U32, at(addr, 4 * k++), x);
+  }
+  b.is_explicit_cluster(expl);
+  b.selp(Type::U32, x, imm(1), imm(0), expl);
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), x);
+  // The pattern, the mbarrier and its fenced init.
+  b.op(Op::MadLo, Type::U32, v, rank, imm(1000), tid);
+  b.mov(Type::U32, a, sym(sa));
+  b.op(Op::MadLo, Type::U32, a, tid, imm(4), a);
+  b.st(Space::Shared, Type::U32, at(a), v);
+  b.setp(Cmp::Eq, Type::U32, t0, tid, imm(0));
+  const Label skip = b.label(), wait = b.label(), nomc = b.label();
+  b.unless(t0).bra(skip);
+  b.mbarrier_init(at(mb), imm(2));
+  b.fence_mbarrier_init();
+  b.bind(skip);
+  b.barrier_cluster_arrive();
+  b.barrier_cluster_wait();
+  // Distributed shared memory.
+  b.op(Op::Xor, Type::B32, other, rank, imm(1));
+  b.mapa(a, sym(sa), other);
+  b.op(Op::MadLo, Type::U32, a, tid, imm(4), a);
+  b.ld(Space::Cluster, Type::U32, x, at(a));
+  b.mov(Type::U32, a, sym(sb));
+  b.mapa(a, a, other);
+  b.op(Op::MadLo, Type::U32, a, tid, imm(8), a);
+  b.st_v(Space::Cluster, Type::U32, at(a), {x, tid});
+  // The mbarriers: own expect_tx, the other CTA's remote arrive, rank 0's multicast.
+  b.unless(t0).bra(wait);
+  b.mbarrier_arrive_expect_tx(at(mb), imm(512));
+  b.mapa(a, sym(mb), other);
+  b.mbarrier_arrive_cluster(at(a));
+  b.setp(Cmp::Eq, Type::U32, r0, rank, imm(0));
+  b.unless(r0).bra(nomc);
+  b.param_address(prm);
+  b.op(Op::Add, Type::U64, tmap, prm, imm(64));
+  b.mov(Type::U32, row, sreg(Special::ClusteridX));
+  b.op(Op::Shl, Type::B32, row, row, imm(2));
+  b.mov(Type::U32, zero, imm(0));
+  b.mov(Type::B16, mask, imm(3));
+  const Reg coords[2] = {zero, row};
+  b.mov(Type::U32, a, sym(box));
+  b.cp_async_bulk_tensor_multicast(at(a), tmap, coords, 2, at(mb), mask);
+  b.bind(nomc);
+  b.bind(wait);
+  const Label spin = b.label();
+  b.bind(spin);
+  b.mbarrier_try_wait_parity(done, at(mb), imm(0));
+  b.unless(done).bra(spin);
+  b.barrier_cluster_arrive(true);
+  b.barrier_cluster_wait();
+  // The results: what it read, its sb pair, two words of the box.
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), x);
+  b.mov(Type::U32, a, sym(sb));
+  b.op(Op::MadLo, Type::U32, a, tid, imm(8), a);
+  b.ld_v(Space::Cluster, Type::U32, {p0, p1}, at(a));
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), p0);
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), p1);
+  b.mov(Type::U32, a, sym(box));
+  b.op(Op::MadLo, Type::U32, a, tid, imm(4), a);
+  b.ld(Space::Shared, Type::U32, w0, at(a));
+  b.ld(Space::Shared, Type::U32, w1, at(a, 256));
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), w0);
+  b.st(Space::Global, Type::U32, at(addr, 4 * k++), w1);
+  b.ret();
+  assert_int_equal(b.min_sm(), 90);
+  assert_int_equal(b.min_isa_version(), 80);
+  return std::move(b).emit(80, 90, 64);
+}
+
+void test_builder_forms(void **) {
+  std::string ptx = builder_kernel();
+  assert_true(ptx.find(".reqnctapercluster 2, 1, 1") != std::string::npos);
+  // sm_90a and sm_100a: the same text with the target changed.
+  for (const char *arch : {"sm_90a", "sm_100a"}) {
+    std::string t = ptx;
+    const size_t at = t.find(".target sm_90");
+    assert_true(at != std::string::npos);
+    t.replace(at, std::strlen(".target sm_90"), std::string(".target ") + arch);
+    if (std::strcmp(arch, "sm_100a") == 0) t.replace(t.find(".version 8.0"), 12, ".version 8.6");
+    if (ptxas_accepts(t, arch) == 0) {
+      std::fprintf(stderr, "ptxas -arch=%s rejects:\n%s", arch, t.c_str());
+      fail();
+    }
+  }
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint32_t> tensor(32 * 8);
+  for (uint32_t &x : tensor) x = static_cast<uint32_t>(rng());
+  DevBuf gt(tensor.size() * 4), out(4 * 64 * 80);
+  gt.put(tensor);
+  fa::emu::TensorMap m;
+  m.rank = 2;
+  m.base = gt.ptr;
+  m.elem_bytes = 4;
+  m.dims[0] = 32;
+  m.dims[1] = 8;
+  m.strides[0] = 4;
+  m.strides[1] = 128;
+  m.box[0] = 32;
+  m.box[1] = 4;
+  McParams prm{};
+  prm.out = out.ptr;
+  fa::emu::store_tensor_map(m, prm.map);
+  assert_true(launched(ptx, "k_bld", geom3(4, 1, 1, 64), &prm, sizeof prm));
+  const std::vector<uint32_t> o = out.get<uint32_t>();
+  for (uint32_t blk = 0; blk < 4; ++blk) {
+    const uint32_t rank = blk % 2, other = rank ^ 1, cid = blk / 2;
+    const uint32_t sp[15] = {rank, 2, cid, 0, 0, 2, 1, 1, rank, 0, 0, 2, 1, 1, 1};
+    for (uint32_t t = 0; t < 64; ++t) {
+      const uint32_t *r = &o[(blk * 64 + t) * 20];
+      for (int k = 0; k < 15; ++k) assert_int_equal(r[k], sp[k]);
+      const uint32_t want[5] = {other * 1000 + t, rank * 1000 + t, t, tensor[cid * 128 + t],
+                                tensor[cid * 128 + t + 64]};
+      for (int k = 0; k < 5; ++k) {
+        if (r[15 + k] != want[k]) {
+          std::fprintf(stderr, "block %u thread %u: word %d is 0x%08x, want 0x%08x\n", blk, t,
+                       15 + k, r[15 + k], want[k]);
+          fail();
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(void) {
@@ -707,6 +872,7 @@ int main(void) {
       cmocka_unit_test(test_misuse),
       cmocka_unit_test(test_parse_errors),
       cmocka_unit_test(test_deliberate_bugs),
+      cmocka_unit_test(test_builder_forms),
   };
   return cmocka_run_group_tests(tests, emu_setup_sm<90>, emu_teardown);
 }
