@@ -405,15 +405,34 @@ void test_remote_mbarrier(void **) {
 struct McParams {
   uint64_t out;
   uint32_t mask, src;
-  uint8_t pad[48];
+  uint32_t unicast;  // 1 + the target's rank: the form without .multicast::cluster
+  uint8_t pad[44];
   alignas(64) uint8_t map[128];
 };
+
+// The map of a u32 tensor of 8 rows of 32 at base, boxes of 4 rows (512 bytes).
+fa::emu::TensorMap rows_map(uint64_t base) {
+  fa::emu::TensorMap m;
+  m.rank = 2;
+  m.base = base;
+  m.elem_bytes = 4;
+  m.dims[0] = 32;
+  m.dims[1] = 8;
+  m.strides[0] = 4;
+  m.strides[1] = 128;
+  m.box[0] = 32;
+  m.box[1] = 4;
+  return m;
+}
 
 // Each CTA of a 4x1x1 cluster inits its mbarrier (smem + 0) and, after the
 // cluster barrier, expects 512 bytes when its rank is in the mask; rank
 // `src` multicasts the 512-byte box of rows 4 c .. 4 c + 3 (c = %clusterid.x)
 // of a 32-column u32 tensor to smem + 1024 of the mask's CTAs. Those copy
-// the box to out[512 block ..]; the others leave it as it was.
+// the box to out[512 block ..]; the others leave it as it was. With
+// `unicast` set (a one-CTA mask), the copy has no .multicast::cluster: its
+// destination and mbarrier are the mask's CTA's shared::cluster addresses
+// from mapa.
 std::string multicast_kernel() {
   return std::string(kHopper) +
          R"(.visible .entry k_mc(.param .align 64 .b8 k_mc_param[192]) .reqnctapercluster 4, 1, 1
@@ -452,7 +471,16 @@ L_init:
   mov.b32 {%rs1, %rs2}, %r20;
   shl.b32 %r8, %r3, 2;
   mov.u32 %r9, 0;
+  ld.param.u32 %r22, [k_mc_param+16];
+  setp.ne.u32 %p5, %r22, 0;
+  @%p5 bra L_unicast;
   cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%r5], [%rd3, {%r9, %r8}], [%r4], %rs1; // multicast
+  bra L_wait;
+L_unicast:
+  sub.u32 %r23, %r22, 1;
+  mapa.shared::cluster.u32 %r24, %r5, %r23;
+  mapa.shared::cluster.u32 %r25, %r4, %r23;
+  cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r24], [%rd3, {%r9, %r8}], [%r25];
 L_wait:
   mbarrier.try_wait.parity.shared::cta.b64 %p4, [%r4], 0;
   @!%p4 bra L_wait;
@@ -477,25 +505,17 @@ L_end:
 // Multicasts from rank src to mask over two clusters (grid 8); false on the
 // first byte of a block that differs: the box in the mask's CTAs, the
 // poison elsewhere.
-bool multicast_ok(uint32_t mask, uint32_t src, std::mt19937 &rng) {
+bool multicast_ok(uint32_t mask, uint32_t src, std::mt19937 &rng, bool unicast = false) {
   std::vector<uint32_t> tensor(32 * 8);
   for (uint32_t &x : tensor) x = static_cast<uint32_t>(rng());
   DevBuf gt(tensor.size() * 4), out(8 * 512);
   gt.put(tensor);
-  fa::emu::TensorMap m;
-  m.rank = 2;
-  m.base = gt.ptr;
-  m.elem_bytes = 4;
-  m.dims[0] = 32;
-  m.dims[1] = 8;
-  m.strides[0] = 4;
-  m.strides[1] = 128;
-  m.box[0] = 32;
-  m.box[1] = 4;
+  const fa::emu::TensorMap m = rows_map(gt.ptr);
   McParams prm{};
   prm.out = out.ptr;
   prm.mask = mask;
   prm.src = src;
+  prm.unicast = unicast ? 1 + static_cast<uint32_t>(__builtin_ctz(mask)) : 0;
   fa::emu::store_tensor_map(m, prm.map);
   const std::string ptx = multicast_kernel();
   if (!launched(ptx, "k_mc", geom3(8, 1, 1, 64, 2048), &prm, sizeof prm)) return false;
@@ -520,6 +540,9 @@ void test_multicast(void **) {
   assert_true(multicast_ok(0x1, 0, rng));
   assert_true(multicast_ok(0xf, 2, rng));
   assert_true(multicast_ok(0xa, 0, rng));  // the issuer outside the mask
+  // Without .multicast::cluster, to another CTA's shared::cluster addresses.
+  assert_true(multicast_ok(0x2, 0, rng, true));
+  assert_true(multicast_ok(0x8, 1, rng, true));
 }
 
 // ============================================================ misuse ====
@@ -827,16 +850,7 @@ void test_builder_forms(void **) {
   for (uint32_t &x : tensor) x = static_cast<uint32_t>(rng());
   DevBuf gt(tensor.size() * 4), out(4 * 64 * 80);
   gt.put(tensor);
-  fa::emu::TensorMap m;
-  m.rank = 2;
-  m.base = gt.ptr;
-  m.elem_bytes = 4;
-  m.dims[0] = 32;
-  m.dims[1] = 8;
-  m.strides[0] = 4;
-  m.strides[1] = 128;
-  m.box[0] = 32;
-  m.box[1] = 4;
+  const fa::emu::TensorMap m = rows_map(gt.ptr);
   McParams prm{};
   prm.out = out.ptr;
   fa::emu::store_tensor_map(m, prm.map);
