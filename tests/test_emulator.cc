@@ -1760,8 +1760,9 @@ $L_top:
 // The op table (emu/ops.def) classifies every op by its scope, never by its
 // place in the enum: exactly these ops are warpgroup collectives, exactly
 // these warp collectives, and everything else that stops a thread is
-// bar.sync or mbarrier.try_wait. (kPrmt, appended after the warpgroup ops,
-// was a "warpgroup collective" while the classifiers compared ordinals.)
+// bar.sync, mbarrier.try_wait or barrier.cluster.wait. (kPrmt, appended
+// after the warpgroup ops, was a "warpgroup collective" while the
+// classifiers compared ordinals.)
 void test_op_table(void **) {
   using fa::emu::Op;
   const Op wg[] = {Op::kWgmmaFence, Op::kWgmmaCommit, Op::kWgmmaWait, Op::kWgmma, Op::kSetmaxnreg};
@@ -1774,7 +1775,7 @@ void test_op_table(void **) {
                      Op::kVote,        Op::kStmatrix,       Op::kElect,  Op::kTmemAlloc,
                      Op::kTmemDealloc, Op::kTmemRelinquish, Op::kTmemLd, Op::kTmemSt,
                      Op::kTmemWait};
-  const Op other_stops[] = {Op::kBarSync, Op::kMbarTryWait};
+  const Op other_stops[] = {Op::kBarSync, Op::kMbarTryWait, Op::kClusterWait};
   auto in = [](Op op, const Op *b, const Op *e) { return std::find(b, e, op) != e; };
   for (int i = 0; i < static_cast<int>(Op::kNumOps); ++i) {
     const Op op = static_cast<Op>(i);
@@ -1792,13 +1793,18 @@ void test_op_table(void **) {
   // interpreter's.
   const Op sm90[] = {Op::kMbarInit,   Op::kMbarInval,       Op::kMbarArrive, Op::kMbarTryWait,
                      Op::kBulkTensor, Op::kFenceProxyAsync, Op::kWgmmaFence, Op::kWgmmaCommit,
-                     Op::kWgmmaWait,  Op::kWgmma,           Op::kSetmaxnreg};
+                     Op::kWgmmaWait,  Op::kWgmma,           Op::kSetmaxnreg, Op::kFenceMbarInit};
+  // The cluster state: mapa, ld / st .shared::cluster, barrier.cluster.
+  const Op cluster[] = {Op::kMapa, Op::kLdCluster, Op::kStCluster, Op::kClusterArrive,
+                        Op::kClusterWait};
   for (int i = 0; i < static_cast<int>(Op::kNumOps); ++i) {
     const Op op = static_cast<Op>(i);
     const bool is_sm90 = in(op, std::begin(sm90), std::end(sm90));
     assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kSm90, is_sm90);
     const bool is_sm100 = in(op, std::begin(sm100), std::end(sm100));
     assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kSm100, is_sm100);
+    const bool is_cluster = in(op, std::begin(cluster), std::end(cluster));
+    assert_int_equal(fa::emu::op_handler(op) == fa::emu::OpHandler::kCluster, is_cluster);
   }
 }
 

@@ -1,8 +1,9 @@
 // The interface of a per-architecture state of the emulator: what one GPU
 // generation adds to a CTA beyond the interpreter's core (registers, shared
 // memory, cp.async, named barriers, warp collectives). emu/sm90.h (mbarriers,
-// TMA, wgmma, setmaxnreg, the async-proxy check) is one; an sm_100 state
-// (tcgen05, tensor memory) goes next to it. The interpreter (emu/interp.cc)
+// TMA, wgmma, setmaxnreg, the async-proxy check) is one, emu/sm100.h
+// (tcgen05, tensor memory) and emu/cluster.h (mapa, distributed shared
+// memory, barrier.cluster) are the others. The interpreter (emu/interp.cc)
 // owns one of each, constructed for the entry and CTA (emu/cta.h) it runs,
 // and calls:
 //   exec           for the per-thread ops (scope kThread / kBlocking) whose

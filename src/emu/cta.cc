@@ -99,5 +99,41 @@ void Cta::generic_fault(uint64_t addr, uint32_t size, uint32_t t, uint32_t pc, i
             size, sh_.param_size);
 }
 
+Cta *Cta::cluster_target(uint32_t addr, uint32_t size, uint32_t t, uint32_t pc, uint32_t *off) {
+  const uint32_t tag = addr >> kClusterRankShift;
+  const uint32_t o = addr & ((1u << kClusterRankShift) - 1);
+  Cta *c = this;
+  if (tag != 0) {
+    if (tag > cluster_->size) {
+      fail_at(pc, t,
+              "shared::cluster address 0x%x names CTA rank %u, but the cluster has %u CTAs "
+              "(ranks 0..%u)",
+              addr, tag - 1, cluster_->size, cluster_->size - 1);
+      return nullptr;
+    }
+    c = cluster_->ctas[tag - 1];
+  }
+  if (o & (size - 1)) {
+    fail_at(pc, t, "misaligned shared::cluster address 0x%x (%u bytes)", addr, size);
+    return nullptr;
+  }
+  if (static_cast<uint64_t>(o) + size > c->smem_size_) {
+    fail_at(pc, t,
+            "out-of-bounds shared::cluster address 0x%x (%u bytes at offset %u of CTA rank %u, "
+            "whose shared memory has %u bytes)",
+            addr, size, o, c->rank_, c->smem_size_);
+    return nullptr;
+  }
+  if (c->done_) {
+    fail_at(pc, t,
+            "shared::cluster address 0x%x is in CTA rank %u, which has exited (PTX ISA: a CTA's "
+            "shared memory is accessible to its cluster only while the CTA runs)",
+            addr, c->rank_);
+    return nullptr;
+  }
+  *off = o;
+  return c;
+}
+
 }  // namespace emu
 }  // namespace fa

@@ -36,6 +36,38 @@ struct Budget {
   }
 };
 
+class Cta;
+class Sm90State;
+class ClusterState;
+
+// The cluster a worker runs (PTX ISA "Cluster of Cooperative Thread
+// Arrays"; docs/emulator.md, "Clusters"): its CTAs by rank (%cluster_ctarank
+// = x + y * dims[0] + z * dims[0] * dims[1] of %cluster_ctaid) and the
+// cluster barrier. A launch without clusters runs each CTA as a cluster of
+// one (the ISA's implicit 1x1x1 cluster).
+struct Cluster {
+  uint32_t dims[3] = {1, 1, 1};
+  uint32_t size = 1;
+  bool is_explicit = false;  // %is_explicit_cluster
+  std::vector<Cta *> ctas;   // by rank
+  std::vector<Sm90State *> sm90;
+  std::vector<ClusterState *> state;
+  // barrier.cluster: the current phase, the arrivals of non-exited threads
+  // in it, and the non-exited threads of the cluster.
+  uint32_t bar_phase = 0, bar_arrived = 0, live = 0;
+};
+
+// shared::cluster addresses in the emulator (docs/emulator.md, "Clusters"):
+// (rank + 1) << kClusterRankShift | offset is byte `offset` of the shared
+// memory of the cluster's CTA `rank`; an address below 1 <<
+// kClusterRankShift is a shared::cta address, the executing CTA's own (the
+// ISA: a shared::cta address is a valid shared::cluster address of the
+// executing CTA).
+constexpr uint32_t kClusterRankShift = 24;
+inline uint32_t cluster_address(uint32_t rank, uint32_t offset) {
+  return ((rank + 1) << kClusterRankShift) | offset;
+}
+
 // Per-launch state shared by the workers.
 struct LaunchShared {
   const Entry *entry;
@@ -45,7 +77,10 @@ struct LaunchShared {
   DeviceMemory *mem;
   Budget budget;
   uint64_t num_blocks = 0;
-  std::atomic<uint64_t> next_block{0};
+  uint32_t cluster[3] = {1, 1, 1};  // the cluster shape (1x1x1 without clusters)
+  bool explicit_cluster = false;
+  uint64_t num_clusters = 0;            // workers take whole clusters, in order
+  std::atomic<uint64_t> next_block{0};  // the next cluster to take
   std::atomic<uint64_t> first_error_block{UINT64_MAX};
   std::mutex error_mu;
   std::string error;
@@ -155,6 +190,13 @@ class Cta {
     return global_ptr(addr, size, t, pc);
   }
 
+  // The CTA of the cluster that the shared::cluster address addr names, and
+  // the offset in its shared memory (*off) of [addr, addr + size): inside
+  // its shared memory, naturally aligned, the rank inside the cluster, the
+  // CTA still running. nullptr: fault (error_ set, naming the instruction at
+  // pc and thread t).
+  Cta *cluster_target(uint32_t addr, uint32_t size, uint32_t t, uint32_t pc, uint32_t *off);
+
   // A waiting thread released by a completion: it runs from the next pass on.
   void wake(uint32_t u) {
     state_[u] = ThreadState::kWoken;
@@ -174,6 +216,9 @@ class Cta {
   std::vector<uint8_t> smem_;
   uint64_t block_ = 0;
   uint32_t ctaid_[3] = {0, 0, 0};
+  Cluster *cluster_ = nullptr;  // the cluster the CTA runs in (set by its worker)
+  uint32_t rank_ = 0;           // %cluster_ctarank
+  bool done_ = false;           // every thread of the block exited (its shared memory is gone)
   uint64_t hit_base_ = 1, hit_end_ = 0;  // last allocation hit (empty)
   bool woke_ = false;                    // a thread was released (kWoken) during the current pass
   std::string error_;

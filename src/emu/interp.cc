@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
 
 #include "emu/arch.h"
+#include "emu/cluster.h"
 #include "emu/cta.h"
 #include "emu/numeric.h"
 #include "emu/sm100.h"
@@ -197,14 +199,15 @@ struct NamedBarrier {
   uint32_t line = 0;  // PTX line of the phase's first arrival
 };
 
-// Runs CTAs one at a time; one per host worker thread. The CTA core
-// (registers, shared memory, the scheduler, cp.async, named barriers, warp
-// collectives) is here; what an architecture adds is an
-// ArchState (emu/arch.h) the runner owns: sm90_ (emu/sm90.h), sm100_
-// (emu/sm100.h).
+// Runs one CTA at a time, for a Worker (below), which runs one cluster of
+// them at a time. The CTA core (registers, shared memory, the scheduler,
+// cp.async, named barriers, warp collectives) is here; what an architecture
+// adds is an ArchState (emu/arch.h) the runner owns: sm90_ (emu/sm90.h),
+// sm100_ (emu/sm100.h), cluster_state_ (emu/cluster.h).
 class CtaRunner : public Cta {
  public:
-  explicit CtaRunner(LaunchShared &sh) : Cta(sh), sm90_(*this), sm100_(*this, sm90_) {
+  explicit CtaRunner(LaunchShared &sh)
+      : Cta(sh), sm90_(*this), sm100_(*this, sm90_), cluster_state_(*this) {
     bar_words_ = (nthreads_ + 63) / 64;
     bar_seen_.assign(16 * static_cast<size_t>(bar_words_), 0);
     sm90_.set_sm100(&sm100_);
@@ -212,35 +215,48 @@ class CtaRunner : public Cta {
     if (prof_) occ_.assign(e_.code.size(), 0);
   }
 
-  // Runs the blocks handed out by the shared counter until none are left.
-  void work() {
-    timespec c0, c1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-    for (;;) {
-      uint64_t b = sh_.next_block.fetch_add(1);
-      if (b >= sh_.num_blocks || b > sh_.first_error_block.load()) break;
-      if (!run_block(b)) {
-        sh_.report(b, error_);
-        break;
-      }
-    }
+  // What one scheduler step of the block did (step_block).
+  enum class Progress { kProgress, kIdle, kDone, kFault };
+
+  // Adds the runner's counters (instructions, profile) to the launch's.
+  void flush_stats() {
     sh_.instructions.fetch_add(executed_);
+    executed_ = 0;
     if (prof_) {
       std::lock_guard<std::mutex> lock(sh_.profile_mu);
       for (size_t pc = 0; pc < inst_.size(); ++pc) sh_.by_pc[pc].add(inst_[pc]);
+      std::fill(inst_.begin(), inst_.end(), InstProfile());
     }
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-    sh_.cpu_ns.fetch_add(
-        static_cast<uint64_t>((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec)));
   }
 
- private:
-  bool run_block(uint64_t b) {
+  Sm90State *sm90() { return &sm90_; }
+  ClusterState *cluster_state() { return &cluster_state_; }
+
+  // Runs the block begun by begin_block to its end, alone (a cluster of
+  // one). False: error_ set.
+  bool run_to_end() {
+    for (;;) {
+      switch (step_block()) {
+        case Progress::kProgress:
+          continue;
+        case Progress::kDone:
+          return true;
+        default:  // kIdle: error_ holds the deadlock report
+          return false;
+      }
+    }
+  }
+
+  // Starts block b (grid position ctaid, cluster position cctaid) as a CTA
+  // of cluster cl: registers, special registers, states.
+  void begin_block(Cluster &cl, uint64_t b, const uint32_t ctaid[3], const uint32_t cctaid[3]) {
     block_ = b;
-    const uint32_t gx = cfg_.grid[0], gy = cfg_.grid[1];
-    ctaid_[0] = static_cast<uint32_t>(b % gx);
-    ctaid_[1] = static_cast<uint32_t>((b / gx) % gy);
-    ctaid_[2] = static_cast<uint32_t>(b / (static_cast<uint64_t>(gx) * gy));
+    cluster_ = &cl;
+    rank_ = cctaid[0] + cl.dims[0] * (cctaid[1] + cl.dims[1] * cctaid[2]);
+    done_ = false;
+    nexited_ = 0;
+    woke_ = false;
+    for (int k = 0; k < 3; ++k) ctaid_[k] = ctaid[k];
     std::memset(smem_.data(), 0xff, smem_.size());
     if (async_used_) {  // copies left pending at exit die with the block
       for (AsyncQueue &q : async_) q.clear();
@@ -253,116 +269,141 @@ class CtaRunner : public Cta {
       if (a) a->reset_block();
     const uint32_t bx = cfg_.block[0], by = cfg_.block[1];
     const uint32_t nwarps = (nthreads_ + 31) / 32;
+    // The block-uniform special registers, kCtaidX.. (PTX ISA "Special
+    // Registers"; a launch without clusters is one of 1x1x1 clusters).
+    uint64_t uni[kNumSpecialSlots - kCtaidX];
+    auto u = [&uni](uint32_t slot) -> uint64_t & { return uni[slot - kCtaidX]; };
+    for (uint32_t k = 0; k < 3; ++k) {
+      u(kCtaidX + k) = ctaid[k];
+      u(kNctaidX + k) = cfg_.grid[k];
+      u(kClusteridX + k) = ctaid[k] / cl.dims[k];
+      u(kNclusteridX + k) = cfg_.grid[k] / cl.dims[k];
+      u(kClusterCtaidX + k) = cctaid[k];
+      u(kClusterNctaidX + k) = cl.dims[k];
+    }
+    u(kLaneid) = u(kWarpid) = 0;  // per thread, set below
+    u(kNwarpid) = nwarps;
+    u(kClusterCtarank) = g_cluster_bug == kClusterBugRankOffByOne ? (rank_ + 1) % cl.size : rank_;
+    u(kClusterNctarank) = cl.size;
+    u(kIsExplicitCluster) = cl.is_explicit ? 1 : 0;
     for (uint32_t t = 0; t < nthreads_; ++t) {
       uint64_t *r = regs_of(t);
       std::memcpy(r, e_.slot_init.data(), ns_ * sizeof(uint64_t));
+      std::memcpy(r + kCtaidX, uni, sizeof uni);
       r[kTidX] = t % bx;
       r[kTidY] = (t / bx) % by;
       r[kTidZ] = t / (bx * by);
       r[kNtidX] = cfg_.block[0];
       r[kNtidY] = cfg_.block[1];
       r[kNtidZ] = cfg_.block[2];
-      r[kCtaidX] = ctaid_[0];
-      r[kCtaidY] = ctaid_[1];
-      r[kCtaidZ] = ctaid_[2];
-      r[kNctaidX] = cfg_.grid[0];
-      r[kNctaidY] = cfg_.grid[1];
-      r[kNctaidZ] = cfg_.grid[2];
       r[kLaneid] = t % 32;
       r[kWarpid] = t / 32;
-      r[kNwarpid] = nwarps;
       state_[t] = ThreadState::kReady;
       pc_[t] = 0;
       if (pdl_) early_[t] = 1;
     }
-    for (;;) {
-      woke_ = false;
-      for (uint32_t t = 0; t < nthreads_; ++t) {
-        if (state_[t] == ThreadState::kReady) {
-          RunResult rr = run_thread(t);
-          if (rr == RunResult::kFault) return false;
-          if (rr == RunResult::kExited) {
-            state_[t] = ThreadState::kExited;
-          } else {
-            state_[t] = ThreadState::kWaiting;
-            // bar.sync: the arrival counts now; it may complete the barrier.
-            if (e_.code[pc_[t]].op == Op::kBarSync && !bar_arrive(t, pc_[t])) return false;
-          }
-        }
-        // A warp's lanes have all run up to their next collective.
-        if (prof_ && ((t & 31) == 31 || t + 1 == nthreads_)) profile_warp();
-      }
-      // Threads released during the pass run before any collective is
-      // resolved: asynchronous work (wgmma) stays in flight as long as the
-      // ISA allows, so races with it show.
-      if (woke_) {
-        for (uint32_t t = 0; t < nthreads_; ++t)
-          if (state_[t] == ThreadState::kWoken) state_[t] = ThreadState::kReady;
-        continue;
-      }
-      int progress = resolve_warp_collectives();
-      if (progress < 0) return false;
-      const bool warp_stuck = stuck_thread_ != UINT32_MAX && progress == 0;
-      const std::string warp_msg = warp_stuck ? error_ : std::string();
-      std::string arch_stuck;  // the first collective of an architecture state that cannot run
-      for (ArchState *a : arch_) {
-        if (!a) continue;
-        const int n = a->resolve_collectives(&arch_stuck);
-        if (n < 0) return false;
-        progress += n;
-      }
-      if (progress > 0) continue;
-      // Every thread waits or has exited, and nothing was released.
-      // first_mbar: the first thread stopped at a kBlocking op (mbarrier.try_wait).
-      uint32_t exited = 0, first_bar = UINT32_MAX, first_mbar = UINT32_MAX, at_mbar = 0;
-      bool same_id = true;
-      for (uint32_t t = 0; t < nthreads_; ++t) {
-        if (state_[t] == ThreadState::kExited) {
-          ++exited;
-        } else if (e_.code[pc_[t]].op == Op::kBarSync) {
-          if (first_bar == UINT32_MAX) first_bar = t;
-          if (e_.code[pc_[t]].imm != e_.code[pc_[first_bar]].imm) same_id = false;
-        } else if (op_scope(e_.code[pc_[t]].op) == OpScope::kBlocking) {
-          if (first_mbar == UINT32_MAX) first_mbar = t;
-          ++at_mbar;
-        }
-      }
-      if (exited == nthreads_) {
-        for (ArchState *a : arch_)
-          if (a && !a->finish_block()) return false;
-        return true;
-      }
-      if (warp_stuck) {
-        error_ = warp_msg;
-        return false;
-      }
-      if (!arch_stuck.empty()) {
-        error_ = arch_stuck;
-        return false;
-      }
-      if (first_bar != UINT32_MAX) {
-        char buf[320];
-        const Inst &in = e_.code[pc_[first_bar]];
-        const NamedBarrier &b = bars_[in.imm];
-        std::snprintf(buf, sizeof buf,
-                      "barrier deadlock at PTX line %u: %u of %u threads arrived (%u exited)%s "
-                      "in block %s",
-                      in.line, b.arrived, b.expected, exited,
-                      same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
-        error_ = buf;
-        if (first_mbar != UINT32_MAX) error_ += "; " + wait_text(first_mbar, at_mbar);
-        return false;
-      }
-      if (first_mbar != UINT32_MAX) {
-        error_ = wait_text(first_mbar, at_mbar) + " (" + std::to_string(exited) +
-                 " threads exited); block " + block_text();
-        return false;
-      }
-      error_ = "emulator scheduler: no thread can proceed in block " + block_text();
-      return false;
-    }
   }
 
+  // One scheduler step: a pass over the ready threads, then (when it
+  // released none) the collectives. kIdle: nothing could proceed, error_
+  // holds the block's deadlock report (a cluster's other CTAs may still
+  // release it); kDone: every thread exited (the states' end-of-block
+  // checks passed); kFault: error_ set.
+  Progress step_block() {
+    // Threads released during the previous step, by this CTA or (clusters)
+    // another, run from this pass on.
+    if (woke_) {
+      for (uint32_t t = 0; t < nthreads_; ++t)
+        if (state_[t] == ThreadState::kWoken) state_[t] = ThreadState::kReady;
+      woke_ = false;
+    }
+    bool ran = false;
+    for (uint32_t t = 0; t < nthreads_; ++t) {
+      if (state_[t] == ThreadState::kReady) {
+        ran = true;
+        RunResult rr = run_thread(t);
+        if (rr == RunResult::kFault) return Progress::kFault;
+        if (rr == RunResult::kExited) {
+          state_[t] = ThreadState::kExited;
+          cluster_state_.thread_exited(t);
+          // The CTA's shared memory leaves the cluster with its last thread.
+          if (++nexited_ == nthreads_) done_ = true;
+        } else {
+          state_[t] = ThreadState::kWaiting;
+          // bar.sync: the arrival counts now; it may complete the barrier.
+          if (e_.code[pc_[t]].op == Op::kBarSync && !bar_arrive(t, pc_[t])) return Progress::kFault;
+        }
+      }
+      // A warp's lanes have all run up to their next collective.
+      if (prof_ && ((t & 31) == 31 || t + 1 == nthreads_)) profile_warp();
+    }
+    // Threads released during the pass run before any collective is
+    // resolved: asynchronous work (wgmma) stays in flight as long as the
+    // ISA allows, so races with it show.
+    if (woke_) return Progress::kProgress;
+    int progress = resolve_warp_collectives();
+    if (progress < 0) return Progress::kFault;
+    const bool warp_stuck = stuck_thread_ != UINT32_MAX && progress == 0;
+    const std::string warp_msg = warp_stuck ? error_ : std::string();
+    std::string arch_stuck;  // the first collective of an architecture state that cannot run
+    for (ArchState *a : arch_) {
+      if (!a) continue;
+      const int n = a->resolve_collectives(&arch_stuck);
+      if (n < 0) return Progress::kFault;
+      progress += n;
+    }
+    if (progress > 0 || ran) return Progress::kProgress;
+    // Every thread waits or has exited, and nothing was released.
+    // first_mbar: the first thread stopped at a kBlocking op (mbarrier.try_wait).
+    uint32_t exited = 0, first_bar = UINT32_MAX, first_mbar = UINT32_MAX, at_mbar = 0;
+    bool same_id = true;
+    for (uint32_t t = 0; t < nthreads_; ++t) {
+      if (state_[t] == ThreadState::kExited) {
+        ++exited;
+      } else if (e_.code[pc_[t]].op == Op::kBarSync) {
+        if (first_bar == UINT32_MAX) first_bar = t;
+        if (e_.code[pc_[t]].imm != e_.code[pc_[first_bar]].imm) same_id = false;
+      } else if (op_scope(e_.code[pc_[t]].op) == OpScope::kBlocking) {
+        if (first_mbar == UINT32_MAX) first_mbar = t;
+        ++at_mbar;
+      }
+    }
+    if (exited == nthreads_) {
+      for (ArchState *a : arch_)
+        if (a && !a->finish_block()) return Progress::kFault;
+      return Progress::kDone;
+    }
+    if (warp_stuck) {
+      error_ = warp_msg;
+      return Progress::kIdle;
+    }
+    if (!arch_stuck.empty()) {
+      error_ = arch_stuck;
+      return Progress::kIdle;
+    }
+    if (first_bar != UINT32_MAX) {
+      char buf[320];
+      const Inst &in = e_.code[pc_[first_bar]];
+      const NamedBarrier &b = bars_[in.imm];
+      std::snprintf(buf, sizeof buf,
+                    "barrier deadlock at PTX line %u: %u of %u threads arrived (%u exited)%s "
+                    "in block %s",
+                    in.line, b.arrived, b.expected, exited,
+                    same_id ? "" : ", waiting at different barrier ids", block_text().c_str());
+      error_ = buf;
+      if (first_mbar != UINT32_MAX) error_ += "; " + wait_text(first_mbar, at_mbar);
+      return Progress::kIdle;
+    }
+    if (first_mbar != UINT32_MAX) {
+      error_ = wait_text(first_mbar, at_mbar) + " (" + std::to_string(exited) +
+               " threads exited); block " + block_text();
+      return Progress::kIdle;
+    }
+    error_ = "emulator scheduler: no thread can proceed in block " + block_text();
+    return Progress::kIdle;
+  }
+
+ private:
   // The architecture state that runs op (ops.def handler), nullptr for the interpreter's.
   ArchState *arch_of(Op op) const { return arch_[static_cast<size_t>(op_handler(op))]; }
 
@@ -1015,6 +1056,7 @@ class CtaRunner : public Cta {
   int64_t steps_ = 0;  // remaining steps of the current grant
   uint64_t executed_ = 0;
   uint32_t stuck_thread_ = UINT32_MAX;
+  uint32_t nexited_ = 0;           // threads of the block that exited
   std::vector<AsyncQueue> async_;  // per thread, sized on first cp.async
   bool async_used_ = false;
   bool st_hook_ = false;       // st.shared calls shared_store_hook (profile or proxy marks)
@@ -1027,11 +1069,113 @@ class CtaRunner : public Cta {
   // handler column; kInterp: none).
   Sm90State sm90_;
   Sm100State sm100_;
-  ArchState *const arch_[kNumOpHandlers] = {nullptr, &sm90_, &sm100_};
+  ClusterState cluster_state_;
+  ArchState *const arch_[kNumOpHandlers] = {nullptr, &sm90_, &sm100_, &cluster_state_};
 #ifdef FA_EMU_HAVE_FMA_PATH
   const bool has_fma_ =
       __builtin_cpu_supports("fma") && std::getenv("FLASHATTN_EMU_NO_FMA") == nullptr;
 #endif
+};
+
+// Runs whole clusters, one at a time; one per host worker thread
+// (docs/emulator.md, "Clusters"). The CTAs of a cluster, one CtaRunner per
+// rank, take scheduler steps in turn until all have exited or none can
+// proceed (a deadlock naming each CTA's waiting lines); a cluster of one
+// runs its CTA straight to its end, as without clusters.
+class Worker {
+ public:
+  explicit Worker(LaunchShared &sh) : sh_(sh) {
+    for (int k = 0; k < 3; ++k) cl_.dims[k] = sh.cluster[k];
+    cl_.size = cl_.dims[0] * cl_.dims[1] * cl_.dims[2];
+    cl_.is_explicit = sh.explicit_cluster;
+    for (uint32_t r = 0; r < cl_.size; ++r) {
+      runners_.push_back(std::make_unique<CtaRunner>(sh));
+      cl_.ctas.push_back(runners_.back().get());
+      cl_.sm90.push_back(runners_.back()->sm90());
+      cl_.state.push_back(runners_.back()->cluster_state());
+    }
+  }
+
+  // Runs the clusters handed out by the shared counter until none are left.
+  void work() {
+    timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    std::string err;
+    for (;;) {
+      uint64_t c = sh_.next_block.fetch_add(1);
+      if (c >= sh_.num_clusters || c > sh_.first_error_block.load()) break;
+      if (!run_cluster(c, &err)) {
+        sh_.report(c, err);
+        break;
+      }
+    }
+    for (auto &r : runners_) r->flush_stats();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    sh_.cpu_ns.fetch_add(
+        static_cast<uint64_t>((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec)));
+  }
+
+ private:
+  bool run_cluster(uint64_t c, std::string *err) {
+    const LaunchConfig &cfg = *sh_.cfg;
+    const uint32_t *d = cl_.dims;
+    const uint64_t ncx = cfg.grid[0] / d[0], ncy = cfg.grid[1] / d[1];
+    const uint64_t cid[3] = {c % ncx, (c / ncx) % ncy, c / (ncx * ncy)};
+    cl_.bar_phase = cl_.bar_arrived = 0;
+    cl_.live = 0;
+    for (uint32_t r = 0; r < cl_.size; ++r) {
+      const uint32_t cc[3] = {r % d[0], (r / d[0]) % d[1], r / (d[0] * d[1])};
+      uint32_t ct[3];
+      for (int k = 0; k < 3; ++k) ct[k] = static_cast<uint32_t>(cid[k] * d[k] + cc[k]);
+      const uint64_t b = ct[0] + uint64_t{cfg.grid[0]} * (ct[1] + uint64_t{cfg.grid[1]} * ct[2]);
+      runners_[r]->begin_block(cl_, b, ct, cc);
+      cl_.live += runners_[r]->nthreads_;
+    }
+    if (cl_.size == 1) {
+      if (runners_[0]->run_to_end()) return true;
+      *err = runners_[0]->error_;
+      return false;
+    }
+    std::vector<uint8_t> done(cl_.size, 0);
+    for (;;) {
+      bool progress = false, all_done = true;
+      for (uint32_t r = 0; r < cl_.size; ++r) {
+        if (done[r]) continue;
+        switch (runners_[r]->step_block()) {
+          case CtaRunner::Progress::kProgress:
+            progress = true;
+            all_done = false;
+            break;
+          case CtaRunner::Progress::kDone:
+            done[r] = 1;
+            progress = true;
+            break;
+          case CtaRunner::Progress::kIdle:
+            all_done = false;
+            break;
+          case CtaRunner::Progress::kFault:
+            *err = runners_[r]->error_;
+            return false;
+        }
+      }
+      if (all_done) return true;
+      if (progress) continue;
+      // No CTA can proceed: each one's own report.
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "cluster deadlock: no CTA of cluster (%u,%u,%u) (%u CTAs) can proceed",
+                    static_cast<uint32_t>(cid[0]), static_cast<uint32_t>(cid[1]),
+                    static_cast<uint32_t>(cid[2]), cl_.size);
+      *err = buf;
+      for (uint32_t r = 0; r < cl_.size; ++r)
+        if (!done[r]) *err += "; rank " + std::to_string(r) + ": " + runners_[r]->error_;
+      return false;
+    }
+  }
+
+  LaunchShared &sh_;
+  Cluster cl_;
+  std::vector<std::unique_ptr<CtaRunner>> runners_;
 };
 
 bool check_geometry(const Entry &e, const LaunchConfig &c, std::string *error) {
@@ -1065,6 +1209,35 @@ bool check_geometry(const Entry &e, const LaunchConfig &c, std::string *error) {
       (c.block[0] != e.reqntid[0] || c.block[1] != e.reqntid[1] || c.block[2] != e.reqntid[2])) {
     std::snprintf(buf, sizeof buf, "block (%u,%u,%u) differs from .reqntid %u, %u, %u of %s",
                   c.block[0], c.block[1], c.block[2], e.reqntid[0], e.reqntid[1], e.reqntid[2],
+                  e.name.c_str());
+    *error = buf;
+    return false;
+  }
+  // Clusters (PTX ISA "Cluster of Cooperative Thread Arrays",
+  // "Performance-Tuning Directives"): the grid is a whole number of them.
+  const uint32_t *q = e.reqnctapercluster;
+  if (q[0]) {
+    const uint64_t n = uint64_t{q[0]} * q[1] * q[2];
+    if (!q[1] || !q[2] || n > 16 || (e.maxclusterrank && n > e.maxclusterrank)) {
+      std::snprintf(buf, sizeof buf,
+                    ".reqnctapercluster %u, %u, %u of %s: %" PRIu64 " CTAs (at most 16%s%u)", q[0],
+                    q[1], q[2], e.name.c_str(), n, e.maxclusterrank ? ", .maxclusterrank " : "",
+                    e.maxclusterrank);
+      *error = buf;
+      return false;
+    }
+    if (c.grid[0] % q[0] || c.grid[1] % q[1] || c.grid[2] % q[2]) {
+      std::snprintf(buf, sizeof buf,
+                    "grid (%u,%u,%u) is not a multiple of the cluster shape (.reqnctapercluster "
+                    "%u, %u, %u of %s)",
+                    c.grid[0], c.grid[1], c.grid[2], q[0], q[1], q[2], e.name.c_str());
+      *error = buf;
+      return false;
+    }
+  } else if (e.explicitcluster) {
+    std::snprintf(buf, sizeof buf,
+                  "%s is .explicitcluster without .reqnctapercluster: the emulator's launches "
+                  "give no cluster shape",
                   e.name.c_str());
     *error = buf;
     return false;
@@ -1109,21 +1282,26 @@ bool execute(const Entry &entry, const LaunchConfig &config, const void *params,
       std::min<uint64_t>(config.max_steps ? config.max_steps : kDefaultMaxSteps, INT64_MAX / 2));
   sh.budget.remaining = sh.budget.total;
   sh.num_blocks = uint64_t{config.grid[0]} * config.grid[1] * config.grid[2];
+  if (entry.reqnctapercluster[0]) {
+    for (int k = 0; k < 3; ++k) sh.cluster[k] = entry.reqnctapercluster[k];
+    sh.explicit_cluster = true;
+  }
+  sh.num_clusters = sh.num_blocks / (uint64_t{sh.cluster[0]} * sh.cluster[1] * sh.cluster[2]);
   if (config.profile) sh.by_pc.assign(entry.code.size(), InstProfile());
 
   std::shared_lock<std::shared_mutex> lock(memory.mutex());
   int workers = std::max(1, std::min<int>(config.host_threads, 16));
-  if (static_cast<uint64_t>(workers) > sh.num_blocks) workers = static_cast<int>(sh.num_blocks);
+  if (static_cast<uint64_t>(workers) > sh.num_clusters) workers = static_cast<int>(sh.num_clusters);
   std::vector<std::thread> pool;
   for (int k = 1; k < workers; ++k) {
     pool.emplace_back([&sh] {
-      CtaRunner runner(sh);
-      runner.work();
+      Worker worker(sh);
+      worker.work();
     });
   }
   {
-    CtaRunner runner(sh);
-    runner.work();
+    Worker worker(sh);
+    worker.work();
   }
   for (auto &th : pool) th.join();
   if (stats) {

@@ -323,9 +323,37 @@ class Parser {
     consts_.clear();
     extern_slots_.clear();
     e_->slot_init.assign(kNumSpecialSlots, 0);
-    static const char *specials[] = {"%tid.x",    "%tid.y",    "%tid.z",   "%ntid.x",  "%ntid.y",
-                                     "%ntid.z",   "%ctaid.x",  "%ctaid.y", "%ctaid.z", "%nctaid.x",
-                                     "%nctaid.y", "%nctaid.z", "%laneid",  "%warpid",  "%nwarpid"};
+    static const char *specials[] = {"%tid.x",
+                                     "%tid.y",
+                                     "%tid.z",
+                                     "%ntid.x",
+                                     "%ntid.y",
+                                     "%ntid.z",
+                                     "%ctaid.x",
+                                     "%ctaid.y",
+                                     "%ctaid.z",
+                                     "%nctaid.x",
+                                     "%nctaid.y",
+                                     "%nctaid.z",
+                                     "%laneid",
+                                     "%warpid",
+                                     "%nwarpid",
+                                     "%cluster_ctarank",
+                                     "%cluster_nctarank",
+                                     "%clusterid.x",
+                                     "%clusterid.y",
+                                     "%clusterid.z",
+                                     "%nclusterid.x",
+                                     "%nclusterid.y",
+                                     "%nclusterid.z",
+                                     "%cluster_ctaid.x",
+                                     "%cluster_ctaid.y",
+                                     "%cluster_ctaid.z",
+                                     "%cluster_nctaid.x",
+                                     "%cluster_nctaid.y",
+                                     "%cluster_nctaid.z",
+                                     "%is_explicit_cluster"};
+    static_assert(sizeof(specials) / sizeof(specials[0]) == kNumSpecialSlots, "special names");
     e_->slot_name.assign(specials, specials + kNumSpecialSlots);
 
     // Parameters.
@@ -378,6 +406,9 @@ class Parser {
         dst[1] = dst[2] = 1;
         if (accept(",")) dst[1] = static_cast<uint32_t>(expect_int());
         if (accept(",")) dst[2] = static_cast<uint32_t>(expect_int());
+      } else if (tk.text == ".reqnctapercluster" || tk.text == ".explicitcluster" ||
+                 tk.text == ".maxclusterrank") {
+        parse_cluster_directive();
       } else if (tk.text == ".minnctapersm" || tk.text == ".maxnreg" ||
                  tk.text == ".maxnctapersm") {
         next();
@@ -428,6 +459,29 @@ class Parser {
     e_->dynamic_smem_offset = (shared_off_ + dyn_align - 1) / dyn_align * dyn_align;
     for (uint32_t slot : extern_slots_) e_->slot_init[slot] = e_->dynamic_smem_offset;
     e_->num_slots = static_cast<uint32_t>(e_->slot_init.size());
+  }
+
+  // .reqnctapercluster nx{, ny{, nz}}, .explicitcluster, .maxclusterrank n
+  // (PTX ISA "Performance-Tuning Directives"; PTX ISA 7.8, sm_90).
+  void parse_cluster_directive() {
+    const Token &tk = next();
+    if (mod_->target_sm < 90 || mod_->version < 78)
+      error_at(tk.line, tk.text + " requires .target sm_90 or higher and .version 7.8 or higher");
+    if (tk.text == ".explicitcluster") {
+      e_->explicitcluster = true;
+      return;
+    }
+    if (tk.text == ".maxclusterrank") {
+      e_->maxclusterrank = static_cast<uint32_t>(expect_int());
+      if (e_->maxclusterrank == 0) error_at(tk.line, ".maxclusterrank must be positive");
+      return;
+    }
+    uint32_t *q = e_->reqnctapercluster;
+    q[0] = static_cast<uint32_t>(expect_int());
+    q[1] = q[2] = 1;
+    if (accept(",")) q[1] = static_cast<uint32_t>(expect_int());
+    if (accept(",")) q[2] = static_cast<uint32_t>(expect_int());
+    if (!q[0] || !q[1] || !q[2]) error_at(tk.line, ".reqnctapercluster needs positive sizes");
   }
 
   struct SharedInfo {
@@ -677,7 +731,7 @@ class Parser {
     for (uint32_t k = 0; k < kNumSpecialSlots; ++k) {
       if (e_->slot_name[k] == tk.text) {
         *special = true;
-        return RegInfo{k, 32, false};
+        return RegInfo{k, k == kIsExplicitCluster ? 1 : 32, false};
       }
     }
     error_at(tk.line, "undeclared register '" + tk.text + "'");
@@ -827,6 +881,14 @@ class Parser {
     Inst in = base_inst();
     if (b == "mov") return decode_mov(m, ops, in);
     if (b == "ld" || b == "st") return decode_ldst(b == "ld", m, ops, in);
+    if (b == "mapa") return decode_mapa(text, ops, in);
+    if (b == "barrier" && text.compare(0, 16, "barrier.cluster.") == 0)
+      return decode_barrier_cluster(text, ops, in);
+    if (text == "fence.mbarrier_init.release.cluster") {  // PTX ISA "membar/fence"
+      need_sm90(false);
+      in.op = Op::kFenceMbarInit;
+      return emit(in, text);
+    }
     if (b == "atom") return decode_atom(m, ops, in, text);
     if (b == "cvta") return decode_cvta(ops, in, text);
     if (b == "setp") return decode_setp(m, ops, in);
@@ -1238,7 +1300,7 @@ class Parser {
   void decode_mbarrier(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
     const std::string op = p.size() > 1 ? p[1] : "";
-    bool expect_tx = false, parity = false, shared = false, b64 = false;
+    bool expect_tx = false, parity = false, shared = false, b64 = false, cluster = false;
     for (size_t i = 2; i < p.size(); ++i) {
       const std::string &q = p[i];
       if (q == "expect_tx" && op == "arrive")
@@ -1247,6 +1309,8 @@ class Parser {
         parity = true;
       else if (q == "shared" || q == "shared::cta")
         shared = true;
+      else if (q == "shared::cluster")
+        shared = cluster = true;
       else if (q == "b64")
         b64 = true;
       else if (q != "release" && q != "acquire" && q != "relaxed" && q != "cta" && q != "cluster")
@@ -1257,6 +1321,7 @@ class Parser {
     if (!shared || !b64)
       bad("needs .shared::cta and .b64 (generic mbarrier addresses are not supported)");
     if (mod_->target_sm < 80) bad("requires .target sm_80 or higher");
+    if (cluster) mbarrier_cluster_form(op, ops, &in);
     auto count_operand = [&](const Operand &o, const char *what) {
       if (o.kind == Operand::kInt && (o.ival == 0 || o.ival > (1u << 20) - 1))
         bad(std::string(what) + " must be in 1..2^20-1");
@@ -1595,10 +1660,12 @@ class Parser {
               p[4][0] >= '1' && p[4][0] <= '5' &&
               (p[5] == "shared::cluster" || p[5] == "shared::cta") && p[6] == "global";
     if (ok) dims = p[4][0] - '0';
-    bool hint = false, mbar = false;
+    bool hint = false, mbar = false, multicast = false;
     for (size_t i = 7; ok && i < p.size(); ++i) {
       if (p[i] == "tile")
         continue;
+      else if (p[i] == "multicast::cluster")
+        multicast = true;
       else if (p[i] == "mbarrier::complete_tx::bytes")
         mbar = true;
       else if (p[i] == "L2::cache_hint")
@@ -1608,9 +1675,10 @@ class Parser {
     }
     if (!ok || !mbar)
       bad("only cp.async.bulk.tensor.{1d..5d}.shared::cluster.global{.tile}"
-          ".mbarrier::complete_tx::bytes is supported");
-    want_count(ops, hint ? 4 : 3);
-    if (hint) src(ops[3], 64, false);  // cache policy: no effect
+          ".mbarrier::complete_tx::bytes{.multicast::cluster}{.L2::cache_hint} is supported");
+    const size_t nops = 3 + (multicast ? 1 : 0) + (hint ? 1 : 0);
+    want_count(ops, nops);
+    if (hint) src(ops[nops - 1], 64, false);  // cache policy: no effect
     shared_address(ops[0], &in);
     const Operand &tm = ops[1];
     if (tm.kind != Operand::kAddr || !tm.addr_has_reg || tm.reg.bits != 64 || tm.ival != 0)
@@ -1624,11 +1692,91 @@ class Parser {
     shared_address(ops[2], &mb);
     s.push_back(mb.a);
     s.push_back(const_slot(static_cast<uint64_t>(mb.imm)));
+    if (multicast) {  // ctaMask (PTX ISA: a 16-bit operand)
+      s.push_back(src(ops[3], 16, false));
+      in.flags |= kMulticast;
+    }
     in.sub = static_cast<uint8_t>(dims);
     in.c = static_cast<uint32_t>(e_->operand_slots.size());
     e_->operand_slots.insert(e_->operand_slots.end(), s.begin(), s.end());
     in.op = Op::kBulkTensor;
     emit(in, text);
+  }
+
+  // ------------------------------------------------------------ clusters ----
+  // docs/emulator.md, "Clusters"; PTX ISA 7.8, sm_90.
+
+  // Removes .shared::cluster from m's modifiers (m->space becomes "shared"):
+  // whether it was there.
+  bool take_cluster_space(Mods *m) {
+    for (size_t i = 0; i < m->other.size(); ++i) {
+      if (m->other[i] != "shared::cluster") continue;
+      need_sm90(false, 78);
+      if (!m->space.empty()) bad("two state spaces");
+      m->other.erase(m->other.begin() + static_cast<long>(i));
+      m->space = "shared";
+      return true;
+    }
+    return false;
+  }
+
+  // mapa.shared::cluster.{u32,u64} d, a, b (PTX ISA "mapa"): a a shared
+  // address (register, or symbol{+imm}), b the target CTA's rank.
+  void decode_mapa(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    if (p.size() != 3 || p[1] != "shared::cluster" || (p[2] != "u32" && p[2] != "u64"))
+      bad("only mapa.shared::cluster.{u32,u64} is supported");
+    need_sm90(false, 78);
+    want_count(ops, 3);
+    const int bits = p[2] == "u32" ? 32 : 64;
+    in.d = dst(ops[0], bits);
+    if (ops[1].kind == Operand::kReg) {
+      in.a = src(ops[1], bits, false);
+    } else if (ops[1].kind == Operand::kSym) {
+      in.a = shared_sym_slot(ops[1].sym, ops[1].line);
+    } else {
+      bad("the address must be a register or a shared variable");
+    }
+    in.b = src(ops[2], 32, false);
+    in.op = Op::kMapa;
+    emit(in, text);
+  }
+
+  // barrier.cluster.arrive{.release,.relaxed}{.aligned} and
+  // barrier.cluster.wait{.acquire}{.aligned} (PTX ISA "barrier.cluster").
+  void decode_barrier_cluster(const std::string &text, const std::vector<Operand> &ops, Inst in) {
+    std::vector<std::string> p = dot_parts(text);
+    const bool arrive = p[2] == "arrive";
+    bool ok = arrive || p[2] == "wait";
+    bool relaxed = false;
+    for (size_t i = 3; ok && i < p.size(); ++i) {
+      if (p[i] == "aligned") continue;
+      if (arrive && (p[i] == "release" || p[i] == "relaxed"))
+        relaxed = p[i] == "relaxed";
+      else if (!arrive && p[i] == "acquire")
+        continue;
+      else
+        ok = false;
+    }
+    if (!ok)
+      bad("only barrier.cluster.arrive{.release,.relaxed}{.aligned} and "
+          "barrier.cluster.wait{.acquire}{.aligned} are supported");
+    need_sm90(false, 78);
+    want_count(ops, 0);
+    in.op = arrive ? Op::kClusterArrive : Op::kClusterWait;
+    in.sub = relaxed ? 1 : 0;
+    emit(in, text);
+  }
+
+  // mbarrier.arrive{.expect_tx}.release.cluster.shared::cluster.b64 _, [a]{, n}
+  // (PTX ISA "mbarrier.arrive": on shared::cluster only the sink `_`).
+  void mbarrier_cluster_form(const std::string &op, const std::vector<Operand> &ops, Inst *in) {
+    if (op != "arrive")
+      bad("only mbarrier.arrive takes a .shared::cluster mbarrier in the emulator");
+    need_sm90(false);
+    if (ops.empty() || ops[0].kind != Operand::kSym || ops[0].sym != "_")
+      bad("mbarrier.arrive on .shared::cluster returns no state: the destination must be _");
+    in->flags |= kClusterSpace;
   }
 
   void decode_mov(const Mods &m, const std::vector<Operand> &ops, Inst in) {
@@ -1669,8 +1817,10 @@ class Parser {
     emit(in, "mov." + m.types[0]);
   }
 
-  void decode_ldst(bool is_ld, const Mods &m, const std::vector<Operand> &ops, Inst in) {
+  void decode_ldst(bool is_ld, Mods m, const std::vector<Operand> &ops, Inst in) {
+    const bool cluster = take_cluster_space(&m);
     std::string text = std::string(is_ld ? "ld" : "st") + (m.space.empty() ? "" : "." + m.space) +
+                       (cluster ? "::cluster" : "") +
                        (m.vec > 1 ? ".v" + std::to_string(m.vec) : "") +
                        (m.types.empty() ? "" : "." + m.types[0]);
     op_text_ = text;
@@ -1719,6 +1869,7 @@ class Parser {
         in.a = shared_sym_slot(addr.sym, addr.line);
       }
       in.op = is_ld ? Op::kLdShared : Op::kStShared;
+      if (cluster) in.op = is_ld ? Op::kLdCluster : Op::kStCluster;
     } else if (m.space.empty()) {
       // Generic addressing (PTX ISA "Generic Addressing"): the parameter
       // block (after cvta.param), the shared window (cvta.shared) or global.

@@ -36,6 +36,23 @@ enum SpecialSlot : uint32_t {
   kLaneid,
   kWarpid,
   kNwarpid,
+  // Clusters (PTX ISA "Special Registers"; docs/emulator.md, "Clusters"):
+  // the CTA's rank and position in its cluster, the cluster's in the grid.
+  kClusterCtarank,
+  kClusterNctarank,
+  kClusteridX,
+  kClusteridY,
+  kClusteridZ,
+  kNclusteridX,
+  kNclusteridY,
+  kNclusteridZ,
+  kClusterCtaidX,
+  kClusterCtaidY,
+  kClusterCtaidZ,
+  kClusterNctaidX,
+  kClusterNctaidY,
+  kClusterNctaidZ,
+  kIsExplicitCluster,  // .pred
   kNumSpecialSlots
 };
 
@@ -43,8 +60,8 @@ enum SpecialSlot : uint32_t {
 enum class OpScope : uint8_t { kThread, kBlocking, kCta, kWarp, kWarpgroup };
 // Who runs an op (emu/ops.def): the interpreter, or an architecture state
 // (emu/arch.h).
-enum class OpHandler : uint8_t { kInterp, kSm90, kSm100 };
-constexpr size_t kNumOpHandlers = 3;
+enum class OpHandler : uint8_t { kInterp, kSm90, kSm100, kCluster };
+constexpr size_t kNumOpHandlers = 4;
 
 enum class Op : uint16_t {
 #define OP(name, scope, handler) name,
@@ -89,7 +106,13 @@ enum Round : uint8_t { kRzi, kRni, kRmi, kRpi };
 enum MmaKind : uint8_t { kMmaF16K16, kMmaBF16K16, kMmaF16K8, kMmaBF16K8, kMmaF8K32 };
 
 // (4 is taken: cvt's signed destination.)
-enum InstFlags : uint8_t { kFtz = 1, kSigned = 2, kTrans = 8 };
+enum InstFlags : uint8_t {
+  kFtz = 1,
+  kSigned = 2,
+  kTrans = 8,
+  kClusterSpace = 16,  // the address operand is .shared::cluster (mbarrier.arrive)
+  kMulticast = 32      // cp.async.bulk.tensor .multicast::cluster (a ctaMask operand)
+};
 // wgmma.mma_async variant bits (Inst::sub of kWgmma).
 enum WgmmaFlags : uint8_t {
   kWgBF16 = 1,    // .bf16 inputs (else .f16)
@@ -144,6 +167,12 @@ struct Entry {
   uint32_t dynamic_smem_offset = 0;  // where .extern .shared starts
   uint32_t maxntid[3] = {0, 0, 0};   // 0 = not given
   uint32_t reqntid[3] = {0, 0, 0};
+  // Cluster directives (PTX ISA "Performance-Tuning Directives"):
+  // .reqnctapercluster (0 = not given), .explicitcluster, .maxclusterrank
+  // (0 = not given).
+  uint32_t reqnctapercluster[3] = {0, 0, 0};
+  bool explicitcluster = false;
+  uint32_t maxclusterrank = 0;
   uint32_t line = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "emu/cluster.h"
 #include "emu/numeric.h"
 #include "emu/sm100.h"
 #include "emu/smem_matrix.h"
@@ -89,6 +90,9 @@ Step Sm90State::exec(uint32_t t, uint32_t pc, uint64_t *r) {
       return bulk_tensor(t, pc, r) ? Step::kNext : Step::kFault;
     case Op::kFenceProxyAsync:
       if (track_proxy_) proxy_fence(t);
+      return Step::kNext;
+    case Op::kFenceMbarInit:
+      publish_inits(t);
       return Step::kNext;
     default:
       cta_.fail_at(pc, t, "not an sm_90 per-thread op (emulator bug: emu/ops.def handler)");
@@ -186,6 +190,7 @@ bool Sm90State::mbar_init(uint32_t t, uint32_t pc, const uint64_t *r) {
   nm.expected = nm.pending = count;
   nm.init_line = cta_.e_.code[pc].line;
   if (track_seen_) nm.seen.assign(cta_.nthreads_, 0);
+  nm.init_thread = t;
   mbars_.push_back(std::move(nm));
   return true;
 }
@@ -201,11 +206,72 @@ bool Sm90State::mbar_inval(uint32_t t, uint32_t pc, const uint64_t *r) {
   return true;
 }
 
+// ------------------------------------------------ mbarriers of the cluster ----
+// PTX ISA "mbarrier" (an mbarrier in shared::cluster: remote arrive-on and
+// complete-tx), "fence.mbarrier_init", "barrier.cluster"; docs/emulator.md,
+// "Clusters". Another CTA may use an mbarrier only once its init is visible
+// to the cluster: the initializing thread's fence.mbarrier_init (or
+// barrier.cluster.arrive.release), then a completed barrier.cluster phase.
+
+void Sm90State::publish_inits(uint32_t t) {
+  for (Mbarrier &m : mbars_)
+    if (m.init_thread == t && m.visible_phase == UINT32_MAX)
+      m.visible_phase = cta_.cluster_->bar_phase;
+}
+
+// The mbarrier at shared offset off of owner's CTA, used by thread t of this
+// CTA (the instruction at pc). nullptr: fault (cta_.error_ set).
+Sm90State::Mbarrier *Sm90State::mbar_of_cta(Sm90State &owner, uint32_t off, uint32_t t,
+                                            uint32_t pc) {
+  Mbarrier *m = owner.find_mbar(off);
+  if (!m) {
+    cta_.fail_at(pc, t, "no initialized mbarrier at shared 0x%x of CTA rank %u", off,
+                 owner.cta_.rank_);
+    return nullptr;
+  }
+  if (&owner != this &&
+      !(m->visible_phase != UINT32_MAX && cta_.cluster_->bar_phase > m->visible_phase)) {
+    cta_.fail_at(pc, t,
+                 "the mbarrier at shared 0x%x of CTA rank %u (initialized at PTX line %u) is used "
+                 "from CTA rank %u before its initialization is visible to the cluster: the "
+                 "initializing thread's fence.mbarrier_init.release.cluster (or "
+                 "barrier.cluster.arrive.release), then a completed barrier.cluster phase, must "
+                 "come first (PTX ISA \"fence.mbarrier_init\")",
+                 off, owner.cta_.rank_, m->init_line, cta_.rank_);
+    return nullptr;
+  }
+  return m;
+}
+
+// The mbarrier operand [a + imm] of the instruction at pc as a
+// shared::cluster address; *owner: the sm_90 state of its CTA.
+Sm90State::Mbarrier *Sm90State::mbar_cluster_operand(uint32_t t, uint32_t pc, const uint64_t *r,
+                                                     Sm90State **owner) {
+  const Inst &in = cta_.e_.code[pc];
+  const uint32_t addr = static_cast<uint32_t>(static_cast<uint32_t>(r[in.a]) + in.imm);
+  uint32_t off;
+  Cta *c = cta_.cluster_target(addr, 8, t, pc, &off);
+  if (!c) return nullptr;
+  *owner = cta_.cluster_->sm90[c->rank_];
+  return mbar_of_cta(**owner, off, t, pc);
+}
+
+// Phase completion of owner's mbarrier m (this CTA's or another's), its
+// fault reported as this CTA's.
+bool Sm90State::complete_on(Sm90State &owner, Mbarrier &m, uint32_t t) {
+  if (owner.mbar_maybe_complete(m, t)) return true;
+  if (&owner != this) cta_.error_ = owner.cta_.error_;
+  return false;
+}
+
 // mbarrier.arrive{.expect_tx} / mbarrier.expect_tx: expect-tx (tx-count +=
 // txCount), then arrive-on (pending -= count), then maybe phase completion.
+// kClusterSpace: the mbarrier is [a + imm] in shared::cluster.
 bool Sm90State::mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
-  Mbarrier *m = mbar_operand(t, pc, r);
+  Sm90State *owner = this;
+  Mbarrier *m =
+      (in.flags & kClusterSpace) ? mbar_cluster_operand(t, pc, r, &owner) : mbar_operand(t, pc, r);
   if (!m) return false;
   if (in.c != kNoSlot) {
     const uint32_t tx = static_cast<uint32_t>(r[in.c]);
@@ -219,13 +285,15 @@ bool Sm90State::mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r) {
   if (in.sub == 0) {  // arrive-on
     const uint32_t count = in.b == kNoSlot ? 1 : static_cast<uint32_t>(r[in.b]);
     if (in.d != kNoSlot) r[in.d] = m->phase;  // state: the phase before the arrival
-    return arrive_on(*m, t, pc, count);
+    return arrive_on(*owner, *m, t, pc, count);
   }
-  return mbar_maybe_complete(*m, t);
+  return complete_on(*owner, *m, t);
 }
 
-// Arrive-on (pending -= count), then maybe phase completion.
-bool Sm90State::arrive_on(Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count) {
+// Arrive-on (pending -= count) on owner's mbarrier m (this CTA's or, a
+// remote arrive, another's), then maybe phase completion.
+bool Sm90State::arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc,
+                          uint32_t count) {
   if (count == 0 || count > (1u << 20) - 1)
     return cta_.fail_at(pc, t, "count %u is outside 1..2^20-1", count);
   if (!m.observed)
@@ -239,7 +307,7 @@ bool Sm90State::arrive_on(Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count) 
                         "pending (expected count %u, tx-count %" PRId64 ")",
                         count, m.addr, m.phase, m.pending, m.expected, m.tx);
   m.pending -= count;
-  return mbar_maybe_complete(m, t);
+  return complete_on(owner, m, t);
 }
 
 bool Sm90State::async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *phase) {
@@ -249,7 +317,7 @@ bool Sm90State::async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *p
     return cta_.fail_at(
         pc, t, "no initialized mbarrier at shared address 0x%x (mbarrier.init first)", addr);
   *phase = m->phase;
-  return arrive_on(*m, t, pc, 1);
+  return arrive_on(*this, *m, t, pc, 1);
 }
 
 uint32_t Sm90State::observed(uint32_t t, uint32_t addr) const {
@@ -314,7 +382,37 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
   const uint32_t dims = in.sub;
   const uint32_t *s = cta_.e_.operand_slots.data() + in.c;
-  const int64_t dst = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
+  const Cluster &cl = *cta_.cluster_;
+  // The destination and the mbarrier are shared::cluster addresses
+  // (docs/emulator.md, "Clusters"): without .multicast::cluster both in one
+  // CTA; with it, CTA-relative offsets used in every CTA of the ctaMask.
+  const int64_t dst_raw = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
+  int64_t dst = dst_raw;
+  uint32_t dst_rank = cta_.rank_;
+  if (dst_raw >= (int64_t{1} << kClusterRankShift) && dst_raw <= int64_t{UINT32_MAX}) {
+    dst_rank = static_cast<uint32_t>(dst_raw >> kClusterRankShift) - 1;
+    dst = dst_raw & ((1 << kClusterRankShift) - 1);
+    if (dst_rank >= cl.size)
+      return cta_.fail_at(pc, t,
+                          "destination shared::cluster address 0x%x names CTA rank %u, but the "
+                          "cluster has %u CTAs",
+                          static_cast<uint32_t>(dst_raw), dst_rank, cl.size);
+  }
+  const uint32_t ma_raw = static_cast<uint32_t>(static_cast<uint32_t>(r[s[dims]]) + r[s[dims + 1]]);
+  uint32_t ma = 0;  // the mbarrier's offset
+  const Cta *mc = cta_.cluster_target(ma_raw, 8, t, pc, &ma);
+  if (!mc) return false;
+  uint32_t mask = 1u << dst_rank;
+  if (in.flags & kMulticast) {
+    mask = static_cast<uint32_t>(r[s[dims + 2]]) & 0xffff;
+    if (mask == 0 || (mask >> cl.size) != 0)
+      return cta_.fail_at(pc, t, "ctaMask 0x%04x names no CTA or a rank outside the cluster's %u",
+                          mask, cl.size);
+  } else if (mc->rank_ != dst_rank) {
+    return cta_.fail_at(pc, t,
+                        "the mbarrier (CTA rank %u) is not in the destination's CTA (rank %u)",
+                        mc->rank_, dst_rank);
+  }
   const uint64_t ga = r[in.b];
   if (!cta_.dependency_met(t, pc)) return false;  // the box's global reads
   // The tensor map: 128 bytes, 64-byte aligned, in the parameter block or global.
@@ -375,18 +473,6 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
                         "-byte box at shared 0x%x runs past the block's %u bytes of "
                         "shared memory",
                         total, static_cast<uint32_t>(dst), cta_.smem_size_);
-  // The mbarrier.
-  const int64_t ma = static_cast<int64_t>(static_cast<uint32_t>(r[s[dims]])) +
-                     static_cast<int64_t>(r[s[dims + 1]]);
-  if (!cta_.shared_ptr(ma, 8, t, pc)) return false;
-  Mbarrier *m = find_mbar(static_cast<uint32_t>(ma));
-  if (!m)
-    return cta_.fail_at(pc, t, "no initialized mbarrier at shared address 0x%x",
-                        static_cast<uint32_t>(ma));
-  for (const Mbarrier &o : mbars_)
-    if (o.addr + 8 > dst && o.addr < dst + extent)
-      return cta_.fail_at(pc, t, "the box [0x%x, 0x%x) overwrites the mbarrier at shared 0x%x",
-                          static_cast<uint32_t>(dst), static_cast<uint32_t>(dst + extent), o.addr);
   // Read the box (out-of-bounds elements are zeros).
   int64_t c[kTensorMapMaxRank] = {0, 0, 0, 0, 0};
   for (uint32_t d = 0; d < dims; ++d) c[d] = static_cast<int32_t>(r[s[d]]);
@@ -427,14 +513,39 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
     ip.global_sectors += sectors;
     ip.global_bytes += used;
   }
-  // complete-tx of the whole box.
-  m->tx -= static_cast<int64_t>(total);
+  // The box and its complete-tx go to each CTA of the mask, in rank order.
+  uint32_t last = 31 - static_cast<uint32_t>(__builtin_clz(mask));
+  if (g_cluster_bug == kClusterBugMulticastSkip && (mask & (mask - 1))) mask &= ~(1u << last--);
+  for (uint32_t k = 0; k <= last; ++k) {
+    if (!((mask >> k) & 1)) continue;
+    Sm90State &owner = *cl.sm90[k];
+    if (owner.cta_.done_) return cta_.fail_at(pc, t, "the destination CTA rank %u has exited", k);
+    if (!bulk_deliver(owner, k == last ? std::move(copy) : copy, ma, t, pc, extent)) return false;
+  }
+  return true;
+}
+
+// One destination of a box: owner's CTA (this one or another of the
+// cluster) takes the copy, and its mbarrier at mbar_off the complete-tx of
+// the whole box; extent: the shared bytes the box covers from copy.dst.
+bool Sm90State::bulk_deliver(Sm90State &owner, BulkCopy copy, uint32_t mbar_off, uint32_t t,
+                             uint32_t pc, uint64_t extent) {
+  Mbarrier *m = mbar_of_cta(owner, mbar_off, t, pc);
+  if (!m) return false;
+  for (const Mbarrier &o : owner.mbars_)
+    if (o.addr + 8 > copy.dst && o.addr < copy.dst + extent)
+      return cta_.fail_at(pc, t,
+                          "the box [0x%x, 0x%x) overwrites the mbarrier at shared 0x%x of CTA "
+                          "rank %u",
+                          copy.dst, static_cast<uint32_t>(copy.dst + extent), o.addr,
+                          owner.cta_.rank_);
+  m->tx -= static_cast<int64_t>(copy.data.size());
   if (m->tx < -((1 << 20) - 1))
     return cta_.fail_at(pc, t,
                         "tx-count %" PRId64 " of the mbarrier at shared 0x%x is below -(2^20-1)",
                         m->tx, m->addr);
   m->copies.push_back(std::move(copy));
-  return mbar_maybe_complete(*m, t);
+  return complete_on(owner, *m, t);
 }
 
 bool Sm90State::bulk_write(const BulkCopy &c, uint32_t t) {
@@ -803,7 +914,8 @@ void Sm90State::fault_pending(uint32_t t, uint32_t pc) {
     for (uint32_t i = 0; i < 14; ++i) slots.push_back(cta_.e_.operand_slots[in.imm + i]);
   if (in.op == Op::kBulkTensor) {
     slots = {in.a, in.b};
-    for (uint32_t i = 0; i < in.sub + 2u; ++i) slots.push_back(cta_.e_.operand_slots[in.c + i]);
+    for (uint32_t i = 0; i < bulk_tensor_operands(in); ++i)
+      slots.push_back(cta_.e_.operand_slots[in.c + i]);
   }
   uint32_t slot = kNoSlot, line = 0;
   for (uint32_t s : slots)

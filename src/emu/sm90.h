@@ -21,6 +21,12 @@ namespace emu {
 
 class Sm100State;
 
+// The operand_slots of a cp.async.bulk.tensor (Op::kBulkTensor): its sub
+// coordinates, the mbarrier's base and offset, and (kMulticast) the ctaMask.
+inline uint32_t bulk_tensor_operands(const Inst &in) {
+  return in.sub + 2u + ((in.flags & kMulticast) ? 1u : 0u);
+}
+
 class Sm90State final : public ArchState {
  public:
   // For the CTA's entry and geometry (fixed for the launch).
@@ -56,7 +62,7 @@ class Sm90State final : public ArchState {
     if (in.op == Op::kWgmma) return hit(in.a) || hit(in.b) || hit(in.c);
     if (in.op == Op::kBulkTensor) {
       if (hit(in.a) || hit(in.b)) return true;
-      for (uint32_t i = 0; i < in.sub + 2u; ++i)
+      for (uint32_t i = 0; i < bulk_tensor_operands(in); ++i)
         if (hit(os[in.c + i])) return true;
       return false;
     }
@@ -75,6 +81,11 @@ class Sm90State final : public ArchState {
   // Thread t's generic-proxy write of shared [addr, addr + n) by the
   // instruction at pc (st.shared, stmatrix, a performed cp.async).
   void proxy_mark(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n);
+  // Thread t's mbarrier.inits so far become visible to the other CTAs of
+  // the cluster once the current barrier.cluster phase completes
+  // (fence.mbarrier_init, or a barrier.cluster.arrive.release).
+  void publish_inits(uint32_t t);
+
   // A generic st (track_proxy() on): marks it when it lands in the shared window.
   __attribute__((noinline)) void generic_store_hook(uint32_t t, uint32_t pc, const uint8_t *p,
                                                     uint32_t n);
@@ -118,6 +129,10 @@ class Sm90State final : public ArchState {
     bool observed = true;        // a try_wait returned True for the preceding phase
     std::vector<uint32_t> seen;  // track_observed: per thread, phases it saw complete
     uint32_t init_line = 0;
+    uint32_t init_thread = 0;
+    // The barrier.cluster phase whose completion makes the init visible to
+    // the other CTAs of the cluster (publish_inits); UINT32_MAX: not yet.
+    uint32_t visible_phase = UINT32_MAX;
     std::vector<BulkCopy> copies;  // become visible when the phase completes
   };
 
@@ -169,10 +184,15 @@ class Sm90State final : public ArchState {
   std::string proxy_writer_text(uint32_t v) const;
   Mbarrier *find_mbar(uint32_t addr);
   Mbarrier *mbar_operand(uint32_t t, uint32_t pc, const uint64_t *r);
+  Mbarrier *mbar_of_cta(Sm90State &owner, uint32_t off, uint32_t t, uint32_t pc);
+  Mbarrier *mbar_cluster_operand(uint32_t t, uint32_t pc, const uint64_t *r, Sm90State **owner);
+  bool complete_on(Sm90State &owner, Mbarrier &m, uint32_t t);
+  bool bulk_deliver(Sm90State &owner, BulkCopy copy, uint32_t mbar_off, uint32_t t, uint32_t pc,
+                    uint64_t extent);
   bool mbar_init(uint32_t t, uint32_t pc, const uint64_t *r);
   bool mbar_inval(uint32_t t, uint32_t pc, const uint64_t *r);
   bool mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r);
-  bool arrive_on(Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count);
+  bool arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count);
   bool mbar_maybe_complete(Mbarrier &m, uint32_t t);
   int mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r);
   bool bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r);

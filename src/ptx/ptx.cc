@@ -34,7 +34,7 @@ constexpr uint32_t kS32F =
 // A short name stored in a fixed 16-byte slot with its length, so that the
 // writers below copy it with one fixed-size memcpy (no strlen, no loop).
 struct Piece {
-  char s[16] = {};
+  char s[24] = {};
   uint8_t n = 0;
   constexpr Piece(const char *a) {      // NOLINT: implicit from literals by design
     while (a[n] && n < sizeof s - 1) {  // longer names are cut, never overflow
@@ -90,8 +90,31 @@ constexpr Piece kCmpNames[] = {"eq",  "ne",  "lt",  "le",  "gt",  "ge",  "equ",
                                "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
 const Piece &cmp_name(Cmp c) { return kCmpNames[static_cast<int>(c)]; }
 
-constexpr Piece kSpecialNames[] = {"%tid.x",   "%ntid.x",   "%ctaid.x",  "%ctaid.y",
-                                   "%ctaid.z", "%nctaid.x", "%nctaid.y", "%laneid"};
+constexpr Piece kSpecialNames[] = {"%tid.x",
+                                   "%ntid.x",
+                                   "%ctaid.x",
+                                   "%ctaid.y",
+                                   "%ctaid.z",
+                                   "%nctaid.x",
+                                   "%nctaid.y",
+                                   "%laneid",
+                                   "%cluster_ctarank",
+                                   "%cluster_nctarank",
+                                   "%clusterid.x",
+                                   "%clusterid.y",
+                                   "%clusterid.z",
+                                   "%nclusterid.x",
+                                   "%nclusterid.y",
+                                   "%nclusterid.z",
+                                   "%cluster_ctaid.x",
+                                   "%cluster_ctaid.y",
+                                   "%cluster_ctaid.z",
+                                   "%cluster_nctaid.x",
+                                   "%cluster_nctaid.y",
+                                   "%cluster_nctaid.z"};
+static_assert(sizeof(kSpecialNames) / sizeof(kSpecialNames[0]) ==
+                  static_cast<size_t>(Special::ClusterNctaidZ) + 1,
+              "a name per Special");
 
 constexpr Piece kTypeNames[] = {"pred", "b16", "u16", "f16", "bf16", "b32",
                                 "u32",  "s32", "f32", "b64", "u64",  "s64"};
@@ -238,7 +261,7 @@ char *put_f32(char *p, float f) {
 }  // namespace
 
 // An opcode assembled from pieces ("ld" ".global" ".nc" ".v4" ".u32"); s
-// keeps 16 bytes of slack for the fixed-size piece copies.
+// keeps slack past kCopy for the fixed-size piece copies (24 bytes each).
 struct Builder::Opcode {
   static constexpr size_t kCopy = 96;  // bytes copied into a line; every opcode is shorter
   char s[128];
@@ -278,6 +301,8 @@ struct Builder::Opcode {
     Opcode op(what);
     if (sp == Space::Global)
       op.add(".global");
+    else if (sp == Space::Cluster)
+      op.add(".shared::cluster");
     else
       op.add(".shared");
     if (nc) op.add(".nc");
@@ -374,6 +399,14 @@ class Builder::Line {
   Line &param_name() {
     sep();
     p_ = name(b_.param_name_);
+    return *this;
+  }
+  // A fixed operand text (at most 32 characters: %is_explicit_cluster).
+  Line &raw(const char *text) {
+    sep();
+    const size_t n = std::strlen(text);
+    std::memcpy(p_, text, n < 32 ? n : 32);
+    p_ += n < 32 ? n : 32;
     return *this;
   }
   // "_": a discarded result (mbarrier.arrive's state).
@@ -560,7 +593,7 @@ inline void Builder::check_addr(const Opcode &in, const Addr &a, Space s) const 
     RegClass want = s == Space::Global ? RegClass::B64 : RegClass::B32;
     if (a.base.cls != want) misuse(in, "address register of the wrong width for the space");
     if (a.base.id >= counts_[static_cast<int>(a.base.cls)]) misuse(in, "unallocated register");
-  } else if (a.sym >= shared_.size() || s != Space::Shared) {
+  } else if (a.sym >= shared_.size() || s == Space::Global) {
     misuse(in, "symbol address outside shared memory");
   }
 }
@@ -593,6 +626,7 @@ void Builder::ld(Space s, Type t, Reg d, Addr a, bool nc) {
   if (!ld_type_ok(t, false) || (nc && s != Space::Global)) misuse(in, "load outside the subset");
   check_reg(in, d, t, "destination register class");
   check_addr(in, a, s);
+  space_needs(s);
   Line(*this, in).reg(d).addr(a).done();
 }
 
@@ -602,6 +636,7 @@ void Builder::ld_v(Space s, Type t, std::initializer_list<Reg> d, Addr a, bool n
     misuse(in, "vector load outside the subset");
   for (Reg r : d) check_reg(in, r, t, "vector element register class");
   check_addr(in, a, s);
+  space_needs(s);
   Line(*this, in).vec(d).addr(a).done();
 }
 
@@ -610,6 +645,7 @@ void Builder::st(Space s, Type t, Addr a, Reg v) {
   if (!st_type_ok(t, false)) misuse(in, "store outside the subset");
   check_reg(in, v, t, "source register class");
   check_addr(in, a, s);
+  space_needs(s);
   Line(*this, in).addr(a).reg(v).done();
 }
 
@@ -634,6 +670,7 @@ void Builder::st_v(Space s, Type t, Addr a, std::initializer_list<Reg> v) {
     misuse(in, "vector store outside the subset");
   for (Reg r : v) check_reg(in, r, t, "vector element register class");
   check_addr(in, a, s);
+  space_needs(s);
   Line(*this, in).addr(a).vec(v).done();
 }
 
@@ -652,6 +689,8 @@ void Builder::mov(Type t, Reg d, Operand a) {
   if (a.kind == Operand::Kind::Symbol && t != Type::U32) misuse(in, "symbol needs mov.u32");
   if (a.kind == Operand::Kind::Imm && t == Type::Pred) misuse(in, "immediate predicate");
   check(in, a, t, "source register class");
+  if (a.kind == Operand::Kind::Special && a.special >= Special::ClusterCtarank)
+    require(90, 78, "a cluster special register");
   Line(*this, in).reg(d).operand(a).done();
 }
 
@@ -981,10 +1020,14 @@ void Builder::griddepcontrol_launch_dependents() {
   Line(*this, Opcode("griddepcontrol.launch_dependents")).done();
 }
 
-void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar) {
-  Opcode in("cp.async.bulk.tensor");
+// The opcode of cp.async.bulk.tensor.Nd (tile, global -> shared::cluster,
+// mbarrier completion) with its operands checked; `multicast` appends
+// .multicast::cluster.
+void Builder::bulk_tensor_opcode(Opcode &in, Addr dst, Reg tmap, const Reg *coords, int n,
+                                 Addr mbar, bool multicast) const {
   if (n < 1 || n > 5) misuse(in, "1 to 5 coordinates");
   in.str("." + std::to_string(n) + "d.shared::cluster.global.mbarrier::complete_tx::bytes");
+  if (multicast) in.str(".multicast::cluster");
   check_addr(in, dst, Space::Shared);
   check_addr(in, mbar, Space::Shared);
   check_reg(in, tmap, Type::B64, "the tensor map is a b64 generic address");
@@ -992,6 +1035,11 @@ void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n,
     if (coords[i].cls != RegClass::B32) misuse(in, "coordinates are b32 registers");
     check_reg(in, coords[i], Type::S32, "coordinates are b32 registers");
   }
+}
+
+void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar) {
+  Opcode in("cp.async.bulk.tensor");
+  bulk_tensor_opcode(in, dst, tmap, coords, n, mbar, false);
   Line(*this, in).addr(dst).tensor(tmap, coords, static_cast<size_t>(n)).addr(mbar).done();
 }
 
@@ -1108,6 +1156,89 @@ void Builder::require(int sm, int isa, const char *what, bool arch) {
     need_what_ = what;
   }
   need_tcgen05_ = need_tcgen05_ || arch;
+}
+
+// ----------------------------------------------------------- clusters ----
+// PTX ISA "Cluster of Cooperative Thread Arrays", "mapa", "barrier.cluster",
+// "mbarrier.arrive", "membar/fence", "cp.async.bulk.tensor" (sm_90, PTX ISA
+// 7.8; the multicast TMA and the remote mbarrier arrive 8.0).
+
+void Builder::set_cluster_dims(uint32_t x, uint32_t y, uint32_t z) {
+  const uint64_t n = uint64_t{x} * y * z;
+  if (n == 0 && (x || y || z)) {
+    std::fprintf(stderr, "flashattn ptx builder (%s): cluster shape %ux%ux%u has a zero\n",
+                 entry_.c_str(), x, y, z);
+    std::abort();
+  }
+  if (n > 16) {
+    std::fprintf(stderr, "flashattn ptx builder (%s): cluster shape %ux%ux%u exceeds 16 CTAs\n",
+                 entry_.c_str(), x, y, z);
+    std::abort();
+  }
+  cluster_[0] = x;
+  cluster_[1] = y;
+  cluster_[2] = z;
+  if (n) require(90, 78, ".reqnctapercluster");
+}
+
+void Builder::is_explicit_cluster(Reg p) {
+  Opcode in("mov.pred");
+  if (p.cls != RegClass::Pred) misuse(in, "%is_explicit_cluster is a predicate");
+  check_reg(in, p, Type::Pred, "destination register class");
+  require(90, 78, "%is_explicit_cluster");
+  Line line(*this, in);
+  line.reg(p).raw("%is_explicit_cluster").done();
+}
+
+void Builder::mapa(Reg d, Operand a, Operand rank) {
+  Opcode in("mapa.shared::cluster.u32");
+  check_reg(in, d, Type::U32, "d must be a b32 register");
+  if (a.kind != Operand::Kind::Reg && a.kind != Operand::Kind::Symbol)
+    misuse(in, "the address is a b32 register or a shared symbol");
+  check(in, a, Type::U32, "the address is a b32 register or a shared symbol");
+  check(in, rank, Type::U32, "the rank is a b32 register or an immediate");
+  if (rank.kind == Operand::Kind::Imm && (rank.imm < 0 || rank.imm > 15))
+    misuse(in, "rank outside 0..15");
+  require(90, 78, "mapa");
+  Line(*this, in).reg(d).operand(a).operand(rank).done();
+}
+
+void Builder::barrier_cluster_arrive(bool relaxed) {
+  require(90, relaxed ? 80 : 78, "barrier.cluster.arrive");
+  Line(*this, Opcode(std::string(relaxed ? "barrier.cluster.arrive.relaxed.aligned"
+                                         : "barrier.cluster.arrive.aligned")))
+      .done();
+}
+
+void Builder::barrier_cluster_wait() {
+  require(90, 78, "barrier.cluster.wait");
+  Line(*this, Opcode("barrier.cluster.wait.aligned")).done();
+}
+
+void Builder::mbarrier_arrive_cluster(Addr a) {
+  Opcode in(std::string("mbarrier.arrive.release.cluster.shared::cluster.b64"));
+  check_addr(in, a, Space::Cluster);
+  require(90, 80, "mbarrier.arrive on shared::cluster");
+  Line(*this, in).sink().addr(a).done();
+}
+
+void Builder::fence_mbarrier_init() {
+  require(90, 80, "fence.mbarrier_init");
+  Line(*this, Opcode("fence.mbarrier_init.release.cluster")).done();
+}
+
+void Builder::cp_async_bulk_tensor_multicast(Addr dst, Reg tmap, const Reg *coords, int n,
+                                             Addr mbar, Reg cta_mask) {
+  Opcode in("cp.async.bulk.tensor");
+  bulk_tensor_opcode(in, dst, tmap, coords, n, mbar, true);
+  check_reg(in, cta_mask, Type::B16, "ctaMask is a b16 register");
+  require(90, 80, "cp.async.bulk.tensor .multicast::cluster");
+  Line(*this, in)
+      .addr(dst)
+      .tensor(tmap, coords, static_cast<size_t>(n))
+      .addr(mbar)
+      .reg(cta_mask)
+      .done();
 }
 
 // ------------------------------------------------------------ tcgen05 ----
@@ -1354,6 +1485,15 @@ std::string Builder::header(int isa_version_x10, int sm, uint32_t maxntid) const
       o += std::to_string(min_ctas_);
       o += '\n';
     }
+  }
+  if (cluster_[0]) {
+    o += ".reqnctapercluster ";
+    o += std::to_string(cluster_[0]);
+    o += ", ";
+    o += std::to_string(cluster_[1]);
+    o += ", ";
+    o += std::to_string(cluster_[2]);
+    o += '\n';
   }
   o += "{\n";
   static const char *const kDecl[] = {".pred", ".b16", ".b32", ".b64", ".f32"};

@@ -52,7 +52,33 @@ struct Symbol {
   uint32_t id = UINT32_MAX;
 };
 
-enum class Special : uint8_t { TidX, NtidX, CtaidX, CtaidY, CtaidZ, NctaidX, NctaidY, LaneId };
+// Special registers (PTX ISA "Special Registers"), read with mov.u32. The
+// cluster ones (ClusterCtarank..) need sm_90 and PTX ISA 7.8 (mov records it);
+// without a cluster launch they describe the implicit 1x1x1 cluster.
+enum class Special : uint8_t {
+  TidX,
+  NtidX,
+  CtaidX,
+  CtaidY,
+  CtaidZ,
+  NctaidX,
+  NctaidY,
+  LaneId,
+  ClusterCtarank,   // %cluster_ctarank: the CTA's rank in its cluster
+  ClusterNctarank,  // %cluster_nctarank: CTAs per cluster
+  ClusteridX,       // %clusterid.{x,y,z}: the cluster's position in the grid
+  ClusteridY,
+  ClusteridZ,
+  NclusteridX,  // %nclusterid.{x,y,z}: clusters per grid dimension
+  NclusteridY,
+  NclusteridZ,
+  ClusterCtaidX,  // %cluster_ctaid.{x,y,z}: the CTA's position in its cluster
+  ClusterCtaidY,
+  ClusterCtaidZ,
+  ClusterNctaidX,  // %cluster_nctaid.{x,y,z}: the cluster's shape
+  ClusterNctaidY,
+  ClusterNctaidZ
+};
 
 // A source operand: register, integer immediate, f32 immediate (printed as
 // 0fXXXXXXXX), symbol address (mov.u32 d, NAME) or special register.
@@ -81,7 +107,9 @@ struct Addr {
 inline Addr at(Reg r, int64_t off = 0) { return Addr{r, UINT32_MAX, off}; }
 inline Addr at(Symbol s, int64_t off = 0) { return Addr{Reg{}, s.id, off}; }
 
-enum class Space : uint8_t { Global, Shared };
+// Cluster: .shared::cluster (sm_90, PTX ISA 7.8): a b32 address from mapa
+// (another CTA's shared memory) or a shared::cta one (the executing CTA's).
+enum class Space : uint8_t { Global, Shared, Cluster };
 enum class Cmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge, Equ, Neu, Ltu, Leu, Gtu, Geu, Num, Nan };
 enum class Shfl : uint8_t { Bfly, Idx, Up, Down };
 enum class Round : uint8_t { None, Rn, Rzi, Rni };
@@ -317,6 +345,56 @@ class Builder {
   void bar_sync(int id, int count);
   void bar_arrive(int id, int count);
 
+  // ---- Clusters (sm_90+) ----
+  // Thread-block clusters (PTX ISA "Cluster of Cooperative Thread Arrays";
+  // sm_90, PTX ISA 7.8; docs/emulator.md, "Clusters"): the CTAs of a
+  // cluster run together, read and write each other's shared memory
+  // (distributed shared memory: ld / st with Space::Cluster at addresses
+  // from mapa) and synchronise with the cluster barrier. Each of these
+  // records sm_90 and its PTX ISA version (emit() checks them).
+  //
+  // Prints `.reqnctapercluster x, y, z` (PTX ISA "Performance-Tuning
+  // Directives"): the kernel runs as clusters of that shape, x * y * z CTAs
+  // (1..16; more than 8 needs the non-portable cluster size attribute on a
+  // GPU); every grid dimension must be a multiple (cuLaunchKernel launches
+  // it as is). (0, 0, 0), the default: no cluster.
+  void set_cluster_dims(uint32_t x, uint32_t y, uint32_t z);
+  // mov.pred p, %is_explicit_cluster: whether the launch has clusters.
+  void is_explicit_cluster(Reg p);
+  // mapa.shared::cluster.u32 d, a, rank: d (b32) = the shared::cluster
+  // address of the byte at shared address a (a b32 register or a symbol)
+  // in the cluster's CTA `rank` (a b32 register or an immediate,
+  // %cluster_ctarank's numbering) (PTX ISA "mapa").
+  void mapa(Reg d, Operand a, Operand rank);
+  // barrier.cluster.arrive{.relaxed}.aligned: the thread arrives at the
+  // cluster barrier (without .relaxed, with release semantics: its earlier
+  // writes, mbarrier.init included, are visible to the cluster's threads
+  // after their wait). Each arrive must be followed by the thread's
+  // barrier_cluster_wait before its next arrive (PTX ISA "barrier.cluster").
+  void barrier_cluster_arrive(bool relaxed = false);
+  // barrier.cluster.wait.aligned: waits until every non-exited thread of the
+  // cluster arrived (acquire semantics).
+  void barrier_cluster_wait();
+  // mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a]: one
+  // arrival on the mbarrier at shared::cluster address a (from mapa: maybe
+  // another CTA's), ordering this thread's earlier writes before the phase
+  // completes (PTX ISA "mbarrier.arrive"). The mbarrier's CTA must have
+  // made its init visible first: fence_mbarrier_init (or a release
+  // barrier_cluster_arrive), then a cluster barrier phase.
+  void mbarrier_arrive_cluster(Addr a);
+  // fence.mbarrier_init.release.cluster: this thread's earlier
+  // mbarrier.inits are visible to the cluster after a following cluster
+  // barrier (PTX ISA "membar/fence").
+  void fence_mbarrier_init();
+  // cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes
+  // .multicast::cluster [dst], [tmap, {coords}], [mbar], ctaMask: as
+  // cp_async_bulk_tensor, the box landing at dst's CTA-relative offset in
+  // every CTA whose rank bit is set in cta_mask (a b16 register) and
+  // completing its bytes on the mbarrier at mbar's offset in each of them
+  // (PTX ISA "cp.async.bulk.tensor").
+  void cp_async_bulk_tensor_multicast(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar,
+                                      Reg cta_mask);
+
   // ---- Blackwell: sm_100a / sm_103a (PTX ISA 8.6), cta_group::1 ----
   // Tensor memory (PTX ISA "tcgen05": "Tensor Memory"): per CTA 128 lanes
   // of 512 columns of 32-bit cells, addressed lane << 16 | column (a b32
@@ -437,6 +515,8 @@ class Builder {
   // Records that an instruction (what) needs .target sm_<sm> and PTX ISA
   // isa (times 10); arch: an sm_100a / sm_103a one (tcgen05).
   void require(int sm, int isa, const char *what, bool arch = false);
+  void bulk_tensor_opcode(Opcode &in, Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar,
+                          bool multicast) const;
   void tcgen05_ncols(const Opcode &in, const Operand &ncols) const;
   void tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, bool ld);
   void tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
@@ -444,6 +524,10 @@ class Builder {
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;
+  // Records sm_90 / PTX ISA 7.8 for an access through Space::Cluster.
+  void space_needs(Space s) {
+    if (s == Space::Cluster) require(90, 78, "ld / st .shared::cluster");
+  }
   void matrix_m8n8(Opcode &in, bool trans, const Reg *r, int count, Addr a, const char *bad_count,
                    const char *bad_reg) const;
   void wgmma_line(const Opcode &in, int n, const Reg *d, const Reg *a, Reg desc_a, Reg desc_b,
@@ -471,6 +555,7 @@ class Builder {
   size_t text_len_ = 0;
   uint32_t num_instrs_ = 0;
   uint32_t min_ctas_ = 0;
+  uint32_t cluster_[3] = {0, 0, 0};  // set_cluster_dims (0: none)
   // The newest target and PTX ISA version an instruction built so far needs
   // (0: none beyond what every target has); checked by emit().
   int need_sm_ = 0, need_isa_ = 0;
