@@ -45,6 +45,7 @@
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
+#include "kernels/tile/umma.h"
 
 namespace fa {
 namespace kgen {
@@ -83,16 +84,6 @@ struct Layout {
   uint32_t p_full(int i) const { return s_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
   uint32_t o_full(int i) const { return p_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
 };
-
-// The instruction descriptor of tcgen05.mma kind::f16 with f32 D (PTX ISA
-// "Instruction Descriptor", Table 42): D f32 (bits 4-5 = 1), A and B f16
-// (0) or bf16 (1) at bits 7-9 and 10-12, B MN-major (transpose, bit 16)
-// when trans_b, N >> 3 at bits 17-22, M >> 4 at bits 24-28.
-uint32_t umma_idesc(Type ab, int m, int n, bool trans_b) {
-  const uint32_t t = ab == Type::BF16 ? 1 : 0;
-  return (1u << 4) | (t << 7) | (t << 10) | (trans_b ? 1u << 16 : 0u) |
-         (static_cast<uint32_t>(n >> 3) << 17) | (static_cast<uint32_t>(m >> 4) << 24);
-}
 
 Layout layout(const KernelSpec &s) {
   Layout l;
@@ -297,7 +288,8 @@ class ForwardSm100Gen {
   // The shared-memory descriptor of a 128-byte-swizzled operand at smem +
   // off (tile::umma_smem_desc), lbo its leading byte offset.
   Reg sdesc(Reg base, uint32_t off, uint32_t lbo) {
-    return Swizzle128::descriptor(e_, base, off, Swizzle128::umma_desc_bits(lbo));
+    const tile::UmmaSmemDesc d{0, lbo, 8 * Swizzle128::kRowBytes, 0, tile::UmmaSwizzle::k128B};
+    return Swizzle128::descriptor(e_, base, off, d.bits());
   }
 
   // The whole warp runs the loop (its waits); one elected lane issues every
@@ -308,10 +300,14 @@ class ForwardSm100Gen {
     b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
     one_ = b_.pred();
     b_.elect_sync(one_, 0xffffffffu);
-    const uint32_t s_idesc = umma_idesc(half_, kTileRows, spec_.block_n, false);
+    const tile::UmmaType ab = half_ == Type::BF16 ? tile::UmmaType::kBF16 : tile::UmmaType::kF16;
+    const uint32_t s_idesc =
+        tile::UmmaInstrDesc{ab, ab, kTileRows, static_cast<uint32_t>(spec_.block_n)}.bits();
     // N = dv rounded up to 16 (A in tensor memory takes N % 16 = 0 at M =
     // 128): O_i's columns; V's columns past dv are the TMA box's zeros.
-    const uint32_t o_idesc = umma_idesc(half_, kTileRows, dv16(), true);
+    const uint32_t o_idesc = tile::UmmaInstrDesc{ab,    ab,   kTileRows, static_cast<uint32_t>(dv16()),
+                                                 false, true}
+                                 .bits();
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
     Reg qd[kMaxQTiles];

@@ -48,15 +48,6 @@ struct Swizzle128 {
     constexpr uint32_t sbo = 8 * kRowBytes;
     return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
   }
-  // The same layout's tcgen05 shared-memory descriptor (PTX ISA "tcgen05":
-  // "Shared Memory Descriptor"; not wgmma's format): lbo and sbo (1024) >> 4
-  // at bits 16-29 and 32-45, the fixed version 1 at bits 46-47, base offset
-  // 0, the 128-byte swizzle as mode 2 in bits 61-63.
-  static uint64_t umma_desc_bits(uint32_t lbo) {
-    constexpr uint32_t sbo = 8 * kRowBytes;
-    return (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 46) |
-           (uint64_t(2) << 61);
-  }
   // The descriptor of the matrix at shared address addr + off (u32): its
   // start address >> 4 in bits 0-13, or'ed with `bits` (a new b64).
   static Reg descriptor(Emitter &e, Reg addr, uint32_t off, uint64_t bits);
