@@ -80,6 +80,20 @@ int main(void) {
   cases.back().input_scale = 4.0f;
   add(1, 130, 700, 2, 2, 128, true, true, -1, -1, 0);
   cases.back().input_scale = 4.0f;
+  // The fp8 forward (kind::f8f6f4 on the bytes, P in e4m3, FlashAttention-3's
+  // fp8 softmax form): e4m3 and e5m2, per-tensor and per-(batch, KV head)
+  // descales (one transposed), two Q tiles and one.
+  auto fp8 = [&](int q, int kv, int descale) {
+    cases.back().q_fp8 = q;
+    cases.back().kv_fp8 = kv;
+    cases.back().descale = descale;
+  };
+  add(2, 200, 333, 4, 2, 128, true, true, -1, -1, 0);
+  fp8(FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E4M3, 2);
+  add(1, 100, 260, 2, 1, 64, false, false, -1, -1, 0);
+  fp8(FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2, 1);
+  add(1, 90, 300, 2, 2, 256, true, false, 70, 0, 0);
+  fp8(FA_DTYPE_FP8_E5M2, FA_DTYPE_FP8_E5M2, 3);
   std::string failures;
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   for (const auto &c : cases) {

@@ -710,7 +710,7 @@ std::vector<KernelSpec> grid() {
   // memory; FlashAttention-4's structure) on sm_100 (every head dim it
   // takes, 8..256: two Q tiles up to 128, one past it) and sm_103 (every
   // third), head_dim != head_dim_v, both dtypes, causal, windows, softcap,
-  // GQA, sinks, ALiBi.
+  // GQA, sinks, ALiBi, fp8 Q/K/V (e4m3 and e5m2).
   {
     KernelPolicy pol;
     pol.sm100_forward = true;
@@ -725,6 +725,11 @@ std::vector<KernelSpec> grid() {
         LaunchShape shape;
         shape.sinks = i % 3 == 2;
         shape.alibi = i % 4 == 3;
+        // The fp8 forward (kind::f8f6f4) at head dims of whole k16 steps.
+        if (i % 4 == 1 && d % 16 == 0 && dv % 16 == 0) {
+          cfg.q_fp8 = i % 8 == 1 ? KvFp8::E4M3 : KvFp8::E5M2;
+          cfg.kv_fp8 = i % 3 ? KvFp8::E4M3 : KvFp8::E5M2;
+        }
         KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(sm), shape, pol);
         assert_true(w.tcgen05 && !generate_ptx(w).empty());
         out.push_back(w);

@@ -29,7 +29,7 @@ struct DeviceInfo {
 // emulator with emu::TensorMap (src/emu/tensor_map.h).
 struct TensorMapDesc {
   uint32_t rank = 0;        // 1..5
-  uint32_t elem_bytes = 2;  // 2: f16/bf16 (the only kind generated today)
+  uint32_t elem_bytes = 2;  // 2: f16/bf16; 1: fp8 bytes (the sm_100a fp8 forward)
   bool bf16 = false;
   uint64_t base = 0;         // device address, 16-byte aligned
   uint64_t dims[5] = {};     // elements, each >= 1 and < 2^32

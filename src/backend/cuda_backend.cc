@@ -605,7 +605,11 @@ fa_status CudaBackend::encode_tensor_map(const TensorMapDesc &d, uint8_t out[128
   }
   // Host-only: no context is needed and nothing touches the device.
   CUresult r = cu_.TensorMapEncodeTiled(
-      &map, d.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, d.rank,
+      &map,
+      d.elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8  // fp8 bytes (the copy does not convert)
+      : d.bf16          ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      d.rank,
       reinterpret_cast<void *>(static_cast<uintptr_t>(d.base)), dims, strides, box, estrides,
       CU_TENSOR_MAP_INTERLEAVE_NONE,
       d.swizzle == 3 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,

@@ -9,8 +9,8 @@ namespace fa {
 fa_status check_tensor_map_desc(const TensorMapDesc &d) {
   if (d.rank < 1 || d.rank > 5)
     return fail(FA_ERROR_INVALID_ARGUMENT, "tensor map: rank %u outside 1..5", d.rank);
-  if (d.elem_bytes != 2)
-    return fail(FA_ERROR_INVALID_ARGUMENT, "tensor map: %u-byte elements (2 expected)",
+  if (d.elem_bytes != 2 && d.elem_bytes != 1)
+    return fail(FA_ERROR_INVALID_ARGUMENT, "tensor map: %u-byte elements (1 or 2 expected)",
                 d.elem_bytes);
   if (d.base % 16)
     return fail(FA_ERROR_INVALID_ARGUMENT, "tensor map: base address not 16-byte aligned");

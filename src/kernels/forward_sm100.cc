@@ -85,10 +85,15 @@ struct Layout {
   uint32_t o_full(int i) const { return p_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
 };
 
+// Columns of one 128-byte atom row: 64 16-bit values, or 128 fp8 bytes (the
+// fp8 forward, spec.q_fp8).
+int atom_cols(const KernelSpec &s) { return s.q_fp8 != KvFp8::None ? 128 : kAtomCols; }
+
 Layout layout(const KernelSpec &s) {
   Layout l;
-  l.qa = (s.head_dim + kAtomCols - 1) / kAtomCols;
-  l.va = (s.head_dim_v + kAtomCols - 1) / kAtomCols;
+  const int ac = atom_cols(s);
+  l.qa = (s.head_dim + ac - 1) / ac;
+  l.va = (s.head_dim_v + ac - 1) / ac;
   l.q_atom = static_cast<uint32_t>(s.block_m) * kAtomBytes;
   l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
   l.slot = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.kv_atom;
@@ -109,8 +114,11 @@ class ForwardSm100Gen {
         lay_(layout(spec)),
         b_(entry_name(spec), forward_params_size(spec)),
         e_(b_),
-        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
-    kD_ = (spec.head_dim + 15) / 16;
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16),
+        f8_(spec.q_fp8 != KvFp8::None),
+        form_(f8_ ? tile::OnlineSoftmax::fp8_form() : tile::SoftmaxForm()) {
+    kstep_ = f8_ ? 32 : 16;  // the MMA's K: kind::f8f6f4 or kind::f16
+    kD_ = (spec.head_dim + kstep_ - 1) / kstep_;
     qt_ = lay_.q_tiles;
     threads_ = 32 * (4 * qt_ + 4);
     mma_warp_ = 4 * qt_;
@@ -255,7 +263,7 @@ class ForwardSm100Gen {
     b_.when(one).mbarrier_arrive_expect_tx(at(smem_, lay_.q_full()),
                                            imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
     for (int a = 0; a < lay_.qa; ++a) {
-      Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), m0_, h_, bz_};
+      Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), m0_, h_, bz_};
       b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c,
                               4, at(smem_, lay_.q_full()));
     }
@@ -273,7 +281,7 @@ class ForwardSm100Gen {
                                              imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
       Reg dst = e_.op(Op::MadLo, Type::U32, sl.stage, imm(lay_.slot), smem_);
       for (int a = 0; a < atoms; ++a) {
-        Reg c[4] = {e_.mov(Type::S32, imm(kAtomCols * a)), n, kvh_, bz_};
+        Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), n, kvh_, bz_};
         b_.when(one).cp_async_bulk_tensor(at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom),
                                 kv ? tv : tk, c, 4, at(bars, lay_.kv_full(0)));
       }
@@ -300,14 +308,22 @@ class ForwardSm100Gen {
     b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
     one_ = b_.pred();
     b_.elect_sync(one_, 0xffffffffu);
-    const tile::UmmaType ab = half_ == Type::BF16 ? tile::UmmaType::kBF16 : tile::UmmaType::kF16;
+    // Q, K, V's types; P's: the 16-bit type, or e4m3 (the fp8 forward).
+    auto type_of = [&](KvFp8 f) {
+      return f == KvFp8::E4M3   ? tile::UmmaType::kE4M3
+             : f == KvFp8::E5M2 ? tile::UmmaType::kE5M2
+             : half_ == Type::BF16 ? tile::UmmaType::kBF16
+                                   : tile::UmmaType::kF16;
+    };
+    const tile::UmmaType tq = type_of(spec_.q_fp8), tkv = type_of(spec_.kv_fp8);
+    const tile::UmmaType tp = f8_ ? tile::UmmaType::kE4M3 : tq;
+    const auto kind = f8_ ? ptx::Builder::MmaKind::F8F6F4 : ptx::Builder::MmaKind::F16;
     const uint32_t s_idesc =
-        tile::UmmaInstrDesc{ab, ab, kTileRows, static_cast<uint32_t>(spec_.block_n)}.bits();
+        tile::UmmaInstrDesc{tq, tkv, kTileRows, static_cast<uint32_t>(spec_.block_n)}.bits();
     // N = dv rounded up to 16 (A in tensor memory takes N % 16 = 0 at M =
     // 128): O_i's columns; V's columns past dv are the TMA box's zeros.
-    const uint32_t o_idesc = tile::UmmaInstrDesc{ab,    ab,   kTileRows, static_cast<uint32_t>(dv16()),
-                                                 false, true}
-                                 .bits();
+    const uint32_t o_idesc =
+        tile::UmmaInstrDesc{tp, tkv, kTileRows, static_cast<uint32_t>(dv16()), false, true}.bits();
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
     Reg qd[kMaxQTiles];
@@ -335,21 +351,19 @@ class ForwardSm100Gen {
         const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
         Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
         Reg bb = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
-        b_.when(one_).tcgen05_mma_ss(ptx::Builder::MmaKind::F16, taddr_s[i], a, bb, imm(s_idesc),
-                          imm(kk == 0 ? 0 : 1));
+        b_.when(one_).tcgen05_mma_ss(kind, taddr_s[i], a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
       }
       b_.when(one_).tcgen05_commit(at(smem_, lay_.s_full(i)));
     };
     // O_i += P_i V from the slot of V (vdesc); acc: O_i holds earlier tiles.
     auto issue_pv = [&](int i, Reg vdesc, Reg acc) {
-      for (int kk = 0; kk < spec_.block_n / 16; ++kk) {
-        // Keys 16 kk ..: 16 rows of 128 B further in V; P's columns 8 kk ..
-        Reg vb = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(kk) * 16 * kAtomBytes) >> 4));
+      for (int kk = 0; kk < spec_.block_n / kstep_; ++kk) {
+        // Keys kstep kk ..: kstep rows of 128 B further in V; P's columns 8
+        // kk .. (16-bit pairs, or four e4m3 a column).
+        Reg vb = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(kk) * kstep_ * kAtomBytes) >> 4));
         Reg pa = e_.op(Op::Add, Type::U32, taddr_s[i], imm(8 * kk));
-        if (kk == 0)
-          b_.when(one_).tcgen05_mma_ts(ptx::Builder::MmaKind::F16, taddr_o[i], pa, vb, imm(o_idesc), acc);
-        else
-          b_.when(one_).tcgen05_mma_ts(ptx::Builder::MmaKind::F16, taddr_o[i], pa, vb, imm(o_idesc), imm(1));
+        b_.when(one_).tcgen05_mma_ts(kind, taddr_o[i], pa, vb, imm(o_idesc),
+                                     kk == 0 ? ptx::Operand(acc) : imm(1));
       }
       b_.when(one_).tcgen05_commit(at(smem_, lay_.o_full(i)));
     };
@@ -441,6 +455,8 @@ class ForwardSm100Gen {
       cap_ = softcap_consts(e_.param(Type::F32, f + offsetof(P, softcap_neg2)),
                             e_.param(Type::F32, f + offsetof(P, softcap_log2)));
     }
+    // The fp8 forward: the scores of bytes times Q's and K's descales.
+    if (f8_) fp8_scale_scores(e_, spec_, bz_, kvh_, spec_.softcap ? cap_.neg2 : score_scale_);
     const int nb = spec_.block_n;
     s_.resize(static_cast<size_t>(nb));
     for (Reg &x : s_) x = b_.f32();
@@ -536,7 +552,7 @@ class ForwardSm100Gen {
     Reg grow = b_.f32();
     b_.op(Op::Sub, Type::F32, grow, mx, m_);
     if (c.valid()) b_.op(Op::Mul, Type::F32, grow, grow, c);
-    Reg moved = e_.setp(Cmp::Gt, Type::F32, grow, fimm(tile::OnlineSoftmax::kRescaleLog2));
+    Reg moved = e_.setp(Cmp::Gt, Type::F32, grow, fimm(form_.rescale_log2));
     Reg alpha = e_.mov(Type::F32, fimm(1.0f));
     {
       // alpha = 2^((m - mx) c); m = -inf: 0 (l is 0 then, and O unwritten)
@@ -553,7 +569,10 @@ class ForwardSm100Gen {
     b_.selp(Type::F32, off, fimm(0.0f), off, none);
     // p = 2^(s c - off) on pairs (f32x2): MUFU, or the polynomial for
     // kPolyPairsPer16 of each 16 pairs.
-    Reg noff = e_.op(Op::Neg, Type::F32, off);
+    // (the fp8 form: 2^(s c - off + 8), p <= 2^8 for e4m3, SoftmaxForm)
+    Reg noff = form_.p_offset_log2 != 0.0f
+                   ? e_.op(Op::Sub, Type::F32, fimm(form_.p_offset_log2), off)
+                   : e_.op(Op::Neg, Type::F32, off);
     Reg noff2 = b_.b64();
     b_.pack_f32x2(noff2, noff, noff);
     Reg s2 = b_.b64();
@@ -599,16 +618,26 @@ class ForwardSm100Gen {
     b_.comment("O *= alpha: some row of the warp moved its maximum");
     rescale_o(alpha);
     b_.bind(kept);
-    // P into S's first block_n / 2 columns (16-bit pairs, key 2c low).
-    std::vector<Reg> pk(static_cast<size_t>(nb / 2));
-    for (int x = 0; x < nb / 2; ++x) {
-      pk[static_cast<size_t>(x)] = b_.b32();
-      b_.cvt_pack(half_, pk[static_cast<size_t>(x)], s_[static_cast<size_t>(2 * x + 1)],
-                  s_[static_cast<size_t>(2 * x)]);
+    // P into S's first columns: 16-bit pairs (key 2c low), or e4m3 bytes
+    // four a column (key 4c lowest; cvt.rn.satfinite).
+    const int per = f8_ ? 4 : 2, cols = nb / per;
+    std::vector<Reg> pk(static_cast<size_t>(cols));
+    for (int x = 0; x < cols; ++x) {
+      Reg &w = pk[static_cast<size_t>(x)];
+      const auto sx = [&](int k) { return s_[static_cast<size_t>(per * x + k)]; };
+      w = b_.b32();
+      if (!f8_) {
+        b_.cvt_pack(half_, w, sx(1), sx(0));
+        continue;
+      }
+      Reg lo = b_.b16(), hi = b_.b16();
+      b_.cvt_f8x2_f32(false, lo, sx(1), sx(0));
+      b_.cvt_f8x2_f32(false, hi, sx(3), sx(2));
+      b_.pack_b32(w, lo, hi);
     }
-    for (int x = 0; x < nb / 2; x += 32) {
+    for (int x = 0; x < cols; x += 32) {
       Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(x));
-      b_.tcgen05_st_32x32b(ta, &pk[static_cast<size_t>(x)], std::min(32, nb / 2 - x));
+      b_.tcgen05_st_32x32b(ta, &pk[static_cast<size_t>(x)], std::min(32, cols - x));
     }
     b_.tcgen05_wait_st();
     b_.tcgen05_fence_before_thread_sync();
@@ -668,14 +697,20 @@ class ForwardSm100Gen {
     if (spec_.sinks) {
       Reg s2 = sink_log2(e_, h_, offsetof(WgmmaParams, f));
       Reg m2 = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : m_;  // -inf stays -inf
+      if (form_.p_offset_log2 != 0.0f)
+        m2 = e_.op(Op::Sub, Type::F32, m2, fimm(form_.p_offset_log2));
       const tile::SinkRow sr = tile::sink_row(e_, m2, l_, s2, tile::sink_nan0(e_, s2));
       inv = sr.inv;
       lse = sr.lse;
     } else {
-      const tile::RowEnd end = tile::row_end(e_, m_, c, l_);
+      const tile::RowEnd end = tile::row_end(e_, m_, c, l_, form_.p_offset_log2);
       inv = end.inv;
       lse = end.lse;
     }
+    // The fp8 forward: O times V's descale (a row with no key keeps 0).
+    if (f8_)
+      b_.op(Op::Mul, Type::F32, inv, inv,
+            fp8_descale(e_, spec_, offsetof(Fp8Descales, v_descale), bz_, kvh_));
     const ForwardOut out = forward_out(e_, spec_, bz_, h_, sq_);
     Reg ok = e_.setp(Cmp::Lt, Type::S32, qrow_, sq_);
     Reg ga = e_.index(out.o_bh, qrow_, out.o_row);
@@ -712,6 +747,9 @@ class ForwardSm100Gen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
+  bool f8_;                  // the fp8 forward (spec.q_fp8): kind::f8f6f4, P in e4m3
+  tile::SoftmaxForm form_;   // fp8: OnlineSoftmax::fp8_form()
+  int kstep_ = 16;           // the MMA's K
   int kD_ = 0, poly_ = 0;
   int qt_ = 0, threads_ = 0, mma_warp_ = 0, load_warp_ = 0;  // Q tiles, threads, warp roles
   Reg tid_, warp_, smem_, tmem_, one_;

@@ -1395,7 +1395,11 @@ std::string generate_forward_wgmma(const KernelSpec &spec) { return ForwardWgmma
 
 TmaBox wgmma_tma_box(const KernelSpec &spec, TmaOperand which) {
   TmaBox box;
-  box.box_cols = kgen::kAtomCols;  // one 128-byte swizzle atom per box row
+  // One 128-byte swizzle atom per box row: 64 16-bit values, or 128 bytes
+  // (the sm_100a fp8 forward reads Q, K and V as fp8 bytes).
+  const bool bytes = spec.tcgen05 && spec.q_fp8 != KvFp8::None;
+  box.box_cols = bytes ? 128 : kgen::kAtomCols;
+  box.elem_bytes = bytes ? 1 : 2;
   box.box_rows = static_cast<uint32_t>(which == TmaOperand::Q ? spec.block_m : spec.block_n);
   box.swizzle_128b = true;
   return box;

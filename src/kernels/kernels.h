@@ -393,6 +393,7 @@ enum class TmaOperand { Q, K, V };
 struct TmaBox {
   uint32_t box_cols = 0, box_rows = 0;
   bool swizzle_128b = true;
+  uint32_t elem_bytes = 2;  // 1: fp8 bytes (the sm_100a fp8 forward: 128 a box row)
 };
 TmaBox wgmma_tma_box(const KernelSpec &spec, TmaOperand which);
 
@@ -550,7 +551,7 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 inline size_t forward_params_size(const KernelSpec &spec) {
   if (!spec.wgmma && (spec.split_kv || spec.dynamic))
     return spec.q_fp8 != KvFp8::None ? sizeof(Fp8ForwardTailParams) : sizeof(ForwardTailParams);
-  if (spec.tcgen05) return sizeof(WgmmaParams);
+  if (spec.tcgen05) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.wgmma && (spec.dynamic || spec.split_kv))
     return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);
   if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
@@ -560,7 +561,7 @@ inline size_t forward_params_size(const KernelSpec &spec) {
 }
 // Where an fp8 forward's Fp8Descales sit in its parameter block.
 inline size_t fp8_descales_offset(const KernelSpec &spec) {
-  return spec.wgmma ? offsetof(WgmmaFp8Params, d) : offsetof(Fp8ForwardParams, d);
+  return spec.wgmma || spec.tcgen05 ? offsetof(WgmmaFp8Params, d) : offsetof(Fp8ForwardParams, d);
 }
 
 // The parameter block a reduce kernel declares: the whole ReduceParams

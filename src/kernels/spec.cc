@@ -161,8 +161,8 @@ bool spec_valid(const KernelSpec &s) {
            s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
   // The sm_100a forward (forward_sm100.cc): one or two 128-row Q tiles
   // (S and O of every tile in tensor memory's 512 columns: two up to
-  // head_dim_v 128), key tiles of 128, head dims up to 256, 16-bit TMA
-  // operands only.
+  // head_dim_v 128), key tiles of 128, head dims up to 256, TMA operands:
+  // 16-bit, or fp8 Q, K and V together (kind::f8f6f4).
   if (s.tcgen05)
     return s.kind == KernelKind::Forward && s.mma && !s.wgmma && !s.gather &&
            (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && d_ok && dv_ok &&
@@ -171,7 +171,7 @@ bool spec_valid(const KernelSpec &s) {
            s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 && s.stages >= 2 && s.stages <= 8 &&
            !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.persistent &&
            !s.dynamic && !s.split_kv && s.q_stages == 1 &&
-           s.dv_split == 1 && s.q_fp8 == KvFp8::None && s.kv_fp8 == KvFp8::None;
+           s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None);
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -600,11 +600,17 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && (dev.sm == 100 || dev.sm == 103) &&
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
-             !fp8_fwd && !varlen && !shape.seqused_k &&
+             (!fp8_fwd || (cfg.kv_fp8 != KvFp8::None && s.head_dim % 16 == 0 &&
+                           s.head_dim_v % 16 == 0)) &&
+             !varlen && !shape.seqused_k &&
              shape.kv_layout == KvLayout::Contiguous && shape.tma_ok && !s.split_kv &&
              s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
     s.mma = true;
     s.tcgen05 = true;
+    if (fp8_fwd) {  // kind::f8f6f4 on the bytes (its atoms hold 128 columns)
+      s.q_fp8 = cfg.q_fp8;
+      s.kv_fp8 = cfg.kv_fp8;
+    }
     choose_sm100_tile(dev, &s);
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;

@@ -442,29 +442,32 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   return make_spec(cfg, KernelKind::Decode, backend_->info().limits, shape, policy());
 }
 
-// Whether TMA can address a [batch, seq, heads, d] tensor of 16-bit
-// values: a 16-byte aligned base and strides of whole 16-byte units
-// (cuTensorMapEncodeTiled), below 2^40 bytes.
-static bool tma_addressable(const fa_tensor &t) {
+// Whether TMA can address a [batch, seq, heads, d] tensor of eb-byte
+// values (2, or 1 for fp8): a 16-byte aligned base and strides of whole
+// 16-byte units (cuTensorMapEncodeTiled), below 2^40 bytes.
+static bool tma_addressable(const fa_tensor &t, int eb) {
   if (t.data % 16 != 0 || t.stride[3] != 1) return false;
   for (int i = 0; i < 3; ++i) {
-    if (t.stride[i] <= 0 || t.stride[i] % 8 != 0 || t.stride[i] >= (int64_t(1) << 38)) return false;
+    if (t.stride[i] <= 0 || t.stride[i] % (16 / eb) != 0 || t.stride[i] >= (int64_t(1) << 40) / eb)
+      return false;
   }
   return true;
 }
 
-// The tensor map of a [batch, rows, heads, cols] tensor of 16-bit values in
-// the boxes the sm_90a forward reads (wgmma_tma_box).
+// The tensor map of a [batch, rows, heads, cols] tensor in the boxes the
+// sm_90a and sm_100a forwards read (wgmma_tma_box: 16-bit values, or fp8
+// bytes).
 static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads, int cols,
                               int batch, const TmaBox &box) {
   TensorMapDesc d;
   d.rank = 4;
-  d.elem_bytes = 2;
-  d.bf16 = bf16;
+  const uint64_t eb = box.elem_bytes;
+  d.elem_bytes = box.elem_bytes;
+  d.bf16 = bf16 && eb == 2;
   d.base = t.data;
   const uint64_t dims[4] = {uint64_t(cols), uint64_t(rows), uint64_t(heads), uint64_t(batch)};
-  const uint64_t strides[4] = {2, uint64_t(t.stride[1]) * 2, uint64_t(t.stride[2]) * 2,
-                               uint64_t(t.stride[0]) * 2};
+  const uint64_t strides[4] = {eb, uint64_t(t.stride[1]) * eb, uint64_t(t.stride[2]) * eb,
+                               uint64_t(t.stride[0]) * eb};
   const uint32_t boxes[4] = {box.box_cols, box.box_rows, 1, 1};
   for (int i = 0; i < 4; ++i) {
     d.dims[i] = dims[i];
@@ -475,13 +478,14 @@ static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads
   return d;
 }
 
-static LaunchShape forward_shape(const fa_forward_args &a) {
+static LaunchShape forward_shape(const AttentionConfig &cfg, const fa_forward_args &a) {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = a.cu_seqlens_q != 0;
   shape.seqused_k = a.seqused_k != 0;
   shape.sinks = a.sinks != 0;
   shape.alibi = a.alibi_slopes != 0;
-  shape.tma_ok = tma_addressable(a.q) && tma_addressable(a.k) && tma_addressable(a.v);
+  const int qb = cfg.q_fp8 != KvFp8::None ? 1 : 2, kvb = cfg.kv_fp8 != KvFp8::None ? 1 : 2;
+  shape.tma_ok = tma_addressable(a.q, qb) && tma_addressable(a.k, kvb) && tma_addressable(a.v, kvb);
   return shape;
 }
 
@@ -507,7 +511,7 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
     const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
     if (!plan.too_large) return 256 + plan.workspace_bytes;
   }
-  const LaunchShape shape = forward_shape(a);
+  const LaunchShape shape = forward_shape(cfg, a);
   const KernelSpec spec = forward_spec(cfg, a, shape);
   if (spec.persistent) return 8;
   ForwardSplitPlan plan;
@@ -570,7 +574,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
       return decode(cfg, d, stream, a.cu_seqlens_q);
     }
   }
-  LaunchShape shape = forward_shape(a);
+  LaunchShape shape = forward_shape(cfg, a);
   KernelSpec spec = forward_spec(cfg, a, shape);
   if (fa_status st = check_fp8_kv(cfg, spec); st != FA_SUCCESS) return st;
   if (fa_status st = check_fp32(cfg, spec); st != FA_SUCCESS) return st;
