@@ -1683,12 +1683,16 @@ void test_swizzle128(void **) {
 // poisoned first.
 void test_gather_rows(void **) {
   struct Case {
-    int chunks, data, rows, first, limit;
+    int chunks, data, rows, first, limit, threads = 128;
   };
-  const Case cases[] = {{8, 8, 32, 2, 30},   {24, 24, 16, 0, 40}, {48, 48, 24, 5, 20},
-                        {72, 72, 24, 1, 18}, {72, 64, 8, 3, 40},  {48, 40, 6, 0, 40}};
+  // 128 threads (the sm_90a producer warpgroup) and 64 (the sm_100a
+  // forward's two gather warps: 16 chunks of 128 rows as its d128 tiles).
+  const Case cases[] = {{8, 8, 32, 2, 30},        {24, 24, 16, 0, 40},     {48, 48, 24, 5, 20},
+                        {72, 72, 24, 1, 18},      {72, 64, 8, 3, 40},      {48, 40, 6, 0, 40},
+                        {16, 16, 128, 3, 100, 64}, {8, 8, 32, 2, 30, 64},   {32, 24, 20, 1, 18, 64},
+                        {1, 1, 12, 0, 8, 64},     {24, 24, 40, 4, 40, 64}};
   for (const Case &c : cases) {
-    const int cols = 8 * c.chunks, src_rows = 40;
+    const int cols = 8 * c.chunks, src_rows = std::max(40, c.limit);
     const uint32_t atom = static_cast<uint32_t>(c.rows) * 128;
     const uint32_t bytes = (c.chunks + 7) / 8 * atom;
     const std::string ptx = kernel(128, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
@@ -1698,11 +1702,16 @@ void test_gather_rows(void **) {
         b.st(Space::Shared, Type::B32, at(a), e.mov(Type::B32, imm(0x7e007e00)));
       }
       b.bar_sync();
-      tile::gather_rows(e, tid, smem, 0, atom, c.rows, c.chunks, c.data,
-                        e.mov(Type::S32, imm(c.first)), e.mov(Type::S32, imm(c.limit)),
-                        [&](Reg j) { return e.index(g[0], j, 2 * cols); });
+      fa::ptx::Label skip = b.label();
+      if (c.threads < 128)
+        b.when(e.setp(fa::ptx::Cmp::Ge, Type::U32, tid, imm(c.threads))).bra(skip);
+      tile::gather_rows(
+          e, tid, smem, 0, atom, c.rows, c.chunks, c.data, e.mov(Type::S32, imm(c.first)),
+          e.mov(Type::S32, imm(c.limit)), [&](Reg j) { return e.index(g[0], j, 2 * cols); }, 0,
+          Type::F16, c.threads);
       b.cp_async_commit();
       b.cp_async_wait(0);
+      b.bind(skip);
       b.bar_sync();
       for (uint32_t w = 0; w < bytes / 4; w += 128) {
         Reg idx = e.op(Op::Add, Type::U32, tid, imm(w));
@@ -1727,8 +1736,8 @@ void test_gather_rows(void **) {
         const uint16_t want = j < c.limit && x / 8 < c.data ? src[size_t(j) * cols + x] : 0;
         const uint16_t v = got[(sw.offset(r, x / 8) + 2 * (x % 8)) / 2];
         if (v != want && bad++ < 5)
-          std::fprintf(stderr, "chunks %d rows %d: row %d col %d: %u, want %u\n", c.chunks, c.rows,
-                       r, x, v, want);
+          std::fprintf(stderr, "chunks %d rows %d threads %d: row %d col %d: %u, want %u\n",
+                       c.chunks, c.rows, c.threads, r, x, v, want);
       }
     assert_int_equal(bad, 0);
   }

@@ -65,11 +65,11 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
 
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
                  int chunks, int data, Reg first, Reg limit,
-                 const std::function<Reg(Reg)> &row_addr, int fp8, Type half) {
+                 const std::function<Reg(Reg)> &row_addr, int fp8, Type half, int threads) {
   ptx::Builder &b = e.b;
   int lg = 0;
   while ((1 << lg) < chunks) ++lg;
-  const int T = 1 << lg, R = 128 / T;
+  const int T = 1 << lg, R = threads / T;
   Reg c = e.op(Op::And, Type::B32, tid, imm(T - 1));
   Reg r = e.op(Op::Shr, Type::U32, tid, imm(lg));
   Reg live = chunks < T ? e.setp(Cmp::Lt, Type::U32, c, imm(chunks)) : Reg();

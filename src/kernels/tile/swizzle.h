@@ -71,13 +71,14 @@ void store_acc(Emitter &e, const Lanes &ln, const AccTile &t, Type half, const S
 // reads or writes any wgmma's accumulators).
 void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &dst);
 
-// The producer warpgroup's row copy (tid 0..127): rows first .. first +
+// The producer's row copy (tid 0 .. threads - 1; threads 128 or 64, at
+// least chunks rounded up to a power of two): rows first .. first +
 // rows - 1 of `chunks` 16-byte chunks (the first `data` from row_addr(j),
 // the others and rows at or past `limit` zeros; cp.async.cg, zero-filled)
 // into 128-byte-swizzled atoms of [rows][128 B] at dst + base, atom_bytes
 // apart: chunk c of row r lands at atom c / 8, byte 128 r + 16 ((c % 8) ^
-// (r % 8)). Each thread owns one chunk column of every (128 / T)-th row,
-// T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
+// (r % 8)). Each thread owns one chunk column of every (threads / T)-th
+// row, T = chunks rounded up to a power of two. fp8 (1 e4m3, 2 e5m2): the rows
 // hold fp8 bytes, 8 per chunk, loaded (ld.global.v2.b32, zeros where
 // cp.async would zero-fill) and converted exactly to `half` (f16 or bf16:
 // tile::fp8x8_to_half) into the chunk by st.shared.v4: generic
@@ -86,6 +87,7 @@ void pack_acc(Emitter &e, const AccTile &t, Type half, const std::vector<Reg> &d
 // address (u64), j clamped to limit - 1.
 void gather_rows(Emitter &e, Reg tid, Reg dst, uint32_t base, uint32_t atom_bytes, int rows,
                  int chunks, int data, Reg first, Reg limit,
-                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0, Type half = Type::F16);
+                 const std::function<Reg(Reg)> &row_addr, int fp8 = 0, Type half = Type::F16,
+                 int threads = 128);
 
 }  // namespace fa::kgen::tile
