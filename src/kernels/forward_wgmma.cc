@@ -32,6 +32,7 @@
 #include "kernels/codegen.h"
 #include "kernels/launch.h"
 #include "kernels/tile/key_range.h"
+#include "kernels/tile/kv_gather.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/scheduler.h"
@@ -595,65 +596,27 @@ class ForwardWgmmaGen {
     }
   }
 
-  // Thread t < block_n looks up key min(n + t, seqlen_k - 1)'s page and
-  // leaves its K and V row addresses at rows + 8 t and rows + 8 (block_n +
-  // t) (named barrier 1 among
-  // the producer's 128 threads, before: the previous tile's were read).
-  void page_rows(Reg n) {
-    b_.comment("row addresses of the tile, one page lookup per row");
-    b_.bar_sync(kProducerBar, 128);
-    ptx::Label skip = b_.label();
-    if (spec_.block_n < 128)
-      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(spec_.block_n))).bra(skip);
-    Reg j = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n, tid_),
-                  e_.op(Op::Sub, Type::S32, sk_, imm(1)));
-    Reg pi, off;
-    fb_.kr.page_of(e_, j, &pi, &off);
-    Reg pg = b_.b32();
-    b_.ld(Space::Global, Type::S32, pg, at(e_.index(fb_.kr.table, pi, 4)), true);
-    Reg slot = e_.op(Op::MadLo, Type::U32, tid_, imm(8), smem_);
-    Reg ka = e_.index(e_.index(fb_.kr.base, pg, fb_.kr.page), off, fb_.kr.row);
-    Reg va = e_.index(e_.index(fb_.vr.base, pg, fb_.vr.page), off, fb_.vr.row);
-    b_.st(Space::Shared, Type::U64, at(slot, lay_.rows), ka);
-    b_.st(Space::Shared, Type::U64, at(slot, lay_.rows + 8 * spec_.block_n), va);
-    b_.bind(skip);
-    b_.bar_sync(kProducerBar, 128);
+  // The producer warpgroup's K/V tile copies (tile::KvGather): its row
+  // table at lay_.rows, named barrier 1 among its 128 threads.
+  tile::KvGather kv_gather() {
+    tile::KvGather g(e_, tid_);
+    g.threads = 128;
+    g.smem = smem_;
+    g.rows = lay_.rows;
+    g.block_n = spec_.block_n;
+    g.seqlen_k = sk_;
+    g.bar = kProducerBar;
+    g.row_table = row_table(spec_);
+    g.page_tiles = spec_.page_tiles;
+    g.fp8 = kv8_;
+    g.half = Type::F16;
+    return g;
   }
-
+  void page_rows(Reg n) { kv_gather().page_rows(n, fb_.kr, fb_.vr); }
   // The K (or V) tile of keys n .. n + block_n - 1 into the stage at smem +
-  // base + dst: one block_table lookup for the tile when pages hold whole
-  // tiles, row addresses from page_rows (`half` bytes into its table) when
-  // they do not, else KvRows::at.
+  // base + dst (tile::KvGather::tile; `half` bytes into the row table).
   void kv_tile(Reg dst, uint32_t base, int chunks, int data, Reg n, const KvRows &kv, int half) {
-    b_.op(Op::Add, Type::U32, dst, dst, smem_);
-    if (row_table(spec_)) {
-      gather(
-          dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-          [&](Reg j) {
-            Reg slot = e_.op(Op::Sub, Type::S32, j, n);
-            b_.op(Op::MadLo, Type::U32, slot, slot, imm(8), smem_);
-            Reg a = b_.b64();
-            b_.ld(Space::Shared, Type::U64, a, at(slot, lay_.rows + half));
-            return a;
-          },
-          kv8_);
-      return;
-    }
-    if (spec_.page_tiles) {
-      Reg pi = e_.op(Op::Div, Type::U32, n, kv.page_size);
-      Reg off = e_.op(Op::Rem, Type::U32, n, kv.page_size);
-      Reg pg = b_.b32();
-      b_.ld(Space::Global, Type::S32, pg, at(e_.index(kv.table, pi, 4)), true);
-      Reg row0 = e_.index(e_.index(kv.base, pg, kv.page), off, kv.row);
-      // Rows past seqlen_k are not read (zeros), so the page's rows suffice.
-      gather(
-          dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-          [&](Reg j) { return e_.index(row0, e_.op(Op::Sub, Type::S32, j, n), kv.row); }, kv8_);
-      return;
-    }
-    gather(
-        dst, base, lay_.kv_atom, spec_.block_n, chunks, data, n, sk_,
-        [&](Reg j) { return kv.at(e_, j); }, kv8_);
+    kv_gather().tile(dst, base, lay_.kv_atom, chunks, data, n, kv, half);
   }
 
   // The fp8 wgmma's V tile (keys n .. n + block_n - 1), transposed into the
