@@ -710,7 +710,8 @@ std::vector<KernelSpec> grid() {
   // memory; FlashAttention-4's structure) on sm_100 (every head dim it
   // takes, 8..256: two Q tiles up to 128, one past it) and sm_103 (every
   // third), head_dim != head_dim_v, both dtypes, causal, windows, softcap,
-  // GQA, sinks, ALiBi, fp8 Q/K/V (e4m3 and e5m2).
+  // GQA, sinks, ALiBi, fp8 Q/K/V (e4m3 and e5m2), and the gather warps'
+  // variant (varlen, paged, pointer arrays, seqused_k).
   {
     KernelPolicy pol;
     pol.sm100_forward = true;
@@ -725,6 +726,25 @@ std::vector<KernelSpec> grid() {
         LaunchShape shape;
         shape.sinks = i % 3 == 2;
         shape.alibi = i % 4 == 3;
+        // The gather warps: varlen, paged by tile and by row, pointer arrays,
+        // seqused_k, every fifth or so.
+        switch (i % 5) {
+          case 2:
+            shape.varlen = true;
+            break;
+          case 3:
+            shape.kv_layout = KvLayout::Paged;
+            shape.page_size = i % 2 ? 16 : 256;
+            shape.seqused_k = true;
+            break;
+          case 4:
+            shape.kv_layout = i % 2 ? KvLayout::PtrArray : KvLayout::Paged;
+            shape.page_size = i % 2 ? 0 : 3;
+            shape.seqused_k = true;
+            break;
+          default:
+            break;
+        }
         // The fp8 forward (kind::f8f6f4) at head dims of whole k16 steps.
         if (i % 4 == 1 && d % 16 == 0 && dv % 16 == 0) {
           cfg.q_fp8 = i % 8 == 1 ? KvFp8::E4M3 : KvFp8::E5M2;
@@ -732,6 +752,8 @@ std::vector<KernelSpec> grid() {
         }
         KernelSpec w = make_spec(cfg, KernelKind::Forward, limits_of(sm), shape, pol);
         assert_true(w.tcgen05 && !generate_ptx(w).empty());
+        // The tile fits the SM's shared memory (two Q tiles only where they do).
+        assert_true(max_dynamic_smem(w) <= limits_of(sm).smem_per_block_optin);
         out.push_back(w);
         ++i;
       }

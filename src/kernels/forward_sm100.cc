@@ -40,6 +40,7 @@
 #include "kernels/codegen.h"
 #include "kernels/launch.h"
 #include "kernels/tile/key_range.h"
+#include "kernels/tile/kv_gather.h"
 #include "kernels/tile/merge.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
@@ -57,6 +58,7 @@ constexpr int kAtomBytes = Swizzle128::kRowBytes;  // one swizzled row: 64 16-bi
 constexpr int kAtomCols = 64;
 constexpr int kTileRows = 128;  // rows of one Q tile (the MMA's M, TMEM's lanes)
 constexpr int kMaxQTiles = 2;
+constexpr int kGatherThreads = 64;  // spec.gather: the last two warps copy rows
 constexpr uint32_t kTmemCols = 512;
 // setmaxnreg: the softmax warpgroups hold a row of S (block_n f32) and its
 // packed P; the last warpgroup (MMA, load, two idle warps) little. 2 x 128
@@ -75,7 +77,7 @@ constexpr int kPolyPairsPer16 = 6;
 struct Layout {
   int qa = 0, va = 0;
   uint32_t q_atom = 0, kv_atom = 0, slot = 0;
-  uint32_t q = 0, kv = 0, bars = 0, tmem = 0, total = 0;
+  uint32_t q = 0, kv = 0, bars = 0, tmem = 0, rows = 0, total = 0;
   int stages = 0, q_tiles = 0;
   uint32_t kv_full(int s) const { return bars + 8 * static_cast<uint32_t>(s); }
   uint32_t kv_empty(int s) const { return kv_full(stages) + 8 * static_cast<uint32_t>(s); }
@@ -103,7 +105,9 @@ Layout layout(const KernelSpec &s) {
   l.kv = static_cast<uint32_t>(l.qa) * l.q_atom;
   l.bars = l.kv + static_cast<uint32_t>(s.stages) * l.slot;
   l.tmem = l.o_full(l.q_tiles);
-  l.total = l.tmem + 16;
+  l.rows = l.tmem + 16;  // the gather's row table (K then V addresses, 8 B a key)
+  const bool rows = s.gather && s.kv_layout == KvLayout::Paged && !s.page_tiles;
+  l.total = l.rows + (rows ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   return l;
 }
 
@@ -143,14 +147,22 @@ class ForwardSm100Gen {
     // operands sit in uniform registers (no per-lane issue loop).
     warp_ = uniform(e_.op(Op::Shr, Type::U32, tid_, imm(5)));
     smem_ = e_.mov(Type::U32, ptx::sym(b_.extern_shared("smem", 1024)));
+    // Varlen: a CTA past its sequence's rows leaves before any barrier (and
+    // before tensor memory is allocated): forward_bases exits it.
+    if (spec_.varlen) bases(nullptr);
     prologue();
     ptx::Label softmax = b_.label(), mma = b_.label(), done = b_.label();
     b_.when(e_.setp(Cmp::Lt, Type::U32, warp_, imm(4 * qt_))).bra(softmax);
     b_.setmaxnreg(false, kOtherRegs);
     work();
     b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(mma_warp_))).bra(mma);
-    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(load_warp_))).bra(done);
-    load();
+    if (spec_.gather) {  // the last two warps copy rows; the load warp idles
+      b_.unless(e_.setp(Cmp::Ge, Type::U32, warp_, imm(load_warp_ + 1))).bra(done);
+      gather();
+    } else {
+      b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(load_warp_))).bra(done);
+      load();
+    }
     b_.bra(done);
     b_.bind(mma);
     mma_warp();
@@ -181,8 +193,17 @@ class ForwardSm100Gen {
     bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
     m0_ = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
-    sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
-    sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    if (spec_.gather) {
+      // The sequence's lengths (cu_seqlens, seqused_k) and row addresses.
+      ptx::Label none = b_.label();  // never taken: past CTAs left before the prologue
+      fb_ = bases(&none);
+      b_.bind(none);
+      sq_ = fb_.sq;
+      sk_ = fb_.sk;
+    } else {
+      sq_ = e_.param(Type::S32, f + offsetof(P, seqlen_q));
+      sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
+    }
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
     keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
     wr_ = wr;
@@ -194,17 +215,36 @@ class ForwardSm100Gen {
     b_.selp(Type::S32, ntiles_, imm(0), ntiles_, keys_.empty);
   }
 
+  // forward_bases of this CTA's (batch, head) and rows (varlen: a CTA past
+  // its sequence exits, or with `past` branches there).
+  ForwardBases bases(const ptx::Label *past) {
+    const size_t f = offsetof(WgmmaParams, f);
+    Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
+    Reg hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
+    Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
+    Reg m0 = e_.op(Op::MulLo, Type::S32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
+                   imm(spec_.block_m));
+    return forward_bases(e_, spec_, e_.global_param(f + offsetof(P, q)),
+                         e_.global_param(f + offsetof(P, k)), e_.global_param(f + offsetof(P, v)),
+                         bz, h, kvh, m0, past);
+  }
+
   // ---- every thread: barriers, tensor memory ----
   void prologue() {
 
-    b_.comment("mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, s_full, o_full: "
-               "one tcgen05.commit; p_full: 128 softmax threads");
+    b_.comment(spec_.gather ? "mbarriers: kv_full, q_full: the 64 gather threads; kv_empty, s_full, "
+                              "o_full: one tcgen05.commit; p_full: 128 softmax threads"
+                            : "mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, "
+                              "s_full, o_full: one tcgen05.commit; p_full: 128 softmax threads");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+    const int full = spec_.gather ? kGatherThreads : 1;
     for (int s = 0; s < lay_.stages; ++s) {
-      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_full(s)), imm(1));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_full(s)), imm(full));
       b_.when(t0).mbarrier_init(at(smem_, lay_.kv_empty(s)), imm(1));
     }
-    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(1));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
     for (int i = 0; i < qt_; ++i) {
       b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
       b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
@@ -289,6 +329,66 @@ class ForwardSm100Gen {
     }
     b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top, true);
+    b_.bind(out);
+  }
+
+  // ---- spec.gather: the last two warps copy Q, K and V rows (cp.async,
+  // tile::gather_rows / tile::KvGather: varlen, seqused_k, paged and
+  // pointer-array caches, strides TMA cannot address). Ring item it's
+  // copies are one cp.async group; once the next item's are in flight
+  // (wait_group 1) the previous item is complete: fence.proxy.async (the
+  // MMA reads shared memory through the async proxy), then each thread's
+  // arrival on its full barrier (Q's for the first).
+  void gather() {
+    ptx::Label out = b_.label();
+    Reg gid = e_.op(Op::Sub, Type::U32, tid_, imm(32 * (load_warp_ + 1)));
+    tile::KvGather g(e_, gid);
+    g.threads = kGatherThreads;
+    g.smem = smem_;
+    g.rows = lay_.rows;
+    g.block_n = spec_.block_n;
+    g.seqlen_k = sk_;
+    g.bar = 1;
+    g.row_table = spec_.kv_layout == KvLayout::Paged && !spec_.page_tiles;
+    g.page_tiles = spec_.page_tiles;
+    // 16-byte chunks of a row: the MMA's K steps of Q and K, V's N (dv16).
+    const int eb = f8_ ? 1 : 2;
+    const int qk_chunks = kD_ * kstep_ * eb / 16, qk_data = spec_.head_dim * eb / 16;
+    const int v_chunks = dv16() * eb / 16, v_data = spec_.head_dim_v * eb / 16;
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);  // as the MMA warp
+    b_.comment("Q rows (zeros past seqlen_q)");
+    tile::gather_rows(
+        e_, gid, smem_, lay_.q, lay_.q_atom, spec_.block_m, qk_chunks, qk_data, m0_, sq_,
+        [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); }, 0, Type::F16, kGatherThreads);
+    b_.cp_async_commit();
+    b_.comment("K_j, V_j, last tile first, into the ring: K_j at 2j, V_j at 2j + 1");
+    Reg n = e_.mov(Type::S32, keys_.top);
+    Reg it = e_.mov(Type::U32, imm(0));
+    Reg prev = e_.mov(Type::U32, smem_);  // the previous item's barriers (its stage's)
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    for (int kv = 0; kv < 2; ++kv) {
+      const tile::Ring::Slot sl = ring().slot(it);
+      Reg bars = ring().bars(sl.stage);
+      ring().wait(bars, static_cast<int>(lay_.kv_empty(0)), ring().free_parity(sl.parity));
+      if (kv == 0 && g.row_table) g.page_rows(n, fb_.kr, fb_.vr);
+      Reg dst = e_.op(Op::MulLo, Type::U32, sl.stage, imm(lay_.slot));
+      g.tile(dst, lay_.kv, lay_.kv_atom, kv ? v_chunks : qk_chunks, kv ? v_data : qk_data, n,
+             kv ? fb_.vr : fb_.kr, kv ? 8 * spec_.block_n : 0);
+      b_.cp_async_commit();
+      b_.cp_async_wait(1);  // Q (the first item) or the previous item
+      b_.fence_proxy_async();
+      Reg first = e_.setp(Cmp::Eq, Type::U32, it, imm(0));
+      b_.when(first).mbarrier_arrive(at(smem_, lay_.q_full()));
+      b_.unless(first).mbarrier_arrive(at(prev, lay_.kv_full(0)));
+      b_.mov(Type::U32, prev, bars);
+      b_.op(Op::Add, Type::U32, it, it, imm(1));
+    }
+    b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top, true);
+    b_.cp_async_wait(0);
+    b_.fence_proxy_async();
+    b_.mbarrier_arrive(at(prev, lay_.kv_full(0)));
     b_.bind(out);
   }
 
@@ -403,6 +503,10 @@ class ForwardSm100Gen {
       r.wait(smem_, static_cast<int>(lay_.p_full(i)), pph);
       b_.tcgen05_fence_after_thread_sync();
       issue_pv(i, vd, acc);
+      // V_j's slot is free once its last product completes: released
+      // before waiting for K_{j+1} (the gather warps make K_{j+1} full only
+      // once V_{j+1}'s copies are in flight, which may need that slot).
+      if (i == qt_ - 1) b_.when(one_).tcgen05_commit(at(vbars, lay_.kv_empty(0)));
       ptx::Label no_k = b_.label();
       b_.unless(more).bra(no_k, true);
       if (i == 0) r.wait(kbars, static_cast<int>(lay_.kv_full(0)), k.parity);
@@ -411,7 +515,6 @@ class ForwardSm100Gen {
     }
     Reg one_more = e_.op(Op::And, Type::Pred, one_, more);
     b_.when(one_more).tcgen05_commit(at(kbars, lay_.kv_empty(0)));
-    b_.when(one_).tcgen05_commit(at(vbars, lay_.kv_empty(0)));
     b_.op(Op::Xor, Type::B32, pph, pph, imm(1));
     b_.when(more).bra(top, true);
     b_.bind(out);
@@ -759,6 +862,7 @@ class ForwardSm100Gen {
   Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, m_, l_, sph_, j_, n_;
   Softcap cap_;
   std::vector<Reg> s_;
+  ForwardBases fb_;  // spec.gather
   Reg c2_;  // {score_scale, score_scale} (no softcap)
   Reg alibi_coef_, alibi_diag_;  // spec.alibi (tile::alibi_coef)
   std::unique_ptr<tile::Exp2Poly3> exp2_;

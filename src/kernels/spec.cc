@@ -71,6 +71,11 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
   return 1;
 }
 
+// The sm_100a forward's smallest ring (forward_sm100.cc): with two Q tiles
+// the gather warps' one-item lag needs a third slot (V_{j+1} is copied
+// while K_{j+1}, V_j, and K_{j+1}'s arrival waits for V_{j+1}'s copies).
+static int sm100_min_stages(const KernelSpec &s) { return s.gather && s.block_m == 256 ? 3 : 2; }
+
 bool spec_valid(const KernelSpec &s) {
   if (s.fixed_len && s.kind != KernelKind::Decode) return false;
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
@@ -164,13 +169,14 @@ bool spec_valid(const KernelSpec &s) {
   // head_dim_v 128), key tiles of 128, head dims up to 256, TMA operands:
   // 16-bit, or fp8 Q, K and V together (kind::f8f6f4).
   if (s.tcgen05)
-    return s.kind == KernelKind::Forward && s.mma && !s.wgmma && !s.gather &&
+    return s.kind == KernelKind::Forward && s.mma && !s.wgmma &&
            (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && d_ok && dv_ok &&
            s.head_dim <= 256 && s.head_dim_v <= 256 &&
            ((s.block_m == 256 && s.head_dim_v <= 128) || s.block_m == 128) &&
-           s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 && s.stages >= 2 && s.stages <= 8 &&
-           !s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous && !s.persistent &&
-           !s.dynamic && !s.split_kv && s.q_stages == 1 &&
+           s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 &&
+           s.stages >= sm100_min_stages(s) && s.stages <= 8 &&
+           (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
+           !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 &&
            s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None);
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
@@ -323,18 +329,22 @@ void choose_forward_tile(const DeviceLimits &dev, KernelSpec *s) {
 // gather variant within 216), stages as many as shared
 // memory holds (2..4), after a second Q buffer when persistent
 // (KernelSpec::q_stages).
-// The sm_100a forward's tile (forward_sm100.cc): two 128-row Q tiles (one
-// past head_dim_v 128: S and both O tiles fill tensor memory's 512 columns
-// at 128), 128 keys, four warps a Q tile and four more, and as many ring
-// slots as shared memory holds (up to 6).
+// The sm_100a forward's tile (forward_sm100.cc): two 128-row Q tiles where
+// they fit (tensor memory: S and both O tiles in 512 columns, head_dim_v up
+// to 128; shared memory: both Q tiles and the smallest ring), else one;
+// 128 keys, four warps a Q tile and four more, and as many ring slots as
+// shared memory holds (up to 6).
 void choose_sm100_tile(const DeviceLimits &dev, KernelSpec *s) {
-  const int q_tiles = s->head_dim_v > 128 ? 1 : 2;
-  s->block_m = 128 * q_tiles;
-  s->block_n = 128;
-  s->num_warps = 4 * q_tiles + 4;
   DeviceLimits lim = dev;
   if (lim.smem_per_block_optin == 0) published_limits(100, &lim);
-  for (s->stages = 6; s->stages > 2; --s->stages)
+  s->block_n = 128;
+  for (int q_tiles = s->head_dim_v > 128 ? 1 : 2; q_tiles >= 1; --q_tiles) {
+    s->block_m = 128 * q_tiles;
+    s->num_warps = 4 * q_tiles + 4;
+    s->stages = sm100_min_stages(*s);
+    if (kgen::sm100_smem(*s) <= lim.smem_per_block_optin) break;
+  }
+  for (s->stages = 6; s->stages > sm100_min_stages(*s); --s->stages)
     if (kgen::sm100_smem(*s) <= lim.smem_per_block_optin) break;
 }
 
@@ -512,7 +522,7 @@ std::string KernelSpec::describe() const {
   std::snprintf(buf, sizeof buf, "%s %s sm%d d%d dv%d g%d bm%d bn%d w%d%s%s%s%s%s%s",
                 kind_name(kind), dtype_name(dtype), sm, head_dim, head_dim_v, group_size, block_m,
                 block_n, num_warps, softcap ? " softcap" : "", varlen ? " varlen" : "",
-                tcgen05 ? " tcgen05"
+                tcgen05 ? (gather ? " tcgen05 gather" : " tcgen05")
                 : wgmma ? (gather ? " wgmma gather" : " wgmma")
                 : mma   ? " mma"
                       : "",
@@ -602,11 +612,14 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
              (!fp8_fwd || (cfg.kv_fp8 != KvFp8::None && s.head_dim % 16 == 0 &&
                            s.head_dim_v % 16 == 0)) &&
-             !varlen && !shape.seqused_k &&
-             shape.kv_layout == KvLayout::Contiguous && shape.tma_ok && !s.split_kv &&
-             s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
+             !s.split_kv && s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
+    // TMA where it can address Q, K and V as boxes; else two warps gather
+    // rows with cp.async (varlen, seqused_k, paged and pointer-array KV).
+    s.varlen = varlen;
     s.mma = true;
     s.tcgen05 = true;
+    s.gather = varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous ||
+               !shape.tma_ok;
     if (fp8_fwd) {  // kind::f8f6f4 on the bytes (its atoms hold 128 columns)
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
@@ -727,7 +740,7 @@ std::string entry_name(const KernelSpec &s) {
       std::snprintf(st, sizeof st, "_s%d_mt%d%s_c%d", s.stages, s.m_tiles, s.q_in_regs ? "q" : "",
                     s.min_ctas);
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
-                  s.tcgen05 ? "_tc05"
+                  s.tcgen05 ? (s.gather ? "_tc05_gather" : "_tc05")
                   : s.wgmma ? (s.gather ? "_wgmma_gather" : "_wgmma")
                   : s.mma ? "_mma"
                           : "",
