@@ -4,12 +4,14 @@
 // run that kernel, then the numerics suite at SM 100
 // (FLASHATTN_SM100_FORWARD=1 selects it where it covers the call; the
 // other calls run the mma.sync forward). First checks that the runtime
-// picks it.
+// picks it. Then its gather variant (varlen, chunked prefill over every KV
+// layout) and split-KV (partial states, then the combine).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "flashattn.h"
@@ -178,6 +180,48 @@ int main(void) {
     const std::string e = fa::test::run_decode(rt, c);
     if (!e.empty()) failures += c.describe() + ":\n" + e;
     ran_gather(c.describe());
+  }
+  // Split-KV (few CTAs, the workspace fa_forward_workspace_size asks for):
+  // the split kernel writes partial states and the combine runs last (the
+  // profile's kernel); which forward wrote them is read from the profile
+  // lines the emulator prints for every launch (stderr, captured).
+  auto splits = [&](fa::test::ForwardCase c, const char *what) {
+    c.workspace = fa::test::kAutoWorkspace;
+    std::fflush(stderr);
+    const int saved = dup(2);
+    FILE *log = std::tmpfile();
+    if (!std::getenv("FA_TEST_NO_CAPTURE")) dup2(fileno(log), 2);
+    const std::string e = fa::test::run_forward(rt, c);
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::string text;
+    std::rewind(log);
+    for (int ch; (ch = std::fgetc(log)) != EOF;) text.push_back(static_cast<char>(ch));
+    std::fclose(log);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+    const size_t at = text.find("profile: fa_forward_tc05_");
+    if (at == std::string::npos || text.find("_split", at) == std::string::npos ||
+        fa::test::emulated_kernel(rt).find("fa_reduce_") != 0)
+      failures += std::string(what) + ": not the sm_100a split forward then the combine\n";
+  };
+  splits(fa::test::forward_case(1, 100, 3000, 2, 1, 128, 128, true, true, -1, -1, 0, 1180),
+         "split, causal");
+  {
+    fa::test::ForwardCase c =
+        fa::test::forward_case(1, 300, 2500, 4, 2, 64, 64, false, false, 200, 50, 0, 1181);
+    c.alibi = {0.25f, 0.125f, 0.0625f, 0.03125f};
+    splits(c, "split, window, ALiBi");
+    c = fa::test::forward_case(1, 64, 2000, 2, 2, 128, 128, true, false, -1, -1, 0, 1182);
+    c.q_fp8 = c.kv_fp8 = FA_DTYPE_FP8_E4M3;
+    splits(c, "split, fp8");
+    c = varlen.front();
+    c.seqlens_q = {50, 200};
+    c.seqlens_k = {1500, 900};
+    c.batch = 2;
+    c.seqlen_q = 200;
+    c.seqlen_k = 1500;
+    splits(c, "split, varlen");
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
   fa_runtime_destroy(rt);

@@ -710,8 +710,8 @@ std::vector<KernelSpec> grid() {
   // memory; FlashAttention-4's structure) on sm_100 (every head dim it
   // takes, 8..256: two Q tiles up to 128, one past it) and sm_103 (every
   // third), head_dim != head_dim_v, both dtypes, causal, windows, softcap,
-  // GQA, sinks, ALiBi, fp8 Q/K/V (e4m3 and e5m2), and the gather warps'
-  // variant (varlen, paged, pointer arrays, seqused_k).
+  // GQA, sinks, ALiBi, fp8 Q/K/V (e4m3 and e5m2), split-KV, and the gather
+  // warps' variant (varlen, paged, pointer arrays, seqused_k).
   {
     KernelPolicy pol;
     pol.sm100_forward = true;
@@ -745,6 +745,7 @@ std::vector<KernelSpec> grid() {
           default:
             break;
         }
+        shape.split_kv = i % 6 == 0 && !shape.sinks;  // split-KV (partial states)
         // The fp8 forward (kind::f8f6f4) at head dims of whole k16 steps.
         if (i % 4 == 1 && d % 16 == 0 && dv % 16 == 0) {
           cfg.q_fp8 = i % 8 == 1 ? KvFp8::E4M3 : KvFp8::E5M2;

@@ -189,6 +189,8 @@ class ForwardSm100Gen {
     Reg hq = e_.param(Type::S32, f + offsetof(P, num_heads_q));
     Reg hkv = e_.param(Type::S32, f + offsetof(P, num_heads_kv));
     Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    // spec.split_kv: x = m-block + m-blocks x split (forward_split_index).
+    if (spec_.split_kv) mblk = e_.op(Op::Rem, Type::U32, mblk, forward_m_blocks(e_, spec_));
     h_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     kvh_ = e_.op(Op::Div, Type::S32, h_, e_.op(Op::Div, Type::S32, hq, hkv));
@@ -206,6 +208,11 @@ class ForwardSm100Gen {
     }
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
     keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    if (spec_.split_kv) {
+      Reg size =
+          e_.param(Type::S32, forward_tail_offset(spec_) + offsetof(ForwardTail, split_size));
+      tile::split_keys(e_, &keys_, forward_split_index(e_, spec_), size, spec_.block_n);
+    }
     wr_ = wr;
     wl_ = wl;
     // Tiles: top, top - block_n, ..., n_begin (none when empty).
@@ -224,8 +231,9 @@ class ForwardSm100Gen {
     Reg h = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
     Reg bz = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
     Reg kvh = e_.op(Op::Div, Type::S32, h, e_.op(Op::Div, Type::S32, hq, hkv));
-    Reg m0 = e_.op(Op::MulLo, Type::S32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
-                   imm(spec_.block_m));
+    Reg mblk = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    if (spec_.split_kv) mblk = e_.op(Op::Rem, Type::U32, mblk, forward_m_blocks(e_, spec_));
+    Reg m0 = e_.op(Op::MulLo, Type::S32, mblk, imm(spec_.block_m));
     return forward_bases(e_, spec_, e_.global_param(f + offsetof(P, q)),
                          e_.global_param(f + offsetof(P, k)), e_.global_param(f + offsetof(P, v)),
                          bz, h, kvh, m0, past);
@@ -783,7 +791,9 @@ class ForwardSm100Gen {
     }
   }
 
-  // O / l and the LSE of this row, after O_i's last MMA.
+  // O / l and the LSE of this row, after O_i's last MMA (spec.split_kv: the
+  // split's partial state, O / l in fp32 and the natural LSE; a row with
+  // no key in the split O = 0 and LSE = -inf, weight 0 in the combine).
   void epilogue() {
     b_.comment("epilogue: O / l, LSE");
     Reg has = e_.setp(Cmp::Gt, Type::S32, ntiles_, imm(0));
@@ -829,6 +839,13 @@ class ForwardSm100Gen {
         Reg &v = o[static_cast<size_t>(x)];
         b_.selp(Type::F32, v, v, fimm(0.0f), has);  // no tile: unwritten columns
         b_.op(Op::Mul, Type::F32, v, v, inv);
+      }
+      if (spec_.split_kv) {  // the split's partial O, fp32 (forward_out's rows)
+        for (int x = 0; x < n; x += 4)
+          b_.when(ok).st_v(Space::Global, Type::F32, at(ga, 4 * (c0 + x)),
+                           {o[static_cast<size_t>(x)], o[static_cast<size_t>(x + 1)],
+                            o[static_cast<size_t>(x + 2)], o[static_cast<size_t>(x + 3)]});
+        continue;
       }
       for (int x = 0; x < n; x += 8) {
         Reg w[4];

@@ -523,7 +523,7 @@ struct Fp8ForwardTailParams {
 };
 // Where a forward's ForwardTail sits in its block.
 inline size_t forward_tail_offset(const KernelSpec &spec) {
-  if (!spec.wgmma)
+  if (!spec.wgmma && !spec.tcgen05)
     return spec.q_fp8 != KvFp8::None ? offsetof(Fp8ForwardTailParams, t)
                                      : offsetof(ForwardTailParams, t);
   return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8TailParams, t) : offsetof(WgmmaTailParams, t);
@@ -549,12 +549,12 @@ inline size_t decode_params_size(const KernelSpec &spec) {
 // before sinks (the sm_90a forward: WgmmaParams, whose size neither
 // changes: its descriptors stay at offset 320).
 inline size_t forward_params_size(const KernelSpec &spec) {
-  if (!spec.wgmma && (spec.split_kv || spec.dynamic))
+  if (!spec.wgmma && !spec.tcgen05 && (spec.split_kv || spec.dynamic))
     return spec.q_fp8 != KvFp8::None ? sizeof(Fp8ForwardTailParams) : sizeof(ForwardTailParams);
-  if (spec.tcgen05) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
-  if (spec.wgmma && (spec.dynamic || spec.split_kv))
+  if ((spec.wgmma || spec.tcgen05) && (spec.dynamic || spec.split_kv))
     return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8TailParams) : sizeof(WgmmaTailParams);
-  if (spec.wgmma) return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
+  if (spec.wgmma || spec.tcgen05)
+    return spec.q_fp8 != KvFp8::None ? sizeof(WgmmaFp8Params) : sizeof(WgmmaParams);
   if (spec.q_fp8 != KvFp8::None) return sizeof(Fp8ForwardParams);
   if (spec.alibi) return sizeof(ForwardParams);
   return spec.sinks ? offsetof(ForwardParams, alibi_slopes) : offsetof(ForwardParams, sinks);

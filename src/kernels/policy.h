@@ -74,7 +74,7 @@ struct KernelPolicy {
   bool decode_fp8_mma = false;
   // sm_100 / sm_103 run the sm_100a forward (kgen::generate_forward_sm100:
   // FlashAttention-4's structure on tcgen05.mma and tensor memory) where it
-  // covers the call (head dims up to 256, no split-KV); else the mma.sync
+  // covers the call (head dims up to 256, not persistent); else the mma.sync
   // forward. Off by default until its GPU check (FLASHATTN_SM100_FORWARD=1).
   bool sm100_forward = false;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),

@@ -176,7 +176,7 @@ bool spec_valid(const KernelSpec &s) {
            s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 &&
            s.stages >= sm100_min_stages(s) && s.stages <= 8 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
-           !s.persistent && !s.dynamic && !s.split_kv && s.q_stages == 1 &&
+           !s.persistent && !s.dynamic && (!s.split_kv || !s.sinks) && s.q_stages == 1 &&
            s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None);
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
@@ -612,7 +612,7 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
              (!fp8_fwd || (cfg.kv_fp8 != KvFp8::None && s.head_dim % 16 == 0 &&
                            s.head_dim_v % 16 == 0)) &&
-             !s.split_kv && s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
+             s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
     // TMA where it can address Q, K and V as boxes; else two warps gather
     // rows with cp.async (varlen, seqused_k, paged and pointer-array KV).
     s.varlen = varlen;
