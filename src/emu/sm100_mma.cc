@@ -378,6 +378,8 @@ bool Sm100State::smem_element(uint32_t t, uint32_t pc, const SmemMatrix &d, bool
 bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
   const bool atm = in.sub & kUmmaATmem, pair = in.sub & kUmmaPair;
+  Sm100State *half[2] = {this, this};
+  if (pair && !pair_states(t, pc, half)) return false;
   UmmaInstr id;
   std::string why;
   const uint32_t idesc = static_cast<uint32_t>(r[in.e]);
@@ -386,8 +388,6 @@ bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
                         "instruction descriptor 0x%08x: %s (PTX ISA \"Instruction Descriptor\")",
                         idesc, why.c_str());
   if (g_sm100_bug == kSm100BugNoTransB) id.trans_b = false;
-  Sm100State *half[2] = {this, this};
-  if (pair && !pair_states(t, pc, half)) return false;
   const uint32_t nh = pair ? 2 : 1, m = id.m, n = id.n, kk = id.k, esz = id.esz;
   const uint32_t mh = m / nh;                // rows of A and D per CTA
   const bool split = pair && m == 128;       // D's column halves in lanes 0-63 / 64-127
