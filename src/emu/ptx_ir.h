@@ -111,7 +111,7 @@ enum InstFlags : uint8_t {
   kSigned = 2,
   kTrans = 8,
   kClusterSpace = 16,  // the address operand is .shared::cluster (mbarrier.arrive, tcgen05.commit)
-  kMulticast = 32      // .multicast::cluster (a ctaMask operand): cp.async.bulk.tensor, tcgen05.commit
+  kMulticast = 32  // .multicast::cluster (a ctaMask operand): cp.async.bulk.tensor, tcgen05.commit
 };
 // wgmma.mma_async variant bits (Inst::sub of kWgmma).
 enum WgmmaFlags : uint8_t {

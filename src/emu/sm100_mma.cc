@@ -145,9 +145,10 @@ bool decode_umma_idesc(uint32_t idesc, bool f8f6f4, UmmaInstr *d, std::string *w
   d->m = field(24, 5) << 4;
   const uint32_t mlo = cta_group == 2 ? 128 : 64, nstep = cta_group == 2 ? 16 : 8;
   if (d->m != mlo && d->m != 2 * mlo) {
-    *why = "M = " + std::to_string(d->m) + " (bits 24-28: M >> 4): cta_group::" +
-           std::to_string(cta_group) + " takes M = " + std::to_string(mlo) + " or " +
-           std::to_string(2 * mlo) + " (\"Matrix Shape\")";
+    *why = "M = " + std::to_string(d->m) +
+           " (bits 24-28: M >> 4): cta_group::" + std::to_string(cta_group) +
+           " takes M = " + std::to_string(mlo) + " or " + std::to_string(2 * mlo) +
+           " (\"Matrix Shape\")";
     return false;
   }
   if (d->n < nstep || d->n > 256 || d->n % nstep) {
@@ -492,8 +493,7 @@ bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
         const size_t cell = static_cast<size_t>(lane) * kColumns + d_col + c - hi * dcols;
         const float d0 = accumulate ? bits_f32(x.tmem_[cell]) : 0.0f;
         const float *arow = &mma_a_[(static_cast<size_t>(ncopy > 1 ? hi : 0) * m + grow) * kk];
-        x.tmem_[cell] =
-            f32_bits(mma_dot_f32(d0, arow, &mma_b_[c * kk], static_cast<int>(kk), 1));
+        x.tmem_[cell] = f32_bits(mma_dot_f32(d0, arow, &mma_b_[c * kk], static_cast<int>(kk), 1));
         x.cell_wr_[cell] = op;
       }
     }

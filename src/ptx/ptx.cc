@@ -1338,8 +1338,7 @@ const char *mma_kind_name(Builder::MmaKind k) {
 }  // namespace
 
 void Builder::tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
-                               const Operand &idesc, const Operand &enable_input_d,
-                               int cta_group) {
+                               const Operand &idesc, const Operand &enable_input_d, int cta_group) {
   Opcode in("tcgen05.mma" + cta_group_text(cta_group) + ".kind::" + mma_kind_name(kind));
   check_cta_group(in, cta_group);
   check_reg(in, d_taddr, Type::B32, "the D taddr must be a b32 register");

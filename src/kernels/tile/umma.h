@@ -65,7 +65,7 @@ struct UmmaInstrDesc {
                                                     // or e4m3 / e5m2 (kind::f8f6f4)
   uint32_t m = 128;  // 64 or 128 (cta_group::1), 128 or 256 (cta_group::2: the pair's M)
   uint32_t n = 128;  // 8..256, a multiple of 8 (cta_group::2: of 16)
-  bool a_mn_major = false, b_mn_major = false;      // transpose bits: MN-major operands
+  bool a_mn_major = false, b_mn_major = false;  // transpose bits: MN-major operands
   bool neg_a = false, neg_b = false;
 
   // kind::f8f6f4 (fp8 A and B, K = 32) rather than kind::f16 (K = 16).
