@@ -37,6 +37,7 @@
 #include "support/cmocka.hh"
 
 #include "support/emu_harness.h"
+#include "support/umma_kernels.h"
 
 namespace {
 
@@ -46,199 +47,16 @@ using fa::kgen::tile::UmmaSmemDesc;
 using fa::kgen::tile::UmmaSwizzle;
 using fa::kgen::tile::UmmaType;
 
-struct BugScope {
-  explicit BugScope(int bug) { fa::emu::g_sm100_bug = bug; }
-  ~BugScope() { fa::emu::g_sm100_bug = fa::emu::kSm100BugNone; }
-};
-
-std::string u(uint64_t v) { return std::to_string(v); }
-
-// ============================================ operands in shared memory ====
-
-// One matrix operand (rows = M or N along MN, kt elements along K) in the
-// shared-memory image, laid out as the PTX ISA's canonical layouts say
-// ("tcgen05": "Major-ness supported by Strides"; "Shared Memory Matrix
-// Layout"), written here from the layouts' own terms (swizzle atoms and
-// core matrices), with strides chosen so that LBO and SBO differ.
-struct SmemOperand {
-  uint32_t rows = 0, kt = 0, esz = 2;
-  bool mn_major = false;
-  uint32_t swz = 0;                      // swizzle row bytes: 0 (none), 32, 64, 128
-  uint32_t base = 0;                     // offset in the image, 1024-aligned
-  uint32_t lbo = 0, sbo = 0, katom = 0;  // katom: K-major swizzled, next atom along K
-
-  void plan() {
-    const uint32_t t = 16 / esz;  // elements per 16 bytes
-    if (!mn_major && swz) {       // atoms of 8 rows x swz bytes; LBO unused
-      sbo = 8 * swz;
-      lbo = 16;  // a value the hardware ignores here (and a misdecoded SBO would read)
-      katom = rows / 8 * sbo;
-    } else if (!mn_major) {  // core matrices 8 rows x 16 bytes
-      lbo = 128;
-      sbo = kt * esz / 16 * 128 + 32;
-    } else if (swz) {  // atoms of swz bytes along MN x 8 K rows
-      sbo = 8 * swz;
-      lbo = kt / 8 * sbo;
-    } else {  // core matrices t elements along MN x 8 K rows
-      lbo = 128;
-      sbo = kt / 8 * 128 + 32;
-    }
-    (void)t;
-  }
-  // Bytes from base the operand spans.
-  uint32_t extent() const {
-    uint32_t hi = 0;
-    for (uint32_t mn = 0; mn < rows; ++mn)
-      for (uint32_t k = 0; k < kt; ++k) hi = std::max(hi, offset(mn, k) + esz);
-    return hi - base;
-  }
-  // The image offset of element (mn, k), swizzled (Swizzle<log2(swz/16),4,3>
-  // on the 1024-aligned image: the TMA's swizzled box layout).
-  uint32_t offset(uint32_t mn, uint32_t k) const {
-    const uint32_t t = 16 / esz, kb = k * esz;
-    uint32_t o;
-    if (!mn_major && swz)
-      o = kb / swz * katom + mn / 8 * sbo + mn % 8 * swz + kb % swz;
-    else if (!mn_major)
-      o = mn / 8 * sbo + kb / 16 * lbo + mn % 8 * 16 + kb % 16;
-    else if (swz)
-      o = mn / (swz / esz) * lbo + k / 8 * sbo + k % 8 * swz + mn % (swz / esz) * esz;
-    else
-      o = mn / t * sbo + k / 8 * lbo + k % 8 * 16 + mn % t * esz;
-    o += base;
-    if (swz) o ^= ((o >> 7) & (swz / 16 - 1)) << 4;
-    return o;
-  }
-  // The descriptor of the K step starting at element k0 (start at the
-  // unswizzled position of (0, k0), which row 0 leaves in place).
-  uint64_t desc(uint32_t k0) const {
-    UmmaSmemDesc d;
-    d.start = offset(0, k0);
-    d.lbo = lbo;
-    d.sbo = sbo;
-    d.swizzle = swz == 128  ? UmmaSwizzle::k128B
-                : swz == 64 ? UmmaSwizzle::k64B
-                : swz == 32 ? UmmaSwizzle::k32B
-                            : UmmaSwizzle::kNone;
-    return d.bits();
-  }
-};
-
-// A random element's bits: f16 / bf16 in [-2, 2) on a coarse grid, fp8
-// any finite code.
-uint32_t random_bits(UmmaType t, std::mt19937 &rng) {
-  switch (t) {
-    case UmmaType::kF16:
-      return fa::emu::f32_to_f16_rn(static_cast<float>(static_cast<int>(rng() % 512) - 256) / 128);
-    case UmmaType::kBF16:
-      return fa::emu::f32_to_bf16_rn(static_cast<float>(static_cast<int>(rng() % 512) - 256) / 128);
-    case UmmaType::kE4M3:
-      for (;;) {
-        const uint32_t x = rng() & 0xff;
-        if ((x & 0x7f) != 0x7f) return x;
-      }
-    default:
-      for (;;) {
-        const uint32_t x = rng() & 0xff;
-        if ((x & 0x7c) != 0x7c) return x;
-      }
-  }
-}
-
-double value_of(UmmaType t, uint32_t bits) {
-  switch (t) {
-    case UmmaType::kF16:
-      return fa::emu::f16_to_f32(static_cast<uint16_t>(bits));
-    case UmmaType::kBF16:
-      return fa::emu::bf16_to_f32(static_cast<uint16_t>(bits));
-    case UmmaType::kE4M3:
-      return fa::emu::fp8_table(false)[bits & 0xff];
-    default:
-      return fa::emu::fp8_table(true)[bits & 0xff];
-  }
-}
-
 // ====================================================== the MMA kernel ====
 
-// The common start of the test kernels (128 threads): registers, ctl (the
-// taddr word at ctl, the mbarrier at ctl+8), the image (.extern, 1024-aligned:
-// the swizzle patterns start there; its shared address in %r30), params
-// 8 bytes each into %rd1.. . Warp 0 allocates ncols columns, thread 0
-// initializes the mbarrier (count 1); with image_words, every thread copies
-// the image from global (%rd2) into it and fences it for the async proxy.
-// Then a barrier, the allocation's base in %r8, warp w's lane base (32 w)
-// << 16 added in %r11; %r1 tid, %r2 warp, %r3 lane, %p1 warp != 0, %p2 tid
-// != 0.
+// The kernels' start (tests/support/umma_kernels.h), cta_group::1.
 std::string prologue(const char *entry, uint32_t nparams, uint32_t ncols, uint32_t image_words) {
-  std::string s = ".version 8.6\n.target sm_100a\n.address_size 64\n.visible .entry " +
-                  std::string(entry) + "(.param .align 8 .b8 prm[" + u(8 * nparams) + R"(])
-{
-  .reg .pred %p<8>;
-  .reg .b32 %r<40>;
-  .reg .b32 %v<8>;
-  .reg .b64 %rd<20>;
-  .shared .align 8 .b8 ctl[16];
-  .extern .shared .align 1024 .b8 img[];
-)";
-  for (uint32_t i = 0; i < nparams; ++i)
-    s += "  ld.param.u64 %rd" + u(i + 1) + ", [prm+" + u(8 * i) + "];\n";
-  s += R"(  mov.u32 %r1, %tid.x;
-  shr.u32 %r2, %r1, 5;
-  and.b32 %r3, %r1, 31;
-  setp.ne.u32 %p1, %r2, 0;
-  setp.ne.u32 %p2, %r1, 0;
-  mov.u32 %r30, img;
-  @%p1 bra A1;
-  tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [ctl], )" +
-       u(ncols) + R"(;
-A1:
-  @%p2 bra A2;
-  mbarrier.init.shared::cta.b64 [ctl+8], 1;
-A2:
-)";
-  if (image_words)
-    s += R"(  mov.u32 %r4, %r1;
-CP:
-  setp.ge.u32 %p3, %r4, )" +
-         u(image_words) + R"(;
-  @%p3 bra CPD;
-  mul.wide.u32 %rd5, %r4, 4;
-  add.s64 %rd6, %rd2, %rd5;
-  ld.global.u32 %r5, [%rd6];
-  shl.b32 %r6, %r4, 2;
-  add.u32 %r7, %r30, %r6;
-  st.shared.u32 [%r7], %r5;
-  add.u32 %r4, %r4, 128;
-  bra CP;
-CPD:
-  fence.proxy.async.shared::cta;
-)";
-  s += R"(  tcgen05.fence::before_thread_sync;
-  bar.sync 0;
-  tcgen05.fence::after_thread_sync;
-  ld.shared.u32 %r8, [ctl];
-  shl.b32 %r10, %r2, 21;
-  add.u32 %r11, %r8, %r10;
-  cvt.u64.u32 %rd13, %r30;
-  shr.u64 %rd13, %rd13, 4;
-)";
-  return s;
-}
-
-// Every thread waits for phase 0 of the mbarrier.
-const char *kWaitLoop = R"(W:
-  mbarrier.try_wait.parity.shared::cta.b64 %p4, [ctl+8], 0;
-  @!%p4 bra W;
-  tcgen05.fence::after_thread_sync;
-)";
-
-// The common end: a barrier, warp 0 frees the ncols columns (dealloc; the
-// line marked "// DEALLOC"), exit.
-std::string finish(uint32_t ncols, bool dealloc) {
-  std::string s = "  tcgen05.fence::before_thread_sync;\n  bar.sync 0;\n  @%p1 bra DONE;\n";
-  if (dealloc)
-    s += "  tcgen05.dealloc.cta_group::1.sync.aligned.b32 %r8, " + u(ncols) + "; // DEALLOC\n";
-  return s + "DONE:\n  ret;\n}\n";
+  UmmaPrologue p;
+  p.entry = entry;
+  p.nparams = nparams;
+  p.ncols = ncols;
+  p.image_words = image_words;
+  return umma_prologue(p);
 }
 
 // One tcgen05.mma case: kb K steps into one D (the first with enable, the
@@ -261,65 +79,18 @@ constexpr uint32_t kACol = 256;  // A in tensor memory: columns 256 + 8 s ..
 // Layout": M = 64 puts rows 16q..16q+15 in lanes 32q..32q+15).
 uint32_t lane_of(uint32_t m, uint32_t r) { return m == 128 ? r : r % 16 + 32 * (r / 16); }
 
-// 128 threads. Warp 0 allocates 512 columns, thread 0 initializes the
-// mbarrier; all copy the shared image from `in`, then each warp stores its
-// 32 lanes of `init` (N columns of D, then 8 kSteps columns of A) with
-// tcgen05.st. Thread 0 issues the kSteps MMAs (A descriptors / columns and
-// B descriptors from `descs`) and commits to the mbarrier; every thread
-// waits on it, then each warp loads its lanes' N columns of D into out (row
-// = lane). descs (u64): [0] idesc | enable << 32, [1 + s] A of step s, [1 +
-// kSteps + s] B of step s.
+// 128 threads (tests/support/umma_kernels.h, umma_mma_kernel): per lane
+// the N columns of D, then A's 8 kSteps columns at kACol.
 std::string mma_kernel(const MmaCase &c, uint32_t image_words) {
-  const bool f8 = c.at == UmmaType::kE4M3 || c.at == UmmaType::kE5M2;
-  const std::string kind = f8 ? "f8f6f4" : "f16";
-  const uint32_t row_words = c.n + 8 * kSteps;
-  std::string s = prologue("k_mma", 4, 512, image_words);
-  s += "  shl.b32 %r9, %r2, 5;\n  add.u32 %r9, %r9, %r3;\n";
-  s += "  mul.wide.u32 %rd7, %r9, " + u(4 * row_words) + ";\n  add.s64 %rd8, %rd3, %rd7;\n";
-  auto line = [&s](const std::string &l) { s += "  " + l + ";\n"; };
-  const std::string v8 = "{%v0, %v1, %v2, %v3, %v4, %v5, %v6, %v7}";
-  auto st8 = [&](uint32_t word, uint32_t col) {
-    line("ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd8+" + u(4 * word) + "]");
-    line("ld.global.v4.u32 {%v4, %v5, %v6, %v7}, [%rd8+" + u(4 * word + 16) + "]");
-    line("add.u32 %r12, %r11, " + u(col));
-    line("tcgen05.st.sync.aligned.32x32b.x8.b32 [%r12], " + v8);
-    line("tcgen05.wait::st.sync.aligned");  // before %v0.. are reloaded
-  };
-  for (uint32_t col = 0; col < c.n; col += 8) st8(col, col);
-  for (uint32_t st = 0; st < kSteps; ++st) st8(c.n + 8 * st, kACol + 8 * st);
-  line("tcgen05.fence::before_thread_sync");
-  line("bar.sync 0");
-  line("tcgen05.fence::after_thread_sync");
-  line("@%p2 bra W");
-  line("ld.global.u32 %r13, [%rd4]");
-  line("ld.global.u32 %r15, [%rd4+4]");
-  line("setp.ne.u32 %p5, %r15, 0");
-  for (uint32_t st = 0; st < kSteps; ++st) {
-    line("ld.global.u64 %rd9, [%rd4+" + u(8 + 8 * st) + "]");
-    line("ld.global.u64 %rd10, [%rd4+" + u(8 + 8 * kSteps + 8 * st) + "]");
-    line("add.s64 %rd9, %rd9, %rd13");
-    line("add.s64 %rd10, %rd10, %rd13");
-    const std::string en = st ? "1" : c.pred ? "%p5" : u(static_cast<uint32_t>(c.enable));
-    std::string a = "%rd9";
-    if (c.a_tmem) {
-      line("add.u32 %r14, %r8, " + u(kACol + 8 * st));
-      a = "[%r14]";
-    }
-    line("tcgen05.mma.cta_group::1.kind::" + kind + " [%r8], " + a + ", %rd10, %r13, " + en);
-  }
-  line("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [ctl+8]");
-  s += kWaitLoop;
-  line("mul.wide.u32 %rd11, %r9, " + u(4 * c.n));
-  line("add.s64 %rd12, %rd1, %rd11");
-  for (uint32_t col = 0; col < c.n; col += 8) {
-    line("add.u32 %r12, %r11, " + u(col));
-    line("tcgen05.ld.sync.aligned.32x32b.x8.b32 " + v8 + ", [%r12]");
-    line("tcgen05.wait::ld.sync.aligned");
-    line("st.global.v4.u32 [%rd12+" + u(4 * col) + "], {%v0, %v1, %v2, %v3}");
-    line("st.global.v4.u32 [%rd12+" + u(4 * col + 16) + "], {%v4, %v5, %v6, %v7}");
-  }
-  s += finish(512, true);
-  return s;
+  UmmaMmaKernel k;
+  k.d_words = c.n;
+  k.a_col = kACol;
+  k.steps = kSteps;
+  k.a_tmem = c.a_tmem;
+  k.f8 = c.at == UmmaType::kE4M3 || c.at == UmmaType::kE5M2;
+  k.pred = c.pred;
+  k.enable = c.enable;
+  return umma_mma_kernel(k, image_words);
 }
 
 // Runs the case with fresh random operands; false (and a message) on the
@@ -363,35 +134,12 @@ bool mma_ok(const MmaCase &c, std::mt19937 &rng) {
         w[k * esz / 4] |= av[r * kt + k] << (8 * esz * (k % (4 / esz)));
     }
   }
-  UmmaInstrDesc id;
-  id.a = c.at;
-  id.b = c.bt;
-  id.m = c.m;
-  id.n = c.n;
-  id.a_mn_major = c.a_mn;
-  id.b_mn_major = c.b_mn;
-  id.neg_a = c.neg_a;
-  id.neg_b = c.neg_b;
-  std::vector<uint64_t> descs(1 + 2 * kSteps);
-  descs[0] = id.bits() | uint64_t{static_cast<uint32_t>(c.enable)} << 32;
-  for (uint32_t s = 0; s < kSteps; ++s) {
-    descs[1 + s] = c.a_tmem ? 0 : a.desc(s * kk);
-    descs[1 + kSteps + s] = b.desc(s * kk);
-  }
-  DevBuf in(image), ini(init.size() * 4), ds(descs.size() * 8), out(128 * c.n * 4);
-  in.put(img);
-  ini.put(init);
-  ds.put(descs);
-  struct {
-    uint64_t out, in, init, descs;
-  } prm = {out.ptr, in.ptr, ini.ptr, ds.ptr};
-  const std::string ptx = mma_kernel(c, image / 4);
-  const fa_status st = run_ptx(ptx, "k_mma", geom(1, 128, image), &prm, sizeof prm);
-  if (st != FA_SUCCESS) {
-    std::fprintf(stderr, "mma case M%u N%u: launch failed: %s\n", c.m, c.n, fa::last_error());
+  const std::vector<uint64_t> descs = umma_case_descs(c, a, b, kSteps, kk);
+  const std::string what = "mma case M" + u(c.m) + " N" + u(c.n);
+  std::vector<uint32_t> o;
+  if (!umma_mma_launch(mma_kernel(c, image / 4), 1, image, img, init, descs, 128 * c.n,
+                       what.c_str(), &o))
     return false;
-  }
-  const std::vector<uint32_t> o = out.get<uint32_t>();
   std::vector<int> row_of(128, -1);
   for (uint32_t r = 0; r < c.m; ++r) row_of[lane_of(c.m, r)] = static_cast<int>(r);
   const double sa = c.neg_a ? -1 : 1, sb = c.neg_b ? -1 : 1;
@@ -408,14 +156,10 @@ bool mma_ok(const MmaCase &c, std::mt19937 &rng) {
         continue;
       }
       const uint32_t r = static_cast<uint32_t>(row_of[l]);
-      double ref = c.enable ? fa::emu::bits_f32(before) : 0.0, mag = std::fabs(ref);
-      for (uint32_t k = 0; k < kt; ++k) {
-        const double p = sa * value_of(c.at, av[r * kt + k]) * sb * value_of(c.bt, bv[j * kt + k]);
-        ref += p;
-        mag += std::fabs(p);
-      }
       const double got = fa::emu::bits_f32(got_bits);
-      if (!(std::fabs(got - ref) <= 1e-5 * mag + 1e-30)) {
+      double ref;
+      if (!umma_near(got, fa::emu::bits_f32(before), c.enable, &av[r * kt], &bv[j * kt], kt, c.at,
+                     c.bt, sa, sb, &ref)) {
         std::fprintf(stderr, "M%u N%u %s: D(%u, %u) = %.9g, fp64 reference %.9g\n", c.m, c.n,
                      f8 ? "fp8" : "f16/bf16", r, j, got, ref);
         return false;
@@ -468,7 +212,7 @@ bool cp_ok(bool wide, uint32_t swz, std::mt19937 &rng) {
   tcgen05.cp.cta_group::1.)" +
                   shape + R"( [%r8], %rd9;
   tcgen05.commit.cta_group::1.mbarrier::arrive::one.b64 [ctl+8];
-)" + kWaitLoop + R"(  shl.b32 %r9, %r2, 5;
+)" + kUmmaWait + R"(  shl.b32 %r9, %r2, 5;
   add.u32 %r9, %r9, %r3;
   tcgen05.ld.sync.aligned.32x32b.x)" +
                   u(ncols) + ".b32 " + v + R"(, [%r11];
@@ -478,7 +222,7 @@ bool cp_ok(bool wide, uint32_t swz, std::mt19937 &rng) {
   add.s64 %rd12, %rd1, %rd11;
   st.global.v4.u32 [%rd12], {%v0, %v1, %v2, %v3};
 )" + (wide ? "  st.global.v4.u32 [%rd12+16], {%v4, %v5, %v6, %v7};\n" : "") +
-                  finish(32, true);
+                  umma_finish(32, true);
   const uint64_t desc = a.desc(0);
   DevBuf in(image), ds(8), out(128 * bytes);
   in.put(img);
@@ -543,11 +287,11 @@ std::string hazard_kernel(const Hazard &h) {
 )" + h.after_issue;
   if (h.commit) s += "  tcgen05.commit.cta_group::1.mbarrier::arrive::one.b64 [ctl+8];\n";
   s += std::string("I:\n") + h.others;
-  if (h.wait) s += kWaitLoop;
+  if (h.wait) s += kUmmaWait;
   if (h.read)
     s += "  tcgen05.ld.sync.aligned.32x32b.x8.b32 {%v0, %v1, %v2, %v3, %v4, %v5, %v6, %v7}, "
          "[%r11]; // READ\n  tcgen05.wait::ld.sync.aligned;\n";
-  return s + finish(32, h.dealloc);
+  return s + umma_finish(32, h.dealloc);
 }
 
 const Hazard kHazards[] = {
@@ -795,7 +539,7 @@ void test_builder_forms(void **) {
   const Symbol img = b.shared("img", 1024, 8192);
   const Reg out = b.b64(), tid = b.b32(), warp = b.b32(), base = b.b32(), t1 = b.b32(),
             sa = b.b32(), bad = b.b32(), lane = b.b32(), tl = b.b32();
-  const Reg p0 = b.pred(), pt = b.pred(), pw = b.pred(), pbad = b.pred();
+  const Reg p0 = b.pred(), pt = b.pred(), pw = b.pred();
   b.ld_param(Type::U64, out, 0);
   b.mov(Type::U32, tid, sreg(Special::TidX));
   b.op(Op::Shr, Type::U32, warp, tid, imm(5));
@@ -808,32 +552,12 @@ void test_builder_forms(void **) {
   b.when(pt).bra(l2);
   b.mbarrier_init(at(ctl, 8), imm(1));
   b.bind(l2);
-  // A (128 x 16 f16, K-major, no swizzle: core matrices 8 rows x 16 bytes,
-  // LBO 128 along K, SBO 256 along M) = row index r + k / 16 at (r, k);
-  // B (16 x 16, LBO 128, SBO 256) = 1.0. Each thread writes rows tid of A
-  // and, thread < 16, row tid of B.
+  // A (128 x 16) = row index r + k / 16, B (16 x 16) = 1.0
+  // (tests/support/umma_kernels.h, umma_builder_ab).
   b.mov(Type::U32, sa, sym(img));
-  // Row r = tid of A at (r / 8) 256 + (r % 8) 16 (+ (k / 8) 128 + (k % 8) 2);
-  // for tid < 16, row tid of B 4096 bytes further.
-  const Reg r8 = b.b32(), rm = b.b32(), row = b.b32(), fr0 = b.f32();
-  b.op(Op::Shr, Type::U32, r8, tid, imm(3));
-  b.op(Op::And, Type::B32, rm, tid, imm(7));
-  b.op(Op::Shl, Type::B32, r8, r8, imm(8));
-  b.op(Op::Shl, Type::B32, rm, rm, imm(4));
-  b.op(Op::Add, Type::U32, row, r8, rm);
-  b.op(Op::Add, Type::U32, row, row, sa);
-  b.cvt(Type::F32, Type::U32, Round::Rn, fr0, tid);
-  b.setp(Cmp::Ge, Type::U32, pbad, tid, imm(16));
   const Reg one = b.b16();
   b.mov(Type::B16, one, imm(0x3c00));
-  for (int k = 0; k < 16; ++k) {
-    const int koff = (k / 8) * 128 + (k % 8) * 2;
-    const Reg f = b.f32(), h = b.b16();
-    b.op(Op::Add, Type::F32, f, fr0, fimm(static_cast<float>(k) / 16.0f));  // exact in f16
-    b.cvt(Type::F16, Type::F32, Round::Rn, h, f);
-    b.st(Space::Shared, Type::B16, at(row, koff), h);
-    b.unless(pbad).st(Space::Shared, Type::B16, at(row, 4096 + koff), one);
-  }
+  const std::vector<Reg> av = umma_builder_ab(b, tid, sa, one);
   b.fence_proxy_async();
   b.tcgen05_fence_before_thread_sync();
   b.bar_sync();
@@ -842,15 +566,7 @@ void test_builder_forms(void **) {
   b.when(pt).bra(issue);
   {
     const Reg da = b.b64(), db = b.b64(), acol = b.b32(), d1 = b.b32();
-    const UmmaSmemDesc a{0, 128, 256};
-    const UmmaSmemDesc bb{4096, 128, 256};
-    const Reg s32 = b.b32();
-    b.mov(Type::U32, s32, sym(img));
-    const Reg s64 = b.b64();
-    b.cvt(Type::U64, Type::U32, Round::None, s64, s32);
-    b.op(Op::Shr, Type::U64, s64, s64, imm(4));
-    b.op(Op::Add, Type::U64, da, s64, imm(static_cast<int64_t>(a.bits())));
-    b.op(Op::Add, Type::U64, db, s64, imm(static_cast<int64_t>(bb.bits())));
+    umma_builder_descs(b, sa, da, db);
     b.op(Op::Add, Type::U32, acol, base, imm(64));
     b.op(Op::Add, Type::U32, d1, base, imm(32));
     b.tcgen05_cp(Builder::TmemCpShape::k128x256b, acol, da);
@@ -865,31 +581,19 @@ void test_builder_forms(void **) {
   b.unless(pw).bra(wait);
   b.tcgen05_fence_after_thread_sync();
   {
-    std::vector<Reg> v0(8), v1(8);
-    for (int j = 0; j < 8; ++j) {
-      v0[static_cast<size_t>(j)] = b.b32();
-      v1[static_cast<size_t>(j)] = b.b32();
-    }
+    std::vector<Reg> v(8);
+    for (Reg &x : v) x = b.b32();
     b.op(Op::Shl, Type::B32, lane, warp, imm(21));
     b.op(Op::Add, Type::U32, tl, base, lane);
-    b.tcgen05_ld_32x32b(v0.data(), 8, tl);
-    b.op(Op::Add, Type::U32, t1, tl, imm(32));
-    b.tcgen05_ld_32x32b(v1.data(), 8, t1);
-    b.tcgen05_wait_ld();
-    // Row r's sum over k of (r + k / 16) = 16 r + 7.5.
-    const Reg want = b.f32(), fr = b.f32();
-    b.cvt(Type::F32, Type::U32, Round::Rn, fr, tid);
-    b.op(Op::Mul, Type::F32, want, fr, fimm(16.0f));
+    // Row r's sum over k of (r + k / 16) = 16 r + 7.5 (av[0] is r).
+    const Reg want = b.f32(), wb = b.b32();
+    b.op(Op::Mul, Type::F32, want, av[0], fimm(16.0f));
     b.op(Op::Add, Type::F32, want, want, fimm(7.5f));
-    const Reg wb = b.b32();
     b.mov(Type::B32, wb, want);
     b.mov(Type::U32, bad, imm(0));
-    for (int j = 0; j < 8; ++j) {
-      b.setp(Cmp::Ne, Type::U32, pbad, v0[static_cast<size_t>(j)], wb);
-      b.selp(Type::U32, bad, imm(1), bad, pbad);
-      b.setp(Cmp::Ne, Type::U32, pbad, v1[static_cast<size_t>(j)], wb);
-      b.selp(Type::U32, bad, imm(2), bad, pbad);
-    }
+    umma_builder_check8(b, tl, v, wb, bad, 1);
+    b.op(Op::Add, Type::U32, t1, tl, imm(32));
+    umma_builder_check8(b, t1, v, wb, bad, 2);
   }
   const Reg addr = b.b64(), off = b.b64();
   b.mul_wide(Type::U32, off, tid, imm(4));
@@ -901,21 +605,7 @@ void test_builder_forms(void **) {
   b.tcgen05_dealloc(base, imm(128));
   b.bind(done);
   b.ret();
-  for (int sm : {100, 103}) {  // sm_103a: PTX ISA 8.8
-    const std::string text = b.emit(sm == 103 ? 88 : 86, sm, 128);
-    const std::string arch = "sm_" + std::to_string(sm) + "a";
-    if (ptxas_accepts(text, arch.c_str()) == 0) {
-      std::fprintf(stderr, "ptxas -arch=%s rejects:\n%s", arch.c_str(), text.c_str());
-      fail();
-    }
-  }
-  const std::string ptx = b.emit(86, 100, 128);
-  DevBuf res(128 * 4);
-  uint64_t p = res.ptr;
-  const fa_status st = run_ptx(ptx, "k_umma", geom(1, 128), &p, sizeof p);
-  if (st != FA_SUCCESS) std::fprintf(stderr, "%s\n%s", fa::last_error(), ptx.c_str());
-  assert_int_equal(st, FA_SUCCESS);
-  for (uint32_t x : res.get<uint32_t>()) assert_int_equal(x, 0);
+  umma_builder_run(umma_builder_emit(b), "k_umma", 1);
 }
 
 // ============================================ deliberate emulator bugs ====
@@ -923,19 +613,19 @@ void test_builder_forms(void **) {
 void test_deliberate_bugs(void **) {
   std::mt19937 rng(std::random_device{}());
   {
-    BugScope bug(fa::emu::kSm100BugSboAsLbo);
+    Sm100BugScope bug(fa::emu::kSm100BugSboAsLbo);
     assert_false(mma_ok(kCases[kCaseInterleave], rng));
   }
   {
-    BugScope bug(fa::emu::kSm100BugNoTransB);
+    Sm100BugScope bug(fa::emu::kSm100BugNoTransB);
     assert_false(mma_ok(kCases[kCaseMnB], rng));
   }
   {
-    BugScope bug(fa::emu::kSm100BugDLaneOff);
+    Sm100BugScope bug(fa::emu::kSm100BugDLaneOff);
     assert_false(mma_ok(kCases[kCaseSw128], rng));
   }
   {
-    BugScope bug(fa::emu::kSm100BugCommitEarly);
+    Sm100BugScope bug(fa::emu::kSm100BugCommitEarly);
     assert_false(hazard_caught(kHazards[0]));
     assert_false(hazard_caught(kHazards[1]));
   }

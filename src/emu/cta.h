@@ -38,6 +38,7 @@ struct Budget {
 
 class Cta;
 class Sm90State;
+class Sm100State;
 class ClusterState;
 
 // The cluster a worker runs (PTX ISA "Cluster of Cooperative Thread
@@ -51,6 +52,7 @@ struct Cluster {
   bool is_explicit = false;  // %is_explicit_cluster
   std::vector<Cta *> ctas;   // by rank
   std::vector<Sm90State *> sm90;
+  std::vector<Sm100State *> sm100;  // the CTA pairs' tcgen05 (cta_group::2) reach the peer's
   std::vector<ClusterState *> state;
   // barrier.cluster: the current phase, the arrivals of non-exited threads
   // in it, and the non-exited threads of the cluster.

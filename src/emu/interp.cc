@@ -230,6 +230,7 @@ class CtaRunner : public Cta {
   }
 
   Sm90State *sm90() { return &sm90_; }
+  Sm100State *sm100() { return &sm100_; }
   ClusterState *cluster_state() { return &cluster_state_; }
 
   // Runs the block begun by begin_block to its end, alone (a cluster of
@@ -1092,6 +1093,7 @@ class Worker {
       runners_.push_back(std::make_unique<CtaRunner>(sh));
       cl_.ctas.push_back(runners_.back().get());
       cl_.sm90.push_back(runners_.back()->sm90());
+      cl_.sm100.push_back(runners_.back()->sm100());
       cl_.state.push_back(runners_.back()->cluster_state());
     }
   }

@@ -318,6 +318,7 @@ class Parser {
     regs_.clear();
     params_.clear();
     shared_.clear();
+    cta_group_line_[0] = cta_group_line_[1] = 0;
     labels_.clear();
     fixups_.clear();
     consts_.clear();
@@ -1461,25 +1462,27 @@ class Parser {
   // ------------------------------------------------ sm_100 (Blackwell) ----
 
   // tcgen05 (PTX ISA "tcgen05" instructions, "Target ISA Notes": PTX ISA
-  // 8.6 with sm_100a, 8.8 with sm_103a, as ptxas 13 applies them),
-  // cta_group::1, the forms the emulator runs:
-  //   tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols;
-  //   tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols;
-  //   tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;
+  // 8.6 with sm_100a, 8.8 with sm_103a, as ptxas 13 applies them), the
+  // forms the emulator runs (G = 1 or 2: .cta_group::G, one value per
+  // entry: ptxas refuses a function that mixes them):
+  //   tcgen05.alloc.cta_group::G.sync.aligned.shared::cta.b32 [dst], nCols;
+  //   tcgen05.dealloc.cta_group::G.sync.aligned.b32 taddr, nCols;
+  //   tcgen05.relinquish_alloc_permit.cta_group::G.sync.aligned;
   //   tcgen05.ld.sync.aligned.32x32b.xN.b32 {r0..rN-1}, [taddr];
   //   tcgen05.st.sync.aligned.32x32b.xN.b32 [taddr], {r0..rN-1};
   //   tcgen05.wait::{ld,st}.sync.aligned;
   //   tcgen05.fence::{before,after}_thread_sync (no instruction: the
   //   emulator runs one thread's tcgen05 ops in program order).
   // N = 1, 2, 4, .., 128. The asynchronous ops (emu/sm100.h), one thread each:
-  //   tcgen05.mma.cta_group::1.kind::{f16,f8f6f4} [d], a-desc|[a], b-desc, idesc,
+  //   tcgen05.mma.cta_group::G.kind::{f16,f8f6f4} [d], a-desc|[a], b-desc, idesc,
   //     enable-input-d;
-  //   tcgen05.commit.cta_group::1.mbarrier::arrive::one{.shared::cluster}.b64 [mbar];
+  //   tcgen05.commit.cta_group::G.mbarrier::arrive::one{.shared::cluster}
+  //     {.multicast::cluster}.b64 [mbar]{, ctaMask};
   //   tcgen05.cp.cta_group::1.{128x256b,128x128b} [taddr], s-desc;
   // The .16x64b / .16x128b / .16x256b / .16x32bx2 shapes, .pack::16b /
-  // .unpack::16b, cta_group::2, mma's .ws, .sp, block scaling,
-  // disable-output-lane and scale-input-d, commit's .multicast, cp's other
-  // shapes and decompression, and tcgen05.shift are refused.
+  // .unpack::16b, mma's .ws, .sp, block scaling, disable-output-lane and
+  // scale-input-d, tcgen05.cp.cta_group::2, cp's other shapes and
+  // decompression, and tcgen05.shift are refused.
   void decode_tcgen05(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
     const std::string op = p.size() > 1 ? p[1] : "";
@@ -1497,26 +1500,26 @@ class Parser {
       want_count(ops, 0);
       return;
     }
-    const bool group1 = p.size() > 2 && p[2] == "cta_group::1";
     if (op == "mma" || op == "commit" || op == "cp" || op == "shift") {
       if (p.size() > 2 && (p[2] == "ws" || p[2] == "sp"))
         bad("tcgen05.mma." + p[2] + " is not modelled");
-      if (!group1) bad("only .cta_group::1 is supported (cta_group::2 needs clusters)");
+      if (op != "shift") cta_group(p);
       return decode_tcgen05_async(op, p, text, ops, in);
     }
     in.e = full_warp_slot();
     if (op == "alloc" || op == "dealloc" || op == "relinquish_alloc_permit") {
-      if (!group1) bad("only .cta_group::1 is supported (cta_group::2 needs clusters)");
+      // sub 1: .cta_group::2 (the pair's warps perform it together).
+      in.sub = cta_group(p) == 2 ? 1 : 0;
       if (op == "alloc") {
         if (!tail(3, {"sync", "aligned", "shared::cta", "b32"}))
-          bad("expected tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols");
+          bad("expected tcgen05.alloc.cta_group::N.sync.aligned.shared::cta.b32 [dst], nCols");
         want_count(ops, 2);
         shared_address(ops[0], &in);
         in.b = ncols_operand(ops[1]);
         in.op = Op::kTmemAlloc;
       } else if (op == "dealloc") {
         if (!tail(3, {"sync", "aligned", "b32"}))
-          bad("expected tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols");
+          bad("expected tcgen05.dealloc.cta_group::N.sync.aligned.b32 taddr, nCols");
         want_count(ops, 2);
         if (ops[0].kind != Operand::kReg) bad("taddr must be a 32-bit register");
         in.a = src(ops[0], 32, false);
@@ -1524,7 +1527,7 @@ class Parser {
         in.op = Op::kTmemDealloc;
       } else {
         if (!tail(3, {"sync", "aligned"}))
-          bad("expected tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned");
+          bad("expected tcgen05.relinquish_alloc_permit.cta_group::N.sync.aligned");
         want_count(ops, 0);
         in.op = Op::kTmemRelinquish;
       }
@@ -1561,6 +1564,25 @@ class Parser {
     emit(in, text);
   }
 
+  // The .cta_group::N of p[2] (1 or 2; else an error), recorded for the
+  // entry: ptxas refuses a function whose tcgen05 instructions use both
+  // ("uses single CTA (.cta_group::1) and CTA pair granularity
+  // (.cta_group::2) and that is not allowed"), so the emulator does too.
+  int cta_group(const std::vector<std::string> &p) {
+    const int g = p.size() > 2 && p[2] == "cta_group::1"   ? 1
+                  : p.size() > 2 && p[2] == "cta_group::2" ? 2
+                                                           : 0;
+    if (!g) bad("expected .cta_group::1 or .cta_group::2 after tcgen05." + p[1]);
+    int &mine = cta_group_line_[g - 1];
+    const int other = cta_group_line_[2 - g];
+    if (other)
+      bad(".cta_group::" + std::to_string(g) + " in an entry whose tcgen05 instructions use " +
+          ".cta_group::" + std::to_string(3 - g) + " (PTX line " + std::to_string(other) +
+          "): one entry uses one .cta_group (ptxas refuses the mix)");
+    if (!mine) mine = line_;
+    return g;
+  }
+
   // A tensor memory address operand [taddr] (taddr a 32-bit register): its slot.
   uint32_t tmem_address(const Operand &addr, const char *what) {
     if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 32 || addr.ival)
@@ -1573,17 +1595,33 @@ class Parser {
   void decode_tcgen05_async(const std::string &op, const std::vector<std::string> &p,
                             const std::string &text, const std::vector<Operand> &ops, Inst in) {
     if (op == "shift") bad("tcgen05.shift is not modelled");
+    const bool pair = p[2] == "cta_group::2";
     if (op == "commit") {
-      const bool cl = p.size() == 6 && p[4] == "shared::cluster";
-      if (!(p.size() == 5 || cl) || p[3] != "mbarrier::arrive::one" || p.back() != "b64")
-        bad("expected tcgen05.commit.cta_group::1.mbarrier::arrive::one{.shared::cluster}.b64 "
-            "[mbar] (.multicast::cluster is not modelled)");
-      want_count(ops, 1);
+      // PTX ISA "tcgen05.commit": .shared::cluster (the mbarrier address is
+      // a shared::cluster one), .multicast::cluster with a 16-bit ctaMask
+      // (ptxas takes a b16 register only).
+      size_t i = 4;
+      const bool cl = i < p.size() && p[i] == "shared::cluster";
+      if (cl) ++i;
+      const bool mc = i < p.size() && p[i] == "multicast::cluster";
+      if (mc) ++i;
+      if (p.size() != i + 1 || p[3] != "mbarrier::arrive::one" || p.back() != "b64")
+        bad("expected tcgen05.commit.cta_group::N.mbarrier::arrive::one{.shared::cluster}"
+            "{.multicast::cluster}.b64 [mbar]{, ctaMask}");
+      want_count(ops, mc ? 2 : 1);
       shared_address(ops[0], &in);
+      if (cl) in.flags |= kClusterSpace;
+      if (mc) {
+        if (ops[1].kind != Operand::kReg) bad("ctaMask must be a 16-bit register");
+        in.b = src(ops[1], 16, false);
+        in.flags |= kMulticast;
+      }
+      in.sub = pair ? 1 : 0;
       in.op = Op::kUmmaCommit;
       return emit(in, text);
     }
     if (op == "cp") {
+      if (pair) bad("tcgen05.cp.cta_group::2 is not modelled");
       if (p.size() != 4 || (p[3] != "128x256b" && p[3] != "128x128b"))
         bad("only tcgen05.cp.cta_group::1.128x256b and .128x128b are supported (the 4x256b, "
             "64x128b, 32x128b shapes, multicast and decompression are not modelled)");
@@ -1596,7 +1634,7 @@ class Parser {
       return emit(in, text);
     }
     if (p.size() != 4 || (p[3] != "kind::f16" && p[3] != "kind::f8f6f4"))
-      bad("only tcgen05.mma.cta_group::1.kind::f16 and .kind::f8f6f4 are supported (.ws, .sp, "
+      bad("only tcgen05.mma.cta_group::N.kind::f16 and .kind::f8f6f4 are supported (.ws, .sp, "
           "block scaling, kind::tf32 / i8 / mxf8f6f4 / mxf4 are not modelled)");
     if (ops.size() != 5)
       bad("expected [d-tmem], a-desc|[a-tmem], b-desc, idesc, enable-input-d "
@@ -1620,6 +1658,7 @@ class Parser {
       in.v[0] = src(en, 1, false);
     }
     if (p[3] == "kind::f8f6f4") in.sub |= kUmmaF8F6F4;
+    if (pair) in.sub |= kUmmaPair;
     in.op = Op::kUmma;
     emit(in, text);
   }
@@ -2259,6 +2298,7 @@ class Parser {
   std::vector<uint32_t> extern_slots_;
   uint32_t shared_off_ = 0;
   int end_line_ = 0;
+  int cta_group_line_[2] = {0, 0};  // the entry's first tcgen05 line with .cta_group::1 / ::2
   // Current instruction.
   int line_ = 0;
   std::string op_text_;

@@ -110,8 +110,8 @@ enum InstFlags : uint8_t {
   kFtz = 1,
   kSigned = 2,
   kTrans = 8,
-  kClusterSpace = 16,  // the address operand is .shared::cluster (mbarrier.arrive)
-  kMulticast = 32      // cp.async.bulk.tensor .multicast::cluster (a ctaMask operand)
+  kClusterSpace = 16,  // the address operand is .shared::cluster (mbarrier.arrive, tcgen05.commit)
+  kMulticast = 32  // .multicast::cluster (a ctaMask operand): cp.async.bulk.tensor, tcgen05.commit
 };
 // wgmma.mma_async variant bits (Inst::sub of kWgmma).
 enum WgmmaFlags : uint8_t {
@@ -134,7 +134,8 @@ enum WgmmaFp8 : uint8_t {
 // tcgen05.mma variant bits (Inst::sub of kUmma).
 enum UmmaFlags : uint8_t {
   kUmmaF8F6F4 = 1,  // .kind::f8f6f4 (else .kind::f16)
-  kUmmaATmem = 2    // A from tensor memory [a_taddr] (else a shared-memory descriptor)
+  kUmmaATmem = 2,   // A from tensor memory [a_taddr] (else a shared-memory descriptor)
+  kUmmaPair = 4     // .cta_group::2: the CTA pair's MMA (else .cta_group::1)
 };
 
 constexpr uint32_t kNoSlot = 0xffffffffu;

@@ -62,7 +62,7 @@ Sm100State::Sm100State(Cta &cta, Sm90State &sm90) : cta_(cta), sm90_(sm90) {
     cell_rd_.assign(kLanes * kColumns, 0);
     chunk_op_.assign(cta_.smem_size_ / 16 + 1, 0);
     uncommitted_.resize(cta_.nthreads_);
-    ops_.resize(1);
+    own_.ops.resize(1);
     sm90_.track_observed();
   }
   tmem_.assign(kLanes * kColumns, 0);
@@ -85,13 +85,21 @@ void Sm100State::reset_block() {
   allocs_.clear();
   freed_.clear();
   relinquish_pc_ = UINT32_MAX;
-  if (ops_.size() > 1) {  // the previous block issued asynchronous ops
+  req_ = PairReq();
+  // The cluster's CTAs start their blocks before any runs: rank 0's ledger
+  // is cleared before any op is recorded in it.
+  const Cluster *cl = cta_.cluster_;
+  led_ = cl && cl->sm100.size() == cl->size ? &cl->sm100[0]->own_ : &own_;
+  if (own_.ops.size() > 1 || !own_.commits.empty()) {
+    own_.ops.resize(1);
+    own_.commits.clear();
+  }
+  if (touched_) {  // the previous block's asynchronous ops used these cells
     std::fill(cell_wr_.begin(), cell_wr_.end(), 0);
     std::fill(cell_rd_.begin(), cell_rd_.end(), 0);
     std::fill(chunk_op_.begin(), chunk_op_.end(), 0);
-    ops_.resize(1);
-    commits_.clear();
     for (auto &v : uncommitted_) v.clear();
+    touched_ = false;
   }
   any_reader_ = false;
 }
@@ -123,7 +131,7 @@ int Sm100State::run_warp(uint32_t w, uint32_t pc) {
     case Op::kTmemAlloc:
       return tmem_alloc(w, pc);
     case Op::kTmemDealloc:
-      return tmem_dealloc(w, pc) ? 1 : -1;
+      return tmem_dealloc(w, pc);
     case Op::kTmemRelinquish:
       relinquish_pc_ = pc;
       return 1;
@@ -146,7 +154,13 @@ int Sm100State::run_warp(uint32_t w, uint32_t pc) {
 // "tcgen05.alloc, tcgen05.dealloc, tcgen05.relinquish_alloc_permit" (nCols a
 // power of 2 in 32..512; alloc blocks until the columns are free; no alloc
 // after relinquish_alloc_permit). Placement is first fit: programs must use
-// the address alloc writes, never assume one.
+// the address alloc writes, never assume one. .cta_group::2 ("Issue
+// Granularity"): one warp of each CTA of the pair performs the instruction,
+// the first to get there waiting for the other; the emulator gives the
+// pair the same columns in both CTAs' tensor memory (first fit over both)
+// and frees them in both, and refuses a pair whose warps disagree (another
+// instruction, nCols, taddr). relinquish_alloc_permit.cta_group::2 acts on
+// the executing CTA only.
 
 // "columns [0, 64) (PTX line 12), [64, 96) (PTX line 14)" or "none".
 std::string Sm100State::allocs_text() const {
@@ -166,6 +180,13 @@ const Sm100State::Alloc *Sm100State::alloc_at(uint32_t col, uint32_t n) const {
   return nullptr;
 }
 
+// No live allocation overlaps columns [col, col + n).
+bool Sm100State::cols_free(uint32_t col, uint32_t n) const {
+  for (const Alloc &a : allocs_)
+    if (col < a.col + a.ncols && a.col < col + n) return false;
+  return true;
+}
+
 // The 32-bit operand slot of the warp collective at pc holds one value in
 // every lane of warp w (false: error set).
 bool Sm100State::uniform(uint32_t w, uint32_t pc, uint32_t slot, const char *what) {
@@ -181,9 +202,73 @@ bool Sm100State::uniform(uint32_t w, uint32_t pc, uint32_t slot, const char *wha
   return true;
 }
 
-// 1: allocated, 0: no room yet (the warp waits), -1: fault.
+// The states of the CTA pair of this CTA for the .cta_group::2 op thread t
+// runs at pc: half[0] the even rank's, half[1] the odd's (PTX ISA
+// "tcgen05": "CTA Pair": the CTAs whose %cluster_ctarank differ in bit 0).
+// False (error set): the cluster has an odd size, or the peer exited
+// ("Issue Granularity": the peer CTA must be active).
+bool Sm100State::pair_states(uint32_t t, uint32_t pc, Sm100State **half) {
+  const Cluster *cl = cta_.cluster_;
+  const uint32_t size = cl ? cl->size : 1;
+  if (!cl || size % 2 || cl->sm100.size() != size)
+    return cta_.fail_at(pc, t,
+                        ".cta_group::2 needs a CTA pair, but the cluster has %u CTA(s): the pairs "
+                        "are the CTAs of ranks 2k and 2k + 1 of a cluster of even size (PTX ISA "
+                        "\"tcgen05\": \"CTA Pair\")",
+                        size);
+  Sm100State *peer = cl->sm100[cta_.rank_ ^ 1];
+  if (peer->cta_.done_)
+    return cta_.fail_at(pc, t,
+                        "the peer CTA (rank %u) has exited: a .cta_group::2 op needs its peer "
+                        "CTA active (PTX ISA \"tcgen05\": \"Issue Granularity\")",
+                        cta_.rank_ ^ 1);
+  half[cta_.rank_ & 1] = this;
+  half[(cta_.rank_ & 1) ^ 1] = peer;
+  return true;
+}
+
+// The start of warp w's .cta_group::2 alloc / dealloc at pc: 1 when the
+// peer already performed it for both (done), 0 while another warp of the
+// CTA has one pending (w waits), 2 to go on.
+int Sm100State::pair_begin(uint32_t w, uint32_t pc) {
+  if (req_.pc == UINT32_MAX) return 2;
+  if (req_.pc != pc || req_.w != w) return 0;
+  if (!req_.done) return 2;
+  req_ = PairReq();
+  return 1;
+}
+
+// The peer's pending request (peer.req_) is the same instruction with the
+// same operands as warp w's (req_). False: error set, naming both lines.
+bool Sm100State::pair_match(uint32_t w, uint32_t pc, const Sm100State &peer) {
+  const PairReq &o = peer.req_;
+  const Inst &a = cta_.e_.code[pc], &b = cta_.e_.code[o.pc];
+  const char *what = a.op == Op::kTmemAlloc ? "tcgen05.alloc" : "tcgen05.dealloc";
+  if (a.op != b.op || b.sub != 1)
+    return cta_.fail_at(pc, 32 * w,
+                        "the peer CTA (rank %u) waits at the %s at PTX line %u: the two warps of a "
+                        ".cta_group::2 %s must perform the same instruction together (PTX ISA "
+                        "\"tcgen05\": \"Issue Granularity\")",
+                        peer.cta_.rank_, cta_.e_.op_text[o.pc].c_str(), b.line, what);
+  if (o.ncols != req_.ncols || o.taddr != req_.taddr)
+    return cta_.fail_at(pc, 32 * w,
+                        "taddr 0x%08x, nCols %u differ from the peer CTA (rank %u)'s taddr 0x%08x, "
+                        "nCols %u (its %s at PTX line %u): the pair %s the same columns in both "
+                        "CTAs",
+                        req_.taddr, req_.ncols, peer.cta_.rank_, o.taddr, o.ncols, what, b.line,
+                        a.op == Op::kTmemAlloc ? "allocates" : "frees");
+  return true;
+}
+
+// 1: allocated, 0: no room yet, or (.cta_group::2) the peer's warp not yet
+// there (the warp waits), -1: fault.
 int Sm100State::tmem_alloc(uint32_t w, uint32_t pc) {
   const Inst &in = cta_.e_.code[pc];
+  const bool pair = in.sub == 1;
+  if (pair) {
+    const int b = pair_begin(w, pc);
+    if (b < 2) return b;
+  }
   if (!uniform(w, pc, in.a, "the shared address") || !uniform(w, pc, in.b, "nCols")) return -1;
   const uint64_t *r = cta_.regs_of(32 * w);
   const uint32_t ncols = static_cast<uint32_t>(r[in.b]);
@@ -203,11 +288,9 @@ int Sm100State::tmem_alloc(uint32_t w, uint32_t pc) {
   const int64_t dst = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
   uint8_t *p = cta_.shared_ptr(dst, 4, 32 * w, pc);
   if (!p) return -1;
+  if (pair) return pair_alloc(w, pc, ncols, p);
   for (uint32_t c = 0; c + ncols <= kColumns; c += 32) {
-    bool free = true;
-    for (const Alloc &a : allocs_)
-      if (c < a.col + a.ncols && a.col < c + ncols) free = false;
-    if (!free) continue;
+    if (!cols_free(c, ncols)) continue;
     allocs_.push_back(Alloc{c, ncols, pc});
     std::memcpy(p, &c, 4);  // lane 0, column c
     return 1;
@@ -215,11 +298,61 @@ int Sm100State::tmem_alloc(uint32_t w, uint32_t pc) {
   return 0;
 }
 
-bool Sm100State::tmem_dealloc(uint32_t w, uint32_t pc) {
+// tcgen05.alloc.cta_group::2 by warp w: performed (for both warps) by the
+// second of the pair to get there, once both CTAs have the columns free.
+int Sm100State::pair_alloc(uint32_t w, uint32_t pc, uint32_t ncols, uint8_t *dst) {
+  Sm100State *half[2];
+  if (!pair_states(32 * w, pc, half)) return -1;
+  Sm100State &peer = *half[(cta_.rank_ & 1) ^ 1];
+  req_ = PairReq{pc, w, ncols, 0, dst, false};
+  PairReq &o = peer.req_;
+  if (o.pc == UINT32_MAX || o.done) return 0;
+  if (!pair_match(w, pc, peer)) return -1;
+  for (uint32_t c = 0; c + ncols <= kColumns; c += 32) {
+    if (!cols_free(c, ncols) || !peer.cols_free(c, ncols)) continue;
+    allocs_.push_back(Alloc{c, ncols, pc});
+    peer.allocs_.push_back(Alloc{c, ncols, o.pc});
+    std::memcpy(dst, &c, 4);
+    std::memcpy(o.dst, &c, 4);
+    o.done = true;
+    req_ = PairReq();
+    return 1;
+  }
+  return 0;
+}
+
+// 1: freed, 0 (.cta_group::2): the peer's warp not yet there, -1: fault.
+int Sm100State::tmem_dealloc(uint32_t w, uint32_t pc) {
   const Inst &in = cta_.e_.code[pc];
-  if (!uniform(w, pc, in.a, "taddr") || !uniform(w, pc, in.b, "nCols")) return false;
+  const bool pair = in.sub == 1;
+  if (pair) {
+    const int b = pair_begin(w, pc);
+    if (b < 2) return b;
+  }
+  if (!uniform(w, pc, in.a, "taddr") || !uniform(w, pc, in.b, "nCols")) return -1;
   const uint64_t *r = cta_.regs_of(32 * w);
   const uint32_t taddr = static_cast<uint32_t>(r[in.a]), ncols = static_cast<uint32_t>(r[in.b]);
+  if (!pair) return dealloc_cols(w, pc, taddr, ncols, false) ? 1 : -1;
+  Sm100State *half[2];
+  if (!pair_states(32 * w, pc, half)) return -1;
+  Sm100State &peer = *half[(cta_.rank_ & 1) ^ 1];
+  req_ = PairReq{pc, w, ncols, taddr, nullptr, false};
+  PairReq &o = peer.req_;
+  if (o.pc == UINT32_MAX || o.done) return 0;
+  if (!pair_match(w, pc, peer) || !dealloc_cols(w, pc, taddr, ncols, true)) return -1;
+  if (!peer.dealloc_cols(o.w, o.pc, taddr, ncols, true)) {
+    cta_.error_ = peer.cta_.error_;
+    return -1;
+  }
+  o.done = true;
+  req_ = PairReq();
+  return 1;
+}
+
+// Frees the allocation at taddr (nCols ncols) of this CTA for warp w's
+// dealloc at pc; pair: a .cta_group::2 one (an op's completion observed by
+// any thread of the pair will do). False: error set.
+bool Sm100State::dealloc_cols(uint32_t w, uint32_t pc, uint32_t taddr, uint32_t ncols, bool pair) {
   if (ncols < 32 || ncols > kColumns || (ncols & (ncols - 1)))
     return cta_.fail_at(
         pc, 32 * w, "nCols %u is not a power of 2 in 32..512 (PTX ISA \"tcgen05.dealloc\")", ncols);
@@ -230,7 +363,8 @@ bool Sm100State::tmem_dealloc(uint32_t w, uint32_t pc) {
     // No unfinished tcgen05.mma / cp may still use the columns (observed
     // by any thread: the deallocating warp may have learned it through a
     // barrier).
-    if (has_async_ && !check_cells(UINT32_MAX, pc, 0, kLanes, a.col, a.ncols, true)) return false;
+    if (has_async_ && !check_cells(UINT32_MAX, pc, 0, kLanes, a.col, a.ncols, true, pair))
+      return false;
     if (a.ncols != ncols)
       return cta_.fail_at(pc, 32 * w,
                           "nCols %u differs from the %u columns the tcgen05.alloc at PTX line %u "
@@ -255,12 +389,26 @@ bool Sm100State::tmem_dealloc(uint32_t w, uint32_t pc) {
 std::string Sm100State::wait_text(uint32_t t, uint32_t) {
   const uint32_t pc = cta_.pc_[t];
   const Inst &in = cta_.e_.code[pc];
-  char buf[600];
+  char buf[700];
+  const Cluster *cl = cta_.cluster_;
+  const Sm100State *peer =
+      cl && cl->size % 2 == 0 && cl->sm100.size() == cl->size ? cl->sm100[cta_.rank_ ^ 1] : nullptr;
+  if (in.sub == 1 && peer && req_.pc == pc &&
+      (in.op == Op::kTmemDealloc || peer->req_.pc == UINT32_MAX)) {
+    std::snprintf(buf, sizeof buf,
+                  "%s at PTX line %u: deadlock: warp %u waits for a warp of the peer CTA (rank %u) "
+                  "to perform this .cta_group::2 instruction too (PTX ISA \"tcgen05\": \"Issue "
+                  "Granularity\"); block %s",
+                  cta_.e_.op_text[pc].c_str(), in.line, t / 32, cta_.rank_ ^ 1,
+                  cta_.block_text().c_str());
+    return buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "%s at PTX line %u: deadlock: warp %u waits for %u contiguous free columns of "
-                "tensor memory; allocated: %s; no warp can reach a tcgen05.dealloc; block %s",
+                "tensor memory%s; allocated: %s; no warp can reach a tcgen05.dealloc; block %s",
                 cta_.e_.op_text[pc].c_str(), in.line, t / 32,
-                static_cast<uint32_t>(cta_.regs_of(t)[in.b]), allocs_text().c_str(),
+                static_cast<uint32_t>(cta_.regs_of(t)[in.b]),
+                in.sub == 1 ? " (the same in both CTAs of the pair)" : "", allocs_text().c_str(),
                 cta_.block_text().c_str());
   return buf;
 }

@@ -1,9 +1,9 @@
 // The asynchronous tcgen05 ops of the sm_100 state (emu/sm100.h):
-// tcgen05.mma (kind::f16, kind::f8f6f4; cta_group::1, dense, no .ws),
-// tcgen05.cp (128x256b, 128x128b) and tcgen05.commit, with the checks of
-// what a program may rely on only once a commit's mbarrier phase is
-// observed. docs/emulator.md, "Blackwell (sm_100a)", has the model and its
-// sources in the PTX ISA.
+// tcgen05.mma (kind::f16, kind::f8f6f4; cta_group::1 and ::2, dense, no
+// .ws), tcgen05.cp (cta_group::1: 128x256b, 128x128b) and tcgen05.commit
+// (.multicast::cluster too), with the checks of what a program may rely on
+// only once a commit's mbarrier phase is observed. docs/emulator.md,
+// "Blackwell (sm_100a)", has the model and its sources in the PTX ISA.
 //
 // Model: an op is performed when it is issued (its operands read, its
 // tensor memory written) and recorded (AsyncOp) with the cells it writes
@@ -19,7 +19,11 @@
 // consistency: tcgen05 instructions", pipelined tcgen05 instructions:
 // mma -> mma with the same accumulator and shape, cp -> mma), so its own
 // later ops may use the same cells; another thread's may not until it has
-// observed their completion.
+// observed their completion. A thread observes an op through a commit
+// arrive that landed in its own CTA (the commit's mbarrier, or for a
+// multicast one each CTA of its ctaMask). The ops and commits of a cluster
+// are one ledger (rank 0's), so the cells of a pair's MMA in either CTA
+// name it.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -76,7 +80,8 @@ bool decode_umma_smem_desc(uint64_t desc, SmemMatrix *m, std::string *why) {
   return true;
 }
 
-bool decode_umma_idesc(uint32_t idesc, bool f8f6f4, UmmaInstr *d, std::string *why) {
+bool decode_umma_idesc(uint32_t idesc, bool f8f6f4, UmmaInstr *d, std::string *why,
+                       uint32_t cta_group) {
   auto field = [idesc](int lo, int bits) { return (idesc >> lo) & ((1u << bits) - 1); };
   if (field(2, 1)) {
     *why = "sparsity (bit 2) is not modelled";
@@ -138,13 +143,18 @@ bool decode_umma_idesc(uint32_t idesc, bool f8f6f4, UmmaInstr *d, std::string *w
   d->trans_b = field(16, 1);
   d->n = field(17, 6) << 3;
   d->m = field(24, 5) << 4;
-  if (d->m != 64 && d->m != 128) {
+  const uint32_t mlo = cta_group == 2 ? 128 : 64, nstep = cta_group == 2 ? 16 : 8;
+  if (d->m != mlo && d->m != 2 * mlo) {
     *why = "M = " + std::to_string(d->m) +
-           " (bits 24-28: M >> 4): cta_group::1 takes M = 64 or 128 (\"Matrix Shape\")";
+           " (bits 24-28: M >> 4): cta_group::" + std::to_string(cta_group) +
+           " takes M = " + std::to_string(mlo) + " or " + std::to_string(2 * mlo) +
+           " (\"Matrix Shape\")";
     return false;
   }
-  if (d->n < 8 || d->n > 256) {
-    *why = "N = " + std::to_string(d->n) + " (bits 17-22: N >> 3) is outside 8..256";
+  if (d->n < nstep || d->n > 256 || d->n % nstep) {
+    *why = "N = " + std::to_string(d->n) + " (bits 17-22: N >> 3) is not one of " +
+           std::to_string(nstep) + ".." + "256 step " + std::to_string(nstep) +
+           " (cta_group::" + std::to_string(cta_group) + ")";
     return false;
   }
   return true;
@@ -165,50 +175,56 @@ inline uint32_t row_lane(uint32_t m, uint32_t lane0, uint32_t r) {
 // --------------------------------------------------- bookkeeping ----
 
 uint32_t Sm100State::new_op(uint32_t t, uint32_t pc) {
-  const uint32_t id = static_cast<uint32_t>(ops_.size());
+  const uint32_t id = static_cast<uint32_t>(led_->ops.size());
   AsyncOp o;
   o.pc = pc;
   o.thread = t;
-  ops_.push_back(o);
+  o.rank = cta_.rank_;
+  led_->ops.push_back(o);
   uncommitted_[t].push_back(id);
   return id;
 }
 
-// Whether thread u has observed the completion of op id: the phase of a
-// commit the issuing thread made after it.
+// Whether thread u (of this CTA) has observed the completion of op id: the
+// phase, in this CTA, of a commit the issuing thread made after it.
 bool Sm100State::async_observed(uint32_t u, uint32_t id) const {
   if (g_sm100_bug == kSm100BugCommitEarly) return true;
-  const AsyncOp &o = ops_[id];
+  const AsyncOp &o = led_->ops[id];
   if (o.commit == UINT32_MAX) return false;
-  for (size_t c = o.commit; c < commits_.size(); ++c) {
-    const Commit &k = commits_[c];
-    if (k.thread == o.thread && sm90_.observed(u, k.mbar) > k.phase) return true;
+  for (size_t c = o.commit; c < led_->commits.size(); ++c) {
+    const Commit &k = led_->commits[c];
+    if (k.rank == o.rank && k.thread == o.thread && k.dest == cta_.rank_ &&
+        sm90_.observed(u, k.mbar) > k.phase)
+      return true;
   }
   return false;
 }
 
-// Some thread of warp w (w = UINT32_MAX: of the CTA) has observed it.
-bool Sm100State::warp_observed(uint32_t w, uint32_t id) const {
+// Some thread of warp w (w = UINT32_MAX: of the CTA; pair: of the CTA or
+// its peer) has observed it.
+bool Sm100State::warp_observed(uint32_t w, uint32_t id, bool pair) const {
   const uint32_t lo = w == UINT32_MAX ? 0 : 32 * w;
   const uint32_t hi = w == UINT32_MAX ? cta_.nthreads_ : std::min(32 * w + 32, cta_.nthreads_);
   for (uint32_t u = lo; u < hi; ++u)
     if (async_observed(u, id)) return true;
-  return false;
+  return pair && cta_.cluster_->sm100[cta_.rank_ ^ 1]->warp_observed(UINT32_MAX, id, false);
 }
 
 // "tcgen05.mma.cta_group::1.kind::f16 at PTX line N (thread (..) block (..))".
 std::string Sm100State::op_text(uint32_t id) const {
-  const AsyncOp &o = ops_[id];
+  const AsyncOp &o = led_->ops[id];
+  const Cluster *cl = cta_.cluster_;
+  const Cta &c = cl && o.rank < cl->size ? *cl->ctas[o.rank] : cta_;
   return cta_.e_.op_text[o.pc] + " at PTX line " + std::to_string(cta_.e_.code[o.pc].line) + " (" +
-         cta_.thread_text(o.thread) + ")";
+         c.thread_text(o.thread) + ")";
 }
 
 // Warp w's tcgen05.ld (write false) or st / dealloc (write true) of lanes
 // [lane, lane + nlanes) x columns [col, col + n): no cell written by an
 // async op (nor, write, read by one as A) whose completion the warp (w =
-// UINT32_MAX: any thread) has not observed.
+// UINT32_MAX: any thread; pair: of the CTA pair) has not observed.
 bool Sm100State::check_cells(uint32_t w, uint32_t pc, uint32_t lane, uint32_t nlanes, uint32_t col,
-                             uint32_t n, bool write) {
+                             uint32_t n, bool write, bool pair) {
   uint32_t ok_wr = 0, ok_rd = 0;  // the last ids found observed
   for (uint32_t i = lane; i < lane + nlanes; ++i) {
     for (uint32_t j = col; j < col + n; ++j) {
@@ -217,17 +233,19 @@ bool Sm100State::check_cells(uint32_t w, uint32_t pc, uint32_t lane, uint32_t nl
         const uint32_t id = rd ? cell_rd_[cell] : cell_wr_[cell];
         uint32_t &ok = rd ? ok_rd : ok_wr;
         if (!id || id == ok) continue;
-        if (warp_observed(w, id)) {
+        if (warp_observed(w, id, pair)) {
           ok = id;
           continue;
         }
-        const char *who = w == UINT32_MAX ? "no thread" : "no thread of this warp";
+        const char *who = w != UINT32_MAX ? "no thread of this warp"
+                          : pair          ? "no thread of the CTA pair"
+                                          : "no thread";
         return cta_.fail_at(
             pc, w == UINT32_MAX ? UINT32_MAX : 32 * w,
-            "tensor memory lane %u column %u is %s by the %s, whose completion %s has observed: "
-            "wait on the mbarrier phase of a tcgen05.commit its thread issued after it (PTX ISA "
-            "\"tcgen05.commit\", \"Memory consistency: tcgen05 instructions\")",
-            i, j, rd ? "read as A" : "written", op_text(id).c_str(), who);
+            "tensor memory lane %u column %u (CTA rank %u) is %s by the %s, whose completion %s "
+            "has observed: wait on the mbarrier phase of a tcgen05.commit its thread issued after "
+            "it (PTX ISA \"tcgen05.commit\", \"Memory consistency: tcgen05 instructions\")",
+            i, j, cta_.rank_, rd ? "read as A" : "written", op_text(id).c_str(), who);
       }
     }
   }
@@ -248,11 +266,12 @@ bool Sm100State::shared_write_slow(uint32_t t, uint32_t pc, uint32_t chunk) {
                       16 * chunk, 16 * chunk + 16, op_text(id).c_str());
 }
 
-// The tensor memory operand at taddr of an op of M rows and ncols columns
-// (D, A, or the cp destination): *lane0 its lane field (M = 128: 0; M = 64:
-// 0 or 16), its columns inside one live allocation.
-bool Sm100State::umma_cells(uint32_t t, uint32_t pc, uint32_t taddr, uint32_t m, uint32_t ncols,
-                            const char *what, uint32_t *lane0) {
+// The tensor memory operand at taddr, in CTA x's tensor memory, of an op
+// of M rows and ncols columns (D, A, or the cp destination): *lane0 its
+// lane field (M = 128: 0; M = 64: 0 or 16), its columns inside one live
+// allocation.
+bool Sm100State::umma_cells(const Sm100State &x, uint32_t t, uint32_t pc, uint32_t taddr,
+                            uint32_t m, uint32_t ncols, const char *what, uint32_t *lane0) {
   *lane0 = taddr >> 16;
   const uint32_t col = taddr & 0xffff;
   if (m == 128 ? *lane0 != 0 : (*lane0 != 0 && *lane0 != 16))
@@ -260,46 +279,51 @@ bool Sm100State::umma_cells(uint32_t t, uint32_t pc, uint32_t taddr, uint32_t m,
                         "%s taddr 0x%08x: lane %u; an M = %u operand starts at lane 0%s (PTX ISA "
                         "\"Data Path Layout\")",
                         what, taddr, *lane0, m, m == 64 ? " or 16" : "");
-  if (col + ncols > kColumns || !alloc_at(col, ncols))
+  if (col + ncols > kColumns || !x.alloc_at(col, ncols))
     return cta_.fail_at(pc, t,
-                        "%s taddr 0x%08x: columns %u..%u are not inside one live allocation (live "
-                        "allocations: %s)",
-                        what, taddr, col, col + ncols - 1, allocs_text().c_str());
+                        "%s taddr 0x%08x: columns %u..%u are not inside one live allocation of CTA "
+                        "rank %u (live allocations: %s)",
+                        what, taddr, col, col + ncols - 1, x.cta_.rank_, x.allocs_text().c_str());
   return true;
 }
 
-// The issuing thread t's op uses the cells of rows 0..m-1 (row_lane) x
-// [col, col + ncols), writing them (write) or reading them: none is the
-// source of an unwaited tcgen05.st, none is used by an unobserved op of
-// another thread (one thread's ops are ordered; two threads' are not).
-bool Sm100State::issuer_cells(uint32_t t, uint32_t pc, uint32_t lane0, uint32_t m, uint32_t col,
-                              uint32_t ncols, bool write) {
+// The issuing thread t's op uses the cells of CTA x's rows 0..m-1
+// (row_lane) x [col, col + ncols), writing them (write) or reading them:
+// none is the source of an unwaited tcgen05.st, none is used by an
+// unobserved op of another thread (one thread's ops are ordered; two
+// threads' are not).
+bool Sm100State::issuer_cells(Sm100State &x, uint32_t t, uint32_t pc, uint32_t lane0, uint32_t m,
+                              uint32_t col, uint32_t ncols, bool write) {
   uint32_t ok = 0;
   for (uint32_t r = 0; r < m; ++r) {
     const uint32_t lane = row_lane(m, lane0, r);
     for (uint32_t j = col; j < col + ncols; ++j) {
       const size_t cell = static_cast<size_t>(lane) * kColumns + j;
-      if (st_cell_[cell])
+      if (x.st_cell_[cell])
         return cta_.fail_at(pc, t,
-                            "tensor memory lane %u column %u was written by the tcgen05.st at PTX "
-                            "line %u (warp %u), not yet waited for: tcgen05.wait::st, then "
-                            "tcgen05.fence::before_thread_sync and a barrier, first",
-                            lane, j, cta_.e_.code[static_cast<uint32_t>(st_cell_[cell]) - 1].line,
-                            static_cast<uint32_t>(st_cell_[cell] >> 32));
+                            "tensor memory lane %u column %u (CTA rank %u) was written by the "
+                            "tcgen05.st at PTX line %u (warp %u), not yet waited for: "
+                            "tcgen05.wait::st, then tcgen05.fence::before_thread_sync and a "
+                            "barrier, first",
+                            lane, j, x.cta_.rank_,
+                            cta_.e_.code[static_cast<uint32_t>(x.st_cell_[cell]) - 1].line,
+                            static_cast<uint32_t>(x.st_cell_[cell] >> 32));
       for (int rd = 0; rd < (write ? 2 : 1); ++rd) {
-        const uint32_t id = rd ? cell_rd_[cell] : cell_wr_[cell];
-        if (!id || id == ok || ops_[id].thread == t) continue;
-        if (async_observed(t, id)) {
+        const uint32_t id = rd ? x.cell_rd_[cell] : x.cell_wr_[cell];
+        if (!id || id == ok) continue;
+        const AsyncOp &o = led_->ops[id];
+        if ((o.thread == t && o.rank == cta_.rank_) || async_observed(t, id)) {
           ok = id;
           continue;
         }
         return cta_.fail_at(pc, t,
-                            "tensor memory lane %u column %u is %s by the %s, issued by another "
-                            "thread and not observed complete by this one: tcgen05 ops of "
-                            "different threads are not ordered (PTX ISA \"Memory consistency: "
+                            "tensor memory lane %u column %u (CTA rank %u) is %s by the %s, issued "
+                            "by another thread and not observed complete by this one: tcgen05 ops "
+                            "of different threads are not ordered (PTX ISA \"Memory consistency: "
                             "tcgen05 instructions\"); issue them from one thread or wait on its "
                             "commit's mbarrier",
-                            lane, j, rd ? "read as A" : "written", op_text(id).c_str());
+                            lane, j, x.cta_.rank_, rd ? "read as A" : "written",
+                            op_text(id).c_str());
       }
     }
   }
@@ -317,7 +341,7 @@ bool Sm100State::smem_desc(uint32_t t, uint32_t pc, uint64_t desc, const char *w
 }
 
 // The shared address of element (mn, k) of the operand, inside the
-// block's shared memory; its chunk marked read by the op being issued.
+// block's shared memory (every CTA of the launch has the same size).
 bool Sm100State::smem_element(uint32_t t, uint32_t pc, const SmemMatrix &d, bool mn_major,
                               uint32_t mn, uint32_t k, uint32_t esz, const char *what,
                               uint32_t *addr) {
@@ -339,42 +363,66 @@ bool Sm100State::smem_element(uint32_t t, uint32_t pc, const SmemMatrix &d, bool
 // esz / 4, bits 8 esz (k % (4 / esz)) up). Arithmetic: each D element is
 // mma_dot_f32 over k = 0..K-1 in order (an exact product, one f32 rounding
 // per add), the chain wgmma and mma.sync use.
+//
+// .cta_group::2 ("CTA Pair", "Issue Granularity": one thread of either CTA
+// of the pair issues it; CUTLASS's SM100_MMA_*_2x1SM_* layouts, the ISA's
+// "Data Path Layout" for the pair): CTA h of the pair (h = rank & 1) holds
+// rows h M/2 .. h M/2 + M/2 - 1 of A (its shared memory at the same
+// descriptor, or its tensor memory at the same taddr) and of D (its tensor
+// memory at the same taddr), and columns h N/2 .. h N/2 + N/2 - 1 of B (its
+// shared memory at the same descriptor, element (j, k) of the local matrix
+// being column h N/2 + j). D's lanes: M = 256, local row r in lane r, N
+// columns; M = 128, local row r (< 64), column c in lane r + 64 (c >= N/2),
+// column c mod N/2 (N/2 columns), and A in tensor memory is read for
+// column c from the same lane, so its 64 rows are duplicated in lanes
+// 64..127 (CUTLASS's TmemAllocMode::Duplicated).
 bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
-  const bool atm = in.sub & kUmmaATmem;
+  const bool atm = in.sub & kUmmaATmem, pair = in.sub & kUmmaPair;
+  Sm100State *half[2] = {this, this};
+  if (pair && !pair_states(t, pc, half)) return false;
   UmmaInstr id;
   std::string why;
   const uint32_t idesc = static_cast<uint32_t>(r[in.e]);
-  if (!decode_umma_idesc(idesc, in.sub & kUmmaF8F6F4, &id, &why))
+  if (!decode_umma_idesc(idesc, in.sub & kUmmaF8F6F4, &id, &why, pair ? 2 : 1))
     return cta_.fail_at(pc, t,
                         "instruction descriptor 0x%08x: %s (PTX ISA \"Instruction Descriptor\")",
                         idesc, why.c_str());
   if (g_sm100_bug == kSm100BugNoTransB) id.trans_b = false;
-  const uint32_t m = id.m, n = id.n, kk = id.k, esz = id.esz;
+  const uint32_t nh = pair ? 2 : 1, m = id.m, n = id.n, kk = id.k, esz = id.esz;
+  const uint32_t mh = m / nh;                // rows of A and D per CTA
+  const bool split = pair && m == 128;       // D's column halves in lanes 0-63 / 64-127
+  const uint32_t dcols = split ? n / 2 : n;  // D columns per CTA
+  const uint32_t lm = pair ? 128 : m;        // the lanes used: the pair's all 128
+  const uint32_t acols = kk * esz / 4;
   const uint32_t dt = static_cast<uint32_t>(r[in.a]);
   uint32_t d_lane0 = 0, a_lane0 = 0, a_col = 0;
-  if (!umma_cells(t, pc, dt, m, n, "D", &d_lane0) ||
-      !issuer_cells(t, pc, d_lane0, m, dt & 0xffff, n, true))
-    return false;
+  for (uint32_t h = 0; h < nh; ++h)
+    if (!umma_cells(*half[h], t, pc, dt, lm, dcols, "D", &d_lane0) ||
+        !issuer_cells(*half[h], t, pc, d_lane0, lm, dt & 0xffff, dcols, true))
+      return false;
   SmemMatrix da, db;
   // A in tensor memory (CUTLASS SM100_MMA_*_TS, whose shapes ptxas does not
-  // police): K-major only, and N a multiple of 16 for M = 128.
+  // police): K-major only; N a multiple of 16 for M = 128 (cta_group::1),
+  // of 32 for the pair (SM100_MMA_F16BF16_2x1SM_TS).
   if (atm && id.trans_a)
     return cta_.fail_at(pc, t,
                         "instruction descriptor 0x%08x: A in tensor memory cannot be transposed "
                         "(bit 15 must be 0)",
                         idesc);
-  if (atm && m == 128 && n % 16)
+  const uint32_t nmul = pair ? 32 : m == 128 ? 16 : 8;
+  if (atm && n % nmul)
     return cta_.fail_at(pc, t,
                         "instruction descriptor 0x%08x: N = %u; with A in tensor memory and M = "
-                        "128, N is a multiple of 16",
-                        idesc, n);
+                        "%u%s, N is a multiple of %u",
+                        idesc, n, m, pair ? " (cta_group::2)" : "", nmul);
   if (atm) {
     const uint32_t at = static_cast<uint32_t>(r[in.b]);
     a_col = at & 0xffff;
-    if (!umma_cells(t, pc, at, m, kk * esz / 4, "A", &a_lane0) ||
-        !issuer_cells(t, pc, a_lane0, m, a_col, kk * esz / 4, false))
-      return false;
+    for (uint32_t h = 0; h < nh; ++h)
+      if (!umma_cells(*half[h], t, pc, at, lm, acols, "A", &a_lane0) ||
+          !issuer_cells(*half[h], t, pc, a_lane0, lm, a_col, acols, false))
+        return false;
   } else if (!smem_desc(t, pc, r[in.b], "A", &da)) {
     return false;
   }
@@ -387,53 +435,67 @@ bool Sm100State::umma(uint32_t t, uint32_t pc, const uint64_t *r) {
     const uint16_t h = static_cast<uint16_t>(bits);
     return id.bf16 ? bf16_to_f32(h) : f16_to_f32(h);
   };
-  // A shared operand's element (mn, k): its bits; its chunk marked read.
-  auto load = [&](const SmemMatrix &dm, bool mn_major, uint32_t mn, uint32_t k, const char *what,
-                  uint32_t *bits) {
+  // A shared operand's element (mn, k) in CTA x: its bits; its chunk marked read.
+  auto load = [&](Sm100State &x, const SmemMatrix &dm, bool mn_major, uint32_t mn, uint32_t k,
+                  const char *what, uint32_t *bits) {
     uint32_t a;
     if (!smem_element(t, pc, dm, mn_major, mn, k, esz, what, &a)) return false;
     uint16_t h = 0;
-    std::memcpy(&h, cta_.smem_.data() + a, esz);
+    std::memcpy(&h, x.cta_.smem_.data() + a, esz);
     *bits = h;
-    chunk_op_[a / 16] = op;
+    x.chunk_op_[a / 16] = op;
     return true;
   };
-  mma_a_.assign(static_cast<size_t>(m) * kk, 0.0f);
+  // A's rows (copy 1: M = 128 pair, A in tensor memory, the lanes 64.. copy).
+  const uint32_t ncopy = split && atm ? 2 : 1;
+  mma_a_.assign(static_cast<size_t>(ncopy) * m * kk, 0.0f);
   mma_b_.assign(static_cast<size_t>(n) * kk, 0.0f);
-  mma_d_.assign(static_cast<size_t>(m) * n, 0.0f);
-  for (uint32_t row = 0; row < m; ++row) {
-    for (uint32_t k = 0; k < kk; ++k) {
-      uint32_t bits;
-      if (atm) {
-        const size_t cell =
-            static_cast<size_t>(row_lane(m, a_lane0, row)) * kColumns + a_col + k * esz / 4;
-        bits = tmem_[cell] >> (8 * esz * (k % (4 / esz)));
-        cell_rd_[cell] = op;
-      } else if (!load(da, id.trans_a, row, k, "A", &bits)) {
-        return false;
+  for (uint32_t h = 0; h < nh; ++h) {
+    Sm100State &x = *half[h];
+    x.any_reader_ = x.touched_ = true;
+    for (uint32_t row = 0; row < mh; ++row) {
+      for (uint32_t k = 0; k < kk; ++k) {
+        for (uint32_t cp = 0; cp < ncopy; ++cp) {
+          uint32_t bits;
+          if (atm) {
+            const uint32_t lane = pair ? row + 64 * cp : row_lane(m, a_lane0, row);
+            const size_t cell = static_cast<size_t>(lane) * kColumns + a_col + k * esz / 4;
+            bits = x.tmem_[cell] >> (8 * esz * (k % (4 / esz)));
+            x.cell_rd_[cell] = op;
+          } else if (!load(x, da, id.trans_a, row, k, "A", &bits)) {
+            return false;
+          }
+          mma_a_[(static_cast<size_t>(cp) * m + h * mh + row) * kk + k] = sa * value(bits, ta);
+        }
       }
-      mma_a_[row * kk + k] = sa * value(bits, ta);
     }
   }
+  const uint32_t nb = n / nh;  // B columns per CTA
   for (uint32_t c = 0; c < n; ++c) {
+    uint32_t h = c / nb;
+    if (pair && g_sm100_bug == kSm100BugPairBSwap) h ^= 1;
     for (uint32_t k = 0; k < kk; ++k) {
       uint32_t bits;
-      if (!load(db, id.trans_b, c, k, "B", &bits)) return false;
+      if (!load(*half[h], db, id.trans_b, c % nb, k, "B", &bits)) return false;
       mma_b_[c * kk + k] = sb * value(bits, tb);
     }
   }
-  any_reader_ = true;
   const bool accumulate = r[in.v[0]] != 0;
   const uint32_t d_col = dt & 0xffff;
-  for (uint32_t row = 0; row < m; ++row) {
-    uint32_t lane = row_lane(m, d_lane0, row);
-    if (g_sm100_bug == kSm100BugDLaneOff) lane = (lane + 1) % kLanes;
-    uint32_t *cells = tmem_.data() + static_cast<size_t>(lane) * kColumns + d_col;
-    for (uint32_t c = 0; c < n; ++c) {
-      const float d0 = accumulate ? bits_f32(cells[c]) : 0.0f;
-      cells[c] =
-          f32_bits(mma_dot_f32(d0, &mma_a_[row * kk], &mma_b_[c * kk], static_cast<int>(kk), 1));
-      cell_wr_[static_cast<size_t>(lane) * kColumns + d_col + c] = op;
+  for (uint32_t h = 0; h < nh; ++h) {
+    Sm100State &x = *half[g_sm100_bug == kSm100BugPairDEven ? 0 : h];
+    for (uint32_t row = 0; row < mh; ++row) {
+      const uint32_t grow = h * mh + row;
+      for (uint32_t c = 0; c < n; ++c) {
+        const uint32_t hi = split && c >= dcols ? 1 : 0;
+        uint32_t lane = pair ? row + 64 * hi : row_lane(m, d_lane0, row);
+        if (g_sm100_bug == kSm100BugDLaneOff) lane = (lane + 1) % kLanes;
+        const size_t cell = static_cast<size_t>(lane) * kColumns + d_col + c - hi * dcols;
+        const float d0 = accumulate ? bits_f32(x.tmem_[cell]) : 0.0f;
+        const float *arow = &mma_a_[(static_cast<size_t>(ncopy > 1 ? hi : 0) * m + grow) * kk];
+        x.tmem_[cell] = f32_bits(mma_dot_f32(d0, arow, &mma_b_[c * kk], static_cast<int>(kk), 1));
+        x.cell_wr_[cell] = op;
+      }
     }
   }
   return true;
@@ -453,8 +515,9 @@ bool Sm100State::utc_cp(uint32_t t, uint32_t pc, const uint64_t *r) {
   const uint32_t taddr = static_cast<uint32_t>(r[in.a]), col = taddr & 0xffff;
   uint32_t lane0 = 0;
   SmemMatrix d;
-  if (!umma_cells(t, pc, taddr, 128, ncols, "the destination", &lane0) ||
-      !issuer_cells(t, pc, 0, 128, col, ncols, true) || !smem_desc(t, pc, r[in.b], "s-desc", &d))
+  if (!umma_cells(*this, t, pc, taddr, 128, ncols, "the destination", &lane0) ||
+      !issuer_cells(*this, t, pc, 0, 128, col, ncols, true) ||
+      !smem_desc(t, pc, r[in.b], "s-desc", &d))
     return false;
   const uint32_t op = new_op(t, pc);
   for (uint32_t l = 0; l < kLanes; ++l) {
@@ -470,7 +533,7 @@ bool Sm100State::utc_cp(uint32_t t, uint32_t pc, const uint64_t *r) {
       chunk_op_[a / 16] = op;
     }
   }
-  any_reader_ = true;
+  any_reader_ = touched_ = true;
   return true;
 }
 
@@ -479,16 +542,42 @@ bool Sm100State::utc_cp(uint32_t t, uint32_t pc, const uint64_t *r) {
 // prior asynchronous tcgen05 op (mma, cp) of the executing thread; one
 // arrive-on when they complete (.mbarrier::arrive::one). Here they are
 // complete already: the arrive happens now. A commit with nothing to track
-// arrives all the same (the ISA makes no exception for it).
+// arrives all the same (the ISA makes no exception for it). The mbarrier:
+// .shared::cluster, its address names a CTA of the cluster (mapa) or is
+// the executing CTA's; .multicast::cluster, the arrive goes to the mbarrier
+// at the same offset in each CTA whose %cluster_ctarank bit is set in the
+// 16-bit ctaMask. .cta_group::2 needs the CTA pair.
 bool Sm100State::commit(uint32_t t, uint32_t pc, const uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
+  Sm100State *half[2];
+  if (in.sub == 1 && !pair_states(t, pc, half)) return false;
   const uint32_t addr = static_cast<uint32_t>(static_cast<uint32_t>(r[in.a]) + in.imm);
-  uint32_t phase = 0;
-  if (!sm90_.async_arrive(t, pc, addr, &phase)) return false;
+  uint32_t off = addr, mask = 1u << cta_.rank_;
+  if (in.flags & kClusterSpace) {
+    const Cta *c = cta_.cluster_target(addr, 8, t, pc, &off);
+    if (!c) return false;
+    mask = 1u << c->rank_;
+  }
+  const Cluster &cl = *cta_.cluster_;
+  if (in.flags & kMulticast) {
+    mask = static_cast<uint32_t>(r[in.b]) & 0xffff;
+    if (mask >> cl.size)
+      return cta_.fail_at(pc, t,
+                          "ctaMask 0x%04x names CTA rank %u, but the cluster has %u CTAs (ranks "
+                          "0..%u)",
+                          mask, 31 - __builtin_clz(mask), cl.size, cl.size - 1);
+    if (g_sm100_bug == kSm100BugMulticastSkip && (mask & (mask - 1)))
+      mask &= ~(1u << (31 - __builtin_clz(mask)));
+  }
+  const uint32_t first = static_cast<uint32_t>(led_->commits.size());
+  for (uint32_t dest = 0; dest < cl.size; ++dest) {
+    if (!((mask >> dest) & 1)) continue;
+    uint32_t phase = 0;
+    if (!sm90_.async_arrive(t, pc, *cl.sm90[dest], off, &phase)) return false;
+    if (has_async_) led_->commits.push_back(Commit{t, cta_.rank_, dest, off, phase, pc});
+  }
   if (!has_async_) return true;
-  const uint32_t idx = static_cast<uint32_t>(commits_.size());
-  commits_.push_back(Commit{t, addr, phase, pc});
-  for (uint32_t id : uncommitted_[t]) ops_[id].commit = idx;
+  for (uint32_t id : uncommitted_[t]) led_->ops[id].commit = first;
   uncommitted_[t].clear();
   return true;
 }
@@ -497,7 +586,7 @@ bool Sm100State::commit(uint32_t t, uint32_t pc, const uint64_t *r) {
 bool Sm100State::finish_async() {
   for (uint32_t u = 0; u < cta_.nthreads_; ++u) {
     if (uncommitted_[u].empty()) continue;
-    const AsyncOp &o = ops_[uncommitted_[u].front()];
+    const AsyncOp &o = led_->ops[uncommitted_[u].front()];
     return cta_.fail_at(o.pc, u,
                         "the block exited with this op never committed: no tcgen05.commit after "
                         "it, so nothing tracked its completion (PTX ISA \"tcgen05.commit\")");

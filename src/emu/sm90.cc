@@ -310,14 +310,21 @@ bool Sm90State::arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc
   return complete_on(owner, m, t);
 }
 
-bool Sm90State::async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *phase) {
-  if (!cta_.shared_ptr(addr, 8, t, pc)) return false;
-  Mbarrier *m = find_mbar(addr);
-  if (!m)
-    return cta_.fail_at(
-        pc, t, "no initialized mbarrier at shared address 0x%x (mbarrier.init first)", addr);
+bool Sm90State::async_arrive(uint32_t t, uint32_t pc, Sm90State &owner, uint32_t addr,
+                             uint32_t *phase) {
+  Mbarrier *m;
+  if (&owner != this) {
+    m = mbar_of_cta(owner, addr, t, pc);
+    if (!m) return false;
+  } else {
+    if (!cta_.shared_ptr(addr, 8, t, pc)) return false;
+    m = find_mbar(addr);
+    if (!m)
+      return cta_.fail_at(
+          pc, t, "no initialized mbarrier at shared address 0x%x (mbarrier.init first)", addr);
+  }
   *phase = m->phase;
-  return arrive_on(*this, *m, t, pc, 1);
+  return arrive_on(owner, *m, t, pc, 1);
 }
 
 uint32_t Sm90State::observed(uint32_t t, uint32_t addr) const {

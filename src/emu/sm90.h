@@ -100,10 +100,12 @@ class Sm90State final : public ArchState {
   // returned True); set before the first block.
   void track_observed() { track_seen_ = true; }
   // One arrive-on (count 1) by thread t, for the tcgen05.commit at pc, on
-  // the mbarrier at shared address addr: *phase is the phase it arrived on.
-  // The same checks as mbarrier.arrive (initialized, a pending arrival, the
-  // preceding phase observed). False: fault (error set).
-  bool async_arrive(uint32_t t, uint32_t pc, uint32_t addr, uint32_t *phase);
+  // the mbarrier at shared offset addr of owner's CTA (this one's, or
+  // another of the cluster's: a remote arrive, its init visible to the
+  // cluster first): *phase is the phase it arrived on. The same checks as
+  // mbarrier.arrive (initialized, a pending arrival, the preceding phase
+  // observed). False: fault (error set).
+  bool async_arrive(uint32_t t, uint32_t pc, Sm90State &owner, uint32_t addr, uint32_t *phase);
   // How many phases of the mbarrier at addr thread t has seen complete
   // (track_observed): phase p's completion is observed when this is > p.
   // 0 when no mbarrier is there.

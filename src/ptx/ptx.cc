@@ -1251,26 +1251,39 @@ void Builder::tcgen05_ncols(const Opcode &in, const Operand &ncols) const {
     misuse(in, "nCols must be a power of 2 in 32..512");
 }
 
-void Builder::tcgen05_alloc(Addr dst, Operand ncols) {
-  Opcode in(std::string("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32"));
+// ".cta_group::1" / ".cta_group::2" (anything else: "::?", refused by
+// check_cta_group).
+std::string Builder::cta_group_text(int cta_group) {
+  return cta_group == 1 ? ".cta_group::1" : cta_group == 2 ? ".cta_group::2" : ".cta_group::?";
+}
+
+void Builder::check_cta_group(const Opcode &in, int cta_group) const {
+  if (cta_group != 1 && cta_group != 2) misuse(in, "cta_group is 1 or 2");
+}
+
+void Builder::tcgen05_alloc(Addr dst, Operand ncols, int cta_group) {
+  Opcode in("tcgen05.alloc" + cta_group_text(cta_group) + ".sync.aligned.shared::cta.b32");
+  check_cta_group(in, cta_group);
   check_addr(in, dst, Space::Shared);
   tcgen05_ncols(in, ncols);
   require(100, 86, "tcgen05", true);
   Line(*this, in).addr(dst).operand(ncols).done();
 }
 
-void Builder::tcgen05_dealloc(Reg taddr, Operand ncols) {
-  Opcode in("tcgen05.dealloc.cta_group::1.sync.aligned.b32");
+void Builder::tcgen05_dealloc(Reg taddr, Operand ncols, int cta_group) {
+  Opcode in("tcgen05.dealloc" + cta_group_text(cta_group) + ".sync.aligned.b32");
+  check_cta_group(in, cta_group);
   check_reg(in, taddr, Type::B32, "taddr must be a b32 register");
   tcgen05_ncols(in, ncols);
   require(100, 86, "tcgen05", true);
   Line(*this, in).reg(taddr).operand(ncols).done();
 }
 
-void Builder::tcgen05_relinquish_alloc_permit() {
+void Builder::tcgen05_relinquish_alloc_permit(int cta_group) {
+  Opcode in("tcgen05.relinquish_alloc_permit" + cta_group_text(cta_group) + ".sync.aligned");
+  check_cta_group(in, cta_group);
   require(100, 86, "tcgen05", true);
-  Line(*this, Opcode(std::string("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")))
-      .done();
+  Line(*this, in).done();
 }
 
 // tcgen05.ld / st .32x32b.xN.b32: n registers (1, 2, 4, .., 128), a b32 taddr.
@@ -1325,8 +1338,9 @@ const char *mma_kind_name(Builder::MmaKind k) {
 }  // namespace
 
 void Builder::tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
-                               const Operand &idesc, const Operand &enable_input_d) {
-  Opcode in(std::string("tcgen05.mma.cta_group::1.kind::") + mma_kind_name(kind));
+                               const Operand &idesc, const Operand &enable_input_d, int cta_group) {
+  Opcode in("tcgen05.mma" + cta_group_text(cta_group) + ".kind::" + mma_kind_name(kind));
+  check_cta_group(in, cta_group);
   check_reg(in, d_taddr, Type::B32, "the D taddr must be a b32 register");
   if (a_tmem)
     check_reg(in, a, Type::B32, "the A taddr must be a b32 register");
@@ -1353,20 +1367,32 @@ void Builder::tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Re
 }
 
 void Builder::tcgen05_mma_ss(MmaKind kind, Reg d_taddr, Reg desc_a, Reg desc_b, Operand idesc,
-                             Operand enable_input_d) {
-  tcgen05_mma_line(kind, d_taddr, desc_a, false, desc_b, idesc, enable_input_d);
+                             Operand enable_input_d, int cta_group) {
+  tcgen05_mma_line(kind, d_taddr, desc_a, false, desc_b, idesc, enable_input_d, cta_group);
 }
 
 void Builder::tcgen05_mma_ts(MmaKind kind, Reg d_taddr, Reg a_taddr, Reg desc_b, Operand idesc,
-                             Operand enable_input_d) {
-  tcgen05_mma_line(kind, d_taddr, a_taddr, true, desc_b, idesc, enable_input_d);
+                             Operand enable_input_d, int cta_group) {
+  tcgen05_mma_line(kind, d_taddr, a_taddr, true, desc_b, idesc, enable_input_d, cta_group);
 }
 
-void Builder::tcgen05_commit(Addr mbar) {
-  Opcode in(std::string("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64"));
+void Builder::tcgen05_commit(Addr mbar, int cta_group) {
+  Opcode in("tcgen05.commit" + cta_group_text(cta_group) +
+            ".mbarrier::arrive::one.shared::cluster.b64");
+  check_cta_group(in, cta_group);
   check_addr(in, mbar, Space::Shared);
   require(100, 86, "tcgen05", true);
   Line(*this, in).addr(mbar).done();
+}
+
+void Builder::tcgen05_commit_multicast(Addr mbar, Reg cta_mask, int cta_group) {
+  Opcode in("tcgen05.commit" + cta_group_text(cta_group) +
+            ".mbarrier::arrive::one.shared::cluster.multicast::cluster.b64");
+  check_cta_group(in, cta_group);
+  check_addr(in, mbar, Space::Shared);
+  check_reg(in, cta_mask, Type::B16, "ctaMask is a b16 register");
+  require(100, 86, "tcgen05", true);
+  Line(*this, in).addr(mbar).reg(cta_mask).done();
 }
 
 void Builder::f32x2(Op o, Reg d, Reg a, Reg b, Reg c) {

@@ -395,7 +395,7 @@ class Builder {
   void cp_async_bulk_tensor_multicast(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar,
                                       Reg cta_mask);
 
-  // ---- Blackwell: sm_100a / sm_103a (PTX ISA 8.6), cta_group::1 ----
+  // ---- Blackwell: sm_100a / sm_103a (PTX ISA 8.6) ----
   // Tensor memory (PTX ISA "tcgen05": "Tensor Memory"): per CTA 128 lanes
   // of 512 columns of 32-bit cells, addressed lane << 16 | column (a b32
   // taddr). Each of these needs set_arch_specific(true) and emit() with sm
@@ -404,18 +404,27 @@ class Builder {
   // the fences are warp-wide (.sync.aligned): every thread of the warp
   // executes them, with the same operands.
   //
-  // tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [dst], nCols:
+  // cta_group (1 or 2; else emit-time misuse) is the .cta_group::N of
+  // alloc, dealloc, relinquish_alloc_permit, mma and commit: 2 is the CTA
+  // pair (PTX ISA "tcgen05": "CTA Pair": cluster ranks 2k and 2k + 1; the
+  // kernel needs a cluster of even size), and one kernel uses one value
+  // (ptxas refuses a function that mixes them).
+  //
+  // tcgen05.alloc.cta_group::N.sync.aligned.shared::cta.b32 [dst], nCols:
   // allocates nCols columns (a b32 register or an immediate power of 2 in
   // 32..512) of all 128 lanes and writes their address (lane 0, first
   // column) to the shared b32 at dst; waits while the columns are not free.
-  void tcgen05_alloc(Addr dst, Operand ncols);
-  // tcgen05.dealloc.cta_group::1.sync.aligned.b32 taddr, nCols: frees the
+  // cta_group 2: one warp of each CTA of the pair executes it (the first
+  // waits for the other); both get the same columns.
+  void tcgen05_alloc(Addr dst, Operand ncols, int cta_group = 1);
+  // tcgen05.dealloc.cta_group::N.sync.aligned.b32 taddr, nCols: frees the
   // allocation at taddr (b32), nCols its size. Every allocation must be
-  // freed before the CTA exits.
-  void tcgen05_dealloc(Reg taddr, Operand ncols);
-  // tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned: the CTA
+  // freed before the CTA exits. cta_group 2: one warp of each CTA of the
+  // pair, as for alloc.
+  void tcgen05_dealloc(Reg taddr, Operand ncols, int cta_group = 1);
+  // tcgen05.relinquish_alloc_permit.cta_group::N.sync.aligned: the CTA
   // allocates no more.
-  void tcgen05_relinquish_alloc_permit();
+  void tcgen05_relinquish_alloc_permit(int cta_group = 1);
   // tcgen05.ld.sync.aligned.32x32b.xN.b32 {d}, [taddr] (N = n in 1, 2, 4,
   // .., 128; d n 32-bit registers, b32 or f32): thread i of the warp gets lane
   // taddr.lane + i, d[j] column taddr.column + j. Warp w (%warpid % 4 = q)
@@ -435,7 +444,7 @@ class Builder {
   // thread synchronisation (bar.sync, mbarrier).
   void tcgen05_fence_before_thread_sync();
   void tcgen05_fence_after_thread_sync();
-  // tcgen05.mma.cta_group::1.kind::K [d_taddr], a, b_desc, idesc,
+  // tcgen05.mma.cta_group::N.kind::K [d_taddr], a, b_desc, idesc,
   // enable_input_d (PTX ISA "tcgen05.mma"): D (M x N f32 in tensor memory
   // at d_taddr, M lanes from lane 0, N columns) = A B (+ D when
   // enable_input_d, an immediate 0 / 1 or a predicate). A is M x K: a
@@ -446,17 +455,26 @@ class Builder {
   // Descriptor": types, transposes, N >> 3 at bits 17-22, M >> 4 at
   // 24-28). K = 16 for kind::f16 (f16 / bf16), 32 for kind::f8f6f4 (e4m3 /
   // e5m2). Issued by one thread; asynchronous: its completion is tracked by
-  // tcgen05_commit.
+  // tcgen05_commit. cta_group 2 (M 128 or 256, N 16..256 step 16, with A
+  // in tensor memory step 32): one thread of the pair issues it; each CTA
+  // holds M / 2 rows of A and of D and N / 2 columns of B at the same
+  // addresses (docs/emulator.md, "Blackwell": the pair's layouts).
   enum class MmaKind : uint8_t { F16, F8F6F4 };
   void tcgen05_mma_ss(MmaKind kind, Reg d_taddr, Reg desc_a, Reg desc_b, Operand idesc,
-                      Operand enable_input_d);
+                      Operand enable_input_d, int cta_group = 1);
   void tcgen05_mma_ts(MmaKind kind, Reg d_taddr, Reg a_taddr, Reg desc_b, Operand idesc,
-                      Operand enable_input_d);
-  // tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64
-  // [mbar] (PTX ISA "tcgen05.commit"): one arrive on the shared mbarrier at
-  // mbar once every tcgen05.mma (and cp) this thread issued before it has
+                      Operand enable_input_d, int cta_group = 1);
+  // tcgen05.commit.cta_group::N.mbarrier::arrive::one.shared::cluster.b64
+  // [mbar] (PTX ISA "tcgen05.commit"): one arrive on the mbarrier at mbar (a
+  // shared::cta address: the executing CTA's, or a shared::cluster one from
+  // mapa) once every tcgen05.mma (and cp) this thread issued before it has
   // completed. Issued by the thread that issued them.
-  void tcgen05_commit(Addr mbar);
+  void tcgen05_commit(Addr mbar, int cta_group = 1);
+  // The same with .multicast::cluster: the arrive goes to the mbarrier at
+  // mbar's offset in every CTA of the cluster whose %cluster_ctarank bit is
+  // set in cta_mask (a b16 register: ptxas refuses an immediate), e.g. 3 <<
+  // (rank & ~1) for both CTAs of a pair.
+  void tcgen05_commit_multicast(Addr mbar, Reg cta_mask, int cta_group = 1);
   // Packed f32 pairs (PTX ISA "add", "mul", "fma" with .f32x2; sm_100, PTX
   // ISA 8.6): add.f32x2 / sub.f32x2 / mul.f32x2 d, a, b and fma.rn.f32x2
   // d, a, b, c on b64 registers, each half (low: the first element) an
@@ -518,9 +536,11 @@ class Builder {
   void bulk_tensor_opcode(Opcode &in, Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar,
                           bool multicast) const;
   void tcgen05_ncols(const Opcode &in, const Operand &ncols) const;
+  static std::string cta_group_text(int cta_group);
+  void check_cta_group(const Opcode &in, int cta_group) const;
   void tcgen05_32x32b(const char *op, const Reg *r, int n, Reg taddr, bool ld);
   void tcgen05_mma_line(MmaKind kind, Reg d_taddr, Reg a, bool a_tmem, Reg desc_b,
-                        const Operand &idesc, const Operand &enable_input_d);
+                        const Operand &idesc, const Operand &enable_input_d, int cta_group);
   void check(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void check_reg(const Opcode &in, Reg r, Type t, const char *what) const;
   void check_addr(const Opcode &in, const Addr &a, Space s) const;

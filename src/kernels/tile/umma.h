@@ -17,7 +17,11 @@
 // kind::f8f6f4 (PTX ISA "Instruction Descriptor", Table 42): dtype F32 (1)
 // in bits 4-5, atype 7-9, btype 10-12 (f16 0, bf16 1; e4m3 0, e5m2 1),
 // negate A / B 13 / 14, transpose (MN-major) A / B 15 / 16, N >> 3 in
-// 17-22, M >> 4 in 24-28; dense, no saturation, no .ws shift.
+// 17-22, M >> 4 in 24-28 (5 bits: M = 256 of a cta_group::2 MMA is 16);
+// dense, no saturation, no .ws shift. The descriptor does not say the
+// .cta_group: the instruction does, and the shapes it takes differ
+// ("Matrix Shape", Table 39: cta_group::1 M 64 / 128, N 8..256 step 8;
+// cta_group::2 M 128 / 256, N 16..256 step 16, 32 with A in tensor memory).
 //
 // The emulator decodes both (emu/sm100.h decode_umma_smem_desc,
 // decode_umma_idesc); tests/test_emulator_umma.cc checks that it decodes
@@ -59,9 +63,9 @@ enum class UmmaType : uint8_t { kF16, kBF16, kE4M3, kE5M2 };
 struct UmmaInstrDesc {
   UmmaType a = UmmaType::kF16, b = UmmaType::kF16;  // f16 / bf16 (kind::f16, both the same)
                                                     // or e4m3 / e5m2 (kind::f8f6f4)
-  uint32_t m = 128;                                 // 64 or 128 (cta_group::1)
-  uint32_t n = 128;                                 // 8..256, a multiple of 8
-  bool a_mn_major = false, b_mn_major = false;      // transpose bits: MN-major operands
+  uint32_t m = 128;  // 64 or 128 (cta_group::1), 128 or 256 (cta_group::2: the pair's M)
+  uint32_t n = 128;  // 8..256, a multiple of 8 (cta_group::2: of 16)
+  bool a_mn_major = false, b_mn_major = false;  // transpose bits: MN-major operands
   bool neg_a = false, neg_b = false;
 
   // kind::f8f6f4 (fp8 A and B, K = 32) rather than kind::f16 (K = 16).
