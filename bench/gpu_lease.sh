@@ -15,13 +15,13 @@
 #             mma.sync forward on the same GPU)
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
-#   testssm100  Blackwell (compute capability 10.x) only: test_gpu with
-#             FLASHATTN_SM100_FORWARD=1 (the sm_100a tcgen05 forward, off by
-#             default until this has run)
-#   sdpa100   Blackwell only: bench_sdpa.py with FLASHATTN_SM100_FORWARD=1,
-#             bf16, head_dim 64/128/256, seqlen 1k..16k, causal and not
-#             (files suffixed -sm100-forward); the sdpa stage is the same
-#             points on the mma.sync forward
+#   tests100off  Blackwell (compute capability 10.x) only: test_gpu with
+#             FLASHATTN_SM100_FORWARD=0 (the mma.sync forward; the tests
+#             stage ran the sm_100a tcgen05 forward, the default there)
+#   sdpa100off  Blackwell only: bench_sdpa.py with FLASHATTN_SM100_FORWARD=0,
+#             bf16, head_dim 64/128/256, seqlen 1k..16k (files suffixed
+#             -sm100-forward-off): with the sdpa stage's same points, the
+#             pair says what the tcgen05 forward buys
 #   testspersist  test_gpu with the persistent sm_90a forward (FLASHATTN_SM90_PERSISTENT=1)
 #   testspdl  test_gpu with programmatic dependent launches (FLASHATTN_PDL=1:
 #             the decode and combine kernels launched with cuLaunchKernelEx)
@@ -105,7 +105,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,testssm100,sdpa100,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
+only="backend,tests,tests80,testsjit,tests100off,sdpa100off,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -190,14 +190,14 @@ bdir=$(grep -aoE '/[[:alnum:]_./-]+/build/tests' "$build/tests/test_cuda_backend
 stage tests 150 "$build/tests/test_gpu"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage tests80 100 "$build/tests/test_gpu"
 FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
-# Blackwell only (compute capability 10.x: B200, GB200, B300): the sm_100a
-# forward first, its correctness then its speed.
+# Blackwell only (compute capability 10.x: B200, GB200, B300): the
+# mma.sync forward beside the default sm_100a one (tests, sdpa).
 case $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) in
   10.*)
-    FLASHATTN_SM100_FORWARD=1 stage testssm100 150 "$build/tests/test_gpu"
-    FLASHATTN_SM100_FORWARD=1 stage sdpa100 130 "$py" bench/bench_sdpa.py --out-dir "$logs/sm100" \
-      --dtypes bf16 --head-dims 64,128,256 --seqlens 1024,4096,8192,16384 --no-coldstart \
-      --time-budget "$(budget 110)"
+    FLASHATTN_SM100_FORWARD=0 stage tests100off 150 "$build/tests/test_gpu"
+    FLASHATTN_SM100_FORWARD=0 stage sdpa100off 130 "$py" bench/bench_sdpa.py \
+      --out-dir "$logs/sm100off" --dtypes bf16 --head-dims 64,128,256 \
+      --seqlens 1024,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
     ;;
 esac
 FLASHATTN_SM90_PERSISTENT=1 stage testspersist 100 "$build/tests/test_gpu"
@@ -268,7 +268,7 @@ stage fusedoff 60 env FLASHATTN_DECODE_FUSED=0 "$py" bench/bench_decode.py --fus
   --time-budget "$(budget 45)"
 
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
-for d in sm80:force-sm80-forward sm100:sm100-forward base:baseline-library cold:coldstart jit:driver-jit \
+for d in sm80:force-sm80-forward sm100off:sm100-forward-off base:baseline-library cold:coldstart jit:driver-jit \
   nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
   fused:fused fusedoff:fused-off \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do

@@ -2,9 +2,9 @@
 // FlashAttention-4's structure; docs/kernels.md, "Forward on sm_100a") on
 // an emulated sm_100: cases aimed at its machinery, each checked to have
 // run that kernel, then the numerics suite at SM 100
-// (FLASHATTN_SM100_FORWARD=1 selects it where it covers the call; the
-// other calls run the mma.sync forward). First checks that the runtime
-// picks it. Then its gather variant (varlen, chunked prefill over every KV
+// (the default there, FLASHATTN_SM100_FORWARD=1 pins it, =0 keeps the
+// mma.sync forward; calls it does not cover run the mma.sync forward).
+// First checks that the runtime picks it. Then its gather variant (varlen, chunked prefill over every KV
 // layout) and split-KV (partial states, then the combine).
 #include <algorithm>
 #include <cstdio>
@@ -17,23 +17,38 @@
 #include "flashattn.h"
 #include "support/numerics.h"
 
+// The module fa_generate writes for a forward at head_dim 128 on `sm`.
+std::string generated(int sm) {
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.head_dim = 128;
+  d.num_heads_q = d.num_heads_kv = 2;
+  fa_config *cfg = nullptr;
+  size_t n = 0;
+  if (fa_config_create(&d, &cfg) != FA_SUCCESS ||
+      fa_generate(cfg, FA_KERNEL_FORWARD, sm, nullptr, 0, &n) != FA_SUCCESS)
+    return "";
+  std::string ptx(n + 1, '\0');
+  fa_generate(cfg, FA_KERNEL_FORWARD, sm, &ptx[0], ptx.size(), &n);
+  fa_config_destroy(cfg);
+  return ptx;
+}
+
 int main(void) {
+  // The default (the variable unset) and FLASHATTN_SM100_FORWARD=0.
+  unsetenv("FLASHATTN_SM100_FORWARD");
+  const std::string dflt = generated(100);
+  setenv("FLASHATTN_SM100_FORWARD", "0", 1);
+  const std::string off = generated(100);
+  if (dflt.find("fa_forward_tc05_") == std::string::npos ||
+      off.find("fa_forward_mma_") == std::string::npos) {
+    std::printf("FAIL: the sm_100a forward is not the default on sm 100, or "
+                "FLASHATTN_SM100_FORWARD=0 does not keep the mma.sync forward\n");
+    return 1;
+  }
   setenv("FLASHATTN_SM100_FORWARD", "1", 1);
   // The selection: fa_generate for sm 100 and 103 gives the tcgen05 module.
   for (int sm : {100, 103}) {
-    fa_config_desc d = FA_CONFIG_DESC_INIT;
-    d.head_dim = 128;
-    d.num_heads_q = d.num_heads_kv = 2;
-    fa_config *cfg = nullptr;
-    size_t n = 0;
-    if (fa_config_create(&d, &cfg) != FA_SUCCESS ||
-        fa_generate(cfg, FA_KERNEL_FORWARD, sm, nullptr, 0, &n) != FA_SUCCESS) {
-      std::printf("FAIL: fa_generate sm %d\n", sm);
-      return 1;
-    }
-    std::string ptx(n + 1, '\0');
-    fa_generate(cfg, FA_KERNEL_FORWARD, sm, &ptx[0], ptx.size(), &n);
-    fa_config_destroy(cfg);
+    const std::string ptx = generated(sm);
     const std::string target = ".target sm_" + std::to_string(sm) + "a";
     if (ptx.find("fa_forward_tc05_") == std::string::npos ||
         ptx.find(target) == std::string::npos || ptx.find("tcgen05.mma") == std::string::npos) {

@@ -298,11 +298,20 @@ void test_fp8_forward_ptx(void **) {
   assert_true(count(ptx90h, "wgmma.mma_async.sync.aligned.m64n") > 0);
   assert_true(count(ptx90h, ".f32.f16.f16") > 0);
   assert_true(count(ptx90h, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx90h, "cvt.rn.f16x2.e5m2x2") > 0);
+  // sm_100: the tcgen05 forward on the bytes (kind::f8f6f4, P in e4m3);
+  // with FLASHATTN_SM100_FORWARD=0 the mma.sync forward converts to f16.
   const std::string ptx100 = generate(cfg, FA_KERNEL_FORWARD, 100, &st);
   assert_int_equal(st, FA_SUCCESS);
-  assert_int_equal(count(ptx100, "m16n8k32"), 0);
-  assert_true(count(ptx100, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
-  assert_true(count(ptx100, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx100, "cvt.rn.f16x2.e5m2x2") > 0);
+  assert_true(count(ptx100, "tcgen05.mma.cta_group::1.kind::f8f6f4") > 0);
+  assert_true(count(ptx100, "cvt.rn.satfinite.e4m3x2.f32") > 0);  // P
+  assert_int_equal(count(ptx100, "cvt.rn.f16x2"), 0);
+  setenv("FLASHATTN_SM100_FORWARD", "0", 1);
+  const std::string ptx100m = generate(cfg, FA_KERNEL_FORWARD, 100, &st);
+  unsetenv("FLASHATTN_SM100_FORWARD");
+  assert_int_equal(st, FA_SUCCESS);
+  assert_int_equal(count(ptx100m, "m16n8k32"), 0);
+  assert_true(count(ptx100m, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
+  assert_true(count(ptx100m, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx100m, "cvt.rn.f16x2.e5m2x2") > 0);
   // Every SM from 89 up generates it; below, UNSUPPORTED with the reason.
   for (int sm : {89, 90, 100, 120})
     generate(cfg, FA_KERNEL_FORWARD, sm, &st), assert_int_equal(st, FA_SUCCESS);

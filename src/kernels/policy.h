@@ -74,9 +74,11 @@ struct KernelPolicy {
   bool decode_fp8_mma = false;
   // sm_100 / sm_103 run the sm_100a forward (kgen::generate_forward_sm100:
   // FlashAttention-4's structure on tcgen05.mma and tensor memory) where it
-  // covers the call (head dims up to 256, not persistent); else the mma.sync
-  // forward. Off by default until its GPU check (FLASHATTN_SM100_FORWARD=1).
-  bool sm100_forward = false;
+  // covers the call (16-bit or fp8, head dims up to 256); else the mma.sync
+  // forward. On by default (issue 29: chosen automatically there); proven
+  // on the emulator, not yet run on a Blackwell GPU: FLASHATTN_SM100_FORWARD=0
+  // keeps the mma.sync forward.
+  bool sm100_forward = true;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;
