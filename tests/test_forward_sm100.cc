@@ -4,14 +4,14 @@
 // run that kernel, then the numerics suite at SM 100
 // (the default there, FLASHATTN_SM100_FORWARD=1 pins it, =0 keeps the
 // mma.sync forward; calls it does not cover run the mma.sync forward).
-// First checks that the runtime picks it. Then its gather variant (varlen, chunked prefill over every KV
-// layout) and split-KV (partial states, then the combine).
+// First checks that the runtime picks it. Then its gather variant (varlen, chunked prefill over
+// every KV layout) and split-KV (partial states, then the combine).
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "flashattn.h"
@@ -41,8 +41,9 @@ int main(void) {
   const std::string off = generated(100);
   if (dflt.find("fa_forward_tc05_") == std::string::npos ||
       off.find("fa_forward_mma_") == std::string::npos) {
-    std::printf("FAIL: the sm_100a forward is not the default on sm 100, or "
-                "FLASHATTN_SM100_FORWARD=0 does not keep the mma.sync forward\n");
+    std::printf(
+        "FAIL: the sm_100a forward is not the default on sm 100, or "
+        "FLASHATTN_SM100_FORWARD=0 does not keep the mma.sync forward\n");
     return 1;
   }
   setenv("FLASHATTN_SM100_FORWARD", "1", 1);
@@ -75,19 +76,19 @@ int main(void) {
     cases.push_back(fa::test::forward_case(b, sq, sk, hq, hkv, dd, dd, bf16, causal, wl, wr, cap,
                                            static_cast<uint32_t>(cases.size() + 1100)));
   };
-  add(1, 5, 3, 2, 1, 64, false, false, -1, -1, 0);      // shorter than a box, one tile
-  add(1, 300, 1000, 2, 1, 128, true, true, -1, -1, 0);  // causal, 8 tiles, both Q tiles
-  add(2, 131, 259, 4, 2, 64, true, false, -1, -1, 0);   // tails inside atoms, GQA
+  add(1, 5, 3, 2, 1, 64, false, false, -1, -1, 0);       // shorter than a box, one tile
+  add(1, 300, 1000, 2, 1, 128, true, true, -1, -1, 0);   // causal, 8 tiles, both Q tiles
+  add(2, 131, 259, 4, 2, 64, true, false, -1, -1, 0);    // tails inside atoms, GQA
   add(1, 200, 700, 2, 2, 96, false, false, 150, 20, 0);  // window, d 96 (partial atom)
-  add(1, 64, 130, 2, 2, 32, true, false, -1, -1, 30);   // softcap, small d
-  add(1, 257, 257, 1, 1, 128, false, true, -1, -1, 0);  // the second m-block's one row
-  add(1, 20, 500, 2, 1, 16, true, false, 5, 0, 0);      // window: one tile a row, d 16
+  add(1, 64, 130, 2, 2, 32, true, false, -1, -1, 30);    // softcap, small d
+  add(1, 257, 257, 1, 1, 128, false, true, -1, -1, 0);   // the second m-block's one row
+  add(1, 20, 500, 2, 1, 16, true, false, 5, 0, 0);       // window: one tile a row, d 16
   cases.back().sinks = {0.5f, -1.0f};                    // with a sink per head
-  add(2, 100, 300, 4, 2, 64, false, true, -1, -1, 0);   // ALiBi, causal
+  add(2, 100, 300, 4, 2, 64, false, true, -1, -1, 0);    // ALiBi, causal
   cases.back().alibi = {0.25f, 0.125f, 0.0625f, 0.03125f};
-  add(1, 150, 290, 2, 1, 256, true, true, -1, -1, 0);   // one Q tile (d 256), causal
-  add(1, 70, 200, 2, 2, 192, false, false, 60, 3, 0);   // d 192, window
-  add(1, 40, 140, 2, 2, 24, true, false, -1, -1, 0);    // d 24: half a k16 step
+  add(1, 150, 290, 2, 1, 256, true, true, -1, -1, 0);  // one Q tile (d 256), causal
+  add(1, 70, 200, 2, 2, 192, false, false, 60, 3, 0);  // d 192, window
+  add(1, 40, 140, 2, 2, 24, true, false, -1, -1, 0);   // d 24: half a k16 step
   cases.push_back(fa::test::forward_case(1, 90, 333, 2, 1, 64, 128, true, true, -1, -1, 0, 1190));
   cases.push_back(fa::test::forward_case(1, 33, 129, 2, 2, 192, 128, false, false, -1, -1, 0,
                                          1191));  // d != dv both ways

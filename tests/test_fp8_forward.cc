@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "reference.h"
-#include "support/policy.h"
 #include "support/numerics.h"
+#include "support/policy.h"
 
 namespace {
 
@@ -311,7 +311,8 @@ void test_fp8_forward_ptx(void **) {
   assert_int_equal(st, FA_SUCCESS);
   assert_int_equal(count(ptx100m, "m16n8k32"), 0);
   assert_true(count(ptx100m, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") > 0);
-  assert_true(count(ptx100m, "cvt.rn.f16x2.e4m3x2") > 0 && count(ptx100m, "cvt.rn.f16x2.e5m2x2") > 0);
+  assert_true(count(ptx100m, "cvt.rn.f16x2.e4m3x2") > 0 &&
+              count(ptx100m, "cvt.rn.f16x2.e5m2x2") > 0);
   // Every SM from 89 up generates it; below, UNSUPPORTED with the reason.
   for (int sm : {89, 90, 100, 120})
     generate(cfg, FA_KERNEL_FORWARD, sm, &st), assert_int_equal(st, FA_SUCCESS);

@@ -643,9 +643,9 @@ std::vector<KernelSpec> grid() {
       shape.fixed_len = i % 2 == 0;
       shape.kv_layout = i % 2 ? KvLayout::Paged : KvLayout::Contiguous;
       shape.page_size = i % 2 ? 16 : 0;
-      KernelSpec w = make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 16, 2 << i % 3,
-                                      i == 1),
-                               KernelKind::Decode, limits_of(sm), shape);
+      KernelSpec w =
+          make_spec(config(i % 2 ? Dtype::BF16 : Dtype::F16, d, d, 16, 2 << i % 3, i == 1),
+                    KernelKind::Decode, limits_of(sm), shape);
       assert_true(w.mma && w.varlen);
       out.push_back(w);
       ++i;
@@ -719,8 +719,8 @@ std::vector<KernelSpec> grid() {
     for (int sm : {100, 103})
       for (int d = 8; d <= 256; d += sm == 100 ? 8 : 24) {
         const int dv = i % 7 == 6 ? (d > 128 ? 128 : 2 * d) : d;
-        AttentionConfig cfg = config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8,
-                                     i % 5 == 3);
+        AttentionConfig cfg =
+            config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8, i % 5 == 3);
         cfg.causal = i % 4 == 1;
         if (i % 4 == 2) cfg.window_left = 100;
         LaunchShape shape;
@@ -916,7 +916,8 @@ std::string read_file(const std::string &path) {
 }
 
 bool spawn_ptxas(const char *ptxas, Job &job) {
-  std::string arch = "-arch=sm_" + std::to_string(job.spec.sm) + (job.spec.wgmma || job.spec.tcgen05 ? "a" : "");
+  std::string arch =
+      "-arch=sm_" + std::to_string(job.spec.sm) + (job.spec.wgmma || job.spec.tcgen05 ? "a" : "");
   const char *argv[] = {ptxas,       arch.c_str(),         "-v",   "-o",
                         "/dev/null", job.ptx_path.c_str(), nullptr};
   posix_spawn_file_actions_t fa;

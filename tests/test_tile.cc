@@ -990,24 +990,24 @@ void test_exp2_poly3(void **) {
   {
     DevBuf in(n * 4), out(n * 4), mx(threads * 4);  // poisoned
     in.put(x);
-  const std::string ptx = kernel(
-      threads,
-      [&](Emitter &e, Reg tid, Reg, const Reg *g) {
-        Builder &b = e.b;
-        Reg v[2] = {b.f32(), b.f32()}, m = b.f32();
-        b.mov(Type::F32, m, fimm(-INFINITY));
-        const tile::Exp2Poly3 exp2(e);
-        for (int i = 0; i < per; i += 2) {
-          Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(per), imm(i));
-          b.ld_v(Space::Global, Type::F32, {v[0], v[1]}, at(e.index(g[0], idx, 4)));
-          Reg y[2] = {b.f32(), b.f32()};
-          exp2(y[0], y[1], v[0], v[1]);
-          b.st_v(Space::Global, Type::F32, at(e.index(g[1], idx, 4)), {y[0], y[1]});
-          b.op(Op::Max3, Type::F32, m, m, v[1], y[1]);
-        }
-        b.st(Space::Global, Type::F32, at(e.index(g[2], tid, 4)), m);
-      },
-      88, 100);
+    const std::string ptx = kernel(
+        threads,
+        [&](Emitter &e, Reg tid, Reg, const Reg *g) {
+          Builder &b = e.b;
+          Reg v[2] = {b.f32(), b.f32()}, m = b.f32();
+          b.mov(Type::F32, m, fimm(-INFINITY));
+          const tile::Exp2Poly3 exp2(e);
+          for (int i = 0; i < per; i += 2) {
+            Reg idx = e.op(Op::MadLo, Type::U32, tid, imm(per), imm(i));
+            b.ld_v(Space::Global, Type::F32, {v[0], v[1]}, at(e.index(g[0], idx, 4)));
+            Reg y[2] = {b.f32(), b.f32()};
+            exp2(y[0], y[1], v[0], v[1]);
+            b.st_v(Space::Global, Type::F32, at(e.index(g[1], idx, 4)), {y[0], y[1]});
+            b.op(Op::Max3, Type::F32, m, m, v[1], y[1]);
+          }
+          b.st(Space::Global, Type::F32, at(e.index(g[2], tid, 4)), m);
+        },
+        88, 100);
     Ptrs p{};
     p.p[0] = in.ptr;
     p.p[1] = out.ptr;
@@ -1687,10 +1687,10 @@ void test_gather_rows(void **) {
   };
   // 128 threads (the sm_90a producer warpgroup) and 64 (the sm_100a
   // forward's two gather warps: 16 chunks of 128 rows as its d128 tiles).
-  const Case cases[] = {{8, 8, 32, 2, 30},        {24, 24, 16, 0, 40},     {48, 48, 24, 5, 20},
-                        {72, 72, 24, 1, 18},      {72, 64, 8, 3, 40},      {48, 40, 6, 0, 40},
-                        {16, 16, 128, 3, 100, 64}, {8, 8, 32, 2, 30, 64},   {32, 24, 20, 1, 18, 64},
-                        {1, 1, 12, 0, 8, 64},     {24, 24, 40, 4, 40, 64}};
+  const Case cases[] = {{8, 8, 32, 2, 30},         {24, 24, 16, 0, 40},    {48, 48, 24, 5, 20},
+                        {72, 72, 24, 1, 18},       {72, 64, 8, 3, 40},     {48, 40, 6, 0, 40},
+                        {16, 16, 128, 3, 100, 64}, {8, 8, 32, 2, 30, 64},  {32, 24, 20, 1, 18, 64},
+                        {1, 1, 12, 0, 8, 64},      {24, 24, 40, 4, 40, 64}};
   for (const Case &c : cases) {
     const int cols = 8 * c.chunks, src_rows = std::max(40, c.limit);
     const uint32_t atom = static_cast<uint32_t>(c.rows) * 128;
@@ -2171,24 +2171,15 @@ void test_online_softmax_fp8(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mma_fragments),
-      cmocka_unit_test(test_copy_plans),
-      cmocka_unit_test(test_fp8_frags),
-      cmocka_unit_test(test_rows_to_f16),
-      cmocka_unit_test(test_rows_to_e4m3),
-      cmocka_unit_test(test_exp2_poly3),
-      cmocka_unit_test(test_mask_row_half),
-      cmocka_unit_test(test_alibi),
-      cmocka_unit_test(test_online_softmax),
-      cmocka_unit_test(test_fp8_mma),
-      cmocka_unit_test(test_fp8_pv),
-      cmocka_unit_test(test_online_softmax_fp8),
-      cmocka_unit_test(test_key_range),
-      cmocka_unit_test(test_scheduler),
-      cmocka_unit_test(test_work_scheduler),
-      cmocka_unit_test(test_ring),
-      cmocka_unit_test(test_swizzle128),
-      cmocka_unit_test(test_gather_rows),
+      cmocka_unit_test(test_mma_fragments),  cmocka_unit_test(test_copy_plans),
+      cmocka_unit_test(test_fp8_frags),      cmocka_unit_test(test_rows_to_f16),
+      cmocka_unit_test(test_rows_to_e4m3),   cmocka_unit_test(test_exp2_poly3),
+      cmocka_unit_test(test_mask_row_half),  cmocka_unit_test(test_alibi),
+      cmocka_unit_test(test_online_softmax), cmocka_unit_test(test_fp8_mma),
+      cmocka_unit_test(test_fp8_pv),         cmocka_unit_test(test_online_softmax_fp8),
+      cmocka_unit_test(test_key_range),      cmocka_unit_test(test_scheduler),
+      cmocka_unit_test(test_work_scheduler), cmocka_unit_test(test_ring),
+      cmocka_unit_test(test_swizzle128),     cmocka_unit_test(test_gather_rows),
       cmocka_unit_test(test_store_acc),
   };
   return cmocka_run_group_tests_name("tile_primitives", tests, emu_setup, emu_teardown);

@@ -609,9 +609,8 @@ fa_status CudaBackend::encode_tensor_map(const TensorMapDesc &d, uint8_t out[128
       d.elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8  // fp8 bytes (the copy does not convert)
       : d.bf16          ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      d.rank,
-      reinterpret_cast<void *>(static_cast<uintptr_t>(d.base)), dims, strides, box, estrides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      d.rank, reinterpret_cast<void *>(static_cast<uintptr_t>(d.base)), dims, strides, box,
+      estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       d.swizzle == 3 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)

@@ -292,8 +292,7 @@ bool Sm90State::mbar_arrive(uint32_t t, uint32_t pc, uint64_t *r) {
 
 // Arrive-on (pending -= count) on owner's mbarrier m (this CTA's or, a
 // remote arrive, another's), then maybe phase completion.
-bool Sm90State::arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc,
-                          uint32_t count) {
+bool Sm90State::arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count) {
   if (count == 0 || count > (1u << 20) - 1)
     return cta_.fail_at(pc, t, "count %u is outside 1..2^20-1", count);
   if (!m.observed)

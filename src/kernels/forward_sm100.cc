@@ -241,11 +241,11 @@ class ForwardSm100Gen {
 
   // ---- every thread: barriers, tensor memory ----
   void prologue() {
-
-    b_.comment(spec_.gather ? "mbarriers: kv_full, q_full: the 64 gather threads; kv_empty, s_full, "
-                              "o_full: one tcgen05.commit; p_full: 128 softmax threads"
-                            : "mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, "
-                              "s_full, o_full: one tcgen05.commit; p_full: 128 softmax threads");
+    b_.comment(spec_.gather
+                   ? "mbarriers: kv_full, q_full: the 64 gather threads; kv_empty, s_full, "
+                     "o_full: one tcgen05.commit; p_full: 128 softmax threads"
+                   : "mbarriers: kv_full, q_full: the load thread + bytes; kv_empty, "
+                     "s_full, o_full: one tcgen05.commit; p_full: 128 softmax threads");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
     const int full = spec_.gather ? kGatherThreads : 1;
     for (int s = 0; s < lay_.stages; ++s) {
@@ -312,8 +312,8 @@ class ForwardSm100Gen {
                                            imm(static_cast<int64_t>(lay_.qa) * lay_.q_atom));
     for (int a = 0; a < lay_.qa; ++a) {
       Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), m0_, h_, bz_};
-      b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom), tq, c,
-                              4, at(smem_, lay_.q_full()));
+      b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom),
+                                        tq, c, 4, at(smem_, lay_.q_full()));
     }
     b_.comment("K_j, V_j, last tile first, into the ring: K_j at 2j, V_j at 2j + 1");
     Reg n = e_.mov(Type::S32, keys_.top);
@@ -330,8 +330,9 @@ class ForwardSm100Gen {
       Reg dst = e_.op(Op::MadLo, Type::U32, sl.stage, imm(lay_.slot), smem_);
       for (int a = 0; a < atoms; ++a) {
         Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), n, kvh_, bz_};
-        b_.when(one).cp_async_bulk_tensor(at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom),
-                                kv ? tv : tk, c, 4, at(bars, lay_.kv_full(0)));
+        b_.when(one).cp_async_bulk_tensor(
+            at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom), kv ? tv : tk, c, 4,
+            at(bars, lay_.kv_full(0)));
       }
       b_.op(Op::Add, Type::U32, it, it, imm(1));
     }
@@ -418,8 +419,8 @@ class ForwardSm100Gen {
     b_.elect_sync(one_, 0xffffffffu);
     // Q, K, V's types; P's: the 16-bit type, or e4m3 (the fp8 forward).
     auto type_of = [&](KvFp8 f) {
-      return f == KvFp8::E4M3   ? tile::UmmaType::kE4M3
-             : f == KvFp8::E5M2 ? tile::UmmaType::kE5M2
+      return f == KvFp8::E4M3      ? tile::UmmaType::kE4M3
+             : f == KvFp8::E5M2    ? tile::UmmaType::kE5M2
              : half_ == Type::BF16 ? tile::UmmaType::kBF16
                                    : tile::UmmaType::kF16;
     };
@@ -593,9 +594,7 @@ class ForwardSm100Gen {
     k.n = e_.mov(Type::S32, keys_.top);
     k.n_begin = keys_.n_begin;
     k.lean_lo = keys_.lean_lo;
-    k.lean_hi = [this] {
-      return tile::lean_hi(e_, keys_.dfirst, wr_, sk_, spec_.block_n);
-    };
+    k.lean_hi = [this] { return tile::lean_hi(e_, keys_.dfirst, wr_, sk_, spec_.block_n); };
     k.masked = b_.label();
     k.lean = b_.label();
     k.exit = b_.label();
@@ -867,9 +866,9 @@ class ForwardSm100Gen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
-  bool f8_;                  // the fp8 forward (spec.q_fp8): kind::f8f6f4, P in e4m3
-  tile::SoftmaxForm form_;   // fp8: OnlineSoftmax::fp8_form()
-  int kstep_ = 16;           // the MMA's K
+  bool f8_;                 // the fp8 forward (spec.q_fp8): kind::f8f6f4, P in e4m3
+  tile::SoftmaxForm form_;  // fp8: OnlineSoftmax::fp8_form()
+  int kstep_ = 16;          // the MMA's K
   int kD_ = 0, poly_ = 0;
   int qt_ = 0, threads_ = 0, mma_warp_ = 0, load_warp_ = 0;  // Q tiles, threads, warp roles
   Reg tid_, warp_, smem_, tmem_, one_;
@@ -879,17 +878,15 @@ class ForwardSm100Gen {
   Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, m_, l_, sph_, j_, n_;
   Softcap cap_;
   std::vector<Reg> s_;
-  ForwardBases fb_;  // spec.gather
-  Reg c2_;  // {score_scale, score_scale} (no softcap)
+  ForwardBases fb_;              // spec.gather
+  Reg c2_;                       // {score_scale, score_scale} (no softcap)
   Reg alibi_coef_, alibi_diag_;  // spec.alibi (tile::alibi_coef)
   std::unique_ptr<tile::Exp2Poly3> exp2_;
 };
 
 }  // namespace
 
-std::string generate_forward_sm100(const KernelSpec &spec) {
-  return ForwardSm100Gen(spec).run();
-}
+std::string generate_forward_sm100(const KernelSpec &spec) { return ForwardSm100Gen(spec).run(); }
 
 uint32_t sm100_smem(const KernelSpec &spec) { return layout(spec).total; }
 

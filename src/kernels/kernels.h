@@ -178,8 +178,8 @@ struct KernelSpec {
   // Forward and Reduce: attention sinks (gpt-oss), one fp32 logit per query
   // head in the softmax denominator (ForwardParams::sinks,
   // ReduceParams::sinks). Decode kernels take them only with
-  // fused_combine: fa_decode adds them in its combine. Off: the PTX is byte-identical to a spec without
-  // the field.
+  // fused_combine: fa_decode adds them in its combine. Off: the PTX is byte-identical to a spec
+  // without the field.
   bool sinks = false;
   // Forward and Decode: ALiBi, a per-(sequence, query head) fp32 slope times
   // |i + seqlen_k - seqlen_q - j| subtracted from each score

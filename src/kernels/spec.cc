@@ -169,9 +169,8 @@ bool spec_valid(const KernelSpec &s) {
   // head_dim_v 128), key tiles of 128, head dims up to 256, TMA operands:
   // 16-bit, or fp8 Q, K and V together (kind::f8f6f4).
   if (s.tcgen05)
-    return s.kind == KernelKind::Forward && s.mma && !s.wgmma &&
-           (s.sm == 100 || s.sm == 103) && s.dtype != Dtype::F32 && d_ok && dv_ok &&
-           s.head_dim <= 256 && s.head_dim_v <= 256 &&
+    return s.kind == KernelKind::Forward && s.mma && !s.wgmma && (s.sm == 100 || s.sm == 103) &&
+           s.dtype != Dtype::F32 && d_ok && dv_ok && s.head_dim <= 256 && s.head_dim_v <= 256 &&
            ((s.block_m == 256 && s.head_dim_v <= 128) || s.block_m == 128) &&
            s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 &&
            s.stages >= sm100_min_stages(s) && s.stages <= 8 &&
@@ -525,7 +524,7 @@ std::string KernelSpec::describe() const {
                 tcgen05 ? (gather ? " tcgen05 gather" : " tcgen05")
                 : wgmma ? (gather ? " wgmma gather" : " wgmma")
                 : mma   ? " mma"
-                      : "",
+                        : "",
                 st, kv_text(*this), seqused_k ? " seqused_k" : "");
   return std::string(buf) + (tree_mask ? " tree_mask" : "") +
          (lse_in_base2 ? " lse_in_base2" : "") + (lse_out_base2 ? " lse_out_base2" : "") +
@@ -610,16 +609,16 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     choose_wgmma_tile(dev, &s);
   } else if (kind == KernelKind::Forward && (dev.sm == 100 || dev.sm == 103) &&
              policy.sm100_forward && !policy.scalar_forward && cfg.dtype != Dtype::F32 &&
-             (!fp8_fwd || (cfg.kv_fp8 != KvFp8::None && s.head_dim % 16 == 0 &&
-                           s.head_dim_v % 16 == 0)) &&
+             (!fp8_fwd ||
+              (cfg.kv_fp8 != KvFp8::None && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0)) &&
              s.head_dim % 8 == 0 && s.head_dim_v % 8 == 0 && !big) {
     // TMA where it can address Q, K and V as boxes; else two warps gather
     // rows with cp.async (varlen, seqused_k, paged and pointer-array KV).
     s.varlen = varlen;
     s.mma = true;
     s.tcgen05 = true;
-    s.gather = varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous ||
-               !shape.tma_ok;
+    s.gather =
+        varlen || shape.seqused_k || shape.kv_layout != KvLayout::Contiguous || !shape.tma_ok;
     if (fp8_fwd) {  // kind::f8f6f4 on the bytes (its atoms hold 128 columns)
       s.q_fp8 = cfg.q_fp8;
       s.kv_fp8 = cfg.kv_fp8;
@@ -742,8 +741,8 @@ std::string entry_name(const KernelSpec &s) {
     std::snprintf(buf, sizeof buf, "fa_%s%s_%s_d%d_dv%d_g%d_bm%d_bn%d_w%d%s%s%s", kind_name(s.kind),
                   s.tcgen05 ? (s.gather ? "_tc05_gather" : "_tc05")
                   : s.wgmma ? (s.gather ? "_wgmma_gather" : "_wgmma")
-                  : s.mma ? "_mma"
-                          : "",
+                  : s.mma   ? "_mma"
+                            : "",
                   dtype_name(s.dtype), s.head_dim, s.head_dim_v, s.group_size, s.block_m, s.block_n,
                   s.num_warps, st, s.softcap ? "_softcap" : "", s.varlen ? "_varlen" : "");
     std::string kv = kv_text(s);

@@ -15,13 +15,13 @@ namespace fa::kgen::tile {
 struct KvGather {
   KvGather(Emitter &em, Reg t) : e(em), tid(t) {}
   Emitter &e;
-  Reg tid;             // the producer thread, 0 .. threads - 1 (u32)
-  int threads = 128;   // 128 or 64 (tile::gather_rows)
-  Reg smem;            // the shared window's base (u32)
-  uint32_t rows = 0;   // the row table's offset from smem (row_table)
-  int block_n = 0;     // keys a tile
-  Reg seqlen_k;        // the sequence's keys (s32)
-  int bar = 1;         // the producers' named barrier (page_rows)
+  Reg tid;                  // the producer thread, 0 .. threads - 1 (u32)
+  int threads = 128;        // 128 or 64 (tile::gather_rows)
+  Reg smem;                 // the shared window's base (u32)
+  uint32_t rows = 0;        // the row table's offset from smem (row_table)
+  int block_n = 0;          // keys a tile
+  Reg seqlen_k;             // the sequence's keys (s32)
+  int bar = 1;              // the producers' named barrier (page_rows)
   bool row_table = false;   // pages looked up per row
   bool page_tiles = false;  // pages hold whole tiles (KernelSpec::page_tiles)
   int fp8 = 0;              // tile::gather_rows's fp8 conversion (0: copy bytes)

@@ -422,8 +422,8 @@ void kperm_rows(Emitter &e, Reg tid, int threads, const SmemTile &t, Reg smem_ba
   }
 }
 
-void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
-                   const Reg halves[4], const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi) {
+void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2], const Reg halves[4],
+                   const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi) {
   for (int i = 0; i < 2; ++i) {
     b.unpack_b32(halves[2 * i], halves[2 * i + 1], bytes[i]);
     b.cvt_f16x2_f8x2(e5m2, out[2 * i], halves[2 * i]);  // bytes 4i, 4i+1

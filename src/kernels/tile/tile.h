@@ -242,8 +242,8 @@ SmemTile byte_tile(uint32_t offset, int rows, int bytes);
 // cvt.rn.bf16x2.f32 (exact too). Scratch: halves[4] (b16; may repeat a
 // register: halves[2i], halves[2i + 1] are live together only), and for
 // bf16 lo16, hi16 (b16), lo, hi (f32). Needs sm_89+ (the fp8 cvt).
-void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2],
-                   const Reg halves[4], const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi);
+void fp8x8_to_half(ptx::Builder &b, bool e5m2, Type half, const Reg bytes[2], const Reg halves[4],
+                   const Reg out[4], Reg lo16, Reg hi16, Reg lo, Reg hi);
 
 // ---- fp8 bytes straight into f16 mma operands (the fp8 KV decode) ----
 // ldmatrix (.b16, non-transposed) of an 8 x 8 matrix over 8 rows x 16 bytes
