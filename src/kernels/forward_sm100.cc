@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -315,6 +316,27 @@ class ForwardSm100Gen {
       b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom),
                                         tq, c, 4, at(smem_, lay_.q_full()));
     }
+    ring_items([&](int kv, Reg n, Reg stage, Reg bars, Reg) {
+      const int atoms = kv ? lay_.va : lay_.qa;
+      b_.when(one).mbarrier_arrive_expect_tx(at(bars, lay_.kv_full(0)),
+                                             imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
+      Reg dst = e_.op(Op::MadLo, Type::U32, stage, imm(lay_.slot), smem_);
+      for (int a = 0; a < atoms; ++a) {
+        Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), n, kvh_, bz_};
+        b_.when(one).cp_async_bulk_tensor(
+            at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom), kv ? tv : tk, c, 4,
+            at(bars, lay_.kv_full(0)));
+      }
+    });
+    b_.bind(out);
+  }
+
+  // The producer's loop over the ring's items, K_j then V_j for tiles j =
+  // top, top - block_n, .., n_begin (K_j at item 2j, V_j at 2j + 1): per
+  // item, once its slot is free (kv_empty), body(kv: 0 K / 1 V, n: the
+  // tile's first key, the slot's stage and barriers (tile::Ring), it: the
+  // item's number, u32).
+  void ring_items(const std::function<void(int, Reg, Reg, Reg, Reg)> &body) {
     b_.comment("K_j, V_j, last tile first, into the ring: K_j at 2j, V_j at 2j + 1");
     Reg n = e_.mov(Type::S32, keys_.top);
     Reg it = e_.mov(Type::U32, imm(0));
@@ -324,21 +346,11 @@ class ForwardSm100Gen {
       const tile::Ring::Slot sl = ring().slot(it);
       Reg bars = ring().bars(sl.stage);
       ring().wait(bars, static_cast<int>(lay_.kv_empty(0)), ring().free_parity(sl.parity));
-      const int atoms = kv ? lay_.va : lay_.qa;
-      b_.when(one).mbarrier_arrive_expect_tx(at(bars, lay_.kv_full(0)),
-                                             imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
-      Reg dst = e_.op(Op::MadLo, Type::U32, sl.stage, imm(lay_.slot), smem_);
-      for (int a = 0; a < atoms; ++a) {
-        Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), n, kvh_, bz_};
-        b_.when(one).cp_async_bulk_tensor(
-            at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom), kv ? tv : tk, c, 4,
-            at(bars, lay_.kv_full(0)));
-      }
+      body(kv, n, sl.stage, bars, it);
       b_.op(Op::Add, Type::U32, it, it, imm(1));
     }
     b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
     b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top, true);
-    b_.bind(out);
   }
 
   // ---- spec.gather: the last two warps copy Q, K and V rows (cp.async,
@@ -370,18 +382,10 @@ class ForwardSm100Gen {
         e_, gid, smem_, lay_.q, lay_.q_atom, spec_.block_m, qk_chunks, qk_data, m0_, sq_,
         [&](Reg i) { return e_.index(fb_.q_bh, i, fb_.q_row); }, 0, Type::F16, kGatherThreads);
     b_.cp_async_commit();
-    b_.comment("K_j, V_j, last tile first, into the ring: K_j at 2j, V_j at 2j + 1");
-    Reg n = e_.mov(Type::S32, keys_.top);
-    Reg it = e_.mov(Type::U32, imm(0));
     Reg prev = e_.mov(Type::U32, smem_);  // the previous item's barriers (its stage's)
-    ptx::Label top = b_.label();
-    b_.bind(top);
-    for (int kv = 0; kv < 2; ++kv) {
-      const tile::Ring::Slot sl = ring().slot(it);
-      Reg bars = ring().bars(sl.stage);
-      ring().wait(bars, static_cast<int>(lay_.kv_empty(0)), ring().free_parity(sl.parity));
+    ring_items([&](int kv, Reg n, Reg stage, Reg bars, Reg it) {
       if (kv == 0 && g.row_table) g.page_rows(n, fb_.kr, fb_.vr);
-      Reg dst = e_.op(Op::MulLo, Type::U32, sl.stage, imm(lay_.slot));
+      Reg dst = e_.op(Op::MulLo, Type::U32, stage, imm(lay_.slot));
       g.tile(dst, lay_.kv, lay_.kv_atom, kv ? v_chunks : qk_chunks, kv ? v_data : qk_data, n,
              kv ? fb_.vr : fb_.kr, kv ? 8 * spec_.block_n : 0);
       b_.cp_async_commit();
@@ -391,10 +395,7 @@ class ForwardSm100Gen {
       b_.when(first).mbarrier_arrive(at(smem_, lay_.q_full()));
       b_.unless(first).mbarrier_arrive(at(prev, lay_.kv_full(0)));
       b_.mov(Type::U32, prev, bars);
-      b_.op(Op::Add, Type::U32, it, it, imm(1));
-    }
-    b_.op(Op::Sub, Type::S32, n, n, imm(spec_.block_n));
-    b_.when(e_.setp(Cmp::Ge, Type::S32, n, keys_.n_begin)).bra(top, true);
+    });
     b_.cp_async_wait(0);
     b_.fence_proxy_async();
     b_.mbarrier_arrive(at(prev, lay_.kv_full(0)));
