@@ -116,87 +116,25 @@ int main(void) {
   fp8(FA_DTYPE_FP8_E5M2, FA_DTYPE_FP8_E5M2, 3);
   std::string failures;
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
-  for (const auto &c : cases) {
-    const std::string e = fa::test::run_forward(rt, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
-    fa_emu_profile prof = FA_EMU_PROFILE_INIT;
-    if (fa_emulator_profile(rt, &prof) != FA_SUCCESS ||
-        std::strstr(prof.kernel, "fa_forward_tc05_") == nullptr)
-      failures += c.describe() + ": ran " + prof.kernel + ", not the sm_100a forward\n";
-  }
+  failures += fa::test::run_on_kernel(rt, cases, "fa_forward_tc05_", "the sm_100a forward");
   // The gather warps (cp.async rows instead of TMA boxes): varlen, and
   // chunked prefill with seqused_k over every KV layout (paged by tile and
   // by row, NHD and HND, shared prefix pages, pointer arrays), sequences
   // shorter than a tile and empty ones; fp8 over a paged cache.
-  auto ran_gather = [&](const std::string &what) {
-    fa_emu_profile prof = FA_EMU_PROFILE_INIT;
-    if (fa_emulator_profile(rt, &prof) != FA_SUCCESS ||
-        std::strstr(prof.kernel, "fa_forward_tc05_gather_") == nullptr)
-      failures += what + ": ran " + prof.kernel + ", not the sm_100a gather forward\n";
-  };
+
   std::vector<fa::test::ForwardCase> varlen;
   auto add_varlen = [&](std::vector<int> sq, std::vector<int> sk, int hq, int hkv, int dd,
                         bool bf16, bool causal, int wl, float cap) {
-    fa::test::ForwardCase c;
-    c.batch = static_cast<int>(sq.size());
-    c.varlen = true;
-    c.seqlens_q = sq;
-    c.seqlens_k = sk;
-    c.seqlen_q = *std::max_element(sq.begin(), sq.end());
-    c.seqlen_k = *std::max_element(sk.begin(), sk.end());
-    c.heads_q = hq, c.heads_kv = hkv, c.head_dim = dd, c.head_dim_v = dd, c.bf16 = bf16;
-    c.causal = causal, c.window_left = wl, c.softcap = cap;
-    c.seed = static_cast<uint32_t>(varlen.size() + 1150);
-    varlen.push_back(c);
+    varlen.push_back(fa::test::varlen_case(sq, sk, hq, hkv, dd, dd, bf16, causal, wl, cap,
+                                           static_cast<uint32_t>(varlen.size() + 1150)));
   };
   add_varlen({5, 300, 64}, {300, 7, 129}, 4, 2, 128, true, true, -1, 0);
   add_varlen({1, 0, 77}, {9, 40, 0}, 2, 1, 64, false, false, -1, 0);
   add_varlen({140, 33}, {141, 260}, 2, 2, 256, true, false, 20, 0);
   add_varlen({64, 129}, {200, 129}, 4, 1, 96, false, true, -1, 25);
-  for (const auto &c : varlen) {
-    const std::string e = fa::test::run_forward(rt, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
-    ran_gather(c.describe());
-  }
-  std::vector<fa::test::DecodeCase> prefill;
-  auto layout = [](int lay, int page_size, bool hnd, bool share) {
-    fa::test::KvCase k;
-    k.layout = lay;
-    k.page_size = page_size;
-    k.hnd = hnd;
-    k.share_prefix = share;
-    return k;
-  };
-  const fa::test::KvCase layouts[] = {
-      layout(FA_KV_CONTIGUOUS, 0, false, false), layout(FA_KV_PAGED, 128, false, false),
-      layout(FA_KV_PAGED, 256, true, true),      layout(FA_KV_PAGED, 16, false, true),
-      layout(FA_KV_PAGED, 1, false, false),      layout(FA_KV_PAGED, 3, true, false),
-      layout(FA_KV_PTR_ARRAY, 0, false, false)};
-  int i = 0;
-  for (const fa::test::KvCase &kv : layouts) {
-    fa::test::DecodeCase c;
-    c.prefill = true;
-    c.batch = 3;
-    c.seqlen_q = i % 2 ? 40 : 37 + 50 * (i % 3);
-    c.seqlen_k_max = 256 + 32 * (i % 3);
-    c.cache_seqlens = {c.seqlen_k_max, c.seqlen_q + 3, i == 3 ? 0 : c.seqlen_k_max - 41};
-    c.heads_q = i % 3 == 0 ? 4 : 2;
-    c.heads_kv = 2;
-    c.head_dim = i % 2 ? 128 : 64 + 32 * (i % 3);
-    c.bf16 = i % 2 == 0;
-    c.causal = i != 4;
-    c.window_left = i == 5 ? 50 : -1;
-    c.softcap = i == 0 || i == 6 ? 20.0f : 0.0f;
-    c.kv = kv;
-    c.seed = static_cast<uint32_t>(1160 + i);
-    prefill.push_back(c);
-    ++i;
-  }
-  for (const auto &c : prefill) {
-    const std::string e = fa::test::run_decode(rt, c);
-    if (!e.empty()) failures += c.describe() + ":\n" + e;
-    ran_gather(c.describe());
-  }
+  failures += fa::test::run_on_kernel(rt, varlen, "fa_forward_tc05_gather_", "the sm_100a gather forward");
+  const std::vector<fa::test::DecodeCase> prefill = fa::test::prefill_layout_cases(40, 1160);
+  failures += fa::test::run_on_kernel(rt, prefill, "fa_forward_tc05_gather_", "the sm_100a gather forward");
   // Split-KV (few CTAs, the workspace fa_forward_workspace_size asks for):
   // the split kernel writes partial states and the combine runs last (the
   // profile's kernel); which forward wrote them is read from the profile

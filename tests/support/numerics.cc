@@ -674,6 +674,56 @@ ForwardCase forward_case(int batch, int seqlen_q, int seqlen_k, int heads_q, int
   return c;
 }
 
+ForwardCase varlen_case(const std::vector<int> &sq, const std::vector<int> &sk, int heads_q,
+                        int heads_kv, int head_dim, int head_dim_v, bool bf16, bool causal, int wl,
+                        float cap, uint32_t seed) {
+  ForwardCase c = forward_case(static_cast<int>(sq.size()), *std::max_element(sq.begin(), sq.end()),
+                               *std::max_element(sk.begin(), sk.end()), heads_q, heads_kv,
+                               head_dim, head_dim_v, bf16, causal, wl, -1, cap, seed);
+  c.varlen = true;
+  c.seqlens_q = sq;
+  c.seqlens_k = sk;
+  return c;
+}
+
+std::vector<DecodeCase> prefill_layout_cases(int short_q, uint32_t seed) {
+  auto layout = [](int lay, int page_size, bool hnd, bool share) {
+    KvCase k;
+    k.layout = lay;
+    k.page_size = page_size;
+    k.hnd = hnd;
+    k.share_prefix = share;
+    return k;
+  };
+  const KvCase layouts[] = {
+      layout(FA_KV_CONTIGUOUS, 0, false, false), layout(FA_KV_PAGED, 128, false, false),
+      layout(FA_KV_PAGED, 256, true, true),      layout(FA_KV_PAGED, 16, false, true),
+      layout(FA_KV_PAGED, 1, false, false),      layout(FA_KV_PAGED, 3, true, false),
+      layout(FA_KV_PTR_ARRAY, 0, false, false)};
+  std::vector<DecodeCase> out;
+  int i = 0;
+  for (const KvCase &kv : layouts) {
+    DecodeCase c;
+    c.prefill = true;
+    c.batch = 3;
+    c.seqlen_q = i % 2 ? short_q : 37 + 50 * (i % 3);
+    c.seqlen_k_max = 256 + 32 * (i % 3);
+    c.cache_seqlens = {c.seqlen_k_max, c.seqlen_q + 3, i == 3 ? 0 : c.seqlen_k_max - 41};
+    c.heads_q = i % 3 == 0 ? 4 : 2;
+    c.heads_kv = 2;
+    c.head_dim = i % 2 ? 128 : 64 + 32 * (i % 3);
+    c.bf16 = i % 2 == 0;
+    c.causal = i != 4;
+    c.window_left = i == 5 ? 50 : -1;
+    c.softcap = i == 0 || i == 6 ? 20.0f : 0.0f;
+    c.kv = kv;
+    c.seed = seed + static_cast<uint32_t>(i);
+    out.push_back(c);
+    ++i;
+  }
+  return out;
+}
+
 DecodeCase decode_case(int batch, int seqlen_q, int max_k, int hq, int hkv, int d, bool bf16,
                        uint32_t seed, int len_step) {
   DecodeCase c;
@@ -753,6 +803,32 @@ std::string emulated_kernel(fa_runtime *rt) {
   fa_emu_profile prof = FA_EMU_PROFILE_INIT;
   if (fa_emulator_profile(rt, &prof) != FA_SUCCESS) return "(no profile)";
   return prof.kernel;
+}
+
+namespace {
+template <typename Case, typename Run>
+std::string run_on(fa_runtime *rt, const std::vector<Case> &cases, const std::string &kernel,
+                   const std::string &what, Run run) {
+  std::string failures;
+  for (const Case &c : cases) {
+    const std::string e = run(rt, c);
+    if (!e.empty()) failures += c.describe() + ":\n" + e;
+    const std::string k = emulated_kernel(rt);
+    if (k.find(kernel) == std::string::npos)
+      failures += c.describe() + ": ran " + k + ", not " + what + "\n";
+  }
+  return failures;
+}
+}  // namespace
+
+std::string run_on_kernel(fa_runtime *rt, const std::vector<ForwardCase> &cases,
+                          const std::string &kernel, const std::string &what) {
+  return run_on(rt, cases, kernel, what, run_forward);
+}
+
+std::string run_on_kernel(fa_runtime *rt, const std::vector<DecodeCase> &cases,
+                          const std::string &kernel, const std::string &what) {
+  return run_on(rt, cases, kernel, what, run_decode);
 }
 
 std::string run_forward(fa_runtime *rt, const ForwardCase &c) {

@@ -182,6 +182,17 @@ std::vector<uint32_t> pack_tree_mask(const std::vector<uint8_t> &bits, int rows,
 
 // Errors found; empty when the case passed. Prints a one-line summary.
 std::string run_forward(fa_runtime *rt, const ForwardCase &c);
+// A varlen forward case (cu_seqlens_q/k): sequences of sq[b] queries and
+// sk[b] keys, the launch's seqlen_q / seqlen_k their maxima.
+ForwardCase varlen_case(const std::vector<int> &sq, const std::vector<int> &sk, int heads_q,
+                        int heads_kv, int head_dim, int head_dim_v, bool bf16, bool causal, int wl,
+                        float cap, uint32_t seed);
+// Chunked prefill through fa_launch (DecodeCase::prefill), one case per KV
+// layout: contiguous, paged by tile (pages of 128, and 256 HND with a
+// shared prefix page) and by row (16 with a shared prefix, 1, 3 HND),
+// pointer arrays; 3 sequences with seqused_k (one empty), short_q queries
+// on odd cases, causal but one, a window, softcap, seeds seed, seed + 1, ..
+std::vector<DecodeCase> prefill_layout_cases(int short_q, uint32_t seed);
 // A decode case of `batch` sequences, sequence b holding max_k - len_step b
 // keys of a contiguous cache of max_k rows, head_dim d (head_dim_v d).
 DecodeCase decode_case(int batch, int seqlen_q, int max_k, int hq, int hkv, int d, bool bf16,
@@ -204,6 +215,14 @@ int finish(const std::string &failures, const std::string &summary);
 // The entry name of rt's last emulated launch (FLASHATTN_EMU_PROFILE=1 set
 // before it), or "(no profile)".
 std::string emulated_kernel(fa_runtime *rt);
+// Runs each case (run_forward, or run_decode for chunked prefill) on rt and
+// checks that its last launch's entry name (emulated_kernel;
+// FLASHATTN_EMU_PROFILE=1 set by the caller) contains `kernel`, else a
+// "<case>: ran <entry>, not <what>" line. Returns the failures.
+std::string run_on_kernel(fa_runtime *rt, const std::vector<ForwardCase> &cases,
+                          const std::string &kernel, const std::string &what);
+std::string run_on_kernel(fa_runtime *rt, const std::vector<DecodeCase> &cases,
+                          const std::string &kernel, const std::string &what);
 std::string run_decode(fa_runtime *rt, const DecodeCase &c);
 // Random partial states (some splits -inf, some rows all -inf) through
 // fa_decode_reduce against fa::ref::merge_states.
