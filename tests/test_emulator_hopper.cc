@@ -1106,6 +1106,12 @@ void test_setmaxnreg(void **) {
            body + "  ret;\n$L_prod:\n  setmaxnreg.dec.sync.aligned.u32 40;\n}\n";
   };
   expect_ok(run(kernel("  setmaxnreg.inc.sync.aligned.u32 232;\n"), "k_reg", 384, 0, nullptr, 0));
+  // The counts move registers within the CTA's: 40 x 128 + 232 x 256 =
+  // 168 x 384 fits, 240 does not (an .inc on a GPU would wait for ever).
+  std::string big = kernel("  setmaxnreg.inc.sync.aligned.u32 240; // too many\n");
+  assert_int_equal(run(big, "k_reg", 384, 0, nullptr, 0), FA_ERROR_LAUNCH);
+  expect_error(at_line(big, "// too many") +
+               ": the warpgroups' setmaxnreg counts need 66560 registers, the CTA has 64512");
   std::string p = kernel(
       "  setmaxnreg.inc.sync.aligned.u32 232;\n"
       "  setmaxnreg.inc.sync.aligned.u32 200; // lower\n");

@@ -603,6 +603,7 @@ bool Sm90State::run_warpgroup_collective(uint32_t g, const Inst &in, uint32_t pc
                             ".inc must not lower it, .dec must not raise it)",
                             g, in.sub ? "increases" : "decreases", wg.maxnreg, n);
       wg.maxnreg = n;
+      wg.maxnreg_pc = pc;
       return true;
     }
   }
@@ -961,6 +962,27 @@ std::string Sm90State::wait_text(uint32_t t, uint32_t nwait) {
 
 // The block's threads all exited: nothing asynchronous may be left over.
 bool Sm90State::finish_block() {
+  // setmaxnreg moves registers between warpgroups within the CTA's own
+  // allocation (PTX ISA "setmaxnreg": .inc waits until the pool has them):
+  // the warpgroups' final counts must fit the registers the CTA started
+  // with, at most ptxas's cap min(255, 65536 / threads) rounded down to 8
+  // (threads: .maxntid, else the block), or an .inc waits for ever.
+  uint32_t sum = 0, inc_pc = UINT32_MAX, last = 0;
+  bool any = false;
+  const uint32_t *mx = cta_.e_.maxntid;
+  const uint32_t ntid = mx[0] ? mx[0] * std::max(mx[1], 1u) * std::max(mx[2], 1u) : cta_.nthreads_;
+  const uint32_t cap = std::min<uint32_t>(255, 65536 / std::max(ntid, 1u)) / 8 * 8;
+  for (const Warpgroup &wg : wgs_) {
+    any = any || wg.maxnreg != 0;
+    sum += 128 * (wg.maxnreg ? wg.maxnreg : cap);
+    if (wg.maxnreg > last) last = wg.maxnreg, inc_pc = wg.maxnreg_pc;
+  }
+  if (any && sum > cap * ntid)
+    return cta_.fail_at(inc_pc, UINT32_MAX,
+                        "the warpgroups' setmaxnreg counts need %u registers, the CTA has %u "
+                        "(%u threads x %u, ptxas's most): an .inc would wait for ever (PTX ISA "
+                        "\"setmaxnreg\")",
+                        sum, cap * ntid, ntid, cap);
   for (uint32_t g = 0; g < wgs_.size(); ++g) {
     const Warpgroup &wg = wgs_[g];
     if (wg.head < wg.ops.size())

@@ -153,6 +153,7 @@ class Sm90State final : public ArchState {
     size_t group_head = 0;
     bool fenced = false;   // wgmma.fence since the last wgmma.wait_group
     uint32_t maxnreg = 0;  // last setmaxnreg value (0: none yet)
+    uint32_t maxnreg_pc = 0;  // its setmaxnreg
     void clear() {
       ops.clear();
       head = 0;

@@ -62,10 +62,13 @@ constexpr int kMaxQTiles = 2;
 constexpr int kGatherThreads = 64;  // spec.gather: the last two warps copy rows
 constexpr uint32_t kTmemCols = 512;
 // setmaxnreg: the softmax warpgroups hold a row of S (block_n f32) and its
-// packed P; the last warpgroup (MMA, load, two idle warps) little. 2 x 128
-// x 224 + 128 x 64 = 65536, the registers of one CTA per SM (with one Q
-// tile, 128 x 224 + 128 x 64).
-constexpr int kSoftmaxRegs = 224, kOtherRegs = 64;
+// packed P; the last warpgroup (MMA, load or gather, idle warps) little.
+// The CTA starts with 168 registers a thread (65536 / 384 rounded down to
+// 8: ptxas's cap under .maxntid 384, .minnctapersm 1) and setmaxnreg only
+// moves them between warpgroups: 2 x 128 x 224 + 128 x 56 = 168 x 384
+// (FlashAttention-3's rule; an .inc past the pool would wait for ever).
+// With one Q tile, 128 x 224 + 128 x 56 <= 168 x 256.
+constexpr int kSoftmaxRegs = 224, kOtherRegs = 56;
 // The exponentials on the FMA pipe (tile::Exp2Poly3): of each 16 pairs of a
 // row's elements, pairs q with q % 16 < kPolyPairsPer16 (sm_100; sm_103's
 // MUFU ex2 is faster: none there).
