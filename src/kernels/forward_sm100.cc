@@ -3,10 +3,11 @@
 // tcgen05 and tensor memory.
 //
 // A CTA of 12 warps owns block_m = 256 query rows of one (batch, head), as
-// two Q tiles of 128 rows. Tensor memory (512 columns) holds, per Q tile i,
-// S_i = Q_i K^T (128 columns at 128 i; P_i, the 16-bit probabilities, is
-// written over its first 64) and O_i (head_dim_v columns from 256 + dv i).
-// Roles:
+// two Q tiles of 128 rows (8 warps and one Q tile past head_dim_v 128, or
+// where shared memory does not hold two). Tensor memory (512 columns) holds,
+// per Q tile i, S_i = Q_i K^T (128 columns at 128 i; P_i, 16-bit pairs or
+// e4m3 bytes, is written over its first columns) and O_i (head_dim_v
+// rounded up to 16 columns from 128 q_tiles + dv16 i). Roles (two Q tiles):
 //   warps 0-3, 4-7  softmax of Q tile 0, 1: thread r of the warpgroup owns
 //                   row r (TMEM lane r): it reads its row of S
 //                   (tcgen05.ld.32x32b), masks, runs the online softmax
@@ -14,22 +15,24 @@
 //                   conditional rescaling, FA4 section 3.2; exp2 on MUFU and,
 //                   for a share of the elements, a degree-3 polynomial on
 //                   the FMA pipe, FA4 section 3.1), writes P (tcgen05.st),
-//                   rescales its row of O itself when it moved, and at the
-//                   end writes O / l and the LSE;
-//   warp 8          the MMA warp: one thread issues every tcgen05.mma
+//                   rescales its row of O itself when its warp's rows moved
+//                   (FA4's correction warpgroup, folded in), and at the end
+//                   writes O / l and the LSE (or the split's partial state);
+//   warp 8          the MMA warp: one elected lane issues every tcgen05.mma
 //                   (S_i = Q_i K_j^T from shared memory; O_i += P_i V_j
 //                   with P from tensor memory) and commits them to mbarriers;
-//   warp 9          the load warp: one thread issues every TMA copy (Q once,
-//                   then K_j and V_j into a ring of `stages` slots);
-//   warps 10, 11    idle (they hold the CTA's barrier count).
+//   warp 9          the load warp: one elected lane issues every TMA copy (Q
+//                   once, then K_j and V_j into a ring of `stages` slots);
+//   warps 10, 11    the gather variant's row copies (cp.async), else idle.
 // Per K/V tile j the MMA warp runs, for i = 0, 1: O_i += P_i(j) V_j (after
 // softmax i's P), then S_i(j+1) = Q_i K_{j+1}^T: the tensor core works on
 // one Q tile while the other's softmax runs (FA4's ping-pong). tcgen05.mma
 // of one thread run in issue order, so S_i(j+1) overwrites P_i(j) only
 // after O_i += P_i(j) V_j read it.
-// Barriers (mbarriers): q_full (Q's bytes), kv_full / kv_empty per ring
-// slot, s_full[i] (the MMA's commit after S_i), p_full[i] (softmax i's 128
-// threads: P written, O rescaled), o_full[i] (the commit after O_i's MMAs).
+// Barriers (mbarriers): q_full (Q's bytes, or the gather warps' arrivals),
+// kv_full / kv_empty per ring slot, s_full[i] (the MMA's commit after S_i),
+// p_full[i] (softmax i's 128 threads: P written, O rescaled), o_full[i]
+// (the commit after O_i's MMAs).
 // Layouts and descriptors: docs/kernels.md, "Forward on sm_100a".
 #include <algorithm>
 #include <cstddef>
