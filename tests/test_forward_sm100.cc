@@ -132,9 +132,11 @@ int main(void) {
   add_varlen({1, 0, 77}, {9, 40, 0}, 2, 1, 64, false, false, -1, 0);
   add_varlen({140, 33}, {141, 260}, 2, 2, 256, true, false, 20, 0);
   add_varlen({64, 129}, {200, 129}, 4, 1, 96, false, true, -1, 25);
-  failures += fa::test::run_on_kernel(rt, varlen, "fa_forward_tc05_gather_", "the sm_100a gather forward");
+  failures +=
+      fa::test::run_on_kernel(rt, varlen, "fa_forward_tc05_gather_", "the sm_100a gather forward");
   const std::vector<fa::test::DecodeCase> prefill = fa::test::prefill_layout_cases(40, 1160);
-  failures += fa::test::run_on_kernel(rt, prefill, "fa_forward_tc05_gather_", "the sm_100a gather forward");
+  failures +=
+      fa::test::run_on_kernel(rt, prefill, "fa_forward_tc05_gather_", "the sm_100a gather forward");
   // Split-KV (few CTAs, the workspace fa_forward_workspace_size asks for):
   // the split kernel writes partial states and the combine runs last (the
   // profile's kernel); which forward wrote them is read from the profile
@@ -183,5 +185,9 @@ int main(void) {
     std::printf("FAIL:\n%s", failures.c_str());
     return 1;
   }
-  return fa::test::run_numerics_suite("numerics_emulator_sm100a", FA_BACKEND_EMULATOR, false, 100);
+  // The whole suite and both fixtures, each forward case the kernel takes
+  // checked to have run it (the profile's kernel name).
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  return fa::test::run_numerics_suite("numerics_emulator_sm100a", FA_BACKEND_EMULATOR, false, 100,
+                                      "fa_forward_tc05_");
 }

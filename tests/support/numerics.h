@@ -288,5 +288,10 @@ std::string check_output(const std::vector<float> &o, const std::vector<double> 
 // Runs the numerics suite (random cases, fixtures, decode, reduce) as a
 // CMocka group on `backend` (emulating `emulator_sm`, 0 = 80); every test skips with the reason
 // when the backend cannot be created. Returns the CMocka exit status.
-int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm = 0);
+// forward_kernel: each forward case that kernel can take (not a refused
+// launch, head dims up to 256, fp8 head dims whole k16 steps) must have run
+// it (its entry name contains forward_kernel; FLASHATTN_EMU_PROFILE=1 set
+// by the caller).
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm = 0,
+                       const char *forward_kernel = nullptr);
 }  // namespace fa::test

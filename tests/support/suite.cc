@@ -21,6 +21,21 @@ struct SuiteState {
 fa_backend g_backend = FA_BACKEND_EMULATOR;
 bool g_gpu = false;
 int g_emulator_sm = 0;
+const char *g_forward_kernel = nullptr;  // run_numerics_suite's forward_kernel
+
+// With forward_kernel: case c's launch must have run it (its entry name
+// contains it; FLASHATTN_EMU_PROFILE=1 set by the caller), unless the
+// kernel cannot take c (a refused launch, head dims past 256, fp8 head
+// dims not whole k16 steps).
+std::string check_forward_kernel(fa_runtime *rt, const ForwardCase &c) {
+  const int dv = c.head_dim_v ? c.head_dim_v : c.head_dim;
+  if (!g_forward_kernel || c.reject || c.head_dim > 256 || dv > 256 ||
+      (c.q_fp8 && (c.head_dim % 16 || dv % 16)))
+    return "";
+  const std::string k = emulated_kernel(rt);
+  if (k.find(g_forward_kernel) != std::string::npos) return "";
+  return c.describe() + ": ran " + k + ", not " + g_forward_kernel + "\n";
+}
 
 int suite_setup(void **state) {
   auto *s = new SuiteState;
@@ -59,6 +74,7 @@ void test_forward_random(void **state) {
   for (const ForwardCase &c : forward_cases(s->gpu)) {
     const std::string e = run_forward(s->rt, c);
     if (!e.empty()) failures += c.describe() + ":\n" + e;
+    failures += check_forward_kernel(s->rt, c);
   }
   report(failures);
 }
@@ -91,6 +107,7 @@ void test_forward_fixtures(void **state) {
       std::printf("  fixture %s\n", name);
       const std::string e = run_forward(s->rt, c);
       if (!e.empty()) failures += std::string(name) + " " + c.describe() + ":\n" + e;
+      failures += check_forward_kernel(s->rt, c);
       ++ran;
     }
   }
@@ -171,6 +188,7 @@ void test_features(void **state) {
   for (const ForwardCase &c : feature_forward_cases(s->gpu)) {
     const std::string e = run_forward(s->rt, c);
     if (!e.empty()) failures += c.describe() + ":\n" + e;
+    failures += check_forward_kernel(s->rt, c);
   }
   for (const DecodeCase &c : feature_decode_cases(s->gpu)) {
     const std::string e = run_decode(s->rt, c);
@@ -185,6 +203,7 @@ void test_features(void **state) {
 // runs the v_in_k kernel and its cp.async sectors lack exactly V's: each
 // of the two slice CTAs reads 256 columns (16 sectors) of V's 100 rows.
 std::string v_in_k_sectors(fa_runtime *rt) {
+  const bool profiling = std::getenv("FLASHATTN_EMU_PROFILE") != nullptr;  // the caller's
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   DecodeCase c;
   c.seqlen_k_max = 100;
@@ -203,7 +222,7 @@ std::string v_in_k_sectors(fa_runtime *rt) {
   c.v_in_k = true;
   err += run_decode(rt, c);
   if (fa_emulator_profile(rt, &in_k) != FA_SUCCESS) err += "no profile\n";
-  unsetenv("FLASHATTN_EMU_PROFILE");
+  if (!profiling) unsetenv("FLASHATTN_EMU_PROFILE");
   const unsigned long long s_sep = sep.total.cp_async_sectors, s_in = in_k.total.cp_async_sectors;
   std::printf("  v_in_k: %s %llu sectors, %s %llu sectors\n", sep.kernel, s_sep, in_k.kernel, s_in);
   if (std::strstr(sep.kernel, "_vink") || !std::strstr(in_k.kernel, "_vink"))
@@ -245,6 +264,7 @@ void test_fp8_forward(void **state) {
       continue;
     }
     if (!e.empty()) failures += c.describe() + ":\n" + e;
+    failures += check_forward_kernel(s->rt, c);
   }
   report(failures);
 }
@@ -284,8 +304,10 @@ void test_forward_split(void **state) {
 
 }  // namespace
 
-int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm) {
+int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, int emulator_sm,
+                       const char *forward_kernel) {
   g_backend = backend;
+  g_forward_kernel = forward_kernel;
   g_emulator_sm = emulator_sm;
   g_gpu = gpu_shapes;
   const struct CMUnitTest tests[] = {
