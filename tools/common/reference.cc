@@ -179,6 +179,101 @@ void attention(const Problem &p, const double *q, const double *k, const double 
   }
 }
 
+void attention_backward(const Problem &p, const double *q, const double *k, const double *v,
+                        const double *dout, double *dq, double *dk, double *dv, double *dsinks,
+                        const int32_t *seqlens_k) {
+  const int d = p.head_dim, dvd = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const int group = p.num_heads_q / p.num_heads_kv;
+  const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const size_t rows_q = size_t(p.batch) * p.seqlen_q * p.num_heads_q;
+  const size_t rows_k = size_t(p.batch) * p.seqlen_k * p.num_heads_kv;
+  std::fill(dq, dq + rows_q * d, 0.0);
+  std::fill(dk, dk + rows_k * d, 0.0);
+  std::fill(dv, dv + rows_k * dvd, 0.0);
+  if (dsinks && p.sinks) std::fill(dsinks, dsinks + p.num_heads_q, 0.0);
+  // Per key of the row: the logit S_ij and the chain factor dS_ij / d(q_i.k_j).
+  std::vector<double> s(static_cast<size_t>(p.seqlen_k)), g(s.size());
+  std::vector<double> oi(static_cast<size_t>(dvd));
+  for (int b = 0; b < p.batch; ++b) {
+    const int sk = seqlens_k ? seqlens_k[b] : p.seqlen_k;
+    for (int h = 0; h < p.num_heads_q; ++h) {
+      const int hk = h / group;
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const size_t row = (size_t(b) * p.seqlen_q + i) * p.num_heads_q + h;
+        const double *qi = q + row * d, *doi = dout + row * dvd;
+        double *dqi = dq + row * d;
+        const long long diag = static_cast<long long>(i) + sk - p.seqlen_q;
+        const double alibi = alibi_slope(p, b, h);
+        long long lo = 0, hi = sk - 1;
+        if (p.window_left >= 0) lo = std::max(lo, diag - p.window_left);
+        if (p.causal) hi = std::min(hi, diag);
+        if (p.window_right >= 0) hi = std::min(hi, diag + p.window_right);
+        auto key = [&](long long j) {
+          return (size_t(b) * p.seqlen_k + size_t(j)) * p.num_heads_kv + hk;
+        };
+        double m = ninf;
+        for (long long j = lo; j <= hi; ++j) {
+          if (!tree_visible(p, b, i, j, sk)) {
+            s[size_t(j)] = ninf;  // P = 0: no gradient
+            continue;
+          }
+          const double *kj = k + key(j) * d;
+          double dot = 0;
+          for (int c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          double x = dot * scale, chain = scale;
+          if (p.softcap > 0) {
+            const double t = std::tanh(x / p.softcap);
+            x = p.softcap * t;
+            chain = scale * (1 - t * t);  // d(cap tanh(x / cap)) / dx = 1 - tanh^2
+          }
+          x -= alibi * double(std::llabs(diag - j));
+          s[size_t(j)] = x;
+          g[size_t(j)] = chain;
+          m = std::max(m, x);
+        }
+        const double sink = p.sinks ? double(p.sinks[h]) : ninf;
+        // A sink of +inf takes all the weight (every P_ij = 0, O = 0): no
+        // gradient. One of NaN makes O NaN, and l, P and all below.
+        if (std::isinf(sink) && sink > 0) continue;
+        if (std::isnan(sink)) std::fill(dqi, dqi + d, sink);
+        m = std::max(m, sink);
+        double l = sink == ninf ? 0 : std::exp(sink - m);
+        for (long long j = lo; j <= hi; ++j)
+          if (s[size_t(j)] != ninf) l += std::exp(s[size_t(j)] - m);
+        if (l == 0) continue;  // no key, no sink: O = 0, zero gradients
+        // P_ij in s; O_i and D_i = dO_i . O_i.
+        std::fill(oi.begin(), oi.end(), 0.0);
+        for (long long j = lo; j <= hi; ++j) {
+          if (s[size_t(j)] == ninf) continue;
+          s[size_t(j)] = std::exp(s[size_t(j)] - m) / l;
+          const double *vj = v + key(j) * dvd;
+          for (int c = 0; c < dvd; ++c) oi[size_t(c)] += s[size_t(j)] * vj[c];
+        }
+        double dd = 0;
+        for (int c = 0; c < dvd; ++c) dd += doi[c] * oi[size_t(c)];
+        for (long long j = lo; j <= hi; ++j) {
+          if (s[size_t(j)] == ninf) continue;
+          const double pj = s[size_t(j)];
+          const double *kj = k + key(j) * d, *vj = v + key(j) * dvd;
+          double *dkj = dk + key(j) * d, *dvj = dv + key(j) * dvd;
+          double dp = 0;  // dP_ij = dO_i . V_j
+          for (int c = 0; c < dvd; ++c) {
+            dp += doi[c] * vj[c];
+            dvj[c] += pj * doi[c];
+          }
+          const double ds = pj * (dp - dd) * g[size_t(j)];  // dL / d(q_i.k_j)
+          for (int c = 0; c < d; ++c) {
+            dqi[c] += ds * kj[c];
+            dkj[c] += ds * qi[c];
+          }
+        }
+        if (dsinks && p.sinks && sink != ninf) dsinks[h] -= std::exp(sink - m) / l * dd;
+      }
+    }
+  }
+}
+
 std::vector<float> standard_alibi_slopes(int n) {
   std::vector<float> out;
   if (n <= 0) return out;

@@ -86,6 +86,34 @@ inline bool tree_visible(const Problem &p, int b, int i, long long j, long long 
 void attention(const Problem &p, const double *q, const double *k, const double *v, double *o,
                double *lse, const int32_t *seqlens_k = nullptr);
 
+// Gradients of attention(p, q, k, v) -> o for the upstream gradient dout
+// (like o), i.e. of the loss L = sum(dout o O): dq (like q), dk (like k), dv
+// (like v; dk and dv summed over the query heads of a KV head's group) and,
+// with p.sinks and dsinks both set, dsinks [num_heads_q] (summed over batch
+// and rows); all overwritten. FlashAttention-2 (Dao, 2023), section 3.1 /
+// Algorithm 2, straightforwardly in fp64, per row i of head h with P
+// recomputed from attention()'s definition:
+//   x_ij = scale q_i.k_j,  S_ij = cap tanh(x_ij / cap) - slope |diag_i - j|
+//   (S_ij = x_ij - ... without softcap), P_ij = exp(S_ij - LSE_i), P_i,sink =
+//   exp(sink_h - LSE_i), masked keys P_ij = 0;
+//   dV_j += P_ij dO_i,  dP_ij = dO_i . V_j,  D_i = rowsum(dO_i o O_i),
+//   dS_ij = P_ij (dP_ij - D_i),
+//   g_ij = the derivative of S_ij in q_i.k_j = scale (1 - tanh^2(x_ij / cap))
+//   (scale without softcap; the ALiBi bias is no function of q or k),
+//   dQ_i += dS_ij g_ij K_j,  dK_j += dS_ij g_ij Q_i.
+// The sink is one more softmax column with no value (dP_i,sink = 0): the
+// derivative of P_ij in sink_h is -P_ij P_i,sink, so with D_i = sum_j P_ij
+// dP_ij, dsinks[h] = sum_i sum_j dP_ij (-P_ij P_i,sink) = -sum over b, i of
+// P_i,sink D_i (= dS_i,sink = P_i,sink (0 - D_i) summed). A row that sees
+// no key (O = 0, D = 0) gives and takes nothing. A sink of +inf (O = 0 on
+// its head) gives zero gradients; one of NaN (O = NaN) NaN dsinks, dq on its
+// head and dk, dv of every key the head sees; one of -inf is no sink
+// (dsinks 0).
+// seqlens_k as in attention().
+void attention_backward(const Problem &p, const double *q, const double *k, const double *v,
+                        const double *dout, double *dq, double *dk, double *dv, double *dsinks,
+                        const int32_t *seqlens_k = nullptr);
+
 // Merges partial states: o_part [splits, rows, dv], lse_part [splits, rows]
 // -> o [rows, dv], lse [rows], per the formula in fa_decode_reduce;
 // row_sinks [rows] (natural log), if given, is one more state per row with
