@@ -579,11 +579,8 @@ class ForwardSm100Gen {
     const int nb = spec_.block_n;
     s_.resize(static_cast<size_t>(nb));
     for (Reg &x : s_) x = b_.f32();
-    if (!spec_.softcap) {
-      c2_ = b_.b64();
-      b_.pack_f32x2(c2_, score_scale_, score_scale_);
-    }
-    exp2_ = std::make_unique<tile::Exp2Poly3>(e_);
+    rs_ =
+        std::make_unique<tile::RowSoftmax>(e_, spec_.softcap ? Reg() : score_scale_, form_, poly_);
     if (spec_.alibi) {
       alibi_coef_ = tile::alibi_coef(e_, f + offsetof(P, alibi_slopes), bz_, h_,
                                      spec_.softcap ? Reg() : score_scale_);
@@ -591,8 +588,6 @@ class ForwardSm100Gen {
       b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, alibi_diag_,
              e_.op(Op::Add, Type::S32, qrow_, e_.op(Op::Sub, Type::S32, sk_, sq_)));
     }
-    m_ = e_.mov(Type::F32, fimm(kNegInf));
-    l_ = e_.mov(Type::F32, fimm(0.0f));
     sph_ = e_.mov(Type::U32, imm(0));
     j_ = e_.mov(Type::S32, imm(0));
     ptx::Label epi = b_.label();
@@ -646,85 +641,9 @@ class ForwardSm100Gen {
         tile::alibi_bias(b_, s_[static_cast<size_t>(x)], d, x, alibi_coef_, t);
     }
     if (masked) mask();
-    // The row maximum (three-input max.f32, sm_100) and the new offset.
-    Reg mx = e_.mov(Type::F32, m_);
-    {
-      std::vector<Reg> acc(4);
-      for (int a = 0; a < 4; ++a) acc[static_cast<size_t>(a)] = b_.f32();
-      for (int a = 0; a < 4; ++a)
-        b_.op(Op::Max, Type::F32, acc[static_cast<size_t>(a)], s_[static_cast<size_t>(2 * a)],
-              s_[static_cast<size_t>(2 * a + 1)]);
-      for (int x = 8; x < nb; x += 2) {
-        Reg &a = acc[static_cast<size_t>((x / 2) % 4)];
-        b_.op(Op::Max3, Type::F32, a, a, s_[static_cast<size_t>(x)],
-              s_[static_cast<size_t>(x + 1)]);
-      }
-      b_.op(Op::Max3, Type::F32, mx, mx, acc[0], acc[1]);
-      b_.op(Op::Max3, Type::F32, mx, mx, acc[2], acc[3]);
-    }
-    // Conditional rescaling (FA4 section 3.2): the offset the exponentials
-    // use moves to the new maximum only when that grows by more than 2^8
-    // in the log2 domain (p stays <= 2^8); O and l then scale by alpha.
-    Reg c = spec_.softcap ? Reg() : score_scale_;
-    Reg grow = b_.f32();
-    b_.op(Op::Sub, Type::F32, grow, mx, m_);
-    if (c.valid()) b_.op(Op::Mul, Type::F32, grow, grow, c);
-    Reg moved = e_.setp(Cmp::Gt, Type::F32, grow, fimm(form_.rescale_log2));
-    Reg alpha = e_.mov(Type::F32, fimm(1.0f));
-    {
-      // alpha = 2^((m - mx) c); m = -inf: 0 (l is 0 then, and O unwritten)
-      Reg d = e_.op(Op::Sub, Type::F32, m_, mx);
-      if (c.valid()) b_.op(Op::Mul, Type::F32, d, d, c);
-      Reg a = e_.op(Op::Ex2, Type::F32, d);
-      b_.selp(Type::F32, alpha, a, alpha, moved);
-      b_.selp(Type::F32, m_, mx, m_, moved);
-      b_.op(Op::Mul, Type::F32, l_, l_, alpha);
-    }
-    // The exponentials' offset: m c, or 0 for a row with no key yet.
-    Reg off = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : e_.mov(Type::F32, m_);
-    Reg none = e_.setp(Cmp::Eq, Type::F32, m_, fimm(kNegInf));
-    b_.selp(Type::F32, off, fimm(0.0f), off, none);
-    // p = 2^(s c - off) on pairs (f32x2): MUFU, or the polynomial for
-    // kPolyPairsPer16 of each 16 pairs.
-    // (the fp8 form: 2^(s c - off + 8), p <= 2^8 for e4m3, SoftmaxForm)
-    Reg noff = form_.p_offset_log2 != 0.0f
-                   ? e_.op(Op::Sub, Type::F32, fimm(form_.p_offset_log2), off)
-                   : e_.op(Op::Neg, Type::F32, off);
-    Reg noff2 = b_.b64();
-    b_.pack_f32x2(noff2, noff, noff);
-    Reg s2 = b_.b64();
-    std::vector<Reg> sum2(2);
-    for (int x = 0; x < nb / 2; ++x) {
-      Reg &s0 = s_[static_cast<size_t>(2 * x)], &s1 = s_[static_cast<size_t>(2 * x + 1)];
-      b_.pack_f32x2(s2, s0, s1);
-      if (c.valid())
-        b_.f32x2(Op::Fma, s2, s2, c2_, noff2);
-      else
-        b_.f32x2(Op::Add, s2, s2, noff2);
-      b_.unpack_f32x2(s0, s1, s2);
-      if (x % 16 < poly_) {
-        (*exp2_)(s0, s1, s0, s1);
-      } else {
-        b_.op(Op::Ex2, Type::F32, s0, s0);
-        b_.op(Op::Ex2, Type::F32, s1, s1);
-      }
-      // l's two pair sums (independent chains)
-      Reg &acc = sum2[static_cast<size_t>(x % 2)];
-      if (x < 2) {
-        acc = b_.b64();
-        b_.pack_f32x2(acc, s0, s1);
-      } else {
-        b_.pack_f32x2(s2, s0, s1);
-        b_.f32x2(Op::Add, acc, acc, s2);
-      }
-    }
-    b_.f32x2(Op::Add, sum2[0], sum2[0], sum2[1]);
-    {
-      Reg lo = b_.f32(), hi = b_.f32();
-      b_.unpack_f32x2(lo, hi, sum2[0]);
-      b_.op(Op::Add, Type::F32, lo, lo, hi);
-      b_.op(Op::Add, Type::F32, l_, l_, lo);
-    }
+    // The row maximum, conditional rescaling, p (tile::RowSoftmax).
+    const tile::RowSoftmax::Step st = rs_->step(s_);
+    Reg moved = st.moved, alpha = st.alpha;
     // O *= alpha where some row of the warp moved (after O_i's last MMA).
     ptx::Label kept = b_.label();
     Reg any = b_.pred();
@@ -770,13 +689,7 @@ class ForwardSm100Gen {
     const tile::RowRange r = tile::row_range(e_, diag, wl_, wr_, imm(0), sk_);
     Reg lo = e_.op(Op::Sub, Type::S32, r.lo, n_);
     Reg hi = e_.op(Op::Sub, Type::S32, r.hi, n_);
-    Reg p = b_.pred(), t = b_.pred();
-    for (int x = 0; x < spec_.block_n; ++x) {
-      b_.setp(Cmp::Gt, Type::S32, p, lo, imm(x));
-      b_.setp(Cmp::Le, Type::S32, t, hi, imm(x));
-      b_.op(Op::Or, Type::Pred, p, p, t);
-      b_.selp(Type::F32, s_[static_cast<size_t>(x)], fimm(kNegInf), s_[static_cast<size_t>(x)], p);
-    }
+    tile::mask_keys(b_, s_, lo, hi, b_.pred(), b_.pred());
   }
 
   // This row of O times alpha (tensor memory, 32 columns at a time).
@@ -815,14 +728,14 @@ class ForwardSm100Gen {
     Reg inv, lse;
     if (spec_.sinks) {
       Reg s2 = sink_log2(e_, h_, offsetof(WgmmaParams, f));
-      Reg m2 = c.valid() ? e_.op(Op::Mul, Type::F32, m_, c) : m_;  // -inf stays -inf
+      Reg m2 = c.valid() ? e_.op(Op::Mul, Type::F32, rs_->m, c) : rs_->m;  // -inf stays -inf
       if (form_.p_offset_log2 != 0.0f)
         m2 = e_.op(Op::Sub, Type::F32, m2, fimm(form_.p_offset_log2));
-      const tile::SinkRow sr = tile::sink_row(e_, m2, l_, s2, tile::sink_nan0(e_, s2));
+      const tile::SinkRow sr = tile::sink_row(e_, m2, rs_->l, s2, tile::sink_nan0(e_, s2));
       inv = sr.inv;
       lse = sr.lse;
     } else {
-      const tile::RowEnd end = tile::row_end(e_, m_, c, l_, form_.p_offset_log2);
+      const tile::RowEnd end = tile::row_end(e_, rs_->m, c, rs_->l, form_.p_offset_log2);
       inv = end.inv;
       lse = end.lse;
     }
@@ -882,13 +795,12 @@ class ForwardSm100Gen {
   Reg h_, bz_, kvh_, m0_, sq_, sk_, wl_, wr_, ntiles_;
   tile::KeyRange keys_;
   // softmax
-  Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, m_, l_, sph_, j_, n_;
+  Reg taddr_s_, taddr_o_, bar_off_, bars_, qrow_, score_scale_, sph_, j_, n_;
   Softcap cap_;
   std::vector<Reg> s_;
   ForwardBases fb_;              // spec.gather
-  Reg c2_;                       // {score_scale, score_scale} (no softcap)
   Reg alibi_coef_, alibi_diag_;  // spec.alibi (tile::alibi_coef)
-  std::unique_ptr<tile::Exp2Poly3> exp2_;
+  std::unique_ptr<tile::RowSoftmax> rs_;
 };
 
 }  // namespace

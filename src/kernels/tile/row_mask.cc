@@ -28,6 +28,15 @@ void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg
     }
 }
 
+void mask_keys(ptx::Builder &b, const std::vector<Reg> &s, Reg lo, Reg hi, Reg p, Reg t) {
+  for (size_t x = 0; x < s.size(); ++x) {
+    b.setp(Cmp::Le, Type::S32, p, lo, imm(static_cast<int64_t>(x)));
+    b.setp(Cmp::Gt, Type::S32, t, hi, imm(static_cast<int64_t>(x)));
+    b.op(Op::And, Type::Pred, p, p, t);
+    b.selp(Type::F32, s[x], s[x], fimm(kNegInf), p);
+  }
+}
+
 Reg alibi_coef(Emitter &e, size_t slopes_param, Reg bz, Reg h, Reg score_scale) {
   Reg slopes = e.global_param(slopes_param);
   Reg stride = e.stride_bytes(slopes_param + 8, 4);  // 0: one row for the batch

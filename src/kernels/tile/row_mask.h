@@ -30,6 +30,11 @@ void mask_row(ptx::Builder &b, const AccTile &s, int h, const RowRange &r, Reg k
 // relative to that column (s32 registers). p and t are scratch predicates.
 void mask_row_half(ptx::Builder &b, const AccTile &s, int h, Reg lo, Reg hi, Reg p, Reg t);
 
+// Masks a row held in one thread's registers (tcgen05 kernels: a row of S
+// read from tensor memory): s[x] becomes -inf unless lo <= x < hi (s32
+// registers relative to s[0]'s key). p and t are scratch predicates.
+void mask_keys(ptx::Builder &b, const std::vector<Reg> &s, Reg lo, Reg hi, Reg p, Reg t);
+
 // ALiBi (Press et al. 2022; FlashAttention-2's alibi_slopes): the logit of
 // query i, key j loses slope |i + seqlen_k - seqlen_q - j|. The bias is
 // added where the scores are, before the online softmax scales them: a

@@ -817,6 +817,106 @@ void OnlineSoftmax::finish(const std::vector<AccTile> &o, std::vector<Reg> *lse)
   }
 }
 
+RowSoftmax::RowSoftmax(Emitter &e, Reg c, SoftmaxForm form, int poly, int partner_xor)
+    : e_(e), c_(c), form_(form), poly_(poly), xor_(partner_xor), exp2_(e) {
+  if (c_.valid()) {
+    c2_ = e_.b.b64();
+    e_.b.pack_f32x2(c2_, c_, c_);
+  }
+  m = e_.mov(Type::F32, fimm(kNegInf));
+  l = e_.mov(Type::F32, fimm(0.0f));
+}
+
+RowSoftmax::Step RowSoftmax::step(const std::vector<Reg> &s) {
+  ptx::Builder &b = e_.b;
+  const size_t nb = s.size();
+  // The row maximum: four independent chains of max3 over pairs.
+  Reg mx = e_.mov(Type::F32, m);
+  {
+    Reg acc[4];
+    for (int a = 0; a < 4; ++a) acc[a] = b.f32();
+    for (size_t a = 0; a < 4; ++a) b.op(Op::Max, Type::F32, acc[a], s[2 * a], s[2 * a + 1]);
+    for (size_t x = 8; x < nb; x += 2) {
+      Reg &a = acc[(x / 2) % 4];
+      b.op(Op::Max3, Type::F32, a, a, s[x], s[x + 1]);
+    }
+    b.op(Op::Max3, Type::F32, mx, mx, acc[0], acc[1]);
+    b.op(Op::Max3, Type::F32, mx, mx, acc[2], acc[3]);
+  }
+  if (xor_) {
+    Reg t = b.f32();
+    b.shfl(ptx::Shfl::Bfly, t, mx, imm(xor_), imm(31), 0xffffffffu);
+    b.op(Op::Max, Type::F32, mx, mx, t);
+  }
+  Step st;
+  Reg grow = b.f32();
+  b.op(Op::Sub, Type::F32, grow, mx, m);
+  if (c_.valid()) b.op(Op::Mul, Type::F32, grow, grow, c_);
+  st.moved = e_.setp(Cmp::Gt, Type::F32, grow, fimm(form_.rescale_log2));
+  st.alpha = e_.mov(Type::F32, fimm(1.0f));
+  {
+    // alpha = 2^((m - mx) c); m = -inf: 0 (l is 0 then, and O unwritten)
+    Reg d = e_.op(Op::Sub, Type::F32, m, mx);
+    if (c_.valid()) b.op(Op::Mul, Type::F32, d, d, c_);
+    Reg a = e_.op(Op::Ex2, Type::F32, d);
+    b.selp(Type::F32, st.alpha, a, st.alpha, st.moved);
+    b.selp(Type::F32, m, mx, m, st.moved);
+    b.op(Op::Mul, Type::F32, l, l, st.alpha);
+  }
+  // The exponentials' offset: m c, or 0 for a row with no key yet.
+  Reg off = c_.valid() ? e_.op(Op::Mul, Type::F32, m, c_) : e_.mov(Type::F32, m);
+  Reg none = e_.setp(Cmp::Eq, Type::F32, m, fimm(kNegInf));
+  b.selp(Type::F32, off, fimm(0.0f), off, none);
+  // p = 2^(s c - off) on pairs (f32x2): MUFU, or the polynomial for poly of
+  // each 16 pairs (the fp8 form: 2^(s c - off + 8), p <= 2^8, SoftmaxForm).
+  Reg noff = form_.p_offset_log2 != 0.0f ? e_.op(Op::Sub, Type::F32, fimm(form_.p_offset_log2), off)
+                                         : e_.op(Op::Neg, Type::F32, off);
+  Reg noff2 = b.b64();
+  b.pack_f32x2(noff2, noff, noff);
+  Reg s2 = b.b64();
+  Reg sum2[2];
+  for (size_t x = 0; x < nb / 2; ++x) {
+    const Reg &s0 = s[2 * x], &s1 = s[2 * x + 1];
+    b.pack_f32x2(s2, s0, s1);
+    if (c_.valid())
+      b.f32x2(Op::Fma, s2, s2, c2_, noff2);
+    else
+      b.f32x2(Op::Add, s2, s2, noff2);
+    b.unpack_f32x2(s0, s1, s2);
+    if (static_cast<int>(x % 16) < poly_) {
+      exp2_(s0, s1, s0, s1);
+    } else {
+      b.op(Op::Ex2, Type::F32, s0, s0);
+      b.op(Op::Ex2, Type::F32, s1, s1);
+    }
+    // l's two pair sums (independent chains)
+    Reg &acc = sum2[x % 2];
+    if (x < 2) {
+      acc = b.b64();
+      b.pack_f32x2(acc, s0, s1);
+    } else {
+      b.pack_f32x2(s2, s0, s1);
+      b.f32x2(Op::Add, acc, acc, s2);
+    }
+  }
+  b.f32x2(Op::Add, sum2[0], sum2[0], sum2[1]);
+  Reg lo = b.f32(), hi = b.f32();
+  b.unpack_f32x2(lo, hi, sum2[0]);
+  b.op(Op::Add, Type::F32, lo, lo, hi);
+  b.op(Op::Add, Type::F32, l, l, lo);
+  return st;
+}
+
+Reg RowSoftmax::row_l() {
+  Reg t = e_.mov(Type::F32, l);
+  if (xor_) {
+    Reg o = e_.b.f32();
+    e_.b.shfl(ptx::Shfl::Bfly, o, t, imm(xor_), imm(31), 0xffffffffu);
+    e_.b.op(Op::Add, Type::F32, t, t, o);
+  }
+  return t;
+}
+
 RowEnd row_end(Emitter &e, Reg m, Reg c, Reg l, float p_offset_log2) {
   ptx::Builder &b = e.b;
   Reg pos = e.setp(Cmp::Gt, Type::F32, l, fimm(0.0f));

@@ -381,6 +381,43 @@ struct RowEnd {
 };
 RowEnd row_end(Emitter &e, Reg m, Reg c, Reg l, float p_offset_log2 = 0.0f);
 
+// The online softmax of rows held one per thread in registers (or split
+// between lanes t and t ^ partner_xor of a warp), FlashAttention-4's form on
+// sm_100 (tcgen05: a row of S read from tensor memory): the row maximum
+// with three-input max.f32, conditional rescaling (section 3.2: the offset
+// the exponentials use moves to the new maximum only when that grows by more
+// than form.rescale_log2 in the log2 domain, so p stays <= 2^rescale_log2),
+// p = 2^(s c - m c) on f32x2 pairs, MUFU ex2 or, for pairs q with q % 16 <
+// poly, tile::Exp2Poly3 (section 3.1). The caller rescales O by alpha (only
+// where some row of its warp moved: step's `moved`).
+class RowSoftmax {
+ public:
+  // c: f32, scores to the log2 domain, or invalid (scores already log2);
+  // poly: pairs of each 16 on the FMA pipe (0..16); partner_xor: 0 (a row
+  // in one thread) or the lane mask (shfl.sync.bfly) of the thread holding
+  // the rest of the row. Puts its constants in registers (before a loop).
+  RowSoftmax(Emitter &e, Reg c, SoftmaxForm form, int poly, int partner_xor = 0);
+  // The running maximum (raw scores; -inf before any key) and this
+  // thread's share of the sum of the exponentials.
+  Reg m, l;
+  struct Step {
+    Reg alpha;  // f32: O's factor (1 where the offset stayed)
+    Reg moved;  // pred: this row's offset moved
+  };
+  // One K/V tile: s (an even count >= 8 of f32 scores, masked to -inf)
+  // becomes p in place; m and l move.
+  Step step(const std::vector<Reg> &s);
+  // The row's whole l (the partner's share added; a new register).
+  Reg row_l();
+
+ private:
+  Emitter &e_;
+  Reg c_, c2_;
+  SoftmaxForm form_;
+  int poly_, xor_;
+  Exp2Poly3 exp2_;
+};
+
 class OnlineSoftmax {
  public:
   using Form = SoftmaxForm;
