@@ -42,8 +42,6 @@ fa::test::DecodeCase mla(int batch, int seqlen_q, int max_k, int hq, int hkv, ui
 }  // namespace
 
 int main(void) {
-  fa_runtime *rt = fa::test::emulator_or_fail(90);
-  if (rt == nullptr) return 1;
   const bool quick = std::getenv("FA_TEST_QUICK") != nullptr;
   std::string failures;
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
@@ -130,36 +128,48 @@ int main(void) {
       fp8.push_back(c);
     }
   }
-  // The policy off (the mma.sync decode, whose MLA shapes the numerics
-  // suites cover) runs the first two cases of each list: the same inputs
-  // through both kernels.
-  for (bool on : {true, false}) {
-    if (quick && !on) continue;
-    fa::test::PolicyScope scope(rt, &fa::KernelPolicy::sm90_mla, on);
-    const size_t n_fp8 = on ? fp8.size() : std::min<size_t>(2, fp8.size());
-    for (size_t i = 0; i < n_fp8; ++i) {
-      fa::test::fp8kv::Case c = fp8[i];
-      c.kernel = on ? "fa_decode_wgmma_" : "fa_decode_mma_";
-      const std::string err = fa::test::fp8kv::run_case(rt, c);
-      if (!err.empty())
-        failures += c.describe() + (on ? " (sm90 mla)" : " (policy off)") + ":\n" + err;
+  // Each list at SM 90 (the sm_90a kernel, FLASHATTN_SM90_MLA) and at SM
+  // 100 (the sm_100a one, on by default). The policy off (the mma.sync
+  // decode, whose MLA shapes the numerics suites cover) runs the first two
+  // cases of each list at SM 90: the same inputs through both kernels.
+  struct Target {
+    int sm;
+    bool fa::KernelPolicy::*policy;
+    const char *kernel, *name;
+  };
+  const Target targets[] = {{90, &fa::KernelPolicy::sm90_mla, "fa_decode_wgmma_", "sm90 mla"},
+                            {100, &fa::KernelPolicy::sm100_mla, "fa_decode_tc05_", "sm100 mla"}};
+  for (const Target &tg : targets) {
+    fa_runtime *rt = fa::test::emulator_or_fail(tg.sm);
+    if (rt == nullptr) return 1;
+    for (bool on : {true, false}) {
+      if ((quick || tg.sm != 90) && !on) continue;
+      fa::test::PolicyScope scope(rt, tg.policy, on);
+      const std::string tag = on ? std::string(" (") + tg.name + ")" : " (policy off)";
+      const size_t n_fp8 = on ? fp8.size() : std::min<size_t>(2, fp8.size());
+      for (size_t i = 0; i < n_fp8; ++i) {
+        fa::test::fp8kv::Case c = fp8[i];
+        c.kernel = on ? tg.kernel : "fa_decode_mma_";
+        const std::string err = fa::test::fp8kv::run_case(rt, c);
+        if (!err.empty()) failures += c.describe() + tag + ":\n" + err;
+      }
+      for (size_t i = 0; i < (on ? cases.size() : std::min<size_t>(2, cases.size())); ++i) {
+        const fa::test::DecodeCase &d = cases[i];
+        const std::string what = d.describe() + tag;
+        const std::string err = fa::test::run_decode(rt, d);
+        if (!err.empty()) failures += what + ":\n" + err;
+        // The profile names the last launch: the decode kernel itself when
+        // only partial states are asked for, else the combine.
+        const std::string k = fa::test::emulated_kernel(rt);
+        const bool ok =
+            d.partials_only ? (k.find(tg.kernel) == 0) == on : k.find("fa_reduce_") == 0;
+        if (!ok) failures += what + ": ran " + k + "\n";
+      }
     }
-    for (size_t i = 0; i < (on ? cases.size() : std::min<size_t>(2, cases.size())); ++i) {
-      const fa::test::DecodeCase &d = cases[i];
-      const std::string what = d.describe() + (on ? " (sm90 mla)" : " (policy off)");
-      const std::string err = fa::test::run_decode(rt, d);
-      if (!err.empty()) failures += what + ":\n" + err;
-      // The profile names the last launch: the decode kernel itself when
-      // only partial states are asked for, else the combine.
-      const std::string k = fa::test::emulated_kernel(rt);
-      const bool ok =
-          d.partials_only ? (k.find("fa_decode_wgmma_") == 0) == on : k.find("fa_reduce_") == 0;
-      if (!ok) failures += what + ": ran " + k + "\n";
-    }
+    fa_runtime_destroy(rt);
   }
   unsetenv("FLASHATTN_EMU_PROFILE");
-  fa_runtime_destroy(rt);
   return fa::test::finish(failures,
-                          "sm_90a MLA decode (wgmma, 576 / 512, V in K) against fp64 on "
-                          "the emulator");
+                          "sm_90a and sm_100a MLA decodes (wgmma, tcgen05; 576 / 512, V in K) "
+                          "against fp64 on the emulator");
 }

@@ -681,8 +681,10 @@ std::vector<KernelSpec> grid() {
   // and the other head dims it takes (512 / 512: an even atom count; 384 /
   // 384: three-atom O halves; 576 / 384), bf16 and fp16, every KV layout
   // (pages of 64: pow2 rows; of 3), fixed length (a forward run as decode),
-  // windows, group 16 and 128, e4m3 and e5m2 caches.
-  {
+  // windows, group 16 and 128, e4m3 and e5m2 caches. The same grid on
+  // sm_100 and sm_103: the sm_100a MLA decode (KernelPolicy::sm100_mla,
+  // tcgen05).
+  for (int sm : {90, 100, 103}) {
     KernelPolicy mla;
     mla.sm90_mla = true;
     int i = 0;
@@ -700,9 +702,10 @@ std::vector<KernelSpec> grid() {
         cfg.causal = i % 4 != 3;
         if (i % 5 == 4) cfg.window_left = 100;
         if (i % 3 == 1) cfg.kv_fp8 = i % 2 ? KvFp8::E4M3 : KvFp8::E5M2;
-        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(90), shape, mla);
-        assert_true(w.wgmma && w.kind == KernelKind::Decode && !generate_ptx(w).empty());
-        out.push_back(w);
+        KernelSpec w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, mla);
+        assert_true((sm == 90 ? w.wgmma : w.tcgen05) && w.kind == KernelKind::Decode &&
+                    !generate_ptx(w).empty());
+        if (sm != 103 || i % 3 == 0) out.push_back(w);
         ++i;
       }
   }

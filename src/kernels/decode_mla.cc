@@ -28,10 +28,25 @@
 // softmax free of any cross-warpgroup dependence at the price of computing
 // the exponentials twice (MUFU: block_n of them per row and tile per
 // warpgroup, against 64 x block_n x (d / 2 + dv / 2) MACs).
+// On sm_100a (spec.tcgen05) the same CTA, producer and partial state run
+// on tcgen05.mma with S and O in tensor memory: warpgroup 1 (4 warps) is
+// the softmax, warp 8 issues every MMA. The 64 rows are an M = 64 MMA,
+// whose rows 16q..16q+15 sit in lanes 32q..32q+15 of warp q's quarter of
+// tensor memory (PTX ISA "Data Path Layout"), so the other 16 lanes of
+// each quarter hold a second M = 64 matrix at the same columns (lane field
+// 16): O's two column halves [0, dv / 2) and [dv / 2, dv) share 256
+// columns, and S's two halves of each key tile (keys [0, block_n / 2) and
+// [block_n / 2, block_n)) share block_n / 2 columns of each of two S
+// buffers. Thread t of softmax warp q so holds row 16q + t % 16's half t /
+// 16 of the keys and of O: one shfl exchanges the row maximum (and l at
+// the end). P goes to shared memory (the A operand of both O halves' MMAs).
+// Per key tile j the MMA warp issues S(j + 1) before O += P(j) V(j), so the
+// tensor core computes the next scores while the softmax runs; a K tile's
+// stage is freed by the commit after its P V (V is in K).
 // Like the tensor-core decode, each CTA writes its split's partial state
 // (O normalised within the split, fp32, and the natural LSE) and the combine
 // (fa_decode_reduce's kernel) merges the splits. Layout, pipeline and
-// costs: docs/kernels.md, "MLA decode on sm_90a".
+// costs: docs/kernels.md, "MLA decode on sm_90a" and "MLA decode on sm_100a".
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -43,6 +58,7 @@
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/swizzle.h"
 #include "kernels/tile/tile.h"
+#include "kernels/tile/umma.h"
 
 namespace fa {
 namespace kgen {
@@ -55,6 +71,7 @@ using tile::Swizzle128;
 
 constexpr int kRows = 64;  // packed rows per CTA: one wgmma M
 constexpr int kAtomCols = 64;
+constexpr int kAtomBytes = 128;           // one swizzled row of an atom
 constexpr uint32_t kFragBytes = 32 * 16;  // one accumulator fragment of a warp: 32 lanes x v4
 // setmaxnreg: 128 x 56 + 256 x 224 <= 65536 (the forward's gather split);
 // converting fp8 K the producer holds each chunk's bytes, halves and f32
@@ -65,19 +82,33 @@ constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
 // scores written, 3 the partial scores read (the buffer free again).
 constexpr int kProducerBar = 1, kScoresFull = 2, kScoresFree = 3;
 
+// sm_100a: tensor memory (all 512 columns: O's halves in 0 .. dv / 2, the
+// two S buffers of block_n / 2 columns after them).
+constexpr uint32_t kTmemCols = 512;
+// sm_100a named barriers / mbarrier arrivals: the softmax warpgroup's.
+constexpr int kSoftmaxThreads = 128;
+
 // Dynamic shared memory (tiles 1024-byte aligned: the 128-byte swizzle's
 // period): Q as qa column atoms of [64 rows][128 B]; `stages` K tiles of qa
 // atoms of [block_n][128 B]; the partial scores, per consumer warp and
 // accumulator fragment 32 lanes x 16 bytes (each thread's four f32 of a
 // fragment, so a warp's store and its partner's load are conflict-free);
 // the producer's row table (a K row address per key of the tile: paged
-// caches); the mbarriers q_full, k_full[s], k_empty[s].
+// caches); the mbarriers q_full, k_full[s], k_empty[s]. sm_100a: P as
+// [64 rows][128 B] (one swizzled atom: keys 0 .. block_n - 1) in place of
+// the partial scores, and after the ring's mbarriers s_full[2], p_full,
+// o_full and the tensor memory address.
 struct Layout {
   int qa = 0;  // 64-column atoms of a Q / K row
+  int S = 0;   // stages
   uint32_t q_atom = 0, kv_atom = 0, k = 0, k_stage = 0, x = 0, rows = 0, bars = 0, total = 0;
   uint32_t q_full() const { return bars; }
   uint32_t k_full(int s) const { return bars + 8 + 8 * static_cast<uint32_t>(s); }
   uint32_t k_empty(int s, int S) const { return k_full(S) + 8 * static_cast<uint32_t>(s); }
+  uint32_t s_full(int b) const { return k_empty(S, S) + 8 * static_cast<uint32_t>(b); }
+  uint32_t p_full() const { return s_full(2); }
+  uint32_t o_full() const { return s_full(3); }
+  uint32_t tmem() const { return s_full(4); }
 };
 
 Layout layout(const KernelSpec &s) {
@@ -88,10 +119,12 @@ Layout layout(const KernelSpec &s) {
   l.k = static_cast<uint32_t>(l.qa) * l.q_atom;
   l.k_stage = static_cast<uint32_t>(l.qa) * l.kv_atom;
   l.x = l.k + static_cast<uint32_t>(s.stages) * l.k_stage;
-  const uint32_t x_bytes = 2 * 4 * static_cast<uint32_t>(s.block_n / 8) * kFragBytes;
+  l.S = s.stages;
+  const uint32_t x_bytes = s.tcgen05 ? kRows * Swizzle128::kRowBytes
+                                     : 2 * 4 * static_cast<uint32_t>(s.block_n / 8) * kFragBytes;
   l.rows = l.x + x_bytes;
   l.bars = l.rows + 8 * static_cast<uint32_t>(s.block_n);
-  l.total = l.bars + 8 + 16 * static_cast<uint32_t>(s.stages);
+  l.total = s.tcgen05 ? l.tmem() + 8 : l.bars + 8 + 16 * static_cast<uint32_t>(s.stages);
   return l;
 }
 
@@ -111,10 +144,12 @@ class DecodeMlaGen {
     nS_ = spec.block_n / 8;
     nv_ = spec.head_dim_v / 2;  // a consumer warpgroup's O columns
     kP_ = spec.block_n / 16;
+    tc05_ = spec.tcgen05;
   }
 
   std::string run() {
     b_.comment(spec_.describe());
+    if (tc05_) return run_sm100();
     // For sass-report: each of the 8 consumer warps does half of the work
     // of its 16 rows (half of d, half of dv): 8 rows' worth.
     char perf[200];
@@ -180,15 +215,36 @@ class DecodeMlaGen {
     tiles_ = e_.op(Op::Add, Type::S32, span, imm(spec_.block_n - 1));
     b_.op(Op::Div, Type::S32, tiles_, tiles_, imm(spec_.block_n));
 
-    b_.comment("mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers");
+    b_.comment(tc05_ ? "mbarriers: full = 128 producer threads' arrivals; empty, s_full, o_full = "
+                       "one tcgen05.commit; p_full = 128 softmax threads"
+                     : "mbarriers: full = 128 producer threads' arrivals; empty = 256 consumers");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
     b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(128));
     for (int s = 0; s < S_; ++s) {
       b_.when(t0).mbarrier_init(at(smem_, lay_.k_full(s)), imm(128));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(256));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.k_empty(s, S_)), imm(tc05_ ? 1 : 256));
     }
+    if (!tc05_) {
+      b_.fence_proxy_async();
+      b_.bar_sync();
+      return;
+    }
+    for (int i = 0; i < 2; ++i) b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.p_full()), imm(kSoftmaxThreads));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.o_full()), imm(1));
+    b_.comment("tensor memory: warp 0 allocates all 512 columns");
+    ptx::Label allocated = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(allocated);
+    b_.tcgen05_alloc(at(smem_, lay_.tmem()), imm(kTmemCols));
+    b_.tcgen05_relinquish_alloc_permit();
+    b_.bind(allocated);
     b_.fence_proxy_async();
+    b_.tcgen05_fence_before_thread_sync();
     b_.bar_sync();
+    b_.tcgen05_fence_after_thread_sync();
+    Reg tm = b_.b32();
+    b_.ld(Space::Shared, Type::U32, tm, at(smem_, lay_.tmem()));
+    tmem_ = uniform(tm);
   }
 
   // The keys [lo, hi) token t (s32) sees within the split: the decode's
@@ -212,7 +268,8 @@ class DecodeMlaGen {
   // wait for a stage that waits for this arrival. So one tile loads while
   // the consumers compute the other.
   void producer() {
-    b_.setmaxnreg(false, fp8_ ? kFp8ProducerRegs : kProducerRegs);
+    // (sm_100a: no setmaxnreg; the CTA's 168 registers a thread suffice)
+    if (!tc05_) b_.setmaxnreg(false, fp8_ ? kFp8ProducerRegs : kProducerRegs);
     ptx::Label out = b_.label();
     b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(out);
     b_.comment("Q: the CTA's packed rows (zeros past the group's rows)");
@@ -495,12 +552,7 @@ class DecodeMlaGen {
           for (int x = 2 * h; x < 2 * h + 2; ++x) b_.op(Op::Mul, Type::F32, fr[x], fr[x], f);
       }
     }
-    Reg batch = e_.param(Type::S32, offsetof(P, batch));
-    Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
-    Reg sb = e_.wide_mad(split_, batch, e_.s64(bz_));
-    Reg opart = e_.global_param(offsetof(P, o_partial));
-    Reg lpart = e_.global_param(offsetof(P, lse_partial));
-    Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    const PartialOut out = partial_out();
     Reg lead = e_.setp(Cmp::Eq, Type::U32, ln_.q, imm(0));
     b_.op(Op::And, Type::Pred, lead, lead, e_.setp(Cmp::Eq, Type::U32, wg_, imm(0)));
     for (int h = 0; h < 2; ++h) {
@@ -509,21 +561,341 @@ class DecodeMlaGen {
       Reg ok = e_.setp(Cmp::Lt, Type::S32, r, rows_);
       ptx::Label skip = b_.label();
       b_.unless(ok).bra(skip);
-      Reg t = e_.op(Op::Div, Type::S32, r, imm(G_));
-      Reg qh = e_.op(Op::Add, Type::S32, kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)));
-      Reg orow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(sq_)), e_.s64(t));
-      b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(hq), e_.s64(qh));
-      Reg ga = e_.index64(opart, orow, spec_.head_dim_v * 4);
+      const PartialRow pr = partial_row(out, r);
+      Reg ga = partial_o(out, pr);
       ga = e_.index(ga, wg_, nv_ * 4);
       ga = e_.index(ga, ln_.q, 8);
       for (int j = 0; j < o_.n(); ++j)
         b_.st_v(Space::Global, Type::F32, at(ga, 32 * j), {o_.f[j][2 * h], o_.f[j][2 * h + 1]});
-      Reg lrow = e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, sb, e_.s64(hq)), e_.s64(qh));
-      b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_), e_.s64(t));
-      Reg la = e_.index64(lpart, lrow, 4);
+      Reg la = partial_lse(out, pr);
       b_.when(lead).st(Space::Global, Type::F32, at(la), lse[h]);
       b_.bind(skip);
     }
+  }
+
+  // The partial state's arrays and this CTA's (split, batch) row base.
+  struct PartialOut {
+    Reg hq, sb, opart, lpart, kvh_g;
+  };
+  PartialOut partial_out() {
+    PartialOut o;
+    Reg batch = e_.param(Type::S32, offsetof(P, batch));
+    o.hq = e_.param(Type::S32, offsetof(P, num_heads_q));
+    o.sb = e_.wide_mad(split_, batch, e_.s64(bz_));
+    o.opart = e_.global_param(offsetof(P, o_partial));
+    o.lpart = e_.global_param(offsetof(P, lse_partial));
+    o.kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
+    return o;
+  }
+  // Packed row r (s32): its token r / G and query head kvh G + r % G.
+  struct PartialRow {
+    Reg t, qh;
+  };
+  PartialRow partial_row(const PartialOut &o, Reg r) {
+    return {e_.op(Op::Div, Type::S32, r, imm(G_)),
+            e_.op(Op::Add, Type::S32, o.kvh_g, e_.op(Op::Rem, Type::S32, r, imm(G_)))};
+  }
+  // Its O_partial row: ((split batch + b) seqlen_q + t) heads_q + head, and
+  // its LSE: ((split batch + b) heads_q + head) seqlen_q + t (global addresses).
+  Reg partial_o(const PartialOut &o, const PartialRow &r) {
+    Reg orow =
+        e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, o.sb, e_.s64(sq_)), e_.s64(r.t));
+    b_.op(Op::MadLo, Type::S64, orow, orow, e_.s64(o.hq), e_.s64(r.qh));
+    return e_.index64(o.opart, orow, spec_.head_dim_v * 4);
+  }
+  Reg partial_lse(const PartialOut &o, const PartialRow &r) {
+    Reg lrow =
+        e_.op(Op::Add, Type::S64, e_.op(Op::MulLo, Type::S64, o.sb, e_.s64(o.hq)), e_.s64(r.qh));
+    b_.op(Op::MadLo, Type::S64, lrow, lrow, e_.s64(sq_), e_.s64(r.t));
+    return e_.index64(o.lpart, lrow, 4);
+  }
+
+  // ======== sm_100a (spec.tcgen05) ========
+  std::string run_sm100() {
+    char perf[200];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=384 block_m=%d block_n=%d softmax_warps=4 "
+                  "correction_warps=0 mma_warps=1 load_warps=4 d=%d dv=%d",
+                  lay_.total, kRows, spec_.block_n, spec_.head_dim, spec_.head_dim_v);
+    b_.comment(perf);
+    const WarpgroupFrame f = warpgroup_frame(e_);
+    tid_ = f.tid;
+    warp_ = uniform(f.warp);
+    smem_ = f.smem;
+    prologue();
+    ptx::Label softmax = b_.label(), mma = b_.label(), done = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(8))).bra(mma);
+    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(8))).bra(done);
+    b_.when(e_.setp(Cmp::Ge, Type::U32, warp_, imm(4))).bra(softmax);
+    producer();
+    b_.bra(done);
+    b_.bind(mma);
+    mma_warp();
+    b_.bra(done);
+    b_.bind(softmax);
+    softmax_warps();
+    b_.bind(done);
+    b_.comment("every thread: the CTA's last barrier, then warp 0 frees tensor memory");
+    b_.tcgen05_fence_before_thread_sync();
+    b_.bar_sync();
+    ptx::Label out = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(out);
+    b_.tcgen05_fence_after_thread_sync();
+    b_.tcgen05_dealloc(tmem_, imm(kTmemCols));
+    b_.bind(out);
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 384);
+  }
+
+  // x from lane 0 (shfl.sync.idx): a value ptxas treats as warp-uniform.
+  Reg uniform(Reg x) {
+    Reg d = b_.b32();
+    b_.shfl(ptx::Shfl::Idx, d, x, imm(0), imm(31), 0xffffffffu);
+    return d;
+  }
+
+  // Tensor memory: O's halves at columns 0 .. nv_ (lane field 0 and 16),
+  // S buffer b's key halves at s_col(0) + b block_n / 2.
+  uint32_t s_col0() const { return static_cast<uint32_t>(nv_); }
+  static constexpr uint32_t kUpper = 16u << 16;  // lane field 16: a quarter's upper 16 lanes
+
+  // The tcgen05 shared-memory descriptor of a 128-byte-swizzled operand at
+  // smem + off (K-major: lbo unused, 16; N-major: the next 64-column atom).
+  Reg sdesc(uint32_t off, uint32_t lbo) {
+    const tile::UmmaSmemDesc d{0, lbo, 8 * Swizzle128::kRowBytes, 0, tile::UmmaSwizzle::k128B};
+    return Swizzle128::descriptor(e_, smem_, off, d.bits());
+  }
+
+  // ---- warp 8: one elected thread issues every tcgen05.mma ----
+  // Per tile j: S(j + 1) = Q K_{j+1}^T into buffer (j + 1) % 2 (its reader,
+  // the softmax of tile j - 1, is done: p_full(j - 1) was waited for before
+  // P(j - 1) V), then O += P(j) V(j) once the softmax wrote P(j); the commit
+  // after it frees K_j's stage.
+  void mma_warp() {
+    ptx::Label out = b_.label();
+    b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(out, true);
+    Reg one = b_.pred();
+    b_.elect_sync(one, 0xffffffffu);
+    const tile::UmmaType t = half_ == Type::BF16 ? tile::UmmaType::kBF16 : tile::UmmaType::kF16;
+    const int hn = spec_.block_n / 2;
+    const uint32_t s_idesc = tile::UmmaInstrDesc{t, t, kRows, static_cast<uint32_t>(hn)}.bits();
+    const uint32_t o_idesc =
+        tile::UmmaInstrDesc{t, t, kRows, static_cast<uint32_t>(nv_), false, true}.bits();
+    Reg qd = sdesc(0, 16), kd0 = sdesc(lay_.k, 16), vd0 = sdesc(lay_.k, lay_.kv_atom);
+    Reg pd = sdesc(lay_.x, 16);
+    const auto kind = ptx::Builder::MmaKind::F16;
+    // S(j) into buffer buf (u32) from the stage of K_j.
+    auto issue_s = [&](Reg stage, Reg buf) {
+      Reg kd = at_stage(kd0, stage);
+      Reg d[2];
+      for (int h = 0; h < 2; ++h) {
+        d[h] = e_.op(Op::MadLo, Type::U32, buf, imm(hn), tmem_);
+        b_.op(Op::Add, Type::U32, d[h], d[h], imm(s_col0() + (h ? kUpper : 0)));
+      }
+      const int steps = spec_.head_dim / 16;
+      for (int kk = 0; kk < steps; ++kk) {
+        const int64_t qo = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
+        Reg a = e_.op(Op::Add, Type::S64, qd, imm(qo));
+        for (int h = 0; h < 2; ++h) {
+          // keys h block_n / 2 ..: that many rows of 128 B further
+          const int64_t ko =
+              (int64_t(kk / 4) * lay_.kv_atom + h * hn * kAtomBytes + (kk % 4) * 32) >> 4;
+          Reg bd = e_.op(Op::Add, Type::S64, kd, imm(ko));
+          b_.when(one).tcgen05_mma_ss(kind, d[h], a, bd, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+        }
+      }
+      Reg bar = e_.op(Op::MadLo, Type::U32, buf, imm(8), smem_);
+      b_.when(one).tcgen05_commit(at(bar, lay_.s_full(0)));
+    };
+    // O += P V(j) from the stage of K_j (acc: O holds earlier tiles), then
+    // the stage freed.
+    auto issue_pv = [&](Reg stage, Reg acc) {
+      Reg vd = at_stage(vd0, stage);
+      for (int kk = 0; kk < spec_.block_n / 16; ++kk) {
+        Reg a = e_.op(Op::Add, Type::S64, pd, imm(kk * 32 >> 4));
+        for (int h = 0; h < 2; ++h) {
+          // O's half h: V's columns h dv / 2 .., whole atoms; keys 16 kk ..
+          const int64_t vo =
+              (int64_t(h) * (nv_ / kAtomCols) * lay_.kv_atom + int64_t(kk) * 16 * kAtomBytes) >> 4;
+          Reg bd = e_.op(Op::Add, Type::S64, vd, imm(vo));
+          Reg d = e_.op(Op::Add, Type::U32, tmem_, imm(h ? kUpper : 0));
+          b_.when(one).tcgen05_mma_ss(kind, d, a, bd, imm(o_idesc),
+                                      kk == 0 ? ptx::Operand(acc) : imm(1));
+        }
+      }
+      b_.when(one).tcgen05_commit(at(smem_, lay_.o_full()));
+      Reg bars = ring().bars(stage);
+      b_.when(one).tcgen05_commit(at(bars, lay_.k_empty(0, S_)));
+    };
+    const tile::Ring r = ring();
+    Reg zero = e_.mov(Type::U32, imm(0));
+    r.wait(smem_, static_cast<int>(lay_.q_full()), zero);
+    {
+      const tile::Ring::Slot k = r.slot(zero);
+      r.wait(r.bars(k.stage), static_cast<int>(lay_.k_full(0)), k.parity);
+      b_.tcgen05_fence_after_thread_sync();
+      issue_s(k.stage, zero);
+    }
+    Reg j = e_.mov(Type::U32, imm(0));
+    Reg acc = b_.pred(), more = b_.pred();
+    ptx::Label top = b_.label(), no_s = b_.label();
+    b_.bind(top);
+    b_.setp(Cmp::Gt, Type::U32, acc, j, imm(0));
+    Reg j1 = e_.op(Op::Add, Type::U32, j, imm(1));
+    b_.setp(Cmp::Lt, Type::S32, more, j1, tiles_);
+    b_.unless(more).bra(no_s, true);
+    {
+      const tile::Ring::Slot k = r.slot(j1);
+      r.wait(r.bars(k.stage), static_cast<int>(lay_.k_full(0)), k.parity);
+      b_.tcgen05_fence_after_thread_sync();
+      issue_s(k.stage, e_.op(Op::And, Type::B32, j1, imm(1)));
+    }
+    b_.bind(no_s);
+    r.wait(smem_, static_cast<int>(lay_.p_full()), e_.op(Op::And, Type::B32, j, imm(1)));
+    b_.tcgen05_fence_after_thread_sync();
+    issue_pv(r.slot(j).stage, acc);
+    b_.mov(Type::U32, j, j1);
+    b_.when(more).bra(top, true);
+    b_.bind(out);
+  }
+
+  // ---- warps 4-7: the softmax; thread t of warp q: row 16q + t % 16, its
+  // keys' and O's half t / 16 ----
+  void softmax_warps() {
+    Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
+    Reg wq = e_.op(Op::Sub, Type::U32, warp_, imm(4));
+    Reg half = e_.op(Op::Shr, Type::U32, lane, imm(4));
+    Reg row = e_.op(Op::MadLo, Type::U32, wq, imm(16), e_.op(Op::And, Type::B32, lane, imm(15)));
+    Reg r = e_.op(Op::Add, Type::S32, m0_, row);
+    Reg pad = e_.setp(Cmp::Ge, Type::S32, r, rows_);
+    const tile::RowRange k = row_keys(e_.op(Op::Div, Type::S32, r, imm(G_)));
+    Reg lo = k.lo, hi = k.hi;
+    b_.selp(Type::S32, hi, imm(0), hi, pad);
+    b_.selp(Type::S32, lo, imm(0), lo, pad);
+    // lane field 32 q (PTX ISA "Tensor Memory": warp q of a warpgroup
+    // reaches lanes 32q .. 32q + 31): this thread's lane 32q + t
+    Reg tl = e_.op(Op::Add, Type::U32, tmem_, e_.op(Op::Shl, Type::B32, wq, imm(21)));
+    Reg scale = e_.param(Type::F32, offsetof(P, score_scale));
+    if (fp8_) b_.op(Op::Mul, Type::F32, scale, scale, descale(offsetof(P, k_descale)));
+    tile::RowSoftmax rs(e_, scale, tile::SoftmaxForm(), 0, 16);
+    const int hn = spec_.block_n / 2;
+    std::vector<Reg> s(static_cast<size_t>(hn));
+    for (Reg &x : s) x = b_.f32();
+    // P's row in shared memory: keys h block_n / 2 .. as 16-byte chunks
+    // c = h block_n / 16 + i at slot c ^ (row % 8) (Swizzle128).
+    Reg prow = e_.op(Op::MadLo, Type::U32, row, imm(Swizzle128::kRowBytes), smem_);
+    b_.op(Op::Add, Type::U32, prow, prow, imm(lay_.x));
+    Reg c0 = e_.op(Op::MulLo, Type::U32, half, imm(spec_.block_n / 16));
+    Reg slot0 = Swizzle128::slot_bytes(e_, c0, e_.op(Op::And, Type::B32, row, imm(7)));
+    Reg pa = e_.op(Op::Add, Type::U32, prow, slot0);
+    ptx::Label epi = b_.label();
+    Reg j = e_.mov(Type::U32, imm(0));
+    Reg n = e_.mov(Type::S32, n0_);
+    b_.when(e_.setp(Cmp::Le, Type::S32, tiles_, imm(0))).bra(epi);
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    {
+      Reg buf = e_.op(Op::And, Type::B32, j, imm(1));
+      Reg bar = e_.op(Op::MadLo, Type::U32, buf, imm(8), smem_);
+      ring().wait(bar, static_cast<int>(lay_.s_full(0)),
+                  e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, j, imm(1)), imm(1)));
+      // O += P(j - 1) V(j - 1) done: O and P's buffer are free.
+      ptx::Label first = b_.label();
+      b_.when(e_.setp(Cmp::Eq, Type::U32, j, imm(0))).bra(first);
+      ring().wait(smem_, static_cast<int>(lay_.o_full()),
+                  e_.op(Op::And, Type::B32, e_.op(Op::Sub, Type::U32, j, imm(1)), imm(1)));
+      b_.bind(first);
+      b_.tcgen05_fence_after_thread_sync();
+      Reg ta = e_.op(Op::MadLo, Type::U32, buf, imm(hn), tl);
+      b_.op(Op::Add, Type::U32, ta, ta, imm(s_col0()));
+      b_.tcgen05_ld_32x32b(s.data(), hn, ta);
+      b_.tcgen05_wait_ld();
+      // this thread's first key: n + h block_n / 2
+      Reg kq = e_.op(Op::MadLo, Type::S32, half, imm(hn), n);
+      tile::mask_keys(b_, s, e_.op(Op::Sub, Type::S32, lo, kq), e_.op(Op::Sub, Type::S32, hi, kq),
+                      b_.pred(), b_.pred());
+      const tile::RowSoftmax::Step st = rs.step(s);
+      // O *= alpha where some row of the warp moved (O holds earlier tiles).
+      ptx::Label kept = b_.label();
+      Reg any = b_.pred();
+      Reg mv = e_.op(Op::And, Type::Pred, st.moved, e_.setp(Cmp::Gt, Type::U32, j, imm(0)));
+      b_.vote(false, any, mv, 0xffffffffu);
+      b_.unless(any).bra(kept, true);
+      b_.comment("O *= alpha: some row of the warp moved its maximum");
+      {
+        std::vector<Reg> o(32);
+        for (Reg &x : o) x = b_.f32();
+        for (int c = 0; c < nv_; c += 32) {
+          Reg oa = e_.op(Op::Add, Type::U32, tl, imm(c));
+          b_.tcgen05_ld_32x32b(o.data(), 32, oa);
+          b_.tcgen05_wait_ld();
+          for (Reg x : o) b_.op(Op::Mul, Type::F32, x, x, st.alpha);
+          b_.tcgen05_st_32x32b(oa, o.data(), 32);
+          b_.tcgen05_wait_st();  // before the registers take the next chunk
+        }
+      }
+      b_.bind(kept);
+      b_.comment("P (16-bit pairs) into shared memory, the A operand of O += P V");
+      for (int i = 0; i < hn / 8; ++i) {
+        Reg w[4];
+        for (int y = 0; y < 4; ++y) {
+          w[y] = b_.b32();
+          b_.cvt_pack(half_, w[y], s[static_cast<size_t>(8 * i + 2 * y + 1)],
+                      s[static_cast<size_t>(8 * i + 2 * y)]);
+        }
+        // chunk c0 + i: slot (c0 + i) ^ (row % 8) = slot0 ^ 16 i
+        Reg a =
+            i ? e_.op(Op::Xor, Type::B32, pa, imm(Swizzle128::flip(static_cast<uint32_t>(i)))) : pa;
+        b_.st_v(Space::Shared, Type::B32, at(a), {w[0], w[1], w[2], w[3]});
+      }
+      b_.fence_proxy_async();  // generic-proxy writes the MMA reads (async proxy)
+      b_.tcgen05_fence_before_thread_sync();
+      b_.mbarrier_arrive(at(smem_, lay_.p_full()));
+      b_.op(Op::Add, Type::U32, j, j, imm(1));
+      b_.op(Op::Add, Type::S32, n, n, imm(spec_.block_n));
+      b_.when(e_.setp(Cmp::Lt, Type::S32, j, tiles_)).bra(top);
+    }
+    b_.bind(epi);
+    b_.comment("the split's partial state: O / l (fp32) and LSE");
+    Reg has = e_.setp(Cmp::Gt, Type::S32, tiles_, imm(0));
+    ptx::Label no_wait = b_.label();
+    b_.unless(has).bra(no_wait);
+    ring().wait(smem_, static_cast<int>(lay_.o_full()),
+                e_.op(Op::And, Type::B32, e_.op(Op::Sub, Type::U32, j, imm(1)), imm(1)));
+    b_.tcgen05_fence_after_thread_sync();
+    b_.bind(no_wait);
+    const tile::RowEnd end = tile::row_end(e_, rs.m, scale, rs.row_l());
+    Reg inv = end.inv;
+    // fp8: V's descale on O, but not on a row with no key (O = 0 whatever
+    // the descale is, +inf included).
+    if (fp8_) {
+      Reg f = b_.f32();
+      b_.selp(Type::F32, f, descale(offsetof(P, v_descale)), fimm(0.0f),
+              e_.setp(Cmp::Gt, Type::F32, end.lse, fimm(kNegInf)));
+      b_.op(Op::Mul, Type::F32, inv, inv, f);
+    }
+    // Every lane loads (tcgen05.ld is .sync.aligned); a padding row stores nothing.
+    const PartialOut out = partial_out();
+    const PartialRow pr = partial_row(out, r);
+    Reg ga = e_.index(partial_o(out, pr), half, nv_ * 4);
+    std::vector<Reg> o(32);
+    for (Reg &x : o) x = b_.f32();
+    for (int c = 0; c < nv_; c += 32) {
+      b_.tcgen05_ld_32x32b(o.data(), 32, e_.op(Op::Add, Type::U32, tl, imm(c)));
+      b_.tcgen05_wait_ld();
+      for (Reg x : o) {
+        b_.selp(Type::F32, x, x, fimm(0.0f), has);  // no tile: O never written
+        b_.op(Op::Mul, Type::F32, x, x, inv);
+      }
+      for (int x = 0; x < 32; x += 4)
+        b_.unless(pad).st_v(Space::Global, Type::F32, at(ga, 4 * (c + x)),
+                            {o[static_cast<size_t>(x)], o[static_cast<size_t>(x + 1)],
+                             o[static_cast<size_t>(x + 2)], o[static_cast<size_t>(x + 3)]});
+    }
+    Reg la = partial_lse(out, pr);
+    Reg lead = e_.setp(Cmp::Eq, Type::U32, half, imm(0));
+    b_.op(Op::And, Type::Pred, lead, lead, e_.op(Op::Not, Type::Pred, pad));
+    b_.when(lead).st(Space::Global, Type::F32, at(la), end.lse);
   }
 
   const KernelSpec &spec_;
@@ -531,7 +903,9 @@ class DecodeMlaGen {
   ptx::Builder b_;
   Emitter e_;
   Type half_;
-  int fp8_ = 0;  // fp8 K/V converted by the producer: 1 e4m3, 2 e5m2 (0: 16-bit)
+  int fp8_ = 0;        // fp8 K/V converted by the producer: 1 e4m3, 2 e5m2 (0: 16-bit)
+  bool tc05_ = false;  // sm_100a: tcgen05.mma, S and O in tensor memory
+  Reg tmem_;           // sm_100a: the allocation's address
   int S_ = 2, G_ = 1, nS_ = 0, nv_ = 0, kP_ = 0;
   tile::Lanes ln_;
   Reg tid_, warp_, smem_;

@@ -28,6 +28,7 @@ KernelPolicy KernelPolicy::from_env() {
   if (const char *d = std::getenv("FLASHATTN_DECODE_FUSED")) p.decode_fused = d[0] == '1';
   p.decode_fp8_mma = env_on("FLASHATTN_DECODE_FP8_MMA");
   if (const char *v = std::getenv("FLASHATTN_SM100_FORWARD")) p.sm100_forward = v[0] == '1';
+  if (const char *v = std::getenv("FLASHATTN_SM100_MLA")) p.sm100_mla = v[0] == '1';
   return p;
 }
 

@@ -58,6 +58,15 @@ struct KernelPolicy {
   // default: proven on the emulator only, never timed on a GPU
   // (FLASHATTN_SM90_MLA=1).
   bool sm90_mla = false;
+  // sm_100 / sm_103: the same MLA decodes run the sm_100a MLA kernel
+  // (kgen::generate_decode_mla with spec.tcgen05: tcgen05.mma, S and O in
+  // tensor memory, 64 rows as M = 64 with O's two column halves in each
+  // warp's two 16-lane halves) instead of the mma.sync decode, whose MODEL
+  // on a B200 is bound by the tensor pipe (docs/kernels.md, "MLA decode on
+  // sm_100a"). On by default (issue 29: chosen automatically there); proven
+  // on the emulator, not yet run on a Blackwell GPU: FLASHATTN_SM100_MLA=0
+  // keeps the mma.sync decode.
+  bool sm100_mla = true;
   // fa_decode with split_counters (the caller's opt-in) and more than one
   // split fuses the combine into the decode kernel's last CTA of each row
   // (KernelSpec::fused_combine: no second launch); false runs the two
@@ -85,8 +94,9 @@ struct KernelPolicy {
 
   // The defaults above with the environment's overrides: each variable
   // counts when its first character is '1' (FLASHATTN_SM90_WGMMA and
-  // FLASHATTN_FORWARD_SPLITS, FLASHATTN_FORWARD_GQA_PACK and
-  // FLASHATTN_DECODE_FUSED: '1' on, anything else off;
+  // FLASHATTN_FORWARD_SPLITS, FLASHATTN_FORWARD_GQA_PACK,
+  // FLASHATTN_DECODE_FUSED, FLASHATTN_SM100_FORWARD and FLASHATTN_SM100_MLA:
+  // '1' on, anything else off;
   // FLASHATTN_FORCE_SM80_FORWARD wins over FLASHATTN_SM90_WGMMA).
   static KernelPolicy from_env();
 };

@@ -133,7 +133,7 @@ bool spec_valid(const KernelSpec &s) {
   // combine head_dim_v up to 512, the others 256.
   // The sm_90a MLA decode (kgen::generate_decode_mla): O's columns split
   // between its two consumer warpgroups, not in dv_split slices.
-  const bool mla = s.wgmma && s.kind == KernelKind::Decode;
+  const bool mla = (s.wgmma || s.tcgen05) && s.kind == KernelKind::Decode;
   const bool big = (s.mma && !s.wgmma) || mla;
   const int max_d = big ? kMaxHeadDim : 256;
   const int max_dv = big || s.kind == KernelKind::Reduce ? kMaxHeadDimV : 256;
@@ -157,13 +157,18 @@ bool spec_valid(const KernelSpec &s) {
   // warpgroup's O half whole atoms of at most 256 columns; 16-bit Q (K/V
   // 16-bit or fp8), no decode option but windows; 64 rows, 12 warps, key
   // tiles of 16..64.
+  // On sm_100a (spec.tcgen05, not wgmma): key tiles of 32 or 64 (each
+  // 16-lane half of S takes half of the keys, N = block_n / 2), O's halves
+  // at most 256 columns (M = 64's N).
   if (mla)
     return d_ok && dv_ok && mla_decode_dims(s.head_dim, s.head_dim_v) && s.mma && s.gather &&
-           s.v_in_k && s.sm == 90 && s.dtype != Dtype::F32 && !s.varlen && !s.tree_mask &&
-           !s.alibi && !s.softcap && !s.append_kv && !s.pdl && !s.persistent && !s.dynamic &&
-           !s.split_kv && s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 &&
-           s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0 &&
-           s.stages >= 2 && s.stages <= 4 && s.group_size >= 1;
+           s.v_in_k && s.wgmma != s.tcgen05 &&
+           (s.tcgen05 ? (s.sm == 100 || s.sm == 103) && (s.block_n == 32 || s.block_n == 64)
+                      : s.sm == 90 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0) &&
+           s.dtype != Dtype::F32 && !s.varlen && !s.tree_mask && !s.alibi && !s.softcap &&
+           !s.append_kv && !s.pdl && !s.persistent && !s.dynamic && !s.split_kv &&
+           s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 && s.num_warps == 12 &&
+           s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 && s.q_fp8 == KvFp8::None;
   // The sm_100a forward (forward_sm100.cc): one or two 128-row Q tiles
   // (S and O of every tile in tensor memory's 512 columns: two up to
   // head_dim_v 128), key tiles of 128, head dims up to 256, TMA operands:
@@ -398,22 +403,35 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
 // scores at 576 / 512: 203 KB), else false (the mma.sync decode).
 bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const LaunchShape &shape,
                      KernelSpec *s) {
-  if (!policy.sm90_mla || dev.sm != 90 || !s->v_in_k || s->dtype == Dtype::F32 || s->varlen ||
-      s->softcap || shape.alibi || shape.tree_mask || shape.append_kv ||
+  const bool sm100 = (dev.sm == 100 || dev.sm == 103) && policy.sm100_mla;
+  if (!(sm100 || (policy.sm90_mla && dev.sm == 90)) || !s->v_in_k || s->dtype == Dtype::F32 ||
+      s->varlen || s->softcap || shape.alibi || shape.tree_mask || shape.append_kv ||
       !mla_decode_dims(s->head_dim, s->head_dim_v))
     return false;
   KernelSpec t = *s;
-  t.wgmma = t.gather = true;
+  t.gather = true;
   t.dv_split = 1;
   t.block_m = 64;
-  t.block_n = 48;
-  t.stages = 2;
   t.num_warps = 12;
   t.min_ctas = 1;
   t.q_in_regs = false;
+  t.kv_fp8_mma = false;
   DeviceLimits lim = dev;
-  if (lim.smem_per_block_optin == 0 && !published_limits(90, &lim)) return false;
-  if (kgen::decode_mla_smem(t) > lim.smem_per_block_optin) return false;
+  if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim)) return false;
+  if (sm100) {
+    // Key tiles of 32 in as many stages as fit (up to 4: 72 KB of Q and 4 x
+    // 36 KB of K at 576): a K tile stays until its P V, so the copies run
+    // ahead by the stages.
+    t.tcgen05 = true;
+    t.block_n = 32;
+    for (t.stages = 4; t.stages >= 2; --t.stages)
+      if (kgen::decode_mla_smem(t) <= lim.smem_per_block_optin) break;
+  } else {
+    t.wgmma = true;
+    t.block_n = 48;
+    t.stages = 2;
+  }
+  if (t.stages < 2 || kgen::decode_mla_smem(t) > lim.smem_per_block_optin) return false;
   *s = t;
   return true;
 }
@@ -771,7 +789,8 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
-  if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::generate_decode_mla(spec);
+  if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)
+    return kgen::generate_decode_mla(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
   if (spec.tcgen05) return kgen::generate_forward_sm100(spec);
   if (spec.wgmma) return kgen::generate_forward_wgmma(spec);
@@ -829,7 +848,8 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
-  if (spec.wgmma && spec.kind == KernelKind::Decode) return kgen::decode_mla_smem(spec);
+  if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)
+    return kgen::decode_mla_smem(spec);
   if (spec.tcgen05) return kgen::sm100_smem(spec);
   if (spec.wgmma) return kgen::wgmma_smem(spec);
   if (spec.kind == KernelKind::Forward && spec.mma) return kgen::tc_layout(spec).total;

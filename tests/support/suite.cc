@@ -8,6 +8,7 @@
 #include <string>
 
 #include "support/numerics.h"
+#include "support/policy.h"
 
 namespace fa::test {
 namespace {
@@ -202,7 +203,10 @@ void test_features(void **state) {
 // of K's first 512 columns and with V handed as K's own memory. The second
 // runs the v_in_k kernel and its cp.async sectors lack exactly V's: each
 // of the two slice CTAs reads 256 columns (16 sectors) of V's 100 rows.
+// The mma.sync decode's (at SM 100 the MLA shape otherwise runs the sm_100a
+// MLA kernel, test_mla_decode's).
 std::string v_in_k_sectors(fa_runtime *rt) {
+  PolicyScope mma_sync(rt, &fa::KernelPolicy::sm100_mla, false);
   const bool profiling = std::getenv("FLASHATTN_EMU_PROFILE") != nullptr;  // the caller's
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   DecodeCase c;
