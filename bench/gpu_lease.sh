@@ -16,8 +16,12 @@
 #   testsjit  test_gpu again with the PTX compiler plugin off (the driver
 #             JIT-compiles every kernel's PTX)
 #   tests100off  Blackwell (compute capability 10.x) only: test_gpu with
-#             FLASHATTN_SM100_FORWARD=0 (the mma.sync forward; the tests
-#             stage ran the sm_100a tcgen05 forward, the default there)
+#             FLASHATTN_SM100_FORWARD=0 FLASHATTN_SM100_MLA=0 (the mma.sync
+#             forward and MLA decode; the tests stage ran the sm_100a tcgen05
+#             kernels, the default there)
+#   mla100off  Blackwell only: the mla stage's points with FLASHATTN_SM100_MLA=0
+#             (the mma.sync MLA decode; files suffixed -sm100-mla-off): with
+#             mla, the pair says what the tcgen05 MLA decode buys
 #   sdpa100off  Blackwell only: bench_sdpa.py with FLASHATTN_SM100_FORWARD=0,
 #             bf16, head_dim 64/128/256, seqlen 1k..16k (files suffixed
 #             -sm100-forward-off): with the sdpa stage's same points, the
@@ -105,7 +109,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,tests100off,sdpa100off,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
+only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -194,10 +198,13 @@ FLASHATTN_PTX_COMPILER=off stage testsjit 150 "$build/tests/test_gpu"
 # mma.sync forward beside the default sm_100a one (tests, sdpa).
 case $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) in
   10.*)
-    FLASHATTN_SM100_FORWARD=0 stage tests100off 150 "$build/tests/test_gpu"
+    FLASHATTN_SM100_FORWARD=0 FLASHATTN_SM100_MLA=0 stage tests100off 150 "$build/tests/test_gpu"
     FLASHATTN_SM100_FORWARD=0 stage sdpa100off 130 "$py" bench/bench_sdpa.py \
       --out-dir "$logs/sm100off" --dtypes bf16 --head-dims 64,128,256 \
       --seqlens 1024,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
+    stage mla100off 120 env FLASHATTN_SM100_MLA=0 "$py" bench/bench_decode.py \
+      --out-dir "$logs/mla100off" --mla --batches 1,64,128 --contexts 4096,32768 \
+      --time-budget "$(budget 100)"
     ;;
 esac
 FLASHATTN_SM90_PERSISTENT=1 stage testspersist 100 "$build/tests/test_gpu"
@@ -270,6 +277,7 @@ stage fusedoff 60 env FLASHATTN_DECODE_FUSED=0 "$py" bench/bench_decode.py --fus
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward sm100off:sm100-forward-off base:baseline-library cold:coldstart jit:driver-jit \
   nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
+  mla100off:sm100-mla-off \
   fused:fused fusedoff:fused-off \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue
