@@ -999,6 +999,80 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa
                                   void *stream);
 
 /* ------------------------------------------------------------------------ */
+/* Backward (training)                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* The gradients of fa_launch's O with respect to Q, K and V (since 0.9).
+ * Math (FlashAttention-2, Dao 2023, section 3.1 and Algorithm 2): with
+ * P = softmax(Z) the forward's probabilities (Z the logits after scale,
+ * softcap, ALiBi and masks) recomputed from Q, K and the forward's LSE,
+ * dV = P^T dO, dP = dO V^T, D_i = rowsum(dO_i o O_i), dZ = P o (dP - D),
+ * and back through the logit: dX = dZ softmax_scale (1 - tanh^2(X
+ * softmax_scale / softcap) with softcap) for X = Q K^T, dQ = dX K,
+ * dK = dX^T Q. ALiBi and masks have no gradient. With GQA/MQA, dK and dV
+ * sum over the query heads of a KV head. With sinks, the sink logit's
+ * gradient is dsinks[h] = -sum over the head's rows of exp(sinks[h] -
+ * LSE_i) D_i. Rows that see no key get zero gradients. */
+typedef struct fa_backward_args {
+  size_t struct_size;
+  /* The forward call's arguments as given to fa_launch (struct_size =
+     sizeof(fa_forward_args); q, k, v, the sizes, cu_seqlens_q/k,
+     seqused_k, sinks and alibi_slopes as there), with fwd.o its output O
+     and fwd.lse its LSE, both required. fwd.kv.layout must be
+     FA_KV_CONTIGUOUS; fwd.workspace is ignored; fp8 configs are refused */
+  fa_forward_args fwd;
+  fa_tensor dout; /* dO: like fwd.o, cfg dtype */
+  fa_tensor dq;   /* written: like fwd.q */
+  fa_tensor dk;   /* written: like fwd.k (summed over each KV head's group) */
+  fa_tensor dv;   /* written: like fwd.v */
+  uint64_t dsinks; /* fp32 [num_heads_q], written, with fwd.sinks (required
+                      then); else 0. 4-byte aligned */
+  uint64_t workspace;    /* fa_backward_workspace_size bytes, 256-byte
+                            aligned (fp32 dQ accumulators and per-row
+                            statistics); contents on entry do not matter;
+                            not shared by launches that may run at the same
+                            time */
+  size_t workspace_size; /* bytes at workspace */
+  int32_t deterministic; /* 1: the same bits on every run and every batch
+                            composition (dQ summed over key blocks in a
+                            fixed order); 0: faster atomic accumulation */
+} fa_backward_args;
+
+#define FA_BACKWARD_ARGS_INIT                                                                     \
+  {                                                                                               \
+    sizeof(fa_backward_args), FA_FORWARD_ARGS_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, FA_TENSOR_INIT, \
+        FA_TENSOR_INIT, 0, 0, 0, 0                                                                \
+  }
+
+/* The bytes of fa_backward_args.workspace that fa_backward uses for args
+ * on rt: fp32 dQ accumulators [batch, num_heads_q, seqlen_q, head_dim] and
+ * two fp32 row statistics [batch, num_heads_q, seqlen_q] (varlen: padded to
+ * batch sequences of seqlen_q, the longest), each part 256-byte aligned.
+ * Errors: INVALID_ARGUMENT (null rt, cfg, args or bytes; fa_backward's
+ * checks of the sizes and strides). Thread safety: any thread. */
+FA_API fa_status fa_backward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                            const fa_backward_args *args, size_t *bytes);
+
+/* Writes dQ, dK and dV (and dsinks) for the forward in args->fwd and the
+ * upstream gradient dout, asynchronously on `stream` (emulator:
+ * synchronously): a kernel for the row statistics (D and the LSE in log2
+ * units), the main kernel (one CTA per key block and KV head, looping over
+ * the group's query heads and the query blocks that see its keys; dK and
+ * dV in registers, dQ added to fp32 accumulators), and one converting dQ.
+ * Strides and alignment as fa_launch's (dout/dq/dk/dv like o/q/k/v).
+ * Errors: INVALID_ARGUMENT (null, struct_size, fwd's checks as in
+ * fa_launch, fwd.o or fwd.lse 0, dout/dq/dk/dv sizes, strides or spans,
+ * dsinks missing with sinks or set without them, workspace not 256-byte
+ * aligned or smaller than fa_backward_workspace_size, deterministic not 0
+ * or 1), UNSUPPORTED (fp8 or fp32 configs, paged or pointer-array K/V,
+ * head_dim or head_dim_v past 128, SMs below 8.0, and with the note
+ * naming it, any feature a kernel does not take yet), OUT_OF_MEMORY,
+ * COMPILE, CUDA, LAUNCH, RUNTIME_POISONED. Nothing is written when an
+ * argument is rejected. Thread safety: as fa_launch. */
+FA_API fa_status fa_backward(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,
+                             void *stream);
+
+/* ------------------------------------------------------------------------ */
 /* Kernel cache                                                             */
 /* ------------------------------------------------------------------------ */
 

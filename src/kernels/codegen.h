@@ -69,6 +69,12 @@ uint32_t decode_tc_smem(const KernelSpec &spec);
 std::string generate_decode_mla(const KernelSpec &spec);
 uint32_t decode_mla_smem(const KernelSpec &spec);
 std::string generate_reduce(const KernelSpec &spec);
+// The backward's main kernel (kind Backward; mma.sync, sm_80+;
+// backward_tc.cc) and its dynamic shared memory, and its per-row kernels
+// (BackwardPre, BackwardPost; backward_rows.cc; no dynamic shared memory).
+std::string generate_backward(const KernelSpec &spec);
+uint32_t backward_smem(const KernelSpec &spec);
+std::string generate_backward_rows(const KernelSpec &spec);
 
 // Value-returning wrappers: each allocates the destination register.
 class Emitter {

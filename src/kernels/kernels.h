@@ -18,7 +18,21 @@ namespace fa {
 enum class Dtype : uint8_t { F16 = 1, BF16 = 2, F32 = 3 };
 // Bytes of one Q/K/V/O element in global memory.
 inline int elem_bytes(Dtype d) { return d == Dtype::F32 ? 4 : 2; }
-enum class KernelKind : uint8_t { Forward = 0, Decode = 1, Reduce = 2 };
+// The backward (fa_backward) runs three kernels: BackwardPre (per query row:
+// D = rowsum(dO o O) and the LSE in log2 units, dQ's accumulators zeroed),
+// Backward (per key block and KV head: dK, dV, and dQ added to the
+// accumulators) and BackwardPost (dQ from its accumulators; dsinks).
+enum class KernelKind : uint8_t {
+  Forward = 0,
+  Decode = 1,
+  Reduce = 2,
+  BackwardPre = 3,
+  Backward = 4,
+  BackwardPost = 5
+};
+inline bool is_backward(KernelKind k) {
+  return k == KernelKind::BackwardPre || k == KernelKind::Backward || k == KernelKind::BackwardPost;
+}
 // How a kernel finds a key's K/V row (flashattn.h, fa_kv_layout): same values.
 enum class KvLayout : uint8_t { Contiguous = 0, Paged = 1, PtrArray = 2 };
 // The KV cache's element type when it is not the config's 16-bit dtype
@@ -457,6 +471,24 @@ struct DecodeParams {
   uint64_t sinks;       // fp32 [heads_q] natural-log logits (spec.sinks)
 };
 
+// The backward kernels' parameter block (all three kinds; fa_backward):
+// the forward's (q, k, v, o, lse as the forward wrote it, cu_seqlens,
+// sizes, heads, resolved windows, scales, sinks, ALiBi; k_tile_bytes etc.
+// unused), then the gradients' tensors and the workspace's parts.
+struct BackwardParams {
+  ForwardParams f;
+  uint64_t dout, dq, dk, dv;  // spec.dtype; dout like o, dq like q, dk like k, dv like v
+  int64_t dout_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];  // batch, seq, head (elements)
+  // Workspace, fp32, rows r = (b heads_q + h) seqlen_q + i (varlen: padded
+  // to seqlen_q, the longest, a sequence): dq_accum [rows][head_dim], and
+  // row_stats [2][rows]: D_i = rowsum(dO_i o O_i), then the LSE times
+  // log2(e) (+inf for a row that sees no key: every p of it 0).
+  uint64_t dq_accum, row_stats;
+  uint64_t dsinks;      // fp32 [heads_q] (spec.sinks)
+  float softmax_scale;  // dQ and dK: dX = dZ softmax_scale (times 1 - tanh^2 with softcap)
+  int32_t deterministic;
+};
+
 struct ReduceParams {
   uint64_t o_partial;    // fp32 [num_splits, batch, seqlen_q, heads_q, head_dim_v]
   uint64_t lse_partial;  // fp32 [num_splits, batch, heads_q, seqlen_q]
@@ -588,6 +620,8 @@ LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, 
 int64_t forward_work_items(const KernelSpec &spec, const ForwardParams &p);
 LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p);
 LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p);
+// The backward kernels' grids (kind BackwardPre / Backward / BackwardPost).
+LaunchGeometry backward_geometry(const KernelSpec &spec, const BackwardParams &p);
 
 // Largest dynamic shared memory any launch of spec uses (for Backend::load).
 uint32_t max_dynamic_smem(const KernelSpec &spec);

@@ -19,6 +19,12 @@ const char *kind_name(KernelKind k) {
       return "forward";
     case KernelKind::Decode:
       return "decode";
+    case KernelKind::BackwardPre:
+      return "bwdpre";
+    case KernelKind::Backward:
+      return "backward";
+    case KernelKind::BackwardPost:
+      return "bwdpost";
     default:
       return "reduce";
   }
@@ -76,7 +82,24 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
 // while K_{j+1}, V_j, and K_{j+1}'s arrival waits for V_{j+1}'s copies).
 static int sm100_min_stages(const KernelSpec &s) { return s.gather && s.block_m == 256 ? 3 : 2; }
 
+// The backward kernels (backward_tc.cc): mma.sync on sm_80+, 16-bit
+// Q/K/V, head dims up to 128 (a warp's 16 keys of dK and dV stay in
+// registers), contiguous K/V, no decode or forward-only option; the main
+// kernel's CTA is 4 warps over 64 keys, query blocks of 32 or 64.
+bool backward_spec_valid(const KernelSpec &s) {
+  const bool dims = s.head_dim >= 8 && s.head_dim <= 128 && s.head_dim % 8 == 0 &&
+                    s.head_dim_v >= 8 && s.head_dim_v <= 128 && s.head_dim_v % 8 == 0;
+  return dims && s.mma && !s.wgmma && !s.tcgen05 && s.sm >= 80 && s.dtype != Dtype::F32 &&
+         s.kv_fp8 == KvFp8::None && s.q_fp8 == KvFp8::None && s.kv_layout == KvLayout::Contiguous &&
+         !s.seqused_k && !s.split_kv && !s.persistent && !s.dynamic && !s.pdl && !s.tree_mask &&
+         !s.append_kv && !s.v_in_k && !s.fixed_len && !s.fused_combine && !s.gather &&
+         !s.page_tiles && s.rotary == 0 && s.dv_split == 1 && s.group_size >= 1 &&
+         s.num_warps == 4 && s.block_n == 64 && (s.block_m == 32 || s.block_m == 64) &&
+         !s.lse_in_base2 && !s.lse_out_base2;
+}
+
 bool spec_valid(const KernelSpec &s) {
+  if (is_backward(s.kind)) return backward_spec_valid(s);
   if (s.fixed_len && s.kind != KernelKind::Decode) return false;
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
@@ -587,6 +610,23 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.dtype = cfg.dtype;
   s.sm = dev.sm;
   s.head_dim_v = cfg.head_dim_v > 0 ? cfg.head_dim_v : cfg.head_dim;
+  if (is_backward(kind)) {
+    // One tile for every backward kernel of a config (backward_spec_valid):
+    // 64 keys over 4 warps; query blocks of 64 up to head dims of 64, else
+    // 32 (registers: a warp's dK and dV, 16 keys x head_dim f32 each).
+    int g = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
+    s.group_size = g < 1 ? 1 : g;
+    s.head_dim = cfg.head_dim;
+    s.softcap = cfg.softcap > 0;
+    s.varlen = varlen;
+    s.alibi = shape.alibi;
+    s.sinks = shape.sinks;
+    s.mma = true;
+    s.num_warps = 4;
+    s.block_n = 64;
+    s.block_m = s.head_dim <= 64 && s.head_dim_v <= 64 ? 64 : 32;
+    return s;
+  }
   if (kind == KernelKind::Reduce) {
     s.num_warps = 4;
     s.block_m = 4;
@@ -789,6 +829,8 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  if (spec.kind == KernelKind::Backward) return kgen::generate_backward(spec);
+  if (is_backward(spec.kind)) return kgen::generate_backward_rows(spec);
   if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)
     return kgen::generate_decode_mla(spec);
   if (spec.mma && spec.kind == KernelKind::Decode) return kgen::generate_decode_tc(spec);
@@ -831,6 +873,24 @@ LaunchGeometry decode_geometry(const KernelSpec &spec, const DecodeParams &p) {
   return g;
 }
 
+LaunchGeometry backward_geometry(const KernelSpec &spec, const BackwardParams &p) {
+  LaunchGeometry g;
+  const ForwardParams &f = p.f;
+  if (spec.kind == KernelKind::Backward) {
+    // (key block, KV head, batch): a CTA loops over the group's query heads.
+    g.grid[0] = grid_dim(ceil_div(f.seqlen_k, spec.block_n));
+    g.grid[1] = grid_dim(f.num_heads_kv);
+  } else {
+    // (query block, query head, batch): a thread per query row.
+    g.grid[0] = grid_dim(ceil_div(f.seqlen_q, 32 * spec.num_warps));
+    g.grid[1] = grid_dim(f.num_heads_q);
+  }
+  g.grid[2] = grid_dim(f.batch);
+  g.block[0] = static_cast<uint32_t>(32 * spec.num_warps);
+  g.smem_bytes = max_dynamic_smem(spec);
+  return g;
+}
+
 LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
   LaunchGeometry g;
   int64_t rows;  // batch * seqlen_q * num_heads_q, which may pass 2^63
@@ -848,6 +908,8 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
+  if (spec.kind == KernelKind::Backward) return kgen::backward_smem(spec);
+  if (is_backward(spec.kind)) return 0;
   if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)
     return kgen::decode_mla_smem(spec);
   if (spec.tcgen05) return kgen::sm100_smem(spec);
