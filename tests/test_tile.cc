@@ -93,7 +93,7 @@ using fa::ptx::Space;
 using fa::ptx::Type;
 namespace tile = fa::kgen::tile;
 
-constexpr int kPtrs = 6;
+constexpr int kPtrs = 8;
 struct Ptrs {
   uint64_t p[kPtrs];
 };
@@ -142,13 +142,16 @@ void test_mma_fragments(void **) {
   const int M = 32, N = 32, K = 32, NV = 16;
   std::mt19937 gen(7);
   std::uniform_int_distribution<int> small(-4, 4);
-  std::vector<uint16_t> a(M * K), bt(N * K), v(N * NV);
+  std::vector<uint16_t> a(M * K), bt(N * K), v(N * NV), at_(K * M);
   for (auto &x : a) x = h(float(small(gen)) / 4);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) at_[k * M + m] = a[m * K + k];  // A stored [k][m] (Role::A_T)
   for (auto &x : bt) x = h(float(small(gen)) / 4);
   for (auto &x : v) x = h(float(small(gen)) / 4);
   const tile::SmemTile ta = tile::smem_tile(0, M, K), tb = tile::smem_tile(ta.bytes(), N, K),
-                       tv = tile::smem_tile(tb.offset + tb.bytes(), N, NV);
-  const uint32_t smem_bytes = tv.offset + tv.bytes();
+                       tv = tile::smem_tile(tb.offset + tb.bytes(), N, NV),
+                       tat = tile::smem_tile(tv.offset + tv.bytes(), K, M);
+  const uint32_t smem_bytes = tat.offset + tat.bytes();
   const std::string ptx = kernel(32, [&](Emitter &e, Reg tid, Reg smem, Reg *g) {
     Builder &b = e.b;
     const tile::Lanes ln = tile::make_lanes(e, tid);
@@ -165,8 +168,10 @@ void test_mma_fragments(void **) {
     fill(ta, g[0]);
     fill(tb, g[1]);
     fill(tv, g[2]);
+    fill(tat, g[5]);
     b.bar_sync();
     Reg la = tile::ldsm_base(e, ln, ta, tile::Role::A, smem, Reg());
+    Reg lat = tile::ldsm_base(e, ln, tat, tile::Role::A_T, smem, Reg());
     Reg lb = tile::ldsm_base(e, ln, tb, tile::Role::B_NK, smem, Reg());
     Reg lv = tile::ldsm_base(e, ln, tv, tile::Role::B_KN_T, smem, Reg());
     tile::Frag4 fa = tile::frag4(b), fb = tile::frag4(b), pa = tile::frag4(b);
@@ -190,15 +195,30 @@ void test_mma_fragments(void **) {
         tile::mma(b, Type::F16, d, 1, pa, &fb[2]);
       }
       store_acc(e, ln, d, mi, g[4], NV);
+      // The same C with A's fragments read from its transpose (Role::A_T):
+      // stored over d's rows' second copy, g[6].
+      tile::zero(b, c);
+      for (int ks = 0; ks < K / 16; ++ks) {
+        tile::ldsm(b, tile::Role::A_T, fa, lat, tat.at(16 * ks, 16 * mi));
+        for (int jp = 0; jp < N / 16; ++jp) {
+          tile::ldsm(b, tile::Role::B_NK, fb, lb, tb.at(16 * jp, 16 * ks));
+          tile::mma(b, Type::F16, c, 2 * jp, fa, &fb[0]);
+          tile::mma(b, Type::F16, c, 2 * jp + 1, fa, &fb[2]);
+        }
+      }
+      store_acc(e, ln, c, mi, g[6], N);
     }
   });
-  DevBuf da(a.size() * 2), db(bt.size() * 2), dv(v.size() * 2), dc(M * N * 4), dd(M * NV * 4);
+  DevBuf da(a.size() * 2), db(bt.size() * 2), dv(v.size() * 2), dc(M * N * 4), dd(M * NV * 4),
+      dat(at_.size() * 2), dc2(M * N * 4);
   da.put(a);
   db.put(bt);
   dv.put(v);
-  Ptrs p = {{da.ptr, db.ptr, dv.ptr, dc.ptr, dd.ptr, 0}};
+  dat.put(at_);
+  Ptrs p = {{da.ptr, db.ptr, dv.ptr, dc.ptr, dd.ptr, dat.ptr, dc2.ptr}};
   assert_int_equal(launch(ptx, 32, smem_bytes, p), FA_SUCCESS);
-  const std::vector<float> c = dc.get<float>(), d = dd.get<float>();
+  const std::vector<float> c = dc.get<float>(), d = dd.get<float>(), c2 = dc2.get<float>();
+  assert_true(c2 == c);  // Role::A_T reads the same A fragments
   int bad = 0;
   for (int m = 0; m < M; ++m) {
     for (int n = 0; n < N; ++n) {

@@ -129,8 +129,9 @@ Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem
     if (t.offset) b.op(Op::Add, Type::U32, a, a, imm(t.offset));
     return a;
   }
-  const Reg hi_row = role == Role::B_NK ? l.h2 : l.h1;
-  const Reg chunk = role == Role::B_NK ? l.h1 : l.h2;
+  const bool nk = role == Role::B_NK || role == Role::A_T;
+  const Reg hi_row = nk ? l.h2 : l.h1;
+  const Reg chunk = nk ? l.h1 : l.h2;
   Reg row = e.op(Op::MadLo, Type::U32, hi_row, imm(8), l.l8);
   if (row0.valid()) b.op(Op::Add, Type::U32, row, row, row0);
   Reg a = e.op(Op::MadLo, Type::U32, row, imm(t.pitch), smem_base);
@@ -140,7 +141,8 @@ Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem
 }
 
 void ldsm(ptx::Builder &b, Role role, const Frag4 &d, Reg base, int offset, int n) {
-  b.ldmatrix(role == Role::B_KN_T || role == Role::B_KN_T8, d.data(), n, at(base, offset));
+  b.ldmatrix(role == Role::B_KN_T || role == Role::B_KN_T8 || role == Role::A_T, d.data(), n,
+             at(base, offset));
 }
 
 // ---------------------------------------------------------------- copies ---

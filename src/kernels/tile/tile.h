@@ -136,8 +136,13 @@ SmemTile smem_tile(uint32_t offset, int rows, int cols);
 //          chunk 0; register i holds keys 8i .. 8i + 7, lane (g, q) the
 //          bytes 2g, 2g + 1 of keys 8i + 2q and 8i + 2q + 1 (v_frags_fp8
 //          makes them B fragments)
+//  A_T     an m16 x k16 block of a [k][m] tile, .trans (dS in the
+//          backward's dQ = dS K, from the dS^T tile its warps wrote): row
+//          l8 + 8 h2, chunk h1 (B_NK's addressing); register 0 holds
+//          (m 0-7, k 0-7), 1 (m 8-15, k 0-7), 2 (m 0-7, k 8-15), 3 (m 8-15,
+//          k 8-15): A's fragment order
 // A and B_KN_T address alike, so tiles of one pitch can share a base.
-enum class Role { A, B_NK, B_KN_T, B_KN_T8 };
+enum class Role { A, B_NK, B_KN_T, B_KN_T8, A_T };
 // The lane's address of block (0, 0) from tile row `row0` (a u32 register,
 // or invalid for 0); a block at (row, col) is then this + t.at(row, col).
 Reg ldsm_base(Emitter &e, const Lanes &l, const SmemTile &t, Role role, Reg smem_base, Reg row0);
