@@ -89,14 +89,16 @@ struct TwoPtr {
 
 // 64 CTAs x 128 threads on 4 host threads: thread g adds v = (g % 7 + 1)
 // / 4 into word 0 (red), 1.0 into word 1 (atom: the old values are 0, 1,
-// .., n-1 in some order), g into word 2 + g % 64 (red.release) and v into
+// .., n-1 in some order), g into word 2 + g % 64 (red.release), v into
 // word 66 (atom.acq_rel: sorted by old value, each old value is the
-// previous one plus its add). Every sum is exact in f32.
+// previous one plus its add) and 1.0 256 times into word 67. Every sum is
+// exact in f32.
 void test_global_adds(void **) {
   Threaded threaded;
   const std::string p = std::string(kSm80) + R"(
 .visible .entry k_gadd(.param .align 8 .b8 k_gadd_param[16])
 {
+  .reg .pred %p<2>;
   .reg .b32 %r<16>;
   .reg .f32 %f<16>;
   .reg .b64 %rd<16>;
@@ -121,11 +123,17 @@ void test_global_adds(void **) {
   mul.wide.u32 %rd5, %r4, 8;
   add.s64 %rd6, %rd2, %rd5;
   st.global.v2.f32 [%rd6], {%f2, %f4};
+  mov.u32 %r10, 0;
+$L_loop:
+  red.global.add.f32 [%rd1+268], 0f3F800000;
+  add.u32 %r10, %r10, 1;
+  setp.lt.u32 %p1, %r10, 256;
+  @%p1 bra $L_loop;
 }
 )";
   const uint32_t ctas = 64, threads = 128, n = ctas * threads;
-  DevBuf words(67 * 4), out(8 * n);
-  words.put(std::vector<float>(67, 0.0f));
+  DevBuf words(68 * 4), out(8 * n);
+  words.put(std::vector<float>(68, 0.0f));
   TwoPtr prm = {words.ptr, out.ptr};
   expect_ok(run_ptx(p, "k_gadd", geom(ctas, threads), &prm, sizeof prm));
   const std::vector<float> w = words.get<float>(), o = out.get<float>();
@@ -142,6 +150,12 @@ void test_global_adds(void **) {
       fail();
     }
   assert_true(w[66] == v_sum);
+  // 256 adds of 1.0 per thread into word 67, a tight loop: the host
+  // threads' updates of the same word interleave, none may be lost.
+  if (w[67] != 256.0 * n) {
+    std::fprintf(stderr, "word 67: %.1f, want %.1f\n", w[67], 256.0 * n);
+    fail();
+  }
   std::vector<float> ones(n);
   std::vector<std::pair<float, float>> olds(n);  // (old value, the add)
   for (uint32_t g = 0; g < n; ++g) {
