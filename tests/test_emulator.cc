@@ -1493,8 +1493,10 @@ void test_atom(void **) {
   // What the decoder refuses.
   const std::string base =
       std::string(kHeader) + ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  .reg .b64 %rd<4>;\n";
-  expect_compile_error(base + "  atom.shared.add.u32 %r1, [%r2], 1;\n}\n", 8, "atom needs .global");
-  expect_compile_error(base + "  atom.global.add.f32 %r1, [%rd1], 1;\n}\n", 8, ".u32 and .s32");
+  // (atom.shared and .add.f32: tests/test_emulator_reduce.cc.)
+  expect_compile_error(base + "  atom.add.u32 %r1, [%rd1], 1;\n}\n", 8, "needs .global or .shared");
+  expect_compile_error(base + "  atom.global.add.u64 %rd1, [%rd2], 1;\n}\n", 8,
+                       ".u32, .s32 and .f32");
   expect_compile_error(base + "  atom.global.min.u32 %r1, [%rd1], 1;\n}\n", 8, "'.min'");
   expect_compile_error(base + "  atom.global.cas.b32 %r1, [%rd1], 1;\n}\n", 8, "operand");
 }
@@ -1791,9 +1793,12 @@ void test_op_table(void **) {
   // Handlers: the sm_90 state runs mbarriers, TMA, the proxy fence and the
   // warpgroup collectives, the sm_100 state tcgen05; everything else is the
   // interpreter's.
-  const Op sm90[] = {Op::kMbarInit,   Op::kMbarInval,       Op::kMbarArrive, Op::kMbarTryWait,
-                     Op::kBulkTensor, Op::kFenceProxyAsync, Op::kWgmmaFence, Op::kWgmmaCommit,
-                     Op::kWgmmaWait,  Op::kWgmma,           Op::kSetmaxnreg, Op::kFenceMbarInit};
+  const Op sm90[] = {Op::kMbarInit,    Op::kMbarInval,        Op::kMbarArrive,
+                     Op::kMbarTryWait, Op::kBulkTensor,       Op::kFenceProxyAsync,
+                     Op::kWgmmaFence,  Op::kWgmmaCommit,      Op::kWgmmaWait,
+                     Op::kWgmma,       Op::kSetmaxnreg,       Op::kFenceMbarInit,
+                     Op::kBulkReduce,  Op::kBulkTensorReduce, Op::kBulkCommit,
+                     Op::kBulkWait};
   // The cluster state: mapa, ld / st .shared::cluster, barrier.cluster.
   const Op cluster[] = {Op::kMapa, Op::kLdCluster, Op::kStCluster, Op::kClusterArrive,
                         Op::kClusterWait};

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "emu/arch.h"
+#include "emu/atomic.h"
 #include "emu/cluster.h"
 #include "emu/cta.h"
 #include "emu/numeric.h"
@@ -211,7 +212,8 @@ class CtaRunner : public Cta {
     bar_words_ = (nthreads_ + 63) / 64;
     bar_seen_.assign(16 * static_cast<size_t>(bar_words_), 0);
     sm90_.set_sm100(&sm100_);
-    st_hook_ = prof_ || sm90_.track_proxy() || sm100_.watches_shared();
+    watch_shared_ = sm100_.watches_shared() || sm90_.watches_bulk();
+    st_hook_ = prof_ || sm90_.track_proxy() || watch_shared_;
     if (prof_) occ_.assign(e_.code.size(), 0);
   }
 
@@ -816,7 +818,7 @@ class CtaRunner : public Cta {
       std::memcpy(rows[lane], mat[lane / 8][lane % 8], 16);
       const uint32_t a = static_cast<uint32_t>(rows[lane] - smem_.data());
       if (sm90_.track_proxy()) sm90_.proxy_mark(base + lane, pc, a, 16);
-      if (!sm100_.shared_write(base + lane, pc, a, 16)) return false;
+      if (!shared_written(base + lane, pc, a, 16)) return false;
     }
     return true;
   }
@@ -899,7 +901,7 @@ class CtaRunner : public Cta {
         if (c.src_size) std::memcpy(d, reinterpret_cast<const void *>(c.src), c.src_size);
         std::memset(d + c.src_size, 0, c.size - c.src_size);
         if (sm90_.track_proxy()) sm90_.proxy_mark(t, c.pc, c.dst, c.size);  // a generic-proxy write
-        if (!sm100_.shared_write(t, c.pc, c.dst, c.size)) return false;
+        if (!shared_written(t, c.pc, c.dst, c.size)) return false;
       }
     }
     if (q.head == q.ops.size() && q.group_head == q.group_end.size()) q.clear();
@@ -926,13 +928,22 @@ class CtaRunner : public Cta {
                      static_cast<uint16_t>(gbytes), static_cast<uint16_t>(sbytes)});
   }
 
-  // st.shared with profiling, proxy marks or the tcgen05 operand check on
-  // (the interpreter's one branch). False: a fault (error set).
+  // st.shared (atom / red .shared) with profiling, proxy marks or the
+  // asynchronous readers' checks on (the interpreter's one branch). False: a
+  // fault (error set).
   __attribute__((noinline)) bool shared_store_hook(uint32_t t, uint32_t pc, int64_t addr,
                                                    uint32_t n) {
     if (prof_) profile_access(t, pc, 0, 0, addr, n);
     if (sm90_.track_proxy()) sm90_.proxy_mark(t, pc, static_cast<uint32_t>(addr), n);
-    return sm100_.shared_write(t, pc, static_cast<uint32_t>(addr), n);
+    return shared_written(t, pc, static_cast<uint32_t>(addr), n);
+  }
+
+  // Thread t's write of shared [addr, addr + n) by the instruction at pc,
+  // checked against the asynchronous readers of shared memory: tcgen05.mma /
+  // cp operands (emu/sm100.h) and cp.reduce.async.bulk sources (emu/sm90.h).
+  // False: a fault (error set, naming both lines).
+  bool shared_written(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n) {
+    return sm100_.shared_write(t, pc, addr, n) && sm90_.bulk_source_write(t, pc, addr, n);
   }
 
   // Turns the records of the warp whose lanes just ran into warp requests:
@@ -1061,6 +1072,7 @@ class CtaRunner : public Cta {
   std::vector<AsyncQueue> async_;  // per thread, sized on first cp.async
   bool async_used_ = false;
   bool st_hook_ = false;       // st.shared calls shared_store_hook (profile or proxy marks)
+  bool watch_shared_ = false;  // shared writes go through shared_written (async readers)
   std::vector<MemRec> recs_;   // the current warp's accesses since its last flush
   std::vector<uint32_t> occ_;  // per pc, scratch of profile_warp
   NamedBarrier bars_[16];

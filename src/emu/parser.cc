@@ -889,7 +889,7 @@ class Parser {
       in.op = Op::kFenceMbarInit;
       return emit(in, text);
     }
-    if (b == "atom") return decode_atom(m, ops, in, text);
+    if (b == "atom" || b == "red") return decode_atom(m, ops, in, text, b == "red");
     if (b == "cvta") return decode_cvta(ops, in, text);
     if (b == "setp") return decode_setp(m, ops, in);
     if (b == "selp") {
@@ -1108,7 +1108,11 @@ class Parser {
   // (PTX ISA "Data Movement: cp.async", "cp.async.commit_group", "cp.async.wait_group").
   void decode_cp_async(const std::string &text, const std::vector<Operand> &ops, Inst in) {
     std::vector<std::string> p = dot_parts(text);
+    if (p.size() >= 4 && p[1] == "reduce" && p[2] == "async" && p[3] == "bulk")
+      return decode_bulk_reduce(p, ops, in, text);
     if (p.size() < 3 || p[1] != "async") bad("only cp.async is supported");
+    if (p.size() >= 4 && p[2] == "bulk" && (p[3] == "commit_group" || p[3] == "wait_group"))
+      return decode_bulk_group(p, ops, in, text);
     if (p.size() == 3 && p[2] == "commit_group") {
       want_count(ops, 0);
       in.op = Op::kCpAsyncCommit;
@@ -1741,6 +1745,105 @@ class Parser {
     emit(in, text);
   }
 
+  // cp.async.bulk.commit_group; cp.async.bulk.wait_group{.read} N (PTX ISA
+  // "cp.async.bulk.commit_group", "cp.async.bulk.wait_group"; sm_90, PTX
+  // ISA 8.0).
+  void decode_bulk_group(const std::vector<std::string> &p, const std::vector<Operand> &ops,
+                         Inst in, const std::string &text) {
+    need_sm90(false);
+    if (p[3] == "commit_group") {
+      if (p.size() != 4) bad("only cp.async.bulk.commit_group is supported");
+      want_count(ops, 0);
+      in.op = Op::kBulkCommit;
+      return emit(in, text);
+    }
+    if (p.size() > 5 || (p.size() == 5 && p[4] != "read"))
+      bad("only cp.async.bulk.wait_group{.read} N is supported");
+    want_count(ops, 1);
+    if (ops[0].kind != Operand::kInt || ops[0].ival > 1000000)
+      bad("wait_group takes a non-negative integer constant");
+    in.op = Op::kBulkWait;
+    in.sub = p.size() == 5 ? 1 : 0;
+    in.imm = static_cast<int64_t>(ops[0].ival);
+    emit(in, text);
+  }
+
+  // cp.reduce.async.bulk.global.shared::cta.bulk_group{.L2::cache_hint}.add.T
+  //   [dstMem], [srcMem], size{, policy}, T = .f32, .u32, .s32 (PTX ISA
+  //   "cp.reduce.async.bulk"), and
+  // cp.reduce.async.bulk.tensor.Nd.global.shared::cta.add{.tile}.bulk_group
+  //   {.L2::cache_hint} [tensorMap, {c..}], [srcMem]{, policy} (PTX ISA
+  //   "cp.reduce.async.bulk.tensor"; the element type is the map's).
+  // sm_90, PTX ISA 8.0. The modifiers after the state spaces in any order.
+  void decode_bulk_reduce(const std::vector<std::string> &p, const std::vector<Operand> &ops,
+                          Inst in, const std::string &text) {
+    need_sm90(false);
+    const bool tensor = p.size() > 4 && p[4] == "tensor";
+    const size_t sp = tensor ? 6 : 4;  // the destination state space
+    int dims = 0;
+    if (tensor && p.size() > 5 && p[5].size() == 2 && p[5][1] == 'd' && p[5][0] >= '1' &&
+        p[5][0] <= '5')
+      dims = p[5][0] - '0';
+    const char *forms =
+        tensor ? "only cp.reduce.async.bulk.tensor.{1d..5d}.global.shared::cta.add{.tile}"
+                 ".bulk_group{.L2::cache_hint} is supported"
+               : "only cp.reduce.async.bulk.global.shared::cta.bulk_group{.L2::cache_hint}"
+                 ".add.{f32,u32,s32} is supported";
+    if ((tensor && !dims) || p.size() < sp + 2 || p[sp] != "global" || p[sp + 1] != "shared::cta")
+      bad(forms);
+    bool group = false, add = false, hint = false;
+    std::string ty;
+    for (size_t i = sp + 2; i < p.size(); ++i) {
+      const std::string &x = p[i];
+      if (x == "bulk_group" && !group) {
+        group = true;
+      } else if (x == "add" && !add) {
+        add = true;
+      } else if (x == "L2::cache_hint" && !hint) {
+        hint = true;
+      } else if (tensor && x == "tile") {
+        continue;  // the default load mode
+      } else if (!tensor && ty.empty() && (x == "f32" || x == "u32" || x == "s32")) {
+        ty = x;
+      } else if (x == "min" || x == "max" || x == "inc" || x == "dec" || x == "and" || x == "or" ||
+                 x == "xor") {
+        bad("only the .add reduction is modelled");
+      } else {
+        bad(forms);
+      }
+    }
+    if (!group || !add || (!tensor && ty.empty())) bad(forms);
+    const size_t nops = (tensor ? 2 : 3) + (hint ? 1 : 0);
+    want_count(ops, nops);
+    if (hint) src(ops[nops - 1], 64, false);  // cache policy: no effect
+    shared_address(ops[1], &in);
+    if (tensor) {
+      const Operand &tm = ops[0];
+      if (tm.kind != Operand::kAddr || !tm.addr_has_reg || tm.reg.bits != 64 || tm.ival != 0)
+        bad("the tensor map must be [%rd, {coordinates}] with a 64-bit generic address");
+      if (tm.elems.size() != static_cast<size_t>(dims))
+        bad("expected " + std::to_string(dims) + " coordinates");
+      in.b = tm.reg.slot;
+      in.c = static_cast<uint32_t>(e_->operand_slots.size());
+      for (const Operand &c : tm.elems) e_->operand_slots.push_back(src(c, 32, false));
+      in.sub = static_cast<uint8_t>(dims);
+      in.op = Op::kBulkTensorReduce;
+      return emit(in, text);
+    }
+    const Operand &d = ops[0];
+    if (d.kind != Operand::kAddr || !d.addr_has_reg || d.reg.bits != 64)
+      bad("dstMem must be [%rd] or [%rd+imm] with a 64-bit register");
+    in.b = d.reg.slot;
+    in.c = const_slot(d.ival);
+    const Operand &size = ops[2];
+    if (size.kind == Operand::kInt && size.ival % 16)
+      bad("size must be a multiple of 16 (PTX ISA \"cp.reduce.async.bulk\")");
+    in.e = src(size, 32, false);
+    in.sub = ty == "f32" ? kBulkRedF32 : kBulkRedU32;
+    in.op = Op::kBulkReduce;
+    emit(in, text);
+  }
+
   // ------------------------------------------------------------ clusters ----
   // docs/emulator.md, "Clusters"; PTX ISA 7.8, sm_90.
 
@@ -1933,37 +2036,79 @@ class Parser {
     emit(in, text);
   }
 
-  // atom.global{.relaxed,.acquire,.release,.acq_rel}{.gpu,.cta,.sys}.OP.T
-  // d, [%rd + imm], b{, c}: .add.u32/.s32, .exch.b32, .cas.b32 (PTX ISA
-  // "atom"); every ordering runs as sequentially consistent.
-  void decode_atom(const Mods &m, const std::vector<Operand> &ops, Inst in,
-                   const std::string &text) {
-    if (m.space != "global") bad("atom needs .global");
-    if (m.vec != 1) bad("vector atom is not supported");
+  // atom{.sem}{.scope}.{global,shared{::cta}}.OP.T d, [a], b{, c}: .add
+  // .u32/.s32/.f32, .exch.b32, .cas.b32 (PTX ISA "atom"); red{.sem}{.scope}
+  // .{global,shared{::cta}}.add.T [a], b and red{.sem}{.scope}.global.add
+  // .v{2,4}.f32 [a], {b..} (PTX ISA "red"; vectors: sm_90, PTX ISA 8.1).
+  // Every ordering runs as sequentially consistent.
+  void decode_atom(const Mods &m0, const std::vector<Operand> &ops, Inst in,
+                   const std::string &text, bool red) {
+    const char *name = red ? "red" : "atom";
+    Mods m = m0;
+    for (size_t i = 0; i < m.other.size(); ++i) {
+      if (m.other[i] == "shared::cluster")
+        bad(std::string(name) + " on .shared::cluster is not modelled");
+      if (m.other[i] != "shared::cta") continue;
+      if (!m.space.empty()) bad("two state spaces");
+      if (mod_->version < 78) bad(".shared::cta requires .version 7.8 or higher");
+      m.other.erase(m.other.begin() + static_cast<long>(i));
+      m.space = "shared";
+      break;
+    }
+    if (m.space != "global" && m.space != "shared")
+      bad(std::string(name) + " needs .global or .shared (generic addresses are not modelled)");
+    const bool shared = m.space == "shared";
     std::string what;
     for (const std::string &o : m.other) {
-      if (o == "add" || o == "exch" || o == "cas") {
-        if (!what.empty()) bad("atom takes one operation");
+      const bool op = o == "add" || (!red && (o == "exch" || o == "cas"));
+      const bool sem =
+          o == "relaxed" || o == "release" || (!red && (o == "acquire" || o == "acq_rel"));
+      if (op) {
+        if (!what.empty()) bad(std::string(name) + " takes one operation");
         what = o;
-      } else if (o != "relaxed" && o != "acquire" && o != "release" && o != "acq_rel" &&
-                 o != "gpu" && o != "cta" && o != "sys") {
-        bad("unsupported atom modifier '." + o + "'");
+      } else if (o == "cluster") {
+        need_sm90(false, 78);  // .cluster scope (ptxas: sm_90, PTX ISA 7.8)
+      } else if (!sem && o != "gpu" && o != "cta" && o != "sys") {
+        bad("unsupported " + std::string(name) + " modifier '." + o + "'");
       }
     }
-    if (what.empty()) bad("atom needs .add, .exch or .cas");
+    if (what.empty()) bad(red ? "red needs .add" : "atom needs .add, .exch or .cas");
     const std::string ty = m.types.size() == 1 ? m.types[0] : "";
-    if (what == "add" ? ty != "u32" && ty != "s32" : ty != "b32")
-      bad("atom." + what + " supports " + (what == "add" ? ".u32 and .s32" : ".b32") + " only");
-    want_count(ops, what == "cas" ? 4 : 3);
-    const Operand &addr = ops[1];
-    if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 64)
-      bad("atom.global needs an address [%rd+imm]");
-    in.op = Op::kAtom;
-    in.sub = what == "add" ? kAtomAdd : what == "exch" ? kAtomExch : kAtomCas;
-    in.a = addr.reg.slot;
-    in.imm = static_cast<int64_t>(addr.ival);
-    in.d = dst(ops[0], 32);
-    in.b = src(ops[2], 32, false);
+    if (what == "add" ? ty != "u32" && ty != "s32" && ty != "f32" : ty != "b32")
+      bad(std::string(name) + "." + what + " supports " +
+          (what == "add" ? ".u32, .s32 and .f32" : ".b32") + " only");
+    const bool is_f32 = ty == "f32";
+    if (m.vec != 1) {
+      if (!red) bad("vector atom is not supported");
+      if (shared || !is_f32) bad("vector red is red.global.add.v2.f32 / .v4.f32 only");
+      need_sm90(false, 81);  // PTX ISA "red": vector types need sm_90 and PTX ISA 8.1
+    }
+    const size_t nops = (red ? 2 : 3) + (what == "cas" ? 1 : 0);
+    want_count(ops, nops);
+    const Operand &addr = ops[red ? 0 : 1];
+    if (shared) {
+      shared_address(addr, &in);
+    } else {
+      if (addr.kind != Operand::kAddr || !addr.addr_has_reg || addr.reg.bits != 64)
+        bad(std::string(name) + ".global needs an address [%rd+imm]");
+      in.a = addr.reg.slot;
+      in.imm = static_cast<int64_t>(addr.ival);
+    }
+    in.op = shared ? Op::kAtomShared : Op::kAtom;
+    in.sub = what == "exch"  ? kAtomExch
+             : what == "cas" ? kAtomCas
+             : is_f32        ? kAtomAddF32
+                             : kAtomAdd;
+    if (!red) in.d = dst(ops[0], 32);
+    const Operand &b = ops[red ? 1 : 2];
+    if (m.vec == 1) {
+      in.b = src(b, 32, is_f32);
+    } else {
+      if (b.kind != Operand::kVec || b.elems.size() != static_cast<size_t>(m.vec))
+        bad("expected a vector of " + std::to_string(m.vec) + " values");
+      for (int k = 0; k < m.vec; ++k) in.v[k] = src(b.elems[k], 32, true);
+      in.vec = static_cast<uint8_t>(m.vec);
+    }
     if (what == "cas") in.c = src(ops[3], 32, false);
     emit(in, text);
   }

@@ -97,8 +97,10 @@ inline constexpr bool is_warpgroup_collective(Op op) { return op_scope(op) == Op
 
 enum Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
 enum ShflMode : uint8_t { kShflUp, kShflDown, kShflBfly, kShflIdx };
-// Op::kAtom's sub: the operation.
-enum AtomOp : uint8_t { kAtomAdd, kAtomExch, kAtomCas };
+// Op::kAtom's / kAtomShared's sub: the operation (kAtomAdd: .u32 / .s32).
+enum AtomOp : uint8_t { kAtomAdd, kAtomExch, kAtomCas, kAtomAddF32 };
+// Op::kBulkReduce's sub: the element type of .add (.u32 and .s32 add alike).
+enum BulkRedType : uint8_t { kBulkRedF32, kBulkRedU32 };
 enum Round : uint8_t { kRzi, kRni, kRmi, kRpi };
 // mma.sync.aligned shapes and input types (all .row.col, f32 accumulators):
 // m16n8k16 and m16n8k8 with f16 or bf16, m16n8k32 with fp8 A and B

@@ -33,7 +33,8 @@ bool any_slot(const Inst &in, const uint32_t *os, F f) {
         if (f(os[in.imm + j], j < 4)) return true;
       return false;
     case Op::kBulkTensor:
-      for (uint32_t j = 0; j < in.sub + 2u; ++j)
+    case Op::kBulkTensorReduce:
+      for (uint32_t j = 0; j < in.sub + (in.op == Op::kBulkTensor ? 2u : 0u); ++j)
         if (f(os[in.c + j], false)) return true;
       return f(in.a, false) || f(in.b, false);
     default:

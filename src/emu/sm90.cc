@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "emu/atomic.h"
 #include "emu/cluster.h"
 #include "emu/numeric.h"
 #include "emu/sm100.h"
@@ -26,6 +27,29 @@ inline uint64_t FB(float f) { return f32_bits(f); }
 inline uint32_t swizzle_addr(uint32_t addr, uint32_t bits) {
   if (!bits) return addr;
   return addr ^ (((addr >> 7) & ((1u << bits) - 1)) << 4);
+}
+
+// Row rr (0 .. box elements / box[0]) of the box at coordinates c of map:
+// the part of it inside the tensor (PTX ISA "Tensors": tiled mode, bounding
+// box, out-of-bound access) is *bytes at global *src, at byte *at of the box
+// laid out row-major. False: the row lies wholly outside the tensor.
+inline bool box_row(const TensorMap &map, const int64_t *c, uint64_t rr, uint64_t *src,
+                    uint64_t *at, uint64_t *bytes) {
+  uint64_t q = rr, off = 0;
+  for (uint32_t d = 1; d < map.rank; ++d) {
+    const int64_t x = c[d] + static_cast<int64_t>(q % map.box[d]);
+    q /= map.box[d];
+    if (x < 0 || x >= static_cast<int64_t>(map.dims[d])) return false;
+    off += static_cast<uint64_t>(x) * map.strides[d];
+  }
+  const int64_t x0 = std::max<int64_t>(c[0], 0);
+  const int64_t x1 = std::min<int64_t>(c[0] + map.box[0], static_cast<int64_t>(map.dims[0]));
+  if (x1 <= x0) return false;
+  const uint64_t eb = map.elem_bytes;
+  *src = map.base + off + static_cast<uint64_t>(x0) * eb;
+  *at = rr * map.box[0] * eb + static_cast<uint64_t>(x0 - c[0]) * eb;
+  *bytes = static_cast<uint64_t>(x1 - x0) * eb;
+  return true;
 }
 
 // Byte address in shared memory of element (mn, k) of a wgmma operand
@@ -51,8 +75,13 @@ Sm90State::Sm90State(Cta &cta) : cta_(cta) {
     pend_count_.assign(cta_.nthreads_, 0);
     chunk_reads_.assign(cta_.smem_size_ / 16 + 1, 0);
   }
-  for (const Inst &in : e.code)
-    if (in.op == Op::kWgmma) track_proxy_ = e.code.size() < (1u << (32 - kProxyTidBits));
+  for (const Inst &in : e.code) {
+    // Async-proxy readers of shared memory: wgmma operands, bulk reduction sources.
+    const bool bulk = in.op == Op::kBulkReduce || in.op == Op::kBulkTensorReduce;
+    has_bulk_ = has_bulk_ || bulk;
+    if (in.op == Op::kWgmma || bulk) track_proxy_ = e.code.size() < (1u << (32 - kProxyTidBits));
+  }
+  if (has_bulk_) bulk_chunk_.assign(cta_.smem_size_ / 16 + 1, 0);
   if (track_proxy_) {
     unfenced_.assign(cta_.smem_size_ + 16, 0);
     proxy_writes_.resize(cta_.nthreads_);
@@ -72,6 +101,9 @@ void Sm90State::reset_block() {
     for (ProxyWrites &w : proxy_writes_) w.clear();
     proxy_dirty_ = false;
   }
+  for (BulkQueue &q : bulkq_) q = BulkQueue();
+  if (bulk_reading_) std::fill(bulk_chunk_.begin(), bulk_chunk_.end(), 0);
+  bulk_reading_ = 0;
 }
 
 Step Sm90State::exec(uint32_t t, uint32_t pc, uint64_t *r) {
@@ -88,6 +120,16 @@ Step Sm90State::exec(uint32_t t, uint32_t pc, uint64_t *r) {
     }
     case Op::kBulkTensor:
       return bulk_tensor(t, pc, r) ? Step::kNext : Step::kFault;
+    case Op::kBulkReduce:
+      return bulk_reduce(t, pc, r) ? Step::kNext : Step::kFault;
+    case Op::kBulkTensorReduce:
+      return bulk_tensor_reduce(t, pc, r) ? Step::kNext : Step::kFault;
+    case Op::kBulkCommit:
+      if (bulkq_.empty()) bulkq_.resize(cta_.nthreads_);
+      bulkq_[t].group_end.push_back(bulkq_[t].ops.size());
+      return Step::kNext;
+    case Op::kBulkWait:  // .read and not: the emulator retires the ops alike
+      return bulk_wait(t, static_cast<size_t>(cta_.e_.code[pc].imm)) ? Step::kNext : Step::kFault;
     case Op::kFenceProxyAsync:
       if (track_proxy_) proxy_fence(t);
       return Step::kNext;
@@ -384,6 +426,58 @@ int Sm90State::mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r) {
 // by box in shared memory, and written when its mbarrier phase completes;
 // its complete-tx (the whole box's bytes) is performed at issue.
 
+// The tensor map at generic address ga, for an instruction with dims
+// coordinates: 128 bytes, 64-byte aligned, in the parameter block or
+// global memory; rank, element size, base, box, strides and swizzle
+// checked. False: fault (error set).
+bool Sm90State::tensor_map_operand(uint32_t t, uint32_t pc, uint64_t ga, uint32_t dims,
+                                   TensorMap *out) {
+  const uint64_t p0 = reinterpret_cast<uint64_t>(cta_.sh_.params);
+  const uint8_t *mp = nullptr;
+  if (ga & 63)
+    return cta_.fail_at(pc, t, "tensor map address 0x%" PRIx64 " is not 64-byte aligned", ga);
+  if (ga >= p0 && ga + 128 <= p0 + cta_.sh_.param_size) {
+    mp = reinterpret_cast<const uint8_t *>(ga);
+  } else {
+    uint64_t b, e;
+    if (!cta_.sh_.mem->find_locked(ga, 128, &b, &e))
+      return cta_.fail_at(pc, t,
+                          "tensor map address 0x%" PRIx64
+                          " is neither in the parameter block nor in a global allocation",
+                          ga);
+    mp = reinterpret_cast<const uint8_t *>(ga);
+  }
+  TensorMap &map = *out;
+  if (!load_tensor_map(mp, &map))
+    return cta_.fail_at(pc, t, "no tensor map at 0x%" PRIx64 " (magic 0x%08x, rank %u)", ga,
+                        map.magic, map.rank);
+  if (map.rank != dims)
+    return cta_.fail_at(pc, t, "the tensor map has rank %u, the instruction %u", map.rank, dims);
+  const uint32_t eb = map.elem_bytes;
+  if (eb != 1 && eb != 2 && eb != 4 && eb != 8)
+    return cta_.fail_at(pc, t, "tensor map element size %u", eb);
+  if (map.base & 15)
+    return cta_.fail_at(pc, t, "tensor map base 0x%" PRIx64 " is not 16-byte aligned", map.base);
+  for (uint32_t d = 0; d < dims; ++d) {
+    if (map.box[d] < 1 || map.box[d] > 256)
+      return cta_.fail_at(pc, t, "box[%u] = %u is outside 1..256", d, map.box[d]);
+    if (map.dims[d] < 1) return cta_.fail_at(pc, t, "tensor dimension %u is empty", d);
+    if (d > 0 && (map.strides[d] & 15))
+      return cta_.fail_at(pc, t, "tensor stride[%u] = %" PRIu64 " is not a multiple of 16", d,
+                          map.strides[d]);
+  }
+  const uint32_t row = map.box[0] * eb;
+  if (row % 16)
+    return cta_.fail_at(pc, t, "the box's inner dimension is %u bytes, not a multiple of 16", row);
+  const uint32_t swz = static_cast<uint32_t>(map.swizzle);
+  if (swz > 3) return cta_.fail_at(pc, t, "tensor map swizzle mode %u", swz);
+  const uint32_t span = swz ? 16u << swz : 0;  // 32, 64, 128 bytes
+  if (swz && row > span)
+    return cta_.fail_at(pc, t, "the box's inner dimension (%u bytes) exceeds the %u-byte swizzle",
+                        row, span);
+  return true;
+}
+
 bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
   const Inst &in = cta_.e_.code[pc];
   const uint32_t dims = in.sub;
@@ -421,52 +515,13 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
   }
   const uint64_t ga = r[in.b];
   if (!cta_.dependency_met(t, pc)) return false;  // the box's global reads
-  // The tensor map: 128 bytes, 64-byte aligned, in the parameter block or global.
-  const uint64_t p0 = reinterpret_cast<uint64_t>(cta_.sh_.params);
-  const uint8_t *mp = nullptr;
-  if (ga & 63)
-    return cta_.fail_at(pc, t, "tensor map address 0x%" PRIx64 " is not 64-byte aligned", ga);
-  if (ga >= p0 && ga + 128 <= p0 + cta_.sh_.param_size) {
-    mp = reinterpret_cast<const uint8_t *>(ga);
-  } else {
-    uint64_t b, e;
-    if (!cta_.sh_.mem->find_locked(ga, 128, &b, &e))
-      return cta_.fail_at(pc, t,
-                          "tensor map address 0x%" PRIx64
-                          " is neither in the parameter block nor in a global allocation",
-                          ga);
-    mp = reinterpret_cast<const uint8_t *>(ga);
-  }
   TensorMap map;
-  if (!load_tensor_map(mp, &map))
-    return cta_.fail_at(pc, t, "no tensor map at 0x%" PRIx64 " (magic 0x%08x, rank %u)", ga,
-                        map.magic, map.rank);
-  if (map.rank != dims)
-    return cta_.fail_at(pc, t, "the tensor map has rank %u, the instruction %u", map.rank, dims);
-  const uint32_t eb = map.elem_bytes;
-  if (eb != 1 && eb != 2 && eb != 4 && eb != 8)
-    return cta_.fail_at(pc, t, "tensor map element size %u", eb);
-  if (map.base & 15)
-    return cta_.fail_at(pc, t, "tensor map base 0x%" PRIx64 " is not 16-byte aligned", map.base);
+  if (!tensor_map_operand(t, pc, ga, dims, &map)) return false;
+  const uint32_t eb = map.elem_bytes, row = map.box[0] * eb;
   uint64_t total = eb;
-  for (uint32_t d = 0; d < dims; ++d) {
-    if (map.box[d] < 1 || map.box[d] > 256)
-      return cta_.fail_at(pc, t, "box[%u] = %u is outside 1..256", d, map.box[d]);
-    if (map.dims[d] < 1) return cta_.fail_at(pc, t, "tensor dimension %u is empty", d);
-    if (d > 0 && (map.strides[d] & 15))
-      return cta_.fail_at(pc, t, "tensor stride[%u] = %" PRIu64 " is not a multiple of 16", d,
-                          map.strides[d]);
-    total *= map.box[d];
-  }
-  const uint32_t row = map.box[0] * eb;
-  if (row % 16)
-    return cta_.fail_at(pc, t, "the box's inner dimension is %u bytes, not a multiple of 16", row);
+  for (uint32_t d = 0; d < dims; ++d) total *= map.box[d];
   const uint32_t swz = static_cast<uint32_t>(map.swizzle);
-  if (swz > 3) return cta_.fail_at(pc, t, "tensor map swizzle mode %u", swz);
   const uint32_t span = swz ? 16u << swz : 0;  // 32, 64, 128 bytes
-  if (swz && row > span)
-    return cta_.fail_at(pc, t, "the box's inner dimension (%u bytes) exceeds the %u-byte swizzle",
-                        row, span);
   const uint32_t align = swz ? span * 8 : 128;
   if (dst & (align - 1))
     return cta_.fail_at(pc, t, "destination shared address 0x%x is not %u-byte aligned%s",
@@ -490,25 +545,12 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
   const uint64_t rows = total / row;
   if (cta_.prof_) tma_rows_.clear();
   for (uint64_t rr = 0; rr < rows; ++rr) {
-    uint64_t q = rr, off = 0;
-    bool in_bounds = true;
-    for (uint32_t d = 1; d < dims; ++d) {
-      const int64_t x = c[d] + static_cast<int64_t>(q % map.box[d]);
-      q /= map.box[d];
-      if (x < 0 || x >= static_cast<int64_t>(map.dims[d])) in_bounds = false;
-      off += static_cast<uint64_t>(x) * map.strides[d];
-    }
-    if (!in_bounds) continue;
-    const int64_t x0 = std::max<int64_t>(c[0], 0);
-    const int64_t x1 = std::min<int64_t>(c[0] + map.box[0], static_cast<int64_t>(map.dims[0]));
-    if (x1 <= x0) continue;
-    const uint64_t src = map.base + off + static_cast<uint64_t>(x0) * eb;
-    const uint64_t bytes = static_cast<uint64_t>(x1 - x0) * eb;
+    uint64_t src, at, bytes;
+    if (!box_row(map, c, rr, &src, &at, &bytes)) continue;
     if (!cta_.in_allocation(src, bytes))
       return cta_.fail_at(pc, t, "box row at global 0x%" PRIx64 " (%" PRIu64 " bytes) %s", src,
                           bytes, cta_.sh_.mem->describe_locked(src, bytes).c_str());
-    std::memcpy(copy.data.data() + rr * row + static_cast<uint64_t>(x0 - c[0]) * eb,
-                reinterpret_cast<const void *>(src), bytes);
+    std::memcpy(copy.data.data() + at, reinterpret_cast<const void *>(src), bytes);
     if (cta_.prof_) tma_rows_.push_back({0, static_cast<uint32_t>(bytes), src});
   }
   if (cta_.prof_ && !tma_rows_.empty()) {  // the bytes read inside the tensor (no zero fill)
@@ -565,10 +607,200 @@ bool Sm90State::bulk_write(const BulkCopy &c, uint32_t t) {
                           a, op ? cta_.e_.code[op->pc].line : 0);
     }
     if (sm100_ && !sm100_->shared_write(t, c.pc, a, 16)) return false;
+    if (!bulk_source_write(t, c.pc, a, 16)) return false;
     std::memcpy(cta_.smem_.data() + a, c.data.data() + off, 16);
     if (proxy_dirty_) std::fill_n(unfenced_.data() + a, 16, 0);  // an async-proxy write
   }
   return true;
+}
+
+// ------------------------------------------------ bulk reductions ----
+// PTX ISA "cp.reduce.async.bulk", "cp.reduce.async.bulk.tensor",
+// "cp.async.bulk.commit_group", "cp.async.bulk.wait_group"; docs/emulator.md,
+// "Floating-point reductions". At issue the operands are checked and the
+// source is read (through the async proxy: its generic writes must have been
+// fenced); until a wait_group{.read} of the issuing thread retires the op,
+// a write into the source is an error. The retiring wait performs the
+// element-wise adds into global memory (host atomics).
+
+namespace {
+// Calls f(chunk) for each 16-byte shared chunk op reads.
+template <class F>
+void for_source_chunks(uint32_t src, size_t bytes, uint32_t swizzle_bits, F f) {
+  for (uint32_t off = 0; off < bytes; off += 16) f(swizzle_addr(src + off, swizzle_bits) / 16);
+}
+}  // namespace
+
+bool Sm90State::bulk_reduce(uint32_t t, uint32_t pc, const uint64_t *r) {
+  const Inst &in = cta_.e_.code[pc];
+  const int64_t src = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
+  const uint64_t dst = r[in.b] + r[in.c];
+  const uint32_t size = static_cast<uint32_t>(r[in.e]);
+  if (size % 16) return cta_.fail_at(pc, t, "size %u is not a multiple of 16", size);
+  if (src & 15)
+    return cta_.fail_at(pc, t, "source shared address 0x%x is not 16-byte aligned",
+                        static_cast<uint32_t>(src));
+  if (dst & 15)
+    return cta_.fail_at(pc, t, "destination global address 0x%" PRIx64 " is not 16-byte aligned",
+                        dst);
+  if (src < 0 || src + size > cta_.smem_size_)
+    return cta_.fail_at(pc, t,
+                        "the %u-byte source at shared 0x%x runs past the block's %u bytes of "
+                        "shared memory",
+                        size, static_cast<uint32_t>(src), cta_.smem_size_);
+  if (!cta_.dependency_met(t, pc)) return false;
+  if (size && !cta_.in_allocation(dst, size))
+    return cta_.fail_at(pc, t, "destination [0x%" PRIx64 ", +%u) %s", dst, size,
+                        cta_.sh_.mem->describe_locked(dst, size).c_str());
+  BulkOp op;
+  op.pc = pc;
+  op.src = static_cast<uint32_t>(src);
+  op.extent = size;
+  op.type = in.sub;
+  op.data.resize(size);
+  op.segs.push_back({dst, 0, size});
+  return bulk_issue(t, pc, std::move(op));
+}
+
+bool Sm90State::bulk_tensor_reduce(uint32_t t, uint32_t pc, const uint64_t *r) {
+  const Inst &in = cta_.e_.code[pc];
+  const uint32_t dims = in.sub;
+  const uint32_t *s = cta_.e_.operand_slots.data() + in.c;
+  const int64_t src = static_cast<int64_t>(static_cast<uint32_t>(r[in.a])) + in.imm;
+  if (!cta_.dependency_met(t, pc)) return false;
+  TensorMap map;
+  if (!tensor_map_operand(t, pc, r[in.b], dims, &map)) return false;
+  BulkOp op;
+  if (map.elem_bytes == 4 && map.dtype == TmaDtype::F32)
+    op.type = kBulkRedF32;
+  else if (map.elem_bytes == 4 && (map.dtype == TmaDtype::U32 || map.dtype == TmaDtype::S32))
+    op.type = kBulkRedU32;
+  else
+    return cta_.fail_at(pc, t,
+                        ".add is modelled for tensor maps of type f32, u32 or s32 (4-byte "
+                        "elements); this one has type %u, %u-byte elements",
+                        static_cast<uint32_t>(map.dtype), map.elem_bytes);
+  uint64_t total = map.elem_bytes;
+  for (uint32_t d = 0; d < dims; ++d) total *= map.box[d];
+  const uint32_t swz = static_cast<uint32_t>(map.swizzle);
+  const uint32_t align = swz ? (16u << swz) * 8 : 128;
+  if (src & (align - 1))
+    return cta_.fail_at(pc, t, "source shared address 0x%x is not %u-byte aligned%s",
+                        static_cast<uint32_t>(src), align,
+                        swz ? " (the swizzle pattern's repeat)" : "");
+  const uint64_t extent = swz ? (total + 127) / 128 * 128 : total;
+  if (src < 0 || src + extent > cta_.smem_size_)
+    return cta_.fail_at(pc, t,
+                        "the %" PRIu64
+                        "-byte box at shared 0x%x runs past the block's %u bytes of shared memory",
+                        total, static_cast<uint32_t>(src), cta_.smem_size_);
+  int64_t c[kTensorMapMaxRank] = {0, 0, 0, 0, 0};
+  for (uint32_t d = 0; d < dims; ++d) c[d] = static_cast<int32_t>(r[s[d]]);
+  op.pc = pc;
+  op.src = static_cast<uint32_t>(src);
+  op.extent = static_cast<uint32_t>(extent);
+  op.swizzle_bits = static_cast<uint8_t>(swz);
+  op.data.resize(total);
+  // Tile mode: only the box's elements inside the tensor are reduced (PTX
+  // ISA "Tensors": out-of-bound access).
+  const uint64_t rows = total / (map.box[0] * map.elem_bytes);
+  for (uint64_t rr = 0; rr < rows; ++rr) {
+    BulkSeg g;
+    if (!box_row(map, c, rr, &g.global, &g.at, &g.bytes)) continue;
+    if (!cta_.in_allocation(g.global, g.bytes))
+      return cta_.fail_at(pc, t, "box row at global 0x%" PRIx64 " (%" PRIu64 " bytes) %s", g.global,
+                          g.bytes, cta_.sh_.mem->describe_locked(g.global, g.bytes).c_str());
+    op.segs.push_back(g);
+  }
+  return bulk_issue(t, pc, std::move(op));
+}
+
+// Reads op's source (checking that its generic writes were fenced), marks
+// it read by an unretired op and queues op for thread t.
+bool Sm90State::bulk_issue(uint32_t t, uint32_t pc, BulkOp op) {
+  const uint8_t *smem = cta_.smem_.data();
+  for (uint32_t off = 0; off < op.data.size(); off += 16) {
+    const uint32_t a = swizzle_addr(op.src + off, op.swizzle_bits);
+    if (proxy_dirty_) {
+      for (uint32_t i = 0; i < 16; ++i)
+        if (unfenced_[a + i])
+          return cta_.fail_at(
+              pc, t,
+              "source byte at shared 0x%x is read through the async proxy, but its generic-proxy "
+              "write by %s was not followed by a fence.proxy.async of the writing thread (PTX ISA "
+              "\"Memory Consistency Model\": proxies)",
+              a + i, proxy_writer_text(unfenced_[a + i]).c_str());
+    }
+    std::memcpy(op.data.data() + off, smem + a, 16);
+  }
+  bool full = false;
+  for_source_chunks(op.src, op.data.size(), op.swizzle_bits,
+                    [&](uint32_t c) { full = full || bulk_chunk_[c] == UINT16_MAX; });
+  if (full) return cta_.fail_at(pc, t, "more than 65535 unretired bulk reductions read a chunk");
+  for_source_chunks(op.src, op.data.size(), op.swizzle_bits, [&](uint32_t c) { ++bulk_chunk_[c]; });
+  ++bulk_reading_;
+  if (bulkq_.empty()) bulkq_.resize(cta_.nthreads_);
+  bulkq_[t].ops.push_back(std::move(op));
+  return true;
+}
+
+// cp.async.bulk.wait_group{.read} n by thread t: the ops of all its
+// committed groups but the newest n are retired: their source is released
+// and their adds are performed, in issue order.
+bool Sm90State::bulk_wait(uint32_t t, size_t n) {
+  if (bulkq_.empty()) return true;
+  BulkQueue &q = bulkq_[t];
+  if (q.group_end.size() <= n) return true;
+  const size_t end = q.group_end[q.group_end.size() - 1 - n];
+  for (; q.done < end; ++q.done) {
+    BulkOp &op = q.ops[q.done];
+    for_source_chunks(op.src, op.data.size(), op.swizzle_bits,
+                      [&](uint32_t c) { --bulk_chunk_[c]; });
+    --bulk_reading_;
+    bulk_perform(op);
+    op.data = std::vector<uint8_t>();
+    op.segs = std::vector<BulkSeg>();
+  }
+  if (q.done == q.ops.size()) q = BulkQueue();
+  return true;
+}
+
+// The element-wise adds of op into global memory: host atomics, since CTAs
+// on other host threads may add into the same words.
+void Sm90State::bulk_perform(const BulkOp &op) {
+  const uint8_t how = op.type == kBulkRedF32 ? kAtomAddF32 : kAtomAdd;
+  for (const BulkSeg &g : op.segs) {
+    uint32_t *w = reinterpret_cast<uint32_t *>(g.global);
+    for (uint64_t k = 0; k < g.bytes / 4; ++k) {
+      uint32_t v;
+      std::memcpy(&v, op.data.data() + g.at + 4 * k, 4);
+      atom_word(w + k, how, v, 0, true);
+    }
+  }
+}
+
+bool Sm90State::fault_bulk_source(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n,
+                                  uint32_t chunk) {
+  for (uint32_t u = 0; u < bulkq_.size(); ++u) {
+    const BulkQueue &q = bulkq_[u];
+    for (size_t i = q.done; i < q.ops.size(); ++i) {
+      const BulkOp &op = q.ops[i];
+      bool hit = false;
+      for_source_chunks(op.src, op.data.size(), op.swizzle_bits,
+                        [&](uint32_t c) { hit = hit || c == chunk; });
+      if (!hit) continue;
+      return cta_.fail_at(pc, t,
+                          "writes shared [0x%x, 0x%x), the source of the %s at PTX line %u "
+                          "(%s), which no cp.async.bulk.wait_group{.read} of its thread has "
+                          "retired (PTX ISA \"cp.async.bulk.wait_group\")",
+                          addr, addr + n, cta_.e_.op_text[op.pc].c_str(), cta_.e_.code[op.pc].line,
+                          cta_.thread_text(u).c_str());
+    }
+  }
+  return cta_.fail_at(pc, t,
+                      "writes shared 0x%x, the source of a bulk reduction (emulator bug: "
+                      "no op found)",
+                      addr);
 }
 
 // ------------------------------------------------------------ wgmma ----
@@ -919,10 +1151,10 @@ void Sm90State::fault_pending(uint32_t t, uint32_t pc) {
   std::vector<uint32_t> slots = {in.d, in.a, in.b, in.c, in.e, in.v[0], in.v[1], in.v[2], in.v[3]};
   if (in.op == Op::kMma)
     for (uint32_t i = 0; i < 14; ++i) slots.push_back(cta_.e_.operand_slots[in.imm + i]);
-  if (in.op == Op::kBulkTensor) {
+  if (in.op == Op::kBulkTensor || in.op == Op::kBulkTensorReduce) {
     slots = {in.a, in.b};
-    for (uint32_t i = 0; i < bulk_tensor_operands(in); ++i)
-      slots.push_back(cta_.e_.operand_slots[in.c + i]);
+    const uint32_t n = in.op == Op::kBulkTensor ? bulk_tensor_operands(in) : in.sub;
+    for (uint32_t i = 0; i < n; ++i) slots.push_back(cta_.e_.operand_slots[in.c + i]);
   }
   uint32_t slot = kNoSlot, line = 0;
   for (uint32_t s : slots)
@@ -989,6 +1221,16 @@ bool Sm90State::finish_block() {
       return cta_.fail_at(
           wg.ops[wg.head].pc, UINT32_MAX,
           "still in flight when warpgroup %u exited (no wgmma.wait_group retired it)", g);
+  }
+  for (uint32_t u = 0; u < bulkq_.size(); ++u) {
+    const BulkQueue &q = bulkq_[u];
+    if (q.done == q.ops.size()) continue;
+    const bool committed = !q.group_end.empty() && q.group_end.back() > q.done;
+    return cta_.fail_at(q.ops[q.done].pc, u,
+                        "the thread exited before a cp.async.bulk.wait_group{.read} retired this "
+                        "bulk reduction%s (its source must stay until then: PTX ISA "
+                        "\"cp.async.bulk.wait_group\")",
+                        committed ? "" : ", never committed (cp.async.bulk.commit_group)");
   }
   for (const Mbarrier &m : mbars_) {
     if (!m.copies.empty())

@@ -1,5 +1,6 @@
 // The sm_90 state of a CTA (emu/arch.h): mbarriers with transaction
-// counts, cp.async.bulk.tensor (TMA, tile mode), the warpgroup collectives
+// counts, cp.async.bulk.tensor (TMA, tile mode), the bulk reductions
+// cp.reduce.async.bulk{.tensor} with their bulk async-groups, the warpgroup collectives
 // (wgmma.fence / commit_group / wait_group / mma_async, setmaxnreg), and the
 // missing-proxy-fence check (generic shared writes read by wgmma without
 // fence.proxy.async). docs/emulator.md, "Hopper (sm_90a)", has the model and
@@ -15,6 +16,7 @@
 
 #include "emu/arch.h"
 #include "emu/cta.h"
+#include "emu/tensor_map.h"
 
 namespace fa {
 namespace emu {
@@ -60,9 +62,10 @@ class Sm90State final : public ArchState {
                               const uint32_t *os) {
     auto hit = [&](uint32_t s) { return s < ns && pend[s]; };
     if (in.op == Op::kWgmma) return hit(in.a) || hit(in.b) || hit(in.c);
-    if (in.op == Op::kBulkTensor) {
+    if (in.op == Op::kBulkTensor || in.op == Op::kBulkTensorReduce) {
       if (hit(in.a) || hit(in.b)) return true;
-      for (uint32_t i = 0; i < bulk_tensor_operands(in); ++i)
+      const uint32_t n = in.op == Op::kBulkTensor ? bulk_tensor_operands(in) : in.sub;
+      for (uint32_t i = 0; i < n; ++i)
         if (hit(os[in.c + i])) return true;
       return false;
     }
@@ -85,6 +88,21 @@ class Sm90State final : public ArchState {
   // the cluster once the current barrier.cluster phase completes
   // (fence.mbarrier_init, or a barrier.cluster.arrive.release).
   void publish_inits(uint32_t t);
+
+  // The entry has cp.reduce.async.bulk{.tensor}: writes into shared memory
+  // must be checked with bulk_source_write.
+  bool watches_bulk() const { return has_bulk_; }
+  // Thread t's write of shared [addr, addr + n) by the instruction at pc
+  // (st.shared, st, atom / red .shared, stmatrix, a performed cp.async, a
+  // TMA box landing). False (error set, naming both lines): it overwrites
+  // the source of a bulk reduction that no cp.async.bulk.wait_group{.read}
+  // of its thread has retired (PTX ISA "cp.async.bulk.wait_group").
+  bool bulk_source_write(uint32_t t, uint32_t pc, uint32_t addr, uint32_t n) {
+    if (!bulk_reading_) return true;
+    for (uint32_t c = addr / 16; c <= (addr + n - 1) / 16; ++c)
+      if (bulk_chunk_[c]) return fault_bulk_source(t, pc, addr, n, c);
+    return true;
+  }
 
   // A generic st (track_proxy() on): marks it when it lands in the shared window.
   __attribute__((noinline)) void generic_store_hook(uint32_t t, uint32_t pc, const uint8_t *p,
@@ -138,6 +156,31 @@ class Sm90State final : public ArchState {
     std::vector<BulkCopy> copies;  // become visible when the phase completes
   };
 
+  // One issued cp.reduce.async.bulk{.tensor}: its source at shared src (the
+  // box's extent bytes; data.size() bytes read at issue, logical order), and
+  // the global words it adds into: segs of {global address, byte offset in
+  // data, bytes}. Performed by the cp.async.bulk.wait_group that retires it.
+  struct BulkSeg {
+    uint64_t global = 0, at = 0, bytes = 0;
+  };
+  struct BulkOp {
+    uint32_t pc = 0;
+    uint32_t src = 0, extent = 0;
+    uint8_t type = kBulkRedF32;  // BulkRedType
+    uint8_t swizzle_bits = 0;    // the box's swizzle (0: none; 1/2/3: 32/64/128-byte)
+    std::vector<uint8_t> data;
+    std::vector<BulkSeg> segs;
+  };
+  // A thread's bulk async-groups (PTX ISA "cp.async.bulk.commit_group",
+  // "cp.async.bulk.wait_group"): ops in issue order, ops[done..) not yet
+  // retired; group_end: the ends of the committed groups (ops past the last
+  // one are uncommitted).
+  struct BulkQueue {
+    std::vector<BulkOp> ops;
+    size_t done = 0;
+    std::vector<size_t> group_end;
+  };
+
   // One issued wgmma.mma_async, performed by the wait_group that retires it.
   struct WgmmaOp {
     uint32_t pc = 0;
@@ -151,8 +194,8 @@ class Sm90State final : public ArchState {
     size_t head = 0;
     std::vector<size_t> group_end;  // ends of committed groups; [group_head..) pending
     size_t group_head = 0;
-    bool fenced = false;   // wgmma.fence since the last wgmma.wait_group
-    uint32_t maxnreg = 0;  // last setmaxnreg value (0: none yet)
+    bool fenced = false;      // wgmma.fence since the last wgmma.wait_group
+    uint32_t maxnreg = 0;     // last setmaxnreg value (0: none yet)
     uint32_t maxnreg_pc = 0;  // its setmaxnreg
     void clear() {
       ops.clear();
@@ -198,7 +241,15 @@ class Sm90State final : public ArchState {
   bool arrive_on(Sm90State &owner, Mbarrier &m, uint32_t t, uint32_t pc, uint32_t count);
   bool mbar_maybe_complete(Mbarrier &m, uint32_t t);
   int mbar_try_wait(uint32_t t, uint32_t pc, uint64_t *r);
+  bool tensor_map_operand(uint32_t t, uint32_t pc, uint64_t ga, uint32_t dims, TensorMap *out);
   bool bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r);
+  bool bulk_reduce(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool bulk_tensor_reduce(uint32_t t, uint32_t pc, const uint64_t *r);
+  bool bulk_issue(uint32_t t, uint32_t pc, BulkOp op);
+  bool bulk_wait(uint32_t t, size_t n);
+  void bulk_perform(const BulkOp &op);
+  __attribute__((noinline, cold)) bool fault_bulk_source(uint32_t t, uint32_t pc, uint32_t addr,
+                                                         uint32_t n, uint32_t chunk);
   bool bulk_write(const BulkCopy &c, uint32_t t);
   const WgmmaOp *reader_of_chunk(uint32_t chunk) const;
   bool run_warpgroup_collective(uint32_t g, const Inst &in, uint32_t pc);
@@ -224,6 +275,13 @@ class Sm90State final : public ArchState {
   std::vector<uint32_t> wg_elems_;          // wgmma_issue scratch (profile)
   std::vector<float> wg_a_, wg_bt_, wg_d_;  // wgmma_perform scratch
   std::vector<LaneAccess> tma_rows_;        // bulk_tensor scratch (profile)
+  // Bulk reductions: the entry has them; per thread, its queue (sized on
+  // first use); per 16-byte shared chunk, the unretired ops reading it;
+  // how many unretired ops there are in the CTA.
+  bool has_bulk_ = false;
+  std::vector<BulkQueue> bulkq_;
+  std::vector<uint16_t> bulk_chunk_;
+  uint32_t bulk_reading_ = 0;
 };
 
 }  // namespace emu

@@ -664,6 +664,58 @@ void Builder::atom_add(bool acq_rel, Type t, Reg d, Addr a, Operand b) {
   Line(*this, in).reg(d).addr(a).operand(b).done();
 }
 
+// atom / red .add: "atom.global.relaxed.gpu.add.f32".
+void Builder::atomic_add_opcode(Opcode &in, Space s, const char *sem, Type t) const {
+  if (s == Space::Global)
+    in.add(".global");
+  else if (s == Space::Shared)
+    in.add(".shared");
+  else
+    misuse(in, "atom / red .add takes Space::Global or Space::Shared");
+  in.str(std::string(".") + sem + (s == Space::Global ? ".gpu.add" : ".cta.add"));
+  in.dot(type_piece(t));
+  if (t != Type::U32 && t != Type::S32 && t != Type::F32)
+    misuse(in, ".add takes .u32, .s32 or .f32");
+}
+
+// A value operand of atom / red of type t: for .f32 an f32 or b32 register
+// (PTX ISA "Types": .b32 registers hold any 32-bit type) or an f32
+// immediate.
+void Builder::check_word(const Opcode &in, const Operand &o, Type t, const char *what) const {
+  if (t == Type::F32 && o.kind == Operand::Kind::Reg && o.reg.cls == RegClass::B32)
+    return check_reg(in, o.reg, Type::B32, what);
+  check(in, o, t, what);
+}
+
+void Builder::atom_add(Space s, bool acq_rel, Type t, Reg d, Addr a, Operand b) {
+  Opcode in("atom");
+  atomic_add_opcode(in, s, acq_rel ? "acq_rel" : "relaxed", t);
+  check_word(in, d, t, "destination register class");
+  check_addr(in, a, s);
+  check_word(in, b, t, "b must be a register of the type or an immediate");
+  require(70, 60, "atom with .sem and .scope");
+  Line(*this, in).reg(d).addr(a).operand(b).done();
+}
+
+void Builder::red_add(Space s, bool release, Type t, Addr a, Operand b) {
+  Opcode in("red");
+  atomic_add_opcode(in, s, release ? "release" : "relaxed", t);
+  check_addr(in, a, s);
+  check_word(in, b, t, "b must be a register of the type or an immediate");
+  require(70, 60, "red with .sem and .scope");
+  Line(*this, in).addr(a).operand(b).done();
+}
+
+void Builder::red_add_v(Addr a, std::initializer_list<Reg> v) {
+  Opcode in("red.global.relaxed.gpu.add");
+  in.add(v.size() == 4 ? ".v4.f32" : ".v2.f32");
+  if (v.size() != 2 && v.size() != 4) misuse(in, "vector red takes 2 or 4 registers");
+  for (Reg r : v) check_word(in, r, Type::F32, "vector elements must be f32 or b32 registers");
+  check_addr(in, a, Space::Global);
+  require(90, 81, "red with a vector type");
+  Line(*this, in).addr(a).vec(v).done();
+}
+
 void Builder::st_v(Space s, Type t, Addr a, std::initializer_list<Reg> v) {
   Opcode in = Opcode::mem("st", s, false, v.size(), t);
   if (!st_type_ok(t, true) || (v.size() != 2 && v.size() != 4))
@@ -1041,6 +1093,48 @@ void Builder::cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n,
   Opcode in("cp.async.bulk.tensor");
   bulk_tensor_opcode(in, dst, tmap, coords, n, mbar, false);
   Line(*this, in).addr(dst).tensor(tmap, coords, static_cast<size_t>(n)).addr(mbar).done();
+}
+
+void Builder::cp_reduce_async_bulk_add(Type t, Addr dst, Addr src, Operand size) {
+  Opcode in("cp.reduce.async.bulk");
+  in.add(".global.shared::cta.bulk_group.add");
+  in.dot(type_piece(t));
+  if (t != Type::F32 && t != Type::U32 && t != Type::S32) misuse(in, ".add takes f32, u32 or s32");
+  check_addr(in, dst, Space::Global);
+  check_addr(in, src, Space::Shared);
+  if (dst.offset % 16 || src.offset % 16) misuse(in, "offsets must keep 16-byte alignment");
+  check(in, size, Type::U32, "size must be a b32 register or an immediate");
+  if (size.kind == Operand::Kind::Imm && (size.imm < 0 || size.imm % 16))
+    misuse(in, "size must be a multiple of 16");
+  require(90, 80, "cp.reduce.async.bulk");
+  Line(*this, in).addr(dst).addr(src).operand(size).done();
+}
+
+void Builder::cp_reduce_async_bulk_tensor_add(Reg tmap, const Reg *coords, int n, Addr src) {
+  Opcode in("cp.reduce.async.bulk.tensor");
+  if (n < 1 || n > 5) misuse(in, "1 to 5 coordinates");
+  in.str("." + std::to_string(n) + "d.global.shared::cta.add.tile.bulk_group");
+  check_addr(in, src, Space::Shared);
+  check_reg(in, tmap, Type::B64, "the tensor map is a b64 generic address");
+  for (int i = 0; i < n; ++i) {
+    if (coords[i].cls != RegClass::B32) misuse(in, "coordinates are b32 registers");
+    check_reg(in, coords[i], Type::S32, "coordinates are b32 registers");
+  }
+  require(90, 80, "cp.reduce.async.bulk.tensor");
+  Line(*this, in).tensor(tmap, coords, static_cast<size_t>(n)).addr(src).done();
+}
+
+void Builder::cp_async_bulk_commit() {
+  require(90, 80, "cp.async.bulk.commit_group");
+  Line(*this, Opcode("cp.async.bulk.commit_group")).done();
+}
+
+void Builder::cp_async_bulk_wait(int n, bool read) {
+  Opcode in("cp.async.bulk.wait_group");
+  if (read) in.add(".read");
+  if (n < 0 || n > 63) misuse(in, "wait_group takes 0..63");
+  require(90, 80, "cp.async.bulk.wait_group");
+  Line(*this, in).imm(n).done();
 }
 
 void Builder::wgmma_fence() { Line(*this, Opcode("wgmma.fence.sync.aligned")).done(); }

@@ -201,6 +201,21 @@ class Builder {
   // released by other threads' adds of the word before it are visible
   // after it. Needs sm_70 and PTX ISA 6.0 (the .sem and .scope qualifiers).
   void atom_add(bool acq_rel, Type t, Reg d, Addr a, Operand b);
+  // atom.{global,shared}.{relaxed,acq_rel}.{gpu,cta}.add.T d, [a], b (PTX ISA
+  // "atom"): as above in either space (shared: .cta scope, a b32 address), T
+  // U32, S32 or F32 (d and b f32 registers or b32; the add rounds to nearest
+  // even; on global memory subnormal inputs and result flush to zero, on
+  // shared memory they do not). sm_70, PTX ISA 6.0.
+  void atom_add(Space s, bool acq_rel, Type t, Reg d, Addr a, Operand b);
+  // red.{global,shared}.{relaxed,release}.{gpu,cta}.add.T [a], b (PTX ISA
+  // "red"): atom_add without the old value; release: this thread's earlier
+  // accesses happen before the add. sm_70, PTX ISA 6.0.
+  void red_add(Space s, bool release, Type t, Addr a, Operand b);
+  // red.global.relaxed.gpu.add.vN.f32 [a], {v} (PTX ISA "red", vector
+  // types): N = 2 or 4 f32 registers added to the N consecutive words at a
+  // (8- or 16-byte aligned), each element atomic on its own. sm_90, PTX ISA
+  // 8.1.
+  void red_add_v(Addr a, std::initializer_list<Reg> v);
 
   // ---- data movement, arithmetic, comparison, conversion ----
   void mov(Type t, Reg d, Operand a);
@@ -306,6 +321,30 @@ class Builder {
   // [dst], [tmap, {coords}], [mbar]: N = count(coords) in 1..5; tmap the
   // generic address of a tensor map; completes tx bytes on mbar.
   void cp_async_bulk_tensor(Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar);
+  // cp.reduce.async.bulk.global.shared::cta.bulk_group.add.T [dst], [src],
+  // size (PTX ISA "cp.reduce.async.bulk"): adds size bytes (a multiple of
+  // 16; a b32 register or an immediate) of T elements (F32, U32 or S32) of
+  // shared memory at src into global memory at dst (a b64 address), both
+  // 16-byte aligned; each element's add is atomic on its own (.relaxed.gpu);
+  // f32 subnormals flush to zero. Asynchronous: tracked by bulk
+  // async-groups (cp_async_bulk_commit, cp_async_bulk_wait). sm_90, PTX ISA
+  // 8.0.
+  void cp_reduce_async_bulk_add(Type t, Addr dst, Addr src, Operand size);
+  // cp.reduce.async.bulk.tensor.Nd.global.shared::cta.add.tile.bulk_group
+  // [tmap, {coords}], [src] (PTX ISA "cp.reduce.async.bulk.tensor"): adds
+  // the box at src (laid out as cp_async_bulk_tensor lays it out; the
+  // element type is the tensor map's) into the tensor at coords (n = 1..5
+  // b32 registers); box elements outside the tensor are not written. src
+  // 128-byte aligned. sm_90, PTX ISA 8.0.
+  void cp_reduce_async_bulk_tensor_add(Reg tmap, const Reg *coords, int n, Addr src);
+  // cp.async.bulk.commit_group: this thread's uncommitted bulk operations
+  // become a bulk async-group. cp.async.bulk.wait_group{.read} n: waits
+  // until at most the newest n groups are pending (read: until their
+  // operations have read their sources, which may then be overwritten).
+  // PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group"; sm_90,
+  // PTX ISA 8.0.
+  void cp_async_bulk_commit();
+  void cp_async_bulk_wait(int n, bool read);
   // wgmma.fence / commit_group / wait_group n (PTX ISA "Asynchronous
   // Warpgroup Level Matrix Multiply-Accumulate Instructions").
   void wgmma_fence();
@@ -535,6 +574,8 @@ class Builder {
   void require(int sm, int isa, const char *what, bool arch = false);
   void bulk_tensor_opcode(Opcode &in, Addr dst, Reg tmap, const Reg *coords, int n, Addr mbar,
                           bool multicast) const;
+  void atomic_add_opcode(Opcode &in, Space s, const char *sem, Type t) const;
+  void check_word(const Opcode &in, const Operand &o, Type t, const char *what) const;
   void tcgen05_ncols(const Opcode &in, const Operand &ncols) const;
   static std::string cta_group_text(int cta_group);
   void check_cta_group(const Opcode &in, int cta_group) const;
