@@ -78,7 +78,10 @@ float from_half(uint16_t h, bool bf16) {
 std::string compare(const char *what, const std::vector<float> &got, const std::vector<double> &ref,
                     bool bf16) {
   const fa::ref::ErrorStats e = fa::ref::compare(got.data(), ref.data(), ref.size());
-  const double rel_tol = bf16 ? 2e-2 : 4e-3, abs_tol = (bf16 ? 4e-2 : 8e-3) * e.max_ref + 1e-6;
+  // Observed (emulator, these cases): rel_l2 <= 4e-4 (fp16), 2.5e-3 (bf16);
+  // max_abs <= 7e-4 (fp16), 5e-3 (bf16) of max|ref|: P and dS are rounded to
+  // the 16-bit type for their products.
+  const double rel_tol = bf16 ? 1e-2 : 1.5e-3, abs_tol = (bf16 ? 2e-2 : 3e-3) * e.max_ref + 1e-6;
   char b[256];
   std::snprintf(b, sizeof b,
                 "    %s: max_abs %.3g (tol %.3g), rel_l2 %.3g (tol %.3g), max|ref| %.3g\n", what,
@@ -171,7 +174,7 @@ std::string run_case(fa_runtime *rt, const Case &c) {
     fa_config_destroy(cfg);
     return std::string("fa_backward_workspace_size: ") + fa_last_error() + "\n";
   }
-  ba.workspace = dev.put(std::vector<float>((ws + 3) / 4, NAN));  // poisoned
+  ba.workspace = dev.put(std::vector<float>((ws + 3) / 4, std::getenv("FA_BWD_ZERO") ? 0.0f : NAN));  // poisoned
   ba.workspace_size = ws;
   const fa_status st = fa_backward(rt, cfg, &ba, nullptr);
   fa_config_destroy(cfg);
@@ -224,6 +227,12 @@ std::string run_case(fa_runtime *rt, const Case &c) {
     for (size_t i = 0; i < x.size(); ++i) f[i] = from_half(x[i], c.bf16);
     return f;
   };
+  if (std::getenv("FA_BWD_CASE")) {
+    const std::vector<float> w = dev.get<float>(ba.workspace, 8);
+    std::printf("dq_accum[0..3] %g %g %g %g\n", w[0], w[1], w[2], w[3]);
+  }
+  if (std::getenv("FA_BWD_CASE"))
+    for (int i = 0; i < 4; ++i) std::printf("dq[%d] got %g ref %g\n", i, from_half(gq[i], c.bf16), rdq[i]);
   err += compare("dQ", floats(gq), rdq, c.bf16);
   err += compare("dK", floats(gk), rdk, c.bf16);
   err += compare("dV", floats(gv), rdv, c.bf16);
@@ -292,6 +301,13 @@ int main(void) {
     c.lens_q = {70, 0, 33};
     c.lens_k = {90, 20, 33};
     add(c);
+  }
+  if (const char *o = std::getenv("FA_BWD_CASE")) {  // debugging: "sq sk d hq hkv causal bf16"
+    Case c;
+    int causal = 0, bf16 = 0;
+    std::sscanf(o, "%d %d %d %d %d %d %d", &c.sq, &c.sk, &c.d, &c.hq, &c.hkv, &causal, &bf16);
+    c.causal = causal, c.bf16 = bf16;
+    cases = {c};
   }
   for (int sm : {80, 90}) {
     fa_runtime *rt = fa::test::emulator_or_fail(sm);

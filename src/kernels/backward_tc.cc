@@ -469,6 +469,7 @@ class BackwardGen {
     Reg row = e_.op(Op::MadLo, Type::U32, warp_, imm(kKeysPerWarp), ln_.g);
     Reg a = e_.op(Op::MadLo, Type::U32, row, imm(lay_.ds.pitch), smem_);
     b_.op(Op::MadLo, Type::U32, a, ln_.q, imm(4), a);
+    b_.op(Op::Add, Type::U32, a, a, imm(lay_.ds.offset));
     Reg w = b_.b32();
     for (int j = 0; j < nS_; ++j)
       for (int h = 0; h < 2; ++h) {
