@@ -8,6 +8,7 @@
 // that see no key: zero dQ), windows, softcap, ALiBi, sinks (dsinks), GQA
 // and MQA (dK, dV summed over the group), head_dim != head_dim_v, head dims
 // 8 .. 128, varlen with an empty sequence, both dtypes.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,12 @@ struct Case {
   bool alibi = false, sinks = false;
   std::vector<int> lens_q, lens_k;  // varlen: per sequence (sq, sk the maxima)
   uint32_t seed = 1;
+  bool deterministic = false;
+  // >= 0: the inputs of the whole (varlen) batch, but only this sequence run
+  // (batch 1): a sequence alone against itself among others.
+  int only = -1;
+  // When set: the gradients as fa_backward wrote them (bit-identity checks).
+  std::vector<uint16_t> *dq_out = nullptr, *dk_out = nullptr, *dv_out = nullptr;
   std::string describe() const {
     char b[256];
     std::snprintf(b, sizeof b, "%s b%d sq%d sk%d hq%d hkv%d d%d dv%d%s wl%d wr%d cap%g%s%s%s",
@@ -93,7 +100,15 @@ std::string compare(const char *what, const std::vector<float> &got, const std::
   return err;
 }
 
-std::string run_case(fa_runtime *rt, const Case &c) {
+std::string run_case(fa_runtime *rt, const Case &c_in) {
+  Case c = c_in;
+  if (c.only >= 0) {
+    c.batch = 1;
+    c.sq = c.lens_q[size_t(c.only)];
+    c.sk = c.lens_k[size_t(c.only)];
+    c.lens_q = {c.sq};
+    c.lens_k = {c.sk};
+  }
   const bool varlen = !c.lens_q.empty();
   const int dv = c.dv ? c.dv : c.d;
   // Rows: fixed length [b, s, h, d]; varlen packed [total, h, d].
@@ -110,8 +125,26 @@ std::string run_case(fa_runtime *rt, const Case &c) {
     for (auto &x : h) x = to_half(nd(gen), c.bf16);
     return h;
   };
-  std::vector<uint16_t> q = rand_half(rq * c.hq * c.d), k = rand_half(rk * c.hkv * c.d),
-                        v = rand_half(rk * c.hkv * dv), dout = rand_half(rq * c.hq * dv);
+  // The batch's inputs (c_in's); with `only` that sequence's rows.
+  size_t fq = rq, fk = rk, q0 = 0, k0 = 0;
+  if (c_in.only >= 0) {
+    fq = fk = 0;
+    for (size_t b = 0; b < c_in.lens_q.size(); ++b) {
+      if (int(b) == c_in.only) q0 = fq, k0 = fk;
+      fq += size_t(c_in.lens_q[b]), fk += size_t(c_in.lens_k[b]);
+    }
+  }
+  std::vector<uint16_t> q = rand_half(fq * c.hq * c.d), k = rand_half(fk * c.hkv * c.d),
+                        v = rand_half(fk * c.hkv * dv), dout = rand_half(fq * c.hq * dv);
+  if (c_in.only >= 0) {
+    auto cut = [](std::vector<uint16_t> &x, size_t row0, size_t rows, size_t w) {
+      x = std::vector<uint16_t>(x.begin() + row0 * w, x.begin() + (row0 + rows) * w);
+    };
+    cut(q, q0, rq, size_t(c.hq) * c.d);
+    cut(dout, q0, rq, size_t(c.hq) * dv);
+    cut(k, k0, rk, size_t(c.hkv) * c.d);
+    cut(v, k0, rk, size_t(c.hkv) * dv);
+  }
   std::vector<float> sinks, slopes;
   if (c.sinks)
     for (int h = 0; h < c.hq; ++h) sinks.push_back(0.5f * nd(gen));
@@ -169,21 +202,28 @@ std::string run_case(fa_runtime *rt, const Case &c) {
   ba.dk = tensor(dev.put(nan_k), c.sk, c.hkv, c.d);
   ba.dv = tensor(dev.put(nan_v), c.sk, c.hkv, dv);
   if (c.sinks) ba.dsinks = dev.put(std::vector<float>(c.hq, NAN));
+  ba.deterministic = c.deterministic;
   size_t ws = 0;
   if (fa_backward_workspace_size(rt, cfg, &ba, &ws) != FA_SUCCESS) {
     fa_config_destroy(cfg);
     return std::string("fa_backward_workspace_size: ") + fa_last_error() + "\n";
   }
-  ba.workspace = dev.put(std::vector<float>((ws + 3) / 4, std::getenv("FA_BWD_ZERO") ? 0.0f : NAN));  // poisoned
+  ba.workspace = dev.put(
+      std::vector<float>((ws + 3) / 4, std::getenv("FA_BWD_ZERO") ? 0.0f : NAN));  // poisoned
   ba.workspace_size = ws;
   const fa_status st = fa_backward(rt, cfg, &ba, nullptr);
+  if (st != FA_SUCCESS)
+    err = std::string("fa_backward: ") + fa_status_string(st) + ": " + fa_last_error() + "\n";
   fa_config_destroy(cfg);
-  if (st != FA_SUCCESS) return std::string("fa_backward: ") + fa_last_error() + "\n";
+  if (st != FA_SUCCESS) return err;
   const std::vector<uint16_t> gq = dev.get<uint16_t>(ba.dq.data, nan_q.size()),
                               gk = dev.get<uint16_t>(ba.dk.data, nan_k.size()),
                               gv = dev.get<uint16_t>(ba.dv.data, nan_v.size());
   std::vector<float> gds;
   if (c.sinks) gds = dev.get<float>(ba.dsinks, c.hq);
+  if (c.dq_out) *c.dq_out = gq;
+  if (c.dk_out) *c.dk_out = gk;
+  if (c.dv_out) *c.dv_out = gv;
 
   // The reference, one sequence at a time, on the rounded inputs.
   std::vector<double> rdq(nan_q.size(), 0), rdk(nan_k.size(), 0), rdv(nan_v.size(), 0),
@@ -232,7 +272,8 @@ std::string run_case(fa_runtime *rt, const Case &c) {
     std::printf("dq_accum[0..3] %g %g %g %g\n", w[0], w[1], w[2], w[3]);
   }
   if (std::getenv("FA_BWD_CASE"))
-    for (int i = 0; i < 4; ++i) std::printf("dq[%d] got %g ref %g\n", i, from_half(gq[i], c.bf16), rdq[i]);
+    for (int i = 0; i < 4; ++i)
+      std::printf("dq[%d] got %g ref %g\n", i, from_half(gq[i], c.bf16), rdq[i]);
   err += compare("dQ", floats(gq), rdq, c.bf16);
   err += compare("dK", floats(gk), rdk, c.bf16);
   err += compare("dV", floats(gv), rdv, c.bf16);
@@ -316,6 +357,42 @@ int main(void) {
       std::printf("  sm%d %s\n", sm, c.describe().c_str());
       const std::string e = run_case(rt, c);
       if (!e.empty()) failures += "sm" + std::to_string(sm) + " " + c.describe() + ":\n" + e;
+    }
+    // Deterministic mode: the same bits on every run, and for a sequence
+    // whether it runs alone or among others (its dQ summed over its key
+    // blocks in their order): a causal GQA case, three runs; the batch's
+    // second sequence alone. dK and dV are summed in registers in a fixed
+    // order in either mode.
+    if (!std::getenv("FA_BWD_CASE")) {
+      Case d;
+      d.batch = 3, d.sq = 150, d.sk = 200, d.hq = 4, d.hkv = 2, d.causal = true, d.bf16 = true;
+      d.lens_q = {150, 97, 20};
+      d.lens_k = {200, 130, 64};
+      d.deterministic = true;
+      d.seed = 9200;
+      std::vector<uint16_t> q1, q2, k1, k2, v1, v2;
+      d.dq_out = &q1, d.dk_out = &k1, d.dv_out = &v1;
+      std::string e = run_case(rt, d);
+      d.dq_out = &q2, d.dk_out = &k2, d.dv_out = &v2;
+      for (int run = 0; run < 2 && e.empty(); ++run) {
+        e += run_case(rt, d);
+        if (q1 != q2 || k1 != k2 || v1 != v2)
+          e += "deterministic: run " + std::to_string(run + 2) + " differs in its bits\n";
+      }
+      // The second sequence alone: its rows' bits as in the batch.
+      Case one = d;
+      one.only = 1;
+      std::vector<uint16_t> q3, k3, v3;
+      one.dq_out = &q3, one.dk_out = &k3, one.dv_out = &v3;
+      if (e.empty()) e += run_case(rt, one);
+      if (e.empty()) {
+        const size_t qr = size_t(d.hq) * d.d, kr = size_t(d.hkv) * d.d;
+        const bool same = std::equal(q3.begin(), q3.end(), q1.begin() + 150 * qr) &&
+                          std::equal(k3.begin(), k3.end(), k1.begin() + 200 * kr) &&
+                          std::equal(v3.begin(), v3.end(), v1.begin() + 200 * kr);
+        if (!same) e += "deterministic: a sequence alone differs from it in a batch\n";
+      }
+      if (!e.empty()) failures += "sm" + std::to_string(sm) + " deterministic:\n" + e;
     }
     fa_runtime_destroy(rt);
   }

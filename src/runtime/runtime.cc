@@ -993,19 +993,26 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
 
 BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &a) {
   BackwardPlan plan;
-  uint64_t rows = 0, dq_bytes = 0, stats_bytes = 0, total = 0;
+  uint64_t rows = 0, dq_bytes = 0, stats_bytes = 0, total = 0, sems = 0;
+  // deterministic: a u32 per (batch, head, query block of 32 or more).
+  const uint64_t blocks = (uint64_t(a.fwd.seqlen_q) + 31) / 32;
   if (__builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(a.fwd.seqlen_q),
                              uint64_t(cfg.num_heads_q), &rows) ||
       __builtin_mul_overflow(rows, uint64_t(cfg.head_dim) * sizeof(float), &dq_bytes) ||
       __builtin_mul_overflow(rows, 2 * sizeof(float), &stats_bytes) ||
       dq_bytes > (uint64_t(1) << 62) ||
       __builtin_add_overflow(round_up(dq_bytes, 256), stats_bytes, &total) ||
+      total > (uint64_t(1) << 62) ||
+      __builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(cfg.num_heads_q), blocks * 4,
+                             &sems) ||
+      (a.deterministic && __builtin_add_overflow(round_up(total, 256), sems, &total)) ||
       total > uint64_t(SIZE_MAX) || total > uint64_t(INT64_MAX)) {
     plan.too_large = true;
     return plan;
   }
   plan.rows = static_cast<int64_t>(rows);
   plan.row_stats_offset = round_up(dq_bytes, 256);
+  if (a.deterministic) plan.sem_offset = round_up(plan.row_stats_offset + stats_bytes, 256);
   plan.workspace_bytes = static_cast<size_t>(total);
   return plan;
 }
@@ -1098,6 +1105,7 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
   p.dsinks = a.dsinks;
   p.softmax_scale = cfg.softmax_scale;
   p.deterministic = a.deterministic;
+  if (a.deterministic) p.dq_sem = a.workspace + plan.sem_offset;
   LaunchGeometry geoms[3];
   for (int i = 0; i < 3; ++i) {
     if (!ks[i]) continue;

@@ -104,6 +104,9 @@ fa_status check_head_dims(const AttentionConfig &cfg, const KernelSpec &spec);
 struct BackwardPlan {
   int64_t rows = 0;
   size_t row_stats_offset = 0;
+  // deterministic: the dQ semaphores (BackwardParams::dq_sem), u32 [batch]
+  // [heads_q][ceil(seqlen_q / 32)] (the smallest query block), else 0.
+  size_t sem_offset = 0;
   size_t workspace_bytes = 0;
   bool too_large = false;  // the bytes overflow 64 bits (sizes above unset)
 };
@@ -170,8 +173,8 @@ class Runtime {
   // Whether decode() fuses the combine for args run as `plan`: the caller's
   // split_counters and o, more than one split, the policy's decode_fused,
   // and a kernel with the fused form (tensor-core, fixed-length queries).
-  bool decode_fuses(const AttentionConfig &cfg, const fa_decode_args &args,
-                    const DecodePlan &plan, uint64_t cu_seqlens_q = 0) const;
+  bool decode_fuses(const AttentionConfig &cfg, const fa_decode_args &args, const DecodePlan &plan,
+                    uint64_t cu_seqlens_q = 0) const;
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
                    uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
