@@ -427,6 +427,11 @@ void test_workspace_size(void **) {
     assert_non_null(std::strstr(fa_last_error(), "bytes is NULL"));
     assert_int_equal(fa_backward_workspace_size(g_rt, cfg, nullptr, &n), FA_ERROR_INVALID_ARGUMENT);
     assert_non_null(std::strstr(fa_last_error(), "args is NULL"));
+    // Grids: batch (z) and num_heads_q (y) at most 65535.
+    a.dq.stride[1] = a.fwd.q.stride[1];
+    a.fwd.batch = 65536;
+    assert_int_equal(fa_backward_workspace_size(g_rt, cfg, &a, &n), FA_ERROR_UNSUPPORTED);
+    assert_non_null(std::strstr(fa_last_error(), "at most 65535"));
     fa_config_destroy(cfg);
   }
 }
