@@ -11,6 +11,7 @@
 // fa::ref::attention_backward's dsinks.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -41,7 +42,7 @@ size_t round256(size_t x) { return (x + 255) / 256 * 256; }
 struct Shape {
   int batch = 2, sq = 37, sk = 29, hq = 4, hkv = 2, d = 48, dv = 72;
   bool bf16 = false, causal = false;
-  float softmax_scale = 0.3f;
+  float softmax_scale = 0.3f, softcap = 0;
   std::vector<int> lens_q, lens_k;  // varlen when set
   std::vector<float> sinks;         // fwd.sinks when set
   int row_pad = 8;                  // elements between rows of dout and dq (a gap)
@@ -132,6 +133,7 @@ struct Problem {
     d.num_heads_kv = s.hkv;
     d.causal = s.causal ? 1 : 0;
     d.softmax_scale = s.softmax_scale;
+    d.softcap = s.softcap;
     assert_int_equal(fa_config_create(&d, &cfg), FA_SUCCESS);
     dev.cfg = cfg;
     std::mt19937 gen(seed);
@@ -585,7 +587,15 @@ void test_post_fixed(void **) {
   t.bf16 = true;
   t.batch = 1, t.sq = 131, t.hq = 2, t.hkv = 2, t.d = 128, t.dv = 16;
   t.softmax_scale = 0.0883883f;
+  t.softcap = 30;  // read by the main kernel only
+  t.hkv = 1;
   check_post(t, 6);
+  // The per-row kernels do not depend on softcap, ALiBi or the GQA group:
+  // one kernel per head dims, dtype, varlen and sinks.
+  const std::string name = fa::test::emulated_kernel(g_rt);
+  std::printf("ran %s\n", name.c_str());
+  assert_true(name.rfind("fa_bwdpost_mma_bf16_d128_dv16_g1_bm64_bn64_w4", 0) == 0);
+  assert_true(name.find("softcap") == std::string::npos);
 }
 
 void test_post_varlen(void **) {
@@ -699,6 +709,7 @@ void test_backward_call(void **) {
 }  // namespace
 
 int main() {
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);  // the kernels' names (emulated_kernel)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rejected_args),    cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_pre_fixed),        cmocka_unit_test(test_pre_varlen),
