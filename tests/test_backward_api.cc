@@ -589,7 +589,9 @@ void test_post_fixed(void **) {
   t.softmax_scale = 0.0883883f;
   t.softcap = 30;  // read by the main kernel only
   t.hkv = 1;
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);  // the kernel's name (emulated_kernel)
   check_post(t, 6);
+  unsetenv("FLASHATTN_EMU_PROFILE");
   // The per-row kernels do not depend on softcap, ALiBi or the GQA group:
   // one kernel per head dims, dtype, varlen and sinks.
   const std::string name = fa::test::emulated_kernel(g_rt);
@@ -709,7 +711,6 @@ void test_backward_call(void **) {
 }  // namespace
 
 int main() {
-  setenv("FLASHATTN_EMU_PROFILE", "1", 1);  // the kernels' names (emulated_kernel)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rejected_args),    cmocka_unit_test(test_workspace_size),
       cmocka_unit_test(test_pre_fixed),        cmocka_unit_test(test_pre_varlen),
