@@ -52,7 +52,7 @@
 #include <stdint.h>
 
 #define FLASHATTN_VERSION_MAJOR 0
-#define FLASHATTN_VERSION_MINOR 8
+#define FLASHATTN_VERSION_MINOR 9
 #define FLASHATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLASHATTN_VERSION_NUMBER \
@@ -1017,9 +1017,10 @@ typedef struct fa_backward_args {
   size_t struct_size;
   /* The forward call's arguments as given to fa_launch (struct_size =
      sizeof(fa_forward_args); q, k, v, the sizes, cu_seqlens_q/k,
-     seqused_k, sinks and alibi_slopes as there), with fwd.o its output O
-     and fwd.lse its LSE, both required. fwd.kv.layout must be
-     FA_KV_CONTIGUOUS; fwd.workspace is ignored; fp8 configs are refused */
+     sinks and alibi_slopes as there), with fwd.o its output O and
+     fwd.lse its LSE, both required. fwd.kv.layout must be
+     FA_KV_CONTIGUOUS and fwd.seqused_k 0; fwd.workspace is ignored; fp8
+     configs are refused */
   fa_forward_args fwd;
   fa_tensor dout; /* dO: like fwd.o, cfg dtype */
   fa_tensor dq;   /* written: like fwd.q */
@@ -1049,7 +1050,8 @@ typedef struct fa_backward_args {
  * two fp32 row statistics [batch, num_heads_q, seqlen_q] (varlen: padded to
  * batch sequences of seqlen_q, the longest), each part 256-byte aligned.
  * Errors: INVALID_ARGUMENT (null rt, cfg, args or bytes; fa_backward's
- * checks of the sizes and strides). Thread safety: any thread. */
+ * checks but the workspace's), UNSUPPORTED (as fa_backward's, but a kernel
+ * not generated yet). Thread safety: any thread. */
 FA_API fa_status fa_backward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                             const fa_backward_args *args, size_t *bytes);
 
@@ -1065,8 +1067,9 @@ FA_API fa_status fa_backward_workspace_size(const fa_runtime *rt, const fa_confi
  * dsinks missing with sinks or set without them, workspace not 256-byte
  * aligned or smaller than fa_backward_workspace_size, deterministic not 0
  * or 1), UNSUPPORTED (fp8 or fp32 configs, paged or pointer-array K/V,
- * head_dim or head_dim_v past 128, SMs below 8.0, and with the note
- * naming it, any feature a kernel does not take yet), OUT_OF_MEMORY,
+ * seqused_k, head_dim or head_dim_v past 128, SMs below 8.0, batch or
+ * num_heads_q past 65535, and with the note naming it, any feature a
+ * kernel does not take yet), OUT_OF_MEMORY,
  * COMPILE, CUDA, LAUNCH, RUNTIME_POISONED. Nothing is written when an
  * argument is rejected. Thread safety: as fa_launch. */
 FA_API fa_status fa_backward(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,

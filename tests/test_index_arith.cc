@@ -202,6 +202,22 @@ std::vector<KernelSpec> all_specs() {
         }
         out.push_back(make_spec(c, KernelKind::Decode, sm, false));
       }
+  // The backward's per-row kernels (head dims up to 128; varlen, sinks).
+  for (int sm : sms)
+    for (Dtype dt : {Dtype::F16, Dtype::BF16})
+      for (int d : dims) {
+        const int dv = d == 40 ? 72 : d;
+        if (dv > 128) continue;
+        DeviceLimits lim;
+        published_limits(sm, &lim);
+        for (int v = 0; v < 4; ++v) {
+          LaunchShape shape;
+          shape.varlen = v & 1;
+          shape.sinks = v & 2;
+          for (KernelKind k : {KernelKind::BackwardPre, KernelKind::BackwardPost})
+            out.push_back(make_spec(config(dt, d, dv, 8, 2, false), k, lim, shape));
+        }
+      }
   return out;
 }
 

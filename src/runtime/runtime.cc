@@ -1045,7 +1045,16 @@ KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_
   shape.varlen = a.fwd.cu_seqlens_q != 0;
   shape.sinks = a.fwd.sinks != 0;
   shape.alibi = a.fwd.alibi_slopes != 0;
-  return make_spec(cfg, kind, backend_->info().limits, shape, policy());
+  KernelSpec s = make_spec(cfg, kind, backend_->info().limits, shape, policy());
+  if (kind != KernelKind::Backward) {
+    // The per-row kernels read no softcap, ALiBi, GQA group or tile (and
+    // BackwardPre no sinks): one kernel serves all such configs.
+    s.softcap = s.alibi = false;
+    s.group_size = 1;
+    s.block_m = 64;
+    if (kind == KernelKind::BackwardPre) s.sinks = false;
+  }
+  return s;
 }
 
 size_t Runtime::backward_workspace_bytes(const AttentionConfig &cfg,

@@ -180,7 +180,8 @@ class Runtime {
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
   // The backward kernel of `kind` (BackwardPre, Backward, BackwardPost) for
-  // args (varlen, sinks, ALiBi) on this device.
+  // args (varlen, sinks, ALiBi) on this device; the per-row kinds without
+  // the fields they do not read (softcap, ALiBi, group, tile).
   KernelSpec backward_spec(const AttentionConfig &cfg, const fa_backward_args &args,
                            KernelKind kind) const;
   // plan_backward(cfg, args).workspace_bytes (0 when too large).

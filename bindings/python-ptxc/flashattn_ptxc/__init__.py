@@ -4,7 +4,7 @@ and names it to libflashattn (FLASHATTN_PTX_COMPILER) unless that variable
 is set already; `FLASHATTN_PTX_COMPILER=off` turns it off."""
 import os
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 
 def plugin_path():

@@ -25,7 +25,7 @@ from ._lib import DECODE_INVARIANT_SPLIT, load as load_library, library_path
 from ._tensors import Tensor, as_tensor, bf16_bits_to_float32, float32_to_bf16_bits
 from ._warm import WarmCounts, cache_warm, cache_warm_preset, cache_warm_presets
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 
 def version():

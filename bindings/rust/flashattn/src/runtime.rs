@@ -421,7 +421,7 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// The loaded library's version text ("0.8.0").
+/// The loaded library's version text ("0.9.0").
 pub fn version_string() -> &'static str {
     // SAFETY: a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::fa_version_string()) }.to_str().unwrap_or("?")
