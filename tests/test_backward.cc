@@ -366,6 +366,7 @@ int main(void) {
     if (!std::getenv("FA_BWD_CASE")) {
       Case d;
       d.batch = 3, d.sq = 150, d.sk = 200, d.hq = 4, d.hkv = 2, d.causal = true, d.bf16 = true;
+      d.d = 96;  // query blocks of 32: the semaphores at every kSemRows rows
       d.lens_q = {150, 97, 20};
       d.lens_k = {200, 130, 64};
       d.deterministic = true;

@@ -202,7 +202,8 @@ std::vector<KernelSpec> all_specs() {
         }
         out.push_back(make_spec(c, KernelKind::Decode, sm, false));
       }
-  // The backward's per-row kernels (head dims up to 128; varlen, sinks).
+  // The backward's kernels (head dims up to 128; varlen, sinks, ALiBi,
+  // softcap, causal).
   for (int sm : sms)
     for (Dtype dt : {Dtype::F16, Dtype::BF16})
       for (int d : dims) {
@@ -214,8 +215,13 @@ std::vector<KernelSpec> all_specs() {
           LaunchShape shape;
           shape.varlen = v & 1;
           shape.sinks = v & 2;
-          for (KernelKind k : {KernelKind::BackwardPre, KernelKind::BackwardPost})
-            out.push_back(make_spec(config(dt, d, dv, 8, 2, false), k, lim, shape));
+          shape.alibi = v == 1;
+          for (KernelKind k :
+               {KernelKind::BackwardPre, KernelKind::Backward, KernelKind::BackwardPost}) {
+            AttentionConfig cfg = config(dt, d, dv, 8, 2, v == 2);
+            cfg.causal = v == 3;
+            out.push_back(make_spec(cfg, k, lim, shape));
+          }
         }
       }
   return out;

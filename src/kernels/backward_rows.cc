@@ -164,20 +164,19 @@ void pre_body(Emitter &e, const KernelSpec &spec) {
   b.st(Space::Global, Type::F32, at(e.index64(stats, e.op(Op::Add, Type::S64, f.rows, f.r), 4)),
        l2);
   {
-    // Deterministic: the first row of each query block zeroes its dQ
-    // semaphore (BackwardParams::dq_sem; the main kernel's block_m).
+    // Deterministic: every kSemRows-th row zeroes its dQ semaphore
+    // (BackwardParams::dq_sem; the main kernel's blocks start on such rows).
     ptx::Label skip = b.label();
     Reg det = e.param(Type::S32, offsetof(P, deterministic));
-    Reg first =
-        e.setp(Cmp::Eq, Type::U32, e.op(Op::Rem, Type::U32, f.i, imm(spec.block_m)), imm(0));
+    Reg first = e.setp(Cmp::Eq, Type::U32, e.op(Op::Rem, Type::U32, f.i, imm(kSemRows)), imm(0));
     b.unless(e.op(Op::And, Type::Pred, first, e.setp(Cmp::Ne, Type::S32, det, imm(0)))).bra(skip);
-    Reg nqb = e.op(Op::Div, Type::S32, e.op(Op::Add, Type::S32, f.sq, imm(spec.block_m - 1)),
-                   imm(spec.block_m));
+    Reg nqb =
+        e.op(Op::Div, Type::S32, e.op(Op::Add, Type::S32, f.sq, imm(kSemRows - 1)), imm(kSemRows));
     Reg idx =
         e.op(Op::MulLo, Type::S64,
              e.wide_mad(f.bz, e.param(Type::S32, offsetof(ForwardParams, num_heads_q)), e.s64(f.h)),
              e.s64(nqb));
-    b.op(Op::Add, Type::S64, idx, idx, e.s64(e.op(Op::Div, Type::U32, f.i, imm(spec.block_m))));
+    b.op(Op::Add, Type::S64, idx, idx, e.s64(e.op(Op::Div, Type::U32, f.i, imm(kSemRows))));
     Reg sem = e.index64(e.global_param(offsetof(P, dq_sem)), idx, 4);
     b.st(Space::Global, Type::U32, at(sem), e.mov(Type::U32, imm(0)));
     b.bind(skip);

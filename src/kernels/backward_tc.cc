@@ -335,10 +335,12 @@ class BackwardGen {
   // first one its first row sees, max(0, m0 + shift - wl) / block_n (the
   // same visibility that chose the query blocks of each key block), to this.
   void semaphore() {
-    Reg nqb = e_.op(Op::Add, Type::S32, sq_max_, imm(bm_ - 1));
-    b_.op(Op::Div, Type::S32, nqb, nqb, imm(bm_));
+    // One u32 per 32 rows (kSemRows: the smallest block_m; BackwardPre
+    // zeroes them, whatever this kernel's block_m).
+    Reg nqb = e_.op(Op::Add, Type::S32, sq_max_, imm(kSemRows - 1));
+    b_.op(Op::Div, Type::S32, nqb, nqb, imm(kSemRows));
     Reg idx = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz_, hq_, e_.s64(h_)), e_.s64(nqb));
-    b_.op(Op::Add, Type::S64, idx, idx, e_.s64(e_.op(Op::Div, Type::S32, m0_, imm(bm_))));
+    b_.op(Op::Add, Type::S64, idx, idx, e_.s64(e_.op(Op::Div, Type::S32, m0_, imm(kSemRows))));
     sem_ = e_.index64(e_.global_param(offsetof(P, dq_sem)), idx, 4);
     Reg first = e_.op(Op::Add, Type::S64, e_.s64(m0_), e_.s64(shift_));
     b_.op(Op::Sub, Type::S64, first, first, e_.s64(wl_));
