@@ -762,6 +762,27 @@ std::vector<KernelSpec> grid() {
         ++i;
       }
   }
+  // The backward's main kernel (backward_tc.cc: mma.sync, sm_80+): head
+  // dims 8..128 (d != dv too), both dtypes, causal, windows, softcap,
+  // ALiBi, GQA, varlen, on sm_80, 86, 89, 90 and 120.
+  {
+    int i = 0;
+    for (int sm : {80, 86, 89, 90, 120})
+      for (int d : {8, 32, 64, 80, 96, 128}) {
+        const int dv = i % 5 == 4 ? (d == 128 ? 64 : 2 * d > 128 ? 128 : 2 * d) : d;
+        AttentionConfig cfg =
+            config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8, i % 4 == 3);
+        cfg.causal = i % 3 == 1;
+        if (i % 5 == 2) cfg.window_left = 100;
+        LaunchShape shape;
+        shape.alibi = i % 4 == 1;
+        shape.varlen = i % 3 == 2;
+        KernelSpec w = make_spec(cfg, KernelKind::Backward, limits_of(sm), shape);
+        assert_true(w.kind == KernelKind::Backward && !generate_ptx(w).empty());
+        out.push_back(w);
+        ++i;
+      }
+  }
   // The fp8 KV decode's mode (b) (KernelPolicy::decode_fp8_mma: Q and P in
   // e4m3 on the fp8 mma) on sm_89 and sm_120: head dims 64..576 (whole k32
   // steps; MLA's 576 / 512 with V in K in two O slices), both dtypes, e4m3

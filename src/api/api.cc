@@ -740,6 +740,95 @@ fa_status check_reduce_spans(const fa::AttentionConfig &c, const fa_reduce_args 
   return check_array_span("sinks", a.sinks, 4, c.num_heads_q, "num_heads_q");
 }
 
+// The checks of fa_forward_args that fa_launch makes, on the forward a
+// backward differentiates (its workspace ignored); a failure's message
+// starts "fwd: ".
+fa_status validate_backward_fwd(const fa::AttentionConfig &c, fa_forward_args *f) {
+  f->workspace = 0;
+  f->workspace_size = 0;
+  fa_status st = validate_forward(c, f);
+  if (st == FA_SUCCESS)
+    st = validate_descales(c, f->k_descale, f->v_descale, f->descale_stride, f->k, f->v);
+  if (st == FA_SUCCESS) st = validate_q_fp8(c, *f);
+  if (st == FA_SUCCESS) st = check_forward_spans(c, *f);
+  if (st != FA_SUCCESS) fa::prefix_error("fwd");
+  return st;
+}
+
+// fa_backward_args: *a = *in, checked (flashattn.h, fa_backward's errors),
+// and *plan its workspace layout. launch: the workspace too (fa_backward;
+// fa_backward_workspace_size reads none).
+fa_status validate_backward(const fa::Runtime &rt, const fa::AttentionConfig &c,
+                            const fa_backward_args *in, bool launch, fa_backward_args *a,
+                            fa::BackwardPlan *plan) {
+  FA_CHECK(check_struct_size("args", in->struct_size, sizeof(fa_backward_args)));
+  *a = *in;
+  FA_CHECK(check_struct_size("fwd", a->fwd.struct_size, sizeof(fa_forward_args)));
+  FA_CHECK(fa::check_backward(c, rt.backend().info().limits.sm));
+  const int layout = raw_enum(a->fwd.kv.layout);
+  if (layout == FA_KV_PAGED || layout == FA_KV_PTR_ARRAY) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "fwd.kv.layout is %d: the backward takes a contiguous K/V (FA_KV_CONTIGUOUS), "
+                "not a paged or pointer-array KV cache",
+                layout);
+  }
+  if (a->fwd.seqused_k != 0) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "fwd.seqused_k is set: the backward takes fixed-length or cu_seqlens_k keys");
+  }
+  FA_CHECK(validate_backward_fwd(c, &a->fwd));
+  FA_REQUIRE(a->fwd.lse != 0, "fwd.lse is 0: the backward needs the forward's LSE");
+  const fa_forward_args &f = a->fwd;
+  FA_CHECK(check_tensor("dout", a->dout));
+  FA_CHECK(check_tensor("dq", a->dq));
+  FA_CHECK(check_tensor("dk", a->dk));
+  FA_CHECK(check_tensor("dv", a->dv));
+  // As fa_launch's q/o and k/v (check_forward_spans): packed with cu_seqlens.
+  const uint64_t eb = elem_bytes(c).o;
+  const int64_t bq = f.cu_seqlens_q ? 1 : f.batch, bk = f.cu_seqlens_k ? 1 : f.batch;
+  FA_CHECK(check_tensor_span("dout", a->dout, eb, {bq, f.seqlen_q, c.num_heads_q, c.head_dim_v},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim_v"}));
+  FA_CHECK(check_tensor_span("dq", a->dq, eb, {bq, f.seqlen_q, c.num_heads_q, c.head_dim},
+                             {"batch", "seqlen_q", "num_heads_q", "head_dim"}));
+  FA_CHECK(check_tensor_span("dk", a->dk, eb, {bk, f.seqlen_k, c.num_heads_kv, c.head_dim},
+                             {"batch", "seqlen_k", "num_heads_kv", "head_dim"}));
+  FA_CHECK(check_tensor_span("dv", a->dv, eb, {bk, f.seqlen_k, c.num_heads_kv, c.head_dim_v},
+                             {"batch", "seqlen_k", "num_heads_kv", "head_dim_v"}));
+  if (f.sinks != 0) {
+    FA_REQUIRE(a->dsinks != 0, "dsinks is 0 but fwd.sinks is set: dsinks receives their gradient");
+    FA_CHECK(check_fp32_ptr("dsinks", a->dsinks, true));
+    FA_CHECK(check_array_span("dsinks", a->dsinks, 4, c.num_heads_q, "num_heads_q"));
+  } else {
+    FA_REQUIRE(a->dsinks == 0, "dsinks is set but fwd.sinks is 0; pass 0 without sinks");
+  }
+  FA_REQUIRE(a->deterministic == 0 || a->deterministic == 1, "deterministic must be 0 or 1, got %d",
+             a->deterministic);
+  // CUDA's grid limits (y and z at most 65535): the per-row kernels' grid
+  // is (query blocks, num_heads_q, batch), the main kernel's (key blocks,
+  // num_heads_kv, batch).
+  if (f.batch > 65535 || c.num_heads_q > 65535) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "batch %d and num_heads_q %d must be at most 65535 in the backward (its grids' "
+                "z and y dimensions); split the batch across calls",
+                f.batch, c.num_heads_q);
+  }
+  *plan = fa::plan_backward(c, *a);
+  if (plan->too_large) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "backward workspace too large: batch * seqlen_q * num_heads_q * (head_dim + 2) * "
+                "4 bytes overflows 64 bits");
+  }
+  if (!launch) return FA_SUCCESS;
+  FA_REQUIRE(a->workspace != 0, "workspace is 0 (size it with fa_backward_workspace_size)");
+  FA_REQUIRE(a->workspace % 256 == 0, "workspace 0x%llx is not 256-byte aligned",
+             static_cast<unsigned long long>(a->workspace));
+  FA_REQUIRE(a->workspace_size >= plan->workspace_bytes,
+             "workspace_size is %zu bytes, %zu needed (see fa_backward_workspace_size)",
+             a->workspace_size, plan->workspace_bytes);
+  return check_span("workspace", false, a->workspace, 1,
+                    {{1, int64_t(plan->workspace_bytes), "1", "its bytes"}});
+}
+
 }  // namespace
 
 fa_status fa::api::config_from_desc(const fa_config_desc *desc, fa::AttentionConfig *c) {
@@ -1057,6 +1146,19 @@ fa::KernelPolicy fa::api::set_kernel_policy(fa_runtime *rt, const fa::KernelPoli
   return old;
 }
 
+fa_status fa::api::backward_kernels(fa_runtime *rt, const fa_config *cfg,
+                                    const fa_backward_args *args, unsigned kernels) {
+  return guarded("fa_backward", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_backward_args a;
+    fa::BackwardPlan plan;
+    FA_CHECK(validate_backward(*rt->impl, cfg->cfg, args, true, &a, &plan));
+    return rt->impl->backward(cfg->cfg, a, nullptr, kernels);
+  });
+}
+
 uint64_t fa::api::forwards_as_decode(const fa_runtime *rt) {
   return rt->impl->counters().forwards_as_decode.load(std::memory_order_relaxed);
 }
@@ -1304,6 +1406,34 @@ FA_API fa_status fa_decode_reduce(fa_runtime *rt, const fa_config *cfg, const fa
     FA_CHECK(validate_reduce(&a));
     FA_CHECK(check_reduce_spans(cfg->cfg, a));
     return rt->impl->reduce(cfg->cfg, a, stream);
+  });
+}
+
+FA_API fa_status fa_backward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                            const fa_backward_args *args, size_t *bytes) {
+  return guarded("fa_backward_workspace_size", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(bytes != nullptr, "bytes is NULL");
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_backward_args a;
+    fa::BackwardPlan plan;
+    FA_CHECK(validate_backward(*rt->impl, cfg->cfg, args, false, &a, &plan));
+    *bytes = plan.workspace_bytes;
+    return FA_SUCCESS;
+  });
+}
+
+FA_API fa_status fa_backward(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,
+                             void *stream) {
+  return guarded("fa_backward", [&]() -> fa_status {
+    FA_CHECK(check_runtime(rt));
+    FA_CHECK(check_config(cfg));
+    FA_REQUIRE(args != nullptr, "args is NULL");
+    fa_backward_args a;
+    fa::BackwardPlan plan;
+    FA_CHECK(validate_backward(*rt->impl, cfg->cfg, args, true, &a, &plan));
+    return rt->impl->backward(cfg->cfg, a, stream);
   });
 }
 

@@ -16,4 +16,10 @@ KernelPolicy set_kernel_policy(fa_runtime *rt, const KernelPolicy &policy);
 // Runtime::forward_as_decode) so far.
 uint64_t forwards_as_decode(const fa_runtime *rt);
 
+// fa_backward with its checks, running only the kernels whose bits are set
+// in `kernels` (fa::Runtime::kBackwardPre 1, kBackwardMain 2,
+// kBackwardPost 4) on the default stream: the per-row kernels' tests.
+fa_status backward_kernels(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,
+                           unsigned kernels);
+
 }  // namespace fa::api

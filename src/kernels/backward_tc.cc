@@ -1,12 +1,594 @@
-// The backward's main kernel on mma.sync (sm_80+): FlashAttention-2's
-// Algorithm 2 (Dao, 2023, section 3.1). (Being written.)
+// The backward's main kernel on mma.sync (sm_80 and up): FlashAttention-2's
+// Algorithm 2 (Dao, 2023, section 3.1), composed from the tile primitives.
+//
+// A CTA of 4 warps owns block_n = 64 keys of one (KV head, batch); warp w
+// owns keys 16w .. 16w + 15 and holds their dK and dV (f32 accumulator
+// tiles) for the whole kernel. K and V are copied once. The CTA then loops
+// over the group's query heads and, for each, over the query blocks of
+// block_m rows that see its keys (causal and windows: only those), with
+// the rows' LSE (log2 units) and D_i = rowsum(dO_i o O_i) from the
+// BackwardPre kernel (BackwardParams::row_stats). Per query block, in the
+// transposed orientation (rows are keys: P^T's C fragments are the A
+// fragments dV and dK need):
+//   S^T = K Q^T                 (A: K rows, B: Q as [n][k])
+//   P^T = 2^(S^T c - LSE_log2)   (softcap, ALiBi, masks as the forward)
+//   dP^T = V dO^T               (A: V rows, B: dO as [n][k])
+//   dV += P^T dO                 (A: P^T packed, B: dO as [k][n], .trans)
+//   dS^T = P^T o (dP^T - D)      (times 1 - tanh^2 with softcap)
+//   dK += dS^T Q                 (A: dS^T packed, B: Q as [k][n], .trans)
+//   dQ_i += dS K                 (dS^T through shared memory, read as A
+//                                 with ldmatrix .trans (Role::A_T); added
+//                                 to the fp32 accumulators with red.add)
+// dK (times softmax_scale) and dV are written once at the end; dQ is scaled
+// and rounded by BackwardPost. P and dS are rounded to the 16-bit type for
+// their products, as FlashAttention-2 does. Layout and costs:
+// docs/kernels.md, "Backward on mma.sync".
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
 #include "kernels/codegen.h"
+#include "kernels/tile/row_mask.h"
+#include "kernels/tile/tile.h"
 
 namespace fa {
 namespace kgen {
+namespace {
 
-std::string generate_backward(const KernelSpec &) { return {}; }
-uint32_t backward_smem(const KernelSpec &) { return 0; }
+using tile::AccTile;
+using tile::CopyPlan;
+using tile::Frag4;
+using tile::Role;
+using tile::SmemTile;
+
+constexpr int kWarps = 4;
+constexpr float kPosInf = __builtin_huge_valf();
+constexpr int kKeysPerWarp = 16;
+
+// Dynamic shared memory: K [block_n][d], V [block_n][dv] (the CTA's keys,
+// copied once), Q [block_m][d] and dO [block_m][dv] (the query block),
+// dS^T [block_n][block_m] (16-bit, for dQ), and the query block's LSE_log2
+// and D (f32 [block_m] each).
+struct Layout {
+  SmemTile k, v, q, dout, ds;
+  uint32_t stats = 0, total = 0;
+};
+
+Layout layout(const KernelSpec &s) {
+  Layout l;
+  l.k = tile::smem_tile(0, s.block_n, s.head_dim);
+  l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, s.head_dim_v);
+  l.q = tile::smem_tile(l.v.offset + l.v.bytes(), s.block_m, s.head_dim);
+  l.dout = tile::smem_tile(l.q.offset + l.q.bytes(), s.block_m, s.head_dim_v);
+  l.ds = tile::smem_tile(l.dout.offset + l.dout.bytes(), s.block_n, s.block_m);
+  l.stats = l.ds.offset + l.ds.bytes();
+  l.total = l.stats + 8 * static_cast<uint32_t>(s.block_m);
+  return l;
+}
+
+class BackwardGen {
+ public:
+  explicit BackwardGen(const KernelSpec &spec)
+      : spec_(spec),
+        lay_(layout(spec)),
+        b_(entry_name(spec), sizeof(BackwardParams)),
+        e_(b_),
+        half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
+    bm_ = spec.block_m;
+    nS_ = bm_ / 8;
+    kD_ = lay_.k.cols_pad / 16;
+    kV_ = lay_.v.cols_pad / 16;
+    // dQ = dS K: the block's 16-row blocks over the warps; a row block's
+    // 16-column groups dealt to its warps round-robin.
+    rb_ = bm_ / 16;
+    wpr_ = kWarps / rb_;
+    nQ_ = (kD_ + wpr_ - 1) / wpr_;
+  }
+
+  std::string run() {
+    b_.comment(spec_.describe());
+    char perf[200];
+    std::snprintf(perf, sizeof perf,
+                  "perf: smem=%u threads=%d compute_warps=%d block_m=%d block_n=%d "
+                  "rows_per_warp=%d",
+                  lay_.total, 32 * kWarps, kWarps, spec_.block_m, spec_.block_n, kKeysPerWarp);
+    b_.comment(perf);
+    // Two CTAs an SM (at most 255 registers a thread: ptxas otherwise caps
+    // some variants at 168 and spills).
+    b_.set_min_ctas_per_sm(2);
+    smem_sym_ = b_.extern_shared("smem", 16);
+    setup();
+    bases();
+    copy_kv();
+    b_.comment("dK, dV: this warp's 16 keys, in registers for the whole kernel");
+    dk_ = tile::acc_tile(b_, 2 * kD_);
+    dv_ = tile::acc_tile(b_, 2 * kV_);
+    tile::zero(b_, dk_);
+    tile::zero(b_, dv_);
+    heads();
+    epilogue();
+    b_.exit();
+    return std::move(b_).emit(ptx_isa_version(spec_), spec_.sm, 32 * kWarps);
+  }
+
+ private:
+  using F = ForwardParams;
+  using P = BackwardParams;
+
+  // ---- thread coordinates ----
+  void setup() {
+    tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
+    Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
+    warp_ = e_.op(Op::Shr, Type::U32, tid_, imm(5));
+    ln_ = tile::make_lanes(e_, lane);
+    smem_ = e_.mov(Type::U32, ptx::sym(smem_sym_));
+  }
+
+  // ---- the CTA's (key block, KV head, batch): lengths and query range ----
+  // Pointers and strides are read from the parameters where they are used
+  // (row_base, stride), so that few registers stay live across the loops.
+  void bases() {
+    n0_ = e_.op(Op::MulLo, Type::S32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
+                imm(spec_.block_n));
+    kvh_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
+    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
+    hq_ = e_.param(Type::S32, offsetof(F, num_heads_q));
+    sq_max_ = e_.param(Type::S32, offsetof(F, seqlen_q));
+    if (spec_.varlen) {
+      // Sequence b: query rows cu_q[b] .., key rows cu_k[b] .. of "batch"
+      // 0; lengths clamped to the launch's maxima (seq_len).
+      auto span = [&](size_t param, Reg max_len, Reg *start) {
+        Reg a = e_.index(e_.global_param(param), bz_, 4);
+        Reg s0 = b_.b32(), s1 = b_.b32();
+        b_.ld(Space::Global, Type::S32, s0, at(a), true);
+        b_.ld(Space::Global, Type::S32, s1, at(a, 4), true);
+        *start = s0;
+        return seq_len(e_, s0, s1, max_len);
+      };
+      sq_ = span(offsetof(F, cu_seqlens_q), sq_max_, &q0_);
+      sk_ = span(offsetof(F, cu_seqlens_k), e_.param(Type::S32, offsetof(F, seqlen_k)), &k0_);
+    } else {
+      sq_ = sq_max_;
+      sk_ = e_.param(Type::S32, offsetof(F, seqlen_k));
+    }
+    // A key block past its sequence has nothing to write.
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n0_, sk_)).exit();
+    // The query rows that see keys n0 .. n1 - 1 (n1 = min(n0 + block_n,
+    // sk)): query i sees key j when i + sk - sq - wl <= j <= i + sk - sq +
+    // wr, so i in [n0 - shift - wr, n1 - 1 - shift + wl] within [0, sq):
+    // formed in 64 bits (windows up to 2^30), the first rounded down to a
+    // query block.
+    wl_ = e_.param(Type::S32, offsetof(F, window_left));
+    wr_ = e_.param(Type::S32, offsetof(F, window_right));
+    shift_ = e_.op(Op::Sub, Type::S32, sk_, sq_);
+    Reg n1 = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n0_, imm(spec_.block_n)), sk_);
+    Reg lo = e_.op(Op::Sub, Type::S64, e_.s64(n0_), e_.s64(shift_));
+    b_.op(Op::Sub, Type::S64, lo, lo, e_.s64(wr_));
+    b_.op(Op::Max, Type::S64, lo, lo, imm(0));
+    Reg hi = e_.op(Op::Sub, Type::S64, e_.s64(n1), e_.s64(shift_));
+    b_.op(Op::Add, Type::S64, hi, hi, e_.s64(wl_));
+    b_.op(Op::Min, Type::S64, hi, hi, e_.s64(sq_));
+    b_.op(Op::Max, Type::S64, hi, hi, imm(0));
+    b_.op(Op::Min, Type::S64, lo, lo, hi);
+    m_begin_ = e_.s32(lo);
+    b_.op(Op::Div, Type::S32, m_begin_, m_begin_, imm(bm_));
+    b_.op(Op::MulLo, Type::S32, m_begin_, m_begin_, imm(bm_));
+    m_end_ = e_.s32(hi);
+  }
+
+  // A stride parameter in bytes.
+  Reg stride(size_t param) { return e_.stride_bytes(param, elem_bytes(spec_.dtype)); }
+  // Row 0 of (this sequence, head) of the tensor at ptr_param with strides
+  // at stride_param (batch, seq, head): varlen, row `start` of "batch" 0.
+  Reg row_base(size_t ptr_param, size_t stride_param, Reg start, Reg head) {
+    Reg p = e_.global_param(ptr_param);
+    p = spec_.varlen ? e_.index(p, start, stride(stride_param + 8))
+                     : e_.index(p, bz_, stride(stride_param));
+    return e_.index(p, head, stride(stride_param + 16));
+  }
+
+  // ---- K and V of the CTA's keys, once; every tile's padding zeroed ----
+  void copy_kv() {
+    b_.comment("K, V of the key block (rows past seqlen_k zero); padding columns zero");
+    {
+      const CopyPlan q(e_, tid_, 32 * kWarps, lay_.q, smem_, stride(offsetof(F, q_stride) + 8));
+      const CopyPlan d(e_, tid_, 32 * kWarps, lay_.dout, smem_,
+                       stride(offsetof(P, dout_stride) + 8));
+      q.zero_padding();
+      d.zero_padding();
+    }
+    Reg left = e_.op(Op::Sub, Type::S32, sk_, n0_);
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t sp = kv ? offsetof(F, v_stride) : offsetof(F, k_stride);
+      Reg row = stride(sp + 8);
+      const CopyPlan plan(e_, tid_, 32 * kWarps, kv ? lay_.v : lay_.k, smem_, row);
+      plan.zero_padding();
+      Reg base = row_base(kv ? offsetof(F, v) : offsetof(F, k), sp, k0_, kvh_);
+      plan.boundary(thread_ptr(plan, base, n0_, row), left, base);
+    }
+    b_.cp_async_commit();
+    k_lm_ = tile::ldsm_base(e_, ln_, lay_.k, Role::A, smem_,
+                            e_.op(Op::MulLo, Type::U32, warp_, imm(kKeysPerWarp)));
+    v_lm_ = tile::ldsm_base(e_, ln_, lay_.v, Role::A, smem_,
+                            e_.op(Op::MulLo, Type::U32, warp_, imm(kKeysPerWarp)));
+    q_nk_ = tile::ldsm_base(e_, ln_, lay_.q, Role::B_NK, smem_, Reg());
+    do_nk_ = tile::ldsm_base(e_, ln_, lay_.dout, Role::B_NK, smem_, Reg());
+    q_kn_ = tile::ldsm_base(e_, ln_, lay_.q, Role::B_KN_T, smem_, Reg());
+    do_kn_ = tile::ldsm_base(e_, ln_, lay_.dout, Role::B_KN_T, smem_, Reg());
+    // dQ = dS K: this warp's row block and first column group.
+    Reg rblk = e_.op(Op::Rem, Type::U32, warp_, imm(rb_));
+    qphase_ = e_.op(Op::Div, Type::U32, warp_, imm(rb_));
+    qrow_ = e_.op(Op::MulLo, Type::U32, rblk, imm(16));
+    ds_at_ = tile::ldsm_base(e_, ln_, lay_.ds, Role::A_T, smem_, Reg());
+    b_.op(Op::MadLo, Type::U32, ds_at_, qrow_, imm(2), ds_at_);  // column qrow of the dS^T tile
+    k_kn_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_KN_T, smem_, Reg());
+    b_.op(Op::MadLo, Type::U32, k_kn_, qphase_, imm(32), k_kn_);  // column group qphase
+  }
+
+  // base + n * stride + the plan's per-thread offset.
+  Reg thread_ptr(const CopyPlan &p, Reg base, Reg n, Reg stride) {
+    Reg t = e_.index(base, n, stride);
+    if (p.base_offset().valid()) b_.op(Op::Add, Type::S64, t, t, p.base_offset());
+    return t;
+  }
+
+  // ---- the group's query heads, each over its query blocks ----
+  void heads() {
+    s_ = tile::acc_tile(b_, nS_);
+    dp_ = tile::acc_tile(b_, nS_);
+    if (spec_.softcap) {
+      dtanh_ = tile::acc_tile(b_, nS_);
+      cap_ = softcap_consts(e_.param(Type::F32, offsetof(F, softcap_neg2)),
+                            e_.param(Type::F32, offsetof(F, softcap_log2)));
+      inv_cap_ = e_.op(Op::RcpRn, Type::F32, cap_.cap_log2);
+    }
+    score_scale_ = e_.param(Type::F32, offsetof(F, score_scale));
+    det_ = e_.setp(Cmp::Ne, Type::S32, e_.param(Type::S32, offsetof(P, deterministic)), imm(0));
+    det_t0_ = e_.op(Op::And, Type::Pred, det_, e_.setp(Cmp::Eq, Type::U32, tid_, imm(0)));
+    for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
+    fa_ = tile::frag4(b_);
+    fb_ = tile::frag4(b_);
+    Reg g0 = e_.op(Op::MulLo, Type::S32, kvh_, imm(spec_.group_size));
+    hi_ = e_.mov(Type::S32, imm(0));
+    ptx::Label hloop = b_.label(), hdone = b_.label();
+    b_.when(e_.setp(Cmp::Ge, Type::S32, m_begin_, m_end_)).bra(hdone);
+    b_.bind(hloop);
+    {
+      h_ = e_.op(Op::Add, Type::S32, g0, hi_);
+      // Row r of (b, h): (b heads_q + h) seqlen_q + r.
+      row0_ = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz_, hq_, e_.s64(h_)), e_.s64(sq_max_));
+      if (spec_.alibi)
+        alibi_coef_ = tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz_, h_,
+                                       spec_.softcap ? Reg() : score_scale_);
+      m0_ = e_.mov(Type::S32, m_begin_);
+      ptx::Label mloop = b_.label();
+      b_.bind(mloop);
+      query_block();
+      b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
+      b_.when(e_.setp(Cmp::Lt, Type::S32, m0_, m_end_)).bra(mloop);
+    }
+    b_.op(Op::Add, Type::S32, hi_, hi_, imm(1));
+    b_.when(e_.setp(Cmp::Lt, Type::S32, hi_, imm(spec_.group_size))).bra(hloop);
+    b_.bind(hdone);
+  }
+
+  // One query block m0_ of head h_.
+  void query_block() {
+    b_.comment("query block: Q, dO, their rows' LSE (log2) and D");
+    Reg left = e_.op(Op::Sub, Type::S32, sq_, m0_);
+    for (int t = 0; t < 2; ++t) {
+      const size_t sp = t ? offsetof(P, dout_stride) : offsetof(F, q_stride);
+      Reg row = stride(sp + 8);
+      const CopyPlan plan(e_, tid_, 32 * kWarps, t ? lay_.dout : lay_.q, smem_, row);
+      Reg base = row_base(t ? offsetof(P, dout) : offsetof(F, q), sp, q0_, h_);
+      plan.boundary(thread_ptr(plan, base, m0_, row), left, base);
+    }
+    b_.cp_async_commit();
+    {
+      // Threads t < block_m: row m0 + t's statistics (past seqlen_q: LSE
+      // +inf, D 0: every p of the row 0).
+      ptx::Label skip = b_.label();
+      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(bm_))).bra(skip);
+      Reg i = e_.op(Op::Add, Type::S32, m0_, tid_);
+      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
+      Reg a = e_.index64(e_.global_param(offsetof(P, row_stats)), r, 4);
+      Reg d = e_.mov(Type::F32, fimm(0.0f)), l2 = e_.mov(Type::F32, fimm(kPosInf));
+      b_.when(in).ld(Space::Global, Type::F32, d, at(a));
+      // The LSE half: batch heads_q seqlen_q rows further.
+      Reg rows = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq_);
+      b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq_max_));
+      Reg al = e_.index64(a, rows, 4);
+      b_.when(in).ld(Space::Global, Type::F32, l2, at(al));
+      Reg sa = e_.op(Op::MadLo, Type::U32, tid_, imm(4), smem_);
+      b_.st(Space::Shared, Type::F32, at(sa, static_cast<int>(lay_.stats)), l2);
+      b_.st(Space::Shared, Type::F32, at(sa, static_cast<int>(lay_.stats) + 4 * bm_), d);
+      b_.bind(skip);
+    }
+    b_.cp_async_wait(0);
+    b_.bar_sync();
+    scores();
+    probabilities();
+    grad_p();
+    b_.comment("dV += P^T dO");
+    accumulate(dv_, s_, do_kn_, lay_.dout, kV_);
+    grad_s();
+    b_.comment("dK += dS^T Q");
+    accumulate(dk_, s_, q_kn_, lay_.q, kD_);
+    store_ds();
+    b_.bar_sync();
+    grad_q();
+    b_.bar_sync();  // Q, dO, dS^T and the statistics are free for the next block
+    {
+      // Deterministic: this key block's adds are done (the barrier above
+      // orders every thread's before thread 0's release): the next may go.
+      ptx::Label skip = b_.label();
+      b_.unless(det_t0_).bra(skip);
+      Reg old = b_.b32();
+      b_.atom_add(true, Type::U32, old, at(sem_), imm(1));
+      b_.bind(skip);
+    }
+  }
+
+  // Deterministic mode: the query block's semaphore (sem_) and the number of
+  // key blocks before this one that add to its dQ: the key blocks from the
+  // first one its first row sees, max(0, m0 + shift - wl) / block_n (the
+  // same visibility that chose the query blocks of each key block), to this.
+  void semaphore() {
+    Reg nqb = e_.op(Op::Add, Type::S32, sq_max_, imm(bm_ - 1));
+    b_.op(Op::Div, Type::S32, nqb, nqb, imm(bm_));
+    Reg idx = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz_, hq_, e_.s64(h_)), e_.s64(nqb));
+    b_.op(Op::Add, Type::S64, idx, idx, e_.s64(e_.op(Op::Div, Type::S32, m0_, imm(bm_))));
+    sem_ = e_.index64(e_.global_param(offsetof(P, dq_sem)), idx, 4);
+    Reg first = e_.op(Op::Add, Type::S64, e_.s64(m0_), e_.s64(shift_));
+    b_.op(Op::Sub, Type::S64, first, first, e_.s64(wl_));
+    b_.op(Op::Max, Type::S64, first, first, imm(0));
+    b_.op(Op::Div, Type::S64, first, first, imm(spec_.block_n));
+    before_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Div, Type::S32, n0_, imm(spec_.block_n)),
+                    e_.s32(first));
+  }
+
+  // S^T = K Q^T for this warp's keys: s_.f[j] holds queries m0 + 8j ..
+  void scores() {
+    b_.comment("S^T = K Q^T");
+    for (int ks = 0; ks < kD_; ++ks) {
+      tile::ldsm(b_, Role::A, fa_, k_lm_, lay_.k.at(0, 16 * ks));
+      for (int jp = 0; jp < nS_ / 2; ++jp) {
+        tile::ldsm(b_, Role::B_NK, fb_, q_nk_, lay_.q.at(16 * jp, 16 * ks));
+        const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
+        tile::mma(b_, half_, s_, 2 * jp, fa_, &fb_[0], c);
+        tile::mma(b_, half_, s_, 2 * jp + 1, fa_, &fb_[2], c);
+      }
+    }
+  }
+
+  // The query column of element (j, x) relative to m0: 8j + 2q + x.
+  // P^T = 2^(s c - LSE_log2) after softcap (d tanh kept for dS), ALiBi and
+  // the masks (a key row past seqlen_k or outside a query's window: -inf).
+  void probabilities() {
+    b_.comment("P^T: softcap, ALiBi, masks, 2^(s c - LSE_log2)");
+    if (spec_.softcap) {
+      for (int j = 0; j < nS_; ++j)
+        for (int i = 0; i < 4; ++i) {
+          Reg x = s_.f[j][i], t = dtanh_.f[j][i];
+          scale_score(e_, x, score_scale_, cap_);
+          // tanh = s / cap_log2; d tanh / dx factor 1 - tanh^2
+          b_.op(Op::Mul, Type::F32, t, x, inv_cap_);
+          b_.op(Op::Fma, Type::F32, t, t, e_.op(Op::Neg, Type::F32, t), fimm(1.0f));
+        }
+    }
+    Reg key0 = e_.op(Op::MadLo, Type::S32, warp_, imm(kKeysPerWarp), n0_);
+    b_.op(Op::Add, Type::S32, key0, key0, ln_.g);
+    Reg col0 = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), m0_);  // the lane's first query
+    Reg p = b_.pred(), t = b_.pred();
+    Reg tf = b_.f32();
+    for (int h = 0; h < 2; ++h) {
+      Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
+      if (spec_.alibi) {
+        // |i + shift - key| = |dist - (8j + x)| with dist = key - col0 - shift
+        Reg d = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, key, col0), shift_);
+        Reg df = b_.f32();
+        b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, df, d);
+        tile::alibi_row_half(b_, s_, h, df, alibi_coef_, tf);
+      }
+      // Key `key` is seen by queries [max(key - shift - wr, 0), min(key -
+      // shift + wl + 1, sq)) (tile::row_range with the windows swapped);
+      // none past seqlen_k.
+      const tile::RowRange r =
+          tile::row_range(e_, e_.op(Op::Sub, Type::S32, key, shift_), wr_, wl_, imm(0), sq_);
+      Reg lo = e_.op(Op::Sub, Type::S32, r.lo, col0), hi = e_.op(Op::Sub, Type::S32, r.hi, col0);
+      b_.selp(Type::S32, hi, imm(0), hi, e_.setp(Cmp::Ge, Type::S32, key, sk_));
+      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
+    }
+    // c: score_scale (raw scores), 1 with softcap (already log2).
+    Reg lse = e_.op(Op::MadLo, Type::U32, ln_.q, imm(8), smem_);
+    Reg l2[2] = {b_.f32(), b_.f32()};
+    for (int j = 0; j < nS_; ++j) {
+      b_.ld_v(Space::Shared, Type::F32, {l2[0], l2[1]},
+              at(lse, static_cast<int>(lay_.stats) + 32 * j));
+      for (int i = 0; i < 4; ++i) {
+        Reg x = s_.f[j][i];
+        Reg nl = e_.op(Op::Neg, Type::F32, l2[i & 1]);
+        if (spec_.softcap)
+          b_.op(Op::Add, Type::F32, x, x, nl);
+        else
+          b_.op(Op::Fma, Type::F32, x, x, score_scale_, nl);
+        b_.op(Op::Ex2, Type::F32, x, x);
+      }
+    }
+  }
+
+  // dP^T = V dO^T for this warp's keys (dp_ like s_).
+  void grad_p() {
+    b_.comment("dP^T = V dO^T");
+    for (int ks = 0; ks < kV_; ++ks) {
+      tile::ldsm(b_, Role::A, fa_, v_lm_, lay_.v.at(0, 16 * ks));
+      for (int jp = 0; jp < nS_ / 2; ++jp) {
+        tile::ldsm(b_, Role::B_NK, fb_, do_nk_, lay_.dout.at(16 * jp, 16 * ks));
+        const Frag4 *c = ks == 0 ? &zero4_ : nullptr;
+        tile::mma(b_, half_, dp_, 2 * jp, fa_, &fb_[0], c);
+        tile::mma(b_, half_, dp_, 2 * jp + 1, fa_, &fb_[2], c);
+      }
+    }
+  }
+
+  // acc += X^T-rows (x: this warp's 16 keys x the block's queries, packed to
+  // A fragments 16 queries at a time) times the [query][n] tile (n16 groups
+  // of 16 columns, B by ldmatrix .trans).
+  void accumulate(const AccTile &acc, const AccTile &x, Reg kn, const SmemTile &t, int n16) {
+    Frag4 pa = tile::frag4(b_);
+    for (int kk = 0; kk < bm_ / 16; ++kk) {
+      tile::pack_a(b_, half_, x, 2 * kk, pa);
+      for (int jp = 0; jp < n16; ++jp) {
+        tile::ldsm(b_, Role::B_KN_T, fb_, kn, t.at(16 * kk, 16 * jp));
+        tile::mma(b_, half_, acc, 2 * jp, pa, &fb_[0]);
+        tile::mma(b_, half_, acc, 2 * jp + 1, pa, &fb_[2]);
+      }
+    }
+  }
+
+  // dS^T = P^T o (dP^T - D) (times 1 - tanh^2 with softcap), in s_.
+  void grad_s() {
+    b_.comment("dS^T = P^T o (dP^T - D)");
+    Reg da = e_.op(Op::MadLo, Type::U32, ln_.q, imm(8), smem_);
+    Reg d[2] = {b_.f32(), b_.f32()};
+    for (int j = 0; j < nS_; ++j) {
+      b_.ld_v(Space::Shared, Type::F32, {d[0], d[1]},
+              at(da, static_cast<int>(lay_.stats) + 4 * bm_ + 32 * j));
+      for (int i = 0; i < 4; ++i) {
+        Reg x = s_.f[j][i], y = dp_.f[j][i];
+        b_.op(Op::Sub, Type::F32, y, y, d[i & 1]);
+        b_.op(Op::Mul, Type::F32, x, x, y);
+        if (spec_.softcap) b_.op(Op::Mul, Type::F32, x, x, dtanh_.f[j][i]);
+      }
+    }
+  }
+
+  // dS^T (16-bit) into its shared tile: rows 16w + g (+ 8), columns 8j + 2q.
+  void store_ds() {
+    Reg row = e_.op(Op::MadLo, Type::U32, warp_, imm(kKeysPerWarp), ln_.g);
+    Reg a = e_.op(Op::MadLo, Type::U32, row, imm(lay_.ds.pitch), smem_);
+    b_.op(Op::MadLo, Type::U32, a, ln_.q, imm(4), a);
+    Reg w = b_.b32();
+    for (int j = 0; j < nS_; ++j)
+      for (int h = 0; h < 2; ++h) {
+        b_.cvt_pack(half_, w, s_.f[j][2 * h + 1], s_.f[j][2 * h]);
+        b_.st(Space::Shared, Type::B32, at(a, static_cast<int>(lay_.ds.at(8 * h, 8 * j))), w);
+      }
+  }
+
+  // dQ of the block += dS K: this warp's 16 rows qrow .. and column groups
+  // qphase + wpr i, added to the fp32 accumulators (red.global.add.f32).
+  void grad_q() {
+    b_.comment("dQ += dS K (red.add into the fp32 accumulators)");
+    AccTile dq = tile::acc_tile(b_, 2 * nQ_);
+    for (int kk = 0; kk < spec_.block_n / 16; ++kk) {
+      tile::ldsm(b_, Role::A_T, fa_, ds_at_, lay_.ds.at(16 * kk, 0));
+      for (int i = 0; i < nQ_; ++i) {
+        // Group qphase + wpr i: past the last group only when kD % wpr != 0
+        // (then the mma reads zero padding or K's next columns: discarded).
+        tile::ldsm(b_, Role::B_KN_T, fb_, k_kn_, lay_.k.at(16 * kk, 16 * wpr_ * i));
+        const Frag4 *c = kk == 0 ? &zero4_ : nullptr;
+        tile::mma(b_, half_, dq, 2 * i, fa_, &fb_[0], c);
+        tile::mma(b_, half_, dq, 2 * i + 1, fa_, &fb_[2], c);
+      }
+    }
+    {
+      // Deterministic: thread 0 waits for the key blocks before this one
+      // (atom.add 0 with acquire), then the CTA.
+      ptx::Label go = b_.label(), spin = b_.label(), waited = b_.label();
+      b_.unless(det_).bra(go);
+      semaphore();
+      b_.unless(det_t0_).bra(waited);
+      b_.bind(spin);
+      Reg v = b_.b32();
+      b_.atom_add(true, Type::U32, v, at(sem_), imm(0));
+      b_.when(e_.setp(Cmp::Ne, Type::S32, v, before_)).bra(spin);
+      b_.bind(waited);
+      b_.bar_sync();
+      b_.bind(go);
+    }
+    Reg row = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, qrow_), ln_.g);
+    Reg col0 =
+        e_.op(Op::MadLo, Type::U32, qphase_, imm(16), e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
+    for (int h = 0; h < 2; ++h) {
+      Reg i = e_.op(Op::Add, Type::S32, row, imm(8 * h));
+      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
+      Reg a = e_.index64(e_.global_param(offsetof(P, dq_accum)), r, 4 * spec_.head_dim);
+      a = e_.index(a, col0, 4);
+      for (int j = 0; j < dq.n(); ++j) {
+        // column 16 (qphase + wpr (j / 2)) + 8 (j % 2) + 2q + x
+        const int c = 16 * wpr_ * (j / 2) + 8 * (j % 2);
+        Reg ok = in;
+        if (spec_.head_dim % (16 * wpr_) != 0) {
+          Reg cc = e_.op(Op::Add, Type::U32, col0, imm(c));
+          ok = e_.op(Op::And, Type::Pred, in, e_.setp(Cmp::Lt, Type::U32, cc, imm(spec_.head_dim)));
+        }
+        for (int x = 0; x < 2; ++x)
+          b_.when(ok).red_add(Space::Global, false, Type::F32, at(a, 4 * (c + x)),
+                              dq.f[j][2 * h + x]);
+      }
+    }
+  }
+
+  // dK (times softmax_scale) and dV of this warp's keys, rounded.
+  void epilogue() {
+    b_.comment("dK * softmax_scale, dV: this warp's keys");
+    b_.cp_async_wait(0);  // K and V's copies, when no query block ran
+    Reg scale = e_.param(Type::F32, offsetof(P, softmax_scale));
+    Reg key0 = e_.op(Op::MadLo, Type::S32, warp_, imm(kKeysPerWarp), n0_);
+    b_.op(Op::Add, Type::S32, key0, key0, ln_.g);
+    Reg col = e_.op(Op::Shl, Type::B32, ln_.q, imm(2));  // bytes of column 2q
+    Reg w = b_.b32();
+    auto store = [&](const AccTile &acc, Reg base, Reg row_bytes, int cols, bool scaled) {
+      for (int h = 0; h < 2; ++h) {
+        Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
+        Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk_);
+        Reg a = e_.index(e_.index(base, key, row_bytes), col, 1);
+        for (int j = 0; j < acc.n(); ++j) {
+          if (8 * j >= cols) break;  // whole 8-column blocks: cols % 8 == 0
+          Reg x0 = acc.f[j][2 * h], x1 = acc.f[j][2 * h + 1];
+          if (scaled) {
+            b_.op(Op::Mul, Type::F32, x0, x0, scale);
+            b_.op(Op::Mul, Type::F32, x1, x1, scale);
+          }
+          b_.cvt_pack(half_, w, x1, x0);
+          b_.when(in).st(Space::Global, Type::B32, at(a, 16 * j), w);
+        }
+      }
+    };
+    store(dk_, row_base(offsetof(P, dk), offsetof(P, dk_stride), k0_, kvh_),
+          stride(offsetof(P, dk_stride) + 8), spec_.head_dim, true);
+    store(dv_, row_base(offsetof(P, dv), offsetof(P, dv_stride), k0_, kvh_),
+          stride(offsetof(P, dv_stride) + 8), spec_.head_dim_v, false);
+  }
+
+  const KernelSpec &spec_;
+  const Layout lay_;
+  ptx::Builder b_;
+  Emitter e_;
+  Type half_;
+  int bm_ = 0, nS_ = 0, kD_ = 0, kV_ = 0, rb_ = 0, wpr_ = 0, nQ_ = 0;
+  ptx::Symbol smem_sym_;
+  tile::Lanes ln_;
+  Reg tid_, warp_, smem_;
+  Reg n0_, kvh_, bz_, hq_, sq_max_, sq_, sk_, shift_, wl_, wr_, m_begin_, m_end_;
+  Reg q0_, k0_;  // varlen: the sequence's first query and key rows
+  Reg k_lm_, v_lm_, q_nk_, do_nk_, q_kn_, do_kn_, ds_at_, k_kn_, qrow_, qphase_;
+  AccTile dk_, dv_, s_, dp_, dtanh_;
+  Softcap cap_;
+  Reg inv_cap_, score_scale_, alibi_coef_;
+  Frag4 zero4_, fa_, fb_;
+  Reg hi_, h_, row0_, m0_;
+  Reg det_, det_t0_, sem_, before_;  // deterministic mode (BackwardParams::dq_sem)
+};
+
+}  // namespace
+
+std::string generate_backward(const KernelSpec &spec) { return BackwardGen(spec).run(); }
+
+uint32_t backward_smem(const KernelSpec &spec) { return layout(spec).total; }
 
 }  // namespace kgen
 }  // namespace fa

@@ -486,7 +486,13 @@ struct BackwardParams {
   uint64_t dq_accum, row_stats;
   uint64_t dsinks;      // fp32 [heads_q] (spec.sinks)
   float softmax_scale;  // dQ and dK: dX = dZ softmax_scale (times 1 - tanh^2 with softcap)
+  // 1: the key blocks add to a query block's dQ accumulators in key-block
+  // order (dq_sem), so dQ's bits do not depend on scheduling.
   int32_t deterministic;
+  // Workspace, deterministic only: u32 [batch][heads_q][ceil(seqlen_q /
+  // block_m)], zeroed by BackwardPre: the key blocks that have added to
+  // each query block's dQ so far.
+  uint64_t dq_sem;
 };
 
 struct ReduceParams {

@@ -422,6 +422,36 @@ static KvPages kv_pages(const fa_kv_cache_layout &kv) {
   return p;
 }
 
+// The parameters of a forward (fa_launch's, or the forward a backward
+// differentiates) from its arguments: tensors, sizes, KV layout, sinks,
+// ALiBi, resolved windows and scales; the tensor-core steps
+// (set_forward_steps) and any tail are the caller's.
+static ForwardParams forward_params(const AttentionConfig &cfg, const fa_forward_args &a) {
+  ForwardParams p;
+  std::memset(&p, 0, sizeof p);
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.o.data;
+  p.lse = a.lse;
+  p.cu_seqlens_q = a.cu_seqlens_q;
+  p.cu_seqlens_k = a.cu_seqlens_k;
+  copy_strides(p.q_stride, a.q);
+  copy_strides(p.k_stride, a.k);
+  copy_strides(p.v_stride, a.v);
+  copy_strides(p.o_stride, a.o);
+  p.batch = a.batch;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k = a.seqlen_k;
+  p.kv = kv_pages(a.kv);
+  p.seqused_k = a.seqused_k;
+  p.sinks = a.sinks;
+  p.alibi_slopes = a.alibi_slopes;
+  p.alibi_slopes_stride = a.alibi_slopes_stride;
+  set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
+  return p;
+}
+
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a,
                                 uint64_t cu_seqlens_q, bool fused) const {
   LaunchShape shape = kv_shape(a.kv);
@@ -617,28 +647,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
         st != FA_SUCCESS)
       return st;
   }
-  ForwardParams p;
-  std::memset(&p, 0, sizeof p);
-  p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.o = a.o.data;
-  p.lse = a.lse;
-  p.cu_seqlens_q = a.cu_seqlens_q;
-  p.cu_seqlens_k = a.cu_seqlens_k;
-  copy_strides(p.q_stride, a.q);
-  copy_strides(p.k_stride, a.k);
-  copy_strides(p.v_stride, a.v);
-  copy_strides(p.o_stride, a.o);
-  p.batch = a.batch;
-  p.seqlen_q = a.seqlen_q;
-  p.seqlen_k = a.seqlen_k;
-  p.kv = kv_pages(a.kv);
-  p.seqused_k = a.seqused_k;
-  p.sinks = a.sinks;
-  p.alibi_slopes = a.alibi_slopes;
-  p.alibi_slopes_stride = a.alibi_slopes_stride;
-  set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k, &p);
+  ForwardParams p = forward_params(cfg, a);
   Kernel *kernel = nullptr;
   fa_status st = get_kernel(spec, &kernel);
   if (st != FA_SUCCESS) return st;
@@ -980,6 +989,131 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
   r.num_heads_q = cfg.num_heads_q;
   r.sinks = a.sinks;
   return launch_checked(*backend_, *kernel, reduce_geometry(spec, r), &r, sizeof r, stream);
+}
+
+BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &a) {
+  BackwardPlan plan;
+  uint64_t rows = 0, dq_bytes = 0, stats_bytes = 0, total = 0;
+  if (__builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(a.fwd.seqlen_q),
+                             uint64_t(cfg.num_heads_q), &rows) ||
+      __builtin_mul_overflow(rows, uint64_t(cfg.head_dim) * sizeof(float), &dq_bytes) ||
+      __builtin_mul_overflow(rows, 2 * sizeof(float), &stats_bytes) ||
+      dq_bytes > (uint64_t(1) << 62) ||
+      __builtin_add_overflow(round_up(dq_bytes, 256), stats_bytes, &total) ||
+      total > uint64_t(SIZE_MAX) || total > uint64_t(INT64_MAX)) {
+    plan.too_large = true;
+    return plan;
+  }
+  plan.rows = static_cast<int64_t>(rows);
+  plan.row_stats_offset = round_up(dq_bytes, 256);
+  plan.workspace_bytes = static_cast<size_t>(total);
+  return plan;
+}
+
+fa_status check_backward(const AttentionConfig &cfg, int sm) {
+  if (cfg.kv_fp8 != KvFp8::None || cfg.q_fp8 != KvFp8::None) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the backward takes fp16 or bf16 Q/K/V; fp8 configs (kv_dtype, q_dtype) are "
+                "forward-only");
+  }
+  if (cfg.dtype == Dtype::F32) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the backward takes fp16 or bf16 Q/K/V/O (dtype FA_DTYPE_FP32 is not supported)");
+  }
+  if (cfg.head_dim > 128 || cfg.head_dim_v > 128) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the backward takes head_dim and head_dim_v up to 128, got %d and %d", cfg.head_dim,
+                cfg.head_dim_v);
+  }
+  if (sm < 80) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "the backward needs sm_80 or newer (mma.sync), the device is sm_%d", sm);
+  }
+  return FA_SUCCESS;
+}
+
+KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_args &a,
+                                  KernelKind kind) const {
+  LaunchShape shape;
+  shape.varlen = a.fwd.cu_seqlens_q != 0;
+  shape.sinks = a.fwd.sinks != 0;
+  shape.alibi = a.fwd.alibi_slopes != 0;
+  return make_spec(cfg, kind, backend_->info().limits, shape, policy());
+}
+
+size_t Runtime::backward_workspace_bytes(const AttentionConfig &cfg,
+                                         const fa_backward_args &a) const {
+  const BackwardPlan plan = plan_backward(cfg, a);
+  return plan.too_large ? 0 : plan.workspace_bytes;
+}
+
+fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &a, void *stream,
+                            unsigned kernels) {
+  if (fa_status st = check_backward(cfg, backend_->info().limits.sm); st != FA_SUCCESS) return st;
+  const BackwardPlan plan = plan_backward(cfg, a);
+  if (plan.too_large) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "backward workspace too large: batch * seqlen_q * num_heads_q * (head_dim + 2) * "
+                "4 bytes overflows 64 bits");
+  }
+  if (a.workspace_size < plan.workspace_bytes) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "workspace_size is %zu bytes, %zu needed (see fa_backward_workspace_size)",
+                a.workspace_size, plan.workspace_bytes);
+  }
+  // Every kernel before the first launch: a missing one writes nothing.
+  const KernelKind kinds[3] = {KernelKind::BackwardPre, KernelKind::Backward,
+                               KernelKind::BackwardPost};
+  const unsigned bits[3] = {kBackwardPre, kBackwardMain, kBackwardPost};
+  const char *names[3] = {"row statistics (BackwardPre)", "main (Backward)", "dQ (BackwardPost)"};
+  const char *sources[3] = {"src/kernels/backward_rows.cc", "src/kernels/backward_tc.cc",
+                            "src/kernels/backward_rows.cc"};
+  KernelSpec specs[3];
+  Kernel *ks[3] = {nullptr, nullptr, nullptr};
+  for (int i = 0; i < 3; ++i) {
+    if (!(kernels & bits[i])) continue;
+    specs[i] = backward_spec(cfg, a, kinds[i]);
+    fa_status st = get_kernel(specs[i], &ks[i]);
+    if (st == FA_ERROR_INTERNAL && generate_ptx(specs[i]).empty()) {
+      // No generator takes the spec (check_backward refused every config
+      // it knows no kernel for): a kernel still being written.
+      return fail(FA_ERROR_UNSUPPORTED, "the backward's %s kernel is not generated for %s (%s)",
+                  names[i], specs[i].describe().c_str(), sources[i]);
+    }
+    if (st != FA_SUCCESS) return st;
+  }
+  BackwardParams p;
+  std::memset(&p, 0, sizeof p);
+  p.f = forward_params(cfg, a.fwd);
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  copy_strides(p.dout_stride, a.dout);
+  copy_strides(p.dq_stride, a.dq);
+  copy_strides(p.dk_stride, a.dk);
+  copy_strides(p.dv_stride, a.dv);
+  p.dq_accum = a.workspace;
+  p.row_stats = a.workspace + plan.row_stats_offset;
+  p.dsinks = a.dsinks;
+  p.softmax_scale = cfg.softmax_scale;
+  p.deterministic = a.deterministic;
+  LaunchGeometry geoms[3];
+  for (int i = 0; i < 3; ++i) {
+    if (!ks[i]) continue;
+    geoms[i] = backward_geometry(specs[i], p);
+    if (!geometry_ok(geoms[i])) {  // before the first launch
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "the backward's %s grid (%u, %u, %u) exceeds the device limits", names[i],
+                  geoms[i].grid[0], geoms[i].grid[1], geoms[i].grid[2]);
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (!ks[i]) continue;
+    if (fa_status st = backend_->launch(*ks[i], geoms[i], &p, sizeof p, stream); st != FA_SUCCESS)
+      return st;
+  }
+  return FA_SUCCESS;
 }
 
 }  // namespace fa

@@ -97,6 +97,25 @@ fa_status check_fp32(const AttentionConfig &cfg, const KernelSpec &spec);
 // takes 256 at most: the scalar fallbacks (below sm_80, or forced).
 fa_status check_head_dims(const AttentionConfig &cfg, const KernelSpec &spec);
 
+// The backward's workspace (fa_backward_workspace_size; BackwardParams):
+// fp32 dq_accum [rows][head_dim] at offset 0, then fp32 row_stats
+// [2][rows] at the next 256-byte boundary; rows = batch heads_q seqlen_q
+// (varlen: seqlen_q the longest sequence, every sequence padded to it).
+struct BackwardPlan {
+  int64_t rows = 0;
+  size_t row_stats_offset = 0;
+  size_t workspace_bytes = 0;
+  bool too_large = false;  // the bytes overflow 64 bits (sizes above unset)
+};
+BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &args);
+
+// What fa_backward cannot run: FA_ERROR_UNSUPPORTED with the reason for an
+// fp8 config (kv_dtype, q_dtype), fp32 Q/K/V/O, head_dim or head_dim_v past
+// 128, or a device below sm_80 (the kernels run on mma.sync); else
+// FA_SUCCESS. The forward's kernel policy plays no part: the backward has
+// one kernel family.
+fa_status check_backward(const AttentionConfig &cfg, int sm);
+
 class Runtime {
  public:
   struct Counters {
@@ -156,6 +175,21 @@ class Runtime {
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
                    uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
+
+  // The backward kernel of `kind` (BackwardPre, Backward, BackwardPost) for
+  // args (varlen, sinks, ALiBi) on this device.
+  KernelSpec backward_spec(const AttentionConfig &cfg, const fa_backward_args &args,
+                           KernelKind kind) const;
+  // plan_backward(cfg, args).workspace_bytes (0 when too large).
+  size_t backward_workspace_bytes(const AttentionConfig &cfg, const fa_backward_args &args) const;
+  // fa_backward on validated args: BackwardPre, Backward and BackwardPost
+  // on `stream`, each kernel found or built before the first launch (a
+  // kernel that cannot be had launches nothing). `kernels`: which of them
+  // run (kBackwardAll; tests run the per-row ones alone).
+  static constexpr unsigned kBackwardPre = 1, kBackwardMain = 2, kBackwardPost = 4,
+                            kBackwardAll = 7;
+  fa_status backward(const AttentionConfig &cfg, const fa_backward_args &args, void *stream,
+                     unsigned kernels = kBackwardAll);
 
  private:
   // The forward kernel for args with this launch shape: make_spec's, one CTA
