@@ -9,7 +9,7 @@ Skipped (with the reason) while the loaded library has no fa_backward."""
 import numpy as np
 import pytest
 
-from conftest import ref_attention, ref_attention_backward, rng, round_to, as_float, with_sinks
+from conftest import as_float, ref_attention_backward, rng, round_to
 import flashattn as fa
 from flashattn import _lib
 
