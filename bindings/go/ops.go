@@ -249,6 +249,93 @@ func (rt *Runtime) ForwardWorkspaceSize(cfg *Config, a *ForwardArgs) (uint64, er
 	return uint64(n), nil
 }
 
+// BackwardArgs are the arguments of Runtime.Backward (fa_backward_args,
+// since 0.9): the forward as given to Forward (Fwd, with O its output and
+// LSE its LSE, both required; contiguous K/V, no SequsedK; Fwd.Workspace
+// and Fwd.Stream are ignored) and the upstream gradient DOut (like Fwd.O).
+// DQ, DK and DV are written, like Fwd.Q, Fwd.K (summed over each KV head's
+// query heads with GQA) and Fwd.V; all of the config's dtype.
+type BackwardArgs struct {
+	Fwd        ForwardArgs
+	DOut       Tensor
+	DQ, DK, DV Tensor
+	// DSinks: fp32 [num_heads_q], written, with Fwd.Sinks (required then):
+	// DSinks[h] = -sum over the head's rows of e^(Sinks[h] - LSE_i) D_i,
+	// D_i = rowsum(dO_i o O_i); else 0.
+	DSinks uint64
+	// Workspace: BackwardWorkspaceSize bytes, 256-byte aligned (Malloc's
+	// are): fp32 dQ accumulators and row statistics, contents on entry do
+	// not matter; not shared by launches that may run at the same time.
+	Workspace     uint64
+	WorkspaceSize uint64
+	// Deterministic: the same bits on every run (dQ summed over key blocks
+	// in a fixed order); false: atomic accumulation, faster.
+	Deterministic bool
+	Stream        uintptr
+}
+
+// c is a as fa_backward_args.
+func (a *BackwardArgs) c() C.fa_backward_args {
+	var ca C.fa_backward_args
+	ca.struct_size = C.size_t(unsafe.Sizeof(ca))
+	ca.fwd = a.Fwd.c()
+	ca.fwd.workspace, ca.fwd.workspace_size = 0, 0
+	ca.dout, ca.dq, ca.dk, ca.dv = a.DOut.c(), a.DQ.c(), a.DK.c(), a.DV.c()
+	ca.dsinks = C.uint64_t(a.DSinks)
+	ca.workspace = C.uint64_t(a.Workspace)
+	ca.workspace_size = C.size_t(a.WorkspaceSize)
+	if a.Deterministic {
+		ca.deterministic = 1
+	}
+	return ca
+}
+
+// Backward writes dQ, dK and dV (and DSinks) of the forward in a.Fwd for the
+// upstream gradient a.DOut (fa_backward, since 0.9; FlashAttention-2's
+// backward: P recomputed from Q, K and the forward's LSE), under the
+// config's causal, window, softcap, scale and GQA; asynchronously on
+// a.Stream (the emulator: synchronously). Errors: an *Error with the
+// library's status: StatusInvalidArgument for sizes, strides and alignment
+// (the forward's checks prefixed "fwd: "), Fwd.O or Fwd.LSE 0, DSinks
+// missing with sinks, a workspace not 256-byte aligned or smaller than
+// BackwardWorkspaceSize ("workspace ..."); StatusUnsupported for fp8 and
+// fp32 configs, head dims past 128, paged or pointer-array K/V. Nothing is
+// written when an argument is rejected.
+func (rt *Runtime) Backward(cfg *Config, a *BackwardArgs) error {
+	if a == nil {
+		return goErr(StatusInvalidArgument, "Backward: args is nil")
+	}
+	p, cp, release, err := rt.acquireWith(cfg, "Backward")
+	if err != nil {
+		return err
+	}
+	defer release()
+	ca := a.c()
+	var e C.fago_err
+	return check(C.fago_backward(p, cp, &ca, C.uint64_t(a.Stream), &e), &e)
+}
+
+// BackwardWorkspaceSize returns the bytes of BackwardArgs.Workspace Backward
+// uses for a on rt (fa_backward_workspace_size, since 0.9). Reads only a's
+// host fields, touches no memory. Errors: as Backward's argument checks.
+func (rt *Runtime) BackwardWorkspaceSize(cfg *Config, a *BackwardArgs) (uint64, error) {
+	if a == nil {
+		return 0, goErr(StatusInvalidArgument, "BackwardWorkspaceSize: args is nil")
+	}
+	p, cp, release, err := rt.acquireWith(cfg, "BackwardWorkspaceSize")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	ca := a.c()
+	var n C.size_t
+	var e C.fago_err
+	if err := check(C.fago_backward_workspace_size(p, cp, &ca, &n, &e), &e); err != nil {
+		return 0, err
+	}
+	return uint64(n), nil
+}
+
 // DecodeArgs are the arguments of Runtime.Decode (fa_decode_args). Q
 // [batch, seqlen_q, heads_q, dim]; KCache/VCache [batch, seqlen_k_max,
 // heads_kv, dim(_v)], or pages / SeqTensor views as KV says; O [batch,

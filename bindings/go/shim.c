@@ -83,6 +83,31 @@ fa_status fago_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg
   return take(fa_forward_workspace_size(rt, cfg, a, bytes), e);
 }
 
+/* The backward (0.9) is referenced weakly, so that the package still links
+ * and runs against an older library: there its functions are NULL and the
+ * calls below say so. */
+#pragma weak fa_backward
+#pragma weak fa_backward_workspace_size
+
+static fa_status no_backward(const char *what, fago_err *e) {
+  snprintf(e->msg, sizeof e->msg,
+           "%s: the loaded libflashattn has no fa_backward (it needs flashattn 0.9 or later)",
+           what);
+  return FA_ERROR_UNSUPPORTED;
+}
+
+fa_status fago_backward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                       const fa_backward_args *a, size_t *bytes, fago_err *e) {
+  if (!fa_backward_workspace_size) return no_backward("fa_backward_workspace_size", e);
+  return take(fa_backward_workspace_size(rt, cfg, a, bytes), e);
+}
+
+fa_status fago_backward(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *a,
+                        uint64_t stream, fago_err *e) {
+  if (!fa_backward) return no_backward("fa_backward", e);
+  return take(fa_backward(rt, cfg, a, (void *)(uintptr_t)stream), e);
+}
+
 fa_status fago_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                      const fa_decode_args *a, size_t *bytes, int32_t *splits,
                                      fago_err *e) {

@@ -51,6 +51,10 @@ fa_status fago_launch(fa_runtime *rt, const fa_config *cfg, const fa_forward_arg
                       uint64_t stream, fago_err *e);
 fa_status fago_forward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                       const fa_forward_args *a, size_t *bytes, fago_err *e);
+fa_status fago_backward_workspace_size(const fa_runtime *rt, const fa_config *cfg,
+                                       const fa_backward_args *a, size_t *bytes, fago_err *e);
+fa_status fago_backward(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *a,
+                        uint64_t stream, fago_err *e);
 fa_status fago_decode_workspace_size(const fa_runtime *rt, const fa_config *cfg,
                                      const fa_decode_args *a, size_t *bytes, int32_t *splits,
                                      fago_err *e);

@@ -39,7 +39,8 @@ torch_py=${FA_TORCH_PYTHON:-${XDG_CACHE_HOME:-$HOME/.cache}/flashattn-torch-venv
 if [ -x "$torch_py" ] && "$torch_py" -c "import torch, transformers, numpy, pytest" 2>/dev/null; then
   echo "== flashattn.torch and transformers integration suites with $torch_py"
   start=$SECONDS
-  "$torch_py" -m pytest -p no:cacheprovider -q -rs tests/test_torch.py tests/test_transformers.py
+  "$torch_py" -m pytest -p no:cacheprovider -q -rs tests/test_torch.py tests/test_torch_backward.py \
+    tests/test_transformers.py
   echo "torch/transformers suites: $((SECONDS - start)) s"
 else
   echo "skipped: no torch/transformers (tests/test_torch.py with torch, tests/test_transformers.py):" \

@@ -7,6 +7,7 @@ flashattn C API (include/flashattn.h).
         o = fa.forward(rt, cfg, q, k, v)      # NumPy in, NumPy out
         o, lse = fa.decode(rt, cfg, q1, k_pages, v_pages, lens,
                            block_table=table)  # a paged KV cache
+        dq, dk, dv = fa.backward(rt, cfg, q, k, v, o, lse, do)  # training
     fa.cache_warm(["80", "90a"], presets="llama-3-8b")  # fill the kernel cache, no GPU
 
 See README.md for the tensor types accepted and how errors look.
@@ -17,7 +18,7 @@ flash_attn_with_kvcache, ...) as torch custom ops on these kernels.
 """
 
 from ._api import (MAX_BYTES, CacheEntry, CacheStats, Config, DeviceArray, Runtime,
-                   RuntimeInfo, decode, decode_reduce, forward, generate, launch)
+                   RuntimeInfo, backward, decode, decode_reduce, forward, generate, launch)
 from ._errors import (BufferTooSmallError, CacheError, CompileError, CudaError, Error,
                       InternalError, InvalidArgumentError, LaunchError, NoDeviceError,
                       NoDriverError, OutOfMemoryError, RuntimePoisonedError, UnsupportedError)
@@ -36,7 +37,7 @@ def version():
 
 __all__ = [
     "Runtime", "RuntimeInfo", "Config", "DeviceArray", "CacheStats", "CacheEntry",
-    "forward", "launch", "decode", "decode_reduce", "generate", "version",
+    "forward", "launch", "backward", "decode", "decode_reduce", "generate", "version",
     "Tensor", "as_tensor", "float32_to_bf16_bits", "bf16_bits_to_float32",
     "load_library", "library_path", "DECODE_INVARIANT_SPLIT", "MAX_BYTES",
     "Error", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "NoDriverError",

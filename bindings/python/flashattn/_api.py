@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from . import _lib
-from ._errors import Error, check, invalid
+from ._errors import Error, check, invalid, make_error
 from ._tensors import (ITEMSIZE, HostList, contiguous_strides, host_dtype, host_storage,
                        is_ndarray, resolve)
 
@@ -527,6 +527,9 @@ class Runtime:
         return forward(self, config, q, k, v, **kw)
 
     launch = forward
+
+    def backward(self, config, q, k, v, out, lse, dout, **kw):
+        return backward(self, config, q, k, v, out, lse, dout, **kw)
 
     def decode(self, config, q, k_cache, v_cache, cache_seqlens, **kw):
         return decode(self, config, q, k_cache, v_cache, cache_seqlens, **kw)
@@ -1339,6 +1342,177 @@ def _forward_workspace(call, a, workspace):
         return None
     ws = workspace(nbytes.value)
     a.workspace, a.workspace_size = _raw_device_memory(ws, "forward: workspace")
+    return ws
+
+
+def backward(runtime, config, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None,
+             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+             seqused_k=None, sinks=None, dsinks=None, alibi_slopes=None, deterministic=False,
+             workspace=None, stream=None):
+    """The attention backward (fa_backward, library 0.9): the gradients of
+    forward()'s O with respect to Q, K and V, given the upstream gradient
+    dout (FlashAttention-2's Algorithm 2: P recomputed from Q, K and the
+    forward's LSE).
+
+    q, k, v, out (the forward's O) and dout as forward() takes them, fixed
+    length [batch, seqlen, heads, dim] or varlen (cu_seqlens_q and
+    cu_seqlens_k, packed [total, heads, dim]); lse: the forward's fp32 LSE
+    (forward(..., return_lse=True)), [batch, num_heads_q, seqlen_q] or
+    varlen [num_heads_q, total_q]. K and V are contiguous tensors (no
+    paged or pointer-array cache). seqused_k, sinks and alibi_slopes as
+    forward(), the same values the forward ran with; the Config too
+    (causal, window, softcap, scale, GQA). Returns (dq, dk, dv) shaped like
+    q, k, v (dk and dv summed over each KV head's query heads with GQA), and
+    with sinks (dq, dk, dv, dsinks), dsinks fp32 [num_heads_q]. dq=, dk=,
+    dv=, dsinks= are output buffers, allocated like q when None.
+
+    deterministic=True: the same bits on every run (dQ summed over key
+    blocks in a fixed order); False: atomic accumulation, faster.
+    workspace: None = a buffer the binding owns (one per stream and
+    thread, freed with the Runtime); else device memory of at least the
+    bytes fa_backward_workspace_size gives, 256-byte aligned (a DeviceArray
+    or a C-contiguous __cuda_array_interface__ object), or a callable taking
+    the byte count and returning it. Its contents on entry do not matter.
+
+    Errors: UnsupportedError when the library has no fa_backward (before
+    0.9) and for what the backward kernels do not take (fp8 and fp32
+    configs, head dims past 128, SMs below 8.0); InvalidArgumentError for
+    shapes and dtypes (nothing runs); else the library's status."""
+    cfg = config
+    if not _lib.has_backward():
+        raise make_error(2, "backward: the loaded library (%s) has no fa_backward: it needs "
+                         "flashattn 0.9 or later" % _lib.library_path())
+    with _Call(runtime, cfg, "backward", stream) as call:
+        dt = cfg.dtype
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+            raise invalid("backward: cu_seqlens_q and cu_seqlens_k go together")
+        if _is_seq_list(k) or _is_seq_list(v):
+            raise invalid("backward: k and v must be contiguous tensors (no pointer-array "
+                          "cache)")
+        H, Hk, D, Dv = cfg.num_heads_q, cfg.num_heads_kv, cfg.head_dim, cfg.head_dim_v
+        qv = call.input(q, "q", cfg._q_elem, first=True)
+        kv = call.input(k, "k", cfg._kv_elem)
+        vv = call.input(v, "v", cfg._kv_elem)
+        ov = call.input(out, "out", dt)
+        gv = call.input(dout, "dout", dt)
+        lv = call.input(lse, "lse", "fp32")
+        a = _lib.new(_lib.fa_backward_args)
+        f = a.fwd
+        f.struct_size = ctypes.sizeof(_lib.fa_forward_args)
+
+        def widen(view):
+            return view.strides if len(view.strides) == 4 else (0,) + view.strides
+
+        def packed(view, label, heads, dim, names):
+            if len(view.shape) == 4 and view.shape[0] == 1:
+                return _expect(view, label, (1, None, heads, dim), ("1",) + names)[1]
+            return _expect(view, label, (None, heads, dim), names)[0]
+
+        if not varlen:
+            B, Sq, _, _ = _expect(qv, "backward: q", (None, None, H, D),
+                                  ("batch", "seqlen_q", "num_heads_q", "head_dim"))
+            _, Sk, _, _ = _expect(kv, "backward: k", (B, None, Hk, D),
+                                  ("batch", "seqlen_k", "num_heads_kv", "head_dim"))
+            _expect(vv, "backward: v", (B, Sk, Hk, Dv),
+                    ("batch", "seqlen_k", "num_heads_kv", "head_dim_v"))
+            o_dims = (B, Sq, H, Dv)
+            o_names = ("batch", "seqlen_q", "num_heads_q", "head_dim_v")
+            lse_shape = (B, H, Sq)
+        else:
+            Tq = packed(qv, "backward: q", H, D, ("total_q", "num_heads_q", "head_dim"))
+            Tk = packed(kv, "backward: k", Hk, D, ("total_k", "num_heads_kv", "head_dim"))
+            if packed(vv, "backward: v", Hk, Dv, ("total_k", "num_heads_kv", "head_dim_v")) != Tk:
+                raise invalid("backward: v has %d rows, k has %d" % (vv.shape[-3], Tk))
+            cqv = call.input(cu_seqlens_q, "cu_seqlens_q", "int32")
+            ckv = call.input(cu_seqlens_k, "cu_seqlens_k", "int32")
+            if len(cqv.shape) != 1 or cqv.shape != ckv.shape or cqv.shape[0] < 2:
+                raise invalid("backward: cu_seqlens_q/k must both be int32 [batch + 1], got %r "
+                              "and %r" % (cqv.shape, ckv.shape))
+            _need_contiguous(cqv, "backward: cu_seqlens_q")
+            _need_contiguous(ckv, "backward: cu_seqlens_k")
+            B = cqv.shape[0] - 1
+            Sq, Sk = max_seqlen_q, max_seqlen_k
+            if cqv.host is not None:
+                Sq = _host_cu_seqlens(cqv, "cu_seqlens_q", Tq, "total_q", max_seqlen_q,
+                                      "max_seqlen_q")
+                last = cqv.host.tolist()[-1]
+                if last != Tq:
+                    raise invalid("backward: cu_seqlens_q[%d] (%d) must equal total_q (%d): the "
+                                  "LSE is laid out [num_heads_q, cu_seqlens_q[batch]]"
+                                  % (B, last, Tq))
+            elif Sq is None:
+                raise invalid("backward: max_seqlen_q is needed with device cu_seqlens_q")
+            if ckv.host is not None:
+                Sk = _host_cu_seqlens(ckv, "cu_seqlens_k", Tk, "total_k", max_seqlen_k,
+                                      "max_seqlen_k")
+            elif Sk is None:
+                raise invalid("backward: max_seqlen_k is needed with device cu_seqlens_k")
+            f.cu_seqlens_q, f.cu_seqlens_k = cqv.ptr, ckv.ptr
+            o_dims = qv.shape[:-1] + (Dv,)
+            o_names = ("total_q", "num_heads_q", "head_dim_v")
+            if len(o_dims) == 4:
+                o_names = ("1",) + o_names
+            lse_shape = (H, Tq)
+        for view, name in ((ov, "out"), (gv, "dout")):
+            _expect(view, "backward: " + name, o_dims, o_names)
+        _expect(lv, "backward: lse", lse_shape,
+                ("num_heads_q", "total_q") if varlen else ("batch", "num_heads_q", "seqlen_q"))
+        _need_contiguous(lv, "backward: lse")
+        if seqused_k is not None:
+            suv = call.input(seqused_k, "seqused_k", "int32")
+            _expect(suv, "backward: seqused_k", (B,), ("batch",))
+            _need_contiguous(suv, "backward: seqused_k")
+            if suv.host is not None:
+                _lengths(suv, "backward", "seqused_k", Sk, "seqlen_k")
+            f.seqused_k = suv.ptr
+        f.sinks = _sinks(call, sinks, H, "backward")
+        if dsinks is not None and sinks is None:
+            raise invalid("backward: dsinks is the gradient of sinks: pass sinks too")
+        f.alibi_slopes, f.alibi_slopes_stride = _alibi(call, alibi_slopes, B, H, "backward")
+        dqv, dq_obj = call.output(dq, "dq", dt, qv.shape, qv)
+        dkv, dk_obj = call.output(dk, "dk", dt, kv.shape, qv)
+        dvv, dv_obj = call.output(dv, "dv", dt, vv.shape, qv)
+        ds_obj = None
+        if sinks is not None:
+            dsv, ds_obj = call.output(dsinks, "dsinks", "fp32", (H,), qv)
+            _need_contiguous(dsv, "backward: dsinks")
+            a.dsinks = dsv.ptr
+        f.batch = _int32(B, "backward: batch")
+        f.seqlen_q = _int32(Sq, "backward: seqlen_q")
+        f.seqlen_k = _int32(Sk, "backward: seqlen_k")
+        w = widen if varlen else (lambda x: None)
+        f.q, f.k, f.v, f.o = (_ft(x, w(x)) for x in (qv, kv, vv, ov))
+        f.lse = lv.ptr
+        a.dout, a.dq, a.dk, a.dv = (_ft(x, w(x)) for x in (gv, dqv, dkv, dvv))
+        if not isinstance(deterministic, bool):
+            raise invalid("backward: deterministic must be a bool, got %r" % (deterministic,))
+        a.deterministic = int(deterministic)
+        ws = _backward_workspace(call, a, workspace)
+        call.launched = True
+        check(_lib.lib().fa_backward(call.h, call.ch, ctypes.byref(a), call.launch_stream))
+        del ws  # kept alive until the launch is queued
+    grads = (dq_obj, dk_obj, dv_obj)
+    return grads + (ds_obj,) if sinks is not None else grads
+
+
+def _backward_workspace(call, a, workspace):
+    """Sets a.workspace / a.workspace_size (see backward()'s workspace);
+    returns the object holding the memory, to be kept until the launch."""
+    if workspace is not None and not callable(workspace):
+        a.workspace, a.workspace_size = _raw_device_memory(workspace, "backward: workspace")
+        return workspace
+    nbytes = ctypes.c_size_t()
+    check(_lib.lib().fa_backward_workspace_size(call.h, call.ch, ctypes.byref(a),
+                                                ctypes.byref(nbytes)))
+    if nbytes.value == 0:
+        return None
+    if workspace is None:
+        a.workspace, a.workspace_size = call.rt._workspace(call.stream or 0, nbytes.value,
+                                                           "backward")
+        return None
+    ws = workspace(nbytes.value)
+    a.workspace, a.workspace_size = _raw_device_memory(ws, "backward: workspace")
     return ws
 
 

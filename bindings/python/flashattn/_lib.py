@@ -159,6 +159,21 @@ class fa_forward_args(ctypes.Structure):
     ]
 
 
+class fa_backward_args(ctypes.Structure):  # since 0.9
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("fwd", fa_forward_args),  # the forward's arguments, with o and lse
+        ("dout", fa_tensor),
+        ("dq", fa_tensor),
+        ("dk", fa_tensor),
+        ("dv", fa_tensor),
+        ("dsinks", c_uint64),
+        ("workspace", c_uint64),
+        ("workspace_size", c_size_t),
+        ("deterministic", c_int32),
+    ]
+
+
 class fa_decode_args(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -315,6 +330,7 @@ STRUCTS = (
     fa_kv_cache_layout,
     fa_generate_options,
     fa_forward_args,
+    fa_backward_args,
     fa_decode_args,
     fa_reduce_args,
     fa_cache_stats,
@@ -368,6 +384,12 @@ def _declare(lib):
     fn("fa_launch", c_int, c_void_p, c_void_p, _P(fa_forward_args), c_void_p)
     fn("fa_forward_workspace_size", c_int, c_void_p, c_void_p, _P(fa_forward_args),
        _P(c_size_t))
+    # Since 0.9 (the backward): optional, so that the binding still loads an
+    # older library; backward() says what is missing (has_backward).
+    if hasattr(lib, "fa_backward"):
+        fn("fa_backward_workspace_size", c_int, c_void_p, c_void_p, _P(fa_backward_args),
+           _P(c_size_t))
+        fn("fa_backward", c_int, c_void_p, c_void_p, _P(fa_backward_args), c_void_p)
     fn("fa_decode_workspace_size", c_int, c_void_p, c_void_p, _P(fa_decode_args),
        _P(c_size_t), _P(c_int32))
     fn("fa_decode", c_int, c_void_p, c_void_p, _P(fa_decode_args), c_void_p)
@@ -456,6 +478,11 @@ def load(path=None):
 
 def lib():
     return _lib if _lib is not None else load()
+
+
+def has_backward():
+    """True when the loaded library exports fa_backward (flashattn 0.9+)."""
+    return hasattr(lib(), "fa_backward")
 
 
 def library_path():

@@ -7,22 +7,34 @@ The functions take FlashAttention's arguments, in its order, with its
 defaults, and return what it returns. They run on torch CUDA tensors on the
 current stream (flashattn's cuda backend on the tensors' device), and on CPU
 tensors through flashattn's CPU emulator (slow; for tests without a GPU; needs
-NumPy). The work is done by two torch.library custom ops,
-torch.ops.flashattn_rt.fwd and torch.ops.flashattn_rt.decode, with fake
-(meta) implementations: torch.compile traces through them without graph
-breaks, and on a GPU they neither synchronise nor allocate outside torch's
-allocator, so they can be captured in CUDA graphs (after a warm-up call has
-compiled the kernel).
+NumPy). The work is done by torch.library custom ops,
+torch.ops.flashattn_rt.fwd, .bwd and .decode, with fake (meta)
+implementations: torch.compile traces through them without graph breaks, and
+on a GPU they neither synchronise nor allocate outside torch's allocator, so
+they can be captured in CUDA graphs (after a warm-up call has compiled the
+kernel).
 
-Not supported, each raising NotImplementedError that names it: dropout_p != 0,
-the backward pass (the forward works on tensors that require grad; calling
-backward raises), and cache_leftpad in flash_attn_with_kvcache. alibi_slopes
-(since 0.5) and flash_attn_with_kvcache's k/v append with rotary_cos/
-rotary_sin (since 0.5: the cache is updated in place, in the same launch)
-are supported. `deterministic` is
-accepted and has no effect (it is about FlashAttention's backward pass).
-return_attn_probs returns (out, softmax_lse, None): the probabilities are not
-computed.
+Training (library 0.9): flash_attn_func, flash_attn_varlen_func and the packed
+forms (qkvpacked, kvpacked and their varlen versions) have a backward pass
+(autograd through torch.ops.flashattn_rt.bwd, FlashAttention-2's backward,
+fa_backward), also under torch.compile(fullgraph=True): when a gradient may
+flow the forward keeps its LSE, and the backward recomputes P from Q, K and
+it. It takes fp16 and bf16, causal, window_size, softcap, alibi_slopes (no
+gradient for the slopes, as FlashAttention), GQA/MQA (dk/dv summed over each
+KV head's group) and varlen; head dims up to 128 (past that the backward
+raises NotImplementedError naming head_dim; the forward takes larger ones).
+deterministic=True makes dq the same bits on every run (a fixed summation
+order; else atomic adds). return_attn_probs returns (out, softmax_lse, None)
+as FlashAttention 2.x with dropout_p=0 (no probabilities); the LSE's own
+gradient is not propagated (as FlashAttention 2.x). No backward, each raising
+NotImplementedError that names it when a backward pass runs:
+flash_attn_varlen_func with block_table (a paged cache) and
+flash_attn_with_kvcache (as in FlashAttention).
+
+Not supported, each raising NotImplementedError that names it: dropout_p != 0
+and cache_leftpad in flash_attn_with_kvcache. alibi_slopes (since 0.5) and
+flash_attn_with_kvcache's k/v append with rotary_cos/ rotary_sin (since 0.5:
+the cache is updated in place, in the same launch) are supported.
 
 Importing this module imports torch; `import flashattn` alone never does.
 PyTorch >= 2.4 (torch.library.custom_op) is needed.
@@ -196,10 +208,12 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          seqused_k: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
          max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
          window_left: int, window_right: int, softcap: float, return_lse: bool,
-         alibi_slopes: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+         alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False
+         ) -> Tuple[torch.Tensor, torch.Tensor]:
     """fa_launch: (out, softmax_lse). Fixed length: q [b, sq, h, d]; varlen
     (cu_seqlens_q): q [total_q, h, d]; block_table: k/v are pages. Without
-    return_lse the LSE is an empty tensor (not computed)."""
+    return_lse the LSE is an empty tensor (not computed). deterministic is
+    for the backward (fa_backward_args.deterministic), kept by autograd."""
     out_shape, lse_shape = _fwd_shapes(q, v, cu_seqlens_q, return_lse)
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
@@ -271,7 +285,7 @@ def _fwd_shapes(q, v, cu_seqlens_q, return_lse):
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q,
               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-              return_lse, alibi_slopes=None):
+              return_lse, alibi_slopes=None, deterministic=False):
     out_shape, lse_shape = _fwd_shapes(q, v, cu_seqlens_q, return_lse)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -363,15 +377,104 @@ def _decode_append_fake(q, k_cache, v_cache, cache_seqlens, block_table, softmax
             q.new_empty((b, h, sq), dtype=torch.float32))
 
 
-# No backward: an op that raises when a backward pass runs (so that a forward
-# on tensors requiring grad works, and torch.compile can trace the joint graph).
+@torch.library.custom_op(_NS + "::bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+         cu_seqlens_k: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
+         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+         window_left: int, window_right: int, softcap: float,
+         alibi_slopes: Optional[torch.Tensor], deterministic: bool
+         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fa_backward: (dq, dk, dv) of the forward (q, k, v) -> (out, lse) for
+    the upstream gradient dout; dq/dk/dv contiguous, shaped like q/k/v."""
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    varlen = cu_seqlens_q is not None
+    cfg = _config(_DTYPES[q.dtype], q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2],
+                  causal, window_left, window_right, softmax_scale, softcap)
+    rt = runtime(q.device)
+    kw = dict(max_seqlen_q=max_seqlen_q if varlen else None,
+              max_seqlen_k=max_seqlen_k if varlen else None)
+    if q.device.type == "cuda":
+        device = q.device
+        keep = []  # the workspace lives until the launch is queued (then stream order)
+
+        def workspace(nbytes):
+            keep.append(torch.empty(max(nbytes, 256), dtype=torch.uint8, device=device))
+            return _dev(keep[-1])
+
+        cast, kw["stream"] = _dev, torch.cuda.current_stream(device).cuda_stream
+        kw["workspace"] = workspace
+        q, k, v, out, dout = (_fit(t) for t in (q, k, v, out, dout))
+    else:
+        cast = _host
+    _api.backward(rt, cfg, cast(q), cast(k), cast(v), cast(out), cast(lse), cast(dout),
+                  dq=cast(dq), dk=cast(dk), dv=cast(dv), cu_seqlens_q=cast(cu_seqlens_q),
+                  cu_seqlens_k=cast(cu_seqlens_k), seqused_k=cast(seqused_k),
+                  alibi_slopes=cast(alibi_slopes), deterministic=bool(deterministic), **kw)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+              max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+              alibi_slopes, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# The backward kernels take head dims up to this (fa_backward: UNSUPPORTED past it).
+_BWD_MAX_HEAD_DIM = 128
+_FWD_INPUTS = 17  # the inputs of flashattn_rt::fwd, each given a gradient (or None)
+
+
+def _setup_fwd(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k,
+     softmax_scale, causal, window_left, window_right, softcap, return_lse, alibi_slopes,
+     deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          alibi_slopes)
+    ctx.paged = block_table is not None
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                softcap)
+    ctx.deterministic = deterministic
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    """Gradients of q, k and v (FlashAttention-2's backward, fa_backward).
+    The LSE's own gradient (return_attn_probs=True, then used in a loss) is
+    not propagated, as in FlashAttention 2.x."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
+    if ctx.paged:
+        raise NotImplementedError(
+            "flashattn.torch.flash_attn_varlen_func: block_table (a paged KV cache) has no "
+            "backward pass (fa_backward reads contiguous K/V); detach k and v or run under "
+            "torch.no_grad()")
+    for name, d in (("head_dim", q.shape[-1]), ("head_dim_v", v.shape[-1])):
+        if d > _BWD_MAX_HEAD_DIM:
+            raise NotImplementedError(
+                "flashattn.torch: %s=%d: the backward pass takes head dims up to %d (the "
+                "forward takes larger ones)" % (name, d, _BWD_MAX_HEAD_DIM))
+    if lse.numel() == 0 and out.numel() != 0:
+        raise RuntimeError("flashattn.torch: flashattn_rt::fwd ran with return_lse=False, so "
+                           "its backward has no LSE: call it with return_lse=True")
+    dq, dk, dv = torch.ops.flashattn_rt.bwd(grad_out, q, k, v, out, lse, cu_seqlens_q,
+                                            cu_seqlens_k, seqused_k, *ctx.args, alibi_slopes,
+                                            ctx.deterministic)
+    return (dq, dk, dv) + (None,) * (_FWD_INPUTS - 3)
+
+
+# flash_attn_with_kvcache has no backward pass (nor has FlashAttention's): an
+# op that raises when one runs, so that a forward on tensors requiring grad
+# works and torch.compile can trace the joint graph.
 @torch.library.custom_op(_NS + "::no_backward", mutates_args=())
 def _no_backward(grad: torch.Tensor, q_shape: List[int], k_shape: List[int],
                  v_shape: List[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     raise NotImplementedError(
-        "flashattn.torch: the backward pass is not supported (flashattn has forward kernels "
-        "only); run the attention under torch.no_grad() / torch.inference_mode(), or detach "
-        "its inputs")
+        "flashattn.torch.flash_attn_with_kvcache: no backward pass (decoding over a KV cache "
+        "is inference only, as in FlashAttention); run it under torch.no_grad() / "
+        "torch.inference_mode(), or detach its inputs")
 
 
 @_no_backward.register_fake
@@ -379,28 +482,19 @@ def _no_backward_fake(grad, q_shape, k_shape, v_shape):
     return grad.new_empty(q_shape), grad.new_empty(k_shape), grad.new_empty(v_shape)
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_decode(ctx, inputs, output):
     q, k, v = inputs[:3]
     ctx.qkv_shapes = (list(q.shape), list(k.shape), list(v.shape))
+    ctx.n_other = len(inputs) - 3
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _decode_backward(ctx, grad_out, grad_lse):
     dq, dk, dv = torch.ops.flashattn_rt.no_backward(grad_out, *ctx.qkv_shapes)
     return (dq, dk, dv) + (None,) * ctx.n_other
 
 
-def _setup_fwd(ctx, inputs, output):
-    _setup_context(ctx, inputs, output)
-    ctx.n_other = 13
-
-
-def _setup_decode(ctx, inputs, output):
-    _setup_context(ctx, inputs, output)
-    ctx.n_other = 9
-
-
-_fwd.register_autograd(_backward, setup_context=_setup_fwd)
-_decode.register_autograd(_backward, setup_context=_setup_decode)
+_fwd.register_autograd(_fwd_backward, setup_context=_setup_fwd)
+_decode.register_autograd(_decode_backward, setup_context=_setup_decode)
 
 
 # ---- FlashAttention's functions ----------------------------------------------------------
@@ -408,8 +502,8 @@ _decode.register_autograd(_backward, setup_context=_setup_decode)
 def _unsupported(fn, dropout_p=0.0):
     if dropout_p:
         raise NotImplementedError(
-            "flashattn.torch.%s: dropout_p=%r is not supported (flashattn runs inference "
-            "only); pass dropout_p=0.0" % (fn, dropout_p))
+            "flashattn.torch.%s: dropout_p=%r is not supported (flashattn has no attention "
+            "dropout, forward or backward); pass dropout_p=0.0" % (fn, dropout_p))
 
 
 def _slopes(fn, alibi_slopes, device):
@@ -464,9 +558,13 @@ def _kv_names(fn, k, v):
     return ((name or "k", k), (name or "v", v))
 
 
+def _needs_grad(*ts):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
 def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-               softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-               block_table=None):
+               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+               return_attn_probs, block_table=None):
     _unsupported(fn, dropout_p)
     _check_dtypes(fn, q, _kv_names(fn, k, v))
     _warn_if_emulated(q, 3)  # the caller of flash_attn_*_func
@@ -484,10 +582,12 @@ def _attention(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         # keys in the cache; flashattn takes the counts (seqused_k).
         seqused_k = _int32(cu_seqlens_k[1:] - cu_seqlens_k[:-1])
         cu_seqlens_k = None
+    # The backward needs the LSE: the forward writes it when a gradient may flow.
+    return_lse = bool(return_attn_probs) or _needs_grad(q, k, v)
     out, lse = torch.ops.flashattn_rt.fwd(
         _pad8(q), _pad8(k), _pad8(v), _int32(cu_seqlens_q), _int32(cu_seqlens_k), seqused_k,
         _int32(block_table), max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
-        wl, wr, float(softcap), bool(return_attn_probs), alibi_slopes)
+        wl, wr, float(softcap), return_lse, alibi_slopes, bool(deterministic))
     if out.shape[-1] != dv:
         out = out[..., :dv]
     return (out, lse, None) if return_attn_probs else out
@@ -503,7 +603,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return_attn_probs (out, softmax_lse (batch, nheads, seqlen_q) fp32,
     None)."""
     return _attention("flash_attn_func", q, k, v, None, None, 0, 0, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, return_attn_probs)
+                      causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -519,7 +620,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     None). CUDA cu_seqlens are trusted (not read on the host)."""
     return _attention("flash_attn_varlen_func", q, k, v, cu_seqlens_q, cu_seqlens_k,
                       max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                      window_size, softcap, alibi_slopes, return_attn_probs, block_table)
+                      window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                      block_table)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -528,7 +630,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """qkv (batch, seqlen, 3, nheads, headdim); as flash_attn_func."""
     return _attention("flash_attn_qkvpacked_func", qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
                       None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, return_attn_probs)
+                      alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -537,7 +639,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """kv (batch, seqlen_k, 2, nheads_k, headdim); as flash_attn_func."""
     return _attention("flash_attn_kvpacked_func", q, kv[:, :, 0], kv[:, :, 1], None, None, 0,
                       0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      return_attn_probs)
+                      deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -547,7 +649,8 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     """qkv (total, 3, nheads, headdim); as flash_attn_varlen_func."""
     return _attention("flash_attn_varlen_qkvpacked_func", qkv[:, 0], qkv[:, 1], qkv[:, 2],
                       cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, return_attn_probs)
+                      causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -558,7 +661,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     """kv (total_k, 2, nheads_k, headdim); as flash_attn_varlen_func."""
     return _attention("flash_attn_varlen_kvpacked_func", q, kv[:, 0], kv[:, 1], cu_seqlens_q,
                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, return_attn_probs)
+                      causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,

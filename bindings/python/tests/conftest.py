@@ -101,6 +101,66 @@ def ref_attention(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, se
     return o, lse
 
 
+def ref_attention_backward(q, k, v, dout, scale, causal=False, window=(-1, -1), softcap=0.0,
+                           seqlens_k=None, alibi=None, sinks=None, out=None):
+    """fp64 gradients of ref_attention's O (with sinks: with_sinks's) for the
+    upstream gradient dout [B,Sq,H,Dv] (FlashAttention-2's Algorithm 2):
+    dV = P^T dO, dP = dO V^T, D_i = rowsum(dO_i o O_i) (O: `out` when given,
+    e.g. the kernel's, else the fp64 one), dZ = P o (dP - D), through the
+    softcap dS = dZ (1 - tanh^2(s / softcap)), dQ = scale dS K, dK = scale
+    dS^T Q, dK/dV summed over each KV head's query heads; dsinks[h] =
+    -sum_i e^(sinks[h] - LSE_i) D_i. Rows that see no key get zeros.
+    Returns (dq, dk, dv) or, with sinks, (dq, dk, dv, dsinks)."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    B, Sq, H, _ = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    g = H // Hk
+    kk, vv = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    x = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    s = softcap * np.tanh(x / softcap) if softcap > 0 else x
+    dq, dk, dv = np.zeros_like(q), np.zeros(kk.shape), np.zeros(vv.shape)
+    dsinks = np.zeros(H)
+    for b in range(B):
+        L = Sk if seqlens_k is None else int(seqlens_k[b])
+        vis = visible_mask(Sq, L, Sk, causal, window)
+        sb = s[b]
+        if alibi is not None:
+            sl = np.asarray(alibi, np.float64)
+            sl = sl if sl.ndim == 1 else sl[b]
+            dist = np.abs(np.arange(Sq)[:, None] + L - Sq - np.arange(Sk)[None, :])
+            sb = sb - sl[:, None, None] * dist[None]
+        sb = np.where(vis[None], sb, -np.inf)
+        m = sb.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, np.asarray(sinks, np.float64)[:, None, None])
+        seen = np.isfinite(m)
+        e = np.where(seen, np.exp(sb - np.where(seen, m, 0)), 0.0)
+        den = e.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            ps = np.exp(np.asarray(sinks, np.float64)[:, None, None] - np.where(seen, m, 0))
+            den = den + np.where(seen, ps, 0.0)
+        p = e / np.where(den > 0, den, 1)  # [H, Sq, Sk]
+        vb = vv[b].copy()
+        vb[L:] = 0
+        ob = np.einsum("hqk,khd->qhd", p, vb) if out is None else \
+            np.asarray(out[b], np.float64)
+        dob = dout[b]
+        dv[b] = np.einsum("hqk,qhd->khd", p, dob)
+        dp = np.einsum("qhd,khd->hqk", dob, vb)
+        D = np.einsum("qhd,qhd->hq", dob, ob)[..., None]
+        dz = p * (dp - D)
+        if softcap > 0:
+            dz = dz * (1 - np.tanh(x[b] / softcap) ** 2)
+        dq[b] = np.einsum("hqk,khd->qhd", dz, kk[b]) * scale
+        dk[b] = np.einsum("hqk,qhd->khd", dz, q[b]) * scale
+        if sinks is not None:
+            psink = np.where(seen, ps, 0.0) / np.where(den > 0, den, 1)  # [H, Sq, 1]
+            dsinks -= (psink * D)[..., 0].sum(axis=-1)
+    dk = dk.reshape(B, Sk, Hk, g, -1).sum(axis=3)
+    dv = dv.reshape(B, Sk, Hk, g, -1).sum(axis=3)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
+
+
 def to_pages(g, k, v, page_size, spare=3, fill=np.nan):
     """A contiguous cache k/v [batch, skmax, heads, d(_v)] as shuffled pages
     [num_pages, page_size, heads, d(_v)] of k's dtype: every sequence owns

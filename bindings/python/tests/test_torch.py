@@ -5,7 +5,8 @@ as source (ast), `import flashattn` importing no torch, and `import
 flashattn.torch` failing with a message that names PyTorch.
 With PyTorch (CPU): every function on CPU tensors through the emulator
 against fp64 references and the C API, the unsupported arguments, fake-tensor
-shape propagation and torch.compile(fullgraph=True) tracing.
+shape propagation and torch.compile(fullgraph=True) tracing (the backward
+pass: test_torch_backward.py).
 The GPU checks (C API equality, torch.compile with Inductor, CUDA graphs) are
 in test_torch_gpu.py."""
 
@@ -492,14 +493,17 @@ def test_with_kvcache_append_rotary(fat, interleaved, paged):
     assert np.array_equal(_np64(got_v), want_v)
 
 
-def test_backward_raises(fat):
+def test_kvcache_backward_raises(fat):
+    """flash_attn_with_kvcache has no backward pass (as FlashAttention's): the
+    forward works on tensors that require grad, a backward raises naming it.
+    (The training functions' backward: test_torch_backward.py.)"""
     import torch
     g = rng(9)
-    q = _t(torch, g, (1, 8, 2, 32), torch.float16).requires_grad_()
+    q = _t(torch, g, (1, 1, 2, 32), torch.float16).requires_grad_()
     k = _t(torch, g, (1, 8, 2, 32), torch.float16)
-    out = fat.flash_attn_func(q, k, k)  # the forward works on tensors that require grad
+    out = fat.flash_attn_with_kvcache(q, k, k)
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward pass is not supported"):
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache: no backward pass"):
         out.float().sum().backward()
 
 

@@ -2,7 +2,8 @@
 flashattn's cuda backend): results equal to the C API's (fa.forward /
 fa.decode on the same tensors) and close to PyTorch's SDPA, the current
 stream, torch.compile(fullgraph=True) with Inductor over a model block, and
-CUDA graphs captured once and replayed with new inputs."""
+CUDA graphs captured once and replayed with new inputs; the training backward
+against SDPA's gradients and fa.backward (library 0.9)."""
 
 import pytest
 
@@ -225,3 +226,37 @@ def test_persistent_dynamic_forward(env, monkeypatch):
             torch.cuda.synchronize()
             assert torch.equal(static, want)
         del graph
+
+
+@pytest.mark.parametrize("dtype,hk,d,causal", [("fp16", 2, 64, True), ("bf16", 4, 128, False)])
+def test_backward_vs_sdpa_and_c_api(env, dtype, hk, d, causal):
+    """The training backward (library 0.9) on the GPU, on a side stream:
+    gradients within bf16/fp16 tolerance of fp32 SDPA's, and bit for bit
+    fa.backward's on the same tensors (deterministic=True)."""
+    torch, fat, rt = env
+    if not fa._lib.has_backward():
+        pytest.skip("the loaded libflashattn has no fa_backward (before 0.9)")
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(2, 150, 8, d, device="cuda", dtype=tdt, generator=g)
+    k = torch.randn(2, 230, hk, d, device="cuda", dtype=tdt, generator=g)
+    v = torch.randn(2, 230, hk, d, device="cuda", dtype=tdt, generator=g)
+    dout = torch.randn(2, 150, 8, d, device="cuda", dtype=tdt, generator=g)
+    xs = [t.clone().requires_grad_() for t in (q, k, v)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fat.flash_attn_func(*xs, causal=causal, deterministic=True)
+        out.backward(dout)
+    side.synchronize()
+    refs = [t.float().clone().requires_grad_() for t in (q, k, v)]
+    _sdpa(torch, *refs, causal).backward(dout.float())
+    tol = 1e-2 if dtype == "fp16" else 4e-2
+    for x, r in zip(xs, refs):
+        err = (x.grad.float() - r.grad).abs().max().item()
+        assert err <= tol * r.grad.abs().max().item(), err
+    cfg = fa.Config(dtype=dtype, head_dim=d, num_heads_q=8, num_heads_kv=hk, causal=causal)
+    o, lse = fa.forward(rt, cfg, q, k, v, return_lse=True)
+    dq, dk, dv = fa.backward(rt, cfg, q, k, v, o, lse, dout, deterministic=True)
+    torch.cuda.synchronize()
+    assert all(torch.equal(x.grad, y) for x, y in zip(xs, (dq, dk, dv)))

@@ -442,6 +442,51 @@ impl Default for fa_forward_args {
     }
 }
 
+/// Since 0.9: the arguments of fa_backward (the training backward).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fa_backward_args {
+    pub struct_size: usize,
+    /// The forward call's arguments as given to fa_launch, with `o` its output
+    /// O and `lse` its LSE (both required); contiguous K/V only; its
+    /// workspace is ignored.
+    pub fwd: fa_forward_args,
+    /// dO, like fwd.o.
+    pub dout: fa_tensor,
+    /// Written: like fwd.q.
+    pub dq: fa_tensor,
+    /// Written: like fwd.k (summed over each KV head's query heads).
+    pub dk: fa_tensor,
+    /// Written: like fwd.v.
+    pub dv: fa_tensor,
+    /// fp32 [num_heads_q], written, with fwd.sinks (required then); else 0.
+    pub dsinks: u64,
+    /// fa_backward_workspace_size bytes, 256-byte aligned; contents on entry
+    /// do not matter; not shared by launches that may run at the same time.
+    pub workspace: u64,
+    /// Bytes at workspace.
+    pub workspace_size: usize,
+    /// 1: the same bits on every run (dQ summed in a fixed order); 0: atomics.
+    pub deterministic: i32,
+}
+
+impl Default for fa_backward_args {
+    fn default() -> Self {
+        Self {
+            struct_size: size_of::<Self>(),
+            fwd: fa_forward_args::default(),
+            dout: fa_tensor::default(),
+            dq: fa_tensor::default(),
+            dk: fa_tensor::default(),
+            dv: fa_tensor::default(),
+            dsinks: 0,
+            workspace: 0,
+            workspace_size: 0,
+            deterministic: 0,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fa_decode_args {
@@ -902,6 +947,20 @@ extern "C" {
         cfg: *const fa_config,
         args: *const fa_forward_args,
         bytes: *mut usize,
+    ) -> fa_status;
+    /// Since 0.9: the bytes of fa_backward_args.workspace fa_backward uses.
+    pub fn fa_backward_workspace_size(
+        rt: *const fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_backward_args,
+        bytes: *mut usize,
+    ) -> fa_status;
+    /// Since 0.9: dQ, dK, dV (and dsinks) of the forward in args->fwd.
+    pub fn fa_backward(
+        rt: *mut fa_runtime,
+        cfg: *const fa_config,
+        args: *const fa_backward_args,
+        stream: *mut c_void,
     ) -> fa_status;
     pub fn fa_decode_workspace_size(
         rt: *const fa_runtime,

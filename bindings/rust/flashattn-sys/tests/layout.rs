@@ -297,6 +297,21 @@ fn rust_rows() -> Vec<(String, String, i64)> {
         }
     );
     rows.push(("fa_status".into(), "sizeof(fa_status)".into(), size_of::<fa_status>() as i64));
+    layout!(
+        rows,
+        fa_backward_args {
+            struct_size,
+            fwd,
+            dout,
+            dq,
+            dk,
+            dv,
+            dsinks,
+            workspace,
+            workspace_size,
+            deterministic
+        }
+    );
     rows.push(("fa_dtype".into(), "sizeof(fa_dtype)".into(), size_of::<fa_dtype>() as i64));
     rows.push(("fa_backend".into(), "sizeof(fa_backend)".into(), size_of::<fa_backend>() as i64));
     rows.push((
@@ -498,6 +513,17 @@ fn defaults_match_init_macros() {
     // 0.6's fields default to "as 0.5": a Q of dtype, no Q descale.
     assert_eq!((fa_config_desc::default().q_dtype, f.q_descale), (0, 0));
     assert_eq!(fa_cache_stats::default().struct_size, size_of::<fa_cache_stats>());
+    // FA_BACKWARD_ARGS_INIT: both struct_sizes, everything else 0.
+    let b = fa_backward_args::default();
+    assert_eq!(
+        (b.struct_size, b.fwd.struct_size),
+        (size_of::<fa_backward_args>(), size_of::<fa_forward_args>())
+    );
+    assert_eq!(
+        (b.dout, b.dq, b.dk, b.dv),
+        (fa_tensor::default(), fa_tensor::default(), fa_tensor::default(), fa_tensor::default())
+    );
+    assert_eq!((b.dsinks, b.workspace, b.workspace_size, b.deterministic), (0, 0, 0, 0));
     // FA_CACHE_WARM_OPTIONS_INIT: struct_size, everything else 0 / NULL (AUTO is 0).
     let w = fa_cache_warm_options::default();
     assert_eq!(w.struct_size, size_of::<fa_cache_warm_options>());

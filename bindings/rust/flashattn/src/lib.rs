@@ -46,10 +46,10 @@ pub use half::{
     f32_to_f16_bits,
 };
 pub use ops::{
-    contiguous_strides, pack_tree_mask, Alibi, DecodeArgs, DecodeKvArgs, DecodePlan, Descales,
-    ForwardArgs, ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv, RawDecodeArgs,
-    RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor, ReduceArgs, Rotary, SeqKv, Tensor,
-    TensorMut, TreeMask, View, ViewMut,
+    contiguous_strides, pack_tree_mask, Alibi, BackwardArgs, DecodeArgs, DecodeKvArgs, DecodePlan,
+    Descales, ForwardArgs, ForwardKvArgs, KvAppend, KvCache, KvLayout, LseFormat, PagedKv,
+    RawBackwardArgs, RawDecodeArgs, RawForwardArgs, RawKvLayout, RawReduceArgs, RawTensor,
+    ReduceArgs, Rotary, SeqKv, Tensor, TensorMut, TreeMask, View, ViewMut,
 };
 pub use runtime::{
     version_number, version_string, Backend, CacheMode, DeviceBuffer, Element, PtxCompiler,

@@ -172,6 +172,49 @@ impl RawForwardArgs {
     }
 }
 
+/// fa_backward_args without struct_size (since 0.9). Fields as in flashattn.h.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawBackwardArgs {
+    /// The forward's arguments as given to `forward_raw`, with `o` its output
+    /// and `lse` its LSE (both required); contiguous K/V; no seqused_k; its
+    /// workspace is ignored.
+    pub fwd: RawForwardArgs,
+    /// dO, like fwd.o.
+    pub dout: RawTensor,
+    /// Written: like fwd.q, fwd.k (summed over each KV head's query heads)
+    /// and fwd.v.
+    pub dq: RawTensor,
+    pub dk: RawTensor,
+    pub dv: RawTensor,
+    /// fp32 [num_heads_q], written, with fwd.sinks (required then); else 0.
+    pub dsinks: u64,
+    /// `Runtime::backward_workspace_size` bytes, 256-byte aligned; contents
+    /// on entry do not matter; not shared by launches that may run at the
+    /// same time.
+    pub workspace: u64,
+    pub workspace_size: usize,
+    /// The same bits on every run (dQ summed over key blocks in a fixed
+    /// order) rather than atomic accumulation.
+    pub deterministic: bool,
+}
+
+impl RawBackwardArgs {
+    fn to_sys(&self) -> sys::fa_backward_args {
+        sys::fa_backward_args {
+            fwd: self.fwd.to_sys(),
+            dout: self.dout.to_sys(),
+            dq: self.dq.to_sys(),
+            dk: self.dk.to_sys(),
+            dv: self.dv.to_sys(),
+            dsinks: self.dsinks,
+            workspace: self.workspace,
+            workspace_size: self.workspace_size,
+            deterministic: self.deterministic as i32,
+            ..Default::default()
+        }
+    }
+}
+
 /// fa_decode_args without struct_size. Fields as in flashattn.h.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RawDecodeArgs {
@@ -638,6 +681,38 @@ pub struct ForwardArgs<'a> {
     /// with FLASHATTN_SM90_PERSISTENT=1 on sm_90 uses it, and the split-KV
     /// forward when it is as large as `Runtime::forward_workspace_size`
     /// says (the partial states), else that launch runs unsplit.
+    pub workspace: Option<&'a mut DeviceBuffer>,
+}
+
+/// Arguments of `Runtime::backward` (since 0.9; fixed-length batches, packed
+/// varlen batches go through `backward_raw`): the forward's q, k, v, its
+/// output o and LSE, and the upstream gradient dout.
+#[derive(Debug)]
+pub struct BackwardArgs<'a> {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    /// [batch, seqlen_q, num_heads_q, head_dim]
+    pub q: Tensor<'a>,
+    /// [batch, seqlen_k, num_heads_kv, head_dim]
+    pub k: Tensor<'a>,
+    /// [batch, seqlen_k, num_heads_kv, head_dim_v]
+    pub v: Tensor<'a>,
+    /// The forward's O: [batch, seqlen_q, num_heads_q, head_dim_v]
+    pub o: Tensor<'a>,
+    /// The forward's LSE: fp32 [batch, num_heads_q, seqlen_q]
+    pub lse: &'a DeviceBuffer,
+    /// dO: [batch, seqlen_q, num_heads_q, head_dim_v]
+    pub dout: Tensor<'a>,
+    /// Written: dQ like q, dK like k, dV like v.
+    pub dq: TensorMut<'a>,
+    pub dk: TensorMut<'a>,
+    pub dv: TensorMut<'a>,
+    /// The same bits on every run (a fixed summation order for dQ).
+    pub deterministic: bool,
+    /// At least `Runtime::backward_workspace_size` bytes (a DeviceBuffer is
+    /// 256-byte aligned); None = a temporary one is allocated (and the call
+    /// waits for the kernels before freeing it).
     pub workspace: Option<&'a mut DeviceBuffer>,
 }
 
@@ -1149,6 +1224,144 @@ impl Runtime {
         unsafe { self.forward_raw(cfg, &raw, std::ptr::null_mut()) }?;
         if kv.ptrs.is_some() {
             self.synchronize()?; // the address arrays are freed on return
+        }
+        Ok(())
+    }
+
+    /// The attention backward on raw device pointers (fa_backward, since
+    /// 0.9): dQ, dK, dV (and dsinks) of the forward in `args.fwd` for the
+    /// upstream gradient `args.dout`.
+    ///
+    /// # Safety
+    /// As `forward_raw` for `args.fwd` (whose o and lse are read here), and
+    /// dout, dq, dk, dv, dsinks and the workspace must be device memory of
+    /// this runtime's device holding the extents flashattn.h describes;
+    /// dq/dk/dv/dsinks/workspace must not be in use elsewhere until the
+    /// work is done.
+    pub unsafe fn backward_raw(
+        &self,
+        cfg: &Config,
+        args: &RawBackwardArgs,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        check(sys::fa_backward(self.as_raw(), cfg.as_raw(), &args.to_sys(), stream))
+    }
+
+    /// The bytes of `RawBackwardArgs::workspace` a backward with `args` uses
+    /// on this runtime (fa_backward_workspace_size, since 0.9): fp32 dQ
+    /// accumulators and per-row statistics. Reads only host fields, touches
+    /// no memory. Errors: InvalidArgument for sizes and strides fa_backward
+    /// would refuse, Unsupported for what it does not take.
+    pub fn backward_workspace_size(&self, cfg: &Config, args: &RawBackwardArgs) -> Result<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: valid handles and out pointer; no device memory is read.
+        check(unsafe {
+            sys::fa_backward_workspace_size(self.as_raw(), cfg.as_raw(), &args.to_sys(), &mut bytes)
+        })?;
+        Ok(bytes)
+    }
+
+    /// The attention backward on DeviceBuffers, on the default stream
+    /// (FlashAttention-2's, since 0.9): writes dQ, dK and dV of the forward
+    /// (q, k, v) -> (o, lse) for the upstream gradient dout, under the
+    /// Config's causal, window, softcap, scale and GQA (dK and dV summed
+    /// over each KV head's query heads). Every view's extent is checked
+    /// against its buffer first. Errors: InvalidArgument from these checks
+    /// (prefix "flashattn-rs:") or the library's; Unsupported for fp8 and
+    /// fp32 configs and head dims past 128.
+    pub fn backward(&self, cfg: &Config, args: BackwardArgs<'_>) -> Result<()> {
+        self.backward_impl(cfg, args, None, None)
+    }
+
+    /// `backward` of a forward with attention sinks (see
+    /// `forward_kv_sinks`): also writes their gradient into `dsinks`, fp32
+    /// [num_heads_q]: dsinks[h] = -sum over the head's rows of
+    /// e^(sinks[h] - LSE_i) D_i, D_i = rowsum(dO_i o O_i).
+    pub fn backward_sinks(
+        &self,
+        cfg: &Config,
+        args: BackwardArgs<'_>,
+        sinks: &DeviceBuffer,
+        dsinks: &mut DeviceBuffer,
+    ) -> Result<()> {
+        self.backward_impl(cfg, args, Some((sinks, dsinks)), None)
+    }
+
+    /// `backward` (with sinks when given) of a forward with ALiBi (the same
+    /// slopes; they get no gradient).
+    pub fn backward_alibi(
+        &self,
+        cfg: &Config,
+        args: BackwardArgs<'_>,
+        sinks: Option<(&DeviceBuffer, &mut DeviceBuffer)>,
+        alibi: Alibi<'_>,
+    ) -> Result<()> {
+        self.backward_impl(cfg, args, sinks, Some(alibi))
+    }
+
+    fn backward_impl(
+        &self,
+        cfg: &Config,
+        args: BackwardArgs<'_>,
+        sinks: Option<(&DeviceBuffer, &mut DeviceBuffer)>,
+        alibi: Option<Alibi<'_>>,
+    ) -> Result<()> {
+        let (b, sq, sk) = (args.batch, args.seqlen_q, args.seqlen_k);
+        let (hq, hkv, d, dv) =
+            (cfg.num_heads_q(), cfg.num_heads_kv(), cfg.head_dim(), cfg.head_dim_v());
+        let e = cfg.dtype().size();
+        let mut fwd = RawForwardArgs {
+            batch: to_i32("batch", b)?,
+            seqlen_q: to_i32("seqlen_q", sq)?,
+            seqlen_k: to_i32("seqlen_k", sk)?,
+            q: tensor(self, "q", &args.q, [b, sq, hq, d], e)?,
+            k: tensor(self, "k", &args.k, [b, sk, hkv, d], e)?,
+            v: tensor(self, "v", &args.v, [b, sk, hkv, dv], e)?,
+            o: tensor(self, "o", &args.o, [b, sq, hq, dv], e)?,
+            lse: checked_ptr(self, "lse", args.lse, 0, &[1], &[b * hq * sq], 4)?,
+            ..Default::default()
+        };
+        let mut dsinks = 0;
+        if let Some((s, ds)) = &sinks {
+            fwd.sinks = checked_ptr(self, "sinks", s, 0, &[1], &[hq], 4)?;
+            dsinks = checked_ptr(self, "dsinks", ds, 0, &[1], &[hq], 4)?;
+        }
+        if let Some(a) = alibi {
+            (fwd.alibi_slopes, fwd.alibi_slopes_stride) = a.checked(self, b, hq)?;
+        }
+        let mut raw = RawBackwardArgs {
+            fwd,
+            dout: tensor(self, "dout", &args.dout, [b, sq, hq, dv], e)?,
+            dq: tensor_mut(self, "dq", &args.dq, [b, sq, hq, d], e)?,
+            dk: tensor_mut(self, "dk", &args.dk, [b, sk, hkv, d], e)?,
+            dv: tensor_mut(self, "dv", &args.dv, [b, sk, hkv, dv], e)?,
+            dsinks,
+            deterministic: args.deterministic,
+            ..Default::default()
+        };
+        let temp = match &args.workspace {
+            Some(w) => {
+                if w.runtime_id() != self.id() {
+                    return Err(Error::invalid(
+                        "flashattn-rs: workspace is memory of another runtime",
+                    ));
+                }
+                // Its size is the library's to check.
+                (raw.workspace, raw.workspace_size) = (w.as_ptr(), w.len());
+                None
+            }
+            None => {
+                let n = self.backward_workspace_size(cfg, &raw)?;
+                let w = self.alloc(n.max(256))?;
+                (raw.workspace, raw.workspace_size) = (w.as_ptr(), w.len());
+                Some(w)
+            }
+        };
+        // SAFETY: every extent lies in a live buffer of this runtime; the
+        // outputs are borrowed mutably; NULL is the default stream.
+        unsafe { self.backward_raw(cfg, &raw, std::ptr::null_mut()) }?;
+        if temp.is_some() {
+            self.synchronize()?; // the temporary workspace is freed on return
         }
         Ok(())
     }
