@@ -1067,7 +1067,8 @@ FA_API fa_status fa_backward_workspace_size(const fa_runtime *rt, const fa_confi
  * dsinks missing with sinks or set without them, workspace not 256-byte
  * aligned or smaller than fa_backward_workspace_size, deterministic not 0
  * or 1), UNSUPPORTED (fp8 or fp32 configs, paged or pointer-array K/V,
- * seqused_k, head_dim or head_dim_v past 128, SMs below 8.0, batch or
+ * seqused_k, head_dim or head_dim_v past 256, or past 128 and not a
+ * multiple of 16, SMs below 8.0, batch or
  * num_heads_q past 65535, and with the note naming it, any feature a
  * kernel does not take yet), OUT_OF_MEMORY,
  * COMPILE, CUDA, LAUNCH, RUNTIME_POISONED. Nothing is written when an

@@ -356,10 +356,10 @@ void test_rejected_args(void **) {
       {"fp32", [](fa_config_desc &d) { d.dtype = FA_DTYPE_FP32; }, "FA_DTYPE_FP32"},
       {"fp8 kv_dtype", [](fa_config_desc &d) { d.kv_dtype = FA_DTYPE_FP8_E4M3; }, "fp8"},
       {"fp8 q_dtype", [](fa_config_desc &d) { d.kv_dtype = d.q_dtype = FA_DTYPE_FP8_E5M2; }, "fp8"},
-      {"head_dim 160", [](fa_config_desc &d) { d.head_dim = 160, d.head_dim_v = 64; },
-       "head_dim and head_dim_v up to 128, got 160 and 64"},
+      {"head_dim 264", [](fa_config_desc &d) { d.head_dim = 264, d.head_dim_v = 64; },
+       "multiples of 16 up to 256, got 264 and 64"},
       {"head_dim_v 136", [](fa_config_desc &d) { d.head_dim_v = 136; },
-       "head_dim and head_dim_v up to 128, got 64 and 136"},
+       "multiples of 16 up to 256, got 64 and 136"},
   };
   for (const CfgRow &r : cfg_rows) {
     fa_config_desc d = FA_CONFIG_DESC_INIT;

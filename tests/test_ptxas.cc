@@ -763,13 +763,13 @@ std::vector<KernelSpec> grid() {
       }
   }
   // The backward's main kernel (backward_tc.cc: mma.sync, sm_80+): head
-  // dims 8..128 (d != dv too), both dtypes, causal, windows, softcap,
+  // dims 8..256 (two column slices past 128; d != dv too), both dtypes, causal, windows, softcap,
   // ALiBi, GQA, varlen, on sm_80, 86, 89, 90 and 120.
   {
     int i = 0;
     for (int sm : {80, 86, 89, 90, 120})
-      for (int d : {8, 32, 64, 80, 96, 128}) {
-        const int dv = i % 5 == 4 ? (d == 128 ? 64 : 2 * d > 128 ? 128 : 2 * d) : d;
+      for (int d : {8, 32, 64, 80, 96, 128, 160, 256}) {
+        const int dv = i % 5 == 4 ? (d >= 128 ? 64 : 2 * d > 128 ? 128 : 2 * d) : d;
         AttentionConfig cfg =
             config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8, i % 4 == 3);
         cfg.causal = i % 3 == 1;

@@ -299,7 +299,7 @@ func (a *BackwardArgs) c() C.fa_backward_args {
 // (the forward's checks prefixed "fwd: "), Fwd.O or Fwd.LSE 0, DSinks
 // missing with sinks, a workspace not 256-byte aligned or smaller than
 // BackwardWorkspaceSize ("workspace ..."); StatusUnsupported for fp8 and
-// fp32 configs, head dims past 128, paged or pointer-array K/V. Nothing is
+// fp32 configs, head dims past 256 (past 128: multiples of 16), paged or pointer-array K/V. Nothing is
 // written when an argument is rejected.
 func (rt *Runtime) Backward(cfg *Config, a *BackwardArgs) error {
 	if a == nil {

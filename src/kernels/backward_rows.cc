@@ -177,8 +177,9 @@ void pre_body(Emitter &e, const KernelSpec &spec) {
              e.wide_mad(f.bz, e.param(Type::S32, offsetof(ForwardParams, num_heads_q)), e.s64(f.h)),
              e.s64(nqb));
     b.op(Op::Add, Type::S64, idx, idx, e.s64(e.op(Op::Div, Type::U32, f.i, imm(kSemRows))));
-    Reg sem = e.index64(e.global_param(offsetof(P, dq_sem)), idx, 4);
-    b.st(Space::Global, Type::U32, at(sem), e.mov(Type::U32, imm(0)));
+    Reg sem = e.index64(e.global_param(offsetof(P, dq_sem)), idx, 4 * kSemSlices);
+    Reg zero = e.mov(Type::U32, imm(0));
+    for (int s = 0; s < kSemSlices; ++s) b.st(Space::Global, Type::U32, at(sem, 4 * s), zero);
     b.bind(skip);
   }
   b.comment("dq_accum[r] = 0");

@@ -19,6 +19,10 @@
 //   dQ_i += dS K                 (dS^T through shared memory, read as A
 //                                 with ldmatrix .trans (Role::A_T); added
 //                                 to the fp32 accumulators with red.add)
+// Past head dim 128 (spec.dv_split = 2) the CTA of slice c computes the
+// same S^T, P^T and dP^T but only columns [c d / 2, (c + 1) d / 2) of dK and
+// dQ and [c dv / 2, ..) of dV: 1.4x the FLOPs of one pass, dK and dV of a
+// warp still 16 keys x at most 128 columns each.
 // dK (times softmax_scale) and dV are written once at the end; dQ is scaled
 // and rounded by BackwardPost. P and dS are rounded to the 16-bit type for
 // their products, as FlashAttention-2 does. Layout and costs:
@@ -78,11 +82,18 @@ class BackwardGen {
     nS_ = bm_ / 8;
     kD_ = lay_.k.cols_pad / 16;
     kV_ = lay_.v.cols_pad / 16;
+    // This CTA's column slice of dK, dQ (dcols_) and dV (vcols_):
+    // KernelSpec::dv_split (2 past head dim 128), 16-column groups kDs_, kVs_.
+    split_ = spec.dv_split;
+    dcols_ = spec.head_dim / split_;
+    vcols_ = spec.head_dim_v / split_;
+    kDs_ = (dcols_ + 15) / 16;
+    kVs_ = (vcols_ + 15) / 16;
     // dQ = dS K: the block's 16-row blocks over the warps; a row block's
     // 16-column groups dealt to its warps round-robin.
     rb_ = bm_ / 16;
     wpr_ = kWarps / rb_;
-    nQ_ = (kD_ + wpr_ - 1) / wpr_;
+    nQ_ = (kDs_ + wpr_ - 1) / wpr_;
   }
 
   std::string run() {
@@ -97,12 +108,13 @@ class BackwardGen {
     // some variants at 168 and spills).
     b_.set_min_ctas_per_sm(2);
     smem_sym_ = b_.extern_shared("smem", 16);
+    range_sym_ = b_.shared("query_begin", 4, 4);
     setup();
     bases();
     copy_kv();
     b_.comment("dK, dV: this warp's 16 keys, in registers for the whole kernel");
-    dk_ = tile::acc_tile(b_, 2 * kD_);
-    dv_ = tile::acc_tile(b_, 2 * kV_);
+    dk_ = tile::acc_tile(b_, 2 * kDs_);
+    dv_ = tile::acc_tile(b_, 2 * kVs_);
     tile::zero(b_, dk_);
     tile::zero(b_, dv_);
     heads();
@@ -128,53 +140,70 @@ class BackwardGen {
   // Pointers and strides are read from the parameters where they are used
   // (row_base, stride), so that few registers stay live across the loops.
   void bases() {
-    n0_ = e_.op(Op::MulLo, Type::S32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)),
-                imm(spec_.block_n));
-    kvh_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY));
-    bz_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ));
-    hq_ = e_.param(Type::S32, offsetof(F, num_heads_q));
-    sq_max_ = e_.param(Type::S32, offsetof(F, seqlen_q));
+    // x = key block x dv_split + slice (the slice fastest).
+    Reg x = e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX));
+    slice_ = split_ > 1 ? e_.op(Op::Rem, Type::U32, x, imm(split_)) : e_.mov(Type::U32, imm(0));
+    if (split_ > 1) b_.op(Op::Div, Type::U32, x, x, imm(split_));
+    n0_ = e_.op(Op::MulLo, Type::S32, x, imm(spec_.block_n));
+    Reg sq_max = this->sq_max();
     if (spec_.varlen) {
       // Sequence b: query rows cu_q[b] .., key rows cu_k[b] .. of "batch"
       // 0; lengths clamped to the launch's maxima (seq_len).
       auto span = [&](size_t param, Reg max_len, Reg *start) {
-        Reg a = e_.index(e_.global_param(param), bz_, 4);
+        Reg a = e_.index(e_.global_param(param), bz(), 4);
         Reg s0 = b_.b32(), s1 = b_.b32();
         b_.ld(Space::Global, Type::S32, s0, at(a), true);
         b_.ld(Space::Global, Type::S32, s1, at(a, 4), true);
         *start = s0;
         return seq_len(e_, s0, s1, max_len);
       };
-      sq_ = span(offsetof(F, cu_seqlens_q), sq_max_, &q0_);
+      sq_ = span(offsetof(F, cu_seqlens_q), sq_max, &q0_);
       sk_ = span(offsetof(F, cu_seqlens_k), e_.param(Type::S32, offsetof(F, seqlen_k)), &k0_);
-    } else {
-      sq_ = sq_max_;
-      sk_ = e_.param(Type::S32, offsetof(F, seqlen_k));
     }
     // A key block past its sequence has nothing to write.
-    b_.when(e_.setp(Cmp::Ge, Type::S32, n0_, sk_)).exit();
-    // The query rows that see keys n0 .. n1 - 1 (n1 = min(n0 + block_n,
-    // sk)): query i sees key j when i + sk - sq - wl <= j <= i + sk - sq +
-    // wr, so i in [n0 - shift - wr, n1 - 1 - shift + wl] within [0, sq):
-    // formed in 64 bits (windows up to 2^30), the first rounded down to a
-    // query block.
-    wl_ = e_.param(Type::S32, offsetof(F, window_left));
-    wr_ = e_.param(Type::S32, offsetof(F, window_right));
-    shift_ = e_.op(Op::Sub, Type::S32, sk_, sq_);
-    Reg n1 = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n0_, imm(spec_.block_n)), sk_);
-    Reg lo = e_.op(Op::Sub, Type::S64, e_.s64(n0_), e_.s64(shift_));
-    b_.op(Op::Sub, Type::S64, lo, lo, e_.s64(wr_));
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n0_, sk())).exit();
+  }
+
+  // The query rows that see keys n0 .. n1 - 1 (n1 = min(n0 + block_n, sk)):
+  // query i sees key j when i + sk - sq - wl <= j <= i + sk - sq + wr, so i
+  // in [n0 - shift - wr, n1 - 1 - shift + wl] within [0, sq): formed in 64
+  // bits (windows up to 2^30), the first rounded down to a query block
+  // (new s32 registers; derived where needed, not held across the loops).
+  struct QueryRange {
+    Reg begin, end;
+  };
+  QueryRange query_range() {
+    Reg shift = this->shift();
+    Reg n1 = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n0_, imm(spec_.block_n)), sk());
+    Reg lo = e_.op(Op::Sub, Type::S64, e_.s64(n0_), e_.s64(shift));
+    b_.op(Op::Sub, Type::S64, lo, lo, e_.s64(wr()));
     b_.op(Op::Max, Type::S64, lo, lo, imm(0));
-    Reg hi = e_.op(Op::Sub, Type::S64, e_.s64(n1), e_.s64(shift_));
-    b_.op(Op::Add, Type::S64, hi, hi, e_.s64(wl_));
-    b_.op(Op::Min, Type::S64, hi, hi, e_.s64(sq_));
+    Reg hi = e_.op(Op::Sub, Type::S64, e_.s64(n1), e_.s64(shift));
+    b_.op(Op::Add, Type::S64, hi, hi, e_.s64(wl()));
+    b_.op(Op::Min, Type::S64, hi, hi, e_.s64(sq()));
     b_.op(Op::Max, Type::S64, hi, hi, imm(0));
     b_.op(Op::Min, Type::S64, lo, lo, hi);
-    m_begin_ = e_.s32(lo);
-    b_.op(Op::Div, Type::S32, m_begin_, m_begin_, imm(bm_));
-    b_.op(Op::MulLo, Type::S32, m_begin_, m_begin_, imm(bm_));
-    m_end_ = e_.s32(hi);
+    QueryRange r;
+    r.begin = e_.s32(lo);
+    b_.op(Op::Div, Type::S32, r.begin, r.begin, imm(bm_));
+    b_.op(Op::MulLo, Type::S32, r.begin, r.begin, imm(bm_));
+    r.end = e_.s32(hi);
+    return r;
   }
+
+  // Values read at their uses (parameters, special registers) rather than
+  // held in registers across the loops.
+  Reg hq() { return e_.param(Type::S32, offsetof(F, num_heads_q)); }
+  Reg sq_max() { return e_.param(Type::S32, offsetof(F, seqlen_q)); }
+  Reg wl() { return e_.param(Type::S32, offsetof(F, window_left)); }
+  Reg wr() { return e_.param(Type::S32, offsetof(F, window_right)); }
+  Reg score_scale() { return e_.param(Type::F32, offsetof(F, score_scale)); }
+  Reg bz() { return e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidZ)); }
+  Reg kvh() { return e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidY)); }
+  // This sequence's lengths: parameters, or (varlen) the registers bases() set.
+  Reg sq() { return spec_.varlen ? sq_ : sq_max(); }
+  Reg sk() { return spec_.varlen ? sk_ : e_.param(Type::S32, offsetof(F, seqlen_k)); }
+  Reg shift() { return e_.op(Op::Sub, Type::S32, sk(), sq()); }
 
   // A stride parameter in bytes.
   Reg stride(size_t param) { return e_.stride_bytes(param, elem_bytes(spec_.dtype)); }
@@ -183,7 +212,7 @@ class BackwardGen {
   Reg row_base(size_t ptr_param, size_t stride_param, Reg start, Reg head) {
     Reg p = e_.global_param(ptr_param);
     p = spec_.varlen ? e_.index(p, start, stride(stride_param + 8))
-                     : e_.index(p, bz_, stride(stride_param));
+                     : e_.index(p, bz(), stride(stride_param));
     return e_.index(p, head, stride(stride_param + 16));
   }
 
@@ -197,13 +226,13 @@ class BackwardGen {
       q.zero_padding();
       d.zero_padding();
     }
-    Reg left = e_.op(Op::Sub, Type::S32, sk_, n0_);
+    Reg left = e_.op(Op::Sub, Type::S32, sk(), n0_);
     for (int kv = 0; kv < 2; ++kv) {
       const size_t sp = kv ? offsetof(F, v_stride) : offsetof(F, k_stride);
       Reg row = stride(sp + 8);
       const CopyPlan plan(e_, tid_, 32 * kWarps, kv ? lay_.v : lay_.k, smem_, row);
       plan.zero_padding();
-      Reg base = row_base(kv ? offsetof(F, v) : offsetof(F, k), sp, k0_, kvh_);
+      Reg base = row_base(kv ? offsetof(F, v) : offsetof(F, k), sp, k0_, kvh());
       plan.boundary(thread_ptr(plan, base, n0_, row), left, base);
     }
     b_.cp_async_commit();
@@ -213,8 +242,13 @@ class BackwardGen {
                             e_.op(Op::MulLo, Type::U32, warp_, imm(kKeysPerWarp)));
     q_nk_ = tile::ldsm_base(e_, ln_, lay_.q, Role::B_NK, smem_, Reg());
     do_nk_ = tile::ldsm_base(e_, ln_, lay_.dout, Role::B_NK, smem_, Reg());
+    // dK, dV and dQ read their slice's columns of Q, dO and K.
     q_kn_ = tile::ldsm_base(e_, ln_, lay_.q, Role::B_KN_T, smem_, Reg());
     do_kn_ = tile::ldsm_base(e_, ln_, lay_.dout, Role::B_KN_T, smem_, Reg());
+    if (split_ > 1) {
+      b_.op(Op::MadLo, Type::U32, q_kn_, slice_, imm(2 * dcols_), q_kn_);
+      b_.op(Op::MadLo, Type::U32, do_kn_, slice_, imm(2 * vcols_), do_kn_);
+    }
     // dQ = dS K: this warp's row block and first column group.
     Reg rblk = e_.op(Op::Rem, Type::U32, warp_, imm(rb_));
     qphase_ = e_.op(Op::Div, Type::U32, warp_, imm(rb_));
@@ -223,6 +257,7 @@ class BackwardGen {
     b_.op(Op::MadLo, Type::U32, ds_at_, qrow_, imm(2), ds_at_);  // column qrow of the dS^T tile
     k_kn_ = tile::ldsm_base(e_, ln_, lay_.k, Role::B_KN_T, smem_, Reg());
     b_.op(Op::MadLo, Type::U32, k_kn_, qphase_, imm(32), k_kn_);  // column group qphase
+    if (split_ > 1) b_.op(Op::MadLo, Type::U32, k_kn_, slice_, imm(2 * dcols_), k_kn_);
   }
 
   // base + n * stride + the plan's per-thread offset.
@@ -242,30 +277,39 @@ class BackwardGen {
                             e_.param(Type::F32, offsetof(F, softcap_log2)));
       inv_cap_ = e_.op(Op::RcpRn, Type::F32, cap_.cap_log2);
     }
-    score_scale_ = e_.param(Type::F32, offsetof(F, score_scale));
     det_ = e_.setp(Cmp::Ne, Type::S32, e_.param(Type::S32, offsetof(P, deterministic)), imm(0));
     det_t0_ = e_.op(Op::And, Type::Pred, det_, e_.setp(Cmp::Eq, Type::U32, tid_, imm(0)));
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     fa_ = tile::frag4(b_);
     fb_ = tile::frag4(b_);
-    Reg g0 = e_.op(Op::MulLo, Type::S32, kvh_, imm(spec_.group_size));
+    Reg g0 = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
     hi_ = e_.mov(Type::S32, imm(0));
     ptx::Label hloop = b_.label(), hdone = b_.label();
-    b_.when(e_.setp(Cmp::Ge, Type::S32, m_begin_, m_end_)).bra(hdone);
+    {
+      // The range's first block, published in shared memory (thread 0, one
+      // barrier) and read back per head: held in a register across the
+      // loops it spilled at head dim 128.
+      const QueryRange r = query_range();
+      Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
+      b_.when(t0).st(Space::Shared, Type::B32, at(range_sym_), r.begin);
+      b_.bar_sync();
+      b_.when(e_.setp(Cmp::Ge, Type::S32, r.begin, r.end)).bra(hdone);
+    }
     b_.bind(hloop);
     {
       h_ = e_.op(Op::Add, Type::S32, g0, hi_);
       // Row r of (b, h): (b heads_q + h) seqlen_q + r.
-      row0_ = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz_, hq_, e_.s64(h_)), e_.s64(sq_max_));
+      row0_ = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h_)), e_.s64(sq_max()));
       if (spec_.alibi)
-        alibi_coef_ = tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz_, h_,
-                                       spec_.softcap ? Reg() : score_scale_);
-      m0_ = e_.mov(Type::S32, m_begin_);
+        alibi_coef_ = tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
+                                       spec_.softcap ? Reg() : score_scale());
+      m0_ = b_.b32();
+      b_.ld(Space::Shared, Type::B32, m0_, at(range_sym_));
       ptx::Label mloop = b_.label();
       b_.bind(mloop);
       query_block();
       b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
-      b_.when(e_.setp(Cmp::Lt, Type::S32, m0_, m_end_)).bra(mloop);
+      b_.when(e_.setp(Cmp::Lt, Type::S32, m0_, query_range().end)).bra(mloop);
     }
     b_.op(Op::Add, Type::S32, hi_, hi_, imm(1));
     b_.when(e_.setp(Cmp::Lt, Type::S32, hi_, imm(spec_.group_size))).bra(hloop);
@@ -275,7 +319,7 @@ class BackwardGen {
   // One query block m0_ of head h_.
   void query_block() {
     b_.comment("query block: Q, dO, their rows' LSE (log2) and D");
-    Reg left = e_.op(Op::Sub, Type::S32, sq_, m0_);
+    Reg left = e_.op(Op::Sub, Type::S32, sq(), m0_);
     for (int t = 0; t < 2; ++t) {
       const size_t sp = t ? offsetof(P, dout_stride) : offsetof(F, q_stride);
       Reg row = stride(sp + 8);
@@ -290,14 +334,14 @@ class BackwardGen {
       ptx::Label skip = b_.label();
       b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(bm_))).bra(skip);
       Reg i = e_.op(Op::Add, Type::S32, m0_, tid_);
-      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq());
       Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
       Reg a = e_.index64(e_.global_param(offsetof(P, row_stats)), r, 4);
       Reg d = e_.mov(Type::F32, fimm(0.0f)), l2 = e_.mov(Type::F32, fimm(kPosInf));
       b_.when(in).ld(Space::Global, Type::F32, d, at(a));
       // The LSE half: batch heads_q seqlen_q rows further.
-      Reg rows = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq_);
-      b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq_max_));
+      Reg rows = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq());
+      b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq_max()));
       Reg al = e_.index64(a, rows, 4);
       b_.when(in).ld(Space::Global, Type::F32, l2, at(al));
       Reg sa = e_.op(Op::MadLo, Type::U32, tid_, imm(4), smem_);
@@ -311,10 +355,10 @@ class BackwardGen {
     probabilities();
     grad_p();
     b_.comment("dV += P^T dO");
-    accumulate(dv_, s_, do_kn_, lay_.dout, kV_);
+    accumulate(dv_, s_, do_kn_, lay_.dout, kVs_);
     grad_s();
     b_.comment("dK += dS^T Q");
-    accumulate(dk_, s_, q_kn_, lay_.q, kD_);
+    accumulate(dk_, s_, q_kn_, lay_.q, kDs_);
     store_ds();
     b_.bar_sync();
     grad_q();
@@ -324,6 +368,7 @@ class BackwardGen {
       // orders every thread's before thread 0's release): the next may go.
       ptx::Label skip = b_.label();
       b_.unless(det_t0_).bra(skip);
+      semaphore();  // re-derived: nothing held across the adds
       Reg old = b_.b32();
       b_.atom_add(true, Type::U32, old, at(sem_), imm(1));
       b_.bind(skip);
@@ -337,13 +382,16 @@ class BackwardGen {
   void semaphore() {
     // One u32 per 32 rows (kSemRows: the smallest block_m; BackwardPre
     // zeroes them, whatever this kernel's block_m).
-    Reg nqb = e_.op(Op::Add, Type::S32, sq_max_, imm(kSemRows - 1));
+    Reg nqb = e_.op(Op::Add, Type::S32, sq_max(), imm(kSemRows - 1));
     b_.op(Op::Div, Type::S32, nqb, nqb, imm(kSemRows));
-    Reg idx = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz_, hq_, e_.s64(h_)), e_.s64(nqb));
+    Reg idx = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h_)), e_.s64(nqb));
     b_.op(Op::Add, Type::S64, idx, idx, e_.s64(e_.op(Op::Div, Type::S32, m0_, imm(kSemRows))));
+    // Each column slice's own (kSemSlices of them a block: they add to
+    // disjoint columns).
+    b_.op(Op::MadLo, Type::S64, idx, idx, imm(kSemSlices), e_.s64(slice_));
     sem_ = e_.index64(e_.global_param(offsetof(P, dq_sem)), idx, 4);
-    Reg first = e_.op(Op::Add, Type::S64, e_.s64(m0_), e_.s64(shift_));
-    b_.op(Op::Sub, Type::S64, first, first, e_.s64(wl_));
+    Reg first = e_.op(Op::Add, Type::S64, e_.s64(m0_), e_.s64(shift()));
+    b_.op(Op::Sub, Type::S64, first, first, e_.s64(wl()));
     b_.op(Op::Max, Type::S64, first, first, imm(0));
     b_.op(Op::Div, Type::S64, first, first, imm(spec_.block_n));
     before_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Div, Type::S32, n0_, imm(spec_.block_n)),
@@ -373,7 +421,7 @@ class BackwardGen {
       for (int j = 0; j < nS_; ++j)
         for (int i = 0; i < 4; ++i) {
           Reg x = s_.f[j][i], t = dtanh_.f[j][i];
-          scale_score(e_, x, score_scale_, cap_);
+          scale_score(e_, x, score_scale(), cap_);
           // tanh = s / cap_log2; d tanh / dx factor 1 - tanh^2
           b_.op(Op::Mul, Type::F32, t, x, inv_cap_);
           b_.op(Op::Fma, Type::F32, t, t, e_.op(Op::Neg, Type::F32, t), fimm(1.0f));
@@ -388,7 +436,7 @@ class BackwardGen {
       Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
       if (spec_.alibi) {
         // |i + shift - key| = |dist - (8j + x)| with dist = key - col0 - shift
-        Reg d = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, key, col0), shift_);
+        Reg d = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, key, col0), shift());
         Reg df = b_.f32();
         b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, df, d);
         tile::alibi_row_half(b_, s_, h, df, alibi_coef_, tf);
@@ -397,9 +445,9 @@ class BackwardGen {
       // shift + wl + 1, sq)) (tile::row_range with the windows swapped);
       // none past seqlen_k.
       const tile::RowRange r =
-          tile::row_range(e_, e_.op(Op::Sub, Type::S32, key, shift_), wr_, wl_, imm(0), sq_);
+          tile::row_range(e_, e_.op(Op::Sub, Type::S32, key, shift()), wr(), wl(), imm(0), sq());
       Reg lo = e_.op(Op::Sub, Type::S32, r.lo, col0), hi = e_.op(Op::Sub, Type::S32, r.hi, col0);
-      b_.selp(Type::S32, hi, imm(0), hi, e_.setp(Cmp::Ge, Type::S32, key, sk_));
+      b_.selp(Type::S32, hi, imm(0), hi, e_.setp(Cmp::Ge, Type::S32, key, sk()));
       tile::mask_row_half(b_, s_, h, lo, hi, p, t);
     }
     // c: score_scale (raw scores), 1 with softcap (already log2).
@@ -414,7 +462,7 @@ class BackwardGen {
         if (spec_.softcap)
           b_.op(Op::Add, Type::F32, x, x, nl);
         else
-          b_.op(Op::Fma, Type::F32, x, x, score_scale_, nl);
+          b_.op(Op::Fma, Type::F32, x, x, score_scale(), nl);
         b_.op(Op::Ex2, Type::F32, x, x);
       }
     }
@@ -516,17 +564,18 @@ class BackwardGen {
         e_.op(Op::MadLo, Type::U32, qphase_, imm(16), e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
     for (int h = 0; h < 2; ++h) {
       Reg i = e_.op(Op::Add, Type::S32, row, imm(8 * h));
-      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq_);
+      Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq());
       Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
       Reg a = e_.index64(e_.global_param(offsetof(P, dq_accum)), r, 4 * spec_.head_dim);
+      if (split_ > 1) a = e_.index(a, slice_, 4 * dcols_);
       a = e_.index(a, col0, 4);
       for (int j = 0; j < dq.n(); ++j) {
         // column 16 (qphase + wpr (j / 2)) + 8 (j % 2) + 2q + x
         const int c = 16 * wpr_ * (j / 2) + 8 * (j % 2);
         Reg ok = in;
-        if (spec_.head_dim % (16 * wpr_) != 0) {
+        if (dcols_ % (16 * wpr_) != 0) {
           Reg cc = e_.op(Op::Add, Type::U32, col0, imm(c));
-          ok = e_.op(Op::And, Type::Pred, in, e_.setp(Cmp::Lt, Type::U32, cc, imm(spec_.head_dim)));
+          ok = e_.op(Op::And, Type::Pred, in, e_.setp(Cmp::Lt, Type::U32, cc, imm(dcols_)));
         }
         for (int x = 0; x < 2; ++x)
           b_.when(ok).red_add(Space::Global, false, Type::F32, at(a, 4 * (c + x)),
@@ -545,9 +594,10 @@ class BackwardGen {
     Reg col = e_.op(Op::Shl, Type::B32, ln_.q, imm(2));  // bytes of column 2q
     Reg w = b_.b32();
     auto store = [&](const AccTile &acc, Reg base, Reg row_bytes, int cols, bool scaled) {
+      if (split_ > 1) base = e_.index(base, slice_, 2 * cols);  // the slice's first column
       for (int h = 0; h < 2; ++h) {
         Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
-        Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk_);
+        Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk());
         Reg a = e_.index(e_.index(base, key, row_bytes), col, 1);
         for (int j = 0; j < acc.n(); ++j) {
           if (8 * j >= cols) break;  // whole 8-column blocks: cols % 8 == 0
@@ -561,10 +611,10 @@ class BackwardGen {
         }
       }
     };
-    store(dk_, row_base(offsetof(P, dk), offsetof(P, dk_stride), k0_, kvh_),
-          stride(offsetof(P, dk_stride) + 8), spec_.head_dim, true);
-    store(dv_, row_base(offsetof(P, dv), offsetof(P, dv_stride), k0_, kvh_),
-          stride(offsetof(P, dv_stride) + 8), spec_.head_dim_v, false);
+    store(dk_, row_base(offsetof(P, dk), offsetof(P, dk_stride), k0_, kvh()),
+          stride(offsetof(P, dk_stride) + 8), dcols_, true);
+    store(dv_, row_base(offsetof(P, dv), offsetof(P, dv_stride), k0_, kvh()),
+          stride(offsetof(P, dv_stride) + 8), vcols_, false);
   }
 
   const KernelSpec &spec_;
@@ -573,15 +623,17 @@ class BackwardGen {
   Emitter e_;
   Type half_;
   int bm_ = 0, nS_ = 0, kD_ = 0, kV_ = 0, rb_ = 0, wpr_ = 0, nQ_ = 0;
-  ptx::Symbol smem_sym_;
+  int split_ = 1, dcols_ = 0, vcols_ = 0, kDs_ = 0, kVs_ = 0;
+  Reg slice_;
+  ptx::Symbol smem_sym_, range_sym_;
   tile::Lanes ln_;
   Reg tid_, warp_, smem_;
-  Reg n0_, kvh_, bz_, hq_, sq_max_, sq_, sk_, shift_, wl_, wr_, m_begin_, m_end_;
-  Reg q0_, k0_;  // varlen: the sequence's first query and key rows
+  Reg n0_, sq_, sk_;  // sq_, sk_: varlen only (sq(), sk())
+  Reg q0_, k0_;       // varlen: the sequence's first query and key rows
   Reg k_lm_, v_lm_, q_nk_, do_nk_, q_kn_, do_kn_, ds_at_, k_kn_, qrow_, qphase_;
   AccTile dk_, dv_, s_, dp_, dtanh_;
   Softcap cap_;
-  Reg inv_cap_, score_scale_, alibi_coef_;
+  Reg inv_cap_, alibi_coef_;
   Frag4 zero4_, fa_, fb_;
   Reg hi_, h_, row0_, m0_;
   Reg det_, det_t0_, sem_, before_;  // deterministic mode (BackwardParams::dq_sem)

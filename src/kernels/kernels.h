@@ -475,7 +475,8 @@ struct DecodeParams {
 // the forward's (q, k, v, o, lse as the forward wrote it, cu_seqlens,
 // sizes, heads, resolved windows, scales, sinks, ALiBi; k_tile_bytes etc.
 // unused), then the gradients' tensors and the workspace's parts.
-constexpr int kSemRows = 32;  // BackwardParams::dq_sem: one semaphore per this many rows
+// BackwardParams::dq_sem: a semaphore per this many rows and column slice.
+constexpr int kSemRows = 32, kSemSlices = 2;
 struct BackwardParams {
   ForwardParams f;
   uint64_t dout, dq, dk, dv;  // spec.dtype; dout like o, dq like q, dk like k, dv like v
@@ -491,9 +492,9 @@ struct BackwardParams {
   // order (dq_sem), so dQ's bits do not depend on scheduling.
   int32_t deterministic;
   // Workspace, deterministic only: u32 [batch][heads_q][ceil(seqlen_q /
-  // kSemRows)], zeroed by BackwardPre: the key blocks that have added to the
-  // dQ of the query block starting at row kSemRows i (one per block_m rows
-  // used) so far.
+  // kSemRows)][kSemSlices], zeroed by BackwardPre: the key blocks that have
+  // added to the dQ columns of slice s of the query block starting at row
+  // kSemRows i (one per block_m rows used) so far.
   uint64_t dq_sem;
 };
 

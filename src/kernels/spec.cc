@@ -87,15 +87,22 @@ static int sm100_min_stages(const KernelSpec &s) { return s.gather && s.block_m 
 // registers), contiguous K/V, no decode or forward-only option; the main
 // kernel's CTA is 4 warps over 64 keys, query blocks of 32 or 64.
 bool backward_spec_valid(const KernelSpec &s) {
-  const bool dims = s.head_dim >= 8 && s.head_dim <= 128 && s.head_dim % 8 == 0 &&
-                    s.head_dim_v >= 8 && s.head_dim_v <= 128 && s.head_dim_v % 8 == 0;
+  // Head dims past 128: the main kernel in dv_split = 2 column slices of dK,
+  // dV and dQ (each CTA recomputes S and dP), of whole 8-column blocks.
+  const int split = s.kind == KernelKind::Backward ? s.dv_split : 1;
+  const bool dims = s.head_dim >= 8 && s.head_dim <= 256 && s.head_dim % (8 * split) == 0 &&
+                    s.head_dim_v >= 8 && s.head_dim_v <= 256 && s.head_dim_v % (8 * split) == 0 &&
+                    (s.kind != KernelKind::Backward ||
+                     (s.head_dim / split <= 128 && s.head_dim_v / split <= 128)) &&
+                    (split == 1 || split == 2);
   return dims && s.mma && !s.wgmma && !s.tcgen05 && s.sm >= 80 && s.dtype != Dtype::F32 &&
          s.kv_fp8 == KvFp8::None && s.q_fp8 == KvFp8::None && s.kv_layout == KvLayout::Contiguous &&
          !s.seqused_k && !s.split_kv && !s.persistent && !s.dynamic && !s.pdl && !s.tree_mask &&
          !s.append_kv && !s.v_in_k && !s.fixed_len && !s.fused_combine && !s.gather &&
-         !s.page_tiles && s.rotary == 0 && s.dv_split == 1 && s.group_size >= 1 &&
-         s.num_warps == 4 && s.block_n == 64 && (s.block_m == 32 || s.block_m == 64) &&
-         !s.lse_in_base2 && !s.lse_out_base2;
+         !s.page_tiles && s.rotary == 0 && (s.dv_split == 1 || s.kind == KernelKind::Backward) &&
+         s.group_size >= 1 && s.num_warps == 4 && s.block_n == 64 &&
+         (s.block_m == 16 || s.block_m == 32 || s.block_m == 64) && !s.lse_in_base2 &&
+         !s.lse_out_base2;
 }
 
 bool spec_valid(const KernelSpec &s) {
@@ -625,6 +632,21 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.num_warps = 4;
     s.block_n = 64;
     s.block_m = s.head_dim <= 64 && s.head_dim_v <= 64 ? 64 : 32;
+    if (kind == KernelKind::Backward && (s.head_dim > 128 || s.head_dim_v > 128)) {
+      // Two column slices of dK, dV and dQ (backward_tc.cc); query blocks of
+      // 32 where the SM's shared memory holds the full K, V, Q and dO tiles
+      // (104 KB at 256), else 16 (88 KB: sm_86, 89, 120).
+      s.dv_split = 2;
+      DeviceLimits lim = dev;
+      if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim))
+        published_limits(80, &lim);
+      if (kgen::backward_smem(s) > lim.smem_per_block_optin) s.block_m = 16;
+    }
+    // Softcap (1 - tanh^2 of each score kept) or ALiBi past 96 columns a
+    // slice: the registers of query blocks of 32 spill; 16.
+    if (kind == KernelKind::Backward && s.block_m == 32 && (s.softcap || s.alibi) &&
+        std::max(s.head_dim, s.head_dim_v) / s.dv_split > 96)
+      s.block_m = 16;
     return s;
   }
   if (kind == KernelKind::Reduce) {
@@ -878,7 +900,9 @@ LaunchGeometry backward_geometry(const KernelSpec &spec, const BackwardParams &p
   const ForwardParams &f = p.f;
   if (spec.kind == KernelKind::Backward) {
     // (key block, KV head, batch): a CTA loops over the group's query heads.
-    g.grid[0] = grid_dim(ceil_div(f.seqlen_k, spec.block_n));
+    // (key block x column slice, KV head, batch): a CTA loops over the
+    // group's query heads.
+    g.grid[0] = grid_dim(ceil_div(f.seqlen_k, spec.block_n) * spec.dv_split);
     g.grid[1] = grid_dim(f.num_heads_kv);
   } else {
     // (query block, query head, batch): a thread per query row.

@@ -994,8 +994,8 @@ fa_status Runtime::reduce(const AttentionConfig &cfg, const fa_reduce_args &a, v
 BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &a) {
   BackwardPlan plan;
   uint64_t rows = 0, dq_bytes = 0, stats_bytes = 0, total = 0, sems = 0;
-  // deterministic: a u32 per (batch, head, query block of 32 or more).
-  const uint64_t blocks = (uint64_t(a.fwd.seqlen_q) + 31) / 32;
+  // deterministic: a u32 per (batch, head, kSemRows rows, column slice).
+  const uint64_t blocks = (uint64_t(a.fwd.seqlen_q) + kSemRows - 1) / kSemRows;
   if (__builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(a.fwd.seqlen_q),
                              uint64_t(cfg.num_heads_q), &rows) ||
       __builtin_mul_overflow(rows, uint64_t(cfg.head_dim) * sizeof(float), &dq_bytes) ||
@@ -1003,8 +1003,8 @@ BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &a
       dq_bytes > (uint64_t(1) << 62) ||
       __builtin_add_overflow(round_up(dq_bytes, 256), stats_bytes, &total) ||
       total > (uint64_t(1) << 62) ||
-      __builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(cfg.num_heads_q), blocks * 4,
-                             &sems) ||
+      __builtin_mul_overflow(uint64_t(a.fwd.batch) * uint64_t(cfg.num_heads_q),
+                             blocks * 4 * kSemSlices, &sems) ||
       (a.deterministic && __builtin_add_overflow(round_up(total, 256), sems, &total)) ||
       total > uint64_t(SIZE_MAX) || total > uint64_t(INT64_MAX)) {
     plan.too_large = true;
@@ -1027,10 +1027,13 @@ fa_status check_backward(const AttentionConfig &cfg, int sm) {
     return fail(FA_ERROR_UNSUPPORTED,
                 "the backward takes fp16 or bf16 Q/K/V/O (dtype FA_DTYPE_FP32 is not supported)");
   }
-  if (cfg.head_dim > 128 || cfg.head_dim_v > 128) {
+  if (cfg.head_dim > 256 || cfg.head_dim_v > 256 ||
+      ((cfg.head_dim > 128 || cfg.head_dim_v > 128) &&
+       (cfg.head_dim % 16 != 0 || cfg.head_dim_v % 16 != 0))) {
     return fail(FA_ERROR_UNSUPPORTED,
-                "the backward takes head_dim and head_dim_v up to 128, got %d and %d", cfg.head_dim,
-                cfg.head_dim_v);
+                "the backward takes head_dim and head_dim_v up to 128, and past 128 multiples of "
+                "16 up to 256, got %d and %d",
+                cfg.head_dim, cfg.head_dim_v);
   }
   if (sm < 80) {
     return fail(FA_ERROR_UNSUPPORTED,

@@ -105,7 +105,7 @@ struct BackwardPlan {
   int64_t rows = 0;
   size_t row_stats_offset = 0;
   // deterministic: the dQ semaphores (BackwardParams::dq_sem), u32 [batch]
-  // [heads_q][ceil(seqlen_q / 32)] (the smallest query block), else 0.
+  // [heads_q][ceil(seqlen_q / kSemRows)][kSemSlices], else 0.
   size_t sem_offset = 0;
   size_t workspace_bytes = 0;
   bool too_large = false;  // the bytes overflow 64 bits (sizes above unset)

@@ -1376,7 +1376,7 @@ def backward(runtime, config, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=N
 
     Errors: UnsupportedError when the library has no fa_backward (before
     0.9) and for what the backward kernels do not take (fp8 and fp32
-    configs, head dims past 128, SMs below 8.0); InvalidArgumentError for
+    configs, head dims past 256 (past 128: multiples of 16), SMs below 8.0); InvalidArgumentError for
     shapes and dtypes (nothing runs); else the library's status."""
     cfg = config
     if not _lib.has_backward():

@@ -21,8 +21,9 @@ fa_backward), also under torch.compile(fullgraph=True): when a gradient may
 flow the forward keeps its LSE, and the backward recomputes P from Q, K and
 it. It takes fp16 and bf16, causal, window_size, softcap, alibi_slopes (no
 gradient for the slopes, as FlashAttention), GQA/MQA (dk/dv summed over each
-KV head's group) and varlen; head dims up to 128 (past that the backward
-raises NotImplementedError naming head_dim; the forward takes larger ones).
+KV head's group) and varlen; head dims up to 256 (past 128 multiples of 16;
+past that the backward raises NotImplementedError naming head_dim; the
+forward takes larger ones).
 deterministic=True makes dq the same bits on every run (a fixed summation
 order; else atomic adds). return_attn_probs returns (out, softmax_lse, None)
 as FlashAttention 2.x with dropout_p=0 (no probabilities); the LSE's own
@@ -424,7 +425,7 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 
 
 # The backward kernels take head dims up to this (fa_backward: UNSUPPORTED past it).
-_BWD_MAX_HEAD_DIM = 128
+_BWD_MAX_HEAD_DIM = 256
 _FWD_INPUTS = 17  # the inputs of flashattn_rt::fwd, each given a gradient (or None)
 
 
@@ -452,10 +453,10 @@ def _fwd_backward(ctx, grad_out, grad_lse):
             "backward pass (fa_backward reads contiguous K/V); detach k and v or run under "
             "torch.no_grad()")
     for name, d in (("head_dim", q.shape[-1]), ("head_dim_v", v.shape[-1])):
-        if d > _BWD_MAX_HEAD_DIM:
+        if d > _BWD_MAX_HEAD_DIM or (d > 128 and d % 16 != 0):
             raise NotImplementedError(
-                "flashattn.torch: %s=%d: the backward pass takes head dims up to %d (the "
-                "forward takes larger ones)" % (name, d, _BWD_MAX_HEAD_DIM))
+                "flashattn.torch: %s=%d: the backward pass takes head dims up to %d (past 128 "
+                "multiples of 16; the forward takes others)" % (name, d, _BWD_MAX_HEAD_DIM))
     if lse.numel() == 0 and out.numel() != 0:
         raise RuntimeError("flashattn.torch: flashattn_rt::fwd ran with return_lse=False, so "
                            "its backward has no LSE: call it with return_lse=True")

@@ -17,7 +17,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::mem::size_of;
 
 pub const FLASHATTN_VERSION_MAJOR: u32 = 0;
-pub const FLASHATTN_VERSION_MINOR: u32 = 8;
+pub const FLASHATTN_VERSION_MINOR: u32 = 9;
 pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 /// MAJOR * 10000 + MINOR * 100 + PATCH of the header these declarations follow.
 pub const FLASHATTN_VERSION_NUMBER: u32 =

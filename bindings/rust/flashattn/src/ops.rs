@@ -1268,7 +1268,7 @@ impl Runtime {
     /// over each KV head's query heads). Every view's extent is checked
     /// against its buffer first. Errors: InvalidArgument from these checks
     /// (prefix "flashattn-rs:") or the library's; Unsupported for fp8 and
-    /// fp32 configs and head dims past 128.
+    /// fp32 configs and head dims past 256 (past 128: multiples of 16).
     pub fn backward(&self, cfg: &Config, args: BackwardArgs<'_>) -> Result<()> {
         self.backward_impl(cfg, args, None, None)
     }
