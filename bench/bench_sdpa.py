@@ -18,6 +18,10 @@ in-process hit). Writes CSV, JSON sidecar, PNG and markdown under --out-dir.
 bench_fp8.py (which shares this file's timing and correctness parts);
 results named ...-sdpa-fp8.
 
+--backward [--deterministic]: the training backward (fa_backward) against
+SDPA's flash and cuDNN backwards on the same grid (head dims past 128
+skipped), in bench_backward.py; results named ...-sdpa-backward.
+
 Everything above the "GPU part" marker needs only the standard library (the
 tests in bench/tests import it without torch); torch is imported in main().
 """
@@ -235,15 +239,17 @@ def slug(text):
     return s or "unknown-gpu"
 
 
-def result_base(date, gpu_name, fp8=False):
-    """The result files' base name; --fp8 runs are ...-sdpa-fp8."""
-    return "%s-%s-sdpa%s" % (date, slug(gpu_name), "-fp8" if fp8 else "")
+def result_base(date, gpu_name, fp8=False, backward=False):
+    """The result files' base name; --fp8 runs are ...-sdpa-fp8, --backward
+    runs ...-sdpa-backward."""
+    return "%s-%s-sdpa%s%s" % (date, slug(gpu_name), "-fp8" if fp8 else "",
+                               "-backward" if backward else "")
 
 
 def run_base(args, date, gpu_name):
     """The base name a run with these options writes (the run and
     --print-base-name both take it from here)."""
-    return result_base(date, gpu_name, args.fp8)
+    return result_base(date, gpu_name, args.fp8, args.backward)
 
 
 # ---- CSV -----------------------------------------------------------------------
@@ -1318,16 +1324,27 @@ def parse_args(argv):
                    help="the fp8 forward (bench_fp8.py): e4m3 Q/K/V with per-(batch, KV head) "
                         "descales, bf16 O, against flashattn bf16, FlashAttention-3 fp8 and SDPA "
                         "flash on the dequantised values; results named ...-sdpa-fp8")
+    p.add_argument("--backward", action="store_true",
+                   help="the training backward (bench_backward.py): fa_backward against SDPA's "
+                        "flash and cuDNN backwards, the forward run once outside the timing; "
+                        "head dims past 128 skipped; results named ...-sdpa-backward")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --backward: also time fa_backward's deterministic mode (and check "
+                        "that two of its runs give the same bits)")
     p.add_argument("--coldstart-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-mode", default="disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.fp8 and a.dtypes is not None:
         p.error("--fp8 runs e4m3 Q/K/V (bf16 O); --dtypes does not apply")
+    if a.fp8 and a.backward:
+        p.error("--backward has no fp8 form (fa_backward refuses fp8 configs)")
+    if a.deterministic and not a.backward:
+        p.error("--deterministic is a mode of the backward: give --backward too")
     if a.dtypes is None:
         a.dtypes = ",".join(DTYPES)
-    if a.fp8:
-        a.no_coldstart = True  # the cold-start figures are the 16-bit kernels'
+    if a.fp8 or a.backward:
+        a.no_coldstart = True  # the cold-start figures are the 16-bit forward kernels'
     if a.quick:
         a.seqlens, a.head_dims = "512,2048", "64,128"
     if a.min_reps < 20:
@@ -1348,6 +1365,11 @@ def main(argv=None):
             sys.path.insert(0, HERE)
         import bench_fp8  # beside this file (it imports this module for the shared parts)
         return bench_fp8.run_bench(a)
+    if a.backward:
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
+        import bench_backward  # beside this file, as bench_fp8
+        return bench_backward.run_bench(a)
     return run_bench(a)
 
 
