@@ -184,8 +184,8 @@ def judge_row(errs, det_bitwise=None):
 CONFIG_FIELDS = common.CONFIG_FIELDS  # flops: the backward's (backward_flops)
 IMPL_FIELDS = ["status", "note", "median_ms", "min_ms", "max_ms", "reps", "tflops"] + [
     "%s_%s" % (g, e) for g in GRADS for e in ("max_err", "rel_err")]
-TAIL_FIELDS = ["ratio_vs_sdpa_flash", "ratio_vs_sdpa_cudnn", "det_slowdown", "det_bitwise", "tol_ok",
-               "tol_note", "n_sets"]
+TAIL_FIELDS = ["ratio_vs_sdpa_flash", "ratio_vs_sdpa_cudnn", "det_slowdown", "det_bitwise",
+               "tol_ok", "tol_note", "n_sets"]
 FIELDS = CONFIG_FIELDS + ["%s_%s" % (i, f) for i in IMPLS for f in IMPL_FIELDS] + TAIL_FIELDS
 _INT_FIELDS = {"head_dim", "seqlen", "batch", "num_heads", "flops", "n_sets"} | {
     "%s_reps" % i for i in IMPLS}

@@ -7,6 +7,7 @@ tests check that torch is not imported) also the GPU part on the CPU
 through the emulator: the fp32 reference gradients against fp64 autograd,
 and a scaled or unwritten flashattn gradient caught."""
 
+import importlib.util
 import json
 import os
 import re
@@ -14,7 +15,6 @@ import struct
 import subprocess
 import sys
 import zlib
-import importlib.util
 
 import pytest
 
@@ -274,8 +274,9 @@ def test_options():
     for bad in (["--deterministic"], ["--backward", "--fp8"]):
         with pytest.raises(SystemExit):
             s.parse_args(bad)
-    assert s.result_base("2026-12-01", "NVIDIA H200", backward=True) == "2026-12-01-h200-sdpa-backward"
-    assert s.run_base(a, "2026-12-01", "NVIDIA H200") == "2026-12-01-h200-sdpa-backward"
+    want = "2026-12-01-h200-sdpa-backward"
+    assert s.result_base("2026-12-01", "NVIDIA H200", backward=True) == want
+    assert s.run_base(a, "2026-12-01", "NVIDIA H200") == want
 
 
 def test_main_implies_backward(monkeypatch, capsys):
