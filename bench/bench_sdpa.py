@@ -18,6 +18,10 @@ in-process hit). Writes CSV, JSON sidecar, PNG and markdown under --out-dir.
 bench_fp8.py (which shares this file's timing and correctness parts);
 results named ...-sdpa-fp8.
 
+--backward [--deterministic]: the training backward (fa_backward) against
+SDPA's flash and cuDNN backwards on the same grid (head dims past 128
+skipped), in bench_backward.py; results named ...-sdpa-backward.
+
 Everything above the "GPU part" marker needs only the standard library (the
 tests in bench/tests import it without torch); torch is imported in main().
 """
@@ -235,15 +239,17 @@ def slug(text):
     return s or "unknown-gpu"
 
 
-def result_base(date, gpu_name, fp8=False):
-    """The result files' base name; --fp8 runs are ...-sdpa-fp8."""
-    return "%s-%s-sdpa%s" % (date, slug(gpu_name), "-fp8" if fp8 else "")
+def result_base(date, gpu_name, fp8=False, backward=False):
+    """The result files' base name; --fp8 runs are ...-sdpa-fp8, --backward
+    runs ...-sdpa-backward."""
+    return "%s-%s-sdpa%s%s" % (date, slug(gpu_name), "-fp8" if fp8 else "",
+                               "-backward" if backward else "")
 
 
 def run_base(args, date, gpu_name):
     """The base name a run with these options writes (the run and
     --print-base-name both take it from here)."""
-    return result_base(date, gpu_name, args.fp8)
+    return result_base(date, gpu_name, args.fp8, args.backward)
 
 
 # ---- CSV -----------------------------------------------------------------------
@@ -465,7 +471,7 @@ def _nice_step(vmax, ticks=5):
     return 10 * p
 
 
-def _panels(rows):
+def _panels(rows, impls=IMPLS):
     """[(title, [(group label lines, {impl: tflops or None})])] per (dtype, causal)."""
     order = []
     groups = {}
@@ -482,28 +488,28 @@ def _panels(rows):
         for r in rs:
             s = r["seqlen"]
             label = ("D%d" % r["head_dim"], "%dK" % (s // 1024) if s >= 1024 else str(s))
-            items.append((label, {i: r.get("%s_tflops" % i) for i in IMPLS}))
+            items.append((label, {i: r.get("%s_tflops" % i) for i in impls}))
         out.append(("%s %s" % (key[0], "causal" if key[1] else "non-causal"), items))
     return out
 
 
-def render_chart_png(rows, title, path=None):
-    """A grouped bar chart (TFLOP/s per config, one bar per implementation),
-    one panel per (dtype, causal), drawn with the stdlib only. Returns the
-    PNG bytes and writes them to path if given."""
-    panels = _panels(rows)
+def render_chart_png(rows, title, path=None, impls=IMPLS, labels=LABELS, colors=COLORS):
+    """A grouped bar chart (TFLOP/s per config, one bar per implementation
+    of impls), one panel per (dtype, causal), drawn with the stdlib only.
+    Returns the PNG bytes and writes them to path if given."""
+    panels = _panels(rows, impls)
     bar, gap, left, right = 9, 9, 56, 16
     ngroups = max([len(items) for _, items in panels] or [1])
-    width = left + right + ngroups * (len(IMPLS) * bar + gap)
+    width = left + right + ngroups * (len(impls) * bar + gap)
     width = max(width, 460)
     plot_h, panel_h, top = 170, 170 + 56, 44
     height = top + max(1, len(panels)) * panel_h + 10
     c = Canvas(width, height)
     c.text(8, 8, title[: (width - 16) // 12], scale=2)
     lx = 8
-    for impl in IMPLS:  # legend
-        c.rect(lx, 28, lx + 10, 38, COLORS[impl])
-        lx += 14 + c.text(lx + 14, 30, LABELS[impl]) + 10
+    for impl in impls:  # legend
+        c.rect(lx, 28, lx + 10, 38, colors[impl])
+        lx += 14 + c.text(lx + 14, 30, labels[impl]) + 10
     c.text(lx + 6, 30, "Y: TFLOP/S   -: N/A OR SKIPPED", color=(90, 90, 90))
     for p, (ptitle, items) in enumerate(panels):
         y0 = top + p * panel_h + 14
@@ -522,15 +528,15 @@ def render_chart_png(rows, title, path=None):
         c.rect(left, y0, left + 1, base + 1, (0, 0, 0))
         c.rect(left, base, width - right, base + 1, (0, 0, 0))
         for g, (label, d) in enumerate(items):
-            gx = left + gap // 2 + g * (len(IMPLS) * bar + gap)
-            for b, impl in enumerate(IMPLS):
+            gx = left + gap // 2 + g * (len(impls) * bar + gap)
+            for b, impl in enumerate(impls):
                 v = d.get(impl)
                 x = gx + b * bar
                 if v is None:
-                    c.text(x + 1, base - 9, "-", color=COLORS[impl])
+                    c.text(x + 1, base - 9, "-", color=colors[impl])
                     continue
                 hgt = max(1, int(round(v / vmax * plot_h)))
-                c.rect(x, base - hgt, x + bar - 1, base, COLORS[impl])
+                c.rect(x, base - hgt, x + bar - 1, base, colors[impl])
             for li, line in enumerate(label):
                 c.text(gx, base + 4 + li * 9, line, color=(40, 40, 40))
     data = c.png()
@@ -540,25 +546,26 @@ def render_chart_png(rows, title, path=None):
     return data
 
 
-def render_chart(rows, title, path):
-    """matplotlib when importable, else the stdlib renderer. Returns which."""
+def render_chart(rows, title, path, impls=IMPLS, labels=LABELS, colors=COLORS):
+    """matplotlib when importable, else the stdlib renderer (bars for impls,
+    the forward's contenders by default). Returns which."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception:
-        render_chart_png(rows, title, path)
+        render_chart_png(rows, title, path, impls, labels, colors)
         return "stdlib"
-    panels = _panels(rows)
+    panels = _panels(rows, impls)
     fig, axes = plt.subplots(len(panels), 1, figsize=(14, 3.2 * len(panels) + 1), squeeze=False)
     for ax, (ptitle, items) in zip(axes[:, 0], panels):
         n = len(items)
-        w = 0.8 / len(IMPLS)
-        for b, impl in enumerate(IMPLS):
-            xs = [g + (b - (len(IMPLS) - 1) / 2) * w for g in range(n)]
+        w = 0.8 / len(impls)
+        for b, impl in enumerate(impls):
+            xs = [g + (b - (len(impls) - 1) / 2) * w for g in range(n)]
             ys = [d.get(impl) or 0.0 for _, d in items]
-            ax.bar(xs, ys, w, label=LABELS[impl],
-                   color=tuple(ch / 255 for ch in COLORS[impl]))
+            ax.bar(xs, ys, w, label=labels[impl],
+                   color=tuple(ch / 255 for ch in colors[impl]))
         ax.set_xticks(range(n))
         ax.set_xticklabels(["%s\n%s" % lab for lab, _ in items], fontsize=7)
         ax.set_ylabel("TFLOP/s")
@@ -1019,7 +1026,7 @@ class GpuBench:
         one over budget_left_s is skipped. Returns (max_abs, rel) against
         ref on idx (NaNs when the output is not finite), or None when it
         did not run."""
-        torch, a = self.torch, self.args
+        torch = self.torch
         p = impl + "_"
         try:
             with _Warnings() as w:
@@ -1039,17 +1046,27 @@ class GpuBench:
             row[p + "note"] = "non-finite output (unwritten or NaN)"
             err = (float("nan"), float("nan"))
         del o
+        self.time_into(row, impl, run, flops, budget_left_s)
+        return err
+
+    def time_into(self, row, impl, run, flops, budget_left_s):
+        """Times run (after its checked run) into row's impl_* columns:
+        status ok with the median, min, max, reps and TFLOP/s of flops;
+        skipped when warm-up and the fewest reps would not fit
+        budget_left_s; error with the reason when a run raises."""
+        a = self.args
+        p = impl + "_"
         try:
             est = self.one_run_ms(run, 1 % a.sets)
             if est * (a.min_reps + a.warmup) / 1e3 > budget_left_s:
                 row[p + "status"] = "skipped"
                 row[p + "note"] = "time budget (one run %.1f ms)" % est
-                return err
+                return
             rot = self.time_impl(run, a.sets, est)
         except Exception as ex:
             row[p + "status"] = "error"
             row[p + "note"] = _reason(ex, [])
-            return err
+            return
         sm = rot.summary()
         row[p + "status"] = "ok"
         row[p + "median_ms"], row[p + "min_ms"] = sm["median_ms"], sm["min_ms"]
@@ -1057,7 +1074,6 @@ class GpuBench:
         row[p + "tflops"] = tflops(flops, sm["median_ms"])
         if not rot.balanced():
             row[p + "note"] = (row.get(p + "note") or "") + " unbalanced rotation %s" % rot.counts()
-        return err
 
     def run_config(self, c, budget_left_s, predicted_ms):
         """One CSV row for config c."""
@@ -1308,16 +1324,27 @@ def parse_args(argv):
                    help="the fp8 forward (bench_fp8.py): e4m3 Q/K/V with per-(batch, KV head) "
                         "descales, bf16 O, against flashattn bf16, FlashAttention-3 fp8 and SDPA "
                         "flash on the dequantised values; results named ...-sdpa-fp8")
+    p.add_argument("--backward", action="store_true",
+                   help="the training backward (bench_backward.py): fa_backward against SDPA's "
+                        "flash and cuDNN backwards, the forward run once outside the timing; "
+                        "head dims past 128 skipped; results named ...-sdpa-backward")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --backward: also time fa_backward's deterministic mode (and check "
+                        "that two of its runs give the same bits)")
     p.add_argument("--coldstart-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache-mode", default="disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.fp8 and a.dtypes is not None:
         p.error("--fp8 runs e4m3 Q/K/V (bf16 O); --dtypes does not apply")
+    if a.fp8 and a.backward:
+        p.error("--backward has no fp8 form (fa_backward refuses fp8 configs)")
+    if a.deterministic and not a.backward:
+        p.error("--deterministic is a mode of the backward: give --backward too")
     if a.dtypes is None:
         a.dtypes = ",".join(DTYPES)
-    if a.fp8:
-        a.no_coldstart = True  # the cold-start figures are the 16-bit kernels'
+    if a.fp8 or a.backward:
+        a.no_coldstart = True  # the cold-start figures are the 16-bit forward kernels'
     if a.quick:
         a.seqlens, a.head_dims = "512,2048", "64,128"
     if a.min_reps < 20:
@@ -1338,6 +1365,11 @@ def main(argv=None):
             sys.path.insert(0, HERE)
         import bench_fp8  # beside this file (it imports this module for the shared parts)
         return bench_fp8.run_bench(a)
+    if a.backward:
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
+        import bench_backward  # beside this file, as bench_fp8
+        return bench_backward.run_bench(a)
     return run_bench(a)
 
 

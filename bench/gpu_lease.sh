@@ -32,6 +32,11 @@
 #   pytest    bindings/python/tests/test_gpu.py
 #   sdpa      bench_sdpa.py, bf16, head_dim 64/128/256, seqlen 512..16k (the
 #             script's whole seqlen grid: 36 configs, ~30 s on an H200)
+#   bwd       bench_sdpa.py --backward --deterministic: the training backward
+#             (fa_backward, default and deterministic) vs SDPA's flash and
+#             cuDNN backwards, only the backward timed; bf16, head_dim 128
+#             then 64, causal/not, seqlen 4k/8k/16k then 1k/2k (issue 30's
+#             points first, should the budget run out; ~60 s expected)
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
@@ -109,7 +114,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
+only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,bwd,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -212,6 +217,8 @@ PYTHONPATH=$root/bindings/python stage pytest 60 "$py" -m pytest -p no:cacheprov
   bindings/python/tests/test_gpu.py
 stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DTYPES:-bf16} --head-dims 64,128,256 \
   --seqlens 512,1024,2048,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
+stage bwd 150 "$py" bench/bench_sdpa.py --backward --deterministic --out-dir "$res" --dtypes bf16 \
+  --head-dims 128,64 --seqlens 4096,8192,16384,1024,2048 --time-budget "$(budget 120)"
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \

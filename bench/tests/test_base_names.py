@@ -1,4 +1,4 @@
-"""--print-base-name follows the mode options (bench_sdpa.py --fp8,
+"""--print-base-name follows the mode options (bench_sdpa.py --fp8, --backward,
 bench_decode.py --mla / --append / --dtype fp16), and bench/run_gpu.sh asks
 with the options its run gets, so the files a run writes are the ones it
 copies to $OUT. Torch-free: run_gpu.sh runs in a copy of bench/ with a fake
@@ -36,7 +36,8 @@ def _printed(main, argv):
 
 @pytest.mark.parametrize("argv,suffix", [
     ([], "sdpa"), (["--fp8"], "sdpa-fp8"), (["--fp8", "--quick", "--time-budget", "60"], "sdpa-fp8"),
-    (["--dtypes", "bf16", "--head-dims", "128"], "sdpa")])
+    (["--dtypes", "bf16", "--head-dims", "128"], "sdpa"), (["--backward"], "sdpa-backward"),
+    (["--backward", "--deterministic", "--dtypes", "bf16"], "sdpa-backward")])
 def test_sdpa_print_base_name_honours_options(argv, suffix, monkeypatch):
     monkeypatch.setattr(s, "gpu_name", lambda: GPU)
     name = _printed(s.main, argv + ["--print-base-name"])
@@ -140,6 +141,7 @@ def _results(files):
     (["--bench", "decode", "--append", "--dtype", "fp16"], None, ["decode-append-fp16"]),
     (["--fp8"], {"FA_DECODE_ARGS": "--mla --quick"}, ["sdpa-fp8", "decode-mla"]),
     (["--bench", "sdpa"], None, ["sdpa"]),
+    (["--bench", "sdpa", "--backward", "--deterministic"], None, ["sdpa-backward"]),
 ])
 def test_run_gpu_copies_the_files_the_run_wrote(sandbox, args, env, want):
     rc, files, log, text = sandbox(*args, env=env)
