@@ -282,8 +282,9 @@ class BackwardGen {
     for (Reg &z : zero4_) z = e_.mov(Type::F32, fimm(0.0f));
     fa_ = tile::frag4(b_);
     fb_ = tile::frag4(b_);
-    Reg g0 = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
-    hi_ = e_.mov(Type::S32, imm(0));
+    // The group's query heads kvh g .. kvh g + g - 1 (the bound re-derived
+    // from %ctaid.y at each test: nothing else held across the loops).
+    h_ = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
     ptx::Label hloop = b_.label(), hdone = b_.label();
     {
       // The range's first block, published in shared memory (thread 0, one
@@ -297,12 +298,8 @@ class BackwardGen {
     }
     b_.bind(hloop);
     {
-      h_ = e_.op(Op::Add, Type::S32, g0, hi_);
       // Row r of (b, h): (b heads_q + h) seqlen_q + r.
       row0_ = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h_)), e_.s64(sq_max()));
-      if (spec_.alibi)
-        alibi_coef_ = tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
-                                       spec_.softcap ? Reg() : score_scale());
       m0_ = b_.b32();
       b_.ld(Space::Shared, Type::B32, m0_, at(range_sym_));
       ptx::Label mloop = b_.label();
@@ -311,8 +308,10 @@ class BackwardGen {
       b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
       b_.when(e_.setp(Cmp::Lt, Type::S32, m0_, query_range().end)).bra(mloop);
     }
-    b_.op(Op::Add, Type::S32, hi_, hi_, imm(1));
-    b_.when(e_.setp(Cmp::Lt, Type::S32, hi_, imm(spec_.group_size))).bra(hloop);
+    b_.op(Op::Add, Type::S32, h_, h_, imm(1));
+    Reg h_end = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
+    b_.op(Op::Add, Type::S32, h_end, h_end, imm(spec_.group_size));
+    b_.when(e_.setp(Cmp::Lt, Type::S32, h_, h_end)).bra(hloop);
     b_.bind(hdone);
   }
 
@@ -432,6 +431,11 @@ class BackwardGen {
     Reg col0 = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), m0_);  // the lane's first query
     Reg p = b_.pred(), t = b_.pred();
     Reg tf = b_.f32();
+    // ALiBi's coefficient of (sequence, head), loaded per block (held across
+    // the loops it spilled at head dim 256).
+    Reg alibi_coef = spec_.alibi ? tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
+                                                    spec_.softcap ? Reg() : score_scale())
+                                 : Reg();
     for (int h = 0; h < 2; ++h) {
       Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
       if (spec_.alibi) {
@@ -439,7 +443,7 @@ class BackwardGen {
         Reg d = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, key, col0), shift());
         Reg df = b_.f32();
         b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, df, d);
-        tile::alibi_row_half(b_, s_, h, df, alibi_coef_, tf);
+        tile::alibi_row_half(b_, s_, h, df, alibi_coef, tf);
       }
       // Key `key` is seen by queries [max(key - shift - wr, 0), min(key -
       // shift + wl + 1, sq)) (tile::row_range with the windows swapped);
@@ -633,9 +637,9 @@ class BackwardGen {
   Reg k_lm_, v_lm_, q_nk_, do_nk_, q_kn_, do_kn_, ds_at_, k_kn_, qrow_, qphase_;
   AccTile dk_, dv_, s_, dp_, dtanh_;
   Softcap cap_;
-  Reg inv_cap_, alibi_coef_;
+  Reg inv_cap_;
   Frag4 zero4_, fa_, fb_;
-  Reg hi_, h_, row0_, m0_;
+  Reg h_, row0_, m0_;
   Reg det_, det_t0_, sem_, before_;  // deterministic mode (BackwardParams::dq_sem)
 };
 
