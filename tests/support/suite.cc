@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "support/backward.h"
 #include "support/numerics.h"
 #include "support/policy.h"
 
@@ -251,6 +252,21 @@ void test_large_heads(void **state) {
   report(failures);
 }
 
+// The backward (fa_backward: mma.sync, sm_80+): every third of
+// support/backward.h's cases (all of them on a GPU) and the deterministic
+// checks; head dims past 128 are taken where shared memory holds their tile.
+void test_backward(void **state) {
+  SuiteState *s = need_runtime(state);
+  std::string failures;
+  const std::vector<bwd::Case> all = bwd::cases();
+  for (size_t i = 0; i < all.size(); i += s->gpu ? 1 : 3) {
+    const std::string e = bwd::run_case(s->rt, all[i]);
+    if (!e.empty()) failures += all[i].describe() + ":\n" + e;
+  }
+  failures += bwd::deterministic_check(s->rt);
+  report(failures);
+}
+
 // The fp8 forward where the device has it (sm_89+: every form, by SM); below
 // sm_89, UNSUPPORTED with the reason.
 void test_fp8_forward(void **state) {
@@ -319,7 +335,7 @@ int run_numerics_suite(const char *group, fa_backend backend, bool gpu_shapes, i
       cmocka_unit_test(test_decode),         cmocka_unit_test(test_decode_fixture),
       cmocka_unit_test(test_reduce),         cmocka_unit_test(test_features),
       cmocka_unit_test(test_large_heads),    cmocka_unit_test(test_fp8_forward),
-      cmocka_unit_test(test_forward_split),
+      cmocka_unit_test(test_forward_split),  cmocka_unit_test(test_backward),
   };
   return _cmocka_run_group_tests(group, tests, sizeof tests / sizeof tests[0], suite_setup,
                                  suite_teardown);
