@@ -56,7 +56,8 @@ e.g. image-token masks of multimodal models) and packed sequences
 (position_ids restarting inside one row). The windows are counted in real
 tokens, which equals transformers' positions when a row's padding is all
 at its start or all at its end (left or right padding), not for padding in
-the middle of a row. Backward is not supported (flashattn.torch).
+the middle of a row. Training works through flashattn.torch's backward
+(library 0.9: fa_backward), except over a KV cache.
 """
 
 import torch
