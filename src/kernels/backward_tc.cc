@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/backward_scores.h"
 #include "kernels/codegen.h"
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/tile.h"
@@ -164,31 +165,14 @@ class BackwardGen {
     b_.when(e_.setp(Cmp::Ge, Type::S32, n0_, sk())).exit();
   }
 
-  // The query rows that see keys n0 .. n1 - 1 (n1 = min(n0 + block_n, sk)):
-  // query i sees key j when i + sk - sq - wl <= j <= i + sk - sq + wr, so i
-  // in [n0 - shift - wr, n1 - 1 - shift + wl] within [0, sq): formed in 64
-  // bits (windows up to 2^30), the first rounded down to a query block
-  // (new s32 registers; derived where needed, not held across the loops).
-  struct QueryRange {
-    Reg begin, end;
-  };
-  QueryRange query_range() {
-    Reg shift = this->shift();
-    Reg n1 = e_.op(Op::Min, Type::S32, e_.op(Op::Add, Type::S32, n0_, imm(spec_.block_n)), sk());
-    Reg lo = e_.op(Op::Sub, Type::S64, e_.s64(n0_), e_.s64(shift));
-    b_.op(Op::Sub, Type::S64, lo, lo, e_.s64(wr()));
-    b_.op(Op::Max, Type::S64, lo, lo, imm(0));
-    Reg hi = e_.op(Op::Sub, Type::S64, e_.s64(n1), e_.s64(shift));
-    b_.op(Op::Add, Type::S64, hi, hi, e_.s64(wl()));
-    b_.op(Op::Min, Type::S64, hi, hi, e_.s64(sq()));
-    b_.op(Op::Max, Type::S64, hi, hi, imm(0));
-    b_.op(Op::Min, Type::S64, lo, lo, hi);
-    QueryRange r;
-    r.begin = e_.s32(lo);
-    b_.op(Op::Div, Type::S32, r.begin, r.begin, imm(bm_));
-    b_.op(Op::MulLo, Type::S32, r.begin, r.begin, imm(bm_));
-    r.end = e_.s32(hi);
-    return r;
+  // The query rows that see the CTA's keys (backward_query_range).
+  BackwardQueryRange query_range() {
+    return backward_query_range(e_, dims(), n0_, spec_.block_n, bm_);
+  }
+
+  BackwardDims dims() {
+    return {[this] { return sq(); }, [this] { return sk(); }, [this] { return wl(); },
+            [this] { return wr(); }};
   }
 
   // Values read at their uses (parameters, special registers) rather than
@@ -203,7 +187,6 @@ class BackwardGen {
   // This sequence's lengths: parameters, or (varlen) the registers bases() set.
   Reg sq() { return spec_.varlen ? sq_ : sq_max(); }
   Reg sk() { return spec_.varlen ? sk_ : e_.param(Type::S32, offsetof(F, seqlen_k)); }
-  Reg shift() { return e_.op(Op::Sub, Type::S32, sk(), sq()); }
 
   // A stride parameter in bytes.
   Reg stride(size_t param) { return e_.stride_bytes(param, elem_bytes(spec_.dtype)); }
@@ -290,7 +273,7 @@ class BackwardGen {
       // The range's first block, published in shared memory (thread 0, one
       // barrier) and read back per head: held in a register across the
       // loops it spilled at head dim 128.
-      const QueryRange r = query_range();
+      const BackwardQueryRange r = query_range();
       Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
       b_.when(t0).st(Space::Shared, Type::B32, at(range_sym_), r.begin);
       b_.bar_sync();
@@ -374,27 +357,15 @@ class BackwardGen {
     }
   }
 
-  // Deterministic mode: the query block's semaphore (sem_) and the number of
-  // key blocks before this one that add to its dQ: the key blocks from the
-  // first one its first row sees, max(0, m0 + shift - wl) / block_n (the
-  // same visibility that chose the query blocks of each key block), to this.
+  // Deterministic mode: the query block's semaphore (sem_) and the key
+  // blocks before this one that add to its dQ (before_; dq_semaphore).
   void semaphore() {
-    // One u32 per 32 rows (kSemRows: the smallest block_m; BackwardPre
-    // zeroes them, whatever this kernel's block_m).
-    Reg nqb = e_.op(Op::Add, Type::S32, sq_max(), imm(kSemRows - 1));
-    b_.op(Op::Div, Type::S32, nqb, nqb, imm(kSemRows));
-    Reg idx = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h_)), e_.s64(nqb));
-    b_.op(Op::Add, Type::S64, idx, idx, e_.s64(e_.op(Op::Div, Type::S32, m0_, imm(kSemRows))));
-    // Each column slice's own (kSemSlices of them a block: they add to
-    // disjoint columns).
-    b_.op(Op::MadLo, Type::S64, idx, idx, imm(kSemSlices), e_.s64(slice_));
-    sem_ = e_.index64(e_.global_param(offsetof(P, dq_sem)), idx, 4);
-    Reg first = e_.op(Op::Add, Type::S64, e_.s64(m0_), e_.s64(shift()));
-    b_.op(Op::Sub, Type::S64, first, first, e_.s64(wl()));
-    b_.op(Op::Max, Type::S64, first, first, imm(0));
-    b_.op(Op::Div, Type::S64, first, first, imm(spec_.block_n));
-    before_ = e_.op(Op::Sub, Type::S32, e_.op(Op::Div, Type::S32, n0_, imm(spec_.block_n)),
-                    e_.s32(first));
+    const DqSemaphore m = dq_semaphore(
+        e_, dims(), [this] { return e_.global_param(offsetof(P, dq_sem)); },
+        [this] { return sq_max(); }, [this] { return bz(); }, [this] { return hq(); }, h_, m0_,
+        slice_, n0_, spec_.block_n);
+    sem_ = m.addr;
+    before_ = m.before;
   }
 
   // S^T = K Q^T for this warp's keys: s_.f[j] holds queries m0 + 8j ..
@@ -411,65 +382,33 @@ class BackwardGen {
     }
   }
 
-  // The query column of element (j, x) relative to m0: 8j + 2q + x.
-  // P^T = 2^(s c - LSE_log2) after softcap (d tanh kept for dS), ALiBi and
-  // the masks (a key row past seqlen_k or outside a query's window: -inf).
+  // P^T in s_ (backward_probabilities).
   void probabilities() {
     b_.comment("P^T: softcap, ALiBi, masks, 2^(s c - LSE_log2)");
-    if (spec_.softcap) {
-      for (int j = 0; j < nS_; ++j)
-        for (int i = 0; i < 4; ++i) {
-          Reg x = s_.f[j][i], t = dtanh_.f[j][i];
-          scale_score(e_, x, score_scale(), cap_);
-          // tanh = s / cap_log2; d tanh / dx factor 1 - tanh^2
-          b_.op(Op::Mul, Type::F32, t, x, inv_cap_);
-          b_.op(Op::Fma, Type::F32, t, t, e_.op(Op::Neg, Type::F32, t), fimm(1.0f));
-        }
-    }
-    Reg key0 = e_.op(Op::MadLo, Type::S32, warp_, imm(kKeysPerWarp), n0_);
-    b_.op(Op::Add, Type::S32, key0, key0, ln_.g);
-    Reg col0 = e_.op(Op::MadLo, Type::S32, ln_.q, imm(2), m0_);  // the lane's first query
-    Reg p = b_.pred(), t = b_.pred();
-    Reg tf = b_.f32();
-    // ALiBi's coefficient of (sequence, head), loaded per block (held across
-    // the loops it spilled at head dim 256).
-    Reg alibi_coef = spec_.alibi ? tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
-                                                    spec_.softcap ? Reg() : score_scale())
-                                 : Reg();
-    for (int h = 0; h < 2; ++h) {
-      Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
-      if (spec_.alibi) {
-        // |i + shift - key| = |dist - (8j + x)| with dist = key - col0 - shift
-        Reg d = e_.op(Op::Sub, Type::S32, e_.op(Op::Sub, Type::S32, key, col0), shift());
-        Reg df = b_.f32();
-        b_.cvt(Type::F32, Type::S32, ptx::Round::Rn, df, d);
-        tile::alibi_row_half(b_, s_, h, df, alibi_coef, tf);
-      }
-      // Key `key` is seen by queries [max(key - shift - wr, 0), min(key -
-      // shift + wl + 1, sq)) (tile::row_range with the windows swapped);
-      // none past seqlen_k.
-      const tile::RowRange r =
-          tile::row_range(e_, e_.op(Op::Sub, Type::S32, key, shift()), wr(), wl(), imm(0), sq());
-      Reg lo = e_.op(Op::Sub, Type::S32, r.lo, col0), hi = e_.op(Op::Sub, Type::S32, r.hi, col0);
-      b_.selp(Type::S32, hi, imm(0), hi, e_.setp(Cmp::Ge, Type::S32, key, sk()));
-      tile::mask_row_half(b_, s_, h, lo, hi, p, t);
-    }
-    // c: score_scale (raw scores), 1 with softcap (already log2).
-    Reg lse = e_.op(Op::MadLo, Type::U32, ln_.q, imm(8), smem_);
-    Reg l2[2] = {b_.f32(), b_.f32()};
-    for (int j = 0; j < nS_; ++j) {
-      b_.ld_v(Space::Shared, Type::F32, {l2[0], l2[1]},
-              at(lse, static_cast<int>(lay_.stats) + 32 * j));
-      for (int i = 0; i < 4; ++i) {
-        Reg x = s_.f[j][i];
-        Reg nl = e_.op(Op::Neg, Type::F32, l2[i & 1]);
-        if (spec_.softcap)
-          b_.op(Op::Add, Type::F32, x, x, nl);
-        else
-          b_.op(Op::Fma, Type::F32, x, x, score_scale(), nl);
-        b_.op(Op::Ex2, Type::F32, x, x);
-      }
-    }
+    backward_probabilities(e_, dims(), score_args());
+  }
+
+  // The warp's scores and their rows' statistics (backward_scores.h).
+  BackwardScores score_args() {
+    BackwardScores x;
+    x.s = &s_;
+    x.dtanh = &dtanh_;
+    if (spec_.softcap) x.cap = cap_;
+    x.inv_cap = inv_cap_;
+    x.score_scale = [this] { return score_scale(); };
+    if (spec_.alibi)
+      x.alibi_coef = [this] {
+        return tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
+                                spec_.softcap ? Reg() : score_scale());
+      };
+    x.warp_keys = warp_;
+    x.n0 = n0_;
+    x.m0 = m0_;
+    x.ln = &ln_;
+    x.stats = smem_;
+    x.lse_off = static_cast<int>(lay_.stats);
+    x.d_off = static_cast<int>(lay_.stats) + 4 * bm_;
+    return x;
   }
 
   // dP^T = V dO^T for this warp's keys (dp_ like s_).
@@ -504,18 +443,7 @@ class BackwardGen {
   // dS^T = P^T o (dP^T - D) (times 1 - tanh^2 with softcap), in s_.
   void grad_s() {
     b_.comment("dS^T = P^T o (dP^T - D)");
-    Reg da = e_.op(Op::MadLo, Type::U32, ln_.q, imm(8), smem_);
-    Reg d[2] = {b_.f32(), b_.f32()};
-    for (int j = 0; j < nS_; ++j) {
-      b_.ld_v(Space::Shared, Type::F32, {d[0], d[1]},
-              at(da, static_cast<int>(lay_.stats) + 4 * bm_ + 32 * j));
-      for (int i = 0; i < 4; ++i) {
-        Reg x = s_.f[j][i], y = dp_.f[j][i];
-        b_.op(Op::Sub, Type::F32, y, y, d[i & 1]);
-        b_.op(Op::Mul, Type::F32, x, x, y);
-        if (spec_.softcap) b_.op(Op::Mul, Type::F32, x, x, dtanh_.f[j][i]);
-      }
-    }
+    backward_grad_s(e_, score_args(), dp_, spec_.softcap);
   }
 
   // dS^T (16-bit) into its shared tile: rows 16w + g (+ 8), columns 8j + 2q.

@@ -1,0 +1,73 @@
+// The per-key-block logic every backward generator shares (FlashAttention-2's
+// Algorithm 2, Dao 2023, section 3.1, in the transposed orientation: a
+// warp's accumulator rows are keys, its columns query rows): which query
+// rows see a key block, P^T from S^T (softcap, ALiBi, masks, the row's LSE)
+// and dS^T = P^T o (dP^T - D), and the deterministic mode's semaphore. The
+// accumulator tiles are tile.h's mma C layout, which is also wgmma's
+// m64nNk16 accumulator per warp (backward_tc.cc, backward_wgmma.cc).
+#pragma once
+
+#include <functional>
+
+#include "kernels/codegen.h"
+#include "kernels/tile/tile.h"
+
+namespace fa::kgen {
+
+// The launch's lengths and windows as a generator reads them: each call
+// emits the read where it is used (parameters or special registers), so
+// that few registers stay live across the query-block loop.
+struct BackwardDims {
+  std::function<Reg()> sq, sk, wl, wr;
+};
+
+// The query rows [begin, end) that see keys n0 .. min(n0 + block_n, sk) - 1:
+// query i sees key j when i + sk - sq - wl <= j <= i + sk - sq + wr, so i
+// in [n0 - shift - wr, n1 - 1 - shift + wl] within [0, sq), formed in 64
+// bits (windows up to 2^30); begin rounded down to a multiple of block_m.
+// New s32 registers.
+struct BackwardQueryRange {
+  Reg begin, end;
+};
+BackwardQueryRange backward_query_range(Emitter &e, const BackwardDims &d, Reg n0, int block_n,
+                                        int block_m);
+
+// Deterministic mode (BackwardParams::dq_sem): the address (u64) of the
+// semaphore of the dQ columns `slice` of the query block at m0 of (bz, h)
+// (one u32 per kSemRows rows and kSemSlices slices), and the number of key
+// blocks before n0's that add to that block's dQ: those from the first one
+// its first row sees, max(0, m0 + shift - wl) / block_n, to n0's (s32).
+struct DqSemaphore {
+  Reg addr, before;
+};
+// sem_base (the dq_sem pointer, global), sq_max (the launch's seqlen_q),
+// bz and hq (num_heads_q) emit their reads where used.
+using RegFn = std::function<Reg()>;
+DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_base,
+                         const RegFn &sq_max, const RegFn &bz, const RegFn &hq, Reg h, Reg m0,
+                         Reg slice, Reg n0, int block_n);
+
+// P^T of a warp's accumulator tile s in place: S^T's row g (+ 8) is key
+// n0 + 16 warp_keys + g (+ 8), column 8j + 2q + x query m0 + 8j + 2q + x.
+// Softcap (cap valid: scale_score, and 1 - tanh^2 of each score into
+// dtanh), ALiBi (alibi_coef() when set), the masks (keys past sk, outside a
+// query's window: -inf), then 2^(s c - LSE_log2) with c = score_scale (1
+// with softcap). The LSE_log2 of column 2q of fragment j is the f32 pair at
+// shared address stats + 8q + lse_off + 32 j, D's at d_off.
+struct BackwardScores {
+  const tile::AccTile *s = nullptr, *dtanh = nullptr;
+  Softcap cap;
+  Reg inv_cap;  // 1 / cap_log2 (softcap)
+  std::function<Reg()> score_scale, alibi_coef;
+  Reg warp_keys, n0, m0;  // u32, s32, s32
+  const tile::Lanes *ln = nullptr;
+  Reg stats;  // u32 shared address
+  int lse_off = 0, d_off = 0;
+};
+void backward_probabilities(Emitter &e, const BackwardDims &d, const BackwardScores &x);
+
+// dS^T = P^T o (dP^T - D) in x.s (times 1 - tanh^2 with softcap), dp the
+// warp's dP^T tile (consumed).
+void backward_grad_s(Emitter &e, const BackwardScores &x, const tile::AccTile &dp, bool softcap);
+
+}  // namespace fa::kgen
