@@ -15,6 +15,7 @@
 #include "flashattn.h"
 #include "support/backward.h"
 #include "support/numerics.h"
+#include "support/policy.h"
 
 using fa::test::bwd::Case;
 
@@ -31,18 +32,33 @@ int main(void) {
   for (int sm : {80, 90, 86}) {
     fa_runtime *rt = fa::test::emulator_or_fail(sm);
     if (rt == nullptr) return 1;
-    for (const Case &c : fa::test::maybe_quick(cases, 3)) {
-      // sm_86 (99 KB of shared memory a block): only head dims past 128,
-      // whose query blocks shrink to 16 there.
-      if (sm == 86 && std::max(c.d, c.dv) <= 128) continue;
-      std::printf("  sm%d %s\n", sm, c.describe().c_str());
-      const std::string e = fa::test::bwd::run_case(rt, c);
-      if (!e.empty()) failures += "sm" + std::to_string(sm) + " " + c.describe() + ":\n" + e;
+    // SM 90: the sm_90a kernel (backward_wgmma.cc) where it applies (head
+    // dims multiples of 16 up to 128, fixed length); then the first cases
+    // again with it off (FLASHATTN_SM90_BACKWARD=0: mma.sync).
+    for (bool on : {true, false}) {
+      if (sm != 90 && !on) continue;
+      fa::test::PolicyScope scope(rt, &fa::KernelPolicy::sm90_backward, on);
+      int n = 0;
+      for (Case c : fa::test::maybe_quick(cases, 3)) {
+        // sm_86 (99 KB of shared memory a block): only head dims past 128,
+        // whose query blocks shrink to 16 there.
+        const int dv = c.dv ? c.dv : c.d;
+        if (sm == 86 && std::max(c.d, dv) <= 128) continue;
+        if (!on && n++ >= 3) break;
+        const bool wgmma = sm == 90 && on && c.d % 16 == 0 && dv % 16 == 0 && c.d <= 128 &&
+                           dv <= 128 && c.lens_q.empty();
+        c.kernel = wgmma ? "fa_backward_wgmma_" : "fa_backward_mma_";
+        std::printf("  sm%d %s (%s)\n", sm, c.describe().c_str(), c.kernel);
+        const std::string e = fa::test::bwd::run_case(rt, c);
+        if (!e.empty()) failures += "sm" + std::to_string(sm) + " " + c.describe() + ":\n" + e;
+      }
     }
     // Deterministic mode (support/backward.h): three runs bit-identical, a
-    // sequence alone as in its batch.
+    // sequence alone as in its batch (at SM 90 also a fixed-length batch:
+    // the sm_90a kernel).
     if (!std::getenv("FA_BWD_CASE") && sm != 86) {
-      const std::string e = fa::test::bwd::deterministic_check(rt);
+      std::string e = fa::test::bwd::deterministic_check(rt);
+      if (sm == 90) e += fa::test::bwd::deterministic_check(rt, false);
       if (!e.empty()) failures += "sm" + std::to_string(sm) + " deterministic:\n" + e;
     }
     fa_runtime_destroy(rt);
@@ -51,6 +67,7 @@ int main(void) {
     std::printf("FAIL:\n%s", failures.c_str());
     return 1;
   }
-  std::printf("backward (mma.sync) against the fp64 analytic backward on the emulator: ok\n");
+  std::printf(
+      "backward (mma.sync, sm_90a wgmma) against the fp64 analytic backward on the emulator: ok\n");
   return 0;
 }

@@ -1,8 +1,9 @@
 // Assembles the generated PTX of a grid of kernel specs with NVIDIA's ptxas
 // (FA_PTXAS_PATH) for sm_80, sm_86, sm_89 and sm_90: every module must
 // assemble. Register use and spills from `ptxas -v` are printed; a forward
-// (tensor-core) module with a stack frame or spills, or above 255 registers,
-// fails the test (decode and reduce are only reported), as does any
+// (tensor-core) or backward module with a stack frame or spills, or above
+// 255 registers, fails the test (decode and reduce are only reported), as
+// does any
 // "Potential Performance Loss" advisory (C75xx: e.g. setmaxnreg ignored,
 // wgmma serialized). Modules are assembled whole-program, as the cuda
 // backend has the driver compile them (src/backend/README.md: relocatable
@@ -783,6 +784,28 @@ std::vector<KernelSpec> grid() {
         ++i;
       }
   }
+  // The sm_90a backward main kernel (backward_wgmma.cc, KernelPolicy::
+  // sm90_backward): head dims 16..128 in steps of 16 (d != dv too: the dQ
+  // split's shapes), both dtypes, causal, windows, softcap (its 1 - tanh^2
+  // in 16 bits), ALiBi, GQA; held to no spill and no advisory (wgmma
+  // serialized).
+  {
+    int i = 0;
+    for (int d : {16, 32, 48, 64, 80, 96, 112, 128})
+      for (int dv : {d, d == 128 ? 64 : 128}) {
+        AttentionConfig cfg =
+            config(i % 2 ? Dtype::BF16 : Dtype::F16, d, dv, 8, i % 3 ? 2 : 8, i % 4 == 3);
+        cfg.causal = i % 3 == 1;
+        if (i % 5 == 2) cfg.window_left = 100;
+        LaunchShape shape;
+        shape.alibi = i % 4 != 0;
+        KernelSpec w = make_spec(cfg, KernelKind::Backward, limits_of(90), shape);
+        assert_true(w.wgmma && !generate_ptx(w).empty());
+        assert_true(max_dynamic_smem(w) <= limits_of(90).smem_per_block_optin);
+        out.push_back(w);
+        ++i;
+      }
+  }
   // The fp8 KV decode's mode (b) (KernelPolicy::decode_fp8_mma: Q and P in
   // e4m3 on the fp8 mma) on sm_89 and sm_120: head dims 64..576 (whole k32
   // steps; MLA's 576 / 512 with V in K in two O slices), both dtypes, e4m3
@@ -1185,12 +1208,13 @@ void summarize(const Job &job, const PtxasResult &r, const std::string &log, int
                int *forward_bad) {
   const bool spills = r.stack || r.spill_st || r.spill_ld;
   if (spills) ++*spilling;
-  // Forward kernels, and the decode variants of the features since 0.4
-  // (tree masks, sinks, ALiBi, fp8, append, head dims past 256: held to the
-  // same rule), must not touch local memory.
-  const bool strict = job.spec.kind == KernelKind::Forward || job.spec.tree_mask ||
-                      job.spec.sinks || job.spec.alibi || job.spec.kv_fp8 != KvFp8::None ||
-                      job.spec.append_kv || job.spec.head_dim > 256 || job.spec.head_dim_v > 256;
+  // Forward and backward kernels, and the decode variants of the features
+  // since 0.4 (tree masks, sinks, ALiBi, fp8, append, head dims past 256:
+  // held to the same rule), must not touch local memory.
+  const bool strict = job.spec.kind == KernelKind::Forward || is_backward(job.spec.kind) ||
+                      job.spec.tree_mask || job.spec.sinks || job.spec.alibi ||
+                      job.spec.kv_fp8 != KvFp8::None || job.spec.append_kv ||
+                      job.spec.head_dim > 256 || job.spec.head_dim_v > 256;
   if (strict && (spills || r.regs < 0 || r.regs > 255 || r.advisory)) ++*forward_bad;
   std::printf("  %-52s regs %3d  stack %4d  spill st/ld %4d/%4d%s%s\n", job.spec.describe().c_str(),
               r.regs, r.stack, r.spill_st, r.spill_ld, spills ? "  <- local memory" : "",

@@ -21,6 +21,7 @@
 // warps' sums (shfl butterflies) are added in warp order. A term with D_i =
 // 0 is 0 (a padded row, a row with no key, a head whose sink is +inf: its
 // exp is 0 or NaN there).
+#include "kernels/backward_scores.h"
 #include "kernels/codegen.h"
 
 namespace fa {
@@ -83,21 +84,6 @@ Reg row_address(Emitter &e, const KernelSpec &spec, const RowFrame &f, size_t pt
   return e.index(row, f.h, s[2]);
 }
 
-// The two 16-bit values of w as f32 (lo: the lower half; exact: bf16 by
-// a shift into the upper half, f16 by cvt.f32.f16).
-void unpack2(Emitter &e, Dtype dt, Reg w, Reg lo, Reg hi) {
-  ptx::Builder &b = e.b;
-  if (dt == Dtype::BF16) {
-    b.op(Op::Shl, Type::B32, lo, w, imm(16));
-    b.op(Op::And, Type::B32, hi, w, imm(-65536));
-    return;
-  }
-  Reg l16 = b.b16(), h16 = b.b16();
-  b.unpack_b32(l16, h16, w);
-  b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, l16);
-  b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, h16);
-}
-
 // D_i = sum_c dO[c] O[c] (fma in column order) over head_dim_v columns,
 // eight at a time (two 16-byte loads).
 Reg dot_do_o(Emitter &e, const KernelSpec &spec, const RowFrame &f) {
@@ -114,8 +100,8 @@ Reg dot_do_o(Emitter &e, const KernelSpec &spec, const RowFrame &f) {
     b.ld_v(Space::Global, Type::U32, {x[0], x[1], x[2], x[3]}, at(dout, 2 * c), true);
     b.ld_v(Space::Global, Type::U32, {y[0], y[1], y[2], y[3]}, at(o, 2 * c), true);
     for (int k = 0; k < 4; ++k) {
-      unpack2(e, spec.dtype, x[k], xl, xh);
-      unpack2(e, spec.dtype, y[k], yl, yh);
+      unpack_half2(e, spec.dtype, x[k], xl, xh);
+      unpack_half2(e, spec.dtype, y[k], yl, yh);
       b.op(Op::Fma, Type::F32, d, xl, yl, d);
       b.op(Op::Fma, Type::F32, d, xh, yh, d);
     }

@@ -58,13 +58,19 @@ void backward_probabilities(Emitter &e, const BackwardDims &d, const BackwardSco
   const int nS = s.n();
   const bool softcap = x.cap.cap_log2.valid();
   if (softcap) {
+    Reg t16[4];
+    if (x.dtanh16)
+      for (Reg &r : t16) r = b.f32();
     for (int j = 0; j < nS; ++j)
       for (int i = 0; i < 4; ++i) {
-        Reg v = s.f[j][i], t = x.dtanh->f[j][i];
+        Reg v = s.f[j][i], t = x.dtanh16 ? t16[i] : x.dtanh->f[j][i];
         scale_score(e, v, x.score_scale(), x.cap);
         // tanh = s / cap_log2; d tanh / dx factor 1 - tanh^2
         b.op(Op::Mul, Type::F32, t, v, x.inv_cap);
         b.op(Op::Fma, Type::F32, t, t, e.op(Op::Neg, Type::F32, t), fimm(1.0f));
+        if (x.dtanh16 && i % 2 == 1)
+          b.cvt_pack(x.dtype == Dtype::BF16 ? Type::BF16 : Type::F16, (*x.dtanh16)[2 * j + i / 2],
+                     t16[i], t16[i - 1]);
       }
   }
   Reg key0 = e.op(Op::MadLo, Type::S32, x.warp_keys, imm(16), x.n0);
@@ -115,15 +121,35 @@ void backward_grad_s(Emitter &e, const BackwardScores &x, const tile::AccTile &d
   const tile::AccTile &s = *x.s;
   Reg da = e.op(Op::MadLo, Type::U32, x.ln->q, imm(8), x.stats);
   Reg d[2] = {b.f32(), b.f32()};
+  Reg t16[2];
+  if (softcap && x.dtanh16) t16[0] = b.f32(), t16[1] = b.f32();
   for (int j = 0; j < s.n(); ++j) {
     b.ld_v(Space::Shared, Type::F32, {d[0], d[1]}, at(da, x.d_off + 32 * j));
     for (int i = 0; i < 4; ++i) {
       Reg v = s.f[j][i], y = dp.f[j][i];
       b.op(Op::Sub, Type::F32, y, y, d[i & 1]);
       b.op(Op::Mul, Type::F32, v, v, y);
-      if (softcap) b.op(Op::Mul, Type::F32, v, v, x.dtanh->f[j][i]);
+      if (softcap && x.dtanh16) {
+        if (i % 2 == 0) unpack_half2(e, x.dtype, (*x.dtanh16)[2 * j + i / 2], t16[0], t16[1]);
+        b.op(Op::Mul, Type::F32, v, v, t16[i % 2]);
+      } else if (softcap) {
+        b.op(Op::Mul, Type::F32, v, v, x.dtanh->f[j][i]);
+      }
     }
   }
+}
+
+void unpack_half2(Emitter &e, Dtype dt, Reg w, Reg lo, Reg hi) {
+  ptx::Builder &b = e.b;
+  if (dt == Dtype::BF16) {
+    b.op(Op::Shl, Type::B32, lo, w, imm(16));
+    b.op(Op::And, Type::B32, hi, w, imm(-65536));
+    return;
+  }
+  Reg l16 = b.b16(), h16 = b.b16();
+  b.unpack_b32(l16, h16, w);
+  b.cvt(Type::F32, Type::F16, ptx::Round::None, lo, l16);
+  b.cvt(Type::F32, Type::F16, ptx::Round::None, hi, h16);
 }
 
 }  // namespace fa::kgen

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "kernels/codegen.h"
 #include "kernels/tile/tile.h"
@@ -47,6 +48,10 @@ DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_bas
                          const RegFn &sq_max, const RegFn &bz, const RegFn &hq, Reg h, Reg m0,
                          Reg slice, Reg n0, int block_n);
 
+// The two 16-bit values of w (b32) as f32 (lo: the lower half; exact:
+// bf16 by a shift into the upper half, f16 by cvt.f32.f16).
+void unpack_half2(Emitter &e, Dtype dt, Reg w, Reg lo, Reg hi);
+
 // P^T of a warp's accumulator tile s in place: S^T's row g (+ 8) is key
 // n0 + 16 warp_keys + g (+ 8), column 8j + 2q + x query m0 + 8j + 2q + x.
 // Softcap (cap valid: scale_score, and 1 - tanh^2 of each score into
@@ -54,8 +59,13 @@ DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_bas
 // query's window: -inf), then 2^(s c - LSE_log2) with c = score_scale (1
 // with softcap). The LSE_log2 of column 2q of fragment j is the f32 pair at
 // shared address stats + 8q + lse_off + 32 j, D's at d_off.
+// With dtanh16 set instead of dtanh (registers: sm_90a), 1 - tanh^2 is kept
+// rounded to the inputs' 16-bit type, (x0, x1) of fragment j's row half h in
+// (*dtanh16)[2j + h] (dS^T is rounded to that type for its products anyway).
 struct BackwardScores {
   const tile::AccTile *s = nullptr, *dtanh = nullptr;
+  const std::vector<Reg> *dtanh16 = nullptr;
+  Dtype dtype = Dtype::F16;  // dtanh16's type (F16 or BF16)
   Softcap cap;
   Reg inv_cap;  // 1 / cap_log2 (softcap)
   std::function<Reg()> score_scale, alibi_coef;

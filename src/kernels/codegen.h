@@ -74,6 +74,10 @@ std::string generate_reduce(const KernelSpec &spec);
 // (BackwardPre, BackwardPost; backward_rows.cc; no dynamic shared memory).
 std::string generate_backward(const KernelSpec &spec);
 uint32_t backward_smem(const KernelSpec &spec);
+// The sm_90a backward main kernel (Backward with spec.wgmma;
+// backward_wgmma.cc) and its dynamic shared memory.
+std::string generate_backward_wgmma(const KernelSpec &spec);
+uint32_t backward_wgmma_smem(const KernelSpec &spec);
 std::string generate_backward_rows(const KernelSpec &spec);
 
 // Value-returning wrappers: each allocates the destination register.

@@ -498,6 +498,18 @@ struct BackwardParams {
   uint64_t dq_sem;
 };
 
+// The sm_90a backward main kernel's parameter block (spec.wgmma;
+// backward_wgmma.cc): BackwardParams, then the TMA descriptors of Q, K, V
+// (wgmma_tma_box: Q rows block_m, K and V rows block_n) and dO (Q's box),
+// 128 bytes each, 64-byte aligned.
+struct BackwardWgmmaParams {
+  BackwardParams p;
+  alignas(64) uint8_t tmap_q[128];
+  alignas(64) uint8_t tmap_k[128];
+  alignas(64) uint8_t tmap_v[128];
+  alignas(64) uint8_t tmap_do[128];
+};
+
 struct ReduceParams {
   uint64_t o_partial;    // fp32 [num_splits, batch, seqlen_q, heads_q, head_dim_v]
   uint64_t lse_partial;  // fp32 [num_splits, batch, heads_q, seqlen_q]

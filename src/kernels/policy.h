@@ -67,6 +67,10 @@ struct KernelPolicy {
   // on the emulator, not yet run on a Blackwell GPU: FLASHATTN_SM100_MLA=0
   // keeps the mma.sync decode.
   bool sm100_mla = true;
+  // sm_90 / sm_90a: the training backward's main kernel in FlashAttention-3's
+  // structure on wgmma and TMA (backward_wgmma.cc) where it applies; false
+  // keeps the mma.sync one (env FLASHATTN_SM90_BACKWARD=0).
+  bool sm90_backward = true;
   // fa_decode with split_counters (the caller's opt-in) and more than one
   // split fuses the combine into the decode kernel's last CTA of each row
   // (KernelSpec::fused_combine: no second launch); false runs the two

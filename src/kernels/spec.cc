@@ -87,6 +87,19 @@ static int sm100_min_stages(const KernelSpec &s) { return s.gather && s.block_m 
 // registers), contiguous K/V, no decode or forward-only option; the main
 // kernel's CTA is 4 warps over 64 keys, query blocks of 32 or 64.
 bool backward_spec_valid(const KernelSpec &s) {
+  if (s.kind == KernelKind::Backward && s.wgmma) {
+    // The sm_90a main kernel (backward_wgmma.cc): 128 keys over two
+    // consumer warpgroups, query blocks of 64, head dims multiples of 16 up
+    // to 128, K/V/Q/dO by TMA (fixed-length batches).
+    return s.sm == 90 && !s.mma && !s.tcgen05 && s.dtype != Dtype::F32 && s.head_dim >= 16 &&
+           s.head_dim <= 128 && s.head_dim % 16 == 0 && s.head_dim_v >= 16 && s.head_dim_v <= 128 &&
+           s.head_dim_v % 16 == 0 && s.dv_split == 1 && !s.varlen && s.kv_fp8 == KvFp8::None &&
+           s.q_fp8 == KvFp8::None && s.kv_layout == KvLayout::Contiguous && !s.seqused_k &&
+           !s.split_kv && !s.persistent && !s.dynamic && !s.pdl && !s.tree_mask && !s.append_kv &&
+           !s.v_in_k && !s.fixed_len && !s.fused_combine && !s.gather && !s.page_tiles &&
+           s.rotary == 0 && s.group_size >= 1 && s.num_warps == 12 && s.block_m == 64 &&
+           s.block_n == 128 && !s.lse_in_base2 && !s.lse_out_base2;
+  }
   // Head dims past 128: the main kernel in dv_split = 2 column slices of dK,
   // dV and dQ (each CTA recomputes S and dP), of whole 8-column blocks.
   const int split = s.kind == KernelKind::Backward ? s.dv_split : 1;
@@ -647,6 +660,17 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     if (kind == KernelKind::Backward && s.block_m == 32 && (s.softcap || s.alibi) &&
         std::max(s.head_dim, s.head_dim_v) / s.dv_split > 96)
       s.block_m = 16;
+    if (kind == KernelKind::Backward && dev.sm == 90 && policy.sm90_backward && !varlen &&
+        shape.tma_ok && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0 && s.head_dim <= 128 &&
+        s.head_dim_v <= 128) {
+      // FlashAttention-3's structure on wgmma and TMA (backward_wgmma.cc).
+      s.mma = false;
+      s.wgmma = true;
+      s.num_warps = 12;
+      s.block_m = 64;
+      s.block_n = 128;
+      s.dv_split = 1;
+    }
     return s;
   }
   if (kind == KernelKind::Reduce) {
@@ -851,6 +875,7 @@ std::string entry_name(const KernelSpec &s) {
 std::string generate_ptx(const KernelSpec &spec) {
   if (!spec_valid(spec)) return {};
   if (spec.kind == KernelKind::Reduce) return kgen::generate_reduce(spec);
+  if (spec.kind == KernelKind::Backward && spec.wgmma) return kgen::generate_backward_wgmma(spec);
   if (spec.kind == KernelKind::Backward) return kgen::generate_backward(spec);
   if (is_backward(spec.kind)) return kgen::generate_backward_rows(spec);
   if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)
@@ -932,6 +957,7 @@ LaunchGeometry reduce_geometry(const KernelSpec &spec, const ReduceParams &p) {
 // (kgen::tc_layout); the scalar kernels static memory only (<= 48 KB, see
 // kgen::attention_layout).
 uint32_t max_dynamic_smem(const KernelSpec &spec) {
+  if (spec.kind == KernelKind::Backward && spec.wgmma) return kgen::backward_wgmma_smem(spec);
   if (spec.kind == KernelKind::Backward) return kgen::backward_smem(spec);
   if (is_backward(spec.kind)) return 0;
   if ((spec.wgmma || spec.tcgen05) && spec.kind == KernelKind::Decode)

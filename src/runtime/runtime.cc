@@ -1048,6 +1048,9 @@ KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_
   shape.varlen = a.fwd.cu_seqlens_q != 0;
   shape.sinks = a.fwd.sinks != 0;
   shape.alibi = a.fwd.alibi_slopes != 0;
+  // The sm_90a main kernel reads Q, K, V and dO by TMA.
+  shape.tma_ok = tma_addressable(a.fwd.q, 2) && tma_addressable(a.fwd.k, 2) &&
+                 tma_addressable(a.fwd.v, 2) && tma_addressable(a.dout, 2);
   KernelSpec s = make_spec(cfg, kind, backend_->info().limits, shape, policy());
   if (kind != KernelKind::Backward) {
     // The per-row kernels read no softcap, ALiBi, GQA group or tile (and
@@ -1085,7 +1088,8 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
                                KernelKind::BackwardPost};
   const unsigned bits[3] = {kBackwardPre, kBackwardMain, kBackwardPost};
   const char *names[3] = {"row statistics (BackwardPre)", "main (Backward)", "dQ (BackwardPost)"};
-  const char *sources[3] = {"src/kernels/backward_rows.cc", "src/kernels/backward_tc.cc",
+  const char *sources[3] = {"src/kernels/backward_rows.cc",
+                            "src/kernels/backward_tc.cc or backward_wgmma.cc",
                             "src/kernels/backward_rows.cc"};
   KernelSpec specs[3];
   Kernel *ks[3] = {nullptr, nullptr, nullptr};
@@ -1118,6 +1122,39 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
   p.softmax_scale = cfg.softmax_scale;
   p.deterministic = a.deterministic;
   if (a.deterministic) p.dq_sem = a.workspace + plan.sem_offset;
+  // The sm_90a main kernel's block: the parameters, then the tensor maps of
+  // Q, dO (block_m rows), K and V (block_n rows). A map the backend cannot
+  // make sends the launch to the mma.sync kernel.
+  BackwardWgmmaParams wp;
+  std::memset(&wp, 0, sizeof wp);
+  if (ks[1] && specs[1].wgmma) {
+    const bool bf16 = cfg.dtype == Dtype::BF16;
+    const fa_forward_args &f = a.fwd;
+    auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
+                      uint8_t *out) {
+      return backend_->encode_tensor_map(
+          tile_map(t, bf16, rows, heads, cols, f.batch, wgmma_tma_box(specs[1], which)), out);
+    };
+    fa_status s3 = encode(TmaOperand::Q, f.q, f.seqlen_q, cfg.num_heads_q, cfg.head_dim, wp.tmap_q);
+    if (s3 == FA_SUCCESS)
+      s3 = encode(TmaOperand::Q, a.dout, f.seqlen_q, cfg.num_heads_q, cfg.head_dim_v, wp.tmap_do);
+    if (s3 == FA_SUCCESS)
+      s3 = encode(TmaOperand::K, f.k, f.seqlen_k, cfg.num_heads_kv, cfg.head_dim, wp.tmap_k);
+    if (s3 == FA_SUCCESS)
+      s3 = encode(TmaOperand::V, f.v, f.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, wp.tmap_v);
+    if (s3 != FA_SUCCESS) {
+      clear_error();
+      KernelPolicy mma_sync = policy();
+      mma_sync.sm90_backward = false;
+      LaunchShape shape;
+      shape.varlen = f.cu_seqlens_q != 0;
+      shape.sinks = f.sinks != 0;
+      shape.alibi = f.alibi_slopes != 0;
+      specs[1] = make_spec(cfg, KernelKind::Backward, backend_->info().limits, shape, mma_sync);
+      if (fa_status st = get_kernel(specs[1], &ks[1]); st != FA_SUCCESS) return st;
+    }
+  }
+  wp.p = p;
   LaunchGeometry geoms[3];
   for (int i = 0; i < 3; ++i) {
     if (!ks[i]) continue;
@@ -1130,7 +1167,10 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
   }
   for (int i = 0; i < 3; ++i) {
     if (!ks[i]) continue;
-    if (fa_status st = backend_->launch(*ks[i], geoms[i], &p, sizeof p, stream); st != FA_SUCCESS)
+    const bool w = i == 1 && specs[1].wgmma;
+    if (fa_status st = backend_->launch(*ks[i], geoms[i], w ? static_cast<const void *>(&wp) : &p,
+                                        w ? sizeof wp : sizeof p, stream);
+        st != FA_SUCCESS)
       return st;
   }
   return FA_SUCCESS;

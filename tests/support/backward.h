@@ -27,6 +27,10 @@ struct Case {
   // >= 0: the inputs of the whole (varlen) batch, but only this sequence run
   // (batch 1): a sequence alone against itself among others.
   int only = -1;
+  // When set (and not deterministic): the main kernel's entry name must
+  // start with this (checked on the emulator by running it once more alone,
+  // profiled).
+  const char *kernel = nullptr;
   // When set: the gradients as fa_backward wrote them (bit-identity checks).
   std::vector<uint16_t> *dq_out = nullptr, *dk_out = nullptr, *dv_out = nullptr;
   std::string describe() const;
@@ -39,9 +43,9 @@ std::string run_case(fa_runtime *rt, const Case &c);
 // The standard cases (every feature; head dims 8 .. 256).
 std::vector<Case> cases();
 
-// Deterministic mode on rt: three runs of a causal GQA varlen case
-// bit-identical, and one of its sequences alone bit-identical to itself in
-// the batch; the problems found.
-std::string deterministic_check(fa_runtime *rt);
+// Deterministic mode on rt: three runs of a causal GQA case (varlen, or a
+// fixed-length batch) bit-identical, and one of its sequences alone
+// bit-identical to itself in the batch; the problems found.
+std::string deterministic_check(fa_runtime *rt, bool varlen = true);
 
 }  // namespace fa::test::bwd
