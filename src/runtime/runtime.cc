@@ -1042,13 +1042,17 @@ fa_status check_backward(const AttentionConfig &cfg, int sm) {
   return FA_SUCCESS;
 }
 
-KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_args &a,
-                                  KernelKind kind) const {
+LaunchShape backward_shape(const fa_backward_args &a) {
   LaunchShape shape;
   shape.varlen = a.fwd.cu_seqlens_q != 0;
   shape.sinks = a.fwd.sinks != 0;
   shape.alibi = a.fwd.alibi_slopes != 0;
-  KernelSpec s = make_spec(cfg, kind, backend_->info().limits, shape, policy());
+  return shape;
+}
+
+KernelSpec backward_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                         const LaunchShape &shape, const KernelPolicy &policy) {
+  KernelSpec s = make_spec(cfg, kind, dev, shape, policy);
   if (kind != KernelKind::Backward) {
     // The per-row kernels read no softcap, ALiBi, GQA group or tile (and
     // BackwardPre no sinks): one kernel serves all such configs.
@@ -1058,6 +1062,11 @@ KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_
     if (kind == KernelKind::BackwardPre) s.sinks = false;
   }
   return s;
+}
+
+KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_args &a,
+                                  KernelKind kind) const {
+  return fa::backward_spec(cfg, kind, backend_->info().limits, backward_shape(a), policy());
 }
 
 size_t Runtime::backward_workspace_bytes(const AttentionConfig &cfg,
