@@ -144,7 +144,15 @@ typedef enum fa_backend {
 typedef enum fa_kernel_kind {
   FA_KERNEL_FORWARD = 0, /* prefill / forward pass */
   FA_KERNEL_DECODE = 1,  /* split-KV partial states */
-  FA_KERNEL_REDUCE = 2   /* combine partial states */
+  FA_KERNEL_REDUCE = 2,  /* combine partial states */
+  /* Since 0.9: fa_backward's three kernels, in its launch order (for
+     fa_generate; fa_backward launches them itself). */
+  FA_KERNEL_BACKWARD_PRE = 3, /* per query row: D = rowsum(dO o O), the LSE
+                                 in log2 units, dQ's accumulators zeroed */
+  FA_KERNEL_BACKWARD = 4,     /* main: dK, dV and dQ's fp32 accumulators, a
+                                 CTA per key block and KV head */
+  FA_KERNEL_BACKWARD_POST = 5 /* per query row: dQ from its accumulators,
+                                 dsinks */
 } fa_kernel_kind;
 
 /* The logarithm base of an LSE value (since 0.4): the natural log of the
@@ -397,8 +405,12 @@ FA_API void fa_config_destroy(fa_config *cfg);
  * SM's published shared memory and register limits) into buf as a
  * NUL-terminated string. *ptx_size receives the length without the NUL.
  * Pass buf = NULL, buf_size = 0 to query the size. Output is byte-identical
- * for identical arguments. Errors: INVALID_ARGUMENT, UNSUPPORTED (sm),
- * BUFFER_TOO_SMALL (*ptx_size still set). Thread safety: any thread. */
+ * for identical arguments. The backward kinds give the module fa_backward
+ * launches for that kernel (deterministic is a launch argument: the same
+ * module either way). Errors: INVALID_ARGUMENT, UNSUPPORTED (sm; with a
+ * backward kind, what fa_backward refuses of cfg: fp8 or fp32 configs, head
+ * dims past 256, or past 128 and not multiples of 16), BUFFER_TOO_SMALL
+ * (*ptx_size still set). Thread safety: any thread. */
 FA_API fa_status fa_generate(const fa_config *cfg, fa_kernel_kind kind, int32_t sm, char *buf,
                              size_t buf_size, size_t *ptx_size);
 
@@ -410,22 +422,24 @@ typedef struct fa_generate_options {
   int32_t kv_layout; /* fa_kv_layout of the K/V cache (forward and decode) */
   int32_t page_size; /* FA_KV_PAGED: tokens per page, >= 1 (a multiple of
                         the key tile selects the per-tile page lookup) */
-  int32_t varlen;    /* forward: 1 = cu_seqlens_q is set */
+  int32_t varlen;    /* forward, backward kinds: 1 = cu_seqlens_q is set */
   int32_t seqused_k; /* forward: 1 = seqused_k is set */
   /* Since 0.4 (FA_GENERATE_OPTIONS_SIZE_0_3 ends before them; zero = as 0.3). */
   int32_t tree_mask;          /* decode: 1 = fa_decode_args.tree_mask is set */
   int32_t lse_partial_format; /* reduce: fa_lse_format of the partial LSEs read */
   int32_t lse_format;         /* reduce: fa_lse_format of the LSE written */
   /* Since 0.4.1 (FA_GENERATE_OPTIONS_SIZE_0_4 ends before it; zero = as 0.4). */
-  int64_t sinks; /* forward, reduce: 1 = attention sinks are set (the
-                    forward's fa_forward_args.sinks; a reduce's
-                    fa_reduce_args.sinks, which fa_decode's combine also
-                    runs with fa_decode_args.sinks). 64-bit so that 0.4.0's
-                    struct, padding included, ends where it begins */
+  int64_t sinks; /* forward, reduce, backward kinds: 1 = attention sinks
+                    are set (the forward's fa_forward_args.sinks, a
+                    backward's fwd.sinks; a reduce's fa_reduce_args.sinks,
+                    which fa_decode's combine also runs with
+                    fa_decode_args.sinks). 64-bit so that 0.4.0's struct,
+                    padding included, ends where it begins */
   /* Since 0.5 (FA_GENERATE_OPTIONS_SIZE_0_4_1 ends before them; zero = as
      0.4.1). */
-  int32_t alibi;        /* forward, decode: 1 = alibi_slopes are set (the
-                           fa_forward_args or fa_decode_args alibi_slopes) */
+  int32_t alibi;        /* forward, decode, backward kinds: 1 =
+                           alibi_slopes are set (the fa_forward_args,
+                           fa_decode_args or backward's fwd alibi_slopes) */
   int32_t append_kv;    /* decode: 1 = k_new/v_new are set (KV append) */
   int32_t rotary;       /* decode, with append_kv: 0 = no rotary, 1 = GPT-NeoX
                            pairs, 2 = GPT-J (interleaved) pairs */
@@ -455,15 +469,17 @@ typedef struct fa_generate_options {
  * FA_GENERATE_OPTIONS_SIZE_0_4_1,
  * FA_GENERATE_OPTIONS_SIZE_0_4 or FA_GENERATE_OPTIONS_SIZE_0_3. Errors:
  * as fa_generate, plus INVALID_ARGUMENT (struct_size, an unknown layout,
- * page_size < 1 with PAGED, page_size with another layout, varlen or
- * seqused_k with kind != FORWARD, a layout with kind REDUCE, tree_mask not 0
- * or 1 or with kind != DECODE, an lse format that is not an fa_lse_format or
- * with kind != REDUCE, sinks not 0 or 1 or with kind DECODE: a decode
- * kernel never reads the sinks, its combine does; alibi not 0 or 1 or with
- * kind REDUCE; append_kv not 0 or 1 or with kind != DECODE, rotary not
- * 0..2 or without append_kv, rotary_dtype neither 0, FP32 nor the cfg
- * dtype; v_in_k not 0 or 1, or with kind != DECODE, append_kv, or
- * head_dim_v > head_dim). */
+ * page_size < 1 with PAGED, page_size with another layout, varlen with
+ * kind DECODE or REDUCE, seqused_k with kind DECODE or REDUCE, a layout
+ * with kind REDUCE, tree_mask not 0 or 1 or with kind != DECODE, an lse
+ * format that is not an fa_lse_format or with kind != REDUCE, sinks not 0
+ * or 1 or with kind DECODE: a decode kernel never reads the sinks, its
+ * combine does; alibi not 0 or 1 or with kind REDUCE; append_kv not 0 or 1
+ * or with kind != DECODE, rotary not 0..2 or without append_kv,
+ * rotary_dtype neither 0, FP32 nor the cfg dtype; v_in_k not 0 or 1, or
+ * with kind != DECODE, append_kv, or head_dim_v > head_dim) and, with a
+ * backward kind, UNSUPPORTED for what fa_backward refuses: a paged or
+ * pointer-array layout, seqused_k. */
 FA_API fa_status fa_generate_for(const fa_config *cfg, fa_kernel_kind kind, int32_t sm,
                                  const fa_generate_options *opts, char *buf, size_t buf_size,
                                  size_t *ptx_size);

@@ -1136,7 +1136,9 @@ void test_generate_table(void **state) {
                   FA_ERROR_INVALID_ARGUMENT, "fa_generate", "cfg is NULL");
   expect_rejected(nullptr, "size", fa_generate(s->cfg, FA_KERNEL_FORWARD, 80, nullptr, 0, nullptr),
                   FA_ERROR_INVALID_ARGUMENT, "fa_generate", "ptx_size is NULL");
-  expect_rejected(nullptr, "kind", generate_int(s->cfg, 5, 80, nullptr, 0, &n),
+  expect_rejected(nullptr, "kind", generate_int(s->cfg, 6, 80, nullptr, 0, &n),
+                  FA_ERROR_INVALID_ARGUMENT, "fa_generate", "kind");
+  expect_rejected(nullptr, "kind -1", generate_int(s->cfg, -1, 80, nullptr, 0, &n),
                   FA_ERROR_INVALID_ARGUMENT, "fa_generate", "kind");
   expect_rejected(nullptr, "sm 70", fa_generate(s->cfg, FA_KERNEL_FORWARD, 70, nullptr, 0, &n),
                   FA_ERROR_UNSUPPORTED, "fa_generate", "sm");
@@ -1148,16 +1150,34 @@ void test_generate_table(void **state) {
                   FA_ERROR_BUFFER_TOO_SMALL, "fa_generate", "needs");
   assert_true(n > sizeof small);
   // Size query, then the real call: NUL-terminated, identical twice.
-  for (fa_kernel_kind kind : {FA_KERNEL_FORWARD, FA_KERNEL_DECODE, FA_KERNEL_REDUCE}) {
-    assert_int_equal(fa_generate(s->cfg, kind, 86, nullptr, 0, &n), FA_SUCCESS);
+  // The backward kinds: fa_backward's kernels (entry prefixes as
+  // src/kernels/spec.cc names them; test_backward_api checks them against
+  // the kernels fa_backward launches).
+  const struct {
+    fa_kernel_kind kind;
+    const char *entry;
+  } kinds[] = {
+      {FA_KERNEL_FORWARD, ".entry fa_"},
+      {FA_KERNEL_DECODE, ".entry fa_decode_"},
+      {FA_KERNEL_REDUCE, ".entry fa_reduce_"},
+      {FA_KERNEL_BACKWARD_PRE, ".entry fa_bwdpre_mma_f16_d64_dv64_g1_"},
+      {FA_KERNEL_BACKWARD, ".entry fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_"},
+      {FA_KERNEL_BACKWARD_POST, ".entry fa_bwdpost_mma_f16_d64_dv64_g1_"},
+  };
+  std::vector<std::string> modules;
+  for (const auto &k : kinds) {
+    assert_int_equal(fa_generate(s->cfg, k.kind, 86, nullptr, 0, &n), FA_SUCCESS);
     std::vector<char> a(n + 1, 'x'), b(n + 1, 'y');
-    assert_int_equal(fa_generate(s->cfg, kind, 86, a.data(), a.size(), &n), FA_SUCCESS);
-    assert_int_equal(fa_generate(s->cfg, kind, 86, b.data(), b.size(), &n), FA_SUCCESS);
+    assert_int_equal(fa_generate(s->cfg, k.kind, 86, a.data(), a.size(), &n), FA_SUCCESS);
+    assert_int_equal(fa_generate(s->cfg, k.kind, 86, b.data(), b.size(), &n), FA_SUCCESS);
     assert_int_equal(a[n], '\0');
     assert_memory_equal(a.data(), b.data(), n + 1);
-    assert_non_null(std::strstr(a.data(), ".entry"));
+    if (std::strstr(a.data(), k.entry) == nullptr) fail_msg("kind %d: no '%s'", k.kind, k.entry);
     assert_non_null(std::strstr(a.data(), ".target sm_86"));
+    modules.emplace_back(a.data(), n);
   }
+  for (size_t i = 0; i < modules.size(); ++i)
+    for (size_t j = 0; j < i; ++j) assert_true(modules[i] != modules[j]);
   // fa_generate_for: NULL options and zero options are fa_generate's module;
   // a paged page_size 16 decode looks its pages up per tile, page_size 3 per
   // row; pointer arrays; varlen + seqused_k forward.
@@ -1287,6 +1307,147 @@ void test_generate_table(void **state) {
   }
 }
 
+// fa_generate_for's backward kinds: the launch shape's varlen, sinks and
+// ALiBi reach the kernels that read them (BackwardPre reads no sinks or
+// ALiBi, BackwardPost no ALiBi); deterministic is a launch argument, so
+// there is nothing to ask for. Every option fa_backward does not take is
+// refused by name: INVALID_ARGUMENT for the options of other kinds,
+// UNSUPPORTED for what fa_backward refuses (a paged or pointer-array K/V,
+// seqused_k, fp32 and fp8 configs, head dims it has no kernel for).
+void test_generate_backward(void **state) {
+  auto *s = static_cast<State *>(*state);
+  auto gen = [&](const fa_config *cfg, fa_kernel_kind kind, int sm, const fa_generate_options *o) {
+    size_t len = 0;
+    assert_int_equal(fa_generate_for(cfg, kind, sm, o, nullptr, 0, &len), FA_SUCCESS);
+    std::string t(len + 1, 'x');
+    assert_int_equal(fa_generate_for(cfg, kind, sm, o, &t[0], t.size(), &len), FA_SUCCESS);
+    t.resize(len);
+    const size_t at = t.find(".entry ");
+    assert_true(at != std::string::npos);
+    return t.substr(at + 7, t.find('(', at) - at - 7);
+  };
+  fa_generate_options go = FA_GENERATE_OPTIONS_INIT;
+  go.varlen = 1;
+  go.sinks = 1;
+  go.alibi = 1;
+  assert_string_equal(gen(s->cfg, FA_KERNEL_BACKWARD_PRE, 80, &go).c_str(),
+                      "fa_bwdpre_mma_f16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0_varlen");
+  assert_string_equal(gen(s->cfg, FA_KERNEL_BACKWARD, 80, &go).c_str(),
+                      "fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0_varlen_sinks_alibi");
+  assert_string_equal(gen(s->cfg, FA_KERNEL_BACKWARD_POST, 80, &go).c_str(),
+                      "fa_bwdpost_mma_f16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0_varlen_sinks");
+  assert_string_equal(gen(s->cfg, FA_KERNEL_BACKWARD, 80, nullptr).c_str(),
+                      "fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0");
+  // Head dim 256: two column slices, query blocks of 32 where sm_80's
+  // shared memory holds the tiles and 16 on sm_86 (the SM's limits).
+  fa_config_desc d = FA_CONFIG_DESC_INIT;
+  d.dtype = FA_DTYPE_BF16;
+  d.head_dim = 256;
+  d.num_heads_q = 8;
+  d.num_heads_kv = 8;
+  d.causal = 1;
+  fa_config *big = nullptr;
+  assert_int_equal(fa_config_create(&d, &big), FA_SUCCESS);
+  assert_string_equal(gen(big, FA_KERNEL_BACKWARD, 80, nullptr).c_str(),
+                      "fa_backward_mma_bf16_d256_dv256_g1_bm32_bn64_w4_s0_mt1_c0_dvs2");
+  assert_string_equal(gen(big, FA_KERNEL_BACKWARD, 86, nullptr).c_str(),
+                      "fa_backward_mma_bf16_d256_dv256_g1_bm16_bn64_w4_s0_mt1_c0_dvs2");
+  fa_config_destroy(big);
+
+  size_t n = 0;
+  struct Bad {
+    const char *what, *needle;
+    fa_status want;
+    fa_kernel_kind kind;
+    fa_generate_options o;
+  };
+  constexpr fa_status kBad = FA_ERROR_INVALID_ARGUMENT, kUns = FA_ERROR_UNSUPPORTED;
+  const Bad bad[] = {
+      {"paged",
+       "opts->kv_layout is 1: the backward takes a contiguous K/V",
+       kUns,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), FA_KV_PAGED, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      {"ptrs",
+       "opts->kv_layout is 2",
+       kUns,
+       FA_KERNEL_BACKWARD_PRE,
+       {sizeof(fa_generate_options), FA_KV_PTR_ARRAY, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      {"seqused_k",
+       "opts->seqused_k is set: the backward",
+       kUns,
+       FA_KERNEL_BACKWARD_POST,
+       {sizeof(fa_generate_options), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      {"tree_mask",
+       "opts->tree_mask is for FA_KERNEL_DECODE",
+       kBad,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}},
+      {"lse format",
+       "opts->lse_partial_format and opts->lse_format are for FA_KERNEL_REDUCE",
+       kBad,
+       FA_KERNEL_BACKWARD_POST,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}},
+      {"append_kv",
+       "opts->append_kv is for FA_KERNEL_DECODE",
+       kBad,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}},
+      {"v_in_k",
+       "opts->v_in_k is for FA_KERNEL_DECODE",
+       kBad,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}},
+      {"sinks 2",
+       "opts->sinks must be 0 or 1",
+       kBad,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0}},
+      {"varlen 2",
+       "opts->varlen must be 0 or 1",
+       kBad,
+       FA_KERNEL_BACKWARD,
+       {sizeof(fa_generate_options), 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+  };
+  for (const Bad &b : bad) {
+    expect_rejected(nullptr, b.what, fa_generate_for(s->cfg, b.kind, 80, &b.o, nullptr, 0, &n),
+                    b.want, "fa_generate_for", b.needle);
+  }
+  // Configs fa_backward refuses (fa::check_backward), for each kind.
+  auto make = [](fa_config_desc desc) {
+    fa_config *c = nullptr;
+    assert_int_equal(fa_config_create(&desc, &c), FA_SUCCESS);
+    return c;
+  };
+  fa_config_desc e = FA_CONFIG_DESC_INIT;
+  e.head_dim = 64, e.num_heads_q = 4, e.num_heads_kv = 2;
+  fa_config_desc fp8 = e, wide = e, odd = e;
+  fp8.kv_dtype = FA_DTYPE_FP8_E4M3;
+  fp8.q_dtype = FA_DTYPE_FP8_E4M3;
+  wide.head_dim = wide.head_dim_v = 512;
+  odd.head_dim = 136;
+  fa_config *f8 = make(fp8), *w = make(wide), *o = make(odd);
+  const struct {
+    const char *what;
+    const fa_config *cfg;
+    const char *needle;
+  } configs[] = {
+      {"fp32", s->cfg32, "dtype FA_DTYPE_FP32 is not supported"},
+      {"fp8", f8, "fp8 configs (kv_dtype, q_dtype)"},
+      {"head_dim 512", w, "got 512 and 512"},
+      {"head_dim 136", o, "got 136 and 136"},
+  };
+  for (const auto &c : configs)
+    for (fa_kernel_kind kind :
+         {FA_KERNEL_BACKWARD_PRE, FA_KERNEL_BACKWARD, FA_KERNEL_BACKWARD_POST}) {
+      expect_rejected(nullptr, c.what, fa_generate(c.cfg, kind, 90, nullptr, 0, &n),
+                      FA_ERROR_UNSUPPORTED, "fa_generate", c.needle);
+    }
+  fa_config_destroy(f8);
+  fa_config_destroy(w);
+  fa_config_destroy(o);
+}
+
 void test_status_strings(void **) {
   for (int c = 0; c < FA_STATUS_LAST; ++c) {
     const char *t = fa_status_string(fa_status(c));
@@ -1378,11 +1539,11 @@ int main(void) {
       cmocka_unit_test(test_status_strings),      cmocka_unit_test(test_config_table),
       cmocka_unit_test(test_runtime_table),       cmocka_unit_test(test_memory_table),
       cmocka_unit_test(test_info_and_cache_args), cmocka_unit_test(test_generate_table),
-      cmocka_unit_test(test_forward_table),       cmocka_unit_test(test_decode_table),
-      cmocka_unit_test(test_reduce_table),        cmocka_unit_test(test_large_head_dims),
-      cmocka_unit_test(test_forward_spans),       cmocka_unit_test(test_decode_spans),
-      cmocka_unit_test(test_reduce_spans),        cmocka_unit_test(test_huge_valid_strides),
-      cmocka_unit_test(test_decode_grid_limits),
+      cmocka_unit_test(test_generate_backward),   cmocka_unit_test(test_forward_table),
+      cmocka_unit_test(test_decode_table),        cmocka_unit_test(test_reduce_table),
+      cmocka_unit_test(test_large_head_dims),     cmocka_unit_test(test_forward_spans),
+      cmocka_unit_test(test_decode_spans),        cmocka_unit_test(test_reduce_spans),
+      cmocka_unit_test(test_huge_valid_strides),  cmocka_unit_test(test_decode_grid_limits),
   };
   return cmocka_run_group_tests_name("api_validation", tests, setup, teardown);
 }

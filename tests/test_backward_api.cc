@@ -708,14 +708,102 @@ void test_backward_call(void **) {
   }
 }
 
+// fa_generate_for's backward kinds give the modules fa_backward launches:
+// for each of its kernels, the entry the emulator ran (its profile) is the
+// generated module's, and the runtime's spec for the call
+// (fa::api::backward_spec) generates the same bytes. Fixed-length GQA with
+// sinks on the group's runtime; varlen with sinks, ALiBi, softcap and
+// causal; head dim 256 on sm_80 and sm_86 emulators (query blocks of 32
+// and 16: each SM's shared memory).
+void test_generate_matches_launch(void **) {
+  need_runtime();
+  struct Case {
+    const char *what;
+    Shape s;
+    bool alibi;
+    int sm;  // 0: the group's runtime
+  };
+  std::vector<Case> cases;
+  cases.push_back({"fixed, GQA, sinks", reject_shape(), false, 0});
+  Shape v;
+  v.bf16 = true, v.causal = true, v.softcap = 20;
+  v.batch = 2, v.sq = 9, v.sk = 12, v.hq = 4, v.hkv = 1, v.d = 96, v.dv = 64;
+  v.lens_q = {9, 4};
+  v.lens_k = {12, 7};
+  v.sinks = {0.5f, -1.0f, 0.0f, 2.0f};
+  cases.push_back({"varlen, sinks, ALiBi, softcap, causal", v, true, 0});
+  Shape w;
+  w.bf16 = true;
+  w.batch = 1, w.sq = 5, w.sk = 6, w.hq = 2, w.hkv = 2, w.d = 256, w.dv = 256;
+  cases.push_back({"head dim 256", w, false, 80});
+  cases.push_back({"head dim 256", w, false, 86});
+  const fa_kernel_kind kinds[3] = {FA_KERNEL_BACKWARD_PRE, FA_KERNEL_BACKWARD,
+                                   FA_KERNEL_BACKWARD_POST};
+  const fa::KernelKind inner[3] = {fa::KernelKind::BackwardPre, fa::KernelKind::Backward,
+                                   fa::KernelKind::BackwardPost};
+  const unsigned bits[3] = {kPre, fa::Runtime::kBackwardMain, kPost};
+  setenv("FLASHATTN_EMU_PROFILE", "1", 1);
+  int bad = 0;
+  for (const Case &c : cases) {
+    std::string why;
+    fa_runtime *own = c.sm ? fa::test::make_runtime(FA_BACKEND_EMULATOR, &why, c.sm) : nullptr;
+    fa_runtime *rt = c.sm ? own : g_rt;
+    assert_non_null(rt);
+    fa_runtime_info info = FA_RUNTIME_INFO_INIT;
+    assert_int_equal(fa_runtime_get_info(rt, &info), FA_SUCCESS);
+    {
+      Problem p(rt, c.s, 12);
+      fa_backward_args a = p.args();
+      if (c.alibi) {
+        const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+        a.fwd.alibi_slopes = p.dev.put(slopes.data(), slopes.size() * 4);
+      }
+      fa_generate_options go = FA_GENERATE_OPTIONS_INIT;
+      go.varlen = c.s.varlen() ? 1 : 0;
+      go.sinks = c.s.sinks.empty() ? 0 : 1;
+      go.alibi = c.alibi ? 1 : 0;
+      for (int i = 0; i < 3; ++i) {
+        size_t n = 0;
+        assert_int_equal(fa_generate_for(p.cfg, kinds[i], info.sm, &go, nullptr, 0, &n),
+                         FA_SUCCESS);
+        std::string ptx(n + 1, 'x');
+        assert_int_equal(fa_generate_for(p.cfg, kinds[i], info.sm, &go, &ptx[0], n + 1, &n),
+                         FA_SUCCESS);
+        ptx.resize(n);
+        const size_t at = ptx.find(".entry ");
+        assert_true(at != std::string::npos);
+        const std::string entry = ptx.substr(at + 7, ptx.find('(', at) - at - 7);
+        // The kernels before it first: the main kernel reads BackwardPre's
+        // statistics.
+        assert_int_equal(fa::api::backward_kernels(rt, p.cfg, &a, bits[i] | (bits[i] - 1)),
+                         FA_SUCCESS);
+        const std::string ran = fa::test::emulated_kernel(rt);
+        const fa::KernelSpec spec = fa::api::backward_spec(rt, p.cfg, &a, inner[i]);
+        const bool same = fa::generate_ptx(spec) == ptx;
+        std::printf("%s, sm_%d: ran %s, generated %s%s\n", c.what, info.sm, ran.c_str(),
+                    entry.c_str(), same ? "" : " (the runtime's module differs)");
+        if (ran != entry || !same) ++bad;
+      }
+    }
+    fa_runtime_destroy(own);
+  }
+  unsetenv("FLASHATTN_EMU_PROFILE");
+  assert_int_equal(bad, 0);
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rejected_args),    cmocka_unit_test(test_workspace_size),
-      cmocka_unit_test(test_pre_fixed),        cmocka_unit_test(test_pre_varlen),
-      cmocka_unit_test(test_post_fixed),       cmocka_unit_test(test_post_varlen),
-      cmocka_unit_test(test_dsinks_reference), cmocka_unit_test(test_backward_call),
+      cmocka_unit_test(test_rejected_args),
+      cmocka_unit_test(test_workspace_size),
+      cmocka_unit_test(test_pre_fixed),
+      cmocka_unit_test(test_pre_varlen),
+      cmocka_unit_test(test_post_fixed),
+      cmocka_unit_test(test_post_varlen),
+      cmocka_unit_test(test_dsinks_reference),
+      cmocka_unit_test(test_backward_call),
+      cmocka_unit_test(test_generate_matches_launch),
   };
   return cmocka_run_group_tests(tests, fa::test::emu_runtime_setup, fa::test::emu_runtime_teardown);
 }

@@ -240,6 +240,43 @@ void test_generate(void **) {
       expect(read_text(path_of("k.ptx")) == r.out, args, f, "-o file differs from stdout");
     }
   }
+  // The backward kinds: fa_backward's kernels (fp32 refused: test_bad_arguments),
+  // by entry name; --varlen, --sinks and --alibi reach the kernels that read them.
+  const struct {
+    const char *kind, *dtype;
+    std::vector<std::string> more;
+    const char *entry;
+  } kBackward[] = {
+      {"backward-pre", "fp16", {}, ".entry fa_bwdpre_mma_f16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0("},
+      {"backward", "fp16", {}, ".entry fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0("},
+      {"backward-post",
+       "fp16",
+       {},
+       ".entry fa_bwdpost_mma_f16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0("},
+      {"backward-pre",
+       "bf16",
+       {"--varlen", "--sinks", "--alibi"},
+       ".entry fa_bwdpre_mma_bf16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0_varlen("},
+      {"backward",
+       "bf16",
+       {"--varlen", "--sinks", "--alibi", "--softcap", "30"},
+       ".entry "
+       "fa_backward_mma_bf16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0_softcap_varlen_sinks_alibi("},
+      {"backward-post",
+       "bf16",
+       {"--varlen", "--sinks", "--alibi"},
+       ".entry fa_bwdpost_mma_bf16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0_varlen_sinks("},
+  };
+  for (const auto &c : kBackward) {
+    std::vector<std::string> args = {"generate",   "--kind", c.kind,      "--dtype", c.dtype,
+                                     "--head-dim", "64",     "--heads-q", "4",       "--heads-kv",
+                                     "2",          "--sm",   "80"};
+    args.insert(args.end(), c.more.begin(), c.more.end());
+    const Result r = run_cli(args);
+    expect(r.code == 0 && !r.signaled, args, r, "exit status");
+    expect(contains(r.out, c.entry), args, r, c.entry);
+    expect(contains(r.out, ".target sm_80"), args, r, "no .target sm_80");
+  }
   // Options that change the kernel change the PTX.
   const std::vector<std::string> base = {
       "generate",  "--kind", "forward",    "--dtype", "fp16", "--head-dim", "128",
@@ -323,7 +360,26 @@ void test_bad_arguments(void **) {
       {gen("forward", "fp16", "12", "1", "80", {}), 2, "head_dim"},
       {gen("forward", "fp16", "584", "1", "80", {}), 2, "head_dim"},
       {gen("forward", "fp16", "64", "1", "80", {"--v-in-k"}), 2, "v_in_k is for FA_KERNEL_DECODE"},
-      {gen("backward", "fp16", "64", "1", "80", {}), 2, "backward"},
+      {gen("sideways", "fp16", "64", "1", "80", {}), 2, "sideways"},
+      {gen("backward", "fp32", "64", "1", "80", {}), 2, "FA_DTYPE_FP32 is not supported"},
+      {gen("backward", "bf16", "136", "1", "80", {}), 2, "got 136 and 136"},
+      {gen("backward", "fp16", "64", "1", "80", {"--kv-layout", "paged", "--page-size", "16"}), 2,
+       "not for the backward kinds"},
+      {gen("backward-pre", "fp16", "64", "1", "80", {"--kv-layout", "ptrs"}), 2,
+       "not for the backward kinds"},
+      {gen("backward-post", "fp16", "64", "1", "80", {"--seqused-k"}), 2,
+       "not for the backward kinds"},
+      {gen("backward", "fp16", "64", "1", "80", {"--tree-mask"}), 2,
+       "--tree-mask is for --kind decode"},
+      {gen("backward", "fp16", "64", "1", "80", {"--q-dtype", "e4m3"}), 2,
+       "--q-dtype is for --kind forward"},
+      {gen("backward", "fp16", "64", "1", "80", {"--append-kv"}), 2,
+       "--append-kv, --rotary and --rotary-table16 are for --kind decode"},
+      {gen("backward", "fp16", "64", "1", "80", {"--v-in-k"}), 2, "v_in_k is for FA_KERNEL_DECODE"},
+      {gen("decode", "fp16", "64", "1", "80", {"--varlen"}), 2,
+       "--varlen is for --kind forward and the backward kinds"},
+      {gen("reduce", "fp16", "64", "1", "80", {"--varlen"}), 2,
+       "--varlen is for --kind forward and the backward kinds"},
       {gen("forward", "fp8", "64", "1", "80", {}), 2, "fp8"},
       {gen("forward", "fp16", "64", "1", "70", {}), 2, "70"},
       {gen("forward", "fp16", "64", "3", "80", {}), 2, "heads"},

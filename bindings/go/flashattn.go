@@ -145,6 +145,10 @@ const (
 	KernelForward KernelKind = C.FA_KERNEL_FORWARD
 	KernelDecode  KernelKind = C.FA_KERNEL_DECODE
 	KernelReduce  KernelKind = C.FA_KERNEL_REDUCE
+	// Since 0.9: the backward's three kernels, in fa_backward's launch order.
+	KernelBackwardPre  KernelKind = C.FA_KERNEL_BACKWARD_PRE
+	KernelBackward     KernelKind = C.FA_KERNEL_BACKWARD
+	KernelBackwardPost KernelKind = C.FA_KERNEL_BACKWARD_POST
 )
 
 // CacheMode selects where compiled kernels are kept (fa_cache_mode).

@@ -399,14 +399,22 @@ func TestCloseTwice(t *testing.T) {
 
 func TestGenerate(t *testing.T) {
 	cfg := newCfg(t, ConfigDesc{HeadDim: 64, NumHeadsQ: 8, NumHeadsKV: 2, Causal: true})
-	for _, kind := range []KernelKind{KernelForward, KernelDecode, KernelReduce} {
+	entries := map[KernelKind]string{
+		KernelForward: ".entry fa_forward_", KernelDecode: ".entry fa_decode_",
+		KernelReduce: ".entry fa_reduce_",
+		// fa_backward's kernels (g4: the main kernel loops over the group).
+		KernelBackwardPre:  ".entry fa_bwdpre_mma_f16_d64_dv64_g1_",
+		KernelBackward:     ".entry fa_backward_mma_f16_d64_dv64_g4_",
+		KernelBackwardPost: ".entry fa_bwdpost_mma_f16_d64_dv64_g1_",
+	}
+	for kind, entry := range entries {
 		for _, sm := range []int{80, 86, 89, 90} {
 			ptx, err := Generate(cfg, kind, sm)
 			if err != nil {
 				t.Fatalf("Generate(%d, %d): %v", kind, sm, err)
 			}
-			if !strings.Contains(ptx, ".entry") || !strings.Contains(ptx, ".address_size 64") {
-				t.Fatalf("kind %d sm %d: no .entry in %d bytes", kind, sm, len(ptx))
+			if !strings.Contains(ptx, entry) || !strings.Contains(ptx, ".address_size 64") {
+				t.Fatalf("kind %d sm %d: no %s in %d bytes", kind, sm, entry, len(ptx))
 			}
 			if strings.IndexByte(ptx, 0) >= 0 {
 				t.Fatal("NUL inside the PTX string")

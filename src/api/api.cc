@@ -1159,6 +1159,11 @@ fa_status fa::api::backward_kernels(fa_runtime *rt, const fa_config *cfg,
   });
 }
 
+fa::KernelSpec fa::api::backward_spec(fa_runtime *rt, const fa_config *cfg,
+                                      const fa_backward_args *args, fa::KernelKind kind) {
+  return rt->impl->backward_spec(cfg->cfg, *args, kind);
+}
+
 uint64_t fa::api::forwards_as_decode(const fa_runtime *rt) {
   return rt->impl->counters().forwards_as_decode.load(std::memory_order_relaxed);
 }
@@ -1166,9 +1171,13 @@ uint64_t fa::api::forwards_as_decode(const fa_runtime *rt) {
 fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind, int32_t sm,
                                    const fa_generate_options *opts, const fa::KernelPolicy &policy,
                                    fa::KernelSpec *spec) {
-  FA_REQUIRE(
-      raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE || raw_kind == FA_KERNEL_REDUCE,
-      "kind must be FA_KERNEL_FORWARD, _DECODE or _REDUCE, got %d", raw_kind);
+  const bool backward = raw_kind == FA_KERNEL_BACKWARD_PRE || raw_kind == FA_KERNEL_BACKWARD ||
+                        raw_kind == FA_KERNEL_BACKWARD_POST;
+  FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || raw_kind == FA_KERNEL_DECODE ||
+                 raw_kind == FA_KERNEL_REDUCE || backward,
+             "kind must be FA_KERNEL_FORWARD, _DECODE, _REDUCE, _BACKWARD_PRE, _BACKWARD or "
+             "_BACKWARD_POST, got %d",
+             raw_kind);
   fa::LaunchShape shape;
   if (opts != nullptr) {
     FA_REQUIRE(opts->struct_size == sizeof(fa_generate_options) ||
@@ -1233,10 +1242,21 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
     }
     FA_REQUIRE(opts->varlen == 0 || opts->varlen == 1, "opts->varlen must be 0 or 1");
     FA_REQUIRE(opts->seqused_k == 0 || opts->seqused_k == 1, "opts->seqused_k must be 0 or 1");
-    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || (!opts->varlen && !opts->seqused_k),
-               "opts->varlen and opts->seqused_k are for FA_KERNEL_FORWARD");
+    FA_REQUIRE(raw_kind == FA_KERNEL_FORWARD || backward || (!opts->varlen && !opts->seqused_k),
+               "opts->varlen and opts->seqused_k are for FA_KERNEL_FORWARD (varlen also for the "
+               "FA_KERNEL_BACKWARD kinds)");
     FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || opts->kv_layout == FA_KV_CONTIGUOUS,
                "FA_KERNEL_REDUCE reads no K/V cache: opts->kv_layout must be 0");
+    if (backward && opts->kv_layout != FA_KV_CONTIGUOUS) {  // as fa_backward's fwd.kv.layout
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "opts->kv_layout is %d: the backward takes a contiguous K/V "
+                  "(FA_KV_CONTIGUOUS), not a paged or pointer-array KV cache",
+                  opts->kv_layout);
+    }
+    if (backward && opts->seqused_k) {  // as fa_backward's fwd.seqused_k
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "opts->seqused_k is set: the backward takes fixed-length or cu_seqlens_k keys");
+    }
     shape.varlen = opts->varlen != 0;
     shape.seqused_k = opts->seqused_k != 0;
     shape.kv_layout = static_cast<fa::KvLayout>(opts->kv_layout);
@@ -1245,6 +1265,16 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
   fa::DeviceLimits lim;
   if (!fa::published_limits(sm, &lim)) {
     return fail(FA_ERROR_UNSUPPORTED, "sm must be one of %s, got %d", kSupportedSms, sm);
+  }
+  if (backward) {
+    // The spec fa_backward's runtime takes (Runtime::backward_spec), for
+    // what fa_backward accepts of cfg.
+    FA_CHECK(fa::check_backward(cfg, sm));
+    const fa::KernelKind k = raw_kind == FA_KERNEL_BACKWARD_PRE ? fa::KernelKind::BackwardPre
+                             : raw_kind == FA_KERNEL_BACKWARD   ? fa::KernelKind::Backward
+                                                                : fa::KernelKind::BackwardPost;
+    *spec = fa::backward_spec(cfg, k, lim, shape, policy);
+    return FA_SUCCESS;
   }
   const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
                            : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode

@@ -77,8 +77,10 @@ fa_status config_from_desc(const fa_config_desc *desc, AttentionConfig *c);
 // The kernel fa_generate_for(cfg, kind, sm, opts) generates with `policy`
 // (fa_generate_for: the environment's): *spec, after
 // the checks that launch would make (fp8, fp32 and head-dim support on that
-// SM). opts NULL = fa_generate's shape. Errors: INVALID_ARGUMENT (kind, an
-// option; the message names it), UNSUPPORTED (sm, or the kernel on that SM).
+// SM; the backward kinds: fa::check_backward, and fa::backward_spec as
+// fa_backward's runtime). opts NULL = fa_generate's shape. Errors:
+// INVALID_ARGUMENT (kind, an option; the message names it), UNSUPPORTED (sm,
+// the kernel on that SM, or an option fa_backward refuses).
 fa_status kernel_spec_for(const AttentionConfig &cfg, int kind, int32_t sm,
                           const fa_generate_options *opts, const KernelPolicy &policy,
                           KernelSpec *spec);

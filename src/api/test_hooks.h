@@ -3,6 +3,7 @@
 #pragma once
 
 #include "flashattn.h"
+#include "kernels/kernels.h"
 #include "kernels/policy.h"
 
 namespace fa::api {
@@ -21,5 +22,11 @@ uint64_t forwards_as_decode(const fa_runtime *rt);
 // kBackwardPost 4) on the default stream: the per-row kernels' tests.
 fa_status backward_kernels(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,
                            unsigned kernels);
+
+// The spec of the backward kernel of `kind` (KernelKind::BackwardPre,
+// Backward, BackwardPost) that fa_backward(rt, cfg, args) launches
+// (Runtime::backward_spec); args are not checked.
+KernelSpec backward_spec(fa_runtime *rt, const fa_config *cfg, const fa_backward_args *args,
+                         KernelKind kind);
 
 }  // namespace fa::api

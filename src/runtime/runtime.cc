@@ -1042,8 +1042,7 @@ fa_status check_backward(const AttentionConfig &cfg, int sm) {
   return FA_SUCCESS;
 }
 
-KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_args &a,
-                                  KernelKind kind) const {
+LaunchShape backward_shape(const fa_backward_args &a) {
   LaunchShape shape;
   shape.varlen = a.fwd.cu_seqlens_q != 0;
   shape.sinks = a.fwd.sinks != 0;
@@ -1051,7 +1050,12 @@ KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_
   // The sm_90a main kernel reads Q, K, V and dO by TMA.
   shape.tma_ok = tma_addressable(a.fwd.q, 2) && tma_addressable(a.fwd.k, 2) &&
                  tma_addressable(a.fwd.v, 2) && tma_addressable(a.dout, 2);
-  KernelSpec s = make_spec(cfg, kind, backend_->info().limits, shape, policy());
+  return shape;
+}
+
+KernelSpec backward_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                         const LaunchShape &shape, const KernelPolicy &policy) {
+  KernelSpec s = make_spec(cfg, kind, dev, shape, policy);
   if (kind != KernelKind::Backward) {
     // The per-row kernels read no softcap, ALiBi, GQA group or tile (and
     // BackwardPre no sinks): one kernel serves all such configs.
@@ -1061,6 +1065,11 @@ KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_
     if (kind == KernelKind::BackwardPre) s.sinks = false;
   }
   return s;
+}
+
+KernelSpec Runtime::backward_spec(const AttentionConfig &cfg, const fa_backward_args &a,
+                                  KernelKind kind) const {
+  return fa::backward_spec(cfg, kind, backend_->info().limits, backward_shape(a), policy());
 }
 
 size_t Runtime::backward_workspace_bytes(const AttentionConfig &cfg,
@@ -1146,11 +1155,8 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
       clear_error();
       KernelPolicy mma_sync = policy();
       mma_sync.sm90_backward = false;
-      LaunchShape shape;
-      shape.varlen = f.cu_seqlens_q != 0;
-      shape.sinks = f.sinks != 0;
-      shape.alibi = f.alibi_slopes != 0;
-      specs[1] = make_spec(cfg, KernelKind::Backward, backend_->info().limits, shape, mma_sync);
+      specs[1] = fa::backward_spec(cfg, KernelKind::Backward, backend_->info().limits,
+                                   backward_shape(a), mma_sync);
       if (fa_status st = get_kernel(specs[1], &ks[1]); st != FA_SUCCESS) return st;
     }
   }

@@ -119,6 +119,18 @@ BackwardPlan plan_backward(const AttentionConfig &cfg, const fa_backward_args &a
 // one kernel family.
 fa_status check_backward(const AttentionConfig &cfg, int sm);
 
+// The launch shape of fa_backward's kernels for args: varlen
+// (fwd.cu_seqlens_q), sinks and ALiBi (fwd.sinks, fwd.alibi_slopes); the
+// rest of LaunchShape is the default (contiguous K/V, no seqused_k).
+LaunchShape backward_shape(const fa_backward_args &args);
+// The backward kernel of `kind` (BackwardPre, Backward, BackwardPost) for a
+// launch of that shape on a device with these limits, under `policy`: the
+// per-row kinds without the fields they do not read (softcap, ALiBi, group,
+// tile). Runtime::backward_spec (the kernels fa_backward launches) and
+// fa_generate (FA_KERNEL_BACKWARD*) both take their specs from here.
+KernelSpec backward_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLimits &dev,
+                         const LaunchShape &shape, const KernelPolicy &policy);
+
 class Runtime {
  public:
   struct Counters {
@@ -180,8 +192,8 @@ class Runtime {
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
   // The backward kernel of `kind` (BackwardPre, Backward, BackwardPost) for
-  // args (varlen, sinks, ALiBi) on this device; the per-row kinds without
-  // the fields they do not read (softcap, ALiBi, group, tile).
+  // args on this device under this runtime's policy: fa::backward_spec of
+  // backward_shape(args).
   KernelSpec backward_spec(const AttentionConfig &cfg, const fa_backward_args &args,
                            KernelKind kind) const;
   // plan_backward(cfg, args).workspace_bytes (0 when too large).

@@ -280,7 +280,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       }
       default: {  // generate into a buffer of a fuzzed (true) size
-        const int kind = pick_enum(in, 0, 2);
+        const int kind = pick_enum(in, 0, 5);
         const int32_t sm =
             in.flag() ? 80 + 2 * static_cast<int32_t>(in.below(6)) : in.get<int32_t>();
         size_t cap = in.flag() ? e.gen_buf.size() : in.get<uint16_t>();

@@ -34,7 +34,7 @@ struct AttentionOptions {
 
 struct GenerateOptions {
   AttentionOptions attn;
-  std::string kind;  // forward | decode | reduce
+  std::string kind;  // forward | decode | reduce | backward-pre | backward | backward-post
   int head_dim = 0;
   int head_dim_v = 0;
   int heads_q = 0;
@@ -42,10 +42,11 @@ struct GenerateOptions {
   int sm = 80;
   std::string kv_layout;                       // "" | contiguous | paged | ptrs (forward, decode)
   int page_size = 0;                           // paged: tokens per page (selects per-tile lookups)
+  bool varlen = false;                         // forward, backward: cu_seqlens_q/k
   bool seqused_k = false;                      // forward: per-sequence key counts
   bool tree_mask = false;                      // decode: the tree-mask variant
-  bool sinks = false;                          // forward, reduce: the attention-sink variant
-  bool alibi = false;                          // forward, decode: the ALiBi variant
+  bool sinks = false;                          // forward, reduce, backward: attention sinks
+  bool alibi = false;                          // forward, decode, backward: the ALiBi variant
   bool append_kv = false;                      // decode: the KV-append variant
   bool v_in_k = false;                         // decode: V read from the K tile (MLA)
   std::string rotary;                          // decode: "" | neox | gptj (implies append_kv)

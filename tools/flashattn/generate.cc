@@ -1,5 +1,6 @@
 // `flashattn generate`: the PTX module of one kernel, via fa_generate_for
-// (the launch shape from --kv-layout, --page-size, --seqused-k).
+// (the launch shape from --kv-layout, --page-size, --varlen, --seqused-k
+// and the feature flags).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -17,7 +18,16 @@ fa_kernel_kind parse_kind(const std::string &kind) {
   if (kind == "forward") return FA_KERNEL_FORWARD;
   if (kind == "decode") return FA_KERNEL_DECODE;
   if (kind == "reduce") return FA_KERNEL_REDUCE;
-  throw Failure(kExitUsage, "unknown kernel kind '" + kind + "' (forward, decode or reduce)");
+  if (kind == "backward-pre") return FA_KERNEL_BACKWARD_PRE;
+  if (kind == "backward") return FA_KERNEL_BACKWARD;
+  if (kind == "backward-post") return FA_KERNEL_BACKWARD_POST;
+  throw Failure(kExitUsage,
+                "unknown kernel kind '" + kind +
+                    "' (forward, decode, reduce, backward-pre, backward or backward-post)");
+}
+
+bool is_backward(fa_kernel_kind k) {
+  return k == FA_KERNEL_BACKWARD_PRE || k == FA_KERNEL_BACKWARD || k == FA_KERNEL_BACKWARD_POST;
 }
 
 }  // namespace
@@ -31,19 +41,29 @@ int cmd_generate(const GenerateOptions &o) {
                   "--kv-layout, --page-size and --seqused-k are for --kind forward or decode, not "
                   "reduce");
   }
+  if (is_backward(kind) && (kv != KvKind::Contiguous || o.seqused_k)) {
+    throw Failure(kExitUsage,
+                  "--kv-layout paged|ptrs, --page-size and --seqused-k are not for the backward "
+                  "kinds (fa_backward takes a contiguous K/V and no seqused_k)");
+  }
   if (o.seqused_k && kind != FA_KERNEL_FORWARD) {
     throw Failure(kExitUsage, "--seqused-k is for --kind forward (decode reads cache_seqlens)");
+  }
+  if (o.varlen && kind != FA_KERNEL_FORWARD && !is_backward(kind)) {
+    throw Failure(kExitUsage,
+                  "--varlen is for --kind forward and the backward kinds (decode and reduce have "
+                  "no varlen variant)");
   }
   if (o.tree_mask && kind != FA_KERNEL_DECODE) {
     throw Failure(kExitUsage, "--tree-mask is for --kind decode");
   }
   if (o.sinks && kind == FA_KERNEL_DECODE) {
     throw Failure(kExitUsage,
-                  "--sinks is for --kind forward or reduce (decode adds the sinks in its "
-                  "combine, the reduce kernel)");
+                  "--sinks is for --kind forward, reduce or the backward kinds (decode adds the "
+                  "sinks in its combine, the reduce kernel)");
   }
   if (o.alibi && kind == FA_KERNEL_REDUCE) {
-    throw Failure(kExitUsage, "--alibi is for --kind forward or decode");
+    throw Failure(kExitUsage, "--alibi is for --kind forward, decode or the backward kinds");
   }
   if ((o.append_kv || !o.rotary.empty() || o.rotary_table16) && kind != FA_KERNEL_DECODE) {
     throw Failure(kExitUsage, "--append-kv, --rotary and --rotary-table16 are for --kind decode");
@@ -84,6 +104,7 @@ int cmd_generate(const GenerateOptions &o) {
                  : kv == KvKind::Ptrs ? FA_KV_PTR_ARRAY
                                       : FA_KV_CONTIGUOUS;
   go.page_size = kv == KvKind::Paged ? o.page_size : 0;
+  go.varlen = o.varlen ? 1 : 0;
   go.seqused_k = o.seqused_k ? 1 : 0;
   go.tree_mask = o.tree_mask ? 1 : 0;
   go.sinks = o.sinks ? 1 : 0;

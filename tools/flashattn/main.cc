@@ -122,9 +122,13 @@ int run_main(int argc, char **argv) {
   fa::cli::GenerateOptions gen;
   gen.attn.dtype = "";
   CLI::App *g = app.add_subcommand("generate", "Print the PTX module of a kernel (needs no GPU)");
-  g->add_option("--kind", gen.kind, "Kernel: forward, decode or reduce")
+  g->add_option("--kind", gen.kind,
+                "Kernel: forward, decode or reduce; or one of fa_backward's three, in launch "
+                "order: backward-pre (per row: D, LSE in log2 units), backward (the main kernel: "
+                "dK, dV, dQ accumulated), backward-post (per row: dQ, dsinks)")
       ->required()
-      ->check(CLI::IsMember({"forward", "decode", "reduce"}));
+      ->check(CLI::IsMember(
+          {"forward", "decode", "reduce", "backward-pre", "backward", "backward-post"}));
   add_attention_options(g, &gen.attn, true);
   g->add_option("--head-dim", gen.head_dim,
                 "head_dim of Q and K (multiple of 8, 8..576; past 256 on sm_80+)")
@@ -144,14 +148,18 @@ int run_main(int argc, char **argv) {
                 "forward its block_n) look the page up once per tile, others once per row")
       ->check(CLI::Range(0, INT_MAX))
       ->capture_default_str();
+  g->add_flag("--varlen", gen.varlen,
+              "Forward, backward: the kernel of a varlen launch (packed sequences: "
+              "cu_seqlens_q/k)");
   g->add_flag("--seqused-k", gen.seqused_k,
               "Forward: the kernel reads per-sequence key counts (seqused_k)");
   g->add_flag("--tree-mask", gen.tree_mask,
               "Decode: the kernel applies a speculative-decoding tree mask (tree_mask)");
   g->add_flag("--sinks", gen.sinks,
-              "Forward, reduce: the kernel adds attention sinks (gpt-oss) to each row's "
-              "denominator");
-  g->add_flag("--alibi", gen.alibi, "Forward, decode: the kernel adds ALiBi's linear bias");
+              "Forward, reduce, backward: the kernel adds attention sinks (gpt-oss) to each "
+              "row's denominator (backward: and their gradient)");
+  g->add_flag("--alibi", gen.alibi,
+              "Forward, decode, backward: the kernel adds ALiBi's linear bias");
   g->add_flag("--append-kv", gen.append_kv,
               "Decode: the kernel appends k_new/v_new to the cache in the same launch");
   g->add_flag("--v-in-k", gen.v_in_k,

@@ -24,7 +24,8 @@ _COMPILER_MODE_NAMES = {_lib.COMPILER_NONE: "none", _lib.COMPILER_DRIVER_JIT: "d
 _DTYPES = {"fp16": _lib.DTYPE_FP16, "bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
 _KV_DTYPES = {None: 0, "e4m3": _lib.DTYPE_FP8_E4M3, "e5m2": _lib.DTYPE_FP8_E5M2}
 _KINDS = {"forward": _lib.KERNEL_FORWARD, "decode": _lib.KERNEL_DECODE,
-          "reduce": _lib.KERNEL_REDUCE}
+          "reduce": _lib.KERNEL_REDUCE, "backward-pre": _lib.KERNEL_BACKWARD_PRE,
+          "backward": _lib.KERNEL_BACKWARD, "backward-post": _lib.KERNEL_BACKWARD_POST}
 _INT32 = (-2**31, 2**31 - 1)
 # The most bytes (or elements) one buffer may have: fa_malloc takes a size_t,
 # and fa_tensor strides and the emulator's offsets are int64, so 2^63 - 1.
@@ -730,7 +731,8 @@ class Config:
 
 
 def generate(config, kind="forward", sm=80):
-    """The PTX module (str) for kind 'forward' | 'decode' | 'reduce' on sm."""
+    """The PTX module (str) for kind 'forward' | 'decode' | 'reduce' | 'backward-pre' |
+    'backward' | 'backward-post' (fa_backward's kernels, in its launch order) on sm."""
     k = _KINDS.get(kind, kind)
     if k not in _KINDS.values():
         raise invalid("generate: kind must be one of %s, got %r" % (sorted(_KINDS), kind))

@@ -54,7 +54,10 @@ def test_config_errors(kw, exc, status, text):
 
 
 @pytest.mark.parametrize("kind,entry", [("forward", "fa_forward_"), ("decode", "fa_decode_"),
-                                        ("reduce", "fa_reduce_")])
+                                        ("reduce", "fa_reduce_"),
+                                        ("backward-pre", "fa_bwdpre_mma_f16_d64_dv64_g1_"),
+                                        ("backward", "fa_backward_mma_f16_d64_dv64_g4_"),
+                                        ("backward-post", "fa_bwdpost_mma_f16_d64_dv64_g1_")])
 @pytest.mark.parametrize("sm", [80, 86, 89, 90])
 def test_generate_all_kinds(kind, entry, sm):
     cfg = fa.Config(head_dim=64, num_heads_q=8, num_heads_kv=2, causal=True)
@@ -69,9 +72,11 @@ def test_generate_all_kinds(kind, entry, sm):
 
 def test_generate_kinds_differ_and_int_kind():
     cfg = fa.Config(head_dim=32, num_heads_q=4, dtype="bf16")
-    a, b, c = (fa.generate(cfg, k) for k in ("forward", "decode", "reduce"))
-    assert len({a, b, c}) == 3
-    assert fa.generate(cfg, 1) == b
+    kinds = ("forward", "decode", "reduce", "backward-pre", "backward", "backward-post")
+    ptx = [fa.generate(cfg, k) for k in kinds]
+    assert len(set(ptx)) == 6
+    assert fa.generate(cfg, 1) == ptx[1]
+    assert fa.generate(cfg, 4) == ptx[4]
 
 
 def test_generate_errors():
@@ -80,4 +85,9 @@ def test_generate_errors():
         fa.generate(cfg, "forward", 75)
     assert e.value.status == 2 and e.value.message == "fa_generate: sm must be one of 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, got 75"
     with pytest.raises(fa.InvalidArgumentError):
-        fa.generate(cfg, "backward")
+        fa.generate(cfg, "sideways")
+    with pytest.raises(fa.InvalidArgumentError):
+        fa.generate(cfg, 6)
+    with pytest.raises(fa.UnsupportedError) as e:  # the backward takes 16-bit configs
+        fa.generate(fa.Config(head_dim=32, num_heads_q=4, dtype="fp32"), "backward")
+    assert "FA_DTYPE_FP32 is not supported" in e.value.message

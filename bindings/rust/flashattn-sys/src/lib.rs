@@ -67,6 +67,10 @@ pub type fa_kernel_kind = c_int;
 pub const FA_KERNEL_FORWARD: fa_kernel_kind = 0;
 pub const FA_KERNEL_DECODE: fa_kernel_kind = 1;
 pub const FA_KERNEL_REDUCE: fa_kernel_kind = 2;
+/// Since 0.9: fa_backward's three kernels, in its launch order.
+pub const FA_KERNEL_BACKWARD_PRE: fa_kernel_kind = 3;
+pub const FA_KERNEL_BACKWARD: fa_kernel_kind = 4;
+pub const FA_KERNEL_BACKWARD_POST: fa_kernel_kind = 5;
 
 pub type fa_cache_mode = c_int;
 pub const FA_CACHE_DEFAULT: fa_cache_mode = 0;

@@ -59,6 +59,13 @@ pub enum KernelKind {
     Decode,
     /// Combine partial states.
     Reduce,
+    /// The backward's per-row statistics (D, the LSE in log2 units; dQ's
+    /// accumulators zeroed): the first kernel `Runtime::backward` launches.
+    BackwardPre,
+    /// The backward's main kernel (dK, dV, dQ accumulated).
+    Backward,
+    /// The backward's per-row dQ (and dsinks): its last kernel.
+    BackwardPost,
 }
 
 impl KernelKind {
@@ -67,6 +74,9 @@ impl KernelKind {
             KernelKind::Forward => sys::FA_KERNEL_FORWARD,
             KernelKind::Decode => sys::FA_KERNEL_DECODE,
             KernelKind::Reduce => sys::FA_KERNEL_REDUCE,
+            KernelKind::BackwardPre => sys::FA_KERNEL_BACKWARD_PRE,
+            KernelKind::Backward => sys::FA_KERNEL_BACKWARD,
+            KernelKind::BackwardPost => sys::FA_KERNEL_BACKWARD_POST,
         }
     }
 }

@@ -220,13 +220,28 @@ fn config_accessors_and_errors() {
 #[test]
 fn generate_writes_ptx() {
     let cfg = small_cfg();
-    for kind in [KernelKind::Forward, KernelKind::Decode, KernelKind::Reduce] {
+    for (kind, entry) in [
+        (KernelKind::Forward, ".entry fa_forward_"),
+        (KernelKind::Decode, ".entry fa_decode_"),
+        (KernelKind::Reduce, ".entry fa_reduce_"),
+        // fa_backward's kernels (g2: the main kernel loops over the group).
+        (KernelKind::BackwardPre, ".entry fa_bwdpre_mma_f16_d32_dv32_g1_"),
+        (KernelKind::Backward, ".entry fa_backward_mma_f16_d32_dv32_g2_"),
+        (KernelKind::BackwardPost, ".entry fa_bwdpost_mma_f16_d32_dv32_g1_"),
+    ] {
         let ptx = flashattn::generate(&cfg, kind, 80).unwrap();
-        assert!(ptx.contains(".entry"), "{kind:?}");
+        assert!(ptx.contains(entry), "{kind:?}: no {entry}");
         assert!(ptx.contains(".target sm_80"), "{kind:?}");
         assert_eq!(ptx, cfg.generate(kind, 80).unwrap(), "deterministic");
     }
     assert!(cfg.generate(KernelKind::Forward, 90).unwrap().contains(".entry"));
+    // The backward takes 16-bit configs only.
+    let fp32 = Config::builder().dtype(Dtype::F32).head_dim(32).heads(2, 1).build().unwrap();
+    expect_err(
+        fp32.generate(KernelKind::Backward, 80),
+        Status::Unsupported,
+        "dtype FA_DTYPE_FP32 is not supported",
+    );
     expect_err(
         cfg.generate(KernelKind::Forward, 75),
         Status::Unsupported,
