@@ -123,11 +123,13 @@ class BackwardWgmmaGen {
 
   std::string run() {
     b_.comment(spec_.describe());
+    // For the model (../shared/perf/sass-report): block_n is the tile each
+    // iteration streams in, here a query block; block_m the CTA's keys.
     char perf[200];
     std::snprintf(perf, sizeof perf,
                   "perf: smem=%u threads=384 compute_warps=8 block_m=%d block_n=%d "
                   "rows_per_warp=16",
-                  lay_.total, kBlockM, kBlockN);
+                  lay_.total, kBlockN, kBlockM);
     b_.comment(perf);
     b_.set_param_align(64);
     const WarpgroupFrame f = warpgroup_frame(e_);
