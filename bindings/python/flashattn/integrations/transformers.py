@@ -41,6 +41,13 @@ GPU kernels for CUDA tensors and on the CPU emulator for CPU tensors):
   - otherwise (prefill, several new tokens): the real queries and keys are
     packed and run through flash_attn_varlen_func (or flash_attn_func when
     nothing is padded); the outputs of padding queries are zeros.
+    transformers' eager attention gives a query that sees no key (left
+    padding) the mean of all the row's values instead (its additive mask
+    lifts every score alike). Only those rows differ, but a causal-LM loss
+    reads one of them per left-padded row: the last padding position's
+    logits predict the first real token. So Gemma 2's padded training loss
+    differs from eager's (4.6089 against 4.6311 in tests/test_transformers.py;
+    an fp64 reference with zeros there: 4.6089); sdpa gives zeros too.
   - sliding_window W (transformers: key j visible from query i when
     i - j < W) is window_size (W - 1, W - 1), softcap and scaling are
     passed on, GQA/MQA needs no repeat; is_causal=False (bidirectional
