@@ -33,7 +33,7 @@ int main(void) {
     fa_runtime *rt = fa::test::emulator_or_fail(sm);
     if (rt == nullptr) return 1;
     // SM 90: the sm_90a kernel (backward_wgmma.cc) where it applies (head
-    // dims multiples of 16 up to 128, fixed length); then the first cases
+    // dims multiples of 16 up to 128; varlen: its gather variant); then the first cases
     // again with it off (FLASHATTN_SM90_BACKWARD=0: mma.sync).
     for (bool on : {true, false}) {
       if (sm != 90 && !on) continue;
@@ -46,8 +46,11 @@ int main(void) {
         if (sm == 86 && std::max(c.d, dv) <= 128) continue;
         if (!on && n++ >= 3) break;
         const bool wgmma = sm == 90 && on && c.d % 16 == 0 && dv % 16 == 0 && c.d <= 128 &&
-                           dv <= 128 && c.lens_q.empty();
-        c.kernel = wgmma ? "fa_backward_wgmma_" : "fa_backward_mma_";
+                           dv <= 128 && (c.lens_q.empty() || c.d + dv <= 192);
+        c.kernel = !wgmma             ? "fa_backward_mma_"
+                   : c.lens_q.empty() ? "fa_backward_wgmma_bf16"
+                                      : "fa_backward_wgmma_gather_";
+        if (wgmma && c.lens_q.empty() && !c.bf16) c.kernel = "fa_backward_wgmma_f16";
         std::printf("  sm%d %s (%s)\n", sm, c.describe().c_str(), c.kernel);
         const std::string e = fa::test::bwd::run_case(rt, c);
         if (!e.empty()) failures += "sm" + std::to_string(sm) + " " + c.describe() + ":\n" + e;

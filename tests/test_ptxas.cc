@@ -787,8 +787,8 @@ std::vector<KernelSpec> grid() {
   // The sm_90a backward main kernel (backward_wgmma.cc, KernelPolicy::
   // sm90_backward): head dims 16..128 in steps of 16 (d != dv too: the dQ
   // split's shapes), both dtypes, causal, windows, softcap (its 1 - tanh^2
-  // in 16 bits), ALiBi, GQA; held to no spill and no advisory (wgmma
-  // serialized).
+  // in 16 bits), ALiBi, GQA, varlen (rows by cp.async); held to no spill and
+  // no advisory (wgmma serialized).
   {
     int i = 0;
     for (int d : {16, 32, 48, 64, 80, 96, 112, 128})
@@ -799,8 +799,10 @@ std::vector<KernelSpec> grid() {
         if (i % 5 == 2) cfg.window_left = 100;
         LaunchShape shape;
         shape.alibi = i % 4 != 0;
+        // Varlen (the cp.async copy: head_dim + head_dim_v up to 192).
+        shape.varlen = i % 3 == 2 && d + dv <= 192;
         KernelSpec w = make_spec(cfg, KernelKind::Backward, limits_of(90), shape);
-        assert_true(w.wgmma && !generate_ptx(w).empty());
+        assert_true(w.wgmma && w.gather == shape.varlen && !generate_ptx(w).empty());
         assert_true(max_dynamic_smem(w) <= limits_of(90).smem_per_block_optin);
         out.push_back(w);
         ++i;

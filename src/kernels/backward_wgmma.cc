@@ -52,6 +52,9 @@ constexpr int kStages = 2;         // the Q / dO / statistics ring
 constexpr int kBlockM = 64;        // query rows a block
 constexpr int kBlockN = 128;       // keys a CTA: 64 a consumer warpgroup
 constexpr int kProducerRegs = 24;  // setmaxnreg (FlashAttention-3's 24 / 240)
+// spec.gather: the copying warp computes row addresses (128 x 32 + 256 x
+// 232 <= 384 x 168, what the CTA starts with).
+constexpr int kGatherProducerRegs = 40, kGatherConsumerRegs = 224;
 constexpr int kConsumerRegs = 240;
 // Named barriers: 1 both consumer warpgroups' dS stored; 2 dQ staged (the
 // consumers arrive, warp 1 waits); 3 dQ's staging read (warp 1 arrives,
@@ -70,7 +73,7 @@ constexpr int kDqPad = 32;
 // full[2], empty[2].
 struct Layout {
   int qa = 0, va = 0;  // 64-column atoms of head_dim and head_dim_v
-  uint32_t k = 0, v = 0, q = 0, dout = 0, ds = 0, dq = 0, stats = 0, bars = 0, total = 0;
+  uint32_t k = 0, v = 0, q = 0, dout = 0, ds = 0, dq = 0, stats = 0, bars = 0, seq = 0, total = 0;
   uint32_t kv_atom = 0, row_atom = 0;  // bytes: [128][128 B], [64][128 B]
   uint32_t q_stage = 0, dout_stage = 0, dq_row = 0;
   static constexpr uint32_t kStatsStage = 2 * 4 * kBlockM;
@@ -99,7 +102,8 @@ Layout layout(const KernelSpec &s) {
   l.dq_row = 4 * static_cast<uint32_t>(s.head_dim) + kDqPad;
   l.stats = align1k(l.dq + kBlockM * l.dq_row);
   l.bars = l.stats + kStages * Layout::kStatsStage;
-  l.total = l.bars + 8 * (1 + 2 * kStages);
+  l.seq = l.bars + 48;  // after the 5 mbarriers, 16-byte aligned: varlen sq, sk, q0, k0 (s32)
+  l.total = l.seq + 16;
   return l;
 }
 
@@ -136,6 +140,7 @@ class BackwardWgmmaGen {
     tid_ = f.tid;
     warp_ = f.warp;
     smem_ = f.smem;
+    sequence();
     prologue();
     return warpgroup_roles(
         e_, spec_, warp_, [this] { producer(); }, [this] { consumers(); });
@@ -147,8 +152,20 @@ class BackwardWgmmaGen {
 
   // ---- values read where used ----
   Reg hq() { return e_.param(Type::S32, offsetof(F, num_heads_q)); }
-  Reg sq() { return e_.param(Type::S32, offsetof(F, seqlen_q)); }
-  Reg sk() { return e_.param(Type::S32, offsetof(F, seqlen_k)); }
+  // The launch's seqlen_q (varlen: the longest; the workspace's rows are
+  // padded to it) and this sequence's lengths (varlen: sequence() sets them
+  // in each role).
+  Reg sq_max() { return e_.param(Type::S32, offsetof(F, seqlen_q)); }
+  Reg sq() { return spec_.varlen ? seq(0) : sq_max(); }
+  Reg sk() { return spec_.varlen ? seq(1) : e_.param(Type::S32, offsetof(F, seqlen_k)); }
+  // Varlen: this sequence's sq, sk, first query row, first key row, read
+  // from shared memory where used (sequence() put them there; held in
+  // registers they spilled in the copying warp and the consumers).
+  Reg seq(int i) {
+    Reg r = b_.b32();
+    b_.ld(Space::Shared, Type::S32, r, at(smem_, static_cast<int>(lay_.seq + 4 * i)));
+    return r;
+  }
   Reg wl() { return e_.param(Type::S32, offsetof(F, window_left)); }
   Reg wr() { return e_.param(Type::S32, offsetof(F, window_right)); }
   Reg score_scale() { return e_.param(Type::F32, offsetof(F, score_scale)); }
@@ -164,7 +181,7 @@ class BackwardWgmmaGen {
   }
   // Row 0 of (b, h) in the workspace's per-row arrays: (b heads_q + h) seqlen_q.
   Reg row0(Reg h) {
-    return e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h)), e_.s64(sq()));
+    return e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h)), e_.s64(sq_max()));
   }
   // A tensor map's generic address (in the parameter block).
   Reg tmap(size_t off) {
@@ -173,13 +190,37 @@ class BackwardWgmmaGen {
     return e_.op(Op::Add, Type::S64, pa, imm(static_cast<int64_t>(off)));
   }
 
-  // ---- every thread: the barriers ----
+  // ---- every thread: this sequence (varlen), the barriers ----
+  // Varlen: sequence bz's query rows cu_q[bz] .., key rows cu_k[bz] .. of
+  // "batch" 0, lengths clamped to the launch's maxima; a CTA whose keys
+  // start past its sequence's leaves (every thread, before the barriers).
+  void sequence() {
+    if (!spec_.varlen) return;
+    auto span = [&](size_t param, Reg max_len, Reg *start) {
+      Reg a = e_.index(e_.global_param(param), bz(), 4);
+      Reg s0 = b_.b32(), s1 = b_.b32();
+      b_.ld(Space::Global, Type::S32, s0, at(a), true);
+      b_.ld(Space::Global, Type::S32, s1, at(a, 4), true);
+      *start = s0;
+      return seq_len(e_, s0, s1, max_len);
+    };
+    Reg q0, k0;
+    Reg sq = span(offsetof(F, cu_seqlens_q), sq_max(), &q0);
+    Reg sk = span(offsetof(F, cu_seqlens_k), e_.param(Type::S32, offsetof(F, seqlen_k)), &k0);
+    b_.when(e_.setp(Cmp::Ge, Type::S32, n0(), sk)).exit();
+    ptx::Label stored = b_.label();
+    b_.unless(e_.setp(Cmp::Eq, Type::U32, tid_, imm(0))).bra(stored);
+    b_.st_v(Space::Shared, Type::B32, at(smem_, static_cast<int>(lay_.seq)), {sq, sk, q0, k0});
+    b_.bind(stored);  // read after the prologue's barrier
+  }
+
   void prologue() {
     b_.comment(
         "mbarriers: kv_full (the copy's bytes), full (warp 0's 32 lanes and the bytes), "
         "empty (256 consumers)");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-    b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.kv_full())), imm(1));
+    b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.kv_full())),
+                              imm(spec_.gather ? 32 : 1));
     for (int s = 0; s < kStages; ++s) {
       b_.when(t0).mbarrier_init(at(smem_, static_cast<int>(lay_.ring() + Layout::kFull + 8 * s)),
                                 imm(32));
@@ -224,7 +265,7 @@ class BackwardWgmmaGen {
 
   // ---- warpgroup 0 ----
   void producer() {
-    b_.setmaxnreg(false, kProducerRegs);
+    b_.setmaxnreg(false, spec_.gather ? kGatherProducerRegs : kProducerRegs);
     ptx::Label out = b_.label(), writer = b_.label();
     b_.when(e_.setp(Cmp::Eq, Type::U32, warp_, imm(1))).bra(writer);
     b_.when(e_.setp(Cmp::Ne, Type::U32, warp_, imm(0))).bra(out);
@@ -235,12 +276,25 @@ class BackwardWgmmaGen {
     b_.bind(out);
   }
 
-  // Warp 0: K and V once, then each block's Q, dO (lane 0, TMA) and
-  // statistics (every lane: rows lane and lane + 32) into stage it % 2.
+  // Warp 0: K and V once, then each block's Q, dO and statistics (every
+  // lane: rows lane and lane + 32) into stage it % 2. TMA: lane 0 issues
+  // the copies, its arrival expecting their bytes. spec.gather (varlen, or
+  // tensors TMA cannot address): the warp's lanes copy the rows
+  // (tile::gather_rows, cp.async; rows past the sequence and columns past
+  // the head dim zero-filled), wait for them and fence them for wgmma.
   void loader() {
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     Reg l0 = e_.setp(Cmp::Eq, Type::U32, lane, imm(0));
-    {
+    if (spec_.gather) {
+      b_.comment("K and V of the key block (cp.async; rows past seqlen_k zero)");
+      for (int kv = 0; kv < 2; ++kv)
+        gather(lane, smem_, kv ? lay_.v : lay_.k, lay_.kv_atom, kBlockN,
+               kv ? spec_.head_dim_v : spec_.head_dim, n0(), sk(),
+               rows_of(kv ? offsetof(F, v) : offsetof(F, k),
+                       kv ? offsetof(F, v_stride) : offsetof(F, k_stride),
+                       spec_.varlen ? seq(3) : Reg(), kvh()));
+      landed(smem_, static_cast<int>(lay_.kv_full()));
+    } else {
       b_.comment("K and V of the key block (TMA; rows past seqlen_k zero-filled)");
       ptx::Label skip = b_.label();
       b_.unless(l0).bra(skip);
@@ -265,7 +319,18 @@ class BackwardWgmmaGen {
       const tile::Ring::Slot sl = rg.slot(it_);
       Reg bars = rg.bars(sl.stage);
       rg.wait(bars, Layout::kEmpty, rg.free_parity(sl.parity));
-      {
+      if (spec_.gather) {
+        b_.comment("Q and dO of the block (cp.async)");
+        for (int t = 0; t < 2; ++t) {
+          Reg dst =
+              e_.op(Op::MadLo, Type::U32, sl.stage, imm(t ? lay_.dout_stage : lay_.q_stage), smem_);
+          gather(lane, dst, t ? lay_.dout : lay_.q, lay_.row_atom, kBlockM,
+                 t ? spec_.head_dim_v : spec_.head_dim, m0_, sq(),
+                 rows_of(t ? offsetof(P, dout) : offsetof(F, q),
+                         t ? offsetof(P, dout_stride) : offsetof(F, q_stride),
+                         spec_.varlen ? seq(2) : Reg(), h_));
+        }
+      } else {
         b_.comment("Q and dO of the block (TMA)");
         ptx::Label skip = b_.label();
         b_.unless(l0).bra(skip);
@@ -296,7 +361,7 @@ class BackwardWgmmaGen {
         Reg a = e_.index64(e_.global_param(offsetof(P, row_stats)),
                            e_.op(Op::Add, Type::S64, r0, e_.s64(i)), 4);
         Reg rows = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq());
-        b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq()));
+        b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq_max()));
         Reg al = e_.index64(a, rows, 4);
         Reg d = e_.mov(Type::F32, fimm(0.0f)), l2 = e_.mov(Type::F32, fimm(__builtin_huge_valf()));
         b_.when(in).ld(Space::Global, Type::F32, d, at(a));
@@ -306,12 +371,48 @@ class BackwardWgmmaGen {
         b_.st(Space::Shared, Type::F32,
               at(sa, static_cast<int>(lay_.stats + 4 * kBlockM + 128 * half)), d);
       }
+      if (spec_.gather) {
+        landed(bars, Layout::kFull);
+        return;
+      }
       // Lane 0's arrival carried the bytes; the others' order their stores.
       ptx::Label arrived = b_.label();
       b_.when(l0).bra(arrived);
       b_.mbarrier_arrive(at(bars, Layout::kFull));
       b_.bind(arrived);
     });
+  }
+
+  // spec.gather: the warp's rows first .. first + rows - 1 (below limit) of
+  // `cols` 16-bit columns into 128-byte-swizzled atoms at dst + base
+  // (atom_bytes apart), every column of the atoms written (zeros past cols).
+  void gather(Reg lane, Reg dst, uint32_t base, uint32_t atom_bytes, int rows, int cols, Reg first,
+              Reg limit, const std::function<Reg(Reg)> &row_addr) {
+    const int chunks = (cols + kAtomCols - 1) / kAtomCols * 8;
+    tile::gather_rows(e_, lane, dst, base, atom_bytes, rows, chunks, cols / 8, first, limit,
+                      row_addr, 0, half_, 32);
+    b_.cp_async_commit();
+  }
+  // Row j's address (u64) of the tensor at ptr_param (strides at
+  // stride_param: batch, seq, head, in elements) for this sequence and head
+  // (varlen: row start + j of "batch" 0).
+  // Row 0 and the row stride are formed once (a few registers for every
+  // pass of the copy).
+  std::function<Reg(Reg)> rows_of(size_t ptr_param, size_t stride_param, Reg start, Reg head) {
+    Reg row = e_.stride_bytes(stride_param + 8, 2);
+    Reg p = e_.global_param(ptr_param);
+    p = spec_.varlen ? e_.index(p, start, row)
+                     : e_.index(p, bz(), e_.stride_bytes(stride_param, 2));
+    p = e_.index(p, head, e_.stride_bytes(stride_param + 16, 2));
+    return [=](Reg j) { return e_.index(p, j, row); };
+  }
+  // spec.gather: the warp's copies landed (cp.async.wait_group 0), fenced
+  // for the async proxy (wgmma), then each lane arrives on the full
+  // barrier at bars + off (32 arrivals).
+  void landed(Reg bars, int off) {
+    b_.cp_async_wait(0);
+    b_.fence_proxy_async();
+    b_.mbarrier_arrive(at(bars, off));
   }
 
   // Warp 1: each block's dQ, staged by the consumers, added to the fp32
@@ -375,13 +476,13 @@ class BackwardWgmmaGen {
   DqSemaphore semaphore() {
     return dq_semaphore(
         e_, dims(), [this] { return e_.global_param(offsetof(P, dq_sem)); },
-        [this] { return sq(); }, [this] { return bz(); }, [this] { return hq(); }, h_, m0_,
+        [this] { return sq_max(); }, [this] { return bz(); }, [this] { return hq(); }, h_, m0_,
         e_.mov(Type::U32, imm(0)), n0(), kBlockN);
   }
 
   // ---- warpgroups 1 and 2 ----
   void consumers() {
-    b_.setmaxnreg(true, kConsumerRegs);
+    b_.setmaxnreg(true, spec_.gather ? kGatherConsumerRegs : kConsumerRegs);
     Reg lane = e_.op(Op::And, Type::B32, tid_, imm(31));
     ln_ = tile::make_lanes(e_, lane);
     wkeys_ = e_.op(Op::Sub, Type::U32, warp_, imm(4));  // this warp's 16 keys: 16 wkeys_ ..
@@ -603,10 +704,11 @@ class BackwardWgmmaGen {
     Reg col = e_.op(Op::Shl, Type::B32, ln_.q, imm(2));  // bytes of column 2q
     Reg w = b_.b32();
     auto store = [&](const AccTile &acc, size_t ptr, size_t strides, int cols, bool scaled) {
-      Reg base = e_.global_param(ptr);
-      base = e_.index(base, bz(), e_.stride_bytes(strides, 2));
-      base = e_.index(base, kvh(), e_.stride_bytes(strides + 16, 2));
       Reg row_bytes = e_.stride_bytes(strides + 8, 2);
+      Reg base = e_.global_param(ptr);
+      base = spec_.varlen ? e_.index(base, seq(3), row_bytes)
+                          : e_.index(base, bz(), e_.stride_bytes(strides, 2));
+      base = e_.index(base, kvh(), e_.stride_bytes(strides + 16, 2));
       for (int h = 0; h < 2; ++h) {
         Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
         Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk());

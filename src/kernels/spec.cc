@@ -90,15 +90,17 @@ bool backward_spec_valid(const KernelSpec &s) {
   if (s.kind == KernelKind::Backward && s.wgmma) {
     // The sm_90a main kernel (backward_wgmma.cc): 128 keys over two
     // consumer warpgroups, query blocks of 64, head dims multiples of 16 up
-    // to 128, K/V/Q/dO by TMA (fixed-length batches).
+    // to 128, K/V/Q/dO by TMA (spec.gather, varlen or tensors TMA cannot
+    // address: by cp.async).
     return s.sm == 90 && !s.mma && !s.tcgen05 && s.dtype != Dtype::F32 && s.head_dim >= 16 &&
            s.head_dim <= 128 && s.head_dim % 16 == 0 && s.head_dim_v >= 16 && s.head_dim_v <= 128 &&
-           s.head_dim_v % 16 == 0 && s.dv_split == 1 && !s.varlen && s.kv_fp8 == KvFp8::None &&
+           s.head_dim_v % 16 == 0 && s.dv_split == 1 && (!s.varlen || s.gather) &&
+           (!s.gather || s.head_dim + s.head_dim_v <= 192) && s.kv_fp8 == KvFp8::None &&
            s.q_fp8 == KvFp8::None && s.kv_layout == KvLayout::Contiguous && !s.seqused_k &&
            !s.split_kv && !s.persistent && !s.dynamic && !s.pdl && !s.tree_mask && !s.append_kv &&
-           !s.v_in_k && !s.fixed_len && !s.fused_combine && !s.gather && !s.page_tiles &&
-           s.rotary == 0 && s.group_size >= 1 && s.num_warps == 12 && s.block_m == 64 &&
-           s.block_n == 128 && !s.lse_in_base2 && !s.lse_out_base2;
+           !s.v_in_k && !s.fixed_len && !s.fused_combine && !s.page_tiles && s.rotary == 0 &&
+           s.group_size >= 1 && s.num_warps == 12 && s.block_m == 64 && s.block_n == 128 &&
+           !s.lse_in_base2 && !s.lse_out_base2;
   }
   // Head dims past 128: the main kernel in dv_split = 2 column slices of dK,
   // dV and dQ (each CTA recomputes S and dP), of whole 8-column blocks.
@@ -660,12 +662,17 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     if (kind == KernelKind::Backward && s.block_m == 32 && (s.softcap || s.alibi) &&
         std::max(s.head_dim, s.head_dim_v) / s.dv_split > 96)
       s.block_m = 16;
-    if (kind == KernelKind::Backward && dev.sm == 90 && policy.sm90_backward && !varlen &&
-        shape.tma_ok && s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0 && s.head_dim <= 128 &&
-        s.head_dim_v <= 128) {
-      // FlashAttention-3's structure on wgmma and TMA (backward_wgmma.cc).
+    // FlashAttention-3's structure on wgmma and TMA (backward_wgmma.cc);
+    // varlen, or tensors TMA cannot address: rows copied by cp.async, whose
+    // warp's registers leave the consumers 224, enough for dK and dV of
+    // head_dim + head_dim_v <= 192 (else the mma.sync kernel).
+    const bool gather = varlen || !shape.tma_ok;
+    if (kind == KernelKind::Backward && dev.sm == 90 && policy.sm90_backward &&
+        s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0 && s.head_dim <= 128 &&
+        s.head_dim_v <= 128 && (!gather || s.head_dim + s.head_dim_v <= 192)) {
       s.mma = false;
       s.wgmma = true;
+      s.gather = gather;
       s.num_warps = 12;
       s.block_m = 64;
       s.block_n = 128;

@@ -1133,10 +1133,10 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
   if (a.deterministic) p.dq_sem = a.workspace + plan.sem_offset;
   // The sm_90a main kernel's block: the parameters, then the tensor maps of
   // Q, dO (block_m rows), K and V (block_n rows). A map the backend cannot
-  // make sends the launch to the mma.sync kernel.
+  // make sends the launch to its gather variant (cp.async).
   BackwardWgmmaParams wp;
   std::memset(&wp, 0, sizeof wp);
-  if (ks[1] && specs[1].wgmma) {
+  if (ks[1] && specs[1].wgmma && !specs[1].gather) {
     const bool bf16 = cfg.dtype == Dtype::BF16;
     const fa_forward_args &f = a.fwd;
     auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
@@ -1153,10 +1153,10 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
       s3 = encode(TmaOperand::V, f.v, f.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, wp.tmap_v);
     if (s3 != FA_SUCCESS) {
       clear_error();
-      KernelPolicy mma_sync = policy();
-      mma_sync.sm90_backward = false;
-      specs[1] = fa::backward_spec(cfg, KernelKind::Backward, backend_->info().limits,
-                                   backward_shape(a), mma_sync);
+      LaunchShape no_tma = backward_shape(a);
+      no_tma.tma_ok = false;
+      specs[1] =
+          fa::backward_spec(cfg, KernelKind::Backward, backend_->info().limits, no_tma, policy());
       if (fa_status st = get_kernel(specs[1], &ks[1]); st != FA_SUCCESS) return st;
     }
   }

@@ -361,6 +361,14 @@ std::vector<Case> cases() {
     c.lens_k = {90, 20, 33};
     add(c);
   }
+  {
+    Case c;  // varlen past one key block of 128 (sm_90a: gather), GQA, softcap, a window
+    c.batch = 3, c.sq = 150, c.sk = 260, c.d = 96, c.dv = 64, c.hq = 4, c.hkv = 2;
+    c.softcap = 3.0f, c.wl = 80, c.wr = 20, c.bf16 = true;
+    c.lens_q = {150, 1, 65};
+    c.lens_k = {260, 10, 130};
+    add(c);
+  }
   return cases;
 }
 
