@@ -47,7 +47,11 @@ DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_bas
   Reg first = e.op(Op::Add, Type::S64, e.s64(m0), e.s64(shift(e, d)));
   b.op(Op::Sub, Type::S64, first, first, e.s64(d.wl()));
   b.op(Op::Max, Type::S64, first, first, imm(0));
-  b.op(Op::Div, Type::S64, first, first, imm(block_n));
+  // / block_n (a power of two; the value is not negative): a shift, not
+  // div.s64's call.
+  int lg = 0;
+  while ((1 << lg) < block_n) ++lg;
+  b.op(Op::Shr, Type::S64, first, first, imm(lg));
   s.before = e.op(Op::Sub, Type::S32, e.op(Op::Div, Type::S32, n0, imm(block_n)), e.s32(first));
   return s;
 }

@@ -44,6 +44,7 @@ struct DqSemaphore {
 // sem_base (the dq_sem pointer, global), sq_max (the launch's seqlen_q),
 // bz and hq (num_heads_q) emit their reads where used.
 using RegFn = std::function<Reg()>;
+// block_n a power of two.
 DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_base,
                          const RegFn &sq_max, const RegFn &bz, const RegFn &hq, Reg h, Reg m0,
                          Reg slice, Reg n0, int block_n);
