@@ -36,7 +36,11 @@
 #             (fa_backward, default and deterministic) vs SDPA's flash and
 #             cuDNN backwards, only the backward timed; bf16, head_dim 128
 #             then 64, causal/not, seqlen 4k/8k/16k then 1k/2k (issue 30's
-#             points first, should the budget run out; ~60 s expected)
+#             points first, should the budget run out; ~60 s expected);
+#             on sm_90 this is the sm_90a backward (backward_wgmma.cc)
+#   bwd90off  sm_90 only: the bwd stage's head_dim 128 points with
+#             FLASHATTN_SM90_BACKWARD=0 (the mma.sync backward; files suffixed
+#             -sm90-backward-off): with bwd, what the wgmma backward buys
 #   sdpa80    bench_sdpa.py, head_dim 128, the mma.sync forward (as tests80)
 #   sdpajit   bench_sdpa.py, head_dim 64/128, seqlen 1k/4k, with the PTX
 #             compiler plugin off (FLASHATTN_PTX_COMPILER=off: the driver's
@@ -114,7 +118,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,bwd,sdpa80,sdpajit,persist,persist80,persist80off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
+only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,bwd,sdpa80,sdpajit,persist,persist80,persist80off,bwd90off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -219,6 +223,13 @@ stage sdpa 130 "$py" bench/bench_sdpa.py --out-dir "$res" --dtypes ${FA_LEASE_DT
   --seqlens 512,1024,2048,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
 stage bwd 150 "$py" bench/bench_sdpa.py --backward --deterministic --out-dir "$res" --dtypes bf16 \
   --head-dims 128,64 --seqlens 4096,8192,16384,1024,2048 --time-budget "$(budget 120)"
+case $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) in
+  9.0)
+    FLASHATTN_SM90_BACKWARD=0 stage bwd90off 60 "$py" bench/bench_sdpa.py --backward \
+      --out-dir "$logs/bwd90off" --dtypes bf16 --head-dims 128 --seqlens 4096,16384 \
+      --time-budget "$(budget 50)"
+    ;;
+esac
 FLASHATTN_FORCE_SM80_FORWARD=1 stage sdpa80 50 "$py" bench/bench_sdpa.py --out-dir "$logs/sm80" \
   --dtypes bf16 --head-dims 128 --seqlens 4096,16384 --no-coldstart --time-budget "$(budget 40)"
 FLASHATTN_PTX_COMPILER=off stage sdpajit 50 "$py" bench/bench_sdpa.py --out-dir "$logs/jit" \
@@ -284,7 +295,7 @@ stage fusedoff 60 env FLASHATTN_DECODE_FUSED=0 "$py" bench/bench_decode.py --fus
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward sm100off:sm100-forward-off base:baseline-library cold:coldstart jit:driver-jit \
   nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
-  mla100off:sm100-mla-off \
+  mla100off:sm100-mla-off bwd90off:sm90-backward-off \
   fused:fused fusedoff:fused-off \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue

@@ -307,6 +307,22 @@ def test_bwd_lease_stage():
     assert len(points) == 6 and max(points) < min(short)
 
 
+def test_bwd90off_lease_stage():
+    """gpu_lease.sh's stage bwd90off (sm_90 only; in the default list and the
+    header): the bwd stage's head_dim 128 points (issue 30's 4k and 16k) with
+    FLASHATTN_SM90_BACKWARD=0, files suffixed -sm90-backward-off, a budget
+    under its limit."""
+    text = lease_stage.lease_text()
+    assert "bwd90off" in lease_stage.default_stages()
+    assert re.search(r"^#   bwd90off ", text, re.M)
+    assert re.search(r"FLASHATTN_SM90_BACKWARD=0 stage bwd90off ", text)
+    assert "bwd90off:sm90-backward-off" in text
+    limit, budget, args = lease_stage.stage("bwd90off", "bench/bench_sdpa.py")
+    a = s.parse_args(args + ["--time-budget", str(budget)])
+    assert a.backward and a.dtypes == "bf16" and budget < limit <= 120
+    assert a.head_dims == "128" and set(map(int, a.seqlens.split(","))) <= set(b.TARGET_SEQLENS)
+
+
 # ---- the GPU part on the CPU (torch and a built library, in a child process) ----------------
 
 def test_gpu_part_on_the_emulator():
