@@ -665,10 +665,8 @@ class BackwardWgmmaGen {
       if (ragged && kAtomCols + 8 * j >= spec_.head_dim) ok = wg0;
       for (int h = 0; h < 2; ++h) {
         const ptx::Addr dst = at(a, static_cast<int>(lay_.dq + 8 * lay_.dq_row * h + 32 * j));
-        if (ok.valid())
-          b_.when(ok).st_v(Space::Shared, Type::F32, dst, {dq.f[j][2 * h], dq.f[j][2 * h + 1]});
-        else
-          b_.st_v(Space::Shared, Type::F32, dst, {dq.f[j][2 * h], dq.f[j][2 * h + 1]});
+        if (ok.valid()) b_.when(ok);
+        b_.st_v(Space::Shared, Type::F32, dst, {dq.f[j][2 * h], dq.f[j][2 * h + 1]});
       }
     }
     b_.fence_proxy_async();  // the staging's stores, visible to the bulk copies

@@ -508,6 +508,23 @@ static TensorMapDesc tile_map(const fa_tensor &t, bool bf16, int rows, int heads
   return d;
 }
 
+fa_status Runtime::encode_qkv_maps(const KernelSpec &spec, const AttentionConfig &cfg,
+                                   const fa_forward_args &a, uint8_t *tq, uint8_t *tk,
+                                   uint8_t *tv) const {
+  const bool bf16 = cfg.dtype == Dtype::BF16;
+  auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
+                    uint8_t *out) {
+    return backend_->encode_tensor_map(
+        tile_map(t, bf16, rows, heads, cols, a.batch, wgmma_tma_box(spec, which)), out);
+  };
+  fa_status s = encode(TmaOperand::Q, a.q, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, tq);
+  if (s == FA_SUCCESS)
+    s = encode(TmaOperand::K, a.k, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim, tk);
+  if (s == FA_SUCCESS)
+    s = encode(TmaOperand::V, a.v, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, tv);
+  return s;
+}
+
 static LaunchShape forward_shape(const AttentionConfig &cfg, const fa_forward_args &a) {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = a.cu_seqlens_q != 0;
@@ -615,17 +632,7 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
     // TMA descriptors of Q, K, V (host only). A map the backend cannot make
     // (a rule of cuTensorMapEncodeTiled this check does not know, a driver
     // without it) sends the launch to the gather variant instead.
-    const bool bf16 = cfg.dtype == Dtype::BF16;
-    auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
-                      uint8_t *out) {
-      return backend_->encode_tensor_map(
-          tile_map(t, bf16, rows, heads, cols, a.batch, wgmma_tma_box(spec, which)), out);
-    };
-    fa_status s3 = encode(TmaOperand::Q, a.q, a.seqlen_q, cfg.num_heads_q, cfg.head_dim, wp.tmap_q);
-    if (s3 == FA_SUCCESS)
-      s3 = encode(TmaOperand::K, a.k, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim, wp.tmap_k);
-    if (s3 == FA_SUCCESS)
-      s3 = encode(TmaOperand::V, a.v, a.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, wp.tmap_v);
+    const fa_status s3 = encode_qkv_maps(spec, cfg, a, wp.tmap_q, wp.tmap_k, wp.tmap_v);
     if (s3 != FA_SUCCESS) {
       clear_error();
       shape.tma_ok = false;
@@ -1137,20 +1144,12 @@ fa_status Runtime::backward(const AttentionConfig &cfg, const fa_backward_args &
   BackwardWgmmaParams wp;
   std::memset(&wp, 0, sizeof wp);
   if (ks[1] && specs[1].wgmma && !specs[1].gather) {
-    const bool bf16 = cfg.dtype == Dtype::BF16;
-    const fa_forward_args &f = a.fwd;
-    auto encode = [&](TmaOperand which, const fa_tensor &t, int rows, int heads, int cols,
-                      uint8_t *out) {
-      return backend_->encode_tensor_map(
-          tile_map(t, bf16, rows, heads, cols, f.batch, wgmma_tma_box(specs[1], which)), out);
-    };
-    fa_status s3 = encode(TmaOperand::Q, f.q, f.seqlen_q, cfg.num_heads_q, cfg.head_dim, wp.tmap_q);
-    if (s3 == FA_SUCCESS)
-      s3 = encode(TmaOperand::Q, a.dout, f.seqlen_q, cfg.num_heads_q, cfg.head_dim_v, wp.tmap_do);
-    if (s3 == FA_SUCCESS)
-      s3 = encode(TmaOperand::K, f.k, f.seqlen_k, cfg.num_heads_kv, cfg.head_dim, wp.tmap_k);
-    if (s3 == FA_SUCCESS)
-      s3 = encode(TmaOperand::V, f.v, f.seqlen_k, cfg.num_heads_kv, cfg.head_dim_v, wp.tmap_v);
+    fa_status s3 = encode_qkv_maps(specs[1], cfg, a.fwd, wp.tmap_q, wp.tmap_k, wp.tmap_v);
+    if (s3 == FA_SUCCESS)  // dO: Q's shape (head_dim_v columns) and box
+      s3 = backend_->encode_tensor_map(
+          tile_map(a.dout, cfg.dtype == Dtype::BF16, a.fwd.seqlen_q, cfg.num_heads_q,
+                   cfg.head_dim_v, a.fwd.batch, wgmma_tma_box(specs[1], TmaOperand::Q)),
+          wp.tmap_do);
     if (s3 != FA_SUCCESS) {
       clear_error();
       LaunchShape no_tma = backward_shape(a);

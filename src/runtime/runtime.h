@@ -191,6 +191,11 @@ class Runtime {
                    uint64_t cu_seqlens_q = 0);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
+  // The TMA descriptors of a's Q, K and V (head_dim, head_dim, head_dim_v
+  // columns) in the boxes spec's kernel reads (wgmma_tma_box), into tq, tk,
+  // tv (128 bytes each); the first failure's status (the backend's message).
+  fa_status encode_qkv_maps(const KernelSpec &spec, const AttentionConfig &cfg,
+                            const fa_forward_args &a, uint8_t *tq, uint8_t *tk, uint8_t *tv) const;
   // The backward kernel of `kind` (BackwardPre, Backward, BackwardPost) for
   // args on this device under this runtime's policy: fa::backward_spec of
   // backward_shape(args).
