@@ -737,6 +737,9 @@ void test_generate_matches_launch(void **) {
   w.batch = 1, w.sq = 5, w.sk = 6, w.hq = 2, w.hkv = 2, w.d = 256, w.dv = 256;
   cases.push_back({"head dim 256", w, false, 80});
   cases.push_back({"head dim 256", w, false, 86});
+  // sm_90: the sm_90a main kernel, TMA (fixed length) and cp.async (varlen).
+  cases.push_back({"fixed, GQA, sinks (sm_90a)", reject_shape(), false, 90});
+  cases.push_back({"varlen, sinks, ALiBi, softcap, causal (sm_90a gather)", v, true, 90});
   const fa_kernel_kind kinds[3] = {FA_KERNEL_BACKWARD_PRE, FA_KERNEL_BACKWARD,
                                    FA_KERNEL_BACKWARD_POST};
   const fa::KernelKind inner[3] = {fa::KernelKind::BackwardPre, fa::KernelKind::Backward,
