@@ -1,6 +1,8 @@
 // The backward generators' shared per-key-block logic (backward_scores.h).
 #include "kernels/backward_scores.h"
 
+#include <cstddef>
+
 #include "kernels/kernels.h"
 #include "kernels/tile/row_mask.h"
 
@@ -54,6 +56,26 @@ DqSemaphore dq_semaphore(Emitter &e, const BackwardDims &d, const RegFn &sem_bas
   b.op(Op::Shr, Type::S64, first, first, imm(lg));
   s.before = e.op(Op::Sub, Type::S32, e.op(Op::Div, Type::S32, n0, imm(block_n)), e.s32(first));
   return s;
+}
+
+BackwardScores backward_scores(Emitter &e, const KernelSpec &spec, const RegFn &score_scale,
+                               const RegFn &bz, Reg h, Reg warp_keys, Reg n0, Reg m0,
+                               const tile::Lanes *ln, Reg stats, int lse_off, int d_off) {
+  BackwardScores x;
+  x.score_scale = score_scale;
+  if (spec.alibi)
+    x.alibi_coef = [&e, score_scale, bz, h, softcap = spec.softcap] {
+      return tile::alibi_coef(e, offsetof(ForwardParams, alibi_slopes), bz(), h,
+                              softcap ? Reg() : score_scale());
+    };
+  x.warp_keys = warp_keys;
+  x.n0 = n0;
+  x.m0 = m0;
+  x.ln = ln;
+  x.stats = stats;
+  x.lse_off = lse_off;
+  x.d_off = d_off;
+  return x;
 }
 
 void backward_probabilities(Emitter &e, const BackwardDims &d, const BackwardScores &x) {

@@ -75,6 +75,14 @@ struct BackwardScores {
   Reg stats;  // u32 shared address
   int lse_off = 0, d_off = 0;
 };
+// The fields every generator sets alike: the score scale and ALiBi's
+// coefficient of (bz, h) (spec.alibi) emitted where used, the warp's keys,
+// the block, the lanes and the statistics' place; s, dtanh / dtanh16 and
+// the softcap constants are the caller's.
+BackwardScores backward_scores(Emitter &e, const KernelSpec &spec, const RegFn &score_scale,
+                               const RegFn &bz, Reg h, Reg warp_keys, Reg n0, Reg m0,
+                               const tile::Lanes *ln, Reg stats, int lse_off, int d_off);
+
 void backward_probabilities(Emitter &e, const BackwardDims &d, const BackwardScores &x);
 
 // dS^T = P^T o (dP^T - D) in x.s (times 1 - tanh^2 with softcap), dp the

@@ -390,24 +390,13 @@ class BackwardGen {
 
   // The warp's scores and their rows' statistics (backward_scores.h).
   BackwardScores score_args() {
-    BackwardScores x;
+    BackwardScores x = backward_scores(
+        e_, spec_, [this] { return score_scale(); }, [this] { return bz(); }, h_, warp_, n0_, m0_,
+        &ln_, smem_, static_cast<int>(lay_.stats), static_cast<int>(lay_.stats) + 4 * bm_);
     x.s = &s_;
     x.dtanh = &dtanh_;
     if (spec_.softcap) x.cap = cap_;
     x.inv_cap = inv_cap_;
-    x.score_scale = [this] { return score_scale(); };
-    if (spec_.alibi)
-      x.alibi_coef = [this] {
-        return tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
-                                spec_.softcap ? Reg() : score_scale());
-      };
-    x.warp_keys = warp_;
-    x.n0 = n0_;
-    x.m0 = m0_;
-    x.ln = &ln_;
-    x.stats = smem_;
-    x.lse_off = static_cast<int>(lay_.stats);
-    x.d_off = static_cast<int>(lay_.stats) + 4 * bm_;
     return x;
   }
 

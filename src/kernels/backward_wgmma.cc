@@ -599,26 +599,15 @@ class BackwardWgmmaGen {
 
   // The warp's scores and the block's statistics (stage base st).
   BackwardScores score_args(Reg st) {
-    BackwardScores x;
+    BackwardScores x = backward_scores(
+        e_, spec_, [this] { return score_scale(); }, [this] { return bz(); }, h_, wkeys_, n0(), m0_,
+        &ln_, st, static_cast<int>(lay_.stats), static_cast<int>(lay_.stats) + 4 * kBlockM);
     x.s = &s_;
     x.dtanh16 = &dtanh16_;
     x.dtype = spec_.dtype;
     if (spec_.softcap) x.cap = cap_;
     // formed per block (held across the loop, a register short at 128)
     if (spec_.softcap) x.inv_cap = e_.op(Op::RcpRn, Type::F32, cap_.cap_log2);
-    x.score_scale = [this] { return score_scale(); };
-    if (spec_.alibi)
-      x.alibi_coef = [this] {
-        return tile::alibi_coef(e_, offsetof(F, alibi_slopes), bz(), h_,
-                                spec_.softcap ? Reg() : score_scale());
-      };
-    x.warp_keys = wkeys_;
-    x.n0 = n0();
-    x.m0 = m0_;
-    x.ln = &ln_;
-    x.stats = st;
-    x.lse_off = static_cast<int>(lay_.stats);
-    x.d_off = static_cast<int>(lay_.stats) + 4 * kBlockM;
     return x;
   }
 
