@@ -128,7 +128,7 @@ class BackwardGen {
     // some variants at 168 and spills).
     b_.set_min_ctas_per_sm(2);
     smem_sym_ = b_.extern_shared("smem", 16);
-    range_sym_ = b_.shared("query_begin", 4, 4);
+    range_sym_ = b_.shared("query_range", 8, 8);
     setup();
     bases();
     copy_kv();
@@ -295,12 +295,13 @@ class BackwardGen {
     h_ = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
     ptx::Label loop = b_.label(), done = b_.label();
     {
-      // The range's first block, published in shared memory (thread 0, one
-      // barrier) and read back per head: held in a register across the
-      // loops it spilled at head dim 128.
+      // The range's first block and its end, published in shared memory
+      // (thread 0, one barrier) and read back where used: held in registers
+      // across the loops the first spilled at head dim 128, and re-deriving
+      // the end costs some 20 instructions a block.
       const BackwardQueryRange r = query_range();
       Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-      b_.when(t0).st(Space::Shared, Type::B32, at(range_sym_), r.begin);
+      b_.when(t0).st_v(Space::Shared, Type::B32, at(range_sym_), {r.begin, r.end});
       b_.bar_sync();
       b_.when(e_.setp(Cmp::Ge, Type::S32, r.begin, r.end)).bra(done);
     }
@@ -318,7 +319,7 @@ class BackwardGen {
       b_.comment(
           "the next block (this head's next, or the next head's first) into the other buffer");
       Reg m = e_.op(Op::Add, Type::S32, m0_, imm(bm_)), h = e_.mov(Type::S32, h_);
-      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m, query_range().end);
+      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m, range_end());
       b_.when(wrap).ld(Space::Shared, Type::B32, m, at(range_sym_));
       b_.when(wrap).op(Op::Add, Type::S32, h, h, imm(1));
       ptx::Label none = b_.label();
@@ -338,7 +339,7 @@ class BackwardGen {
     // The next block: m0_ + block_m, or the next head's first.
     b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
     {
-      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m0_, query_range().end);
+      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m0_, range_end());
       b_.when(wrap).ld(Space::Shared, Type::B32, m0_, at(range_sym_));
       b_.when(wrap).op(Op::Add, Type::S32, h_, h_, imm(1));
     }
@@ -349,6 +350,13 @@ class BackwardGen {
     }
     b_.when(e_.setp(Cmp::Lt, Type::S32, h_, h_end())).bra(loop);
     b_.bind(done);
+  }
+
+  // The query range's end, from shared memory (heads()).
+  Reg range_end() {
+    Reg r = b_.b32();
+    b_.ld(Space::Shared, Type::B32, r, at(range_sym_, 4));
+    return r;
   }
 
   // One past the group's last query head.
