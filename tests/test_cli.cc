@@ -248,7 +248,7 @@ void test_generate(void **) {
     const char *entry;
   } kBackward[] = {
       {"backward-pre", "fp16", {}, ".entry fa_bwdpre_mma_f16_d64_dv64_g1_bm64_bn64_w4_s0_mt1_c0("},
-      {"backward", "fp16", {}, ".entry fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0("},
+      {"backward", "fp16", {}, ".entry fa_backward_mma_f16_d64_dv64_g2_bm64_bn64_w4_s2_mt1_c0("},
       {"backward-post",
        "fp16",
        {},
@@ -261,7 +261,7 @@ void test_generate(void **) {
        "bf16",
        {"--varlen", "--sinks", "--alibi", "--softcap", "30"},
        ".entry "
-       "fa_backward_mma_bf16_d64_dv64_g2_bm64_bn64_w4_s0_mt1_c0_softcap_varlen_sinks_alibi("},
+       "fa_backward_mma_bf16_d64_dv64_g2_bm64_bn64_w4_s2_mt1_c0_softcap_varlen_sinks_alibi("},
       {"backward-post",
        "bf16",
        {"--varlen", "--sinks", "--alibi"},

@@ -252,6 +252,8 @@ void test_tensor_core_forms(void **) {
   b.cp_async_cg16(at(s, 32), at(g), n);
   b.cp_async_cg16(at(s), at(g, 16), imm(0));
   b.cp_async_cg16(at(s, 16), at(g, 32));
+  b.cp_async_ca(at(s, 8), at(g, 4), 4, n);
+  b.cp_async_ca(at(s), at(g), 8, imm(0));
   Reg pv = b.pred(), pw = b.pred();
   b.vote(false, pw, pv, 0xffffffffu);
   b.cp_async_commit();
@@ -277,6 +279,8 @@ void test_tensor_core_forms(void **) {
   assert_true(contains(t, "\tcp.async.cg.shared.global [%r4+32], [%rd0], 16, %r5;\n"));
   assert_true(contains(t, "\tcp.async.cg.shared.global [%r4], [%rd0+16], 16, 0;\n"));
   assert_true(contains(t, "\tcp.async.cg.shared.global [%r4+16], [%rd0+32], 16;\n"));
+  assert_true(contains(t, "\tcp.async.ca.shared.global [%r4+8], [%rd0+4], 4, %r5;\n"));
+  assert_true(contains(t, "\tcp.async.ca.shared.global [%r4], [%rd0], 8, 0;\n"));
   assert_true(contains(t, "\tvote.sync.any.pred %p"));
   assert_true(contains(t, "\tcp.async.commit_group;\n\tcp.async.wait_group 1;\n"));
   assert_true(contains(t, "\tcvt.rn.bf16x2.f32 %r5, %f1, %f0;\n"));
@@ -331,6 +335,16 @@ void test_tensor_core_type_checks_abort(void **) {
     Builder b("k", 8);
     Reg s = b.b32(), g = b.b64();
     b.cp_async_cg16(at(s), at(g), g);  // 64-bit src-size
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg s = b.b32(), g = b.b64();
+    b.cp_async_ca(at(s), at(g), 2, imm(0));  // no 2-byte cp.async
+  }));
+  assert_true(aborts([] {
+    Builder b("k", 8);
+    Reg s = b.b32(), g = b.b64();
+    b.cp_async_ca(at(s), at(g), 4, imm(8));  // src-size above cp-size
   }));
   assert_true(aborts([] {
     Builder b("k", 8);

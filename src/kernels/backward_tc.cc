@@ -7,7 +7,14 @@
 // over the group's query heads and, for each, over the query blocks of
 // block_m rows that see its keys (causal and windows: only those), with
 // the rows' LSE (log2 units) and D_i = rowsum(dO_i o O_i) from the
-// BackwardPre kernel (BackwardParams::row_stats). Per query block, in the
+// BackwardPre kernel (BackwardParams::row_stats), all copied by cp.async.
+// With spec.stages = 2 (make_spec: where the shared memory costs no CTA an
+// SM) a query block's buffer is doubled (FlashAttention-2's backward
+// double-buffers Q; here Q, dO and the statistics): the next block's copies
+// (this head's next block, or the next head's first) are issued into the
+// other buffer before this block waits for its own (cp.async.wait_group 1),
+// so they overlap this block's products; with stages = 0 each block copies
+// and waits. Per query block, in the
 // transposed orientation (rows are keys: P^T's C fragments are the A
 // fragments dV and dK need):
 //   S^T = K Q^T                 (A: K rows, B: Q as [n][k])
@@ -47,16 +54,19 @@ using tile::Role;
 using tile::SmemTile;
 
 constexpr int kWarps = 4;
-constexpr float kPosInf = __builtin_huge_valf();
 constexpr int kKeysPerWarp = 16;
 
 // Dynamic shared memory: K [block_n][d], V [block_n][dv] (the CTA's keys,
-// copied once), Q [block_m][d] and dO [block_m][dv] (the query block),
-// dS^T [block_n][block_m] (16-bit, for dQ), and the query block's LSE_log2
-// and D (f32 [block_m] each).
+// copied once); a query block's buffer: Q [block_m][d], dO [block_m][dv] and
+// its rows' LSE_log2 and D (f32 [block_m] each); with stages = 2 a second
+// such buffer `buf` bytes after the first (the next block's copies land
+// there while this one is computed); dS^T [block_n][block_m] (16-bit, for
+// dQ).
 struct Layout {
-  SmemTile k, v, q, dout, ds;
-  uint32_t stats = 0, total = 0;
+  SmemTile k, v, q, dout, ds;  // q, dout: buffer 0
+  uint32_t stats = 0;          // buffer 0's LSE_log2, then D
+  uint32_t buf = 0;            // buffer 1 - buffer 0 (0: one buffer)
+  uint32_t total = 0;
 };
 
 Layout layout(const KernelSpec &s) {
@@ -65,10 +75,18 @@ Layout layout(const KernelSpec &s) {
   l.v = tile::smem_tile(l.k.offset + l.k.bytes(), s.block_n, s.head_dim_v);
   l.q = tile::smem_tile(l.v.offset + l.v.bytes(), s.block_m, s.head_dim);
   l.dout = tile::smem_tile(l.q.offset + l.q.bytes(), s.block_m, s.head_dim_v);
-  l.ds = tile::smem_tile(l.dout.offset + l.dout.bytes(), s.block_n, s.block_m);
-  l.stats = l.ds.offset + l.ds.bytes();
-  l.total = l.stats + 8 * static_cast<uint32_t>(s.block_m);
+  l.stats = l.dout.offset + l.dout.bytes();
+  const uint32_t end = l.stats + 8 * static_cast<uint32_t>(s.block_m);
+  l.buf = s.stages == 2 ? end - l.q.offset : 0;
+  l.ds = tile::smem_tile(end + l.buf, s.block_n, s.block_m);
+  l.total = l.ds.offset + l.ds.bytes();
   return l;
+}
+
+// t moved by `by` bytes (the second buffer's tiles).
+SmemTile moved(SmemTile t, uint32_t by) {
+  t.offset += by;
+  return t;
 }
 
 class BackwardGen {
@@ -80,6 +98,7 @@ class BackwardGen {
         e_(b_),
         half_(spec.dtype == Dtype::BF16 ? Type::BF16 : Type::F16) {
     bm_ = spec.block_m;
+    two_ = lay_.buf != 0;
     nS_ = bm_ / 8;
     kD_ = lay_.k.cols_pad / 16;
     kV_ = lay_.v.cols_pad / 16;
@@ -109,7 +128,7 @@ class BackwardGen {
     // some variants at 168 and spills).
     b_.set_min_ctas_per_sm(2);
     smem_sym_ = b_.extern_shared("smem", 16);
-    range_sym_ = b_.shared("query_begin", 4, 4);
+    range_sym_ = b_.shared("query_range", 8, 8);
     setup();
     bases();
     copy_kv();
@@ -202,9 +221,11 @@ class BackwardGen {
   // ---- K and V of the CTA's keys, once; every tile's padding zeroed ----
   void copy_kv() {
     b_.comment("K, V of the key block (rows past seqlen_k zero); padding columns zero");
-    {
-      const CopyPlan q(e_, tid_, 32 * kWarps, lay_.q, smem_, stride(offsetof(F, q_stride) + 8));
-      const CopyPlan d(e_, tid_, 32 * kWarps, lay_.dout, smem_,
+    for (int i = 0; i < (two_ ? 2 : 1); ++i) {
+      const uint32_t by = i * lay_.buf;  // Q's and dO's padding in each buffer
+      const CopyPlan q(e_, tid_, 32 * kWarps, moved(lay_.q, by), smem_,
+                       stride(offsetof(F, q_stride) + 8));
+      const CopyPlan d(e_, tid_, 32 * kWarps, moved(lay_.dout, by), smem_,
                        stride(offsetof(P, dout_stride) + 8));
       q.zero_padding();
       d.zero_padding();
@@ -251,6 +272,10 @@ class BackwardGen {
   }
 
   // ---- the group's query heads, each over its query blocks ----
+  // One loop over (head h_, block m0_): m0_ steps by block_m through the
+  // query range, then on to the next head's first block. With two buffers
+  // the next block's copies are issued before this block waits for its own
+  // (cp.async groups: wait_group 1); with one, each block copies and waits.
   void heads() {
     s_ = tile::acc_tile(b_, nS_);
     dp_ = tile::acc_tile(b_, nS_);
@@ -268,71 +293,127 @@ class BackwardGen {
     // The group's query heads kvh g .. kvh g + g - 1 (the bound re-derived
     // from %ctaid.y at each test: nothing else held across the loops).
     h_ = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
-    ptx::Label hloop = b_.label(), hdone = b_.label();
+    ptx::Label loop = b_.label(), done = b_.label();
     {
-      // The range's first block, published in shared memory (thread 0, one
-      // barrier) and read back per head: held in a register across the
-      // loops it spilled at head dim 128.
+      // The range's first block and its end, published in shared memory
+      // (thread 0, one barrier) and read back where used: held in registers
+      // across the loops the first spilled at head dim 128, and re-deriving
+      // the end costs some 20 instructions a block.
       const BackwardQueryRange r = query_range();
       Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
-      b_.when(t0).st(Space::Shared, Type::B32, at(range_sym_), r.begin);
+      b_.when(t0).st_v(Space::Shared, Type::B32, at(range_sym_), {r.begin, r.end});
       b_.bar_sync();
-      b_.when(e_.setp(Cmp::Ge, Type::S32, r.begin, r.end)).bra(hdone);
+      b_.when(e_.setp(Cmp::Ge, Type::S32, r.begin, r.end)).bra(done);
     }
-    b_.bind(hloop);
+    m0_ = b_.b32();
+    b_.ld(Space::Shared, Type::B32, m0_, at(range_sym_));
+    if (two_) {
+      // This buffer's offset from buffer 0 (0 or lay_.buf); the first block
+      // into buffer 0.
+      buf_ = e_.mov(Type::U32, imm(0));
+      copy_block(h_, m0_, smem_);
+      b_.cp_async_commit();
+    }
+    b_.bind(loop);
+    if (two_) {
+      b_.comment(
+          "the next block (this head's next, or the next head's first) into the other buffer");
+      Reg m = e_.op(Op::Add, Type::S32, m0_, imm(bm_)), h = e_.mov(Type::S32, h_);
+      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m, range_end());
+      b_.when(wrap).ld(Space::Shared, Type::B32, m, at(range_sym_));
+      b_.when(wrap).op(Op::Add, Type::S32, h, h, imm(1));
+      ptx::Label none = b_.label();
+      b_.unless(e_.setp(Cmp::Lt, Type::S32, h, h_end())).bra(none);
+      Reg other = e_.op(Op::Sub, Type::U32, imm(lay_.buf), buf_);
+      copy_block(h, m, e_.op(Op::Add, Type::U32, smem_, other));
+      b_.bind(none);
+      b_.cp_async_commit();  // empty after the last block: wait_group 1 still waits for this one
+      b_.cp_async_wait(1);
+    } else {
+      copy_block(h_, m0_, smem_);
+      b_.cp_async_commit();
+      b_.cp_async_wait(0);
+    }
+    b_.bar_sync();
+    query_block();
+    // The next block: m0_ + block_m, or the next head's first.
+    b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
     {
-      // Row r of (b, h): (b heads_q + h) seqlen_q + r.
-      row0_ = e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h_)), e_.s64(sq_max()));
-      m0_ = b_.b32();
-      b_.ld(Space::Shared, Type::B32, m0_, at(range_sym_));
-      ptx::Label mloop = b_.label();
-      b_.bind(mloop);
-      query_block();
-      b_.op(Op::Add, Type::S32, m0_, m0_, imm(bm_));
-      b_.when(e_.setp(Cmp::Lt, Type::S32, m0_, query_range().end)).bra(mloop);
+      Reg wrap = e_.setp(Cmp::Ge, Type::S32, m0_, range_end());
+      b_.when(wrap).ld(Space::Shared, Type::B32, m0_, at(range_sym_));
+      b_.when(wrap).op(Op::Add, Type::S32, h_, h_, imm(1));
     }
-    b_.op(Op::Add, Type::S32, h_, h_, imm(1));
-    Reg h_end = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
-    b_.op(Op::Add, Type::S32, h_end, h_end, imm(spec_.group_size));
-    b_.when(e_.setp(Cmp::Lt, Type::S32, h_, h_end)).bra(hloop);
-    b_.bind(hdone);
+    if (two_) {
+      // The other buffer: delta = lay_.buf - 2 buf_ (+buf or -buf).
+      Reg delta = e_.op(Op::MadLo, Type::S32, buf_, imm(-2), imm(lay_.buf));
+      for (Reg r : {q_nk_, do_nk_, q_kn_, do_kn_, buf_}) b_.op(Op::Add, Type::S32, r, r, delta);
+    }
+    b_.when(e_.setp(Cmp::Lt, Type::S32, h_, h_end())).bra(loop);
+    b_.bind(done);
   }
 
-  // One query block m0_ of head h_.
-  void query_block() {
+  // The query range's end, from shared memory (heads()).
+  Reg range_end() {
+    Reg r = b_.b32();
+    b_.ld(Space::Shared, Type::B32, r, at(range_sym_, 4));
+    return r;
+  }
+
+  // One past the group's last query head.
+  Reg h_end() {
+    Reg h = e_.op(Op::MulLo, Type::S32, kvh(), imm(spec_.group_size));
+    b_.op(Op::Add, Type::S32, h, h, imm(spec_.group_size));
+    return h;
+  }
+
+  // Row 0 of (b, h) in the row statistics and dQ's accumulators:
+  // (b heads_q + h) seqlen_q (s64).
+  Reg row0(Reg h) {
+    return e_.op(Op::MulLo, Type::S64, e_.wide_mad(bz(), hq(), e_.s64(h)), e_.s64(sq_max()));
+  }
+
+  // Query block m0 of head h into the buffer at shared address `smem`
+  // (smem_, or smem_ + lay_.buf): Q and dO rows (past seqlen_q zero), and
+  // the rows' LSE_log2 and D, all by cp.async (one commit group, the
+  // caller's).
+  void copy_block(Reg h, Reg m0, Reg smem) {
     b_.comment("query block: Q, dO, their rows' LSE (log2) and D");
-    Reg left = e_.op(Op::Sub, Type::S32, sq(), m0_);
+    Reg left = e_.op(Op::Sub, Type::S32, sq(), m0);
     for (int t = 0; t < 2; ++t) {
       const size_t sp = t ? offsetof(P, dout_stride) : offsetof(F, q_stride);
       Reg row = stride(sp + 8);
-      const CopyPlan plan(e_, tid_, 32 * kWarps, t ? lay_.dout : lay_.q, smem_, row);
-      Reg base = row_base(t ? offsetof(P, dout) : offsetof(F, q), sp, q0_, h_);
-      plan.boundary(thread_ptr(plan, base, m0_, row), left, base);
+      const CopyPlan plan(e_, tid_, 32 * kWarps, t ? lay_.dout : lay_.q, smem, row);
+      Reg base = row_base(t ? offsetof(P, dout) : offsetof(F, q), sp, q0_, h);
+      plan.boundary(thread_ptr(plan, base, m0, row), left, base);
     }
-    b_.cp_async_commit();
     {
-      // Threads t < block_m: row m0 + t's statistics (past seqlen_q: LSE
-      // +inf, D 0: every p of the row 0).
+      // Threads t < block_m: row m0 + t's LSE_log2 (BackwardParams::row_stats'
+      // second half, batch heads_q seqlen_q rows further), block_m <= t <
+      // 2 block_m: row m0 + t - block_m's D; both at stats + 4t. Rows past
+      // seqlen_q read as 0 (zero-filled): their columns are masked, so every
+      // p of them is 0 and their dS too.
       ptx::Label skip = b_.label();
-      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(bm_))).bra(skip);
-      Reg i = e_.op(Op::Add, Type::S32, m0_, tid_);
+      b_.when(e_.setp(Cmp::Ge, Type::U32, tid_, imm(2 * bm_))).bra(skip);
+      Reg lse = e_.setp(Cmp::Lt, Type::U32, tid_, imm(bm_));
+      Reg i = e_.op(Op::Add, Type::S32, m0, e_.op(Op::And, Type::B32, tid_, imm(bm_ - 1)));
       Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq());
-      Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
-      Reg a = e_.index64(e_.global_param(offsetof(P, row_stats)), r, 4);
-      Reg d = e_.mov(Type::F32, fimm(0.0f)), l2 = e_.mov(Type::F32, fimm(kPosInf));
-      b_.when(in).ld(Space::Global, Type::F32, d, at(a));
-      // The LSE half: batch heads_q seqlen_q rows further.
-      Reg rows = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq());
-      b_.op(Op::MulLo, Type::S64, rows, rows, e_.s64(sq_max()));
-      Reg al = e_.index64(a, rows, 4);
-      b_.when(in).ld(Space::Global, Type::F32, l2, at(al));
-      Reg sa = e_.op(Op::MadLo, Type::U32, tid_, imm(4), smem_);
-      b_.st(Space::Shared, Type::F32, at(sa, static_cast<int>(lay_.stats)), l2);
-      b_.st(Space::Shared, Type::F32, at(sa, static_cast<int>(lay_.stats) + 4 * bm_), d);
+      Reg r = e_.op(Op::Add, Type::S64, row0(h), e_.s64(i));
+      Reg half = e_.wide_mul(e_.param(Type::S32, offsetof(F, batch)), hq());
+      b_.op(Op::MulLo, Type::S64, half, half, e_.s64(sq_max()));
+      b_.when(lse).op(Op::Add, Type::S64, r, r, half);
+      Reg stats = e_.global_param(offsetof(P, row_stats));
+      Reg a = e_.index64(stats, r, 4);
+      b_.selp(Type::B64, a, a, stats, in);
+      Reg size = e_.mov(Type::B32, imm(0));
+      b_.when(in).mov(Type::B32, size, imm(4));
+      Reg sa = e_.op(Op::MadLo, Type::U32, tid_, imm(4), smem);
+      b_.cp_async_ca(at(sa, static_cast<int>(lay_.stats)), at(a), 4, size);
       b_.bind(skip);
     }
-    b_.cp_async_wait(0);
-    b_.bar_sync();
+  }
+
+  // One query block m0_ of head h_, its buffer copied.
+  void query_block() {
     scores();
     probabilities();
     grad_p();
@@ -344,7 +425,7 @@ class BackwardGen {
     store_ds();
     b_.bar_sync();
     grad_q();
-    b_.bar_sync();  // Q, dO, dS^T and the statistics are free for the next block
+    b_.bar_sync();  // this buffer, dS^T and the statistics are free for the block after next
     {
       // Deterministic: this key block's adds are done (the barrier above
       // orders every thread's before thread 0's release): the next may go.
@@ -390,9 +471,10 @@ class BackwardGen {
 
   // The warp's scores and their rows' statistics (backward_scores.h).
   BackwardScores score_args() {
+    Reg stats = two_ ? e_.op(Op::Add, Type::U32, smem_, buf_) : smem_;  // this block's buffer
     BackwardScores x = backward_scores(
         e_, spec_, [this] { return score_scale(); }, [this] { return bz(); }, h_, warp_, n0_, m0_,
-        &ln_, smem_, static_cast<int>(lay_.stats), static_cast<int>(lay_.stats) + 4 * bm_);
+        &ln_, stats, static_cast<int>(lay_.stats), static_cast<int>(lay_.stats) + 4 * bm_);
     x.s = &s_;
     x.dtanh = &dtanh_;
     if (spec_.softcap) x.cap = cap_;
@@ -483,10 +565,11 @@ class BackwardGen {
     Reg row = e_.op(Op::Add, Type::S32, e_.op(Op::Add, Type::S32, m0_, qrow_), ln_.g);
     Reg col0 =
         e_.op(Op::MadLo, Type::U32, qphase_, imm(16), e_.op(Op::Shl, Type::B32, ln_.q, imm(1)));
+    Reg r0 = row0(h_);
     for (int h = 0; h < 2; ++h) {
       Reg i = e_.op(Op::Add, Type::S32, row, imm(8 * h));
       Reg in = e_.setp(Cmp::Lt, Type::S32, i, sq());
-      Reg r = e_.op(Op::Add, Type::S64, row0_, e_.s64(i));
+      Reg r = e_.op(Op::Add, Type::S64, r0, e_.s64(i));
       Reg a = e_.index64(e_.global_param(offsetof(P, dq_accum)), r, 4 * spec_.head_dim);
       if (split_ > 1) a = e_.index(a, slice_, 4 * dcols_);
       a = e_.index(a, col0, 4);
@@ -556,7 +639,9 @@ class BackwardGen {
   Softcap cap_;
   Reg inv_cap_;
   Frag4 zero4_, fa_, fb_;
-  Reg h_, row0_, m0_;
+  Reg h_, m0_;
+  bool two_ = false;                 // stages = 2: two buffers (Layout::buf)
+  Reg buf_;                          // two_: this block's buffer - buffer 0, bytes (u32)
   Reg det_, det_t0_, sem_, before_;  // deterministic mode (BackwardParams::dq_sem)
 };
 

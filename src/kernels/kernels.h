@@ -96,6 +96,7 @@ struct KernelSpec {
   int num_warps = 0;  // threads per CTA / 32
   bool mma = false;   // Forward: tensor-core kernel (mma.sync, ldmatrix, cp.async; sm_80+)
   int stages = 0;     // mma: 1 = one K and one V buffer, FlashAttention-2's overlap; 0 otherwise
+                      // (Backward: 2 = Q and dO double-buffered, 0 one buffer)
   int m_tiles = 1;    // mma: 16-row m-tiles per warp (block_m = 16 m_tiles num_warps)
   bool q_in_regs = false;  // mma: Q's A fragments stay in registers across K/V tiles
   int min_ctas = 0;        // mma: CTAs per SM the tile is sized for (.minnctapersm)

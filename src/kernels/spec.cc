@@ -117,7 +117,7 @@ bool backward_spec_valid(const KernelSpec &s) {
          !s.page_tiles && s.rotary == 0 && (s.dv_split == 1 || s.kind == KernelKind::Backward) &&
          s.group_size >= 1 && s.num_warps == 4 && s.block_n == 64 &&
          (s.block_m == 16 || s.block_m == 32 || s.block_m == 64) && !s.lse_in_base2 &&
-         !s.lse_out_base2;
+         !s.lse_out_base2 && (s.stages == 0 || (s.kind == KernelKind::Backward && s.stages == 2));
 }
 
 bool spec_valid(const KernelSpec &s) {
@@ -647,14 +647,14 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
     s.num_warps = 4;
     s.block_n = 64;
     s.block_m = s.head_dim <= 64 && s.head_dim_v <= 64 ? 64 : 32;
+    DeviceLimits lim = dev;
+    if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim))
+      published_limits(80, &lim);
     if (kind == KernelKind::Backward && (s.head_dim > 128 || s.head_dim_v > 128)) {
       // Two column slices of dK, dV and dQ (backward_tc.cc); query blocks of
       // 32 where the SM's shared memory holds the full K, V, Q and dO tiles
       // (104 KB at 256), else 16 (88 KB: sm_86, 89, 120).
       s.dv_split = 2;
-      DeviceLimits lim = dev;
-      if (lim.smem_per_block_optin == 0 && !published_limits(dev.sm, &lim))
-        published_limits(80, &lim);
       if (kgen::backward_smem(s) > lim.smem_per_block_optin) s.block_m = 16;
     }
     // Softcap (1 - tanh^2 of each score kept) or ALiBi past 96 columns a
@@ -677,6 +677,19 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
       s.block_m = 64;
       s.block_n = 128;
       s.dv_split = 1;
+    }
+    if (kind == KernelKind::Backward && s.mma) {
+      // Q, dO and their statistics double-buffered (stages 2) where the
+      // second buffer fits a block and costs none of the two CTAs an SM the
+      // kernel asks for (1 KB reserved a CTA; e.g. not at head dim 64 on the
+      // 100 KB SMs); block_m as chosen above, for one buffer.
+      auto ctas = [&](const KernelSpec &t) {
+        const uint32_t smem = kgen::backward_smem(t);
+        return smem > lim.smem_per_block_optin ? 0u : std::min(2u, lim.smem_per_sm / (smem + 1024));
+      };
+      KernelSpec two = s;
+      two.stages = 2;
+      if (ctas(two) >= std::max(1u, ctas(s))) s.stages = 2;
     }
     return s;
   }

@@ -971,6 +971,21 @@ void Builder::cp_async_cg16(Addr dst, Addr src) {
   Line(*this, in).addr(dst).addr(src).imm(16).done();
 }
 
+void Builder::cp_async_ca(Addr dst, Addr src, int cp_size, Operand src_size) {
+  Opcode in("cp.async.ca.shared.global");
+  check_addr(in, dst, Space::Shared);
+  check_addr(in, src, Space::Global);
+  if (cp_size != 4 && cp_size != 8 && cp_size != 16) misuse(in, "cp-size must be 4, 8 or 16");
+  if (src_size.kind == Operand::Kind::Imm && (src_size.imm < 0 || src_size.imm > cp_size))
+    misuse(in, "src-size outside 0..cp-size");
+  if (src_size.kind != Operand::Kind::Imm && src_size.kind != Operand::Kind::Reg)
+    misuse(in, "src-size must be a b32 register or an immediate");
+  check(in, src_size, Type::B32, "src-size must be a b32 register");
+  if (src_size.kind == Operand::Kind::Reg && src_size.reg.cls != RegClass::B32)
+    misuse(in, "src-size must be a b32 register");
+  Line(*this, in).addr(dst).addr(src).imm(cp_size).operand(src_size).done();
+}
+
 void Builder::cp_async_commit() { Line(*this, Opcode("cp.async.commit_group")).done(); }
 
 void Builder::cp_async_wait(int n) {

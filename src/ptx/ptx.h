@@ -268,6 +268,10 @@ class Builder {
   void cp_async_cg16(Addr dst, Addr src, Operand src_size);
   // cp.async.cg.shared.global [dst], [src], 16: all 16 bytes copied.
   void cp_async_cg16(Addr dst, Addr src);
+  // cp.async.ca.shared.global [dst], [src], cp_size, src_size: cp_size 4, 8
+  // or 16 (.ca is the form for 4 and 8 bytes), src_size a b32 register or an
+  // immediate in 0..cp_size; bytes past it are zero-filled.
+  void cp_async_ca(Addr dst, Addr src, int cp_size, Operand src_size);
   void cp_async_commit();     // cp.async.commit_group
   void cp_async_wait(int n);  // cp.async.wait_group n (n >= 0)
   // cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 d, hi, lo: hi lands in the upper
