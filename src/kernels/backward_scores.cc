@@ -165,6 +165,26 @@ void backward_grad_s(Emitter &e, const BackwardScores &x, const tile::AccTile &d
   }
 }
 
+void backward_store_keys(Emitter &e, Type half, const tile::AccTile &acc, Reg base, Reg row_bytes,
+                         Reg key0, Reg col, const RegFn &sk, int cols, Reg scale, Reg w) {
+  ptx::Builder &b = e.b;
+  for (int h = 0; h < 2; ++h) {
+    Reg key = e.op(Op::Add, Type::S32, key0, imm(8 * h));
+    Reg in = e.setp(Cmp::Lt, Type::S32, key, sk());
+    Reg a = e.index(e.index(base, key, row_bytes), col, 1);
+    for (int j = 0; j < acc.n(); ++j) {
+      if (8 * j >= cols) break;  // whole 8-column blocks: cols % 8 == 0
+      Reg x0 = acc.f[j][2 * h], x1 = acc.f[j][2 * h + 1];
+      if (scale.valid()) {
+        b.op(Op::Mul, Type::F32, x0, x0, scale);
+        b.op(Op::Mul, Type::F32, x1, x1, scale);
+      }
+      b.cvt_pack(half, w, x1, x0);
+      b.when(in).st(Space::Global, Type::B32, at(a, 16 * j), w);
+    }
+  }
+}
+
 void unpack_half2(Emitter &e, Dtype dt, Reg w, Reg lo, Reg hi) {
   ptx::Builder &b = e.b;
   if (dt == Dtype::BF16) {

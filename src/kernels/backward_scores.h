@@ -89,4 +89,12 @@ void backward_probabilities(Emitter &e, const BackwardDims &d, const BackwardSco
 // warp's dP^T tile (consumed).
 void backward_grad_s(Emitter &e, const BackwardScores &x, const tile::AccTile &dp, bool softcap);
 
+// Rows key0 + g (+ 8) (a warp's keys; key0 the row-g key, s32) of a
+// warp's accumulator tile acc (dK or dV, cols columns, whole 8-column
+// blocks) rounded to `half` and stored at base + key row_bytes + col (col:
+// the lane's column 2q in bytes), keys at or past sk() skipped; times scale
+// first when scale is valid. w: a b32 scratch register.
+void backward_store_keys(Emitter &e, Type half, const tile::AccTile &acc, Reg base, Reg row_bytes,
+                         Reg key0, Reg col, const RegFn &sk, int cols, Reg scale, Reg w);
+
 }  // namespace fa::kgen

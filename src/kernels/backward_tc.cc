@@ -599,21 +599,9 @@ class BackwardGen {
     Reg w = b_.b32();
     auto store = [&](const AccTile &acc, Reg base, Reg row_bytes, int cols, bool scaled) {
       if (split_ > 1) base = e_.index(base, slice_, 2 * cols);  // the slice's first column
-      for (int h = 0; h < 2; ++h) {
-        Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
-        Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk());
-        Reg a = e_.index(e_.index(base, key, row_bytes), col, 1);
-        for (int j = 0; j < acc.n(); ++j) {
-          if (8 * j >= cols) break;  // whole 8-column blocks: cols % 8 == 0
-          Reg x0 = acc.f[j][2 * h], x1 = acc.f[j][2 * h + 1];
-          if (scaled) {
-            b_.op(Op::Mul, Type::F32, x0, x0, scale);
-            b_.op(Op::Mul, Type::F32, x1, x1, scale);
-          }
-          b_.cvt_pack(half_, w, x1, x0);
-          b_.when(in).st(Space::Global, Type::B32, at(a, 16 * j), w);
-        }
-      }
+      backward_store_keys(
+          e_, half_, acc, base, row_bytes, key0, col, [this] { return sk(); }, cols,
+          scaled ? scale : Reg(), w);
     };
     store(dk_, row_base(offsetof(P, dk), offsetof(P, dk_stride), k0_, kvh()),
           stride(offsetof(P, dk_stride) + 8), dcols_, true);

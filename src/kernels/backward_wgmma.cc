@@ -552,20 +552,8 @@ class BackwardWgmmaGen {
     std::vector<Reg> sf = flat(s_), dpf = flat(dp_);
     b_.comment("S^T = K_w Q^T, dP^T = V_w dO^T");
     b_.wgmma_fence();
-    for (int kk = 0; kk < kD_; ++kk) {
-      const int64_t a = int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32;
-      const int64_t bq = int64_t(kk / 4) * lay_.row_atom + (kk % 4) * 32;
-      b_.wgmma_ss(half_, kBlockM, sf.data(), desc(16, lay_.k + a, wg_rows()),
-                  desc(16, lay_.q + bq, qoff), imm(kk == 0 ? 0 : 1), false);
-    }
-    b_.wgmma_commit();
-    for (int kk = 0; kk < kV_; ++kk) {
-      const int64_t a = int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32;
-      const int64_t bq = int64_t(kk / 4) * lay_.row_atom + (kk % 4) * 32;
-      b_.wgmma_ss(half_, kBlockM, dpf.data(), desc(16, lay_.v + a, wg_rows()),
-                  desc(16, lay_.dout + bq, dooff), imm(kk == 0 ? 0 : 1), false);
-    }
-    b_.wgmma_commit();
+    issue_rows_t(sf, kD_, lay_.k, lay_.q, qoff);
+    issue_rows_t(dpf, kV_, lay_.v, lay_.dout, dooff);
     b_.wgmma_wait(1);
     Reg st = e_.op(Op::MadLo, Type::U32, sl.stage, imm(Layout::kStatsStage), smem_);
     b_.comment("P^T: softcap, ALiBi, masks, 2^(s c - LSE_log2)");
@@ -595,6 +583,19 @@ class BackwardWgmmaGen {
     b_.fence_proxy_async();  // dS's stores, visible to wgmma
     b_.bar_sync(kDsBar, kConsumers);
     grad_q(bars);
+  }
+
+  // acc = X_w Y^T (one commit group) over k16 slices of the K-major tiles:
+  // X (K or V) at x, this warpgroup's 64 rows, Y (Q or dO) at y + yoff
+  // (the stage).
+  void issue_rows_t(const std::vector<Reg> &acc, int slices, uint32_t x, uint32_t y, Reg yoff) {
+    for (int kk = 0; kk < slices; ++kk) {
+      const int64_t a = int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32;
+      const int64_t bq = int64_t(kk / 4) * lay_.row_atom + (kk % 4) * 32;
+      b_.wgmma_ss(half_, kBlockM, acc.data(), desc(16, x + a, wg_rows()), desc(16, y + bq, yoff),
+                  imm(kk == 0 ? 0 : 1), false);
+    }
+    b_.wgmma_commit();
   }
 
   // The warp's scores and the block's statistics (stage base st).
@@ -696,21 +697,9 @@ class BackwardWgmmaGen {
       base = spec_.varlen ? e_.index(base, seq(3), row_bytes)
                           : e_.index(base, bz(), e_.stride_bytes(strides, 2));
       base = e_.index(base, kvh(), e_.stride_bytes(strides + 16, 2));
-      for (int h = 0; h < 2; ++h) {
-        Reg key = e_.op(Op::Add, Type::S32, key0, imm(8 * h));
-        Reg in = e_.setp(Cmp::Lt, Type::S32, key, sk());
-        Reg a = e_.index(e_.index(base, key, row_bytes), col, 1);
-        for (int j = 0; j < acc.n(); ++j) {
-          if (8 * j >= cols) break;
-          Reg x0 = acc.f[j][2 * h], x1 = acc.f[j][2 * h + 1];
-          if (scaled) {
-            b_.op(Op::Mul, Type::F32, x0, x0, scale);
-            b_.op(Op::Mul, Type::F32, x1, x1, scale);
-          }
-          b_.cvt_pack(half_, w, x1, x0);
-          b_.when(in).st(Space::Global, Type::B32, at(a, 16 * j), w);
-        }
-      }
+      backward_store_keys(
+          e_, half_, acc, base, row_bytes, key0, col, [this] { return sk(); }, cols,
+          scaled ? scale : Reg(), w);
     };
     store(dk_, offsetof(P, dk), offsetof(P, dk_stride), spec_.head_dim, true);
     store(dv_, offsetof(P, dv), offsetof(P, dv_stride), spec_.head_dim_v, false);
