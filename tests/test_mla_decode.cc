@@ -15,7 +15,10 @@
 // (tests/support/fp8_kv: e4m3 and e5m2 with descales, bf16 and fp16, pages
 // of 64 and 3, an empty sequence with +inf descales, sinks through the
 // combine). The policy off runs the mma.sync decode (two O slices) on the
-// first two cases of each list.
+// first two cases of each list. Split counters given (fa_decode's fused
+// combine) and FLASHATTN_PDL=1 must leave the MLA kernels as they are:
+// before, on sm_100 the first ran the MLA kernel marked fused with no
+// combine (O never written) and the second generated no PTX.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +60,11 @@ int main(void) {
     d.partials_only = true;
     cases.push_back(d);
     d.partials_only = false;
+    d.seed = seed++;
+    cases.push_back(d);
+    // With split counters given (fa_decode's fused combine): the MLA
+    // kernels never fuse it, so the combine kernel must still run.
+    d.split_counters = true;
     d.seed = seed++;
     cases.push_back(d);
   }
@@ -165,6 +173,16 @@ int main(void) {
             d.partials_only ? (k.find(tg.kernel) == 0) == on : k.find("fa_reduce_") == 0;
         if (!ok) failures += what + ": ran " + k + "\n";
       }
+    }
+    {  // FLASHATTN_PDL=1 (programmatic launches) leaves the MLA kernel as
+       // it is (it has no griddepcontrol form): the same kernel, no error.
+      fa::test::PolicyScope mla_on(rt, tg.policy, true);
+      fa::test::PolicyScope pdl(rt, &fa::KernelPolicy::pdl, true);
+      const fa::test::DecodeCase &d = cases[0];
+      const std::string err = fa::test::run_decode(rt, d);
+      const std::string k = fa::test::emulated_kernel(rt);
+      if (!err.empty() || k.find(tg.kernel) != 0)
+        failures += d.describe() + " (pdl on): ran " + k + "\n" + err;
     }
     fa_runtime_destroy(rt);
   }

@@ -127,7 +127,8 @@ bool spec_valid(const KernelSpec &s) {
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
   if (s.sinks && s.kind == KernelKind::Decode && !s.fused_combine) return false;
   // The fused combine: the tensor-core decode with fixed-length queries.
-  if (s.fused_combine && !(s.kind == KernelKind::Decode && s.mma && !s.wgmma && !s.varlen))
+  if (s.fused_combine &&
+      !(s.kind == KernelKind::Decode && s.mma && !s.wgmma && !s.tcgen05 && !s.varlen))
     return false;
   if (s.alibi && s.kind == KernelKind::Reduce) return false;
   // fp8 KV: the tensor-core decode on SMs with the fp8 cvt (sm_89+), rows of
@@ -799,10 +800,12 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   s.seqused_k = kind == KernelKind::Forward && shape.seqused_k;
   s.tree_mask = kind == KernelKind::Decode && shape.tree_mask;
   s.fixed_len = kind == KernelKind::Decode && shape.fixed_len && !shape.append_kv;
-  s.pdl = kind == KernelKind::Decode && s.mma && !s.wgmma && policy.pdl && dev.sm >= 90;
-  // The MLA decode (spec.wgmma) always leaves its combine to the reduce kernel.
-  s.fused_combine =
-      kind == KernelKind::Decode && s.mma && !s.wgmma && !s.varlen && shape.fused_combine;
+  s.pdl =
+      kind == KernelKind::Decode && s.mma && !s.wgmma && !s.tcgen05 && policy.pdl && dev.sm >= 90;
+  // The MLA decodes (spec.wgmma, spec.tcgen05) always leave their combine
+  // to the reduce kernel.
+  s.fused_combine = kind == KernelKind::Decode && s.mma && !s.wgmma && !s.tcgen05 && !s.varlen &&
+                    shape.fused_combine;
   s.sinks = (kind == KernelKind::Forward || s.fused_combine) && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
