@@ -684,7 +684,7 @@ std::vector<KernelSpec> grid() {
   // (pages of 64: pow2 rows; of 3), fixed length (a forward run as decode),
   // windows, group 16 and 128, e4m3 and e5m2 caches. The same grid on
   // sm_100 and sm_103: the sm_100a MLA decode (KernelPolicy::sm100_mla,
-  // tcgen05).
+  // tcgen05), and on sm_100 its direct_out form (the MLA forward).
   for (int sm : {90, 100, 103}) {
     KernelPolicy mla;
     mla.sm90_mla = true;
@@ -707,6 +707,16 @@ std::vector<KernelSpec> grid() {
         assert_true((sm == 90 ? w.wgmma : w.tcgen05) && w.kind == KernelKind::Decode &&
                     !generate_ptx(w).empty());
         if (sm != 103 || i % 3 == 0) out.push_back(w);
+        // sm_100a, 16-bit caches: the forward's one-split form writing O
+        // (KernelSpec::direct_out), with sinks on every other.
+        if (sm == 100 && cfg.kv_fp8 == KvFp8::None && hd.second == 512) {
+          shape.direct_out = true;
+          shape.sinks = i % 2 == 0;
+          w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, mla);
+          assert_true(w.tcgen05 && w.direct_out && w.sinks == shape.sinks &&
+                      !generate_ptx(w).empty());
+          out.push_back(w);
+        }
         ++i;
       }
   }

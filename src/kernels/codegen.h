@@ -254,6 +254,9 @@ void fp8_scale_scores(Emitter &e, const KernelSpec &spec, Reg bz, Reg kvh, Reg s
 // offsetof(ForwardParams, sinks) (params_base: where ForwardParams sits in
 // the kernel's parameter block). One load per CTA, in the epilogue.
 Reg sink_log2(Emitter &e, Reg h, size_t params_base = 0);
+// The same from the u64 sinks pointer at parameter offset sinks_param (a
+// kernel whose block is not ForwardParams: DecodeParams::sinks).
+Reg sink_log2_at(Emitter &e, Reg h, size_t sinks_param);
 
 // min(max(end - start, 0), max_len) of two device-provided int32 offsets,
 // formed in 64 bits (a varlen sequence's length, cut to the launch maximum).

@@ -35,7 +35,11 @@ void scale_score(Emitter &e, Reg s, Reg score_scale, const Softcap &cap) {
 }
 
 Reg sink_log2(Emitter &e, Reg h, size_t params_base) {
-  Reg sinks = e.global_param(params_base + offsetof(ForwardParams, sinks));
+  return sink_log2_at(e, h, params_base + offsetof(ForwardParams, sinks));
+}
+
+Reg sink_log2_at(Emitter &e, Reg h, size_t sinks_param) {
+  Reg sinks = e.global_param(sinks_param);
   Reg v = e.new_reg(Type::F32);
   e.b.ld(Space::Global, Type::F32, v, at(e.index(sinks, h, 4)));
   e.b.op(Op::Mul, Type::F32, v, v, fimm(kLog2e));

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "kernels/codegen.h"
+#include "kernels/tile/merge.h"
 #include "kernels/tile/ring.h"
 #include "kernels/tile/row_mask.h"
 #include "kernels/tile/swizzle.h"
@@ -864,20 +865,45 @@ class DecodeMlaGen {
                 e_.op(Op::And, Type::B32, e_.op(Op::Sub, Type::U32, j, imm(1)), imm(1)));
     b_.tcgen05_fence_after_thread_sync();
     b_.bind(no_wait);
-    const tile::RowEnd end = tile::row_end(e_, rs.m, scale, rs.row_l());
-    Reg inv = end.inv;
+    // 1 / l and the LSE (tile::row_end: a row with no key O = 0, LSE =
+    // -inf); spec.direct_out with sinks: tile::sink_row, the sink of the
+    // row's head (padding rows' heads are the group's too: in bounds).
+    // (The row's addresses after the LSE without sinks: the partial-state
+    // kernels' instruction order.)
+    PartialOut out;
+    PartialRow pr;
+    Reg inv, lse;
+    if (spec_.sinks) {
+      out = partial_out();
+      pr = partial_row(out, r);
+      Reg s2 = sink_log2_at(e_, pr.qh, offsetof(P, sinks));
+      Reg m2 = e_.op(Op::Mul, Type::F32, rs.m, scale);  // -inf stays -inf
+      const tile::SinkRow sr = tile::sink_row(e_, m2, rs.row_l(), s2, tile::sink_nan0(e_, s2));
+      inv = sr.inv;
+      lse = sr.lse;
+    } else {
+      const tile::RowEnd end = tile::row_end(e_, rs.m, scale, rs.row_l());
+      inv = end.inv;
+      lse = end.lse;
+    }
     // fp8: V's descale on O, but not on a row with no key (O = 0 whatever
     // the descale is, +inf included).
     if (fp8_) {
       Reg f = b_.f32();
       b_.selp(Type::F32, f, descale(offsetof(P, v_descale)), fimm(0.0f),
-              e_.setp(Cmp::Gt, Type::F32, end.lse, fimm(kNegInf)));
+              e_.setp(Cmp::Gt, Type::F32, lse, fimm(kNegInf)));
       b_.op(Op::Mul, Type::F32, inv, inv, f);
     }
-    // Every lane loads (tcgen05.ld is .sync.aligned); a padding row stores nothing.
-    const PartialOut out = partial_out();
-    const PartialRow pr = partial_row(out, r);
-    Reg ga = e_.index(partial_o(out, pr), half, nv_ * 4);
+    if (!spec_.sinks) {
+      out = partial_out();
+      pr = partial_row(out, r);
+    }
+    // Every lane loads (tcgen05.ld is .sync.aligned); a padding row stores
+    // nothing. The partial state's O row is fp32; spec.direct_out's is O's
+    // (16-bit pairs, 16-byte stores: check_tensor's alignment).
+    const DirectOut d = spec_.direct_out ? direct_out(pr) : DirectOut();
+    Reg ga = spec_.direct_out ? e_.index(d.o_row, half, nv_ * 2)
+                              : e_.index(partial_o(out, pr), half, nv_ * 4);
     std::vector<Reg> o(32);
     for (Reg &x : o) x = b_.f32();
     for (int c = 0; c < nv_; c += 32) {
@@ -887,15 +913,51 @@ class DecodeMlaGen {
         b_.selp(Type::F32, x, x, fimm(0.0f), has);  // no tile: O never written
         b_.op(Op::Mul, Type::F32, x, x, inv);
       }
+      if (spec_.direct_out) {
+        for (int x = 0; x < 32; x += 8) {
+          Reg w[4];
+          for (int y = 0; y < 4; ++y) {
+            w[y] = b_.b32();
+            b_.cvt_pack(half_, w[y], o[static_cast<size_t>(x + 2 * y + 1)],
+                        o[static_cast<size_t>(x + 2 * y)]);
+          }
+          b_.unless(pad).st_v(Space::Global, Type::B32, at(ga, 2 * (c + x)),
+                              {w[0], w[1], w[2], w[3]});
+        }
+        continue;
+      }
       for (int x = 0; x < 32; x += 4)
         b_.unless(pad).st_v(Space::Global, Type::F32, at(ga, 4 * (c + x)),
                             {o[static_cast<size_t>(x)], o[static_cast<size_t>(x + 1)],
                              o[static_cast<size_t>(x + 2)], o[static_cast<size_t>(x + 3)]});
     }
-    Reg la = partial_lse(out, pr);
+    Reg la = spec_.direct_out ? d.lse_at : partial_lse(out, pr);
     Reg lead = e_.setp(Cmp::Eq, Type::U32, half, imm(0));
     b_.op(Op::And, Type::Pred, lead, lead, e_.op(Op::Not, Type::Pred, pad));
-    b_.when(lead).st(Space::Global, Type::F32, at(la), end.lse);
+    if (spec_.direct_out) b_.op(Op::And, Type::Pred, lead, lead, d.has_lse);
+    b_.when(lead).st(Space::Global, Type::F32, at(la), lse);
+  }
+
+  // spec.direct_out: packed row pr's O row (o[b][t][qh], bytes) and LSE
+  // address (lse [batch, heads_q, seqlen_q]; has_lse: lse is not 0).
+  struct DirectOut {
+    Reg o_row, lse_at, has_lse;
+  };
+  DirectOut direct_out(const PartialRow &pr) {
+    DirectOut d;
+    Reg os[3];
+    for (int i = 0; i < 3; ++i) os[i] = e_.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
+    Reg o = e_.global_param(offsetof(P, o));
+    d.o_row = e_.index(e_.index(e_.index(o, bz_, os[0]), pr.t, os[1]), pr.qh, os[2]);
+    Reg lse_raw = e_.param(Type::U64, offsetof(P, lse));
+    d.has_lse = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
+    Reg lse = b_.b64();
+    b_.cvta_to_global(lse, lse_raw);
+    Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
+    Reg lrow =
+        e_.op(Op::MadLo, Type::S64, e_.wide_mad(bz_, hq, e_.s64(pr.qh)), e_.s64(sq_), e_.s64(pr.t));
+    d.lse_at = e_.index64(lse, lrow, 4);
+    return d;
   }
 
   const KernelSpec &spec_;

@@ -183,6 +183,14 @@ struct KernelSpec {
   // here does a Decode spec take them). Off: the PTX and serialize() are
   // those of a spec without it.
   bool fused_combine = false;
+  // Decode (the sm_100a MLA kernel, spec.tcgen05): the launch has one
+  // split, and each CTA writes its rows' O (spec.dtype, DecodeParams::o)
+  // and LSE (::lse, natural; none when 0) itself, with sinks (spec.sinks),
+  // instead of the partial state: the runtime's forward over MLA's latent
+  // cache (Runtime::forward_as_decode) at any seqlen_q, with no workspace
+  // and no combine. Off: the PTX and serialize() are those of a spec
+  // without it.
+  bool direct_out = false;
   // Decode: speculative-decoding tree mask among the new tokens
   // (DecodeParams::tree_mask). Off: the PTX is byte-identical to a spec
   // without the field.
@@ -302,6 +310,8 @@ struct LaunchShape {
   bool fixed_len = false;
   // Decode: split counters given (KernelSpec::fused_combine).
   bool fused_combine = false;
+  // Decode: one split writing O and the LSE (KernelSpec::direct_out).
+  bool direct_out = false;
   // Forward on tensor cores, one CTA per m-block: the keys split
   // (KernelSpec::split_kv; its tile keeps a margin of registers for it).
   bool split_kv = false;
@@ -464,7 +474,8 @@ struct DecodeParams {
   // spec.fused_combine only (a kernel without it declares its block to end
   // before): int32 [batch, num_heads_kv * m-blocks] counters (%ctaid.z
   // nctaid.y + %ctaid.y), zero before the launch and after it; O and LSE
-  // as ReduceParams' (fixed-length), sinks with spec.sinks.
+  // as ReduceParams' (fixed-length), sinks with spec.sinks. spec.direct_out
+  // reads O, LSE and sinks (and no counters).
   uint64_t split_counters;
   uint64_t o;           // spec.dtype [batch, seqlen_q, heads_q, head_dim_v]
   int64_t o_stride[3];  // elements: batch, seq, head
@@ -583,13 +594,17 @@ inline size_t forward_tail_offset(const KernelSpec &spec) {
   return spec.q_fp8 != KvFp8::None ? offsetof(WgmmaFp8TailParams, t) : offsetof(WgmmaTailParams, t);
 }
 
+// Whether (head_dim, head_dim_v) are MLA's latent-cache dims the MLA
+// decodes take (576 / 512: DeepSeek-V2/V3's; spec.cc).
+bool mla_decode_dims(int head_dim, int head_dim_v);
+
 // The parameter block a decode kernel declares: DecodeParams up to its last
 // feature's fields, in their order (tree mask, ALiBi, fp8 descales, append,
 // varlen, fused combine),
 // so a kernel's PTX is unchanged by the features it does not use; a launch
 // passes the whole struct either way.
 inline size_t decode_params_size(const KernelSpec &spec) {
-  if (spec.fused_combine) return sizeof(DecodeParams);
+  if (spec.fused_combine || spec.direct_out) return sizeof(DecodeParams);
   if (spec.varlen) return offsetof(DecodeParams, split_counters);
   if (spec.append_kv) return offsetof(DecodeParams, cu_seqlens_q);
   if (spec.kv_fp8 != KvFp8::None) return offsetof(DecodeParams, k_new);

@@ -49,15 +49,6 @@ void put32(std::string &o, int32_t v) {
   for (int i = 0; i < 4; ++i) o.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
 }
 
-// Head dims the sm_90a MLA decode takes: K rows of whole 64-column atoms,
-// V (K's first head_dim_v columns) halves of whole atoms, each at most 256
-// columns (a consumer warpgroup's wgmma N) and wider than one O slice of
-// the mma.sync decode (256) so that sharing S pays: DeepSeek's 576 / 512.
-bool mla_decode_dims(int head_dim, int head_dim_v) {
-  return head_dim % 64 == 0 && head_dim_v % 128 == 0 && head_dim_v > 256 && head_dim_v <= 512 &&
-         head_dim_v <= head_dim;
-}
-
 // ceil(a / b) for a >= 0, b > 0, without overflow.
 int64_t ceil_div(int64_t a, int64_t b) { return a > 0 ? (a - 1) / b + 1 : 0; }
 
@@ -125,7 +116,11 @@ bool spec_valid(const KernelSpec &s) {
   if (s.fixed_len && s.kind != KernelKind::Decode) return false;
   if (s.tree_mask && s.kind != KernelKind::Decode) return false;
   if ((s.lse_in_base2 || s.lse_out_base2) && s.kind != KernelKind::Reduce) return false;
-  if (s.sinks && s.kind == KernelKind::Decode && !s.fused_combine) return false;
+  if (s.sinks && s.kind == KernelKind::Decode && !s.fused_combine && !s.direct_out) return false;
+  // One split writing O: the sm_100a MLA decode (below), not with the fused
+  // combine.
+  if (s.direct_out && !(s.kind == KernelKind::Decode && s.tcgen05 && !s.fused_combine))
+    return false;
   // The fused combine: the tensor-core decode with fixed-length queries.
   if (s.fused_combine &&
       !(s.kind == KernelKind::Decode && s.mma && !s.wgmma && !s.tcgen05 && !s.varlen))
@@ -517,6 +512,16 @@ void choose_decode_tile(const DeviceLimits &dev, KernelSpec *s) {
 
 }  // namespace
 
+// Head dims the MLA decodes take: K rows of whole 64-column atoms, V (K's
+// first head_dim_v columns) halves of whole atoms, each at most 256 columns
+// (a consumer warpgroup's wgmma N, an M = 64 tcgen05.mma's N) and wider
+// than one O slice of the mma.sync decode (256) so that sharing S pays:
+// DeepSeek's 576 / 512.
+bool mla_decode_dims(int head_dim, int head_dim_v) {
+  return head_dim % 64 == 0 && head_dim_v % 128 == 0 && head_dim_v > 256 && head_dim_v <= 512 &&
+         head_dim_v <= head_dim;
+}
+
 std::string KernelSpec::serialize() const {
   std::string o = "FASPEC3";
   o.push_back(static_cast<char>(kind));
@@ -570,6 +575,7 @@ std::string KernelSpec::serialize() const {
   if (fixed_len) o.push_back('L');      // only when on
   if (pdl) o.push_back('G');            // only when on
   if (fused_combine) o.push_back('C');  // only when on
+  if (direct_out) o.push_back('O');     // only when on
   if (q_stages != 1) {                  // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -604,7 +610,7 @@ std::string KernelSpec::describe() const {
          (fp8_f16 ? " fp8_f16" : "") + (kv_fp8_mma ? " fp8_mma" : "") +
          (persistent ? " persistent" : "") + (dynamic ? " dynamic" : "") +
          (split_kv ? " split" : "") + (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
-         (fused_combine ? " fused_combine" : "") +
+         (fused_combine ? " fused_combine" : "") + (direct_out ? " direct_out" : "") +
          (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
@@ -806,7 +812,9 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
   // to the reduce kernel.
   s.fused_combine = kind == KernelKind::Decode && s.mma && !s.wgmma && !s.tcgen05 && !s.varlen &&
                     shape.fused_combine;
-  s.sinks = (kind == KernelKind::Forward || s.fused_combine) && shape.sinks;
+  // One split writing O (the runtime's MLA forward): the sm_100a MLA kernel.
+  s.direct_out = kind == KernelKind::Decode && s.tcgen05 && shape.direct_out;
+  s.sinks = (kind == KernelKind::Forward || s.fused_combine || s.direct_out) && shape.sinks;
   s.alibi = kind != KernelKind::Reduce && shape.alibi;
   s.append_kv = kind == KernelKind::Decode && shape.append_kv;
   s.rotary = s.append_kv ? shape.rotary : 0;
@@ -891,7 +899,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.fp8_f16 ? "_f16" : "") + (s.kv_fp8_mma ? "_f8mma" : "") +
          (s.persistent ? "_persistent" : "") + (s.dynamic ? "_dynamic" : "") +
          (s.split_kv ? "_split" : "") + (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
-         (s.fused_combine ? "_fused" : "") +
+         (s.fused_combine ? "_fused" : "") + (s.direct_out ? "_out" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 

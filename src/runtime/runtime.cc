@@ -453,7 +453,7 @@ static ForwardParams forward_params(const AttentionConfig &cfg, const fa_forward
 }
 
 KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args &a,
-                                uint64_t cu_seqlens_q, bool fused) const {
+                                uint64_t cu_seqlens_q, bool fused, bool direct) const {
   LaunchShape shape = kv_shape(a.kv);
   shape.varlen = cu_seqlens_q != 0;
   shape.tree_mask = a.tree_mask != 0;
@@ -461,7 +461,9 @@ KernelSpec Runtime::decode_spec(const AttentionConfig &cfg, const fa_decode_args
   shape.append_kv = a.k_new.data != 0;
   shape.fixed_len = a.cache_seqlens == 0;  // forward_as_decode's (fa_decode requires them)
   shape.fused_combine = fused;
-  shape.sinks = fused && a.sinks != 0;  // only the fused combine's (else the reduce kernel's)
+  shape.direct_out = direct;
+  // only the fused combine's or the direct output's (else the reduce kernel's)
+  shape.sinks = (fused || direct) && a.sinks != 0;
   shape.rotary = a.rotary_dim == 0 ? 0 : a.rotary_interleaved ? 2 : 1;
   shape.rotary_half_table = shape.rotary && a.rotary_dtype != 0 && a.rotary_dtype != FA_DTYPE_FP32;
   // V the first head_dim_v columns of K (MLA's latent cache): the same
@@ -554,8 +556,11 @@ KernelSpec Runtime::forward_spec(const AttentionConfig &cfg, const fa_forward_ar
 size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
                                         const fa_forward_args &a) const {
   fa_decode_args d;
-  if (forward_as_decode(cfg, a, &d)) {
+  bool mla = false;
+  if (forward_as_decode(cfg, a, &d, &mla)) {
     const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
+    // The MLA kernel with one split writes O itself (decode's direct form).
+    if (mla && (plan.num_splits <= 1 || plan.too_large)) return 0;
     if (!plan.too_large) return 256 + plan.workspace_bytes;
   }
   const LaunchShape shape = forward_shape(cfg, a);
@@ -567,10 +572,15 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
 }
 
 bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &a,
-                                fa_decode_args *d) const {
+                                fa_decode_args *d, bool *mla) const {
+  *mla = false;
   const int group = cfg.num_heads_kv > 0 ? cfg.num_heads_q / cfg.num_heads_kv : 1;
-  if (!policy().forward_gqa_pack || a.cu_seqlens_k != 0 || group < 2 ||
-      int64_t(group) * a.seqlen_q > 16 || cfg.q_fp8 != KvFp8::None || cfg.kv_fp8 != KvFp8::None)
+  const bool few = policy().forward_gqa_pack && group >= 2 && int64_t(group) * a.seqlen_q <= 16;
+  // MLA's shapes with V in K's memory (decode_spec decides whether the MLA
+  // kernel takes them).
+  const bool latent = mla_decode_dims(cfg.head_dim, cfg.head_dim_v) && a.v.data == a.k.data;
+  if (!(few || latent) || a.cu_seqlens_k != 0 || cfg.q_fp8 != KvFp8::None ||
+      cfg.kv_fp8 != KvFp8::None)
     return false;
   std::memset(d, 0, sizeof *d);
   d->struct_size = sizeof *d;
@@ -594,7 +604,16 @@ bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_arg
   // The tensor-core decode (the scalar one packs no rows; with
   // cu_seqlens_q, its varlen form).
   const KernelSpec spec = decode_spec(cfg, *d, a.cu_seqlens_q);
-  return spec.mma && spec.varlen == (a.cu_seqlens_q != 0);
+  // The sm_100a MLA kernel (fixed-length queries), at any seqlen_q whose
+  // grid fits (y: KV heads x 64-row blocks <= 65535).
+  if (spec.tcgen05 && spec.kind == KernelKind::Decode && a.cu_seqlens_q == 0 &&
+      int64_t(cfg.num_heads_kv) *
+              ((int64_t(group) * a.seqlen_q + spec.block_m - 1) / spec.block_m) <=
+          65535) {
+    *mla = true;
+    return true;
+  }
+  return few && spec.mma && spec.varlen == (a.cu_seqlens_q != 0);
 }
 
 KernelSpec Runtime::forward_split_spec(const AttentionConfig &cfg, const fa_forward_args &a,
@@ -614,9 +633,20 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
   // Few queries over a KV cache: the decode kernel packs a KV head's query
   // rows (forward_as_decode), given room for its partial states.
   fa_decode_args d;
-  if (forward_as_decode(cfg, a, &d) && d.workspace % 256 == 0) {
+  bool mla = false;
+  if (forward_as_decode(cfg, a, &d, &mla)) {
     const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
-    if (!plan.too_large && d.workspace != 0 && d.workspace_size >= plan.workspace_bytes) {
+    const bool room = !plan.too_large && d.workspace != 0 && d.workspace % 256 == 0 &&
+                      d.workspace_size >= plan.workspace_bytes;
+    // MLA: one split writing O where the plan has one or the workspace
+    // holds no more (the kernel's direct form), else the splits and combine.
+    if (mla && (plan.num_splits <= 1 || !room)) {
+      counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
+      d.num_splits = 1;
+      d.batch_invariant = 0;
+      return decode(cfg, d, stream, 0, true);
+    }
+    if (room) {
       counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
       return decode(cfg, d, stream, a.cu_seqlens_q);
     }
@@ -844,15 +874,17 @@ bool Runtime::decode_fuses(const AttentionConfig &cfg, const fa_decode_args &a,
 }
 
 fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, void *stream,
-                          uint64_t cu_seqlens_q) {
-  const KernelSpec unfused = decode_spec(cfg, a, cu_seqlens_q);
+                          uint64_t cu_seqlens_q, bool direct) {
+  const KernelSpec unfused = decode_spec(cfg, a, cu_seqlens_q, false, direct);
   if (fa_status st = check_fp32(cfg, unfused); st != FA_SUCCESS) return st;
   if (fa_status st = check_head_dims(cfg, unfused); st != FA_SUCCESS) return st;
   const DecodePlan plan = plan_decode(cfg, a, cu_seqlens_q);
-  if (plan.too_large) return decode_too_large();
-  const bool fused = decode_fuses(cfg, a, plan, cu_seqlens_q);
+  if (direct && (!unfused.direct_out || plan.num_splits != 1 || a.o.data == 0))
+    return fail(FA_ERROR_INTERNAL, "decode: no one-split kernel writing O for this launch");
+  if (plan.too_large && !direct) return decode_too_large();
+  const bool fused = !direct && decode_fuses(cfg, a, plan, cu_seqlens_q);
   const KernelSpec spec = fused ? decode_spec(cfg, a, cu_seqlens_q, true) : unfused;
-  if (a.workspace_size < plan.workspace_bytes) {
+  if (!direct && a.workspace_size < plan.workspace_bytes) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 "workspace_size is %zu bytes, %zu needed for %d splits "
                 "(see fa_decode_workspace_size)",
@@ -870,7 +902,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   if (st != FA_SUCCESS) return st;
   Kernel *reduce_kernel = nullptr;
   KernelSpec rspec;
-  if (a.o.data != 0 && !fused) {
+  if (a.o.data != 0 && !fused && !direct) {
     st = combine_kernel(cfg, a.sinks != 0, cu_seqlens_q != 0, &reduce_kernel, &rspec);
     if (st != FA_SUCCESS) return st;
   }
@@ -918,8 +950,12 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
     // cache_seqlens (FlashAttention's flash_attn_with_kvcache).
     p.rotary_pos_causal = cfg.causal || cfg.window_left >= 0 || cfg.window_right >= 0 ? 1 : 0;
   }
-  if (fused) {
-    p.split_counters = a.split_counters;
+  if (direct) {  // no partial state: O and the LSE by the kernel
+    p.o_partial = 0;
+    p.lse_partial = 0;
+  }
+  if (fused || direct) {
+    p.split_counters = fused ? a.split_counters : 0;
     p.o = a.o.data;
     copy_strides(p.o_stride, a.o);
     p.lse = a.lse;
@@ -927,7 +963,7 @@ fa_status Runtime::decode(const AttentionConfig &cfg, const fa_decode_args &a, v
   }
   set_masking_and_scale(cfg, a.seqlen_q, a.seqlen_k_max, &p);
   st = launch_checked(*backend_, *kernel, decode_geometry(spec, p), &p, sizeof p, stream);
-  if (st != FA_SUCCESS || a.o.data == 0 || fused) return st;
+  if (st != FA_SUCCESS || a.o.data == 0 || fused || direct) return st;
   return combine(*reduce_kernel, rspec, cfg, p.o_partial, p.lse_partial, plan.num_splits, a.batch,
                  a.seqlen_q, a.o, a.lse, a.sinks, cu_seqlens_q, stream);
 }

@@ -179,16 +179,19 @@ class Runtime {
                          uint64_t cu_seqlens_q = 0) const;
   // The decode kernel's spec for args' KV layout on this device; fused: with
   // the combine fused in (KernelSpec::fused_combine, args.sinks with it),
-  // where the kernel has that form.
+  // where the kernel has that form; direct: one split writing O and the LSE
+  // itself (KernelSpec::direct_out, args.sinks with it), likewise.
   KernelSpec decode_spec(const AttentionConfig &cfg, const fa_decode_args &args,
-                         uint64_t cu_seqlens_q = 0, bool fused = false) const;
+                         uint64_t cu_seqlens_q = 0, bool fused = false, bool direct = false) const;
   // Whether decode() fuses the combine for args run as `plan`: the caller's
   // split_counters and o, more than one split, the policy's decode_fused,
   // and a kernel with the fused form (tensor-core, fixed-length queries).
   bool decode_fuses(const AttentionConfig &cfg, const fa_decode_args &args, const DecodePlan &plan,
                     uint64_t cu_seqlens_q = 0) const;
+  // direct: args.num_splits is 1 and the kernel has the direct_out form
+  // (the MLA forward, forward_as_decode): no workspace, no combine.
   fa_status decode(const AttentionConfig &cfg, const fa_decode_args &args, void *stream,
-                   uint64_t cu_seqlens_q = 0);
+                   uint64_t cu_seqlens_q = 0, bool direct = false);
   fa_status reduce(const AttentionConfig &cfg, const fa_reduce_args &args, void *stream);
 
   // The TMA descriptors of a's Q, K and V (head_dim, head_dim, head_dim_v
@@ -232,8 +235,13 @@ class Runtime {
   // the workspace after args' first 256 bytes (the persistent counter's;
   // *d's workspace_size then counts from there) and true; false when it
   // does not apply (KernelPolicy::forward_gqa_pack, the tensor-core decode).
-  bool forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &args,
-                         fa_decode_args *d) const;
+  // Also, at any seqlen_q, a fixed-length forward over MLA's latent cache
+  // (V the first head_dim_v columns of K's memory, the MLA dims) where the
+  // sm_100a MLA kernel takes it and its grid fits: *mla true, and the
+  // forward runs it with one split writing O (KernelSpec::direct_out) unless
+  // the caller's workspace holds more splits' partial states.
+  bool forward_as_decode(const AttentionConfig &cfg, const fa_forward_args &args, fa_decode_args *d,
+                         bool *mla) const;
   // The split kernel's spec for args when the unsplit one (`unsplit`, of
   // launch shape `shape`) would split (its tile chosen for split_kv, sinks
   // left to the combine) and *plan the split of that spec (one split: none,

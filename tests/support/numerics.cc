@@ -537,6 +537,7 @@ std::string DecodeCase::describe() const {
       window_left, softcap, num_splits, kv.describe().c_str(), batch_invariant ? " invariant" : "");
   std::string d = buf;
   if (!prefill_q.empty()) d += " cu_seqlens_q";
+  if (prefill_fixed) d += " fixed";
   if (!tree.empty()) {
     d += tree_shared ? " tree(shared" : " tree(";
     d += tree_pad_words ? " +" + std::to_string(tree_pad_words) + "w)" : ")";
@@ -1032,7 +1033,7 @@ std::string run_prefill(Ctx &ctx, const DecodeCase &c, const fa_decode_args &d,
   a.k = d.k_cache;
   a.v = d.v_cache;
   a.kv = d.kv;
-  a.seqused_k = d.cache_seqlens;
+  a.seqused_k = c.prefill_fixed ? 0 : d.cache_seqlens;
   a.sinks = d.sinks;
   a.alibi_slopes = d.alibi_slopes;
   a.alibi_slopes_stride = d.alibi_slopes_stride;

@@ -123,6 +123,9 @@ struct DecodeCase {
   // Run through fa_launch instead (chunked prefill): seqused_k =
   // cache_seqlens, the same bottom-right causal alignment.
   bool prefill = false;
+  // prefill only: no seqused_k (a fixed-length forward: every
+  // cache_seqlens[b] must be seqlen_k_max).
+  bool prefill_fixed = false;
   // prefill only: queries per sequence (each at most seqlen_q, 0 allowed),
   // packed through cu_seqlens_q (fa_launch's seqlen_q their maximum):
   // sequence b's are the last prefill_q[b] of its seqlen_q query rows, so
