@@ -92,11 +92,26 @@ struct Layout {
   uint32_t s_full(int i) const { return q_full() + 8 + 8 * static_cast<uint32_t>(i); }
   uint32_t p_full(int i) const { return s_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
   uint32_t o_full(int i) const { return p_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
+  // Q in tensor memory (q_in_tmem): the softmax threads' 128 arrivals once
+  // their rows of Q are there (the 8 bytes after the TMEM address).
+  uint32_t qt_full() const { return tmem + 8; }
 };
 
 // Columns of one 128-byte atom row: 64 16-bit values, or 128 fp8 bytes (the
 // fp8 forward, spec.q_fp8).
 int atom_cols(const KernelSpec &s) { return s.q_fp8 != KvFp8::None ? 128 : kAtomCols; }
+
+// Q in tensor memory: with one 16-bit Q tile, where S (block_n columns), O
+// (head_dim_v rounded up to 16) and Q (16-bit pairs: 8 columns a k16 step)
+// fit in the 512 columns, S = Q K^T reads Q from tensor memory (the MMA's A
+// operand, as P is for O += P V) instead of shared memory: the products
+// then read only K and V there (head_dim past 128: one Q tile, where Q's
+// reads were a fifth of the shared-memory traffic and that bound the loop).
+bool q_in_tmem(const KernelSpec &s) {
+  const int dv16 = (s.head_dim_v + 15) / 16 * 16, q_cols = (s.head_dim + 15) / 16 * 8;
+  return s.block_m == kTileRows && s.q_fp8 == KvFp8::None &&
+         s.block_n + dv16 + q_cols <= static_cast<int>(kTmemCols);
+}
 
 Layout layout(const KernelSpec &s) {
   Layout l;
@@ -135,6 +150,7 @@ class ForwardSm100Gen {
     mma_warp_ = 4 * qt_;
     load_warp_ = mma_warp_ + 1;
     poly_ = spec.sm == 103 ? 0 : kPolyPairsPer16;
+    qtm_ = q_in_tmem(spec);
   }
 
   std::string run() {
@@ -265,6 +281,7 @@ class ForwardSm100Gen {
       b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
       b_.when(t0).mbarrier_init(at(smem_, lay_.o_full(i)), imm(1));
     }
+    if (qtm_) b_.when(t0).mbarrier_init(at(smem_, lay_.qt_full()), imm(kTileRows));
     b_.comment("tensor memory: warp 0 allocates all 512 columns");
     ptx::Label allocated = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(allocated);
@@ -443,7 +460,7 @@ class ForwardSm100Gen {
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
     Reg qd[kMaxQTiles];
-    for (int i = 0; i < qt_; ++i)
+    for (int i = 0; i < qt_ && !qtm_; ++i)
       qd[i] = sdesc(smem_, lay_.q + static_cast<uint32_t>(i * kTileRows * kAtomBytes), 16);
     Reg kd0 = sdesc(smem_, lay_.kv, 16);
     // V, N-major (trans-b): head_dim_v's 64-column atoms kv_atom apart.
@@ -461,12 +478,18 @@ class ForwardSm100Gen {
       return d;
     };
     // S_i = Q_i K^T from the slot of K (kdesc).
+    // (Q in tensor memory: the k16 step kk's 8 columns at q_col() + 8 kk.)
     auto issue_s = [&](int i, Reg kdesc) {
       for (int kk = 0; kk < kD_; ++kk) {
-        const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
         const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
-        Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
         Reg bb = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
+        if (qtm_) {
+          Reg a = e_.op(Op::Add, Type::U32, tmem_, imm(q_col() + 8 * static_cast<uint32_t>(kk)));
+          b_.when(one_).tcgen05_mma_ts(kind, taddr_s[i], a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+          continue;
+        }
+        const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
+        Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
         b_.when(one_).tcgen05_mma_ss(kind, taddr_s[i], a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
       }
       b_.when(one_).tcgen05_commit(at(smem_, lay_.s_full(i)));
@@ -484,9 +507,10 @@ class ForwardSm100Gen {
       b_.when(one_).tcgen05_commit(at(smem_, lay_.o_full(i)));
     };
     const tile::Ring r = ring();
-    b_.comment("Q, then S_i = Q_i K_0^T for both tiles");
+    b_.comment(qtm_ ? "Q (in tensor memory), then S = Q K_0^T"
+                    : "Q, then S_i = Q_i K_0^T for both tiles");
     Reg zero = e_.mov(Type::U32, imm(0));
-    r.wait(smem_, static_cast<int>(lay_.q_full()), zero);
+    r.wait(smem_, static_cast<int>(qtm_ ? lay_.qt_full() : lay_.q_full()), zero);
     Reg it = e_.mov(Type::U32, imm(0));  // the ring position of the next K
     {
       const tile::Ring::Slot k = r.slot(it);
@@ -544,9 +568,11 @@ class ForwardSm100Gen {
     return n;
   }
 
-  // Tensor memory columns of S_i (P_i in its first 64) and of O_i.
+  // Tensor memory columns of S_i (P_i in its first 64), of O_i, and of Q
+  // (q_in_tmem: one tile, 16-bit pairs, after O).
   uint32_t s_col(int i) const { return static_cast<uint32_t>(i * spec_.block_n); }
   uint32_t o_col(int i) const { return static_cast<uint32_t>(qt_ * spec_.block_n + i * dv16()); }
+  uint32_t q_col() const { return o_col(qt_); }
   int dv16() const { return (spec_.head_dim_v + 15) / 16 * 16; }
 
   // ---- warps 0-7: the softmax of Q tile warp / 4, one row a thread ----
@@ -592,6 +618,7 @@ class ForwardSm100Gen {
     j_ = e_.mov(Type::S32, imm(0));
     ptx::Label epi = b_.label();
     b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(epi);
+    if (qtm_) q_to_tmem(row, tbase);
     tile::KeyLoop k;
     k.n = e_.mov(Type::S32, keys_.top);
     k.n_begin = keys_.n_begin;
@@ -607,6 +634,39 @@ class ForwardSm100Gen {
     b_.bind(k.exit);
     b_.bind(epi);
     epilogue();
+  }
+
+  // q_in_tmem: this thread's row of Q, from its swizzled atoms in shared
+  // memory (16-byte chunk c of the row at slot c ^ (row % 8)) to its lane
+  // at q_col(), 16-bit pairs (element 2c low: the A operand's layout, as
+  // P's), 32 columns at a time, every k16 step (zeros past head_dim: the
+  // copies' fill); then the arrival the MMA warp waits for before S.
+  void q_to_tmem(Reg row, Reg tbase) {
+    b_.comment("Q: this row into tensor memory (the A operand of S = Q K^T)");
+    ring().wait(smem_, static_cast<int>(lay_.q_full()), e_.mov(Type::U32, imm(0)));
+    Reg rbase = e_.op(Op::MadLo, Type::U32, row, imm(kAtomBytes), smem_);
+    Reg r8 = e_.op(Op::And, Type::B32, row, imm(7));
+    const int chunks = 2 * kD_;  // 16-byte chunks: 8 elements, 4 columns
+    std::vector<Reg> w(32);
+    for (Reg &x : w) x = b_.b32();
+    for (int c0 = 0; c0 < chunks; c0 += 8) {
+      const int n = std::min(8, chunks - c0);
+      for (int c = c0; c < c0 + n; ++c) {
+        Reg slot = Swizzle128::slot_bytes(e_, e_.mov(Type::U32, imm(c % 8)), r8);
+        Reg a = e_.op(Op::Add, Type::U32, rbase, slot);
+        const uint32_t off = lay_.q + static_cast<uint32_t>(c / 8) * lay_.q_atom;
+        const size_t x = static_cast<size_t>(4 * (c - c0));
+        b_.ld_v(Space::Shared, Type::B32, {w[x], w[x + 1], w[x + 2], w[x + 3]}, at(a, off));
+      }
+      for (int x = 0, m = 0; x < 4 * n; x += m) {  // .xN: powers of two
+        m = tmem_chunk(4 * n - x);
+        Reg ta = e_.op(Op::Add, Type::U32, tbase, imm(q_col() + static_cast<uint32_t>(4 * c0 + x)));
+        b_.tcgen05_st_32x32b(ta, &w[static_cast<size_t>(x)], m);
+      }
+      b_.tcgen05_wait_st();  // before the registers take the next chunks
+    }
+    b_.tcgen05_fence_before_thread_sync();
+    b_.mbarrier_arrive(at(smem_, lay_.qt_full()));
   }
 
   // One K/V tile: S (this row) -> P, O rescaled when the maximum moved.
@@ -791,6 +851,7 @@ class ForwardSm100Gen {
   int kstep_ = 16;          // the MMA's K
   int kD_ = 0, poly_ = 0;
   int qt_ = 0, threads_ = 0, mma_warp_ = 0, load_warp_ = 0;  // Q tiles, threads, warp roles
+  bool qtm_ = false;  // q_in_tmem: S = Q K^T with Q in tensor memory
   Reg tid_, warp_, smem_, tmem_, one_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, wl_, wr_, ntiles_;
   tile::KeyRange keys_;
