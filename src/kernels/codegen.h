@@ -62,6 +62,9 @@ uint32_t wgmma_smem(const KernelSpec &spec);
 // shared memory.
 std::string generate_forward_sm100(const KernelSpec &spec);
 uint32_t sm100_smem(const KernelSpec &spec);
+// Whether that forward keeps Q in tensor memory (one 16-bit Q tile whose
+// two S buffers, O and Q fit the 512 columns).
+bool sm100_q_in_tmem(const KernelSpec &spec);
 // Dynamic shared memory of the tensor-core decode kernel (decode_tc.cc).
 uint32_t decode_tc_smem(const KernelSpec &spec);
 // The sm_90a MLA decode (Decode with spec.wgmma; decode_mla.cc) and its

@@ -7,7 +7,10 @@
 // where shared memory does not hold two). Tensor memory (512 columns) holds,
 // per Q tile i, S_i = Q_i K^T (128 columns at 128 i; P_i, 16-bit pairs or
 // e4m3 bytes, is written over its first columns) and O_i (head_dim_v
-// rounded up to 16 columns from 128 q_tiles + dv16 i). Roles (two Q tiles):
+// rounded up to 16 columns from 128 q_tiles + dv16 i). With one Q tile it
+// holds two S buffers (key tiles of 128, or 64 where that lets Q fit), O
+// after them and, where it fits, Q (q_in_tmem), and the MMA thread issues
+// S(j + 1) before O += P(j) V_j (one_tile_schedule). Roles (two Q tiles):
 //   warps 0-3, 4-7  softmax of Q tile 0, 1: thread r of the warpgroup owns
 //                   row r (TMEM lane r): it reads its row of S
 //                   (tcgen05.ld.32x32b), masks, runs the online softmax
@@ -86,11 +89,12 @@ struct Layout {
   uint32_t q_atom = 0, kv_atom = 0, slot = 0;
   uint32_t q = 0, kv = 0, bars = 0, tmem = 0, rows = 0, total = 0;
   int stages = 0, q_tiles = 0;
+  int s_bufs = 0;  // S buffers: one a Q tile, or two with one Q tile (pipelined)
   uint32_t kv_full(int s) const { return bars + 8 * static_cast<uint32_t>(s); }
   uint32_t kv_empty(int s) const { return kv_full(stages) + 8 * static_cast<uint32_t>(s); }
   uint32_t q_full() const { return kv_empty(stages); }
   uint32_t s_full(int i) const { return q_full() + 8 + 8 * static_cast<uint32_t>(i); }
-  uint32_t p_full(int i) const { return s_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
+  uint32_t p_full(int i) const { return s_full(s_bufs) + 8 * static_cast<uint32_t>(i); }
   uint32_t o_full(int i) const { return p_full(q_tiles) + 8 * static_cast<uint32_t>(i); }
   // Q in tensor memory (q_in_tmem): the softmax threads' 128 arrivals once
   // their rows of Q are there (the 8 bytes after the TMEM address).
@@ -110,7 +114,7 @@ int atom_cols(const KernelSpec &s) { return s.q_fp8 != KvFp8::None ? 128 : kAtom
 bool q_in_tmem(const KernelSpec &s) {
   const int dv16 = (s.head_dim_v + 15) / 16 * 16, q_cols = (s.head_dim + 15) / 16 * 8;
   return s.block_m == kTileRows && s.q_fp8 == KvFp8::None &&
-         s.block_n + dv16 + q_cols <= static_cast<int>(kTmemCols);
+         2 * s.block_n + dv16 + q_cols <= static_cast<int>(kTmemCols);
 }
 
 Layout layout(const KernelSpec &s) {
@@ -123,11 +127,12 @@ Layout layout(const KernelSpec &s) {
   l.slot = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.kv_atom;
   l.stages = s.stages;
   l.q_tiles = s.block_m / kTileRows;
+  l.s_bufs = l.q_tiles == 1 ? 2 : l.q_tiles;
   l.q = 0;
   l.kv = static_cast<uint32_t>(l.qa) * l.q_atom;
   l.bars = l.kv + static_cast<uint32_t>(s.stages) * l.slot;
-  l.tmem = l.o_full(l.q_tiles);
-  l.rows = l.tmem + 16;  // the gather's row table (K then V addresses, 8 B a key)
+  l.tmem = l.o_full(l.q_tiles);  // (q_tiles o_full barriers)
+  l.rows = l.tmem + 16;          // the gather's row table (K then V addresses, 8 B a key)
   const bool rows = s.gather && s.kv_layout == KvLayout::Paged && !s.page_tiles;
   l.total = l.rows + (rows ? 16 * static_cast<uint32_t>(s.block_n) : 0);
   return l;
@@ -281,6 +286,8 @@ class ForwardSm100Gen {
       b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
       b_.when(t0).mbarrier_init(at(smem_, lay_.o_full(i)), imm(1));
     }
+    for (int i = qt_; i < lay_.s_bufs; ++i)  // one Q tile: the second S buffer's
+      b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
     if (qtm_) b_.when(t0).mbarrier_init(at(smem_, lay_.qt_full()), imm(kTileRows));
     b_.comment("tensor memory: warp 0 allocates all 512 columns");
     ptx::Label allocated = b_.label();
@@ -477,36 +484,43 @@ class ForwardSm100Gen {
       b_.op(Op::Add, Type::S64, d, d, desc0);
       return d;
     };
-    // S_i = Q_i K^T from the slot of K (kdesc).
-    // (Q in tensor memory: the k16 step kk's 8 columns at q_col() + 8 kk.)
-    auto issue_s = [&](int i, Reg kdesc) {
+    // S_i = Q_i K^T from the slot of K (kdesc) into columns d, committed to
+    // the mbarrier `done`. (Q in tensor memory: the k16 step kk's 8 columns
+    // at q_col() + 8 kk.)
+    auto issue_s = [&](int i, Reg d, Reg kdesc, ptx::Addr done) {
       for (int kk = 0; kk < kD_; ++kk) {
         const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
         Reg bb = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
         if (qtm_) {
           Reg a = e_.op(Op::Add, Type::U32, tmem_, imm(q_col() + 8 * static_cast<uint32_t>(kk)));
-          b_.when(one_).tcgen05_mma_ts(kind, taddr_s[i], a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+          b_.when(one_).tcgen05_mma_ts(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
           continue;
         }
         const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
         Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
-        b_.when(one_).tcgen05_mma_ss(kind, taddr_s[i], a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+        b_.when(one_).tcgen05_mma_ss(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
       }
-      b_.when(one_).tcgen05_commit(at(smem_, lay_.s_full(i)));
+      b_.when(one_).tcgen05_commit(done);
     };
-    // O_i += P_i V from the slot of V (vdesc); acc: O_i holds earlier tiles.
-    auto issue_pv = [&](int i, Reg vdesc, Reg acc) {
+    // O_i += P_i V from the slot of V (vdesc), P_i at columns p; acc: O_i
+    // holds earlier tiles.
+    auto issue_pv = [&](int i, Reg p, Reg vdesc, Reg acc) {
       for (int kk = 0; kk < spec_.block_n / kstep_; ++kk) {
         // Keys kstep kk ..: kstep rows of 128 B further in V; P's columns 8
         // kk .. (16-bit pairs, or four e4m3 a column).
         Reg vb = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(kk) * kstep_ * kAtomBytes) >> 4));
-        Reg pa = e_.op(Op::Add, Type::U32, taddr_s[i], imm(8 * kk));
+        Reg pa = e_.op(Op::Add, Type::U32, p, imm(8 * kk));
         b_.when(one_).tcgen05_mma_ts(kind, taddr_o[i], pa, vb, imm(o_idesc),
                                      kk == 0 ? ptx::Operand(acc) : imm(1));
       }
       b_.when(one_).tcgen05_commit(at(smem_, lay_.o_full(i)));
     };
     const tile::Ring r = ring();
+    if (qt_ == 1) {
+      one_tile_schedule(issue_s, issue_pv, slot_desc, kd0, vd0, taddr_s[0]);
+      b_.bind(out);
+      return;
+    }
     b_.comment(qtm_ ? "Q (in tensor memory), then S = Q K_0^T"
                     : "Q, then S_i = Q_i K_0^T for both tiles");
     Reg zero = e_.mov(Type::U32, imm(0));
@@ -518,7 +532,7 @@ class ForwardSm100Gen {
       r.wait(kb, static_cast<int>(lay_.kv_full(0)), k.parity);
       b_.tcgen05_fence_after_thread_sync();
       Reg kd = slot_desc(k.stage, kd0);
-      for (int i = 0; i < qt_; ++i) issue_s(i, kd);
+      for (int i = 0; i < qt_; ++i) issue_s(i, taddr_s[i], kd, at(smem_, lay_.s_full(i)));
       b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
     }
     Reg j = e_.mov(Type::S32, imm(0));
@@ -542,7 +556,7 @@ class ForwardSm100Gen {
     for (int i = 0; i < qt_; ++i) {
       r.wait(smem_, static_cast<int>(lay_.p_full(i)), pph);
       b_.tcgen05_fence_after_thread_sync();
-      issue_pv(i, vd, acc);
+      issue_pv(i, taddr_s[i], vd, acc);
       // V_j's slot is free once its last product completes: released
       // before waiting for K_{j+1} (the gather warps make K_{j+1} full only
       // once V_{j+1}'s copies are in flight, which may need that slot).
@@ -550,7 +564,7 @@ class ForwardSm100Gen {
       ptx::Label no_k = b_.label();
       b_.unless(more).bra(no_k, true);
       if (i == 0) r.wait(kbars, static_cast<int>(lay_.kv_full(0)), k.parity);
-      issue_s(i, kd);
+      issue_s(i, taddr_s[i], kd, at(smem_, lay_.s_full(i)));
       b_.bind(no_k);
     }
     Reg one_more = e_.op(Op::And, Type::Pred, one_, more);
@@ -558,6 +572,64 @@ class ForwardSm100Gen {
     b_.op(Op::Xor, Type::B32, pph, pph, imm(1));
     b_.when(more).bra(top, true);
     b_.bind(out);
+  }
+
+  // One Q tile (no second tile to ping-pong with): two S buffers, and per
+  // K/V tile j the MMA thread issues S(j + 1) = Q K_{j+1}^T into buffer (j
+  // + 1) % 2 before O += P(j) V_j (P(j) over buffer j % 2), so the tensor
+  // core computes the next scores while the softmax works on tile j (the
+  // MLA decode's order). S(j + 2) overwrites P(j) only after O += P(j) V_j
+  // read it (one thread's tcgen05.mma run in issue order). Ring items: K_j
+  // at 2j, V_j at 2j + 1, consumed K_0, K_1, V_0, K_2, V_1, ...: with two
+  // stages the TMA producer never waits on a slot the MMA has not freed in
+  // that order (the gather warps' one-item lag needs three: sm100_min_stages).
+  template <typename IssueS, typename IssuePv, typename SlotDesc>
+  void one_tile_schedule(const IssueS &issue_s, const IssuePv &issue_pv, const SlotDesc &slot_desc,
+                         Reg kd0, Reg vd0, Reg s0) {
+    const tile::Ring r = ring();
+    b_.comment("one Q tile: S(j + 1) into the other S buffer before O += P(j) V_j");
+    Reg zero = e_.mov(Type::U32, imm(0));
+    r.wait(smem_, static_cast<int>(qtm_ ? lay_.qt_full() : lay_.q_full()), zero);
+    {
+      const tile::Ring::Slot k = r.slot(zero);
+      Reg kb = r.bars(k.stage);
+      r.wait(kb, static_cast<int>(lay_.kv_full(0)), k.parity);
+      b_.tcgen05_fence_after_thread_sync();
+      issue_s(0, s0, slot_desc(k.stage, kd0), at(smem_, lay_.s_full(0)));
+      b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
+    }
+    Reg j = e_.mov(Type::U32, imm(0));
+    Reg acc = b_.pred(), more = b_.pred();
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    b_.setp(Cmp::Gt, Type::U32, acc, j, imm(0));
+    Reg jn = e_.op(Op::Add, Type::U32, j, imm(1));
+    b_.setp(Cmp::Lt, Type::S32, more, jn, ntiles_);
+    {
+      ptx::Label no_k = b_.label();
+      b_.unless(more).bra(no_k, true);
+      const tile::Ring::Slot k = r.slot(e_.op(Op::Shl, Type::B32, jn, imm(1)));  // K_{j+1}
+      Reg kb = r.bars(k.stage);
+      r.wait(kb, static_cast<int>(lay_.kv_full(0)), k.parity);
+      Reg nb = e_.op(Op::And, Type::B32, jn, imm(1));
+      Reg d = e_.op(Op::MadLo, Type::U32, nb, imm(spec_.block_n), s0);
+      Reg sbar = e_.op(Op::MadLo, Type::U32, nb, imm(8), smem_);
+      issue_s(0, d, slot_desc(k.stage, kd0), at(sbar, lay_.s_full(0)));
+      b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
+      b_.bind(no_k);
+    }
+    Reg vi = e_.op(Op::Add, Type::U32, e_.op(Op::Shl, Type::B32, j, imm(1)), imm(1));  // V_j
+    const tile::Ring::Slot v = r.slot(vi);
+    Reg vb = r.bars(v.stage);
+    r.wait(vb, static_cast<int>(lay_.kv_full(0)), v.parity);
+    r.wait(smem_, static_cast<int>(lay_.p_full(0)), e_.op(Op::And, Type::B32, j, imm(1)));
+    b_.tcgen05_fence_after_thread_sync();
+    Reg p =
+        e_.op(Op::MadLo, Type::U32, e_.op(Op::And, Type::B32, j, imm(1)), imm(spec_.block_n), s0);
+    issue_pv(0, p, slot_desc(v.stage, vd0), acc);
+    b_.when(one_).tcgen05_commit(at(vb, lay_.kv_empty(0)));
+    b_.mov(Type::U32, j, jn);
+    b_.when(more).bra(top, true);
   }
 
   // The columns one tcgen05.ld / st .32x32b moves of `left`: a power of
@@ -568,10 +640,13 @@ class ForwardSm100Gen {
     return n;
   }
 
-  // Tensor memory columns of S_i (P_i in its first 64), of O_i, and of Q
-  // (q_in_tmem: one tile, 16-bit pairs, after O).
+  // Tensor memory columns of S buffer i (S_i; with one Q tile S(j) in
+  // buffer j % 2; P over its first block_n / 2), of O_i (after the S
+  // buffers), and of Q (q_in_tmem: one tile, 16-bit pairs, after O).
   uint32_t s_col(int i) const { return static_cast<uint32_t>(i * spec_.block_n); }
-  uint32_t o_col(int i) const { return static_cast<uint32_t>(qt_ * spec_.block_n + i * dv16()); }
+  uint32_t o_col(int i) const {
+    return static_cast<uint32_t>(lay_.s_bufs * spec_.block_n + i * dv16());
+  }
   uint32_t q_col() const { return o_col(qt_); }
   int dv16() const { return (spec_.head_dim_v + 15) / 16 * 16; }
 
@@ -672,8 +747,16 @@ class ForwardSm100Gen {
   // One K/V tile: S (this row) -> P, O rescaled when the maximum moved.
   void softmax_tile(bool masked) {
     const int nb = spec_.block_n;
-    ring().wait(bars_, static_cast<int>(lay_.s_full(0)), sph_);
-    {
+    // One Q tile: S(j) in buffer j % 2 (its barrier's phase j / 2), O_{j-1}
+    // waited for only before O is touched (below); two: S_i, this tile's.
+    Reg ts = taddr_s_;
+    if (qt_ == 1) {
+      Reg buf = e_.op(Op::And, Type::B32, j_, imm(1));
+      ring().wait(e_.op(Op::MadLo, Type::U32, buf, imm(8), smem_), static_cast<int>(lay_.s_full(0)),
+                  e_.op(Op::And, Type::B32, e_.op(Op::Shr, Type::U32, j_, imm(1)), imm(1)));
+      ts = e_.op(Op::MadLo, Type::U32, buf, imm(nb), taddr_s_);
+    } else {
+      ring().wait(bars_, static_cast<int>(lay_.s_full(0)), sph_);
       // O_i's MMAs of tile j - 1: complete already (their commit precedes
       // S_i(j)'s in the MMA thread's order), observed here every tile so
       // that o_full never runs a phase ahead of its waiters (the rescale
@@ -686,7 +769,7 @@ class ForwardSm100Gen {
     }
     b_.tcgen05_fence_after_thread_sync();
     for (int c = 0; c < nb; c += 32) {
-      Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(c));
+      Reg ta = e_.op(Op::Add, Type::U32, ts, imm(c));
       b_.tcgen05_ld_32x32b(&s_[static_cast<size_t>(c)], 32, ta);
     }
     b_.tcgen05_wait_ld();
@@ -704,6 +787,15 @@ class ForwardSm100Gen {
     // The row maximum, conditional rescaling, p (tile::RowSoftmax).
     const tile::RowSoftmax::Step st = rs_->step(s_);
     Reg moved = st.moved, alpha = st.alpha;
+    if (qt_ == 1) {
+      // O += P(j - 1) V_{j-1} (issued after S(j)): done before O is
+      // rescaled or P(j) released, observed every tile (as above).
+      ptx::Label first = b_.label();
+      b_.when(e_.setp(Cmp::Eq, Type::S32, j_, imm(0))).bra(first, true);
+      ring().wait(bars_, static_cast<int>(lay_.o_full(0)), e_.op(Op::Xor, Type::B32, sph_, imm(1)));
+      b_.bind(first);
+      b_.tcgen05_fence_after_thread_sync();
+    }
     // O *= alpha where some row of the warp moved (after O_i's last MMA).
     ptx::Label kept = b_.label();
     Reg any = b_.pred();
@@ -732,7 +824,7 @@ class ForwardSm100Gen {
       b_.pack_b32(w, lo, hi);
     }
     for (int x = 0; x < cols; x += 32) {
-      Reg ta = e_.op(Op::Add, Type::U32, taddr_s_, imm(x));
+      Reg ta = e_.op(Op::Add, Type::U32, ts, imm(x));
       b_.tcgen05_st_32x32b(ta, &pk[static_cast<size_t>(x)], std::min(32, cols - x));
     }
     b_.tcgen05_wait_st();
@@ -869,6 +961,8 @@ class ForwardSm100Gen {
 std::string generate_forward_sm100(const KernelSpec &spec) { return ForwardSm100Gen(spec).run(); }
 
 uint32_t sm100_smem(const KernelSpec &spec) { return layout(spec).total; }
+
+bool sm100_q_in_tmem(const KernelSpec &spec) { return q_in_tmem(spec); }
 
 }  // namespace kgen
 }  // namespace fa

@@ -68,10 +68,12 @@ int fit_rows_per_warp(KernelSpec s, int max_rows) {
   return 1;
 }
 
-// The sm_100a forward's smallest ring (forward_sm100.cc): with two Q tiles
-// the gather warps' one-item lag needs a third slot (V_{j+1} is copied
-// while K_{j+1}, V_j, and K_{j+1}'s arrival waits for V_{j+1}'s copies).
-static int sm100_min_stages(const KernelSpec &s) { return s.gather && s.block_m == 256 ? 3 : 2; }
+// The sm_100a forward's smallest ring (forward_sm100.cc): the gather
+// warps' one-item lag needs a third slot (two Q tiles: V_{j+1} is copied
+// while K_{j+1}, V_j, and K_{j+1}'s arrival waits for V_{j+1}'s copies;
+// one: V_{j+1} takes V_j's slot of two, freed by O += P(j) V_j, which the
+// MMA issues after S(j + 1), which waits for K_{j+1}'s arrival).
+static int sm100_min_stages(const KernelSpec &s) { return s.gather ? 3 : 2; }
 
 // The backward kernels (backward_tc.cc): mma.sync on sm_80+, 16-bit
 // Q/K/V, head dims up to 128 (a warp's 16 keys of dK and dV stay in
@@ -212,13 +214,14 @@ bool spec_valid(const KernelSpec &s) {
            s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 && s.q_fp8 == KvFp8::None;
   // The sm_100a forward (forward_sm100.cc): one or two 128-row Q tiles
   // (S and O of every tile in tensor memory's 512 columns: two up to
-  // head_dim_v 128), key tiles of 128, head dims up to 256, TMA operands:
+  // head_dim_v 128), key tiles of 128 (64 with one Q tile), head dims up to 256, TMA operands:
   // 16-bit, or fp8 Q, K and V together (kind::f8f6f4).
   if (s.tcgen05)
     return s.kind == KernelKind::Forward && s.mma && !s.wgmma && (s.sm == 100 || s.sm == 103) &&
            s.dtype != Dtype::F32 && d_ok && dv_ok && s.head_dim <= 256 && s.head_dim_v <= 256 &&
            ((s.block_m == 256 && s.head_dim_v <= 128) || s.block_m == 128) &&
-           s.num_warps == s.block_m / 32 + 4 && s.block_n == 128 &&
+           s.num_warps == s.block_m / 32 + 4 &&
+           (s.block_n == 128 || (s.block_n == 64 && s.block_m == 128)) &&
            s.stages >= sm100_min_stages(s) && s.stages <= 8 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
            !s.persistent && !s.dynamic && (!s.split_kv || !s.sinks) && s.q_stages == 1 &&
@@ -388,6 +391,20 @@ void choose_sm100_tile(const DeviceLimits &dev, KernelSpec *s) {
     s->num_warps = 4 * q_tiles + 4;
     s->stages = sm100_min_stages(*s);
     if (kgen::sm100_smem(*s) <= lim.smem_per_block_optin) break;
+  }
+  // One Q tile: key tiles of 64 where 128 keeps a 16-bit Q out of tensor
+  // memory (beside two S buffers and O; d 256: S then reads only K from
+  // shared memory, and the loop is no longer bound there) or where the
+  // ring's smallest form does not fit with 128.
+  if (s->block_m == 128) {
+    const bool fits = kgen::sm100_smem(*s) <= lim.smem_per_block_optin;
+    if (!fits || (s->q_fp8 == KvFp8::None && !kgen::sm100_q_in_tmem(*s))) {
+      KernelSpec t = *s;
+      t.block_n = 64;
+      t.stages = sm100_min_stages(t);
+      if (kgen::sm100_smem(t) <= lim.smem_per_block_optin && (!fits || kgen::sm100_q_in_tmem(t)))
+        s->block_n = 64;
+    }
   }
   for (s->stages = 6; s->stages > sm100_min_stages(*s); --s->stages)
     if (kgen::sm100_smem(*s) <= lim.smem_per_block_optin) break;
