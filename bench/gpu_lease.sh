@@ -26,6 +26,10 @@
 #             bf16, head_dim 64/128/256, seqlen 1k..16k (files suffixed
 #             -sm100-forward-off): with the sdpa stage's same points, the
 #             pair says what the tcgen05 forward buys
+#   sdpa100nopair  Blackwell only: bench_sdpa.py with FLASHATTN_SM100_CTA_PAIR=0,
+#             bf16, head_dim 128, seqlen 4k..16k (files suffixed
+#             -sm100-cta-pair-off): with the sdpa stage's same points, what the
+#             CTA pairs (tcgen05.mma.cta_group::2) buy on the non-causal rows
 #   testspersist  test_gpu with the persistent sm_90a forward (FLASHATTN_SM90_PERSISTENT=1)
 #   testspdl  test_gpu with programmatic dependent launches (FLASHATTN_PDL=1:
 #             the decode and combine kernels launched with cuLaunchKernelEx)
@@ -118,7 +122,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
-only="backend,tests,tests80,testsjit,tests100off,sdpa100off,mla100off,testspersist,pytest,sdpa,bwd,sdpa80,sdpajit,persist,persist80,persist80off,bwd90off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
+only="backend,tests,tests80,testsjit,tests100off,sdpa100off,sdpa100nopair,mla100off,testspersist,pytest,sdpa,bwd,sdpa80,sdpajit,persist,persist80,persist80off,bwd90off,sdpabase,ab,fp8fwd,coldstart,decode,decode16,decodebase,append,mla,mla90,testsmla,varlen,chunked,split,splitoff,pack,packoff,testspdl,pdl,pdloff,fused,fusedoff"
 scale=1
 while [ $# -gt 0 ]; do
   case $1 in
@@ -211,6 +215,9 @@ case $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | he
     FLASHATTN_SM100_FORWARD=0 stage sdpa100off 130 "$py" bench/bench_sdpa.py \
       --out-dir "$logs/sm100off" --dtypes bf16 --head-dims 64,128,256 \
       --seqlens 1024,4096,8192,16384 --no-coldstart --time-budget "$(budget 110)"
+    FLASHATTN_SM100_CTA_PAIR=0 stage sdpa100nopair 80 "$py" bench/bench_sdpa.py \
+      --out-dir "$logs/nopair" --dtypes bf16 --head-dims 128 --seqlens 4096,8192,16384 \
+      --no-coldstart --time-budget "$(budget 70)"
     stage mla100off 120 env FLASHATTN_SM100_MLA=0 "$py" bench/bench_decode.py \
       --out-dir "$logs/mla100off" --mla --batches 1,64,128 --contexts 4096,32768 \
       --time-budget "$(budget 100)"
@@ -295,7 +302,7 @@ stage fusedoff 60 env FLASHATTN_DECODE_FUSED=0 "$py" bench/bench_decode.py --fus
 echo "total $(( $(date +%s) - t_all ))s" | tee -a "$summary"
 for d in sm80:force-sm80-forward sm100off:sm100-forward-off base:baseline-library cold:coldstart jit:driver-jit \
   nosplit:forward-splits-off nopack:gqa-pack-off pdl:pdl pdloff:pdl-off mla90:sm90-mla \
-  mla100off:sm100-mla-off bwd90off:sm90-backward-off \
+  mla100off:sm100-mla-off bwd90off:sm90-backward-off nopair:sm100-cta-pair-off \
   fused:fused fusedoff:fused-off \
   persist:sm90-persistent persist80:sm80-persistent persist80off:sm80-persistent-off; do
   [ -d "$logs/${d%%:*}" ] || continue

@@ -31,6 +31,7 @@
 #include "common/error.h"  // before cmocka.h, whose fail() is a macro
 #include "emu/numeric.h"
 #include "emu/sm100.h"
+#include "emu/tensor_map.h"
 #include "kernels/tile/umma.h"
 #include "ptx/ptx.h"
 #include "support/cmocka.hh"
@@ -321,6 +322,76 @@ void test_pair_hazards(void **) {
   assert_int_equal(st, FA_SUCCESS);
 }
 
+// A TMA box into the odd CTA's B, issued by its thread 32 (after its wait
+// on the MMA's phase, or not), into an mbarrier (count 2) whose phase the
+// even CTA's thread 0 completes with a remote arrive after a cluster
+// barrier (the sm_100a forward's CTA pair forwards its halves' arrivals so).
+// The writes are the issuing thread's, checked when it issues: waited, it
+// runs; not, the error names the MMA and the TMA. (Checked at the phase's
+// completion as the completing thread's, as before, the forward's correct
+// pair failed and this wrong kernel ran: the issuer had waited by then.)
+std::string pair_tma_kernel(bool waits) {
+  std::string others = R"(  setp.ne.u32 %p5, %r1, 32;
+  add.u32 %r20, %r30, 3584;
+  @%p2 bra T0;
+  @!%p3 bra T0;
+  mbarrier.init.shared::cta.b64 [%r20], 2;
+  fence.mbarrier_init.release.cluster;
+T0:
+  barrier.cluster.arrive;
+  barrier.cluster.wait;
+  @%p5 bra T1;
+  @!%p3 bra T1;
+)";
+  if (waits)
+    others += R"(T2:
+  mbarrier.try_wait.parity.shared::cta.b64 %p6, [ctl+8], 0;
+  @!%p6 bra T2;
+)";
+  others += R"(  mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r20], 64;
+  add.u32 %r21, %r30, 2048;
+  mov.u32 %r22, 0;
+  cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%r21], [%rd1, {%r22}], [%r20]; // OFF
+T1:
+  barrier.cluster.arrive;
+  barrier.cluster.wait;
+  @%p2 bra T3;
+  @%p3 bra T3;
+  mapa.shared::cluster.u32 %r24, %r20, 1;
+  mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r24];
+T3:
+)";
+  const PairHazard h = {"tma", true, others.c_str(), true, true, true, "// OFF", ""};
+  return pair_hazard_kernel(h);
+}
+
+// Runs it with a tensor map of 16 words (one box of all of them) at the
+// start of its parameter buffer.
+fa_status run_pair_tma(const std::string &ptx) {
+  DevBuf buf(1024);
+  fa::emu::TensorMap m;
+  m.rank = 1;
+  m.base = buf.ptr + 512;
+  m.dims[0] = 16;
+  m.strides[0] = 4;
+  m.box[0] = 16;
+  m.elem_bytes = 4;
+  std::vector<uint8_t> bytes(128);
+  fa::emu::store_tensor_map(m, bytes.data());
+  buf.put(bytes);
+  uint64_t p = buf.ptr;
+  return run_ptx(ptx, "k_phz", geom(2, 128, 4096), &p, sizeof p);
+}
+
+void test_pair_tma_remote_phase(void **) {
+  const fa_status st = run_pair_tma(pair_tma_kernel(true));
+  if (st != FA_SUCCESS) std::fprintf(stderr, "%s\n", fa::last_error());
+  assert_int_equal(st, FA_SUCCESS);
+  const std::string bad = pair_tma_kernel(false);
+  assert_true(failed_naming(run_pair_tma(bad), bad, "TMA into B before the issuer's wait",
+                            "whose completion this thread has not observed", {"// MMA", "// OFF"}));
+}
+
 // ============================================================ misuse ====
 
 // Kernels misusing the pair, each an error naming its marked lines.
@@ -588,9 +659,10 @@ void test_deliberate_bugs(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_pair_descriptors),   cmocka_unit_test(test_pair_values),
-      cmocka_unit_test(test_pair_hazards),       cmocka_unit_test(test_pair_misuse),
-      cmocka_unit_test(test_builder_forms_pair), cmocka_unit_test(test_deliberate_bugs),
+      cmocka_unit_test(test_pair_descriptors), cmocka_unit_test(test_pair_values),
+      cmocka_unit_test(test_pair_hazards),     cmocka_unit_test(test_pair_tma_remote_phase),
+      cmocka_unit_test(test_pair_misuse),      cmocka_unit_test(test_builder_forms_pair),
+      cmocka_unit_test(test_deliberate_bugs),
   };
   return cmocka_run_group_tests(tests, emu_setup_sm<100>, emu_teardown);
 }

@@ -16,6 +16,7 @@
 
 #include "flashattn.h"
 #include "support/numerics.h"
+#include "support/policy.h"
 
 // The module fa_generate writes for a forward at head_dim 128 on `sm`.
 std::string generated(int sm) {
@@ -117,6 +118,41 @@ int main(void) {
   std::string failures;
   setenv("FLASHATTN_EMU_PROFILE", "1", 1);
   failures += fa::test::run_on_kernel(rt, cases, "fa_forward_tc05_", "the sm_100a forward");
+  // CTA pairs (KernelSpec::cta_pair: tcgen05.mma.cta_group::2, clusters of
+  // two; non-causal, no window, head_dim_v 128, head_dim 128..256): one
+  // pair over a ring that wraps (GQA), one m-block (the pair's odd CTA past
+  // seqlen_q), three m-blocks (a full pair and a padded one) with rescales
+  // (scaled scores), head_dim 160 and 192 (K tiles of odd atom counts),
+  // softcap, sinks, ALiBi; then the policy off (one CTA) and a causal call
+  // (never paired) on the first.
+  std::vector<fa::test::ForwardCase> pairs;
+  pairs.push_back(
+      fa::test::forward_case(2, 300, 1000, 4, 2, 128, 128, true, false, -1, -1, 0, 1200));
+  pairs.push_back(
+      fa::test::forward_case(1, 200, 259, 2, 2, 192, 128, false, false, -1, -1, 0, 1201));
+  pairs.push_back(
+      fa::test::forward_case(1, 600, 333, 2, 1, 128, 128, false, false, -1, -1, 0, 1202));
+  pairs.back().input_scale = 4.0f;
+  pairs.push_back(
+      fa::test::forward_case(1, 513, 130, 2, 2, 160, 128, true, false, -1, -1, 20, 1203));
+  pairs.back().sinks = {0.5f, -1.0f};
+  pairs.back().alibi = {0.25f, 0.125f};
+  failures += fa::test::run_on_kernel(rt, pairs, "_pair", "the sm_100a forward on CTA pairs");
+  {
+    fa::test::PolicyScope off(rt, &fa::KernelPolicy::sm100_cta_pair, false);
+    const std::string e = fa::test::run_forward(rt, pairs[0]);
+    const std::string k = fa::test::emulated_kernel(rt);
+    if (!e.empty() || k.find("fa_forward_tc05_") != 0 || k.find("_pair") != std::string::npos)
+      failures += pairs[0].describe() + " (FLASHATTN_SM100_CTA_PAIR=0): ran " + k + "\n" + e;
+  }
+  {
+    fa::test::ForwardCase c = pairs[0];
+    c.causal = true;
+    const std::string e = fa::test::run_forward(rt, c);
+    const std::string k = fa::test::emulated_kernel(rt);
+    if (!e.empty() || k.find("fa_forward_tc05_") != 0 || k.find("_pair") != std::string::npos)
+      failures += c.describe() + " (causal: one CTA): ran " + k + "\n" + e;
+  }
   // The gather warps (cp.async rows instead of TMA boxes): varlen, and
   // chunked prefill with seqused_k over every KV layout (paged by tile and
   // by row, NHD and HND, shared prefix pages, pointer arrays), sequences

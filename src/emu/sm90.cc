@@ -578,6 +578,14 @@ bool Sm90State::bulk_tensor(uint32_t t, uint32_t pc, uint64_t *r) {
 // the whole box; extent: the shared bytes the box covers from copy.dst.
 bool Sm90State::bulk_deliver(Sm90State &owner, BulkCopy copy, uint32_t mbar_off, uint32_t t,
                              uint32_t pc, uint64_t extent) {
+  // Into this CTA: the writes are the issuing thread t's (tcgen05 operands
+  // it has not seen complete are an error now, whoever completes the phase).
+  if (&owner == this && sm100_) {
+    for (uint32_t off = 0; off < copy.data.size(); off += 16)
+      if (!sm100_->shared_write(t, pc, swizzle_addr(copy.dst + off, copy.swizzle_bits), 16))
+        return false;
+    copy.checked = true;
+  }
   Mbarrier *m = mbar_of_cta(owner, mbar_off, t, pc);
   if (!m) return false;
   for (const Mbarrier &o : owner.mbars_)
@@ -606,7 +614,7 @@ bool Sm90State::bulk_write(const BulkCopy &c, uint32_t t) {
                           "still reads (no wgmma.wait_group has retired it)",
                           a, op ? cta_.e_.code[op->pc].line : 0);
     }
-    if (sm100_ && !sm100_->shared_write(t, c.pc, a, 16)) return false;
+    if (sm100_ && !c.checked && !sm100_->shared_write(t, c.pc, a, 16)) return false;
     if (!bulk_source_write(t, c.pc, a, 16)) return false;
     std::memcpy(cta_.smem_.data() + a, c.data.data() + off, 16);
     if (proxy_dirty_) std::fill_n(unfenced_.data() + a, 16, 0);  // an async-proxy write

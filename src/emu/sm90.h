@@ -136,6 +136,12 @@ class Sm90State final : public ArchState {
     uint32_t dst = 0;
     uint32_t swizzle_bits = 0;  // 0 none, 1/2/3: 32/64/128-byte swizzle
     uint32_t pc = 0;
+    // A copy into the issuing CTA's own shared memory: its writes were
+    // checked against tcgen05 operands at issue, as the issuing thread's
+    // (ordered after what that thread had observed then), not again when
+    // another thread's arrival (maybe another CTA's) completes the phase
+    // that delivers them.
+    bool checked = false;
     std::vector<uint8_t> data;
   };
 

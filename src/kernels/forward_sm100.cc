@@ -86,7 +86,10 @@ constexpr int kPolyPairsPer16 = 6;
 // V_j in the next); the mbarriers; the TMEM address (4 bytes).
 struct Layout {
   int qa = 0, va = 0;
-  uint32_t q_atom = 0, kv_atom = 0, slot = 0;
+  // k_atom: a K atom's bytes (block_n rows, or the CTA pair's half);
+  // v_atoms: the V atoms a CTA holds (va, or the pair's half: one).
+  uint32_t q_atom = 0, kv_atom = 0, k_atom = 0, slot = 0;
+  int v_atoms = 0;
   uint32_t q = 0, kv = 0, bars = 0, tmem = 0, rows = 0, total = 0;
   int stages = 0, q_tiles = 0;
   int s_bufs = 0;  // S buffers: one a Q tile, or two with one Q tile (pipelined)
@@ -124,7 +127,10 @@ Layout layout(const KernelSpec &s) {
   l.va = (s.head_dim_v + ac - 1) / ac;
   l.q_atom = static_cast<uint32_t>(s.block_m) * kAtomBytes;
   l.kv_atom = static_cast<uint32_t>(s.block_n) * kAtomBytes;
-  l.slot = static_cast<uint32_t>(std::max(l.qa, l.va)) * l.kv_atom;
+  l.k_atom = s.cta_pair ? l.kv_atom / 2 : l.kv_atom;
+  l.v_atoms = s.cta_pair ? l.va / 2 : l.va;
+  l.slot = std::max(static_cast<uint32_t>(l.qa) * l.k_atom,
+                    static_cast<uint32_t>(l.v_atoms) * l.kv_atom);
   l.stages = s.stages;
   l.q_tiles = s.block_m / kTileRows;
   l.s_bufs = l.q_tiles == 1 ? 2 : l.q_tiles;
@@ -156,6 +162,8 @@ class ForwardSm100Gen {
     load_warp_ = mma_warp_ + 1;
     poly_ = spec.sm == 103 ? 0 : kPolyPairsPer16;
     qtm_ = q_in_tmem(spec);
+    pair_ = spec.cta_pair;
+    cg_ = pair_ ? 2 : 1;
   }
 
   std::string run() {
@@ -169,6 +177,7 @@ class ForwardSm100Gen {
     b_.set_param_align(64);
     b_.set_arch_specific(true);
     b_.set_min_ctas_per_sm(1);
+    if (pair_) b_.set_cluster_dims(2, 1, 1);
     tid_ = e_.mov(Type::U32, ptx::sreg(ptx::Special::TidX));
     // The warp index and the TMEM address through shfl.sync from lane 0:
     // values ptxas knows to be warp-uniform, so the MMA and load warps'
@@ -193,6 +202,13 @@ class ForwardSm100Gen {
     }
     b_.bra(done);
     b_.bind(mma);
+    if (pair_) {  // the odd CTA's MMA warp forwards its fulls to the even one
+      ptx::Label lead = b_.label();
+      b_.when(e_.setp(Cmp::Eq, Type::U32, half_cta_, imm(0))).bra(lead);
+      forward_fulls();
+      b_.bra(done);
+      b_.bind(lead);
+    }
     mma_warp();
     b_.bra(done);
     b_.bind(softmax);
@@ -235,7 +251,16 @@ class ForwardSm100Gen {
       sk_ = e_.param(Type::S32, f + offsetof(P, seqlen_k));
     }
     Reg shift = e_.op(Op::Sub, Type::S32, sk_, sq_);
-    keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    if (pair_) {
+      // The pair's keys: those of both its m-blocks (2p, 2p + 1), so that
+      // both CTAs run the same tiles (each masks its own rows).
+      half_cta_ = e_.op(Op::And, Type::B32, mblk, imm(1));
+      Reg m0p = e_.op(Op::Sub, Type::S32, m0_,
+                      e_.op(Op::MulLo, Type::S32, half_cta_, imm(spec_.block_m)));
+      keys_ = tile::key_range(e_, m0p, shift, sq_, sk_, wl, wr, 2 * spec_.block_m, spec_.block_n);
+    } else {
+      keys_ = tile::key_range(e_, m0_, shift, sq_, sk_, wl, wr, spec_.block_m, spec_.block_n);
+    }
     if (spec_.split_kv) {
       Reg size =
           e_.param(Type::S32, forward_tail_offset(spec_) + offsetof(ForwardTail, split_size));
@@ -276,28 +301,47 @@ class ForwardSm100Gen {
                      "s_full, o_full: one tcgen05.commit; p_full: 128 softmax threads");
     Reg t0 = e_.setp(Cmp::Eq, Type::U32, tid_, imm(0));
     const int full = spec_.gather ? kGatherThreads : 1;
+    // The CTA pair: the even CTA's kv_full and q_full take one more arrival
+    // (the odd CTA's, once its half has landed: forward_fulls) and its
+    // p_full both CTAs' softmax threads; kv_empty, s_full and o_full get one
+    // arrival in each CTA (the even CTA's multicast commits).
+    ptx::Operand nfull = imm(full), np = imm(kTileRows);
+    if (pair_) {
+      Reg lead = e_.setp(
+          Cmp::Eq, Type::U32,
+          e_.op(Op::And, Type::B32, e_.mov(Type::U32, ptx::sreg(ptx::Special::CtaidX)), imm(1)),
+          imm(0));
+      Reg f = b_.b32(), pn = b_.b32();
+      b_.selp(Type::U32, f, imm(full + 1), imm(full), lead);
+      b_.selp(Type::U32, pn, imm(2 * kTileRows), imm(kTileRows), lead);
+      nfull = f;
+      np = pn;
+    }
     for (int s = 0; s < lay_.stages; ++s) {
-      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_full(s)), imm(full));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.kv_full(s)), nfull);
       b_.when(t0).mbarrier_init(at(smem_, lay_.kv_empty(s)), imm(1));
     }
-    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), imm(full));
+    b_.when(t0).mbarrier_init(at(smem_, lay_.q_full()), nfull);
     for (int i = 0; i < qt_; ++i) {
       b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
-      b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), imm(kTileRows));
+      b_.when(t0).mbarrier_init(at(smem_, lay_.p_full(i)), np);
       b_.when(t0).mbarrier_init(at(smem_, lay_.o_full(i)), imm(1));
     }
     for (int i = qt_; i < lay_.s_bufs; ++i)  // one Q tile: the second S buffer's
       b_.when(t0).mbarrier_init(at(smem_, lay_.s_full(i)), imm(1));
     if (qtm_) b_.when(t0).mbarrier_init(at(smem_, lay_.qt_full()), imm(kTileRows));
-    b_.comment("tensor memory: warp 0 allocates all 512 columns");
+    // (the pair: the inits visible to the other CTA after the cluster barrier)
+    if (pair_) b_.when(t0).fence_mbarrier_init();
+    b_.comment(pair_ ? "tensor memory: warp 0 of each CTA of the pair allocates all 512 columns"
+                     : "tensor memory: warp 0 allocates all 512 columns");
     ptx::Label allocated = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(allocated);
-    b_.tcgen05_alloc(at(smem_, lay_.tmem), imm(kTmemCols));
-    b_.tcgen05_relinquish_alloc_permit();
+    b_.tcgen05_alloc(at(smem_, lay_.tmem), imm(kTmemCols), cg_);
+    b_.tcgen05_relinquish_alloc_permit(cg_);
     b_.bind(allocated);
     b_.fence_proxy_async();  // the inits, visible to the copy engine
     b_.tcgen05_fence_before_thread_sync();
-    b_.bar_sync();
+    cta_sync();
     b_.tcgen05_fence_after_thread_sync();
     Reg tm = b_.b32();
     b_.ld(Space::Shared, Type::U32, tm, at(smem_, lay_.tmem));
@@ -314,12 +358,23 @@ class ForwardSm100Gen {
   // Every thread: the CTA's last barrier, then warp 0 frees tensor memory.
   void teardown() {
     b_.tcgen05_fence_before_thread_sync();
-    b_.bar_sync();
+    cta_sync();
     ptx::Label out = b_.label();
     b_.unless(e_.setp(Cmp::Eq, Type::U32, warp_, imm(0))).bra(out);
     b_.tcgen05_fence_after_thread_sync();
-    b_.tcgen05_dealloc(tmem_, imm(kTmemCols));
+    b_.tcgen05_dealloc(tmem_, imm(kTmemCols), cg_);
     b_.bind(out);
+  }
+
+  // Every thread of the CTA (bar.sync 0), or of the pair's cluster
+  // (barrier.cluster.arrive + wait: release / acquire across both CTAs).
+  void cta_sync() {
+    if (!pair_) {
+      b_.bar_sync();
+      return;
+    }
+    b_.barrier_cluster_arrive();
+    b_.barrier_cluster_wait();
   }
 
   tile::Ring ring() { return tile::Ring(e_, smem_, lay_.stages); }
@@ -346,16 +401,22 @@ class ForwardSm100Gen {
       b_.when(one).cp_async_bulk_tensor(at(smem_, lay_.q + static_cast<uint32_t>(a) * lay_.q_atom),
                                         tq, c, 4, at(smem_, lay_.q_full()));
     }
+    // The CTA pair: CTA h reads keys n + h block_n / 2 .. of K (all columns)
+    // and columns 64 h .. of V (all keys): its halves of B.
+    Reg k_row = pair_ ? e_.op(Op::MulLo, Type::S32, half_cta_, imm(spec_.block_n / 2)) : Reg();
     ring_items([&](int kv, Reg n, Reg stage, Reg bars, Reg) {
-      const int atoms = kv ? lay_.va : lay_.qa;
+      const int atoms = kv ? lay_.v_atoms : lay_.qa;
+      const uint32_t atom = kv ? lay_.kv_atom : lay_.k_atom;
       b_.when(one).mbarrier_arrive_expect_tx(at(bars, lay_.kv_full(0)),
-                                             imm(static_cast<int64_t>(atoms) * lay_.kv_atom));
+                                             imm(static_cast<int64_t>(atoms) * atom));
       Reg dst = e_.op(Op::MadLo, Type::U32, stage, imm(lay_.slot), smem_);
+      Reg row = pair_ && !kv ? e_.op(Op::Add, Type::S32, n, k_row) : n;
       for (int a = 0; a < atoms; ++a) {
-        Reg c[4] = {e_.mov(Type::S32, imm(atom_cols(spec_) * a)), n, kvh_, bz_};
-        b_.when(one).cp_async_bulk_tensor(
-            at(dst, lay_.kv + static_cast<uint32_t>(a) * lay_.kv_atom), kv ? tv : tk, c, 4,
-            at(bars, lay_.kv_full(0)));
+        Reg col = e_.mov(Type::S32, imm(atom_cols(spec_) * a));
+        if (pair_ && kv) b_.op(Op::MadLo, Type::S32, col, half_cta_, imm(atom_cols(spec_)), col);
+        Reg c[4] = {col, row, kvh_, bz_};
+        b_.when(one).cp_async_bulk_tensor(at(dst, lay_.kv + static_cast<uint32_t>(a) * atom),
+                                          kv ? tv : tk, c, 4, at(bars, lay_.kv_full(0)));
       }
     });
     b_.bind(out);
@@ -432,6 +493,45 @@ class ForwardSm100Gen {
     b_.bind(out);
   }
 
+  // ---- spec.cta_pair, the odd CTA's warp 8: its halves of Q, K and V
+  // have landed (its q_full / kv_full phases, in the ring's order) -> one
+  // arrival on the even CTA's barrier of the same slot (mapa: rank 0 of the
+  // cluster), which the even CTA's MMA thread waits on with its own load.
+  void forward_fulls() {
+    ptx::Label out = b_.label();
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
+    Reg one = b_.pred();
+    b_.elect_sync(one, 0xffffffffu);
+    Reg peer = b_.b32();
+    b_.mapa(peer, smem_, imm(0));
+    const tile::Ring r = ring();
+    Reg zero = e_.mov(Type::U32, imm(0));
+    r.wait(smem_, static_cast<int>(lay_.q_full()), zero);
+    b_.when(one).mbarrier_arrive_cluster(at(peer, lay_.q_full()));
+    Reg items = e_.op(Op::Shl, Type::B32, ntiles_, imm(1));  // K_j, V_j
+    Reg it = e_.mov(Type::U32, imm(0));
+    ptx::Label top = b_.label();
+    b_.bind(top);
+    const tile::Ring::Slot sl = r.slot(it);
+    r.wait(r.bars(sl.stage), static_cast<int>(lay_.kv_full(0)), sl.parity);
+    Reg pb = e_.op(Op::MadLo, Type::U32, sl.stage, imm(8), peer);
+    b_.when(one).mbarrier_arrive_cluster(at(pb, lay_.kv_full(0)));
+    b_.op(Op::Add, Type::U32, it, it, imm(1));
+    b_.when(e_.setp(Cmp::Lt, Type::U32, it, items)).bra(top, true);
+    b_.bind(out);
+  }
+
+  // The MMA thread's commit of its earlier tcgen05.mma to the mbarrier at
+  // a (the CTA pair: multicast to that mbarrier in both CTAs), under
+  // predicate p (the elected lane's, one_, unless given).
+  void commit(ptx::Addr a, Reg p = Reg()) {
+    if (!p.valid()) p = one_;
+    if (pair_)
+      b_.when(p).tcgen05_commit_multicast(a, pair_mask_, 2);
+    else
+      b_.when(p).tcgen05_commit(a);
+  }
+
   // ---- warp 8: one thread issues every tcgen05.mma ----
   // The shared-memory descriptor of a 128-byte-swizzled operand at smem +
   // off (tile::umma_smem_desc), lbo its leading byte offset.
@@ -448,6 +548,10 @@ class ForwardSm100Gen {
     b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
     one_ = b_.pred();
     b_.elect_sync(one_, 0xffffffffu);
+    if (pair_) {  // both CTAs of the cluster (ranks 0 and 1)
+      pair_mask_ = b_.b16();
+      b_.mov(Type::B16, pair_mask_, imm(3));
+    }
     // Q, K, V's types; P's: the 16-bit type, or e4m3 (the fp8 forward).
     auto type_of = [&](KvFp8 f) {
       return f == KvFp8::E4M3      ? tile::UmmaType::kE4M3
@@ -458,12 +562,13 @@ class ForwardSm100Gen {
     const tile::UmmaType tq = type_of(spec_.q_fp8), tkv = type_of(spec_.kv_fp8);
     const tile::UmmaType tp = f8_ ? tile::UmmaType::kE4M3 : tq;
     const auto kind = f8_ ? ptx::Builder::MmaKind::F8F6F4 : ptx::Builder::MmaKind::F16;
+    const uint32_t m = pair_ ? 2 * kTileRows : kTileRows;  // the pair: M = 256 across it
     const uint32_t s_idesc =
-        tile::UmmaInstrDesc{tq, tkv, kTileRows, static_cast<uint32_t>(spec_.block_n)}.bits();
+        tile::UmmaInstrDesc{tq, tkv, m, static_cast<uint32_t>(spec_.block_n)}.bits();
     // N = dv rounded up to 16 (A in tensor memory takes N % 16 = 0 at M =
     // 128): O_i's columns; V's columns past dv are the TMA box's zeros.
     const uint32_t o_idesc =
-        tile::UmmaInstrDesc{tp, tkv, kTileRows, static_cast<uint32_t>(dv16()), false, true}.bits();
+        tile::UmmaInstrDesc{tp, tkv, m, static_cast<uint32_t>(dv16()), false, true}.bits();
     // Q_i's descriptor (K-major: row r of the tile at r x 128 B; the k16
     // slice kk at atom kk / 4, + 32 (kk % 4) bytes).
     Reg qd[kMaxQTiles];
@@ -489,18 +594,18 @@ class ForwardSm100Gen {
     // at q_col() + 8 kk.)
     auto issue_s = [&](int i, Reg d, Reg kdesc, ptx::Addr done) {
       for (int kk = 0; kk < kD_; ++kk) {
-        const int64_t koff = (int64_t(kk / 4) * lay_.kv_atom + (kk % 4) * 32) >> 4;
+        const int64_t koff = (int64_t(kk / 4) * lay_.k_atom + (kk % 4) * 32) >> 4;
         Reg bb = e_.op(Op::Add, Type::S64, kdesc, imm(koff));
         if (qtm_) {
           Reg a = e_.op(Op::Add, Type::U32, tmem_, imm(q_col() + 8 * static_cast<uint32_t>(kk)));
-          b_.when(one_).tcgen05_mma_ts(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+          b_.when(one_).tcgen05_mma_ts(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1), cg_);
           continue;
         }
         const int64_t qoff = (int64_t(kk / 4) * lay_.q_atom + (kk % 4) * 32) >> 4;
         Reg a = e_.op(Op::Add, Type::S64, qd[i], imm(qoff));
-        b_.when(one_).tcgen05_mma_ss(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1));
+        b_.when(one_).tcgen05_mma_ss(kind, d, a, bb, imm(s_idesc), imm(kk == 0 ? 0 : 1), cg_);
       }
-      b_.when(one_).tcgen05_commit(done);
+      commit(done);
     };
     // O_i += P_i V from the slot of V (vdesc), P_i at columns p; acc: O_i
     // holds earlier tiles.
@@ -511,9 +616,9 @@ class ForwardSm100Gen {
         Reg vb = e_.op(Op::Add, Type::S64, vdesc, imm((int64_t(kk) * kstep_ * kAtomBytes) >> 4));
         Reg pa = e_.op(Op::Add, Type::U32, p, imm(8 * kk));
         b_.when(one_).tcgen05_mma_ts(kind, taddr_o[i], pa, vb, imm(o_idesc),
-                                     kk == 0 ? ptx::Operand(acc) : imm(1));
+                                     kk == 0 ? ptx::Operand(acc) : imm(1), cg_);
       }
-      b_.when(one_).tcgen05_commit(at(smem_, lay_.o_full(i)));
+      commit(at(smem_, lay_.o_full(i)));
     };
     const tile::Ring r = ring();
     if (qt_ == 1) {
@@ -533,7 +638,7 @@ class ForwardSm100Gen {
       b_.tcgen05_fence_after_thread_sync();
       Reg kd = slot_desc(k.stage, kd0);
       for (int i = 0; i < qt_; ++i) issue_s(i, taddr_s[i], kd, at(smem_, lay_.s_full(i)));
-      b_.when(one_).tcgen05_commit(at(kb, lay_.kv_empty(0)));
+      commit(at(kb, lay_.kv_empty(0)));
     }
     Reg j = e_.mov(Type::S32, imm(0));
     Reg acc = b_.pred();
@@ -560,7 +665,7 @@ class ForwardSm100Gen {
       // V_j's slot is free once its last product completes: released
       // before waiting for K_{j+1} (the gather warps make K_{j+1} full only
       // once V_{j+1}'s copies are in flight, which may need that slot).
-      if (i == qt_ - 1) b_.when(one_).tcgen05_commit(at(vbars, lay_.kv_empty(0)));
+      if (i == qt_ - 1) commit(at(vbars, lay_.kv_empty(0)));
       ptx::Label no_k = b_.label();
       b_.unless(more).bra(no_k, true);
       if (i == 0) r.wait(kbars, static_cast<int>(lay_.kv_full(0)), k.parity);
@@ -568,7 +673,7 @@ class ForwardSm100Gen {
       b_.bind(no_k);
     }
     Reg one_more = e_.op(Op::And, Type::Pred, one_, more);
-    b_.when(one_more).tcgen05_commit(at(kbars, lay_.kv_empty(0)));
+    commit(at(kbars, lay_.kv_empty(0)), one_more);
     b_.op(Op::Xor, Type::B32, pph, pph, imm(1));
     b_.when(more).bra(top, true);
     b_.bind(out);
@@ -667,6 +772,10 @@ class ForwardSm100Gen {
     bar_off_ = e_.op(Op::Shl, Type::B32, wi, imm(3));  // + 8 i: tile i's barrier
     Reg bars = e_.op(Op::Add, Type::U32, smem_, bar_off_);
     bars_ = bars;
+    if (pair_) {
+      p_remote_ = b_.b32();
+      b_.mapa(p_remote_, bars, imm(0));
+    }
     // This row's index and its diagonal (row + seqlen_k - seqlen_q).
     qrow_ = e_.op(Op::MadLo, Type::S32, wi, imm(kTileRows), m0_);
     b_.op(Op::Add, Type::S32, qrow_, qrow_, row);
@@ -829,7 +938,10 @@ class ForwardSm100Gen {
     }
     b_.tcgen05_wait_st();
     b_.tcgen05_fence_before_thread_sync();
-    b_.mbarrier_arrive(at(bars_, lay_.p_full(0)));
+    if (pair_)  // the even CTA's p_full[i] (its MMA thread waits for both CTAs' P)
+      b_.mbarrier_arrive_cluster(at(p_remote_, lay_.p_full(0)));
+    else
+      b_.mbarrier_arrive(at(bars_, lay_.p_full(0)));
     b_.op(Op::Xor, Type::B32, sph_, sph_, imm(1));
     b_.op(Op::Add, Type::S32, j_, j_, imm(1));
     b_.op(Op::Sub, Type::S32, n_, n_, imm(spec_.block_n));
@@ -943,7 +1055,12 @@ class ForwardSm100Gen {
   int kstep_ = 16;          // the MMA's K
   int kD_ = 0, poly_ = 0;
   int qt_ = 0, threads_ = 0, mma_warp_ = 0, load_warp_ = 0;  // Q tiles, threads, warp roles
-  bool qtm_ = false;  // q_in_tmem: S = Q K^T with Q in tensor memory
+  bool qtm_ = false;   // q_in_tmem: S = Q K^T with Q in tensor memory
+  bool pair_ = false;  // spec.cta_pair: tcgen05.mma.cta_group::2 across a cluster of two
+  Reg half_cta_;       // spec.cta_pair: this CTA's half of the pair (%ctaid.x & 1, u32)
+  int cg_ = 1;         // tcgen05's .cta_group: 2 for the pair
+  Reg pair_mask_;      // spec.cta_pair: the multicast commits' ctaMask (b16: 3)
+  Reg p_remote_;       // spec.cta_pair: this tile's barriers in the even CTA (shared::cluster)
   Reg tid_, warp_, smem_, tmem_, one_;
   Reg h_, bz_, kvh_, m0_, sq_, sk_, wl_, wr_, ntiles_;
   tile::KeyRange keys_;

@@ -1364,6 +1364,8 @@ TmaBox wgmma_tma_box(const KernelSpec &spec, TmaOperand which) {
   box.box_cols = bytes ? 128 : kgen::kAtomCols;
   box.elem_bytes = bytes ? 1 : 2;
   box.box_rows = static_cast<uint32_t>(which == TmaOperand::Q ? spec.block_m : spec.block_n);
+  // The sm_100a CTA pair: each CTA reads half of every K tile's keys.
+  if (spec.cta_pair && which == TmaOperand::K) box.box_rows /= 2;
   box.swizzle_128b = true;
   return box;
 }

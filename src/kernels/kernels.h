@@ -253,6 +253,14 @@ struct KernelSpec {
   // the same fp8 mma. head_dim a multiple of 32 (whole k32 steps). Off: the
   // PTX and serialize() are those of a spec without it (mode (a)).
   bool kv_fp8_mma = false;
+  // Forward on sm_100a (spec.tcgen05, two Q tiles, head_dim_v 128, TMA):
+  // the CTAs of a cluster of two (m-blocks 2p and 2p + 1, grid x rounded up
+  // to even) run every product as one tcgen05.mma.cta_group::2 of M = 256
+  // (Q tile i of both CTAs) issued by the even CTA, each CTA holding half of
+  // each K tile's keys and half of each V tile's columns; the pair iterates
+  // the key tiles of both its m-blocks (FlashAttention-4's 2-CTA MMA). Off:
+  // the PTX and serialize() are those of a spec without it.
+  bool cta_pair = false;
 
   // Canonical bytes (fixed field order, little-endian) hashed into the key.
   std::string serialize() const;

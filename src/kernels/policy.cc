@@ -29,6 +29,7 @@ KernelPolicy KernelPolicy::from_env() {
   p.decode_fp8_mma = env_on("FLASHATTN_DECODE_FP8_MMA");
   if (const char *v = std::getenv("FLASHATTN_SM100_FORWARD")) p.sm100_forward = v[0] == '1';
   if (const char *v = std::getenv("FLASHATTN_SM100_MLA")) p.sm100_mla = v[0] == '1';
+  if (const char *v = std::getenv("FLASHATTN_SM100_CTA_PAIR")) p.sm100_cta_pair = v[0] == '1';
   if (const char *v = std::getenv("FLASHATTN_SM90_BACKWARD")) p.sm90_backward = v[0] == '1';
   return p;
 }

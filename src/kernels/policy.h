@@ -92,6 +92,13 @@ struct KernelPolicy {
   // on the emulator, not yet run on a Blackwell GPU: FLASHATTN_SM100_FORWARD=0
   // keeps the mma.sync forward.
   bool sm100_forward = true;
+  // ... and, there, a non-causal forward without a window at head_dim_v 128
+  // and head_dim 128..256 over TMA-addressable tensors runs on CTA pairs
+  // (KernelSpec::cta_pair: tcgen05.mma.cta_group::2, M = 256 across a
+  // cluster of two, each CTA reading half of every K and V tile;
+  // FlashAttention-4's 2-CTA MMA). Proven on the emulator only:
+  // FLASHATTN_SM100_CTA_PAIR=0 keeps one CTA.
+  bool sm100_cta_pair = true;
   // Tests: the persistent grid's CTAs at most (0: the device's SM count),
   // so that each CTA runs several work items. No variable sets it.
   int persistent_grid = 0;

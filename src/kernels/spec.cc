@@ -225,7 +225,11 @@ bool spec_valid(const KernelSpec &s) {
            s.stages >= sm100_min_stages(s) && s.stages <= 8 &&
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
            !s.persistent && !s.dynamic && (!s.split_kv || !s.sinks) && s.q_stages == 1 &&
-           s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None);
+           s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None) &&
+           (!s.cta_pair || (s.block_m == 256 && s.block_n == 128 && s.head_dim_v == 128 &&
+                            s.head_dim >= 128 && !s.gather && !s.split_kv &&
+                            s.q_fp8 == KvFp8::None));
+  if (s.cta_pair) return false;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
            s.block_m == 128 && s.num_warps == 12 && s.block_n >= 16 && s.block_n <= 256 &&
@@ -593,6 +597,7 @@ std::string KernelSpec::serialize() const {
   if (pdl) o.push_back('G');            // only when on
   if (fused_combine) o.push_back('C');  // only when on
   if (direct_out) o.push_back('O');     // only when on
+  if (cta_pair) o.push_back('Y');       // only when on
   if (q_stages != 1) {                  // only when on
     o.push_back('B');
     o.push_back(static_cast<char>(q_stages));
@@ -628,6 +633,7 @@ std::string KernelSpec::describe() const {
          (persistent ? " persistent" : "") + (dynamic ? " dynamic" : "") +
          (split_kv ? " split" : "") + (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
          (fused_combine ? " fused_combine" : "") + (direct_out ? " direct_out" : "") +
+         (cta_pair ? " cta_pair" : "") +
          (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
@@ -772,6 +778,14 @@ KernelSpec make_spec(const AttentionConfig &cfg, KernelKind kind, const DeviceLi
       s.kv_fp8 = cfg.kv_fp8;
     }
     choose_sm100_tile(dev, &s);
+    // CTA pairs where every row sees every key (the pair's two m-blocks
+    // then share their key tiles exactly), as FlashAttention-4 runs them.
+    if (policy.sm100_cta_pair && !cfg.causal && cfg.window_left < 0 && cfg.window_right < 0 &&
+        !s.gather && !s.split_kv && !fp8_fwd && s.block_m == 256 && s.head_dim_v == 128 &&
+        s.head_dim >= 128) {
+      s.cta_pair = true;
+      choose_sm100_tile(dev, &s);  // the pair's ring: half of each K and V tile a CTA
+    }
   } else if (kind == KernelKind::Forward && dev.sm >= 80 && !policy.scalar_forward) {
     s.varlen = varlen;
     s.mma = true;
@@ -917,6 +931,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.persistent ? "_persistent" : "") + (s.dynamic ? "_dynamic" : "") +
          (s.split_kv ? "_split" : "") + (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
          (s.fused_combine ? "_fused" : "") + (s.direct_out ? "_out" : "") +
+         (s.cta_pair ? "_pair" : "") +
          (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 
@@ -946,7 +961,9 @@ LaunchGeometry forward_geometry(const KernelSpec &spec, const ForwardParams &p, 
     const int64_t items = forward_work_items(spec, p);
     g.grid[0] = grid_dim(ctas > 0 ? std::min(items, ctas) : items);
   } else {
-    g.grid[0] = grid_dim(ceil_div(p.seqlen_q, spec.block_m) * spec.dv_split *
+    // (cta_pair: m-blocks rounded up to whole clusters of two)
+    const int64_t mblocks = ceil_div(p.seqlen_q, spec.block_m);
+    g.grid[0] = grid_dim((spec.cta_pair ? (mblocks + 1) / 2 * 2 : mblocks) * spec.dv_split *
                          (spec.split_kv ? std::max(num_splits, 1) : 1));
     g.grid[1] = grid_dim(p.num_heads_q);
     g.grid[2] = grid_dim(p.batch);
