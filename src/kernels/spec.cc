@@ -226,9 +226,9 @@ bool spec_valid(const KernelSpec &s) {
            (s.gather || (!s.varlen && !s.seqused_k && s.kv_layout == KvLayout::Contiguous)) &&
            !s.persistent && !s.dynamic && (!s.split_kv || !s.sinks) && s.q_stages == 1 &&
            s.dv_split == 1 && (s.q_fp8 == KvFp8::None) == (s.kv_fp8 == KvFp8::None) &&
-           (!s.cta_pair || (s.block_m == 256 && s.block_n == 128 && s.head_dim_v == 128 &&
-                            s.head_dim >= 128 && !s.gather && !s.split_kv &&
-                            s.q_fp8 == KvFp8::None));
+           (!s.cta_pair ||
+            (s.block_m == 256 && s.block_n == 128 && s.head_dim_v == 128 && s.head_dim >= 128 &&
+             !s.gather && !s.split_kv && s.q_fp8 == KvFp8::None));
   if (s.cta_pair) return false;
   if (s.wgmma)
     return d_ok && dv_ok && s.kind == KernelKind::Forward && s.mma && s.sm == 90 &&
@@ -633,8 +633,7 @@ std::string KernelSpec::describe() const {
          (persistent ? " persistent" : "") + (dynamic ? " dynamic" : "") +
          (split_kv ? " split" : "") + (fixed_len ? " fixed_len" : "") + (pdl ? " pdl" : "") +
          (fused_combine ? " fused_combine" : "") + (direct_out ? " direct_out" : "") +
-         (cta_pair ? " cta_pair" : "") +
-         (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
+         (cta_pair ? " cta_pair" : "") + (q_stages != 1 ? " q" + std::to_string(q_stages) : "");
 }
 
 // Tiles (scalar fp32 kernels, docs/kernels.md): block_n = 32 (lane = key);
@@ -931,8 +930,7 @@ std::string entry_name(const KernelSpec &s) {
          (s.persistent ? "_persistent" : "") + (s.dynamic ? "_dynamic" : "") +
          (s.split_kv ? "_split" : "") + (s.fixed_len ? "_fixedlen" : "") + (s.pdl ? "_pdl" : "") +
          (s.fused_combine ? "_fused" : "") + (s.direct_out ? "_out" : "") +
-         (s.cta_pair ? "_pair" : "") +
-         (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
+         (s.cta_pair ? "_pair" : "") + (s.q_stages != 1 ? "_q" + std::to_string(s.q_stages) : "");
 }
 
 std::string generate_ptx(const KernelSpec &spec) {
