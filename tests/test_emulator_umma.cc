@@ -329,22 +329,9 @@ const Hazard kHazards[] = {
 
 // Runs the variant; true when it fails with its message naming the MMA's
 // line and the offender's.
-// Runs a hazard kernel; its parameter is a buffer holding a tensor map (of a
-// 16-word tensor at +512 of the buffer, one box of all of it) at +0.
+// Runs a hazard kernel (its parameter: run_with_tensor_map's buffer).
 fa_status run_hazard(const std::string &ptx) {
-  DevBuf buf(1024);
-  fa::emu::TensorMap m;
-  m.rank = 1;
-  m.base = buf.ptr + 512;
-  m.dims[0] = 16;
-  m.strides[0] = 4;
-  m.box[0] = 16;
-  m.elem_bytes = 4;
-  std::vector<uint8_t> bytes(128);
-  fa::emu::store_tensor_map(m, bytes.data());
-  buf.put(bytes);
-  uint64_t p = buf.ptr;
-  return run_ptx(ptx, "k_hz", geom(1, 128, 4096), &p, sizeof p);
+  return run_with_tensor_map(ptx, "k_hz", geom(1, 128, 4096));
 }
 
 bool hazard_caught(const Hazard &h) {

@@ -365,22 +365,9 @@ T3:
   return pair_hazard_kernel(h);
 }
 
-// Runs it with a tensor map of 16 words (one box of all of them) at the
-// start of its parameter buffer.
+// Runs it with run_with_tensor_map's tensor map (a cluster of 2).
 fa_status run_pair_tma(const std::string &ptx) {
-  DevBuf buf(1024);
-  fa::emu::TensorMap m;
-  m.rank = 1;
-  m.base = buf.ptr + 512;
-  m.dims[0] = 16;
-  m.strides[0] = 4;
-  m.box[0] = 16;
-  m.elem_bytes = 4;
-  std::vector<uint8_t> bytes(128);
-  fa::emu::store_tensor_map(m, bytes.data());
-  buf.put(bytes);
-  uint64_t p = buf.ptr;
-  return run_ptx(ptx, "k_phz", geom(2, 128, 4096), &p, sizeof p);
+  return run_with_tensor_map(ptx, "k_phz", geom(2, 128, 4096));
 }
 
 void test_pair_tma_remote_phase(void **) {

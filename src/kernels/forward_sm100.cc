@@ -379,13 +379,21 @@ class ForwardSm100Gen {
 
   tile::Ring ring() { return tile::Ring(e_, smem_, lay_.stages); }
 
+  // A one-issuer role's start (the load, MMA and forwarding warps): the
+  // whole warp leaves for `out` when the CTA has no key tile; the returned
+  // predicate is the lane elect.sync picks, which issues.
+  Reg issuer(const ptx::Label &out) {
+    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
+    Reg one = b_.pred();
+    b_.elect_sync(one, 0xffffffffu);
+    return one;
+  }
+
   // ---- warp 9: one thread issues every TMA copy ----
   // The whole warp runs the loop (its waits); one elected lane issues.
   void load() {
     ptx::Label out = b_.label();
-    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
-    Reg one = b_.pred();
-    b_.elect_sync(one, 0xffffffffu);
+    Reg one = issuer(out);
     Reg pa = b_.b64();
     b_.param_address(pa);
     auto tmap = [&](size_t off) {
@@ -499,9 +507,7 @@ class ForwardSm100Gen {
   // cluster), which the even CTA's MMA thread waits on with its own load.
   void forward_fulls() {
     ptx::Label out = b_.label();
-    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
-    Reg one = b_.pred();
-    b_.elect_sync(one, 0xffffffffu);
+    Reg one = issuer(out);
     Reg peer = b_.b32();
     b_.mapa(peer, smem_, imm(0));
     const tile::Ring r = ring();
@@ -545,9 +551,7 @@ class ForwardSm100Gen {
   // converged, so one thread issues them all).
   void mma_warp() {
     ptx::Label out = b_.label();
-    b_.when(e_.setp(Cmp::Eq, Type::S32, ntiles_, imm(0))).bra(out, true);
-    one_ = b_.pred();
-    b_.elect_sync(one_, 0xffffffffu);
+    one_ = issuer(out);
     if (pair_) {  // both CTAs of the cluster (ranks 0 and 1)
       pair_mask_ = b_.b16();
       b_.mov(Type::B16, pair_mask_, imm(3));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "emu/sm100.h"
+#include "emu/tensor_map.h"
 #include "ptx/ptx.h"
 #include "support/emu_harness.h"
 #include "support/umma_operands.h"
@@ -17,6 +18,26 @@
 namespace fa::test {
 
 using fa::kgen::tile::UmmaInstrDesc;
+
+// Runs a kernel whose parameter is a buffer holding, at +0, a tensor map of
+// a 16-word fp32 tensor at +512 of the buffer (one box of all of it): the
+// TMA hazard kernels'.
+inline fa_status run_with_tensor_map(const std::string &ptx, const char *entry,
+                                     const fa::LaunchGeometry &g) {
+  DevBuf buf(1024);
+  fa::emu::TensorMap m;
+  m.rank = 1;
+  m.base = buf.ptr + 512;
+  m.dims[0] = 16;
+  m.strides[0] = 4;
+  m.box[0] = 16;
+  m.elem_bytes = 4;
+  std::vector<uint8_t> bytes(128);
+  fa::emu::store_tensor_map(m, bytes.data());
+  buf.put(bytes);
+  uint64_t p = buf.ptr;
+  return run_ptx(ptx, entry, g, &p, sizeof p);
+}
 
 // Sets a deliberate emulator bug (emu/sm100.h) for its scope.
 struct Sm100BugScope {
