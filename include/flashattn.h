@@ -716,8 +716,9 @@ FA_API fa_status fa_launch(fa_runtime *rt, const fa_config *cfg, const fa_forwar
  * without cu_seqlens over MLA's latent cache (head_dim 576, head_dim_v 512,
  * v the first head_dim_v columns of k's memory with k's strides; 16-bit, no
  * softcap or ALiBi) runs on the MLA decode kernel and its plan splits the
- * keys (FLASHATTN_SM100_MLA=0: never; with one split that kernel writes O
- * itself: 0); else 0 (no workspace needed; one given is ignored). The answer depends on rt's device (SM count) and policy
+ * keys (FLASHATTN_SM100_MLA=0: never; with one split, and always with
+ * cu_seqlens_q, that kernel writes O itself: 0); else 0 (no workspace
+ * needed; one given is ignored). The answer depends on rt's device (SM count) and policy
  * (FLASHATTN_SM90_PERSISTENT, FLASHATTN_SM80_PERSISTENT, FLASHATTN_FORWARD_SPLITS,
  * FLASHATTN_FORWARD_GQA_PACK, read by
  * fa_runtime_create), the config and the host fields of args (sizes,

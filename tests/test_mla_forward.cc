@@ -5,8 +5,9 @@
 // at any seqlen_q, the query heads x tokens packed 64 rows a CTA. With one
 // split (the plan's, or no workspace for more) each CTA writes O and the
 // LSE itself (KernelSpec::direct_out, entry `_out`: no workspace, no
-// combine, sinks in the kernel); with the caller's workspace and more
-// splits, the partial states and the combine. On the emulator at SM 100,
+// combine, sinks in the kernel; with cu_seqlens_q always, entry `_varlen`);
+// with the caller's workspace and more splits, the partial states and the
+// combine. On the emulator at SM 100,
 // each case through the numerics runner (fresh random inputs, O and LSE
 // poisoned first, fp64 reference; paged caches shuffled with NaN in the
 // unused pages) and checked by the last launch's entry name. The policy
@@ -64,7 +65,24 @@ int main(void) {
     for (int h = 0; h < 128; ++h) d.sinks[h] = 0.25f * static_cast<float>(h % 9) - 1.0f;
     cases.push_back({d, direct, "_sinks_vink_out"});
   }
+  {  // cu_seqlens_q (vLLM's chunked prefill against the latent cache): 8,
+     // 0 and 5 new tokens over 150, 90 and 200 keys (seqused_k) on pages of
+     // 64, 16 heads: the packed rows' O and LSE [heads, total_q].
+    fa::test::DecodeCase d = mla({150, 90, 200}, 8, 200, 16, 1, seed++);
+    d.prefill_q = {8, 0, 5};
+    d.kv.layout = FA_KV_PAGED;
+    d.kv.page_size = 64;
+    cases.push_back({d, direct, "_varlen"});
+  }
   if (!quick) {
+    // ... with 128 heads, a window and sinks (fp16, contiguous).
+    fa::test::DecodeCase v = mla({130, 61}, 3, 130, 128, 1, seed++);
+    v.prefill_q = {2, 3};
+    v.bf16 = false;
+    v.window_left = 40;
+    v.sinks.resize(128);
+    for (int h = 0; h < 128; ++h) v.sinks[h] = 0.5f - 0.01f * static_cast<float>(h);
+    cases.push_back({v, direct, "_varlen"});
     // Not causal, fp16, two latent heads of 16 query heads, 9 tokens (3
     // m-blocks each, the last with padding rows), pages of 3.
     fa::test::DecodeCase d = mla({130, 61}, 9, 130, 32, 2, seed++);

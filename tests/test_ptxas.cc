@@ -708,13 +708,15 @@ std::vector<KernelSpec> grid() {
                     !generate_ptx(w).empty());
         if (sm != 103 || i % 3 == 0) out.push_back(w);
         // sm_100a, 16-bit caches: the forward's one-split form writing O
-        // (KernelSpec::direct_out), with sinks on every other.
+        // (KernelSpec::direct_out), with sinks on every other, cu_seqlens_q
+        // on the paged one.
         if (sm == 100 && cfg.kv_fp8 == KvFp8::None && hd.second == 512) {
           shape.direct_out = true;
           shape.sinks = i % 2 == 0;
+          shape.varlen = layout == 1 && !shape.fixed_len;  // cu_seqlens_q (seqused_k)
           w = make_spec(cfg, KernelKind::Decode, limits_of(sm), shape, mla);
           assert_true(w.tcgen05 && w.direct_out && w.sinks == shape.sinks &&
-                      !generate_ptx(w).empty());
+                      w.varlen == shape.varlen && !generate_ptx(w).empty());
           out.push_back(w);
         }
         ++i;

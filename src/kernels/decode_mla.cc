@@ -182,6 +182,24 @@ class DecodeMlaGen {
     b_.op(Op::Shr, Type::S32, nblk, nblk, imm(6));
     kvh_ = e_.op(Op::Div, Type::S32, y, nblk);
     m0_ = e_.op(Op::Shl, Type::B32, e_.op(Op::Rem, Type::S32, y, nblk), imm(6));
+    if (spec_.varlen) {
+      // spec.direct_out with cu_seqlens_q (the forward's packed queries):
+      // sequence bz's queries are rows cu[bz] .. of q and o, at most
+      // seqlen_q (the grid's row blocks count those); a CTA past its rows
+      // leaves before any barrier.
+      Reg cuq = e_.global_param(offsetof(P, cu_seqlens_q));
+      Reg a = e_.index(cuq, bz_, 4);
+      q0_ = b_.b32();
+      Reg q1 = b_.b32();
+      b_.ld(Space::Global, Type::S32, q0_, at(a), true);
+      b_.ld(Space::Global, Type::S32, q1, at(a, 4), true);
+      total_q_ = b_.b32();
+      b_.ld(Space::Global, Type::S32, total_q_,
+            at(e_.index(cuq, e_.param(Type::S32, offsetof(P, batch)), 4)), true);
+      sq_ = seq_len(e_, q0_, q1, sq_);
+      rows_ = e_.op(Op::MulLo, Type::S32, sq_, imm(G_));
+      b_.when(e_.setp(Cmp::Ge, Type::S32, m0_, rows_)).exit();
+    }
     Reg k = e_.global_param(offsetof(P, k)), v = e_.global_param(offsetof(P, v));
     Reg ks[3], vs[3];
     for (int i = 0; i < 3; ++i) {
@@ -277,7 +295,7 @@ class DecodeMlaGen {
     Reg q = e_.global_param(offsetof(P, q));
     Reg qs[3];
     for (int i = 0; i < 3; ++i) qs[i] = e_.stride_bytes(offsetof(P, q_stride) + 8 * i, 2);
-    Reg q_b = e_.index(q, bz_, qs[0]);
+    Reg q_b = spec_.varlen ? e_.index(q, q0_, qs[1]) : e_.index(q, bz_, qs[0]);
     Reg kvh_g = e_.op(Op::MulLo, Type::S32, kvh_, imm(G_));
     const int chunks = 8 * lay_.qa, data = spec_.head_dim / 8;
     tile::gather_rows(e_, tid_, smem_, 0, lay_.q_atom, kRows, chunks, data, m0_, rows_, [&](Reg r) {
@@ -948,14 +966,18 @@ class DecodeMlaGen {
     Reg os[3];
     for (int i = 0; i < 3; ++i) os[i] = e_.stride_bytes(offsetof(P, o_stride) + 8 * i, 2);
     Reg o = e_.global_param(offsetof(P, o));
-    d.o_row = e_.index(e_.index(e_.index(o, bz_, os[0]), pr.t, os[1]), pr.qh, os[2]);
+    // (varlen: the sequence's first row q0 of o, and LSE [heads_q, total_q])
+    Reg o_b = spec_.varlen ? e_.index(o, q0_, os[1]) : e_.index(o, bz_, os[0]);
+    d.o_row = e_.index(e_.index(o_b, pr.t, os[1]), pr.qh, os[2]);
     Reg lse_raw = e_.param(Type::U64, offsetof(P, lse));
     d.has_lse = e_.setp(Cmp::Ne, Type::U64, lse_raw, imm(0));
     Reg lse = b_.b64();
     b_.cvta_to_global(lse, lse_raw);
     Reg hq = e_.param(Type::S32, offsetof(P, num_heads_q));
-    Reg lrow =
-        e_.op(Op::MadLo, Type::S64, e_.wide_mad(bz_, hq, e_.s64(pr.qh)), e_.s64(sq_), e_.s64(pr.t));
+    Reg lrow = spec_.varlen ? e_.op(Op::MadLo, Type::S64, e_.s64(pr.qh), e_.s64(total_q_),
+                                    e_.s64(e_.op(Op::Add, Type::S32, q0_, pr.t)))
+                            : e_.op(Op::MadLo, Type::S64, e_.wide_mad(bz_, hq, e_.s64(pr.qh)),
+                                    e_.s64(sq_), e_.s64(pr.t));
     d.lse_at = e_.index64(lse, lrow, 4);
     return d;
   }
@@ -972,6 +994,7 @@ class DecodeMlaGen {
   tile::Lanes ln_;
   Reg tid_, warp_, smem_;
   Reg split_, bz_, sq_, rows_, kvh_, m0_, sk_, slo_, shi_, n0_, tiles_;
+  Reg q0_, total_q_;  // spec.varlen: the sequence's first query row, cu_seqlens_q[batch]
   KvRows kr_, vr_;
   // consumers
   Reg wg_, wrow_, x_own_, x_other_;

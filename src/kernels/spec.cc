@@ -208,10 +208,11 @@ bool spec_valid(const KernelSpec &s) {
            s.v_in_k && s.wgmma != s.tcgen05 &&
            (s.tcgen05 ? (s.sm == 100 || s.sm == 103) && (s.block_n == 32 || s.block_n == 64)
                       : s.sm == 90 && s.block_n >= 16 && s.block_n <= 64 && s.block_n % 16 == 0) &&
-           s.dtype != Dtype::F32 && !s.varlen && !s.tree_mask && !s.alibi && !s.softcap &&
-           !s.append_kv && !s.pdl && !s.persistent && !s.dynamic && !s.split_kv &&
-           s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 && s.num_warps == 12 &&
-           s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 && s.q_fp8 == KvFp8::None;
+           s.dtype != Dtype::F32 && (!s.varlen || (s.tcgen05 && s.direct_out)) && !s.tree_mask &&
+           !s.alibi && !s.softcap && !s.append_kv && !s.pdl && !s.persistent && !s.dynamic &&
+           !s.split_kv && s.q_stages == 1 && s.dv_split == 1 && s.block_m == 64 &&
+           s.num_warps == 12 && s.stages >= 2 && s.stages <= 4 && s.group_size >= 1 &&
+           s.q_fp8 == KvFp8::None;
   // The sm_100a forward (forward_sm100.cc): one or two 128-row Q tiles
   // (S and O of every tile in tensor memory's 512 columns: two up to
   // head_dim_v 128), key tiles of 128 (64 with one Q tile), head dims up to 256, TMA operands:
@@ -466,9 +467,11 @@ void choose_wgmma_tile(const DeviceLimits &dev, KernelSpec *s) {
 bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const LaunchShape &shape,
                      KernelSpec *s) {
   const bool sm100 = (dev.sm == 100 || dev.sm == 103) && policy.sm100_mla;
+  // (cu_seqlens_q: only the sm_100a kernel's one-split form writing O,
+  // the forward's.)
   if (!(sm100 || (policy.sm90_mla && dev.sm == 90)) || !s->v_in_k || s->dtype == Dtype::F32 ||
-      s->varlen || s->softcap || shape.alibi || shape.tree_mask || shape.append_kv ||
-      !mla_decode_dims(s->head_dim, s->head_dim_v))
+      (s->varlen && !(sm100 && shape.direct_out)) || s->softcap || shape.alibi || shape.tree_mask ||
+      shape.append_kv || !mla_decode_dims(s->head_dim, s->head_dim_v))
     return false;
   KernelSpec t = *s;
   t.gather = true;

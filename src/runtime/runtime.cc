@@ -560,7 +560,7 @@ size_t Runtime::forward_workspace_bytes(const AttentionConfig &cfg,
   if (forward_as_decode(cfg, a, &d, &mla)) {
     const DecodePlan plan = plan_decode(cfg, d, a.cu_seqlens_q);
     // The MLA kernel with one split writes O itself (decode's direct form).
-    if (mla && (plan.num_splits <= 1 || plan.too_large)) return 0;
+    if (mla && (plan.num_splits <= 1 || plan.too_large || a.cu_seqlens_q != 0)) return 0;
     if (!plan.too_large) return 256 + plan.workspace_bytes;
   }
   const LaunchShape shape = forward_shape(cfg, a);
@@ -601,18 +601,19 @@ bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_arg
     d->workspace = a.workspace + 256;
     d->workspace_size = a.workspace_size - 256;
   }
-  // The tensor-core decode (the scalar one packs no rows; with
-  // cu_seqlens_q, its varlen form).
-  const KernelSpec spec = decode_spec(cfg, *d, a.cu_seqlens_q);
-  // The sm_100a MLA kernel (fixed-length queries), at any seqlen_q whose
-  // grid fits (y: KV heads x 64-row blocks <= 65535).
-  if (spec.tcgen05 && spec.kind == KernelKind::Decode && a.cu_seqlens_q == 0 &&
+  // The sm_100a MLA kernel (its one-split form takes cu_seqlens_q too), at
+  // any seqlen_q whose grid fits (y: KV heads x 64-row blocks <= 65535).
+  const KernelSpec latent_spec = decode_spec(cfg, *d, a.cu_seqlens_q, false, true);
+  if (latent && latent_spec.tcgen05 && latent_spec.kind == KernelKind::Decode &&
       int64_t(cfg.num_heads_kv) *
-              ((int64_t(group) * a.seqlen_q + spec.block_m - 1) / spec.block_m) <=
+              ((int64_t(group) * a.seqlen_q + latent_spec.block_m - 1) / latent_spec.block_m) <=
           65535) {
     *mla = true;
     return true;
   }
+  // The tensor-core decode (the scalar one packs no rows; with
+  // cu_seqlens_q, its varlen form).
+  const KernelSpec spec = decode_spec(cfg, *d, a.cu_seqlens_q);
   return few && spec.mma && spec.varlen == (a.cu_seqlens_q != 0);
 }
 
@@ -640,11 +641,11 @@ fa_status Runtime::forward(const AttentionConfig &cfg, const fa_forward_args &a,
                       d.workspace_size >= plan.workspace_bytes;
     // MLA: one split writing O where the plan has one or the workspace
     // holds no more (the kernel's direct form), else the splits and combine.
-    if (mla && (plan.num_splits <= 1 || !room)) {
+    if (mla && (plan.num_splits <= 1 || !room || a.cu_seqlens_q != 0)) {
       counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
       d.num_splits = 1;
       d.batch_invariant = 0;
-      return decode(cfg, d, stream, 0, true);
+      return decode(cfg, d, stream, a.cu_seqlens_q, true);
     }
     if (room) {
       counters_.forwards_as_decode.fetch_add(1, std::memory_order_relaxed);
