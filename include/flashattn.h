@@ -449,7 +449,10 @@ typedef struct fa_generate_options {
   int32_t v_in_k; /* decode: 1 = v_cache is k_cache's memory with its strides
                      (and page table or pointer array): V is K's first
                      head_dim_v columns, read from the K tile (MLA's latent
-                     cache; fa_decode_args.v_cache) */
+                     cache; fa_decode_args.v_cache). Forward (since 0.9,
+                     not varlen): 1 = fa_forward_args.v is k's memory the
+                     same way; on sm_100/103 at MLA's dims the module is
+                     then the MLA kernel fa_launch runs with one split */
 } fa_generate_options;
 
 /* struct_size of fa_generate_options in flashattn 0.3 (before tree_mask). */

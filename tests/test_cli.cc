@@ -359,7 +359,7 @@ void test_bad_arguments(void **) {
       {gen("forward", "fp16", "sixty", "1", "80", {}), 2, "head-dim"},
       {gen("forward", "fp16", "12", "1", "80", {}), 2, "head_dim"},
       {gen("forward", "fp16", "584", "1", "80", {}), 2, "head_dim"},
-      {gen("forward", "fp16", "64", "1", "80", {"--v-in-k"}), 2, "v_in_k is for FA_KERNEL_DECODE"},
+      {gen("backward", "fp16", "64", "1", "80", {"--v-in-k"}), 2, "v_in_k is for FA_KERNEL_DECODE"},
       {gen("sideways", "fp16", "64", "1", "80", {}), 2, "sideways"},
       {gen("backward", "fp32", "64", "1", "80", {}), 2, "FA_DTYPE_FP32 is not supported"},
       {gen("backward", "bf16", "136", "1", "80", {}), 2, "got 136 and 136"},

@@ -10,8 +10,9 @@
 // combine. On the emulator at SM 100,
 // each case through the numerics runner (fresh random inputs, O and LSE
 // poisoned first, fp64 reference; paged caches shuffled with NaN in the
-// unused pages) and checked by the last launch's entry name. The policy
-// off (FLASHATTN_SM100_MLA=0) runs the mma.sync forward on the first case.
+// unused pages) and checked by the last launch's entry name; fa_generate_for
+// with v_in_k gives the module the fixed-length case ran. The policy off
+// (FLASHATTN_SM100_MLA=0) runs the mma.sync forward on the first case.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -104,6 +105,7 @@ int main(void) {
 
   fa_runtime *rt = fa::test::emulator_or_fail(100);
   if (rt == nullptr) return 1;
+  std::string first;  // the first case's kernel
   for (const Expect &x : cases) {
     const std::string what = x.c.describe();
     const std::string err = fa::test::run_decode(rt, x.c);
@@ -111,6 +113,34 @@ int main(void) {
     const std::string k = fa::test::emulated_kernel(rt);
     if (k.find(x.kernel) != 0 || k.find(x.has) == std::string::npos)
       failures += what + ": ran " + k + "\n";
+    if (first.empty()) first = k;
+  }
+  {  // fa_generate_for(FA_KERNEL_FORWARD, v_in_k) gives the module the first
+     // (fixed-length) case ran; without v_in_k, the mma.sync forward's.
+    fa_config_desc cd = FA_CONFIG_DESC_INIT;
+    cd.dtype = FA_DTYPE_BF16;
+    cd.head_dim = 576;
+    cd.head_dim_v = 512;
+    cd.num_heads_q = 16;
+    cd.num_heads_kv = 1;
+    cd.causal = 1;
+    fa_config *cfg = nullptr;
+    if (fa_config_create(&cd, &cfg) != FA_SUCCESS) return 1;
+    for (int v_in_k = 0; v_in_k < 2; ++v_in_k) {
+      fa_generate_options o = FA_GENERATE_OPTIONS_INIT;
+      o.v_in_k = v_in_k;
+      size_t n = 0;
+      std::string ptx;
+      if (fa_generate_for(cfg, FA_KERNEL_FORWARD, 100, &o, nullptr, 0, &n) == FA_SUCCESS) {
+        ptx.assign(n + 1, '\0');
+        fa_generate_for(cfg, FA_KERNEL_FORWARD, 100, &o, &ptx[0], ptx.size(), &n);
+      }
+      const std::string want = v_in_k ? ".entry " + first + "(" : ".entry fa_forward_mma_";
+      if (ptx.find(want) == std::string::npos)
+        failures +=
+            "fa_generate_for forward v_in_k=" + std::to_string(v_in_k) + ": not " + want + "\n";
+    }
+    fa_config_destroy(cfg);
   }
   {  // The policy off: the mma.sync forward (two O slices), as before.
     fa::test::PolicyScope off(rt, &fa::KernelPolicy::sm100_mla, false);

@@ -673,8 +673,8 @@ fa_status check_split_counters(const fa::AttentionConfig &c, const fa_decode_arg
   FA_REQUIRE(a.o.data != 0,
              "split_counters is set but o.data is 0 (no combine to fuse: the partial states stay "
              "in the workspace); pass 0");
-  const size_t need = 4 * FA_DECODE_SPLIT_COUNTERS(a.batch, c.num_heads_q, c.num_heads_kv,
-                                                   a.seqlen_q);
+  const size_t need =
+      4 * FA_DECODE_SPLIT_COUNTERS(a.batch, c.num_heads_q, c.num_heads_kv, a.seqlen_q);
   FA_REQUIRE(a.split_counters_size >= need,
              "split_counters_size is %zu bytes, %zu needed: FA_DECODE_SPLIT_COUNTERS(batch %d, "
              "num_heads_q %d, num_heads_kv %d, seqlen_q %d) int32 counters",
@@ -1219,10 +1219,10 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
     FA_REQUIRE(raw_kind != FA_KERNEL_REDUCE || !o.alibi,
                "opts->alibi is for FA_KERNEL_FORWARD and FA_KERNEL_DECODE");
     FA_REQUIRE(o.v_in_k == 0 || o.v_in_k == 1, "opts->v_in_k must be 0 or 1, got %d", o.v_in_k);
-    FA_REQUIRE(!o.v_in_k ||
-                   (raw_kind == FA_KERNEL_DECODE && !o.append_kv && cfg.head_dim_v <= cfg.head_dim),
-               "opts->v_in_k is for FA_KERNEL_DECODE without append_kv, with head_dim_v (%d) "
-               "<= head_dim (%d)",
+    FA_REQUIRE(!o.v_in_k || ((raw_kind == FA_KERNEL_DECODE || raw_kind == FA_KERNEL_FORWARD) &&
+                             !o.append_kv && cfg.head_dim_v <= cfg.head_dim),
+               "opts->v_in_k is for FA_KERNEL_DECODE without append_kv and FA_KERNEL_FORWARD, "
+               "with head_dim_v (%d) <= head_dim (%d)",
                cfg.head_dim_v, cfg.head_dim);
     shape.v_in_k = o.v_in_k != 0;
     shape.tree_mask = o.tree_mask != 0;
@@ -1279,6 +1279,24 @@ fa_status fa::api::kernel_spec_for(const fa::AttentionConfig &cfg, int raw_kind,
   const fa::KernelKind k = raw_kind == FA_KERNEL_FORWARD  ? fa::KernelKind::Forward
                            : raw_kind == FA_KERNEL_DECODE ? fa::KernelKind::Decode
                                                           : fa::KernelKind::Reduce;
+  if (k == fa::KernelKind::Forward && shape.v_in_k) {
+    // A forward over MLA's latent cache (not varlen: cu_seqlens_k keeps the
+    // forward kernel): where the MLA kernel takes it
+    // (Runtime::forward_as_decode), its one-split form writing O, which
+    // fa_launch runs when the plan has one split or no workspace is given.
+    fa::LaunchShape d = shape;
+    d.direct_out = true;
+    d.fixed_len = !shape.seqused_k;
+    d.seqused_k = false;
+    const fa::KernelSpec m = fa::make_spec(cfg, fa::KernelKind::Decode, lim, d, policy);
+    if (!shape.varlen && m.tcgen05 && m.direct_out &&
+        fa::mla_decode_dims(cfg.head_dim, cfg.head_dim_v) && cfg.q_fp8 == fa::KvFp8::None &&
+        cfg.kv_fp8 == fa::KvFp8::None) {
+      *spec = m;
+      return FA_SUCCESS;
+    }
+    shape.v_in_k = false;  // the forward kernels read V as given
+  }
   *spec = fa::make_spec(cfg, k, lim, shape, policy);
   FA_CHECK(fa::check_fp8_kv(cfg, *spec));
   FA_CHECK(fa::check_fp32(cfg, *spec));

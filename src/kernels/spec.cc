@@ -491,6 +491,15 @@ bool choose_mla_tile(const DeviceLimits &dev, const KernelPolicy &policy, const 
     t.block_n = 32;
     for (t.stages = 4; t.stages >= 2; --t.stages)
       if (kgen::decode_mla_smem(t) <= lim.smem_per_block_optin) break;
+    // The forward's one-split form (many rows a key: the products read
+    // shared memory, not HBM, per FLOP): key tiles of 64 where two stages
+    // fit, so each S product's N (block_n / 2) reads Q for twice the keys.
+    if (shape.direct_out) {
+      KernelSpec w = t;
+      w.block_n = 64;
+      w.stages = 2;
+      if (kgen::decode_mla_smem(w) <= lim.smem_per_block_optin) t = w;
+    }
   } else {
     t.wgmma = true;
     t.block_n = 48;

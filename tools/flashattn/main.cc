@@ -164,7 +164,8 @@ int run_main(int argc, char **argv) {
               "Decode: the kernel appends k_new/v_new to the cache in the same launch");
   g->add_flag("--v-in-k", gen.v_in_k,
               "Decode: V is K's first head_dim_v columns (the same cache: MLA's latent cache), "
-              "read from the K tile");
+              "read from the K tile; forward: v is k's memory (on sm_100/103 at MLA's dims, the "
+              "MLA kernel fa_launch runs)");
   g->add_option("--rotary", gen.rotary,
                 "Decode: ... and rotates Q and the new keys first (RoPE): neox or gptj pairs "
                 "(implies --append-kv)")
@@ -220,14 +221,16 @@ int run_main(int argc, char **argv) {
   r->add_flag("--alibi", run.alibi,
               "ALiBi with the standard slopes 2^(-8(h+1)/heads_q) (BLOOM's rule when heads_q is "
               "not a power of two)");
-  CLI::Option *run_q_dtype = r->add_option("--q-dtype", run.q_dtype,
-                "The fp8 forward (sm_89+): quantise the Q, K and V .npy values to e4m3 or e5m2 "
-                "bytes (round to nearest even, saturating) with descales amax / 448 (e4m3) or "
-                "amax / 57344 (e5m2) per --kv-scale group (Q's: the queries of a KV head); O in "
-                "--dtype; the reference uses the values the bytes hold; tolerance 3e-2 (P is "
-                "rounded to e4m3)")
-      ->check(CLI::IsMember({"e4m3", "e5m2"}))
-      ->type_name("e4m3|e5m2");
+  CLI::Option *run_q_dtype =
+      r->add_option(
+           "--q-dtype", run.q_dtype,
+           "The fp8 forward (sm_89+): quantise the Q, K and V .npy values to e4m3 or e5m2 "
+           "bytes (round to nearest even, saturating) with descales amax / 448 (e4m3) or "
+           "amax / 57344 (e5m2) per --kv-scale group (Q's: the queries of a KV head); O in "
+           "--dtype; the reference uses the values the bytes hold; tolerance 3e-2 (P is "
+           "rounded to e4m3)")
+          ->check(CLI::IsMember({"e4m3", "e5m2"}))
+          ->type_name("e4m3|e5m2");
   r->add_option("--kv-dtype", run.kv_dtype, "With --q-dtype: K/V's fp8 format (default: Q's)")
       ->check(CLI::IsMember({"e4m3", "e5m2"}))
       ->type_name("e4m3|e5m2");
@@ -312,13 +315,14 @@ int run_main(int argc, char **argv) {
                 "Rotary position of each query / new token: integer [batch, n], n >= seqlen_q "
                 "and seqlen_new (default: cache_seqlens + t)")
       ->type_name("POS.npy");
-  CLI::Option *dec_kv_dtype = d->add_option("--kv-dtype", dec.kv_dtype,
-                "fp8 KV cache (sm_89+): quantise the K/V .npy values to e4m3 or e5m2 bytes "
-                "(round to nearest even, saturating) with descales amax / 448 (e4m3) or amax / "
-                "57344 (e5m2) over each --kv-scale group of valid rows; the reference uses the "
-                "values the bytes hold")
-      ->check(CLI::IsMember({"e4m3", "e5m2"}))
-      ->type_name("e4m3|e5m2");
+  CLI::Option *dec_kv_dtype =
+      d->add_option("--kv-dtype", dec.kv_dtype,
+                    "fp8 KV cache (sm_89+): quantise the K/V .npy values to e4m3 or e5m2 bytes "
+                    "(round to nearest even, saturating) with descales amax / 448 (e4m3) or amax / "
+                    "57344 (e5m2) over each --kv-scale group of valid rows; the reference uses the "
+                    "values the bytes hold")
+          ->check(CLI::IsMember({"e4m3", "e5m2"}))
+          ->type_name("e4m3|e5m2");
   d->add_option("--kv-scale", dec.kv_scale,
                 "With --kv-dtype: one descale per (batch, kv head) (head, the default) or per "
                 "cache tensor (tensor)")
