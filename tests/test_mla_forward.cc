@@ -35,6 +35,20 @@ fa::test::DecodeCase mla(const std::vector<int> &lens, int seqlen_q, int max_k, 
   return d;
 }
 
+// A causal bf16 config at 576 / 512, hq query heads over one latent head
+// (null on failure).
+fa_config *mla_config(int hq) {
+  fa_config_desc cd = FA_CONFIG_DESC_INIT;
+  cd.dtype = FA_DTYPE_BF16;
+  cd.head_dim = 576;
+  cd.head_dim_v = 512;
+  cd.num_heads_q = hq;
+  cd.num_heads_kv = 1;
+  cd.causal = 1;
+  fa_config *cfg = nullptr;
+  return fa_config_create(&cd, &cfg) == FA_SUCCESS ? cfg : nullptr;
+}
+
 struct Expect {
   fa::test::DecodeCase c;
   const char *kernel;  // the last launch's entry starts with it
@@ -117,15 +131,8 @@ int main(void) {
   }
   {  // fa_generate_for(FA_KERNEL_FORWARD, v_in_k) gives the module the first
      // (fixed-length) case ran; without v_in_k, the mma.sync forward's.
-    fa_config_desc cd = FA_CONFIG_DESC_INIT;
-    cd.dtype = FA_DTYPE_BF16;
-    cd.head_dim = 576;
-    cd.head_dim_v = 512;
-    cd.num_heads_q = 16;
-    cd.num_heads_kv = 1;
-    cd.causal = 1;
-    fa_config *cfg = nullptr;
-    if (fa_config_create(&cd, &cfg) != FA_SUCCESS) return 1;
+    fa_config *cfg = mla_config(16);
+    if (cfg == nullptr) return 1;
     for (int v_in_k = 0; v_in_k < 2; ++v_in_k) {
       fa_generate_options o = FA_GENERATE_OPTIONS_INIT;
       o.v_in_k = v_in_k;
@@ -154,15 +161,8 @@ int main(void) {
      // prefill: 64 CTAs a sequence), the partial states where it splits (one
      // token over 100k keys), and V elsewhere than K's memory: the mma.sync
      // forward, no workspace.
-    fa_config_desc cd = FA_CONFIG_DESC_INIT;
-    cd.dtype = FA_DTYPE_BF16;
-    cd.head_dim = 576;
-    cd.head_dim_v = 512;
-    cd.num_heads_q = 128;
-    cd.num_heads_kv = 1;
-    cd.causal = 1;
-    fa_config *cfg = nullptr;
-    if (fa_config_create(&cd, &cfg) != FA_SUCCESS) return 1;
+    fa_config *cfg = mla_config(128);
+    if (cfg == nullptr) return 1;
     struct Size {
       int sq, sk;
       bool v_in_k, want_zero;
