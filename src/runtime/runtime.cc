@@ -603,13 +603,14 @@ bool Runtime::forward_as_decode(const AttentionConfig &cfg, const fa_forward_arg
   }
   // The sm_100a MLA kernel (its one-split form takes cu_seqlens_q too), at
   // any seqlen_q whose grid fits (y: KV heads x 64-row blocks <= 65535).
-  const KernelSpec latent_spec = decode_spec(cfg, *d, a.cu_seqlens_q, false, true);
-  if (latent && latent_spec.tcgen05 && latent_spec.kind == KernelKind::Decode &&
-      int64_t(cfg.num_heads_kv) *
-              ((int64_t(group) * a.seqlen_q + latent_spec.block_m - 1) / latent_spec.block_m) <=
-          65535) {
-    *mla = true;
-    return true;
+  if (latent) {
+    const KernelSpec m = decode_spec(cfg, *d, a.cu_seqlens_q, false, true);
+    if (m.tcgen05 && m.kind == KernelKind::Decode &&
+        int64_t(cfg.num_heads_kv) * ((int64_t(group) * a.seqlen_q + m.block_m - 1) / m.block_m) <=
+            65535) {
+      *mla = true;
+      return true;
+    }
   }
   // The tensor-core decode (the scalar one packs no rows; with
   // cu_seqlens_q, its varlen form).
